@@ -1,0 +1,35 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "Sluice",
+    platforms: [.macOS(.v13)],
+    products: [
+        .executable(name: "sluice", targets: ["sluice"]),
+        .library(name: "SluiceCore", targets: ["SluiceCore"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+    ],
+    targets: [
+        // One system-library target per C library (module map + pkg-config).
+        .systemLibrary(name: "CLibEvent", pkgConfig: "libevent_pthreads", providers: [.apt(["libevent-dev"])]),
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        // Typed wrappers for the variadic C calls and macros Swift cannot import.
+        .target(name: "CShims", dependencies: ["CCurl", "CLibEvent"]),
+        .target(name: "SluiceCore"),
+        .target(name: "SluiceConfig", dependencies: ["SluiceCore", .product(name: "Yams", package: "Yams")],
+                resources: [.embedInCode("default.yaml")]),
+        .target(name: "SluiceServer", dependencies: ["SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl"]),
+        .executableTarget(name: "sluice", dependencies: [
+            "SluiceServer", "SluiceConfig", "SluiceCore",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
+        .testTarget(name: "SluiceServerTests", dependencies: ["SluiceServer", "SluiceCore"]),
+        .testTarget(name: "SluiceConfigTests", dependencies: ["SluiceConfig", "SluiceCore"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,296 @@
+import Foundation
+import SluiceCore
+import Yams
+
+/// One problem in a configuration file, located at `file:line:column`.
+public struct ConfigIssue: Sendable, Equatable, CustomStringConvertible {
+    public var file: String
+    public var line: Int
+    public var column: Int
+    public var message: String
+    public var description: String { "\(file):\(line):\(column): error: \(message)" }
+}
+
+/// Every problem found in one file; loading reports them all at once rather than one per run.
+public struct ConfigError: Error, Sendable, CustomStringConvertible {
+    public var issues: [ConfigIssue]
+    public var description: String { issues.map(\.description).joined(separator: "\n") }
+}
+
+/// Reads Sluice's YAML into a validated `ServerConfiguration`.
+///
+/// Provision, then validate, as Caddy does: every key is looked up in a table of known keys
+/// (unknown ones are errors with a did-you-mean), every value is parsed with its unit, and
+/// every error carries the file, line and column of the offending node.
+public enum ConfigLoader {
+    /// The configuration `sluice run` uses without `--config` (`config/default.yaml`).
+    public static let embeddedDefault = String(decoding: PackageResources.default_yaml, as: UTF8.self)
+    public static let embeddedDefaultName = "<embedded default>"
+
+    public static func load(path: String) throws -> ServerConfiguration {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigError(issues: [ConfigIssue(file: path, line: 0, column: 0,
+                                                   message: "cannot read file: \(String(cString: strerror(errno)))")])
+        }
+        guard let text = String(data: data, encoding: .utf8) else {
+            throw ConfigError(issues: [ConfigIssue(file: path, line: 0, column: 0, message: "file is not UTF-8")])
+        }
+        return try parse(yaml: text, file: path)
+    }
+
+    public static func parse(yaml: String, file: String) throws -> ServerConfiguration {
+        var reader = NodeReader(file: file)
+        let root: Node?
+        do {
+            root = try Yams.compose(yaml: yaml)
+        } catch let error as YamlError {
+            throw ConfigError(issues: [reader.issue(for: error)])
+        }
+        var config = ServerConfiguration()
+        guard let root else { return config }  // an empty file means all defaults
+        reader.readServer(root, into: &config)
+        if !reader.issues.isEmpty { throw ConfigError(issues: reader.issues) }
+        return config
+    }
+}
+
+/// Walks the composed YAML tree, collecting issues instead of stopping at the first.
+struct NodeReader {
+    let file: String
+    var issues: [ConfigIssue] = []
+
+    mutating func fail(_ node: Node?, _ message: String) {
+        let mark = node?.mark
+        issues.append(ConfigIssue(file: file, line: mark?.line ?? 0, column: mark?.column ?? 0, message: message))
+    }
+
+    func issue(for error: YamlError) -> ConfigIssue {
+        switch error {
+        case .scanner(_, let problem, let mark, _), .parser(_, let problem, let mark, _),
+             .composer(_, let problem, let mark, _):
+            return ConfigIssue(file: file, line: mark.line, column: mark.column, message: "invalid YAML: \(problem)")
+        case .duplicatedKeysInMapping(let duplicates, let context):
+            return ConfigIssue(file: file, line: context.mark.line, column: context.mark.column,
+                               message: "duplicate key(s): \(duplicates.joined(separator: ", "))")
+        default:
+            return ConfigIssue(file: file, line: 0, column: 0, message: "invalid YAML: \(error)")
+        }
+    }
+
+    /// Iterates a mapping's entries, reporting keys that are not in `known` (with the closest
+    /// known key as a suggestion) and keys that are not plain strings.
+    mutating func entries(_ node: Node, in section: String, known: [String],
+                          _ body: (inout NodeReader, String, Node) -> Void) {
+        guard case .mapping(let mapping) = node else {
+            fail(node, "\(section) must be a mapping")
+            return
+        }
+        for (keyNode, value) in mapping {
+            guard let key = keyNode.scalar?.string else {
+                fail(keyNode, "keys in \(section) must be strings")
+                continue
+            }
+            guard known.contains(key) else {
+                var message = "unknown key '\(key)' in \(section)"
+                if let suggestion = DidYouMean.closest(to: key, among: known) {
+                    message += "; did you mean '\(suggestion)'?"
+                } else {
+                    message += " (known keys: \(known.joined(separator: ", ")))"
+                }
+                fail(keyNode, message)
+                continue
+            }
+            body(&self, key, value)
+        }
+    }
+
+    // MARK: sections
+
+    mutating func readServer(_ root: Node, into config: inout ServerConfiguration) {
+        let known = ["listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes"]
+        entries(root, in: "the top level", known: known) { r, key, value in
+            switch key {
+            case "listen": r.readListen(value, into: &config.listen)
+            case "workers": r.readWorkers(value, into: &config.workers)
+            case "limits": r.readLimits(value, into: &config.limits)
+            case "timeouts": r.readTimeouts(value, into: &config.timeouts)
+            case "access": r.readAccess(value, into: &config.access)
+            case "tls": r.readTLS(value, into: &config.tls)
+            default:
+                // Reserved for the interceptor pipeline, which this build does not have yet.
+                r.fail(value, "'\(key)' is not supported by this version of Sluice yet")
+            }
+        }
+    }
+
+    mutating func readListen(_ node: Node, into listen: inout [String]) {
+        let items = strings(node, what: "listen")
+        guard let items else { return }
+        if items.isEmpty { fail(node, "listen needs at least one address") }
+        var out: [String] = []
+        for (item, itemNode) in items {
+            if ListenAddress.isValid(item) {
+                out.append(item)
+            } else {
+                fail(itemNode, "invalid listen address '\(item)': expected IP:port, e.g. 127.0.0.1:3128 or [::1]:3128")
+            }
+        }
+        listen = out
+    }
+
+    mutating func readWorkers(_ node: Node, into workers: inout Int?) {
+        guard let text = node.scalar?.string else { return fail(node, "workers must be 'auto' or a number") }
+        if text == "auto" {
+            workers = nil
+        } else if let n = Int(text), n >= 1, n <= 256 {
+            workers = n
+        } else {
+            fail(node, "workers must be 'auto' or a number from 1 to 256, not '\(text)'")
+        }
+    }
+
+    mutating func readLimits(_ node: Node, into limits: inout ServerConfiguration.Limits) {
+        entries(node, in: "limits", known: ["request_line", "header_section", "header_count", "request_body"]) { r, key, value in
+            switch key {
+            case "request_line": if let n = r.size(value, key: key, min: 64) { limits.requestLine = Int(n) }
+            case "header_section": if let n = r.size(value, key: key, min: 256) { limits.headerSection = Int(n) }
+            case "header_count":
+                if let n = value.scalar.flatMap({ Int($0.string) }), n >= 1, n <= 10_000 {
+                    limits.headerCount = n
+                } else {
+                    r.fail(value, "header_count must be a number from 1 to 10000")
+                }
+            default:
+                if value.scalar?.string == "unlimited" {
+                    limits.requestBody = nil
+                } else if let n = r.size(value, key: key, min: 0) {
+                    limits.requestBody = n
+                }
+            }
+        }
+    }
+
+    mutating func readTimeouts(_ node: Node, into t: inout ServerConfiguration.Timeouts) {
+        let known = ["client_header", "client_idle", "upstream_connect", "upstream_per_try", "total", "drain"]
+        entries(node, in: "timeouts", known: known) { r, key, value in
+            if key == "total" {
+                if value.scalar?.string == "unlimited" { t.total = nil; return }
+                if let ms = r.duration(value, key: key) { t.total = ms }
+                return
+            }
+            guard let ms = r.duration(value, key: key) else { return }
+            switch key {
+            case "client_header": t.clientHeader = ms
+            case "client_idle": t.clientIdle = ms
+            case "upstream_connect": t.upstreamConnect = ms
+            case "upstream_per_try": t.upstreamPerTry = ms
+            default: t.drain = ms
+            }
+        }
+    }
+
+    mutating func readAccess(_ node: Node, into access: inout ServerConfiguration.Access) {
+        entries(node, in: "access", known: ["allow_clients", "connect_ports", "deny"]) { r, key, value in
+            switch key {
+            case "connect_ports":
+                guard let items = r.strings(value, what: key) else { return }
+                var ports: [Int] = []
+                for (text, itemNode) in items {
+                    if let p = Int(text), p >= 1, p <= 65535 {
+                        ports.append(p)
+                    } else {
+                        r.fail(itemNode, "invalid port '\(text)' in connect_ports")
+                    }
+                }
+                access.connectPorts = ports
+            default:
+                guard let items = r.strings(value, what: key) else { return }
+                var networks: [IPNetwork] = []
+                for (text, itemNode) in items {
+                    if let network = IPNetwork(text) {
+                        networks.append(network)
+                    } else {
+                        r.fail(itemNode, "invalid network '\(text)' in \(key): expected CIDR such as 10.0.0.0/8 or ::1/128")
+                    }
+                }
+                if key == "allow_clients" { access.allowClients = networks } else { access.deny = networks }
+            }
+        }
+    }
+
+    mutating func readTLS(_ node: Node, into tls: inout ServerConfiguration.TLS) {
+        entries(node, in: "tls", known: ["ca_file"]) { r, _, value in
+            guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "ca_file must be a path") }
+            if !FileManager.default.isReadableFile(atPath: path) {
+                r.fail(value, "ca_file '\(path)' is not a readable file")
+            }
+            tls.caFile = path
+        }
+    }
+
+    // MARK: values
+
+    /// A scalar or a sequence of scalars, with each item's node for error locations.
+    mutating func strings(_ node: Node, what: String) -> [(String, Node)]? {
+        switch node {
+        case .scalar(let s): return [(s.string, node)]
+        case .sequence(let seq):
+            var out: [(String, Node)] = []
+            for item in seq {
+                guard let s = item.scalar?.string else {
+                    fail(item, "items of \(what) must be scalars")
+                    continue
+                }
+                out.append((s, item))
+            }
+            return out
+        default:
+            fail(node, "\(what) must be a list")
+            return nil
+        }
+    }
+
+    mutating func size(_ node: Node, key: String, min: Int64) -> Int64? {
+        guard let text = node.scalar?.string, let n = Units.bytes(text) else {
+            fail(node, "\(key) must be a size such as 8KiB, 10MiB or 1048576")
+            return nil
+        }
+        guard n >= min else {
+            fail(node, "\(key) must be at least \(min) bytes")
+            return nil
+        }
+        return n
+    }
+
+    mutating func duration(_ node: Node, key: String) -> Int? {
+        guard let text = node.scalar?.string, let ms = Units.milliseconds(text) else {
+            fail(node, "\(key) must be a duration such as 500ms, 30s or 5m")
+            return nil
+        }
+        guard ms > 0 else {
+            fail(node, "\(key) must be longer than 0")
+            return nil
+        }
+        return ms
+    }
+}
+
+/// `IP:port` listen addresses, numeric only: a listener never depends on DNS.
+enum ListenAddress {
+    static func isValid(_ text: String) -> Bool {
+        let host: Substring, port: Substring
+        if text.hasPrefix("[") {
+            guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else { return false }
+            host = text[text.index(after: text.startIndex)..<close]
+            port = text[text.index(close, offsetBy: 2)...]
+            guard IPNetwork.parseAddress(String(host))?.count == 16 else { return false }
+        } else {
+            guard let colon = text.lastIndex(of: ":") else { return false }
+            host = text[..<colon]
+            port = text[text.index(after: colon)...]
+            guard IPNetwork.parseAddress(String(host))?.count == 4 else { return false }
+        }
+        guard let p = Int(port), p >= 1, p <= 65535 else { return false }
+        return true
+    }
+}

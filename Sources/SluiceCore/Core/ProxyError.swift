@@ -1,0 +1,83 @@
+/// Every failure Sluice answers itself, as a domain value. Each case maps to exactly one
+/// client-visible response: a status, a one-line plain-text body that starts with `sluice: `,
+/// and whether the client connection must close afterwards (it must whenever the request's
+/// framing can no longer be trusted). `docs/errors.md` is the operator's view of this table.
+public enum ProxyError: Error, Sendable, Equatable {
+    /// The request could not be parsed or violates RFC 9112 (smuggling-prone framing included).
+    case malformedRequest(String)
+    /// An origin-form or asterisk-form target arrived on a forward-proxy listener.
+    case notAbsoluteURL
+    /// The absolute URL is unusable (scheme, userinfo, empty host).
+    case badURL(String)
+    case requestLineTooLong(limit: Int)
+    case headerSectionTooLarge(limit: Int)
+    case tooManyHeaders(limit: Int)
+    case bodyTooLarge(limit: Int64)
+    case unsupportedTransferCoding(String)
+    case unsupportedVersion
+    case headerTimeout(milliseconds: Int)
+    case connectPortNotAllowed(Int)
+    case destinationDenied(host: String)
+    case loopDetected
+    case upstreamRefused(host: String)
+    case dnsFailure(host: String)
+    case tlsFailure(host: String, reason: String)
+    case upstreamTimeout(host: String, phase: String)
+    case upstreamProtocol(host: String, reason: String)
+
+    public var status: Int {
+        switch self {
+        case .malformedRequest, .notAbsoluteURL, .badURL: return 400
+        case .connectPortNotAllowed, .destinationDenied: return 403
+        case .headerTimeout: return 408
+        case .bodyTooLarge: return 413
+        case .requestLineTooLong: return 414
+        case .headerSectionTooLarge, .tooManyHeaders: return 431
+        case .unsupportedTransferCoding: return 501
+        case .unsupportedVersion: return 505
+        case .upstreamRefused, .dnsFailure, .tlsFailure, .upstreamProtocol: return 502
+        case .upstreamTimeout: return 504
+        case .loopDetected: return 508
+        }
+    }
+
+    /// Whether the client connection is closed after this response. True when the rest of
+    /// the byte stream cannot be framed reliably (so nothing after it can be trusted).
+    public var closesConnection: Bool {
+        switch self {
+        case .malformedRequest, .notAbsoluteURL, .badURL, .requestLineTooLong, .headerSectionTooLarge,
+             .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
+             .loopDetected:
+            return true
+        case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure,
+             .upstreamTimeout, .upstreamProtocol:
+            return false
+        }
+    }
+
+    /// The one-line body, without the `sluice: ` prefix. Never contains request secrets:
+    /// only host names, limits and the parser's or libcurl's description of the fault.
+    public var message: String {
+        switch self {
+        case .malformedRequest(let why): return "bad request: \(why)"
+        case .notAbsoluteURL:
+            return "bad request: this is a forward proxy; send an absolute URL (http://host/path) or CONNECT"
+        case .badURL(let why): return "bad request: \(why)"
+        case .requestLineTooLong(let limit): return "request line too long (limit \(limit) bytes)"
+        case .headerSectionTooLarge(let limit): return "request header section too large (limit \(limit) bytes)"
+        case .tooManyHeaders(let limit): return "request header section too large (more than \(limit) fields)"
+        case .bodyTooLarge(let limit): return "request body too large (limit \(limit) bytes)"
+        case .unsupportedTransferCoding(let coding): return "unsupported transfer coding: \(coding)"
+        case .unsupportedVersion: return "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)"
+        case .headerTimeout(let ms): return "timeout: request head not received within \(ms) ms"
+        case .connectPortNotAllowed(let port): return "CONNECT to port \(port) is not allowed"
+        case .destinationDenied(let host): return "destination \(host) is denied by access.deny"
+        case .loopDetected: return "loop detected: this request already passed through this proxy"
+        case .upstreamRefused(let host): return "upstream \(host) refused the connection"
+        case .dnsFailure(let host): return "DNS lookup failed for \(host)"
+        case .tlsFailure(let host, let reason): return "TLS failure with upstream \(host): \(reason)"
+        case .upstreamTimeout(let host, let phase): return "upstream \(host) timed out (\(phase))"
+        case .upstreamProtocol(let host, let reason): return "upstream \(host) failed: \(reason)"
+        }
+    }
+}

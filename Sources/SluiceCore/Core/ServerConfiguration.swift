@@ -1,0 +1,118 @@
+/// The server-level settings of one Sluice process: where it listens, how many event loops
+/// it runs, the limits and timeouts every connection obeys, and who may use it.
+///
+/// An immutable value: parsed and validated once (by `SluiceConfig` from YAML, or built in
+/// Swift by a library user), then shared read-only by every worker thread.
+public struct ServerConfiguration: Sendable, Equatable {
+    /// Listen addresses as `host:port` (`[::1]:3128` for IPv6). `127.0.0.1:3128` by default:
+    /// Sluice is never reachable from other machines unless told so.
+    public var listen: [String]
+    /// Number of event-loop threads; `nil` means one per core (`workers: auto`).
+    public var workers: Int?
+    public var limits: Limits
+    public var timeouts: Timeouts
+    public var access: Access
+    public var tls: TLS
+
+    public static let defaultListen = ["127.0.0.1:3128"]
+
+    public init(listen: [String] = ServerConfiguration.defaultListen, workers: Int? = nil,
+                limits: Limits = Limits(), timeouts: Timeouts = Timeouts(),
+                access: Access = Access(), tls: TLS = TLS()) {
+        self.listen = listen
+        self.workers = workers
+        self.limits = limits
+        self.timeouts = timeouts
+        self.access = access
+        self.tls = tls
+    }
+
+    /// Sizes a client request may not exceed. Each maps to one status: 414, 431, 431, 413.
+    public struct Limits: Sendable, Equatable {
+        /// `8 KiB` by default, like nginx's `large_client_header_buffers`.
+        public static let defaultRequestLine = 8 * 1024
+        /// `64 KiB` by default.
+        public static let defaultHeaderSection = 64 * 1024
+        /// `100` by default.
+        public static let defaultHeaderCount = 100
+
+        public var requestLine: Int
+        public var headerSection: Int
+        public var headerCount: Int
+        /// `nil` (unlimited) by default: a proxy streams bodies and need not bound them.
+        public var requestBody: Int64?
+
+        public init(requestLine: Int = Limits.defaultRequestLine, headerSection: Int = Limits.defaultHeaderSection,
+                    headerCount: Int = Limits.defaultHeaderCount, requestBody: Int64? = nil) {
+            self.requestLine = requestLine
+            self.headerSection = headerSection
+            self.headerCount = headerCount
+            self.requestBody = requestBody
+        }
+    }
+
+    /// Timeouts in milliseconds. `nil` means no limit.
+    public struct Timeouts: Sendable, Equatable {
+        /// `30 s` by default: from the first byte of a request to the end of its head (→ 408).
+        public static let defaultClientHeader = 30_000
+        /// `60 s` by default: an idle keep-alive client connection is closed after this.
+        public static let defaultClientIdle = 60_000
+        /// `10 s` by default: TCP and TLS connect to the origin (→ 504).
+        public static let defaultUpstreamConnect = 10_000
+        /// `60 s` by default: from the start of a try to the upstream's response head (→ 504).
+        public static let defaultUpstreamPerTry = 60_000
+        /// `30 s` by default: how long in-flight requests may finish after SIGTERM.
+        public static let defaultDrain = 30_000
+
+        public var clientHeader: Int
+        public var clientIdle: Int
+        public var upstreamConnect: Int
+        public var upstreamPerTry: Int
+        /// The whole exchange, body included; `nil` (unlimited) by default so that long
+        /// downloads are not cut.
+        public var total: Int?
+        public var drain: Int
+
+        public init(clientHeader: Int = Timeouts.defaultClientHeader, clientIdle: Int = Timeouts.defaultClientIdle,
+                    upstreamConnect: Int = Timeouts.defaultUpstreamConnect,
+                    upstreamPerTry: Int = Timeouts.defaultUpstreamPerTry, total: Int? = nil,
+                    drain: Int = Timeouts.defaultDrain) {
+            self.clientHeader = clientHeader
+            self.clientIdle = clientIdle
+            self.upstreamConnect = upstreamConnect
+            self.upstreamPerTry = upstreamPerTry
+            self.total = total
+            self.drain = drain
+        }
+    }
+
+    /// Who may use the proxy and where it may connect.
+    public struct Access: Sendable, Equatable {
+        /// Loopback only by default (`127.0.0.0/8`, `::1/128`): never an open relay by accident.
+        public static let defaultAllowClients = [IPNetwork("127.0.0.0/8")!, IPNetwork("::1/128")!]
+        /// `[443]` by default: CONNECT is for TLS, not for tunnelling SMTP or SSH.
+        public static let defaultConnectPorts = [443]
+        /// Link-local addresses by default: cloud metadata endpoints (169.254.169.254) live there.
+        public static let defaultDeny = [IPNetwork("169.254.0.0/16")!, IPNetwork("fe80::/10")!]
+
+        public var allowClients: [IPNetwork]
+        public var connectPorts: [Int]
+        /// Destinations refused after DNS resolution, for both forwarded requests and tunnels.
+        public var deny: [IPNetwork]
+
+        public init(allowClients: [IPNetwork] = Access.defaultAllowClients,
+                    connectPorts: [Int] = Access.defaultConnectPorts, deny: [IPNetwork] = Access.defaultDeny) {
+            self.allowClients = allowClients
+            self.connectPorts = connectPorts
+            self.deny = deny
+        }
+    }
+
+    /// How Sluice verifies the origins it speaks TLS to. Verification is always on here;
+    /// per-host trust evaluators extend this in policies.
+    public struct TLS: Sendable, Equatable {
+        /// A PEM bundle of CAs to trust instead of the system store; `nil` by default.
+        public var caFile: String?
+        public init(caFile: String? = nil) { self.caFile = caFile }
+    }
+}

@@ -1,0 +1,330 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CCurl
+import CLibEvent
+import SluiceCore
+
+/// One client TCP connection on a forward-proxy listener: reads requests with the strict
+/// codec, forwards each through an `UpstreamTransfer` (one at a time; pipelined requests wait
+/// in the input buffer), answers its own errors, and becomes a byte tunnel after CONNECT.
+///
+/// Threading: owned by its worker's event-loop thread; every callback runs there. The worker
+/// keeps it alive (its `connections` table) until `close()`.
+final class ClientConnection: UpstreamTransferDelegate {
+    enum State {
+        /// Waiting for (or reading) a request head.
+        case awaitingHead
+        /// A request is being forwarded; its body (if any) is read on curl's demand.
+        case forwarding(UpstreamTransfer)
+        /// Resolving and connecting the CONNECT destination.
+        case dialing(TunnelDialer)
+        case tunnel(Tunnel)
+        /// A final response is queued; the connection closes once it is flushed.
+        case closing
+        case closed
+    }
+
+    enum TimerPurpose { case idle, header }
+
+    /// Stop reading from a client once this many unprocessed bytes wait (256 KiB): the
+    /// upload's backpressure, and the bound on pipelined requests held in memory.
+    static let inputHighWatermark = 256 * 1024
+    /// Resume a paused upstream once the client's output falls to this (256 KiB).
+    static let outputLowWatermark = 256 * 1024
+
+    unowned let worker: Worker
+    let bev: OpaquePointer
+    let peer: String
+    private(set) var state: State = .awaitingHead
+    private var parser: HTTPRequestParser
+    private var timer: OpaquePointer!
+    private var timerPurpose: TimerPurpose = .idle
+    /// The current request: its head, whether its body has been read to the end, and
+    /// whether the client asked for the connection to end after it.
+    private var currentHead: HTTPRequestHead?
+    private var requestBodyDone = true
+    private var wantsKeepAlive = true
+    /// True while `processInput` loops, so that an exchange ending synchronously inside it
+    /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
+    private var processingInput = false
+
+    var clientOutput: OpaquePointer { bufferevent_get_output(bev) }
+    var clientInput: OpaquePointer { bufferevent_get_input(bev) }
+
+    init(worker: Worker, fd: Int32, peer: String) {
+        self.worker = worker
+        self.peer = peer
+        parser = HTTPRequestParser(limits: .init(worker.config.limits))
+        bev = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue))
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        timer = event_new(worker.base, -1, 0, { _, _, arg in
+            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().timerFired()
+        }, me)
+        bufferevent_setcb(bev, { _, arg in
+            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onReadable()
+        }, { _, arg in
+            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onWritable()
+        }, { _, what, arg in
+            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onEvent(what)
+        }, me)
+        bufferevent_setwatermark(bev, Int16(EV_READ), 0, Self.inputHighWatermark)
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), Self.outputLowWatermark, 0)
+        bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+        armTimer(.idle)
+    }
+
+    // MARK: libevent callbacks
+
+    private func onReadable() {
+        switch state {
+        case .awaitingHead:
+            if timerPurpose == .idle { armTimer(.header) }
+            processInput()
+        case .forwarding(let transfer):
+            transfer.resumeUpload()
+        case .tunnel(let tunnel):
+            tunnel.clientReadable()
+        case .dialing, .closing, .closed:
+            break  // held in the input buffer (bounded by the read watermark)
+        }
+    }
+
+    private func onWritable() {
+        switch state {
+        case .forwarding(let transfer):
+            transfer.resumeDownload()
+        case .tunnel(let tunnel):
+            tunnel.clientDrained()
+        case .closing:
+            if evbuffer_get_length(clientOutput) == 0 { close() }
+        default:
+            break
+        }
+    }
+
+    private func onEvent(_ what: Int16) {
+        if what & Int16(BEV_EVENT_EOF | BEV_EVENT_ERROR) != 0 {
+            if case .tunnel(let tunnel) = state {
+                tunnel.clientClosed()
+                return
+            }
+            // The client is gone (or half-closed): nothing more can be delivered, so any
+            // upstream transfer is cancelled at once.
+            close()
+        }
+    }
+
+    private func timerFired() {
+        switch timerPurpose {
+        case .idle:
+            close()
+        case .header:
+            if case .awaitingHead = state {
+                respondError(.headerTimeout(milliseconds: worker.config.timeouts.clientHeader))
+            }
+        }
+    }
+
+    private func armTimer(_ purpose: TimerPurpose) {
+        timerPurpose = purpose
+        let ms: Int
+        switch purpose {
+        case .idle: ms = worker.config.timeouts.clientIdle
+        case .header: ms = worker.config.timeouts.clientHeader
+        }
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+        event_add(timer, &tv)
+    }
+
+    // MARK: requests
+
+    /// Parses heads from the input buffer and dispatches them, until one starts an exchange
+    /// that completes later, or the input runs out.
+    private func processInput() {
+        let input = clientInput
+        processingInput = true
+        defer { processingInput = false }
+        while case .awaitingHead = state {
+            if worker.isDraining && parser.isIdle && evbuffer_get_length(input) == 0 {
+                close()
+                return
+            }
+            var iov = iovec()
+            guard evbuffer_peek(input, -1, nil, &iov, 1) > 0, iov.iov_len > 0 else { return }
+            let result: (consumed: Int, event: HTTPRequestParser.Event?)
+            do {
+                result = try parser.parse(UnsafeRawBufferPointer(start: iov.iov_base, count: iov.iov_len))
+            } catch {
+                evbuffer_drain(input, evbuffer_get_length(input))
+                respondError(error)
+                return
+            }
+            evbuffer_drain(input, result.consumed)
+            if case .head(let head)? = result.event {
+                event_del(timer)
+                handle(head)
+            }
+        }
+    }
+
+    private func handle(_ head: HTTPRequestHead) {
+        currentHead = head
+        requestBodyDone = !head.hasBody
+        wantsKeepAlive = head.keepAlive && head.minorVersion == 1
+        do {
+            try checkLoop(head)
+            if head.methodIs("CONNECT") {
+                let target = try RequestTarget.authority(head.target)
+                guard worker.config.access.connectPorts.contains(target.port) else {
+                    throw ProxyError.connectPortNotAllowed(target.port)
+                }
+                let dialer = TunnelDialer(connection: self, target: target)
+                state = .dialing(dialer)
+                dialer.start()
+                return
+            }
+            let target = try RequestTarget.absolute(head.target)
+            let transfer = UpstreamTransfer(session: worker.session, delegate: self, head: head, target: target,
+                                            config: worker.config, via: worker.via)
+            state = .forwarding(transfer)
+            if head.expectsContinue && head.hasBody && head.minorVersion == 1 {
+                evbuffer_add(clientOutput, "HTTP/1.1 100 Continue\r\n\r\n", 25)
+            }
+            transfer.start(perTryTimeout: worker.config.timeouts.upstreamPerTry)
+        } catch let error as ProxyError {
+            respondError(error)
+        } catch {
+            respondError(.malformedRequest("\(error)"))
+        }
+    }
+
+    /// A request that already carries this process's `Via` pseudonym has looped back here.
+    private func checkLoop(_ head: HTTPRequestHead) throws {
+        for value in head.values(named: "via") where value.contains(worker.viaPseudonym) {
+            throw ProxyError.loopDetected
+        }
+    }
+
+    /// Answers `error` with Sluice's own plain-text response. The connection stays open only
+    /// when the error allows it and the request's body was fully read.
+    func respondError(_ error: ProxyError) {
+        let keep = !error.closesConnection && requestBodyDone && wantsKeepAlive && !worker.isDraining
+        let body = "sluice: \(error.message)\n"
+        var head = "HTTP/1.1 \(error.status) \(ForwardedHeaders.reasonPhrase(error.status))\r\n"
+        head += "Content-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\n"
+        head += keep ? "\r\n" : "Connection: close\r\n\r\n"
+        var text = head + body
+        text.withUTF8 { _ = evbuffer_add(clientOutput, $0.baseAddress, $0.count) }
+        Log.debug("\(peer): \(error.status) \(error.message)")
+        if keep {
+            exchangeEnded()
+        } else {
+            closeAfterFlush()
+        }
+    }
+
+    /// Back to reading the next request, or closing, after an exchange ended cleanly.
+    private func exchangeEnded() {
+        currentHead = nil
+        state = .awaitingHead
+        if worker.isDraining {
+            closeAfterFlush()
+            return
+        }
+        armTimer(evbuffer_get_length(clientInput) > 0 ? .header : .idle)
+        bufferevent_enable(bev, Int16(EV_READ))
+        if !processingInput { processInput() }
+    }
+
+    func closeAfterFlush() {
+        state = .closing
+        event_del(timer)
+        bufferevent_disable(bev, Int16(EV_READ))
+        if evbuffer_get_length(clientOutput) == 0 { close() }
+    }
+
+    /// Frees the socket and cancels whatever the connection was doing upstream.
+    func close() {
+        switch state {
+        case .closed: return
+        case .forwarding(let transfer): transfer.cancel()
+        case .dialing(let dialer): dialer.cancel()
+        case .tunnel(let tunnel): tunnel.shutdown()
+        default: break
+        }
+        state = .closed
+        event_free(timer)
+        bufferevent_free(bev)
+        worker.connectionClosed(self)
+    }
+
+    /// Called by the worker when it starts draining: idle connections close now, busy ones
+    /// after their current exchange.
+    func drain() {
+        if case .awaitingHead = state, parser.isIdle, evbuffer_get_length(clientInput) == 0 {
+            close()
+        }
+    }
+
+    // MARK: UpstreamTransferDelegate
+
+    var keepsAliveAfterResponse: Bool { wantsKeepAlive && !worker.isDraining }
+
+    func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? {
+        if requestBodyDone { return 0 }
+        let input = clientInput
+        var written = 0
+        while written < capacity {
+            var iov = iovec()
+            let segments = evbuffer_peek(input, -1, nil, &iov, 1)
+            let available = segments > 0 ? min(iov.iov_len, capacity - written) : 0
+            // An empty input still lets the parser report the end of a finished body.
+            let (consumed, event) = try parser.parse(UnsafeRawBufferPointer(start: iov.iov_base, count: available))
+            if case .body(let range)? = event {
+                (buffer + written).copyMemory(from: iov.iov_base! + range.lowerBound, byteCount: range.count)
+                written += range.count
+            }
+            evbuffer_drain(input, consumed)
+            if case .end? = event {
+                requestBodyDone = true
+                return written
+            }
+            if consumed == 0 && event == nil { break }
+        }
+        return written > 0 ? written : nil
+    }
+
+    func transferFinished(reusable: Bool) {
+        if reusable && requestBodyDone && wantsKeepAlive {
+            exchangeEnded()
+        } else {
+            closeAfterFlush()
+        }
+    }
+
+    func transferFailed(_ error: ProxyError) {
+        state = .awaitingHead
+        respondError(error)
+    }
+
+    func transferAborted() {
+        closeAfterFlush()
+    }
+
+    // MARK: tunnels
+
+    /// The CONNECT destination answered: tell the client and start relaying.
+    func tunnelEstablished(fd: Int32) {
+        let tunnel = Tunnel(connection: self, upstreamFD: fd)
+        state = .tunnel(tunnel)
+        evbuffer_add(clientOutput, "HTTP/1.1 200 Connection established\r\n\r\n", 39)
+        bufferevent_enable(bev, Int16(EV_READ))
+        tunnel.clientReadable()  // bytes the client sent early (a TLS ClientHello) go first
+    }
+
+    func tunnelFailed(_ error: ProxyError) {
+        state = .awaitingHead
+        respondError(error)
+    }
+}

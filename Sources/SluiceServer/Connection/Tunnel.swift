@@ -1,0 +1,148 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CCurl
+import CLibEvent
+import CShims
+import SluiceCore
+
+/// Opens the TCP connection for a CONNECT through the session core, so tunnels get the same
+/// resolver (threaded, with the shared DNS cache), connect timeout and `access.deny` check
+/// (on every resolved address) as forwarded requests. libcurl connects (`CONNECT_ONLY`);
+/// the socket is then duplicated and the easy handle destroyed, leaving Sluice the only owner.
+///
+/// Threading: the worker's event-loop thread.
+final class TunnelDialer: CurlTransfer {
+    private unowned let connection: ClientConnection
+    private let session: UpstreamSession
+    private let handle: UnsafeMutableRawPointer
+    let target: RequestTarget
+    private let deny: [IPNetwork]
+    private var denied = false
+    private var finished = false
+
+    init(connection: ClientConnection, target: RequestTarget) {
+        self.connection = connection
+        self.session = connection.worker.session
+        self.target = target
+        self.deny = connection.worker.config.access.deny
+        handle = curl_easy_init()
+        super.init()
+        let h = handle
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        sluice_easy_setopt_ptr(h, CURLOPT_PRIVATE, me)
+        sluice_easy_setopt_ptr(h, CURLOPT_SHARE, session.share)
+        sluice_easy_setopt_str(h, CURLOPT_URL, "http://\(target.authority)/")
+        sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http")
+        sluice_easy_setopt_long(h, CURLOPT_CONNECT_ONLY, 1)
+        sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
+        sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, connection.worker.config.timeouts.upstreamConnect)
+        sluice_easy_setopt_ptr(h, CURLOPT_OPENSOCKETDATA, me)
+        sluice_easy_setopt_opensocket_cb(h) { clientp, _, address in
+            let d = Unmanaged<TunnelDialer>.fromOpaque(clientp!).takeUnretainedValue()
+            let denied = withUnsafePointer(to: &address!.pointee.addr) { SocketAddress.matches($0, d.deny) }
+            if denied {
+                d.denied = true
+                return CURL_SOCKET_BAD
+            }
+            return socket(address!.pointee.family, address!.pointee.socktype, address!.pointee.protocol)
+        }
+    }
+
+    func start() { session.start(handle) }
+
+    func cancel() {
+        guard !finished else { return }
+        finished = true
+        session.discard(handle)
+    }
+
+    override func curlDone(_ result: CURLcode) {
+        guard !finished else { return }
+        var fd: curl_socket_t = -1
+        if result == CURLE_OK { sluice_easy_getinfo_socket(handle, &fd) }
+        let owned = fd >= 0 ? dup(fd) : -1
+        cancel()
+        if owned >= 0 {
+            evutil_make_socket_nonblocking(owned)
+            connection.tunnelEstablished(fd: owned)
+            return
+        }
+        switch result {
+        case _ where denied: connection.tunnelFailed(.destinationDenied(host: target.host))
+        case CURLE_COULDNT_RESOLVE_HOST: connection.tunnelFailed(.dnsFailure(host: target.host))
+        case CURLE_OPERATION_TIMEDOUT:
+            connection.tunnelFailed(.upstreamTimeout(host: target.authority, phase: "connect"))
+        default: connection.tunnelFailed(.upstreamRefused(host: target.authority))
+        }
+    }
+}
+
+/// A CONNECT byte tunnel between the client's bufferevent and the destination's, moving
+/// evbuffer chains without copying. Backpressure both ways: a side stops reading while the
+/// other side's output holds more than the high watermark, and resumes when it drains.
+///
+/// Threading: owned by its `ClientConnection`, on the worker's event-loop thread.
+final class Tunnel {
+    static let highWatermark = 1 << 20
+
+    private unowned let connection: ClientConnection
+    private var upstream: OpaquePointer?
+
+    init(connection: ClientConnection, upstreamFD: Int32) {
+        self.connection = connection
+        let bev = bufferevent_socket_new(connection.worker.base, upstreamFD, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue))!
+        upstream = bev
+        bufferevent_setcb(bev, { _, arg in
+            Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamReadable()
+        }, { _, arg in
+            Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamDrained()
+        }, { _, what, arg in
+            Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamEvent(what)
+        }, Unmanaged.passUnretained(self).toOpaque())
+        bufferevent_setwatermark(bev, Int16(EV_WRITE), ClientConnection.outputLowWatermark, 0)
+        bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
+    }
+
+    func clientReadable() {
+        guard let upstream else { return }
+        let out = bufferevent_get_output(upstream)
+        evbuffer_add_buffer(out, connection.clientInput)
+        if evbuffer_get_length(out) >= Self.highWatermark { bufferevent_disable(connection.bev, Int16(EV_READ)) }
+    }
+
+    func clientDrained() {
+        if let upstream { bufferevent_enable(upstream, Int16(EV_READ)) }
+    }
+
+    func clientClosed() {
+        connection.close()
+    }
+
+    private func upstreamReadable() {
+        guard let upstream else { return }
+        let out = connection.clientOutput
+        evbuffer_add_buffer(out, bufferevent_get_input(upstream))
+        if evbuffer_get_length(out) >= Self.highWatermark { bufferevent_disable(upstream, Int16(EV_READ)) }
+    }
+
+    private func upstreamDrained() {
+        bufferevent_enable(connection.bev, Int16(EV_READ))
+    }
+
+    private func upstreamEvent(_ what: Int16) {
+        guard what & Int16(BEV_EVENT_EOF | BEV_EVENT_ERROR) != 0, let upstream else { return }
+        // Deliver what the destination sent before it closed, then end the client side.
+        evbuffer_add_buffer(connection.clientOutput, bufferevent_get_input(upstream))
+        shutdown()
+        connection.closeAfterFlush()
+    }
+
+    /// Frees the destination side. Called by the connection when it closes.
+    func shutdown() {
+        if let upstream {
+            bufferevent_free(upstream)
+            self.upstream = nil
+        }
+    }
+}

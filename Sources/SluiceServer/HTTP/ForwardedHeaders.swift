@@ -1,0 +1,171 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CCurl
+
+/// The header rewriting a proxy owes both directions (RFC 9110 §7.6): hop-by-hop fields and
+/// those named in `Connection` are removed, `Via` is added, `Proxy-Authorization` and
+/// `Proxy-Connection` never travel on, and the response is re-framed for this client.
+enum ForwardedHeaders {
+    /// Fields that describe one connection, never forwarded (RFC 9110 §7.6.1, plus the
+    /// de-facto `Proxy-Connection`), and fields whose value the session core sets itself.
+    static let requestDropped: Set<String> = [
+        "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade", "trailer",
+        "proxy-authorization", "host", "content-length", "expect",
+    ]
+    static let responseDropped: Set<String> = [
+        "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade", "trailer",
+    ]
+
+    static func lowercasedName(_ bytes: UnsafeBufferPointer<UInt8>) -> String {
+        String(unsafeUninitializedCapacity: bytes.count) { out in
+            for i in 0..<bytes.count { out[i] = ASCII.lower(bytes[i]) }
+            return bytes.count
+        }
+    }
+
+    /// The curl header list for a forwarded request. Curl derives `Host` from the URL,
+    /// sets the body framing itself, and is told not to add `Accept` or `Expect`.
+    static func requestList(for head: HTTPRequestHead, via: String) -> UnsafeMutablePointer<curl_slist>? {
+        var list: UnsafeMutablePointer<curl_slist>?
+        var sawAccept = false
+        var line: [UInt8] = []
+        line.reserveCapacity(256)
+        head.bytes.withUnsafeBufferPointer { buf in
+            for field in head.fields {
+                let name = UnsafeBufferPointer(rebasing: buf[field.name])
+                let lower = lowercasedName(name)
+                if requestDropped.contains(lower) || head.connectionTokens.contains(lower) { continue }
+                if lower == "accept" { sawAccept = true }
+                line.removeAll(keepingCapacity: true)
+                line.append(contentsOf: name)
+                if field.value.isEmpty {
+                    line.append(0x3B)  // "Name;" is curl's spelling of an empty field
+                } else {
+                    line.append(0x3A)
+                    line.append(0x20)
+                    line.append(contentsOf: buf[field.value])
+                }
+                line.append(0)
+                list = line.withUnsafeBufferPointer { p in
+                    p.withMemoryRebound(to: CChar.self) { curl_slist_append(list, $0.baseAddress) }
+                }
+            }
+        }
+        list = curl_slist_append(list, "Via: \(via)")
+        list = curl_slist_append(list, "Expect:")
+        if !sawAccept { list = curl_slist_append(list, "Accept:") }
+        return list
+    }
+
+    struct ResponseHead {
+        var bytes: [UInt8]
+        var framing: UpstreamTransfer.ResponseFraming
+    }
+
+    /// The response head for the client: status line, the upstream's end-to-end fields in
+    /// order, `Via`, and framing chosen for this client (the upstream's `Content-Length` when
+    /// it sent one, else chunked for HTTP/1.1 and close-delimited for HTTP/1.0).
+    static func responseHead(status: Int, reason: ArraySlice<UInt8>, lines: [UInt8], lineEnds: [Int],
+                             isHeadRequest: Bool, clientMinorVersion: Int, keepAlive: Bool,
+                             via: String) -> ResponseHead {
+        var connectionTokens: [String] = []
+        var hadTransferEncoding = false
+        var hasContentLength = false
+        var names: [String] = []
+        names.reserveCapacity(lineEnds.count)
+        lines.withUnsafeBufferPointer { buf in
+            var start = 0
+            for end in lineEnds {
+                let line = UnsafeBufferPointer(rebasing: buf[start..<end])
+                let colon = line.firstIndex(of: 0x3A) ?? line.count
+                let name = lowercasedName(UnsafeBufferPointer(rebasing: line[0..<colon]))
+                names.append(name)
+                if name == "connection", colon < line.count {
+                    for token in HTTPRequestParser.listElements(UnsafeBufferPointer(rebasing: line[(colon + 1)...])) {
+                        connectionTokens.append(token.lowercased())
+                    }
+                } else if name == "transfer-encoding" {
+                    hadTransferEncoding = true
+                } else if name == "content-length" {
+                    hasContentLength = true
+                }
+                start = end
+            }
+        }
+
+        let bodiless = isHeadRequest || status < 200 || status == 204 || status == 304
+        let framing: UpstreamTransfer.ResponseFraming
+        if bodiless {
+            framing = .none
+        } else if hasContentLength && !hadTransferEncoding {
+            framing = .length
+        } else {
+            framing = clientMinorVersion == 1 ? .chunked : .close
+        }
+        let close = !keepAlive || framing == .close
+
+        var out: [UInt8] = []
+        out.reserveCapacity(lines.count + 2 * lineEnds.count + 128)
+        out.append(contentsOf: "HTTP/1.1 \(status) ".utf8)
+        if reason.isEmpty {
+            out.append(contentsOf: reasonPhrase(status).utf8)
+        } else {
+            out.append(contentsOf: reason)
+        }
+        out.append(contentsOf: "\r\n".utf8)
+        var start = 0
+        for (index, end) in lineEnds.enumerated() {
+            let name = names[index]
+            let drop = responseDropped.contains(name) || connectionTokens.contains(name)
+                || (name == "content-length" && hadTransferEncoding && !bodiless)
+            if !drop {
+                out.append(contentsOf: lines[start..<end])
+                out.append(contentsOf: "\r\n".utf8)
+            }
+            start = end
+        }
+        out.append(contentsOf: "Via: \(via)\r\n".utf8)
+        if framing == .chunked { out.append(contentsOf: "Transfer-Encoding: chunked\r\n".utf8) }
+        if close { out.append(contentsOf: "Connection: close\r\n".utf8) }
+        out.append(contentsOf: "\r\n".utf8)
+        return ResponseHead(bytes: out, framing: framing)
+    }
+
+    static func reasonPhrase(_ status: Int) -> String {
+        switch status {
+        case 200: return "OK"
+        case 201: return "Created"
+        case 202: return "Accepted"
+        case 204: return "No Content"
+        case 206: return "Partial Content"
+        case 301: return "Moved Permanently"
+        case 302: return "Found"
+        case 303: return "See Other"
+        case 304: return "Not Modified"
+        case 307: return "Temporary Redirect"
+        case 308: return "Permanent Redirect"
+        case 400: return "Bad Request"
+        case 401: return "Unauthorized"
+        case 403: return "Forbidden"
+        case 404: return "Not Found"
+        case 405: return "Method Not Allowed"
+        case 408: return "Request Timeout"
+        case 409: return "Conflict"
+        case 410: return "Gone"
+        case 413: return "Content Too Large"
+        case 414: return "URI Too Long"
+        case 415: return "Unsupported Media Type"
+        case 429: return "Too Many Requests"
+        case 431: return "Request Header Fields Too Large"
+        case 500: return "Internal Server Error"
+        case 501: return "Not Implemented"
+        case 502: return "Bad Gateway"
+        case 503: return "Service Unavailable"
+        case 504: return "Gateway Timeout"
+        case 505: return "HTTP Version Not Supported"
+        case 508: return "Loop Detected"
+        default: return "Status \(status)"
+        }
+    }
+}

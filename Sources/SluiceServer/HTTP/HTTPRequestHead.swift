@@ -1,0 +1,116 @@
+import SluiceCore
+
+/// A parsed HTTP/1.x request head, kept as its raw bytes plus ranges into them.
+///
+/// Field names and values are not turned into `String`s unless asked for: forwarding copies
+/// them byte for byte (obs-text included), and the framing facts a proxy needs — body framing,
+/// `Connection` tokens, `Expect` — are computed once by the parser.
+public struct HTTPRequestHead: Sendable {
+    public struct Field: Sendable {
+        public var name: Range<Int>
+        public var value: Range<Int>
+    }
+
+    public enum BodyFraming: Sendable, Equatable {
+        case none
+        case length(Int64)
+        case chunked
+    }
+
+    /// The head's bytes, from the method to the last field's CRLF.
+    public let bytes: [UInt8]
+    public let methodRange: Range<Int>
+    public let targetRange: Range<Int>
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    public let minorVersion: Int
+    public let fields: [Field]
+    public let framing: BodyFraming
+    /// Lower-cased tokens of every `Connection` field.
+    public let connectionTokens: [String]
+    /// The client sent `Expect: 100-continue`.
+    public let expectsContinue: Bool
+
+    /// Whether a body follows the head (and the parser will end it with `.end`).
+    public var hasBody: Bool { framing != .none && framing != .length(0) }
+
+    public var method: String { string(methodRange) }
+    public var target: String { string(targetRange) }
+
+    /// Whether the client wants the connection kept open after this exchange
+    /// (RFC 9112 §9.3: HTTP/1.1 unless `close`; HTTP/1.0 only with `keep-alive`).
+    public var keepAlive: Bool {
+        if connectionTokens.contains("close") { return false }
+        return minorVersion == 1 || connectionTokens.contains("keep-alive")
+    }
+
+    public func string(_ range: Range<Int>) -> String {
+        String(decoding: bytes[range], as: UTF8.self)
+    }
+
+    public func name(_ field: Field) -> String { string(field.name) }
+    public func value(_ field: Field) -> String { string(field.value) }
+
+    /// Whether `field`'s name equals `lowercaseName` ignoring ASCII case.
+    public func field(_ field: Field, isNamed lowercaseName: String) -> Bool {
+        bytes.withUnsafeBufferPointer { buf in
+            ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[field.name]), lowercaseName)
+        }
+    }
+
+    /// The values of every field named `lowercaseName`, in order.
+    public func values(named lowercaseName: String) -> [String] {
+        fields.filter { field($0, isNamed: lowercaseName) }.map(value)
+    }
+
+    /// Whether the method is `lowercaseMethod`'s upper-case form (methods are case-sensitive).
+    public func methodIs(_ method: StaticString) -> Bool {
+        guard methodRange.count == method.utf8CodeUnitCount else { return false }
+        return bytes.withUnsafeBufferPointer { buf in
+            method.withUTF8Buffer { m in
+                for i in 0..<m.count where buf[methodRange.lowerBound + i] != m[i] { return false }
+                return true
+            }
+        }
+    }
+}
+
+/// Byte-level helpers shared by the codec and the header filter.
+enum ASCII {
+    static func lower(_ b: UInt8) -> UInt8 { (b >= 65 && b <= 90) ? b | 0x20 : b }
+
+    static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ lowercase: String) -> Bool {
+        var lowercase = lowercase
+        return lowercase.withUTF8 { l in
+            guard l.count == bytes.count else { return false }
+            for i in 0..<l.count where lower(bytes[i]) != l[i] { return false }
+            return true
+        }
+    }
+
+    /// RFC 9110 §5.6.2 tchar.
+    static let isTokenChar: [Bool] = {
+        var table = [Bool](repeating: false, count: 256)
+        for c in UInt8(ascii: "0")...UInt8(ascii: "9") { table[Int(c)] = true }
+        for c in UInt8(ascii: "a")...UInt8(ascii: "z") { table[Int(c)] = true }
+        for c in UInt8(ascii: "A")...UInt8(ascii: "Z") { table[Int(c)] = true }
+        for c in "!#$%&'*+-.^_`|~".utf8 { table[Int(c)] = true }
+        return table
+    }()
+
+    /// Bytes allowed in a field value: VCHAR, obs-text, SP and HTAB — never NUL, CR, LF,
+    /// other controls or DEL.
+    static func isFieldValueByte(_ b: UInt8) -> Bool {
+        b == 0x09 || (b >= 0x20 && b != 0x7F)
+    }
+
+    static func isHexDigit(_ b: UInt8) -> Bool { hexValue(b) != nil }
+
+    static func hexValue(_ b: UInt8) -> UInt64? {
+        switch b {
+        case 48...57: return UInt64(b - 48)
+        case 65...70: return UInt64(b - 55)
+        case 97...102: return UInt64(b - 87)
+        default: return nil
+        }
+    }
+}

@@ -1,0 +1,430 @@
+import SluiceCore
+
+/// The HTTP/1.1 request decoder: a pure value-type state machine over bytes (RFC 9112).
+///
+/// This is Sluice's security boundary, so it is strict: it rejects bare CR and bare LF,
+/// NUL and other control bytes, obs-fold, whitespace before the colon, `Content-Length`
+/// together with `Transfer-Encoding`, differing `Content-Length`s, transfer codings other than
+/// a lone `chunked`, bad chunk sizes, and oversized lines and sections. A rejected request is
+/// reported as a `ProxyError` and nothing of it is ever forwarded.
+///
+/// Feed it whatever bytes have arrived — any split, down to one byte at a time — and it
+/// returns how many it consumed and at most one event. Body events are ranges of the input
+/// buffer just passed, so the caller moves body bytes without an intermediate copy.
+/// A request with a body ends with an `.end` event (delivered by the call after its last body
+/// byte, which may consume nothing); a request without one is complete with its `.head`.
+/// Either way the parser is then ready for the next (pipelined) request.
+public struct HTTPRequestParser: Sendable {
+    public enum Event: Sendable, Equatable {
+        case head(HTTPRequestHead)
+        case body(Range<Int>)
+        case end
+
+        public static func == (a: Event, b: Event) -> Bool {
+            switch (a, b) {
+            case (.head(let x), .head(let y)): return x.bytes == y.bytes
+            case (.body(let x), .body(let y)): return x == y
+            case (.end, .end): return true
+            default: return false
+            }
+        }
+    }
+
+    public struct Limits: Sendable {
+        public var requestLine: Int
+        public var headerSection: Int
+        public var headerCount: Int
+        public var body: Int64?
+        public init(requestLine: Int, headerSection: Int, headerCount: Int, body: Int64?) {
+            self.requestLine = requestLine
+            self.headerSection = headerSection
+            self.headerCount = headerCount
+            self.body = body
+        }
+        public init(_ limits: ServerConfiguration.Limits) {
+            self.init(requestLine: limits.requestLine, headerSection: limits.headerSection,
+                      headerCount: limits.headerCount, body: limits.requestBody)
+        }
+    }
+
+    enum State: Sendable {
+        case head
+        case fixedBody(remaining: Int64)
+        case chunkSize(value: UInt64, digits: Int, inExtension: Bool, lineBytes: Int)
+        case chunkSizeLF(value: UInt64)
+        case chunkData(remaining: UInt64)
+        case chunkDataCR
+        case chunkDataLF
+        case trailer(lineBytes: Int, sawCR: Bool)
+        case end
+        case failed(ProxyError)
+    }
+
+    /// The longest chunk-size line (size and extensions) accepted.
+    static let maxChunkLine = 4096
+    /// Empty lines tolerated before a request line (RFC 9112 §2.2 asks for at least one).
+    static let maxLeadingEmptyLines = 8
+
+    public let limits: Limits
+    var state: State = .head
+    var headBytes: [UInt8] = []
+    /// How many bytes of "\r\n\r\n" the head scanner has matched so far.
+    var terminatorMatch = 0
+    var requestLineLength: Int? = nil
+    var leadingEmptyLines = 0
+    var bodyBytesSeen: Int64 = 0
+    var trailerBytes = 0
+
+    public init(limits: Limits) {
+        self.limits = limits
+        headBytes.reserveCapacity(512)
+    }
+
+    /// True between `.end` and the first byte of the next request's head.
+    public var isIdle: Bool {
+        if case .head = state { return headBytes.isEmpty && terminatorMatch == 0 }
+        return false
+    }
+
+    /// True while a request body is being decoded.
+    public var inBody: Bool {
+        switch state {
+        case .head, .end, .failed: return false
+        default: return true
+        }
+    }
+
+    /// Consumes bytes from `input` and returns how many, with the event they completed.
+    /// A thrown error is final: the connection must answer it and close.
+    public mutating func parse(_ input: UnsafeRawBufferPointer) throws(ProxyError) -> (consumed: Int, event: Event?) {
+        switch state {
+        case .failed(let error):
+            throw error
+        case .end:
+            state = .head
+            resetHead()
+            return (0, .end)
+        case .head:
+            return try guarded { (p: inout HTTPRequestParser) throws(ProxyError) in try p.parseHead(input) }
+        default:
+            return try guarded { (p: inout HTTPRequestParser) throws(ProxyError) in try p.parseBody(input) }
+        }
+    }
+
+    private mutating func guarded(
+        _ body: (inout HTTPRequestParser) throws(ProxyError) -> (Int, Event?)
+    ) throws(ProxyError) -> (consumed: Int, event: Event?) {
+        do {
+            let (consumed, event) = try body(&self)
+            return (consumed, event)
+        } catch {
+            state = .failed(error)
+            throw error
+        }
+    }
+
+    private mutating func resetHead() {
+        headBytes.removeAll(keepingCapacity: true)
+        terminatorMatch = 0
+        requestLineLength = nil
+        leadingEmptyLines = 0
+        bodyBytesSeen = 0
+        trailerBytes = 0
+    }
+
+    // MARK: head
+
+    private mutating func parseHead(_ input: UnsafeRawBufferPointer) throws(ProxyError) -> (Int, Event?) {
+        var i = 0
+        var segmentStart = 0
+        while i < input.count {
+            let b = input[i]
+            i += 1
+            switch (terminatorMatch, b) {
+            case (0, 0x0D), (2, 0x0D):
+                terminatorMatch += 1
+            case (1, 0x0A), (3, 0x0A):
+                terminatorMatch += 1
+            case (1, _), (3, _):
+                throw .malformedRequest("bare CR in request head")
+            case (_, 0x0A):
+                throw .malformedRequest("bare LF in request head")
+            default:
+                terminatorMatch = 0
+            }
+            let length = headBytes.count + (i - segmentStart)
+            if terminatorMatch == 2 && requestLineLength == nil {
+                if length == 2 {
+                    // An empty line before the request line: tolerated, not stored.
+                    leadingEmptyLines += 1
+                    if leadingEmptyLines > Self.maxLeadingEmptyLines {
+                        throw .malformedRequest("too many empty lines before the request line")
+                    }
+                    headBytes.removeAll(keepingCapacity: true)
+                    segmentStart = i
+                    terminatorMatch = 0
+                    continue
+                }
+                requestLineLength = length
+                if length - 2 > limits.requestLine { throw .requestLineTooLong(limit: limits.requestLine) }
+            }
+            if requestLineLength == nil {
+                if length > limits.requestLine + 2 { throw .requestLineTooLong(limit: limits.requestLine) }
+            } else if length - requestLineLength! > limits.headerSection {
+                throw .headerSectionTooLarge(limit: limits.headerSection)
+            }
+            if terminatorMatch == 4 {
+                headBytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[segmentStart..<i]))
+                let head = try Self.parseHeadBytes(headBytes, limits: limits)
+                // A request without a body is complete with its head: no `.end` follows.
+                switch head.framing {
+                case .none: resetHead()
+                case .length(let n): if n == 0 { resetHead() } else { state = .fixedBody(remaining: n) }
+                case .chunked: state = .chunkSize(value: 0, digits: 0, inExtension: false, lineBytes: 0)
+                }
+                headBytes.removeAll(keepingCapacity: true)
+                terminatorMatch = 0
+                return (i, .head(head))
+            }
+        }
+        headBytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[segmentStart..<i]))
+        return (i, nil)
+    }
+
+    /// Parses a complete head (request line, fields, final empty line) already known to
+    /// contain only CRLF line ends.
+    static func parseHeadBytes(_ bytes: [UInt8], limits: Limits) throws(ProxyError) -> HTTPRequestHead {
+        var headResult: HTTPRequestHead?
+        var failure: ProxyError?
+        bytes.withUnsafeBufferPointer { buf in
+            do throws(ProxyError) {
+                headResult = try parseHead(buf, bytes: bytes, limits: limits)
+            } catch {
+                failure = error
+            }
+        }
+        if let failure { throw failure }
+        return headResult!
+    }
+
+    private static func parseHead(_ buf: UnsafeBufferPointer<UInt8>, bytes: [UInt8],
+                                  limits: Limits) throws(ProxyError) -> HTTPRequestHead {
+        // Request line: method SP request-target SP HTTP-version CRLF (exactly single spaces).
+        var i = 0
+        while i < buf.count, ASCII.isTokenChar[Int(buf[i])] { i += 1 }
+        let methodRange = 0..<i
+        guard !methodRange.isEmpty, i < buf.count, buf[i] == 0x20 else {
+            throw .malformedRequest("malformed request line (method)")
+        }
+        i += 1
+        let targetStart = i
+        while i < buf.count, buf[i] > 0x20, buf[i] < 0x7F { i += 1 }
+        let targetRange = targetStart..<i
+        guard !targetRange.isEmpty, i < buf.count, buf[i] == 0x20 else {
+            throw .malformedRequest("malformed request line (target)")
+        }
+        i += 1
+        guard i + 10 <= buf.count,
+              buf[i] == 0x48, buf[i + 1] == 0x54, buf[i + 2] == 0x54, buf[i + 3] == 0x50, buf[i + 4] == 0x2F,
+              (0x30...0x39).contains(buf[i + 5]), buf[i + 6] == 0x2E, (0x30...0x39).contains(buf[i + 7]),
+              buf[i + 8] == 0x0D, buf[i + 9] == 0x0A
+        else { throw .malformedRequest("malformed request line (version)") }
+        let major = Int(buf[i + 5] - 0x30), minor = Int(buf[i + 7] - 0x30)
+        guard major == 1, minor <= 1 else { throw .unsupportedVersion }
+        i += 10
+
+        var fields: [HTTPRequestHead.Field] = []
+        fields.reserveCapacity(16)
+        var contentLength: Int64?
+        var transferCodings: [String] = []
+        var sawTransferEncoding = false
+        var connectionTokens: [String] = []
+        var expectsContinue = false
+        var hostCount = 0
+
+        while i < buf.count {
+            if buf[i] == 0x0D { break }  // the final empty line
+            if buf[i] == 0x20 || buf[i] == 0x09 { throw .malformedRequest("obsolete line folding in header") }
+            let nameStart = i
+            while i < buf.count, ASCII.isTokenChar[Int(buf[i])] { i += 1 }
+            guard i > nameStart, i < buf.count, buf[i] == 0x3A else {
+                throw .malformedRequest("malformed header field name")
+            }
+            let nameRange = nameStart..<i
+            i += 1
+            while i < buf.count, buf[i] == 0x20 || buf[i] == 0x09 { i += 1 }
+            let valueStart = i
+            while i < buf.count, buf[i] != 0x0D {
+                guard ASCII.isFieldValueByte(buf[i]) else {
+                    throw .malformedRequest("control character in header field value")
+                }
+                i += 1
+            }
+            var valueEnd = i
+            while valueEnd > valueStart, buf[valueEnd - 1] == 0x20 || buf[valueEnd - 1] == 0x09 { valueEnd -= 1 }
+            i += 2  // CRLF, guaranteed by the scanner
+            let field = HTTPRequestHead.Field(name: nameRange, value: valueStart..<valueEnd)
+            fields.append(field)
+            if fields.count > limits.headerCount { throw .tooManyHeaders(limit: limits.headerCount) }
+
+            let name = UnsafeBufferPointer(rebasing: buf[nameRange])
+            let value = UnsafeBufferPointer(rebasing: buf[valueStart..<valueEnd])
+            switch name.count {
+            case 4 where ASCII.equalsIgnoringCase(name, "host"):
+                hostCount += 1
+            case 6 where ASCII.equalsIgnoringCase(name, "expect"):
+                if ASCII.equalsIgnoringCase(value, "100-continue") { expectsContinue = true }
+            case 10 where ASCII.equalsIgnoringCase(name, "connection"):
+                for token in listElements(value) { connectionTokens.append(token.lowercased()) }
+            case 14 where ASCII.equalsIgnoringCase(name, "content-length"):
+                for element in listElements(value, keepEmpty: true) {
+                    guard !element.isEmpty, element.count <= 18, element.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }),
+                          let n = Int64(element)
+                    else { throw .malformedRequest("invalid Content-Length") }
+                    if let previous = contentLength, previous != n {
+                        throw .malformedRequest("differing Content-Length values")
+                    }
+                    contentLength = n
+                }
+            case 17 where ASCII.equalsIgnoringCase(name, "transfer-encoding"):
+                sawTransferEncoding = true
+                for coding in listElements(value, keepEmpty: true) { transferCodings.append(coding.lowercased()) }
+            default:
+                break
+            }
+        }
+
+        if minor == 1 && hostCount != 1 {
+            throw .malformedRequest(hostCount == 0 ? "missing Host header" : "more than one Host header")
+        }
+        if hostCount > 1 { throw .malformedRequest("more than one Host header") }
+
+        let framing: HTTPRequestHead.BodyFraming
+        if sawTransferEncoding {
+            if contentLength != nil { throw .malformedRequest("both Content-Length and Transfer-Encoding") }
+            if minor == 0 { throw .malformedRequest("Transfer-Encoding in an HTTP/1.0 request") }
+            guard transferCodings == ["chunked"] else {
+                throw .unsupportedTransferCoding(transferCodings.joined(separator: ", "))
+            }
+            framing = .chunked
+        } else if let n = contentLength {
+            if let max = limits.body, n > max { throw .bodyTooLarge(limit: max) }
+            framing = .length(n)
+        } else {
+            framing = .none
+        }
+
+        return HTTPRequestHead(bytes: bytes, methodRange: methodRange, targetRange: targetRange,
+                               minorVersion: minor, fields: fields, framing: framing,
+                               connectionTokens: connectionTokens, expectsContinue: expectsContinue)
+    }
+
+    /// The comma-separated elements of a list-valued field, with optional whitespace trimmed.
+    static func listElements(_ value: UnsafeBufferPointer<UInt8>, keepEmpty: Bool = false) -> [String] {
+        var out: [String] = []
+        var start = 0
+        for i in 0...value.count where i == value.count || value[i] == 0x2C {
+            var s = start, e = i
+            while s < e, value[s] == 0x20 || value[s] == 0x09 { s += 1 }
+            while e > s, value[e - 1] == 0x20 || value[e - 1] == 0x09 { e -= 1 }
+            if e > s || keepEmpty { out.append(String(decoding: UnsafeBufferPointer(rebasing: value[s..<e]), as: UTF8.self)) }
+            start = i + 1
+        }
+        return out
+    }
+
+    // MARK: body
+
+    private mutating func countBody(_ n: Int) throws(ProxyError) {
+        bodyBytesSeen += Int64(n)
+        if let max = limits.body, bodyBytesSeen > max { throw .bodyTooLarge(limit: max) }
+    }
+
+    private mutating func parseBody(_ input: UnsafeRawBufferPointer) throws(ProxyError) -> (Int, Event?) {
+        guard !input.isEmpty else { return (0, nil) }
+        var i = 0
+        while i < input.count {
+            switch state {
+            case .fixedBody(let remaining):
+                let n = Int(min(Int64(input.count - i), remaining))
+                state = remaining - Int64(n) == 0 ? .end : .fixedBody(remaining: remaining - Int64(n))
+                return (i + n, .body(i..<(i + n)))
+
+            case .chunkData(let remaining):
+                let n = Int(min(UInt64(input.count - i), remaining))
+                try countBody(n)
+                state = remaining - UInt64(n) == 0 ? .chunkDataCR : .chunkData(remaining: remaining - UInt64(n))
+                return (i + n, .body(i..<(i + n)))
+
+            case .chunkSize(let value, let digits, let inExtension, let lineBytes):
+                let b = input[i]
+                i += 1
+                if lineBytes + 1 > Self.maxChunkLine { throw .malformedRequest("chunk-size line too long") }
+                if b == 0x0D {
+                    guard digits > 0 else { throw .malformedRequest("invalid chunk size") }
+                    state = .chunkSizeLF(value: value)
+                } else if inExtension {
+                    guard ASCII.isFieldValueByte(b) else { throw .malformedRequest("invalid chunk extension") }
+                    state = .chunkSize(value: value, digits: digits, inExtension: true, lineBytes: lineBytes + 1)
+                } else if let h = ASCII.hexValue(b), digits < 16 {
+                    state = .chunkSize(value: value << 4 | h, digits: digits + 1, inExtension: false,
+                                       lineBytes: lineBytes + 1)
+                } else if (b == 0x3B || b == 0x20 || b == 0x09) && digits > 0 {
+                    // chunk-ext, possibly after BWS; its contents are ignored.
+                    state = .chunkSize(value: value, digits: digits, inExtension: true, lineBytes: lineBytes + 1)
+                } else {
+                    throw .malformedRequest("invalid chunk size")
+                }
+
+            case .chunkSizeLF(let value):
+                guard input[i] == 0x0A else { throw .malformedRequest("bare CR in chunk-size line") }
+                i += 1
+                if value == 0 {
+                    state = .trailer(lineBytes: 0, sawCR: false)
+                } else {
+                    if let max = limits.body, bodyBytesSeen + Int64(clamping: value) > max {
+                        throw .bodyTooLarge(limit: max)
+                    }
+                    state = .chunkData(remaining: value)
+                }
+
+            case .chunkDataCR:
+                guard input[i] == 0x0D else { throw .malformedRequest("missing CRLF after chunk data") }
+                i += 1
+                state = .chunkDataLF
+
+            case .chunkDataLF:
+                guard input[i] == 0x0A else { throw .malformedRequest("missing CRLF after chunk data") }
+                i += 1
+                state = .chunkSize(value: 0, digits: 0, inExtension: false, lineBytes: 0)
+
+            case .trailer(let lineBytes, let sawCR):
+                // Trailer fields are consumed and dropped (never merged into the head).
+                let b = input[i]
+                i += 1
+                trailerBytes += 1
+                if trailerBytes > limits.headerSection { throw .headerSectionTooLarge(limit: limits.headerSection) }
+                if sawCR {
+                    guard b == 0x0A else { throw .malformedRequest("bare CR in trailer") }
+                    if lineBytes == 0 {
+                        state = .end
+                        return (i, nil)
+                    }
+                    state = .trailer(lineBytes: 0, sawCR: false)
+                } else if b == 0x0D {
+                    state = .trailer(lineBytes: lineBytes, sawCR: true)
+                } else {
+                    guard ASCII.isFieldValueByte(b) || b == 0x3A else { throw .malformedRequest("invalid trailer") }
+                    if lineBytes == 0 && (b == 0x20 || b == 0x09) {
+                        throw .malformedRequest("obsolete line folding in trailer")
+                    }
+                    state = .trailer(lineBytes: lineBytes + 1, sawCR: false)
+                }
+
+            case .end, .head, .failed:
+                return (i, nil)
+            }
+        }
+        return (i, nil)
+    }
+}

@@ -1,0 +1,56 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import SluiceCore
+
+/// Helpers over C socket addresses: the raw address bytes for ACL checks, and text for logs.
+enum SocketAddress {
+    /// Calls `body` with the 4 or 16 network-order address bytes of `sa`, or returns nil for
+    /// families other than IPv4 and IPv6.
+    static func withAddressBytes<R>(_ sa: UnsafePointer<sockaddr>,
+                                    _ body: (UnsafeRawBufferPointer) -> R) -> R? {
+        switch Int32(sa.pointee.sa_family) {
+        case AF_INET:
+            return sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
+                var addr = sin.pointee.sin_addr
+                return withUnsafeBytes(of: &addr) { body($0) }
+            }
+        case AF_INET6:
+            return sa.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
+                var addr = sin6.pointee.sin6_addr
+                return withUnsafeBytes(of: &addr) { body($0) }
+            }
+        default:
+            return nil
+        }
+    }
+
+    /// Whether `sa` lies in any of `networks`.
+    static func matches(_ sa: UnsafePointer<sockaddr>, _ networks: [IPNetwork]) -> Bool {
+        withAddressBytes(sa) { bytes in networks.contains { $0.contains(bytes) } } ?? false
+    }
+
+    /// `1.2.3.4:80` or `[::1]:80`.
+    static func describe(_ sa: UnsafePointer<sockaddr>) -> String {
+        var host = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
+        func text() -> String {
+            String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        }
+        switch Int32(sa.pointee.sa_family) {
+        case AF_INET:
+            return sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
+                var addr = sin.pointee.sin_addr
+                inet_ntop(AF_INET, &addr, &host, socklen_t(host.count))
+                return "\(text()):\(UInt16(bigEndian: sin.pointee.sin_port))"
+            }
+        case AF_INET6:
+            return sa.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
+                var addr = sin6.pointee.sin6_addr
+                inet_ntop(AF_INET6, &addr, &host, socklen_t(host.count))
+                return "[\(text())]:\(UInt16(bigEndian: sin6.pointee.sin6_port))"
+            }
+        default:
+            return "unknown"
+        }
+    }
+}

@@ -1,0 +1,349 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CCurl
+import CLibEvent
+import CShims
+import SluiceCore
+
+/// Something that owns a curl easy handle on a worker's multi and wants its result.
+/// The handle's `CURLOPT_PRIVATE` points at the owner (unretained: the owner keeps itself
+/// alive until `curlDone` or its own cancellation detaches the handle).
+class CurlTransfer {
+    func curlDone(_ result: CURLcode) {}
+}
+
+/// What a transfer needs from the client side of its exchange. Implemented by
+/// `ClientConnection`; every call happens on the worker's thread.
+protocol UpstreamTransferDelegate: AnyObject {
+    /// The client connection's output buffer, where response bytes go.
+    var clientOutput: OpaquePointer { get }
+    /// Whether the response head should promise to keep the client connection open.
+    var keepsAliveAfterResponse: Bool { get }
+    /// Copies up to `capacity` decoded request-body bytes into `buffer`. Returns the count,
+    /// 0 at the end of the body, `nil` when no bytes are available yet (the transfer pauses
+    /// until `resumeUpload`), or throws the error that rejects the request.
+    func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int?
+    /// The response is complete; `reusable` is false when it was close-delimited.
+    func transferFinished(reusable: Bool)
+    /// The exchange failed before any response byte reached the client.
+    func transferFailed(_ error: ProxyError)
+    /// The exchange failed after response bytes reached the client: the connection must end
+    /// without completing the message.
+    func transferAborted()
+}
+
+/// One forwarded request: a curl easy handle on the worker's `UpstreamSession`, with the
+/// request head translated for curl, the response head translated back for the client, and
+/// the body streamed both ways with backpressure (`CURL_WRITEFUNC_PAUSE` when the client's
+/// output buffer passes its high watermark, `CURL_READFUNC_PAUSE` when the client has not
+/// sent more body yet).
+///
+/// Threading: created, driven and finished on its worker's thread only.
+final class UpstreamTransfer: CurlTransfer {
+    enum ResponseFraming { case none, length, chunked, close }
+
+    /// Pause the upstream when this many response bytes wait for the client (1 MiB).
+    static let outputHighWatermark = 1 << 20
+    /// libcurl's receive buffer; 256 KiB raised large-body throughput ~10 % here (INTEROP.md).
+    static let receiveBufferSize = 256 * 1024
+
+    private let session: UpstreamSession
+    private weak var delegate: UpstreamTransferDelegate?
+    private let handle: UnsafeMutableRawPointer
+    private var requestHeaders: UnsafeMutablePointer<curl_slist>?
+    private let errorBuffer: UnsafeMutablePointer<CChar>
+    private var tryTimer: OpaquePointer?
+    let target: RequestTarget
+    private let isHead: Bool
+    private let clientMinorVersion: Int
+    private let deny: [IPNetwork]
+    private let via: String
+
+    private var responseLines: [UInt8] = []
+    private var lineEnds: [Int] = []
+    private var status = 0
+    private var reason: ArraySlice<UInt8> = []
+    private(set) var headSent = false
+    private var framing: ResponseFraming = .none
+    private(set) var downloadPaused = false
+    private(set) var uploadPaused = false
+    private var pendingError: ProxyError?
+    private var finished = false
+
+    init(session: UpstreamSession, delegate: UpstreamTransferDelegate, head: HTTPRequestHead,
+         target: RequestTarget, config: ServerConfiguration, via: String) {
+        self.session = session
+        self.delegate = delegate
+        self.target = target
+        self.isHead = head.methodIs("HEAD")
+        self.clientMinorVersion = head.minorVersion
+        self.deny = config.access.deny
+        self.via = via
+        handle = session.makeHandle()
+        errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
+        errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+        super.init()
+        configure(head: head, config: config)
+    }
+
+    deinit {
+        errorBuffer.deallocate()
+    }
+
+    // MARK: setup
+
+    private func configure(head: HTTPRequestHead, config: ServerConfiguration) {
+        let h = handle
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        sluice_easy_setopt_ptr(h, CURLOPT_PRIVATE, me)
+        sluice_easy_setopt_ptr(h, CURLOPT_SHARE, session.share)
+        sluice_easy_setopt_str(h, CURLOPT_URL, target.url)
+        sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http,https")
+        sluice_easy_setopt_long(h, CURLOPT_PATH_AS_IS, 1)
+        sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
+        sluice_easy_setopt_long(h, CURLOPT_BUFFERSIZE, Self.receiveBufferSize)
+        sluice_easy_setopt_long(h, CURLOPT_UPLOAD_BUFFERSIZE, Self.receiveBufferSize)
+        sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
+        sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
+        if let total = config.timeouts.total { sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, total) }
+        if let ca = config.tls.caFile { sluice_easy_setopt_str(h, CURLOPT_CAINFO, ca) }
+        sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYPEER, 1)
+        sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYHOST, 2)
+
+        sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)
+        sluice_easy_setopt_data_cb(h, CURLOPT_HEADERFUNCTION) { ptr, size, count, ud in
+            let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+            return t.onHeaderLine(UnsafeRawBufferPointer(start: ptr, count: size * count))
+        }
+        sluice_easy_setopt_ptr(h, CURLOPT_WRITEDATA, me)
+        sluice_easy_setopt_data_cb(h, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
+            let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+            return t.onBody(UnsafeRawBufferPointer(start: ptr, count: size * count))
+        }
+        sluice_easy_setopt_ptr(h, CURLOPT_OPENSOCKETDATA, me)
+        sluice_easy_setopt_opensocket_cb(h) { clientp, purpose, address in
+            let t = Unmanaged<UpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue()
+            return t.openSocket(address!)
+        }
+
+        let method = head.method
+        if isHead {
+            sluice_easy_setopt_long(h, CURLOPT_NOBODY, 1)
+        } else if head.hasBody || head.framing == .length(0) {
+            sluice_easy_setopt_long(h, CURLOPT_UPLOAD, 1)
+            sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
+            if case .length(let n) = head.framing { sluice_easy_setopt_off(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(n)) }
+            sluice_easy_setopt_ptr(h, CURLOPT_READDATA, me)
+            sluice_easy_setopt_data_cb(h, CURLOPT_READFUNCTION) { ptr, size, count, ud in
+                let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+                return t.onUploadRequest(UnsafeMutableRawPointer(ptr!), capacity: size * count)
+            }
+        } else if method != "GET" {
+            sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
+        }
+        requestHeaders = ForwardedHeaders.requestList(for: head, via: via)
+        sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, requestHeaders)
+    }
+
+    /// Starts the transfer and its per-try timer (start → response head).
+    func start(perTryTimeout: Int) {
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        tryTimer = event_new(session.base, -1, 0, { _, _, arg in
+            let t = Unmanaged<UpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
+            t.fail(.upstreamTimeout(host: t.target.authority, phase: "no response head in time"))
+        }, me)
+        var tv = timeval(tv_sec: perTryTimeout / 1000, tv_usec: (perTryTimeout % 1000) * 1000)
+        event_add(tryTimer, &tv)
+        session.start(handle)
+    }
+
+    /// Detaches from curl and the client. Safe to call more than once; never from inside a
+    /// curl callback.
+    func cancel() {
+        guard !finished else { return }
+        finished = true
+        if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
+        session.finish(handle)
+        curl_slist_free_all(requestHeaders)
+        requestHeaders = nil
+        delegate = nil
+    }
+
+    /// The client drained its output below the low watermark.
+    func resumeDownload() {
+        guard downloadPaused, !finished else { return }
+        downloadPaused = false
+        curl_easy_pause(handle, CURLPAUSE_CONT)
+    }
+
+    /// The client sent more request body.
+    func resumeUpload() {
+        guard uploadPaused, !finished else { return }
+        uploadPaused = false
+        curl_easy_pause(handle, CURLPAUSE_CONT)
+    }
+
+    // MARK: curl callbacks (never detach the handle here; return an abort code instead)
+
+    private func openSocket(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
+        let denied = withUnsafePointer(to: &address.pointee.addr) { SocketAddress.matches($0, deny) }
+        if denied {
+            pendingError = .destinationDenied(host: target.host)
+            return CURL_SOCKET_BAD
+        }
+        return socket(address.pointee.family, address.pointee.socktype, address.pointee.protocol)
+    }
+
+    private func onUploadRequest(_ buffer: UnsafeMutableRawPointer, capacity: Int) -> Int {
+        guard let delegate else { return Int(CURL_READFUNC_ABORT) }
+        do {
+            guard let n = try delegate.readRequestBody(into: buffer, capacity: capacity) else {
+                uploadPaused = true
+                return Int(CURL_READFUNC_PAUSE)
+            }
+            return n
+        } catch {
+            pendingError = error
+            return Int(CURL_READFUNC_ABORT)
+        }
+    }
+
+    private func onHeaderLine(_ line: UnsafeRawBufferPointer) -> Int {
+        guard delegate != nil else { return 0 }
+        var end = line.count
+        while end > 0, line[end - 1] == 0x0A || line[end - 1] == 0x0D { end -= 1 }
+        if end == 0 {
+            // The empty line: interim (1xx) responses are consumed here, the final one is sent.
+            if status >= 200 { sendResponseHead() }
+            return line.count
+        }
+        let content = UnsafeRawBufferPointer(rebasing: line[0..<end])
+        if content.starts(with: "HTTP/".utf8) {
+            parseStatusLine(content)
+            responseLines.removeAll(keepingCapacity: true)
+            lineEnds.removeAll(keepingCapacity: true)
+            return line.count
+        }
+        if content[0] == 0x20 || content[0] == 0x09, !lineEnds.isEmpty {
+            // obs-fold: RFC 9112 §5.2 says a proxy replaces it with SP before forwarding.
+            var s = 0
+            while s < content.count, content[s] == 0x20 || content[s] == 0x09 { s += 1 }
+            responseLines.append(0x20)
+            responseLines.append(contentsOf: content[s...])
+            lineEnds[lineEnds.count - 1] = responseLines.count
+            return line.count
+        }
+        responseLines.append(contentsOf: content)
+        lineEnds.append(responseLines.count)
+        return line.count
+    }
+
+    private func parseStatusLine(_ line: UnsafeRawBufferPointer) {
+        // "HTTP/1.1 200 OK" or "HTTP/2 200"
+        guard let sp = line.firstIndex(of: 0x20) else { status = 0; return }
+        var i = sp + 1
+        var code = 0
+        while i < line.count, line[i] >= 0x30, line[i] <= 0x39, code < 1000 {
+            code = code * 10 + Int(line[i] - 0x30)
+            i += 1
+        }
+        status = code
+        reason = i + 1 < line.count ? ArraySlice(line[(i + 1)...]) : []
+    }
+
+    private func onBody(_ data: UnsafeRawBufferPointer) -> Int {
+        guard let delegate else { return 0 }
+        if !headSent { sendResponseHead() }
+        let output = delegate.clientOutput
+        if evbuffer_get_length(output) > Self.outputHighWatermark {
+            downloadPaused = true
+            return Int(CURL_WRITEFUNC_PAUSE)
+        }
+        guard data.count > 0 else { return 0 }
+        switch framing {
+        case .none:
+            break  // a body on a bodiless response is dropped, never forwarded
+        case .chunked:
+            var sizeLine = String(data.count, radix: 16)
+            sizeLine += "\r\n"
+            sizeLine.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+            evbuffer_add(output, data.baseAddress, data.count)
+            evbuffer_add(output, "\r\n", 2)
+        case .length, .close:
+            evbuffer_add(output, data.baseAddress, data.count)
+        }
+        return data.count
+    }
+
+    // MARK: response head
+
+    private func sendResponseHead() {
+        guard !headSent, let delegate else { return }
+        headSent = true
+        if let tryTimer { event_del(tryTimer) }
+        let head = ForwardedHeaders.responseHead(
+            status: status, reason: reason, lines: responseLines, lineEnds: lineEnds,
+            isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
+            keepAlive: delegate.keepsAliveAfterResponse, via: via)
+        framing = head.framing
+        head.bytes.withUnsafeBytes { _ = evbuffer_add(delegate.clientOutput, $0.baseAddress, $0.count) }
+        responseLines = []
+        lineEnds = []
+    }
+
+    // MARK: completion
+
+    override func curlDone(_ result: CURLcode) {
+        guard !finished, let delegate else { return }
+        if result == CURLE_OK, headSent || status >= 200 {
+            if !headSent { sendResponseHead() }
+            if framing == .chunked { evbuffer_add(delegate.clientOutput, "0\r\n\r\n", 5) }
+            let reusable = framing != .close
+            cancel()
+            delegate.transferFinished(reusable: reusable)
+            return
+        }
+        let error = pendingError ?? mapError(result)
+        if headSent {
+            Log.debug("upstream \(target.authority) failed mid-response: \(error.message)")
+            cancel()
+            delegate.transferAborted()
+        } else {
+            cancel()
+            delegate.transferFailed(error)
+        }
+    }
+
+    /// Ends the transfer with `error` from outside curl's callbacks (a timer).
+    private func fail(_ error: ProxyError) {
+        guard !finished, let delegate else { return }
+        let sent = headSent
+        cancel()
+        if sent { delegate.transferAborted() } else { delegate.transferFailed(error) }
+    }
+
+    private func mapError(_ code: CURLcode) -> ProxyError {
+        let host = target.authority
+        let detail = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(code))
+        switch code {
+        case CURLE_COULDNT_RESOLVE_HOST:
+            return .dnsFailure(host: target.host)
+        case CURLE_COULDNT_CONNECT:
+            return .upstreamRefused(host: host)
+        case CURLE_OPERATION_TIMEDOUT:
+            var connectTime: curl_off_t = 0
+            sluice_easy_getinfo_off(handle, CURLINFO_CONNECT_TIME_T, &connectTime)
+            return .upstreamTimeout(host: host, phase: connectTime == 0 ? "connect" : "transfer")
+        case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_ENGINE_NOTFOUND,
+             CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER, CURLE_SSL_ENGINE_INITFAILED,
+             CURLE_SSL_CACERT_BADFILE, CURLE_SSL_SHUTDOWN_FAILED, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR,
+             CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CLIENTCERT:
+            return .tlsFailure(host: host, reason: detail)
+        case CURLE_URL_MALFORMAT:
+            return .badURL(detail)
+        default:
+            return .upstreamProtocol(host: host, reason: detail)
+        }
+    }
+}

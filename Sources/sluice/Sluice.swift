@@ -1,0 +1,82 @@
+import ArgumentParser
+#if canImport(Glibc)
+import Glibc
+#endif
+import SluiceConfig
+import SluiceCore
+import SluiceServer
+
+@main
+struct Sluice: ParsableCommand {
+    static let version = "0.1.0"
+
+    static let configuration = CommandConfiguration(
+        commandName: "sluice",
+        abstract: "A local HTTP proxy daemon with a per-host interceptor pipeline.",
+        discussion: """
+            Point HTTP_PROXY at it: export HTTP_PROXY=http://127.0.0.1:3128
+            Without --config, `sluice run` uses the embedded default (loopback only, port 3128,
+            one worker per core). `sluice check` validates a file and reports every problem
+            with its file, line and column.
+            """,
+        version: version,
+        subcommands: [Run.self, Check.self],
+        defaultSubcommand: nil
+    )
+}
+
+/// Prints to standard error (Swift 6 rejects the C `stderr` global).
+func printError(_ text: String) {
+    var line = text + "\n"
+    line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
+}
+
+func loadConfiguration(_ path: String?) throws -> ServerConfiguration {
+    if let path { return try ConfigLoader.load(path: path) }
+    return try ConfigLoader.parse(yaml: ConfigLoader.embeddedDefault, file: ConfigLoader.embeddedDefaultName)
+}
+
+struct Run: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the proxy until SIGTERM or SIGINT (a second signal stops without draining).")
+
+    @Option(name: .shortAndLong, help: "YAML configuration file (default: the embedded default).")
+    var config: String?
+
+    func run() throws {
+        let configuration: ServerConfiguration
+        do {
+            configuration = try loadConfiguration(config)
+        } catch let error as ConfigError {
+            printError(error.description)
+            throw ExitCode(1)
+        }
+        let server = ProxyServer(config: configuration)
+        do {
+            try server.runUntilSignalled()
+        } catch let error as ServerError {
+            printError("sluice: \(error.description)")
+            throw ExitCode(1)
+        }
+        Log.info("stopped")
+    }
+}
+
+struct Check: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Validate a configuration file: exit 0 if it is valid, else print every error and exit 1.")
+
+    @Option(name: .shortAndLong, help: "YAML configuration file to validate.")
+    var config: String
+
+    func run() throws {
+        do {
+            let configuration = try ConfigLoader.load(path: config)
+            print("\(config): OK (listen \(configuration.listen.joined(separator: ", ")), "
+                  + "workers \(configuration.workers.map(String.init) ?? "auto"))")
+        } catch let error as ConfigError {
+            printError(error.description)
+            throw ExitCode(1)
+        }
+    }
+}
