@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what Sluice needs to build and test on Debian 12, and nothing that is already
+# there. Needs root (or sudo) for apt-get. Usage: scripts/install-deps.sh [build|test|bench]
+set -euo pipefail
+what=${1:-build}
+cd "$(dirname "$0")/.."
+
+packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev pkg-config)
+case "$what" in
+  test)  packages+=(nginx-light curl openssl python3-pip) ;;
+  bench) packages+=(nginx-light curl wrk tinyproxy squid) ;;
+esac
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ "$what" = test ]; then
+  # Debian's own python3 refuses plain pip installs (PEP 668); a pyenv python accepts them.
+  pip=(python3 -m pip install -q --disable-pip-version-check -r Tests/e2e/requirements.txt)
+  "${pip[@]}" 2>/dev/null || "${pip[@]}" --break-system-packages
+fi
+
+command -v swift >/dev/null || { echo "error: no Swift 6 toolchain on PATH (https://www.swift.org/install/linux/)" >&2; exit 1; }
