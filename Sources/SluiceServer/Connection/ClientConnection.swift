@@ -15,6 +15,9 @@ final class ClientConnection: UpstreamTransferDelegate {
     enum State {
         /// Waiting for (or reading) a request head.
         case awaitingHead
+        /// A chunked request waits for its first chunk-size line, which is validated before
+        /// anything is sent upstream (so a malformed body never opens an upstream connection).
+        case awaitingBody(HTTPRequestHead, RequestTarget)
         /// A request is being forwarded; its body (if any) is read on curl's demand.
         case forwarding(UpstreamTransfer)
         /// Resolving and connecting the CONNECT destination.
@@ -45,6 +48,7 @@ final class ClientConnection: UpstreamTransferDelegate {
     private var currentHead: HTTPRequestHead?
     private var requestBodyDone = true
     private var wantsKeepAlive = true
+    private var continueSent = false
     /// True while `processInput` loops, so that an exchange ending synchronously inside it
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
     private var processingInput = false
@@ -83,6 +87,8 @@ final class ClientConnection: UpstreamTransferDelegate {
             processInput()
         case .forwarding(let transfer):
             transfer.resumeUpload()
+        case .awaitingBody(let head, let target):
+            startWhenBodyIsValid(head, target)
         case .tunnel(let tunnel):
             tunnel.clientReadable()
         case .dialing, .closing, .closed:
@@ -171,6 +177,7 @@ final class ClientConnection: UpstreamTransferDelegate {
     private func handle(_ head: HTTPRequestHead) {
         currentHead = head
         requestBodyDone = !head.hasBody
+        continueSent = false
         wantsKeepAlive = head.keepAlive && head.minorVersion == 1
         do {
             try checkLoop(head)
@@ -185,18 +192,72 @@ final class ClientConnection: UpstreamTransferDelegate {
                 return
             }
             let target = try RequestTarget.absolute(head.target)
-            let transfer = UpstreamTransfer(session: worker.session, delegate: self, head: head, target: target,
-                                            config: worker.config, via: worker.via)
-            state = .forwarding(transfer)
-            if head.expectsContinue && head.hasBody && head.minorVersion == 1 {
-                evbuffer_add(clientOutput, "HTTP/1.1 100 Continue\r\n\r\n", 25)
+            if head.framing == .chunked {
+                startWhenBodyIsValid(head, target)
+            } else {
+                startForwarding(head, target)
             }
-            transfer.start(perTryTimeout: worker.config.timeouts.upstreamPerTry)
         } catch let error as ProxyError {
             respondError(error)
         } catch {
             respondError(.malformedRequest("\(error)"))
         }
+    }
+
+    private func startForwarding(_ head: HTTPRequestHead, _ target: RequestTarget) {
+        event_del(timer)
+        let transfer = UpstreamTransfer(session: worker.session, delegate: self, head: head, target: target,
+                                        config: worker.config, via: worker.via)
+        state = .forwarding(transfer)
+        sendContinueIfExpected(head)
+        transfer.start(perTryTimeout: worker.config.timeouts.upstreamPerTry)
+    }
+
+    /// Starts forwarding a chunked request once the bytes buffered so far prove its body
+    /// starts validly (a first chunk, or the last chunk); until then it waits, under the
+    /// header timeout. A client that promised `Expect: 100-continue` is told to go on first.
+    private func startWhenBodyIsValid(_ head: HTTPRequestHead, _ target: RequestTarget) {
+        do {
+            if try probeBufferedBody() {
+                startForwarding(head, target)
+                return
+            }
+        } catch {
+            respondError(error)
+            return
+        }
+        if case .awaitingBody = state { return }
+        state = .awaitingBody(head, target)
+        armTimer(.header)
+        sendContinueIfExpected(head)
+    }
+
+    /// Answers `Expect: 100-continue` once per request: Sluice itself asks for the body,
+    /// since it has accepted the request and will stream it on.
+    private func sendContinueIfExpected(_ head: HTTPRequestHead) {
+        guard head.expectsContinue, head.hasBody, head.minorVersion == 1, !continueSent else { return }
+        continueSent = true
+        evbuffer_add(clientOutput, "HTTP/1.1 100 Continue\r\n\r\n", 25)
+    }
+
+    /// Runs a copy of the parser (a value) over the buffered input without consuming it.
+    /// True once it yields body bytes or the end of the body.
+    private func probeBufferedBody() throws(ProxyError) -> Bool {
+        var probe = parser
+        let maxSegments = 16
+        var segments = [iovec](repeating: iovec(), count: maxSegments)
+        let count = Int(evbuffer_peek(clientInput, -1, nil, &segments, Int32(maxSegments)))
+        for segment in segments.prefix(min(count, maxSegments)) {
+            var offset = 0
+            while offset < segment.iov_len {
+                let (consumed, event) = try probe.parse(
+                    UnsafeRawBufferPointer(start: segment.iov_base + offset, count: segment.iov_len - offset))
+                if event != nil { return true }
+                if consumed == 0 { break }
+                offset += consumed
+            }
+        }
+        return try probe.parse(UnsafeRawBufferPointer(start: nil, count: 0)).event != nil
     }
 
     /// A request that already carries this process's `Via` pseudonym has looped back here.

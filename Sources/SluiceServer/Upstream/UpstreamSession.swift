@@ -141,7 +141,7 @@ final class UpstreamSession {
             var priv: UnsafeMutableRawPointer?
             sluice_easy_getinfo_ptr(easy, CURLINFO_PRIVATE, &priv)
             guard let priv else { continue }
-            Unmanaged<UpstreamTransfer>.fromOpaque(priv).takeUnretainedValue().curlDone(result)
+            Unmanaged<CurlTransfer>.fromOpaque(priv).takeUnretainedValue().curlDone(result)
         }
     }
 }
