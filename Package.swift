@@ -3,7 +3,7 @@ import PackageDescription
 
 let package = Package(
     name: "Sluice",
-    platforms: [.macOS(.v13)],
+    platforms: [.macOS(.v15)],
     products: [
         .executable(name: "sluice", targets: ["sluice"]),
         .library(name: "SluiceCore", targets: ["SluiceCore"]),
@@ -11,6 +11,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
     ],
     targets: [
         // One system-library target per C library (module map + pkg-config).
@@ -20,8 +21,9 @@ let package = Package(
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
         .target(name: "CShims", dependencies: ["CCurl", "CLibEvent"]),
-        .target(name: "SluiceCore"),
-        .target(name: "SluiceConfig", dependencies: ["SluiceCore", .product(name: "Yams", package: "Yams")],
+        .target(name: "SluiceCore", dependencies: ["CZlib", .product(name: "HTTPTypes", package: "swift-http-types")]),
+        .target(name: "SluiceConfig", dependencies: ["SluiceCore", .product(name: "Yams", package: "Yams"),
+                                                    .product(name: "HTTPTypes", package: "swift-http-types")],
                 resources: [.embedInCode("default.yaml")]),
         .target(name: "SluiceServer", dependencies: ["SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl"]),
         .executableTarget(name: "sluice", dependencies: [

@@ -27,7 +27,7 @@ public enum ConfigLoader {
     public static let embeddedDefault = String(decoding: PackageResources.default_yaml, as: UTF8.self)
     public static let embeddedDefaultName = "<embedded default>"
 
-    public static func load(path: String) throws -> ServerConfiguration {
+    public static func load(path: String) throws -> SluiceConfiguration {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw ConfigError(issues: [ConfigIssue(file: path, line: 0, column: 0,
                                                    message: "cannot read file: \(String(cString: strerror(errno)))")])
@@ -38,7 +38,7 @@ public enum ConfigLoader {
         return try parse(yaml: text, file: path)
     }
 
-    public static func parse(yaml: String, file: String) throws -> ServerConfiguration {
+    public static func parse(yaml: String, file: String) throws -> SluiceConfiguration {
         var reader = NodeReader(file: file)
         let root: Node?
         do {
@@ -46,9 +46,9 @@ public enum ConfigLoader {
         } catch let error as YamlError {
             throw ConfigError(issues: [reader.issue(for: error)])
         }
-        var config = ServerConfiguration()
+        var config = SluiceConfiguration()
         guard let root else { return config }  // an empty file means all defaults
-        reader.readServer(root, into: &config)
+        reader.readRoot(root, into: &config)
         if !reader.issues.isEmpty { throw ConfigError(issues: reader.issues) }
         return config
     }
@@ -58,6 +58,8 @@ public enum ConfigLoader {
 struct NodeReader {
     let file: String
     var issues: [ConfigIssue] = []
+    /// Every secret read so far, for the redactor.
+    var secrets: [Secret] = []
 
     mutating func fail(_ node: Node?, _ message: String) {
         let mark = node?.mark
@@ -106,21 +108,46 @@ struct NodeReader {
 
     // MARK: sections
 
-    mutating func readServer(_ root: Node, into config: inout ServerConfiguration) {
-        let known = ["listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes"]
+    mutating func readRoot(_ root: Node, into config: inout SluiceConfiguration) {
+        let known = ["listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes",
+                     "monitors", "redact_query"]
+        var policyEntries: [PolicyEntry] = []
+        var monitorSpecs: [(MonitorSpec, Node)] = []
+        var redactQuery: Set<String> = []
         entries(root, in: "the top level", known: known) { r, key, value in
             switch key {
-            case "listen": r.readListen(value, into: &config.listen)
-            case "workers": r.readWorkers(value, into: &config.workers)
-            case "limits": r.readLimits(value, into: &config.limits)
-            case "timeouts": r.readTimeouts(value, into: &config.timeouts)
-            case "access": r.readAccess(value, into: &config.access)
-            case "tls": r.readTLS(value, into: &config.tls)
+            case "listen": r.readListen(value, into: &config.server.listen)
+            case "workers": r.readWorkers(value, into: &config.server.workers)
+            case "limits": r.readLimits(value, into: &config.server.limits)
+            case "timeouts": r.readTimeouts(value, into: &config.server.timeouts)
+            case "access": r.readAccess(value, into: &config.server.access)
+            case "tls": r.readTLS(value, into: &config.server.tls)
+            case "routes": r.readRoutes(value, into: &config.server.routes)
+            case "policies": policyEntries = r.readPolicies(value)
+            case "monitors": monitorSpecs = r.readMonitors(value)
             default:
-                // Reserved for the interceptor pipeline, which this build does not have yet.
-                r.fail(value, "'\(key)' is not supported by this version of Sluice yet")
+                for (name, _) in r.strings(value, what: key) ?? [] { redactQuery.insert(name) }
             }
         }
+        for entry in policyEntries {
+            for adapter in entry.adapters {
+                if let key = adapter as? APIKeyAdapter, case .query(let name) = key.placement { redactQuery.insert(name) }
+            }
+        }
+        let redactor = Redactor(secretValues: secrets.map(\.value), queryParameters: redactQuery)
+        var monitors: [any EventMonitorFactory] = []
+        for (spec, node) in monitorSpecs {
+            do {
+                let sink = try LogSink.shared(path: spec.path)
+                switch spec.kind {
+                case .accessLog: monitors.append(AccessLogMonitorFactory(sink: sink, redactor: redactor))
+                case .debug: monitors.append(DebugMonitorFactory(sink: sink, redactor: redactor))
+                }
+            } catch {
+                fail(node, "\(error)")
+            }
+        }
+        config.pipeline = Pipeline(policies: PolicyTable(entries: policyEntries), monitors: monitors, redactor: redactor)
     }
 
     mutating func readListen(_ node: Node, into listen: inout [String]) {

@@ -31,7 +31,7 @@ func printError(_ text: String) {
     line.withUTF8 { _ = write(2, $0.baseAddress, $0.count) }
 }
 
-func loadConfiguration(_ path: String?) throws -> ServerConfiguration {
+func loadConfiguration(_ path: String?) throws -> SluiceConfiguration {
     if let path { return try ConfigLoader.load(path: path) }
     return try ConfigLoader.parse(yaml: ConfigLoader.embeddedDefault, file: ConfigLoader.embeddedDefaultName)
 }
@@ -44,14 +44,14 @@ struct Run: ParsableCommand {
     var config: String?
 
     func run() throws {
-        let configuration: ServerConfiguration
+        let configuration: SluiceConfiguration
         do {
             configuration = try loadConfiguration(config)
         } catch let error as ConfigError {
             printError(error.description)
             throw ExitCode(1)
         }
-        let server = ProxyServer(config: configuration)
+        let server = ProxyServer(configuration: configuration, configPath: config)
         do {
             try server.runUntilSignalled()
         } catch let error as ServerError {
@@ -64,16 +64,25 @@ struct Run: ParsableCommand {
 
 struct Check: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Validate a configuration file: exit 0 if it is valid, else print every error and exit 1.")
+        abstract: "Validate a configuration file: exit 0 if it is valid, else print every error and exit 1.",
+        discussion: "With --host NAME, also print the policy that host gets: the matched entry, its adapters in order (secrets redacted), redirects and monitors.")
 
     @Option(name: .shortAndLong, help: "YAML configuration file to validate.")
     var config: String
 
+    @Option(name: .long, help: "Also print the effective policy for this host name.")
+    var host: String?
+
     func run() throws {
         do {
             let configuration = try ConfigLoader.load(path: config)
-            print("\(config): OK (listen \(configuration.listen.joined(separator: ", ")), "
-                  + "workers \(configuration.workers.map(String.init) ?? "auto"))")
+            let server = configuration.server
+            print("\(config): OK (listen \(server.listen.joined(separator: ", ")), "
+                  + "workers \(server.workers.map(String.init) ?? "auto"), "
+                  + "\(server.routes.count) route(s))")
+            if let host {
+                print(PolicyDescription.describe(configuration.pipeline, host: host))
+            }
         } catch let error as ConfigError {
             printError(error.description)
             throw ExitCode(1)

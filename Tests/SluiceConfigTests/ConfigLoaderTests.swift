@@ -5,7 +5,7 @@ import Testing
 
 @Suite struct ConfigLoaderTests {
     @Test func embeddedDefaultLoadsAndIsSafe() throws {
-        let config = try ConfigLoader.parse(yaml: ConfigLoader.embeddedDefault, file: "default")
+        let config = try ConfigLoader.parse(yaml: ConfigLoader.embeddedDefault, file: "default").server
         #expect(config == ServerConfiguration())
         #expect(config.listen == ["127.0.0.1:3128"])
         #expect(config.workers == nil)
@@ -21,7 +21,7 @@ import Testing
             timeouts: { client_header: 500ms, client_idle: 2m, upstream_connect: 3s, upstream_per_try: 1h, total: 90s, drain: 5s }
             access: { allow_clients: [10.0.0.0/8], connect_ports: [443, 8443], deny: ["169.254.169.254/32"] }
             """
-        let c = try ConfigLoader.parse(yaml: yaml, file: "t.yaml")
+        let c = try ConfigLoader.parse(yaml: yaml, file: "t.yaml").server
         #expect(c.listen == ["127.0.0.1:8080", "[::1]:8080"])
         #expect(c.workers == 3)
         #expect(c.limits == .init(requestLine: 4096, headerSection: 16384, headerCount: 50, requestBody: 10 << 20))
@@ -71,8 +71,8 @@ import Testing
         }
     }
 
-    @Test func pipelineKeysAreReservedNotIgnored() {
-        #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: "policies: {}\n", file: "f") }
+    @Test func laterPolicySectionsAreRejectedNotIgnored() {
+        #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: "policies: { default: { retry: { limit: 2 } } }\n", file: "f") }
     }
 
     @Test func units() {

@@ -24,10 +24,14 @@ public enum ProxyError: Error, Sendable, Equatable {
     case tlsFailure(host: String, reason: String)
     case upstreamTimeout(host: String, phase: String)
     case upstreamProtocol(host: String, reason: String)
+    /// A request adapter refused the request; nothing was sent upstream.
+    case adapterFailed(name: String, reason: String)
+    /// The request arrived on a gateway route in a form a route does not take.
+    case notOriginForm
 
     public var status: Int {
         switch self {
-        case .malformedRequest, .notAbsoluteURL, .badURL: return 400
+        case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm: return 400
         case .connectPortNotAllowed, .destinationDenied: return 403
         case .headerTimeout: return 408
         case .bodyTooLarge: return 413
@@ -35,7 +39,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .headerSectionTooLarge, .tooManyHeaders: return 431
         case .unsupportedTransferCoding: return 501
         case .unsupportedVersion: return 505
-        case .upstreamRefused, .dnsFailure, .tlsFailure, .upstreamProtocol: return 502
+        case .upstreamRefused, .dnsFailure, .tlsFailure, .upstreamProtocol, .adapterFailed: return 502
         case .upstreamTimeout: return 504
         case .loopDetected: return 508
         }
@@ -45,12 +49,12 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// the byte stream cannot be framed reliably (so nothing after it can be trusted).
     public var closesConnection: Bool {
         switch self {
-        case .malformedRequest, .notAbsoluteURL, .badURL, .requestLineTooLong, .headerSectionTooLarge,
+        case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm, .requestLineTooLong, .headerSectionTooLarge,
              .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
              .loopDetected:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure,
-             .upstreamTimeout, .upstreamProtocol:
+             .upstreamTimeout, .upstreamProtocol, .adapterFailed:
             return false
         }
     }
@@ -78,6 +82,9 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .tlsFailure(let host, let reason): return "TLS failure with upstream \(host): \(reason)"
         case .upstreamTimeout(let host, let phase): return "upstream \(host) timed out (\(phase))"
         case .upstreamProtocol(let host, let reason): return "upstream \(host) failed: \(reason)"
+        case .adapterFailed(let name, let reason): return "adapter \(name) failed: \(reason)"
+        case .notOriginForm:
+            return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"
         }
     }
 }

@@ -13,18 +13,33 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var timeouts: Timeouts
     public var access: Access
     public var tls: TLS
+    /// Gateway listeners: origin-form requests mapped onto an upstream base URL.
+    public var routes: [Route]
 
     public static let defaultListen = ["127.0.0.1:3128"]
 
     public init(listen: [String] = ServerConfiguration.defaultListen, workers: Int? = nil,
                 limits: Limits = Limits(), timeouts: Timeouts = Timeouts(),
-                access: Access = Access(), tls: TLS = TLS()) {
+                access: Access = Access(), tls: TLS = TLS(), routes: [Route] = []) {
         self.listen = listen
         self.workers = workers
         self.limits = limits
         self.timeouts = timeouts
         self.access = access
         self.tls = tls
+        self.routes = routes
+    }
+
+    /// A gateway listener (Alamofire's Router, as a listener): `GET /x` on `listen` goes to
+    /// `upstream` + `/x`.
+    public struct Route: Sendable, Equatable {
+        public var listen: String
+        /// An absolute http(s) URL, without a trailing slash.
+        public var upstream: String
+        public init(listen: String, upstream: String) {
+            self.listen = listen
+            self.upstream = upstream
+        }
     }
 
     /// Sizes a client request may not exceed. Each maps to one status: 414, 431, 431, 413.

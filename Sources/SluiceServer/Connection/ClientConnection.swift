@@ -15,9 +15,11 @@ final class ClientConnection: UpstreamTransferDelegate {
     enum State {
         /// Waiting for (or reading) a request head.
         case awaitingHead
+        /// An adapter that must wait (a token fetch) has not answered yet.
+        case adapting
         /// A chunked request waits for its first chunk-size line, which is validated before
         /// anything is sent upstream (so a malformed body never opens an upstream connection).
-        case awaitingBody(HTTPRequestHead, RequestTarget)
+        case awaitingBody(HTTPRequestHead, Exchange)
         /// A request is being forwarded; its body (if any) is read on curl's demand.
         case forwarding(UpstreamTransfer)
         /// Resolving and connecting the CONNECT destination.
@@ -30,6 +32,14 @@ final class ClientConnection: UpstreamTransferDelegate {
 
     enum TimerPurpose { case idle, header }
 
+    /// What kind of listener accepted the connection.
+    enum Mode {
+        /// A forward proxy: absolute-form requests and CONNECT.
+        case forward
+        /// A gateway route: origin-form requests appended to this base URL.
+        case route(String)
+    }
+
     /// Stop reading from a client once this many unprocessed bytes wait (256 KiB): the
     /// upload's backpressure, and the bound on pipelined requests held in memory.
     static let inputHighWatermark = 256 * 1024
@@ -37,6 +47,7 @@ final class ClientConnection: UpstreamTransferDelegate {
     static let outputLowWatermark = 256 * 1024
 
     unowned let worker: Worker
+    let mode: Mode
     let bev: OpaquePointer
     let peer: String
     private(set) var state: State = .awaitingHead
@@ -46,6 +57,8 @@ final class ClientConnection: UpstreamTransferDelegate {
     /// The current request: its head, whether its body has been read to the end, and
     /// whether the client asked for the connection to end after it.
     private var currentHead: HTTPRequestHead?
+    /// The pipeline state of the current request, if it got that far.
+    private var exchange: Exchange?
     private var requestBodyDone = true
     private var wantsKeepAlive = true
     private var continueSent = false
@@ -56,8 +69,9 @@ final class ClientConnection: UpstreamTransferDelegate {
     var clientOutput: OpaquePointer { bufferevent_get_output(bev) }
     var clientInput: OpaquePointer { bufferevent_get_input(bev) }
 
-    init(worker: Worker, fd: Int32, peer: String) {
+    init(worker: Worker, mode: Mode, fd: Int32, peer: String) {
         self.worker = worker
+        self.mode = mode
         self.peer = peer
         parser = HTTPRequestParser(limits: .init(worker.config.limits))
         bev = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue))
@@ -87,11 +101,11 @@ final class ClientConnection: UpstreamTransferDelegate {
             processInput()
         case .forwarding(let transfer):
             transfer.resumeUpload()
-        case .awaitingBody(let head, let target):
-            startWhenBodyIsValid(head, target)
+        case .awaitingBody(let head, let exchange):
+            startWhenBodyIsValid(head, exchange)
         case .tunnel(let tunnel):
             tunnel.clientReadable()
-        case .dialing, .closing, .closed:
+        case .adapting, .dialing, .closing, .closed:
             break  // held in the input buffer (bounded by the read watermark)
         }
     }
@@ -181,22 +195,30 @@ final class ClientConnection: UpstreamTransferDelegate {
         wantsKeepAlive = head.keepAlive && head.minorVersion == 1
         do {
             try checkLoop(head)
+            let target: RequestTarget
             if head.methodIs("CONNECT") {
-                let target = try RequestTarget.authority(head.target)
+                guard case .forward = mode else { throw ProxyError.notOriginForm }
+                target = try RequestTarget.authority(head.target)
                 guard worker.config.access.connectPorts.contains(target.port) else {
                     throw ProxyError.connectPortNotAllowed(target.port)
                 }
+            } else {
+                switch mode {
+                case .forward:
+                    target = try RequestTarget.absolute(head.target)
+                case .route(let base):
+                    guard head.bytes[head.targetRange.lowerBound] == UInt8(ascii: "/") else { throw ProxyError.notOriginForm }
+                    target = try RequestTarget.absolute(base + head.target)
+                }
+            }
+            let exchange = beginExchange(head, target)
+            if head.methodIs("CONNECT") {
                 let dialer = TunnelDialer(connection: self, target: target)
                 state = .dialing(dialer)
                 dialer.start()
                 return
             }
-            let target = try RequestTarget.absolute(head.target)
-            if head.framing == .chunked {
-                startWhenBodyIsValid(head, target)
-            } else {
-                startForwarding(head, target)
-            }
+            prepare(head, exchange)
         } catch let error as ProxyError {
             respondError(error)
         } catch {
@@ -204,22 +226,132 @@ final class ClientConnection: UpstreamTransferDelegate {
         }
     }
 
-    private func startForwarding(_ head: HTTPRequestHead, _ target: RequestTarget) {
+    /// Creates the exchange: matches the policy and reports the request to the monitors.
+    private func beginExchange(_ head: HTTPRequestHead, _ target: RequestTarget) -> Exchange {
+        let pipeline = worker.pipeline
+        let policy = pipeline.policies.match(host: target.host)
+        let id = worker.nextRequestID()
+        let method = head.method
+        let url = head.methodIs("CONNECT") ? target.authority : target.url
+        let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
+        let keepForReplay = policy.redirector.follows && head.hasBody
+        let exchange = Exchange(id: id, pipeline: pipeline, policy: policy, summary: summary, target: target,
+                                body: RequestBodyReader(encoders: [], keepForReplay: keepForReplay))
+        self.exchange = exchange
+        pipeline.monitor?.handle(.requestReceived(id: id, client: peer, method: method, url: url, policy: policy.name))
+        return exchange
+    }
+
+    private static func bodyMode(_ head: HTTPRequestHead) -> ProxyRequest.Body {
+        switch head.framing {
+        case .none: return .none
+        case .length(let n): return .length(n)
+        case .chunked: return .streamed
+        }
+    }
+
+    /// Runs the policy's adapters (when it has any, or when monitors or redirects need the
+    /// request model), then starts forwarding.
+    private func prepare(_ head: HTTPRequestHead, _ exchange: Exchange) {
+        let policy = exchange.policy
+        let needsModel = !policy.adapters.isEmpty || exchange.monitor != nil || policy.redirector.follows
+        guard needsModel else { return startWhenReady(head, exchange) }
+        let model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
+                                 headerFields: ForwardedHeaders.forwardedFields(of: head), body: Self.bodyMode(head))
+        if policy.adapters.isEmpty {
+            exchange.model = model
+            return startWhenReady(head, exchange)
+        }
+        state = .adapting
+        policy.interceptor.adapt(model) { [weak self] result in
+            guard let self, self.exchange === exchange, case .adapting = self.state else { return }
+            switch result {
+            case .success(let adapted):
+                exchange.model = adapted
+                exchange.monitor?.handle(.requestAdapted(id: exchange.id, adapters: policy.adapters.map(\.adapter.name)))
+                self.state = .awaitingHead
+                self.startWhenReady(head, exchange)
+            case .failure(let error):
+                exchange.monitor?.handle(.adaptationFailed(id: exchange.id, error: error))
+                self.state = .awaitingHead
+                self.respondError(.adapterFailed(name: error.adapter, reason: error.reason))
+            }
+        }
+    }
+
+    private func startWhenReady(_ head: HTTPRequestHead, _ exchange: Exchange) {
+        if head.framing == .chunked {
+            startWhenBodyIsValid(head, exchange)
+        } else {
+            startForwarding(head, exchange)
+        }
+    }
+
+    /// The request for the session core: from the adapted model when there is one, else
+    /// straight from the head's bytes (the fast path: no per-field strings).
+    private func upstreamRequest(_ head: HTTPRequestHead, _ exchange: Exchange) throws(ProxyError) -> UpstreamRequest {
+        guard let model = exchange.model else {
+            let body: UpstreamRequest.Body
+            switch head.framing {
+            case .none: body = .none
+            case .length(let n): body = .length(n)
+            case .chunked: body = .streamed
+            }
+            return UpstreamRequest(method: head.method, target: exchange.target,
+                                   headers: ForwardedHeaders.requestList(for: head, via: worker.via), body: body, model: nil)
+        }
+        return try upstreamRequest(for: model)
+    }
+
+    private func upstreamRequest(for model: ProxyRequest) throws(ProxyError) -> UpstreamRequest {
+        let target = try RequestTarget.absolute(model.url)
+        let body: UpstreamRequest.Body
+        switch model.body {
+        case .none: body = .none
+        case .length(let n): body = model.bodyEncoders.isEmpty ? .length(n) : .streamed
+        case .streamed: body = .streamed
+        }
+        return UpstreamRequest(method: model.method, target: target,
+                               headers: ForwardedHeaders.requestList(for: model.headerFields, via: worker.via),
+                               body: body, model: model)
+    }
+
+    private func startForwarding(_ head: HTTPRequestHead, _ exchange: Exchange) {
         event_del(timer)
-        let transfer = UpstreamTransfer(session: worker.session, delegate: self, head: head, target: target,
+        let request: UpstreamRequest
+        do {
+            request = try upstreamRequest(head, exchange)
+        } catch {
+            respondError(error)
+            return
+        }
+        if let model = exchange.model, !model.bodyEncoders.isEmpty {
+            exchange.body.setEncoders(model.bodyEncoders.map { $0.makeEncoder() })
+        }
+        sendContinueIfExpected(head)
+        startTry(request, exchange)
+    }
+
+    private func startTry(_ request: UpstreamRequest, _ exchange: Exchange) {
+        exchange.target = request.target
+        exchange.summary.attempts += 1
+        let transfer = UpstreamTransfer(session: worker.session, delegate: self, request: request,
+                                        clientMinorVersion: currentHead?.minorVersion ?? 1,
                                         config: worker.config, via: worker.via)
         state = .forwarding(transfer)
-        sendContinueIfExpected(head)
+        if let monitor = exchange.monitor, let model = request.model {
+            monitor.handle(.tryStarted(id: exchange.id, attempt: exchange.summary.attempts, request: model))
+        }
         transfer.start(perTryTimeout: worker.config.timeouts.upstreamPerTry)
     }
 
     /// Starts forwarding a chunked request once the bytes buffered so far prove its body
     /// starts validly (a first chunk, or the last chunk); until then it waits, under the
     /// header timeout. A client that promised `Expect: 100-continue` is told to go on first.
-    private func startWhenBodyIsValid(_ head: HTTPRequestHead, _ target: RequestTarget) {
+    private func startWhenBodyIsValid(_ head: HTTPRequestHead, _ exchange: Exchange) {
         do {
             if try probeBufferedBody() {
-                startForwarding(head, target)
+                startForwarding(head, exchange)
                 return
             }
         } catch {
@@ -227,7 +359,7 @@ final class ClientConnection: UpstreamTransferDelegate {
             return
         }
         if case .awaitingBody = state { return }
-        state = .awaitingBody(head, target)
+        state = .awaitingBody(head, exchange)
         armTimer(.header)
         sendContinueIfExpected(head)
     }
@@ -278,6 +410,18 @@ final class ClientConnection: UpstreamTransferDelegate {
         var text = head + body
         text.withUTF8 { _ = evbuffer_add(clientOutput, $0.baseAddress, $0.count) }
         Log.debug("\(peer): \(error.status) \(error.message)")
+        if let exchange {
+            exchange.summary.status = error.status
+            exchange.end(.error, error: error.message)
+        } else if let monitor = worker.pipeline.monitor {
+            // Rejected before a request existed (unparseable): still one access-log line.
+            var summary = ExchangeSummary(id: worker.nextRequestID(), client: peer,
+                                          method: currentHead?.method ?? "", url: "", policy: "")
+            summary.status = error.status
+            summary.outcome = .error
+            summary.error = error.message
+            monitor.handle(.finished(summary))
+        }
         if keep {
             exchangeEnded()
         } else {
@@ -288,6 +432,7 @@ final class ClientConnection: UpstreamTransferDelegate {
     /// Back to reading the next request, or closing, after an exchange ended cleanly.
     private func exchangeEnded() {
         currentHead = nil
+        exchange = nil
         state = .awaitingHead
         if worker.isDraining {
             closeAfterFlush()
@@ -314,6 +459,10 @@ final class ClientConnection: UpstreamTransferDelegate {
         case .tunnel(let tunnel): tunnel.shutdown()
         default: break
         }
+        if let exchange, !exchange.ended {
+            exchange.end(exchange.summary.method == "CONNECT" && exchange.summary.status == 200 ? .tunnel : .clientAborted)
+        }
+        exchange = nil
         state = .closed
         event_free(timer)
         bufferevent_free(bev)
@@ -333,6 +482,16 @@ final class ClientConnection: UpstreamTransferDelegate {
     var keepsAliveAfterResponse: Bool { wantsKeepAlive && !worker.isDraining }
 
     func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? {
+        guard let exchange else { return 0 }
+        return try exchange.body.read(into: buffer, capacity: capacity) { (dest, max) throws(ProxyError) -> Int? in
+            let n = try self.readClientBody(into: dest, capacity: max)
+            if let n { exchange.summary.bytesIn += Int64(n) }
+            return n
+        }
+    }
+
+    /// Decodes client body bytes straight from the input buffer into `buffer`.
+    private func readClientBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? {
         if requestBodyDone { return 0 }
         let input = clientInput
         var written = 0
@@ -356,7 +515,44 @@ final class ClientConnection: UpstreamTransferDelegate {
         return written > 0 ? written : nil
     }
 
+    func redirect(status: Int, location: String) -> UpstreamRequest? {
+        guard let exchange, let model = exchange.model, exchange.policy.redirector.follows else { return nil }
+        let resolved = Redirector.resolve(location, against: exchange.target.url)
+        guard let next = exchange.policy.redirector.redirect(model, status: status, location: resolved, hops: exchange.hops)
+        else { return nil }
+        if next.body != .none && !exchange.body.canReplay(clientBodyDone: requestBodyDone) { return nil }
+        guard let request = try? upstreamRequest(for: next) else { return nil }
+        exchange.hops += 1
+        exchange.summary.redirects = exchange.hops
+        exchange.model = next
+        exchange.monitor?.handle(.redirectFollowed(id: exchange.id, status: status, location: next.url, hop: exchange.hops))
+        return request
+    }
+
+    func responseStarted(status: Int) {
+        guard let exchange else { return }
+        exchange.summary.status = status
+        exchange.monitor?.handle(.responseReceived(id: exchange.id, attempt: exchange.summary.attempts, status: status))
+    }
+
+    func responseBodySent(bytes: Int) {
+        exchange?.summary.bytesOut += Int64(bytes)
+    }
+
+    func tryEnded(timings: TryTimings) {
+        guard let exchange else { return }
+        exchange.summary.timings = timings
+        exchange.monitor?.handle(.metricsCollected(id: exchange.id, attempt: exchange.summary.attempts, timings: timings))
+    }
+
+    func transferRedirected(to next: UpstreamRequest) {
+        guard let exchange else { return curl_slist_free_all(next.headers) }
+        if next.body != .none { exchange.body.rewindForReplay() }
+        startTry(next, exchange)
+    }
+
     func transferFinished(reusable: Bool) {
+        exchange?.end(.ok)
         if reusable && requestBodyDone && wantsKeepAlive {
             exchangeEnded()
         } else {
@@ -370,6 +566,7 @@ final class ClientConnection: UpstreamTransferDelegate {
     }
 
     func transferAborted() {
+        exchange?.end(.upstreamAborted, error: "upstream failed after the response started")
         closeAfterFlush()
     }
 
@@ -379,9 +576,21 @@ final class ClientConnection: UpstreamTransferDelegate {
     func tunnelEstablished(fd: Int32) {
         let tunnel = Tunnel(connection: self, upstreamFD: fd)
         state = .tunnel(tunnel)
+        if let exchange {
+            exchange.summary.status = 200
+            exchange.summary.attempts = 1
+            exchange.monitor?.handle(.tunnelOpened(id: exchange.id, client: peer, authority: exchange.target.authority))
+        }
         evbuffer_add(clientOutput, "HTTP/1.1 200 Connection established\r\n\r\n", 39)
         bufferevent_enable(bev, Int16(EV_READ))
         tunnel.clientReadable()  // bytes the client sent early (a TLS ClientHello) go first
+    }
+
+    /// Byte accounting for the access log's tunnel line.
+    func tunnelMoved(up: Int, down: Int) {
+        guard let exchange else { return }
+        exchange.summary.bytesIn += Int64(up)
+        exchange.summary.bytesOut += Int64(down)
     }
 
     func tunnelFailed(_ error: ProxyError) {

@@ -107,6 +107,7 @@ final class Tunnel {
     func clientReadable() {
         guard let upstream else { return }
         let out = bufferevent_get_output(upstream)
+        connection.tunnelMoved(up: evbuffer_get_length(connection.clientInput), down: 0)
         evbuffer_add_buffer(out, connection.clientInput)
         if evbuffer_get_length(out) >= Self.highWatermark { bufferevent_disable(connection.bev, Int16(EV_READ)) }
     }
@@ -122,6 +123,7 @@ final class Tunnel {
     private func upstreamReadable() {
         guard let upstream else { return }
         let out = connection.clientOutput
+        connection.tunnelMoved(up: 0, down: evbuffer_get_length(bufferevent_get_input(upstream)))
         evbuffer_add_buffer(out, bufferevent_get_input(upstream))
         if evbuffer_get_length(out) >= Self.highWatermark { bufferevent_disable(upstream, Int16(EV_READ)) }
     }
@@ -133,6 +135,7 @@ final class Tunnel {
     private func upstreamEvent(_ what: Int16) {
         guard what & Int16(BEV_EVENT_EOF | BEV_EVENT_ERROR) != 0, let upstream else { return }
         // Deliver what the destination sent before it closed, then end the client side.
+        connection.tunnelMoved(up: 0, down: evbuffer_get_length(bufferevent_get_input(upstream)))
         evbuffer_add_buffer(connection.clientOutput, bufferevent_get_input(upstream))
         shutdown()
         connection.closeAfterFlush()

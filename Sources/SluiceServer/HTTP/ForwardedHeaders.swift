@@ -2,6 +2,8 @@
 import Glibc
 #endif
 import CCurl
+import HTTPTypes
+import SluiceCore
 
 /// The header rewriting a proxy owes both directions (RFC 9110 §7.6): hop-by-hop fields and
 /// those named in `Connection` are removed, `Via` is added, `Proxy-Authorization` and
@@ -56,6 +58,52 @@ enum ForwardedHeaders {
         list = curl_slist_append(list, "Expect:")
         if !sawAccept { list = curl_slist_append(list, "Accept:") }
         return list
+    }
+
+    /// The fields of a request head that travel upstream (hop-by-hop and framing fields
+    /// removed), as the pipeline's `HTTPFields`.
+    static func forwardedFields(of head: HTTPRequestHead) -> HTTPFields {
+        var fields = HTTPFields()
+        head.bytes.withUnsafeBufferPointer { buf in
+            for field in head.fields {
+                let lower = lowercasedName(UnsafeBufferPointer(rebasing: buf[field.name]))
+                if requestDropped.contains(lower) || head.connectionTokens.contains(lower) { continue }
+                guard let name = HTTPField.Name(head.string(field.name)) else { continue }
+                fields.append(HTTPField(name: name, lenientValue: buf[field.value]))
+            }
+        }
+        return fields
+    }
+
+    /// The curl header list for a request the pipeline adapted.
+    static func requestList(for fields: HTTPFields, via: String) -> UnsafeMutablePointer<curl_slist>? {
+        var list: UnsafeMutablePointer<curl_slist>?
+        for field in fields {
+            let lower = field.name.canonicalName
+            if requestDropped.contains(lower) { continue }
+            list = curl_slist_append(list, field.value.isEmpty ? "\(field.name.rawName);" : "\(field.name.rawName): \(field.value)")
+        }
+        list = curl_slist_append(list, "Via: \(via)")
+        list = curl_slist_append(list, "Expect:")
+        if fields[.accept] == nil { list = curl_slist_append(list, "Accept:") }
+        return list
+    }
+
+    /// The value of the first response field named `lowercaseName` in curl's collected lines.
+    static func responseValue(_ lowercaseName: String, lines: [UInt8], lineEnds: [Int]) -> String? {
+        var start = 0
+        for end in lineEnds {
+            let line = lines[start..<end]
+            if let colon = line.firstIndex(of: 0x3A), colon - start == lowercaseName.utf8.count,
+               lines.withUnsafeBufferPointer({ ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: $0[start..<colon]), lowercaseName) }) {
+                var v = line[(colon + 1)...]
+                while v.first == 0x20 || v.first == 0x09 { v = v.dropFirst() }
+                while v.last == 0x20 || v.last == 0x09 { v = v.dropLast() }
+                return String(decoding: v, as: UTF8.self)
+            }
+            start = end
+        }
+        return nil
     }
 
     struct ResponseHead {

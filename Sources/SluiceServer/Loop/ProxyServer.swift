@@ -4,6 +4,7 @@ import Glibc
 import CCurl
 import CLibEvent
 import CShims
+import SluiceConfig
 import SluiceCore
 
 /// A running Sluice: N worker threads, each with its own event loop, listeners and upstream
@@ -13,9 +14,12 @@ import SluiceCore
 /// Threading: `start()` and `wait()` are called from one controlling thread (the CLI's main
 /// thread, or a library user's); `stop()` may be called from any thread.
 public final class ProxyServer: @unchecked Sendable {
-    // @unchecked: the mutable state (`threads`, `workers`) is written only by `start()`
-    // before any other call, and read afterwards; `stopHandles` is immutable once set.
-    public let config: ServerConfiguration
+    // @unchecked: the mutable state (`threads`, `stopHandles`) is written only by `start()`
+    // before any other call, and read afterwards.
+    public let configuration: SluiceConfiguration
+    public var config: ServerConfiguration { configuration.server }
+    /// The file `reload()` re-reads; nil for an in-process server built from values.
+    public let configPath: String?
     private var threads: [pthread_t] = []
     private var stopHandles: [Worker.StopHandle] = []
     private var started = false
@@ -27,8 +31,14 @@ public final class ProxyServer: @unchecked Sendable {
         curl_global_init(Int(CURL_GLOBAL_ALL))
     }()
 
-    public init(config: ServerConfiguration) {
-        self.config = config
+    public init(configuration: SluiceConfiguration, configPath: String? = nil) {
+        self.configuration = configuration
+        self.configPath = configPath
+    }
+
+    /// A server without policies or monitors.
+    public convenience init(config: ServerConfiguration) {
+        self.init(configuration: SluiceConfiguration(server: config))
     }
 
     /// The number of worker threads `workers: auto` means here: one per online core.
@@ -44,7 +54,7 @@ public final class ProxyServer: @unchecked Sendable {
         let pseudonym = "sluice-" + String(UInt32.random(in: 0x1000_0000...UInt32.max), radix: 16)
         var workers: [Worker] = []
         for i in 0..<count {
-            workers.append(try Worker(index: i, config: config, share: share, viaPseudonym: pseudonym))
+            workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym))
         }
         stopHandles = workers.map(\.stopHandle)
         for worker in workers {
@@ -68,10 +78,45 @@ public final class ProxyServer: @unchecked Sendable {
         for handle in stopHandles { Worker.requestStop(handle, force: force) }
     }
 
-    /// Blocks until every worker thread has exited.
+    /// Blocks until every worker thread has exited, then flushes the logs.
     public func wait() {
         for thread in threads { pthread_join(thread, nil) }
         threads.removeAll()
+        LogSink.flushAll()
+    }
+
+    /// Applies a new pipeline, listeners and routes to every worker. Safe from any thread.
+    /// Server settings other than `listen` and `routes` are kept as started (they need a
+    /// restart); a change to them is logged.
+    public func reload(with new: SluiceConfiguration) {
+        var fixed = new.server
+        fixed.listen = config.listen
+        fixed.routes = config.routes
+        if fixed != config {
+            Log.warning("reload: workers, limits, timeouts, access and tls changes need a restart; kept the running values")
+        }
+        for handle in stopHandles { Worker.requestReload(handle, new) }
+    }
+
+    /// Re-reads `configPath` (SIGHUP). An invalid file changes nothing and its errors are
+    /// logged with file, line and column. Returns whether the new file was applied.
+    @discardableResult
+    public func reload() -> Bool {
+        guard let configPath else {
+            Log.info("reload: running the embedded default; nothing to re-read")
+            return false
+        }
+        do {
+            let new = try ConfigLoader.load(path: configPath)
+            reload(with: new)
+            Log.info("reload: applied \(configPath)")
+            return true
+        } catch let error as ConfigError {
+            for issue in error.issues { Log.error("reload failed, keeping the running configuration: \(issue)") }
+        } catch {
+            Log.error("reload failed, keeping the running configuration: \(error)")
+        }
+        return false
     }
 
     /// Runs until SIGTERM or SIGINT (drain, then return), or a second such signal (return at
@@ -83,6 +128,7 @@ public final class ProxyServer: @unchecked Sendable {
         sigemptyset(&set)
         sigaddset(&set, SIGTERM)
         sigaddset(&set, SIGINT)
+        sigaddset(&set, SIGHUP)
         pthread_sigmask(SIG_BLOCK, &set, nil)
         try start()
         let signals = set
@@ -97,8 +143,8 @@ public final class ProxyServer: @unchecked Sendable {
     }
 }
 
-/// Waits for SIGTERM/SIGINT on its own thread: the first drains the server, the second
-/// stops it at once.
+/// Waits for signals on its own thread: SIGHUP reloads; the first SIGTERM/SIGINT drains the
+/// server, the second stops it at once.
 private final class SignalWaiter: @unchecked Sendable {
     // @unchecked: both properties are immutable and ProxyServer.stop is thread-safe.
     let server: ProxyServer
@@ -112,11 +158,20 @@ private final class SignalWaiter: @unchecked Sendable {
     func run() {
         var set = signals
         var received: Int32 = 0
-        sigwait(&set, &received)
-        Log.info("received signal \(received): draining (up to \(server.config.timeouts.drain) ms)")
-        server.stop(force: false)
-        sigwait(&set, &received)
-        Log.info("received signal \(received) again: stopping now")
-        server.stop(force: true)
+        var stopping = false
+        while true {
+            sigwait(&set, &received)
+            if received == SIGHUP {
+                server.reload()
+            } else if !stopping {
+                stopping = true
+                Log.info("received signal \(received): draining (up to \(server.config.timeouts.drain) ms)")
+                server.stop(force: false)
+            } else {
+                Log.info("received signal \(received) again: stopping now")
+                server.stop(force: true)
+                return
+            }
+        }
     }
 }

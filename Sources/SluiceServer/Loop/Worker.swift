@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CLibEvent
 import SluiceCore
+import Synchronization
 
 /// One event-loop thread: its own `event_base`, its own listening sockets (`SO_REUSEPORT`,
 /// so the kernel spreads connections across workers), its own libcurl multi and upstream
@@ -13,13 +14,38 @@ import SluiceCore
 /// `requestStop(_:)`, through libevent's thread-safe `event_active`.
 final class Worker {
     let index: Int
+    /// Limits, timeouts, access rules and TLS: fixed for the process's life.
     let config: ServerConfiguration
+    /// Policies and monitors; replaced on reload (exchanges keep the one they started with).
+    private(set) var pipeline: WorkerPipeline
+    private var requestCounter: UInt64 = 0
     let base: OpaquePointer
     let session: UpstreamSession
     /// `1.1 <pseudonym>`, this process's `Via` entry.
     let via: String
     let viaPseudonym: String
-    private var listeners: [OpaquePointer] = []
+    /// Open listeners by what they serve (`forward <addr>` or `route <addr> <upstream>`).
+    private var listeners: [String: Listener] = [:]
+    private var reloadEvent: OpaquePointer!
+    private let mailbox: Mailbox
+
+    /// One listening socket and what its connections do.
+    final class Listener {
+        unowned let worker: Worker
+        let mode: ClientConnection.Mode
+        let address: String
+        var evListener: OpaquePointer?
+        init(worker: Worker, mode: ClientConnection.Mode, address: String) {
+            self.worker = worker
+            self.mode = mode
+            self.address = address
+        }
+    }
+
+    /// Where the main thread leaves a new configuration for this worker to pick up.
+    final class Mailbox: Sendable {
+        let pending = Mutex<SluiceConfiguration?>(nil)
+    }
     private var connections: [ObjectIdentifier: ClientConnection] = [:]
     private var stopEvent: OpaquePointer!
     private var drainTimer: OpaquePointer?
@@ -28,13 +54,17 @@ final class Worker {
     /// What the main thread may hold of a worker: its stop event (thread-safe to activate).
     struct StopHandle: @unchecked Sendable {
         // libevent was set up with evthread_use_pthreads(), which makes event_active safe
-        // from any thread; nothing else is reachable through this pointer.
+        // from any thread; nothing else is reachable through these pointers.
         let event: OpaquePointer
+        let reloadEvent: OpaquePointer
+        let mailbox: Mailbox
     }
 
-    init(index: Int, config: ServerConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String) throws {
+    init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String) throws {
         self.index = index
-        self.config = config
+        self.config = configuration.server
+        self.pipeline = WorkerPipeline(configuration.pipeline)
+        self.mailbox = Mailbox()
         self.viaPseudonym = viaPseudonym
         self.via = "1.1 \(viaPseudonym)"
         guard let base = event_base_new() else { throw ServerError.startup("cannot create an event loop") }
@@ -45,39 +75,91 @@ final class Worker {
             Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beginDrain(force: what & Int16(EV_SIGNAL) != 0)
         }, me)
         event_add(stopEvent, nil)
-        for address in config.listen { try listen(on: address) }
+        reloadEvent = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
+            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().applyPendingReload()
+        }, me)
+        event_add(reloadEvent, nil)
+        for (key, mode, address) in Self.listenerSpecs(configuration.server) {
+            try listen(key: key, mode: mode, on: address)
+        }
     }
 
-    var stopHandle: StopHandle { StopHandle(event: stopEvent) }
+    var stopHandle: StopHandle { StopHandle(event: stopEvent, reloadEvent: reloadEvent, mailbox: mailbox) }
+
+    /// Hands `configuration` to the worker; it applies it on its own thread.
+    static func requestReload(_ handle: StopHandle, _ configuration: SluiceConfiguration) {
+        handle.mailbox.pending.withLock { $0 = configuration }
+        event_active(handle.reloadEvent, Int32(EV_READ), 0)
+    }
+
+    /// A process-unique request id: the worker index in the top 16 bits, a counter below.
+    func nextRequestID() -> UInt64 {
+        requestCounter += 1
+        return UInt64(index) << 48 | requestCounter
+    }
+
+    static func listenerSpecs(_ server: ServerConfiguration) -> [(String, ClientConnection.Mode, String)] {
+        server.listen.map { ("forward \($0)", .forward, $0) }
+            + server.routes.map { ("route \($0.listen) \($0.upstream)", .route($0.upstream), $0.listen) }
+    }
+
+    /// Swaps in the new pipeline and opens or closes listeners to match the new file.
+    private func applyPendingReload() {
+        guard let configuration = mailbox.pending.withLock({ value -> SluiceConfiguration? in
+            defer { value = nil }
+            return value
+        }) else { return }
+        pipeline = WorkerPipeline(configuration.pipeline)
+        if isDraining { return }
+        let specs = Self.listenerSpecs(configuration.server)
+        let wanted = Set(specs.map(\.0))
+        for (key, listener) in listeners where !wanted.contains(key) {
+            if let l = listener.evListener { evconnlistener_free(l) }
+            listeners.removeValue(forKey: key)
+            if index == 0 { Log.info("reload: closed listener \(key)") }
+        }
+        for (key, mode, address) in specs where listeners[key] == nil {
+            do {
+                try listen(key: key, mode: mode, on: address)
+                if index == 0 { Log.info("reload: opened listener \(key)") }
+            } catch {
+                Log.error("reload: \(error)")
+            }
+        }
+        pipeline.monitor?.handle(.configReloaded(success: true, message: "worker \(index) reloaded"))
+    }
 
     /// Asks the worker to stop: first call drains, a call with `force` exits at once.
     static func requestStop(_ handle: StopHandle, force: Bool) {
         event_active(handle.event, force ? Int32(EV_SIGNAL) : Int32(EV_READ), 0)
     }
 
-    private func listen(on address: String) throws {
+    private func listen(key: String, mode: ClientConnection.Mode, on address: String) throws {
         var storage = sockaddr_storage()
         var length = Int32(MemoryLayout<sockaddr_storage>.size)
         let parsed = withUnsafeMutablePointer(to: &storage) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { evutil_parse_sockaddr_port(address, $0, &length) }
         }
         guard parsed == 0 else { throw ServerError.startup("invalid listen address '\(address)'") }
+        let listener = Listener(worker: self, mode: mode, address: address)
         let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_REUSEABLE_PORT | LEV_OPT_CLOSE_ON_EXEC)
-        let listener = withUnsafePointer(to: &storage) {
+        let ev = withUnsafePointer(to: &storage) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa in
                 evconnlistener_new_bind(base, { _, fd, sa, _, arg in
-                    Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().accept(fd: fd, address: sa!)
-                }, Unmanaged.passUnretained(self).toOpaque(), flags, 1024, sa, length)
+                    let listener = Unmanaged<Listener>.fromOpaque(arg!).takeUnretainedValue()
+                    listener.worker.accept(fd: fd, address: sa!, mode: listener.mode)
+                }, Unmanaged.passUnretained(listener).toOpaque(), flags, 1024, sa, length)
             }
         }
-        guard let listener else {
+        guard let ev else {
             let reason = String(cString: strerror(errno))
             throw ServerError.startup("cannot listen on \(address): \(reason)")
         }
-        listeners.append(listener)
+        listener.evListener = ev
+        listeners[key] = listener
     }
 
-    private func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>) {
+    private func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>, mode: ClientConnection.Mode) {
         guard SocketAddress.matches(address, config.access.allowClients) else {
             Log.info("refused client \(SocketAddress.describe(address)): not in access.allow_clients")
             Glibc.close(fd)
@@ -85,7 +167,7 @@ final class Worker {
         }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        let connection = ClientConnection(worker: self, fd: fd, peer: SocketAddress.describe(address))
+        let connection = ClientConnection(worker: self, mode: mode, fd: fd, peer: SocketAddress.describe(address))
         connections[ObjectIdentifier(connection)] = connection
     }
 
@@ -103,8 +185,7 @@ final class Worker {
         }
         guard !isDraining else { return }
         isDraining = true
-        for listener in listeners { evconnlistener_free(listener) }
-        listeners.removeAll()
+        closeListeners()
         for connection in Array(connections.values) { connection.drain() }
         if connections.isEmpty {
             event_base_loopexit(base, nil)
@@ -120,15 +201,20 @@ final class Worker {
         event_add(drainTimer, &tv)
     }
 
+    private func closeListeners() {
+        for listener in listeners.values { if let l = listener.evListener { evconnlistener_free(l) } }
+        listeners.removeAll()
+    }
+
     /// Runs the loop on the calling thread until it drains or is stopped, then closes what
     /// is left.
     func run() {
         event_base_dispatch(base)
         for connection in Array(connections.values) { connection.close() }
-        for listener in listeners { evconnlistener_free(listener) }
-        listeners.removeAll()
+        closeListeners()
         if let drainTimer { event_free(drainTimer) }
         event_free(stopEvent)
+        event_free(reloadEvent)
     }
 }
 

@@ -24,6 +24,16 @@ protocol UpstreamTransferDelegate: AnyObject {
     /// 0 at the end of the body, `nil` when no bytes are available yet (the transfer pauses
     /// until `resumeUpload`), or throws the error that rejects the request.
     func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int?
+    /// The response head is final: return the next request to follow this redirect instead
+    /// of passing it on, or nil. Asked only for 3xx responses with a `Location`.
+    func redirect(status: Int, location: String) -> UpstreamRequest?
+    /// The response head went to the client (`status`), or the body bytes did (`bytes`).
+    func responseStarted(status: Int)
+    func responseBodySent(bytes: Int)
+    /// A try ended; `timings` come from libcurl.
+    func tryEnded(timings: TryTimings)
+    /// The redirect response was drained; the exchange goes on with `next`.
+    func transferRedirected(to next: UpstreamRequest)
     /// The response is complete; `reusable` is false when it was close-delimited.
     func transferFinished(reusable: Bool)
     /// The exchange failed before any response byte reached the client.
@@ -31,6 +41,25 @@ protocol UpstreamTransferDelegate: AnyObject {
     /// The exchange failed after response bytes reached the client: the connection must end
     /// without completing the message.
     func transferAborted()
+}
+
+/// A request ready for the session core: everything libcurl needs, with the header list
+/// already built (and owned: the transfer frees it).
+struct UpstreamRequest {
+    enum Body: Equatable {
+        case none
+        case length(Int64)
+        /// Unknown length: curl sends it chunked.
+        case streamed
+    }
+    var method: String
+    var target: RequestTarget
+    var headers: UnsafeMutablePointer<curl_slist>?
+    var body: Body
+    /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
+    var model: ProxyRequest?
+
+    var isHead: Bool { method == "HEAD" }
 }
 
 /// One forwarded request: a curl easy handle on the worker's `UpstreamSession`, with the
@@ -70,21 +99,23 @@ final class UpstreamTransfer: CurlTransfer {
     private(set) var uploadPaused = false
     private var pendingError: ProxyError?
     private var finished = false
+    /// Set when the response is a redirect the exchange follows: its body is drained, not sent.
+    private var redirectTo: UpstreamRequest?
 
-    init(session: UpstreamSession, delegate: UpstreamTransferDelegate, head: HTTPRequestHead,
-         target: RequestTarget, config: ServerConfiguration, via: String) {
+    init(session: UpstreamSession, delegate: UpstreamTransferDelegate, request: UpstreamRequest,
+         clientMinorVersion: Int, config: ServerConfiguration, via: String) {
         self.session = session
         self.delegate = delegate
-        self.target = target
-        self.isHead = head.methodIs("HEAD")
-        self.clientMinorVersion = head.minorVersion
+        self.target = request.target
+        self.isHead = request.isHead
+        self.clientMinorVersion = clientMinorVersion
         self.deny = config.access.deny
         self.via = via
         handle = session.makeHandle()
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
         super.init()
-        configure(head: head, config: config)
+        configure(request, config: config)
     }
 
     deinit {
@@ -93,7 +124,7 @@ final class UpstreamTransfer: CurlTransfer {
 
     // MARK: setup
 
-    private func configure(head: HTTPRequestHead, config: ServerConfiguration) {
+    private func configure(_ request: UpstreamRequest, config: ServerConfiguration) {
         let h = handle
         let me = Unmanaged.passUnretained(self).toOpaque()
         sluice_easy_setopt_ptr(h, CURLOPT_PRIVATE, me)
@@ -127,13 +158,15 @@ final class UpstreamTransfer: CurlTransfer {
             return t.openSocket(address!)
         }
 
-        let method = head.method
+        let method = request.method
         if isHead {
             sluice_easy_setopt_long(h, CURLOPT_NOBODY, 1)
-        } else if head.hasBody || head.framing == .length(0) {
+        } else if request.body != .none {
             sluice_easy_setopt_long(h, CURLOPT_UPLOAD, 1)
             sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
-            if case .length(let n) = head.framing { sluice_easy_setopt_off(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(n)) }
+            if case .length(let n) = request.body {
+                sluice_easy_setopt_off(h, CURLOPT_INFILESIZE_LARGE, curl_off_t(n))
+            }
             sluice_easy_setopt_ptr(h, CURLOPT_READDATA, me)
             sluice_easy_setopt_data_cb(h, CURLOPT_READFUNCTION) { ptr, size, count, ud in
                 let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
@@ -142,7 +175,7 @@ final class UpstreamTransfer: CurlTransfer {
         } else if method != "GET" {
             sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
         }
-        requestHeaders = ForwardedHeaders.requestList(for: head, via: via)
+        requestHeaders = request.headers
         sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, requestHeaders)
     }
 
@@ -167,6 +200,8 @@ final class UpstreamTransfer: CurlTransfer {
         session.finish(handle)
         curl_slist_free_all(requestHeaders)
         requestHeaders = nil
+        if let next = redirectTo { curl_slist_free_all(next.headers) }
+        redirectTo = nil
         delegate = nil
     }
 
@@ -255,6 +290,7 @@ final class UpstreamTransfer: CurlTransfer {
     private func onBody(_ data: UnsafeRawBufferPointer) -> Int {
         guard let delegate else { return 0 }
         if !headSent { sendResponseHead() }
+        if redirectTo != nil { return data.count }
         let output = delegate.clientOutput
         if evbuffer_get_length(output) > Self.outputHighWatermark {
             downloadPaused = true
@@ -273,6 +309,7 @@ final class UpstreamTransfer: CurlTransfer {
         case .length, .close:
             evbuffer_add(output, data.baseAddress, data.count)
         }
+        delegate.responseBodySent(bytes: data.count)
         return data.count
     }
 
@@ -282,6 +319,12 @@ final class UpstreamTransfer: CurlTransfer {
         guard !headSent, let delegate else { return }
         headSent = true
         if let tryTimer { event_del(tryTimer) }
+        if (300..<400).contains(status),
+           let location = ForwardedHeaders.responseValue("location", lines: responseLines, lineEnds: lineEnds),
+           let next = delegate.redirect(status: status, location: location) {
+            redirectTo = next
+            return
+        }
         let head = ForwardedHeaders.responseHead(
             status: status, reason: reason, lines: responseLines, lineEnds: lineEnds,
             isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
@@ -290,12 +333,36 @@ final class UpstreamTransfer: CurlTransfer {
         head.bytes.withUnsafeBytes { _ = evbuffer_add(delegate.clientOutput, $0.baseAddress, $0.count) }
         responseLines = []
         lineEnds = []
+        delegate.responseStarted(status: status)
+    }
+
+    private func collectTimings() -> TryTimings {
+        var t = TryTimings()
+        var v: curl_off_t = 0
+        sluice_easy_getinfo_off(handle, CURLINFO_NAMELOOKUP_TIME_T, &v); t.dns = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_CONNECT_TIME_T, &v); t.connect = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_APPCONNECT_TIME_T, &v); t.tls = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_STARTTRANSFER_TIME_T, &v); t.firstByte = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_TOTAL_TIME_T, &v); t.total = Int64(v)
+        return t
     }
 
     // MARK: completion
 
     override func curlDone(_ result: CURLcode) {
         guard !finished, let delegate else { return }
+        delegate.tryEnded(timings: collectTimings())
+        if let next = redirectTo {
+            redirectTo = nil
+            cancel()
+            if result == CURLE_OK {
+                delegate.transferRedirected(to: next)
+            } else {
+                curl_slist_free_all(next.headers)
+                delegate.transferFailed(pendingError ?? mapError(result))
+            }
+            return
+        }
         if result == CURLE_OK, headSent || status >= 200 {
             if !headSent { sendResponseHead() }
             if framing == .chunked { evbuffer_add(delegate.clientOutput, "0\r\n\r\n", 5) }

@@ -1,0 +1,55 @@
+import SluiceCore
+
+/// Human-readable effective policies for `sluice check --host`. Secrets print as
+/// `<redacted>` (through `Secret`'s description and a final scrub).
+public enum PolicyDescription {
+    public static func describe(_ pipeline: Pipeline, host: String) -> String {
+        let policy = pipeline.policies.match(host: host)
+        var lines = ["policy for \(host): \(policy.name)"]
+        if policy.adapters.isEmpty {
+            lines.append("  adapters: none")
+        } else {
+            lines.append("  adapters (in order):")
+            for (i, sourced) in policy.adapters.enumerated() {
+                lines.append("    \(i + 1). \(describe(sourced.adapter))  [from \(sourced.entry)]")
+            }
+        }
+        lines.append("  redirect: \(describe(policy.redirector))")
+        let monitors = pipeline.monitors.map(\.summary)
+        lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
+        return pipeline.redactor.scrub(lines.joined(separator: "\n"))
+    }
+
+    static func describe(_ adapter: any RequestAdapter) -> String {
+        switch adapter {
+        case let a as HeaderAdapter:
+            var parts: [String] = []
+            if !a.remove.isEmpty { parts.append("remove " + a.remove.map(\.rawName).joined(separator: ", ")) }
+            if !a.set.isEmpty { parts.append("set " + a.set.map { "\($0.0.rawName): \($0.1)" }.joined(separator: ", ")) }
+            if !a.add.isEmpty { parts.append("add " + a.add.map { "\($0.0.rawName): \($0.1)" }.joined(separator: ", ")) }
+            return "headers: " + parts.joined(separator: "; ")
+        case let a as BearerAdapter:
+            return "bearer: \(a.token) (\(a.token.source))"
+        case let a as BasicAuthAdapter:
+            return "basic: username \(a.username), password \(a.password) (\(a.password.source))"
+        case let a as APIKeyAdapter:
+            switch a.placement {
+            case .header(let h): return "api_key: header \(h) = \(a.value) (\(a.value.source))"
+            case .query(let q): return "api_key: query \(q) = \(a.value) (\(a.value.source))"
+            }
+        case let a as DeflateRequestCompressor:
+            return "deflate: min_bytes \(a.minBytes), duplicate_header \(a.duplicateHeaderBehavior.rawValue)"
+        default:
+            return adapter.name
+        }
+    }
+
+    static func describe(_ redirector: Redirector) -> String {
+        switch redirector.behavior {
+        case .doNotFollow: return "do_not_follow"
+        case .follow(let max): return "follow (max \(max))"
+        case .modify(let max, let rewrites):
+            return "modify (max \(max); " + rewrites.map { "\($0.from) -> \($0.to)" }.joined(separator: ", ") + ")"
+        }
+    }
+}

@@ -1,0 +1,101 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+
+/// A log destination (a file, stdout or stderr) written by its own thread, so that event
+/// loops never wait on a disk. Each worker appends to its own `Buffer` (an uncontended lock
+/// held for one append); the writer thread swaps the buffers out every 100 ms and writes them.
+///
+/// Sinks are shared per path for the life of the process: a reload that keeps a path keeps
+/// its sink, and `flushAll()` at exit writes what is left.
+public final class LogSink: Sendable {
+    public final class Buffer: Sendable {
+        fileprivate let bytes = Mutex<[UInt8]>([])
+        public func append(_ line: String) {
+            var line = line
+            line.withUTF8 { utf8 in bytes.withLock { $0.append(contentsOf: utf8) } }
+        }
+    }
+
+    public let path: String
+    private let fd: Int32
+    private let buffers = Mutex<[Buffer]>([])
+    private static let registry = Mutex<[String: LogSink]>([:])
+    static let flushIntervalMicroseconds: UInt32 = 100_000
+
+    /// The sink for `path` (`stdout`, `stderr`, or a file opened for appending, mode 0640).
+    public static func shared(path: String) throws -> LogSink {
+        try registry.withLock { sinks in
+            if let sink = sinks[path] { return sink }
+            let sink = try LogSink(path: path)
+            sinks[path] = sink
+            sink.startWriter()
+            return sink
+        }
+    }
+
+    public struct OpenError: Error, CustomStringConvertible {
+        public let path: String
+        public let reason: String
+        public var description: String { "cannot open log \(path): \(reason)" }
+    }
+
+    private init(path: String) throws {
+        self.path = path
+        switch path {
+        case "stdout": fd = 1
+        case "stderr": fd = 2
+        default:
+            let opened = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
+            guard opened >= 0 else { throw OpenError(path: path, reason: String(cString: strerror(errno))) }
+            fd = opened
+        }
+    }
+
+    /// A buffer for one worker's monitor.
+    public func makeBuffer() -> Buffer {
+        let buffer = Buffer()
+        buffers.withLock { $0.append(buffer) }
+        return buffer
+    }
+
+    private func startWriter() {
+        var thread = pthread_t()
+        pthread_create(&thread, nil, { arg in
+            let sink = Unmanaged<LogSink>.fromOpaque(arg!).takeUnretainedValue()
+            while true {
+                usleep(LogSink.flushIntervalMicroseconds)
+                sink.flush()
+            }
+        }, Unmanaged.passRetained(self).toOpaque())
+        pthread_detach(thread)
+    }
+
+    /// Writes everything buffered so far. Called by the writer thread, and at exit.
+    public func flush() {
+        let all = buffers.withLock { $0 }
+        for buffer in all {
+            let chunk = buffer.bytes.withLock { bytes -> [UInt8] in
+                let out = bytes
+                bytes.removeAll(keepingCapacity: true)
+                return out
+            }
+            chunk.withUnsafeBytes { raw in
+                var offset = 0
+                while offset < raw.count {
+                    let n = write(fd, raw.baseAddress! + offset, raw.count - offset)
+                    if n < 0 && errno == EINTR { continue }
+                    if n <= 0 { return }
+                    offset += n
+                }
+            }
+        }
+    }
+
+    /// Flushes every sink; for a clean exit.
+    public static func flushAll() {
+        let sinks = registry.withLock { Array($0.values) }
+        for sink in sinks { sink.flush() }
+    }
+}

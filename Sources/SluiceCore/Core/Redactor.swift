@@ -1,0 +1,45 @@
+/// Removes secrets from anything Sluice writes: URLs (userinfo, secret query parameters),
+/// header values of credential fields, and — last line of defence — any occurrence of a
+/// configured secret value in a finished log line.
+public struct Redactor: Sendable {
+    public static let replacement = "<redacted>"
+    /// Fields whose values are never written (lower-case).
+    public static let defaultHeaders: Set<String> = ["authorization", "proxy-authorization", "cookie", "set-cookie"]
+
+    public var secretValues: [String]
+    public var queryParameters: Set<String>
+    public var headers: Set<String>
+
+    public init(secretValues: [String] = [], queryParameters: Set<String> = [],
+                headers: Set<String> = Redactor.defaultHeaders) {
+        // Very short values would redact innocent text; a secret is at least 4 bytes long here.
+        self.secretValues = secretValues.filter { $0.utf8.count >= 4 }.sorted { $0.count > $1.count }
+        self.queryParameters = queryParameters
+        self.headers = headers
+    }
+
+    public func url(_ url: String) -> String {
+        var result = url
+        let parts = URLParts(url)
+        if let at = parts.authority.firstIndex(of: "@") {
+            let userinfo = parts.authority[..<at]
+            if let range = result.firstRange(of: userinfo + "@") { result.removeSubrange(range) }
+        }
+        result = QueryString.redacting(queryParameters, in: result, replacement: Self.replacement)
+        return scrub(result)
+    }
+
+    public func headerValue(name: String, value: String) -> String {
+        headers.contains(name.lowercased()) ? Self.replacement : scrub(value)
+    }
+
+    /// `text` with every configured secret value replaced.
+    public func scrub(_ text: String) -> String {
+        guard !secretValues.isEmpty else { return text }
+        var out = text
+        for secret in secretValues where out.contains(secret) {
+            out = out.replacing(secret, with: Self.replacement)
+        }
+        return out
+    }
+}

@@ -1,0 +1,168 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `access_log` monitor: one JSON object per line per finished exchange (and per closed
+/// tunnel). Field names and meanings are listed in docs/configuration.md. URLs and error
+/// messages pass through the `Redactor`; so does the finished line.
+///
+/// One instance per worker (see `AccessLogMonitorFactory`): its formatting runs on that
+/// worker's thread, its output goes to the shared `LogSink`'s writer thread.
+public final class AccessLogMonitor: EventMonitor {
+    private let buffer: LogSink.Buffer
+    private let redactor: Redactor
+
+    public init(sink: LogSink, redactor: Redactor) {
+        buffer = sink.makeBuffer()
+        self.redactor = redactor
+    }
+
+    public func handle(_ event: ProxyEvent) {
+        switch event {
+        case .finished(let summary), .tunnelClosed(let summary):
+            buffer.append(line(summary))
+        default:
+            break
+        }
+    }
+
+    func line(_ s: ExchangeSummary) -> String {
+        var json = JSONLine()
+        json.field("time", Timestamp.rfc3339Now())
+        json.field("id", s.id)
+        json.field("client", s.client)
+        json.field("method", s.method)
+        json.field("url", redactor.url(s.url))
+        json.field("policy", s.policy)
+        json.field("status", s.status)
+        json.field("bytes_in", s.bytesIn)
+        json.field("bytes_out", s.bytesOut)
+        json.field("attempts", s.attempts)
+        json.field("redirects", s.redirects)
+        if let t = s.timings {
+            json.raw("timings", "{\"dns\":\(ms(t.dns)),\"connect\":\(ms(t.connect)),\"tls\":\(ms(t.tls)),"
+                     + "\"first_byte\":\(ms(t.firstByte)),\"total\":\(ms(t.total))}")
+        } else {
+            json.raw("timings", "null")
+        }
+        json.field("outcome", s.outcome.rawValue)
+        if let error = s.error { json.field("error", redactor.scrub(error)) } else { json.raw("error", "null") }
+        return redactor.scrub(json.finish())
+    }
+
+    private func ms(_ microseconds: Int64) -> String {
+        let whole = microseconds / 1000, frac = microseconds % 1000
+        let padded = frac < 10 ? "00\(frac)" : frac < 100 ? "0\(frac)" : "\(frac)"
+        return "\(whole).\(padded)"
+    }
+}
+
+public struct AccessLogMonitorFactory: EventMonitorFactory {
+    public let sink: LogSink
+    public let redactor: Redactor
+    public var summary: String { "access_log (\(sink.path))" }
+    public init(sink: LogSink, redactor: Redactor) {
+        self.sink = sink
+        self.redactor = redactor
+    }
+    public func makeMonitor() -> any EventMonitor { AccessLogMonitor(sink: sink, redactor: redactor) }
+}
+
+/// The `debug` monitor: per upstream try, a `curl` command that reproduces it, with
+/// credentials and secrets redacted (unlike Alamofire's `cURLDescription`).
+public final class DebugMonitor: EventMonitor {
+    private let buffer: LogSink.Buffer
+    private let redactor: Redactor
+
+    public init(sink: LogSink, redactor: Redactor) {
+        buffer = sink.makeBuffer()
+        self.redactor = redactor
+    }
+
+    public func handle(_ event: ProxyEvent) {
+        guard case .tryStarted(let id, let attempt, let request) = event else { return }
+        var line = "debug \(id) try \(attempt): curl -X \(request.method)"
+        for field in request.headerFields {
+            let value = redactor.headerValue(name: field.name.canonicalName, value: field.value)
+            line += " -H " + shellQuoted("\(field.name.rawName): \(value)")
+        }
+        if request.body != .none { line += " --data-binary @-" }
+        line += " " + shellQuoted(redactor.url(request.url)) + "\n"
+        buffer.append(redactor.scrub(line))
+    }
+
+    private func shellQuoted(_ s: String) -> String {
+        "'" + s.replacing("'", with: "'\\''") + "'"
+    }
+}
+
+public struct DebugMonitorFactory: EventMonitorFactory {
+    public let sink: LogSink
+    public let redactor: Redactor
+    public var summary: String { "debug (\(sink.path))" }
+    public init(sink: LogSink, redactor: Redactor) {
+        self.sink = sink
+        self.redactor = redactor
+    }
+    public func makeMonitor() -> any EventMonitor { DebugMonitor(sink: sink, redactor: redactor) }
+}
+
+/// Builds one JSON object on one line, escaping strings per RFC 8259.
+struct JSONLine {
+    private var out = "{"
+    private var first = true
+
+    private mutating func key(_ k: String) {
+        if !first { out += "," }
+        first = false
+        out += "\"\(k)\":"
+    }
+
+    mutating func field(_ k: String, _ v: String) {
+        key(k)
+        out += "\""
+        for scalar in v.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20 || scalar.value == 0x7F:
+                let hex = String(scalar.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        out += "\""
+    }
+
+    mutating func field<I: BinaryInteger>(_ k: String, _ v: I) {
+        key(k)
+        out += String(v)
+    }
+
+    mutating func raw(_ k: String, _ json: String) {
+        key(k)
+        out += json
+    }
+
+    mutating func finish() -> String { out + "}\n" }
+}
+
+enum Timestamp {
+    /// `2026-11-22T00:41:07.123Z`.
+    static func rfc3339Now() -> String {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        var t = time_t(ts.tv_sec)
+        var tm = Glibc.tm()
+        gmtime_r(&t, &tm)
+        func pad(_ v: Int32, _ width: Int = 2) -> String {
+            let s = String(v)
+            return String(repeating: "0", count: max(0, width - s.count)) + s
+        }
+        return "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
+            + "\(pad(tm.tm_hour)):\(pad(tm.tm_min)):\(pad(tm.tm_sec)).\(pad(Int32(ts.tv_nsec / 1_000_000), 3))Z"
+    }
+}

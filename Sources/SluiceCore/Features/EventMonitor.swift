@@ -1,0 +1,113 @@
+import HTTPTypes
+
+/// Timings of one upstream try, from libcurl, in microseconds since the try started.
+public struct TryTimings: Sendable, Equatable {
+    public var dns: Int64 = 0
+    public var connect: Int64 = 0
+    public var tls: Int64 = 0
+    public var firstByte: Int64 = 0
+    public var total: Int64 = 0
+    public init() {}
+}
+
+/// How an exchange ended.
+public enum Outcome: String, Sendable {
+    case ok
+    case error
+    case clientAborted = "client_aborted"
+    case upstreamAborted = "upstream_aborted"
+    case tunnel
+}
+
+/// What is known about an exchange when it ends: everything an access log line needs.
+public struct ExchangeSummary: Sendable {
+    public var id: UInt64
+    public var client: String
+    public var method: String
+    public var url: String
+    public var policy: String
+    public var status: Int
+    public var bytesIn: Int64
+    public var bytesOut: Int64
+    public var attempts: Int
+    public var redirects: Int
+    public var timings: TryTimings?
+    public var outcome: Outcome
+    public var error: String?
+
+    public init(id: UInt64, client: String, method: String, url: String, policy: String) {
+        self.id = id
+        self.client = client
+        self.method = method
+        self.url = url
+        self.policy = policy
+        status = 0
+        bytesIn = 0
+        bytesOut = 0
+        attempts = 0
+        redirects = 0
+        outcome = .ok
+    }
+}
+
+/// Every step of the pipeline, as monitors see it (Alamofire's `EventMonitor` callbacks,
+/// as one enum so a monitor can switch over the ones it cares about).
+public enum ProxyEvent: Sendable {
+    /// A request head arrived and matched `policy`.
+    case requestReceived(id: UInt64, client: String, method: String, url: String, policy: String)
+    /// Every adapter ran; `adapters` lists their names in order.
+    case requestAdapted(id: UInt64, adapters: [String])
+    case adaptationFailed(id: UInt64, error: AdaptationError)
+    /// An upstream try starts (Alamofire's "resumed"): the request exactly as sent.
+    case tryStarted(id: UInt64, attempt: Int, request: ProxyRequest)
+    case metricsCollected(id: UInt64, attempt: Int, timings: TryTimings)
+    /// The upstream's response head for a try.
+    case responseReceived(id: UInt64, attempt: Int, status: Int)
+    case redirectFollowed(id: UInt64, status: Int, location: String, hop: Int)
+    case finished(ExchangeSummary)
+    case tunnelOpened(id: UInt64, client: String, authority: String)
+    case tunnelClosed(ExchangeSummary)
+    case configReloaded(success: Bool, message: String)
+}
+
+/// Observes the pipeline. Called on the worker thread that runs the exchange, in event order;
+/// an implementation must be quick and must not block (buffer and hand I/O to another thread,
+/// as `AccessLogMonitor` does).
+public protocol EventMonitor: AnyObject {
+    func handle(_ event: ProxyEvent)
+}
+
+/// Fans each event out to several monitors, in order.
+public final class CompositeEventMonitor: EventMonitor {
+    public let monitors: [any EventMonitor]
+    public init(_ monitors: [any EventMonitor]) { self.monitors = monitors }
+    public func handle(_ event: ProxyEvent) {
+        for monitor in monitors { monitor.handle(event) }
+    }
+}
+
+/// Makes one monitor instance per worker, so a monitor's state (a log buffer) is owned by a
+/// single thread and needs no lock on the hot path.
+public protocol EventMonitorFactory: Sendable {
+    /// A short description for `sluice check` (e.g. `access_log (stdout)`).
+    var summary: String { get }
+    func makeMonitor() -> any EventMonitor
+}
+
+/// A factory that hands every worker the same monitor object — for monitors that are
+/// thread-safe by construction (a library user's inspector with its own lock).
+public struct SharedMonitorFactory: EventMonitorFactory {
+    public let summary: String
+    private let box: Box
+    final class Box: @unchecked Sendable {
+        // @unchecked: the caller promises the monitor is thread-safe (see init).
+        let monitor: any EventMonitor
+        init(_ m: any EventMonitor) { monitor = m }
+    }
+    /// `monitor` must be safe to call from every worker thread.
+    public init(_ monitor: any EventMonitor, summary: String = "custom") {
+        box = Box(monitor)
+        self.summary = summary
+    }
+    public func makeMonitor() -> any EventMonitor { box.monitor }
+}

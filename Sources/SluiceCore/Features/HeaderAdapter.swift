@@ -1,0 +1,31 @@
+import HTTPTypes
+
+/// The `headers` adapter: removes, then sets (replacing), then adds request fields.
+public struct HeaderAdapter: RequestAdapter {
+    public var name: String { "headers" }
+    public let set: [(HTTPField.Name, String)]
+    public let add: [(HTTPField.Name, String)]
+    public let remove: [HTTPField.Name]
+
+    public init(set: [(HTTPField.Name, String)] = [], add: [(HTTPField.Name, String)] = [],
+                remove: [HTTPField.Name] = []) {
+        self.set = set
+        self.add = add
+        self.remove = remove
+    }
+
+    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        var request = request
+        for name in remove { request.headerFields[name] = nil }
+        for (name, value) in set { request.headerFields[name] = value }
+        for (name, value) in add { request.headerFields.append(HTTPField(name: name, value: value)) }
+        completion(.success(request))
+    }
+}
+
+extension RequestAdapter where Self == HeaderAdapter {
+    /// Sets one field, replacing any existing ones.
+    public static func header(_ name: HTTPField.Name, _ value: String) -> HeaderAdapter {
+        HeaderAdapter(set: [(name, value)])
+    }
+}

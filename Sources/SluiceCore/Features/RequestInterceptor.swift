@@ -1,0 +1,96 @@
+/// Why an adapter refused a request. The client receives `502` naming the adapter and the
+/// reason; nothing is sent upstream.
+public struct AdaptationError: Error, Sendable, Equatable {
+    public var adapter: String
+    public var reason: String
+    public init(adapter: String, reason: String) {
+        self.adapter = adapter
+        self.reason = reason
+    }
+}
+
+/// Changes a request before it is sent (Alamofire's `RequestAdapter`). Built-ins: `headers`,
+/// `bearer`, `basic`, `api_key`, `deflate`.
+///
+/// `adapt` runs on the request's worker thread and may call `completion` synchronously (the
+/// hot path) or later on that same thread (an adapter that must wait, such as one fetching
+/// an OAuth token). It must call it exactly once.
+public protocol RequestAdapter: Sendable {
+    /// The name used in errors, `sluice check` output and events (the YAML key for built-ins).
+    var name: String { get }
+    func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void)
+}
+
+/// What a retrier decides about a failed try (Alamofire's `RetryResult`).
+public enum RetryResult: Sendable, Equatable {
+    case retry
+    case retryWithDelay(milliseconds: Int)
+    case doNotRetry
+    case doNotRetryWithError(String)
+}
+
+/// Decides whether a failed try is tried again (Alamofire's `RequestRetrier`).
+public protocol RequestRetrier: Sendable {
+    var name: String { get }
+    func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int,
+               completion: @escaping (RetryResult) -> Void)
+}
+
+/// Both roles in one value (Alamofire's `RequestInterceptor`); either half may be a no-op.
+public protocol RequestInterceptor: RequestAdapter, RequestRetrier {}
+
+extension RequestInterceptor {
+    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        completion(.success(request))
+    }
+    public func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int,
+                      completion: @escaping (RetryResult) -> Void) {
+        completion(.doNotRetry)
+    }
+}
+
+/// Composes adapters and retriers with Alamofire's order rules: adapters run in sequence,
+/// each seeing the previous one's output, and the first failure stops the chain; retriers are
+/// asked in order until one answers something other than `.doNotRetry`.
+public struct Interceptor: RequestInterceptor {
+    public let adapters: [any RequestAdapter]
+    public let retriers: [any RequestRetrier]
+    public var name: String { "interceptor" }
+
+    public init(adapters: [any RequestAdapter] = [], retriers: [any RequestRetrier] = []) {
+        self.adapters = adapters
+        self.retriers = retriers
+    }
+
+    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        adapt(request, from: adapters[...], completion: completion)
+    }
+
+    private func adapt(_ request: ProxyRequest, from pending: ArraySlice<any RequestAdapter>,
+                       completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        guard let next = pending.first else { return completion(.success(request)) }
+        next.adapt(request) { result in
+            switch result {
+            case .success(let adapted): self.adapt(adapted, from: pending.dropFirst(), completion: completion)
+            case .failure: completion(result)
+            }
+        }
+    }
+
+    public func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int,
+                      completion: @escaping (RetryResult) -> Void) {
+        retry(request, dueTo: error, attempt: attempt, from: retriers[...], completion: completion)
+    }
+
+    private func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int,
+                       from pending: ArraySlice<any RequestRetrier>, completion: @escaping (RetryResult) -> Void) {
+        guard let next = pending.first else { return completion(.doNotRetry) }
+        next.retry(request, dueTo: error, attempt: attempt) { result in
+            if result == .doNotRetry {
+                self.retry(request, dueTo: error, attempt: attempt, from: pending.dropFirst(), completion: completion)
+            } else {
+                completion(result)
+            }
+        }
+    }
+}

@@ -1,0 +1,60 @@
+import SluiceCore
+
+/// The pipeline state of one client request, across its upstream tries and redirect hops.
+///
+/// Holds the worker's pipeline as it was when the request arrived, so a reload never changes
+/// a request midway. Owned by its `ClientConnection`, on the worker's thread.
+final class Exchange {
+    let id: UInt64
+    let pipeline: WorkerPipeline
+    let policy: HostPolicy
+    var summary: ExchangeSummary
+    /// The request as the pipeline sees it (built when adapters, monitors or redirects need it).
+    var model: ProxyRequest?
+    var hops = 0
+    let body: RequestBodyReader
+    /// The last upstream request sent, kept to derive a redirect's next request.
+    var target: RequestTarget
+    var ended = false
+
+    init(id: UInt64, pipeline: WorkerPipeline, policy: HostPolicy, summary: ExchangeSummary,
+         target: RequestTarget, body: RequestBodyReader) {
+        self.id = id
+        self.pipeline = pipeline
+        self.policy = policy
+        self.summary = summary
+        self.target = target
+        self.body = body
+    }
+
+    var monitor: (any EventMonitor)? { pipeline.monitor }
+
+    /// Sends `.finished` (once) with the outcome.
+    func end(_ outcome: Outcome, error: String? = nil) {
+        guard !ended else { return }
+        ended = true
+        summary.outcome = outcome
+        if let error { summary.error = error }
+        monitor?.handle(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary))
+    }
+}
+
+/// A worker's copy of the pipeline: the shared, immutable policies plus this worker's own
+/// monitor instances (whose buffers only this thread touches).
+final class WorkerPipeline {
+    let policies: PolicyTable
+    let redactor: Redactor
+    /// nil when no monitor is configured, so the hot path can skip building events.
+    let monitor: (any EventMonitor)?
+
+    init(_ pipeline: Pipeline) {
+        policies = pipeline.policies
+        redactor = pipeline.redactor
+        let monitors = pipeline.monitors.map { $0.makeMonitor() }
+        switch monitors.count {
+        case 0: monitor = nil
+        case 1: monitor = monitors[0]
+        default: monitor = CompositeEventMonitor(monitors)
+        }
+    }
+}
