@@ -8,6 +8,7 @@ CURLcode sluice_easy_setopt_ptr(CURL *h, CURLoption opt, void *value) { return c
 CURLcode sluice_easy_setopt_str(CURL *h, CURLoption opt, const char *value) { return curl_easy_setopt(h, opt, value); }
 CURLcode sluice_easy_setopt_data_cb(CURL *h, CURLoption opt, sluice_data_cb cb) { return curl_easy_setopt(h, opt, cb); }
 CURLcode sluice_easy_setopt_opensocket_cb(CURL *h, sluice_opensocket_cb cb) { return curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, cb); }
+CURLcode sluice_easy_setopt_seek_cb(CURL *h, sluice_seek_cb cb) { return curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, cb); }
 
 CURLcode sluice_easy_getinfo_long(CURL *h, CURLINFO info, long *out) { return curl_easy_getinfo(h, info, out); }
 CURLcode sluice_easy_getinfo_off(CURL *h, CURLINFO info, curl_off_t *out) { return curl_easy_getinfo(h, info, out); }
@@ -45,3 +46,5 @@ CURLSH *sluice_share_create(void) {
 const char *sluice_curl_version(void) {
     return curl_version_info(CURLVERSION_NOW)->version;
 }
+
+long sluice_curlauth_basic_digest(void) { return (long)(CURLAUTH_BASIC | CURLAUTH_DIGEST); }

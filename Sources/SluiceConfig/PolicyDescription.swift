@@ -15,6 +15,20 @@ public enum PolicyDescription {
             }
         }
         lines.append("  redirect: \(describe(policy.redirector))")
+        if let retry = policy.retryPolicy {
+            lines.append("  retry: limit \(retry.limit), backoff \(retry.base)^n x \(retry.scale) ms (max \(retry.maxDelay) ms, "
+                         + "jitter \(retry.jitter.rawValue)), methods \(retry.methods.sorted().joined(separator: " ")), "
+                         + "statuses \(retry.statuses.sorted().map(String.init).joined(separator: " "))")
+        } else {
+            lines.append("  retry: none")
+        }
+        if let v = policy.validator {
+            lines.append("  validate: status \(v.statuses.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ", "))"
+                         + (v.contentTypes.isEmpty ? "" : ", content_type \(v.contentTypes.joined(separator: ", "))"))
+        }
+        if let c = policy.credentials {
+            lines.append("  credentials: username \(c.username), password \(c.password) (\(c.password.source))")
+        }
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
         return pipeline.redactor.scrub(lines.joined(separator: "\n"))
@@ -37,6 +51,10 @@ public enum PolicyDescription {
             case .header(let h): return "api_key: header \(h) = \(a.value) (\(a.value.source))"
             case .query(let q): return "api_key: query \(q) = \(a.value) (\(a.value.source))"
             }
+        case let a as OAuth2Authenticator:
+            let st = a.settings
+            return "oauth2: \(st.grant.rawValue) at \(st.tokenURL), client_id \(st.clientID), client_secret "
+                + "\(st.clientSecret.map { "\($0) (\($0.source))" } ?? "none"), client_auth \(st.clientAuthentication.rawValue)"
         case let a as DeflateRequestCompressor:
             return "deflate: min_bytes \(a.minBytes), duplicate_header \(a.duplicateHeaderBehavior.rawValue)"
         default:

@@ -14,9 +14,9 @@ struct MonitorSpec {
 extension NodeReader {
     /// Policy sections that later parts of the pipeline will add; named so that a config
     /// using them fails loudly instead of being half-applied.
-    static let reservedPolicyKeys = ["retry", "validate", "cache", "trust", "upstream", "intercept", "credentials"]
-    static let policyKeys = ["adapters", "redirect"] + reservedPolicyKeys
-    static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate"]
+    static let reservedPolicyKeys = ["cache", "trust", "upstream", "intercept"]
+    static let policyKeys = ["adapters", "redirect", "retry", "validate", "credentials"] + reservedPolicyKeys
+    static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
 
     mutating func readPolicies(_ node: Node) -> [PolicyEntry] {
         guard case .mapping(let mapping) = node else {
@@ -42,6 +42,9 @@ extension NodeReader {
                 switch key {
                 case "adapters": entry.adapters = r.readAdapters(section, policy: name)
                 case "redirect": entry.redirect = r.readRedirect(section)
+                case "retry": entry.retry = r.readRetry(section)
+                case "validate": entry.validate = r.readValidate(section)
+                case "credentials": entry.credentials = r.readCredentials(section)
                 default: r.fail(section, "'\(key)' policies are not supported by this version of Sluice yet")
                 }
             }
@@ -126,7 +129,9 @@ extension NodeReader {
         case "api_key":
             guard let options else { fail(node, "api_key needs header or query, and value"); return nil }
             var placement: APIKeyAdapter.Placement?, value: Secret?
+            var placements = 0
             entries(options, in: "api_key", known: ["header", "query", "value"]) { r, key, v in
+                if key != "value" { placements += 1 }
                 switch key {
                 case "header":
                     if let text = v.scalar?.string, r.fieldName(text, at: v) != nil { placement = .header(text) }
@@ -136,11 +141,13 @@ extension NodeReader {
                     value = r.secret(v, what: "api_key value")
                 }
             }
-            guard let placement, let value else {
+            guard let placement, let value, placements == 1 else {
                 fail(options, "api_key needs exactly one of header or query, and a value")
                 return nil
             }
             return APIKeyAdapter(placement: placement, value: value)
+        case "oauth2":
+            return readOAuth2(options, at: node)
         default:  // deflate
             var minBytes = DeflateRequestCompressor.defaultMinBytes
             var behavior = DeflateRequestCompressor.defaultDuplicateHeaderBehavior
@@ -158,6 +165,62 @@ extension NodeReader {
             }
             return DeflateRequestCompressor(minBytes: minBytes, duplicateHeaderBehavior: behavior)
         }
+    }
+
+    private mutating func readOAuth2(_ options: Node?, at node: Node) -> (any RequestAdapter)? {
+        guard let options else { fail(node, "oauth2 needs grant, token_url and client_id"); return nil }
+        var grant: OAuth2Authenticator.Grant?, tokenURL: String?, clientID: String?
+        var secret: Secret?, refresh: Secret?, scope: String?, audience: String?
+        var clientAuth = OAuth2Authenticator.ClientAuthentication.basic
+        var before = 30_000, windowMax = 5, windowMs = 30_000
+        var refreshOn: Set<Int> = [401]
+        let known = ["grant", "token_url", "client_id", "client_secret", "refresh_token", "scope", "audience",
+                     "client_auth", "refresh_before_expiry", "refresh_window", "refresh_on"]
+        entries(options, in: "oauth2", known: known) { r, key, v in
+            switch key {
+            case "grant":
+                grant = v.scalar.flatMap { OAuth2Authenticator.Grant(rawValue: $0.string) }
+                if grant == nil { r.fail(v, "grant must be client_credentials or refresh_token") }
+            case "token_url":
+                let text = v.scalar?.string ?? ""
+                if text.lowercased().hasPrefix("http://") || text.lowercased().hasPrefix("https://") { tokenURL = text } else { r.fail(v, "token_url must be an http(s) URL") }
+            case "client_id": clientID = r.secretOrString(v, what: key)
+            case "client_secret": secret = r.secret(v, what: key)
+            case "refresh_token": refresh = r.secret(v, what: key)
+            case "scope": scope = v.scalar?.string
+            case "audience": audience = v.scalar?.string
+            case "client_auth":
+                if let a = v.scalar.flatMap({ OAuth2Authenticator.ClientAuthentication(rawValue: $0.string) }) { clientAuth = a } else { r.fail(v, "client_auth must be basic or body") }
+            case "refresh_before_expiry":
+                if v.scalar?.string == "0" { before = 0 } else if let ms = r.duration(v, key: key) { before = ms }
+            case "refresh_window":
+                r.entries(v, in: "refresh_window", known: ["max", "per"]) { r, k, w in
+                    if k == "max" {
+                        if let n = w.scalar.flatMap({ Int($0.string) }), n >= 1 { windowMax = n } else { r.fail(w, "max must be at least 1") }
+                    } else if let ms = r.duration(w, key: k) {
+                        windowMs = ms
+                    }
+                }
+            default:
+                var codes: Set<Int> = []
+                for (text, n) in r.strings(v, what: key) ?? [] {
+                    if let c = Int(text), (400...599).contains(c) { codes.insert(c) } else { r.fail(n, "refresh_on takes 4xx/5xx statuses") }
+                }
+                refreshOn = codes
+            }
+        }
+        guard let grant, let tokenURL, let clientID else {
+            fail(options, "oauth2 needs grant, token_url and client_id")
+            return nil
+        }
+        if grant == .refreshToken && refresh == nil {
+            fail(options, "the refresh_token grant needs refresh_token")
+            return nil
+        }
+        return OAuth2Authenticator(settings: .init(
+            grant: grant, tokenURL: tokenURL, clientID: clientID, clientSecret: secret, refreshToken: refresh, scope: scope,
+            audience: audience, clientAuthentication: clientAuth, refreshBeforeExpiry: before, windowMax: windowMax,
+            windowMilliseconds: windowMs, refreshOn: refreshOn))
     }
 
     mutating func readRedirect(_ node: Node) -> Redirector? {
@@ -203,6 +266,115 @@ extension NodeReader {
             return nil
         }
         return key == "follow" ? Redirector(behavior: .follow(max: max)) : Redirector(behavior: .modify(max: max, rewrites: rewrites))
+    }
+
+    mutating func readRetry(_ node: Node) -> PolicyEntry.Section<RetryPolicy> {
+        if let word = node.scalar?.string {
+            if word == "none" || word == "off" { return .off }
+            if word.isEmpty { return .on(RetryPolicy()) }
+            fail(node, "retry must be a mapping, {} for the defaults, or none")
+            return .inherit
+        }
+        var p = RetryPolicy()
+        let known = ["limit", "backoff", "methods", "statuses", "errors", "retry_after", "per_try_timeout",
+                     "deadline", "budget", "buffer_limit"]
+        entries(node, in: "retry", known: known) { r, key, value in
+            switch key {
+            case "limit":
+                if let n = value.scalar.flatMap({ Int($0.string) }), n >= 0, n <= 100 { p.limit = n } else { r.fail(value, "limit must be 0 to 100") }
+            case "backoff":
+                r.entries(value, in: "retry.backoff", known: ["base", "scale", "max_delay", "jitter"]) { r, k, v in
+                    switch k {
+                    case "base":
+                        if let n = v.scalar.flatMap({ Int($0.string) }), n >= 1, n <= 10 { p.base = n } else { r.fail(v, "base must be 1 to 10") }
+                    case "scale": if let ms = r.duration(v, key: k) { p.scale = ms }
+                    case "max_delay": if let ms = r.duration(v, key: k) { p.maxDelay = ms }
+                    default:
+                        if let j = v.scalar.flatMap({ RetryPolicy.Jitter(rawValue: $0.string) }) { p.jitter = j } else { r.fail(v, "jitter must be none, full or equal") }
+                    }
+                }
+            case "methods":
+                var methods: Set<String> = []
+                for (m, n) in r.strings(value, what: key) ?? [] {
+                    if !m.isEmpty, m.allSatisfy({ $0.isUppercase || $0 == "-" }) { methods.insert(m) } else { r.fail(n, "methods are upper-case HTTP methods, not '\(m)'") }
+                }
+                p.methods = methods
+            case "statuses":
+                var statuses: Set<Int> = []
+                for (text, n) in r.strings(value, what: key) ?? [] {
+                    if let code = Int(text), (100...599).contains(code) { statuses.insert(code) } else { r.fail(n, "invalid status '\(text)'") }
+                }
+                p.statuses = statuses
+            case "errors":
+                var kinds: Set<TransportErrorKind> = []
+                let names = TransportErrorKind.allCases.filter { $0 != .other }.map(\.rawValue)
+                for (text, n) in r.strings(value, what: key) ?? [] {
+                    if let kind = TransportErrorKind(rawValue: text), kind != .other {
+                        kinds.insert(kind)
+                    } else {
+                        r.fail(n, "unknown error kind '\(text)' (kinds: \(names.joined(separator: ", ")))")
+                    }
+                }
+                p.errors = kinds
+            case "retry_after":
+                if let b = value.scalar?.string, b == "true" || b == "false" { p.retryAfter = b == "true" } else { r.fail(value, "retry_after must be true or false") }
+            case "per_try_timeout": p.perTryTimeout = r.duration(value, key: key)
+            case "deadline":
+                p.deadline = value.scalar?.string == "unlimited" ? nil : r.duration(value, key: key)
+            case "budget":
+                var ratio = 0.2, minimum = 3
+                r.entries(value, in: "retry.budget", known: ["ratio", "min_per_second"]) { r, k, v in
+                    if k == "ratio" {
+                        if let d = v.scalar.flatMap({ Double($0.string) }), d >= 0, d <= 10 { ratio = d } else { r.fail(v, "ratio must be a number from 0 to 10") }
+                    } else if let n = v.scalar.flatMap({ Int($0.string) }), n >= 0 {
+                        minimum = n
+                    } else {
+                        r.fail(v, "min_per_second must be a whole number")
+                    }
+                }
+                p.budget = .init(ratio: ratio, minPerSecond: minimum)
+            default:
+                if let n = r.size(value, key: key, min: 0) { p.bufferLimit = Int(n) }
+            }
+        }
+        return .on(p)
+    }
+
+    mutating func readValidate(_ node: Node) -> PolicyEntry.Section<ResponseValidator> {
+        if node.scalar?.string == "none" { return .off }
+        var v = ResponseValidator()
+        entries(node, in: "validate", known: ["status", "content_type"]) { r, key, value in
+            if key == "content_type" {
+                v.contentTypes = (r.strings(value, what: key) ?? []).map(\.0)
+                return
+            }
+            var ranges: [ClosedRange<Int>] = []
+            for (text, n) in r.strings(value, what: key) ?? [] {
+                let bounds = text.split(separator: "-").map { Int($0.trimmingCharacters(in: .whitespaces)) }
+                if bounds.count == 1, let a = bounds[0], (100...599).contains(a) {
+                    ranges.append(a...a)
+                } else if bounds.count == 2, let a = bounds[0], let b = bounds[1], a <= b, (100...599).contains(a), (100...599).contains(b) {
+                    ranges.append(a...b)
+                } else {
+                    r.fail(n, "status must be a code or a range like 200-299, not '\(text)'")
+                }
+            }
+            v.statuses = ranges
+        }
+        return .on(v)
+    }
+
+    mutating func readCredentials(_ node: Node) -> PolicyEntry.Section<Credentials> {
+        if node.scalar?.string == "none" { return .off }
+        var username: String?, password: Secret?
+        entries(node, in: "credentials", known: ["username", "password"]) { r, key, value in
+            if key == "username" { username = r.secretOrString(value, what: "username") } else { password = r.secret(value, what: "password") }
+        }
+        guard let username, let password else {
+            fail(node, "credentials needs username and password")
+            return .inherit
+        }
+        return .on(Credentials(username: username, password: password))
     }
 
     mutating func readMonitors(_ node: Node) -> [(MonitorSpec, Node)] {

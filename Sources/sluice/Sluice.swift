@@ -44,6 +44,7 @@ struct Run: ParsableCommand {
     var config: String?
 
     func run() throws {
+        ProxyServer.blockControlSignals()  // before any thread (log writers, workers) exists
         let configuration: SluiceConfiguration
         do {
             configuration = try loadConfiguration(config)

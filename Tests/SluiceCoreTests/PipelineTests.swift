@@ -29,7 +29,7 @@ struct RecordingAdapter: RequestAdapter {
 struct FixedRetrier: RequestRetrier {
     let name: String
     let answer: RetryResult
-    func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int, completion: @escaping (RetryResult) -> Void) {
+    func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int, completion: @escaping (RetryResult) -> Void) {
         completion(answer)
     }
 }
@@ -50,11 +50,11 @@ struct FixedRetrier: RequestRetrier {
                                                  FixedRetrier(name: "2", answer: .retryWithDelay(milliseconds: 500)),
                                                  FixedRetrier(name: "3", answer: .retry)])
         var answer: RetryResult?
-        interceptor.retry(request(), dueTo: .upstreamRefused(host: "h"), attempt: 1) { answer = $0 }
+        interceptor.retry(request(), dueTo: .transport(.refused, .upstreamRefused(host: "h")), attempt: 1) { answer = $0 }
         #expect(answer == .retryWithDelay(milliseconds: 500))
         var none: RetryResult?
         Interceptor(retriers: [FixedRetrier(name: "1", answer: .doNotRetry)])
-            .retry(request(), dueTo: .upstreamRefused(host: "h"), attempt: 1) { none = $0 }
+            .retry(request(), dueTo: .transport(.refused, .upstreamRefused(host: "h")), attempt: 1) { none = $0 }
         #expect(none == .doNotRetry)
     }
 }
@@ -214,5 +214,69 @@ extension ProxyRequest: Equatable {
         #expect(r.scrub("abc stays: too short to be treated as a secret") == "abc stays: too short to be treated as a secret")
         #expect(Secret("v").description == "<redacted>")
         #expect("\(Secret("v"))" == "<redacted>")
+    }
+}
+
+@Suite struct RetryPolicyTests {
+    @Test func alamofireDefaultsAndBackoff() {
+        let p = RetryPolicy()
+        #expect(p.limit == 2 && p.base == 2 && p.scale == 500)
+        #expect(p.methods == ["DELETE", "GET", "HEAD", "OPTIONS", "PUT", "TRACE"])
+        #expect(p.statuses == [408, 500, 502, 503, 504])
+        #expect([0, 1, 2].map(p.backoff) == [500, 1000, 2000])
+        #expect(RetryPolicy(maxDelay: 1500).backoff(attempt: 5) == 1500)
+    }
+
+    @Test func decisions() {
+        let p = RetryPolicy(limit: 2, scale: 100)
+        func ask(_ method: String, _ failure: TryFailure, _ attempt: Int, _ policy: RetryPolicy = RetryPolicy(limit: 2, scale: 100)) -> RetryResult? {
+            var out: RetryResult?
+            policy.retry(request(method: method), dueTo: failure, attempt: attempt) { out = $0 }
+            return out
+        }
+        #expect(ask("GET", .status(503, retryAfterMilliseconds: nil), 0) == .retryWithDelay(milliseconds: 100))
+        #expect(ask("GET", .status(503, retryAfterMilliseconds: nil), 1) == .retryWithDelay(milliseconds: 200))
+        #expect(ask("GET", .status(503, retryAfterMilliseconds: nil), 2) == .doNotRetryWithError("limit"))
+        #expect(ask("POST", .status(503, retryAfterMilliseconds: nil), 0) == .doNotRetryWithError("method"))
+        #expect(ask("GET", .status(404, retryAfterMilliseconds: nil), 0) == .doNotRetryWithError("not retryable"))
+        #expect(ask("GET", .transport(.refused, .upstreamRefused(host: "h")), 0) == .retryWithDelay(milliseconds: 100))
+        #expect(ask("GET", .transport(.other, .upstreamRefused(host: "h")), 0) == .doNotRetryWithError("not retryable"))
+        // Retry-After on 503 and 429 wins over the backoff, capped by max_delay.
+        #expect(ask("GET", .status(503, retryAfterMilliseconds: 2000), 0) == .retryWithDelay(milliseconds: 2000))
+        let capped = RetryPolicy(maxDelay: 1000, statuses: [429])
+        #expect(ask("GET", .status(429, retryAfterMilliseconds: 5000), 0, capped) == .retryWithDelay(milliseconds: 1000))
+        _ = p
+    }
+
+    @Test func jitterBounds() {
+        for _ in 0..<200 {
+            var full: RetryResult?, equal: RetryResult?
+            RetryPolicy(scale: 1000, jitter: .full).retry(request(), dueTo: .status(503, retryAfterMilliseconds: nil), attempt: 0) { full = $0 }
+            RetryPolicy(scale: 1000, jitter: .equal).retry(request(), dueTo: .status(503, retryAfterMilliseconds: nil), attempt: 0) { equal = $0 }
+            guard case .retryWithDelay(let f)? = full, case .retryWithDelay(let e)? = equal else {
+                Issue.record("no delay")
+                return
+            }
+            #expect((0...1000).contains(f))
+            #expect((500...1000).contains(e))
+        }
+    }
+
+    @Test func budgetAllowsMaxOfRatioAndMinimum() {
+        let budget = RetryBudget(limits: .init(ratio: 0.2, minPerSecond: 3))
+        for _ in 0..<10 { budget.recordRequest() }
+        var granted = 0
+        for _ in 0..<10 where budget.tryAcquireRetry() { granted += 1 }
+        // max(3, 0.2 × 10) = 3, unless the second rolled over mid-test (then up to 6).
+        #expect(granted >= 3 && granted <= 6)
+    }
+
+    @Test func validation() {
+        let v = ResponseValidator(statuses: [200...299, 304...304], contentTypes: ["application/json", "text/*"])
+        #expect(v.validate(status: 200, contentType: "application/json; charset=utf-8") == nil)
+        #expect(v.validate(status: 200, contentType: "text/html") == nil)
+        #expect(v.validate(status: 404, contentType: "application/json") == "status 404 is not acceptable")
+        #expect(v.validate(status: 200, contentType: "image/png") == "content type image/png is not acceptable")
+        #expect(v.validate(status: 200, contentType: nil) != nil)
     }
 }

@@ -9,6 +9,7 @@
 typedef size_t (*sluice_data_cb)(char *ptr, size_t size, size_t nmemb, void *userdata);
 typedef int (*sluice_socket_cb)(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp);
 typedef int (*sluice_timer_cb)(CURLM *multi, long timeout_ms, void *userp);
+typedef int (*sluice_seek_cb)(void *userp, curl_off_t offset, int origin);
 typedef curl_socket_t (*sluice_opensocket_cb)(void *clientp, curlsocktype purpose, struct curl_sockaddr *address);
 
 CURLcode sluice_easy_setopt_long(CURL *h, CURLoption opt, long value);
@@ -17,6 +18,7 @@ CURLcode sluice_easy_setopt_ptr(CURL *h, CURLoption opt, void *value);
 CURLcode sluice_easy_setopt_str(CURL *h, CURLoption opt, const char *value);
 CURLcode sluice_easy_setopt_data_cb(CURL *h, CURLoption opt, sluice_data_cb cb);
 CURLcode sluice_easy_setopt_opensocket_cb(CURL *h, sluice_opensocket_cb cb);
+CURLcode sluice_easy_setopt_seek_cb(CURL *h, sluice_seek_cb cb);
 
 CURLcode sluice_easy_getinfo_long(CURL *h, CURLINFO info, long *out);
 CURLcode sluice_easy_getinfo_off(CURL *h, CURLINFO info, curl_off_t *out);
@@ -31,6 +33,9 @@ CURLMcode sluice_multi_setopt_timer_cb(CURLM *m, sluice_timer_cb cb);
 /// A share handle for DNS cache and TLS sessions, safe to use from every worker thread
 /// (one pthread mutex per curl_lock_data). Created once per process; never freed.
 CURLSH *sluice_share_create(void);
+
+/// CURLAUTH_BASIC | CURLAUTH_DIGEST (a macro with a cast Swift cannot import).
+long sluice_curlauth_basic_digest(void);
 
 /// The libcurl version string, e.g. "7.88.1".
 const char *sluice_curl_version(void);

@@ -61,6 +61,12 @@ public final class LogSink: Sendable {
     }
 
     private func startWriter() {
+        // The writer must never take a process signal (SIGHUP's default action would kill
+        // the daemon): it starts with every signal blocked, whatever its creator allows.
+        var all = sigset_t(), previous = sigset_t()
+        sigfillset(&all)
+        pthread_sigmask(SIG_SETMASK, &all, &previous)
+        defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
         var thread = pthread_t()
         pthread_create(&thread, nil, { arg in
             let sink = Unmanaged<LogSink>.fromOpaque(arg!).takeUnretainedValue()

@@ -1,14 +1,30 @@
 /// One entry of `policies:` as written: the sections it names (a `nil` section inherits the
 /// default's). Adapters keep the name of the entry they come from, for `sluice check`.
 public struct PolicyEntry: Sendable {
+    /// A section that is either set (to a value, or explicitly off) or inherited.
+    public enum Section<Value: Sendable>: Sendable {
+        case inherit
+        case off
+        case on(Value)
+        var value: Value? { if case .on(let v) = self { return v } else { return nil } }
+    }
+
     public var name: String
     public var adapters: [any RequestAdapter]
     public var redirect: Redirector?
+    public var retry: Section<RetryPolicy>
+    public var validate: Section<ResponseValidator>
+    public var credentials: Section<Credentials>
 
-    public init(name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil) {
+    public init(name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
+                retry: Section<RetryPolicy> = .inherit, validate: Section<ResponseValidator> = .inherit,
+                credentials: Section<Credentials> = .inherit) {
         self.name = name
         self.adapters = adapters
         self.redirect = redirect
+        self.retry = retry
+        self.validate = validate
+        self.credentials = credentials
     }
 }
 
@@ -26,22 +42,49 @@ public final class HostPolicy: Sendable {
     public let name: String
     public let adapters: [SourcedAdapter]
     public let redirector: Redirector
-    /// The adapters composed with Alamofire's order rules.
+    public let retryPolicy: RetryPolicy?
+    /// Shared by every worker: the budget counts this policy's traffic process-wide.
+    public let retryBudget: RetryBudget?
+    public let validator: ResponseValidator?
+    public let credentials: Credentials?
+    /// Upstream statuses an adapter wants to hear about (oauth2's `refresh_on`).
+    public let refreshStatuses: Set<Int>
+    /// The adapters composed with Alamofire's order rules, and the retriers: adapters that
+    /// also retry (oauth2's refresh on 401) first, then the retry policy.
     public let interceptor: Interceptor
 
-    public init(name: String, adapters: [SourcedAdapter], redirector: Redirector) {
+    public init(name: String, adapters: [SourcedAdapter], redirector: Redirector, retryPolicy: RetryPolicy? = nil,
+                validator: ResponseValidator? = nil, credentials: Credentials? = nil) {
         self.name = name
         self.adapters = adapters
         self.redirector = redirector
-        interceptor = Interceptor(adapters: adapters.map(\.adapter))
+        self.retryPolicy = retryPolicy
+        retryBudget = retryPolicy?.budget.map { RetryBudget(limits: $0) }
+        self.validator = validator
+        self.credentials = credentials
+        let retriers: [any RequestRetrier] = adapters.compactMap { $0.adapter as? any RequestRetrier }
+            + (retryPolicy.map { [$0] } ?? [])
+        interceptor = Interceptor(adapters: adapters.map(\.adapter), retriers: retriers)
+        refreshStatuses = adapters.reduce(into: []) { set, sourced in
+            if let oauth = sourced.adapter as? OAuth2Authenticator { set.formUnion(oauth.settings.refreshOn) }
+        }
     }
 
     /// Default-first adapters and section-wise replacement (DESIGN §3).
     public convenience init(merging host: PolicyEntry?, over base: PolicyEntry) {
         let baseAdapters = base.adapters.map { SourcedAdapter(adapter: $0, entry: base.name) }
         let hostAdapters = (host?.adapters ?? []).map { SourcedAdapter(adapter: $0, entry: host!.name) }
+        func pick<V>(_ h: PolicyEntry.Section<V>?, _ b: PolicyEntry.Section<V>) -> V? {
+            switch h {
+            case nil, .inherit?: return b.value
+            case .off?: return nil
+            case .on(let v)?: return v
+            }
+        }
         self.init(name: host?.name ?? base.name, adapters: baseAdapters + hostAdapters,
-                  redirector: host?.redirect ?? base.redirect ?? .doNotFollow)
+                  redirector: host?.redirect ?? base.redirect ?? .doNotFollow,
+                  retryPolicy: pick(host?.retry, base.retry), validator: pick(host?.validate, base.validate),
+                  credentials: pick(host?.credentials, base.credentials))
     }
 }
 

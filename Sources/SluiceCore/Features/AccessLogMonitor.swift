@@ -45,6 +45,11 @@ public final class AccessLogMonitor: EventMonitor {
         } else {
             json.raw("timings", "null")
         }
+        json.raw("retries", "[" + s.retries.map {
+            "{\"attempt\":\($0.attempt),\"delay_ms\":\($0.delayMilliseconds),\"reason\":\(JSONLine.quoted($0.reason))}"
+        }.joined(separator: ",") + "]")
+        if let stopped = s.retryStopped { json.field("retry_stopped", stopped) } else { json.raw("retry_stopped", "null") }
+        if let validation = s.validation { json.field("validation", validation) } else { json.raw("validation", "null") }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", redactor.scrub(error)) } else { json.raw("error", "null") }
         return redactor.scrub(json.finish())
@@ -120,7 +125,11 @@ struct JSONLine {
 
     mutating func field(_ k: String, _ v: String) {
         key(k)
-        out += "\""
+        out += Self.quoted(v)
+    }
+
+    static func quoted(_ v: String) -> String {
+        var out = "\""
         for scalar in v.unicodeScalars {
             switch scalar {
             case "\"": out += "\\\""
@@ -134,7 +143,7 @@ struct JSONLine {
             default: out.unicodeScalars.append(scalar)
             }
         }
-        out += "\""
+        return out + "\""
     }
 
     mutating func field<I: BinaryInteger>(_ k: String, _ v: I) {

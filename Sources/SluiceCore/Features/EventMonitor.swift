@@ -34,6 +34,12 @@ public struct ExchangeSummary: Sendable {
     public var timings: TryTimings?
     public var outcome: Outcome
     public var error: String?
+    /// Every retry scheduled, in order.
+    public var retries: [RetryRecord] = []
+    /// Why a retriable failure was not retried (`limit`, `budget`, `deadline`, `method`, `buffer_limit`).
+    public var retryStopped: String?
+    /// The last validation failure, if any.
+    public var validation: String?
 
     public init(id: UInt64, client: String, method: String, url: String, policy: String) {
         self.id = id
@@ -47,6 +53,17 @@ public struct ExchangeSummary: Sendable {
         attempts = 0
         redirects = 0
         outcome = .ok
+    }
+}
+
+public struct RetryRecord: Sendable, Equatable {
+    public var attempt: Int
+    public var delayMilliseconds: Int
+    public var reason: String
+    public init(attempt: Int, delayMilliseconds: Int, reason: String) {
+        self.attempt = attempt
+        self.delayMilliseconds = delayMilliseconds
+        self.reason = reason
     }
 }
 
@@ -64,6 +81,13 @@ public enum ProxyEvent: Sendable {
     /// The upstream's response head for a try.
     case responseReceived(id: UInt64, attempt: Int, status: Int)
     case redirectFollowed(id: UInt64, status: Int, location: String, hop: Int)
+    /// A try failed (or failed validation) and another is scheduled after a delay.
+    case retrying(id: UInt64, record: RetryRecord)
+    /// A retriable failure will not be retried; `reason` says why (`limit`, `budget`, …).
+    case retryStopped(id: UInt64, reason: String)
+    /// A credential (an OAuth token) was fetched or refreshed; `source` names the token URL.
+    case credentialRefreshed(source: String)
+    case credentialRefreshFailed(source: String, reason: String)
     case finished(ExchangeSummary)
     case tunnelOpened(id: UInt64, client: String, authority: String)
     case tunnelClosed(ExchangeSummary)

@@ -77,8 +77,12 @@ public struct Redirector: RedirectHandler, Equatable {
     /// Resolves a `Location` value against the URL it came from (RFC 3986 §5, for the forms
     /// servers send: absolute, scheme-relative, absolute-path and relative-path references).
     public static func resolve(_ location: String, against base: String) -> String {
-        let lower = location.lowercased()
-        if lower.hasPrefix("http://") || lower.hasPrefix("https://") { return location }
+        // Any reference with a scheme (RFC 3986 §3.1) is absolute: ftp:, mailto:, … are kept
+        // as they are, and `redirect` then refuses to follow them.
+        if let colon = location.firstIndex(of: ":"), let first = location.first, first.isLetter,
+           location[..<colon].allSatisfy({ $0.isLetter || $0.isNumber || $0 == "+" || $0 == "-" || $0 == "." }) {
+            return location
+        }
         let parts = URLParts(base)
         if location.hasPrefix("//") { return parts.scheme + ":" + location }
         let origin = parts.scheme + "://" + parts.authority

@@ -19,6 +19,17 @@ public protocol RequestAdapter: Sendable {
     /// The name used in errors, `sluice check` output and events (the YAML key for built-ins).
     var name: String { get }
     func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void)
+    /// The form the engine calls (Alamofire's `adapt(_:for:completion:)`): with the worker's
+    /// session, for adapters that must fetch something. By default it calls the plain form.
+    func adapt(_ request: ProxyRequest, for session: any SessionContext,
+               completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void)
+}
+
+extension RequestAdapter {
+    public func adapt(_ request: ProxyRequest, for session: any SessionContext,
+                      completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        adapt(request, completion: completion)
+    }
 }
 
 /// What a retrier decides about a failed try (Alamofire's `RetryResult`).
@@ -29,10 +40,37 @@ public enum RetryResult: Sendable, Equatable {
     case doNotRetryWithError(String)
 }
 
-/// Decides whether a failed try is tried again (Alamofire's `RequestRetrier`).
+/// Why a try failed, as retriers see it.
+public enum TryFailure: Sendable, Equatable {
+    /// The transfer failed before a response head arrived.
+    case transport(TransportErrorKind, ProxyError)
+    /// The origin answered with this status; `retryAfterMilliseconds` from `Retry-After`.
+    case status(Int, retryAfterMilliseconds: Int?)
+    /// The response failed the policy's validation (a status or content type outside it).
+    case validation(status: Int, reason: String)
+
+    /// A short reason for events and logs (`status 503`, `refused`, `validation: …`).
+    public var reason: String {
+        switch self {
+        case .transport(let kind, _): return kind.rawValue
+        case .status(let code, _): return "status \(code)"
+        case .validation(_, let why): return "validation: \(why)"
+        }
+    }
+}
+
+/// Transport failures in retry terms (the mapping from libcurl results is in docs).
+public enum TransportErrorKind: String, Sendable, CaseIterable {
+    case refused, dns, timeout, reset, tls
+    /// Anything else (certificate verification, protocol errors): never retried.
+    case other
+}
+
+/// Decides whether a failed try is tried again (Alamofire's `RequestRetrier`). `attempt` is
+/// the number of retries already made (0 after the first try).
 public protocol RequestRetrier: Sendable {
     var name: String { get }
-    func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int,
+    func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                completion: @escaping (RetryResult) -> Void)
 }
 
@@ -43,7 +81,7 @@ extension RequestInterceptor {
     public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
         completion(.success(request))
     }
-    public func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int,
+    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                       completion: @escaping (RetryResult) -> Void) {
         completion(.doNotRetry)
     }
@@ -63,31 +101,37 @@ public struct Interceptor: RequestInterceptor {
     }
 
     public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-        adapt(request, from: adapters[...], completion: completion)
+        adapt(request, session: nil, from: adapters[...], completion: completion)
     }
 
-    private func adapt(_ request: ProxyRequest, from pending: ArraySlice<any RequestAdapter>,
+    public func adapt(_ request: ProxyRequest, for session: any SessionContext,
+                      completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        adapt(request, session: session, from: adapters[...], completion: completion)
+    }
+
+    private func adapt(_ request: ProxyRequest, session: (any SessionContext)?, from pending: ArraySlice<any RequestAdapter>,
                        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
         guard let next = pending.first else { return completion(.success(request)) }
-        next.adapt(request) { result in
+        let proceed: (Result<ProxyRequest, AdaptationError>) -> Void = { result in
             switch result {
-            case .success(let adapted): self.adapt(adapted, from: pending.dropFirst(), completion: completion)
+            case .success(let adapted): self.adapt(adapted, session: session, from: pending.dropFirst(), completion: completion)
             case .failure: completion(result)
             }
         }
+        if let session { next.adapt(request, for: session, completion: proceed) } else { next.adapt(request, completion: proceed) }
     }
 
-    public func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int,
+    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                       completion: @escaping (RetryResult) -> Void) {
-        retry(request, dueTo: error, attempt: attempt, from: retriers[...], completion: completion)
+        retry(request, dueTo: failure, attempt: attempt, from: retriers[...], completion: completion)
     }
 
-    private func retry(_ request: ProxyRequest, dueTo error: ProxyError, attempt: Int,
+    private func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                        from pending: ArraySlice<any RequestRetrier>, completion: @escaping (RetryResult) -> Void) {
         guard let next = pending.first else { return completion(.doNotRetry) }
-        next.retry(request, dueTo: error, attempt: attempt) { result in
+        next.retry(request, dueTo: failure, attempt: attempt) { result in
             if result == .doNotRetry {
-                self.retry(request, dueTo: error, attempt: attempt, from: pending.dropFirst(), completion: completion)
+                self.retry(request, dueTo: failure, attempt: attempt, from: pending.dropFirst(), completion: completion)
             } else {
                 completion(result)
             }

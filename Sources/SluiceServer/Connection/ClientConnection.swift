@@ -20,6 +20,10 @@ final class ClientConnection: UpstreamTransferDelegate {
         /// A chunked request waits for its first chunk-size line, which is validated before
         /// anything is sent upstream (so a malformed body never opens an upstream connection).
         case awaitingBody(HTTPRequestHead, Exchange)
+        /// A retryable request's body is being read whole, so that it can be replayed.
+        case bufferingBody(HTTPRequestHead, Exchange)
+        /// A try failed; the next one starts when the backoff timer fires.
+        case waitingToRetry(OpaquePointer)
         /// A request is being forwarded; its body (if any) is read on curl's demand.
         case forwarding(UpstreamTransfer)
         /// Resolving and connecting the CONNECT destination.
@@ -50,16 +54,16 @@ final class ClientConnection: UpstreamTransferDelegate {
     let mode: Mode
     let bev: OpaquePointer
     let peer: String
-    private(set) var state: State = .awaitingHead
-    private var parser: HTTPRequestParser
+    var state: State = .awaitingHead
+    var parser: HTTPRequestParser
     private var timer: OpaquePointer!
     private var timerPurpose: TimerPurpose = .idle
     /// The current request: its head, whether its body has been read to the end, and
     /// whether the client asked for the connection to end after it.
-    private var currentHead: HTTPRequestHead?
+    var currentHead: HTTPRequestHead?
     /// The pipeline state of the current request, if it got that far.
-    private var exchange: Exchange?
-    private var requestBodyDone = true
+    var exchange: Exchange?
+    var requestBodyDone = true
     private var wantsKeepAlive = true
     private var continueSent = false
     /// True while `processInput` loops, so that an exchange ending synchronously inside it
@@ -103,9 +107,11 @@ final class ClientConnection: UpstreamTransferDelegate {
             transfer.resumeUpload()
         case .awaitingBody(let head, let exchange):
             startWhenBodyIsValid(head, exchange)
+        case .bufferingBody(let head, let exchange):
+            continueBuffering(head, exchange)
         case .tunnel(let tunnel):
             tunnel.clientReadable()
-        case .adapting, .dialing, .closing, .closed:
+        case .adapting, .waitingToRetry, .dialing, .closing, .closed:
             break  // held in the input buffer (bounded by the read watermark)
         }
     }
@@ -146,7 +152,7 @@ final class ClientConnection: UpstreamTransferDelegate {
         }
     }
 
-    private func armTimer(_ purpose: TimerPurpose) {
+    func armTimer(_ purpose: TimerPurpose) {
         timerPurpose = purpose
         let ms: Int
         switch purpose {
@@ -234,9 +240,9 @@ final class ClientConnection: UpstreamTransferDelegate {
         let method = head.method
         let url = head.methodIs("CONNECT") ? target.authority : target.url
         let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
-        let keepForReplay = policy.redirector.follows && head.hasBody
         let exchange = Exchange(id: id, pipeline: pipeline, policy: policy, summary: summary, target: target,
-                                body: RequestBodyReader(encoders: [], keepForReplay: keepForReplay))
+                                body: RequestBodyReader(encoders: [], replayLimit: head.hasBody ? Self.replayLimit(policy) : 0))
+        policy.retryBudget?.recordRequest()
         self.exchange = exchange
         pipeline.monitor?.handle(.requestReceived(id: id, client: peer, method: method, url: url, policy: policy.name))
         return exchange
@@ -262,8 +268,9 @@ final class ClientConnection: UpstreamTransferDelegate {
             exchange.model = model
             return startWhenReady(head, exchange)
         }
+        exchange.originalModel = model
         state = .adapting
-        policy.interceptor.adapt(model) { [weak self] result in
+        policy.interceptor.adapt(model, for: worker.sessionContext) { [weak self] result in
             guard let self, self.exchange === exchange, case .adapting = self.state else { return }
             switch result {
             case .success(let adapted):
@@ -289,7 +296,7 @@ final class ClientConnection: UpstreamTransferDelegate {
 
     /// The request for the session core: from the adapted model when there is one, else
     /// straight from the head's bytes (the fast path: no per-field strings).
-    private func upstreamRequest(_ head: HTTPRequestHead, _ exchange: Exchange) throws(ProxyError) -> UpstreamRequest {
+    func upstreamRequest(_ head: HTTPRequestHead, _ exchange: Exchange) throws(ProxyError) -> UpstreamRequest {
         guard let model = exchange.model else {
             let body: UpstreamRequest.Body
             switch head.framing {
@@ -298,12 +305,15 @@ final class ClientConnection: UpstreamTransferDelegate {
             case .chunked: body = .streamed
             }
             return UpstreamRequest(method: head.method, target: exchange.target,
-                                   headers: ForwardedHeaders.requestList(for: head, via: worker.via), body: body, model: nil)
+                                   headers: ForwardedHeaders.requestList(for: head, via: worker.via), body: body, model: nil,
+                                   credentials: exchange.policy.credentials)
         }
-        return try upstreamRequest(for: model)
+        var request = try upstreamRequest(for: model)
+        request.credentials = exchange.policy.credentials
+        return request
     }
 
-    private func upstreamRequest(for model: ProxyRequest) throws(ProxyError) -> UpstreamRequest {
+    func upstreamRequest(for model: ProxyRequest) throws(ProxyError) -> UpstreamRequest {
         let target = try RequestTarget.absolute(model.url)
         let body: UpstreamRequest.Body
         switch model.body {
@@ -329,10 +339,15 @@ final class ClientConnection: UpstreamTransferDelegate {
             exchange.body.setEncoders(model.bodyEncoders.map { $0.makeEncoder() })
         }
         sendContinueIfExpected(head)
+        if shouldBufferWholeBody(head, exchange) {
+            curl_slist_free_all(request.headers)
+            continueBuffering(head, exchange)
+            return
+        }
         startTry(request, exchange)
     }
 
-    private func startTry(_ request: UpstreamRequest, _ exchange: Exchange) {
+    func startTry(_ request: UpstreamRequest, _ exchange: Exchange) {
         exchange.target = request.target
         exchange.summary.attempts += 1
         let transfer = UpstreamTransfer(session: worker.session, delegate: self, request: request,
@@ -342,7 +357,12 @@ final class ClientConnection: UpstreamTransferDelegate {
         if let monitor = exchange.monitor, let model = request.model {
             monitor.handle(.tryStarted(id: exchange.id, attempt: exchange.summary.attempts, request: model))
         }
-        transfer.start(perTryTimeout: worker.config.timeouts.upstreamPerTry)
+        guard let perTry = perTryTimeout(exchange) else {
+            transfer.cancel()
+            respondError(.upstreamTimeout(host: request.target.authority, phase: "retry deadline passed"))
+            return
+        }
+        transfer.start(perTryTimeout: perTry)
     }
 
     /// Starts forwarding a chunked request once the bytes buffered so far prove its body
@@ -456,6 +476,7 @@ final class ClientConnection: UpstreamTransferDelegate {
         case .closed: return
         case .forwarding(let transfer): transfer.cancel()
         case .dialing(let dialer): dialer.cancel()
+        case .waitingToRetry(let timer): event_free(timer)
         case .tunnel(let tunnel): tunnel.shutdown()
         default: break
         }
@@ -479,7 +500,9 @@ final class ClientConnection: UpstreamTransferDelegate {
 
     // MARK: UpstreamTransferDelegate
 
-    var keepsAliveAfterResponse: Bool { wantsKeepAlive && !worker.isDraining }
+    /// A response that starts before the request body was read to its end promises to close:
+    /// the rest of that body cannot be told apart from a next request without reading it.
+    var keepsAliveAfterResponse: Bool { wantsKeepAlive && !worker.isDraining && requestBodyDone }
 
     func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? {
         guard let exchange else { return 0 }
@@ -515,20 +538,6 @@ final class ClientConnection: UpstreamTransferDelegate {
         return written > 0 ? written : nil
     }
 
-    func redirect(status: Int, location: String) -> UpstreamRequest? {
-        guard let exchange, let model = exchange.model, exchange.policy.redirector.follows else { return nil }
-        let resolved = Redirector.resolve(location, against: exchange.target.url)
-        guard let next = exchange.policy.redirector.redirect(model, status: status, location: resolved, hops: exchange.hops)
-        else { return nil }
-        if next.body != .none && !exchange.body.canReplay(clientBodyDone: requestBodyDone) { return nil }
-        guard let request = try? upstreamRequest(for: next) else { return nil }
-        exchange.hops += 1
-        exchange.summary.redirects = exchange.hops
-        exchange.model = next
-        exchange.monitor?.handle(.redirectFollowed(id: exchange.id, status: status, location: next.url, hop: exchange.hops))
-        return request
-    }
-
     func responseStarted(status: Int) {
         guard let exchange else { return }
         exchange.summary.status = status
@@ -560,8 +569,12 @@ final class ClientConnection: UpstreamTransferDelegate {
         }
     }
 
-    func transferFailed(_ error: ProxyError) {
+    func transferFailed(_ error: ProxyError, kind: TransportErrorKind) {
         state = .awaitingHead
+        if let exchange, decideRetry(.transport(kind, error), exchange) {
+            startRetryTimer(exchange)
+            return
+        }
         respondError(error)
     }
 

@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import SluiceCore
 
 /// The pipeline state of one client request, across its upstream tries and redirect hops.
@@ -11,11 +14,26 @@ final class Exchange {
     var summary: ExchangeSummary
     /// The request as the pipeline sees it (built when adapters, monitors or redirects need it).
     var model: ProxyRequest?
+    /// The request before adaptation: a retry adapts it again (a refreshed token).
+    var originalModel: ProxyRequest?
     var hops = 0
     let body: RequestBodyReader
     /// The last upstream request sent, kept to derive a redirect's next request.
     var target: RequestTarget
     var ended = false
+    /// Retries made so far (0 during the first try).
+    var retryCount = 0
+    /// The delay of the retry just decided, for the timer that starts it.
+    var pendingRetryDelay = 0
+    private let startedAt = Exchange.monotonicMilliseconds()
+
+    var elapsedMilliseconds: Int { Exchange.monotonicMilliseconds() - startedAt }
+
+    static func monotonicMilliseconds() -> Int {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+    }
 
     init(id: UInt64, pipeline: WorkerPipeline, policy: HostPolicy, summary: ExchangeSummary,
          target: RequestTarget, body: RequestBodyReader) {

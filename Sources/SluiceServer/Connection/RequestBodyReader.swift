@@ -6,8 +6,8 @@ import SluiceCore
 ///
 /// Owned by one `Exchange`, on the worker's thread.
 final class RequestBodyReader {
-    /// Bodies up to 1 MiB are kept for replay when the exchange may need to resend them.
-    static let replayLimit = 1 << 20
+    /// The most bytes kept for replay (0: none).
+    let replayLimit: Int
 
     private var encoders: [any BodyEncoder]
     /// Encoded bytes not yet handed to curl.
@@ -19,9 +19,10 @@ final class RequestBodyReader {
     private var replayOffset: Int?
     private var scratch: [UInt8] = []
 
-    init(encoders: [any BodyEncoder], keepForReplay: Bool) {
+    init(encoders: [any BodyEncoder], replayLimit: Int) {
         self.encoders = encoders
-        replay = keepForReplay ? [] : nil
+        self.replayLimit = replayLimit
+        replay = replayLimit > 0 ? [] : nil
     }
 
     /// Installs the adapters' encoders; before the first byte is read.
@@ -50,7 +51,7 @@ final class RequestBodyReader {
             n = try readEncoded(into: buffer, capacity: capacity, readClient: readClient)
         }
         if let n, n > 0, replay != nil {
-            if replay!.count + n > Self.replayLimit {
+            if replay!.count + n > replayLimit {
                 replay = nil
             } else {
                 replay!.append(contentsOf: UnsafeRawBufferPointer(start: buffer, count: n))

@@ -111,34 +111,61 @@ enum ForwardedHeaders {
         var framing: UpstreamTransfer.ResponseFraming
     }
 
+    /// Why an upstream response head cannot be forwarded (the client gets 502).
+    struct InvalidResponse: Error {
+        let reason: String
+    }
+
     /// The response head for the client: status line, the upstream's end-to-end fields in
     /// order, `Via`, and framing chosen for this client (the upstream's `Content-Length` when
     /// it sent one, else chunked for HTTP/1.1 and close-delimited for HTTP/1.0).
+    ///
+    /// The upstream's head is checked as strictly as a request (RFC 9112 §5, §6.3): differing
+    /// or malformed `Content-Length`s and invalid field names are refused (no response
+    /// smuggling through Sluice); whitespace before a colon is removed and CR, LF or NUL inside
+    /// a value become SP (RFC 9110 §5.5), so an upstream cannot inject fields.
     static func responseHead(status: Int, reason: ArraySlice<UInt8>, lines: [UInt8], lineEnds: [Int],
                              isHeadRequest: Bool, clientMinorVersion: Int, keepAlive: Bool,
-                             via: String) -> ResponseHead {
+                             via: String) throws(InvalidResponse) -> ResponseHead {
+        guard (100...599).contains(status) else { throw InvalidResponse(reason: "invalid status code") }
         var connectionTokens: [String] = []
         var hadTransferEncoding = false
-        var hasContentLength = false
-        var names: [String] = []
-        names.reserveCapacity(lineEnds.count)
-        lines.withUnsafeBufferPointer { buf in
-            var start = 0
-            for end in lineEnds {
-                let line = UnsafeBufferPointer(rebasing: buf[start..<end])
-                let colon = line.firstIndex(of: 0x3A) ?? line.count
-                let name = lowercasedName(UnsafeBufferPointer(rebasing: line[0..<colon]))
-                names.append(name)
-                if name == "connection", colon < line.count {
-                    for token in HTTPRequestParser.listElements(UnsafeBufferPointer(rebasing: line[(colon + 1)...])) {
-                        connectionTokens.append(token.lowercased())
-                    }
-                } else if name == "transfer-encoding" {
-                    hadTransferEncoding = true
-                } else if name == "content-length" {
-                    hasContentLength = true
+        var contentLength: UInt64?
+        // (name, value) ranges into `lines`, name without trailing whitespace, value trimmed.
+        var fields: [(name: Range<Int>, value: Range<Int>, lower: String)] = []
+        fields.reserveCapacity(lineEnds.count)
+        var start = 0
+        for end in lineEnds {
+            defer { start = end }
+            guard let colon = lines[start..<end].firstIndex(of: 0x3A) else {
+                throw InvalidResponse(reason: "header line without a colon")
+            }
+            var nameEnd = colon
+            while nameEnd > start, lines[nameEnd - 1] == 0x20 || lines[nameEnd - 1] == 0x09 { nameEnd -= 1 }
+            guard nameEnd > start, lines[start..<nameEnd].allSatisfy({ ASCII.isTokenChar[Int($0)] }) else {
+                throw InvalidResponse(reason: "invalid header field name")
+            }
+            var v = colon + 1, vEnd = end
+            while v < vEnd, lines[v] == 0x20 || lines[v] == 0x09 { v += 1 }
+            while vEnd > v, lines[vEnd - 1] == 0x20 || lines[vEnd - 1] == 0x09 { vEnd -= 1 }
+            let lower = lines.withUnsafeBufferPointer { lowercasedName(UnsafeBufferPointer(rebasing: $0[start..<nameEnd])) }
+            fields.append((start..<nameEnd, v..<vEnd, lower))
+            switch lower {
+            case "connection":
+                for token in lines.withUnsafeBufferPointer({ HTTPRequestParser.listElements(UnsafeBufferPointer(rebasing: $0[v..<vEnd])) }) {
+                    connectionTokens.append(token.lowercased())
                 }
-                start = end
+            case "transfer-encoding":
+                hadTransferEncoding = true
+            case "content-length":
+                for element in lines.withUnsafeBufferPointer({ HTTPRequestParser.listElements(UnsafeBufferPointer(rebasing: $0[v..<vEnd]), keepEmpty: true) }) {
+                    guard !element.isEmpty, element.count <= 18, element.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }),
+                          let n = UInt64(element), contentLength == nil || contentLength == n
+                    else { throw InvalidResponse(reason: "invalid or differing Content-Length") }
+                    contentLength = n
+                }
+            default:
+                break
             }
         }
 
@@ -146,7 +173,7 @@ enum ForwardedHeaders {
         let framing: UpstreamTransfer.ResponseFraming
         if bodiless {
             framing = .none
-        } else if hasContentLength && !hadTransferEncoding {
+        } else if contentLength != nil && !hadTransferEncoding {
             framing = .length
         } else {
             framing = clientMinorVersion == 1 ? .chunked : .close
@@ -154,24 +181,23 @@ enum ForwardedHeaders {
         let close = !keepAlive || framing == .close
 
         var out: [UInt8] = []
-        out.reserveCapacity(lines.count + 2 * lineEnds.count + 128)
+        out.reserveCapacity(lines.count + 4 * lineEnds.count + 128)
         out.append(contentsOf: "HTTP/1.1 \(status) ".utf8)
-        if reason.isEmpty {
+        if reason.isEmpty || !reason.allSatisfy({ $0 == 0x09 || ($0 >= 0x20 && $0 != 0x7F) }) {
             out.append(contentsOf: reasonPhrase(status).utf8)
         } else {
             out.append(contentsOf: reason)
         }
         out.append(contentsOf: "\r\n".utf8)
-        var start = 0
-        for (index, end) in lineEnds.enumerated() {
-            let name = names[index]
+        for field in fields {
+            let name = field.lower
             let drop = responseDropped.contains(name) || connectionTokens.contains(name)
                 || (name == "content-length" && hadTransferEncoding && !bodiless)
-            if !drop {
-                out.append(contentsOf: lines[start..<end])
-                out.append(contentsOf: "\r\n".utf8)
-            }
-            start = end
+            if drop { continue }
+            out.append(contentsOf: lines[field.name])
+            out.append(contentsOf: ": ".utf8)
+            for b in lines[field.value] { out.append(b == 0x0D || b == 0x0A || b == 0 ? 0x20 : b) }
+            out.append(contentsOf: "\r\n".utf8)
         }
         out.append(contentsOf: "Via: \(via)\r\n".utf8)
         if framing == .chunked { out.append(contentsOf: "Transfer-Encoding: chunked\r\n".utf8) }

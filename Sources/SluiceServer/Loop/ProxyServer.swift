@@ -6,6 +6,7 @@ import CLibEvent
 import CShims
 import SluiceConfig
 import SluiceCore
+import Synchronization
 
 /// A running Sluice: N worker threads, each with its own event loop, listeners and upstream
 /// session, sharing only the immutable configuration and libcurl's DNS/TLS-session share
@@ -23,6 +24,8 @@ public final class ProxyServer: @unchecked Sendable {
     private var threads: [pthread_t] = []
     private var stopHandles: [Worker.StopHandle] = []
     private var started = false
+    /// The listeners of the configuration last applied (start or reload).
+    private let currentListeners: Mutex<ServerConfiguration>
 
     /// Bound once per process: libevent's locking and curl's global state.
     private static let globalSetup: Void = {
@@ -34,6 +37,7 @@ public final class ProxyServer: @unchecked Sendable {
     public init(configuration: SluiceConfiguration, configPath: String? = nil) {
         self.configuration = configuration
         self.configPath = configPath
+        currentListeners = Mutex(configuration.server)
     }
 
     /// A server without policies or monitors.
@@ -50,6 +54,7 @@ public final class ProxyServer: @unchecked Sendable {
         precondition(!started, "ProxyServer.start() called twice")
         _ = Self.globalSetup
         guard let share = sluice_share_create() else { throw ServerError.startup("cannot create curl share handle") }
+        for address in Self.listenAddresses(config) { try Self.checkAddressIsFree(address) }
         let count = config.workers ?? Self.coreCount
         let pseudonym = "sluice-" + String(UInt32.random(in: 0x1000_0000...UInt32.max), radix: 16)
         var workers: [Worker] = []
@@ -72,10 +77,52 @@ public final class ProxyServer: @unchecked Sendable {
         Log.info("listening on \(config.listen.joined(separator: ", ")) with \(count) worker(s), libcurl \(String(cString: sluice_curl_version()))")
     }
 
+    static func listenAddresses(_ server: ServerConfiguration) -> [String] {
+        server.listen + server.routes.map(\.listen)
+    }
+
+    /// Workers bind with SO_REUSEPORT, which would let a second Sluice (or anything else of
+    /// the same user) share a port silently and receive half the connections. A plain bind
+    /// first makes "address in use" an error, as operators expect.
+    static func checkAddressIsFree(_ address: String) throws {
+        var storage = sockaddr_storage()
+        var length = Int32(MemoryLayout<sockaddr_storage>.size)
+        let parsed = withUnsafeMutablePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { evutil_parse_sockaddr_port(address, $0, &length) }
+        }
+        guard parsed == 0 else { throw ServerError.startup("invalid listen address '\(address)'") }
+        let fd = socket(Int32(storage.ss_family), Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw ServerError.startup("cannot listen on \(address): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var one: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+        let rc = withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(length)) }
+        }
+        guard rc == 0 else { throw ServerError.startup("cannot listen on \(address): \(String(cString: strerror(errno)))") }
+    }
+
     /// Stops accepting and lets in-flight exchanges finish (up to `timeouts.drain`); with
     /// `force`, every loop exits at once. Safe from any thread, and more than once.
     public func stop(force: Bool = false) {
         for handle in stopHandles { Worker.requestStop(handle, force: force) }
+    }
+
+    /// SIGTERM, SIGINT (drain) and SIGHUP (reload).
+    static var controlSignals: sigset_t {
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, SIGTERM)
+        sigaddset(&set, SIGINT)
+        sigaddset(&set, SIGHUP)
+        return set
+    }
+
+    /// Blocks the control signals in the calling thread and every thread it creates later;
+    /// the CLI calls it first thing, before any thread exists.
+    public static func blockControlSignals() {
+        var set = controlSignals
+        pthread_sigmask(SIG_BLOCK, &set, nil)
     }
 
     /// Blocks until every worker thread has exited, then flushes the logs.
@@ -88,14 +135,26 @@ public final class ProxyServer: @unchecked Sendable {
     /// Applies a new pipeline, listeners and routes to every worker. Safe from any thread.
     /// Server settings other than `listen` and `routes` are kept as started (they need a
     /// restart); a change to them is logged.
-    public func reload(with new: SluiceConfiguration) {
+    @discardableResult
+    public func reload(with new: SluiceConfiguration) -> Bool {
         var fixed = new.server
         fixed.listen = config.listen
         fixed.routes = config.routes
         if fixed != config {
             Log.warning("reload: workers, limits, timeouts, access and tls changes need a restart; kept the running values")
         }
+        let running = Set(Self.listenAddresses(currentListeners.withLock { $0 }))
+        for address in Self.listenAddresses(new.server) where !running.contains(address) {
+            do {
+                try Self.checkAddressIsFree(address)
+            } catch {
+                Log.error("reload failed, keeping the running configuration: \(error)")
+                return false
+            }
+        }
+        currentListeners.withLock { $0 = new.server }
         for handle in stopHandles { Worker.requestReload(handle, new) }
+        return true
     }
 
     /// Re-reads `configPath` (SIGHUP). An invalid file changes nothing and its errors are
@@ -108,7 +167,7 @@ public final class ProxyServer: @unchecked Sendable {
         }
         do {
             let new = try ConfigLoader.load(path: configPath)
-            reload(with: new)
+            guard reload(with: new) else { return false }
             Log.info("reload: applied \(configPath)")
             return true
         } catch let error as ConfigError {
@@ -124,14 +183,9 @@ public final class ProxyServer: @unchecked Sendable {
     public func runUntilSignalled() throws {
         _ = Self.globalSetup
         // Block the signals in every thread, so only the sigwait below receives them.
-        var set = sigset_t()
-        sigemptyset(&set)
-        sigaddset(&set, SIGTERM)
-        sigaddset(&set, SIGINT)
-        sigaddset(&set, SIGHUP)
-        pthread_sigmask(SIG_BLOCK, &set, nil)
+        Self.blockControlSignals()
         try start()
-        let signals = set
+        let signals = Self.controlSignals
         let waiter = SignalWaiter(server: self, signals: signals)
         var thread = pthread_t()
         pthread_create(&thread, nil, { arg in

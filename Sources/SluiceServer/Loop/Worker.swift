@@ -21,6 +21,8 @@ final class Worker {
     private var requestCounter: UInt64 = 0
     let base: OpaquePointer
     let session: UpstreamSession
+    /// What adapters see of this worker (token fetches, parking); created after init.
+    private(set) var sessionContext: WorkerSession!
     /// `1.1 <pseudonym>`, this process's `Via` entry.
     let via: String
     let viaPseudonym: String
@@ -82,6 +84,7 @@ final class Worker {
         for (key, mode, address) in Self.listenerSpecs(configuration.server) {
             try listen(key: key, mode: mode, on: address)
         }
+        sessionContext = WorkerSession(worker: self)
     }
 
     var stopHandle: StopHandle { StopHandle(event: stopEvent, reloadEvent: reloadEvent, mailbox: mailbox) }
@@ -215,6 +218,7 @@ final class Worker {
         if let drainTimer { event_free(drainTimer) }
         event_free(stopEvent)
         event_free(reloadEvent)
+        sessionContext.close()
     }
 }
 

@@ -24,9 +24,11 @@ protocol UpstreamTransferDelegate: AnyObject {
     /// 0 at the end of the body, `nil` when no bytes are available yet (the transfer pauses
     /// until `resumeUpload`), or throws the error that rejects the request.
     func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int?
-    /// The response head is final: return the next request to follow this redirect instead
-    /// of passing it on, or nil. Asked only for 3xx responses with a `Location`.
-    func redirect(status: Int, location: String) -> UpstreamRequest?
+    /// The final response head arrived: send it, follow it (a redirect), or discard it (the
+    /// exchange retries). Asked once per try, before any byte of it reaches the client.
+    func disposition(of head: UpstreamResponseHead) -> UpstreamTransfer.Disposition
+    /// Rewinds the request body for curl to send again (an auth challenge); false if it can't.
+    func rewindRequestBody() -> Bool
     /// The response head went to the client (`status`), or the body bytes did (`bytes`).
     func responseStarted(status: Int)
     func responseBodySent(bytes: Int)
@@ -34,13 +36,25 @@ protocol UpstreamTransferDelegate: AnyObject {
     func tryEnded(timings: TryTimings)
     /// The redirect response was drained; the exchange goes on with `next`.
     func transferRedirected(to next: UpstreamRequest)
+    /// A discarded response was drained (or its transfer ended): the exchange retries.
+    func transferDiscarded()
     /// The response is complete; `reusable` is false when it was close-delimited.
     func transferFinished(reusable: Bool)
     /// The exchange failed before any response byte reached the client.
-    func transferFailed(_ error: ProxyError)
+    func transferFailed(_ error: ProxyError, kind: TransportErrorKind)
     /// The exchange failed after response bytes reached the client: the connection must end
     /// without completing the message.
     func transferAborted()
+}
+
+/// What the exchange needs to decide about a response head.
+struct UpstreamResponseHead {
+    var status: Int
+    var lines: [UInt8]
+    var lineEnds: [Int]
+    func value(_ lowercaseName: String) -> String? {
+        ForwardedHeaders.responseValue(lowercaseName, lines: lines, lineEnds: lineEnds)
+    }
 }
 
 /// A request ready for the session core: everything libcurl needs, with the header list
@@ -58,6 +72,8 @@ struct UpstreamRequest {
     var body: Body
     /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
     var model: ProxyRequest?
+    /// Answers Basic and Digest challenges (the policy's `credentials`).
+    var credentials: Credentials?
 
     var isHead: Bool { method == "HEAD" }
 }
@@ -71,6 +87,11 @@ struct UpstreamRequest {
 /// Threading: created, driven and finished on its worker's thread only.
 final class UpstreamTransfer: CurlTransfer {
     enum ResponseFraming { case none, length, chunked, close }
+    enum Disposition {
+        case send
+        case redirect(UpstreamRequest)
+        case discard
+    }
 
     /// Pause the upstream when this many response bytes wait for the client (1 MiB).
     static let outputHighWatermark = 1 << 20
@@ -101,6 +122,15 @@ final class UpstreamTransfer: CurlTransfer {
     private var finished = false
     /// Set when the response is a redirect the exchange follows: its body is drained, not sent.
     private var redirectTo: UpstreamRequest?
+    /// Set when the response is discarded for a retry: its body is drained, not sent.
+    private var discarding = false
+    /// The upstream's head was refused (see `ForwardedHeaders.responseHead`).
+    private var invalidResponse = false
+    /// True once curlDone reported the try's timings (cancel must not report them again).
+    private var inCompletion = false
+    /// The final head arrived (the per-try timer is stopped); it is acted on lazily, at the
+    /// first body byte or at the end, because curl may still answer an auth challenge.
+    private var headComplete = false
 
     init(session: UpstreamSession, delegate: UpstreamTransferDelegate, request: UpstreamRequest,
          clientMinorVersion: Int, config: ServerConfiguration, via: String) {
@@ -177,6 +207,19 @@ final class UpstreamTransfer: CurlTransfer {
         }
         requestHeaders = request.headers
         sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, requestHeaders)
+        if let credentials = request.credentials {
+            sluice_easy_setopt_long(h, CURLOPT_HTTPAUTH, sluice_curlauth_basic_digest())
+            sluice_easy_setopt_str(h, CURLOPT_USERNAME, credentials.username)
+            sluice_easy_setopt_str(h, CURLOPT_PASSWORD, credentials.password.value)
+            sluice_easy_setopt_ptr(h, CURLOPT_SEEKDATA, me)
+            sluice_easy_setopt_seek_cb(h) { ud, offset, origin in
+                let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+                guard offset == 0, origin == SEEK_SET, let delegate = t.delegate, delegate.rewindRequestBody() else {
+                    return Int32(CURL_SEEKFUNC_CANTSEEK)
+                }
+                return Int32(CURL_SEEKFUNC_OK)
+            }
+        }
     }
 
     /// Starts the transfer and its per-try timer (start → response head).
@@ -195,6 +238,7 @@ final class UpstreamTransfer: CurlTransfer {
     /// curl callback.
     func cancel() {
         guard !finished else { return }
+        if let delegate, !inCompletion { delegate.tryEnded(timings: collectTimings()) }
         finished = true
         if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
         session.finish(handle)
@@ -250,11 +294,15 @@ final class UpstreamTransfer: CurlTransfer {
         while end > 0, line[end - 1] == 0x0A || line[end - 1] == 0x0D { end -= 1 }
         if end == 0 {
             // The empty line: interim (1xx) responses are consumed here, the final one is sent.
-            if status >= 200 { sendResponseHead() }
+            if status >= 200 {
+                headComplete = true
+                if let tryTimer { event_del(tryTimer) }
+            }
             return line.count
         }
         let content = UnsafeRawBufferPointer(rebasing: line[0..<end])
         if content.starts(with: "HTTP/".utf8) {
+            headComplete = false
             parseStatusLine(content)
             responseLines.removeAll(keepingCapacity: true)
             lineEnds.removeAll(keepingCapacity: true)
@@ -290,7 +338,8 @@ final class UpstreamTransfer: CurlTransfer {
     private func onBody(_ data: UnsafeRawBufferPointer) -> Int {
         guard let delegate else { return 0 }
         if !headSent { sendResponseHead() }
-        if redirectTo != nil { return data.count }
+        if invalidResponse { return 0 }
+        if redirectTo != nil || discarding { return data.count }
         let output = delegate.clientOutput
         if evbuffer_get_length(output) > Self.outputHighWatermark {
             downloadPaused = true
@@ -316,19 +365,32 @@ final class UpstreamTransfer: CurlTransfer {
     // MARK: response head
 
     private func sendResponseHead() {
-        guard !headSent, let delegate else { return }
+        guard !headSent, !invalidResponse, let delegate else { return }
         headSent = true
         if let tryTimer { event_del(tryTimer) }
-        if (300..<400).contains(status),
-           let location = ForwardedHeaders.responseValue("location", lines: responseLines, lineEnds: lineEnds),
-           let next = delegate.redirect(status: status, location: location) {
+        switch delegate.disposition(of: UpstreamResponseHead(status: status, lines: responseLines, lineEnds: lineEnds)) {
+        case .redirect(let next):
             redirectTo = next
             return
+        case .discard:
+            discarding = true
+            return
+        case .send:
+            break
         }
-        let head = ForwardedHeaders.responseHead(
-            status: status, reason: reason, lines: responseLines, lineEnds: lineEnds,
-            isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
-            keepAlive: delegate.keepsAliveAfterResponse, via: via)
+        let head: ForwardedHeaders.ResponseHead
+        do {
+            head = try ForwardedHeaders.responseHead(
+                status: status, reason: reason, lines: responseLines, lineEnds: lineEnds,
+                isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
+                keepAlive: delegate.keepsAliveAfterResponse, via: via)
+        } catch {
+            // Nothing reached the client: the exchange fails with 502 (curl is told to stop).
+            headSent = false
+            invalidResponse = true
+            pendingError = .upstreamProtocol(host: target.authority, reason: "invalid response head: \(error.reason)")
+            return
+        }
         framing = head.framing
         head.bytes.withUnsafeBytes { _ = evbuffer_add(delegate.clientOutput, $0.baseAddress, $0.count) }
         responseLines = []
@@ -351,6 +413,7 @@ final class UpstreamTransfer: CurlTransfer {
 
     override func curlDone(_ result: CURLcode) {
         guard !finished, let delegate else { return }
+        inCompletion = true
         delegate.tryEnded(timings: collectTimings())
         if let next = redirectTo {
             redirectTo = nil
@@ -359,12 +422,22 @@ final class UpstreamTransfer: CurlTransfer {
                 delegate.transferRedirected(to: next)
             } else {
                 curl_slist_free_all(next.headers)
-                delegate.transferFailed(pendingError ?? mapError(result))
+                delegate.transferFailed(pendingError ?? mapError(result), kind: .other)
             }
             return
         }
-        if result == CURLE_OK, headSent || status >= 200 {
+        if discarding {
+            cancel()
+            delegate.transferDiscarded()
+            return
+        }
+        if result == CURLE_OK, !invalidResponse, headSent || status >= 200 {
             if !headSent { sendResponseHead() }
+            if invalidResponse {
+                cancel()
+                delegate.transferFailed(pendingError!, kind: .other)
+                return
+            }
             if framing == .chunked { evbuffer_add(delegate.clientOutput, "0\r\n\r\n", 5) }
             let reusable = framing != .close
             cancel()
@@ -377,17 +450,34 @@ final class UpstreamTransfer: CurlTransfer {
             cancel()
             delegate.transferAborted()
         } else {
+            let kind = pendingError == nil ? Self.kind(of: result, gotResponse: status != 0) : .other
             cancel()
-            delegate.transferFailed(error)
+            delegate.transferFailed(error, kind: kind)
+        }
+    }
+
+    /// Retry terms for a libcurl result (the mapping table is in docs/configuration.md).
+    static func kind(of code: CURLcode, gotResponse: Bool) -> TransportErrorKind {
+        switch code {
+        case CURLE_COULDNT_CONNECT: return .refused
+        case CURLE_COULDNT_RESOLVE_HOST: return .dns
+        case CURLE_OPERATION_TIMEDOUT: return .timeout
+        case CURLE_GOT_NOTHING, CURLE_SEND_ERROR, CURLE_RECV_ERROR: return gotResponse ? .other : .reset
+        case CURLE_SSL_CONNECT_ERROR: return .tls
+        default: return .other
         }
     }
 
     /// Ends the transfer with `error` from outside curl's callbacks (a timer).
     private func fail(_ error: ProxyError) {
         guard !finished, let delegate else { return }
-        let sent = headSent
+        inCompletion = true
+        delegate.tryEnded(timings: collectTimings())
+        let sent = headSent && !discarding && redirectTo == nil
+        if let next = redirectTo { curl_slist_free_all(next.headers) }
+        redirectTo = nil
         cancel()
-        if sent { delegate.transferAborted() } else { delegate.transferFailed(error) }
+        if sent { delegate.transferAborted() } else { delegate.transferFailed(error, kind: .timeout) }
     }
 
     private func mapError(_ code: CURLcode) -> ProxyError {

@@ -1,0 +1,233 @@
+import Foundation
+import HTTPTypes
+import Synchronization
+
+/// What an adapter may ask of the worker it runs on: Alamofire passes `Session` to
+/// `adapt(_:for:completion:)`; Sluice passes the worker's session core.
+///
+/// Threading: an instance belongs to one worker thread; call it only there. `waker` is the
+/// part other threads may use.
+public protocol SessionContext: AnyObject {
+    /// POSTs through this worker's libcurl session (same trust settings as every upstream);
+    /// `completion` runs on this worker's thread.
+    func post(url: String, headers: [(String, String)], body: [UInt8],
+              completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void)
+    /// Keeps `work` to run on this worker's thread after `waker.wake()` is called (from any
+    /// thread); `work` returns false to stay queued for the next wake.
+    func park(_ work: @escaping () -> Bool)
+    var waker: any SessionWaker { get }
+    var monitor: (any EventMonitor)? { get }
+}
+
+/// Wakes a worker's parked work; safe from any thread.
+public protocol SessionWaker: Sendable {
+    func wake()
+    /// Identifies the worker, so it is woken once however many of its requests wait.
+    var id: Int { get }
+}
+
+/// The `oauth2` adapter (Alamofire's `AuthenticationInterceptor` with an OAuth 2 client
+/// credentials or refresh token grant). One instance is shared by every worker: the token,
+/// the single fetch in flight and the refresh window live behind one lock; requests that wait
+/// for a token are parked on their own worker, never blocking a thread.
+public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable {
+    public enum Grant: String, Sendable { case clientCredentials = "client_credentials", refreshToken = "refresh_token" }
+    public enum ClientAuthentication: String, Sendable { case basic, body }
+
+    public struct Settings: Sendable {
+        public var grant: Grant
+        public var tokenURL: String
+        public var clientID: String
+        public var clientSecret: Secret?
+        public var refreshToken: Secret?
+        public var scope: String?
+        public var audience: String?
+        public var clientAuthentication: ClientAuthentication
+        /// `30 s` by default.
+        public var refreshBeforeExpiry: Int
+        /// At most `windowMax` refreshes per `windowMilliseconds` (Alamofire's RefreshWindow:
+        /// 5 per 30 s by default).
+        public var windowMax: Int
+        public var windowMilliseconds: Int
+        /// `[401]` by default.
+        public var refreshOn: Set<Int>
+
+        public init(grant: Grant, tokenURL: String, clientID: String, clientSecret: Secret?, refreshToken: Secret? = nil,
+                    scope: String? = nil, audience: String? = nil, clientAuthentication: ClientAuthentication = .basic,
+                    refreshBeforeExpiry: Int = 30_000, windowMax: Int = 5, windowMilliseconds: Int = 30_000,
+                    refreshOn: Set<Int> = [401]) {
+            self.grant = grant
+            self.tokenURL = tokenURL
+            self.clientID = clientID
+            self.clientSecret = clientSecret
+            self.refreshToken = refreshToken
+            self.scope = scope
+            self.audience = audience
+            self.clientAuthentication = clientAuthentication
+            self.refreshBeforeExpiry = refreshBeforeExpiry
+            self.windowMax = windowMax
+            self.windowMilliseconds = windowMilliseconds
+            self.refreshOn = refreshOn
+        }
+    }
+
+    struct State {
+        var token: String?
+        var expiresAt: Int = 0
+        var refreshToken: String?
+        var fetching = false
+        var failure: String?
+        /// Incremented per finished fetch, so parked requests know a new answer is in.
+        var generation = 0
+        var refreshTimes: [Int] = []
+        var wakers: [any SessionWaker] = []
+    }
+
+    public var name: String { "oauth2" }
+    public let settings: Settings
+    private let state: Mutex<State>
+
+    public init(settings: Settings) {
+        self.settings = settings
+        state = Mutex(State(refreshToken: settings.refreshToken?.value))
+    }
+
+    static func now() -> Int {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+    }
+
+    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        completion(.failure(AdaptationError(adapter: name, reason: "needs a session to fetch tokens")))
+    }
+
+    public func adapt(_ request: ProxyRequest, for session: any SessionContext,
+                      completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        enum Next { case apply(String), fail(String), wait(startFetch: Bool, generation: Int) }
+        let now = Self.now()
+        let next: Next = state.withLock { s in
+            if let token = s.token, now < s.expiresAt - settings.refreshBeforeExpiry { return .apply(token) }
+            if !s.wakers.contains(where: { $0.id == session.waker.id }) { s.wakers.append(session.waker) }
+            if s.fetching { return .wait(startFetch: false, generation: s.generation) }
+            s.refreshTimes = s.refreshTimes.filter { now - $0 < settings.windowMilliseconds }
+            if s.refreshTimes.count >= settings.windowMax {
+                return .fail("excessive refresh: more than \(settings.windowMax) token refreshes in \(settings.windowMilliseconds) ms")
+            }
+            s.refreshTimes.append(now)
+            s.fetching = true
+            return .wait(startFetch: true, generation: s.generation)
+        }
+        switch next {
+        case .apply(let token):
+            completion(.success(Self.applying(token, to: request)))
+        case .fail(let why):
+            completion(.failure(AdaptationError(adapter: name, reason: why)))
+        case .wait(let startFetch, let generation):
+            session.park { [self] in
+                let outcome: FetchOutcome? = state.withLock { s in
+                    if s.generation == generation { return nil }
+                    if let failure = s.failure { return .failed(failure) }
+                    return s.token.map { .token($0, nil, nil) } ?? .failed("no token")
+                }
+                switch outcome {
+                case nil: return false
+                case .token(let token, _, _)?: completion(.success(Self.applying(token, to: request)))
+                case .failed(let why)?: completion(.failure(AdaptationError(adapter: name, reason: why)))
+                }
+                return true
+            }
+            if startFetch { fetch(on: session) }
+        }
+    }
+
+    static func applying(_ token: String, to request: ProxyRequest) -> ProxyRequest {
+        var request = request
+        request.headerFields[.authorization] = "Bearer " + token
+        return request
+    }
+
+    /// One upstream status in `refreshOn` on the first try: the token is dropped (unless a
+    /// newer one already replaced it) and the request retried once with a fresh one.
+    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+                      completion: @escaping (RetryResult) -> Void) {
+        guard case .status(let code, _) = failure, settings.refreshOn.contains(code), attempt == 0 else {
+            return completion(.doNotRetry)
+        }
+        let used = request.headerFields[.authorization]
+        state.withLock { s in
+            if let token = s.token, used == "Bearer " + token { s.token = nil }
+        }
+        completion(.retry)
+    }
+
+    private func fetch(on session: any SessionContext) {
+        var form: [(String, String)] = [("grant_type", settings.grant.rawValue)]
+        let refresh = state.withLock { $0.refreshToken }
+        if settings.grant == .refreshToken, let refresh { form.append(("refresh_token", refresh)) }
+        if let scope = settings.scope { form.append(("scope", scope)) }
+        if let audience = settings.audience { form.append(("audience", audience)) }
+        var headers = [("Content-Type", "application/x-www-form-urlencoded"), ("Accept", "application/json")]
+        switch settings.clientAuthentication {
+        case .basic:
+            let pair = Self.formEncode(settings.clientID) + ":" + Self.formEncode(settings.clientSecret?.value ?? "")
+            headers.append(("Authorization", "Basic " + Base64.encode(Array(pair.utf8))))
+        case .body:
+            form.append(("client_id", settings.clientID))
+            if let secret = settings.clientSecret { form.append(("client_secret", secret.value)) }
+        }
+        let body = form.map { Self.formEncode($0.0) + "=" + Self.formEncode($0.1) }.joined(separator: "&")
+        let monitor = session.monitor
+        session.post(url: settings.tokenURL, headers: headers, body: Array(body.utf8)) { [self] result in
+            let outcome: FetchOutcome
+            switch result {
+            case .failure(let error):
+                outcome = .failed("token endpoint: \(error.message)")
+            case .success(let response) where !(200..<300).contains(response.status):
+                outcome = .failed("token endpoint answered \(response.status)")
+            case .success(let response):
+                outcome = Self.parseToken(response.body)
+            }
+            let wakers: [any SessionWaker] = state.withLock { s in
+                s.fetching = false
+                s.generation += 1
+                switch outcome {
+                case .token(let token, let expiresIn, let refreshToken):
+                    s.token = token
+                    s.failure = nil
+                    s.expiresAt = Self.now() + (expiresIn.map { $0 * 1000 } ?? 3_600_000)
+                    if let refreshToken { s.refreshToken = refreshToken }
+                case .failed(let why):
+                    s.token = nil
+                    s.failure = why
+                }
+                defer { s.wakers = [] }
+                return s.wakers
+            }
+            switch outcome {
+            case .token: monitor?.handle(.credentialRefreshed(source: settings.tokenURL))
+            case .failed(let why): monitor?.handle(.credentialRefreshFailed(source: settings.tokenURL, reason: why))
+            }
+            for waker in wakers { waker.wake() }
+        }
+    }
+
+    enum FetchOutcome {
+        /// access token, expires_in seconds, a new refresh token
+        case token(String, Int?, String?)
+        case failed(String)
+    }
+
+    static func parseToken(_ body: [UInt8]) -> FetchOutcome {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
+              let token = object["access_token"] as? String, !token.isEmpty
+        else { return .failed("token endpoint sent no access_token") }
+        let expires = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
+        return .token(token, expires, object["refresh_token"] as? String)
+    }
+
+    /// application/x-www-form-urlencoded, also used for Basic client credentials (RFC 6749 §2.3.1).
+    static func formEncode(_ s: String) -> String {
+        PercentEncoding.encodeQueryValue(s)
+    }
+}

@@ -1,0 +1,211 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+
+/// The `retry` policy (Alamofire's `RetryPolicy`): exponential backoff with a cap and
+/// optional jitter, idempotent methods, retryable statuses and transport failures, and
+/// `Retry-After`. Deadline, budget and body buffering are enforced by the engine, which
+/// knows time, traffic and the body; their settings live here so one YAML section holds all.
+public struct RetryPolicy: RequestRetrier, Equatable {
+    public enum Jitter: String, Sendable {
+        /// Exactly base^n × scale (Alamofire's behaviour). The default.
+        case none
+        /// Uniformly random in [0, delay] ("full jitter").
+        case full
+        /// delay/2 plus a uniformly random [0, delay/2] ("equal jitter").
+        case equal
+    }
+
+    /// `2`, as Alamofire.
+    public static let defaultRetryLimit = 2
+    /// `2`, as Alamofire.
+    public static let defaultExponentialBackoffBase = 2
+    /// `500` ms, as Alamofire's 0.5 s.
+    public static let defaultExponentialBackoffScale = 500
+    /// `30 s`: no single wait is longer, whatever the formula or `Retry-After` says.
+    public static let defaultMaxDelay = 30_000
+    /// DELETE, GET, HEAD, OPTIONS, PUT, TRACE: Alamofire's idempotent methods.
+    public static let defaultRetryableMethods: Set<String> = ["DELETE", "GET", "HEAD", "OPTIONS", "PUT", "TRACE"]
+    /// 408, 500, 502, 503, 504, as Alamofire.
+    public static let defaultRetryableStatusCodes: Set<Int> = [408, 500, 502, 503, 504]
+    /// Every transport kind Alamofire's retryable URL errors map to.
+    public static let defaultRetryableErrors: Set<TransportErrorKind> = [.refused, .dns, .timeout, .reset, .tls]
+    /// `1 MiB`: bodies up to this are kept for replay.
+    public static let defaultBufferLimit = 1 << 20
+
+    public var name: String { "retry" }
+    public var limit: Int
+    public var base: Int
+    public var scale: Int
+    public var maxDelay: Int
+    public var jitter: Jitter
+    public var methods: Set<String>
+    public var statuses: Set<Int>
+    public var errors: Set<TransportErrorKind>
+    /// Honour `Retry-After` on 429 and 503. `true` by default.
+    public var retryAfter: Bool
+    /// Start of a try → response head, in ms; nil means `timeouts.upstream_per_try`.
+    public var perTryTimeout: Int?
+    /// All tries together, in ms; nil means no deadline.
+    public var deadline: Int?
+    public var budget: RetryBudget.Limits?
+    public var bufferLimit: Int
+
+    public init(limit: Int = Self.defaultRetryLimit, base: Int = Self.defaultExponentialBackoffBase,
+                scale: Int = Self.defaultExponentialBackoffScale, maxDelay: Int = Self.defaultMaxDelay,
+                jitter: Jitter = .none, methods: Set<String> = Self.defaultRetryableMethods,
+                statuses: Set<Int> = Self.defaultRetryableStatusCodes,
+                errors: Set<TransportErrorKind> = Self.defaultRetryableErrors, retryAfter: Bool = true,
+                perTryTimeout: Int? = nil, deadline: Int? = nil, budget: RetryBudget.Limits? = nil,
+                bufferLimit: Int = Self.defaultBufferLimit) {
+        self.limit = limit
+        self.base = base
+        self.scale = scale
+        self.maxDelay = maxDelay
+        self.jitter = jitter
+        self.methods = methods
+        self.statuses = statuses
+        self.errors = errors
+        self.retryAfter = retryAfter
+        self.perTryTimeout = perTryTimeout
+        self.deadline = deadline
+        self.budget = budget
+        self.bufferLimit = bufferLimit
+    }
+
+    /// Whether a try that failed this way may be retried at all (method, status, error kind),
+    /// before counting attempts.
+    public func isRetryable(method: String, failure: TryFailure) -> Bool {
+        guard methods.contains(method) else { return false }
+        switch failure {
+        case .transport(let kind, _): return errors.contains(kind)
+        case .status(let code, _): return statuses.contains(code)
+        case .validation: return true
+        }
+    }
+
+    /// The wait before retry number `attempt` (0-based), before jitter: base^attempt × scale,
+    /// capped by `maxDelay`.
+    public func backoff(attempt: Int) -> Int {
+        var delay = Double(scale)
+        for _ in 0..<attempt { delay *= Double(base) }
+        return Int(min(delay, Double(maxDelay)))
+    }
+
+    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+                      completion: @escaping (RetryResult) -> Void) {
+        guard isRetryable(method: request.method, failure: failure) else {
+            return completion(.doNotRetryWithError(methods.contains(request.method) ? "not retryable" : "method"))
+        }
+        guard attempt < limit else { return completion(.doNotRetryWithError("limit")) }
+        if retryAfter, case .status(let code, let after?) = failure, code == 429 || code == 503 {
+            return completion(.retryWithDelay(milliseconds: min(after, maxDelay)))
+        }
+        let delay = backoff(attempt: attempt)
+        switch jitter {
+        case .none: completion(.retryWithDelay(milliseconds: delay))
+        case .full: completion(.retryWithDelay(milliseconds: Int.random(in: 0...max(0, delay))))
+        case .equal: completion(.retryWithDelay(milliseconds: delay / 2 + Int.random(in: 0...max(0, delay / 2))))
+        }
+    }
+}
+
+/// A retry budget shared by every worker for one host policy: in any one-second window,
+/// retries started may be at most max(`minPerSecond`, `ratio` × requests started), so a
+/// failing origin is not hit by a retry storm. One small lock per request and per retry.
+public final class RetryBudget: Sendable {
+    public struct Limits: Sendable, Equatable {
+        public var ratio: Double
+        public var minPerSecond: Int
+        public init(ratio: Double, minPerSecond: Int) {
+            self.ratio = ratio
+            self.minPerSecond = minPerSecond
+        }
+    }
+
+    struct Window {
+        var second: Int = 0
+        var requests = 0
+        var retries = 0
+    }
+
+    public let limits: Limits
+    private let window = Mutex(Window())
+
+    public init(limits: Limits) { self.limits = limits }
+
+    private static func nowSecond() -> Int {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return ts.tv_sec
+    }
+
+    public func recordRequest() {
+        let now = Self.nowSecond()
+        window.withLock { w in
+            if w.second != now { w = Window(second: now) }
+            w.requests += 1
+        }
+    }
+
+    /// Takes one retry from the budget; false when the budget is spent.
+    public func tryAcquireRetry() -> Bool {
+        let now = Self.nowSecond()
+        return window.withLock { w in
+            if w.second != now { w = Window(second: now) }
+            let allowed = max(limits.minPerSecond, Int(limits.ratio * Double(w.requests)))
+            guard w.retries < allowed else { return false }
+            w.retries += 1
+            return true
+        }
+    }
+}
+
+/// The `validate` section: acceptable statuses and content types (Alamofire's `validate()`).
+public struct ResponseValidator: Sendable, Equatable {
+    public var statuses: [ClosedRange<Int>]
+    /// `type/subtype` or `type/*`; empty means any content type.
+    public var contentTypes: [String]
+
+    public init(statuses: [ClosedRange<Int>] = [200...299], contentTypes: [String] = []) {
+        self.statuses = statuses
+        self.contentTypes = contentTypes
+    }
+
+    /// nil when the response is acceptable, else why not.
+    public func validate(status: Int, contentType: String?) -> String? {
+        if !statuses.isEmpty, !statuses.contains(where: { $0.contains(status) }) {
+            return "status \(status) is not acceptable"
+        }
+        guard !contentTypes.isEmpty else { return nil }
+        guard let contentType else { return "no Content-Type (expected \(contentTypes.joined(separator: ", ")))" }
+        let mime = contentType.split(separator: ";").first.map { $0.trimmingCharacters() }?.lowercased() ?? ""
+        for accepted in contentTypes {
+            let a = accepted.lowercased()
+            if a == mime || a == "*/*" { return nil }
+            if a.hasSuffix("/*"), mime.hasPrefix(a.dropLast()) { return nil }
+        }
+        return "content type \(mime) is not acceptable"
+    }
+}
+
+/// Username and password answering Basic and Digest challenges (Alamofire's
+/// `authenticate(username:password:)`); libcurl does the challenge-response.
+public struct Credentials: Sendable, Equatable {
+    public var username: String
+    public var password: Secret
+    public init(username: String, password: Secret) {
+        self.username = username
+        self.password = password
+    }
+}
+
+extension Substring {
+    func trimmingCharacters() -> String {
+        var s = self
+        while s.first == " " || s.first == "\t" { s = s.dropFirst() }
+        while s.last == " " || s.last == "\t" { s = s.dropLast() }
+        return String(s)
+    }
+}

@@ -1,0 +1,131 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CCurl
+import CLibEvent
+import CShims
+import SluiceCore
+
+/// The `SessionContext` adapters get on one worker: token fetches through this worker's
+/// libcurl multi, and a parking lot for requests waiting on work another worker may finish.
+///
+/// Threading: owned by its worker's thread. Only `waker` crosses threads.
+final class WorkerSession: SessionContext {
+    private unowned let worker: Worker
+    private var parked: [() -> Bool] = []
+    let waker: any SessionWaker
+    private var wakeEvent: OpaquePointer!
+
+    struct Waker: SessionWaker, @unchecked Sendable {
+        // @unchecked: only `event_active` is called on the pointer, which libevent makes
+        // thread-safe (evthread_use_pthreads); the event lives as long as the worker.
+        let event: OpaquePointer
+        let id: Int
+        func wake() { event_active(event, Int32(EV_READ), 0) }
+    }
+
+    init(worker: Worker) {
+        self.worker = worker
+        let event = event_new(worker.base, -1, Int16(EV_PERSIST), { _, _, arg in
+            Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
+        }, nil)!
+        waker = Waker(event: event, id: worker.index)
+        wakeEvent = event
+        event_assign(event, worker.base, -1, Int16(EV_PERSIST), { _, _, arg in
+            Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
+        }, Unmanaged.passUnretained(self).toOpaque())
+        event_add(event, nil)
+    }
+
+    func close() { event_free(wakeEvent) }
+
+    var monitor: (any EventMonitor)? { worker.pipeline.monitor }
+
+    func park(_ work: @escaping () -> Bool) { parked.append(work) }
+
+    private func runParked() {
+        let work = parked
+        parked = []
+        for item in work where !item() { parked.append(item) }
+    }
+
+    func post(url: String, headers: [(String, String)], body: [UInt8],
+              completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
+        let fetch = SideFetch(session: worker.session, config: worker.config, url: url, headers: headers, body: body,
+                              completion: completion)
+        fetch.start()
+    }
+}
+
+/// A small request Sluice makes for itself (an OAuth token), on the worker's multi, with
+/// the same TLS verification as forwarded requests. Keeps itself alive until done.
+final class SideFetch: CurlTransfer {
+    static let maxResponseBytes = 1 << 20
+    private let session: UpstreamSession
+    private let handle: UnsafeMutableRawPointer
+    private var headerList: UnsafeMutablePointer<curl_slist>?
+    private var response: [UInt8] = []
+    private let completion: (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void
+    private let host: String
+    private var me: Unmanaged<SideFetch>?
+
+    init(session: UpstreamSession, config: ServerConfiguration, url: String, headers: [(String, String)], body: [UInt8],
+         completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
+        self.session = session
+        self.completion = completion
+        host = URLParts(url).host
+        handle = session.makeHandle()
+        super.init()
+        let h = handle
+        sluice_easy_setopt_str(h, CURLOPT_URL, url)
+        sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http,https")
+        sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
+        sluice_easy_setopt_ptr(h, CURLOPT_SHARE, session.share)
+        sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
+        sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, config.timeouts.upstreamPerTry)
+        if let ca = config.tls.caFile { sluice_easy_setopt_str(h, CURLOPT_CAINFO, ca) }
+        sluice_easy_setopt_long(h, CURLOPT_POSTFIELDSIZE, body.count)
+        body.withUnsafeBufferPointer { buf in
+            _ = buf.withMemoryRebound(to: CChar.self) { sluice_easy_setopt_ptr(h, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress)) }
+        }
+        for (name, value) in headers { headerList = curl_slist_append(headerList, "\(name): \(value)") }
+        sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, headerList)
+    }
+
+    func start() {
+        me = Unmanaged.passRetained(self)  // released in curlDone
+        let raw = me!.toOpaque()
+        sluice_easy_setopt_ptr(handle, CURLOPT_PRIVATE, raw)
+        sluice_easy_setopt_ptr(handle, CURLOPT_WRITEDATA, raw)
+        sluice_easy_setopt_data_cb(handle, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
+            let f = Unmanaged<SideFetch>.fromOpaque(ud!).takeUnretainedValue()
+            let n = size * count
+            guard f.response.count + n <= SideFetch.maxResponseBytes else { return 0 }
+            f.response.append(contentsOf: UnsafeRawBufferPointer(start: ptr, count: n))
+            return n
+        }
+        session.start(handle)
+    }
+
+    override func curlDone(_ result: CURLcode) {
+        var status = 0
+        sluice_easy_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)
+        session.finish(handle)
+        curl_slist_free_all(headerList)
+        headerList = nil
+        if result == CURLE_OK {
+            completion(.success((status: status, body: response)))
+        } else {
+            let error: ProxyError
+            switch result {
+            case CURLE_COULDNT_CONNECT: error = .upstreamRefused(host: host)
+            case CURLE_COULDNT_RESOLVE_HOST: error = .dnsFailure(host: host)
+            case CURLE_OPERATION_TIMEDOUT: error = .upstreamTimeout(host: host, phase: "token request")
+            default: error = .upstreamProtocol(host: host, reason: String(cString: curl_easy_strerror(result)))
+            }
+            completion(.failure(error))
+        }
+        me?.release()
+        me = nil
+    }
+}
