@@ -415,6 +415,9 @@ final class UpstreamTransfer: CurlTransfer {
         guard !finished, let delegate else { return }
         inCompletion = true
         delegate.tryEnded(timings: collectTimings())
+        // A bodiless response is acted on here: it may still turn out to be a redirect to
+        // follow or a response to discard for a retry.
+        if result == CURLE_OK, !headSent, status >= 200 { sendResponseHead() }
         if let next = redirectTo {
             redirectTo = nil
             cancel()
