@@ -182,13 +182,13 @@ extension NodeReader {
                 grant = v.scalar.flatMap { OAuth2Authenticator.Grant(rawValue: $0.string) }
                 if grant == nil { r.fail(v, "grant must be client_credentials or refresh_token") }
             case "token_url":
-                let text = v.scalar?.string ?? ""
+                let text = r.secretOrString(v, what: key) ?? ""
                 if text.lowercased().hasPrefix("http://") || text.lowercased().hasPrefix("https://") { tokenURL = text } else { r.fail(v, "token_url must be an http(s) URL") }
             case "client_id": clientID = r.secretOrString(v, what: key)
             case "client_secret": secret = r.secret(v, what: key)
             case "refresh_token": refresh = r.secret(v, what: key)
-            case "scope": scope = v.scalar?.string
-            case "audience": audience = v.scalar?.string
+            case "scope": scope = r.secretOrString(v, what: key)
+            case "audience": audience = r.secretOrString(v, what: key)
             case "client_auth":
                 if let a = v.scalar.flatMap({ OAuth2Authenticator.ClientAuthentication(rawValue: $0.string) }) { clientAuth = a } else { r.fail(v, "client_auth must be basic or body") }
             case "refresh_before_expiry":

@@ -119,6 +119,7 @@ public final class PolicyTable: Sendable {
     public static let empty = PolicyTable(entries: [])
 
     public func match(host: String) -> HostPolicy {
+        if exact.isEmpty && wildcards.isEmpty { return defaultPolicy }
         let host = host.lowercased()
         if let policy = exact[host] { return policy }
         for (suffix, policy) in wildcards where host.hasSuffix(suffix) && host.count > suffix.count {

@@ -21,9 +21,24 @@ public final class AccessLogMonitor: EventMonitor {
         switch event {
         case .finished(let summary), .tunnelClosed(let summary):
             buffer.append(line(summary))
+        case .credentialRefreshed(let source):
+            buffer.append(eventLine("credential_refreshed", source: source, reason: nil))
+        case .credentialRefreshFailed(let source, let reason):
+            buffer.append(eventLine("credential_refresh_failed", source: source, reason: reason))
         default:
             break
         }
+    }
+
+    /// A line for an event that belongs to no single exchange (a token fetch): `time`,
+    /// `event`, `source` and, for failures, `error`.
+    func eventLine(_ event: String, source: String, reason: String?) -> String {
+        var json = JSONLine()
+        json.field("time", Timestamp.rfc3339Now())
+        json.field("event", event)
+        json.field("source", redactor.url(source))
+        if let reason { json.field("error", redactor.scrub(reason)) }
+        return redactor.scrub(json.finish())
     }
 
     func line(_ s: ExchangeSummary) -> String {

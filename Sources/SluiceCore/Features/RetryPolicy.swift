@@ -31,6 +31,8 @@ public struct RetryPolicy: RequestRetrier, Equatable {
     public static let defaultRetryableStatusCodes: Set<Int> = [408, 500, 502, 503, 504]
     /// Every transport kind Alamofire's retryable URL errors map to.
     public static let defaultRetryableErrors: Set<TransportErrorKind> = [.refused, .dns, .timeout, .reset, .tls]
+    /// Retries may be at most 20 % of a host's requests per second, or 3 per second.
+    public static let defaultBudget: RetryBudget.Limits? = RetryBudget.Limits(ratio: 0.2, minPerSecond: 3)
     /// `1 MiB`: bodies up to this are kept for replay.
     public static let defaultBufferLimit = 1 << 20
 
@@ -57,7 +59,7 @@ public struct RetryPolicy: RequestRetrier, Equatable {
                 jitter: Jitter = .none, methods: Set<String> = Self.defaultRetryableMethods,
                 statuses: Set<Int> = Self.defaultRetryableStatusCodes,
                 errors: Set<TransportErrorKind> = Self.defaultRetryableErrors, retryAfter: Bool = true,
-                perTryTimeout: Int? = nil, deadline: Int? = nil, budget: RetryBudget.Limits? = nil,
+                perTryTimeout: Int? = nil, deadline: Int? = nil, budget: RetryBudget.Limits? = Self.defaultBudget,
                 bufferLimit: Int = Self.defaultBufferLimit) {
         self.limit = limit
         self.base = base

@@ -414,8 +414,13 @@ final class ClientConnection: UpstreamTransferDelegate {
 
     /// A request that already carries this process's `Via` pseudonym has looped back here.
     private func checkLoop(_ head: HTTPRequestHead) throws {
-        for value in head.values(named: "via") where value.contains(worker.viaPseudonym) {
-            throw ProxyError.loopDetected
+        let pseudonym = Array(worker.viaPseudonym.utf8)
+        for field in head.fields where field.name.count == 3 && head.field(field, isNamed: "via") {
+            let value = head.bytes[field.value]
+            if value.count >= pseudonym.count,
+               (value.startIndex...(value.endIndex - pseudonym.count)).contains(where: { value[$0..<($0 + pseudonym.count)].elementsEqual(pseudonym) }) {
+                throw ProxyError.loopDetected
+            }
         }
     }
 

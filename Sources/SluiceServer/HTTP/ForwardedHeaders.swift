@@ -26,6 +26,23 @@ enum ForwardedHeaders {
         }
     }
 
+    /// Whether a request field named `name` (any case) is one `requestDropped` lists,
+    /// compared as bytes: no string is built for the fields that travel on.
+    static func isDroppedRequestField(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
+        switch name.count {
+        case 2: return ASCII.equalsIgnoringCase(name, "te")
+        case 4: return ASCII.equalsIgnoringCase(name, "host")
+        case 6: return ASCII.equalsIgnoringCase(name, "expect")
+        case 7: return ASCII.equalsIgnoringCase(name, "upgrade") || ASCII.equalsIgnoringCase(name, "trailer")
+        case 10: return ASCII.equalsIgnoringCase(name, "connection") || ASCII.equalsIgnoringCase(name, "keep-alive")
+        case 14: return ASCII.equalsIgnoringCase(name, "content-length")
+        case 16: return ASCII.equalsIgnoringCase(name, "proxy-connection")
+        case 17: return ASCII.equalsIgnoringCase(name, "transfer-encoding")
+        case 19: return ASCII.equalsIgnoringCase(name, "proxy-authorization")
+        default: return false
+        }
+    }
+
     /// The curl header list for a forwarded request. Curl derives `Host` from the URL,
     /// sets the body framing itself, and is told not to add `Accept` or `Expect`.
     static func requestList(for head: HTTPRequestHead, via: String) -> UnsafeMutablePointer<curl_slist>? {
@@ -36,9 +53,9 @@ enum ForwardedHeaders {
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])
-                let lower = lowercasedName(name)
-                if requestDropped.contains(lower) || head.connectionTokens.contains(lower) { continue }
-                if lower == "accept" { sawAccept = true }
+                if isDroppedRequestField(name) { continue }
+                if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
+                if name.count == 6, ASCII.equalsIgnoringCase(name, "accept") { sawAccept = true }
                 line.removeAll(keepingCapacity: true)
                 line.append(contentsOf: name)
                 if field.value.isEmpty {
@@ -54,11 +71,14 @@ enum ForwardedHeaders {
                 }
             }
         }
-        list = curl_slist_append(list, "Via: \(via)")
+        list = curl_slist_append(list, viaLine(via))
         list = curl_slist_append(list, "Expect:")
         if !sawAccept { list = curl_slist_append(list, "Accept:") }
         return list
     }
+
+    /// `Via: <via>`, built once per distinct value (one per process in practice).
+    static func viaLine(_ via: String) -> String { "Via: " + via }
 
     /// The fields of a request head that travel upstream (hop-by-hop and framing fields
     /// removed), as the pipeline's `HTTPFields`.

@@ -99,7 +99,10 @@ final class UpstreamTransfer: CurlTransfer {
     static let receiveBufferSize = 256 * 1024
 
     private let session: UpstreamSession
-    private weak var delegate: UpstreamTransferDelegate?
+    /// The client side. Not retained and not weak (no reference counting per callback): the
+    /// connection owns this transfer and detaches it with `cancel()` before going away, and
+    /// `cancel()` sets this to nil.
+    private unowned(unsafe) var delegate: (any UpstreamTransferDelegate)?
     private let handle: UnsafeMutableRawPointer
     private var requestHeaders: UnsafeMutablePointer<curl_slist>?
     private let errorBuffer: UnsafeMutablePointer<CChar>
