@@ -1,0 +1,519 @@
+"""Fixtures for Sluice's end-to-end tests: real upstreams, real clients, the real binary.
+
+Everything listens on 127.0.0.1 on ports picked in 20000-30000. Session-scoped upstreams
+(httpbin on gunicorn, nginx with a test CA, an upload sink) start once; fault servers and
+Sluice itself start per test. Every child process is killed at session end.
+
+Run: python3 -m pytest Tests/e2e -q        (SLUICE_BIN overrides the binary's path;
+     -m "not heavy" leaves out the 1 GiB tests)
+"""
+
+from __future__ import annotations
+
+import atexit
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import faultservers  # noqa: E402
+from faultservers import HOST, pick_port  # noqa: E402
+from support import MiB, clean_env, tail  # noqa: E402
+
+REPO = HERE.parents[1]
+SLUICE_BIN = os.environ.get("SLUICE_BIN", str(REPO / ".build" / "release" / "sluice"))
+BIG_SIZE = 1 << 30
+
+# ------------------------------------------------------------------------------------------
+# pytest plumbing: markers, per-test deadline
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    m = item.get_closest_marker("deadline")
+    secs = float(m.args[0]) if m else (240.0 if item.get_closest_marker("heavy") else 60.0)
+
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"test body exceeded its {secs:.0f}s deadline")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, secs)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# ------------------------------------------------------------------------------------------
+# Child processes
+# ------------------------------------------------------------------------------------------
+
+_children: list[subprocess.Popen] = []
+_children_lock = threading.Lock()
+
+
+def spawn(args: list[str], **kw) -> subprocess.Popen:
+    kw.setdefault("env", clean_env())
+    p = subprocess.Popen(args, start_new_session=True, **kw)
+    with _children_lock:
+        _children.append(p)
+    return p
+
+
+def kill_tree(p: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal the child's own process group (it was started in its own session)."""
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            p.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def _kill_all_children() -> None:
+    with _children_lock:
+        kids = list(_children)
+    for p in kids:
+        kill_tree(p, signal.SIGKILL)
+    for p in kids:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+atexit.register(_kill_all_children)  # also on an interrupted run
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reap_children():
+    yield
+    _kill_all_children()
+
+
+def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(0.5)
+        try:
+            s.connect((HOST, port))
+            return
+        except OSError:
+            time.sleep(0.02)
+        finally:
+            s.close()
+    raise TimeoutError(f"nothing listening on {HOST}:{port} after {timeout}s")
+
+
+# ------------------------------------------------------------------------------------------
+# Sluice
+# ------------------------------------------------------------------------------------------
+
+
+class Sluice:
+    def __init__(self, config_path: Path, port: int, workdir: Path):
+        self.config_path = config_path
+        self.port = port
+        self.url = f"http://{HOST}:{port}"
+        self.out_path = workdir / f"sluice-{port}.stdout"
+        self.err_path = workdir / f"sluice-{port}.stderr"
+        self.proc: subprocess.Popen | None = None
+        self.expected_exit = False
+        self.stop_rc: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 15.0) -> "Sluice":
+        self.out_f = open(self.out_path, "wb")
+        self.err_f = open(self.err_path, "wb")
+        self.proc = spawn([SLUICE_BIN, "run", "--config", str(self.config_path)],
+                          stdout=self.out_f, stderr=self.err_f, stdin=subprocess.DEVNULL)
+        try:
+            wait_port(self.port, timeout, self.proc)
+        except Exception as e:
+            kill_tree(self.proc)
+            self.proc.wait(timeout=5)
+            raise RuntimeError(f"sluice did not start: {e}\nconfig:\n{self.config_path.read_text()}\n"
+                               f"stderr:\n{self.stderr()}") from e
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def status(self) -> dict[str, int]:
+        """VmRSS / VmHWM and friends from /proc, in KiB."""
+        out = {}
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS", "VmHWM", "VmSize", "Threads")):
+                    k, v = line.split(":", 1)
+                    out[k] = int(v.split()[0])
+        return out
+
+    def rss_kib(self) -> int:
+        return self.status()["VmRSS"]
+
+    def hwm_kib(self) -> int:
+        return self.status()["VmHWM"]
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.stop_rc = self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_tree(self.proc)
+                self.proc.wait(timeout=5)
+                self.stop_rc = None
+        for f in (self.out_f, self.err_f):
+            f.close()
+        return self.stop_rc
+
+    def stderr(self) -> str:
+        return tail(self.err_path)
+
+    def stdout(self) -> str:
+        return tail(self.out_path)
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+@pytest.fixture(scope="session")
+def sluice_bin() -> str:
+    if not (os.path.isfile(SLUICE_BIN) and os.access(SLUICE_BIN, os.X_OK)):
+        pytest.fail(f"sluice binary not found at {SLUICE_BIN}: build it (swift build -c release) "
+                    f"or set SLUICE_BIN", pytrace=False)
+    return SLUICE_BIN
+
+
+@pytest.fixture
+def sluice_factory(sluice_bin, tmp_path, pki, nginx):
+    """start(overrides: dict) -> running Sluice; overrides deep-merge into the test defaults
+    (a None value deletes a key). Stopped with SIGTERM at teardown; its logs are printed
+    (pytest shows them for failing tests) and a crash during the test fails it."""
+    started: list[Sluice] = []
+
+    def start(overrides: dict | None = None, name: str = "sluice") -> Sluice:
+        port = pick_port()
+        cfg = {
+            "listen": [f"{HOST}:{port}"],
+            "timeouts": {"drain": "5s"},
+            "access": {"connect_ports": [443, nginx.https_port]},
+            "tls": {"ca_file": str(pki.ca_pem)},
+        }
+        cfg = deep_merge(cfg, overrides or {})
+        port = int(str(cfg["listen"][0]).rsplit(":", 1)[1])  # a test may pass its own listen list
+        path = tmp_path / f"{name}-{port}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        s = Sluice(path, port, tmp_path)
+        started.append(s)
+        return s.start()
+
+    yield start
+
+    problems = []
+    for s in started:
+        crashed_rc = s.proc.poll() if s.proc else None
+        rc = s.stop()
+        print(f"---- sluice :{s.port} config {s.config_path.name} ----\n{s.config_path.read_text()}"
+              f"---- exit code at teardown: {rc if crashed_rc is None else crashed_rc} ----\n"
+              f"---- stderr (tail) ----\n{s.stderr()}\n---- stdout (tail) ----\n{s.stdout()}")
+        if crashed_rc is not None and not s.expected_exit:
+            problems.append(f"sluice :{s.port} exited during the test with code {crashed_rc}")
+        elif rc is not None and rc < 0 and rc != -signal.SIGTERM:
+            problems.append(f"sluice :{s.port} died from signal {-rc} at shutdown")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def proxy(sluice_factory) -> Sluice:
+    """Sluice with the test defaults (test CA trusted, CONNECT allowed to nginx's TLS port)."""
+    return sluice_factory()
+
+
+# ------------------------------------------------------------------------------------------
+# Test PKI (openssl CLI) and nginx
+# ------------------------------------------------------------------------------------------
+
+
+class PKI:
+    def __init__(self, d: Path):
+        self.dir = d
+        self.ca_pem = d / "ca.pem"
+        self.ca_key = d / "ca.key"
+        self.leaf_pem = d / "leaf.pem"
+        self.leaf_key = d / "leaf.key"
+        self.chain_pem = d / "leaf-chain.pem"
+        self.wrong_chain_pem = d / "wrong-chain.pem"  # valid chain, but only for wrong.test
+        self.wrong_key = d / "wrong.key"
+
+
+def _openssl(args: list[str], cwd: Path) -> None:
+    r = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"openssl {' '.join(args)} failed: {r.stderr.decode()}")
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory) -> PKI:
+    d = tmp_path_factory.mktemp("pki")
+    p = PKI(d)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(["req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "3",
+              "-subj", "/CN=Sluice E2E Test CA",
+              "-addext", "basicConstraints=critical,CA:TRUE",
+              "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+              "-addext", "subjectKeyIdentifier=hash"], d)
+    _openssl(["req", "-new", *ec, "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=127.0.0.1"], d)
+    (d / "leaf.ext").write_text(
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid,issuer\n")
+    _openssl(["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+              "-CAcreateserial", "-out", "leaf.pem", "-days", "2", "-extfile", "leaf.ext"], d)
+    p.chain_pem.write_bytes(p.leaf_pem.read_bytes() + p.ca_pem.read_bytes())
+    _openssl(["req", "-new", *ec, "-keyout", "wrong.key", "-out", "wrong.csr", "-subj", "/CN=wrong.test"], d)
+    (d / "wrong.ext").write_text((d / "leaf.ext").read_text().replace(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost", "subjectAltName=DNS:wrong.test"))
+    _openssl(["x509", "-req", "-in", "wrong.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+              "-CAcreateserial", "-out", "wrong.pem", "-days", "2", "-extfile", "wrong.ext"], d)
+    p.wrong_chain_pem.write_bytes((d / "wrong.pem").read_bytes() + p.ca_pem.read_bytes())
+    return p
+
+
+class Nginx:
+    def __init__(self, d: Path, www: Path, http_port: int, https_port: int, https_wrong_name_port: int):
+        self.dir = d
+        self.www = www
+        self.http_port = http_port
+        self.https_port = https_port
+        self.https_wrong_name_port = https_wrong_name_port
+        self.proc: subprocess.Popen | None = None
+        self.file_1k = b""
+        self.medium = b""
+        self.json_body = b""
+        self.json_gz = b""
+
+    def url(self, path: str) -> str:
+        return f"http://{HOST}:{self.http_port}{path}"
+
+    def tls_url(self, path: str) -> str:
+        return f"https://{HOST}:{self.https_port}{path}"
+
+
+NGINX_CONF = """\
+{user}worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {d}/access.log;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    types {{ application/octet-stream bin; application/json json; text/plain txt; }}
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    server {{
+        listen {host}:{http_port};
+        root {www};
+        location = /data.json {{ gzip_static on; gzip_proxied any; }}
+    }}
+    server {{
+        listen {host}:{https_port} ssl;
+        ssl_certificate {chain};
+        ssl_certificate_key {key};
+        root {www};
+    }}
+    server {{
+        listen {host}:{https_wrong_name_port} ssl;
+        ssl_certificate {wrong_chain};
+        ssl_certificate_key {wrong_key};
+        root {www};
+    }}
+}}
+"""
+
+
+@pytest.fixture(scope="session")
+def nginx(tmp_path_factory, pki) -> Nginx:
+    d = tmp_path_factory.mktemp("nginx")
+    www = d / "www"
+    www.mkdir()
+    n = Nginx(d, www, pick_port(), pick_port(), pick_port())
+    n.file_1k = os.urandom(1024)
+    (www / "1k").write_bytes(n.file_1k)
+    n.medium = os.urandom(32 * MiB)
+    (www / "medium.bin").write_bytes(n.medium)
+    n.json_body = json.dumps({"items": [{"n": i, "name": f"item-{i}", "pad": "x" * 40} for i in range(300)]}).encode()
+    n.json_gz = gzip.compress(n.json_body, mtime=0)
+    (www / "data.json").write_bytes(n.json_body)
+    (www / "data.json.gz").write_bytes(n.json_gz)
+    conf = d / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(
+        user="user root root;\n" if os.geteuid() == 0 else "", d=d, www=www, host=HOST,
+        http_port=n.http_port, https_port=n.https_port, chain=pki.chain_pem, key=pki.leaf_key,
+        https_wrong_name_port=n.https_wrong_name_port, wrong_chain=pki.wrong_chain_pem, wrong_key=pki.wrong_key))
+    log = open(d / "stderr.log", "wb")
+    n.proc = spawn(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf)],
+                   stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    try:
+        wait_port(n.http_port, 15, n.proc)
+        wait_port(n.https_port, 15, n.proc)
+        wait_port(n.https_wrong_name_port, 15, n.proc)
+    except Exception as e:
+        raise RuntimeError(f"nginx did not start: {e}\n{tail(d / 'stderr.log')}\n{tail(d / 'error.log')}")
+    yield n
+    kill_tree(n.proc, signal.SIGTERM)
+    try:
+        n.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        kill_tree(n.proc)
+    log.close()
+
+
+class BigFile:
+    def __init__(self, path: Path, sha256: str, size: int, url_path: str):
+        self.path = path
+        self.sha256 = sha256
+        self.size = size
+        self.url_path = url_path
+
+
+@pytest.fixture(scope="session")
+def big_file(nginx) -> BigFile:
+    """1 GiB of random bytes served by nginx at /big.bin; its sha256 computed while writing."""
+    path = nginx.www / "big.bin"
+    r = subprocess.run(["bash", "-c", f"set -o pipefail; head -c {BIG_SIZE} /dev/urandom | tee {path} | sha256sum"],
+                       capture_output=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    sha = r.stdout.split()[0].decode()
+    (nginx.dir / "big.bin.sha256").write_text(sha + "\n")
+    assert path.stat().st_size == BIG_SIZE
+    yield BigFile(path, sha, BIG_SIZE, "/big.bin")
+    path.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Python upstreams in subprocesses
+# ------------------------------------------------------------------------------------------
+
+
+class PyServer:
+    def __init__(self, kind: str, d: Path):
+        self.port = pick_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.log_path = d / f"{kind}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = spawn([sys.executable, str(HERE / "faultservers.py"), kind, str(self.port)],
+                          stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        try:
+            wait_port(self.port, 30, self.proc)
+        except Exception as e:
+            raise RuntimeError(f"{kind} did not start: {e}\n{tail(self.log_path)}")
+
+    def stop(self):
+        kill_tree(self.proc, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc)
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def httpbin(tmp_path_factory) -> PyServer:
+    s = PyServer("httpbin", tmp_path_factory.mktemp("httpbin"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def upload_sink(tmp_path_factory) -> PyServer:
+    s = PyServer("upload-sink", tmp_path_factory.mktemp("upload-sink"))
+    yield s
+    s.stop()
+
+
+# ------------------------------------------------------------------------------------------
+# In-process fault servers (fresh per test, so what they record belongs to that test)
+# ------------------------------------------------------------------------------------------
+
+
+def _server_fixture(cls):
+    @pytest.fixture
+    def fx():
+        s = cls()
+        yield s
+        s.stop()
+    return fx
+
+
+recorder = _server_fixture(faultservers.RecordingServer)
+stall_server = _server_fixture(faultservers.StallServer)
+close_server = _server_fixture(faultservers.CloseServer)
+garbage_server = _server_fixture(faultservers.GarbageServer)
+reset_server = _server_fixture(faultservers.ResetServer)
+slow_forever_server = _server_fixture(faultservers.SlowForeverServer)
+slow_sink_server = _server_fixture(faultservers.SlowSinkServer)
+banner_server = _server_fixture(faultservers.BannerServer)
+echo_server = _server_fixture(faultservers.EchoServer)
+blackhole = _server_fixture(faultservers.Blackhole)
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port with nothing listening on it."""
+    return pick_port()
