@@ -9,16 +9,6 @@ import SluiceCore
 /// those named in `Connection` are removed, `Via` is added, `Proxy-Authorization` and
 /// `Proxy-Connection` never travel on, and the response is re-framed for this client.
 enum ForwardedHeaders {
-    /// Fields that describe one connection, never forwarded (RFC 9110 §7.6.1, plus the
-    /// de-facto `Proxy-Connection`), and fields whose value the session core sets itself.
-    static let requestDropped: Set<String> = [
-        "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade", "trailer",
-        "proxy-authorization", "host", "content-length", "expect",
-    ]
-    static let responseDropped: Set<String> = [
-        "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade", "trailer",
-    ]
-
     static func lowercasedName(_ bytes: UnsafeBufferPointer<UInt8>) -> String {
         String(unsafeUninitializedCapacity: bytes.count) { out in
             for i in 0..<bytes.count { out[i] = ASCII.lower(bytes[i]) }
@@ -26,8 +16,10 @@ enum ForwardedHeaders {
         }
     }
 
-    /// Whether a request field named `name` (any case) is one `requestDropped` lists,
-    /// compared as bytes: no string is built for the fields that travel on.
+    /// Whether a request field named `name` (any case) never travels upstream: the fields that
+    /// describe one connection (RFC 9110 §7.6.1, plus the de-facto `Proxy-Connection`),
+    /// `Proxy-Authorization`, and those the session core sets itself (`Host`, framing,
+    /// `Expect`). Compared as bytes: no string is built for the fields that do travel.
     static func isDroppedRequestField(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
         switch name.count {
         case 2: return ASCII.equalsIgnoringCase(name, "te")
@@ -86,8 +78,9 @@ enum ForwardedHeaders {
         var fields = HTTPFields()
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
-                let lower = lowercasedName(UnsafeBufferPointer(rebasing: buf[field.name]))
-                if requestDropped.contains(lower) || head.connectionTokens.contains(lower) { continue }
+                let name = UnsafeBufferPointer(rebasing: buf[field.name])
+                if isDroppedRequestField(name) { continue }
+                if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
                 guard let name = HTTPField.Name(head.string(field.name)) else { continue }
                 fields.append(HTTPField(name: name, lenientValue: buf[field.value]))
             }
@@ -99,8 +92,8 @@ enum ForwardedHeaders {
     static func requestList(for fields: HTTPFields, via: String) -> UnsafeMutablePointer<curl_slist>? {
         var list: UnsafeMutablePointer<curl_slist>?
         for field in fields {
-            let lower = field.name.canonicalName
-            if requestDropped.contains(lower) { continue }
+            var lower = field.name.canonicalName
+            if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
             list = curl_slist_append(list, field.value.isEmpty ? "\(field.name.rawName);" : "\(field.name.rawName): \(field.value)")
         }
         list = curl_slist_append(list, "Via: \(via)")
@@ -131,6 +124,28 @@ enum ForwardedHeaders {
         var framing: UpstreamTransfer.ResponseFraming
     }
 
+    /// The response fields the proxy treats specially, recognised by bytes.
+    enum ResponseField {
+        case connection, transferEncoding, contentLength
+        /// keep-alive, proxy-connection, te, trailer, upgrade (RFC 9110 §7.6.1)
+        case hopByHop
+        case other
+
+        init(_ name: UnsafeBufferPointer<UInt8>) {
+            switch name.count {
+            case 2 where ASCII.equalsIgnoringCase(name, "te"): self = .hopByHop
+            case 7 where ASCII.equalsIgnoringCase(name, "trailer") || ASCII.equalsIgnoringCase(name, "upgrade"):
+                self = .hopByHop
+            case 10 where ASCII.equalsIgnoringCase(name, "connection"): self = .connection
+            case 10 where ASCII.equalsIgnoringCase(name, "keep-alive"): self = .hopByHop
+            case 14 where ASCII.equalsIgnoringCase(name, "content-length"): self = .contentLength
+            case 16 where ASCII.equalsIgnoringCase(name, "proxy-connection"): self = .hopByHop
+            case 17 where ASCII.equalsIgnoringCase(name, "transfer-encoding"): self = .transferEncoding
+            default: self = .other
+            }
+        }
+    }
+
     /// Why an upstream response head cannot be forwarded (the client gets 502).
     struct InvalidResponse: Error {
         let reason: String
@@ -152,7 +167,7 @@ enum ForwardedHeaders {
         var hadTransferEncoding = false
         var contentLength: UInt64?
         // (name, value) ranges into `lines`, name without trailing whitespace, value trimmed.
-        var fields: [(name: Range<Int>, value: Range<Int>, lower: String)] = []
+        var fields: [(name: Range<Int>, value: Range<Int>, kind: ResponseField)] = []
         fields.reserveCapacity(lineEnds.count)
         var start = 0
         for end in lineEnds {
@@ -168,16 +183,16 @@ enum ForwardedHeaders {
             var v = colon + 1, vEnd = end
             while v < vEnd, lines[v] == 0x20 || lines[v] == 0x09 { v += 1 }
             while vEnd > v, lines[vEnd - 1] == 0x20 || lines[vEnd - 1] == 0x09 { vEnd -= 1 }
-            let lower = lines.withUnsafeBufferPointer { lowercasedName(UnsafeBufferPointer(rebasing: $0[start..<nameEnd])) }
-            fields.append((start..<nameEnd, v..<vEnd, lower))
-            switch lower {
-            case "connection":
+            let kind = lines.withUnsafeBufferPointer { ResponseField(UnsafeBufferPointer(rebasing: $0[start..<nameEnd])) }
+            fields.append((start..<nameEnd, v..<vEnd, kind))
+            switch kind {
+            case .connection:
                 for token in lines.withUnsafeBufferPointer({ HTTPRequestParser.listElements(UnsafeBufferPointer(rebasing: $0[v..<vEnd])) }) {
                     connectionTokens.append(token.lowercased())
                 }
-            case "transfer-encoding":
+            case .transferEncoding:
                 hadTransferEncoding = true
-            case "content-length":
+            case .contentLength:
                 for element in lines.withUnsafeBufferPointer({ HTTPRequestParser.listElements(UnsafeBufferPointer(rebasing: $0[v..<vEnd]), keepEmpty: true) }) {
                     guard !element.isEmpty, element.count <= 18, element.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }),
                           let n = UInt64(element), contentLength == nil || contentLength == n
@@ -210,10 +225,15 @@ enum ForwardedHeaders {
         }
         out.append(contentsOf: "\r\n".utf8)
         for field in fields {
-            let name = field.lower
-            let drop = responseDropped.contains(name) || connectionTokens.contains(name)
-                || (name == "content-length" && hadTransferEncoding && !bodiless)
-            if drop { continue }
+            switch field.kind {
+            case .connection, .transferEncoding, .hopByHop: continue
+            case .contentLength where hadTransferEncoding && !bodiless: continue
+            default: break
+            }
+            if !connectionTokens.isEmpty,
+               connectionTokens.contains(lines.withUnsafeBufferPointer { lowercasedName(UnsafeBufferPointer(rebasing: $0[field.name])) }) {
+                continue
+            }
             out.append(contentsOf: lines[field.name])
             out.append(contentsOf: ": ".utf8)
             for b in lines[field.value] { out.append(b == 0x0D || b == 0x0A || b == 0 ? 0x20 : b) }

@@ -16,28 +16,56 @@ struct RequestTarget: Equatable {
     /// `host:port` for messages and logs; IPv6 literals in brackets.
     var authority: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
-    /// Parses an absolute-form target (`http://host[:port]/path?query`).
+    /// Parses an absolute-form target (`http://host[:port]/path?query`). Byte-level: this
+    /// runs for every request.
     static func absolute(_ target: String) throws(ProxyError) -> RequestTarget {
-        guard let colon = target.firstIndex(of: ":") else {
-            throw target.hasPrefix("/") || target == "*" ? .notAbsoluteURL : .badURL("malformed request target")
+        var target = target
+        let result: Result<RequestTarget, ProxyError> = target.withUTF8 { t in
+            do throws(ProxyError) {
+                return .success(try absolute(utf8: t))
+            } catch {
+                return .failure(error)
+            }
         }
-        let schemeText = target[..<colon].lowercased()
-        let scheme: Scheme
-        switch schemeText {
-        case "http": scheme = .http
-        case "https": scheme = .https
-        default: throw .badURL("unsupported URL scheme '\(schemeText)' (http and https are)")
+        return try result.get()
+    }
+
+    private static func absolute(utf8 t: UnsafeBufferPointer<UInt8>) throws(ProxyError) -> RequestTarget {
+        do {
+            guard let colon = t.firstIndex(of: UInt8(ascii: ":")) else {
+                throw t.first == UInt8(ascii: "/") || (t.count == 1 && t[0] == UInt8(ascii: "*"))
+                    ? .notAbsoluteURL : .badURL("malformed request target")
+            }
+            let scheme: Scheme
+            if colon == 4, ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: t[0..<4]), "http") {
+                scheme = .http
+            } else if colon == 5, ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: t[0..<5]), "https") {
+                scheme = .https
+            } else {
+                let name = String(decoding: t[0..<colon], as: UTF8.self).lowercased()
+                throw .badURL("unsupported URL scheme '\(name)' (http and https are)")
+            }
+            guard colon + 2 < t.count, t[colon + 1] == UInt8(ascii: "/"), t[colon + 2] == UInt8(ascii: "/") else {
+                throw .badURL("malformed absolute URL")
+            }
+            let authorityStart = colon + 3
+            var authorityEnd = authorityStart
+            while authorityEnd < t.count, t[authorityEnd] != UInt8(ascii: "/"), t[authorityEnd] != UInt8(ascii: "?"),
+                  t[authorityEnd] != UInt8(ascii: "#") {
+                if t[authorityEnd] == UInt8(ascii: "@") { throw .badURL("credentials in the URL are not allowed") }
+                authorityEnd += 1
+            }
+            if t[authorityEnd...].contains(UInt8(ascii: "#")) { throw .badURL("fragment in request target") }
+            let authority = Substring(String(decoding: t[authorityStart..<authorityEnd], as: UTF8.self))
+            let (host, port) = try parseAuthority(authority, defaultPort: scheme == .http ? 80 : 443)
+            // The URL as received, with the scheme lower-cased (curl is picky about nothing else).
+            let url = colon == 4 && t[0] == UInt8(ascii: "h") && t[1] == UInt8(ascii: "t") && t[2] == UInt8(ascii: "t")
+                && t[3] == UInt8(ascii: "p") || colon == 5 && t[0] == UInt8(ascii: "h") && t[4] == UInt8(ascii: "s")
+                && t[1] == UInt8(ascii: "t") && t[2] == UInt8(ascii: "t") && t[3] == UInt8(ascii: "p")
+                ? String(decoding: t, as: UTF8.self)
+                : (scheme == .http ? "http" : "https") + String(decoding: t[colon...], as: UTF8.self)
+            return RequestTarget(scheme: scheme, host: host, port: port, url: url)
         }
-        let rest = target[target.index(after: colon)...]
-        guard rest.hasPrefix("//") else { throw .badURL("malformed absolute URL") }
-        let afterSlashes = rest.dropFirst(2)
-        let authorityEnd = afterSlashes.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? afterSlashes.endIndex
-        let authority = afterSlashes[..<authorityEnd]
-        if authority.contains("@") { throw .badURL("credentials in the URL are not allowed") }
-        if afterSlashes[authorityEnd...].contains("#") { throw .badURL("fragment in request target") }
-        let (host, port) = try parseAuthority(authority, defaultPort: scheme == .http ? 80 : 443)
-        return RequestTarget(scheme: scheme, host: host, port: port,
-                             url: schemeText + target[colon...])
     }
 
     /// Parses an authority-form target (`host:port`, `[v6]:port`) for CONNECT; the port is required.
