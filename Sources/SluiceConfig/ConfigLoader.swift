@@ -60,6 +60,8 @@ struct NodeReader {
     var issues: [ConfigIssue] = []
     /// Every secret read so far, for the redactor.
     var secrets: [Secret] = []
+    /// Every listen address (forward and routes) with its node, to refuse duplicates.
+    var listenNodes: [(String, Node)] = []
 
     mutating func fail(_ node: Node?, _ message: String) {
         let mark = node?.mark
@@ -129,6 +131,10 @@ struct NodeReader {
                 for (name, _) in r.strings(value, what: key) ?? [] { redactQuery.insert(name) }
             }
         }
+        var seen: Set<String> = []
+        for (address, node) in listenNodes where !seen.insert(address).inserted {
+            fail(node, "listen address \(address) is used twice (listen and routes each need their own)")
+        }
         for entry in policyEntries {
             for adapter in entry.adapters {
                 if let key = adapter as? APIKeyAdapter, case .query(let name) = key.placement { redactQuery.insert(name) }
@@ -158,6 +164,7 @@ struct NodeReader {
         for (item, itemNode) in items {
             if ListenAddress.isValid(item) {
                 out.append(item)
+                listenNodes.append((item, itemNode))
             } else {
                 fail(itemNode, "invalid listen address '\(item)': expected IP:port, e.g. 127.0.0.1:3128 or [::1]:3128")
             }

@@ -419,7 +419,12 @@ extension NodeReader {
             entries(item, in: "route", known: ["listen", "upstream"]) { r, key, value in
                 guard let text = value.scalar?.string else { return r.fail(value, "\(key) must be a string") }
                 if key == "listen" {
-                    if ListenAddress.isValid(text) { listen = text } else { r.fail(value, "invalid listen address '\(text)': expected IP:port") }
+                    if ListenAddress.isValid(text) {
+                        listen = text
+                        r.listenNodes.append((text, value))
+                    } else {
+                        r.fail(value, "invalid listen address '\(text)': expected IP:port")
+                    }
                 } else {
                     let lower = text.lowercased()
                     let parts = URLParts(text)

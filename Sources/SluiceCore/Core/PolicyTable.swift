@@ -43,8 +43,8 @@ public final class HostPolicy: Sendable {
     public let adapters: [SourcedAdapter]
     public let redirector: Redirector
     public let retryPolicy: RetryPolicy?
-    /// Shared by every worker: the budget counts this policy's traffic process-wide.
-    public let retryBudget: RetryBudget?
+    /// Shared by every worker: each host's budget counts its traffic process-wide.
+    public let retryBudgets: RetryBudgets?
     public let validator: ResponseValidator?
     public let credentials: Credentials?
     /// Upstream statuses an adapter wants to hear about (oauth2's `refresh_on`).
@@ -59,7 +59,7 @@ public final class HostPolicy: Sendable {
         self.adapters = adapters
         self.redirector = redirector
         self.retryPolicy = retryPolicy
-        retryBudget = retryPolicy?.budget.map { RetryBudget(limits: $0) }
+        retryBudgets = retryPolicy?.budget.map { RetryBudgets(limits: $0) }
         self.validator = validator
         self.credentials = credentials
         let retriers: [any RequestRetrier] = adapters.compactMap { $0.adapter as? any RequestRetrier }

@@ -79,7 +79,11 @@ public struct RetryPolicy: RequestRetrier, Equatable {
     /// Whether a try that failed this way may be retried at all (method, status, error kind),
     /// before counting attempts.
     public func isRetryable(method: String, failure: TryFailure) -> Bool {
-        guard methods.contains(method) else { return false }
+        methods.contains(method) && isRetryable(failure)
+    }
+
+    /// Whether the failure itself is one this policy retries (whatever the method).
+    public func isRetryable(_ failure: TryFailure) -> Bool {
         switch failure {
         case .transport(let kind, _): return errors.contains(kind)
         case .status(let code, _): return statuses.contains(code)
@@ -97,9 +101,8 @@ public struct RetryPolicy: RequestRetrier, Equatable {
 
     public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                       completion: @escaping (RetryResult) -> Void) {
-        guard isRetryable(method: request.method, failure: failure) else {
-            return completion(.doNotRetryWithError(methods.contains(request.method) ? "not retryable" : "method"))
-        }
+        guard isRetryable(failure) else { return completion(.doNotRetryWithError("not retryable")) }
+        guard methods.contains(request.method) else { return completion(.doNotRetryWithError("method")) }
         guard attempt < limit else { return completion(.doNotRetryWithError("limit")) }
         if retryAfter, case .status(let code, let after?) = failure, code == 429 || code == 503 {
             return completion(.retryWithDelay(milliseconds: min(after, maxDelay)))
@@ -113,7 +116,27 @@ public struct RetryPolicy: RequestRetrier, Equatable {
     }
 }
 
-/// A retry budget shared by every worker for one host policy: in any one-second window,
+/// The retry budgets of one policy, one per host (created on first use), shared by every
+/// worker. Bounded: past `maxHosts` distinct hosts the table starts afresh.
+public final class RetryBudgets: Sendable {
+    public static let maxHosts = 10_000
+    public let limits: RetryBudget.Limits
+    private let budgets = Mutex<[String: RetryBudget]>([:])
+
+    public init(limits: RetryBudget.Limits) { self.limits = limits }
+
+    public func budget(for host: String) -> RetryBudget {
+        budgets.withLock { table in
+            if let budget = table[host] { return budget }
+            if table.count >= Self.maxHosts { table.removeAll() }
+            let budget = RetryBudget(limits: limits)
+            table[host] = budget
+            return budget
+        }
+    }
+}
+
+/// A retry budget shared by every worker for one host: in any one-second window,
 /// retries started may be at most max(`minPerSecond`, `ratio` × requests started), so a
 /// failing origin is not hit by a retry storm. One small lock per request and per retry.
 public final class RetryBudget: Sendable {

@@ -105,7 +105,7 @@ extension ClientConnection {
             stopRetrying(exchange, "deadline")
             return false
         }
-        if let budget = policy.retryBudget, !budget.tryAcquireRetry() {
+        if let budgets = policy.retryBudgets, !budgets.budget(for: exchange.target.host).tryAcquireRetry() {
             stopRetrying(exchange, "budget")
             return false
         }

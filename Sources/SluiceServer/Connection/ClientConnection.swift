@@ -242,7 +242,7 @@ final class ClientConnection: UpstreamTransferDelegate {
         let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
         let exchange = Exchange(id: id, pipeline: pipeline, policy: policy, summary: summary, target: target,
                                 body: RequestBodyReader(encoders: [], replayLimit: head.hasBody ? Self.replayLimit(policy) : 0))
-        policy.retryBudget?.recordRequest()
+        policy.retryBudgets?.budget(for: target.host).recordRequest()
         self.exchange = exchange
         pipeline.monitor?.handle(.requestReceived(id: id, client: peer, method: method, url: url, policy: policy.name))
         return exchange
@@ -306,11 +306,20 @@ final class ClientConnection: UpstreamTransferDelegate {
             }
             return UpstreamRequest(method: head.method, target: exchange.target,
                                    headers: ForwardedHeaders.requestList(for: head, via: worker.via), body: body, model: nil,
-                                   credentials: exchange.policy.credentials)
+                                   credentials: challengeCredentials(head, exchange))
         }
         var request = try upstreamRequest(for: model)
-        request.credentials = exchange.policy.credentials
+        request.credentials = challengeCredentials(head, exchange)
         return request
+    }
+
+    /// The policy's credentials, when a challenge could be answered: answering means sending
+    /// the body again, so a body must have been read whole first (within the replay limit).
+    /// Otherwise the 401 goes to the client unchanged.
+    private func challengeCredentials(_ head: HTTPRequestHead, _ exchange: Exchange) -> Credentials? {
+        guard let credentials = exchange.policy.credentials else { return nil }
+        if head.hasBody && !exchange.body.canReplay(clientBodyDone: requestBodyDone) { return nil }
+        return credentials
     }
 
     func upstreamRequest(for model: ProxyRequest) throws(ProxyError) -> UpstreamRequest {

@@ -26,7 +26,8 @@ final class Worker {
     /// `1.1 <pseudonym>`, this process's `Via` entry.
     let via: String
     let viaPseudonym: String
-    /// Open listeners by what they serve (`forward <addr>` or `route <addr> <upstream>`).
+    /// Open listeners by address. A reload that changes only what an address serves (a
+    /// route's upstream) keeps the socket: nothing queued on it is dropped.
     private var listeners: [String: Listener] = [:]
     private var reloadEvent: OpaquePointer!
     private let mailbox: Mailbox
@@ -34,7 +35,7 @@ final class Worker {
     /// One listening socket and what its connections do.
     final class Listener {
         unowned let worker: Worker
-        let mode: ClientConnection.Mode
+        var mode: ClientConnection.Mode
         let address: String
         var evListener: OpaquePointer?
         init(worker: Worker, mode: ClientConnection.Mode, address: String) {
@@ -102,8 +103,7 @@ final class Worker {
     }
 
     static func listenerSpecs(_ server: ServerConfiguration) -> [(String, ClientConnection.Mode, String)] {
-        server.listen.map { ("forward \($0)", .forward, $0) }
-            + server.routes.map { ("route \($0.listen) \($0.upstream)", .route($0.upstream), $0.listen) }
+        server.listen.map { ($0, .forward, $0) } + server.routes.map { ($0.listen, .route($0.upstream), $0.listen) }
     }
 
     /// Swaps in the new pipeline and opens or closes listeners to match the new file.
@@ -121,7 +121,11 @@ final class Worker {
             listeners.removeValue(forKey: key)
             if index == 0 { Log.info("reload: closed listener \(key)") }
         }
-        for (key, mode, address) in specs where listeners[key] == nil {
+        for (key, mode, address) in specs {
+            if let existing = listeners[key] {
+                existing.mode = mode
+                continue
+            }
             do {
                 try listen(key: key, mode: mode, on: address)
                 if index == 0 { Log.info("reload: opened listener \(key)") }
