@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Removes secrets from anything Sluice writes: URLs (userinfo, secret query parameters),
 /// header values of credential fields, and — last line of defence — any occurrence of a
 /// configured secret value in a finished log line.
@@ -33,13 +37,34 @@ public struct Redactor: Sendable {
         headers.contains(name.lowercased()) ? Self.replacement : scrub(value)
     }
 
-    /// `text` with every configured secret value replaced.
+    /// `text` with every configured secret value replaced. A byte search (`memmem`), since
+    /// it runs over every log line.
     public func scrub(_ text: String) -> String {
         guard !secretValues.isEmpty else { return text }
         var out = text
-        for secret in secretValues where out.contains(secret) {
+        for secret in secretValues where Self.occurs(secret, in: out) {
             out = out.replacing(secret, with: Self.replacement)
         }
         return out
+    }
+
+    static func occurs(_ needle: String, in haystack: String) -> Bool {
+        var haystack = haystack, needle = needle
+        return haystack.withUTF8 { h in
+            needle.withUTF8 { n in
+                guard n.count <= h.count, let hb = h.baseAddress, let nb = n.baseAddress else { return n.isEmpty }
+                var i = 0
+                let last = h.count - n.count
+                while i <= last {
+                    // memchr for the first byte, memcmp for the rest (memmem is a GNU extension
+                    // Swift's Glibc module does not show).
+                    guard let hit = memchr(hb + i, Int32(nb[0]), last - i + 1) else { return false }
+                    let at = UnsafeRawPointer(hit) - UnsafeRawPointer(hb)
+                    if memcmp(hb + at, nb, n.count) == 0 { return true }
+                    i = at + 1
+                }
+                return false
+            }
+        }
     }
 }

@@ -127,66 +127,104 @@ public struct DebugMonitorFactory: EventMonitorFactory {
     public func makeMonitor() -> any EventMonitor { DebugMonitor(sink: sink, redactor: redactor) }
 }
 
-/// Builds one JSON object on one line, escaping strings per RFC 8259.
+/// Builds one JSON object on one line, escaping strings per RFC 8259, as bytes (every
+/// finished request formats one).
 struct JSONLine {
-    private var out = "{"
+    private var out: [UInt8] = [0x7B]  // {
     private var first = true
 
+    init() { out.reserveCapacity(512) }
+
     private mutating func key(_ k: String) {
-        if !first { out += "," }
+        if !first { out.append(0x2C) }
         first = false
-        out += "\"\(k)\":"
+        out.append(0x22)
+        out.append(contentsOf: k.utf8)
+        out.append(contentsOf: "\":".utf8)
     }
 
     mutating func field(_ k: String, _ v: String) {
         key(k)
-        out += Self.quoted(v)
+        Self.appendQuoted(v, to: &out)
     }
 
     static func quoted(_ v: String) -> String {
-        var out = "\""
-        for scalar in v.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20 || scalar.value == 0x7F:
-                let hex = String(scalar.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: out.unicodeScalars.append(scalar)
+        var bytes: [UInt8] = []
+        appendQuoted(v, to: &bytes)
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    static func appendQuoted(_ v: String, to out: inout [UInt8]) {
+        let hex = Array("0123456789abcdef".utf8)
+        out.append(0x22)
+        for b in v.utf8 {
+            switch b {
+            case 0x22: out.append(contentsOf: [0x5C, 0x22])
+            case 0x5C: out.append(contentsOf: [0x5C, 0x5C])
+            case 0x0A: out.append(contentsOf: [0x5C, 0x6E])
+            case 0x0D: out.append(contentsOf: [0x5C, 0x72])
+            case 0x09: out.append(contentsOf: [0x5C, 0x74])
+            case 0..<0x20, 0x7F:
+                out.append(contentsOf: [0x5C, 0x75, 0x30, 0x30, hex[Int(b >> 4)], hex[Int(b & 0xF)]])
+            default: out.append(b)  // UTF-8 passes through, as RFC 8259 allows
             }
         }
-        return out + "\""
+        out.append(0x22)
     }
 
     mutating func field<I: BinaryInteger>(_ k: String, _ v: I) {
         key(k)
-        out += String(v)
+        out.append(contentsOf: String(v).utf8)
     }
 
     mutating func raw(_ k: String, _ json: String) {
         key(k)
-        out += json
+        out.append(contentsOf: json.utf8)
     }
 
-    mutating func finish() -> String { out + "}\n" }
+    mutating func finish() -> String {
+        out.append(contentsOf: "}\n".utf8)
+        return String(decoding: out, as: UTF8.self)
+    }
 }
 
 enum Timestamp {
-    /// `2026-11-22T00:41:07.123Z`.
+    /// The formatted second, per thread (each worker formats its own lines).
+    private final class Cache {
+        var second = -1
+        var prefix = ""
+    }
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key) { Unmanaged<AnyObject>.fromOpaque($0!).release() }
+        return key
+    }()
+
+    private static var cache: Cache {
+        if let raw = pthread_getspecific(key) { return Unmanaged<Cache>.fromOpaque(raw).takeUnretainedValue() }
+        let cache = Cache()
+        pthread_setspecific(key, Unmanaged.passRetained(cache).toOpaque())
+        return cache
+    }
+
+    /// `2026-11-22T00:41:07.123Z`; the date and time part is formatted once per second.
     static func rfc3339Now() -> String {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
-        var t = time_t(ts.tv_sec)
-        var tm = Glibc.tm()
-        gmtime_r(&t, &tm)
-        func pad(_ v: Int32, _ width: Int = 2) -> String {
-            let s = String(v)
-            return String(repeating: "0", count: max(0, width - s.count)) + s
+        let cache = Self.cache
+        if cache.second != ts.tv_sec {
+            var t = time_t(ts.tv_sec)
+            var tm = Glibc.tm()
+            gmtime_r(&t, &tm)
+            cache.second = ts.tv_sec
+            cache.prefix = "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
+                + "\(pad(tm.tm_hour)):\(pad(tm.tm_min)):\(pad(tm.tm_sec))."
         }
-        return "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
-            + "\(pad(tm.tm_hour)):\(pad(tm.tm_min)):\(pad(tm.tm_sec)).\(pad(Int32(ts.tv_nsec / 1_000_000), 3))Z"
+        return cache.prefix + pad(Int32(ts.tv_nsec / 1_000_000), 3) + "Z"
+    }
+
+    private static func pad(_ v: Int32, _ width: Int = 2) -> String {
+        let s = String(v)
+        return s.count >= width ? s : String(repeating: "0", count: width - s.count) + s
     }
 }
