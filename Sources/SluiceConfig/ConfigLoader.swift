@@ -146,8 +146,8 @@ struct NodeReader {
             do {
                 let sink = try LogSink.shared(path: spec.path)
                 switch spec.kind {
-                case .accessLog: monitors.append(AccessLogMonitorFactory(sink: sink, redactor: redactor))
-                case .debug: monitors.append(DebugMonitorFactory(sink: sink, redactor: redactor))
+                case .accessLog: monitors.append(LogMonitorFactory<AccessLogMonitor>(sink: sink, redactor: redactor))
+                case .debug: monitors.append(LogMonitorFactory<DebugMonitor>(sink: sink, redactor: redactor))
                 }
             } catch {
                 fail(node, "\(error)")

@@ -6,9 +6,10 @@ import Glibc
 /// tunnel). Field names and meanings are listed in docs/configuration.md. URLs and error
 /// messages pass through the `Redactor`; so does the finished line.
 ///
-/// One instance per worker (see `AccessLogMonitorFactory`): its formatting runs on that
+/// One instance per worker (see `LogMonitorFactory`): its formatting runs on that
 /// worker's thread, its output goes to the shared `LogSink`'s writer thread.
-public final class AccessLogMonitor: EventMonitor {
+public final class AccessLogMonitor: LogMonitor {
+    public static let kind = "access_log"
     private let buffer: LogSink.Buffer
     private let redactor: Redactor
 
@@ -77,20 +78,29 @@ public final class AccessLogMonitor: EventMonitor {
     }
 }
 
-public struct AccessLogMonitorFactory: EventMonitorFactory {
+/// A monitor that writes lines to a `LogSink`, one instance per worker.
+public protocol LogMonitor: EventMonitor {
+    /// The YAML name (`access_log`, `debug`).
+    static var kind: String { get }
+    init(sink: LogSink, redactor: Redactor)
+}
+
+/// Makes a `LogMonitor` per worker, all writing to one sink.
+public struct LogMonitorFactory<Monitor: LogMonitor>: EventMonitorFactory {
     public let sink: LogSink
     public let redactor: Redactor
-    public var summary: String { "access_log (\(sink.path))" }
+    public var summary: String { "\(Monitor.kind) (\(sink.path))" }
     public init(sink: LogSink, redactor: Redactor) {
         self.sink = sink
         self.redactor = redactor
     }
-    public func makeMonitor() -> any EventMonitor { AccessLogMonitor(sink: sink, redactor: redactor) }
+    public func makeMonitor() -> any EventMonitor { Monitor(sink: sink, redactor: redactor) }
 }
 
 /// The `debug` monitor: per upstream try, a `curl` command that reproduces it, with
 /// credentials and secrets redacted (unlike Alamofire's `cURLDescription`).
-public final class DebugMonitor: EventMonitor {
+public final class DebugMonitor: LogMonitor {
+    public static let kind = "debug"
     private let buffer: LogSink.Buffer
     private let redactor: Redactor
 
@@ -114,17 +124,6 @@ public final class DebugMonitor: EventMonitor {
     private func shellQuoted(_ s: String) -> String {
         "'" + s.replacing("'", with: "'\\''") + "'"
     }
-}
-
-public struct DebugMonitorFactory: EventMonitorFactory {
-    public let sink: LogSink
-    public let redactor: Redactor
-    public var summary: String { "debug (\(sink.path))" }
-    public init(sink: LogSink, redactor: Redactor) {
-        self.sink = sink
-        self.redactor = redactor
-    }
-    public func makeMonitor() -> any EventMonitor { DebugMonitor(sink: sink, redactor: redactor) }
 }
 
 /// Builds one JSON object on one line, escaping strings per RFC 8259, as bytes (every

@@ -92,11 +92,7 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
         state = Mutex(State(refreshToken: settings.refreshToken?.value))
     }
 
-    static func now() -> Int {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
-    }
+    static func now() -> Int { MonotonicClock.milliseconds() }
 
     public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
         completion(.failure(AdaptationError(adapter: name, reason: "needs a session to fetch tokens")))

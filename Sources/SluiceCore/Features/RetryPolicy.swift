@@ -160,11 +160,7 @@ public final class RetryBudget: Sendable {
 
     public init(limits: Limits) { self.limits = limits }
 
-    private static func nowSecond() -> Int {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return ts.tv_sec
-    }
+    private static func nowSecond() -> Int { MonotonicClock.milliseconds() / 1000 }
 
     public func recordRequest() {
         let now = Self.nowSecond()

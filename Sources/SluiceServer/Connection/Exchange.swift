@@ -1,6 +1,3 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceCore
 
 /// The pipeline state of one client request, across its upstream tries and redirect hops.
@@ -25,15 +22,9 @@ final class Exchange {
     var retryCount = 0
     /// The delay of the retry just decided, for the timer that starts it.
     var pendingRetryDelay = 0
-    private let startedAt = Exchange.monotonicMilliseconds()
+    private let startedAt = MonotonicClock.milliseconds()
 
-    var elapsedMilliseconds: Int { Exchange.monotonicMilliseconds() - startedAt }
-
-    static func monotonicMilliseconds() -> Int {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
-    }
+    var elapsedMilliseconds: Int { MonotonicClock.milliseconds() - startedAt }
 
     init(id: UInt64, pipeline: WorkerPipeline, policy: HostPolicy, summary: ExchangeSummary,
          target: RequestTarget, body: RequestBodyReader) {

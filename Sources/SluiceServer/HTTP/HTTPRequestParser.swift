@@ -86,14 +86,6 @@ public struct HTTPRequestParser: Sendable {
         return false
     }
 
-    /// True while a request body is being decoded.
-    public var inBody: Bool {
-        switch state {
-        case .head, .end, .failed: return false
-        default: return true
-        }
-    }
-
     /// Consumes bytes from `input` and returns how many, with the event they completed.
     /// A thrown error is final: the connection must answer it and close.
     public mutating func parse(_ input: UnsafeRawBufferPointer) throws(ProxyError) -> (consumed: Int, event: Event?) {
