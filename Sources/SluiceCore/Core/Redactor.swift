@@ -23,14 +23,23 @@ public struct Redactor: Sendable {
     }
 
     public func url(_ url: String) -> String {
+        scrub(urlWithoutScrub(url))
+    }
+
+    /// Userinfo and secret query parameters removed; for text that is scrubbed as a whole later.
+    public func urlWithoutScrub(_ url: String) -> String {
         var result = url
-        let parts = URLParts(url)
-        if let at = parts.authority.firstIndex(of: "@") {
-            let userinfo = parts.authority[..<at]
-            if let range = result.firstRange(of: userinfo + "@") { result.removeSubrange(range) }
+        if url.utf8.contains(UInt8(ascii: "@")) {
+            let parts = URLParts(url)
+            if let at = parts.authority.firstIndex(of: "@") {
+                let userinfo = parts.authority[..<at]
+                if let range = result.firstRange(of: userinfo + "@") { result.removeSubrange(range) }
+            }
         }
-        result = QueryString.redacting(queryParameters, in: result, replacement: Self.replacement)
-        return scrub(result)
+        if !queryParameters.isEmpty && url.utf8.contains(UInt8(ascii: "?")) {
+            result = QueryString.redacting(queryParameters, in: result, replacement: Self.replacement)
+        }
+        return result
     }
 
     public func headerValue(name: String, value: String) -> String {

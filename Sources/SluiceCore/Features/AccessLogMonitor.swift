@@ -48,7 +48,7 @@ public final class AccessLogMonitor: LogMonitor {
         json.field("id", s.id)
         json.field("client", s.client)
         json.field("method", s.method)
-        json.field("url", redactor.url(s.url))
+        json.field("url", redactor.urlWithoutScrub(s.url))
         json.field("policy", s.policy)
         json.field("status", s.status)
         json.field("bytes_in", s.bytesIn)
@@ -56,8 +56,8 @@ public final class AccessLogMonitor: LogMonitor {
         json.field("attempts", s.attempts)
         json.field("redirects", s.redirects)
         if let t = s.timings {
-            json.raw("timings", "{\"dns\":\(ms(t.dns)),\"connect\":\(ms(t.connect)),\"tls\":\(ms(t.tls)),"
-                     + "\"first_byte\":\(ms(t.firstByte)),\"total\":\(ms(t.total))}")
+            json.object("timings", [("dns", t.dns), ("connect", t.connect), ("tls", t.tls),
+                                    ("first_byte", t.firstByte), ("total", t.total)])
         } else {
             json.raw("timings", "null")
         }
@@ -67,15 +67,10 @@ public final class AccessLogMonitor: LogMonitor {
         if let stopped = s.retryStopped { json.field("retry_stopped", stopped) } else { json.raw("retry_stopped", "null") }
         if let validation = s.validation { json.field("validation", validation) } else { json.raw("validation", "null") }
         json.field("outcome", s.outcome.rawValue)
-        if let error = s.error { json.field("error", redactor.scrub(error)) } else { json.raw("error", "null") }
-        return redactor.scrub(json.finish())
+        if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
+        return redactor.scrub(json.finish())  // once, over the whole line
     }
 
-    private func ms(_ microseconds: Int64) -> String {
-        let whole = microseconds / 1000, frac = microseconds % 1000
-        let padded = frac < 10 ? "00\(frac)" : frac < 100 ? "0\(frac)" : "\(frac)"
-        return "\(whole).\(padded)"
-    }
 }
 
 /// A monitor that writes lines to a `LogSink`, one instance per worker.
@@ -101,6 +96,7 @@ public struct LogMonitorFactory<Monitor: LogMonitor>: EventMonitorFactory {
 /// credentials and secrets redacted (unlike Alamofire's `cURLDescription`).
 public final class DebugMonitor: LogMonitor {
     public static let kind = "debug"
+    public var wantsRequestDetails: Bool { true }
     private let buffer: LogSink.Buffer
     private let redactor: Redactor
 
@@ -173,12 +169,51 @@ struct JSONLine {
 
     mutating func field<I: BinaryInteger>(_ k: String, _ v: I) {
         key(k)
-        out.append(contentsOf: String(v).utf8)
+        appendInteger(v)
     }
 
     mutating func raw(_ k: String, _ json: String) {
         key(k)
         out.append(contentsOf: json.utf8)
+    }
+
+    /// `"k":{"a":1.234,…}`: microsecond values written as milliseconds with 3 decimals.
+    mutating func object(_ k: String, _ microseconds: [(String, Int64)]) {
+        key(k)
+        out.append(0x7B)
+        for (i, (name, us)) in microseconds.enumerated() {
+            if i > 0 { out.append(0x2C) }
+            out.append(0x22)
+            out.append(contentsOf: name.utf8)
+            out.append(contentsOf: "\":".utf8)
+            appendInteger(us / 1000)
+            let frac = Int(us % 1000)
+            out.append(0x2E)
+            out.append(UInt8(48 + frac / 100))
+            out.append(UInt8(48 + frac / 10 % 10))
+            out.append(UInt8(48 + frac % 10))
+        }
+        out.append(0x7D)
+    }
+
+    private mutating func appendInteger<I: BinaryInteger>(_ v: I) {
+        if v < 0 {
+            out.append(contentsOf: String(v).utf8)
+            return
+        }
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var n = UInt64(v)
+        var count = 0
+        withUnsafeMutableBytes(of: &digits) { d in
+            repeat {
+                d[19 - count] = UInt8(48 + n % 10)
+                n /= 10
+                count += 1
+            } while n > 0
+            out.append(contentsOf: d[(20 - count)...])
+        }
     }
 
     mutating func finish() -> String {

@@ -99,12 +99,25 @@ public enum ProxyEvent: Sendable {
 /// as `AccessLogMonitor` does).
 public protocol EventMonitor: AnyObject {
     func handle(_ event: ProxyEvent)
+    /// Whether this monitor reads the request in `.tryStarted` (headers as sent). Building
+    /// that request costs allocations on every request, so Sluice does it only when an
+    /// adapter, a redirect rule or a monitor that says `true` needs it. `false` by default;
+    /// without it, `.tryStarted` is not sent for requests that have no adapters.
+    var wantsRequestDetails: Bool { get }
+}
+
+extension EventMonitor {
+    public var wantsRequestDetails: Bool { false }
 }
 
 /// Fans each event out to several monitors, in order.
 public final class CompositeEventMonitor: EventMonitor {
     public let monitors: [any EventMonitor]
-    public init(_ monitors: [any EventMonitor]) { self.monitors = monitors }
+    public let wantsRequestDetails: Bool
+    public init(_ monitors: [any EventMonitor]) {
+        self.monitors = monitors
+        wantsRequestDetails = monitors.contains { $0.wantsRequestDetails }
+    }
     public func handle(_ event: ProxyEvent) {
         for monitor in monitors { monitor.handle(event) }
     }

@@ -260,7 +260,8 @@ final class ClientConnection: UpstreamTransferDelegate {
     /// request model), then starts forwarding.
     private func prepare(_ head: HTTPRequestHead, _ exchange: Exchange) {
         let policy = exchange.policy
-        let needsModel = !policy.adapters.isEmpty || exchange.monitor != nil || policy.redirector.follows
+        let needsModel = !policy.adapters.isEmpty || policy.redirector.follows
+            || exchange.monitor?.wantsRequestDetails == true
         guard needsModel else { return startWhenReady(head, exchange) }
         let model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
                                  headerFields: ForwardedHeaders.forwardedFields(of: head), body: Self.bodyMode(head))
@@ -308,7 +309,8 @@ final class ClientConnection: UpstreamTransferDelegate {
                                    headers: ForwardedHeaders.requestList(for: head, via: worker.via), body: body, model: nil,
                                    credentials: challengeCredentials(head, exchange))
         }
-        var request = try upstreamRequest(for: model)
+        // Adapters rarely change the URL: the target parsed from the head is reused then.
+        var request = try upstreamRequest(for: model, target: model.url == exchange.target.url ? exchange.target : nil)
         request.credentials = challengeCredentials(head, exchange)
         return request
     }
@@ -322,8 +324,9 @@ final class ClientConnection: UpstreamTransferDelegate {
         return credentials
     }
 
-    func upstreamRequest(for model: ProxyRequest) throws(ProxyError) -> UpstreamRequest {
-        let target = try RequestTarget.absolute(model.url)
+    func upstreamRequest(for model: ProxyRequest, target parsed: RequestTarget? = nil) throws(ProxyError) -> UpstreamRequest {
+        let target: RequestTarget
+        if let parsed { target = parsed } else { target = try RequestTarget.absolute(model.url) }
         let body: UpstreamRequest.Body
         switch model.body {
         case .none: body = .none

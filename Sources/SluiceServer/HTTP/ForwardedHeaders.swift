@@ -48,22 +48,35 @@ enum ForwardedHeaders {
                 if isDroppedRequestField(name) { continue }
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
                 if name.count == 6, ASCII.equalsIgnoringCase(name, "accept") { sawAccept = true }
-                line.removeAll(keepingCapacity: true)
-                line.append(contentsOf: name)
-                if field.value.isEmpty {
-                    line.append(0x3B)  // "Name;" is curl's spelling of an empty field
-                } else {
-                    line.append(0x3A)
-                    line.append(0x20)
-                    line.append(contentsOf: buf[field.value])
-                }
-                line.append(0)
-                list = line.withUnsafeBufferPointer { p in
-                    p.withMemoryRebound(to: CChar.self) { curl_slist_append(list, $0.baseAddress) }
-                }
+                append(name: name, value: buf[field.value], to: &list, scratch: &line)
             }
         }
-        list = curl_slist_append(list, viaLine(via))
+        return finish(list, via: via, sawAccept: sawAccept)
+    }
+
+    /// Appends `Name: value` (curl's `Name;` for an empty value) to a curl list, built in
+    /// `scratch` as bytes.
+    private static func append(name: some Collection<UInt8>, value: some Collection<UInt8>,
+                               to list: inout UnsafeMutablePointer<curl_slist>?, scratch line: inout [UInt8]) {
+        line.removeAll(keepingCapacity: true)
+        line.append(contentsOf: name)
+        if value.isEmpty {
+            line.append(0x3B)
+        } else {
+            line.append(0x3A)
+            line.append(0x20)
+            line.append(contentsOf: value)
+        }
+        line.append(0)
+        list = line.withUnsafeBufferPointer { p in
+            p.withMemoryRebound(to: CChar.self) { curl_slist_append(list, $0.baseAddress) }
+        }
+    }
+
+    /// Sluice's own lines: `Via`, and empty `Expect`/`Accept` so curl adds neither.
+    private static func finish(_ list: UnsafeMutablePointer<curl_slist>?, via: String,
+                               sawAccept: Bool) -> UnsafeMutablePointer<curl_slist>? {
+        var list = curl_slist_append(list, viaLine(via))
         list = curl_slist_append(list, "Expect:")
         if !sawAccept { list = curl_slist_append(list, "Accept:") }
         return list
@@ -91,15 +104,14 @@ enum ForwardedHeaders {
     /// The curl header list for a request the pipeline adapted.
     static func requestList(for fields: HTTPFields, via: String) -> UnsafeMutablePointer<curl_slist>? {
         var list: UnsafeMutablePointer<curl_slist>?
+        var line: [UInt8] = []
+        line.reserveCapacity(256)
         for field in fields {
             var lower = field.name.canonicalName
             if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
-            list = curl_slist_append(list, field.value.isEmpty ? "\(field.name.rawName);" : "\(field.name.rawName): \(field.value)")
+            append(name: field.name.rawName.utf8, value: field.value.utf8, to: &list, scratch: &line)
         }
-        list = curl_slist_append(list, "Via: \(via)")
-        list = curl_slist_append(list, "Expect:")
-        if fields[.accept] == nil { list = curl_slist_append(list, "Accept:") }
-        return list
+        return finish(list, via: via, sawAccept: fields[.accept] != nil)
     }
 
     /// The value of the first response field named `lowercaseName` in curl's collected lines.
