@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -58,6 +59,19 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(4 * MiB):
             h.update(chunk)
     return h.hexdigest()
+
+
+def port_open(port: int, host: str = HOST) -> bool:
+    """Whether something accepts TCP connections on host:port (0.5 s connect timeout)."""
+    s = socket.socket()
+    s.settimeout(0.5)
+    try:
+        s.connect((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def wait_until(cond, timeout: float, interval: float = 0.05) -> bool:

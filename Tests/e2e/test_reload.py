@@ -14,7 +14,7 @@ from faultservers import pick_port
 from policy_support import (AccessLog, read_config, set_sections, sighup, stderr_since, stderr_len,
                             until, write_config_text)
 from rawhttp import RawConn, request_bytes
-from support import HOST, session_via, wait_until
+from support import HOST, port_open, session_via, wait_until
 
 
 def gen_policies(value: str) -> dict:
@@ -38,17 +38,6 @@ def wait_gen(proxy, httpbin, value: str, timeout: float = 5.0) -> None:
                                          f"stderr:\n{proxy.stderr()}"
 
 
-def port_open(port: int) -> bool:
-    import socket
-    s = socket.socket()
-    s.settimeout(0.5)
-    try:
-        s.connect((HOST, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def test_valid_change_applies_to_new_requests(sluice_factory, httpbin):

@@ -7,7 +7,7 @@ import json
 from faultservers import pick_port
 from policy_support import AccessLog, header_values, monitors
 from rawhttp import RawConn, request_bytes
-from support import HOST, session_via, wait_until
+from support import HOST, port_open, session_via, wait_until
 
 
 def route_proxy(sluice_factory, upstream: str, extra: dict | None = None):
@@ -15,21 +15,10 @@ def route_proxy(sluice_factory, upstream: str, extra: dict | None = None):
     cfg = {"routes": [{"listen": f"{HOST}:{rport}", "upstream": upstream}]}
     cfg.update(extra or {})
     proxy = sluice_factory(cfg)
-    assert wait_until(lambda: _open(rport), 5), f"route listener {rport} not open"
+    assert wait_until(lambda: port_open(rport), 5), f"route listener {rport} not open"
     return proxy, rport
 
 
-def _open(port: int) -> bool:
-    import socket
-    s = socket.socket()
-    s.settimeout(0.5)
-    try:
-        s.connect((HOST, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def route_request(rport: int, method: str, target: str, headers=None, body: bytes = b""):
@@ -147,7 +136,7 @@ def test_route_honours_allow_clients(sluice_factory, httpbin, recorder):
     rport = pick_port()
     sluice_factory({"access": {"allow_clients": ["10.0.0.0/8"]},
                     "routes": [{"listen": f"{HOST}:{rport}", "upstream": recorder.url}]})
-    assert wait_until(lambda: _open(rport), 5)
+    assert wait_until(lambda: port_open(rport), 5)
     with RawConn(HOST, rport, timeout=5) as c:
         try:
             c.send(request_bytes("GET", "/x", host=f"{HOST}:{rport}"))
