@@ -16,6 +16,10 @@ public final class LogSink: Sendable {
             var line = line
             line.withUTF8 { utf8 in bytes.withLock { $0.append(contentsOf: utf8) } }
         }
+
+        public func append(bytes line: [UInt8]) {
+            bytes.withLock { $0.append(contentsOf: line) }
+        }
     }
 
     public let path: String

@@ -57,23 +57,38 @@ public struct Redactor: Sendable {
         return out
     }
 
+    /// `line` (UTF-8) with every configured secret value replaced; the bytes as they are,
+    /// without a copy, when none occurs (the common case).
+    public func scrub(bytes line: [UInt8]) -> [UInt8] {
+        guard !secretValues.isEmpty else { return line }
+        let hit = line.withUnsafeBufferPointer { h in
+            secretValues.contains { secret in
+                var secret = secret
+                return secret.withUTF8 { Self.occurs($0, in: h) }
+            }
+        }
+        return hit ? Array(scrub(String(decoding: line, as: UTF8.self)).utf8) : line
+    }
+
     static func occurs(_ needle: String, in haystack: String) -> Bool {
         var haystack = haystack, needle = needle
         return haystack.withUTF8 { h in
-            needle.withUTF8 { n in
-                guard n.count <= h.count, let hb = h.baseAddress, let nb = n.baseAddress else { return n.isEmpty }
-                var i = 0
-                let last = h.count - n.count
-                while i <= last {
-                    // memchr for the first byte, memcmp for the rest (memmem is a GNU extension
-                    // Swift's Glibc module does not show).
-                    guard let hit = memchr(hb + i, Int32(nb[0]), last - i + 1) else { return false }
-                    let at = UnsafeRawPointer(hit) - UnsafeRawPointer(hb)
-                    if memcmp(hb + at, nb, n.count) == 0 { return true }
-                    i = at + 1
-                }
-                return false
-            }
+            needle.withUTF8 { n in occurs(n, in: h) }
         }
+    }
+
+    /// Whether `n` occurs in `h`: memchr for the first byte, memcmp for the rest (memmem is a
+    /// GNU extension Swift's Glibc module does not show).
+    static func occurs(_ n: UnsafeBufferPointer<UInt8>, in h: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard n.count <= h.count, let hb = h.baseAddress, let nb = n.baseAddress else { return n.isEmpty }
+        var i = 0
+        let last = h.count - n.count
+        while i <= last {
+            guard let hit = memchr(hb + i, Int32(nb[0]), last - i + 1) else { return false }
+            let at = UnsafeRawPointer(hit) - UnsafeRawPointer(hb)
+            if memcmp(hb + at, nb, n.count) == 0 { return true }
+            i = at + 1
+        }
+        return false
     }
 }

@@ -21,7 +21,7 @@ public final class AccessLogMonitor: LogMonitor {
     public func handle(_ event: ProxyEvent) {
         switch event {
         case .finished(let summary), .tunnelClosed(let summary):
-            buffer.append(line(summary))
+            buffer.append(bytes: redactor.scrub(bytes: lineBytes(summary)))
         case .credentialRefreshed(let source):
             buffer.append(eventLine("credential_refreshed", source: source, reason: nil))
         case .credentialRefreshFailed(let source, let reason):
@@ -42,7 +42,8 @@ public final class AccessLogMonitor: LogMonitor {
         return redactor.scrub(json.finish())
     }
 
-    func line(_ s: ExchangeSummary) -> String {
+    /// One access-log line, before the final scrub.
+    private func lineBytes(_ s: ExchangeSummary) -> [UInt8] {
         var json = JSONLine()
         json.field("time", Timestamp.rfc3339Now())
         json.field("id", s.id)
@@ -68,7 +69,7 @@ public final class AccessLogMonitor: LogMonitor {
         if let validation = s.validation { json.field("validation", validation) } else { json.raw("validation", "null") }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
-        return redactor.scrub(json.finish())  // once, over the whole line
+        return json.finishBytes()  // scrubbed once, as a whole, by the caller
     }
 
 }
@@ -217,8 +218,12 @@ struct JSONLine {
     }
 
     mutating func finish() -> String {
+        String(decoding: finishBytes(), as: UTF8.self)
+    }
+
+    mutating func finishBytes() -> [UInt8] {
         out.append(contentsOf: "}\n".utf8)
-        return String(decoding: out, as: UTF8.self)
+        return out
     }
 }
 

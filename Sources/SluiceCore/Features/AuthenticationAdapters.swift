@@ -1,20 +1,19 @@
 import HTTPTypes
 
 /// The `bearer` adapter: `Authorization: Bearer <token>`, replacing any client-sent value.
-public struct BearerAdapter: RequestAdapter {
+public struct BearerAdapter: SynchronousRequestAdapter {
     public var name: String { "bearer" }
     public let token: Secret
     public init(token: Secret) { self.token = token }
 
-    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-        var request = request
+    public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
         request.headerFields[.authorization] = "Bearer " + token.value
-        completion(.success(request))
+        return true
     }
 }
 
 /// The `basic` adapter: `Authorization: Basic base64(username:password)` (RFC 7617).
-public struct BasicAuthAdapter: RequestAdapter {
+public struct BasicAuthAdapter: SynchronousRequestAdapter {
     public var name: String { "basic" }
     public let username: String
     public let password: Secret
@@ -27,16 +26,15 @@ public struct BasicAuthAdapter: RequestAdapter {
         headerValue = "Basic " + Base64.encode(Array("\(username):\(password.value)".utf8))
     }
 
-    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-        var request = request
+    public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
         request.headerFields[.authorization] = headerValue
-        completion(.success(request))
+        return true
     }
 }
 
 /// The `api_key` adapter: the key as a header, or as a query parameter (added, or replacing
 /// a parameter of the same name).
-public struct APIKeyAdapter: RequestAdapter {
+public struct APIKeyAdapter: SynchronousRequestAdapter {
     public enum Placement: Sendable, Equatable {
         case header(String)
         case query(String)
@@ -50,19 +48,18 @@ public struct APIKeyAdapter: RequestAdapter {
         self.value = value
     }
 
-    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-        var request = request
+    public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
         switch placement {
         case .header(let header):
-            guard let name = HTTPField.Name(header) else {
-                return completion(.failure(AdaptationError(adapter: name, reason: "invalid header name")))
+            guard let field = HTTPField.Name(header) else {
+                throw AdaptationError(adapter: name, reason: "invalid header name")
             }
-            request.headerFields[name] = value.value
+            request.headerFields[field] = value.value
         case .query(let parameter):
             request.url = QueryString.replacing(parameter, with: PercentEncoding.encodeQueryValue(value.value),
                                                 in: request.url)
         }
-        completion(.success(request))
+        return true
     }
 }
 

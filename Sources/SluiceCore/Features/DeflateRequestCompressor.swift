@@ -4,7 +4,7 @@ import HTTPTypes
 /// The `deflate` adapter (Alamofire's `DeflateRequestCompressor`): compresses the request
 /// body with zlib-wrapped deflate (RFC 1950, what `Content-Encoding: deflate` means) as it
 /// streams — the body never has to fit in memory — and sets `Content-Encoding: deflate`.
-public struct DeflateRequestCompressor: RequestAdapter, BodyEncoderFactory {
+public struct DeflateRequestCompressor: SynchronousRequestAdapter, BodyEncoderFactory {
     /// What to do when the request already has a `Content-Encoding` (Alamofire's
     /// `DuplicateHeaderBehavior`).
     public enum DuplicateHeaderBehavior: String, Sendable {
@@ -32,20 +32,18 @@ public struct DeflateRequestCompressor: RequestAdapter, BodyEncoderFactory {
         self.duplicateHeaderBehavior = duplicateHeaderBehavior
     }
 
-    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+    public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
         switch request.body {
-        case .none, .length(0): return completion(.success(request))
-        case .length(let n) where n < minBytes: return completion(.success(request))
+        case .none, .length(0): return true
+        case .length(let n) where n < minBytes: return true
         default: break
         }
-        var request = request
         if request.headerFields[.contentEncoding] != nil {
             switch duplicateHeaderBehavior {
             case .error:
-                return completion(.failure(AdaptationError(
-                    adapter: name, reason: "the request already has a Content-Encoding header")))
+                throw AdaptationError(adapter: name, reason: "the request already has a Content-Encoding header")
             case .skip:
-                return completion(.success(request))
+                return true
             case .replace:
                 break
             }
@@ -53,7 +51,7 @@ public struct DeflateRequestCompressor: RequestAdapter, BodyEncoderFactory {
         request.headerFields[.contentEncoding] = "deflate"
         request.body = .streamed
         request.bodyEncoders.append(self)
-        completion(.success(request))
+        return true
     }
 
     public func makeEncoder() -> any BodyEncoder { DeflateEncoder() }

@@ -1,7 +1,7 @@
 import HTTPTypes
 
 /// The `headers` adapter: removes, then sets (replacing), then adds request fields.
-public struct HeaderAdapter: RequestAdapter {
+public struct HeaderAdapter: SynchronousRequestAdapter {
     public var name: String { "headers" }
     public let set: [(HTTPField.Name, String)]
     public let add: [(HTTPField.Name, String)]
@@ -14,12 +14,11 @@ public struct HeaderAdapter: RequestAdapter {
         self.remove = remove
     }
 
-    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-        var request = request
+    public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
         for name in remove { request.headerFields[name] = nil }
         for (name, value) in set { request.headerFields[name] = value }
         for (name, value) in add { request.headerFields.append(HTTPField(name: name, value: value)) }
-        completion(.success(request))
+        return true
     }
 }
 

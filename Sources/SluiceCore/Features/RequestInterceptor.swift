@@ -23,6 +23,29 @@ public protocol RequestAdapter: Sendable {
     /// session, for adapters that must fetch something. By default it calls the plain form.
     func adapt(_ request: ProxyRequest, for session: any SessionContext,
                completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void)
+    /// The hot-path form for adapters that never wait: edits `request` in place, so a chain
+    /// of them copies the request once, not once per adapter. Returns false when the adapter
+    /// must be called through the completion form instead (the default).
+    func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool
+}
+
+extension RequestAdapter {
+    public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool { false }
+}
+
+/// A synchronous adapter: implement `adaptInPlace` only; the completion form follows from it.
+public protocol SynchronousRequestAdapter: RequestAdapter {}
+
+extension SynchronousRequestAdapter {
+    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        var request = request
+        do throws(AdaptationError) {
+            _ = try adaptInPlace(&request)
+            completion(.success(request))
+        } catch {
+            completion(.failure(error))
+        }
+    }
 }
 
 extension RequestAdapter {
@@ -111,6 +134,19 @@ public struct Interceptor: RequestInterceptor {
 
     private func adapt(_ request: ProxyRequest, session: (any SessionContext)?, from pending: ArraySlice<any RequestAdapter>,
                        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        // Synchronous adapters edit one copy in place; the first that must wait continues
+        // through the completion form.
+        var current = request
+        var pending = pending
+        while let next = pending.first {
+            do throws(AdaptationError) {
+                guard try next.adaptInPlace(&current) else { break }
+            } catch {
+                return completion(.failure(error))
+            }
+            pending = pending.dropFirst()
+        }
+        let request = current
         guard let next = pending.first else { return completion(.success(request)) }
         let proceed: (Result<ProxyRequest, AdaptationError>) -> Void = { result in
             switch result {
