@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev pkg-config)
 case "$what" in
-  test)  packages+=(nginx-light curl openssl python3-pip) ;;
+  test)  packages+=(nginx-light curl openssl ca-certificates python3-pip) ;;
   bench) packages+=(nginx-light curl wrk tinyproxy squid) ;;
 esac
 
