@@ -419,12 +419,14 @@ final class UpstreamTransfer: CurlTransfer {
         inCompletion = true
         delegate.tryEnded(timings: collectTimings())
         // A bodiless response is acted on here: it may still turn out to be a redirect to
-        // follow or a response to discard for a retry.
-        if result == CURLE_OK, !headSent, status >= 200 { sendResponseHead() }
+        // follow or a response to discard for a retry. So is a complete head followed by a
+        // failure — typically an origin that answered early and closed while Sluice was still
+        // sending the request body (legal, RFC 9112 §9.6): the client gets that answer, not 502.
+        if !headSent, status >= 200, result == CURLE_OK || headComplete { sendResponseHead() }
         if let next = redirectTo {
             redirectTo = nil
             cancel()
-            if result == CURLE_OK {
+            if result == CURLE_OK || headComplete {
                 delegate.transferRedirected(to: next)
             } else {
                 curl_slist_free_all(next.headers)
