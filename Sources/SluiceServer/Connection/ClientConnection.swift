@@ -64,7 +64,7 @@ final class ClientConnection: UpstreamTransferDelegate {
     /// The pipeline state of the current request, if it got that far.
     var exchange: Exchange?
     var requestBodyDone = true
-    private var wantsKeepAlive = true
+    var wantsKeepAlive = true
     private var continueSent = false
     /// True while `processInput` loops, so that an exchange ending synchronously inside it
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
@@ -467,7 +467,7 @@ final class ClientConnection: UpstreamTransferDelegate {
     }
 
     /// Back to reading the next request, or closing, after an exchange ended cleanly.
-    private func exchangeEnded() {
+    func exchangeEnded() {
         currentHead = nil
         exchange = nil
         state = .awaitingHead
@@ -513,118 +513,5 @@ final class ClientConnection: UpstreamTransferDelegate {
         if case .awaitingHead = state, parser.isIdle, evbuffer_get_length(clientInput) == 0 {
             close()
         }
-    }
-
-    // MARK: UpstreamTransferDelegate
-
-    /// A response that starts before the request body was read to its end promises to close:
-    /// the rest of that body cannot be told apart from a next request without reading it.
-    var keepsAliveAfterResponse: Bool { wantsKeepAlive && !worker.isDraining && requestBodyDone }
-
-    func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? {
-        guard let exchange else { return 0 }
-        return try exchange.body.read(into: buffer, capacity: capacity) { (dest, max) throws(ProxyError) -> Int? in
-            let n = try self.readClientBody(into: dest, capacity: max)
-            if let n { exchange.summary.bytesIn += Int64(n) }
-            return n
-        }
-    }
-
-    /// Decodes client body bytes straight from the input buffer into `buffer`.
-    private func readClientBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? {
-        if requestBodyDone { return 0 }
-        let input = clientInput
-        var written = 0
-        while written < capacity {
-            var iov = iovec()
-            let segments = evbuffer_peek(input, -1, nil, &iov, 1)
-            let available = segments > 0 ? min(iov.iov_len, capacity - written) : 0
-            // An empty input still lets the parser report the end of a finished body.
-            let (consumed, event) = try parser.parse(UnsafeRawBufferPointer(start: iov.iov_base, count: available))
-            if case .body(let range)? = event {
-                (buffer + written).copyMemory(from: iov.iov_base! + range.lowerBound, byteCount: range.count)
-                written += range.count
-            }
-            evbuffer_drain(input, consumed)
-            if case .end? = event {
-                requestBodyDone = true
-                return written
-            }
-            if consumed == 0 && event == nil { break }
-        }
-        return written > 0 ? written : nil
-    }
-
-    func responseStarted(status: Int) {
-        guard let exchange else { return }
-        exchange.summary.status = status
-        exchange.monitor?.handle(.responseReceived(id: exchange.id, attempt: exchange.summary.attempts, status: status))
-    }
-
-    func responseBodySent(bytes: Int) {
-        exchange?.summary.bytesOut += Int64(bytes)
-    }
-
-    func tryEnded(timings: TryTimings) {
-        guard let exchange else { return }
-        exchange.summary.timings = timings
-        exchange.monitor?.handle(.metricsCollected(id: exchange.id, attempt: exchange.summary.attempts, timings: timings))
-    }
-
-    func transferRedirected(to next: UpstreamRequest) {
-        guard let exchange else { return curl_slist_free_all(next.headers) }
-        if next.body != .none { exchange.body.rewindForReplay() }
-        startTry(next, exchange)
-    }
-
-    func transferFinished(reusable: Bool) {
-        exchange?.end(.ok)
-        if reusable && requestBodyDone && wantsKeepAlive {
-            exchangeEnded()
-        } else {
-            closeAfterFlush()
-        }
-    }
-
-    func transferFailed(_ error: ProxyError, kind: TransportErrorKind) {
-        state = .awaitingHead
-        if let exchange, decideRetry(.transport(kind, error), exchange) {
-            startRetryTimer(exchange)
-            return
-        }
-        respondError(error)
-    }
-
-    func transferAborted() {
-        exchange?.end(.upstreamAborted, error: "upstream failed after the response started")
-        closeAfterFlush()
-    }
-
-    // MARK: tunnels
-
-    /// The CONNECT destination answered: tell the client and start relaying.
-    func tunnelEstablished(fd: Int32) {
-        let tunnel = Tunnel(connection: self, upstreamFD: fd)
-        state = .tunnel(tunnel)
-        if let exchange {
-            exchange.summary.status = 200
-            exchange.summary.attempts = 1
-            exchange.monitor?.handle(.tunnelOpened(id: exchange.id, client: peer, authority: exchange.target.authority))
-        }
-        evbuffer_add(clientOutput, "HTTP/1.1 200 Connection established\r\n\r\n", 39)
-        bufferevent_enable(bev, Int16(EV_READ))
-        tunnel.clientReadable()  // bytes the client sent early (a TLS ClientHello) go first
-    }
-
-    /// Byte accounting for the access log's tunnel line.
-    func tunnelMoved(up: Int, down: Int) {
-        guard let exchange else { return }
-        exchange.summary.bytesIn += Int64(up)
-        exchange.summary.bytesOut += Int64(down)
-    }
-
-    func tunnelFailed(_ error: ProxyError) {
-        state = .awaitingHead
-        respondError(error)
     }
 }

@@ -1,0 +1,31 @@
+import CLibEvent
+import SluiceCore
+
+/// CONNECT: the connection's side of `TunnelDialer` and `Tunnel`.
+extension ClientConnection {
+    /// The CONNECT destination answered: tell the client and start relaying.
+    func tunnelEstablished(fd: Int32) {
+        let tunnel = Tunnel(connection: self, upstreamFD: fd)
+        state = .tunnel(tunnel)
+        if let exchange {
+            exchange.summary.status = 200
+            exchange.summary.attempts = 1
+            exchange.monitor?.handle(.tunnelOpened(id: exchange.id, client: peer, authority: exchange.target.authority))
+        }
+        evbuffer_add(clientOutput, "HTTP/1.1 200 Connection established\r\n\r\n", 39)
+        bufferevent_enable(bev, Int16(EV_READ))
+        tunnel.clientReadable()  // bytes the client sent early (a TLS ClientHello) go first
+    }
+
+    /// Byte accounting for the access log's tunnel line.
+    func tunnelMoved(up: Int, down: Int) {
+        guard let exchange else { return }
+        exchange.summary.bytesIn += Int64(up)
+        exchange.summary.bytesOut += Int64(down)
+    }
+
+    func tunnelFailed(_ error: ProxyError) {
+        state = .awaitingHead
+        respondError(error)
+    }
+}
