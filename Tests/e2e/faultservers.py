@@ -120,6 +120,18 @@ class Reader:
             headers.append((k.strip(), v.strip()))
         return raw, method, target, headers
 
+    def _forward(self, size: int, sink) -> int:
+        """Pass exactly `size` body bytes to `sink` as they arrive (never all in memory)."""
+        left = size
+        while left:
+            if not self.buf:
+                self.fill(min(max(left, 65536), 1 << 20))
+            take = min(left, len(self.buf))
+            sink(bytes(self.buf[:take]))
+            del self.buf[:take]
+            left -= take
+        return size
+
     def read_body(self, headers: list[tuple[str, str]], sink) -> tuple[int, bool]:
         """Stream the body into sink(bytes). Returns (bytes, was_chunked)."""
         te = ",".join(v for k, v in headers if k.lower() == "transfer-encoding").lower()
@@ -133,30 +145,14 @@ class Reader:
                     while self.read_until(b"\r\n", limit=65536) != b"\r\n":
                         pass
                     return total, True
-                left = size
-                while left:
-                    if not self.buf:
-                        self.fill(min(max(left, 65536), 1 << 20))
-                    take = min(left, len(self.buf))
-                    sink(bytes(self.buf[:take]))
-                    del self.buf[:take]
-                    left -= take
-                    total += take
+                total += self._forward(size, sink)
                 while len(self.buf) < 2:
                     self.fill()
                 if self.buf[:2] != b"\r\n":
                     raise ValueError("chunk data not followed by CRLF")
                 del self.buf[:2]
         if cls:
-            left = int(cls[0])
-            while left:
-                if not self.buf:
-                    self.fill(min(max(left, 65536), 1 << 20))
-                take = min(left, len(self.buf))
-                sink(bytes(self.buf[:take]))
-                del self.buf[:take]
-                left -= take
-                total += take
+            total += self._forward(int(cls[0]), sink)
         return total, False
 
 
