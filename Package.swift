@@ -20,12 +20,12 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
-        .target(name: "CShims", dependencies: ["CCurl", "CLibEvent"]),
-        .target(name: "SluiceCore", dependencies: ["CZlib", .product(name: "HTTPTypes", package: "swift-http-types")]),
+        .target(name: "CShims", dependencies: ["CCurl", "CLibEvent", "COpenSSL"]),
+        .target(name: "SluiceCore", dependencies: ["CZlib", "COpenSSL", .product(name: "HTTPTypes", package: "swift-http-types")]),
         .target(name: "SluiceConfig", dependencies: ["SluiceCore", .product(name: "Yams", package: "Yams"),
                                                     .product(name: "HTTPTypes", package: "swift-http-types")],
                 resources: [.embedInCode("default.yaml")]),
-        .target(name: "SluiceServer", dependencies: ["SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl"]),
+        .target(name: "SluiceServer", dependencies: ["SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl", "COpenSSL"]),
         .executableTarget(name: "sluice", dependencies: [
             "SluiceServer", "SluiceConfig", "SluiceCore",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),

@@ -1,6 +1,7 @@
 #include "CShims.h"
 #include <pthread.h>
 #include <stdlib.h>
+#include <event2/bufferevent_ssl.h>
 
 CURLcode sluice_easy_setopt_long(CURL *h, CURLoption opt, long value) { return curl_easy_setopt(h, opt, value); }
 CURLcode sluice_easy_setopt_off(CURL *h, CURLoption opt, curl_off_t value) { return curl_easy_setopt(h, opt, value); }
@@ -48,3 +49,57 @@ const char *sluice_curl_version(void) {
 }
 
 long sluice_curlauth_basic_digest(void) { return (long)(CURLAUTH_BASIC | CURLAUTH_DIGEST); }
+
+CURLcode sluice_easy_setopt_ssl_ctx_cb(CURL *h, sluice_ssl_ctx_cb cb) { return curl_easy_setopt(h, CURLOPT_SSL_CTX_FUNCTION, cb); }
+
+struct verifier_arg {
+    void *arg;
+    sluice_release_cb release;
+};
+
+static void verifier_arg_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp) {
+    (void)parent; (void)ad; (void)idx; (void)argl; (void)argp;
+    struct verifier_arg *v = ptr;
+    if (!v) return;
+    if (v->release) v->release(v->arg);
+    free(v);
+}
+
+static int verifier_index = -1;
+static pthread_once_t verifier_once = PTHREAD_ONCE_INIT;
+static void verifier_index_init(void) {
+    verifier_index = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, verifier_arg_free);
+}
+
+int sluice_ssl_ctx_set_verifier(SSL_CTX *ctx, sluice_cert_verify_cb cb, void *arg, sluice_release_cb release) {
+    pthread_once(&verifier_once, verifier_index_init);
+    if (verifier_index < 0) return 0;
+    struct verifier_arg *v = malloc(sizeof *v);
+    if (!v) return 0;
+    v->arg = arg;
+    v->release = release;
+    struct verifier_arg *old = SSL_CTX_get_ex_data(ctx, verifier_index);
+    if (!SSL_CTX_set_ex_data(ctx, verifier_index, v)) {
+        free(v);
+        return 0;
+    }
+    if (old) verifier_arg_free(ctx, old, NULL, verifier_index, 0, NULL);
+    SSL_CTX_set_cert_verify_callback(ctx, cb, arg);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    return 1;
+}
+
+struct bufferevent *sluice_bufferevent_ssl_accept(struct event_base *base, struct bufferevent *under, SSL *ssl) {
+    return bufferevent_openssl_filter_new(base, under, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                          BEV_OPT_CLOSE_ON_FREE);
+}
+
+unsigned long sluice_bufferevent_ssl_error(struct bufferevent *bev) {
+    return bufferevent_get_openssl_error(bev);
+}
+
+void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx) {
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+}

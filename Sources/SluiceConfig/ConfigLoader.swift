@@ -153,7 +153,7 @@ struct NodeReader {
                 fail(node, "\(error)")
             }
         }
-        config.pipeline = Pipeline(policies: PolicyTable(entries: policyEntries), monitors: monitors, redactor: redactor)
+        config.pipeline = Pipeline(policies: PolicyTable(entries: policyEntries, allHostsMustBeEvaluated: config.server.tls.allHostsMustBeEvaluated), monitors: monitors, redactor: redactor)
     }
 
     mutating func readListen(_ node: Node, into listen: inout [String]) {
@@ -253,12 +253,20 @@ struct NodeReader {
     }
 
     mutating func readTLS(_ node: Node, into tls: inout ServerConfiguration.TLS) {
-        entries(node, in: "tls", known: ["ca_file"]) { r, _, value in
-            guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "ca_file must be a path") }
-            if !FileManager.default.isReadableFile(atPath: path) {
-                r.fail(value, "ca_file '\(path)' is not a readable file")
+        entries(node, in: "tls", known: ["ca_file", "all_hosts_must_be_evaluated", "ca_dir"]) { r, key, value in
+            switch key {
+            case "all_hosts_must_be_evaluated":
+                tls.allHostsMustBeEvaluated = r.bool(value, key: key) ?? false
+            case "ca_dir":
+                guard let path = value.scalar?.string, path.hasPrefix("/") else { return r.fail(value, "ca_dir must be an absolute path") }
+                tls.caDir = path
+            default:
+                guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "ca_file must be a path") }
+                if !FileManager.default.isReadableFile(atPath: path) {
+                    r.fail(value, "ca_file '\(path)' is not a readable file")
+                }
+                tls.caFile = path
             }
-            tls.caFile = path
         }
     }
 

@@ -14,8 +14,9 @@ struct MonitorSpec {
 extension NodeReader {
     /// Policy sections that later parts of the pipeline will add; named so that a config
     /// using them fails loudly instead of being half-applied.
-    static let reservedPolicyKeys = ["cache", "trust", "upstream", "intercept"]
-    static let policyKeys = ["adapters", "redirect", "retry", "validate", "credentials"] + reservedPolicyKeys
+    static let reservedPolicyKeys = ["cache"]
+    static let policyKeys = ["adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
+                             "client_certificate", "intercept"] + reservedPolicyKeys
     static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
 
     mutating func readPolicies(_ node: Node) -> [PolicyEntry] {
@@ -45,6 +46,10 @@ extension NodeReader {
                 case "retry": entry.retry = r.readRetry(section)
                 case "validate": entry.validate = r.readValidate(section)
                 case "credentials": entry.credentials = r.readCredentials(section)
+                case "trust": entry.trust = r.readTrust(section, policy: name)
+                case "upstream": entry.upstream = r.readUpstream(section)
+                case "client_certificate": entry.clientCertificate = r.readClientCertificate(section)
+                case "intercept": entry.intercept = r.bool(section, key: "intercept")
                 default: r.fail(section, "'\(key)' policies are not supported by this version of Sluice yet")
                 }
             }

@@ -5,6 +5,10 @@
 // runs under curl's share locks.
 #include <sys/types.h>
 #include <curl/curl.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <event2/event.h>
+#include <event2/bufferevent.h>
 
 typedef size_t (*sluice_data_cb)(char *ptr, size_t size, size_t nmemb, void *userdata);
 typedef int (*sluice_socket_cb)(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp);
@@ -19,6 +23,25 @@ CURLcode sluice_easy_setopt_str(CURL *h, CURLoption opt, const char *value);
 CURLcode sluice_easy_setopt_data_cb(CURL *h, CURLoption opt, sluice_data_cb cb);
 CURLcode sluice_easy_setopt_opensocket_cb(CURL *h, sluice_opensocket_cb cb);
 CURLcode sluice_easy_setopt_seek_cb(CURL *h, sluice_seek_cb cb);
+
+typedef CURLcode (*sluice_ssl_ctx_cb)(CURL *easy, void *ssl_ctx, void *userptr);
+CURLcode sluice_easy_setopt_ssl_ctx_cb(CURL *h, sluice_ssl_ctx_cb cb);
+
+typedef int (*sluice_cert_verify_cb)(X509_STORE_CTX *store, void *arg);
+typedef void (*sluice_release_cb)(void *arg);
+/// Makes `cb` the certificate verification of `ctx` (SSL_CTX_set_cert_verify_callback) and
+/// turns SSL_VERIFY_PEER on, so its verdict fails the handshake. `arg` stays valid for as
+/// long as `ctx` lives: `release(arg)` runs when OpenSSL frees `ctx` (ex_data free callback).
+int sluice_ssl_ctx_set_verifier(SSL_CTX *ctx, sluice_cert_verify_cb cb, void *arg, sluice_release_cb release);
+
+/// A TLS server-side filter over `under` (libevent's bufferevent_openssl), accepting. The
+/// filter owns `ssl` and frees `under` with itself.
+struct bufferevent *sluice_bufferevent_ssl_accept(struct event_base *base, struct bufferevent *under, SSL *ssl);
+/// The oldest OpenSSL error queued on a TLS bufferevent, 0 if none.
+unsigned long sluice_bufferevent_ssl_error(struct bufferevent *bev);
+
+/// SSL_CTX_set_options / SSL_CTX_set_min_proto_version (macros).
+void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx);
 
 CURLcode sluice_easy_getinfo_long(CURL *h, CURLINFO info, long *out);
 CURLcode sluice_easy_getinfo_off(CURL *h, CURLINFO info, curl_off_t *out);

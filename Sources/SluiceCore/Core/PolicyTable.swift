@@ -15,16 +15,27 @@ public struct PolicyEntry: Sendable {
     public var retry: Section<RetryPolicy>
     public var validate: Section<ResponseValidator>
     public var credentials: Section<Credentials>
+    public var trust: Section<any ServerTrustEvaluating>
+    public var upstream: Section<UpstreamOverride>
+    public var clientCertificate: Section<ClientCertificate>
+    /// `intercept:`; nil inherits the default's.
+    public var intercept: Bool?
 
     public init(name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
                 retry: Section<RetryPolicy> = .inherit, validate: Section<ResponseValidator> = .inherit,
-                credentials: Section<Credentials> = .inherit) {
+                credentials: Section<Credentials> = .inherit, trust: Section<any ServerTrustEvaluating> = .inherit,
+                upstream: Section<UpstreamOverride> = .inherit, clientCertificate: Section<ClientCertificate> = .inherit,
+                intercept: Bool? = nil) {
         self.name = name
         self.adapters = adapters
         self.redirect = redirect
         self.retry = retry
         self.validate = validate
         self.credentials = credentials
+        self.trust = trust
+        self.upstream = upstream
+        self.clientCertificate = clientCertificate
+        self.intercept = intercept
     }
 }
 
@@ -52,10 +63,22 @@ public final class HostPolicy: Sendable {
     /// The adapters composed with Alamofire's order rules, and the retriers: adapters that
     /// also retry (oauth2's refresh on 401) first, then the retry policy.
     public let interceptor: Interceptor
+    /// How TLS connections to the host are evaluated (ServerTrustManager's answer for it).
+    public let trust: ServerTrust
+    public let upstream: UpstreamOverride?
+    public let clientCertificate: ClientCertificate?
+    /// CONNECTs to the host are answered with Sluice's own TLS (`sluice ca init`).
+    public let intercept: Bool
 
     public init(name: String, adapters: [SourcedAdapter], redirector: Redirector, retryPolicy: RetryPolicy? = nil,
-                validator: ResponseValidator? = nil, credentials: Credentials? = nil) {
+                validator: ResponseValidator? = nil, credentials: Credentials? = nil,
+                trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
+                clientCertificate: ClientCertificate? = nil, intercept: Bool = false) {
         self.name = name
+        self.trust = trust
+        self.upstream = upstream
+        self.clientCertificate = clientCertificate
+        self.intercept = intercept
         self.adapters = adapters
         self.redirector = redirector
         self.retryPolicy = retryPolicy
@@ -70,8 +93,10 @@ public final class HostPolicy: Sendable {
         }
     }
 
-    /// Default-first adapters and section-wise replacement (DESIGN §3).
-    public convenience init(merging host: PolicyEntry?, over base: PolicyEntry) {
+    /// Default-first adapters and section-wise replacement (DESIGN §3). A host whose entries
+    /// name no `trust` gets the built-in `default` evaluator, or is refused when
+    /// `allHostsMustBeEvaluated` (Alamofire's ServerTrustManager flag).
+    public convenience init(merging host: PolicyEntry?, over base: PolicyEntry, allHostsMustBeEvaluated: Bool = false) {
         let baseAdapters = base.adapters.map { SourcedAdapter(adapter: $0, entry: base.name) }
         let hostAdapters = (host?.adapters ?? []).map { SourcedAdapter(adapter: $0, entry: host!.name) }
         func pick<V>(_ h: PolicyEntry.Section<V>?, _ b: PolicyEntry.Section<V>) -> V? {
@@ -84,7 +109,12 @@ public final class HostPolicy: Sendable {
         self.init(name: host?.name ?? base.name, adapters: baseAdapters + hostAdapters,
                   redirector: host?.redirect ?? base.redirect ?? .doNotFollow,
                   retryPolicy: pick(host?.retry, base.retry), validator: pick(host?.validate, base.validate),
-                  credentials: pick(host?.credentials, base.credentials))
+                  credentials: pick(host?.credentials, base.credentials),
+                  trust: pick(host?.trust, base.trust).map(ServerTrust.init)
+                    ?? (allHostsMustBeEvaluated ? .refused : .builtInDefault),
+                  upstream: pick(host?.upstream, base.upstream),
+                  clientCertificate: pick(host?.clientCertificate, base.clientCertificate),
+                  intercept: host?.intercept ?? base.intercept ?? false)
     }
 }
 
@@ -98,13 +128,20 @@ public final class PolicyTable: Sendable {
     /// `(".suffix", policy)`, longest suffix first.
     private let wildcards: [(String, HostPolicy)]
 
-    public init(entries: [PolicyEntry]) {
+    /// Whether any host's policy intercepts CONNECTs (the interception CA is then needed).
+    public let intercepts: Bool
+    /// Policies whose trust is `disabled`, for the start-up warning.
+    public let insecurePolicies: [String]
+
+    public init(entries: [PolicyEntry], allHostsMustBeEvaluated: Bool = false) {
         let base = entries.first { $0.name == Self.defaultName } ?? PolicyEntry(name: Self.defaultName)
-        defaultPolicy = HostPolicy(merging: nil, over: base)
+        defaultPolicy = HostPolicy(merging: nil, over: base, allHostsMustBeEvaluated: allHostsMustBeEvaluated)
+        var all = [defaultPolicy]
         var exact: [String: HostPolicy] = [:]
         var wildcards: [(String, HostPolicy)] = []
         for entry in entries where entry.name != Self.defaultName {
-            let policy = HostPolicy(merging: entry, over: base)
+            let policy = HostPolicy(merging: entry, over: base, allHostsMustBeEvaluated: allHostsMustBeEvaluated)
+            all.append(policy)
             if entry.name.hasPrefix("*.") {
                 wildcards.append((String(entry.name.dropFirst()).lowercased(), policy))
             } else {
@@ -113,6 +150,8 @@ public final class PolicyTable: Sendable {
         }
         self.exact = exact
         self.wildcards = wildcards.sorted { $0.0.count > $1.0.count }
+        intercepts = all.contains { $0.intercept }
+        insecurePolicies = all.filter { $0.trust.requirements.insecure }.map(\.name)
     }
 
     /// The empty table: the default policy only, with no adapters and no redirects followed.

@@ -22,6 +22,8 @@ public enum ProxyError: Error, Sendable, Equatable {
     case upstreamRefused(host: String)
     case dnsFailure(host: String)
     case tlsFailure(host: String, reason: String)
+    /// The origin's certificate failed the host's trust evaluator; nothing was sent to it.
+    case trustFailure(host: String, evaluator: String, reason: String)
     case upstreamTimeout(host: String, phase: String)
     case upstreamProtocol(host: String, reason: String)
     /// A request adapter refused the request; nothing was sent upstream.
@@ -39,7 +41,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .headerSectionTooLarge, .tooManyHeaders: return 431
         case .unsupportedTransferCoding: return 501
         case .unsupportedVersion: return 505
-        case .upstreamRefused, .dnsFailure, .tlsFailure, .upstreamProtocol, .adapterFailed: return 502
+        case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed: return 502
         case .upstreamTimeout: return 504
         case .loopDetected: return 508
         }
@@ -53,7 +55,7 @@ public enum ProxyError: Error, Sendable, Equatable {
              .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
              .loopDetected:
             return true
-        case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure,
+        case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
              .upstreamTimeout, .upstreamProtocol, .adapterFailed:
             return false
         }
@@ -80,6 +82,8 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamRefused(let host): return "upstream \(host) refused the connection"
         case .dnsFailure(let host): return "DNS lookup failed for \(host)"
         case .tlsFailure(let host, let reason): return "TLS failure with upstream \(host): \(reason)"
+        case .trustFailure(let host, let evaluator, let reason):
+            return "TLS trust evaluation failed for upstream \(host) (evaluator: \(evaluator)): \(reason)"
         case .upstreamTimeout(let host, let phase): return "upstream \(host) timed out (\(phase))"
         case .upstreamProtocol(let host, let reason): return "upstream \(host) failed: \(reason)"
         case .adapterFailed(let name, let reason): return "adapter \(name) failed: \(reason)"

@@ -123,11 +123,30 @@ public struct ServerConfiguration: Sendable, Equatable {
         }
     }
 
-    /// How Sluice verifies the origins it speaks TLS to. Verification is always on here;
-    /// per-host trust evaluators extend this in policies.
+    /// Process-wide TLS settings. Per-host trust evaluators live in policies (`trust:`).
     public struct TLS: Sendable, Equatable {
-        /// A PEM bundle of CAs to trust instead of the system store; `nil` by default.
+        /// A PEM bundle of CAs to trust instead of the system store; `nil` by default. Used by
+        /// every evaluator that validates the chain and names no `ca_file` of its own.
         public var caFile: String?
-        public init(caFile: String? = nil) { self.caFile = caFile }
+        /// Alamofire's ServerTrustManager flag. `false` by default: a host whose policy names
+        /// no `trust` is still verified, by the built-in `default` evaluator. `true` refuses
+        /// such hosts, for gateways that want every upstream's trust spelled out.
+        public var allHostsMustBeEvaluated: Bool
+        /// The interception CA's directory (`ca.pem`, `ca.key`); nil means `defaultCADirectory()`.
+        public var caDir: String?
+
+        public init(caFile: String? = nil, allHostsMustBeEvaluated: Bool = false, caDir: String? = nil) {
+            self.caFile = caFile
+            self.allHostsMustBeEvaluated = allHostsMustBeEvaluated
+            self.caDir = caDir
+        }
+
+        /// `$STATE_DIRECTORY/ca` under systemd (`StateDirectory=sluice`), else `/var/lib/sluice/ca`.
+        public static func defaultCADirectory(environment: [String: String]) -> String {
+            if let state = environment["STATE_DIRECTORY"]?.split(separator: ":").first, !state.isEmpty {
+                return "\(state)/ca"
+            }
+            return "/var/lib/sluice/ca"
+        }
     }
 }

@@ -67,6 +67,10 @@ public final class AccessLogMonitor: LogMonitor {
         }.joined(separator: ",") + "]")
         if let stopped = s.retryStopped { json.field("retry_stopped", stopped) } else { json.raw("retry_stopped", "null") }
         if let validation = s.validation { json.field("validation", validation) } else { json.raw("validation", "null") }
+        if let failure = s.trustFailure {
+            json.raw("trust_failure", "{\"evaluator\":\(JSONLine.quoted(failure.evaluator)),\"reason\":\(JSONLine.quoted(failure.reason))}")
+        }
+        if s.insecure { json.raw("insecure", "true") }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
         return json.finishBytes()  // scrubbed once, as a whole, by the caller

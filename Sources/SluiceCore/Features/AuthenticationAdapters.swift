@@ -136,4 +136,32 @@ public enum Base64 {
         }
         return String(decoding: out, as: UTF8.self)
     }
+
+    /// Standard alphabet, padding optional; nil for any other character.
+    public static func decode(_ text: String) -> [UInt8]? {
+        var out: [UInt8] = []
+        var acc: UInt32 = 0
+        var bits = 0
+        var padding = 0
+        for c in text.utf8 {
+            let v: UInt32
+            switch c {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"): v = UInt32(c - UInt8(ascii: "A"))
+            case UInt8(ascii: "a")...UInt8(ascii: "z"): v = UInt32(c - UInt8(ascii: "a")) + 26
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): v = UInt32(c - UInt8(ascii: "0")) + 52
+            case UInt8(ascii: "+"): v = 62
+            case UInt8(ascii: "/"): v = 63
+            case UInt8(ascii: "="): padding += 1; continue
+            default: return nil
+            }
+            guard padding == 0 else { return nil }
+            acc = acc << 6 | v
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                out.append(UInt8(truncatingIfNeeded: acc >> UInt32(bits)))
+            }
+        }
+        return padding <= 2 ? out : nil
+    }
 }

@@ -17,6 +17,8 @@ public enum Outcome: String, Sendable {
     case clientAborted = "client_aborted"
     case upstreamAborted = "upstream_aborted"
     case tunnel
+    /// A CONNECT answered with Sluice's own TLS: its requests have lines of their own.
+    case intercepted
 }
 
 /// What is known about an exchange when it ends: everything an access log line needs.
@@ -40,6 +42,10 @@ public struct ExchangeSummary: Sendable {
     public var retryStopped: String?
     /// The last validation failure, if any.
     public var validation: String?
+    /// The trust evaluator that refused the origin's certificate, and why.
+    public var trustFailure: (evaluator: String, reason: String)?
+    /// The request went to its origin over TLS without verification (`trust: disabled`).
+    public var insecure = false
 
     public init(id: UInt64, client: String, method: String, url: String, policy: String) {
         self.id = id
@@ -89,6 +95,8 @@ public enum ProxyEvent: Sendable {
     case credentialRefreshed(source: String)
     case credentialRefreshFailed(source: String, reason: String)
     case finished(ExchangeSummary)
+    /// The origin's certificate failed the host's trust evaluator (the try ends with 502).
+    case trustFailed(id: UInt64, host: String, evaluator: String, reason: String)
     case tunnelOpened(id: UInt64, client: String, authority: String)
     case tunnelClosed(ExchangeSummary)
     case configReloaded(success: Bool, message: String)

@@ -80,6 +80,10 @@ extension ClientConnection {
 
     func transferFailed(_ error: ProxyError, kind: TransportErrorKind) {
         state = .awaitingHead
+        if case .trustFailure(let host, let evaluator, let reason) = error, let exchange {
+            exchange.summary.trustFailure = (evaluator, reason)
+            exchange.monitor?.handle(.trustFailed(id: exchange.id, host: host, evaluator: evaluator, reason: reason))
+        }
         if let exchange, decideRetry(.transport(kind, error), exchange) {
             startRetryTimer(exchange)
             return

@@ -217,7 +217,7 @@ final class ClientConnection: UpstreamTransferDelegate {
                     target = try RequestTarget.absolute(base + head.target)
                 }
             }
-            let exchange = beginExchange(head, target)
+            let exchange = try beginExchange(head, target)
             if head.methodIs("CONNECT") {
                 let dialer = TunnelDialer(connection: self, target: target)
                 state = .dialing(dialer)
@@ -233,12 +233,14 @@ final class ClientConnection: UpstreamTransferDelegate {
     }
 
     /// Creates the exchange: matches the policy and reports the request to the monitors.
-    private func beginExchange(_ head: HTTPRequestHead, _ target: RequestTarget) -> Exchange {
+    private func beginExchange(_ head: HTTPRequestHead, _ target: RequestTarget) throws(ProxyError) -> Exchange {
         let pipeline = worker.pipeline
         let policy = pipeline.policies.match(host: target.host)
         let id = worker.nextRequestID()
         let method = head.method
         let url = head.methodIs("CONNECT") ? target.authority : target.url
+        var target = target
+        if let override = policy.upstream, !head.methodIs("CONNECT") { target = try target.overridden(by: override) }
         let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
         let exchange = Exchange(id: id, pipeline: pipeline, policy: policy, summary: summary, target: target,
                                 body: RequestBodyReader(encoders: [], replayLimit: head.hasBody ? Self.replayLimit(policy) : 0))
@@ -360,7 +362,22 @@ final class ClientConnection: UpstreamTransferDelegate {
     }
 
     func startTry(_ request: UpstreamRequest, _ exchange: Exchange) {
+        var request = request
         exchange.target = request.target
+        if request.target.scheme == .https {
+            // The trust of the host the try goes to (a followed redirect may have changed it).
+            let policy = request.target.host == exchange.policyHost ? exchange.policy : exchange.pipeline.policies.match(host: request.target.host)
+            guard policy.trust.isAllowed else {
+                curl_slist_free_all(request.headers)
+                transferFailed(.trustFailure(host: request.target.authority, evaluator: "none",
+                                             reason: "no trust evaluator is configured for this host (tls.all_hosts_must_be_evaluated)"),
+                               kind: .other)
+                return
+            }
+            request.trust = policy.trust
+            request.clientCertificate = policy.clientCertificate
+            if policy.trust.requirements.insecure { exchange.summary.insecure = true }
+        }
         exchange.summary.attempts += 1
         let transfer = UpstreamTransfer(session: worker.session, delegate: self, request: request,
                                         clientMinorVersion: currentHead?.minorVersion ?? 1,

@@ -8,6 +8,8 @@ final class Exchange {
     let id: UInt64
     let pipeline: WorkerPipeline
     let policy: HostPolicy
+    /// The host `policy` was matched for.
+    let policyHost: String
     var summary: ExchangeSummary
     /// The request as the pipeline sees it (built when adapters, monitors or redirects need it).
     var model: ProxyRequest?
@@ -31,6 +33,7 @@ final class Exchange {
         self.id = id
         self.pipeline = pipeline
         self.policy = policy
+        policyHost = target.host
         self.summary = summary
         self.target = target
         self.body = body

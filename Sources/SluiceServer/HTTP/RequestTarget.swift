@@ -68,6 +68,22 @@ struct RequestTarget: Equatable {
         }
     }
 
+    /// The target a host's `upstream:` override sends a request to: the scheme changed, the
+    /// port from the override, else the URL's explicit port, else the new scheme's default.
+    func overridden(by override: UpstreamOverride) throws(ProxyError) -> RequestTarget {
+        let newScheme: Scheme = override.scheme == .https ? .https : .http
+        guard scheme != newScheme || override.port != nil else { return self }
+        let afterScheme = url[url.index(url.startIndex, offsetBy: scheme == .http ? 7 : 8)...]
+        let authorityEnd = afterScheme.firstIndex { $0 == "/" || $0 == "?" } ?? afterScheme.endIndex
+        let authority = afterScheme[..<authorityEnd]
+        let hostEnd = authority.lastIndex(of: "]") ?? authority.startIndex
+        let explicitPort = authority[hostEnd...].contains(":")
+        let newPort = override.port ?? (explicitPort ? port : (newScheme == .https ? 443 : 80))
+        let hostText = host.contains(":") ? "[\(host)]" : host
+        let name = newScheme == .https ? "https" : "http"
+        return try RequestTarget.absolute("\(name)://\(hostText):\(newPort)" + afterScheme[authorityEnd...])
+    }
+
     /// Parses an authority-form target (`host:port`, `[v6]:port`) for CONNECT; the port is required.
     static func authority(_ target: String) throws(ProxyError) -> RequestTarget {
         let (host, port) = try parseAuthority(Substring(target), defaultPort: nil)

@@ -74,6 +74,10 @@ struct UpstreamRequest {
     var model: ProxyRequest?
     /// Answers Basic and Digest challenges (the policy's `credentials`).
     var credentials: Credentials?
+    /// The target host's trust evaluator and client certificate (set when the try starts:
+    /// a followed redirect may change the host).
+    var trust: ServerTrust = .builtInDefault
+    var clientCertificate: ClientCertificate?
 
     var isHead: Bool { method == "HEAD" }
 }
@@ -112,6 +116,7 @@ final class UpstreamTransfer: CurlTransfer {
     private let clientMinorVersion: Int
     private let deny: [IPNetwork]
     private let via: String
+    private let trust: ServerTrust
 
     private var responseLines: [UInt8] = []
     private var lineEnds: [Int] = []
@@ -144,6 +149,7 @@ final class UpstreamTransfer: CurlTransfer {
         self.clientMinorVersion = clientMinorVersion
         self.deny = config.access.deny
         self.via = via
+        trust = request.trust
         handle = session.makeHandle()
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
@@ -171,9 +177,10 @@ final class UpstreamTransfer: CurlTransfer {
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
         sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
         if let total = config.timeouts.total { sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, total) }
-        if let ca = config.tls.caFile { sluice_easy_setopt_str(h, CURLOPT_CAINFO, ca) }
-        sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYPEER, 1)
-        sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYHOST, 2)
+        if target.scheme == .https {
+            UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
+                                  defaultCAFile: config.tls.caFile)
+        }
 
         sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)
         sluice_easy_setopt_data_cb(h, CURLOPT_HEADERFUNCTION) { ptr, size, count, ud in
@@ -458,7 +465,8 @@ final class UpstreamTransfer: CurlTransfer {
             cancel()
             delegate.transferAborted()
         } else {
-            let kind = pendingError == nil ? Self.kind(of: result, gotResponse: status != 0) : .other
+            var kind = pendingError == nil ? Self.kind(of: result, gotResponse: status != 0) : .other
+            if case .trustFailure = error { kind = .other }  // another try meets the same certificate
             cancel()
             delegate.transferFailed(error, kind: kind)
         }
@@ -491,6 +499,10 @@ final class UpstreamTransfer: CurlTransfer {
     private func mapError(_ code: CURLcode) -> ProxyError {
         let host = target.authority
         let detail = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(code))
+        if target.scheme == .https,
+           let failure = UpstreamTLS.failure(handle, code: code, message: detail, trust: trust, host: host) {
+            return failure
+        }
         switch code {
         case CURLE_COULDNT_RESOLVE_HOST:
             return .dnsFailure(host: target.host)

@@ -51,8 +51,9 @@ final class WorkerSession: SessionContext {
 
     func post(url: String, headers: [(String, String)], body: [UInt8],
               completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
-        let fetch = SideFetch(session: worker.session, config: worker.config, url: url, headers: headers, body: body,
-                              completion: completion)
+        let policy = worker.pipeline.policies.match(host: URLParts(url).host)
+        let fetch = SideFetch(session: worker.session, config: worker.config, policy: policy, url: url, headers: headers,
+                              body: body, completion: completion)
         fetch.start()
     }
 }
@@ -67,14 +68,22 @@ final class SideFetch: CurlTransfer {
     private var response: [UInt8] = []
     private let completion: (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void
     private let host: String
+    private let trust: ServerTrust
+    private let isTLS: Bool
+    private let errorBuffer: UnsafeMutablePointer<CChar>
     private var me: Unmanaged<SideFetch>?
 
-    init(session: UpstreamSession, config: ServerConfiguration, url: String, headers: [(String, String)], body: [UInt8],
+    init(session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
+         headers: [(String, String)], body: [UInt8],
          completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
         self.session = session
         self.completion = completion
         host = URLParts(url).host
+        trust = policy.trust
+        isTLS = url.lowercased().hasPrefix("https:")
         handle = session.makeHandle()
+        errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
+        errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
         super.init()
         let h = handle
         sluice_easy_setopt_str(h, CURLOPT_URL, url)
@@ -83,7 +92,11 @@ final class SideFetch: CurlTransfer {
         sluice_easy_setopt_ptr(h, CURLOPT_SHARE, session.share)
         sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
         sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, config.timeouts.upstreamPerTry)
-        if let ca = config.tls.caFile { sluice_easy_setopt_str(h, CURLOPT_CAINFO, ca) }
+        sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
+        if isTLS {
+            UpstreamTLS.configure(h, trust: policy.trust, clientCertificate: policy.clientCertificate,
+                                  defaultCAFile: config.tls.caFile)
+        }
         sluice_easy_setopt_long(h, CURLOPT_POSTFIELDSIZE, body.count)
         body.withUnsafeBufferPointer { buf in
             _ = buf.withMemoryRebound(to: CChar.self) { sluice_easy_setopt_ptr(h, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress)) }
@@ -92,7 +105,17 @@ final class SideFetch: CurlTransfer {
         sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, headerList)
     }
 
+    deinit { errorBuffer.deallocate() }
+
     func start() {
+        if isTLS, !trust.isAllowed {
+            completion(.failure(.trustFailure(host: host, evaluator: "none",
+                                              reason: "no trust evaluator is configured for this host (tls.all_hosts_must_be_evaluated)")))
+            session.discard(handle)
+            curl_slist_free_all(headerList)
+            headerList = nil
+            return
+        }
         me = Unmanaged.passRetained(self)  // released in curlDone
         let raw = me!.toOpaque()
         sluice_easy_setopt_ptr(handle, CURLOPT_PRIVATE, raw)
@@ -113,15 +136,18 @@ final class SideFetch: CurlTransfer {
         session.finish(handle)
         curl_slist_free_all(headerList)
         headerList = nil
+        let message = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(result))
         if result == CURLE_OK {
             completion(.success((status: status, body: response)))
+        } else if isTLS, let failure = UpstreamTLS.failure(handle, code: result, message: message, trust: trust, host: host) {
+            completion(.failure(failure))
         } else {
             let error: ProxyError
             switch result {
             case CURLE_COULDNT_CONNECT: error = .upstreamRefused(host: host)
             case CURLE_COULDNT_RESOLVE_HOST: error = .dnsFailure(host: host)
             case CURLE_OPERATION_TIMEDOUT: error = .upstreamTimeout(host: host, phase: "token request")
-            default: error = .upstreamProtocol(host: host, reason: String(cString: curl_easy_strerror(result)))
+            default: error = .upstreamProtocol(host: host, reason: message)
             }
             completion(.failure(error))
         }

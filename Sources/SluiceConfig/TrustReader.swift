@@ -1,0 +1,193 @@
+import Foundation
+import SluiceCore
+import Yams
+
+/// Reading of the TLS sections of a policy: `trust`, `upstream`, `client_certificate`,
+/// `intercept`. Files named here (certificates, keys, CRLs) are read at load, so a bad one
+/// is a config error with its location, not a failed handshake later.
+extension NodeReader {
+    static let evaluatorNames = ["default", "revocation", "pinned_certificates", "public_keys", "composite", "disabled"]
+
+    mutating func bool(_ node: Node, key: String) -> Bool? {
+        switch node.scalar?.string {
+        case "true": return true
+        case "false": return false
+        default:
+            fail(node, "\(key) must be true or false")
+            return nil
+        }
+    }
+
+    mutating func readTrust(_ node: Node, policy: String) -> PolicyEntry.Section<any ServerTrustEvaluating> {
+        if node.scalar?.string == "off" { return .off }
+        guard let evaluator = readEvaluator(node, policy: policy, nested: false) else { return .inherit }
+        return .on(evaluator)
+    }
+
+    /// One evaluator: a bare word (`default`) or a map with exactly one evaluator key and
+    /// its options beside it.
+    private mutating func readEvaluator(_ node: Node, policy: String, nested: Bool) -> (any ServerTrustEvaluating)? {
+        let usage = "trust must be default, or a map with one evaluator (\(Self.evaluatorNames.joined(separator: ", "))) and its options"
+        if let word = node.scalar?.string {
+            switch word {
+            case "default": return DefaultTrustEvaluator()
+            case "disabled":
+                fail(node, "trust: disabled turns certificate verification off; write { disabled: true, insecure: true } to say you mean it")
+                return nil
+            default:
+                unknownEvaluator(word, at: node, usage: usage)
+                return nil
+            }
+        }
+        guard case .mapping(let m) = node else {
+            fail(node, usage)
+            return nil
+        }
+        let present = m.compactMap { key, _ in key.scalar?.string }.filter { Self.evaluatorNames.contains($0) }
+        guard present.count == 1, let kind = present.first else {
+            if present.count > 1 {
+                fail(node, "trust names \(present.joined(separator: " and ")); use composite: [...] to combine evaluators")
+            } else if let first = m.first?.key, let name = first.scalar?.string {
+                unknownEvaluator(name, at: first, usage: usage)
+            } else {
+                fail(node, usage)
+            }
+            return nil
+        }
+        let options: [String]
+        switch kind {
+        case "default": options = ["ca_file", "validate_host"]
+        case "revocation": options = ["ca_file", "validate_host", "ocsp"]
+        case "pinned_certificates", "public_keys": options = ["ca_file", "validate_host", "validate_chain"]
+        case "disabled": options = ["insecure"]
+        default: options = []
+        }
+        var caFile: String?, validateHost = true, validateChain = true, ocsp = false, insecure = false
+        var evaluatorValue: Node?
+        entries(node, in: "trust (\(kind))", known: [kind] + options) { r, key, value in
+            switch key {
+            case kind: evaluatorValue = value
+            case "ca_file":
+                if let path = value.scalar?.string, FileManager.default.isReadableFile(atPath: path) { caFile = path } else { r.fail(value, "ca_file must be a readable PEM file") }
+            case "validate_host": validateHost = r.bool(value, key: key) ?? true
+            case "validate_chain": validateChain = r.bool(value, key: key) ?? true
+            case "insecure": insecure = r.bool(value, key: key) ?? false
+            default:
+                switch value.scalar?.string {
+                case "require": ocsp = true
+                case "off": ocsp = false
+                default: r.fail(value, "ocsp must be require or off")
+                }
+            }
+        }
+        guard let value = evaluatorValue else { return nil }
+        switch kind {
+        case "default":
+            guard bool(value, key: "default") == true else { return nil }
+            return DefaultTrustEvaluator(caFile: caFile, validateHost: validateHost)
+        case "revocation":
+            var crls: [[UInt8]] = []
+            for (path, n) in strings(value, what: "revocation (CRL files)") ?? [] {
+                do { crls += try CertificateFiles.crls(atPath: path) } catch { fail(n, error.message) }
+            }
+            if crls.isEmpty && !ocsp {
+                fail(value, "revocation needs CRL files, or ocsp: require")
+            }
+            return RevocationTrustEvaluator(crls: crls, requireOCSP: ocsp, caFile: caFile, validateHost: validateHost)
+        case "pinned_certificates":
+            var certs: [[UInt8]] = []
+            for (path, n) in nonEmptyList(value, what: "pinned_certificates") {
+                do { certs += try CertificateFiles.certificates(atPath: path) } catch { fail(n, error.message) }
+            }
+            return PinnedCertificatesTrustEvaluator(certificates: certs, validateChain: validateChain,
+                                                    validateHost: validateHost, caFile: caFile)
+        case "public_keys":
+            var digests: [[UInt8]] = []
+            for (text, n) in nonEmptyList(value, what: "public_keys") {
+                if text.hasPrefix("sha256/") {
+                    if let pin = CertificateFiles.parsePin(text) { digests.append(pin) } else {
+                        fail(n, "'\(text)' is not a pin: expected sha256/ and the base64 of 32 bytes (see docs/trust.md)")
+                    }
+                    continue
+                }
+                do { digests += try CertificateFiles.publicKeyDigests(atPath: text) } catch { fail(n, error.message) }
+            }
+            return PublicKeysTrustEvaluator(keyDigests: digests, validateChain: validateChain,
+                                            validateHost: validateHost, caFile: caFile)
+        case "composite":
+            guard case .sequence(let items) = value, !items.isEmpty else {
+                fail(value, "composite must be a list of evaluators, e.g. [default, { public_keys: [...] }]")
+                return nil
+            }
+            let members = items.compactMap { readEvaluator($0, policy: policy, nested: true) }
+            let caFiles = Set(members.compactMap { $0.requirements.caFile })
+            if caFiles.count > 1 { fail(value, "composite members name different ca_file values; use one") }
+            return members.count == items.count ? CompositeTrustEvaluator(evaluators: members) : nil
+        default:  // disabled
+            guard bool(value, key: "disabled") == true else { return nil }
+            guard insecure else {
+                fail(value, "trust: disabled turns certificate verification off; add 'insecure: true' to say you mean it")
+                return nil
+            }
+            if nested { fail(value, "disabled cannot be part of a composite (a composite needs every member to pass)") }
+            return DisabledTrustEvaluator()
+        }
+    }
+
+    private mutating func unknownEvaluator(_ word: String, at node: Node, usage: String) {
+        var message = "unknown trust evaluator '\(word)'"
+        if let s = DidYouMean.closest(to: word, among: Self.evaluatorNames) { message += "; did you mean '\(s)'?" } else { message += "; \(usage)" }
+        fail(node, message)
+    }
+
+    private mutating func nonEmptyList(_ node: Node, what: String) -> [(String, Node)] {
+        let items = strings(node, what: what) ?? []
+        if items.isEmpty { fail(node, "\(what) needs at least one entry") }
+        return items
+    }
+
+    mutating func readUpstream(_ node: Node) -> PolicyEntry.Section<UpstreamOverride> {
+        if node.scalar?.string == "off" { return .off }
+        var scheme: UpstreamOverride.Scheme?
+        var port: Int?
+        entries(node, in: "upstream", known: ["scheme", "port"]) { r, key, value in
+            if key == "scheme" {
+                if let s = value.scalar.flatMap({ UpstreamOverride.Scheme(rawValue: $0.string) }) { scheme = s } else { r.fail(value, "scheme must be http or https") }
+            } else if let n = value.scalar.flatMap({ Int($0.string) }), (1...65535).contains(n) {
+                port = n
+            } else {
+                r.fail(value, "port must be 1 to 65535")
+            }
+        }
+        guard let scheme else {
+            fail(node, "upstream needs scheme (http or https)")
+            return .inherit
+        }
+        return .on(UpstreamOverride(scheme: scheme, port: port))
+    }
+
+    mutating func readClientCertificate(_ node: Node) -> PolicyEntry.Section<ClientCertificate> {
+        if node.scalar?.string == "off" { return .off }
+        var certificate: String?, key: String?, passphrase: Secret?
+        entries(node, in: "client_certificate", known: ["certificate", "key", "passphrase"]) { r, k, value in
+            switch k {
+            case "passphrase": passphrase = r.secret(value, what: "passphrase")
+            default:
+                guard let path = value.scalar?.string, FileManager.default.isReadableFile(atPath: path) else {
+                    return r.fail(value, "\(k) must be a readable PEM file")
+                }
+                if k == "certificate" {
+                    do throws(CertificateFiles.Problem) { _ = try CertificateFiles.certificates(atPath: path) } catch { r.fail(value, error.message) }
+                    certificate = path
+                } else {
+                    key = path
+                }
+            }
+        }
+        guard let certificate, let key else {
+            fail(node, "client_certificate needs certificate and key")
+            return .inherit
+        }
+        return .on(ClientCertificate(certificate: certificate, key: key, passphrase: passphrase))
+    }
+}

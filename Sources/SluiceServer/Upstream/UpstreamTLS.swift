@@ -1,0 +1,153 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CCurl
+import COpenSSL
+import CShims
+import SluiceCore
+
+/// Applies a host's `ServerTrust` (and client certificate) to a curl easy handle, and names
+/// the reason when a handshake fails it.
+///
+/// What libcurl enforces itself: chain verification against the CA bundle, the host name,
+/// OCSP stapling. What Sluice checks in the handshake (OpenSSL's certificate-verify callback,
+/// installed through `CURLOPT_SSL_CTX_FUNCTION`): CRLs and pins, before any request byte is
+/// sent. Handles whose trust libcurl cannot see in its connection and TLS-session matching
+/// (anything but plain `default`) do not resume TLS sessions, so a session verified under
+/// one evaluator never skips another's checks.
+///
+/// Threading: `configure` on the worker's thread; the callbacks run on the thread that drives
+/// the handshake (the same worker), reading only the immutable `ServerTrust`.
+enum UpstreamTLS {
+    static func configure(_ h: UnsafeMutableRawPointer, trust: ServerTrust, clientCertificate: ClientCertificate?,
+                          defaultCAFile: String?) {
+        let r = trust.requirements
+        if let ca = r.caFile ?? defaultCAFile { sluice_easy_setopt_str(h, CURLOPT_CAINFO, ca) }
+        sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYPEER, r.validateChain ? 1 : 0)
+        sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYHOST, r.validateHost ? 2 : 0)
+        if r.requireOCSP { sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYSTATUS, 1) }
+        if !r.isCurlNative { sluice_easy_setopt_long(h, CURLOPT_SSL_SESSIONID_CACHE, 0) }
+        if r.needsOwnCheck {
+            sluice_easy_setopt_ptr(h, CURLOPT_SSL_CTX_DATA, Unmanaged.passUnretained(trust).toOpaque())
+            sluice_easy_setopt_ssl_ctx_cb(h) { _, sslContext, userdata in
+                // Retained for the SSL_CTX's life (released by OpenSSL's ex_data free callback):
+                // a pooled connection may outlive the policy snapshot that opened it.
+                let retained = Unmanaged<ServerTrust>.fromOpaque(userdata!).retain().toOpaque()
+                let ok = sluice_ssl_ctx_set_verifier(OpaquePointer(sslContext), { store, arg in
+                    let trust = Unmanaged<ServerTrust>.fromOpaque(arg!).takeUnretainedValue()
+                    return UpstreamTLS.verify(store!, trust.requirements) ? 1 : 0
+                }, retained, { arg in Unmanaged<ServerTrust>.fromOpaque(arg!).release() })
+                if ok == 0 {
+                    Unmanaged<ServerTrust>.fromOpaque(retained).release()
+                    return CURLE_SSL_CERTPROBLEM
+                }
+                return CURLE_OK
+            }
+        }
+        if let cert = clientCertificate {
+            sluice_easy_setopt_str(h, CURLOPT_SSLCERT, cert.certificate)
+            sluice_easy_setopt_str(h, CURLOPT_SSLKEY, cert.key)
+            if let pass = cert.passphrase { sluice_easy_setopt_str(h, CURLOPT_KEYPASSWD, pass.value) }
+        }
+    }
+
+    /// The certificate-verify callback's work: CRLs (for the leaf), the chain when asked,
+    /// then every pin set against the chain. Sets the store's error for libcurl to report.
+    static func verify(_ store: OpaquePointer, _ r: TrustRequirements) -> Bool {
+        var crlStack: OpaquePointer?
+        if !r.crls.isEmpty, let stack = OPENSSL_sk_new_null() {
+            crlStack = stack
+            for der in r.crls {
+                der.withUnsafeBufferPointer { buf in
+                    var p: UnsafePointer<UInt8>? = buf.baseAddress
+                    if let crl = d2i_X509_CRL(nil, &p, buf.count) { OPENSSL_sk_push(stack, UnsafeRawPointer(crl)) }
+                }
+            }
+            X509_STORE_CTX_set0_crls(store, stack)
+            X509_STORE_CTX_set_flags(store, UInt(X509_V_FLAG_CRL_CHECK))
+        }
+        defer {
+            if let crlStack {
+                while OPENSSL_sk_num(crlStack) > 0 {
+                    X509_CRL_free(OpaquePointer(OPENSSL_sk_pop(crlStack)))
+                }
+                OPENSSL_sk_free(crlStack)
+            }
+        }
+        if r.validateChain {
+            guard X509_verify_cert(store) == 1 else { return false }
+        }
+        guard !r.certificatePins.isEmpty || !r.publicKeyPins.isEmpty else { return true }
+        var chain: [OpaquePointer] = []
+        if r.validateChain, let verified = X509_STORE_CTX_get0_chain(store) {
+            for i in 0..<OPENSSL_sk_num(verified) { chain.append(OpaquePointer(OPENSSL_sk_value(verified, i))) }
+        } else {
+            if let leaf = X509_STORE_CTX_get0_cert(store) { chain.append(leaf) }
+            if let sent = X509_STORE_CTX_get0_untrusted(store) {
+                for i in 0..<OPENSSL_sk_num(sent) { chain.append(OpaquePointer(OPENSSL_sk_value(sent, i))) }
+            }
+        }
+        if !r.certificatePins.isEmpty {
+            let ders = chain.compactMap(CertificateFiles.der(of:))
+            for pins in r.certificatePins where !ders.contains(where: pins.contains) {
+                X509_STORE_CTX_set_error(store, X509_V_ERR_APPLICATION_VERIFICATION)
+                return false
+            }
+        }
+        if !r.publicKeyPins.isEmpty {
+            let digests = chain.compactMap(CertificateFiles.spkiDigest(of:))
+            for pins in r.publicKeyPins where !digests.contains(where: pins.contains) {
+                X509_STORE_CTX_set_error(store, X509_V_ERR_APPLICATION_VERIFICATION)
+                return false
+            }
+        }
+        X509_STORE_CTX_set_error(store, X509_V_OK)
+        return true
+    }
+
+    /// The trust failure behind a failed transfer, or nil when the failure was not about
+    /// trust. `message` is libcurl's error buffer.
+    static func failure(_ h: UnsafeMutableRawPointer, code: CURLcode, message: String, trust: ServerTrust,
+                        host: String) -> ProxyError? {
+        let reason: String
+        switch code {
+        case CURLE_PEER_FAILED_VERIFICATION:
+            var result = 0
+            sluice_easy_getinfo_long(h, CURLINFO_SSL_VERIFYRESULT, &result)
+            reason = verifyReason(Int32(result), message: message, requirements: trust.requirements)
+        case CURLE_SSL_INVALIDCERTSTATUS:
+            reason = message.contains("revoked") ? "certificate revoked" : message.contains("No OCSP response") ? "no OCSP response" : message
+        case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+            reason = "public key pin mismatch"
+        case CURLE_SSL_CACERT_BADFILE:
+            reason = "the CA file could not be used (\(message))"
+        default:
+            return nil
+        }
+        return .trustFailure(host: host, evaluator: trust.evaluatorName, reason: reason)
+    }
+
+    private static func verifyReason(_ result: Int32, message: String, requirements r: TrustRequirements) -> String {
+        switch result {
+        case X509_V_OK:
+            if message.contains("subject name") || message.contains("host name") || message.contains("hostname") {
+                return "hostname mismatch"
+            }
+            return message
+        case X509_V_ERR_CERT_HAS_EXPIRED: return "certificate expired"
+        case X509_V_ERR_CERT_NOT_YET_VALID: return "certificate not yet valid"
+        case X509_V_ERR_CERT_REVOKED: return "certificate revoked"
+        case X509_V_ERR_UNABLE_TO_GET_CRL: return "no CRL for the certificate's issuer"
+        case X509_V_ERR_CRL_HAS_EXPIRED: return "the CRL has expired"
+        case X509_V_ERR_HOSTNAME_MISMATCH: return "hostname mismatch"
+        case X509_V_ERR_APPLICATION_VERIFICATION:
+            switch (r.certificatePins.isEmpty, r.publicKeyPins.isEmpty) {
+            case (false, true): return "certificate pin mismatch"
+            case (true, false): return "public key pin mismatch"
+            default: return "certificate or public key pin mismatch"
+            }
+        default:
+            return "untrusted certificate (\(String(cString: X509_verify_cert_error_string(Int(result)))))"
+        }
+    }
+}
