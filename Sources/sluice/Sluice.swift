@@ -20,7 +20,7 @@ struct Sluice: ParsableCommand {
             with its file, line and column.
             """,
         version: version,
-        subcommands: [Run.self, Check.self],
+        subcommands: [Run.self, Check.self, CA.self],
         defaultSubcommand: nil
     )
 }
@@ -87,6 +87,68 @@ struct Check: ParsableCommand {
         } catch let error as ConfigError {
             printError(error.description)
             throw ExitCode(1)
+        }
+    }
+}
+
+struct CA: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ca",
+        abstract: "Manage the local CA that signs the certificates of intercepted hosts (intercept: true).",
+        discussion: """
+            The default directory is $STATE_DIRECTORY/ca under systemd (StateDirectory=sluice),
+            else /var/lib/sluice/ca; tls.ca_dir in the configuration must name the same one.
+            """,
+        subcommands: [Init.self, Export.self])
+
+    static func directory(_ option: String?) -> String {
+        if let option { return option }
+        var environment: [String: String] = [:]
+        if let state = getenv("STATE_DIRECTORY") { environment["STATE_DIRECTORY"] = String(cString: state) }
+        return ServerConfiguration.TLS.defaultCADirectory(environment: environment)
+    }
+
+    struct Init: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Create the CA: ca.key (mode 0600) and ca.pem. Refuses to replace an existing CA without --force.")
+
+        @Option(name: .long, help: "Directory for ca.pem and ca.key (created with mode 0700).")
+        var dir: String?
+
+        @Flag(name: .long, help: "Replace an existing CA (clients trusting the old one must be given the new one).")
+        var force = false
+
+        func run() throws {
+            let directory = CA.directory(dir)
+            do {
+                let ca = try LocalCA.create(directory: directory, force: force)
+                print("certificate: \(ca.certificatePath)")
+                print("key:         \(ca.keyPath) (mode 0600)")
+                print("SHA-256 fingerprint: \(ca.fingerprint)")
+                print("Clients must trust the certificate: sluice ca export --dir \(directory) > sluice-ca.pem")
+            } catch {
+                printError("sluice: \(error.description)")
+                throw ExitCode(1)
+            }
+        }
+    }
+
+    struct Export: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Print the CA certificate (PEM) for clients to trust.")
+
+        @Option(name: .long, help: "Directory holding ca.pem and ca.key.")
+        var dir: String?
+
+        func run() throws {
+            let directory = CA.directory(dir)
+            do {
+                let ca = try LocalCA.load(directory: directory)
+                var text = ca.certificatePEM
+                text.withUTF8 { _ = write(1, $0.baseAddress, $0.count) }
+            } catch {
+                printError("sluice: \(error.description)")
+                throw ExitCode(1)
+            }
         }
     }
 }

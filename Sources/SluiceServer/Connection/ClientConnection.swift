@@ -42,6 +42,8 @@ final class ClientConnection: UpstreamTransferDelegate {
         case forward
         /// A gateway route: origin-form requests appended to this base URL.
         case route(String)
+        /// Inside an intercepted CONNECT: requests for that `https` authority only.
+        case intercepted(RequestTarget)
     }
 
     /// Stop reading from a client once this many unprocessed bytes wait (256 KiB): the
@@ -51,8 +53,12 @@ final class ClientConnection: UpstreamTransferDelegate {
     static let outputLowWatermark = 256 * 1024
 
     unowned let worker: Worker
-    let mode: Mode
-    let bev: OpaquePointer
+    var mode: Mode
+    /// The client's bufferevent: the socket's, or the TLS filter over it once intercepted.
+    var bev: OpaquePointer
+    /// Set while (and after) Sluice is the TLS server of an intercepted CONNECT.
+    var interceptedHandshake: InterceptedHandshake?
+    var interceptionEstablished = false
     let peer: String
     var state: State = .awaitingHead
     var parser: HTTPRequestParser
@@ -83,6 +89,13 @@ final class ClientConnection: UpstreamTransferDelegate {
         timer = event_new(worker.base, -1, 0, { _, _, arg in
             Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().timerFired()
         }, me)
+        attachCallbacks()
+        armTimer(.idle)
+    }
+
+    /// Points the current bufferevent's callbacks at this connection, with its watermarks.
+    func attachCallbacks() {
+        let me = Unmanaged.passUnretained(self).toOpaque()
         bufferevent_setcb(bev, { _, arg in
             Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onReadable()
         }, { _, arg in
@@ -93,7 +106,6 @@ final class ClientConnection: UpstreamTransferDelegate {
         bufferevent_setwatermark(bev, Int16(EV_READ), 0, Self.inputHighWatermark)
         bufferevent_setwatermark(bev, Int16(EV_WRITE), Self.outputLowWatermark, 0)
         bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
-        armTimer(.idle)
     }
 
     // MARK: libevent callbacks
@@ -130,7 +142,12 @@ final class ClientConnection: UpstreamTransferDelegate {
     }
 
     private func onEvent(_ what: Int16) {
+        if what & Int16(BEV_EVENT_CONNECTED) != 0 {
+            interceptionEstablished = true
+            return
+        }
         if what & Int16(BEV_EVENT_EOF | BEV_EVENT_ERROR) != 0 {
+            if interceptedHandshake != nil, !interceptionEstablished { logInterceptionFailure() }
             if case .tunnel(let tunnel) = state {
                 tunnel.clientClosed()
                 return
@@ -168,10 +185,10 @@ final class ClientConnection: UpstreamTransferDelegate {
     /// Parses heads from the input buffer and dispatches them, until one starts an exchange
     /// that completes later, or the input runs out.
     private func processInput() {
-        let input = clientInput
         processingInput = true
         defer { processingInput = false }
         while case .awaitingHead = state {
+            let input = clientInput  // re-read: interception swaps the bufferevent mid-loop
             if worker.isDraining && parser.isIdle && evbuffer_get_length(input) == 0 {
                 close()
                 return
@@ -203,6 +220,7 @@ final class ClientConnection: UpstreamTransferDelegate {
             try checkLoop(head)
             let target: RequestTarget
             if head.methodIs("CONNECT") {
+                if case .intercepted = mode { throw ProxyError.badURL("CONNECT inside an intercepted connection") }
                 guard case .forward = mode else { throw ProxyError.notOriginForm }
                 target = try RequestTarget.authority(head.target)
                 guard worker.config.access.connectPorts.contains(target.port) else {
@@ -215,9 +233,15 @@ final class ClientConnection: UpstreamTransferDelegate {
                 case .route(let base):
                     guard head.bytes[head.targetRange.lowerBound] == UInt8(ascii: "/") else { throw ProxyError.notOriginForm }
                     target = try RequestTarget.absolute(base + head.target)
+                case .intercepted(let tunnel):
+                    target = try interceptedTarget(head, tunnel)
                 }
             }
             let exchange = try beginExchange(head, target)
+            if head.methodIs("CONNECT"), exchange.policy.intercept {
+                try intercept(target, exchange)
+                return
+            }
             if head.methodIs("CONNECT") {
                 let dialer = TunnelDialer(connection: self, target: target)
                 state = .dialing(dialer)

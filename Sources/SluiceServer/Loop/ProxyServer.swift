@@ -26,6 +26,8 @@ public final class ProxyServer: @unchecked Sendable {
     private var started = false
     /// The listeners of the configuration last applied (start or reload).
     private let currentListeners: Mutex<ServerConfiguration>
+    /// Loaded at start, or at the first reload that intercepts; kept for the process's life.
+    private let interception = InterceptionSlot()
 
     /// Bound once per process: libevent's locking and curl's global state.
     private static let globalSetup: Void = {
@@ -55,11 +57,13 @@ public final class ProxyServer: @unchecked Sendable {
         _ = Self.globalSetup
         guard let share = sluice_share_create() else { throw ServerError.startup("cannot create curl share handle") }
         for address in Self.listenAddresses(config) { try Self.checkAddressIsFree(address) }
+        try prepareTLS(for: configuration)
         let count = config.workers ?? Self.coreCount
         let pseudonym = "sluice-" + String(UInt32.random(in: 0x1000_0000...UInt32.max), radix: 16)
         var workers: [Worker] = []
         for i in 0..<count {
-            workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym))
+            workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
+                                  interception: interception))
         }
         stopHandles = workers.map(\.stopHandle)
         for worker in workers {
@@ -152,9 +156,31 @@ public final class ProxyServer: @unchecked Sendable {
                 return false
             }
         }
+        do {
+            try prepareTLS(for: new)
+        } catch {
+            Log.error("reload failed, keeping the running configuration: \(error)")
+            return false
+        }
         currentListeners.withLock { $0 = new.server }
         for handle in stopHandles { Worker.requestReload(handle, new) }
         return true
+    }
+
+    /// Loads the interception CA when a policy intercepts and it is not loaded yet, and warns
+    /// about every policy that turns verification off.
+    private func prepareTLS(for configuration: SluiceConfiguration) throws(ServerError) {
+        let policies = configuration.pipeline.policies
+        for name in policies.insecurePolicies {
+            Log.warning("policy '\(name)': trust is disabled (insecure: true): upstream certificates are NOT verified for its hosts")
+        }
+        guard policies.intercepts, interception.current == nil else { return }
+        var environment: [String: String] = [:]
+        if let state = getenv("STATE_DIRECTORY") { environment["STATE_DIRECTORY"] = String(cString: state) }
+        let directory = config.tls.caDir ?? ServerConfiguration.TLS.defaultCADirectory(environment: environment)
+        let ca = try LocalCA.load(directory: directory)
+        interception.set(try TLSInterception(ca: ca))
+        Log.info("interception: signing leaves with \(ca.certificatePath) (SHA-256 \(ca.fingerprint))")
     }
 
     /// Re-reads `configPath` (SIGHUP). An invalid file changes nothing and its errors are

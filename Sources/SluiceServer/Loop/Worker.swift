@@ -26,6 +26,8 @@ final class Worker {
     /// `1.1 <pseudonym>`, this process's `Via` entry.
     let via: String
     let viaPseudonym: String
+    /// The interception TLS server, once a policy with `intercept: true` has been loaded.
+    let interception: InterceptionSlot
     /// Open listeners by address. A reload that changes only what an address serves (a
     /// route's upstream) keeps the socket: nothing queued on it is dropped.
     private var listeners: [String: Listener] = [:]
@@ -63,8 +65,10 @@ final class Worker {
         let mailbox: Mailbox
     }
 
-    init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String) throws {
+    init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
+         interception: InterceptionSlot) throws {
         self.index = index
+        self.interception = interception
         self.config = configuration.server
         self.pipeline = WorkerPipeline(configuration.pipeline)
         self.mailbox = Mailbox()
