@@ -29,6 +29,15 @@ public enum PolicyDescription {
         if let c = policy.credentials {
             lines.append("  credentials: username \(c.username), password \(c.password) (\(c.password.source))")
         }
+        lines.append("  trust: \(describe(policy.trust))")
+        if let up = policy.upstream {
+            lines.append("  upstream: scheme \(up.scheme.rawValue)" + (up.port.map { ", port \($0)" } ?? ""))
+        }
+        if let cert = policy.clientCertificate {
+            lines.append("  client_certificate: \(cert.certificate), key \(cert.key)"
+                         + (cert.passphrase.map { ", passphrase \($0) (\($0.source))" } ?? ""))
+        }
+        if policy.intercept { lines.append("  intercept: true (CONNECTs answered with Sluice's TLS)") }
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
         return pipeline.redactor.scrub(lines.joined(separator: "\n"))
@@ -60,6 +69,23 @@ public enum PolicyDescription {
         default:
             return adapter.name
         }
+    }
+
+    static func describe(_ trust: ServerTrust) -> String {
+        guard trust.isAllowed else { return "none: refused (tls.all_hosts_must_be_evaluated)" }
+        let r = trust.requirements
+        if r.insecure { return "disabled (INSECURE: certificates are not verified)" }
+        var parts = [trust.evaluatorName]
+        parts.append(r.validateChain ? "chain against \(r.caFile ?? "tls.ca_file or the system store")" : "chain not validated")
+        parts.append(r.validateHost ? "host validated" : "host not validated")
+        if !r.crls.isEmpty { parts.append("\(r.crls.count) CRL(s)") }
+        if r.requireOCSP { parts.append("OCSP stapling required") }
+        if !r.certificatePins.isEmpty { parts.append("\(r.certificatePins.map(\.count).reduce(0, +)) pinned certificate(s)") }
+        if !r.publicKeyPins.isEmpty {
+            let pins = r.publicKeyPins.flatMap { $0 }.map { "sha256/" + Base64.encode($0) }.sorted()
+            parts.append("public key pins " + pins.joined(separator: " "))
+        }
+        return parts.joined(separator: "; ")
     }
 
     static func describe(_ redirector: Redirector) -> String {

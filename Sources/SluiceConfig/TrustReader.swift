@@ -146,6 +146,17 @@ extension NodeReader {
         return items
     }
 
+    /// A plain path, or the value of `${ENV}`.
+    mutating func pathOrReference(_ text: String, at node: Node) -> String? {
+        guard text.hasPrefix("${"), text.hasSuffix("}") else { return text }
+        let name = String(text.dropFirst(2).dropLast())
+        guard let value = ProcessInfo.processInfo.environment[name], !value.isEmpty else {
+            fail(node, "environment variable \(name) is not set")
+            return nil
+        }
+        return value
+    }
+
     mutating func readUpstream(_ node: Node) -> PolicyEntry.Section<UpstreamOverride> {
         if node.scalar?.string == "off" { return .off }
         var scheme: UpstreamOverride.Scheme?
@@ -173,8 +184,11 @@ extension NodeReader {
             switch k {
             case "passphrase": passphrase = r.secret(value, what: "passphrase")
             default:
-                guard let path = value.scalar?.string, FileManager.default.isReadableFile(atPath: path) else {
-                    return r.fail(value, "\(k) must be a readable PEM file")
+                // A path, or `${ENV}` naming one (the files differ per machine; the path is not secret).
+                guard let text = value.scalar?.string else { return r.fail(value, "\(k) must be a path") }
+                guard let path = r.pathOrReference(text, at: value) else { return }
+                guard FileManager.default.isReadableFile(atPath: path) else {
+                    return r.fail(value, "\(k) must be a readable PEM file ('\(path)' is not)")
                 }
                 if k == "certificate" {
                     do throws(CertificateFiles.Problem) { _ = try CertificateFiles.certificates(atPath: path) } catch { r.fail(value, error.message) }

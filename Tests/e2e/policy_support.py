@@ -68,17 +68,28 @@ def _context(text: str, needle: str, width: int = 300) -> str:
 
 # The ${...} references in the example config (config/sluice.yaml).
 EXAMPLE_SECRET_VARS = ("SLUICE_API_TOKEN", "SLUICE_API_PASSWORD", "SLUICE_API_KEY", "SLUICE_SEARCH_KEY",
-                       "SLUICE_OAUTH_SECRET", "SLUICE_OAUTH_REFRESH", "SLUICE_CORP_PASSWORD")
+                       "SLUICE_OAUTH_SECRET", "SLUICE_OAUTH_REFRESH", "SLUICE_CORP_PASSWORD",
+                       "SLUICE_CORP_CLIENT_KEY_PASSPHRASE")
 
 
 @pytest.fixture
-def secret_env(monkeypatch) -> Secrets:
+def secret_env(monkeypatch, tmp_path) -> Secrets:
     s = Secrets()
     for k, v in s.env.items():
         monkeypatch.setenv(k, v)
     # the example config (config/sluice.yaml) uses these
     for k in EXAMPLE_SECRET_VARS:
         monkeypatch.setenv(k, f"{k.lower()}-SECRET-{pysecrets.token_hex(4)}")
+    # ... and a client certificate whose key is encrypted with SLUICE_CORP_CLIENT_KEY_PASSPHRASE
+    d = tmp_path / "example-client-cert"
+    d.mkdir()
+    env = dict(os.environ)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-keyout", str(d / "client.key"), "-out", str(d / "client.pem"), "-days", "2",
+                    "-subj", "/CN=sluice-example-client", "-passout", "env:SLUICE_CORP_CLIENT_KEY_PASSPHRASE"],
+                   check=True, capture_output=True, timeout=60, env=env)
+    monkeypatch.setenv("SLUICE_CORP_CLIENT_CERT", str(d / "client.pem"))
+    monkeypatch.setenv("SLUICE_CORP_CLIENT_KEY", str(d / "client.key"))
     return s
 
 
