@@ -400,6 +400,7 @@ final class ClientConnection: UpstreamTransferDelegate {
             }
             request.trust = policy.trust
             request.clientCertificate = policy.clientCertificate
+            request.maxConnectionAge = max(1, (MonotonicClock.milliseconds() - exchange.pipeline.appliedAt) / 1000)
             if policy.trust.requirements.insecure { exchange.summary.insecure = true }
         }
         exchange.summary.attempts += 1

@@ -58,6 +58,9 @@ final class WorkerPipeline {
     let redactor: Redactor
     /// nil when no monitor is configured, so the hot path can skip building events.
     let monitor: (any EventMonitor)?
+    /// When this worker started using the snapshot: TLS connections opened before it (under
+    /// the previous trust settings) are not reused for its requests.
+    let appliedAt = MonotonicClock.milliseconds()
 
     init(_ pipeline: Pipeline) {
         policies = pipeline.policies

@@ -78,6 +78,9 @@ struct UpstreamRequest {
     /// a followed redirect may change the host).
     var trust: ServerTrust = .builtInDefault
     var clientCertificate: ClientCertificate?
+    /// Seconds: a pooled TLS connection older than this is not reused (one opened before the
+    /// last reload was verified under the old trust settings).
+    var maxConnectionAge: Int?
 
     var isHead: Bool { method == "HEAD" }
 }
@@ -180,6 +183,7 @@ final class UpstreamTransfer: CurlTransfer {
         if target.scheme == .https {
             UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
+            if let age = request.maxConnectionAge { sluice_easy_setopt_long(h, CURLOPT_MAXLIFETIME_CONN, age) }
         }
 
         sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)
