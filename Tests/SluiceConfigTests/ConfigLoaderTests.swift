@@ -72,7 +72,7 @@ import Testing
     }
 
     @Test func laterPolicySectionsAreRejectedNotIgnored() {
-        #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: "policies: { default: { trust: default } }\n", file: "f") }
+        #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: "policies: { default: { cache: {} } }\n", file: "f") }
     }
 
     @Test func units() {

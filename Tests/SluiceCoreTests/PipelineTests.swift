@@ -280,3 +280,34 @@ extension ProxyRequest: Equatable {
         #expect(v.validate(status: 200, contentType: nil) != nil)
     }
 }
+
+@Suite struct TrustPrimitiveTests {
+    @Test func base64RoundTripsAndRejectsJunk() {
+        for n in 0..<40 {
+            let bytes = (0..<n).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+            #expect(Base64.decode(Base64.encode(bytes)) == bytes)
+        }
+        #expect(Base64.decode("ab$c") == nil)
+        #expect(Base64.decode("QQ==QQ==") == nil)
+    }
+
+    @Test func pinsAreSha256OfThirtyTwoBytes() {
+        let digest = [UInt8](repeating: 0xAB, count: 32)
+        #expect(CertificateFiles.parsePin("sha256/" + Base64.encode(digest)) == digest)
+        #expect(CertificateFiles.parsePin("sha256//" + Base64.encode(digest)) == digest)
+        #expect(CertificateFiles.parsePin("sha1/" + Base64.encode(digest)) == nil)
+        #expect(CertificateFiles.parsePin("sha256/" + Base64.encode(Array(digest.prefix(20)))) == nil)
+    }
+
+    @Test func requirementsAddUp() {
+        let pinned = PinnedCertificatesTrustEvaluator(certificates: [[1, 2, 3]], validateChain: false, validateHost: false)
+        let combined = CompositeTrustEvaluator(evaluators: [pinned, RevocationTrustEvaluator(crls: [[9]])]).requirements
+        #expect(combined.validateChain && combined.validateHost)
+        #expect(combined.certificatePins == [[[1, 2, 3]]])
+        #expect(combined.crls == [[9]])
+        #expect(!combined.insecure)
+        #expect(DisabledTrustEvaluator().requirements.insecure)
+        #expect(DefaultTrustEvaluator().requirements.isCurlNative)
+        #expect(!pinned.requirements.isCurlNative)
+    }
+}

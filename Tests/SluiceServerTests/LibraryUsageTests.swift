@@ -47,6 +47,7 @@ final class InspectorMonitor: EventMonitor, Sendable {
         case .responseReceived(_, _, let status): step = "response \(status)"
         case .redirectFollowed: step = "redirect"
         case .finished(let s): step = "finished \(s.status) \(s.outcome.rawValue) out=\(s.bytesOut)"
+        case .trustFailed(_, _, let evaluator, _): step = "trust failed \(evaluator)"
         case .tunnelOpened: step = "tunnel opened"
         case .tunnelClosed: step = "tunnel closed"
         case .configReloaded: step = "reloaded"
