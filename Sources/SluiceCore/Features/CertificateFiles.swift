@@ -81,9 +81,11 @@ public enum CertificateFiles {
 
     /// A pin as written in YAML: `sha256/BASE64` (or curl's `sha256//BASE64`) of 32 bytes.
     public static func parsePin(_ text: String) -> [UInt8]? {
-        var rest: Substring
-        if text.hasPrefix("sha256//") { rest = text.dropFirst(8) } else if text.hasPrefix("sha256/") { rest = text.dropFirst(7) } else { return nil }
-        rest = rest.drop { $0 == " " }
+        guard text.hasPrefix("sha256/") else { return nil }
+        var rest = text.dropFirst(7)
+        // curl's `sha256//` form, told apart by length: a 32-byte digest is 44 base64
+        // characters, and its base64 may itself start with "/".
+        if rest.count == 45, rest.hasPrefix("/") { rest = rest.dropFirst() }
         guard let bytes = Base64.decode(String(rest)), bytes.count == 32 else { return nil }
         return bytes
     }

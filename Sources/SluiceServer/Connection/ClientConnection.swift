@@ -264,10 +264,20 @@ final class ClientConnection: UpstreamTransferDelegate {
         let method = head.method
         let url = head.methodIs("CONNECT") ? target.authority : target.url
         var target = target
-        if let override = policy.upstream, !head.methodIs("CONNECT") { target = try target.overridden(by: override) }
+        var hostHeader: String?
+        if let override = policy.upstream, !head.methodIs("CONNECT") {
+            let original = target
+            target = try target.overridden(by: override)
+            if target.port != original.port {
+                // The origin is asked for by the name the client used (virtual hosting).
+                hostHeader = original.port != 80 ? original.authority
+                    : original.host.contains(":") ? "[\(original.host)]" : original.host
+            }
+        }
         let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
         let exchange = Exchange(id: id, pipeline: pipeline, policy: policy, summary: summary, target: target,
                                 body: RequestBodyReader(encoders: [], replayLimit: head.hasBody ? Self.replayLimit(policy) : 0))
+        exchange.hostHeader = hostHeader
         policy.retryBudgets?.budget(for: target.host).recordRequest()
         self.exchange = exchange
         pipeline.monitor?.handle(.requestReceived(id: id, client: peer, method: method, url: url, policy: policy.name))
@@ -400,7 +410,16 @@ final class ClientConnection: UpstreamTransferDelegate {
             }
             request.trust = policy.trust
             request.clientCertificate = policy.clientCertificate
-            request.maxConnectionAge = max(1, (MonotonicClock.milliseconds() - exchange.pipeline.appliedAt) / 1000)
+            if let reloadedAt = exchange.pipeline.reloadedAt {
+                // libcurl's pool knows nothing of pins and CRLs: keep pre-reload connections out.
+                // Its lifetime limit counts whole seconds (a connection dies when its age,
+                // rounded down, exceeds the limit), so just after a reload every try connects anew.
+                let seconds = (MonotonicClock.milliseconds() - reloadedAt) / 1000
+                if seconds < 2 { request.freshConnection = true } else { request.maxConnectionAge = seconds - 1 }
+            }
+            if let host = exchange.hostHeader, request.target.host == exchange.policyHost {
+                request.headers = curl_slist_append(request.headers, "Host: \(host)")
+            }
             if policy.trust.requirements.insecure { exchange.summary.insecure = true }
         }
         exchange.summary.attempts += 1

@@ -10,6 +10,8 @@ final class Exchange {
     let policy: HostPolicy
     /// The host `policy` was matched for.
     let policyHost: String
+    /// The `Host` the origin gets when an `upstream:` override changed the port: the client's.
+    var hostHeader: String?
     var summary: ExchangeSummary
     /// The request as the pipeline sees it (built when adapters, monitors or redirects need it).
     var model: ProxyRequest?
@@ -58,11 +60,13 @@ final class WorkerPipeline {
     let redactor: Redactor
     /// nil when no monitor is configured, so the hot path can skip building events.
     let monitor: (any EventMonitor)?
-    /// When this worker started using the snapshot: TLS connections opened before it (under
-    /// the previous trust settings) are not reused for its requests.
-    let appliedAt = MonotonicClock.milliseconds()
+    /// When this worker started using the snapshot, if it replaced another (a reload): TLS
+    /// connections opened before then were verified under the previous trust settings and
+    /// are not reused for this snapshot's requests.
+    let reloadedAt: Int?
 
-    init(_ pipeline: Pipeline) {
+    init(_ pipeline: Pipeline, reload: Bool = false) {
+        reloadedAt = reload ? MonotonicClock.milliseconds() : nil
         policies = pipeline.policies
         redactor = pipeline.redactor
         let monitors = pipeline.monitors.map { $0.makeMonitor() }

@@ -116,7 +116,7 @@ final class Worker {
             defer { value = nil }
             return value
         }) else { return }
-        pipeline = WorkerPipeline(configuration.pipeline)
+        pipeline = WorkerPipeline(configuration.pipeline, reload: true)
         if isDraining { return }
         let specs = Self.listenerSpecs(configuration.server)
         let wanted = Set(specs.map(\.0))

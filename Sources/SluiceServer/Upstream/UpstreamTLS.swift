@@ -116,7 +116,13 @@ enum UpstreamTLS {
             sluice_easy_getinfo_long(h, CURLINFO_SSL_VERIFYRESULT, &result)
             reason = verifyReason(Int32(result), message: message, requirements: trust.requirements)
         case CURLE_SSL_INVALIDCERTSTATUS:
-            reason = message.contains("revoked") ? "certificate revoked" : message.contains("No OCSP response") ? "no OCSP response" : message
+            if message.contains("revoked") || message.contains("revocation") {
+                reason = "certificate revoked"
+            } else if message.contains("No OCSP response") {
+                reason = "no OCSP response"
+            } else {
+                reason = message
+            }
         case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
             reason = "public key pin mismatch"
         case CURLE_SSL_CACERT_BADFILE:
@@ -128,11 +134,13 @@ enum UpstreamTLS {
     }
 
     private static func verifyReason(_ result: Int32, message: String, requirements r: TrustRequirements) -> String {
+        // libcurl checks the name itself, after OpenSSL's verification, and leaves the verify
+        // result at X509_V_ERR_UNSPECIFIED (or OK): its message is what says so.
+        if message.contains("subject name") || message.contains("does not match target host") {
+            return "hostname mismatch"
+        }
         switch result {
         case X509_V_OK:
-            if message.contains("subject name") || message.contains("host name") || message.contains("hostname") {
-                return "hostname mismatch"
-            }
             return message
         case X509_V_ERR_CERT_HAS_EXPIRED: return "certificate expired"
         case X509_V_ERR_CERT_NOT_YET_VALID: return "certificate not yet valid"

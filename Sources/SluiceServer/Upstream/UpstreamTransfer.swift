@@ -81,6 +81,8 @@ struct UpstreamRequest {
     /// Seconds: a pooled TLS connection older than this is not reused (one opened before the
     /// last reload was verified under the old trust settings).
     var maxConnectionAge: Int?
+    /// Open a new connection for this try (just after a reload; see `maxConnectionAge`).
+    var freshConnection = false
 
     var isHead: Bool { method == "HEAD" }
 }
@@ -184,6 +186,7 @@ final class UpstreamTransfer: CurlTransfer {
             UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
             if let age = request.maxConnectionAge { sluice_easy_setopt_long(h, CURLOPT_MAXLIFETIME_CONN, age) }
+            if request.freshConnection { sluice_easy_setopt_long(h, CURLOPT_FRESH_CONNECT, 1) }
         }
 
         sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)
