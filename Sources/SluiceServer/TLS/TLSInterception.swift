@@ -71,28 +71,30 @@ final class TLSInterception: @unchecked Sendable {
         return SSL_use_certificate(ssl, leaf.certificate) == 1 && SSL_use_PrivateKey(ssl, leafKey) == 1
     }
 
+    /// The cached leaf for `name`, or a new one. Signed under the cache's lock, so that
+    /// handshakes racing for a new name all get the same certificate.
     private func leaf(for name: String) -> Leaf? {
         let now = Int(time(nil))
-        if let cached = leaves.withLock({ $0[name] }), cached.expires - now > 86400 { return cached }
-        let isAddress = IPNetwork.parseAddress(name) != nil
-        guard let cert = TLSObjects.makeCertificate(
-            subject: name, publicKey: leafKey, issuer: ca.certificate, signingKey: ca.key,
-            validDays: Self.leafValidDays,
-            extensions: [(NID_basic_constraints, "critical,CA:FALSE"),
-                         (NID_key_usage, "critical,digitalSignature,keyEncipherment"),
-                         (NID_ext_key_usage, "serverAuth"),
-                         (NID_subject_alt_name, (isAddress ? "IP:" : "DNS:") + name),
-                         (NID_subject_key_identifier, "hash"), (NID_authority_key_identifier, "keyid:always")]) else {
-            return nil
-        }
-        let leaf = Leaf(certificate: cert, expires: now + Self.leafValidDays * 86400 - 3600)
-        leaves.withLock { cache in
+        return leaves.withLock { cache -> Leaf? in
+            if let cached = cache[name], cached.expires - now > 86400 { return cached }
+            let isAddress = IPNetwork.parseAddress(name) != nil
+            guard let cert = TLSObjects.makeCertificate(
+                subject: name, publicKey: leafKey, issuer: ca.certificate, signingKey: ca.key,
+                validDays: Self.leafValidDays,
+                extensions: [(NID_basic_constraints, "critical,CA:FALSE"),
+                             (NID_key_usage, "critical,digitalSignature,keyEncipherment"),
+                             (NID_ext_key_usage, "serverAuth"),
+                             (NID_subject_alt_name, (isAddress ? "IP:" : "DNS:") + name),
+                             (NID_subject_key_identifier, "hash"), (NID_authority_key_identifier, "keyid:always")]) else {
+                return nil
+            }
+            let leaf = Leaf(certificate: cert, expires: now + Self.leafValidDays * 86400 - 3600)
             if cache.count >= Self.maxCachedLeaves, let oldest = cache.min(by: { $0.value.expires < $1.value.expires })?.key {
                 cache[oldest] = nil
             }
             cache[name] = leaf
+            return leaf
         }
-        return leaf
     }
 }
 
