@@ -69,6 +69,10 @@ public final class HostPolicy: Sendable {
     public let clientCertificate: ClientCertificate?
     /// CONNECTs to the host are answered with Sluice's own TLS (`sluice ca init`).
     public let intercept: Bool
+    /// The adapters as one header edit, when each of them is a fixed header edit.
+    public let headerEditPlan: HeaderEditPlan?
+    /// The adapters' names, in order, for `.requestAdapted`.
+    public let adapterNames: [String]
 
     public init(name: String, adapters: [SourcedAdapter], redirector: Redirector, retryPolicy: RetryPolicy? = nil,
                 validator: ResponseValidator? = nil, credentials: Credentials? = nil,
@@ -79,6 +83,8 @@ public final class HostPolicy: Sendable {
         self.upstream = upstream
         self.clientCertificate = clientCertificate
         self.intercept = intercept
+        headerEditPlan = adapters.isEmpty ? nil : HeaderEditPlan.of(adapters.map(\.adapter))
+        adapterNames = adapters.map(\.adapter.name)
         self.adapters = adapters
         self.redirector = redirector
         self.retryPolicy = retryPolicy

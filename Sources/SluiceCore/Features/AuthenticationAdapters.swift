@@ -1,10 +1,11 @@
 import HTTPTypes
 
 /// The `bearer` adapter: `Authorization: Bearer <token>`, replacing any client-sent value.
-public struct BearerAdapter: SynchronousRequestAdapter {
+public struct BearerAdapter: HeaderEditingAdapter {
     public var name: String { "bearer" }
     public let token: Secret
     public init(token: Secret) { self.token = token }
+    public var headerEdits: [HeaderEdit]? { [.set(.authorization, "Bearer " + token.value)] }
 
     public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
         request.headerFields[.authorization] = "Bearer " + token.value
@@ -13,7 +14,7 @@ public struct BearerAdapter: SynchronousRequestAdapter {
 }
 
 /// The `basic` adapter: `Authorization: Basic base64(username:password)` (RFC 7617).
-public struct BasicAuthAdapter: SynchronousRequestAdapter {
+public struct BasicAuthAdapter: HeaderEditingAdapter {
     public var name: String { "basic" }
     public let username: String
     public let password: Secret
@@ -26,6 +27,8 @@ public struct BasicAuthAdapter: SynchronousRequestAdapter {
         headerValue = "Basic " + Base64.encode(Array("\(username):\(password.value)".utf8))
     }
 
+    public var headerEdits: [HeaderEdit]? { [.set(.authorization, headerValue)] }
+
     public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
         request.headerFields[.authorization] = headerValue
         return true
@@ -34,7 +37,7 @@ public struct BasicAuthAdapter: SynchronousRequestAdapter {
 
 /// The `api_key` adapter: the key as a header, or as a query parameter (added, or replacing
 /// a parameter of the same name).
-public struct APIKeyAdapter: SynchronousRequestAdapter {
+public struct APIKeyAdapter: HeaderEditingAdapter {
     public enum Placement: Sendable, Equatable {
         case header(String)
         case query(String)
@@ -46,6 +49,11 @@ public struct APIKeyAdapter: SynchronousRequestAdapter {
     public init(placement: Placement, value: Secret) {
         self.placement = placement
         self.value = value
+    }
+
+    public var headerEdits: [HeaderEdit]? {
+        guard case .header(let header) = placement, let field = HTTPField.Name(header) else { return nil }
+        return [.set(field, value.value)]
     }
 
     public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {

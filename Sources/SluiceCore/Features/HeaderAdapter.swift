@@ -1,7 +1,7 @@
 import HTTPTypes
 
 /// The `headers` adapter: removes, then sets (replacing), then adds request fields.
-public struct HeaderAdapter: SynchronousRequestAdapter {
+public struct HeaderAdapter: HeaderEditingAdapter {
     public var name: String { "headers" }
     public let set: [(HTTPField.Name, String)]
     public let add: [(HTTPField.Name, String)]
@@ -12,6 +12,10 @@ public struct HeaderAdapter: SynchronousRequestAdapter {
         self.set = set
         self.add = add
         self.remove = remove
+    }
+
+    public var headerEdits: [HeaderEdit]? {
+        remove.map { .remove($0) } + set.map { .set($0.0, $0.1) } + add.map { .add($0.0, $0.1) }
     }
 
     public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {

@@ -299,6 +299,12 @@ final class ClientConnection: UpstreamTransferDelegate {
         let needsModel = !policy.adapters.isEmpty || policy.redirector.follows
             || exchange.monitor?.wantsRequestDetails == true
         guard needsModel else { return startWhenReady(head, exchange) }
+        if let plan = policy.headerEditPlan, !policy.redirector.follows, exchange.monitor?.wantsRequestDetails != true {
+            // Adapters that only edit header fields: applied as the header list is built.
+            exchange.headerEdits = plan
+            exchange.monitor?.handle(.requestAdapted(id: exchange.id, adapters: policy.adapterNames))
+            return startWhenReady(head, exchange)
+        }
         let model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
                                  headerFields: ForwardedHeaders.forwardedFields(of: head), body: Self.bodyMode(head))
         if policy.adapters.isEmpty {
@@ -342,7 +348,8 @@ final class ClientConnection: UpstreamTransferDelegate {
             case .chunked: body = .streamed
             }
             return UpstreamRequest(method: head.method, target: exchange.target,
-                                   headers: ForwardedHeaders.requestList(for: head, via: worker.via), body: body, model: nil,
+                                   headers: ForwardedHeaders.requestList(for: head, via: worker.via, edits: exchange.headerEdits),
+                                   body: body, model: nil,
                                    credentials: challengeCredentials(head, exchange))
         }
         // Adapters rarely change the URL: the target parsed from the head is reused then.

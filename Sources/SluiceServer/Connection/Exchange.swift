@@ -17,6 +17,8 @@ final class Exchange {
     var model: ProxyRequest?
     /// The request before adaptation: a retry adapts it again (a refreshed token).
     var originalModel: ProxyRequest?
+    /// Set instead of `model` when the policy's adapters are all fixed header edits.
+    var headerEdits: HeaderEditPlan?
     var hops = 0
     let body: RequestBodyReader
     /// The last upstream request sent, kept to derive a redirect's next request.

@@ -37,7 +37,10 @@ enum ForwardedHeaders {
 
     /// The curl header list for a forwarded request. Curl derives `Host` from the URL,
     /// sets the body framing itself, and is told not to add `Accept` or `Expect`.
-    static func requestList(for head: HTTPRequestHead, via: String) -> UnsafeMutablePointer<curl_slist>? {
+    /// With `edits` (a policy made only of header-editing adapters), the adapters' work is
+    /// done here, in the same pass: replaced fields are skipped and the plan's appended.
+    static func requestList(for head: HTTPRequestHead, via: String,
+                            edits: HeaderEditPlan? = nil) -> UnsafeMutablePointer<curl_slist>? {
         var list: UnsafeMutablePointer<curl_slist>?
         var sawAccept = false
         var line: [UInt8] = []
@@ -47,8 +50,17 @@ enum ForwardedHeaders {
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])
                 if isDroppedRequestField(name) { continue }
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
+                if let edits, edits.replaces(name) { continue }
                 if name.count == 6, ASCII.equalsIgnoringCase(name, "accept") { sawAccept = true }
                 append(name: name, value: buf[field.value], to: &list, scratch: &line)
+            }
+        }
+        if let edits {
+            for (name, value) in edits.appended {
+                var lower = name.lowercased()
+                if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
+                if lower == "accept" { sawAccept = true }
+                append(name: name.utf8, value: value.utf8, to: &list, scratch: &line)
             }
         }
         return finish(list, via: via, sawAccept: sawAccept)
