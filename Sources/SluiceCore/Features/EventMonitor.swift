@@ -109,8 +109,9 @@ public protocol EventMonitor: AnyObject {
     func handle(_ event: ProxyEvent)
     /// Whether this monitor reads the request in `.tryStarted` (headers as sent). Building
     /// that request costs allocations on every request, so Sluice does it only when an
-    /// adapter, a redirect rule or a monitor that says `true` needs it. `false` by default;
-    /// without it, `.tryStarted` is not sent for requests that have no adapters.
+    /// adapter (other than a fixed header edit), a redirect rule or a monitor that says `true`
+    /// needs it. `false` by default; without it, `.tryStarted` is not sent for requests whose
+    /// adapters are none or only fixed header edits.
     var wantsRequestDetails: Bool { get }
 }
 
