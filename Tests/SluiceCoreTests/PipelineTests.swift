@@ -311,3 +311,48 @@ extension ProxyRequest: Equatable {
         #expect(!pinned.requirements.isCurlNative)
     }
 }
+
+@Suite struct HeaderEditPlanTests {
+    /// The plan (drop replaced names, append the rest) gives the same fields, name by name,
+    /// as running the adapters on `HTTPFields`.
+    @Test func planMatchesApplyingTheAdapters() throws {
+        let adapters: [any RequestAdapter] = [
+            HeaderAdapter(set: [(HTTPField.Name("X-A")!, "1")], add: [(HTTPField.Name("X-B")!, "2")],
+                          remove: [HTTPField.Name("X-Debug")!]),
+            BearerAdapter(token: Secret("tok")),
+            HeaderAdapter(add: [(HTTPField.Name("X-A")!, "3"), (HTTPField.Name("Accept")!, "x/y")]),
+            APIKeyAdapter(placement: .header("X-Key"), value: Secret("k\r\nInjected: 1")),
+        ]
+        var client = HTTPFields()
+        client.append(HTTPField(name: HTTPField.Name("X-Debug")!, value: "on"))
+        client.append(HTTPField(name: .authorization, value: "Basic old"))
+        client.append(HTTPField(name: HTTPField.Name("X-B")!, value: "client"))
+        client.append(HTTPField(name: HTTPField.Name("x-a")!, value: "client"))
+        var model = ProxyRequest(id: 1, method: "GET", url: "http://h/", headerFields: client, body: .none)
+        for adapter in adapters { _ = try adapter.adaptInPlace(&model) }
+
+        let plan = try #require(HeaderEditPlan.of(adapters))
+        var planned: [(String, String)] = []
+        for field in client {
+            let name = Array(field.name.canonicalName.utf8)
+            if name.withUnsafeBufferPointer({ plan.replaces($0) }) { continue }
+            planned.append((field.name.canonicalName, field.value))
+        }
+        planned += plan.appended.map { ($0.name.lowercased(), $0.value) }
+
+        func grouped(_ fields: [(String, String)]) -> [String: [String]] {
+            Dictionary(grouping: fields, by: \.0).mapValues { $0.map(\.1) }
+        }
+        let adapted = model.headerFields.map { ($0.name.canonicalName, $0.value) }
+        #expect(grouped(planned) == grouped(adapted))
+        #expect(grouped(planned)["x-key"] == ["k  Injected: 1"])
+        #expect(grouped(planned)["x-debug"] == nil)
+        #expect(grouped(planned)["authorization"] == ["Bearer tok"])
+    }
+
+    @Test func queryKeysAndOtherAdaptersHaveNoPlan() {
+        #expect(HeaderEditPlan.of([APIKeyAdapter(placement: .query("k"), value: Secret("v"))]) == nil)
+        #expect(HeaderEditPlan.of([DeflateRequestCompressor()]) == nil)
+        #expect(HeaderEditPlan.of([BearerAdapter(token: Secret("t"))]) != nil)
+    }
+}

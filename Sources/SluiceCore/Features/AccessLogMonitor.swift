@@ -12,6 +12,8 @@ public final class AccessLogMonitor: LogMonitor {
     public static let kind = "access_log"
     private let buffer: LogSink.Buffer
     private let redactor: Redactor
+    /// The last line's bytes, kept for their capacity: one line costs no allocation.
+    private var spare: [UInt8] = []
 
     public init(sink: LogSink, redactor: Redactor) {
         buffer = sink.makeBuffer()
@@ -21,7 +23,11 @@ public final class AccessLogMonitor: LogMonitor {
     public func handle(_ event: ProxyEvent) {
         switch event {
         case .finished(let summary), .tunnelClosed(let summary):
-            buffer.append(bytes: redactor.scrub(bytes: lineBytes(summary)))
+            var json = JSONLine(reusing: spare)
+            spare = []
+            let line = redactor.scrub(bytes: lineBytes(summary, into: &json))
+            buffer.append(bytes: line)
+            spare = line
         case .credentialRefreshed(let source):
             buffer.append(eventLine("credential_refreshed", source: source, reason: nil))
         case .credentialRefreshFailed(let source, let reason):
@@ -43,9 +49,8 @@ public final class AccessLogMonitor: LogMonitor {
     }
 
     /// One access-log line, before the final scrub.
-    private func lineBytes(_ s: ExchangeSummary) -> [UInt8] {
-        var json = JSONLine()
-        json.field("time", Timestamp.rfc3339Now())
+    private func lineBytes(_ s: ExchangeSummary, into json: inout JSONLine) -> [UInt8] {
+        json.timestamp("time")
         json.field("id", s.id)
         json.field("client", s.client)
         json.field("method", s.method)
@@ -57,14 +62,17 @@ public final class AccessLogMonitor: LogMonitor {
         json.field("attempts", s.attempts)
         json.field("redirects", s.redirects)
         if let t = s.timings {
-            json.object("timings", [("dns", t.dns), ("connect", t.connect), ("tls", t.tls),
-                                    ("first_byte", t.firstByte), ("total", t.total)])
+            json.timings("timings", t)
         } else {
             json.raw("timings", "null")
         }
-        json.raw("retries", "[" + s.retries.map {
-            "{\"attempt\":\($0.attempt),\"delay_ms\":\($0.delayMilliseconds),\"reason\":\(JSONLine.quoted($0.reason))}"
-        }.joined(separator: ",") + "]")
+        if s.retries.isEmpty {
+            json.raw("retries", "[]")
+        } else {
+            json.raw("retries", "[" + s.retries.map {
+                "{\"attempt\":\($0.attempt),\"delay_ms\":\($0.delayMilliseconds),\"reason\":\(JSONLine.quoted($0.reason))}"
+            }.joined(separator: ",") + "]")
+        }
         if let stopped = s.retryStopped { json.field("retry_stopped", stopped) } else { json.raw("retry_stopped", "null") }
         if let validation = s.validation { json.field("validation", validation) } else { json.raw("validation", "null") }
         if let failure = s.trustFailure {
@@ -135,6 +143,48 @@ struct JSONLine {
 
     init() { out.reserveCapacity(512) }
 
+    /// Writes into `buffer`'s storage (emptied), keeping its capacity.
+    init(reusing buffer: [UInt8]) {
+        out = buffer
+        out.removeAll(keepingCapacity: true)
+        if out.capacity < 512 { out.reserveCapacity(512) }
+        out.append(0x7B)
+    }
+
+    /// `"k":"2026-11-22T00:41:07.123Z"`, the current time, without a String.
+    mutating func timestamp(_ k: String) {
+        key(k)
+        out.append(0x22)
+        Timestamp.appendRFC3339Now(to: &out)
+        out.append(0x22)
+    }
+
+    /// `"k":{"dns":…,"connect":…,"tls":…,"first_byte":…,"total":…}` in milliseconds.
+    mutating func timings(_ k: String, _ t: TryTimings) {
+        key(k)
+        out.append(0x7B)
+        millisecondsField("dns", t.dns, first: true)
+        millisecondsField("connect", t.connect)
+        millisecondsField("tls", t.tls)
+        millisecondsField("first_byte", t.firstByte)
+        millisecondsField("total", t.total)
+        out.append(0x7D)
+    }
+
+    private mutating func millisecondsField(_ name: StaticString, _ us: Int64, first: Bool = false) {
+        if !first { out.append(0x2C) }
+        out.append(0x22)
+        out.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+        out.append(0x22)
+        out.append(0x3A)
+        appendInteger(us / 1000)
+        let frac = Int(us % 1000)
+        out.append(0x2E)
+        out.append(UInt8(48 + frac / 100))
+        out.append(UInt8(48 + frac / 10 % 10))
+        out.append(UInt8(48 + frac % 10))
+    }
+
     private mutating func key(_ k: String) {
         if !first { out.append(0x2C) }
         first = false
@@ -182,25 +232,6 @@ struct JSONLine {
         out.append(contentsOf: json.utf8)
     }
 
-    /// `"k":{"a":1.234,…}`: microsecond values written as milliseconds with 3 decimals.
-    mutating func object(_ k: String, _ microseconds: [(String, Int64)]) {
-        key(k)
-        out.append(0x7B)
-        for (i, (name, us)) in microseconds.enumerated() {
-            if i > 0 { out.append(0x2C) }
-            out.append(0x22)
-            out.append(contentsOf: name.utf8)
-            out.append(contentsOf: "\":".utf8)
-            appendInteger(us / 1000)
-            let frac = Int(us % 1000)
-            out.append(0x2E)
-            out.append(UInt8(48 + frac / 100))
-            out.append(UInt8(48 + frac / 10 % 10))
-            out.append(UInt8(48 + frac % 10))
-        }
-        out.append(0x7D)
-    }
-
     private mutating func appendInteger<I: BinaryInteger>(_ v: I) {
         if v < 0 {
             out.append(contentsOf: String(v).utf8)
@@ -236,6 +267,7 @@ enum Timestamp {
     private final class Cache {
         var second = -1
         var prefix = ""
+        var prefixBytes: [UInt8] = []
     }
     private static let key: pthread_key_t = {
         var key = pthread_key_t()
@@ -250,19 +282,36 @@ enum Timestamp {
         return cache
     }
 
+    /// `rfc3339Now()`'s bytes, appended.
+    static func appendRFC3339Now(to out: inout [UInt8]) {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        let cache = Self.cache
+        if cache.second != ts.tv_sec { refresh(cache, ts.tv_sec) }
+        out.append(contentsOf: cache.prefixBytes)
+        let ms = Int(ts.tv_nsec / 1_000_000)
+        out.append(UInt8(48 + ms / 100))
+        out.append(UInt8(48 + ms / 10 % 10))
+        out.append(UInt8(48 + ms % 10))
+        out.append(0x5A)
+    }
+
+    private static func refresh(_ cache: Cache, _ second: Int) {
+        var t = time_t(second)
+        var tm = Glibc.tm()
+        gmtime_r(&t, &tm)
+        cache.second = second
+        cache.prefix = "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
+            + "\(pad(tm.tm_hour)):\(pad(tm.tm_min)):\(pad(tm.tm_sec))."
+        cache.prefixBytes = Array(cache.prefix.utf8)
+    }
+
     /// `2026-11-22T00:41:07.123Z`; the date and time part is formatted once per second.
     static func rfc3339Now() -> String {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         let cache = Self.cache
-        if cache.second != ts.tv_sec {
-            var t = time_t(ts.tv_sec)
-            var tm = Glibc.tm()
-            gmtime_r(&t, &tm)
-            cache.second = ts.tv_sec
-            cache.prefix = "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
-                + "\(pad(tm.tm_hour)):\(pad(tm.tm_min)):\(pad(tm.tm_sec))."
-        }
+        if cache.second != ts.tv_sec { refresh(cache, ts.tv_sec) }
         return cache.prefix + pad(Int32(ts.tv_nsec / 1_000_000), 3) + "Z"
     }
 
