@@ -19,7 +19,6 @@ extension NodeReader {
     }
 
     mutating func readTrust(_ node: Node, policy: String) -> PolicyEntry.Section<any ServerTrustEvaluating> {
-        if node.scalar?.string == "off" { return .off }
         guard let evaluator = readEvaluator(node, policy: policy, nested: false) else { return .inherit }
         return .on(evaluator)
     }

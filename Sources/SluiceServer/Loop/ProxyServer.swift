@@ -144,8 +144,9 @@ public final class ProxyServer: @unchecked Sendable {
         var fixed = new.server
         fixed.listen = config.listen
         fixed.routes = config.routes
+        fixed.tls.allHostsMustBeEvaluated = config.tls.allHostsMustBeEvaluated  // part of the policies
         if fixed != config {
-            Log.warning("reload: workers, limits, timeouts, access and tls changes need a restart; kept the running values")
+            Log.warning("reload: workers, limits, timeouts, access, tls.ca_file and tls.ca_dir changes need a restart; kept the running values")
         }
         let running = Set(Self.listenAddresses(currentListeners.withLock { $0 }))
         for address in Self.listenAddresses(new.server) where !running.contains(address) {
