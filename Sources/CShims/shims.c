@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
 
 CURLcode sluice_easy_setopt_long(CURL *h, CURLoption opt, long value) { return curl_easy_setopt(h, opt, value); }
 CURLcode sluice_easy_setopt_off(CURL *h, CURLoption opt, curl_off_t value) { return curl_easy_setopt(h, opt, value); }
@@ -89,9 +90,16 @@ int sluice_ssl_ctx_set_verifier(SSL_CTX *ctx, sluice_cert_verify_cb cb, void *ar
     return 1;
 }
 
-struct bufferevent *sluice_bufferevent_ssl_accept(struct event_base *base, struct bufferevent *under, SSL *ssl) {
-    return bufferevent_openssl_filter_new(base, under, ssl, BUFFEREVENT_SSL_ACCEPTING,
-                                          BEV_OPT_CLOSE_ON_FREE);
+struct bufferevent *sluice_bufferevent_ssl_accept(struct event_base *base, evutil_socket_t fd, SSL *ssl) {
+    return bufferevent_openssl_socket_new(base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+}
+
+void sluice_bufferevent_ssl_shutdown(struct bufferevent *bev) {
+    SSL *ssl = bufferevent_openssl_get_ssl(bev);
+    if (ssl && SSL_is_init_finished(ssl)) {
+        SSL_shutdown(ssl);
+        ERR_clear_error();
+    }
 }
 
 unsigned long sluice_bufferevent_ssl_error(struct bufferevent *bev) {
@@ -100,6 +108,10 @@ unsigned long sluice_bufferevent_ssl_error(struct bufferevent *bev) {
 
 void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx) {
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    // No resumption: the certificate callback (which enforces SNI == CONNECT host) must run
+    // on every handshake.
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_NO_TICKET);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_num_tickets(ctx, 0);
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
 }

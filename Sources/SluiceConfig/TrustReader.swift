@@ -44,13 +44,19 @@ extension NodeReader {
         }
         let present = m.compactMap { key, _ in key.scalar?.string }.filter { Self.evaluatorNames.contains($0) }
         guard present.count == 1, let kind = present.first else {
+            let optionNames: Set<String> = ["ca_file", "validate_host", "validate_chain", "ocsp", "insecure"]
             if present.count > 1 {
                 fail(node, "trust names \(present.joined(separator: " and ")); use composite: [...] to combine evaluators")
-            } else if let first = m.first?.key, let name = first.scalar?.string {
-                unknownEvaluator(name, at: first, usage: usage)
+            } else if let unknown = m.first(where: { key, _ in !optionNames.contains(key.scalar?.string ?? "") })?.key,
+                      let name = unknown.scalar?.string {
+                unknownEvaluator(name, at: unknown, usage: usage)
             } else {
-                fail(node, usage)
+                fail(node, "trust has options but no evaluator; " + usage)
             }
+            return nil
+        }
+        if kind == "disabled", nested {
+            fail(node, "disabled cannot be part of a composite (a composite needs every member to pass)")
             return nil
         }
         let options: [String]
@@ -82,14 +88,19 @@ extension NodeReader {
         guard let value = evaluatorValue else { return nil }
         switch kind {
         case "default":
-            guard bool(value, key: "default") == true else { return nil }
+            guard let on = bool(value, key: "default") else { return nil }
+            guard on else {
+                fail(value, "default: false is not an evaluator; write default: true, or name another evaluator")
+                return nil
+            }
             return DefaultTrustEvaluator(caFile: caFile, validateHost: validateHost)
         case "revocation":
             var crls: [[UInt8]] = []
-            for (path, n) in strings(value, what: "revocation (CRL files)") ?? [] {
+            let files = strings(value, what: "revocation (CRL files)") ?? []
+            for (path, n) in files {
                 do { crls += try CertificateFiles.crls(atPath: path) } catch { fail(n, error.message) }
             }
-            if crls.isEmpty && !ocsp {
+            if files.isEmpty && !ocsp {
                 fail(value, "revocation needs CRL files, or ocsp: require")
             }
             return RevocationTrustEvaluator(crls: crls, requireOCSP: ocsp, caFile: caFile, validateHost: validateHost)
@@ -123,12 +134,15 @@ extension NodeReader {
             if caFiles.count > 1 { fail(value, "composite members name different ca_file values; use one") }
             return members.count == items.count ? CompositeTrustEvaluator(evaluators: members) : nil
         default:  // disabled
-            guard bool(value, key: "disabled") == true else { return nil }
+            guard let on = bool(value, key: "disabled") else { return nil }
+            guard on else {
+                fail(value, "disabled: false is not an evaluator; remove the trust section to get the default")
+                return nil
+            }
             guard insecure else {
                 fail(value, "trust: disabled turns certificate verification off; add 'insecure: true' to say you mean it")
                 return nil
             }
-            if nested { fail(value, "disabled cannot be part of a composite (a composite needs every member to pass)") }
             return DisabledTrustEvaluator()
         }
     }
@@ -158,6 +172,10 @@ extension NodeReader {
 
     mutating func readUpstream(_ node: Node) -> PolicyEntry.Section<UpstreamOverride> {
         if node.scalar?.string == "off" { return .off }
+        guard case .mapping = node else {
+            fail(node, "upstream must be a map, e.g. { scheme: https } or { scheme: https, port: 8443 }")
+            return .inherit
+        }
         var scheme: UpstreamOverride.Scheme?
         var port: Int?
         entries(node, in: "upstream", known: ["scheme", "port"]) { r, key, value in
@@ -170,7 +188,9 @@ extension NodeReader {
             }
         }
         guard let scheme else {
-            fail(node, "upstream needs scheme (http or https)")
+            if case .mapping(let m) = node, !m.contains(where: { k, _ in k.scalar?.string == "scheme" }) {
+                fail(node, "upstream needs scheme (http or https)")
+            }
             return .inherit
         }
         return .on(UpstreamOverride(scheme: scheme, port: port))
@@ -198,7 +218,13 @@ extension NodeReader {
             }
         }
         guard let certificate, let key else {
-            fail(node, "client_certificate needs certificate and key")
+            // Only when a key is missing: a bad file was reported where it was written.
+            if case .mapping(let m) = node {
+                let written = Set(m.compactMap { k, _ in k.scalar?.string })
+                if !written.contains("certificate") || !written.contains("key") {
+                    fail(node, "client_certificate needs certificate and key")
+                }
+            }
             return .inherit
         }
         return .on(ClientCertificate(certificate: certificate, key: key, passphrase: passphrase))

@@ -102,7 +102,7 @@ struct CA: ParsableCommand {
         subcommands: [Init.self, Export.self])
 
     static func directory(_ option: String?) -> String {
-        if let option { return option }
+        if let option { return LocalCA.absolutePath(option) }
         var environment: [String: String] = [:]
         if let state = getenv("STATE_DIRECTORY") { environment["STATE_DIRECTORY"] = String(cString: state) }
         return ServerConfiguration.TLS.defaultCADirectory(environment: environment)
@@ -142,8 +142,7 @@ struct CA: ParsableCommand {
         func run() throws {
             let directory = CA.directory(dir)
             do {
-                let ca = try LocalCA.load(directory: directory)
-                var text = ca.certificatePEM
+                var text = try LocalCA.exportCertificate(directory: directory)
                 text.withUTF8 { _ = write(1, $0.baseAddress, $0.count) }
             } catch {
                 printError("sluice: \(error.description)")

@@ -34,11 +34,14 @@ typedef void (*sluice_release_cb)(void *arg);
 /// long as `ctx` lives: `release(arg)` runs when OpenSSL frees `ctx` (ex_data free callback).
 int sluice_ssl_ctx_set_verifier(SSL_CTX *ctx, sluice_cert_verify_cb cb, void *arg, sluice_release_cb release);
 
-/// A TLS server-side filter over `under` (libevent's bufferevent_openssl), accepting. The
-/// filter owns `ssl` and frees `under` with itself.
-struct bufferevent *sluice_bufferevent_ssl_accept(struct event_base *base, struct bufferevent *under, SSL *ssl);
-/// The oldest OpenSSL error queued on a TLS bufferevent, 0 if none.
+/// A TLS server bufferevent on socket `fd` (libevent's bufferevent_openssl), accepting. It
+/// owns `ssl` and `fd` (frees and closes them with itself). On failure (NULL), libevent
+/// has already freed `ssl`.
+struct bufferevent *sluice_bufferevent_ssl_accept(struct event_base *base, evutil_socket_t fd, SSL *ssl);
+/// The most recent OpenSSL error recorded on a TLS bufferevent, 0 if none.
 unsigned long sluice_bufferevent_ssl_error(struct bufferevent *bev);
+/// Sends TLS close_notify on a TLS bufferevent, best effort (non-blocking).
+void sluice_bufferevent_ssl_shutdown(struct bufferevent *bev);
 
 /// SSL_CTX_set_options / SSL_CTX_set_min_proto_version (macros).
 void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx);

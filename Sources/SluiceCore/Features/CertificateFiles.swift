@@ -36,7 +36,7 @@ public enum CertificateFiles {
         let bytes = try read(path)
         let keys = parse(bytes, pem: { PEM_read_bio_PUBKEY($0, nil, nil, nil) },
                          der: { d2i_PUBKEY(nil, $0, $1) }, encode: { i2d_PUBKEY($0, $1) }, free: { EVP_PKEY_free($0) })
-            + parse(bytes, pem: { PEM_read_bio_PrivateKey($0, nil, nil, nil) },
+            + parse(bytes, pem: { PEM_read_bio_PrivateKey($0, nil, { _, _, _, _ in 0 }, nil) },
                     der: { d2i_AutoPrivateKey(nil, $0, $1) }, encode: { i2d_PUBKEY($0, $1) }, free: { EVP_PKEY_free($0) })
         guard !keys.isEmpty else {
             throw Problem(message: "\(path) holds no certificate or key (PEM or DER expected; encrypted keys are not read here)")

@@ -48,10 +48,12 @@ public struct HeaderEditPlan: Sendable {
             }
         }
         replacedNames = order.filter { entries[$0]!.replaced }.map { Array($0.utf8) }
-        // As `HTTPField`'s lenient value: CR, LF and NUL become spaces (no header injection
-        // through a configured value).
+        // Values as `HTTPField` legalizes them on the model path (control characters become
+        // spaces, surrounding whitespace trimmed): no header injection through a configured value.
         appended = order.flatMap {
-            entries[$0]!.fields.map { (name: $0.0, value: String(decoding: $0.1.utf8.map { $0 == 0 || $0 == 0x0A || $0 == 0x0D ? 0x20 : $0 }, as: UTF8.self)) }
+            entries[$0]!.fields.map { name, value in
+                (name: name, value: HTTPField.Name(name).map { HTTPField(name: $0, value: value).value } ?? value)
+            }
         }
     }
 

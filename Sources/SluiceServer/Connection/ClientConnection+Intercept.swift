@@ -15,22 +15,40 @@ extension ClientConnection {
         guard let interception = worker.interception.current else {
             throw .tlsFailure(host: target.authority, reason: "interception is not available (no CA loaded)")
         }
+        // The TLS bufferevent takes the socket over, so nothing may wait in the plain one: a
+        // client that sent bytes before the CONNECT's answer is not speaking TLS to us.
+        guard evbuffer_get_length(clientInput) == 0, evbuffer_get_length(clientOutput) == 0 else {
+            throw .malformedRequest("data after CONNECT before its answer")
+        }
         let handshake = InterceptedHandshake(host: target.host, interception: interception)
         guard let ssl = interception.makeSSL(for: handshake) else {
             throw .tlsFailure(host: target.authority, reason: "cannot start TLS: \(TLSObjects.lastError())")
         }
-        // The answer goes out in the clear, ahead of everything the TLS filter will write.
-        evbuffer_add(clientOutput, "HTTP/1.1 200 Connection established\r\n\r\n", 39)
+        let fd = bufferevent_getfd(bev)
+        var answer = "HTTP/1.1 200 Connection established\r\n\r\n"
+        let sent = answer.withUTF8 { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        guard sent == answer.utf8.count else {
+            SSL_free(ssl)
+            Log.debug("\(peer): cannot answer the CONNECT to \(target.authority)")
+            close()
+            return
+        }
         exchange.summary.status = 200
         exchange.end(.intercepted)
         self.exchange = nil
         currentHead = nil
-        guard let filter = sluice_bufferevent_ssl_accept(worker.base, bev, ssl) else {
-            SSL_free(ssl)
-            closeAfterFlush()
+        // Detach the socket from the plain bufferevent (freeing it must not close the fd),
+        // then give it to a TLS one.
+        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
+        bufferevent_setfd(bev, -1)
+        bufferevent_free(bev)
+        guard let tls = sluice_bufferevent_ssl_accept(worker.base, fd, ssl) else {
+            // libevent freed `ssl`; the socket's fate is libevent's too. Forget the connection.
+            Log.error("interception of \(target.authority): cannot create the TLS bufferevent")
+            abandon()
             return
         }
-        bev = filter
+        bev = tls
         interceptedHandshake = handshake
         mode = .intercepted(target)
         parser = HTTPRequestParser(limits: .init(worker.config.limits))

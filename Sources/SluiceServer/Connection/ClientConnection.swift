@@ -3,6 +3,7 @@ import Glibc
 #endif
 import CCurl
 import CLibEvent
+import CShims
 import SluiceCore
 
 /// One client TCP connection on a forward-proxy listener: reads requests with the strict
@@ -159,6 +160,12 @@ final class ClientConnection: UpstreamTransferDelegate {
     }
 
     private func timerFired() {
+        if interceptedHandshake != nil, !interceptionEstablished {
+            // Nothing can be said to a client that has not finished the TLS handshake.
+            Log.warning("interception failed: no TLS handshake within \(worker.config.timeouts.clientHeader) ms from \(peer)")
+            close()
+            return
+        }
         switch timerPurpose {
         case .idle:
             close()
@@ -265,7 +272,8 @@ final class ClientConnection: UpstreamTransferDelegate {
         let url = head.methodIs("CONNECT") ? target.authority : target.url
         var target = target
         var hostHeader: String?
-        if let override = policy.upstream, !head.methodIs("CONNECT") {
+        if let override = policy.upstream, !head.methodIs("CONNECT"), target.scheme == .http {
+            // Only a plain-HTTP request is redirected (never an https one downgraded).
             let original = target
             target = try target.overridden(by: override)
             if target.port != original.port {
@@ -278,6 +286,7 @@ final class ClientConnection: UpstreamTransferDelegate {
         let exchange = Exchange(id: id, pipeline: pipeline, policy: policy, summary: summary, target: target,
                                 body: RequestBodyReader(encoders: [], replayLimit: head.hasBody ? Self.replayLimit(policy) : 0))
         exchange.hostHeader = hostHeader
+        if hostHeader != nil { exchange.hostHeaderTarget = target }
         policy.retryBudgets?.budget(for: target.host).recordRequest()
         self.exchange = exchange
         pipeline.monitor?.handle(.requestReceived(id: id, client: peer, method: method, url: url, policy: policy.name))
@@ -417,17 +426,11 @@ final class ClientConnection: UpstreamTransferDelegate {
             }
             request.trust = policy.trust
             request.clientCertificate = policy.clientCertificate
-            if let reloadedAt = exchange.pipeline.reloadedAt {
-                // libcurl's pool knows nothing of pins and CRLs: keep pre-reload connections out.
-                // Its lifetime limit counts whole seconds (a connection dies when its age,
-                // rounded down, exceeds the limit), so just after a reload every try connects anew.
-                let seconds = (MonotonicClock.milliseconds() - reloadedAt) / 1000
-                if seconds < 2 { request.freshConnection = true } else { request.maxConnectionAge = seconds - 1 }
-            }
-            if let host = exchange.hostHeader, request.target.host == exchange.policyHost {
-                request.headers = curl_slist_append(request.headers, "Host: \(host)")
-            }
+            request.reuse = UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: exchange.pipeline)
             if policy.trust.requirements.insecure { exchange.summary.insecure = true }
+        }
+        if let host = exchange.hostHeader, request.target == exchange.hostHeaderTarget {
+            request.headers = curl_slist_append(request.headers, "Host: \(host)")
         }
         exchange.summary.attempts += 1
         let transfer = UpstreamTransfer(session: worker.session, delegate: self, request: request,
@@ -571,7 +574,15 @@ final class ClientConnection: UpstreamTransferDelegate {
         exchange = nil
         state = .closed
         event_free(timer)
+        if interceptionEstablished { sluice_bufferevent_ssl_shutdown(bev) }
         bufferevent_free(bev)
+        worker.connectionClosed(self)
+    }
+
+    /// Forgets the connection without touching its bufferevent (already freed).
+    func abandon() {
+        state = .closed
+        event_free(timer)
         worker.connectionClosed(self)
     }
 

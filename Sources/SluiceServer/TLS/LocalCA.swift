@@ -46,6 +46,30 @@ public final class LocalCA: @unchecked Sendable {
     /// The certificate as PEM.
     public var certificatePEM: String { TLSObjects.pem { PEM_write_bio_X509($0, certificate) } }
 
+    /// The CA certificate in `directory`, as PEM, without reading the key (`sluice ca export`).
+    public static func exportCertificate(directory: String) throws(ServerError) -> String {
+        let certPath = "\(directory)/\(certificateFile)"
+        guard let cert = TLSObjects.read(certPath, { PEM_read_bio_X509($0, nil, nil, nil) }) else {
+            throw .startup("no CA in \(directory) (\(certPath) is missing or not a PEM certificate): run 'sluice ca init --dir \(directory)'")
+        }
+        defer { X509_free(cert) }
+        return TLSObjects.pem { PEM_write_bio_X509($0, cert) }
+    }
+
+    /// `path` made absolute (against the working directory) and without a trailing slash.
+    public static func absolutePath(_ path: String) -> String {
+        var path = path
+        if !path.hasPrefix("/") {
+            var buf = [CChar](repeating: 0, count: Int(PATH_MAX))
+            if getcwd(&buf, buf.count) != nil {
+                let cwd = String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                path = (cwd == "/" ? "" : cwd) + "/" + path
+            }
+        }
+        while path.count > 1, path.hasSuffix("/") { path.removeLast() }
+        return path
+    }
+
     /// Reads the CA in `directory`; the error says how to make one.
     public static func load(directory: String) throws(ServerError) -> LocalCA {
         let certPath = "\(directory)/\(certificateFile)", keyPath = "\(directory)/\(keyFile)"
@@ -55,7 +79,7 @@ public final class LocalCA: @unchecked Sendable {
         guard let cert = TLSObjects.read(certPath, { PEM_read_bio_X509($0, nil, nil, nil) }) else {
             throw .startup("\(certPath) holds no PEM certificate")
         }
-        guard let key = TLSObjects.read(keyPath, { PEM_read_bio_PrivateKey($0, nil, nil, nil) }) else {
+        guard let key = TLSObjects.read(keyPath, { PEM_read_bio_PrivateKey($0, nil, { _, _, _, _ in 0 }, nil) }) else {
             X509_free(cert)
             throw .startup("\(keyPath) holds no unencrypted PEM private key")
         }
@@ -88,8 +112,23 @@ public final class LocalCA: @unchecked Sendable {
             throw .startup("cannot make the CA certificate: \(TLSObjects.lastError())")
         }
         let ca = LocalCA(certificate: cert, key: key, directory: directory)
-        try write(TLSObjects.pem { PEM_write_bio_PrivateKey($0, key, nil, nil, 0, nil, nil) }, to: keyPath, mode: 0o600)
-        try write(ca.certificatePEM, to: certPath, mode: 0o644)
+        // Both files are written to temporaries first and renamed last, so a failure leaves the
+        // old pair (or nothing) in place, never a key that does not match the certificate.
+        let keyTemporary = try writeTemporary(TLSObjects.pem { PEM_write_bio_PrivateKey($0, key, nil, nil, 0, nil, nil) },
+                                              for: keyPath, mode: 0o600)
+        let certTemporary: String
+        do {
+            certTemporary = try writeTemporary(ca.certificatePEM, for: certPath, mode: 0o644)
+        } catch {
+            unlink(keyTemporary)
+            throw error
+        }
+        guard rename(keyTemporary, keyPath) == 0, rename(certTemporary, certPath) == 0 else {
+            let reason = String(cString: strerror(errno))
+            unlink(keyTemporary)
+            unlink(certTemporary)
+            throw .startup("cannot write the CA into \(directory): \(reason)")
+        }
         return ca
     }
 
@@ -103,7 +142,7 @@ public final class LocalCA: @unchecked Sendable {
         }
     }
 
-    private static func write(_ text: String, to path: String, mode: mode_t) throws(ServerError) {
+    private static func writeTemporary(_ text: String, for path: String, mode: mode_t) throws(ServerError) -> String {
         let temporary = path + ".tmp-\(getpid())"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
         guard fd >= 0 else { throw .startup("cannot write \(path): \(String(cString: strerror(errno)))") }
@@ -112,11 +151,12 @@ public final class LocalCA: @unchecked Sendable {
         let written = bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
         let synced = fsync(fd) == 0
         close(fd)
-        guard written == bytes.count, synced, rename(temporary, path) == 0 else {
+        guard written == bytes.count, synced else {
             unlink(temporary)
             throw .startup("cannot write \(path): \(String(cString: strerror(errno)))")
         }
         bytes.removeAll()
+        return temporary
     }
 }
 
@@ -158,7 +198,10 @@ enum TLSObjects {
         ok = ok && X509_gmtime_adj(X509_getm_notAfter(x), validDays * 86400) != nil
         ok = ok && X509_set_pubkey(x, publicKey) == 1
         if let name = X509_NAME_new() {
-            ok = ok && X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, subject, -1, -1, 0) == 1
+            // A CN is at most 64 characters (RFC 5280); longer host names live in the SAN only,
+            // which is what clients check.
+            let cn = subject.utf8.count <= 64 ? subject : String(subject.prefix(60)) + "..."
+            ok = ok && X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, cn, -1, -1, 0) == 1
             ok = ok && X509_set_subject_name(x, name) == 1
             X509_NAME_free(name)
         }

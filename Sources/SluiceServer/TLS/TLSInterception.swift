@@ -68,7 +68,10 @@ final class TLSInterception: @unchecked Sendable {
             Log.error("interception: cannot issue a certificate for \(name): \(TLSObjects.lastError())")
             return false
         }
-        return SSL_use_certificate(ssl, leaf.certificate) == 1 && SSL_use_PrivateKey(ssl, leafKey) == 1
+        // The leaf may leave the cache (another worker refreshing it) while it is used here.
+        return withExtendedLifetime(leaf) {
+            SSL_use_certificate(ssl, leaf.certificate) == 1 && SSL_use_PrivateKey(ssl, leafKey) == 1
+        }
     }
 
     /// The cached leaf for `name`, or a new one. Signed under the cache's lock, so that

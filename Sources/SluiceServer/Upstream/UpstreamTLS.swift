@@ -51,6 +51,25 @@ enum UpstreamTLS {
         }
     }
 
+    /// How pooled connections may be reused by a TLS try under the worker's current policy
+    /// snapshot. libcurl's pool knows nothing of pins and CRLs, so connections opened before
+    /// a reload are kept out: its lifetime limit counts whole seconds (a connection dies when
+    /// its age, rounded down, exceeds the limit), so just after a reload every try connects
+    /// anew. A try still running under an older snapshot must not leave a connection behind.
+    static func reuse(current: WorkerPipeline, exchangeSnapshot: WorkerPipeline?)
+        -> (fresh: Bool, maxAgeSeconds: Int?, forbidReuse: Bool) {
+        let stale = exchangeSnapshot.map { $0 !== current } ?? false
+        guard let reloadedAt = current.reloadedAt else { return (false, nil, stale) }
+        let seconds = (MonotonicClock.milliseconds() - reloadedAt) / 1000
+        return seconds < 2 ? (true, nil, stale) : (false, seconds - 1, stale)
+    }
+
+    static func applyReuse(_ h: UnsafeMutableRawPointer, _ reuse: (fresh: Bool, maxAgeSeconds: Int?, forbidReuse: Bool)) {
+        if reuse.fresh { sluice_easy_setopt_long(h, CURLOPT_FRESH_CONNECT, 1) }
+        if let age = reuse.maxAgeSeconds { sluice_easy_setopt_long(h, CURLOPT_MAXLIFETIME_CONN, age) }
+        if reuse.forbidReuse { sluice_easy_setopt_long(h, CURLOPT_FORBID_REUSE, 1) }
+    }
+
     /// The certificate-verify callback's work: CRLs (for the leaf), the chain when asked,
     /// then every pin set against the chain. Sets the store's error for libcurl to report.
     static func verify(_ store: OpaquePointer, _ r: TrustRequirements) -> Bool {
@@ -63,11 +82,12 @@ enum UpstreamTLS {
                     if let crl = d2i_X509_CRL(nil, &p, buf.count) { OPENSSL_sk_push(stack, UnsafeRawPointer(crl)) }
                 }
             }
-            X509_STORE_CTX_set0_crls(store, stack)
+            X509_STORE_CTX_set0_crls(store, stack)  // not owned by the store context: freed below
             X509_STORE_CTX_set_flags(store, UInt(X509_V_FLAG_CRL_CHECK))
         }
         defer {
             if let crlStack {
+                X509_STORE_CTX_set0_crls(store, nil)
                 while OPENSSL_sk_num(crlStack) > 0 {
                     X509_CRL_free(OpaquePointer(OPENSSL_sk_pop(crlStack)))
                 }
@@ -78,14 +98,14 @@ enum UpstreamTLS {
             guard X509_verify_cert(store) == 1 else { return false }
         }
         guard !r.certificatePins.isEmpty || !r.publicKeyPins.isEmpty else { return true }
+        // With the chain verified, a pin may match any certificate of it (anchor included).
+        // Without, only the leaf counts: the handshake proves the server holds the leaf's key
+        // and nothing about the other certificates it sends, which anyone could append.
         var chain: [OpaquePointer] = []
         if r.validateChain, let verified = X509_STORE_CTX_get0_chain(store) {
             for i in 0..<OPENSSL_sk_num(verified) { chain.append(OpaquePointer(OPENSSL_sk_value(verified, i))) }
-        } else {
-            if let leaf = X509_STORE_CTX_get0_cert(store) { chain.append(leaf) }
-            if let sent = X509_STORE_CTX_get0_untrusted(store) {
-                for i in 0..<OPENSSL_sk_num(sent) { chain.append(OpaquePointer(OPENSSL_sk_value(sent, i))) }
-            }
+        } else if let leaf = X509_STORE_CTX_get0_cert(store) {
+            chain.append(leaf)
         }
         if !r.certificatePins.isEmpty {
             let ders = chain.compactMap(CertificateFiles.der(of:))

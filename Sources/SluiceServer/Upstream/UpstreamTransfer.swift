@@ -78,11 +78,8 @@ struct UpstreamRequest {
     /// a followed redirect may change the host).
     var trust: ServerTrust = .builtInDefault
     var clientCertificate: ClientCertificate?
-    /// Seconds: a pooled TLS connection older than this is not reused (one opened before the
-    /// last reload was verified under the old trust settings).
-    var maxConnectionAge: Int?
-    /// Open a new connection for this try (just after a reload; see `maxConnectionAge`).
-    var freshConnection = false
+    /// Connection reuse limits for a TLS try after a reload (`UpstreamTLS.reuse`).
+    var reuse: (fresh: Bool, maxAgeSeconds: Int?, forbidReuse: Bool) = (false, nil, false)
 
     var isHead: Bool { method == "HEAD" }
 }
@@ -185,8 +182,7 @@ final class UpstreamTransfer: CurlTransfer {
         if target.scheme == .https {
             UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
-            if let age = request.maxConnectionAge { sluice_easy_setopt_long(h, CURLOPT_MAXLIFETIME_CONN, age) }
-            if request.freshConnection { sluice_easy_setopt_long(h, CURLOPT_FRESH_CONNECT, 1) }
+            UpstreamTLS.applyReuse(h, request.reuse)
         }
 
         sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)

@@ -52,8 +52,14 @@ final class WorkerSession: SessionContext {
     func post(url: String, headers: [(String, String)], body: [UInt8],
               completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
         let policy = worker.pipeline.policies.match(host: URLParts(url).host)
+        var url = url
+        if let override = policy.upstream, let target = try? RequestTarget.absolute(url), target.scheme == .http,
+           let upgraded = try? target.overridden(by: override) {
+            url = upgraded.url  // a token endpoint's host gets its upstream override too
+        }
         let fetch = SideFetch(session: worker.session, config: worker.config, policy: policy, url: url, headers: headers,
-                              body: body, completion: completion)
+                              body: body, reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil),
+                              completion: completion)
         fetch.start()
     }
 }
@@ -74,13 +80,13 @@ final class SideFetch: CurlTransfer {
     private var me: Unmanaged<SideFetch>?
 
     init(session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
-         headers: [(String, String)], body: [UInt8],
+         headers: [(String, String)], body: [UInt8], reuse: (fresh: Bool, maxAgeSeconds: Int?, forbidReuse: Bool),
          completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
         self.session = session
         self.completion = completion
         host = URLParts(url).host
         trust = policy.trust
-        isTLS = url.lowercased().hasPrefix("https:")
+        isTLS = url.lowercased().hasPrefix("https:")  // after any upstream override
         handle = session.makeHandle()
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
@@ -96,6 +102,7 @@ final class SideFetch: CurlTransfer {
         if isTLS {
             UpstreamTLS.configure(h, trust: policy.trust, clientCertificate: policy.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
+            UpstreamTLS.applyReuse(h, reuse)
         }
         sluice_easy_setopt_long(h, CURLOPT_POSTFIELDSIZE, body.count)
         body.withUnsafeBufferPointer { buf in
@@ -133,14 +140,17 @@ final class SideFetch: CurlTransfer {
     override func curlDone(_ result: CURLcode) {
         var status = 0
         sluice_easy_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)
+        let message = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(result))
+        // Read from the handle before it goes back to the session (reset or destroyed).
+        let trustFailure = isTLS && result != CURLE_OK
+            ? UpstreamTLS.failure(handle, code: result, message: message, trust: trust, host: host) : nil
         session.finish(handle)
         curl_slist_free_all(headerList)
         headerList = nil
-        let message = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(result))
         if result == CURLE_OK {
             completion(.success((status: status, body: response)))
-        } else if isTLS, let failure = UpstreamTLS.failure(handle, code: result, message: message, trust: trust, host: host) {
-            completion(.failure(failure))
+        } else if let trustFailure {
+            completion(.failure(trustFailure))
         } else {
             let error: ProxyError
             switch result {
