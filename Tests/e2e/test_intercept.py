@@ -760,3 +760,67 @@ def test_reload_with_intercept_and_no_ca_keeps_old_config(sluice_factory, tls_ht
         f"no 'sluice ca init' on stderr after the reload:\n{stderr_since(proxy, off)}"
     assert proxy.alive(), "sluice exited on a reload with no CA"
     assert TEST_CA_CN in issuer_seen(proxy, tls_httpbin.port), "the old (tunnelling) config was not kept"
+
+
+# ------------------------------------------------------------------------------------------
+# Closing, timeouts and bad input inside intercepted tunnels
+# ------------------------------------------------------------------------------------------
+
+def _intercepted_tls(proxy, ca_dir: Path, auth: str) -> RawConn:
+    c = RawConn(HOST, proxy.port)
+    c.send(f"CONNECT {auth} HTTP/1.1\r\nHost: {auth}\r\n\r\n".encode())
+    head = c.read_head(timeout=10)
+    assert head is not None and head.status == 200, head
+    ctx = ssl.create_default_context(cafile=str(ca_dir / "ca.pem"))
+    c.sock = ctx.wrap_socket(c.sock, server_hostname="localhost")
+    return c
+
+
+def test_intercept_connection_close_response_is_delivered(intercepting, ca_dir, tls_httpbin):
+    """A response that ends the connection (client asked Connection: close) reaches the
+    client whole before the TLS connection closes."""
+    proxy, _ = intercepting()
+    auth = f"localhost:{tls_httpbin.port}"
+    with _intercepted_tls(proxy, ca_dir, auth) as c:
+        c.send(b"GET /bytes/65536?seed=1 HTTP/1.1\r\nHost: " + auth.encode() + b"\r\nConnection: close\r\n\r\n")
+        r = c.read_response(timeout=10)
+    assert r is not None and r.status == 200, r
+    assert len(r.body) == 65536
+
+
+def test_intercept_closing_error_is_delivered(intercepting, ca_dir, tls_httpbin):
+    """An error that closes the connection (a request for another authority) is readable."""
+    proxy, _ = intercepting()
+    auth = f"localhost:{tls_httpbin.port}"
+    with _intercepted_tls(proxy, ca_dir, auth) as c:
+        c.send(b"GET https://elsewhere.test/x HTTP/1.1\r\nHost: elsewhere.test\r\n\r\n")
+        r = c.read_response(timeout=10)
+    assert r is not None and r.status == 400, r
+    assert b"carries requests for" in r.body, r.body
+
+
+def test_intercept_handshake_timeout_closes(intercepting, ca_dir, tls_httpbin):
+    """A client that never starts the TLS handshake is disconnected at the header timeout."""
+    proxy, _ = intercepting(extra={"timeouts": {"client_header": "500ms"}})
+    auth = f"localhost:{tls_httpbin.port}"
+    with RawConn(HOST, proxy.port) as c:
+        c.send(f"CONNECT {auth} HTTP/1.1\r\nHost: {auth}\r\n\r\n".encode())
+        head = c.read_head(timeout=10)
+        assert head is not None and head.status == 200, head
+        c.sock.settimeout(5)
+        start = time.monotonic()
+        data = c.sock.recv(100)  # no ClientHello sent: Sluice must close, not wait forever
+        assert data == b"", data
+        assert time.monotonic() - start < 4
+    assert "no TLS handshake within 500 ms" in proxy.stderr()
+
+
+def test_intercept_bytes_before_the_answer_are_refused(intercepting, tls_httpbin):
+    """Bytes sent with the CONNECT, before its answer, are not taken as a TLS handshake."""
+    proxy, _ = intercepting()
+    auth = f"localhost:{tls_httpbin.port}"
+    with RawConn(HOST, proxy.port) as c:
+        c.send(f"CONNECT {auth} HTTP/1.1\r\nHost: {auth}\r\n\r\n".encode() + b"\x16\x03\x01garbage")
+        head = c.read_head(timeout=10)
+        assert head is not None and head.status == 400, head
+    assert proxy.alive()

@@ -339,6 +339,23 @@ def test_pinned_self_signed_still_validates_host(tproxy, tp, ts, nginx):
     expect_ok(unchecked, ts["self_wrong"], ts.file_1k)
 
 
+@pytest.mark.parametrize("evaluator", ["pinned_certificates", "public_keys"])
+def test_pins_without_chain_validation_match_the_leaf_only(tproxy, tp, tmp_path, nginx, evaluator):
+    """Without chain validation the handshake proves only the leaf's key, so an impostor that
+    appends the (public) pinned certificate after its own self-signed leaf must fail."""
+    impostor = self_signed(tmp_path / "impostor", "impostor")
+    chain = tmp_path / "impostor-chain.pem"
+    chain.write_bytes(impostor.cert.read_bytes() + tp.selfie.cert.read_bytes())
+    n = TLSNginx(tmp_path / "impostor-nginx", [TLSServerSpec("impostor", chain, impostor.key)])
+    try:
+        pins = [str(tp.selfie.cert)] if evaluator == "pinned_certificates" else [tp.selfie.pin]
+        reason = "certificate pin mismatch" if evaluator == "pinned_certificates" else "public key pin mismatch"
+        proxy, _ = tproxy({HOST: {"trust": {evaluator: pins, "validate_chain": False}}})
+        fail(proxy, n["impostor"], evaluator, reason, nginx)
+    finally:
+        n.stop()
+
+
 # ------------------------------------------------------------------------------------------
 # public_keys
 # ------------------------------------------------------------------------------------------
@@ -531,6 +548,13 @@ def test_upgrade_to_https_with_wrong_pin_is_502(tproxy, tp, ts, nginx):
     r = run_curl(["-x", proxy.url, "-w", "\n%{http_code}", f"http://localhost:{server.port}/1k?{tag()}"], timeout=20)
     body, _, code = r.stdout.rpartition(b"\n")
     assert code == b"502" and TRUST_FAILED.encode() in body, r.stdout
+
+
+def test_upstream_override_never_downgrades_https(tproxy, ts, nginx):
+    """`upstream: {scheme: http, port: P}` redirects plain-HTTP requests only: an https request
+    for the host still goes to its own URL over TLS, verified."""
+    proxy, _ = tproxy({HOST: {"upstream": {"scheme": "http", "port": nginx.http_port}}})
+    expect_ok(proxy, ts["good"], ts.file_1k)
 
 
 def test_upgrade_port_override(tproxy, tp, ts, closed_port):
