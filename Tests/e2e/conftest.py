@@ -348,19 +348,18 @@ class Nginx:
         return f"https://{HOST}:{self.https_port}{path}"
 
 
-NGINX_CONF = """\
-{user}worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log {d}/access.log;
-    client_body_temp_path {d}/client_body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
+def nginx_conf(d: Path, http_body: str, *, connections: int = 1024, error_level: str = "warn",
+               log_directives: str | None = None) -> str:
+    """An nginx.conf for a test server: one worker in the foreground, pid, logs and temp files
+    under d, and `http_body` (already formatted) inside `http { }`; runs as root when we are."""
+    user = "user root root;\n" if os.geteuid() == 0 else ""
+    temp = "".join(f"    {k}_temp_path {d}/{k};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    return (f"{user}worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log {error_level};\n"
+            f"events {{ worker_connections {connections}; }}\nhttp {{\n"
+            f"    {log_directives if log_directives is not None else f'access_log {d}/access.log;'}\n{temp}{http_body}}}\n")
+
+
+NGINX_HTTP = """\
     types {{ application/octet-stream bin; application/json json; text/plain txt; }}
     default_type application/octet-stream;
     sendfile on;
@@ -383,7 +382,6 @@ http {{
         ssl_certificate_key {wrong_key};
         root {www};
     }}
-}}
 """
 
 
@@ -402,10 +400,10 @@ def nginx(tmp_path_factory, pki) -> Nginx:
     (www / "data.json").write_bytes(n.json_body)
     (www / "data.json.gz").write_bytes(n.json_gz)
     conf = d / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(
-        user="user root root;\n" if os.geteuid() == 0 else "", d=d, www=www, host=HOST,
+    conf.write_text(nginx_conf(d, NGINX_HTTP.format(
+        www=www, host=HOST,
         http_port=n.http_port, https_port=n.https_port, chain=pki.chain_pem, key=pki.leaf_key,
-        https_wrong_name_port=n.https_wrong_name_port, wrong_chain=pki.wrong_chain_pem, wrong_key=pki.wrong_key))
+        https_wrong_name_port=n.https_wrong_name_port, wrong_chain=pki.wrong_chain_pem, wrong_key=pki.wrong_key)))
     log = open(d / "stderr.log", "wb")
     n.proc = spawn(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf)],
                    stdout=log, stderr=log, stdin=subprocess.DEVNULL)

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import SLUICE_BIN, kill_tree, spawn, wait_port
+from conftest import SLUICE_BIN, kill_tree, nginx_conf, spawn, wait_port
 from faultservers import pick_port
 from policy_support import AccessLog, set_sections, sighup, stderr_len, stderr_since
 from rawhttp import RawConn, request_bytes
@@ -144,18 +144,6 @@ def connect_lines(log: AccessLog) -> list[dict]:
 # ------------------------------------------------------------------------------------------
 
 TLS_HTTPBIN_CONF = """\
-{user}worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log {d}/access.log;
-    client_body_temp_path {d}/client_body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
     client_max_body_size 16m;
     server {{
         listen {host}:{port} ssl;
@@ -168,7 +156,6 @@ http {{
             proxy_set_header Connection "";
         }}
     }}
-}}
 """
 
 
@@ -191,9 +178,8 @@ def tls_httpbin(tmp_path_factory, pki, httpbin) -> TlsHttpbin:
     d = tmp_path_factory.mktemp("tls-httpbin")
     t = TlsHttpbin(d, pick_port())
     conf = d / "nginx.conf"
-    conf.write_text(TLS_HTTPBIN_CONF.format(
-        user="user root root;\n" if os.geteuid() == 0 else "", d=d, host=HOST, port=t.port,
-        chain=pki.chain_pem, key=pki.leaf_key, httpbin_port=httpbin.port))
+    conf.write_text(nginx_conf(d, TLS_HTTPBIN_CONF.format(
+        host=HOST, port=t.port, chain=pki.chain_pem, key=pki.leaf_key, httpbin_port=httpbin.port), connections=256))
     log = open(d / "stderr.log", "wb")
     t.proc = spawn(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf)],
                    stdout=log, stderr=log, stdin=subprocess.DEVNULL)

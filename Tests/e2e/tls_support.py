@@ -27,7 +27,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import kill_tree, spawn, wait_port
+from conftest import kill_tree, nginx_conf, spawn, wait_port
 from faultservers import HOST, pick_port
 from support import tail
 
@@ -322,25 +322,12 @@ SERVER_BLOCK = """\
     }}
 """
 
-NGINX_TLS_CONF = """\
-{user}worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log info;
-events {{ worker_connections 1024; }}
-http {{
-    {log_format}
-    client_body_temp_path {d}/client_body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
+NGINX_TLS_HTTP = """\
     types {{ application/octet-stream bin; text/plain txt; }}
     default_type application/octet-stream;
     keepalive_requests 100000;
     keepalive_timeout 120s;
-{servers}}}
-"""
+{servers}"""
 
 
 class TLSNginx:
@@ -369,9 +356,8 @@ class TLSNginx:
                                               log=s.access_log, www=self.www, extra=extra))
             self.servers[s.name] = s
         self.conf = self.dir / "nginx.conf"
-        self.conf.write_text(NGINX_TLS_CONF.format(
-            user="user root root;\n" if os.geteuid() == 0 else "", d=self.dir, log_format=LOG_FORMAT,
-            servers="".join(blocks)))
+        self.conf.write_text(nginx_conf(self.dir, NGINX_TLS_HTTP.format(servers="".join(blocks)),
+                                        error_level="info", log_directives=LOG_FORMAT))
         self.log = open(self.dir / "stderr.log", "wb")
         self.proc = spawn(["nginx", "-p", str(self.dir), "-e", str(self.dir / "error.log"), "-c", str(self.conf)],
                           stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
