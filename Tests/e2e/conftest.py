@@ -108,6 +108,18 @@ def _reap_children():
     _kill_all_children()
 
 
+def stop_process(p: subprocess.Popen) -> None:
+    """SIGTERM to the process tree, then SIGKILL if it is still there after 10 s."""
+    if p.poll() is not None:
+        return
+    kill_tree(p, signal.SIGTERM)
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        kill_tree(p)
+        p.wait(timeout=5)
+
+
 def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -414,11 +426,7 @@ def nginx(tmp_path_factory, pki) -> Nginx:
     except Exception as e:
         raise RuntimeError(f"nginx did not start: {e}\n{tail(d / 'stderr.log')}\n{tail(d / 'error.log')}")
     yield n
-    kill_tree(n.proc, signal.SIGTERM)
-    try:
-        n.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        kill_tree(n.proc)
+    stop_process(n.proc)
     log.close()
 
 

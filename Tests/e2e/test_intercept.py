@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import ssl
 import stat
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import SLUICE_BIN, kill_tree, nginx_conf, spawn, wait_port
+from conftest import SLUICE_BIN, kill_tree, nginx_conf, spawn, stop_process, wait_port
 from faultservers import pick_port
 from policy_support import AccessLog, set_sections, sighup, stderr_len, stderr_since
 from rawhttp import RawConn, request_bytes
@@ -189,12 +188,7 @@ def tls_httpbin(tmp_path_factory, pki, httpbin) -> TlsHttpbin:
         raise RuntimeError(f"nginx (TLS → httpbin) did not start: {e}\n{tail(d / 'stderr.log')}\n"
                            f"{tail(d / 'error.log')}")
     yield t
-    kill_tree(t.proc, signal.SIGTERM)
-    try:
-        t.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        kill_tree(t.proc)
-        t.proc.wait(timeout=5)
+    stop_process(t.proc)
     log.close()
 
 

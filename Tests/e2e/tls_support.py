@@ -22,12 +22,11 @@ import base64
 import datetime as dt
 import os
 import re
-import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import kill_tree, nginx_conf, spawn, wait_port
+from conftest import nginx_conf, spawn, stop_process, wait_port
 from faultservers import HOST, pick_port
 from support import tail
 
@@ -376,13 +375,7 @@ class TLSNginx:
         return tail(self.dir / "error.log")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            kill_tree(self.proc, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                kill_tree(self.proc)
-                self.proc.wait(timeout=5)
+        stop_process(self.proc)
         self.log.close()
 
 
