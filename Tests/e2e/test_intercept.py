@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import ssl
 import stat
 import subprocess
@@ -804,3 +805,20 @@ def test_intercept_bytes_before_the_answer_are_refused(intercepting, tls_httpbin
         head = c.read_head(timeout=10)
         assert head is not None and head.status == 400, head
     assert proxy.alive()
+
+
+def test_intercept_download_is_backpressured(intercepting, ca_dir, nginx):
+    """A client that stops reading an intercepted download makes Sluice pause the origin:
+    its memory does not grow by the 32 MiB body."""
+    proxy, _ = intercepting()
+    auth = f"localhost:{nginx.https_port}"
+    before = proxy.rss_kib()
+    with _intercepted_tls(proxy, ca_dir, auth) as c:
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        c.send(f"GET /medium.bin HTTP/1.1\r\nHost: {auth}\r\n\r\n".encode())
+        time.sleep(2.0)  # not reading: the origin would have sent everything by now
+        grown = proxy.rss_kib() - before
+        assert grown < 16 * 1024, f"sluice grew by {grown} KiB while the client was not reading"
+        r = c.read_response(timeout=60)
+    assert r is not None and r.status == 200, r
+    assert hashlib.sha256(r.body).digest() == hashlib.sha256(nginx.medium).digest()
