@@ -14,6 +14,7 @@ the client connection must stay usable, and the origin must not have served the 
 from __future__ import annotations
 
 import datetime as dt
+import base64
 import json
 import queue
 import re
@@ -964,3 +965,31 @@ def test_followed_redirect_uses_the_targets_trust(tproxy, tp, ts, httpbin, pin_o
         assert server.lines_for(t) == [], f"the redirect target was served despite its trust: {server.log_text()}"
         e = log.wait_for()[0]
         assert e.get("trust_failure") == {"evaluator": "public_keys", "reason": "public key pin mismatch"}, e
+
+
+# ------------------------------------------------------------------------------------------
+# The OAuth token endpoint is evaluated like any upstream
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pin_ok", [True, False], ids=["right-pin", "wrong-pin"])
+def test_token_endpoint_uses_its_hosts_trust(tproxy, tp, ts, httpbin, monkeypatch, pin_ok):
+    """The token POST goes to https://localhost:PORT/token under localhost's trust; the
+    request itself goes to httpbin over plain HTTP (127.0.0.1)."""
+    monkeypatch.setenv("E2E_TRUST_OAUTH_SECRET", "trust-oauth-secret")
+    token_url = ts["good"].url("/token", "localhost")
+    pin = tp.good.pin if pin_ok else "sha256/" + base64.b64encode(b"\x07" * 32).decode()
+    proxy, _ = tproxy({
+        "localhost": {"trust": {"public_keys": [pin]}},
+        HOST: {"adapters": [{"oauth2": {"grant": "client_credentials", "token_url": token_url,
+                                        "client_id": "trust-e2e", "client_secret": "${E2E_TRUST_OAUTH_SECRET}"}}]},
+    })
+    r = get(proxy, f"http://{HOST}:{httpbin.port}/headers")
+    if pin_ok:
+        assert r is not None and r.status == 200, r
+        assert json.loads(r.body)["headers"].get("Authorization") == "Bearer tls-token-1", r.body
+    else:
+        assert r is not None and r.status == 502, r
+        body = r.body.decode()
+        assert "adapter oauth2 failed" in body, body
+        assert "TLS trust evaluation failed" in body and "public key pin mismatch" in body, body
+        assert "trust-oauth-secret" not in body

@@ -314,7 +314,11 @@ SERVER_BLOCK = """\
         ssl_session_cache shared:{name}:1m;
         access_log {log} tls;
         root {www};
-{extra}        location = /whoami {{
+{extra}        location = /token {{
+            default_type application/json;
+            return 200 '{{"access_token":"tls-token-1","token_type":"Bearer","expires_in":3600}}';
+        }}
+        location = /whoami {{
             add_header X-Client-DN "$ssl_client_s_dn" always;
             return 200 "dn=$ssl_client_s_dn\\n";
         }}
