@@ -62,19 +62,16 @@ final class TunnelDialer: CurlTransfer {
         var fd: curl_socket_t = -1
         if result == CURLE_OK { sluice_easy_getinfo_socket(handle, &fd) }
         let owned = fd >= 0 ? dup(fd) : -1
-        cancel()
-        if owned >= 0 {
-            evutil_make_socket_nonblocking(owned)
-            connection.tunnelEstablished(fd: owned)
+        let error: ProxyError? = owned >= 0 ? nil : denied ? .destinationDenied(host: target.host)
+            : CurlFailure.error(result, handle: handle, message: nil, host: target.host, authority: target.authority,
+                                purpose: .tunnel, trust: nil)
+        cancel()  // the handle is gone after this
+        if let error {
+            connection.tunnelFailed(error)
             return
         }
-        switch result {
-        case _ where denied: connection.tunnelFailed(.destinationDenied(host: target.host))
-        case CURLE_COULDNT_RESOLVE_HOST: connection.tunnelFailed(.dnsFailure(host: target.host))
-        case CURLE_OPERATION_TIMEDOUT:
-            connection.tunnelFailed(.upstreamTimeout(host: target.authority, phase: "connect"))
-        default: connection.tunnelFailed(.upstreamRefused(host: target.authority))
-        }
+        evutil_make_socket_nonblocking(owned)
+        connection.tunnelEstablished(fd: owned)
     }
 }
 

@@ -500,30 +500,8 @@ final class UpstreamTransfer: CurlTransfer {
     }
 
     private func mapError(_ code: CURLcode) -> ProxyError {
-        let host = target.authority
-        let detail = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(code))
-        if target.scheme == .https,
-           let failure = UpstreamTLS.failure(handle, code: code, message: detail, trust: trust, host: host) {
-            return failure
-        }
-        switch code {
-        case CURLE_COULDNT_RESOLVE_HOST:
-            return .dnsFailure(host: target.host)
-        case CURLE_COULDNT_CONNECT:
-            return .upstreamRefused(host: host)
-        case CURLE_OPERATION_TIMEDOUT:
-            var connectTime: curl_off_t = 0
-            sluice_easy_getinfo_off(handle, CURLINFO_CONNECT_TIME_T, &connectTime)
-            return .upstreamTimeout(host: host, phase: connectTime == 0 ? "connect" : "transfer")
-        case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_ENGINE_NOTFOUND,
-             CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER, CURLE_SSL_ENGINE_INITFAILED,
-             CURLE_SSL_CACERT_BADFILE, CURLE_SSL_SHUTDOWN_FAILED, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR,
-             CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CLIENTCERT:
-            return .tlsFailure(host: host, reason: detail)
-        case CURLE_URL_MALFORMAT:
-            return .badURL(detail)
-        default:
-            return .upstreamProtocol(host: host, reason: detail)
-        }
+        CurlFailure.error(code, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
+                          host: target.host, authority: target.authority, purpose: .forward,
+                          trust: target.scheme == .https ? trust : nil)
     }
 }

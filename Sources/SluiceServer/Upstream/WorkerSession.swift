@@ -140,26 +140,17 @@ final class SideFetch: CurlTransfer {
     override func curlDone(_ result: CURLcode) {
         var status = 0
         sluice_easy_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)
-        let message = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(result))
         // Read from the handle before it goes back to the session (reset or destroyed).
-        let trustFailure = isTLS && result != CURLE_OK
-            ? UpstreamTLS.failure(handle, code: result, message: message, trust: trust, host: host) : nil
+        let error = result == CURLE_OK ? nil : CurlFailure.error(
+            result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
+            host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil)
         session.finish(handle)
         curl_slist_free_all(headerList)
         headerList = nil
-        if result == CURLE_OK {
-            completion(.success((status: status, body: response)))
-        } else if let trustFailure {
-            completion(.failure(trustFailure))
-        } else {
-            let error: ProxyError
-            switch result {
-            case CURLE_COULDNT_CONNECT: error = .upstreamRefused(host: host)
-            case CURLE_COULDNT_RESOLVE_HOST: error = .dnsFailure(host: host)
-            case CURLE_OPERATION_TIMEDOUT: error = .upstreamTimeout(host: host, phase: "token request")
-            default: error = .upstreamProtocol(host: host, reason: message)
-            }
+        if let error {
             completion(.failure(error))
+        } else {
+            completion(.success((status: status, body: response)))
         }
         me?.release()
         me = nil
