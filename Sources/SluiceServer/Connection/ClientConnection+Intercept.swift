@@ -7,7 +7,7 @@ import CShims
 import SluiceCore
 
 /// Interception (`intercept: true`): the CONNECT is answered, then Sluice becomes the TLS
-/// server of the connection (libevent's OpenSSL filter over the client's bufferevent) with a
+/// server of the connection (a libevent OpenSSL bufferevent that takes the socket over) with a
 /// leaf from the local CA, and reads the decrypted requests like any others: full pipeline,
 /// session core, the host's trust evaluator upstream.
 extension ClientConnection {

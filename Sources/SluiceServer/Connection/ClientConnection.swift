@@ -55,7 +55,7 @@ final class ClientConnection: UpstreamTransferDelegate {
 
     unowned let worker: Worker
     var mode: Mode
-    /// The client's bufferevent: the socket's, or the TLS filter over it once intercepted.
+    /// The client's bufferevent: a plain socket one, or a TLS one on the same socket once intercepted.
     var bev: OpaquePointer
     /// Set while (and after) Sluice is the TLS server of an intercepted CONNECT.
     var interceptedHandshake: InterceptedHandshake?
