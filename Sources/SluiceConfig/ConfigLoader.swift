@@ -292,6 +292,17 @@ struct NodeReader {
         }
     }
 
+    /// `true` or `false`; anything else is an error at the node.
+    mutating func bool(_ node: Node, key: String) -> Bool? {
+        switch node.scalar?.string {
+        case "true": return true
+        case "false": return false
+        default:
+            fail(node, "\(key) must be true or false")
+            return nil
+        }
+    }
+
     mutating func size(_ node: Node, key: String, min: Int64) -> Int64? {
         guard let text = node.scalar?.string, let n = Units.bytes(text) else {
             fail(node, "\(key) must be a size such as 8KiB, 10MiB or 1048576")

@@ -152,7 +152,7 @@ extension NodeReader {
                 }
                 p.errors = kinds
             case "retry_after":
-                if let b = value.scalar?.string, b == "true" || b == "false" { p.retryAfter = b == "true" } else { r.fail(value, "retry_after must be true or false") }
+                if let b = r.bool(value, key: key) { p.retryAfter = b }
             case "per_try_timeout": p.perTryTimeout = r.duration(value, key: key)
             case "deadline":
                 p.deadline = value.scalar?.string == "unlimited" ? nil : r.duration(value, key: key)

@@ -8,16 +8,6 @@ import Yams
 extension NodeReader {
     static let evaluatorNames = ["default", "revocation", "pinned_certificates", "public_keys", "composite", "disabled"]
 
-    mutating func bool(_ node: Node, key: String) -> Bool? {
-        switch node.scalar?.string {
-        case "true": return true
-        case "false": return false
-        default:
-            fail(node, "\(key) must be true or false")
-            return nil
-        }
-    }
-
     mutating func readTrust(_ node: Node, policy: String) -> PolicyEntry.Section<any ServerTrustEvaluating> {
         guard let evaluator = readEvaluator(node, policy: policy, nested: false) else { return .inherit }
         return .on(evaluator)
@@ -159,15 +149,16 @@ extension NodeReader {
         return items
     }
 
-    /// A plain path, or the value of `${ENV}`.
+    /// A plain path, or the value of `${ENV}` (resolved as secret references are, with their
+    /// errors; the path itself is not a secret).
     mutating func pathOrReference(_ text: String, at node: Node) -> String? {
-        guard text.hasPrefix("${"), text.hasSuffix("}") else { return text }
-        let name = String(text.dropFirst(2).dropLast())
-        guard let value = ProcessInfo.processInfo.environment[name], !value.isEmpty else {
-            fail(node, "environment variable \(name) is not set")
+        guard text.hasPrefix("${") else { return text }
+        switch SecretReference.resolve(text) {
+        case .success(let resolved): return resolved.value
+        case .failure(let problem):
+            fail(node, problem.message)
             return nil
         }
-        return value
     }
 
     mutating func readUpstream(_ node: Node) -> PolicyEntry.Section<UpstreamOverride> {

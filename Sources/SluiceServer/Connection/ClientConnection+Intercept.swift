@@ -83,9 +83,7 @@ extension ClientConnection {
         let code = sluice_bufferevent_ssl_error(bev)
         var reason = ""
         if code != 0 {
-            var buf = [CChar](repeating: 0, count: 256)
-            ERR_error_string_n(code, &buf, buf.count)
-            reason = String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            reason = TLSObjects.describe(code)
             if let last = reason.split(separator: ":").last { reason = String(last) }
         }
         if reason.contains("alert") {

@@ -33,9 +33,7 @@ enum SocketAddress {
     /// `1.2.3.4:80` or `[::1]:80`.
     static func describe(_ sa: UnsafePointer<sockaddr>) -> String {
         var host = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
-        func text() -> String {
-            String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        }
+        func text() -> String { String(cBuffer: host) }
         switch Int32(sa.pointee.sa_family) {
         case AF_INET:
             return sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in

@@ -62,7 +62,7 @@ public final class LocalCA: @unchecked Sendable {
         if !path.hasPrefix("/") {
             var buf = [CChar](repeating: 0, count: Int(PATH_MAX))
             if getcwd(&buf, buf.count) != nil {
-                let cwd = String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                let cwd = String(cBuffer: buf)
                 path = (cwd == "/" ? "" : cwd) + "/" + path
             }
         }
@@ -164,10 +164,14 @@ public final class LocalCA: @unchecked Sendable {
 enum TLSObjects {
     static func lastError() -> String {
         let code = ERR_get_error()
-        guard code != 0 else { return "unknown OpenSSL error" }
+        return code == 0 ? "unknown OpenSSL error" : describe(code)
+    }
+
+    /// OpenSSL's text for an error code (`error:0A000418:SSL routines::tlsv1 alert unknown ca`).
+    static func describe(_ code: UInt) -> String {
         var buf = [CChar](repeating: 0, count: 256)
         ERR_error_string_n(code, &buf, buf.count)
-        return String(decoding: buf.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return String(cBuffer: buf)
     }
 
     /// A new EC P-256 key.
