@@ -102,10 +102,7 @@ struct CA: ParsableCommand {
         subcommands: [Init.self, Export.self])
 
     static func directory(_ option: String?) -> String {
-        if let option { return LocalCA.absolutePath(option) }
-        var environment: [String: String] = [:]
-        if let state = getenv("STATE_DIRECTORY") { environment["STATE_DIRECTORY"] = String(cString: state) }
-        return ServerConfiguration.TLS.defaultCADirectory(environment: environment)
+        option.map(LocalCA.absolutePath) ?? LocalCA.defaultDirectory()
     }
 
     struct Init: ParsableCommand {

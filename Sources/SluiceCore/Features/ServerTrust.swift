@@ -193,6 +193,12 @@ public final class ServerTrust: Sendable {
     public static let builtInDefault = ServerTrust(DefaultTrustEvaluator())
     /// What a host without a `trust` section gets when every host must be evaluated.
     public static let refused = ServerTrust(refusing: ())
+
+    /// The error for a connection to `authority` that this trust refuses outright.
+    public func refusal(authority: String) -> ProxyError {
+        .trustFailure(host: authority, evaluator: evaluatorName,
+                      reason: "no trust evaluator is configured for this host (tls.all_hosts_must_be_evaluated)")
+    }
 }
 
 /// `upstream:` in a policy: where a host's plain-HTTP requests really go. With `scheme: https`

@@ -165,9 +165,7 @@ extension ClientConnection {
             let policy = request.target.host == exchange.policyHost ? exchange.policy : exchange.pipeline.policies.match(host: request.target.host)
             guard policy.trust.isAllowed else {
                 curl_slist_free_all(request.headers)
-                transferFailed(.trustFailure(host: request.target.authority, evaluator: "none",
-                                             reason: "no trust evaluator is configured for this host (tls.all_hosts_must_be_evaluated)"),
-                               kind: .other)
+                transferFailed(policy.trust.refusal(authority: request.target.authority), kind: .other)
                 return
             }
             request.trust = policy.trust

@@ -176,9 +176,7 @@ public final class ProxyServer: @unchecked Sendable {
             Log.warning("policy '\(name)': trust is disabled (insecure: true): upstream certificates are NOT verified for its hosts")
         }
         guard policies.intercepts, interception.current == nil else { return }
-        var environment: [String: String] = [:]
-        if let state = getenv("STATE_DIRECTORY") { environment["STATE_DIRECTORY"] = String(cString: state) }
-        let directory = config.tls.caDir ?? ServerConfiguration.TLS.defaultCADirectory(environment: environment)
+        let directory = config.tls.caDir ?? LocalCA.defaultDirectory()
         let ca = try LocalCA.load(directory: directory)
         interception.set(try TLSInterception(ca: ca))
         Log.info("interception: signing leaves with \(ca.certificatePath) (SHA-256 \(ca.fingerprint))")

@@ -56,6 +56,13 @@ public final class LocalCA: @unchecked Sendable {
         return TLSObjects.pem { PEM_write_bio_X509($0, cert) }
     }
 
+    /// `tls.ca_dir`'s default for this process (it reads `STATE_DIRECTORY`, set by systemd).
+    public static func defaultDirectory() -> String {
+        var environment: [String: String] = [:]
+        if let state = getenv("STATE_DIRECTORY") { environment["STATE_DIRECTORY"] = String(cString: state) }
+        return ServerConfiguration.TLS.defaultCADirectory(environment: environment)
+    }
+
     /// `path` made absolute (against the working directory) and without a trailing slash.
     public static func absolutePath(_ path: String) -> String {
         var path = path

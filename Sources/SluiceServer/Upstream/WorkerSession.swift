@@ -116,8 +116,7 @@ final class SideFetch: CurlTransfer {
 
     func start() {
         if isTLS, !trust.isAllowed {
-            completion(.failure(.trustFailure(host: host, evaluator: "none",
-                                              reason: "no trust evaluator is configured for this host (tls.all_hosts_must_be_evaluated)")))
+            completion(.failure(trust.refusal(authority: host)))
             session.discard(handle)
             curl_slist_free_all(headerList)
             headerList = nil
