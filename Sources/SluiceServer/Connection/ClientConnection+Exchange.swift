@@ -17,22 +17,21 @@ extension ClientConnection {
         let method = head.method
         let url = head.methodIs("CONNECT") ? target.authority : target.url
         var target = target
-        var hostHeader: String?
+        var hostHeader: (value: String, target: RequestTarget)?
         if let override = policy.upstream, !head.methodIs("CONNECT"), target.scheme == .http {
             // Only a plain-HTTP request is redirected (never an https one downgraded).
             let original = target
             target = try target.overridden(by: override)
             if target.port != original.port {
                 // The origin is asked for by the name the client used (virtual hosting).
-                hostHeader = original.port != 80 ? original.authority
-                    : original.host.contains(":") ? "[\(original.host)]" : original.host
+                hostHeader = (original.port != 80 ? original.authority
+                    : original.host.contains(":") ? "[\(original.host)]" : original.host, target)
             }
         }
         let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
         let exchange = Exchange(id: id, pipeline: pipeline, policy: policy, summary: summary, target: target,
                                 body: RequestBodyReader(encoders: [], replayLimit: head.hasBody ? Self.replayLimit(policy) : 0))
         exchange.hostHeader = hostHeader
-        if hostHeader != nil { exchange.hostHeaderTarget = target }
         policy.retryBudgets?.budget(for: target.host).recordRequest()
         self.exchange = exchange
         pipeline.monitor?.handle(.requestReceived(id: id, client: peer, method: method, url: url, policy: policy.name))
@@ -173,8 +172,8 @@ extension ClientConnection {
             request.reuse = UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: exchange.pipeline)
             if policy.trust.requirements.insecure { exchange.summary.insecure = true }
         }
-        if let host = exchange.hostHeader, request.target == exchange.hostHeaderTarget {
-            request.headers = curl_slist_append(request.headers, "Host: \(host)")
+        if let host = exchange.hostHeader, request.target == host.target {
+            request.headers = curl_slist_append(request.headers, "Host: \(host.value)")
         }
         exchange.summary.attempts += 1
         let transfer = UpstreamTransfer(session: worker.session, delegate: self, request: request,

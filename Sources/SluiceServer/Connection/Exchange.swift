@@ -10,10 +10,9 @@ final class Exchange {
     let policy: HostPolicy
     /// The host `policy` was matched for.
     let policyHost: String
-    /// The `Host` the origin gets when an `upstream:` override changed the port: the client's,
-    /// for tries to `hostHeaderTarget` (not for a redirect elsewhere).
-    var hostHeader: String?
-    var hostHeaderTarget: RequestTarget?
+    /// The `Host` the origin gets when an `upstream:` override changed the port (the client's),
+    /// for tries to `target` only (not for a redirect elsewhere).
+    var hostHeader: (value: String, target: RequestTarget)?
     var summary: ExchangeSummary
     /// The request as the pipeline sees it (built when adapters, monitors or redirects need it).
     var model: ProxyRequest?

@@ -56,18 +56,27 @@ enum UpstreamTLS {
     /// a reload are kept out: its lifetime limit counts whole seconds (a connection dies when
     /// its age, rounded down, exceeds the limit), so just after a reload every try connects
     /// anew. A try still running under an older snapshot must not leave a connection behind.
-    static func reuse(current: WorkerPipeline, exchangeSnapshot: WorkerPipeline?)
-        -> (fresh: Bool, maxAgeSeconds: Int?, forbidReuse: Bool) {
-        let stale = exchangeSnapshot.map { $0 !== current } ?? false
-        guard let reloadedAt = current.reloadedAt else { return (false, nil, stale) }
-        let seconds = (MonotonicClock.milliseconds() - reloadedAt) / 1000
-        return seconds < 2 ? (true, nil, stale) : (false, seconds - 1, stale)
+    struct ConnectionReuse {
+        /// Open a new connection (the first seconds after a reload).
+        var fresh = false
+        /// Reuse no pooled connection older than this many seconds.
+        var maxAgeSeconds: Int?
+        /// Close the connection after this try (it runs under a superseded snapshot).
+        var forbidReuse = false
+
+        func apply(to h: UnsafeMutableRawPointer) {
+            if fresh { sluice_easy_setopt_long(h, CURLOPT_FRESH_CONNECT, 1) }
+            if let maxAgeSeconds { sluice_easy_setopt_long(h, CURLOPT_MAXLIFETIME_CONN, maxAgeSeconds) }
+            if forbidReuse { sluice_easy_setopt_long(h, CURLOPT_FORBID_REUSE, 1) }
+        }
     }
 
-    static func applyReuse(_ h: UnsafeMutableRawPointer, _ reuse: (fresh: Bool, maxAgeSeconds: Int?, forbidReuse: Bool)) {
-        if reuse.fresh { sluice_easy_setopt_long(h, CURLOPT_FRESH_CONNECT, 1) }
-        if let age = reuse.maxAgeSeconds { sluice_easy_setopt_long(h, CURLOPT_MAXLIFETIME_CONN, age) }
-        if reuse.forbidReuse { sluice_easy_setopt_long(h, CURLOPT_FORBID_REUSE, 1) }
+    static func reuse(current: WorkerPipeline, exchangeSnapshot: WorkerPipeline?) -> ConnectionReuse {
+        var reuse = ConnectionReuse(forbidReuse: exchangeSnapshot.map { $0 !== current } ?? false)
+        guard let reloadedAt = current.reloadedAt else { return reuse }
+        let seconds = (MonotonicClock.milliseconds() - reloadedAt) / 1000
+        if seconds < 2 { reuse.fresh = true } else { reuse.maxAgeSeconds = seconds - 1 }
+        return reuse
     }
 
     /// The certificate-verify callback's work: CRLs (for the leaf), the chain when asked,

@@ -79,7 +79,7 @@ struct UpstreamRequest {
     var trust: ServerTrust = .builtInDefault
     var clientCertificate: ClientCertificate?
     /// Connection reuse limits for a TLS try after a reload (`UpstreamTLS.reuse`).
-    var reuse: (fresh: Bool, maxAgeSeconds: Int?, forbidReuse: Bool) = (false, nil, false)
+    var reuse = UpstreamTLS.ConnectionReuse()
 
     var isHead: Bool { method == "HEAD" }
 }
@@ -182,7 +182,7 @@ final class UpstreamTransfer: CurlTransfer {
         if target.scheme == .https {
             UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
-            UpstreamTLS.applyReuse(h, request.reuse)
+            request.reuse.apply(to: h)
         }
 
         sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)

@@ -80,7 +80,7 @@ final class SideFetch: CurlTransfer {
     private var me: Unmanaged<SideFetch>?
 
     init(session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
-         headers: [(String, String)], body: [UInt8], reuse: (fresh: Bool, maxAgeSeconds: Int?, forbidReuse: Bool),
+         headers: [(String, String)], body: [UInt8], reuse: UpstreamTLS.ConnectionReuse,
          completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
         self.session = session
         self.completion = completion
@@ -102,7 +102,7 @@ final class SideFetch: CurlTransfer {
         if isTLS {
             UpstreamTLS.configure(h, trust: policy.trust, clientCertificate: policy.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
-            UpstreamTLS.applyReuse(h, reuse)
+            reuse.apply(to: h)
         }
         sluice_easy_setopt_long(h, CURLOPT_POSTFIELDSIZE, body.count)
         body.withUnsafeBufferPointer { buf in
