@@ -41,7 +41,7 @@ public final class AccessLogMonitor: LogMonitor {
     /// `event`, `source` and, for failures, `error`.
     func eventLine(_ event: String, source: String, reason: String?) -> String {
         var json = JSONLine()
-        json.field("time", Timestamp.rfc3339Now())
+        json.timestamp("time")
         json.field("event", event)
         json.field("source", redactor.url(source))
         if let reason { json.field("error", redactor.scrub(reason)) }
@@ -266,7 +266,6 @@ enum Timestamp {
     /// The formatted second, per thread (each worker formats its own lines).
     private final class Cache {
         var second = -1
-        var prefix = ""
         var prefixBytes: [UInt8] = []
     }
     private static let key: pthread_key_t = {
@@ -282,7 +281,7 @@ enum Timestamp {
         return cache
     }
 
-    /// `rfc3339Now()`'s bytes, appended.
+    /// `2026-11-22T00:41:07.123Z`, appended; the date and time part is formatted once per second.
     static func appendRFC3339Now(to out: inout [UInt8]) {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
@@ -301,18 +300,9 @@ enum Timestamp {
         var tm = Glibc.tm()
         gmtime_r(&t, &tm)
         cache.second = second
-        cache.prefix = "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
+        let prefix = "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
             + "\(pad(tm.tm_hour)):\(pad(tm.tm_min)):\(pad(tm.tm_sec))."
-        cache.prefixBytes = Array(cache.prefix.utf8)
-    }
-
-    /// `2026-11-22T00:41:07.123Z`; the date and time part is formatted once per second.
-    static func rfc3339Now() -> String {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        let cache = Self.cache
-        if cache.second != ts.tv_sec { refresh(cache, ts.tv_sec) }
-        return cache.prefix + pad(Int32(ts.tv_nsec / 1_000_000), 3) + "Z"
+        cache.prefixBytes = Array(prefix.utf8)
     }
 
     private static func pad(_ v: Int32, _ width: Int = 2) -> String {
