@@ -32,6 +32,13 @@ public struct TrustRequirements: Sendable, Equatable {
 
     public init() {}
 
+    /// The chain, host and anchor settings every verifying evaluator has.
+    public init(validateChain: Bool = true, validateHost: Bool, caFile: String?) {
+        self.validateChain = validateChain
+        self.validateHost = validateHost
+        self.caFile = caFile
+    }
+
     /// The checks libcurl cannot make and Sluice's handshake callback does.
     public var needsOwnCheck: Bool { !crls.isEmpty || !certificatePins.isEmpty || !publicKeyPins.isEmpty }
 
@@ -63,12 +70,7 @@ public struct DefaultTrustEvaluator: ServerTrustEvaluating {
         self.validateHost = validateHost
     }
     public var name: String { "default" }
-    public var requirements: TrustRequirements {
-        var r = TrustRequirements()
-        r.caFile = caFile
-        r.validateHost = validateHost
-        return r
-    }
+    public var requirements: TrustRequirements { TrustRequirements(validateHost: validateHost, caFile: caFile) }
 }
 
 /// `revocation`: `default`, plus the leaf checked against CRLs and, with `requireOCSP`, a
@@ -86,7 +88,7 @@ public struct RevocationTrustEvaluator: ServerTrustEvaluating {
     }
     public var name: String { "revocation" }
     public var requirements: TrustRequirements {
-        var r = DefaultTrustEvaluator(caFile: caFile, validateHost: validateHost).requirements
+        var r = TrustRequirements(validateHost: validateHost, caFile: caFile)
         r.crls = crls
         r.requireOCSP = requireOCSP
         return r
@@ -109,10 +111,7 @@ public struct PinnedCertificatesTrustEvaluator: ServerTrustEvaluating {
     }
     public var name: String { "pinned_certificates" }
     public var requirements: TrustRequirements {
-        var r = TrustRequirements()
-        r.validateChain = validateChain
-        r.validateHost = validateHost
-        r.caFile = caFile
+        var r = TrustRequirements(validateChain: validateChain, validateHost: validateHost, caFile: caFile)
         r.certificatePins = [Set(certificates)]
         return r
     }
@@ -134,10 +133,7 @@ public struct PublicKeysTrustEvaluator: ServerTrustEvaluating {
     }
     public var name: String { "public_keys" }
     public var requirements: TrustRequirements {
-        var r = TrustRequirements()
-        r.validateChain = validateChain
-        r.validateHost = validateHost
-        r.caFile = caFile
+        var r = TrustRequirements(validateChain: validateChain, validateHost: validateHost, caFile: caFile)
         r.publicKeyPins = [Set(keyDigests)]
         return r
     }
