@@ -134,3 +134,22 @@ public enum CertificateFiles {
         }
     }
 }
+
+/// CRLs parsed once (from `TrustRequirements.crls`) for every handshake that checks them.
+/// Immutable after init; OpenSSL 3 locks the lazy lookup state inside an `X509_CRL`, so
+/// handshakes on several worker threads may read the same objects.
+public final class ParsedCRLs: @unchecked Sendable {
+    /// `X509_CRL *`, owned.
+    public let objects: [OpaquePointer]
+
+    public init(_ ders: [[UInt8]]) {
+        objects = ders.compactMap { der in
+            der.withUnsafeBufferPointer { buf in
+                var p: UnsafePointer<UInt8>? = buf.baseAddress
+                return d2i_X509_CRL(nil, &p, buf.count)
+            }
+        }
+    }
+
+    deinit { objects.forEach { X509_CRL_free($0) } }
+}

@@ -172,17 +172,21 @@ public final class ServerTrust: Sendable {
     /// False when no evaluator was configured for the host and `tls.all_hosts_must_be_evaluated`
     /// is on: connections to it are refused.
     public let isAllowed: Bool
+    /// `requirements.crls`, parsed once at load.
+    public let crls: ParsedCRLs
 
     public init(_ evaluator: any ServerTrustEvaluating) {
         evaluatorName = evaluator.name
         requirements = evaluator.requirements
         isAllowed = true
+        crls = ParsedCRLs(requirements.crls)
     }
 
     private init(refusing: Void) {
         evaluatorName = "none"
         requirements = TrustRequirements()
         isAllowed = false
+        crls = ParsedCRLs([])
     }
 
     /// The built-in `default` evaluator: what a host without a `trust` section gets.

@@ -35,7 +35,7 @@ enum UpstreamTLS {
                 let retained = Unmanaged<ServerTrust>.fromOpaque(userdata!).retain().toOpaque()
                 let ok = sluice_ssl_ctx_set_verifier(OpaquePointer(sslContext), { store, arg in
                     let trust = Unmanaged<ServerTrust>.fromOpaque(arg!).takeUnretainedValue()
-                    return UpstreamTLS.verify(store!, trust.requirements) ? 1 : 0
+                    return UpstreamTLS.verify(store!, trust) ? 1 : 0
                 }, retained, { arg in Unmanaged<ServerTrust>.fromOpaque(arg!).release() })
                 if ok == 0 {
                     Unmanaged<ServerTrust>.fromOpaque(retained).release()
@@ -81,25 +81,19 @@ enum UpstreamTLS {
 
     /// The certificate-verify callback's work: CRLs (for the leaf), the chain when asked,
     /// then every pin set against the chain. Sets the store's error for libcurl to report.
-    static func verify(_ store: OpaquePointer, _ r: TrustRequirements) -> Bool {
+    static func verify(_ store: OpaquePointer, _ trust: ServerTrust) -> Bool {
+        let r = trust.requirements
         var crlStack: OpaquePointer?
-        if !r.crls.isEmpty, let stack = OPENSSL_sk_new_null() {
+        if !trust.crls.objects.isEmpty, let stack = OPENSSL_sk_new_null() {
             crlStack = stack
-            for der in r.crls {
-                der.withUnsafeBufferPointer { buf in
-                    var p: UnsafePointer<UInt8>? = buf.baseAddress
-                    if let crl = d2i_X509_CRL(nil, &p, buf.count) { OPENSSL_sk_push(stack, UnsafeRawPointer(crl)) }
-                }
-            }
+            // The CRLs were parsed at load and stay owned by `trust`; the stack only borrows them.
+            for crl in trust.crls.objects { OPENSSL_sk_push(stack, UnsafeRawPointer(crl)) }
             X509_STORE_CTX_set0_crls(store, stack)  // not owned by the store context: freed below
             X509_STORE_CTX_set_flags(store, UInt(X509_V_FLAG_CRL_CHECK))
         }
         defer {
             if let crlStack {
                 X509_STORE_CTX_set0_crls(store, nil)
-                while OPENSSL_sk_num(crlStack) > 0 {
-                    X509_CRL_free(OpaquePointer(OPENSSL_sk_pop(crlStack)))
-                }
                 OPENSSL_sk_free(crlStack)
             }
         }
