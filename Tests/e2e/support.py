@@ -110,6 +110,20 @@ def send_raw(proxy_port: int, data: bytes, timeout: float = 10.0, method: str = 
     return c.read_response(method=method, timeout=timeout), c
 
 
+def connect_through(s: socket.socket, authority: str, timeout: float = 10.0) -> bytes:
+    """Sends `CONNECT authority` on s and returns the answer's head, read byte by byte so that
+    nothing of the tunnel is consumed (shorter than a head if the proxy closed)."""
+    s.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    head = b""
+    deadline = time.monotonic() + timeout
+    while b"\r\n\r\n" not in head and time.monotonic() < deadline:
+        d = s.recv(1)
+        if not d:
+            break
+        head += d
+    return head
+
+
 def assert_connection_kept(c: RawConn, httpbin_port: int) -> None:
     """The same connection still serves a normal proxied request."""
     c.send(request_bytes("GET", f"http://{HOST}:{httpbin_port}/get?kept=1"))

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rawhttp import RawConn, request_bytes
-from support import (HOST, assert_connection_kept, assert_sluice_error, run_curl, send_raw,
+from support import (HOST, connect_through, assert_connection_kept, assert_sluice_error, run_curl, send_raw,
                      session_via)
 
 
@@ -76,14 +76,7 @@ def test_connect_with_requests(proxy, nginx, pki):
 def test_connect_raw_tunnel_is_transparent(proxy, nginx, pki):
     s = socket.create_connection((HOST, proxy.port), timeout=10)
     try:
-        s.sendall(f"CONNECT {HOST}:{nginx.https_port} HTTP/1.1\r\nHost: {HOST}:{nginx.https_port}\r\n\r\n".encode())
-        head = b""
-        deadline = time.monotonic() + 10
-        while b"\r\n\r\n" not in head and time.monotonic() < deadline:
-            d = s.recv(1)
-            if not d:
-                break
-            head += d
+        head = connect_through(s, f"{HOST}:{nginx.https_port}")
         assert head.startswith(b"HTTP/1.1 200") or head.startswith(b"HTTP/1.0 200"), head
         assert b"transfer-encoding" not in head.lower() and b"content-length" not in head.lower(), head
         ctx = ssl.create_default_context(cafile=str(pki.ca_pem))

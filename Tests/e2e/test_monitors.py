@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from policy_support import (AccessLog, debug_lines, monitors, run_check, secret_env,  # noqa: F401
                             wait_debug)
 from rawhttp import RawConn, request_bytes
-from support import HOST, session_via, tail, wait_until
+from support import HOST, connect_through, session_via, tail, wait_until
 
 TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 FIELDS = ("time", "id", "client", "method", "url", "policy", "status", "bytes_in", "bytes_out",
@@ -129,12 +129,7 @@ def test_access_log_connect_tunnel(sluice_factory, nginx, pki, tmp_path):
     proxy, log = log_proxy(sluice_factory, tmp_path)
     raw = socket.create_connection((HOST, proxy.port), timeout=10)
     try:
-        raw.sendall(f"CONNECT {HOST}:{nginx.https_port} HTTP/1.1\r\nHost: {HOST}:{nginx.https_port}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            d = raw.recv(4096)
-            assert d, "proxy closed during CONNECT"
-            head += d
+        head = connect_through(raw, f"{HOST}:{nginx.https_port}")
         assert head.startswith(b"HTTP/1.1 200"), head
         ctx = ssl.create_default_context(cafile=str(pki.ca_pem))
         tls = ctx.wrap_socket(raw, server_hostname=HOST)

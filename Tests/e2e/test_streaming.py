@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from rawhttp import RawConn, request_bytes
-from support import HOST, MiB, RssMonitor, clean_env, run_curl, session_via, wait_until
+from support import HOST, connect_through, MiB, RssMonitor, clean_env, run_curl, session_via, wait_until
 
 RSS_BUDGET_MIB = 64
 SLOW_READER_BUDGET_MIB = 32
@@ -266,12 +266,7 @@ def test_slow_reader_through_connect_tunnel_does_not_make_sluice_buffer(proxy, n
     s.settimeout(10)
     s.connect((HOST, proxy.port))
     try:
-        s.sendall(f"CONNECT {HOST}:{nginx.https_port} HTTP/1.1\r\nHost: {HOST}:{nginx.https_port}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            d = s.recv(1)
-            assert d, "CONNECT refused"
-            head += d
+        head = connect_through(s, f"{HOST}:{nginx.https_port}")
         assert b" 200 " in head.split(b"\r\n")[0], head
         t = ssl.create_default_context(cafile=str(pki.ca_pem)).wrap_socket(s, server_hostname=HOST)
         t.sendall(f"GET {big_file.url_path} HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())

@@ -30,7 +30,7 @@ import pytest
 from faultservers import pick_port
 from policy_support import AccessLog, run_check, set_sections, sighup, write_yaml
 from rawhttp import RawConn, request_bytes
-from support import HOST, assert_sluice_error, port_open, run_curl, session_via, wait_until
+from support import HOST, connect_through, assert_sluice_error, port_open, run_curl, session_via, wait_until
 from tls_support import (CA, TLSNginx, TLSServerSpec, handshake_figures, ocsp_status, openssl,
                          public_key_pem, self_signed)
 
@@ -871,12 +871,7 @@ def test_connect_tunnel_is_unaffected_by_trust(tproxy, tp, ts):
                       access={"connect_ports": [server.port]})
     raw = socket.create_connection((HOST, proxy.port), timeout=10)
     try:
-        raw.sendall(f"CONNECT {HOST}:{server.port} HTTP/1.1\r\nHost: {HOST}:{server.port}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            d = raw.recv(4096)
-            assert d, f"proxy closed during CONNECT: {head!r}"
-            head += d
+        head = connect_through(raw, f"{HOST}:{server.port}")
         assert head.startswith(b"HTTP/1.1 200"), head
         ctx = ssl.create_default_context(cafile=str(tp.ca1.pem))
         tls = ctx.wrap_socket(raw, server_hostname=HOST)
