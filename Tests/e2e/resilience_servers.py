@@ -382,6 +382,20 @@ class NotTLSServer(ThreadedServer):
 # OAuth 2
 # ------------------------------------------------------------------------------------------
 
+def whole_requests(server: ThreadedServer, conn):
+    """The requests a keep-alive connection carries, as (method, target, headers, body),
+    until the peer closes, stays idle for CONN_IDLE_TIMEOUT, or the server stops."""
+    r = Reader(conn, timeout=CONN_IDLE_TIMEOUT)
+    while not server.stopping.is_set():
+        try:
+            _, method, target, headers = r.read_head()
+        except (PeerClosed, socket.timeout):
+            return
+        body = bytearray()
+        r.read_body(headers, body.extend)
+        yield method, target, headers, bytes(body)
+
+
 @dataclass
 class TokenRequest:
     t: float
@@ -457,19 +471,12 @@ class TokenServer(ThreadedServer):
         self.stop()
 
     def handle(self, conn, rec):
-        r = Reader(conn, timeout=CONN_IDLE_TIMEOUT)
-        while not self.stopping.is_set():
-            try:
-                _, method, target, headers = r.read_head()
-            except (PeerClosed, socket.timeout):
-                return
-            body = bytearray()
-            r.read_body(headers, body.extend)
+        for method, target, headers, body in whole_requests(self, conn):
             with self.lock:
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                resp = self._answer(method, target, headers, bytes(body))
+                resp = self._answer(method, target, headers, body)
             finally:
                 with self.lock:
                     self.in_flight -= 1
@@ -573,14 +580,7 @@ class BearerUpstream(ThreadedServer):
             return list(self.seen)
 
     def handle(self, conn, rec):
-        r = Reader(conn, timeout=CONN_IDLE_TIMEOUT)
-        while not self.stopping.is_set():
-            try:
-                _, method, target, headers = r.read_head()
-            except (PeerClosed, socket.timeout):
-                return
-            body = bytearray()
-            r.read_body(headers, body.extend)
+        for method, target, headers, body in whole_requests(self, conn):
             auth = header(headers, "authorization") or ""
             tok = auth.split(None, 1)[1].strip() if auth.lower().startswith("bearer ") and " " in auth else None
             with self.tokens.lock:
@@ -591,7 +591,7 @@ class BearerUpstream(ThreadedServer):
             path = "/" + path.split("/", 1)[1] if "/" in path else "/"
             with self.lock:
                 self.seen.append(BearerSeen(time.monotonic(), method, path.split("?", 1)[0], tok, accepted,
-                                            headers, hashlib.sha256(bytes(body)).hexdigest()))
+                                            headers, hashlib.sha256(body).hexdigest()))
             if self.delay:
                 time.sleep(self.delay)
             if accepted:
