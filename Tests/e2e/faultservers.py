@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 
+from rawhttp import take_through
+
 HOST = "127.0.0.1"
 PORT_RANGE = (20000, 30000)
 _used_ports: set[int] = set()
@@ -100,10 +102,8 @@ class Reader:
 
     def read_until(self, marker: bytes, limit: int = 1 << 20) -> bytes:
         while True:
-            i = self.buf.find(marker)
-            if i >= 0:
-                out = bytes(self.buf[: i + len(marker)])
-                del self.buf[: i + len(marker)]
+            out = take_through(self.buf, marker)
+            if out is not None:
                 return out
             if len(self.buf) > limit:
                 raise ValueError("head too large")

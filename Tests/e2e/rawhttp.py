@@ -22,6 +22,16 @@ class Truncated(Exception):
     """The connection ended before the message did."""
 
 
+def take_through(buf: bytearray, marker: bytes) -> bytes | None:
+    """Removes and returns buf's bytes up to and including the first marker; None if absent."""
+    i = buf.find(marker)
+    if i < 0:
+        return None
+    out = bytes(buf[: i + len(marker)])
+    del buf[: i + len(marker)]
+    return out
+
+
 @dataclass
 class Response:
     version: str
@@ -117,10 +127,8 @@ class RawConn:
 
     def _read_until(self, marker: bytes, deadline: float, limit: int = 1 << 20) -> bytes | None:
         while True:
-            i = self.buf.find(marker)
-            if i >= 0:
-                out = bytes(self.buf[: i + len(marker)])
-                del self.buf[: i + len(marker)]
+            out = take_through(self.buf, marker)
+            if out is not None:
                 return out
             if len(self.buf) > limit:
                 raise ProtocolError(f"no {marker!r} within {limit} bytes: {bytes(self.buf[:200])!r}")
