@@ -56,8 +56,8 @@ struct RequestTarget: Equatable {
                 authorityEnd += 1
             }
             if t[authorityEnd...].contains(UInt8(ascii: "#")) { throw .badURL("fragment in request target") }
-            let authority = Substring(String(decoding: t[authorityStart..<authorityEnd], as: UTF8.self))
-            let (host, port) = try parseAuthority(authority, defaultPort: scheme == .http ? 80 : 443)
+            let (host, port) = try parseAuthority(UnsafeBufferPointer(rebasing: t[authorityStart..<authorityEnd]),
+                                                  defaultPort: scheme == .http ? 80 : 443)
             // The URL as received, with the scheme lower-cased (curl is picky about nothing else).
             let url = colon == 4 && t[0] == UInt8(ascii: "h") && t[1] == UInt8(ascii: "t") && t[2] == UInt8(ascii: "t")
                 && t[3] == UInt8(ascii: "p") || colon == 5 && t[0] == UInt8(ascii: "h") && t[4] == UInt8(ascii: "s")
@@ -86,47 +86,58 @@ struct RequestTarget: Equatable {
 
     /// Parses an authority-form target (`host:port`, `[v6]:port`) for CONNECT; the port is required.
     static func authority(_ target: String) throws(ProxyError) -> RequestTarget {
-        let (host, port) = try parseAuthority(Substring(target), defaultPort: nil)
+        var text = target
+        let result: Result<(String, Int), ProxyError> = text.withUTF8 { bytes in
+            do throws(ProxyError) {
+                return .success(try parseAuthority(bytes, defaultPort: nil))
+            } catch {
+                return .failure(error)
+            }
+        }
+        let (host, port) = try result.get()
         return RequestTarget(scheme: .https, host: host, port: port, url: target)
     }
 
-    private static func parseAuthority(_ text: Substring, defaultPort: Int?) throws(ProxyError) -> (String, Int) {
-        var host: Substring
-        var portText: Substring?
-        if text.hasPrefix("[") {
-            guard let close = text.firstIndex(of: "]") else { throw .badURL("malformed IPv6 host") }
-            host = text[text.index(after: text.startIndex)..<close]
-            let after = text[text.index(after: close)...]
-            if !after.isEmpty {
-                guard after.hasPrefix(":") else { throw .badURL("malformed authority") }
-                portText = after.dropFirst()
+    /// `host[:port]` or `[v6][:port]`, as bytes: the host (brackets removed) and the port (the
+    /// scheme's default when absent or empty; required when `defaultPort` is nil).
+    private static func parseAuthority(_ a: UnsafeBufferPointer<UInt8>, defaultPort: Int?) throws(ProxyError) -> (String, Int) {
+        let host: String
+        var portStart: Int?
+        if a.first == UInt8(ascii: "[") {
+            guard let close = a.firstIndex(of: UInt8(ascii: "]")) else { throw .badURL("malformed IPv6 host") }
+            if close + 1 < a.count {
+                guard a[close + 1] == UInt8(ascii: ":") else { throw .badURL("malformed authority") }
+                portStart = close + 2
             }
-            guard IPNetwork.parseAddress(String(host))?.count == 16 else { throw .badURL("malformed IPv6 host") }
+            host = String(decoding: UnsafeBufferPointer(rebasing: a[1..<close]), as: UTF8.self)
+            guard IPNetwork.parseAddress(host)?.count == 16 else { throw .badURL("malformed IPv6 host") }
         } else {
-            if let colon = text.lastIndex(of: ":") {
-                host = text[..<colon]
-                portText = text[text.index(after: colon)...]
-            } else {
-                host = text
+            var hostEnd = a.count
+            if let colon = a.lastIndex(of: UInt8(ascii: ":")) {
+                hostEnd = colon
+                portStart = colon + 1
             }
-            let valid = host.utf8.allSatisfy { b in
-                (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A)
+            for i in 0..<hostEnd {
+                let b = a[i]
+                let valid = (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A)
                     || b == 0x2D || b == 0x2E || b == 0x5F
+                guard valid else { throw .badURL("invalid host name") }
             }
-            guard valid else { throw .badURL("invalid host name") }
+            host = String(decoding: UnsafeBufferPointer(rebasing: a[0..<hostEnd]), as: UTF8.self)
         }
         guard !host.isEmpty else { throw .badURL("empty host") }
-        let port: Int
-        if let portText, !portText.isEmpty || defaultPort == nil {
-            guard portText.count <= 5, portText.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }),
-                  let p = Int(portText), p > 0, p <= 65535
-            else { throw .badURL("invalid port") }
-            port = p
-        } else if let defaultPort {
-            port = defaultPort
-        } else {
-            throw .badURL("CONNECT needs host:port")
+        if let portStart, portStart < a.count || defaultPort == nil {
+            let digits = a.count - portStart
+            guard digits >= 1, digits <= 5 else { throw .badURL("invalid port") }
+            var port = 0
+            for i in portStart..<a.count {
+                guard a[i] >= 0x30, a[i] <= 0x39 else { throw .badURL("invalid port") }
+                port = port * 10 + Int(a[i] - 0x30)
+            }
+            guard port > 0, port <= 65535 else { throw .badURL("invalid port") }
+            return (host, port)
         }
-        return (String(host), port)
+        guard let defaultPort else { throw .badURL("CONNECT needs host:port") }
+        return (host, defaultPort)
     }
 }
