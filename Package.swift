@@ -30,7 +30,7 @@ let package = Package(
             "SluiceServer", "SluiceConfig", "SluiceCore",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
-        .testTarget(name: "SluiceServerTests", dependencies: ["SluiceServer", "SluiceCore",
+        .testTarget(name: "SluiceServerTests", dependencies: ["SluiceServer", "SluiceCore", "CLibEvent",
                                                               .product(name: "HTTPTypes", package: "swift-http-types")]),
         .testTarget(name: "SluiceConfigTests", dependencies: ["SluiceConfig", "SluiceCore"]),
         .testTarget(name: "SluiceCoreTests", dependencies: ["SluiceCore", "CZlib",

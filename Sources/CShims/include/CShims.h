@@ -15,6 +15,7 @@ typedef int (*sluice_socket_cb)(CURL *easy, curl_socket_t s, int what, void *use
 typedef int (*sluice_timer_cb)(CURLM *multi, long timeout_ms, void *userp);
 typedef int (*sluice_seek_cb)(void *userp, curl_off_t offset, int origin);
 typedef curl_socket_t (*sluice_opensocket_cb)(void *clientp, curlsocktype purpose, struct curl_sockaddr *address);
+typedef int (*sluice_closesocket_cb)(void *clientp, curl_socket_t item);
 
 CURLcode sluice_easy_setopt_long(CURL *h, CURLoption opt, long value);
 CURLcode sluice_easy_setopt_off(CURL *h, CURLoption opt, curl_off_t value);
@@ -23,6 +24,24 @@ CURLcode sluice_easy_setopt_str(CURL *h, CURLoption opt, const char *value);
 CURLcode sluice_easy_setopt_data_cb(CURL *h, CURLoption opt, sluice_data_cb cb);
 CURLcode sluice_easy_setopt_opensocket_cb(CURL *h, sluice_opensocket_cb cb);
 CURLcode sluice_easy_setopt_seek_cb(CURL *h, sluice_seek_cb cb);
+CURLcode sluice_easy_setopt_closesocket_cb(CURL *h, sluice_closesocket_cb cb);
+
+/// Readiness hints for the upstream sockets an event loop watches on libcurl's behalf.
+///
+/// libcurl 7.88 asks `poll(fd, 0 ms)` about a pooled connection before every reuse (is it
+/// dead?) and again right after sending a request (is the answer there already?): two
+/// system calls per proxied request whose answers the event loop already knows, because
+/// it keeps every pooled socket registered for readability (see `UpstreamSession`). A
+/// socket marked quiet is one the loop watches for reading and that has reported nothing
+/// since libcurl last read it; Sluice's `poll` (below, which libcurl's calls bind to)
+/// answers "nothing to read" for such a socket without entering the kernel. Every other
+/// call (more than one descriptor, a timeout, write interest, an unmarked socket) is the
+/// real `poll`. A "nothing" that is stale by a loop iteration is corrected by the loop's
+/// next readiness report, which libcurl then receives as a socket action.
+///
+/// Marks are per descriptor, process-wide; the worker thread that owns a socket sets and
+/// clears its mark, and clears it before the descriptor is closed.
+void sluice_socket_set_quiet(int fd, int quiet);
 
 typedef CURLcode (*sluice_ssl_ctx_cb)(CURL *easy, void *ssl_ctx, void *userptr);
 CURLcode sluice_easy_setopt_ssl_ctx_cb(CURL *h, sluice_ssl_ctx_cb cb);

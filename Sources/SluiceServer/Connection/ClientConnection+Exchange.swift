@@ -178,7 +178,7 @@ extension ClientConnection {
         exchange.summary.attempts += 1
         let transfer = UpstreamTransfer(session: worker.session, delegate: self, request: request,
                                         clientMinorVersion: currentHead?.minorVersion ?? 1,
-                                        config: worker.config, via: worker.via)
+                                        config: worker.config, viaLine: worker.viaLine)
         state = .forwarding(transfer)
         if let monitor = exchange.monitor, let model = request.model {
             monitor.handle(.tryStarted(id: exchange.id, attempt: exchange.summary.attempts, request: model))

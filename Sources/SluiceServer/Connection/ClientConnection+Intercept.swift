@@ -15,8 +15,12 @@ extension ClientConnection {
         guard let interception = worker.interception.current else {
             throw .tlsFailure(host: target.authority, reason: "interception is not available (no CA loaded)")
         }
+        // CONNECT is refused inside an intercepted connection, so this is the plain socket.
+        guard case .socket(let socket) = transport else { throw .badURL("CONNECT inside an intercepted connection") }
         // The TLS bufferevent takes the socket over, so nothing may wait in the plain one: a
-        // client that sent bytes before the CONNECT's answer is not speaking TLS to us.
+        // client that sent bytes before the CONNECT's answer is not speaking TLS to us (earlier
+        // answers, still queued for the flush pass, are written now).
+        socket.flush()
         guard evbuffer_get_length(clientInput) == 0, evbuffer_get_length(clientOutput) == 0 else {
             throw .malformedRequest("data after CONNECT before its answer")
         }
@@ -24,10 +28,10 @@ extension ClientConnection {
         guard let ssl = interception.makeSSL(for: handshake) else {
             throw .tlsFailure(host: target.authority, reason: "cannot start TLS: \(TLSObjects.lastError())")
         }
-        let fd = bufferevent_getfd(bev)
-        var answer = "HTTP/1.1 200 Connection established\r\n\r\n"
-        let sent = answer.withUTF8 { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        guard sent == answer.utf8.count else {
+        let fd = socket.fd
+        let answer = ResponseEncoder.connectEstablished
+        let sent = send(fd, answer.utf8Start, answer.utf8CodeUnitCount, Int32(MSG_NOSIGNAL))
+        guard sent == answer.utf8CodeUnitCount else {
             SSL_free(ssl)
             Log.debug("\(peer): cannot answer the CONNECT to \(target.authority)")
             close()
@@ -37,22 +41,19 @@ extension ClientConnection {
         exchange.end(.intercepted)
         self.exchange = nil
         currentHead = nil
-        // Detach the socket from the plain bufferevent (freeing it must not close the fd),
-        // then give it to a TLS one.
-        bufferevent_disable(bev, Int16(EV_READ | EV_WRITE))
-        bufferevent_setfd(bev, -1)
-        bufferevent_free(bev)
+        // Take the descriptor from the plain socket (without closing it), then give it to a TLS
+        // bufferevent.
+        _ = socket.detach()
         guard let tls = sluice_bufferevent_ssl_accept(worker.base, fd, ssl) else {
             // libevent freed `ssl`; the socket's fate is libevent's too. Forget the connection.
             Log.error("interception of \(target.authority): cannot create the TLS bufferevent")
             abandon()
             return
         }
-        bev = tls
         interceptedHandshake = handshake
         mode = .intercepted(target)
         parser = HTTPRequestParser(limits: .init(worker.config.limits))
-        attachCallbacks()
+        adoptTLS(tls)
         state = .awaitingHead
         armTimer(.header)  // the handshake and the first request head, within the header timeout
     }
@@ -80,6 +81,7 @@ extension ClientConnection {
             Log.warning("interception of \(authority) failed: \(refusal)")
             return
         }
+        guard case .tls(let bev) = transport else { return }
         let code = sluice_bufferevent_ssl_error(bev)
         var reason = ""
         if code != 0 {

@@ -12,8 +12,9 @@ extension ClientConnection {
             exchange.summary.attempts = 1
             exchange.monitor?.handle(.tunnelOpened(id: exchange.id, client: peer, authority: exchange.target.authority))
         }
-        evbuffer_add(clientOutput, "HTTP/1.1 200 Connection established\r\n\r\n", 39)
-        bufferevent_enable(bev, Int16(EV_READ))
+        ResponseEncoder.connectEstablished(into: clientOutput)
+        scheduleFlush()
+        setReading(true)
         tunnel.clientReadable()  // bytes the client sent early (a TLS ClientHello) go first
     }
 

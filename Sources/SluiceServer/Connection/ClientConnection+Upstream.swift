@@ -38,6 +38,7 @@ extension ClientConnection {
                 written += range.count
             }
             evbuffer_drain(input, consumed)
+            inputConsumed()
             if case .end? = event {
                 requestBodyDone = true
                 return written
@@ -48,12 +49,14 @@ extension ClientConnection {
     }
 
     func responseStarted(status: Int) {
+        scheduleFlush()
         guard let exchange else { return }
         exchange.summary.status = status
         exchange.monitor?.handle(.responseReceived(id: exchange.id, attempt: exchange.summary.attempts, status: status))
     }
 
     func responseBodySent(bytes: Int) {
+        scheduleFlush()
         exchange?.summary.bytesOut += Int64(bytes)
     }
 
@@ -70,6 +73,7 @@ extension ClientConnection {
     }
 
     func transferFinished(reusable: Bool) {
+        scheduleFlush()
         exchange?.end(.ok)
         if reusable && requestBodyDone && wantsKeepAlive {
             exchangeEnded()
@@ -92,6 +96,7 @@ extension ClientConnection {
     }
 
     func transferAborted() {
+        scheduleFlush()
         exchange?.end(.upstreamAborted, error: "upstream failed after the response started")
         closeAfterFlush()
     }

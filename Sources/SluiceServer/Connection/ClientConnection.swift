@@ -12,7 +12,7 @@ import SluiceCore
 ///
 /// Threading: owned by its worker's event-loop thread; every callback runs there. The worker
 /// keeps it alive (its `connections` table) until `close()`.
-final class ClientConnection: UpstreamTransferDelegate {
+final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
     enum State {
         /// Waiting for (or reading) a request head.
         case awaitingHead
@@ -37,6 +37,14 @@ final class ClientConnection: UpstreamTransferDelegate {
 
     enum TimerPurpose { case idle, header }
 
+    /// How bytes move between Sluice and the client.
+    enum Transport {
+        /// A plain socket that Sluice reads and writes itself (the hot path).
+        case socket(ClientSocket)
+        /// A TLS bufferevent on the same socket (interception): libevent does the I/O.
+        case tls(OpaquePointer)
+    }
+
     /// What kind of listener accepted the connection.
     enum Mode {
         /// A forward proxy: absolute-form requests and CONNECT.
@@ -47,16 +55,21 @@ final class ClientConnection: UpstreamTransferDelegate {
         case intercepted(RequestTarget)
     }
 
-    /// Stop reading from a client once this many unprocessed bytes wait (256 KiB): the
-    /// upload's backpressure, and the bound on pipelined requests held in memory.
-    static let inputHighWatermark = 256 * 1024
+    /// Stop reading from a client once this many unprocessed bytes wait (256 KiB).
+    static let inputHighWatermark = ClientSocket.inputHighWatermark
     /// Resume a paused upstream once the client's output falls to this (256 KiB).
-    static let outputLowWatermark = 256 * 1024
+    static let outputLowWatermark = ClientSocket.outputLowWatermark
 
     unowned let worker: Worker
     var mode: Mode
-    /// The client's bufferevent: a plain socket one, or a TLS one on the same socket once intercepted.
-    var bev: OpaquePointer
+    /// The client's socket: Sluice's own until an interception hands it to a TLS bufferevent.
+    private(set) var transport: Transport
+    /// The transport's buffers: what the client sent and Sluice has not consumed, and what
+    /// waits to be written to it.
+    private(set) var clientInput: OpaquePointer
+    private(set) var clientOutput: OpaquePointer
+    /// Queued in the worker's flush pass (see `scheduleFlush`).
+    var flushScheduled = false
     /// Set while (and after) Sluice is the TLS server of an intercepted CONNECT.
     var interceptedHandshake: InterceptedHandshake?
     var interceptionEstablished = false
@@ -78,25 +91,29 @@ final class ClientConnection: UpstreamTransferDelegate {
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
     private var processingInput = false
 
-    var clientOutput: OpaquePointer { bufferevent_get_output(bev) }
-    var clientInput: OpaquePointer { bufferevent_get_input(bev) }
-
     init(worker: Worker, mode: Mode, fd: Int32, peer: String) {
         self.worker = worker
         self.mode = mode
         self.peer = peer
         parser = HTTPRequestParser(limits: .init(worker.config.limits))
-        bev = bufferevent_socket_new(worker.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue))
+        let socket = ClientSocket(base: worker.base, fd: fd)
+        transport = .socket(socket)
+        clientInput = socket.input
+        clientOutput = socket.output
+        socket.owner = self
         let me = Unmanaged.passUnretained(self).toOpaque()
         timer = event_new(worker.base, -1, 0, { _, _, arg in
             Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().timerFired()
         }, me)
-        attachCallbacks()
         armTimer(.idle)
     }
 
-    /// Points the current bufferevent's callbacks at this connection, with its watermarks.
-    func attachCallbacks() {
+    /// Moves the connection onto a TLS bufferevent (interception): its callbacks point here,
+    /// with the same watermarks as the plain socket's.
+    func adoptTLS(_ bev: OpaquePointer) {
+        transport = .tls(bev)
+        clientInput = bufferevent_get_input(bev)
+        clientOutput = bufferevent_get_output(bev)
         let me = Unmanaged.passUnretained(self).toOpaque()
         bufferevent_setcb(bev, { _, arg in
             Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onReadable()
@@ -109,6 +126,44 @@ final class ClientConnection: UpstreamTransferDelegate {
         bufferevent_setwatermark(bev, Int16(EV_WRITE), Self.outputLowWatermark, 0)
         bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
     }
+
+    // MARK: transport
+
+    /// Whether the client's bytes are read (off while the connection closes, or while a
+    /// tunnel's other side is full).
+    func setReading(_ on: Bool) {
+        switch transport {
+        case .socket(let socket): socket.wantsInput = on
+        case .tls(let bev):
+            if on { bufferevent_enable(bev, Int16(EV_READ)) } else { bufferevent_disable(bev, Int16(EV_READ)) }
+        }
+    }
+
+    /// Input was consumed: a plain socket that stopped at its watermark reads again (a TLS
+    /// bufferevent resumes by itself).
+    func inputConsumed() {
+        if case .socket(let socket) = transport { socket.inputConsumed() }
+    }
+
+    /// Output was added: it is written in the worker's flush pass, after the callback that
+    /// added it (a TLS bufferevent writes by itself).
+    func scheduleFlush() {
+        guard case .socket = transport, !flushScheduled else { return }
+        flushScheduled = true
+        worker.scheduleFlush(self)
+    }
+
+    /// The worker's flush pass: writes what is pending (see `ClientSocket.flush`).
+    func flushOutput() {
+        guard case .socket(let socket) = transport else { return }
+        if case .closed = state { return }
+        guard socket.flush() else { return socketClosed() }
+        if socket.pendingOutput <= Self.outputLowWatermark { onWritable() }
+    }
+
+    func socketReadable() { onReadable() }
+    func socketDrained() { onWritable() }
+    func socketClosed() { onEvent(Int16(BEV_EVENT_EOF)) }
 
     // MARK: libevent callbacks
 
@@ -212,6 +267,7 @@ final class ClientConnection: UpstreamTransferDelegate {
                 return
             }
             evbuffer_drain(input, result.consumed)
+            inputConsumed()
             if case .head(let head)? = result.event {
                 event_del(timer)
                 handle(head)
@@ -288,7 +344,8 @@ final class ClientConnection: UpstreamTransferDelegate {
     func sendContinueIfExpected(_ head: HTTPRequestHead) {
         guard head.expectsContinue, head.hasBody, head.minorVersion == 1, !continueSent else { return }
         continueSent = true
-        evbuffer_add(clientOutput, "HTTP/1.1 100 Continue\r\n\r\n", 25)
+        ResponseEncoder.interimContinue(into: clientOutput)
+        scheduleFlush()
     }
 
     /// Runs a copy of the parser (a value) over the buffered input without consuming it.
@@ -327,12 +384,8 @@ final class ClientConnection: UpstreamTransferDelegate {
     /// when the error allows it and the request's body was fully read.
     func respondError(_ error: ProxyError) {
         let keep = !error.closesConnection && requestBodyDone && wantsKeepAlive && !worker.isDraining
-        let body = "sluice: \(error.message)\n"
-        var head = "HTTP/1.1 \(error.status) \(ForwardedHeaders.reasonPhrase(error.status))\r\n"
-        head += "Content-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\n"
-        head += keep ? "\r\n" : "Connection: close\r\n\r\n"
-        var text = head + body
-        text.withUTF8 { _ = evbuffer_add(clientOutput, $0.baseAddress, $0.count) }
+        ResponseEncoder.error(error, close: !keep, into: clientOutput)
+        scheduleFlush()
         Log.debug("\(peer): \(error.status) \(error.message)")
         if let exchange {
             exchange.summary.status = error.status
@@ -363,15 +416,15 @@ final class ClientConnection: UpstreamTransferDelegate {
             return
         }
         armTimer(evbuffer_get_length(clientInput) > 0 ? .header : .idle)
-        bufferevent_enable(bev, Int16(EV_READ))
+        setReading(true)
         if !processingInput { processInput() }
     }
 
     func closeAfterFlush() {
         state = .closing
         event_del(timer)
-        bufferevent_disable(bev, Int16(EV_READ))
-        if evbuffer_get_length(clientOutput) == 0 { close() }
+        setReading(false)
+        if evbuffer_get_length(clientOutput) == 0 { close() } else { scheduleFlush() }
     }
 
     /// Frees the socket and cancels whatever the connection was doing upstream.
@@ -390,8 +443,13 @@ final class ClientConnection: UpstreamTransferDelegate {
         exchange = nil
         state = .closed
         event_free(timer)
-        if interceptionEstablished { sluice_bufferevent_ssl_shutdown(bev) }
-        bufferevent_free(bev)
+        switch transport {
+        case .socket(let socket):
+            socket.close()
+        case .tls(let bev):
+            if interceptionEstablished { sluice_bufferevent_ssl_shutdown(bev) }
+            bufferevent_free(bev)
+        }
         worker.connectionClosed(self)
     }
 

@@ -26,16 +26,14 @@ final class TunnelDialer: CurlTransfer {
         self.session = connection.worker.session
         self.target = target
         self.deny = connection.worker.config.access.deny
-        handle = curl_easy_init()
+        handle = connection.worker.session.makeHandle()
         super.init()
         let h = handle
         let me = Unmanaged.passUnretained(self).toOpaque()
         sluice_easy_setopt_ptr(h, CURLOPT_PRIVATE, me)
-        sluice_easy_setopt_ptr(h, CURLOPT_SHARE, session.share)
         sluice_easy_setopt_str(h, CURLOPT_URL, "http://\(target.authority)/")
         sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http")
         sluice_easy_setopt_long(h, CURLOPT_CONNECT_ONLY, 1)
-        sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
         sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, connection.worker.config.timeouts.upstreamConnect)
         sluice_easy_setopt_ptr(h, CURLOPT_OPENSOCKETDATA, me)
         sluice_easy_setopt_opensocket_cb(h) { clientp, _, address in
@@ -106,7 +104,8 @@ final class Tunnel {
         let out = bufferevent_get_output(upstream)
         connection.tunnelMoved(up: evbuffer_get_length(connection.clientInput), down: 0)
         evbuffer_add_buffer(out, connection.clientInput)
-        if evbuffer_get_length(out) >= Self.highWatermark { bufferevent_disable(connection.bev, Int16(EV_READ)) }
+        connection.inputConsumed()
+        if evbuffer_get_length(out) >= Self.highWatermark { connection.setReading(false) }
     }
 
     func clientDrained() {
@@ -122,11 +121,12 @@ final class Tunnel {
         let out = connection.clientOutput
         connection.tunnelMoved(up: 0, down: evbuffer_get_length(bufferevent_get_input(upstream)))
         evbuffer_add_buffer(out, bufferevent_get_input(upstream))
+        connection.scheduleFlush()
         if evbuffer_get_length(out) >= Self.highWatermark { bufferevent_disable(upstream, Int16(EV_READ)) }
     }
 
     private func upstreamDrained() {
-        bufferevent_enable(connection.bev, Int16(EV_READ))
+        connection.setReading(true)
     }
 
     private func upstreamEvent(_ what: Int16) {
@@ -134,6 +134,7 @@ final class Tunnel {
         // Deliver what the destination sent before it closed, then end the client side.
         connection.tunnelMoved(up: 0, down: evbuffer_get_length(bufferevent_get_input(upstream)))
         evbuffer_add_buffer(connection.clientOutput, bufferevent_get_input(upstream))
+        connection.scheduleFlush()
         shutdown()
         connection.closeAfterFlush()
     }

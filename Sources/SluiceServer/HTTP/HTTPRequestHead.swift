@@ -80,22 +80,32 @@ enum ASCII {
 
     static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ lowercase: String) -> Bool {
         var lowercase = lowercase
-        return lowercase.withUTF8 { l in
-            guard l.count == bytes.count else { return false }
-            for i in 0..<l.count where lower(bytes[i]) != l[i] { return false }
-            return true
-        }
+        return lowercase.withUTF8 { equalsIgnoringCase(bytes, $0) }
     }
 
-    /// RFC 9110 §5.6.2 tchar.
-    static let isTokenChar: [Bool] = {
-        var table = [Bool](repeating: false, count: 256)
-        for c in UInt8(ascii: "0")...UInt8(ascii: "9") { table[Int(c)] = true }
-        for c in UInt8(ascii: "a")...UInt8(ascii: "z") { table[Int(c)] = true }
-        for c in UInt8(ascii: "A")...UInt8(ascii: "Z") { table[Int(c)] = true }
-        for c in "!#$%&'*+-.^_`|~".utf8 { table[Int(c)] = true }
-        return table
-    }()
+    /// The form for literals (field names on the hot path): no `String` is touched.
+    @inline(__always)
+    static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ lowercase: StaticString) -> Bool {
+        equalsIgnoringCase(bytes, UnsafeBufferPointer(start: lowercase.utf8Start, count: lowercase.utf8CodeUnitCount))
+    }
+
+    static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ l: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard l.count == bytes.count else { return false }
+        for i in 0..<l.count where lower(bytes[i]) != l[i] { return false }
+        return true
+    }
+
+    /// RFC 9110 §5.6.2 tchar. (A switch, not a table: a global table costs a lazy-initialisation
+    /// check on every byte.)
+    @inline(__always)
+    static func isTokenChar(_ b: UInt8) -> Bool {
+        switch b {
+        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: return true  // DIGIT, ALPHA
+        case 0x21, 0x23, 0x24, 0x25, 0x26, 0x27, 0x2A, 0x2B, 0x2D, 0x2E, 0x5E, 0x5F, 0x60, 0x7C, 0x7E:
+            return true  // ! # $ % & ' * + - . ^ _ ` | ~
+        default: return false
+        }
+    }
 
     /// Bytes allowed in a field value: VCHAR, obs-text, SP and HTAB — never NUL, CR, LF,
     /// other controls or DEL.

@@ -203,7 +203,7 @@ public struct HTTPRequestParser: Sendable {
                                   limits: Limits) throws(ProxyError) -> HTTPRequestHead {
         // Request line: method SP request-target SP HTTP-version CRLF (exactly single spaces).
         var i = 0
-        while i < buf.count, ASCII.isTokenChar[Int(buf[i])] { i += 1 }
+        while i < buf.count, ASCII.isTokenChar(buf[i]) { i += 1 }
         let methodRange = 0..<i
         guard !methodRange.isEmpty, i < buf.count, buf[i] == 0x20 else {
             throw .malformedRequest("malformed request line (method)")
@@ -238,7 +238,7 @@ public struct HTTPRequestParser: Sendable {
             if buf[i] == 0x0D { break }  // the final empty line
             if buf[i] == 0x20 || buf[i] == 0x09 { throw .malformedRequest("obsolete line folding in header") }
             let nameStart = i
-            while i < buf.count, ASCII.isTokenChar[Int(buf[i])] { i += 1 }
+            while i < buf.count, ASCII.isTokenChar(buf[i]) { i += 1 }
             guard i > nameStart, i < buf.count, buf[i] == 0x3A else {
                 throw .malformedRequest("malformed header field name")
             }

@@ -25,6 +25,8 @@ final class Worker {
     private(set) var sessionContext: WorkerSession!
     /// `1.1 <pseudonym>`, this process's `Via` entry.
     let via: String
+    /// `Via: <via>\r\n`, as response heads carry it.
+    let viaLine: [UInt8]
     let viaPseudonym: String
     /// The interception TLS server, once a policy with `intercept: true` has been loaded.
     let interception: InterceptionSlot
@@ -52,6 +54,9 @@ final class Worker {
         let pending = Mutex<SluiceConfiguration?>(nil)
     }
     private var connections: [ObjectIdentifier: ClientConnection] = [:]
+    /// Connections with output to write in this loop pass (`scheduleFlush`).
+    private var flushQueue: [ClientConnection] = []
+    private var flushEvent: OpaquePointer!
     private var stopEvent: OpaquePointer!
     private var drainTimer: OpaquePointer?
     private(set) var isDraining = false
@@ -74,6 +79,7 @@ final class Worker {
         self.mailbox = Mailbox()
         self.viaPseudonym = viaPseudonym
         self.via = "1.1 \(viaPseudonym)"
+        viaLine = Array("Via: 1.1 \(viaPseudonym)\r\n".utf8)
         guard let base = event_base_new() else { throw ServerError.startup("cannot create an event loop") }
         self.base = base
         session = UpstreamSession(base: base, share: share)
@@ -86,6 +92,9 @@ final class Worker {
             Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().applyPendingReload()
         }, me)
         event_add(reloadEvent, nil)
+        flushEvent = event_new(base, -1, 0, { _, _, arg in
+            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().flushPass()
+        }, me)
         for (key, mode, address) in Self.listenerSpecs(configuration.server) {
             try listen(key: key, mode: mode, on: address)
         }
@@ -182,6 +191,27 @@ final class Worker {
         connections[ObjectIdentifier(connection)] = connection
     }
 
+    /// Queues `connection`'s output to be written once the callbacks of this loop pass are
+    /// done: a response's head, body and chunk terminator leave in one `writev`, and libcurl
+    /// is never inside the call stack of a write that fails and closes a connection.
+    func scheduleFlush(_ connection: ClientConnection) {
+        flushQueue.append(connection)
+        if flushQueue.count == 1 { event_active(flushEvent, 0, 0) }
+    }
+
+    private func flushPass() {
+        // Writing may resume a paused download, which may queue more output: the queue is
+        // read by index until it stops growing.
+        var i = 0
+        while i < flushQueue.count {
+            let connection = flushQueue[i]
+            i += 1
+            connection.flushScheduled = false
+            connection.flushOutput()
+        }
+        flushQueue.removeAll(keepingCapacity: true)
+    }
+
     func connectionClosed(_ connection: ClientConnection) {
         connections.removeValue(forKey: ObjectIdentifier(connection))
         if isDraining && connections.isEmpty { event_base_loopexit(base, nil) }
@@ -226,7 +256,10 @@ final class Worker {
         if let drainTimer { event_free(drainTimer) }
         event_free(stopEvent)
         event_free(reloadEvent)
+        event_free(flushEvent)
+        flushQueue.removeAll()
         sessionContext.close()
+        session.shutdown()
     }
 }
 

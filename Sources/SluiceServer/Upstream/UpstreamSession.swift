@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import CCurl
 import CLibEvent
 import CShims
@@ -6,10 +9,27 @@ import SluiceCore
 /// libcurl's multi-socket API driven by one worker's `event_base`: Alamofire's `Session`,
 /// one per worker, with that worker's upstream connection pool.
 ///
+/// The loop's side of the contract is built to cost no system call per request on a pooled
+/// connection (BENCHMARKS.md has the counts):
+/// - **Sockets stay registered.** Each socket libcurl opens gets one read and one write event
+///   for its whole life (`SocketWatch`), not one per interest change. When libcurl stops
+///   watching a socket (its transfer ended and the connection went back to the pool), the
+///   read event stays armed: a pooled connection's next request then arms nothing, and an
+///   origin that closes an idle connection is noticed. libcurl's close-socket callback
+///   (set on every handle) ends the registration before the descriptor is closed, so a
+///   reused descriptor number never meets a stale one.
+/// - **libcurl's zero-timeout polls are answered from what the loop knows**
+///   (`sluice_socket_set_quiet` in CShims): a socket whose read event has reported nothing
+///   since libcurl last read it is "quiet".
+/// - **A zero timeout runs in the same loop pass** (`event_active`), not after another trip
+///   through `epoll_wait`.
+///
 /// Threading: created on the main thread before its worker starts, then owned by the
 /// worker's event-loop thread; every method and callback runs there. The share handle it
 /// uses (DNS cache, TLS sessions) is the only state shared with other workers, behind
-/// curl's lock callbacks in CShims.
+/// curl's lock callbacks in CShims. Lifetimes across the C boundary: every pointer handed
+/// to libcurl or libevent (`self`, each `SocketWatch`) is unretained; the session outlives
+/// its multi (freed in `shutdown()`), and a watch lives in `watches` until its socket closes.
 final class UpstreamSession {
     let base: OpaquePointer
     let multi: UnsafeMutableRawPointer
@@ -18,11 +38,28 @@ final class UpstreamSession {
     /// Easy handles kept for reuse: `curl_easy_reset` keeps their allocations.
     private var idleHandles: [UnsafeMutableRawPointer] = []
     private static let maxIdleHandles = 256
+    /// Response-head collectors kept for reuse, with their buffers' capacity.
+    private var headCollectors: [ResponseHeadCollector] = []
+    /// The watch of every open libcurl socket, by descriptor.
+    private var watches: [SocketWatch?] = []
+    private var isShutDown = false
 
-    /// One libevent watch per socket curl asks us to watch; handed to curl as its socketp.
+    /// The loop's registration of one libcurl socket, from its first watch to its close.
     final class SocketWatch {
-        var event: OpaquePointer?
         let fd: Int32
+        var readEvent: OpaquePointer!
+        var writeEvent: OpaquePointer!
+        var readArmed = false
+        var writeArmed = false
+        /// libcurl's current interest (`CURL_POLL_IN`/`OUT` bits; 0 after `CURL_POLL_REMOVE`).
+        var wants: Int32 = 0
+        /// The read event has reported nothing since libcurl last read the socket (and stays
+        /// armed while this is true): libcurl's poll of it may be answered "nothing".
+        /// The session that owns it; nil once its socket is closed.
+        unowned(unsafe) var session: UpstreamSession?
+        var quiet = false {
+            didSet { if quiet != oldValue { sluice_socket_set_quiet(fd, quiet ? 1 : 0) } }
+        }
         init(fd: Int32) { self.fd = fd }
     }
 
@@ -37,9 +74,9 @@ final class UpstreamSession {
         }, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_SOCKETDATA, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_TIMERDATA, me)
-        sluice_multi_setopt_socket_cb(multi) { _, fd, what, userp, socketp in
+        sluice_multi_setopt_socket_cb(multi) { _, fd, what, userp, _ in
             let session = Unmanaged<UpstreamSession>.fromOpaque(userp!).takeUnretainedValue()
-            session.watch(fd: fd, what: what, socketp: socketp)
+            session.watch(fd: fd, what: what)
             return 0
         }
         sluice_multi_setopt_timer_cb(multi) { _, timeoutMs, userp in
@@ -51,16 +88,46 @@ final class UpstreamSession {
         sluice_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 1024)
     }
 
-    deinit {
+    /// Closes the pool and frees libcurl's state; called once by the worker when its loop
+    /// has ended and every transfer is detached.
+    func shutdown() {
+        guard !isShutDown else { return }
+        isShutDown = true
         for h in idleHandles { curl_easy_cleanup(h) }
-        curl_multi_cleanup(multi)
+        idleHandles.removeAll()
+        curl_multi_cleanup(multi)  // closes pooled connections through closeSocket
         event_free(timer)
     }
 
-    /// An easy handle, fresh or reset from the pool.
+    /// An easy handle, fresh or reset from the pool, with what every transfer of the session
+    /// shares (`curl_easy_reset` clears it): the share handle, no signals, no proxy taken
+    /// from the process's environment (libcurl reads `http_proxy` & co. unless told a proxy:
+    /// with `HTTP_PROXY` pointing at Sluice itself, every request would loop), and the
+    /// close-socket hook.
     func makeHandle() -> UnsafeMutableRawPointer {
-        if let h = idleHandles.popLast() { return h }
-        return curl_easy_init()
+        let h = idleHandles.popLast() ?? curl_easy_init()!
+        sluice_easy_setopt_ptr(h, CURLOPT_SHARE, share)
+        sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
+        sluice_easy_setopt_str(h, CURLOPT_PROXY, "")
+        sluice_easy_setopt_ptr(h, CURLOPT_CLOSESOCKETDATA, Unmanaged.passUnretained(self).toOpaque())
+        sluice_easy_setopt_closesocket_cb(h) { clientp, fd in
+            Unmanaged<UpstreamSession>.fromOpaque(clientp!).takeUnretainedValue().closeSocket(fd)
+        }
+        return h
+    }
+
+    /// A response-head collector with reusable storage, for one try.
+    func takeHeadCollector() -> ResponseHeadCollector {
+        headCollectors.popLast() ?? ResponseHeadCollector()
+    }
+
+    /// Takes back a try's collector (leaving an empty one in its place).
+    func recycle(_ collector: inout ResponseHeadCollector) {
+        guard headCollectors.count < Self.maxIdleHandles else { return }
+        var taken = ResponseHeadCollector()
+        swap(&taken, &collector)
+        taken.reset()
+        headCollectors.append(taken)
     }
 
     func start(_ handle: UnsafeMutableRawPointer) {
@@ -86,39 +153,96 @@ final class UpstreamSession {
         curl_easy_cleanup(handle)
     }
 
-    private func watch(fd: curl_socket_t, what: Int32, socketp: UnsafeMutableRawPointer?) {
+    // MARK: sockets
+
+    private func watch(fd: curl_socket_t, what: Int32) {
+        guard fd >= 0 else { return }
         if what == CURL_POLL_REMOVE {
-            if let socketp {
-                let w = Unmanaged<SocketWatch>.fromOpaque(socketp).takeRetainedValue()
-                if let ev = w.event { event_free(ev) }
-                curl_multi_assign(multi, fd, nil)
-            }
+            guard Int(fd) < watches.count, let w = watches[Int(fd)] else { return }
+            w.wants = 0
+            arm(w)
             return
         }
-        let w: SocketWatch
-        if let socketp {
-            w = Unmanaged<SocketWatch>.fromOpaque(socketp).takeUnretainedValue()
-            if let ev = w.event { event_del(ev); event_free(ev) }
-        } else {
-            w = SocketWatch(fd: fd)
-            curl_multi_assign(multi, fd, Unmanaged.passRetained(w).toOpaque())
-        }
-        var flags = Int16(EV_PERSIST)
-        if what & CURL_POLL_IN != 0 { flags |= Int16(EV_READ) }
-        if what & CURL_POLL_OUT != 0 { flags |= Int16(EV_WRITE) }
-        w.event = event_new(base, fd, flags, { fd, events, arg in
-            let session = Unmanaged<UpstreamSession>.fromOpaque(arg!).takeUnretainedValue()
-            var action: Int32 = 0
-            if events & Int16(EV_READ) != 0 { action |= CURL_CSELECT_IN }
-            if events & Int16(EV_WRITE) != 0 { action |= CURL_CSELECT_OUT }
-            session.socketAction(fd: fd, flags: action)
-        }, Unmanaged.passUnretained(self).toOpaque())
-        event_add(w.event, nil)
+        let w = watchOf(fd)
+        w.wants = what & (CURL_POLL_IN | CURL_POLL_OUT)
+        arm(w)
     }
 
+    private func watchOf(_ fd: Int32) -> SocketWatch {
+        let i = Int(fd)
+        if i < watches.count, let w = watches[i] { return w }
+        if i >= watches.count { watches.append(contentsOf: repeatElement(nil, count: i + 1 - watches.count)) }
+        let w = SocketWatch(fd: fd)
+        let arg = Unmanaged.passUnretained(w).toOpaque()
+        w.readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
+            let w = Unmanaged<SocketWatch>.fromOpaque(arg!).takeUnretainedValue()
+            w.session?.readable(w)
+        }, arg)
+        w.writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), { _, _, arg in
+            let w = Unmanaged<SocketWatch>.fromOpaque(arg!).takeUnretainedValue()
+            w.session?.writable(w)
+        }, arg)
+        w.session = self
+        watches[i] = w
+        return w
+    }
+
+    /// Registers exactly what the watch needs: reading while libcurl wants it or while the
+    /// socket is quiet (the pooled connection's watch), writing while libcurl wants it.
+    private func arm(_ w: SocketWatch) {
+        let read = w.wants & CURL_POLL_IN != 0 || w.quiet
+        let write = w.wants & CURL_POLL_OUT != 0
+        if read != w.readArmed {
+            w.readArmed = read
+            if read { event_add(w.readEvent, nil) } else { event_del(w.readEvent) }
+        }
+        if write != w.writeArmed {
+            w.writeArmed = write
+            if write { event_add(w.writeEvent, nil) } else { event_del(w.writeEvent) }
+        }
+    }
+
+    fileprivate func readable(_ w: SocketWatch) {
+        if w.wants & CURL_POLL_IN != 0 {
+            // libcurl reads it now; until the loop reports it again, there is nothing new.
+            w.quiet = true
+            socketAction(fd: w.fd, flags: CURL_CSELECT_IN)
+        } else {
+            // A pooled connection the origin closed (or wrote to): libcurl's next poll of it
+            // must see that for real, and the loop stops reporting it.
+            w.quiet = false
+            arm(w)
+        }
+    }
+
+    fileprivate func writable(_ w: SocketWatch) {
+        if w.wants & CURL_POLL_OUT != 0 {
+            socketAction(fd: w.fd, flags: CURL_CSELECT_OUT)
+        } else {
+            arm(w)
+        }
+    }
+
+    /// libcurl closes a socket: the registration ends before the descriptor does.
+    private func closeSocket(_ fd: curl_socket_t) -> Int32 {
+        if fd >= 0, Int(fd) < watches.count, let w = watches[Int(fd)] {
+            w.quiet = false
+            event_free(w.readEvent)
+            event_free(w.writeEvent)
+            w.session = nil
+            watches[Int(fd)] = nil
+        }
+        return Glibc.close(fd)
+    }
+
+    // MARK: timer
+
     private func setTimer(milliseconds: Int) {
-        if milliseconds < 0 {
-            event_del(timer)
+        event_del(timer)
+        if milliseconds < 0 { return }
+        if milliseconds == 0 {
+            // Run in this loop pass, after the callback that asked (never inside libcurl).
+            event_active(timer, 0, 0)
             return
         }
         var tv = timeval(tv_sec: milliseconds / 1000, tv_usec: (milliseconds % 1000) * 1000)

@@ -49,12 +49,9 @@ protocol UpstreamTransferDelegate: AnyObject {
 
 /// What the exchange needs to decide about a response head.
 struct UpstreamResponseHead {
-    var status: Int
-    var lines: [UInt8]
-    var lineEnds: [Int]
-    func value(_ lowercaseName: String) -> String? {
-        ForwardedHeaders.responseValue(lowercaseName, lines: lines, lineEnds: lineEnds)
-    }
+    let collected: ResponseHeadCollector
+    var status: Int { collected.status }
+    func value(_ lowercaseName: String) -> String? { collected.value(lowercaseName) }
 }
 
 /// A request ready for the session core: everything libcurl needs, with the header list
@@ -92,7 +89,6 @@ struct UpstreamRequest {
 ///
 /// Threading: created, driven and finished on its worker's thread only.
 final class UpstreamTransfer: CurlTransfer {
-    enum ResponseFraming { case none, length, chunked, close }
     enum Disposition {
         case send
         case redirect(UpstreamRequest)
@@ -117,15 +113,16 @@ final class UpstreamTransfer: CurlTransfer {
     private let isHead: Bool
     private let clientMinorVersion: Int
     private let deny: [IPNetwork]
-    private let via: String
+    /// `Via: …\r\n` for the response head (the worker's).
+    private let viaLine: [UInt8]
     private let trust: ServerTrust
 
-    private var responseLines: [UInt8] = []
-    private var lineEnds: [Int] = []
-    private var status = 0
-    private var reason: ArraySlice<UInt8> = []
+    /// The response head as libcurl delivers it; its storage comes from the session's pool
+    /// and goes back in `cancel()`.
+    private var head: ResponseHeadCollector
+    private var status: Int { head.status }
     private(set) var headSent = false
-    private var framing: ResponseFraming = .none
+    private var framing: ResponseEncoder.Framing = .none
     private(set) var downloadPaused = false
     private(set) var uploadPaused = false
     private var pendingError: ProxyError?
@@ -134,23 +131,24 @@ final class UpstreamTransfer: CurlTransfer {
     private var redirectTo: UpstreamRequest?
     /// Set when the response is discarded for a retry: its body is drained, not sent.
     private var discarding = false
-    /// The upstream's head was refused (see `ForwardedHeaders.responseHead`).
+    /// The upstream's head was refused (see `ResponseEncoder.forwardedHead`).
     private var invalidResponse = false
     /// True once curlDone reported the try's timings (cancel must not report them again).
     private var inCompletion = false
     /// The final head arrived (the per-try timer is stopped); it is acted on lazily, at the
     /// first body byte or at the end, because curl may still answer an auth challenge.
-    private var headComplete = false
+    private var headComplete: Bool { head.isComplete }
 
     init(session: UpstreamSession, delegate: UpstreamTransferDelegate, request: UpstreamRequest,
-         clientMinorVersion: Int, config: ServerConfiguration, via: String) {
+         clientMinorVersion: Int, config: ServerConfiguration, viaLine: [UInt8]) {
         self.session = session
         self.delegate = delegate
         self.target = request.target
         self.isHead = request.isHead
         self.clientMinorVersion = clientMinorVersion
         self.deny = config.access.deny
-        self.via = via
+        self.viaLine = viaLine
+        head = session.takeHeadCollector()
         trust = request.trust
         handle = session.makeHandle()
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
@@ -161,6 +159,7 @@ final class UpstreamTransfer: CurlTransfer {
 
     deinit {
         errorBuffer.deallocate()
+        session.recycle(&head)
     }
 
     // MARK: setup
@@ -169,11 +168,9 @@ final class UpstreamTransfer: CurlTransfer {
         let h = handle
         let me = Unmanaged.passUnretained(self).toOpaque()
         sluice_easy_setopt_ptr(h, CURLOPT_PRIVATE, me)
-        sluice_easy_setopt_ptr(h, CURLOPT_SHARE, session.share)
         sluice_easy_setopt_str(h, CURLOPT_URL, target.url)
         sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http,https")
         sluice_easy_setopt_long(h, CURLOPT_PATH_AS_IS, 1)
-        sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
         sluice_easy_setopt_long(h, CURLOPT_BUFFERSIZE, Self.receiveBufferSize)
         sluice_easy_setopt_long(h, CURLOPT_UPLOAD_BUFFERSIZE, Self.receiveBufferSize)
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
@@ -303,49 +300,9 @@ final class UpstreamTransfer: CurlTransfer {
 
     private func onHeaderLine(_ line: UnsafeRawBufferPointer) -> Int {
         guard delegate != nil else { return 0 }
-        var end = line.count
-        while end > 0, line[end - 1] == 0x0A || line[end - 1] == 0x0D { end -= 1 }
-        if end == 0 {
-            // The empty line: interim (1xx) responses are consumed here, the final one is sent.
-            if status >= 200 {
-                headComplete = true
-                if let tryTimer { event_del(tryTimer) }
-            }
-            return line.count
-        }
-        let content = UnsafeRawBufferPointer(rebasing: line[0..<end])
-        if content.starts(with: "HTTP/".utf8) {
-            headComplete = false
-            parseStatusLine(content)
-            responseLines.removeAll(keepingCapacity: true)
-            lineEnds.removeAll(keepingCapacity: true)
-            return line.count
-        }
-        if content[0] == 0x20 || content[0] == 0x09, !lineEnds.isEmpty {
-            // obs-fold: RFC 9112 §5.2 says a proxy replaces it with SP before forwarding.
-            var s = 0
-            while s < content.count, content[s] == 0x20 || content[s] == 0x09 { s += 1 }
-            responseLines.append(0x20)
-            responseLines.append(contentsOf: content[s...])
-            lineEnds[lineEnds.count - 1] = responseLines.count
-            return line.count
-        }
-        responseLines.append(contentsOf: content)
-        lineEnds.append(responseLines.count)
+        // A complete final head stops the per-try timer; it is acted on lazily (see `headComplete`).
+        if head.add(line), let tryTimer { event_del(tryTimer) }
         return line.count
-    }
-
-    private func parseStatusLine(_ line: UnsafeRawBufferPointer) {
-        // "HTTP/1.1 200 OK" or "HTTP/2 200"
-        guard let sp = line.firstIndex(of: 0x20) else { status = 0; return }
-        var i = sp + 1
-        var code = 0
-        while i < line.count, line[i] >= 0x30, line[i] <= 0x39, code < 1000 {
-            code = code * 10 + Int(line[i] - 0x30)
-            i += 1
-        }
-        status = code
-        reason = i + 1 < line.count ? ArraySlice(line[(i + 1)...]) : []
     }
 
     private func onBody(_ data: UnsafeRawBufferPointer) -> Int {
@@ -363,11 +320,7 @@ final class UpstreamTransfer: CurlTransfer {
         case .none:
             break  // a body on a bodiless response is dropped, never forwarded
         case .chunked:
-            var sizeLine = String(data.count, radix: 16)
-            sizeLine += "\r\n"
-            sizeLine.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
-            evbuffer_add(output, data.baseAddress, data.count)
-            evbuffer_add(output, "\r\n", 2)
+            ResponseEncoder.chunk(data, into: output)
         case .length, .close:
             evbuffer_add(output, data.baseAddress, data.count)
         }
@@ -381,7 +334,7 @@ final class UpstreamTransfer: CurlTransfer {
         guard !headSent, !invalidResponse, let delegate else { return }
         headSent = true
         if let tryTimer { event_del(tryTimer) }
-        switch delegate.disposition(of: UpstreamResponseHead(status: status, lines: responseLines, lineEnds: lineEnds)) {
+        switch delegate.disposition(of: UpstreamResponseHead(collected: head)) {
         case .redirect(let next):
             redirectTo = next
             return
@@ -391,12 +344,10 @@ final class UpstreamTransfer: CurlTransfer {
         case .send:
             break
         }
-        let head: ForwardedHeaders.ResponseHead
         do {
-            head = try ForwardedHeaders.responseHead(
-                status: status, reason: reason, lines: responseLines, lineEnds: lineEnds,
-                isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
-                keepAlive: delegate.keepsAliveAfterResponse, via: via)
+            framing = try ResponseEncoder.forwardedHead(
+                head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
+                keepAlive: delegate.keepsAliveAfterResponse, viaLine: viaLine, into: delegate.clientOutput)
         } catch {
             // Nothing reached the client: the exchange fails with 502 (curl is told to stop).
             headSent = false
@@ -404,10 +355,6 @@ final class UpstreamTransfer: CurlTransfer {
             pendingError = .upstreamProtocol(host: target.authority, reason: "invalid response head: \(error.reason)")
             return
         }
-        framing = head.framing
-        head.bytes.withUnsafeBytes { _ = evbuffer_add(delegate.clientOutput, $0.baseAddress, $0.count) }
-        responseLines = []
-        lineEnds = []
         delegate.responseStarted(status: status)
     }
 
@@ -456,7 +403,7 @@ final class UpstreamTransfer: CurlTransfer {
                 delegate.transferFailed(pendingError!, kind: .other)
                 return
             }
-            if framing == .chunked { evbuffer_add(delegate.clientOutput, "0\r\n\r\n", 5) }
+            if framing == .chunked { ResponseEncoder.lastChunk(into: delegate.clientOutput) }
             let reusable = framing != .close
             cancel()
             delegate.transferFinished(reusable: reusable)

@@ -94,8 +94,6 @@ final class SideFetch: CurlTransfer {
         let h = handle
         sluice_easy_setopt_str(h, CURLOPT_URL, url)
         sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http,https")
-        sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
-        sluice_easy_setopt_ptr(h, CURLOPT_SHARE, session.share)
         sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
         sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, config.timeouts.upstreamPerTry)
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)

@@ -1,0 +1,164 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CLibEvent
+
+/// What a `ClientSocket` tells its connection.
+protocol ClientSocketOwner: AnyObject {
+    /// New bytes are in `input`.
+    func socketReadable()
+    /// `output` fell to `ClientSocket.outputLowWatermark` or below after a write.
+    func socketDrained()
+    /// The peer closed its side, or the socket failed: nothing more can be read or written.
+    func socketClosed()
+}
+
+/// A plain client socket that Sluice reads and writes itself, with an input and an output
+/// `evbuffer` (so codec, transfers and tunnels move bytes the way they would with a
+/// bufferevent) and two events. It exists for the cost of a request on a kept-alive
+/// connection: a bufferevent asks the kernel how much is readable (`FIONREAD`) before every
+/// read, and turns the write event on and off around every response (two `epoll_ctl`s and
+/// one more trip through `epoll_wait`). Here a readable event costs one `readv`, and output is
+/// written when the connection asks (`flush()`, which the worker batches once per loop pass),
+/// with the write event armed only while the kernel's buffer is full.
+///
+/// Reading stops while `input` holds `inputHighWatermark` bytes or more (the connection's
+/// backpressure on uploads and pipelined requests) and resumes when the connection has
+/// consumed some (`inputConsumed()`), or while `wantsInput` is false.
+///
+/// Threading: owned by one `ClientConnection`, on its worker's thread. The events' C context
+/// is this object, unretained: the connection keeps it until `close()` or `detach()`, which
+/// free the events first.
+final class ClientSocket {
+    /// Stop reading from a client once this many unprocessed bytes wait (256 KiB): the
+    /// upload's backpressure, and the bound on pipelined requests held in memory.
+    static let inputHighWatermark = 256 * 1024
+    /// `socketDrained` fires once the output is down to this (256 KiB).
+    static let outputLowWatermark = 256 * 1024
+    /// One read takes at most this much (32 KiB): a small request costs one chain of this
+    /// size, freed when the request is consumed; an upload moves in reads of this size.
+    static let readSize = 32 * 1024
+
+    let fd: Int32
+    let input: OpaquePointer
+    let output: OpaquePointer
+    /// Set by the connection right after creating the socket (before the loop runs again).
+    unowned(unsafe) var owner: (any ClientSocketOwner)?
+    private var readEvent: OpaquePointer!
+    private var writeEvent: OpaquePointer!
+    private var readArmed = false
+    private var writeArmed = false
+    private var open = true
+    /// Whether the connection wants bytes at all (false while it closes).
+    var wantsInput = true {
+        didSet { armRead() }
+    }
+
+    init(base: OpaquePointer, fd: Int32) {
+        self.fd = fd
+        input = evbuffer_new()
+        output = evbuffer_new()
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
+            Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().readNow()
+        }, me)
+        writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), { _, _, arg in
+            Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().writeNow()
+        }, me)
+        armRead()
+    }
+
+    /// The connection consumed input: reading resumes if the watermark had stopped it.
+    func inputConsumed() {
+        if !readArmed { armRead() }
+    }
+
+    private func armRead() {
+        let want = open && wantsInput && evbuffer_get_length(input) < Self.inputHighWatermark
+        guard want != readArmed else { return }
+        readArmed = want
+        if want { event_add(readEvent, nil) } else { event_del(readEvent) }
+    }
+
+    private func readNow() {
+        guard open else { return }
+        var space = iovec()
+        guard evbuffer_reserve_space(input, Self.readSize, &space, 1) >= 1 else { return failed() }
+        let n = Glibc.read(fd, space.iov_base, min(space.iov_len, Self.readSize))
+        if n > 0 {
+            space.iov_len = n
+            evbuffer_commit_space(input, &space, 1)
+            armRead()
+            owner?.socketReadable()
+        } else if n == 0 {
+            failed()
+        } else if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
+            failed()
+        }
+    }
+
+    /// Writes as much of `output` as the kernel takes now, in one `writev`; what is left is
+    /// written when the socket is writable again. False when the peer is gone (the owner is
+    /// told through `socketClosed`, never from inside this call).
+    @discardableResult
+    func flush() -> Bool {
+        guard open else { return false }
+        let pending = evbuffer_get_length(output)
+        if pending > 0 {
+            let n = evbuffer_write(output, fd)
+            if n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { return false }
+        }
+        let left = evbuffer_get_length(output)
+        if (left > 0) != writeArmed {
+            writeArmed = left > 0
+            if writeArmed { event_add(writeEvent, nil) } else { event_del(writeEvent) }
+        }
+        return true
+    }
+
+    var pendingOutput: Int { evbuffer_get_length(output) }
+
+    private func writeNow() {
+        guard open else { return }
+        guard flush() else { return failed() }
+        if evbuffer_get_length(output) <= Self.outputLowWatermark { owner?.socketDrained() }
+    }
+
+    private func failed() {
+        guard open else { return }
+        stopEvents()
+        owner?.socketClosed()
+    }
+
+    private func stopEvents() {
+        if readArmed { event_del(readEvent) }
+        if writeArmed { event_del(writeEvent) }
+        readArmed = false
+        writeArmed = false
+        open = false
+    }
+
+    /// Frees everything and closes the descriptor.
+    func close() {
+        release()
+        Glibc.close(fd)
+    }
+
+    /// Frees everything but the descriptor, which the caller takes over (interception hands
+    /// it to a TLS bufferevent). Unconsumed input and unsent output are dropped.
+    func detach() -> Int32 {
+        release()
+        return fd
+    }
+
+    private func release() {
+        guard readEvent != nil else { return }
+        open = false
+        event_free(readEvent)
+        event_free(writeEvent)
+        readEvent = nil
+        writeEvent = nil
+        evbuffer_free(input)
+        evbuffer_free(output)
+    }
+}

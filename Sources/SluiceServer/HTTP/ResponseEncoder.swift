@@ -1,0 +1,337 @@
+import CLibEvent
+import SluiceCore
+
+/// Every HTTP/1.1 response byte Sluice writes to a client comes from here: an upstream's head
+/// re-framed for the client (RFC 9110 §7.6), the body framing (chunks), Sluice's own error
+/// responses, `100 Continue`, and the answer to a CONNECT. Writes go straight into the
+/// client's output `evbuffer`; nothing is built as a `String` on the forwarding path.
+enum ResponseEncoder {
+    /// How the response body is framed for the client.
+    enum Framing {
+        /// No body (HEAD, 1xx, 204, 304).
+        case none
+        /// The upstream's `Content-Length`.
+        case length
+        /// Re-chunked for an HTTP/1.1 client.
+        case chunked
+        /// Ends with the connection (an HTTP/1.0 client without a length).
+        case close
+    }
+
+    /// Why an upstream response head cannot be forwarded (the client gets 502).
+    struct InvalidResponse: Error {
+        let reason: String
+    }
+
+    /// `HTTP/1.1 100 Continue`: Sluice itself asks for the request body it will stream on.
+    static func interimContinue(into output: OpaquePointer) {
+        evbuffer_add(output, "HTTP/1.1 100 Continue\r\n\r\n", 25)
+    }
+
+    /// The answer to a CONNECT whose tunnel is open (or that Sluice intercepts).
+    static let connectEstablished: StaticString = "HTTP/1.1 200 Connection established\r\n\r\n"
+
+    static func connectEstablished(into output: OpaquePointer) {
+        evbuffer_add(output, connectEstablished.utf8Start, connectEstablished.utf8CodeUnitCount)
+    }
+
+    /// One chunk of a re-chunked body: size line, data, CRLF.
+    static func chunk(_ data: UnsafeRawBufferPointer, into output: OpaquePointer) {
+        var line: (UInt64, UInt64, UInt64) = (0, 0, 0)  // up to 16 hex digits + CRLF
+        let count = withUnsafeMutableBytes(of: &line) { raw -> Int in
+            var n = data.count
+            var digits = 0
+            repeat { digits += 1; n >>= 4 } while n > 0
+            n = data.count
+            for i in stride(from: digits - 1, through: 0, by: -1) {
+                raw[i] = hexDigits[n & 0xF]
+                n >>= 4
+            }
+            raw[digits] = 0x0D
+            raw[digits + 1] = 0x0A
+            return digits + 2
+        }
+        withUnsafeBytes(of: &line) { _ = evbuffer_add(output, $0.baseAddress, count) }
+        evbuffer_add(output, data.baseAddress, data.count)
+        evbuffer_add(output, "\r\n", 2)
+    }
+
+    /// The last chunk of a re-chunked body (no trailers).
+    static func lastChunk(into output: OpaquePointer) {
+        evbuffer_add(output, "0\r\n\r\n", 5)
+    }
+
+    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+
+    /// Sluice's own response for `error`: a one-line `text/plain` body, `Connection: close`
+    /// when the connection ends after it.
+    static func error(_ error: ProxyError, close: Bool, into output: OpaquePointer) {
+        let body = "sluice: \(error.message)\n"
+        var head = "HTTP/1.1 \(error.status) \(reasonPhrase(error.status))\r\n"
+        head += "Content-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\n"
+        head += close ? "Connection: close\r\n\r\n" : "\r\n"
+        var text = head + body
+        text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+    }
+
+    /// The response fields the proxy treats specially, recognised by bytes.
+    enum ResponseField {
+        case connection, transferEncoding, contentLength
+        /// keep-alive, proxy-connection, te, trailer, upgrade (RFC 9110 §7.6.1)
+        case hopByHop
+        case other
+
+        init(_ name: UnsafeBufferPointer<UInt8>) {
+            switch name.count {
+            case 2 where ASCII.equalsIgnoringCase(name, "te"): self = .hopByHop
+            case 7 where ASCII.equalsIgnoringCase(name, "trailer") || ASCII.equalsIgnoringCase(name, "upgrade"):
+                self = .hopByHop
+            case 10 where ASCII.equalsIgnoringCase(name, "connection"): self = .connection
+            case 10 where ASCII.equalsIgnoringCase(name, "keep-alive"): self = .hopByHop
+            case 14 where ASCII.equalsIgnoringCase(name, "content-length"): self = .contentLength
+            case 16 where ASCII.equalsIgnoringCase(name, "proxy-connection"): self = .hopByHop
+            case 17 where ASCII.equalsIgnoringCase(name, "transfer-encoding"): self = .transferEncoding
+            default: self = .other
+            }
+        }
+    }
+
+    /// One field line's parts, as ranges into the collected lines.
+    private struct FieldLine {
+        var name: Range<Int>
+        var value: Range<Int>
+        var kind: ResponseField
+    }
+
+    /// Splits a field line at its colon: the name without trailing whitespace, the value
+    /// trimmed. Throws for a line without a colon or with an invalid name.
+    private static func split(_ buf: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int) throws(InvalidResponse) -> FieldLine {
+        var colon = start
+        while colon < end, buf[colon] != 0x3A { colon += 1 }
+        guard colon < end else { throw InvalidResponse(reason: "header line without a colon") }
+        var nameEnd = colon
+        while nameEnd > start, buf[nameEnd - 1] == 0x20 || buf[nameEnd - 1] == 0x09 { nameEnd -= 1 }
+        guard nameEnd > start else { throw InvalidResponse(reason: "invalid header field name") }
+        for i in start..<nameEnd where !ASCII.isTokenChar(buf[i]) {
+            throw InvalidResponse(reason: "invalid header field name")
+        }
+        var v = colon + 1, vEnd = end
+        while v < vEnd, buf[v] == 0x20 || buf[v] == 0x09 { v += 1 }
+        while vEnd > v, buf[vEnd - 1] == 0x20 || buf[vEnd - 1] == 0x09 { vEnd -= 1 }
+        return FieldLine(name: start..<nameEnd, value: v..<vEnd,
+                         kind: ResponseField(UnsafeBufferPointer(rebasing: buf[start..<nameEnd])))
+    }
+
+    /// Calls `body` with each comma-separated element of a list value, whitespace trimmed
+    /// (empty elements included).
+    private static func forEachElement(_ buf: UnsafeBufferPointer<UInt8>, _ range: Range<Int>,
+                                       _ body: (UnsafeBufferPointer<UInt8>) throws(InvalidResponse) -> Void) throws(InvalidResponse) {
+        var start = range.lowerBound
+        var i = start
+        while i <= range.upperBound {
+            if i == range.upperBound || buf[i] == 0x2C {
+                var s = start, e = i
+                while s < e, buf[s] == 0x20 || buf[s] == 0x09 { s += 1 }
+                while e > s, buf[e - 1] == 0x20 || buf[e - 1] == 0x09 { e -= 1 }
+                try body(UnsafeBufferPointer(rebasing: buf[s..<e]))
+                start = i + 1
+            }
+            i += 1
+        }
+    }
+
+    /// Whether a Connection field of the head lists `name` (ASCII case-insensitive).
+    private static func connectionLists(_ name: UnsafeBufferPointer<UInt8>, in buf: UnsafeBufferPointer<UInt8>,
+                                        fields: UnsafeMutableBufferPointer<FieldLine>) -> Bool {
+        var found = false
+        for field in fields where field.kind == .connection && !found {
+            try? forEachElement(buf, field.value) { (token: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
+                if token.count == name.count, zip(token, name).allSatisfy({ ASCII.lower($0) == ASCII.lower($1) }) {
+                    found = true
+                }
+            }
+        }
+        return found
+    }
+
+    /// Writes the response head for the client into `output`: status line, the upstream's
+    /// end-to-end fields in order, `viaLine`, and framing chosen for this client (the
+    /// upstream's `Content-Length` when it sent one, else chunked for HTTP/1.1 and
+    /// close-delimited for HTTP/1.0). Returns the framing; writes nothing when it throws.
+    ///
+    /// The upstream's head is checked as strictly as a request (RFC 9112 §5, §6.3): differing
+    /// or malformed `Content-Length`s and invalid field names are refused (no response
+    /// smuggling through Sluice); whitespace before a colon is removed and CR, LF or NUL inside
+    /// a value become SP (RFC 9110 §5.5), so an upstream cannot inject fields.
+    static func forwardedHead(_ head: ResponseHeadCollector, isHeadRequest: Bool, clientMinorVersion: Int,
+                              keepAlive: Bool, viaLine: [UInt8], into output: OpaquePointer) throws(InvalidResponse) -> Framing {
+        guard (100...599).contains(head.status) else { throw InvalidResponse(reason: "invalid status code") }
+        // The fields' parts live on the stack for the two passes.
+        let result = withUnsafeTemporaryAllocation(of: FieldLine.self, capacity: max(1, head.lineEnds.count)) { fields in
+            head.lines.withUnsafeBufferPointer { buf -> Result<Framing, InvalidResponse> in
+                do throws(InvalidResponse) {
+                    return .success(try encode(head, buf, fields, isHeadRequest: isHeadRequest,
+                                               clientMinorVersion: clientMinorVersion, keepAlive: keepAlive,
+                                               viaLine: viaLine, into: output))
+                } catch {
+                    return .failure(error)
+                }
+            }
+        }
+        return try result.get()
+    }
+
+    private static func encode(_ head: ResponseHeadCollector, _ buf: UnsafeBufferPointer<UInt8>,
+                               _ fields: UnsafeMutableBufferPointer<FieldLine>, isHeadRequest: Bool,
+                               clientMinorVersion: Int, keepAlive: Bool, viaLine: [UInt8],
+                               into output: OpaquePointer) throws(InvalidResponse) -> Framing {
+        let status = head.status
+        let count = head.lineEnds.count
+        // Pass 1: validate, and learn the facts that decide the framing.
+        var hadTransferEncoding = false
+        var contentLength: UInt64?
+        // Whether a Connection option names fields to drop: `close` and `keep-alive` name none
+        // but a field called `close` (Keep-Alive is hop-by-hop anyway).
+        var connectionNamesFields = false
+        var connectionSaysClose = false
+        var start = 0
+        for i in 0..<count {
+            let field = try split(buf, start, head.lineEnds[i])
+            start = head.lineEnds[i]
+            fields.initializeElement(at: i, to: field)
+            switch field.kind {
+            case .connection:
+                try forEachElement(buf, field.value) { (token: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
+                    if ASCII.equalsIgnoringCase(token, "close") {
+                        connectionSaysClose = true
+                    } else if !token.isEmpty, !ASCII.equalsIgnoringCase(token, "keep-alive") {
+                        connectionNamesFields = true
+                    }
+                }
+            case .transferEncoding:
+                hadTransferEncoding = true
+            case .contentLength:
+                try forEachElement(buf, field.value) { (element: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
+                    guard !element.isEmpty, element.count <= 18 else {
+                        throw InvalidResponse(reason: "invalid or differing Content-Length")
+                    }
+                    var n: UInt64 = 0
+                    for b in element {
+                        guard b >= 0x30, b <= 0x39 else { throw InvalidResponse(reason: "invalid or differing Content-Length") }
+                        n = n * 10 + UInt64(b - 0x30)
+                    }
+                    guard contentLength == nil || contentLength == n else {
+                        throw InvalidResponse(reason: "invalid or differing Content-Length")
+                    }
+                    contentLength = n
+                }
+            default:
+                break
+            }
+        }
+        let written = UnsafeMutableBufferPointer(rebasing: fields[0..<count])
+
+        let bodiless = isHeadRequest || status < 200 || status == 204 || status == 304
+        let framing: Framing
+        if bodiless {
+            framing = .none
+        } else if contentLength != nil && !hadTransferEncoding {
+            framing = .length
+        } else {
+            framing = clientMinorVersion == 1 ? .chunked : .close
+        }
+        let close = !keepAlive || framing == .close
+
+        // Pass 2: write into one reserved extent of the output (an upper bound: each line
+        // gains at most ": " and CRLF; the fixed lines take under 96 bytes).
+        let reason = head.reason
+        let useOwnReason = reason.isEmpty || !reason.allSatisfy({ $0 == 0x09 || ($0 >= 0x20 && $0 != 0x7F) })
+        let bound = 96 + max(reason.count, 40) + buf.count + 4 * count + viaLine.count
+        var extent = iovec()
+        guard evbuffer_reserve_space(output, bound, &extent, 1) >= 1 else {
+            throw InvalidResponse(reason: "out of memory")
+        }
+        let out = extent.iov_base.assumingMemoryBound(to: UInt8.self)
+        var n = 0
+        func put(_ b: UInt8) { out[n] = b; n += 1 }
+        func put(_ bytes: UnsafeBufferPointer<UInt8>) {
+            guard let base = bytes.baseAddress else { return }
+            (out + n).update(from: base, count: bytes.count)
+            n += bytes.count
+        }
+        func put(_ text: StaticString) {
+            (out + n).update(from: text.utf8Start, count: text.utf8CodeUnitCount)
+            n += text.utf8CodeUnitCount
+        }
+        put("HTTP/1.1 ")
+        put(UInt8(0x30 + status / 100)); put(UInt8(0x30 + status / 10 % 10)); put(UInt8(0x30 + status % 10))
+        put(0x20)
+        if useOwnReason {
+            for b in reasonPhrase(status).utf8 { put(b) }
+        } else {
+            reason.withUnsafeBufferPointer { put($0) }
+        }
+        put("\r\n")
+        for field in written {
+            switch field.kind {
+            case .connection, .transferEncoding, .hopByHop: continue
+            case .contentLength where hadTransferEncoding && !bodiless: continue
+            default: break
+            }
+            let name = UnsafeBufferPointer(rebasing: buf[field.name])
+            if connectionSaysClose, ASCII.equalsIgnoringCase(name, "close") { continue }
+            if connectionNamesFields, connectionLists(name, in: buf, fields: written) { continue }
+            put(name)
+            put(": ")
+            for i in field.value {
+                let b = buf[i]
+                put(b == 0x0D || b == 0x0A || b == 0 ? 0x20 : b)
+            }
+            put("\r\n")
+        }
+        viaLine.withUnsafeBufferPointer { put($0) }
+        if framing == .chunked { put("Transfer-Encoding: chunked\r\n") }
+        if close { put("Connection: close\r\n") }
+        put("\r\n")
+        extent.iov_len = n
+        evbuffer_commit_space(output, &extent, 1)
+        return framing
+    }
+
+    static func reasonPhrase(_ status: Int) -> String {
+        switch status {
+        case 200: return "OK"
+        case 201: return "Created"
+        case 202: return "Accepted"
+        case 204: return "No Content"
+        case 206: return "Partial Content"
+        case 301: return "Moved Permanently"
+        case 302: return "Found"
+        case 303: return "See Other"
+        case 304: return "Not Modified"
+        case 307: return "Temporary Redirect"
+        case 308: return "Permanent Redirect"
+        case 400: return "Bad Request"
+        case 401: return "Unauthorized"
+        case 403: return "Forbidden"
+        case 404: return "Not Found"
+        case 405: return "Method Not Allowed"
+        case 408: return "Request Timeout"
+        case 409: return "Conflict"
+        case 410: return "Gone"
+        case 413: return "Content Too Large"
+        case 414: return "URI Too Long"
+        case 415: return "Unsupported Media Type"
+        case 429: return "Too Many Requests"
+        case 431: return "Request Header Fields Too Large"
+        case 500: return "Internal Server Error"
+        case 501: return "Not Implemented"
+        case 502: return "Bad Gateway"
+        case 503: return "Service Unavailable"
+        case 504: return "Gateway Timeout"
+        case 505: return "HTTP Version Not Supported"
+        case 508: return "Loop Detected"
+        default: return "Status \(status)"
+        }
+    }
+}

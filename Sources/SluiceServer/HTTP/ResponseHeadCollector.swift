@@ -1,0 +1,107 @@
+/// An upstream response head as libcurl hands it over, one line per call
+/// (`CURLOPT_HEADERFUNCTION`): the status, the reason phrase and the field lines, kept as
+/// bytes. Interim (1xx) heads are dropped when the next status line starts; the head is
+/// complete at the empty line after a final (≥ 200) status. A field line that starts with
+/// whitespace (obs-fold) is joined to the previous one with one SP, as RFC 9112 §5.2 asks
+/// of a proxy. Nothing here judges the fields: `ResponseEncoder` does, when it re-frames the
+/// head for the client.
+///
+/// A value type with reusable storage: `reset()` keeps its buffers' capacity, so a pooled
+/// collector (see `UpstreamSession.takeHeadCollector`) collects heads without allocating.
+struct ResponseHeadCollector {
+    /// 0 until a status line arrived.
+    private(set) var status = 0
+    /// The reason phrase as received (may be empty).
+    private(set) var reason: [UInt8] = []
+    /// The field lines back to back, without their line ends.
+    private(set) var lines: [UInt8] = []
+    /// Where each field line ends in `lines`.
+    private(set) var lineEnds: [Int] = []
+    /// The empty line after a final status arrived.
+    private(set) var isComplete = false
+
+    /// Forgets the head, keeping the buffers' capacity.
+    mutating func reset() {
+        status = 0
+        reason.removeAll(keepingCapacity: true)
+        lines.removeAll(keepingCapacity: true)
+        lineEnds.removeAll(keepingCapacity: true)
+        isComplete = false
+    }
+
+    /// Takes one line as libcurl delivers it (with its CRLF or LF). Returns true when it
+    /// completed a final head.
+    mutating func add(_ line: UnsafeRawBufferPointer) -> Bool {
+        var end = line.count
+        while end > 0, line[end - 1] == 0x0A || line[end - 1] == 0x0D { end -= 1 }
+        if end == 0 {
+            // The empty line: an interim (1xx) head ends here and is forgotten at the next
+            // status line; a final head is complete.
+            if status >= 200 { isComplete = true }
+            return isComplete
+        }
+        if end >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
+            isComplete = false
+            lines.removeAll(keepingCapacity: true)
+            lineEnds.removeAll(keepingCapacity: true)
+            parseStatusLine(UnsafeRawBufferPointer(rebasing: line[0..<end]))
+            return false
+        }
+        if line[0] == 0x20 || line[0] == 0x09, !lineEnds.isEmpty {
+            // obs-fold: joined to the field it continues.
+            var s = 0
+            while s < end, line[s] == 0x20 || line[s] == 0x09 { s += 1 }
+            lines.append(0x20)
+            lines.append(contentsOf: UnsafeRawBufferPointer(rebasing: line[s..<end]))
+            lineEnds[lineEnds.count - 1] = lines.count
+            return false
+        }
+        lines.append(contentsOf: UnsafeRawBufferPointer(rebasing: line[0..<end]))
+        lineEnds.append(lines.count)
+        return false
+    }
+
+    /// "HTTP/1.1 200 OK" or "HTTP/2 200": the three digits after the first space, and the
+    /// reason after the space that follows them.
+    private mutating func parseStatusLine(_ line: UnsafeRawBufferPointer) {
+        reason.removeAll(keepingCapacity: true)
+        guard let sp = line.firstIndex(of: 0x20) else {
+            status = 0
+            return
+        }
+        var i = sp + 1
+        var code = 0
+        while i < line.count, line[i] >= 0x30, line[i] <= 0x39, code < 1000 {
+            code = code * 10 + Int(line[i] - 0x30)
+            i += 1
+        }
+        status = code
+        if i + 1 < line.count { reason.append(contentsOf: UnsafeRawBufferPointer(rebasing: line[(i + 1)...])) }
+    }
+
+    /// The value of the first field named `lowercaseName` (ASCII case-insensitive), trimmed.
+    func value(_ lowercaseName: String) -> String? {
+        var name = lowercaseName
+        return name.withUTF8 { wanted in
+            lines.withUnsafeBufferPointer { buf -> String? in
+                var start = 0
+                for end in lineEnds {
+                    defer { start = end }
+                    let colon = start + wanted.count
+                    guard colon < end, buf[colon] == 0x3A else { continue }
+                    var same = true
+                    for k in 0..<wanted.count where ASCII.lower(buf[start + k]) != wanted[k] {
+                        same = false
+                        break
+                    }
+                    guard same else { continue }
+                    var v = colon + 1, e = end
+                    while v < e, buf[v] == 0x20 || buf[v] == 0x09 { v += 1 }
+                    while e > v, buf[e - 1] == 0x20 || buf[e - 1] == 0x09 { e -= 1 }
+                    return String(decoding: UnsafeBufferPointer(rebasing: buf[v..<e]), as: UTF8.self)
+                }
+                return nil
+            }
+        }
+    }
+}

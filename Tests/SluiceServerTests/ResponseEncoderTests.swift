@@ -1,0 +1,192 @@
+import CLibEvent
+import SluiceCore
+import Testing
+
+@testable import SluiceServer
+
+/// Collects `lines` (each given without its CRLF) as libcurl would hand them over.
+private func collect(_ lines: [String]) -> (ResponseHeadCollector, completed: Bool) {
+    var head = ResponseHeadCollector()
+    var completed = false
+    for line in lines + [""] {
+        let bytes = Array((line + "\r\n").utf8)
+        completed = bytes.withUnsafeBytes { head.add($0) } || completed
+    }
+    return (head, completed)
+}
+
+/// What `ResponseEncoder` wrote into a fresh evbuffer, and the framing it chose.
+private func encode(_ lines: [String], head: Bool = false, minor: Int = 1, keepAlive: Bool = true)
+    -> (text: String, framing: ResponseEncoder.Framing?, error: String?) {
+    let (collected, _) = collect(lines)
+    let output = evbuffer_new()!
+    defer { evbuffer_free(output) }
+    var framing: ResponseEncoder.Framing?
+    var failure: String?
+    do {
+        framing = try ResponseEncoder.forwardedHead(collected, isHeadRequest: head, clientMinorVersion: minor,
+                                                    keepAlive: keepAlive, viaLine: Array("Via: 1.1 test\r\n".utf8),
+                                                    into: output)
+    } catch {
+        failure = error.reason
+    }
+    return (drain(output), framing, failure)
+}
+
+private func drain(_ output: OpaquePointer) -> String {
+    let n = evbuffer_get_length(output)
+    var bytes = [UInt8](repeating: 0, count: n)
+    bytes.withUnsafeMutableBytes { _ = evbuffer_remove(output, $0.baseAddress, n) }
+    return String(decoding: bytes, as: UTF8.self)
+}
+
+@Suite struct ResponseHeadCollectorTests {
+    @Test func finalHeadIsCompleteAtTheEmptyLine() {
+        var head = ResponseHeadCollector()
+        let lines = ["HTTP/1.1 200 OK\r\n", "Content-Length: 3\r\n"]
+        for line in lines {
+            #expect(!Array(line.utf8).withUnsafeBytes { head.add($0) })
+        }
+        #expect(Array("\r\n".utf8).withUnsafeBytes { head.add($0) })
+        #expect(head.status == 200 && head.isComplete)
+        #expect(String(decoding: head.reason, as: UTF8.self) == "OK")
+        #expect(head.value("content-length") == "3")
+    }
+
+    @Test func interimHeadsAreDropped() {
+        let (head, completed) = collect(["HTTP/1.1 100 Continue", "", "HTTP/1.1 201 Created", "X-A: 1"])
+        #expect(completed && head.status == 201)
+        #expect(head.lineEnds.count == 1 && head.value("x-a") == "1")
+    }
+
+    @Test func anInterimHeadAloneIsNotComplete() {
+        let (head, completed) = collect(["HTTP/1.1 103 Early Hints", "Link: </a>"])
+        #expect(!completed && !head.isComplete && head.status == 103)
+    }
+
+    @Test func obsFoldIsJoinedWithOneSpace() {
+        let (head, _) = collect(["HTTP/1.1 200 OK", "X-Long: one", " \t two", "X-B: b"])
+        #expect(head.value("x-long") == "one two")
+        #expect(head.value("x-b") == "b")
+    }
+
+    @Test func http2StatusLineHasNoReason() {
+        let (head, _) = collect(["HTTP/2 204"])
+        #expect(head.status == 204 && head.reason.isEmpty)
+    }
+
+    @Test func valueLookupIgnoresCaseAndTrims() {
+        let (head, _) = collect(["HTTP/1.1 200 OK", "Retry-After:   120  ", "retry-after: 5"])
+        #expect(head.value("retry-after") == "120")
+        #expect(head.value("location") == nil)
+    }
+
+    @Test func resetForgetsEverything() {
+        var (head, _) = collect(["HTTP/1.1 500 Oops", "X: y"])
+        head.reset()
+        #expect(head.status == 0 && head.lines.isEmpty && head.lineEnds.isEmpty && !head.isComplete && head.reason.isEmpty)
+    }
+}
+
+@Suite struct ResponseEncoderTests {
+    @Test func lengthFramedHeadKeepsFieldsInOrderAndAddsVia() {
+        let r = encode(["HTTP/1.1 200 OK", "Server: nginx", "Content-Length: 5", "X-A: 1"])
+        #expect(r.framing == .length)
+        #expect(r.text == "HTTP/1.1 200 OK\r\nServer: nginx\r\nContent-Length: 5\r\nX-A: 1\r\nVia: 1.1 test\r\n\r\n")
+    }
+
+    @Test func bodyWithoutLengthIsRechunkedForHTTP11() {
+        let r = encode(["HTTP/1.1 200 OK", "Transfer-Encoding: chunked"])
+        #expect(r.framing == .chunked)
+        #expect(r.text == "HTTP/1.1 200 OK\r\nVia: 1.1 test\r\nTransfer-Encoding: chunked\r\n\r\n")
+    }
+
+    @Test func bodyWithoutLengthIsCloseDelimitedForHTTP10() {
+        let r = encode(["HTTP/1.1 200 OK"], minor: 0)
+        #expect(r.framing == .close)
+        #expect(r.text.hasSuffix("Via: 1.1 test\r\nConnection: close\r\n\r\n"))
+    }
+
+    @Test func lengthIsDroppedWhenTransferEncodingIsPresent() {
+        let r = encode(["HTTP/1.1 200 OK", "Content-Length: 5", "Transfer-Encoding: chunked"])
+        #expect(r.framing == .chunked && !r.text.contains("Content-Length"))
+    }
+
+    @Test func bodilessResponsesKeepTheirLengthButHaveNoBody() {
+        #expect(encode(["HTTP/1.1 200 OK", "Content-Length: 5"], head: true).framing == ResponseEncoder.Framing.none)
+        #expect(encode(["HTTP/1.1 304 Not Modified", "Content-Length: 5"]).text.contains("Content-Length: 5\r\n"))
+        #expect(encode(["HTTP/1.1 204 No Content"]).framing == ResponseEncoder.Framing.none)
+    }
+
+    @Test func hopByHopAndConnectionListedFieldsAreRemoved() {
+        let r = encode(["HTTP/1.1 200 OK", "Connection: keep-alive, X-Secret", "Keep-Alive: timeout=5", "TE: trailers",
+                        "Trailer: X", "Upgrade: h2c", "Proxy-Connection: close", "X-Secret: s", "x-secret: t",
+                        "X-Kept: k", "Content-Length: 0"])
+        #expect(r.text == "HTTP/1.1 200 OK\r\nX-Kept: k\r\nContent-Length: 0\r\nVia: 1.1 test\r\n\r\n")
+    }
+
+    @Test func aFieldNamedCloseGoesWithConnectionClose() {
+        let r = encode(["HTTP/1.1 200 OK", "Connection: close", "Close: x", "Content-Length: 0"])
+        #expect(!r.text.contains("Close: x"))
+    }
+
+    @Test func keepAliveFalsePromisesToClose() {
+        let r = encode(["HTTP/1.1 200 OK", "Content-Length: 0"], keepAlive: false)
+        #expect(r.text.hasSuffix("Via: 1.1 test\r\nConnection: close\r\n\r\n"))
+    }
+
+    @Test func valuesCannotInjectFields() {
+        // A value with a NUL (CR and LF cannot reach the collector inside one line).
+        let r = encode(["HTTP/1.1 200 OK", "X-A: a\u{0}b", "Content-Length: 0"])
+        #expect(r.text.contains("X-A: a b\r\n"))
+    }
+
+    @Test func whitespaceBeforeTheColonIsRemoved() {
+        let r = encode(["HTTP/1.1 200 OK", "X-A \t: v", "Content-Length: 0"])
+        #expect(r.text.contains("\r\nX-A: v\r\n"))
+    }
+
+    @Test func missingOrInvalidReasonGetsSluicesOwn() {
+        #expect(encode(["HTTP/2 404"]).text.hasPrefix("HTTP/1.1 404 Not Found\r\n"))
+        #expect(encode(["HTTP/1.1 502 \u{7F}"]).text.hasPrefix("HTTP/1.1 502 Bad Gateway\r\n"))
+    }
+
+    @Test(arguments: [
+        (["HTTP/1.1 200 OK", "Content-Length: 5", "Content-Length: 6"], "invalid or differing Content-Length"),
+        (["HTTP/1.1 200 OK", "Content-Length: 5, 6"], "invalid or differing Content-Length"),
+        (["HTTP/1.1 200 OK", "Content-Length: -1"], "invalid or differing Content-Length"),
+        (["HTTP/1.1 200 OK", "Content-Length: "], "invalid or differing Content-Length"),
+        (["HTTP/1.1 200 OK", "Bad Name: x"], "invalid header field name"),
+        (["HTTP/1.1 200 OK", ": x"], "invalid header field name"),
+        (["HTTP/1.1 200 OK", "no colon"], "header line without a colon"),
+        (["HTTP/1.1 999 What"], "invalid status code"),
+    ])
+    func refusedHeadsWriteNothing(lines: [String], reason: String) {
+        let r = encode(lines)
+        #expect(r.error == reason)
+        #expect(r.text.isEmpty)
+    }
+
+    @Test func equalContentLengthsAreOne() {
+        let r = encode(["HTTP/1.1 200 OK", "Content-Length: 5, 5"])
+        #expect(r.framing == .length && r.error == nil)
+    }
+
+    @Test func chunksAreSizedInHex() {
+        let output = evbuffer_new()!
+        defer { evbuffer_free(output) }
+        let data = [UInt8](repeating: 0x61, count: 300)
+        data.withUnsafeBytes { ResponseEncoder.chunk($0, into: output) }
+        ResponseEncoder.lastChunk(into: output)
+        #expect(drain(output) == "12c\r\n" + String(repeating: "a", count: 300) + "\r\n0\r\n\r\n")
+    }
+
+    @Test func sluicesOwnErrorResponse() {
+        let output = evbuffer_new()!
+        defer { evbuffer_free(output) }
+        ResponseEncoder.error(.loopDetected, close: true, into: output)
+        let body = "sluice: \(ProxyError.loopDetected.message)\n"
+        #expect(drain(output) == "HTTP/1.1 508 Loop Detected\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body)
+    }
+}
