@@ -158,11 +158,13 @@ class Sluice:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 15.0) -> "Sluice":
+    def start(self, timeout: float = 15.0, env: dict[str, str] | None = None) -> "Sluice":
+        """`env`: variables added to the clean environment Sluice runs in."""
         self.out_f = open(self.out_path, "wb")
         self.err_f = open(self.err_path, "wb")
         self.proc = spawn([SLUICE_BIN, "run", "--config", str(self.config_path)],
-                          stdout=self.out_f, stderr=self.err_f, stdin=subprocess.DEVNULL)
+                          stdout=self.out_f, stderr=self.err_f, stdin=subprocess.DEVNULL,
+                          env=clean_env(**(env or {})))
         try:
             wait_port(self.port, timeout, self.proc)
         except Exception as e:
@@ -248,7 +250,7 @@ def sluice_factory(sluice_bin, tmp_path, pki, nginx):
     (pytest shows them for failing tests) and a crash during the test fails it."""
     started: list[Sluice] = []
 
-    def start(overrides: dict | None = None, name: str = "sluice") -> Sluice:
+    def start(overrides: dict | None = None, name: str = "sluice", env: dict[str, str] | None = None) -> Sluice:
         port = pick_port()
         cfg = {
             "listen": [f"{HOST}:{port}"],
@@ -262,7 +264,7 @@ def sluice_factory(sluice_bin, tmp_path, pki, nginx):
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         s = Sluice(path, port, tmp_path)
         started.append(s)
-        return s.start()
+        return s.start(env=env)
 
     yield start
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from faultservers import simple_response
+from faultservers import pick_port, simple_response
 from rawhttp import RawConn, chunked, request_bytes
 from support import HOST, MiB, run_curl, session_via
 
@@ -582,3 +582,31 @@ def test_chunk_sizes_with_leading_zeros_and_upper_hex(proxy, upload_sink):
     assert r is not None and r.status == 200, r
     j = json.loads(r.body)
     assert j["bytes"] == 25 and j["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------
+# Sluice's own environment
+# ------------------------------------------------------------------------------------------
+
+PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
+
+
+def test_proxy_variables_in_sluices_environment_are_ignored(sluice_factory, httpbin, nginx, pki):
+    """libcurl takes a proxy from its process's environment unless told one: Sluice never does.
+    Every proxy variable points at Sluice itself (a user who exported HTTP_PROXY in the shell
+    that starts it): plain http, https in absolute form and a CONNECT all reach their origin
+    instead of looping (508)."""
+    port = pick_port()
+    me = f"http://{HOST}:{port}"
+    s = sluice_factory({"listen": [f"{HOST}:{port}"]}, env={v: me for v in PROXY_VARIABLES})
+    with session_via(s.url) as session:
+        r = session.get(httpbin.url + "/headers?show_env=1", timeout=10)
+        assert r.status_code == 200, r.text
+        assert "sluice" in r.json()["headers"].get("Via", "").lower()
+    with RawConn(HOST, s.port) as c:
+        c.send(request_bytes("GET", nginx.tls_url("/1k")))
+        r = c.read_response()
+        assert r.status == 200 and r.body == nginx.file_1k
+    r = run_curl(["-x", s.url, "--cacert", str(pki.ca_pem), nginx.tls_url("/1k")], timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == nginx.file_1k
