@@ -265,9 +265,12 @@ final class Worker {
 
 public enum ServerError: Error, CustomStringConvertible {
     case startup(String)
+    /// The interception CA (`sluice ca …`, or a configuration that intercepts).
+    case ca(CAError)
     public var description: String {
         switch self {
         case .startup(let message): return message
+        case .ca(let error): return error.description
         }
     }
 }

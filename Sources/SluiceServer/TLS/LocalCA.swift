@@ -50,7 +50,7 @@ public final class LocalCA: @unchecked Sendable {
     public static func exportCertificate(directory: String) throws(ServerError) -> String {
         let certPath = "\(directory)/\(certificateFile)"
         guard let cert = TLSObjects.read(certPath, { PEM_read_bio_X509($0, nil, nil, nil) }) else {
-            throw .startup("no CA in \(directory) (\(certPath) is missing or not a PEM certificate): run 'sluice ca init --dir \(directory)'")
+            throw .ca(.noCertificateToExport(directory: directory))
         }
         defer { X509_free(cert) }
         return TLSObjects.pem { PEM_write_bio_X509($0, cert) }
@@ -81,19 +81,19 @@ public final class LocalCA: @unchecked Sendable {
     public static func load(directory: String) throws(ServerError) -> LocalCA {
         let certPath = "\(directory)/\(certificateFile)", keyPath = "\(directory)/\(keyFile)"
         guard access(certPath, R_OK) == 0, access(keyPath, R_OK) == 0 else {
-            throw .startup("no interception CA in \(directory) (or it is not readable): run 'sluice ca init --dir \(directory)'")
+            throw .ca(.missing(directory: directory))
         }
         guard let cert = TLSObjects.read(certPath, { PEM_read_bio_X509($0, nil, nil, nil) }) else {
-            throw .startup("\(certPath) holds no PEM certificate")
+            throw .ca(.notACertificate(path: certPath))
         }
         guard let key = TLSObjects.read(keyPath, { PEM_read_bio_PrivateKey($0, nil, { _, _, _, _ in 0 }, nil) }) else {
             X509_free(cert)
-            throw .startup("\(keyPath) holds no unencrypted PEM private key")
+            throw .ca(.notAKey(path: keyPath))
         }
         guard X509_check_private_key(cert, key) == 1 else {
             X509_free(cert)
             EVP_PKEY_free(key)
-            throw .startup("\(keyPath) is not the key of \(certPath)")
+            throw .ca(.keyMismatch(key: keyPath, certificate: certPath))
         }
         var st = stat()
         if stat(keyPath, &st) == 0, st.st_mode & 0o077 != 0 {
@@ -107,16 +107,16 @@ public final class LocalCA: @unchecked Sendable {
     public static func create(directory: String, force: Bool) throws(ServerError) -> LocalCA {
         let certPath = "\(directory)/\(certificateFile)", keyPath = "\(directory)/\(keyFile)"
         if !force, access(certPath, F_OK) == 0 || access(keyPath, F_OK) == 0 {
-            throw .startup("a CA already exists in \(directory) (use --force to replace it)")
+            throw .ca(.exists(directory: directory))
         }
         try makeDirectory(directory)
-        guard let key = TLSObjects.generateKey() else { throw .startup("cannot generate a key: \(TLSObjects.lastError())") }
+        guard let key = TLSObjects.generateKey() else { throw .ca(.keyGeneration(reason: TLSObjects.lastError())) }
         guard let cert = TLSObjects.makeCertificate(
             subject: "Sluice Local CA", publicKey: key, issuer: nil, signingKey: key, validDays: 3650,
             extensions: [(NID_basic_constraints, "critical,CA:TRUE,pathlen:0"), (NID_key_usage, "critical,keyCertSign,cRLSign"),
                          (NID_subject_key_identifier, "hash"), (NID_authority_key_identifier, "keyid:always")]) else {
             EVP_PKEY_free(key)
-            throw .startup("cannot make the CA certificate: \(TLSObjects.lastError())")
+            throw .ca(.certificateCreation(reason: TLSObjects.lastError()))
         }
         let ca = LocalCA(certificate: cert, key: key, directory: directory)
         // Both files are written to temporaries first and renamed last, so a failure leaves the
@@ -134,7 +134,7 @@ public final class LocalCA: @unchecked Sendable {
             let reason = String(cString: strerror(errno))
             unlink(keyTemporary)
             unlink(certTemporary)
-            throw .startup("cannot write the CA into \(directory): \(reason)")
+            throw .ca(.rename(directory: directory, reason: reason))
         }
         return ca
     }
@@ -144,7 +144,7 @@ public final class LocalCA: @unchecked Sendable {
         for part in path.split(separator: "/") {
             built += "/" + part
             if mkdir(built, built == path ? 0o700 : 0o755) != 0, errno != EEXIST {
-                throw .startup("cannot create \(built): \(String(cString: strerror(errno)))")
+                throw .ca(.directory(path: built, reason: String(cString: strerror(errno))))
             }
         }
     }
@@ -152,7 +152,7 @@ public final class LocalCA: @unchecked Sendable {
     private static func writeTemporary(_ text: String, for path: String, mode: mode_t) throws(ServerError) -> String {
         let temporary = path + ".tmp-\(getpid())"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
-        guard fd >= 0 else { throw .startup("cannot write \(path): \(String(cString: strerror(errno)))") }
+        guard fd >= 0 else { throw .ca(.write(path: path, reason: String(cString: strerror(errno)))) }
         fchmod(fd, mode)  // whatever the umask
         var bytes = Array(text.utf8)
         let written = bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
@@ -160,10 +160,49 @@ public final class LocalCA: @unchecked Sendable {
         close(fd)
         guard written == bytes.count, synced else {
             unlink(temporary)
-            throw .startup("cannot write \(path): \(String(cString: strerror(errno)))")
+            throw .ca(.write(path: path, reason: String(cString: strerror(errno))))
         }
         bytes.removeAll()
         return temporary
+    }
+}
+
+/// Why the local CA could not be read or made (`sluice ca …`, or a start or reload that
+/// intercepts). The message says what to do about it.
+public enum CAError: Error, Equatable, CustomStringConvertible {
+    /// `sluice ca export`: no readable certificate in the directory.
+    case noCertificateToExport(directory: String)
+    /// Interception needs a CA and the directory has none (or it is not readable).
+    case missing(directory: String)
+    case notACertificate(path: String)
+    case notAKey(path: String)
+    case keyMismatch(key: String, certificate: String)
+    /// `sluice ca init` without `--force` over an existing CA.
+    case exists(directory: String)
+    case keyGeneration(reason: String)
+    case certificateCreation(reason: String)
+    case directory(path: String, reason: String)
+    case write(path: String, reason: String)
+    /// Both files were written but could not be put in place.
+    case rename(directory: String, reason: String)
+
+    public var description: String {
+        switch self {
+        case .noCertificateToExport(let directory):
+            return "no CA in \(directory) (\(directory)/\(LocalCA.certificateFile) is missing or not a PEM certificate): "
+                + "run 'sluice ca init --dir \(directory)'"
+        case .missing(let directory):
+            return "no interception CA in \(directory) (or it is not readable): run 'sluice ca init --dir \(directory)'"
+        case .notACertificate(let path): return "\(path) holds no PEM certificate"
+        case .notAKey(let path): return "\(path) holds no unencrypted PEM private key"
+        case .keyMismatch(let key, let certificate): return "\(key) is not the key of \(certificate)"
+        case .exists(let directory): return "a CA already exists in \(directory) (use --force to replace it)"
+        case .keyGeneration(let reason): return "cannot generate a key: \(reason)"
+        case .certificateCreation(let reason): return "cannot make the CA certificate: \(reason)"
+        case .directory(let path, let reason): return "cannot create \(path): \(reason)"
+        case .write(let path, let reason): return "cannot write \(path): \(reason)"
+        case .rename(let directory, let reason): return "cannot write the CA into \(directory): \(reason)"
+        }
     }
 }
 
