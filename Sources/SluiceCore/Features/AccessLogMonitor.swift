@@ -39,10 +39,10 @@ public final class AccessLogMonitor: LogMonitor {
 
     /// A line for an event that belongs to no single exchange (a token fetch): `time`,
     /// `event`, `source` and, for failures, `error`.
-    func eventLine(_ event: String, source: String, reason: String?) -> String {
+    func eventLine(_ event: StaticString, source: String, reason: String?) -> String {
         var json = JSONLine()
         json.timestamp("time")
-        json.field("event", event)
+        json.field("event", event.description)
         json.field("source", redactor.url(source))
         if let reason { json.field("error", redactor.scrub(reason)) }
         return redactor.scrub(json.finish())
@@ -152,7 +152,7 @@ struct JSONLine {
     }
 
     /// `"k":"2026-11-22T00:41:07.123Z"`, the current time, without a String.
-    mutating func timestamp(_ k: String) {
+    mutating func timestamp(_ k: StaticString) {
         key(k)
         out.append(0x22)
         Timestamp.appendRFC3339Now(to: &out)
@@ -160,7 +160,7 @@ struct JSONLine {
     }
 
     /// `"k":{"dns":…,"connect":…,"tls":…,"first_byte":…,"total":…}` in milliseconds.
-    mutating func timings(_ k: String, _ t: TryTimings) {
+    mutating func timings(_ k: StaticString, _ t: TryTimings) {
         key(k)
         out.append(0x7B)
         millisecondsField("dns", t.dns, first: true)
@@ -185,15 +185,17 @@ struct JSONLine {
         out.append(UInt8(48 + frac % 10))
     }
 
-    private mutating func key(_ k: String) {
+    /// Keys are literals: appended as their bytes, no `String` touched.
+    private mutating func key(_ k: StaticString) {
         if !first { out.append(0x2C) }
         first = false
         out.append(0x22)
-        out.append(contentsOf: k.utf8)
-        out.append(contentsOf: "\":".utf8)
+        out.append(contentsOf: UnsafeBufferPointer(start: k.utf8Start, count: k.utf8CodeUnitCount))
+        out.append(0x22)
+        out.append(0x3A)
     }
 
-    mutating func field(_ k: String, _ v: String) {
+    mutating func field(_ k: StaticString, _ v: String) {
         key(k)
         Self.appendQuoted(v, to: &out)
     }
@@ -205,31 +207,48 @@ struct JSONLine {
     }
 
     static func appendQuoted(_ v: String, to out: inout [UInt8]) {
-        let hex = Array("0123456789abcdef".utf8)
+        var v = v
         out.append(0x22)
-        for b in v.utf8 {
-            switch b {
-            case 0x22: out.append(contentsOf: [0x5C, 0x22])
-            case 0x5C: out.append(contentsOf: [0x5C, 0x5C])
-            case 0x0A: out.append(contentsOf: [0x5C, 0x6E])
-            case 0x0D: out.append(contentsOf: [0x5C, 0x72])
-            case 0x09: out.append(contentsOf: [0x5C, 0x74])
-            case 0..<0x20, 0x7F:
-                out.append(contentsOf: [0x5C, 0x75, 0x30, 0x30, hex[Int(b >> 4)], hex[Int(b & 0xF)]])
-            default: out.append(b)  // UTF-8 passes through, as RFC 8259 allows
+        v.withUTF8 { bytes in
+            // Runs that need no escape are appended whole (a URL, a method: all of it).
+            var run = 0
+            for i in 0..<bytes.count {
+                let b = bytes[i]
+                guard b < 0x20 || b == 0x22 || b == 0x5C || b == 0x7F else { continue }
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[run..<i]))
+                run = i + 1
+                out.append(0x5C)
+                switch b {
+                case 0x22: out.append(0x22)
+                case 0x5C: out.append(0x5C)
+                case 0x0A: out.append(0x6E)
+                case 0x0D: out.append(0x72)
+                case 0x09: out.append(0x74)
+                default:
+                    let hex: StaticString = "0123456789abcdef"
+                    out.append(0x75); out.append(0x30); out.append(0x30)
+                    out.append(hex.utf8Start[Int(b >> 4)])
+                    out.append(hex.utf8Start[Int(b & 0xF)])
+                }
             }
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[run...]))  // UTF-8 passes through (RFC 8259)
         }
         out.append(0x22)
     }
 
-    mutating func field<I: BinaryInteger>(_ k: String, _ v: I) {
+    mutating func field<I: BinaryInteger>(_ k: StaticString, _ v: I) {
         key(k)
         appendInteger(v)
     }
 
-    mutating func raw(_ k: String, _ json: String) {
+    mutating func raw(_ k: StaticString, _ json: String) {
         key(k)
         out.append(contentsOf: json.utf8)
+    }
+
+    mutating func raw(_ k: StaticString, _ json: StaticString) {
+        key(k)
+        out.append(contentsOf: UnsafeBufferPointer(start: json.utf8Start, count: json.utf8CodeUnitCount))
     }
 
     private mutating func appendInteger<I: BinaryInteger>(_ v: I) {
@@ -257,7 +276,8 @@ struct JSONLine {
     }
 
     mutating func finishBytes() -> [UInt8] {
-        out.append(contentsOf: "}\n".utf8)
+        out.append(0x7D)
+        out.append(0x0A)
         return out
     }
 }
