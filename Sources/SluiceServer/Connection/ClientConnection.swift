@@ -96,7 +96,7 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
         self.mode = mode
         self.peer = peer
         parser = HTTPRequestParser(limits: .init(worker.config.limits))
-        let socket = ClientSocket(base: worker.base, fd: fd)
+        let socket = ClientSocket(base: worker.base, fd: fd, spill: worker.readSpill)
         transport = .socket(socket)
         clientInput = socket.input
         clientOutput = socket.output

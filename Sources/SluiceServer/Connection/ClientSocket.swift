@@ -22,6 +22,11 @@ protocol ClientSocketOwner: AnyObject {
 /// written when the connection asks (`flush()`, which the worker batches once per loop pass),
 /// with the write event armed only while the kernel's buffer is full.
 ///
+/// A read lands in a small extent reserved in `input` (`smallRead`, one 4 KiB chain: a request
+/// head needs no more) and spills into the worker's scratch buffer, from which the rest is
+/// copied: an idle or lightly used connection never holds a large chain, and a thousand
+/// connections that each receive a request at once do not each allocate one.
+///
 /// Reading stops while `input` holds `inputHighWatermark` bytes or more (the connection's
 /// backpressure on uploads and pipelined requests) and resumes when the connection has
 /// consumed some (`inputConsumed()`), or while `wantsInput` is false.
@@ -35,9 +40,12 @@ final class ClientSocket {
     static let inputHighWatermark = 256 * 1024
     /// `socketDrained` fires once the output is down to this (256 KiB).
     static let outputLowWatermark = 256 * 1024
-    /// One read takes at most this much (32 KiB): a small request costs one chain of this
-    /// size, freed when the request is consumed; an upload moves in reads of this size.
-    static let readSize = 32 * 1024
+    /// The part of a read that lands in `input` directly (a 4 KiB chain with libevent's
+    /// header).
+    static let smallRead = 4096 - 64
+    /// The worker's spill buffer for the rest of a read (an upload moves in reads of up to
+    /// `smallRead` + its size). Owned by the worker, which outlives its sockets.
+    private let spill: UnsafeMutableRawBufferPointer
 
     let fd: Int32
     let input: OpaquePointer
@@ -54,8 +62,9 @@ final class ClientSocket {
         didSet { armRead() }
     }
 
-    init(base: OpaquePointer, fd: Int32) {
+    init(base: OpaquePointer, fd: Int32, spill: UnsafeMutableRawBufferPointer) {
         self.fd = fd
+        self.spill = spill
         input = evbuffer_new()
         output = evbuffer_new()
         let me = Unmanaged.passUnretained(self).toOpaque()
@@ -82,12 +91,17 @@ final class ClientSocket {
 
     private func readNow() {
         guard open else { return }
-        var space = iovec()
-        guard evbuffer_reserve_space(input, Self.readSize, &space, 1) >= 1 else { return failed() }
-        let n = Glibc.read(fd, space.iov_base, min(space.iov_len, Self.readSize))
+        var vectors = (iovec(), iovec(iov_base: spill.baseAddress, iov_len: spill.count))
+        guard evbuffer_reserve_space(input, Self.smallRead, &vectors.0, 1) >= 1 else { return failed() }
+        let direct = min(vectors.0.iov_len, Self.smallRead)
+        vectors.0.iov_len = direct
+        let n = withUnsafeMutablePointer(to: &vectors) {
+            $0.withMemoryRebound(to: iovec.self, capacity: 2) { Glibc.readv(fd, $0, 2) }
+        }
         if n > 0 {
-            space.iov_len = n
-            evbuffer_commit_space(input, &space, 1)
+            vectors.0.iov_len = min(n, direct)
+            evbuffer_commit_space(input, &vectors.0, 1)
+            if n > direct { evbuffer_add(input, spill.baseAddress, n - direct) }
             armRead()
             owner?.socketReadable()
         } else if n == 0 {

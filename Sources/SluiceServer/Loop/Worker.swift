@@ -54,6 +54,9 @@ final class Worker {
         let pending = Mutex<SluiceConfiguration?>(nil)
     }
     private var connections: [ObjectIdentifier: ClientConnection] = [:]
+    /// Where client reads beyond `ClientSocket.smallRead` land before they are copied into the
+    /// connection's input (64 KiB; freed when the worker's loop ends).
+    let readSpill = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
     /// Connections with output to write in this loop pass (`scheduleFlush`).
     private var flushQueue: [ClientConnection] = []
     private var flushEvent: OpaquePointer!
@@ -260,6 +263,7 @@ final class Worker {
         flushQueue.removeAll()
         sessionContext.close()
         session.shutdown()
+        readSpill.deallocate()
     }
 }
 
