@@ -7,6 +7,8 @@ let package = Package(
     products: [
         .executable(name: "sluice", targets: ["sluice"]),
         .library(name: "SluiceCore", targets: ["SluiceCore"]),
+        .library(name: "SluiceConfig", targets: ["SluiceConfig"]),
+        .library(name: "SluiceServer", targets: ["SluiceServer"]),
     ],
     dependencies: [
         .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
