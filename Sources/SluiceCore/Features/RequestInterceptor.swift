@@ -59,9 +59,29 @@ extension RequestAdapter {
 public enum RetryResult: Sendable, Equatable {
     case retry
     case retryWithDelay(milliseconds: Int)
+    /// Not a failure this retrier retries: the next retrier is asked.
     case doNotRetry
-    case doNotRetryWithError(String)
+    /// A failure this retrier would retry, but not this time; `reason` is what the access log's
+    /// `retry_stopped` and `.retryStopped` say.
+    case doNotRetryWithError(RetryStopReason)
 }
+
+/// Why a retriable failure was not retried. The raw value is the access log's `retry_stopped`
+/// (docs/configuration.md, "Retry events in the access log").
+public enum RetryStopReason: String, Sendable, CaseIterable {
+    /// `retry.limit` retries were made already.
+    case limit
+    /// The host's retry budget for the current second is spent.
+    case budget
+    /// The retry's delay would end at or past `retry.deadline`.
+    case deadline
+    /// The request's method is not in `retry.methods`.
+    case method
+    /// The request body outgrew `retry.buffer_limit` (or is not read whole yet): it cannot be
+    /// sent again.
+    case bufferLimit = "buffer_limit"
+}
+
 
 /// Why a try failed, as retriers see it.
 public enum TryFailure: Sendable, Equatable {

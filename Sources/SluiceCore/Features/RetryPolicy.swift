@@ -101,9 +101,9 @@ public struct RetryPolicy: RequestRetrier, Equatable {
 
     public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                       completion: @escaping (RetryResult) -> Void) {
-        guard isRetryable(failure) else { return completion(.doNotRetryWithError("not retryable")) }
-        guard methods.contains(request.method) else { return completion(.doNotRetryWithError("method")) }
-        guard attempt < limit else { return completion(.doNotRetryWithError("limit")) }
+        guard isRetryable(failure) else { return completion(.doNotRetry) }
+        guard methods.contains(request.method) else { return completion(.doNotRetryWithError(.method)) }
+        guard attempt < limit else { return completion(.doNotRetryWithError(.limit)) }
         if retryAfter, case .status(let code, let after?) = failure, code == 429 || code == 503 {
             return completion(.retryWithDelay(milliseconds: min(after, maxDelay)))
         }

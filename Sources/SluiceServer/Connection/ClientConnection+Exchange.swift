@@ -185,7 +185,7 @@ extension ClientConnection {
         }
         guard let perTry = perTryTimeout(exchange) else {
             transfer.cancel()
-            respondError(.upstreamTimeout(host: request.target.authority, phase: "retry deadline passed"))
+            respondError(.upstreamTimeout(host: request.target.authority, phase: .retryDeadlinePassed))
             return
         }
         transfer.start(perTryTimeout: perTry)

@@ -92,21 +92,21 @@ extension ClientConnection {
         case .retry?: delay = 0
         case .retryWithDelay(let ms)?: delay = ms
         case .doNotRetryWithError(let why)?:
-            if why != "not retryable" { stopRetrying(exchange, why) }
+            stopRetrying(exchange, why)
             return false
         case .doNotRetry?, nil:
             return false
         }
         if head.hasBody && !exchange.body.canReplay(clientBodyDone: requestBodyDone) {
-            stopRetrying(exchange, "buffer_limit")
+            stopRetrying(exchange, .bufferLimit)
             return false
         }
         if let deadline = policy.retryPolicy?.deadline, exchange.elapsedMilliseconds + delay >= deadline {
-            stopRetrying(exchange, "deadline")
+            stopRetrying(exchange, .deadline)
             return false
         }
         if let budgets = policy.retryBudgets, !budgets.budget(for: exchange.target.host).tryAcquireRetry() {
-            stopRetrying(exchange, "budget")
+            stopRetrying(exchange, .budget)
             return false
         }
         exchange.retryCount += 1
@@ -117,7 +117,7 @@ extension ClientConnection {
         return true
     }
 
-    private func stopRetrying(_ exchange: Exchange, _ why: String) {
+    private func stopRetrying(_ exchange: Exchange, _ why: RetryStopReason) {
         exchange.summary.retryStopped = why
         exchange.monitor?.handle(.retryStopped(id: exchange.id, reason: why))
     }
