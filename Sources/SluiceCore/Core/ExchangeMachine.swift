@@ -16,19 +16,22 @@
 /// budget (`RetryBudgets`, process-wide behind a lock), which it reads at the clock's time.
 ///
 /// ```
-///  received ─prepare─┬─────────────────────────────────────────────► startingTry
-///                    └─► adapting ─adapted─────────────────────────► startingTry
-///                         │    ▲ (retry: true after a backoff)          │ tryStarting
-///          adaptationSuspended │                                       ▼
-///                         ▼    │ adapted              tryFailed ┌───── trying
-///                  awaitingCredential                 (retry)   │        │ responseHead
-///                                                               │        ├─ pass / validation failed, no retry ─► streaming
-///  backingOff ◄──────────────────────────────────────────────────┘        ├─ retry ──► drainingDiscarded ─discardedDrained─► backingOff
-///     │ retryTimerFired                                                  └─ 3xx to follow ─► checkingRedirect
-///     └─► adapting (retry) or startingTry (.buildRetry)                        redirectTarget(usable) ─► drainingRedirect ─tryStarting─► trying
-///                                                                              redirectTarget(unusable) ─► streaming
-///  tryFailed without a retry, an adapter's failure, the deadline before a try ─► failing
-///  any state ─ended─► done (the `.finished` event, once)
+///  received
+///     │ prepare
+///     ├────────────────────────────────► startingTry ◄─────────────────────────────┐
+///     └─► adapting ──adapted───────────►     │ tryStarting                          │ retryTimerFired
+///          │    ▲                            ▼                                      │ (no adapters)
+///  suspended    │ adapted                 trying ──tryFailed──┬─ retry ──► backingOff ──retryTimerFired──► adapting (retry)
+///          ▼    │                            │                └─ no retry ─► failing
+///   awaitingCredential                       │ responseHead
+///                                            ├─ pass (or failed validation, not retried) ─► streaming ─ended(.ok)─► done
+///                                            ├─ retry ─► drainingDiscarded ─discardedDrained─► backingOff
+///                                            └─ 3xx to follow ─► checkingRedirect ─redirectTarget─┬─ usable ─► drainingRedirect
+///                                                                                                 │    ─tryStarting─► trying
+///                                                                                                 └─ not ─► streaming
+///  an adapter failed, the retry deadline passed at tryStarting ─► failing ─ended(.error)─► done
+///  any state ─ended─► done: `.finished` is reported once (`.ended(.clientAborted)`: the client
+///  went away, so a later timer or try event does nothing)
 /// ```
 ///
 /// Every `handle` returns at most `Actions.capacity` actions, in order: `.report`s first, then
@@ -39,45 +42,6 @@ public struct ExchangeMachine {
     /// the request as sent in `.tryStarted` (a monitor's `wantsRequestDetails`).
     public enum Monitoring: Sendable, Equatable {
         case none, events, detailedEvents
-    }
-
-    /// Where a try goes, as the I/O parsed it (`RequestTarget`).
-    public struct Target: Sendable, Equatable {
-        /// As written in the URL, without brackets for an IPv6 literal.
-        public var host: String
-        public var port: Int
-        public var url: String
-        public init(host: String, port: Int, url: String) {
-            self.host = host
-            self.port = port
-            self.url = url
-        }
-        /// `host:port`, an IPv6 literal in brackets (as error messages print it).
-        public var authority: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
-    }
-
-    /// A try's final response head, with the fields the machine asked for
-    /// (`responseFields(for:)`); a field not asked for may be left nil.
-    public struct ResponseHead: Sendable, Equatable {
-        public var status: Int
-        public var retryAfter: String?
-        public var contentType: String?
-        public var location: String?
-        public init(status: Int, retryAfter: String? = nil, contentType: String? = nil, location: String? = nil) {
-            self.status = status
-            self.retryAfter = retryAfter
-            self.contentType = contentType
-            self.location = location
-        }
-    }
-
-    /// The response fields a decision about a status needs.
-    public struct ResponseFields: OptionSet, Sendable {
-        public let rawValue: UInt8
-        public init(rawValue: UInt8) { self.rawValue = rawValue }
-        public static let retryAfter = ResponseFields(rawValue: 1)
-        public static let contentType = ResponseFields(rawValue: 2)
-        public static let location = ResponseFields(rawValue: 4)
     }
 
     public enum State {
@@ -173,45 +137,6 @@ public struct ExchangeMachine {
 
         public var isReport: Bool {
             if case .report = self { return true } else { return false }
-        }
-    }
-
-    /// What one event asks for, in order; a fixed-size value (no allocation).
-    public struct Actions: RandomAccessCollection {
-        public static let capacity = 4
-        private var storage: (Action?, Action?, Action?, Action?) = (nil, nil, nil, nil)
-        public private(set) var endIndex = 0
-        public var startIndex: Int { 0 }
-
-        public init() {}
-
-        init(_ action: Action) { append(action) }
-
-        public subscript(position: Int) -> Action {
-            precondition(position >= 0 && position < endIndex, "action index out of range")
-            switch position {
-            case 0: return storage.0!
-            case 1: return storage.1!
-            case 2: return storage.2!
-            default: return storage.3!
-            }
-        }
-
-        mutating func append(_ action: Action) {
-            switch endIndex {
-            case 0: storage.0 = action
-            case 1: storage.1 = action
-            case 2: storage.2 = action
-            case 3: storage.3 = action
-            default: preconditionFailure("more than \(Self.capacity) actions for one event")
-            }
-            endIndex += 1
-        }
-
-        /// The action other than a report, if any (it comes after the reports).
-        public var command: Action? {
-            guard let last, !last.isReport else { return nil }
-            return last
         }
     }
 
