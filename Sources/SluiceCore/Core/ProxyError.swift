@@ -24,7 +24,7 @@ public enum ProxyError: Error, Sendable, Equatable {
     case tlsFailure(host: String, reason: String)
     /// The origin's certificate failed the host's trust evaluator; nothing was sent to it.
     case trustFailure(host: String, evaluator: String, reason: String)
-    case upstreamTimeout(host: String, phase: String)
+    case upstreamTimeout(host: String, phase: TimeoutPhase)
     case upstreamProtocol(host: String, reason: String)
     /// A request adapter refused the request; nothing was sent upstream.
     case adapterFailed(name: String, reason: String)
@@ -84,11 +84,27 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .tlsFailure(let host, let reason): return "TLS failure with upstream \(host): \(reason)"
         case .trustFailure(let host, let evaluator, let reason):
             return "TLS trust evaluation failed for upstream \(host) (evaluator: \(evaluator)): \(reason)"
-        case .upstreamTimeout(let host, let phase): return "upstream \(host) timed out (\(phase))"
+        case .upstreamTimeout(let host, let phase): return "upstream \(host) timed out (\(phase.rawValue))"
         case .upstreamProtocol(let host, let reason): return "upstream \(host) failed: \(reason)"
         case .adapterFailed(let name, let reason): return "adapter \(name) failed: \(reason)"
         case .notOriginForm:
             return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"
         }
     }
+}
+
+/// Which wait ran out in a `504` (`ProxyError.upstreamTimeout`). The raw value is the text in
+/// parentheses of the error body and the access log's `error` (`upstream HOST timed out (PHASE)`).
+public enum TimeoutPhase: String, Sendable, CaseIterable {
+    /// Connecting to the origin (`timeouts.upstream_connect`), or a CONNECT tunnel's dial.
+    case connect
+    /// libcurl's total timeout (`timeouts.total`) ran out after the connection was made.
+    case transfer
+    /// The per-try timeout: no response head within `retry.per_try_timeout` (or
+    /// `timeouts.upstream_per_try`) of the try's start.
+    case noResponseHead = "no response head in time"
+    /// `retry.deadline` had passed when the next try was due.
+    case retryDeadlinePassed = "retry deadline passed"
+    /// An `oauth2` token endpoint did not answer in time.
+    case tokenRequest = "token request"
 }

@@ -73,7 +73,7 @@ public final class AccessLogMonitor: LogMonitor {
                 "{\"attempt\":\($0.attempt),\"delay_ms\":\($0.delayMilliseconds),\"reason\":\(JSONLine.quoted($0.reason))}"
             }.joined(separator: ",") + "]")
         }
-        if let stopped = s.retryStopped { json.field("retry_stopped", stopped) } else { json.raw("retry_stopped", "null") }
+        if let stopped = s.retryStopped { json.field("retry_stopped", stopped.rawValue) } else { json.raw("retry_stopped", "null") }
         if let validation = s.validation { json.field("validation", validation) } else { json.raw("validation", "null") }
         if let failure = s.trustFailure {
             json.raw("trust_failure", "{\"evaluator\":\(JSONLine.quoted(failure.evaluator)),\"reason\":\(JSONLine.quoted(failure.reason))}")

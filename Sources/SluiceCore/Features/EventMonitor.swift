@@ -39,7 +39,7 @@ public struct ExchangeSummary: Sendable {
     /// Every retry scheduled, in order.
     public var retries: [RetryRecord] = []
     /// Why a retriable failure was not retried (`limit`, `budget`, `deadline`, `method`, `buffer_limit`).
-    public var retryStopped: String?
+    public var retryStopped: RetryStopReason?
     /// The last validation failure, if any.
     public var validation: String?
     /// The trust evaluator that refused the origin's certificate, and why.
@@ -90,7 +90,7 @@ public enum ProxyEvent: Sendable {
     /// A try failed (or failed validation) and another is scheduled after a delay.
     case retrying(id: UInt64, record: RetryRecord)
     /// A retriable failure will not be retried; `reason` says why (`limit`, `budget`, …).
-    case retryStopped(id: UInt64, reason: String)
+    case retryStopped(id: UInt64, reason: RetryStopReason)
     /// A credential (an OAuth token) was fetched or refreshed; `source` names the token URL.
     case credentialRefreshed(source: String)
     case credentialRefreshFailed(source: String, reason: String)

@@ -59,8 +59,27 @@ extension RequestAdapter {
 public enum RetryResult: Sendable, Equatable {
     case retry
     case retryWithDelay(milliseconds: Int)
+    /// Not a failure this retrier retries: the next retrier is asked.
     case doNotRetry
-    case doNotRetryWithError(String)
+    /// A failure this retrier would retry, but not this time; `reason` is what the access log's
+    /// `retry_stopped` and `.retryStopped` say.
+    case doNotRetryWithError(RetryStopReason)
+}
+
+/// Why a retriable failure was not retried. The raw value is the access log's `retry_stopped`
+/// (docs/configuration.md, "Retry events in the access log").
+public enum RetryStopReason: String, Sendable, CaseIterable {
+    /// `retry.limit` retries were made already.
+    case limit
+    /// The host's retry budget for the current second is spent.
+    case budget
+    /// The retry's delay would end at or past `retry.deadline`.
+    case deadline
+    /// The request's method is not in `retry.methods`.
+    case method
+    /// The request body outgrew `retry.buffer_limit` (or is not read whole yet): it cannot be
+    /// sent again.
+    case bufferLimit = "buffer_limit"
 }
 
 /// Why a try failed, as retriers see it.
@@ -91,10 +110,25 @@ public enum TransportErrorKind: String, Sendable, CaseIterable {
 
 /// Decides whether a failed try is tried again (Alamofire's `RequestRetrier`). `attempt` is
 /// the number of retries already made (0 after the first try).
+///
+/// Like `adapt`, `retry` runs on the request's worker thread; the engine acts on an answer
+/// given synchronously (an answer that comes later counts as `.doNotRetry`).
 public protocol RequestRetrier: Sendable {
     var name: String { get }
     func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                completion: @escaping (RetryResult) -> Void)
+    /// The form the engine calls: with the exchange's random source, for retriers that draw
+    /// random numbers (backoff jitter), so that a test can make them deterministic. By default
+    /// it calls the plain form.
+    func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+               using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void)
+}
+
+extension RequestRetrier {
+    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+                      using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void) {
+        retry(request, dueTo: failure, attempt: attempt, completion: completion)
+    }
 }
 
 /// Both roles in one value (Alamofire's `RequestInterceptor`); either half may be a no-op.
@@ -160,6 +194,33 @@ public struct Interceptor: RequestInterceptor {
     public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                       completion: @escaping (RetryResult) -> Void) {
         retry(request, dueTo: failure, attempt: attempt, from: retriers[...], completion: completion)
+    }
+
+    /// The same order rule, handing `random` to each retrier asked while they answer
+    /// synchronously; past a retrier that answers later, the chain goes on in the plain form.
+    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+                      using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void) {
+        var pending = retriers[...]
+        while let next = pending.first {
+            pending = pending.dropFirst()
+            var answer: RetryResult?
+            var waiting = false
+            let rest = pending
+            next.retry(request, dueTo: failure, attempt: attempt, using: &random) { result in
+                guard waiting else { return answer = result }
+                if result == .doNotRetry {
+                    self.retry(request, dueTo: failure, attempt: attempt, from: rest, completion: completion)
+                } else {
+                    completion(result)
+                }
+            }
+            guard let answer else {
+                waiting = true
+                return
+            }
+            if answer != .doNotRetry { return completion(answer) }
+        }
+        completion(.doNotRetry)
     }
 
     private func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,

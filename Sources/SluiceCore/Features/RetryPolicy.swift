@@ -5,7 +5,7 @@ import Synchronization
 
 /// The `retry` policy (Alamofire's `RetryPolicy`): exponential backoff with a cap and
 /// optional jitter, idempotent methods, retryable statuses and transport failures, and
-/// `Retry-After`. Deadline, budget and body buffering are enforced by the engine, which
+/// `Retry-After`. Deadline, budget and body buffering are enforced by `ExchangeMachine`, which
 /// knows time, traffic and the body; their settings live here so one YAML section holds all.
 public struct RetryPolicy: RequestRetrier, Equatable {
     public enum Jitter: String, Sendable {
@@ -101,17 +101,32 @@ public struct RetryPolicy: RequestRetrier, Equatable {
 
     public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
                       completion: @escaping (RetryResult) -> Void) {
-        guard isRetryable(failure) else { return completion(.doNotRetryWithError("not retryable")) }
-        guard methods.contains(request.method) else { return completion(.doNotRetryWithError("method")) }
-        guard attempt < limit else { return completion(.doNotRetryWithError("limit")) }
+        var random = SystemRandomNumberGenerator()
+        completion(decision(method: request.method, failure: failure, attempt: attempt, using: &random))
+    }
+
+    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+                      using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void) {
+        completion(decision(method: request.method, failure: failure, attempt: attempt, using: &random))
+    }
+
+    /// The policy's answer for retry number `attempt` (0-based) of a `method` request that
+    /// failed with `failure`: `.doNotRetry` for a failure it does not retry, a stop reason for
+    /// one it does (`method`, `limit`), else the delay: `Retry-After` on 429 and 503 when
+    /// honoured, else the backoff with jitter drawn from `random`; capped by `maxDelay`.
+    public func decision<Random: RandomNumberGenerator>(method: String, failure: TryFailure, attempt: Int,
+                                                        using random: inout Random) -> RetryResult {
+        guard isRetryable(failure) else { return .doNotRetry }
+        guard methods.contains(method) else { return .doNotRetryWithError(.method) }
+        guard attempt < limit else { return .doNotRetryWithError(.limit) }
         if retryAfter, case .status(let code, let after?) = failure, code == 429 || code == 503 {
-            return completion(.retryWithDelay(milliseconds: min(after, maxDelay)))
+            return .retryWithDelay(milliseconds: min(after, maxDelay))
         }
         let delay = backoff(attempt: attempt)
         switch jitter {
-        case .none: completion(.retryWithDelay(milliseconds: delay))
-        case .full: completion(.retryWithDelay(milliseconds: Int.random(in: 0...max(0, delay))))
-        case .equal: completion(.retryWithDelay(milliseconds: delay / 2 + Int.random(in: 0...max(0, delay / 2))))
+        case .none: return .retryWithDelay(milliseconds: delay)
+        case .full: return .retryWithDelay(milliseconds: Int.random(in: 0...max(0, delay), using: &random))
+        case .equal: return .retryWithDelay(milliseconds: delay / 2 + Int.random(in: 0...max(0, delay / 2), using: &random))
         }
     }
 }
@@ -160,21 +175,21 @@ public final class RetryBudget: Sendable {
 
     public init(limits: Limits) { self.limits = limits }
 
-    private static func nowSecond() -> Int { MonotonicClock.milliseconds() / 1000 }
-
-    public func recordRequest() {
-        let now = Self.nowSecond()
+    /// Counts a request started at `now` (ms on the monotonic clock).
+    public func recordRequest(now: Int = MonotonicClock.milliseconds()) {
+        let second = now / 1000
         window.withLock { w in
-            if w.second != now { w = Window(second: now) }
+            if w.second != second { w = Window(second: second) }
             w.requests += 1
         }
     }
 
-    /// Takes one retry from the budget; false when the budget is spent.
-    public func tryAcquireRetry() -> Bool {
-        let now = Self.nowSecond()
+    /// Takes one retry from the budget at `now` (ms on the monotonic clock); false when the
+    /// budget is spent.
+    public func tryAcquireRetry(now: Int = MonotonicClock.milliseconds()) -> Bool {
+        let second = now / 1000
         return window.withLock { w in
-            if w.second != now { w = Window(second: now) }
+            if w.second != second { w = Window(second: second) }
             let allowed = max(limits.minPerSecond, Int(limits.ratio * Double(w.requests)))
             guard w.retries < allowed else { return false }
             w.retries += 1

@@ -6,8 +6,9 @@ import CLibEvent
 import SluiceCore
 
 /// A request's way from its parsed head to an upstream try: the exchange and its policy
-/// (with any `upstream:` override), the adapters (or their header-edit plan), the request
-/// for the session core, and each try's TLS settings.
+/// (with any `upstream:` override), the adapters, the request for the session core, and each
+/// try's TLS settings. What happens when is the exchange's `ExchangeMachine`'s to decide;
+/// `feed` hands it an event and performs what it answers.
 extension ClientConnection {
     /// Creates the exchange: matches the policy and reports the request to the monitors.
     func beginExchange(_ head: HTTPRequestHead, _ target: RequestTarget) throws(ProxyError) -> Exchange {
@@ -29,13 +30,53 @@ extension ClientConnection {
             }
         }
         let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
-        let exchange = Exchange(id: id, pipeline: pipeline, policy: policy, summary: summary, target: target,
-                                body: RequestBodyReader(encoders: [], replayLimit: head.hasBody ? Self.replayLimit(policy) : 0))
+        let monitoring: ExchangeMachine.Monitoring = pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
+        let machine = ExchangeMachine(summary: summary, policy: policy, target: .init(target),
+                                      defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry, monitoring: monitoring)
+        let replayLimit = head.hasBody ? ExchangeMachine.replayLimit(for: policy) : 0
+        let exchange = Exchange(pipeline: pipeline, machine: machine, target: target,
+                                body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
         exchange.hostHeader = hostHeader
-        policy.retryBudgets?.budget(for: target.host).recordRequest()
         self.exchange = exchange
-        pipeline.monitor?.handle(.requestReceived(id: id, client: peer, method: method, url: url, policy: policy.name))
+        exchange.report(exchange.machine.handle(.received))
         return exchange
+    }
+
+    /// Hands `event` to the exchange's machine, then performs its answer: the reports go to
+    /// the monitors, then the command runs. (Commands that answer an event fed elsewhere —
+    /// a try's start, a response head's disposition — are performed where it is fed.)
+    func feed(_ event: ExchangeMachine.Event, _ exchange: Exchange) {
+        let actions = exchange.machine.handle(event)
+        exchange.report(actions)
+        guard let command = actions.command else { return }
+        switch command {
+        case .adapt(let request):
+            adapt(request, exchange)
+        case .forward(let edits):
+            guard let head = currentHead else { return }
+            if let edits { exchange.headerEdits = edits }
+            startWhenReady(head, exchange)
+        case .buildRetry:
+            guard let head = currentHead else { return }
+            if head.hasBody { exchange.body.rewindForReplay() }
+            do {
+                startTry(try upstreamRequest(head, exchange), exchange)
+            } catch {
+                respondError(error)
+            }
+        case .scheduleRetry(let delay):
+            startRetryTimer(delay)
+        case .fail(let error):
+            respondError(error)
+        case .report, .beginTry, .sendResponse, .discardResponse, .checkRedirect, .followRedirect:
+            assertionFailure("\(command) is performed where its event is fed")
+        }
+    }
+
+    /// Whether the request body could be sent again right now: there is none, or all of it
+    /// was read and kept.
+    func canResendBody(_ exchange: Exchange) -> Bool {
+        !(currentHead?.hasBody ?? false) || exchange.body.canReplay(clientBodyDone: requestBodyDone)
     }
 
     static func bodyMode(_ head: HTTPRequestHead) -> ProxyRequest.Body {
@@ -46,40 +87,28 @@ extension ClientConnection {
         }
     }
 
-    /// Runs the policy's adapters (when it has any, or when monitors or redirects need the
-    /// request model), then starts forwarding.
+    /// Runs the pipeline: the machine says whether the adapters run (on a request model
+    /// built here only when it needs one) or the request goes out as it came.
     func prepare(_ head: HTTPRequestHead, _ exchange: Exchange) {
-        let policy = exchange.policy
-        let needsModel = !policy.adapters.isEmpty || policy.redirector.follows
-            || exchange.monitor?.wantsRequestDetails == true
-        guard needsModel else { return startWhenReady(head, exchange) }
-        if let plan = policy.headerEditPlan, !policy.redirector.follows, exchange.monitor?.wantsRequestDetails != true {
-            // Adapters that only edit header fields: applied as the header list is built.
-            exchange.headerEdits = plan
-            exchange.monitor?.handle(.requestAdapted(id: exchange.id, adapters: policy.adapterNames))
-            return startWhenReady(head, exchange)
-        }
-        let model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
+        var model: ProxyRequest?
+        if exchange.machine.needsRequestModel {
+            model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
                                  headerFields: ForwardedHeaders.forwardedFields(of: head), body: Self.bodyMode(head))
-        if policy.adapters.isEmpty {
-            exchange.model = model
-            return startWhenReady(head, exchange)
         }
-        exchange.originalModel = model
+        feed(.prepare(model: model), exchange)
+    }
+
+    /// Runs the policy's adapters on `request`; an adapter that must wait (a token fetch)
+    /// answers later on this thread, while the connection holds its input.
+    private func adapt(_ request: ProxyRequest, _ exchange: Exchange) {
         state = .adapting
-        policy.interceptor.adapt(model, for: worker.sessionContext) { [weak self] result in
+        exchange.policy.interceptor.adapt(request, for: worker.sessionContext) { [weak self] result in
             guard let self, self.exchange === exchange, case .adapting = self.state else { return }
-            switch result {
-            case .success(let adapted):
-                exchange.model = adapted
-                exchange.monitor?.handle(.requestAdapted(id: exchange.id, adapters: policy.adapters.map(\.adapter.name)))
-                self.state = .awaitingHead
-                self.startWhenReady(head, exchange)
-            case .failure(let error):
-                exchange.monitor?.handle(.adaptationFailed(id: exchange.id, error: error))
-                self.state = .awaitingHead
-                self.respondError(.adapterFailed(name: error.adapter, reason: error.reason))
-            }
+            self.state = .awaitingHead
+            self.feed(.adapted(result), exchange)
+        }
+        if self.exchange === exchange, case .adapting = exchange.machine.state {
+            exchange.report(exchange.machine.handle(.adaptationSuspended))
         }
     }
 
@@ -148,7 +177,7 @@ extension ClientConnection {
             exchange.body.setEncoders(model.bodyEncoders.map { $0.makeEncoder() })
         }
         sendContinueIfExpected(head)
-        if shouldBufferWholeBody(head, exchange) {
+        if case .length(let n) = head.framing, exchange.machine.readsBodyWhole(length: n) {
             curl_slist_free_all(request.headers)
             continueBuffering(head, exchange)
             return
@@ -156,6 +185,8 @@ extension ClientConnection {
         startTry(request, exchange)
     }
 
+    /// Starts a try of `request` when its host's trust allows it and the machine agrees
+    /// (the retry deadline has not passed).
     func startTry(_ request: UpstreamRequest, _ exchange: Exchange) {
         var request = request
         exchange.target = request.target
@@ -175,19 +206,17 @@ extension ClientConnection {
         if let host = exchange.hostHeader, request.target == host.target {
             request.headers = curl_slist_append(request.headers, "Host: \(host.value)")
         }
-        exchange.summary.attempts += 1
+        let actions = exchange.machine.handle(.tryStarting(.init(request.target)))
+        exchange.report(actions)
+        guard case .beginTry(let perTryTimeout)? = actions.command else {
+            curl_slist_free_all(request.headers)
+            if case .fail(let error)? = actions.command { respondError(error) }
+            return
+        }
         let transfer = UpstreamTransfer(session: worker.session, delegate: self, request: request,
                                         clientMinorVersion: currentHead?.minorVersion ?? 1,
                                         config: worker.config, viaLine: worker.viaLine)
         state = .forwarding(transfer)
-        if let monitor = exchange.monitor, let model = request.model {
-            monitor.handle(.tryStarted(id: exchange.id, attempt: exchange.summary.attempts, request: model))
-        }
-        guard let perTry = perTryTimeout(exchange) else {
-            transfer.cancel()
-            respondError(.upstreamTimeout(host: request.target.authority, phase: "retry deadline passed"))
-            return
-        }
-        transfer.start(perTryTimeout: perTry)
+        transfer.start(perTryTimeout: perTryTimeout)
     }
 }

@@ -6,8 +6,8 @@ import CLibEvent
 import SluiceCore
 
 /// The client side of a forwarded exchange, as its `UpstreamTransfer` sees it: the request
-/// body read on curl's demand, the response's progress, and how the exchange ends.
-/// Redirects, retries and auth challenges are in `ClientConnection+Resilience.swift`.
+/// body read on curl's demand, the response's progress, and how the try ends — each handed to
+/// the exchange's `ExchangeMachine`, whose answers (send, retry, follow, fail) are performed here.
 extension ClientConnection {
     /// A response that starts before the request body was read to its end promises to close:
     /// the rest of that body cannot be told apart from a next request without reading it.
@@ -17,7 +17,7 @@ extension ClientConnection {
         guard let exchange else { return 0 }
         return try exchange.body.read(into: buffer, capacity: capacity) { (dest, max) throws(ProxyError) -> Int? in
             let n = try self.readClientBody(into: dest, capacity: max)
-            if let n { exchange.summary.bytesIn += Int64(n) }
+            if let n { _ = exchange.machine.handle(.requestBodyRead(bytes: n)) }
             return n
         }
     }
@@ -51,25 +51,67 @@ extension ClientConnection {
     func responseStarted(status: Int) {
         scheduleFlush()
         guard let exchange else { return }
-        exchange.summary.status = status
-        exchange.monitor?.handle(.responseReceived(id: exchange.id, attempt: exchange.summary.attempts, status: status))
+        exchange.report(exchange.machine.handle(.responseHeadSent(status: status)))
     }
 
     func responseBodySent(bytes: Int) {
         scheduleFlush()
-        exchange?.summary.bytesOut += Int64(bytes)
+        _ = exchange?.machine.handle(.responseBodySent(bytes: bytes))
     }
 
     func tryEnded(timings: TryTimings) {
         guard let exchange else { return }
-        exchange.summary.timings = timings
-        exchange.monitor?.handle(.metricsCollected(id: exchange.id, attempt: exchange.summary.attempts, timings: timings))
+        exchange.report(exchange.machine.handle(.tryEnded(timings)))
+    }
+
+    /// Sends the head (the plain path), drains it for a retry, or follows a redirect, as the
+    /// machine decides; the machine asks only for the fields its decision needs.
+    func disposition(of response: UpstreamResponseHead) -> UpstreamTransfer.Disposition {
+        guard let exchange else { return .send }
+        let fields = exchange.machine.responseFields(for: response.status)
+        let head = ExchangeMachine.ResponseHead(
+            status: response.status,
+            retryAfter: fields.contains(.retryAfter) ? response.value("retry-after") : nil,
+            contentType: fields.contains(.contentType) ? response.value("content-type") : nil,
+            location: fields.contains(.location) ? response.value("location") : nil)
+        let actions = exchange.machine.handle(.responseHead(head, canResendBody: canResendBody(exchange)))
+        exchange.report(actions)
+        switch actions.command {
+        case .discardResponse?: return .discard
+        case .checkRedirect(let next)?: return follow(next, exchange)
+        default: return .send
+        }
+    }
+
+    /// The request for a redirect the machine follows, or `.send` when its target cannot be
+    /// requested (the 3xx goes to the client).
+    private func follow(_ next: ProxyRequest, _ exchange: Exchange) -> UpstreamTransfer.Disposition {
+        guard var request = try? upstreamRequest(for: next) else {
+            exchange.report(exchange.machine.handle(.redirectTarget(usable: false)))
+            return .send
+        }
+        let actions = exchange.machine.handle(.redirectTarget(usable: true))
+        exchange.report(actions)
+        if case .followRedirect(keepCredentials: true)? = actions.command { request.credentials = exchange.policy.credentials }
+        return .redirect(request)
     }
 
     func transferRedirected(to next: UpstreamRequest) {
         guard let exchange else { return curl_slist_free_all(next.headers) }
         if next.body != .none { exchange.body.rewindForReplay() }
         startTry(next, exchange)
+    }
+
+    func transferDiscarded() {
+        guard let exchange else { return }
+        state = .awaitingHead
+        feed(.discardedDrained, exchange)
+    }
+
+    func rewindRequestBody() -> Bool {
+        guard let exchange, exchange.body.canReplay(clientBodyDone: requestBodyDone) else { return false }
+        exchange.body.rewindForReplay()
+        return true
     }
 
     func transferFinished(reusable: Bool) {
@@ -84,15 +126,8 @@ extension ClientConnection {
 
     func transferFailed(_ error: ProxyError, kind: TransportErrorKind) {
         state = .awaitingHead
-        if case .trustFailure(let host, let evaluator, let reason) = error, let exchange {
-            exchange.summary.trustFailure = (evaluator, reason)
-            exchange.monitor?.handle(.trustFailed(id: exchange.id, host: host, evaluator: evaluator, reason: reason))
-        }
-        if let exchange, decideRetry(.transport(kind, error), exchange) {
-            startRetryTimer(exchange)
-            return
-        }
-        respondError(error)
+        guard let exchange else { return respondError(error) }
+        feed(.tryFailed(error, kind: kind, canResendBody: canResendBody(exchange)), exchange)
     }
 
     func transferAborted() {

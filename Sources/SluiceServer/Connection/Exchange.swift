@@ -1,58 +1,61 @@
 import SluiceCore
 
-/// The pipeline state of one client request, across its upstream tries and redirect hops.
+/// One client request across its upstream tries and redirect hops: the I/O's side of it
+/// (the pipeline snapshot, where the tries go, the request body) around its `ExchangeMachine`,
+/// which decides everything else and keeps the exchange's record.
 ///
 /// Holds the worker's pipeline as it was when the request arrived, so a reload never changes
 /// a request midway. Owned by its `ClientConnection`, on the worker's thread.
 final class Exchange {
-    let id: UInt64
     let pipeline: WorkerPipeline
-    let policy: HostPolicy
-    /// The host `policy` was matched for.
+    /// The host the policy was matched for.
     let policyHost: String
     /// The `Host` the origin gets when an `upstream:` override changed the port (the client's),
     /// for tries to `target` only (not for a redirect elsewhere).
     var hostHeader: (value: String, target: RequestTarget)?
-    var summary: ExchangeSummary
-    /// The request as the pipeline sees it (built when adapters, monitors or redirects need it).
-    var model: ProxyRequest?
-    /// The request before adaptation: a retry adapts it again (a refreshed token).
-    var originalModel: ProxyRequest?
-    /// Set instead of `model` when the policy's adapters are all fixed header edits.
+    /// Set instead of a request model when the policy's adapters are all fixed header edits.
     var headerEdits: HeaderEditPlan?
-    var hops = 0
     let body: RequestBodyReader
-    /// The last upstream request sent, kept to derive a redirect's next request.
+    /// Where the current (or last) try goes.
     var target: RequestTarget
-    var ended = false
-    /// Retries made so far (0 during the first try).
-    var retryCount = 0
-    /// The delay of the retry just decided, for the timer that starts it.
-    var pendingRetryDelay = 0
-    private let startedAt = MonotonicClock.milliseconds()
+    var machine: ExchangeMachine
 
-    var elapsedMilliseconds: Int { MonotonicClock.milliseconds() - startedAt }
-
-    init(id: UInt64, pipeline: WorkerPipeline, policy: HostPolicy, summary: ExchangeSummary,
-         target: RequestTarget, body: RequestBodyReader) {
-        self.id = id
+    init(pipeline: WorkerPipeline, machine: ExchangeMachine, target: RequestTarget, body: RequestBodyReader) {
         self.pipeline = pipeline
-        self.policy = policy
+        self.machine = machine
         policyHost = target.host
-        self.summary = summary
         self.target = target
         self.body = body
     }
 
+    var id: UInt64 { machine.id }
+    var policy: HostPolicy { machine.policy }
     var monitor: (any EventMonitor)? { pipeline.monitor }
+    /// The request as the pipeline sees it, when one was built.
+    var model: ProxyRequest? { machine.model }
+    var ended: Bool { machine.isFinished }
+
+    /// The exchange's record (kept by the machine); tunnels add their counts here.
+    var summary: ExchangeSummary {
+        get { machine.summary }
+        _modify { yield &machine.summary }
+    }
 
     /// Sends `.finished` (once) with the outcome.
     func end(_ outcome: Outcome, error: String? = nil) {
-        guard !ended else { return }
-        ended = true
-        summary.outcome = outcome
-        if let error { summary.error = error }
-        monitor?.handle(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary))
+        report(machine.handle(.ended(outcome, error: error)))
+    }
+
+    /// Hands the machine's reports to the monitors.
+    func report(_ actions: ExchangeMachine.Actions) {
+        guard let monitor else { return }
+        for case .report(let event) in actions { monitor.handle(event) }
+    }
+}
+
+extension ExchangeMachine.Target {
+    init(_ target: RequestTarget) {
+        self.init(host: target.host, port: target.port, url: target.url)
     }
 }
 

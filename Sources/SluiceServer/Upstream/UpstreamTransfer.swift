@@ -237,7 +237,7 @@ final class UpstreamTransfer: CurlTransfer {
         let me = Unmanaged.passUnretained(self).toOpaque()
         tryTimer = event_new(session.base, -1, 0, { _, _, arg in
             let t = Unmanaged<UpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
-            t.fail(.upstreamTimeout(host: t.target.authority, phase: "no response head in time"))
+            t.fail(.upstreamTimeout(host: t.target.authority, phase: .noResponseHead))
         }, me)
         var tv = timeval(tv_sec: perTryTimeout / 1000, tv_usec: (perTryTimeout % 1000) * 1000)
         event_add(tryTimer, &tv)
@@ -387,7 +387,7 @@ final class UpstreamTransfer: CurlTransfer {
                 delegate.transferRedirected(to: next)
             } else {
                 curl_slist_free_all(next.headers)
-                delegate.transferFailed(pendingError ?? mapError(result), kind: .other)
+                delegate.transferFailed(pendingError ?? classify(result).error, kind: .other)
             }
             return
         }
@@ -409,28 +409,14 @@ final class UpstreamTransfer: CurlTransfer {
             delegate.transferFinished(reusable: reusable)
             return
         }
-        let error = pendingError ?? mapError(result)
+        let failure = pendingError.map { (error: $0, kind: TransportErrorKind.other) } ?? classify(result)
         if headSent {
-            Log.debug("upstream \(target.authority) failed mid-response: \(error.message)")
+            Log.debug("upstream \(target.authority) failed mid-response: \(failure.error.message)")
             cancel()
             delegate.transferAborted()
         } else {
-            var kind = pendingError == nil ? Self.kind(of: result, gotResponse: status != 0) : .other
-            if case .trustFailure = error { kind = .other }  // another try meets the same certificate
             cancel()
-            delegate.transferFailed(error, kind: kind)
-        }
-    }
-
-    /// Retry terms for a libcurl result (the mapping table is in docs/configuration.md).
-    static func kind(of code: CURLcode, gotResponse: Bool) -> TransportErrorKind {
-        switch code {
-        case CURLE_COULDNT_CONNECT: return .refused
-        case CURLE_COULDNT_RESOLVE_HOST: return .dns
-        case CURLE_OPERATION_TIMEDOUT: return .timeout
-        case CURLE_GOT_NOTHING, CURLE_SEND_ERROR, CURLE_RECV_ERROR: return gotResponse ? .other : .reset
-        case CURLE_SSL_CONNECT_ERROR: return .tls
-        default: return .other
+            delegate.transferFailed(failure.error, kind: failure.kind)
         }
     }
 
@@ -446,9 +432,9 @@ final class UpstreamTransfer: CurlTransfer {
         if sent { delegate.transferAborted() } else { delegate.transferFailed(error, kind: .timeout) }
     }
 
-    private func mapError(_ code: CURLcode) -> ProxyError {
-        CurlFailure.error(code, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
-                          host: target.host, authority: target.authority, purpose: .forward,
-                          trust: target.scheme == .https ? trust : nil)
+    private func classify(_ code: CURLcode) -> (error: ProxyError, kind: TransportErrorKind) {
+        CurlFailure.classify(code, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
+                             host: target.host, authority: target.authority, purpose: .forward,
+                             trust: target.scheme == .https ? trust : nil, gotResponse: status != 0)
     }
 }

@@ -1,0 +1,371 @@
+/// The life of one forwarded exchange as a value-type state machine: events in, actions out.
+///
+/// It holds every decision between a request head and the end of the exchange — whether the
+/// adapters run, when a try starts and for how long it may wait for a response head, what
+/// happens to that head (pass it on, retry, follow a redirect, fail validation), the retry
+/// rules (retriers in order, `Retry-After`, backoff and jitter, the body that must be
+/// replayable, the deadline, the per-host budget), and the exchange's record
+/// (`ExchangeSummary`) with the monitor events that describe it. The I/O around it
+/// (`ClientConnection`, `UpstreamTransfer`) reads sockets, runs libcurl and the adapters, and
+/// performs the actions; it knows the facts the machine cannot (the response's fields, whether
+/// the request body can be sent again right now) and passes them in with the events.
+///
+/// Threading: owned by its exchange, on the exchange's worker thread; not `Sendable`. The
+/// clock and the random source are injected (`ExchangeClock`, `RandomNumberGenerator`), so a
+/// test drives time and jitter by hand. The only state it shares is the policy's retry
+/// budget (`RetryBudgets`, process-wide behind a lock), which it reads at the clock's time.
+///
+/// ```
+///  received
+///     │ prepare
+///     ├────────────────────────────────► startingTry ◄─────────────────────────────┐
+///     └─► adapting ──adapted───────────►     │ tryStarting                          │ retryTimerFired
+///          │    ▲                            ▼                                      │ (no adapters)
+///  suspended    │ adapted                 trying ──tryFailed──┬─ retry ──► backingOff ──retryTimerFired──► adapting (retry)
+///          ▼    │                            │                └─ no retry ─► failing
+///   awaitingCredential                       │ responseHead
+///                                            ├─ pass (or failed validation, not retried) ─► streaming ─ended(.ok)─► done
+///                                            ├─ retry ─► drainingDiscarded ─discardedDrained─► backingOff
+///                                            └─ 3xx to follow ─► checkingRedirect ─redirectTarget─┬─ usable ─► drainingRedirect
+///                                                                                                 │    ─tryStarting─► trying
+///                                                                                                 └─ not ─► streaming
+///  an adapter failed, the retry deadline passed at tryStarting ─► failing ─ended(.error)─► done
+///  any state ─ended─► done: `.finished` is reported once (`.ended(.clientAborted)`: the client
+///  went away, so a later timer or try event does nothing)
+/// ```
+///
+/// Every `handle` returns at most `Actions.capacity` actions, in order: `.report`s first, then
+/// at most one command. Nothing on the path of a plain request allocates: the actions come
+/// back in a fixed-size value, and monitor events are built only when a monitor listens.
+public struct ExchangeMachine {
+    /// What the monitors want: nothing (no events are built), the events, or the events with
+    /// the request as sent in `.tryStarted` (a monitor's `wantsRequestDetails`).
+    public enum Monitoring: Sendable, Equatable {
+        case none, events, detailedEvents
+    }
+
+    public enum State {
+        /// The head arrived; the pipeline has not run yet.
+        case received
+        /// The adapters run on the request (`retry`: again before a retry, on the request as it
+        /// was before adaptation).
+        case adapting(retry: Bool)
+        /// An adapter waits for something before it answers (an OAuth token fetch).
+        case awaitingCredential(retry: Bool)
+        /// The I/O builds the next try: reads what the body needs (the first try), builds the
+        /// request, picks its TLS settings. It answers with `.tryStarting`.
+        case startingTry
+        /// A try is in flight; its final response head has not arrived.
+        case trying
+        /// The response goes to the client (head, then body): no retry is possible any more.
+        case streaming
+        /// A 3xx the policy follows, to `next`: the I/O checks the target can be requested.
+        case checkingRedirect(next: ProxyRequest, status: Int)
+        /// A followed 3xx's body is drained; the next try goes to `model`.
+        case drainingRedirect
+        /// A response that is retried is drained, never sent.
+        case drainingDiscarded
+        /// Waiting for the retry timer, due at `until` (monotonic ms).
+        case backingOff(until: Int)
+        /// Sluice answers the client with its own error; `.ended` follows.
+        case failing
+        /// The exchange ended (its `.finished` event was reported).
+        case done(Outcome)
+    }
+
+    public enum Event {
+        /// The request head arrived and matched the policy (every exchange, CONNECT included).
+        case received
+        /// The pipeline may run: `model` is the request as adapters see it, built by the I/O
+        /// when `needsRequestModel` (nil otherwise).
+        case prepare(model: ProxyRequest?)
+        /// The adapters answered.
+        case adapted(Result<ProxyRequest, AdaptationError>)
+        /// The adapters did not answer synchronously: one waits for a credential.
+        case adaptationSuspended
+        /// The I/O built the next try to `target` (its TLS trust allows it).
+        case tryStarting(Target)
+        /// The try's final response head arrived. `canResendBody`: the request has no body, or
+        /// all of it is kept for replay.
+        case responseHead(ResponseHead, canResendBody: Bool)
+        /// The answer to `.checkRedirect`: whether its target can be requested.
+        case redirectTarget(usable: Bool)
+        /// The response head reached the client's output.
+        case responseHeadSent(status: Int)
+        /// Request body bytes read from the client, and response body bytes sent to it.
+        case requestBodyRead(bytes: Int)
+        case responseBodySent(bytes: Int)
+        /// A try ended (any way); libcurl's timings.
+        case tryEnded(TryTimings)
+        /// The try failed before any response byte reached the client (or its TLS trust
+        /// refused the origin before it started).
+        case tryFailed(ProxyError, kind: TransportErrorKind, canResendBody: Bool)
+        /// The body of a response that is retried was drained.
+        case discardedDrained
+        /// The retry timer fired.
+        case retryTimerFired
+        /// The exchange is over: the response completed (`.ok`), an error was answered,
+        /// the upstream failed mid-body, the client went away (`.clientAborted`), a tunnel closed.
+        case ended(Outcome, error: String?)
+    }
+
+    public enum Action {
+        /// Hand `event` to the monitors.
+        case report(ProxyEvent)
+        /// Run the policy's adapters on `request`; answer with `.adapted`.
+        case adapt(ProxyRequest)
+        /// The request is ready: read or check what its body needs, build the first try
+        /// (applying `headerEdits` to the header list when given), then `.tryStarting`.
+        case forward(headerEdits: HeaderEditPlan?)
+        /// Build a retry of the current request (its body from the first byte), then `.tryStarting`.
+        case buildRetry
+        /// Start the try just built; `perTryTimeout` ms from its start to a response head.
+        case beginTry(perTryTimeout: Int)
+        /// Send the response head to the client, then its body.
+        case sendResponse
+        /// Drain the response without sending it, then `.discardedDrained`.
+        case discardResponse
+        /// Check that `next` can be requested; answer with `.redirectTarget`.
+        case checkRedirect(ProxyRequest)
+        /// Drain the 3xx, then start a try of the request just checked; `keepCredentials`:
+        /// the policy's `credentials` still apply (same host).
+        case followRedirect(keepCredentials: Bool)
+        /// Wait `after` ms, then `.retryTimerFired`.
+        case scheduleRetry(after: Int)
+        /// Answer the client with `error`; then `.ended`.
+        case fail(ProxyError)
+
+        public var isReport: Bool {
+            if case .report = self { return true } else { return false }
+        }
+    }
+
+    /// Request bodies up to this are kept to follow a 307/308 or answer an auth challenge
+    /// when the policy has no `retry.buffer_limit` (`1 MiB`).
+    public static let defaultReplayLimit = 1 << 20
+
+    /// How much of a request body the exchange keeps for sending again (0: none): the retry
+    /// policy's `buffer_limit`, else `defaultReplayLimit` when a redirect, a credentials
+    /// challenge or an OAuth refresh may resend it.
+    public static func replayLimit(for policy: HostPolicy) -> Int {
+        if let retry = policy.retryPolicy { return retry.bufferLimit }
+        let mayResend = policy.redirector.follows || policy.credentials != nil || !policy.refreshStatuses.isEmpty
+        return mayResend ? defaultReplayLimit : 0
+    }
+
+    public let policy: HostPolicy
+    public let monitoring: Monitoring
+    /// The per-try timeout of a policy without `retry.per_try_timeout` (`timeouts.upstream_per_try`).
+    public let defaultPerTryTimeout: Int
+    public internal(set) var state: State = .received
+    /// The exchange's record so far; the I/O reads it (and a tunnel adds its byte counts).
+    public var summary: ExchangeSummary
+    /// The request as the pipeline sees it, when one was built (adapters, redirects, monitors).
+    public internal(set) var model: ProxyRequest?
+    /// The request before adaptation: a retry adapts it again (a refreshed token).
+    private var originalModel: ProxyRequest?
+    /// Where the current (or last) try goes.
+    public private(set) var target: Target
+    /// The delay of the retry decided last.
+    var pendingDelay = 0
+    private let startedAt: Int
+    let clock: any ExchangeClock
+    /// Jitter's random numbers (the retriers draw from it).
+    var random: any RandomNumberGenerator
+
+    /// `summary` carries the exchange's id, client, method, URL and policy name; `target` is
+    /// where the first try goes (after an `upstream:` override).
+    public init(summary: ExchangeSummary, policy: HostPolicy, target: Target, defaultPerTryTimeout: Int,
+                monitoring: Monitoring, clock: any ExchangeClock = SystemClock(),
+                random: any RandomNumberGenerator = SystemRandomNumberGenerator()) {
+        self.summary = summary
+        self.policy = policy
+        self.target = target
+        self.defaultPerTryTimeout = defaultPerTryTimeout
+        self.monitoring = monitoring
+        self.clock = clock
+        self.random = random
+        startedAt = clock.monotonicMilliseconds()
+    }
+
+    public var id: UInt64 { summary.id }
+
+    /// Milliseconds since the exchange began.
+    public var elapsed: Int { clock.monotonicMilliseconds() - startedAt }
+
+    public var isFinished: Bool {
+        if case .done = state { return true } else { return false }
+    }
+
+    /// Whether `.prepare` needs the request model: adapters that are not all fixed header
+    /// edits, a redirect rule, or a monitor that reads requests. Building it costs allocations,
+    /// so the plain path goes without.
+    public var needsRequestModel: Bool {
+        let details = monitoring == .detailedEvents
+        guard !policy.adapters.isEmpty || policy.redirector.follows || details else { return false }
+        return !(policy.headerEditPlan != nil && !policy.redirector.follows && !details)
+    }
+
+    /// Whether a body of `length` bytes is read whole before the first try, so every try (and
+    /// an auth challenge's second round) can send it again: it fits the replay limit and the
+    /// policy may resend it.
+    public func readsBodyWhole(length: Int64) -> Bool {
+        guard length > 0, length <= Int64(Self.replayLimit(for: policy)) else { return false }
+        if let retry = policy.retryPolicy, retry.methods.contains(model?.method ?? summary.method) { return true }
+        return policy.credentials != nil || !policy.refreshStatuses.isEmpty || policy.redirector.follows
+    }
+
+    public mutating func handle(_ event: Event) -> Actions {
+        var actions = Actions()
+        switch event {
+        case .received:
+            policy.retryBudgets?.budget(for: target.host).recordRequest(now: clock.monotonicMilliseconds())
+            report(.requestReceived(id: id, client: summary.client, method: summary.method, url: summary.url,
+                                    policy: summary.policy), into: &actions)
+        case .prepare(let model):
+            prepare(model, into: &actions)
+        case .adapted(let result):
+            adapted(result, into: &actions)
+        case .adaptationSuspended:
+            if case .adapting(let retry) = state { state = .awaitingCredential(retry: retry) }
+        case .tryStarting(let target):
+            tryStarting(target, into: &actions)
+        case .responseHead(let head, let canResendBody):
+            guard case .trying = state else { break }
+            decide(head, canResendBody: canResendBody, into: &actions)
+        case .redirectTarget(let usable):
+            redirectTarget(usable: usable, into: &actions)
+        case .responseHeadSent(let status):
+            summary.status = status
+            report(.responseReceived(id: id, attempt: summary.attempts, status: status), into: &actions)
+        case .requestBodyRead(let bytes):
+            summary.bytesIn += Int64(bytes)
+        case .responseBodySent(let bytes):
+            summary.bytesOut += Int64(bytes)
+        case .tryEnded(let timings):
+            summary.timings = timings
+            report(.metricsCollected(id: id, attempt: summary.attempts, timings: timings), into: &actions)
+        case .tryFailed(let error, let kind, let canResendBody):
+            tryFailed(error, kind: kind, canResendBody: canResendBody, into: &actions)
+        case .discardedDrained:
+            guard case .drainingDiscarded = state else { break }
+            backOff(into: &actions)
+        case .retryTimerFired:
+            guard case .backingOff = state else { break }
+            if let originalModel {
+                // Like Alamofire, a retried request is adapted again (a refreshed token, a new stamp).
+                state = .adapting(retry: true)
+                actions.append(.adapt(originalModel))
+            } else {
+                state = .startingTry
+                actions.append(.buildRetry)
+            }
+        case .ended(let outcome, let error):
+            guard !isFinished else { break }
+            summary.outcome = outcome
+            if let error { summary.error = error }
+            state = .done(outcome)
+            report(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary), into: &actions)
+        }
+        return actions
+    }
+
+    // MARK: before the first try
+
+    private mutating func prepare(_ model: ProxyRequest?, into actions: inout Actions) {
+        guard case .received = state else { return }
+        guard let model else {
+            state = .startingTry
+            if let plan = policy.headerEditPlan, !policy.redirector.follows, monitoring != .detailedEvents {
+                // Adapters that only edit header fields: applied as the header list is built.
+                report(.requestAdapted(id: id, adapters: policy.adapterNames), into: &actions)
+                actions.append(.forward(headerEdits: plan))
+            } else {
+                actions.append(.forward(headerEdits: nil))
+            }
+            return
+        }
+        if policy.adapters.isEmpty {
+            self.model = model
+            state = .startingTry
+            actions.append(.forward(headerEdits: nil))
+            return
+        }
+        originalModel = model
+        state = .adapting(retry: false)
+        actions.append(.adapt(model))
+    }
+
+    private mutating func adapted(_ result: Result<ProxyRequest, AdaptationError>, into actions: inout Actions) {
+        let retry: Bool
+        switch state {
+        case .adapting(let r), .awaitingCredential(let r): retry = r
+        default: return
+        }
+        switch result {
+        case .success(let adapted):
+            model = adapted
+            state = .startingTry
+            if retry {
+                actions.append(.buildRetry)
+            } else {
+                report(.requestAdapted(id: id, adapters: policy.adapterNames), into: &actions)
+                actions.append(.forward(headerEdits: nil))
+            }
+        case .failure(let error):
+            state = .failing
+            report(.adaptationFailed(id: id, error: error), into: &actions)
+            actions.append(.fail(.adapterFailed(name: error.adapter, reason: error.reason)))
+        }
+    }
+
+    // MARK: tries
+
+    private mutating func tryStarting(_ target: Target, into actions: inout Actions) {
+        switch state {
+        case .startingTry, .drainingRedirect: break
+        default: return
+        }
+        self.target = target
+        guard let timeout = perTryTimeout() else {
+            state = .failing
+            actions.append(.fail(.upstreamTimeout(host: target.authority, phase: .retryDeadlinePassed)))
+            return
+        }
+        summary.attempts += 1
+        state = .trying
+        if monitoring != .none, let model {
+            actions.append(.report(.tryStarted(id: id, attempt: summary.attempts, request: model)))
+        }
+        actions.append(.beginTry(perTryTimeout: timeout))
+    }
+
+    private mutating func tryFailed(_ error: ProxyError, kind: TransportErrorKind, canResendBody: Bool,
+                                    into actions: inout Actions) {
+        switch state {
+        case .startingTry, .trying, .streaming, .checkingRedirect, .drainingRedirect, .drainingDiscarded: break
+        default: return
+        }
+        if case .trustFailure(let host, let evaluator, let reason) = error {
+            summary.trustFailure = (evaluator, reason)
+            report(.trustFailed(id: id, host: host, evaluator: evaluator, reason: reason), into: &actions)
+        }
+        if decideRetry(.transport(kind, error), canResendBody: canResendBody, into: &actions) {
+            backOff(into: &actions)
+        } else {
+            state = .failing
+            actions.append(.fail(error))
+        }
+    }
+
+    private mutating func backOff(into actions: inout Actions) {
+        state = .backingOff(until: clock.monotonicMilliseconds() + pendingDelay)
+        actions.append(.scheduleRetry(after: pendingDelay))
+    }
+
+    /// Adds `event` when a monitor listens (the event is not even built otherwise).
+    func report(_ event: @autoclosure () -> ProxyEvent, into actions: inout Actions) {
+        guard monitoring != .none else { return }
+        actions.append(.report(event()))
+    }
+}
