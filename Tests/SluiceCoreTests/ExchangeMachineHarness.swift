@@ -127,12 +127,12 @@ struct Harness {
     var timerLag = 0
 
     init(_ policy: HostPolicy, method: String = "GET", url: String = "http://api.test/x", target: ExchangeMachine.Target = origin,
-         monitoring: ExchangeMachine.Monitoring = .events, clock: FakeClock = FakeClock(), seed: UInt64 = 1,
-         perTryTimeout: Int = 60_000) {
+         monitoring: ExchangeMachine.Monitoring = .events, events: ProxyEvent.Kinds = .all, clock: FakeClock = FakeClock(),
+         seed: UInt64 = 1, perTryTimeout: Int = 60_000) {
         self.clock = clock
         let summary = ExchangeSummary(id: 7, client: "127.0.0.1", method: method, url: url, policy: policy.name)
         machine = ExchangeMachine(summary: summary, policy: policy, target: target, defaultPerTryTimeout: perTryTimeout,
-                                  monitoring: monitoring, clock: clock, random: SeededRandom(state: seed))
+                                  monitoring: monitoring, events: events, clock: clock, random: SeededRandom(state: seed))
     }
 
     @discardableResult

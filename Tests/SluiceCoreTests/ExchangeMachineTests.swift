@@ -708,6 +708,35 @@ import Testing
         #expect(h.machine.summary.retries.count == 2, "the record is kept all the same")
     }
 
+    @Test func onlyTheKindsTheMonitorsReadAreBuilt() {
+        // An access log reads `.finished` (and tunnel and credential lines) alone.
+        var h = Harness(policy(retry: retry(limit: 2, scale: 100)), events: [.finished, .tunnelClosed])
+        h.begin()
+        h.run([.status(503), .status(200)])
+        #expect(h.log.filter { $0.hasPrefix("event") } == ["event finished 200 ok attempts 2"])
+        var r = Harness(policy(retry: retry(limit: 1, scale: 100)), events: [.retrying, .retryStopped])
+        r.begin()
+        r.run([.status(503), .status(503)])
+        #expect(r.log.filter { $0.hasPrefix("event") } == ["event retrying 1 after 100 (status 503)", "event retry stopped: limit"])
+    }
+
+    @Test func aCompositeMonitorHandsEachMonitorTheKindsItReads() {
+        final class Recorder: EventMonitor {
+            let events: ProxyEvent.Kinds
+            var seen: [String] = []
+            init(_ events: ProxyEvent.Kinds) { self.events = events }
+            func handle(_ event: ProxyEvent) { seen.append(describe(event)) }
+        }
+        let finishedOnly = Recorder(.finished), everything = Recorder(.all)
+        let composite = CompositeEventMonitor([finishedOnly, everything])
+        #expect(composite.events == .all)
+        composite.handle(.requestReceived(id: 1, client: "c", method: "GET", url: "http://a/", policy: "default"))
+        composite.handle(.finished(ExchangeSummary(id: 1, client: "c", method: "GET", url: "http://a/", policy: "default")))
+        #expect(finishedOnly.seen.count == 1 && finishedOnly.seen[0].hasPrefix("event finished"))
+        #expect(everything.seen.count == 2)
+        #expect(CompositeEventMonitor([Recorder(.finished), Recorder(.tryStarted)]).events == [.finished, .tryStarted])
+    }
+
     @Test func plainRequestAsksForNoResponseFields() {
         let h = Harness(policy())
         for status in [200, 204, 302, 404, 503] { #expect(h.machine.responseFields(for: status).isEmpty) }

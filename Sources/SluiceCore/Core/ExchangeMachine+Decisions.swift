@@ -89,7 +89,9 @@ extension ExchangeMachine {
         summary.redirects += 1
         model = next
         state = .drainingRedirect
-        report(.redirectFollowed(id: id, status: status, location: next.url, hop: summary.redirects), into: &actions)
+        if wants(.redirectFollowed) {
+            actions.append(.report(.redirectFollowed(id: id, status: status, location: next.url, hop: summary.redirects)))
+        }
         actions.append(.followRedirect(keepCredentials: keepCredentials))
     }
 
@@ -130,12 +132,12 @@ extension ExchangeMachine {
         let record = RetryRecord(attempt: summary.retries.count + 1, delayMilliseconds: delay, reason: failure.reason)
         summary.retries.append(record)
         pendingDelay = delay
-        report(.retrying(id: id, record: record), into: &actions)
+        if wants(.retrying) { actions.append(.report(.retrying(id: id, record: record))) }
         return true
     }
 
     private mutating func stopRetrying(_ reason: RetryStopReason, into actions: inout Actions) {
         summary.retryStopped = reason
-        report(.retryStopped(id: id, reason: reason), into: &actions)
+        if wants(.retryStopped) { actions.append(.report(.retryStopped(id: id, reason: reason))) }
     }
 }

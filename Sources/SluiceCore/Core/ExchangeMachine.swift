@@ -155,6 +155,8 @@ public struct ExchangeMachine {
 
     public let policy: HostPolicy
     public let monitoring: Monitoring
+    /// The kinds of events the monitors read (the union of their `events`); no other is built.
+    public let events: ProxyEvent.Kinds
     /// The per-try timeout of a policy without `retry.per_try_timeout` (`timeouts.upstream_per_try`).
     public let defaultPerTryTimeout: Int
     public internal(set) var state: State = .received
@@ -176,13 +178,14 @@ public struct ExchangeMachine {
     /// `summary` carries the exchange's id, client, method, URL and policy name; `target` is
     /// where the first try goes (after an `upstream:` override).
     public init(summary: ExchangeSummary, policy: HostPolicy, target: Target, defaultPerTryTimeout: Int,
-                monitoring: Monitoring, clock: any ExchangeClock = SystemClock(),
+                monitoring: Monitoring, events: ProxyEvent.Kinds = .all, clock: any ExchangeClock = SystemClock(),
                 random: any RandomNumberGenerator = SystemRandomNumberGenerator()) {
         self.summary = summary
         self.policy = policy
         self.target = target
         self.defaultPerTryTimeout = defaultPerTryTimeout
         self.monitoring = monitoring
+        self.events = events
         self.clock = clock
         self.random = random
         startedAt = clock.monotonicMilliseconds()
@@ -220,8 +223,10 @@ public struct ExchangeMachine {
         switch event {
         case .received:
             policy.retryBudgets?.budget(for: target.host).recordRequest(now: clock.monotonicMilliseconds())
-            report(.requestReceived(id: id, client: summary.client, method: summary.method, url: summary.url,
-                                    policy: summary.policy), into: &actions)
+            if wants(.requestReceived) {
+                actions.append(.report(.requestReceived(id: id, client: summary.client, method: summary.method,
+                                                        url: summary.url, policy: summary.policy)))
+            }
         case .prepare(let model):
             prepare(model, into: &actions)
         case .adapted(let result):
@@ -237,14 +242,18 @@ public struct ExchangeMachine {
             redirectTarget(usable: usable, into: &actions)
         case .responseHeadSent(let status):
             summary.status = status
-            report(.responseReceived(id: id, attempt: summary.attempts, status: status), into: &actions)
+            if wants(.responseReceived) {
+                actions.append(.report(.responseReceived(id: id, attempt: summary.attempts, status: status)))
+            }
         case .requestBodyRead(let bytes):
             summary.bytesIn += Int64(bytes)
         case .responseBodySent(let bytes):
             summary.bytesOut += Int64(bytes)
         case .tryEnded(let timings):
             summary.timings = timings
-            report(.metricsCollected(id: id, attempt: summary.attempts, timings: timings), into: &actions)
+            if wants(.metricsCollected) {
+                actions.append(.report(.metricsCollected(id: id, attempt: summary.attempts, timings: timings)))
+            }
         case .tryFailed(let error, let kind, let canResendBody):
             tryFailed(error, kind: kind, canResendBody: canResendBody, into: &actions)
         case .discardedDrained:
@@ -265,7 +274,9 @@ public struct ExchangeMachine {
             summary.outcome = outcome
             if let error { summary.error = error }
             state = .done(outcome)
-            report(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary), into: &actions)
+            if wants(outcome == .tunnel ? .tunnelClosed : .finished) {
+                actions.append(.report(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary)))
+            }
         }
         return actions
     }
@@ -278,7 +289,7 @@ public struct ExchangeMachine {
             state = .startingTry
             if let plan = policy.headerEditPlan, !policy.redirector.follows, monitoring != .detailedEvents {
                 // Adapters that only edit header fields: applied as the header list is built.
-                report(.requestAdapted(id: id, adapters: policy.adapterNames), into: &actions)
+                if wants(.requestAdapted) { actions.append(.report(.requestAdapted(id: id, adapters: policy.adapterNames))) }
                 actions.append(.forward(headerEdits: plan))
             } else {
                 actions.append(.forward(headerEdits: nil))
@@ -309,12 +320,12 @@ public struct ExchangeMachine {
             if retry {
                 actions.append(.buildRetry)
             } else {
-                report(.requestAdapted(id: id, adapters: policy.adapterNames), into: &actions)
+                if wants(.requestAdapted) { actions.append(.report(.requestAdapted(id: id, adapters: policy.adapterNames))) }
                 actions.append(.forward(headerEdits: nil))
             }
         case .failure(let error):
             state = .failing
-            report(.adaptationFailed(id: id, error: error), into: &actions)
+            if wants(.adaptationFailed) { actions.append(.report(.adaptationFailed(id: id, error: error))) }
             actions.append(.fail(.adapterFailed(name: error.adapter, reason: error.reason)))
         }
     }
@@ -334,7 +345,7 @@ public struct ExchangeMachine {
         }
         summary.attempts += 1
         state = .trying
-        if monitoring != .none, let model {
+        if wants(.tryStarted), let model {
             actions.append(.report(.tryStarted(id: id, attempt: summary.attempts, request: model)))
         }
         actions.append(.beginTry(perTryTimeout: timeout))
@@ -348,7 +359,9 @@ public struct ExchangeMachine {
         }
         if case .trustFailure(let host, let evaluator, let reason) = error {
             summary.trustFailure = (evaluator, reason)
-            report(.trustFailed(id: id, host: host, evaluator: evaluator, reason: reason), into: &actions)
+            if wants(.trustFailed) {
+                actions.append(.report(.trustFailed(id: id, host: host, evaluator: evaluator, reason: reason)))
+            }
         }
         if decideRetry(.transport(kind, error), canResendBody: canResendBody, into: &actions) {
             backOff(into: &actions)
@@ -363,9 +376,9 @@ public struct ExchangeMachine {
         actions.append(.scheduleRetry(after: pendingDelay))
     }
 
-    /// Adds `event` when a monitor listens (the event is not even built otherwise).
-    func report(_ event: @autoclosure () -> ProxyEvent, into actions: inout Actions) {
-        guard monitoring != .none else { return }
-        actions.append(.report(event()))
+    /// Whether a monitor reads events of `kind`: an event is built only then. (A test at the
+    /// call site, not an autoclosure: capturing `self` would copy the whole machine per call.)
+    func wants(_ kind: ProxyEvent.Kinds) -> Bool {
+        monitoring != .none && events.contains(kind)
     }
 }

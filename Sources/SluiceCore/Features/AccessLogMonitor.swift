@@ -20,6 +20,8 @@ public final class AccessLogMonitor: LogMonitor {
         self.redactor = redactor
     }
 
+    public var events: ProxyEvent.Kinds { [.finished, .tunnelClosed, .credentialRefreshed, .credentialRefreshFailed] }
+
     public func handle(_ event: ProxyEvent) {
         switch event {
         case .finished(let summary), .tunnelClosed(let summary):
@@ -117,6 +119,8 @@ public final class DebugMonitor: LogMonitor {
         buffer = sink.makeBuffer()
         self.redactor = redactor
     }
+
+    public var events: ProxyEvent.Kinds { .tryStarted }
 
     public func handle(_ event: ProxyEvent) {
         guard case .tryStarted(let id, let attempt, let request) = event else { return }

@@ -102,6 +102,55 @@ public enum ProxyEvent: Sendable {
     case configReloaded(success: Bool, message: String)
 }
 
+extension ProxyEvent {
+    /// Kinds of events, for a monitor to say which ones it reads (`EventMonitor.events`): the
+    /// engine does not build the others (an access log that reads `.finished` alone costs one
+    /// event per exchange, not six).
+    public struct Kinds: OptionSet, Sendable {
+        public let rawValue: UInt32
+        public init(rawValue: UInt32) { self.rawValue = rawValue }
+        public static let requestReceived = Kinds(rawValue: 1 << 0)
+        public static let requestAdapted = Kinds(rawValue: 1 << 1)
+        public static let adaptationFailed = Kinds(rawValue: 1 << 2)
+        public static let tryStarted = Kinds(rawValue: 1 << 3)
+        public static let metricsCollected = Kinds(rawValue: 1 << 4)
+        public static let responseReceived = Kinds(rawValue: 1 << 5)
+        public static let redirectFollowed = Kinds(rawValue: 1 << 6)
+        public static let retrying = Kinds(rawValue: 1 << 7)
+        public static let retryStopped = Kinds(rawValue: 1 << 8)
+        public static let credentialRefreshed = Kinds(rawValue: 1 << 9)
+        public static let credentialRefreshFailed = Kinds(rawValue: 1 << 10)
+        public static let finished = Kinds(rawValue: 1 << 11)
+        public static let trustFailed = Kinds(rawValue: 1 << 12)
+        public static let tunnelOpened = Kinds(rawValue: 1 << 13)
+        public static let tunnelClosed = Kinds(rawValue: 1 << 14)
+        public static let configReloaded = Kinds(rawValue: 1 << 15)
+        public static let all = Kinds(rawValue: .max)
+    }
+
+    /// This event's kind.
+    public var kind: Kinds {
+        switch self {
+        case .requestReceived: return .requestReceived
+        case .requestAdapted: return .requestAdapted
+        case .adaptationFailed: return .adaptationFailed
+        case .tryStarted: return .tryStarted
+        case .metricsCollected: return .metricsCollected
+        case .responseReceived: return .responseReceived
+        case .redirectFollowed: return .redirectFollowed
+        case .retrying: return .retrying
+        case .retryStopped: return .retryStopped
+        case .credentialRefreshed: return .credentialRefreshed
+        case .credentialRefreshFailed: return .credentialRefreshFailed
+        case .finished: return .finished
+        case .trustFailed: return .trustFailed
+        case .tunnelOpened: return .tunnelOpened
+        case .tunnelClosed: return .tunnelClosed
+        case .configReloaded: return .configReloaded
+        }
+    }
+}
+
 /// Observes the pipeline. Called on the worker thread that runs the exchange, in event order;
 /// an implementation must be quick and must not block (buffer and hand I/O to another thread,
 /// as `AccessLogMonitor` does).
@@ -113,22 +162,30 @@ public protocol EventMonitor: AnyObject {
     /// needs it. `false` by default; without it, `.tryStarted` is not sent for requests whose
     /// adapters are none or only fixed header edits.
     var wantsRequestDetails: Bool { get }
+    /// The kinds of events this monitor reads; the engine may leave the others out (it never
+    /// builds an event no monitor reads). All of them by default.
+    var events: ProxyEvent.Kinds { get }
 }
 
 extension EventMonitor {
     public var wantsRequestDetails: Bool { false }
+    public var events: ProxyEvent.Kinds { .all }
 }
 
 /// Fans each event out to several monitors, in order.
 public final class CompositeEventMonitor: EventMonitor {
     public let monitors: [any EventMonitor]
     public let wantsRequestDetails: Bool
+    public let events: ProxyEvent.Kinds
     public init(_ monitors: [any EventMonitor]) {
         self.monitors = monitors
         wantsRequestDetails = monitors.contains { $0.wantsRequestDetails }
+        events = monitors.reduce(into: []) { $0.formUnion($1.events) }
     }
+    /// Each monitor gets the kinds it reads.
     public func handle(_ event: ProxyEvent) {
-        for monitor in monitors { monitor.handle(event) }
+        let kind = event.kind
+        for monitor in monitors where monitor.events.contains(kind) { monitor.handle(event) }
     }
 }
 

@@ -32,7 +32,8 @@ extension ClientConnection {
         let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
         let monitoring: ExchangeMachine.Monitoring = pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
         let machine = ExchangeMachine(summary: summary, policy: policy, target: .init(target),
-                                      defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry, monitoring: monitoring)
+                                      defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry, monitoring: monitoring,
+                                      events: pipeline.monitor?.events ?? [])
         let replayLimit = head.hasBody ? ExchangeMachine.replayLimit(for: policy) : 0
         let exchange = Exchange(pipeline: pipeline, machine: machine, target: target,
                                 body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
@@ -91,7 +92,7 @@ extension ClientConnection {
     /// built here only when it needs one) or the request goes out as it came.
     func prepare(_ head: HTTPRequestHead, _ exchange: Exchange) {
         var model: ProxyRequest?
-        if exchange.machine.needsRequestModel {
+        if exchange.inspect({ $0.needsRequestModel }) {
             model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
                                  headerFields: ForwardedHeaders.forwardedFields(of: head), body: Self.bodyMode(head))
         }
@@ -177,7 +178,7 @@ extension ClientConnection {
             exchange.body.setEncoders(model.bodyEncoders.map { $0.makeEncoder() })
         }
         sendContinueIfExpected(head)
-        if case .length(let n) = head.framing, exchange.machine.readsBodyWhole(length: n) {
+        if case .length(let n) = head.framing, exchange.inspect({ $0.readsBodyWhole(length: n) }) {
             curl_slist_free_all(request.headers)
             continueBuffering(head, exchange)
             return

@@ -68,7 +68,7 @@ extension ClientConnection {
     /// machine decides; the machine asks only for the fields its decision needs.
     func disposition(of response: UpstreamResponseHead) -> UpstreamTransfer.Disposition {
         guard let exchange else { return .send }
-        let fields = exchange.machine.responseFields(for: response.status)
+        let fields = exchange.inspect { $0.responseFields(for: response.status) }
         let head = ExchangeMachine.ResponseHead(
             status: response.status,
             retryAfter: fields.contains(.retryAfter) ? response.value("retry-after") : nil,

@@ -28,6 +28,11 @@ final class Exchange {
         self.body = body
     }
 
+    /// Reads of the machine go through `inspect`: a non-mutating call on `exchange.machine`
+    /// from outside copies the whole machine first (it is a stored struct of a class, which
+    /// the callee could otherwise see change), and that is several copies per request.
+    func inspect<T>(_ read: (inout ExchangeMachine) -> T) -> T { read(&machine) }
+
     var id: UInt64 { machine.id }
     var policy: HostPolicy { machine.policy }
     var monitor: (any EventMonitor)? { pipeline.monitor }
