@@ -70,6 +70,15 @@ extension ExchangeMachine {
             endIndex += 1
         }
 
+        /// Calls `body` with each reported event, in order (no iterator or copy of the
+        /// other actions: this runs for every exchange a monitor watches).
+        public func forEachReport(_ body: (ProxyEvent) -> Void) {
+            if case .report(let event)? = storage.0 { body(event) } else { return }
+            if case .report(let event)? = storage.1 { body(event) } else { return }
+            if case .report(let event)? = storage.2 { body(event) } else { return }
+            if case .report(let event)? = storage.3 { body(event) }
+        }
+
         /// The action other than a report, if any (it comes after the reports).
         public var command: Action? {
             guard let last, !last.isReport else { return nil }

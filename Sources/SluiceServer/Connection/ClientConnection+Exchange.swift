@@ -132,7 +132,8 @@ extension ClientConnection {
             case .chunked: body = .streamed
             }
             return UpstreamRequest(method: head.method, target: exchange.target,
-                                   headers: ForwardedHeaders.requestList(for: head, via: worker.via, edits: exchange.headerEdits),
+                                   headers: ForwardedHeaders.requestList(for: head, viaLine: worker.viaRequestLine, edits: exchange.headerEdits,
+                                                                         builder: &worker.headerBuilder),
                                    body: body, model: nil,
                                    credentials: challengeCredentials(head, exchange))
         }
@@ -161,7 +162,8 @@ extension ClientConnection {
         case .streamed: body = .streamed
         }
         return UpstreamRequest(method: model.method, target: target,
-                               headers: ForwardedHeaders.requestList(for: model.headerFields, via: worker.via),
+                               headers: ForwardedHeaders.requestList(for: model.headerFields, viaLine: worker.viaRequestLine,
+                                                                builder: &worker.headerBuilder),
                                body: body, model: model)
     }
 
@@ -179,7 +181,6 @@ extension ClientConnection {
         }
         sendContinueIfExpected(head)
         if case .length(let n) = head.framing, exchange.inspect({ $0.readsBodyWhole(length: n) }) {
-            curl_slist_free_all(request.headers)
             continueBuffering(head, exchange)
             return
         }
@@ -195,7 +196,6 @@ extension ClientConnection {
             // The trust of the host the try goes to (a followed redirect may have changed it).
             let policy = request.target.host == exchange.policyHost ? exchange.policy : exchange.pipeline.policies.match(host: request.target.host)
             guard policy.trust.isAllowed else {
-                curl_slist_free_all(request.headers)
                 transferFailed(policy.trust.refusal(authority: request.target.authority), kind: .other)
                 return
             }
@@ -205,12 +205,11 @@ extension ClientConnection {
             if policy.trust.requirements.insecure { exchange.summary.insecure = true }
         }
         if let host = exchange.hostHeader, request.target == host.target {
-            request.headers = curl_slist_append(request.headers, "Host: \(host.value)")
+            request.headers = request.headers.appending(name: "Host", value: host.value)
         }
         let actions = exchange.machine.handle(.tryStarting(.init(request.target)))
         exchange.report(actions)
         guard case .beginTry(let perTryTimeout)? = actions.command else {
-            curl_slist_free_all(request.headers)
             if case .fail(let error)? = actions.command { respondError(error) }
             return
         }

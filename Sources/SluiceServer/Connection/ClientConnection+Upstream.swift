@@ -97,7 +97,7 @@ extension ClientConnection {
     }
 
     func transferRedirected(to next: UpstreamRequest) {
-        guard let exchange else { return curl_slist_free_all(next.headers) }
+        guard let exchange else { return }
         if next.body != .none { exchange.body.rewindForReplay() }
         startTry(next, exchange)
     }

@@ -54,7 +54,7 @@ final class Exchange {
     /// Hands the machine's reports to the monitors.
     func report(_ actions: ExchangeMachine.Actions) {
         guard let monitor else { return }
-        for case .report(let event) in actions { monitor.handle(event) }
+        actions.forEachReport { monitor.handle($0) }
     }
 }
 

@@ -35,16 +35,15 @@ enum ForwardedHeaders {
         }
     }
 
-    /// The curl header list for a forwarded request. Curl derives `Host` from the URL,
-    /// sets the body framing itself, and is told not to add `Accept` or `Expect`.
-    /// With `edits` (a policy made only of header-editing adapters), the adapters' work is
-    /// done here, in the same pass: replaced fields are skipped and the plan's appended.
-    static func requestList(for head: HTTPRequestHead, via: String,
-                            edits: HeaderEditPlan? = nil) -> UnsafeMutablePointer<curl_slist>? {
-        var list: UnsafeMutablePointer<curl_slist>?
+    /// The curl header list for a forwarded request, built in the worker's reusable
+    /// `builder`. Curl derives `Host` from the URL, sets the body framing itself, and is told
+    /// not to add `Accept` or `Expect`. With `edits` (a policy made only of header-editing
+    /// adapters), the adapters' work is done here, in the same pass: replaced fields are
+    /// skipped and the plan's appended.
+    static func requestList(for head: HTTPRequestHead, viaLine: [UInt8], edits: HeaderEditPlan? = nil,
+                            builder: inout HeaderList.Builder) -> HeaderList {
+        builder.reset()
         var sawAccept = false
-        var line: [UInt8] = []
-        line.reserveCapacity(256)
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])
@@ -52,7 +51,7 @@ enum ForwardedHeaders {
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
                 if let edits, edits.replaces(name) { continue }
                 if name.count == 6, ASCII.equalsIgnoringCase(name, "accept") { sawAccept = true }
-                append(name: name, value: buf[field.value], to: &list, scratch: &line)
+                builder.append(name: name, value: buf[field.value])
             }
         }
         if let edits {
@@ -60,42 +59,19 @@ enum ForwardedHeaders {
                 var lower = name.lowercased()
                 if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
                 if lower == "accept" { sawAccept = true }
-                append(name: name.utf8, value: value.utf8, to: &list, scratch: &line)
+                builder.append(name: name.utf8, value: value.utf8)
             }
         }
-        return finish(list, via: via, sawAccept: sawAccept)
-    }
-
-    /// Appends `Name: value` (curl's `Name;` for an empty value) to a curl list, built in
-    /// `scratch` as bytes.
-    private static func append(name: some Collection<UInt8>, value: some Collection<UInt8>,
-                               to list: inout UnsafeMutablePointer<curl_slist>?, scratch line: inout [UInt8]) {
-        line.removeAll(keepingCapacity: true)
-        line.append(contentsOf: name)
-        if value.isEmpty {
-            line.append(0x3B)
-        } else {
-            line.append(0x3A)
-            line.append(0x20)
-            line.append(contentsOf: value)
-        }
-        line.append(0)
-        list = line.withUnsafeBufferPointer { p in
-            p.withMemoryRebound(to: CChar.self) { curl_slist_append(list, $0.baseAddress) }
-        }
+        return finish(&builder, viaLine: viaLine, sawAccept: sawAccept)
     }
 
     /// Sluice's own lines: `Via`, and empty `Expect`/`Accept` so curl adds neither.
-    private static func finish(_ list: UnsafeMutablePointer<curl_slist>?, via: String,
-                               sawAccept: Bool) -> UnsafeMutablePointer<curl_slist>? {
-        var list = curl_slist_append(list, viaLine(via))
-        list = curl_slist_append(list, "Expect:")
-        if !sawAccept { list = curl_slist_append(list, "Accept:") }
-        return list
+    private static func finish(_ builder: inout HeaderList.Builder, viaLine: [UInt8], sawAccept: Bool) -> HeaderList {
+        builder.append(line: viaLine)
+        builder.append(line: "Expect:")
+        if !sawAccept { builder.append(line: "Accept:") }
+        return builder.makeList()
     }
-
-    /// `Via: <via>`, built once per distinct value (one per process in practice).
-    static func viaLine(_ via: String) -> String { "Via: " + via }
 
     /// The fields of a request head that travel upstream (hop-by-hop and framing fields
     /// removed), as the pipeline's `HTTPFields`.
@@ -114,15 +90,13 @@ enum ForwardedHeaders {
     }
 
     /// The curl header list for a request the pipeline adapted.
-    static func requestList(for fields: HTTPFields, via: String) -> UnsafeMutablePointer<curl_slist>? {
-        var list: UnsafeMutablePointer<curl_slist>?
-        var line: [UInt8] = []
-        line.reserveCapacity(256)
+    static func requestList(for fields: HTTPFields, viaLine: [UInt8], builder: inout HeaderList.Builder) -> HeaderList {
+        builder.reset()
         for field in fields {
             var lower = field.name.canonicalName
             if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
-            append(name: field.name.rawName.utf8, value: field.value.utf8, to: &list, scratch: &line)
+            builder.append(name: field.name.rawName.utf8, value: field.value.utf8)
         }
-        return finish(list, via: via, sawAccept: fields[.accept] != nil)
+        return finish(&builder, viaLine: viaLine, sawAccept: fields[.accept] != nil)
     }
 }

@@ -27,6 +27,10 @@ final class Worker {
     let via: String
     /// `Via: <via>\r\n`, as response heads carry it.
     let viaLine: [UInt8]
+    /// `Via: <via>`, as upstream header lists carry it.
+    let viaRequestLine: [UInt8]
+    /// Where every upstream header list is built (its buffers keep their capacity).
+    var headerBuilder = HeaderList.Builder()
     let viaPseudonym: String
     /// The interception TLS server, once a policy with `intercept: true` has been loaded.
     let interception: InterceptionSlot
@@ -83,6 +87,7 @@ final class Worker {
         self.viaPseudonym = viaPseudonym
         self.via = "1.1 \(viaPseudonym)"
         viaLine = Array("Via: 1.1 \(viaPseudonym)\r\n".utf8)
+        viaRequestLine = Array("Via: 1.1 \(viaPseudonym)".utf8)
         guard let base = event_base_new() else { throw ServerError.startup("cannot create an event loop") }
         self.base = base
         session = UpstreamSession(base: base, share: share)

@@ -65,7 +65,7 @@ struct UpstreamRequest {
     }
     var method: String
     var target: RequestTarget
-    var headers: UnsafeMutablePointer<curl_slist>?
+    var headers: HeaderList
     var body: Body
     /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
     var model: ProxyRequest?
@@ -106,7 +106,8 @@ final class UpstreamTransfer: CurlTransfer {
     /// `cancel()` sets this to nil.
     private unowned(unsafe) var delegate: (any UpstreamTransferDelegate)?
     private let handle: UnsafeMutableRawPointer
-    private var requestHeaders: UnsafeMutablePointer<curl_slist>?
+    /// Kept while libcurl may read it (until `cancel()`).
+    private var requestHeaders: HeaderList?
     private let errorBuffer: UnsafeMutablePointer<CChar>
     private var tryTimer: OpaquePointer?
     let target: RequestTarget
@@ -216,7 +217,7 @@ final class UpstreamTransfer: CurlTransfer {
             sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
         }
         requestHeaders = request.headers
-        sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, requestHeaders)
+        sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, request.headers.pointer)
         if let credentials = request.credentials {
             sluice_easy_setopt_long(h, CURLOPT_HTTPAUTH, sluice_curlauth_basic_digest())
             sluice_easy_setopt_str(h, CURLOPT_USERNAME, credentials.username)
@@ -252,9 +253,7 @@ final class UpstreamTransfer: CurlTransfer {
         finished = true
         if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
         session.finish(handle)
-        curl_slist_free_all(requestHeaders)
         requestHeaders = nil
-        if let next = redirectTo { curl_slist_free_all(next.headers) }
         redirectTo = nil
         delegate = nil
     }
@@ -386,7 +385,6 @@ final class UpstreamTransfer: CurlTransfer {
             if result == CURLE_OK || headComplete {
                 delegate.transferRedirected(to: next)
             } else {
-                curl_slist_free_all(next.headers)
                 delegate.transferFailed(pendingError ?? classify(result).error, kind: .other)
             }
             return
@@ -426,7 +424,6 @@ final class UpstreamTransfer: CurlTransfer {
         inCompletion = true
         delegate.tryEnded(timings: collectTimings())
         let sent = headSent && !discarding && redirectTo == nil
-        if let next = redirectTo { curl_slist_free_all(next.headers) }
         redirectTo = nil
         cancel()
         if sent { delegate.transferAborted() } else { delegate.transferFailed(error, kind: .timeout) }
