@@ -26,7 +26,7 @@ final class TunnelDialer: CurlTransfer {
         self.session = connection.worker.session
         self.target = target
         self.deny = connection.worker.config.access.deny
-        handle = connection.worker.session.makeHandle()
+        handle = connection.worker.session.makeHandle().handle
         super.init()
         let h = handle
         let me = Unmanaged.passUnretained(self).toOpaque()

@@ -35,14 +35,21 @@ final class UpstreamSession {
     let multi: UnsafeMutableRawPointer
     let share: UnsafeMutableRawPointer
     private var timer: OpaquePointer!
-    /// Easy handles kept for reuse: `curl_easy_reset` keeps their allocations.
-    private var idleHandles: [UnsafeMutableRawPointer] = []
-    private static let maxIdleHandles = 256
+    /// Easy handles kept for reuse, and how each was left: reset (`curl_easy_reset` keeps its
+    /// allocations) or still configured by a plain request (`UpstreamTransfer.isPlain`), whose
+    /// options the next plain request overwrites one by one, as libcurl means handles to be
+    /// reused. A reset frees the handle's download buffer, which the next transfer then
+    /// allocates again (`CURLOPT_BUFFERSIZE`): a configured handle keeps it.
+    private var idleHandles: [(handle: UnsafeMutableRawPointer, configured: Bool)] = []
+    private static let maxIdleHandles = 128
     /// Response-head collectors kept for reuse, with their buffers' capacity.
     private var headCollectors: [ResponseHeadCollector] = []
     /// The watch of every open libcurl socket, by descriptor.
     private var watches: [SocketWatch?] = []
     private var isShutDown = false
+    /// True while the timer's socket action runs: a zero timeout asked for then waits for the
+    /// next loop pass (through `epoll_wait`), so libcurl can never keep the loop from I/O.
+    private var inTimerAction = false
 
     /// The loop's registration of one libcurl socket, from its first watch to its close.
     final class SocketWatch {
@@ -70,7 +77,9 @@ final class UpstreamSession {
         let me = Unmanaged.passUnretained(self).toOpaque()
         timer = event_new(base, -1, 0, { _, _, arg in
             let session = Unmanaged<UpstreamSession>.fromOpaque(arg!).takeUnretainedValue()
+            session.inTimerAction = true
             session.socketAction(fd: CURL_SOCKET_TIMEOUT, flags: 0)
+            session.inTimerAction = false
         }, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_SOCKETDATA, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_TIMERDATA, me)
@@ -88,24 +97,37 @@ final class UpstreamSession {
         sluice_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 1024)
     }
 
+    /// A session whose worker never ran (its start failed) frees libcurl's state here: it has
+    /// no sockets, so no close-socket callback reaches the object being freed. One that ran
+    /// was shut down by its worker already.
+    deinit { shutdown() }
+
     /// Closes the pool and frees libcurl's state; called once by the worker when its loop
     /// has ended and every transfer is detached.
     func shutdown() {
         guard !isShutDown else { return }
         isShutDown = true
-        for h in idleHandles { curl_easy_cleanup(h) }
+        for idle in idleHandles { curl_easy_cleanup(idle.handle) }
         idleHandles.removeAll()
         curl_multi_cleanup(multi)  // closes pooled connections through closeSocket
         event_free(timer)
     }
 
-    /// An easy handle, fresh or reset from the pool, with what every transfer of the session
-    /// shares (`curl_easy_reset` clears it): the share handle, no signals, no proxy taken
-    /// from the process's environment (libcurl reads `http_proxy` & co. unless told a proxy:
-    /// with `HTTP_PROXY` pointing at Sluice itself, every request would loop), and the
-    /// close-socket hook.
-    func makeHandle() -> UnsafeMutableRawPointer {
-        let h = idleHandles.popLast() ?? curl_easy_init()!
+    /// An easy handle from the pool (or a new one). For a `plain` request it may come still
+    /// configured by the previous plain request (`configured`); otherwise it is reset, with
+    /// what every transfer of the session shares (`curl_easy_reset` clears it): the share
+    /// handle, no signals, no proxy taken from the process's environment (libcurl reads
+    /// `http_proxy` & co. unless told a proxy: with `HTTP_PROXY` pointing at Sluice itself,
+    /// every request would loop), and the close-socket hook.
+    func makeHandle(plain: Bool = false) -> (handle: UnsafeMutableRawPointer, configured: Bool) {
+        let h: UnsafeMutableRawPointer
+        if let idle = idleHandles.popLast() {
+            if idle.configured && plain { return (idle.handle, true) }
+            if idle.configured { curl_easy_reset(idle.handle) }
+            h = idle.handle
+        } else {
+            h = curl_easy_init()!
+        }
         sluice_easy_setopt_ptr(h, CURLOPT_SHARE, share)
         sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
         sluice_easy_setopt_str(h, CURLOPT_PROXY, "")
@@ -113,7 +135,7 @@ final class UpstreamSession {
         sluice_easy_setopt_closesocket_cb(h) { clientp, fd in
             Unmanaged<UpstreamSession>.fromOpaque(clientp!).takeUnretainedValue().closeSocket(fd)
         }
-        return h
+        return (h, false)
     }
 
     /// A response-head collector with reusable storage, for one try.
@@ -134,13 +156,15 @@ final class UpstreamSession {
         curl_multi_add_handle(multi, handle)
     }
 
-    /// Detaches a handle (finished or cancelled) and keeps it for reuse. Must not be called
-    /// from inside a curl callback.
-    func finish(_ handle: UnsafeMutableRawPointer) {
+    /// Detaches a handle (finished or cancelled) and keeps it for reuse: as configured when
+    /// it carried a plain request, reset otherwise (nothing of a TLS, upload or credentialed
+    /// request's options may reach the next request). Must not be called from inside a curl
+    /// callback.
+    func finish(_ handle: UnsafeMutableRawPointer, plain: Bool = false) {
         curl_multi_remove_handle(multi, handle)
         if idleHandles.count < Self.maxIdleHandles {
-            curl_easy_reset(handle)
-            idleHandles.append(handle)
+            if !plain { curl_easy_reset(handle) }
+            idleHandles.append((handle, plain))
         } else {
             curl_easy_cleanup(handle)
         }
@@ -240,7 +264,7 @@ final class UpstreamSession {
     private func setTimer(milliseconds: Int) {
         event_del(timer)
         if milliseconds < 0 { return }
-        if milliseconds == 0 {
+        if milliseconds == 0 && !inTimerAction {
             // Run in this loop pass, after the callback that asked (never inside libcurl).
             event_active(timer, 0, 0)
             return

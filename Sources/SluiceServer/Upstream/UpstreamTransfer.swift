@@ -97,8 +97,10 @@ final class UpstreamTransfer: CurlTransfer {
 
     /// Pause the upstream when this many response bytes wait for the client (1 MiB).
     static let outputHighWatermark = 1 << 20
-    /// libcurl's receive buffer; 256 KiB raised large-body throughput ~10 % here (INTEROP.md).
-    static let receiveBufferSize = 256 * 1024
+    /// libcurl's receive and upload buffers (64 KiB; its default is 16 KiB). Larger buffers
+    /// stream large bodies faster (256 KiB: ~10 %, INTEROP.md), but a pooled handle keeps its
+    /// buffer, and its touched pages count for as long as it is pooled.
+    static let receiveBufferSize = 64 * 1024
 
     private let session: UpstreamSession
     /// The client side. Not retained and not weak (no reference counting per callback): the
@@ -106,6 +108,12 @@ final class UpstreamTransfer: CurlTransfer {
     /// `cancel()` sets this to nil.
     private unowned(unsafe) var delegate: (any UpstreamTransferDelegate)?
     private let handle: UnsafeMutableRawPointer
+    /// A plain request: http, no request body, no credentials. Its handle goes back to the
+    /// pool configured (`UpstreamSession.finish`), and a configured handle from the pool
+    /// needs only the options that differ between plain requests.
+    private let isPlain: Bool
+    /// The handle came configured by an earlier plain request.
+    private let handleConfigured: Bool
     /// Kept while libcurl may read it (until `cancel()`).
     private var requestHeaders: HeaderList?
     private let errorBuffer: UnsafeMutablePointer<CChar>
@@ -151,7 +159,8 @@ final class UpstreamTransfer: CurlTransfer {
         self.viaLine = viaLine
         head = session.takeHeadCollector()
         trust = request.trust
-        handle = session.makeHandle()
+        isPlain = request.target.scheme == .http && request.body == .none && request.credentials == nil
+        (handle, handleConfigured) = session.makeHandle(plain: isPlain)
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
         super.init()
@@ -168,40 +177,45 @@ final class UpstreamTransfer: CurlTransfer {
     private func configure(_ request: UpstreamRequest, config: ServerConfiguration) {
         let h = handle
         let me = Unmanaged.passUnretained(self).toOpaque()
+        // What differs between plain requests: set on every handle, configured or not.
         sluice_easy_setopt_ptr(h, CURLOPT_PRIVATE, me)
         sluice_easy_setopt_str(h, CURLOPT_URL, target.url)
-        sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http,https")
-        sluice_easy_setopt_long(h, CURLOPT_PATH_AS_IS, 1)
-        sluice_easy_setopt_long(h, CURLOPT_BUFFERSIZE, Self.receiveBufferSize)
-        sluice_easy_setopt_long(h, CURLOPT_UPLOAD_BUFFERSIZE, Self.receiveBufferSize)
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
-        sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
-        if let total = config.timeouts.total { sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, total) }
+        sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, config.timeouts.total ?? 0)
+        sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)
+        sluice_easy_setopt_ptr(h, CURLOPT_WRITEDATA, me)
+        sluice_easy_setopt_ptr(h, CURLOPT_OPENSOCKETDATA, me)
+        sluice_easy_setopt_long(h, CURLOPT_NOBODY, isHead ? 1 : 0)
+        if !handleConfigured {
+            // What every request of this process has in common.
+            sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http,https")
+            sluice_easy_setopt_long(h, CURLOPT_PATH_AS_IS, 1)
+            sluice_easy_setopt_long(h, CURLOPT_BUFFERSIZE, Self.receiveBufferSize)
+            sluice_easy_setopt_long(h, CURLOPT_UPLOAD_BUFFERSIZE, Self.receiveBufferSize)
+            sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
+            sluice_easy_setopt_data_cb(h, CURLOPT_HEADERFUNCTION) { ptr, size, count, ud in
+                let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+                return t.onHeaderLine(UnsafeRawBufferPointer(start: ptr, count: size * count))
+            }
+            sluice_easy_setopt_data_cb(h, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
+                let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+                return t.onBody(UnsafeRawBufferPointer(start: ptr, count: size * count))
+            }
+            sluice_easy_setopt_opensocket_cb(h) { clientp, purpose, address in
+                let t = Unmanaged<UpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue()
+                return t.openSocket(address!)
+            }
+        }
         if target.scheme == .https {
             UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
             request.reuse.apply(to: h)
         }
 
-        sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)
-        sluice_easy_setopt_data_cb(h, CURLOPT_HEADERFUNCTION) { ptr, size, count, ud in
-            let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
-            return t.onHeaderLine(UnsafeRawBufferPointer(start: ptr, count: size * count))
-        }
-        sluice_easy_setopt_ptr(h, CURLOPT_WRITEDATA, me)
-        sluice_easy_setopt_data_cb(h, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
-            let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
-            return t.onBody(UnsafeRawBufferPointer(start: ptr, count: size * count))
-        }
-        sluice_easy_setopt_ptr(h, CURLOPT_OPENSOCKETDATA, me)
-        sluice_easy_setopt_opensocket_cb(h) { clientp, purpose, address in
-            let t = Unmanaged<UpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue()
-            return t.openSocket(address!)
-        }
-
         let method = request.method
         if isHead {
-            sluice_easy_setopt_long(h, CURLOPT_NOBODY, 1)
+            // NOBODY is set above; a configured handle may still carry the last method.
+            if handleConfigured { sluice_easy_setopt_ptr(h, CURLOPT_CUSTOMREQUEST, nil) }
         } else if request.body != .none {
             sluice_easy_setopt_long(h, CURLOPT_UPLOAD, 1)
             sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
@@ -215,6 +229,8 @@ final class UpstreamTransfer: CurlTransfer {
             }
         } else if method != "GET" {
             sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
+        } else if handleConfigured {
+            sluice_easy_setopt_ptr(h, CURLOPT_CUSTOMREQUEST, nil)
         }
         requestHeaders = request.headers
         sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, request.headers.pointer)
@@ -252,7 +268,7 @@ final class UpstreamTransfer: CurlTransfer {
         if let delegate, !inCompletion { delegate.tryEnded(timings: collectTimings()) }
         finished = true
         if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
-        session.finish(handle)
+        session.finish(handle, plain: isPlain)
         requestHeaders = nil
         redirectTo = nil
         delegate = nil

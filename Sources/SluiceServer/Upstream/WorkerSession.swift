@@ -87,7 +87,7 @@ final class SideFetch: CurlTransfer {
         host = URLParts(url).host
         trust = policy.trust
         isTLS = url.lowercased().hasPrefix("https:")  // after any upstream override
-        handle = session.makeHandle()
+        handle = session.makeHandle().handle
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
         super.init()
