@@ -127,7 +127,8 @@ final class UpstreamTransfer: CurlTransfer {
     private let trust: ServerTrust
 
     /// The response head as libcurl delivers it; its storage comes from the session's pool
-    /// and goes back in `cancel()`.
+    /// and goes back when the transfer is freed (`deinit`: the exchange may still read the
+    /// head after `cancel()`).
     private var head: ResponseHeadCollector
     private var status: Int { head.status }
     private(set) var headSent = false
