@@ -241,7 +241,13 @@ final class UpstreamSession {
 
     fileprivate func writable(_ w: SocketWatch) {
         if w.wants & CURL_POLL_OUT != 0 {
-            socketAction(fd: w.fd, flags: CURL_CSELECT_OUT)
+            // While libcurl also reads (an upload that may meet an early answer), it is told
+            // the socket may be readable too, so it reads before it writes, as it does when a
+            // single event reports both: an origin that answered and closed must not be met
+            // with a write first (EPIPE, and a 502 instead of its answer). A wrong "readable"
+            // costs one recv that finds nothing.
+            let flags = w.wants & CURL_POLL_IN != 0 ? CURL_CSELECT_OUT | CURL_CSELECT_IN : CURL_CSELECT_OUT
+            socketAction(fd: w.fd, flags: flags)
         } else {
             arm(w)
         }
