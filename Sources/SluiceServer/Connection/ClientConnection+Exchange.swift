@@ -213,7 +213,8 @@ extension ClientConnection {
             if case .fail(let error)? = actions.command { respondError(error) }
             return
         }
-        let transfer = UpstreamTransfer(session: worker.session, delegate: self, request: request,
+        let transfer = UpstreamTransfer(session: worker.session, delegate: self, bodySource: self,
+                                        output: clientOutput, request: request,
                                         clientMinorVersion: currentHead?.minorVersion ?? 1,
                                         config: worker.config, viaLine: worker.viaLine)
         state = .forwarding(transfer)

@@ -65,9 +65,10 @@ extension ClientConnection {
     }
 
     /// Sends the head (the plain path), drains it for a retry, or follows a redirect, as the
-    /// machine decides; the machine asks only for the fields its decision needs.
-    func disposition(of response: UpstreamResponseHead) -> UpstreamTransfer.Disposition {
-        guard let exchange else { return .send }
+    /// machine decides (the answer goes to `transfer`); the machine asks only for the fields
+    /// its decision needs.
+    func responseHeadArrived(_ response: UpstreamResponseHead, on transfer: UpstreamTransfer) {
+        guard let exchange else { return transfer.forward(keepAlive: keepsAliveAfterResponse) }
         let fields = exchange.inspect { $0.responseFields(for: response.status) }
         let head = ExchangeMachine.ResponseHead(
             status: response.status,
@@ -77,23 +78,23 @@ extension ClientConnection {
         let actions = exchange.machine.handle(.responseHead(head, canResendBody: canResendBody(exchange)))
         exchange.report(actions)
         switch actions.command {
-        case .discardResponse?: return .discard
-        case .checkRedirect(let next)?: return follow(next, exchange)
-        default: return .send
+        case .discardResponse?: transfer.discard()
+        case .checkRedirect(let next)?: follow(next, exchange, transfer)
+        default: transfer.forward(keepAlive: keepsAliveAfterResponse)
         }
     }
 
-    /// The request for a redirect the machine follows, or `.send` when its target cannot be
-    /// requested (the 3xx goes to the client).
-    private func follow(_ next: ProxyRequest, _ exchange: Exchange) -> UpstreamTransfer.Disposition {
+    /// Follows a redirect the machine accepts, or forwards the 3xx to the client when its
+    /// target cannot be requested.
+    private func follow(_ next: ProxyRequest, _ exchange: Exchange, _ transfer: UpstreamTransfer) {
         guard var request = try? upstreamRequest(for: next) else {
             exchange.report(exchange.machine.handle(.redirectTarget(usable: false)))
-            return .send
+            return transfer.forward(keepAlive: keepsAliveAfterResponse)
         }
         let actions = exchange.machine.handle(.redirectTarget(usable: true))
         exchange.report(actions)
         if case .followRedirect(keepCredentials: true)? = actions.command { request.credentials = exchange.policy.credentials }
-        return .redirect(request)
+        transfer.follow(request)
     }
 
     func transferRedirected(to next: UpstreamRequest) {

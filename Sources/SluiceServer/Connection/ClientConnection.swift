@@ -12,7 +12,7 @@ import SluiceCore
 ///
 /// Threading: owned by its worker's event-loop thread; every callback runs there. The worker
 /// keeps it alive (its `connections` table) until `close()`.
-final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
+final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, ClientSocketOwner {
     enum State {
         /// Waiting for (or reading) a request head.
         case awaitingHead
@@ -51,8 +51,6 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
         case forward
         /// A gateway route: origin-form requests appended to this base URL.
         case route(String)
-        /// Inside an intercepted CONNECT: requests for that `https` authority only.
-        case intercepted(RequestTarget)
     }
 
     /// Stop reading from a client once this many unprocessed bytes wait (256 KiB).
@@ -70,9 +68,8 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
     private(set) var clientOutput: OpaquePointer
     /// Queued in the worker's flush pass (see `scheduleFlush`).
     var flushScheduled = false
-    /// Set while (and after) Sluice is the TLS server of an intercepted CONNECT.
-    var interceptedHandshake: InterceptedHandshake?
-    var interceptionEstablished = false
+    /// Set once the connection is an intercepted CONNECT (Sluice is its TLS server).
+    var interception: Interception?
     let peer: String
     var state: State = .awaitingHead
     var parser: HTTPRequestParser
@@ -128,6 +125,12 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
     }
 
     // MARK: transport
+
+    /// The TLS bufferevent, once an interception moved the connection onto one.
+    private var tlsBufferevent: OpaquePointer? {
+        if case .tls(let bev) = transport { return bev }
+        return nil
+    }
 
     /// Whether the client's bytes are read (off while the connection closes, or while a
     /// tunnel's other side is full).
@@ -200,11 +203,13 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
 
     private func onEvent(_ what: Int16) {
         if what & Int16(BEV_EVENT_CONNECTED) != 0 {
-            interceptionEstablished = true
+            interception?.established = true
             return
         }
         if what & Int16(BEV_EVENT_EOF | BEV_EVENT_ERROR) != 0 {
-            if interceptedHandshake != nil, !interceptionEstablished { logInterceptionFailure() }
+            if let interception, !interception.established {
+                Log.warning(interception.handshakeFailure(tlsBufferevent))
+            }
             if case .tunnel(let tunnel) = state {
                 tunnel.clientClosed()
                 return
@@ -216,7 +221,7 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
     }
 
     private func timerFired() {
-        if interceptedHandshake != nil, !interceptionEstablished {
+        if let interception, !interception.established {
             // Nothing can be said to a client that has not finished the TLS handshake.
             Log.warning("interception failed: no TLS handshake within \(worker.config.timeouts.clientHeader) ms from \(peer)")
             close()
@@ -284,12 +289,14 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
             try checkLoop(head)
             let target: RequestTarget
             if head.methodIs("CONNECT") {
-                if case .intercepted = mode { throw ProxyError.badURL("CONNECT inside an intercepted connection") }
+                if interception != nil { throw ProxyError.badURL("CONNECT inside an intercepted connection") }
                 guard case .forward = mode else { throw ProxyError.notOriginForm }
                 target = try RequestTarget.authority(head.target)
                 guard worker.config.access.connectPorts.contains(target.port) else {
                     throw ProxyError.connectPortNotAllowed(target.port)
                 }
+            } else if let interception {
+                target = try interception.target(for: head)
             } else {
                 switch mode {
                 case .forward:
@@ -297,8 +304,6 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
                 case .route(let base):
                     guard head.bytes[head.targetRange.lowerBound] == UInt8(ascii: "/") else { throw ProxyError.notOriginForm }
                     target = try RequestTarget.absolute(base + head.target)
-                case .intercepted(let tunnel):
-                    target = try interceptedTarget(head, tunnel)
                 }
             }
             let exchange = try beginExchange(head, target)
@@ -447,7 +452,7 @@ final class ClientConnection: UpstreamTransferDelegate, ClientSocketOwner {
         case .socket(let socket):
             socket.close()
         case .tls(let bev):
-            if interceptionEstablished { sluice_bufferevent_ssl_shutdown(bev) }
+            if interception?.established == true { sluice_bufferevent_ssl_shutdown(bev) }
             bufferevent_free(bev)
         }
         worker.connectionClosed(self)

@@ -13,22 +13,19 @@ class CurlTransfer {
     func curlDone(_ result: CURLcode) {}
 }
 
-/// What a transfer needs from the client side of its exchange. Implemented by
-/// `ClientConnection`; every call happens on the worker's thread.
+/// What happens to a transfer, told to the client side of its exchange (implemented by
+/// `ClientConnection`). Events only: nothing here returns a decision. The one decision a
+/// transfer needs — what to do with a final response head — is asked for by
+/// `responseHeadArrived`, and answered by calling `forward(keepAlive:)`, `follow(_:)` or
+/// `discard()` on the transfer before that call returns.
+///
+/// Threading: every call happens on the worker's thread, from a libcurl callback, a timer or
+/// `cancel()`.
 protocol UpstreamTransferDelegate: AnyObject {
-    /// The client connection's output buffer, where response bytes go.
-    var clientOutput: OpaquePointer { get }
-    /// Whether the response head should promise to keep the client connection open.
-    var keepsAliveAfterResponse: Bool { get }
-    /// Copies up to `capacity` decoded request-body bytes into `buffer`. Returns the count,
-    /// 0 at the end of the body, `nil` when no bytes are available yet (the transfer pauses
-    /// until `resumeUpload`), or throws the error that rejects the request.
-    func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int?
-    /// The final response head arrived: send it, follow it (a redirect), or discard it (the
-    /// exchange retries). Asked once per try, before any byte of it reaches the client.
-    func disposition(of head: UpstreamResponseHead) -> UpstreamTransfer.Disposition
-    /// Rewinds the request body for curl to send again (an auth challenge); false if it can't.
-    func rewindRequestBody() -> Bool
+    /// The final response head arrived (once per try, before any byte of it reaches the
+    /// client). The delegate answers on `transfer` before returning; with no answer the head
+    /// is forwarded with a close.
+    func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: UpstreamTransfer)
     /// The response head went to the client (`status`), or the body bytes did (`bytes`).
     func responseStarted(status: Int)
     func responseBodySent(bytes: Int)
@@ -45,6 +42,20 @@ protocol UpstreamTransferDelegate: AnyObject {
     /// The exchange failed after response bytes reached the client: the connection must end
     /// without completing the message.
     func transferAborted()
+}
+
+/// The request body a transfer uploads, read on libcurl's demand: a stream, not an event
+/// sink (as URLSession takes an input stream). Implemented by `ClientConnection`, which
+/// decodes it from the client's input (or replays what `RequestBodyReader` kept).
+///
+/// Threading: called from libcurl's read and seek callbacks, on the worker's thread.
+protocol RequestBodySource: AnyObject {
+    /// Copies up to `capacity` decoded request-body bytes into `buffer`. Returns the count,
+    /// 0 at the end of the body, `nil` when no bytes are available yet (the transfer pauses
+    /// until `resumeUpload`), or throws the error that rejects the request.
+    func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int?
+    /// Rewinds the body for libcurl to send again (an auth challenge); false if it can't.
+    func rewindRequestBody() -> Bool
 }
 
 /// What the exchange needs to decide about a response head.
@@ -89,9 +100,13 @@ struct UpstreamRequest {
 ///
 /// Threading: created, driven and finished on its worker's thread only.
 final class UpstreamTransfer: CurlTransfer {
-    enum Disposition {
-        case send
-        case redirect(UpstreamRequest)
+    /// The answer to `responseHeadArrived`.
+    private enum Disposition {
+        /// Send the head (promising to keep the client connection open or not) and the body.
+        case forward(keepAlive: Bool)
+        /// Drain the body, then go on with this request (a followed redirect).
+        case follow(UpstreamRequest)
+        /// Drain the body, then tell the delegate `transferDiscarded` (the exchange retries).
         case discard
     }
 
@@ -107,6 +122,13 @@ final class UpstreamTransfer: CurlTransfer {
     /// connection owns this transfer and detaches it with `cancel()` before going away, and
     /// `cancel()` sets this to nil.
     private unowned(unsafe) var delegate: (any UpstreamTransferDelegate)?
+    /// The request body, for a request that has one; the same lifetime rule as `delegate`.
+    private unowned(unsafe) var bodySource: (any RequestBodySource)?
+    /// The client connection's output buffer, where the response goes (lives as long as the
+    /// connection, which outlives this transfer's attachment to it).
+    private let output: OpaquePointer
+    /// The delegate's answer to the current `responseHeadArrived` (nil outside that call).
+    private var disposition: Disposition?
     private let handle: UnsafeMutableRawPointer
     /// A plain request: http, no request body, no credentials. Its handle goes back to the
     /// pool configured (`UpstreamSession.finish`), and a configured handle from the pool
@@ -149,10 +171,13 @@ final class UpstreamTransfer: CurlTransfer {
     /// first body byte or at the end, because curl may still answer an auth challenge.
     private var headComplete: Bool { head.isComplete }
 
-    init(session: UpstreamSession, delegate: UpstreamTransferDelegate, request: UpstreamRequest,
+    init(session: UpstreamSession, delegate: UpstreamTransferDelegate, bodySource: RequestBodySource,
+         output: OpaquePointer, request: UpstreamRequest,
          clientMinorVersion: Int, config: ServerConfiguration, viaLine: [UInt8]) {
         self.session = session
         self.delegate = delegate
+        self.bodySource = request.body == .none ? nil : bodySource
+        self.output = output
         self.target = request.target
         self.isHead = request.isHead
         self.clientMinorVersion = clientMinorVersion
@@ -242,7 +267,7 @@ final class UpstreamTransfer: CurlTransfer {
             sluice_easy_setopt_ptr(h, CURLOPT_SEEKDATA, me)
             sluice_easy_setopt_seek_cb(h) { ud, offset, origin in
                 let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
-                guard offset == 0, origin == SEEK_SET, let delegate = t.delegate, delegate.rewindRequestBody() else {
+                guard offset == 0, origin == SEEK_SET, let source = t.bodySource, source.rewindRequestBody() else {
                     return Int32(CURL_SEEKFUNC_CANTSEEK)
                 }
                 return Int32(CURL_SEEKFUNC_OK)
@@ -273,7 +298,18 @@ final class UpstreamTransfer: CurlTransfer {
         requestHeaders = nil
         redirectTo = nil
         delegate = nil
+        bodySource = nil
     }
+
+    // MARK: answers to `responseHeadArrived` (only inside that call)
+
+    /// Send the response to the client; `keepAlive` says whether its head promises to keep
+    /// the connection open.
+    func forward(keepAlive: Bool) { disposition = .forward(keepAlive: keepAlive) }
+    /// Drain this response's body, then go on with `next` (`transferRedirected`).
+    func follow(_ next: UpstreamRequest) { disposition = .follow(next) }
+    /// Drain this response's body for a retry (`transferDiscarded`).
+    func discard() { disposition = .discard }
 
     /// The client drained its output below the low watermark.
     func resumeDownload() {
@@ -301,9 +337,9 @@ final class UpstreamTransfer: CurlTransfer {
     }
 
     private func onUploadRequest(_ buffer: UnsafeMutableRawPointer, capacity: Int) -> Int {
-        guard let delegate else { return Int(CURL_READFUNC_ABORT) }
+        guard delegate != nil, let bodySource else { return Int(CURL_READFUNC_ABORT) }
         do {
-            guard let n = try delegate.readRequestBody(into: buffer, capacity: capacity) else {
+            guard let n = try bodySource.readRequestBody(into: buffer, capacity: capacity) else {
                 uploadPaused = true
                 return Int(CURL_READFUNC_PAUSE)
             }
@@ -326,7 +362,6 @@ final class UpstreamTransfer: CurlTransfer {
         if !headSent { sendResponseHead() }
         if invalidResponse { return 0 }
         if redirectTo != nil || discarding { return data.count }
-        let output = delegate.clientOutput
         if evbuffer_get_length(output) > Self.outputHighWatermark {
             downloadPaused = true
             return Int(CURL_WRITEFUNC_PAUSE)
@@ -350,20 +385,25 @@ final class UpstreamTransfer: CurlTransfer {
         guard !headSent, !invalidResponse, let delegate else { return }
         headSent = true
         if let tryTimer { event_del(tryTimer) }
-        switch delegate.disposition(of: UpstreamResponseHead(collected: head)) {
-        case .redirect(let next):
+        disposition = nil
+        delegate.responseHeadArrived(UpstreamResponseHead(collected: head), on: self)
+        let answer = disposition ?? .forward(keepAlive: false)
+        disposition = nil
+        let keepAlive: Bool
+        switch answer {
+        case .follow(let next):
             redirectTo = next
             return
         case .discard:
             discarding = true
             return
-        case .send:
-            break
+        case .forward(let keep):
+            keepAlive = keep
         }
         do {
             framing = try ResponseEncoder.forwardedHead(
                 head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
-                keepAlive: delegate.keepsAliveAfterResponse, viaLine: viaLine, into: delegate.clientOutput)
+                keepAlive: keepAlive, viaLine: viaLine, into: output)
         } catch {
             // Nothing reached the client: the exchange fails with 502 (curl is told to stop).
             headSent = false
@@ -418,7 +458,7 @@ final class UpstreamTransfer: CurlTransfer {
                 delegate.transferFailed(pendingError!, kind: .other)
                 return
             }
-            if framing == .chunked { ResponseEncoder.lastChunk(into: delegate.clientOutput) }
+            if framing == .chunked { ResponseEncoder.lastChunk(into: output) }
             let reusable = framing != .close
             cancel()
             delegate.transferFinished(reusable: reusable)
