@@ -21,13 +21,15 @@ let package = Package(
         .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
         .target(name: "CShims", dependencies: ["CCurl", "CLibEvent", "COpenSSL"]),
         .target(name: "SluiceCore", dependencies: ["CZlib", "COpenSSL", .product(name: "HTTPTypes", package: "swift-http-types")]),
         .target(name: "SluiceConfig", dependencies: ["SluiceCore", .product(name: "Yams", package: "Yams"),
                                                     .product(name: "HTTPTypes", package: "swift-http-types")],
                 resources: [.embedInCode("default.yaml")]),
-        .target(name: "SluiceServer", dependencies: ["SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl", "COpenSSL"]),
+        .target(name: "SluiceServer", dependencies: ["SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl", "COpenSSL",
+                                                    "CSystemd"]),
         .executableTarget(name: "sluice", dependencies: [
             "SluiceServer", "SluiceConfig", "SluiceCore",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),

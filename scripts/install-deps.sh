@@ -5,9 +5,9 @@ set -euo pipefail
 what=${1:-build}
 cd "$(dirname "$0")/.."
 
-packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev pkg-config)
+packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev libsystemd-dev pkg-config)
 case "$what" in
-  test)  packages+=(nginx-light curl openssl ca-certificates python3-pip) ;;
+  test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd) ;;
   bench) packages+=(nginx-light curl wrk tinyproxy squid) ;;
 esac
 

@@ -171,3 +171,5 @@ void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx) {
     SSL_CTX_set_num_tickets(ctx, 0);
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
 }
+
+void sluice_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }

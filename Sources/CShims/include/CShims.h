@@ -85,4 +85,7 @@ long sluice_curlauth_basic_digest(void);
 /// The libcurl version string, e.g. "7.88.1".
 const char *sluice_curl_version(void);
 
+/// Names the calling thread (15 bytes at most; `ps -L`, `top -H`, /proc/self/task/*/comm).
+void sluice_set_thread_name(const char *name);
+
 #endif

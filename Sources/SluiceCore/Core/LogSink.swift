@@ -23,7 +23,9 @@ public final class LogSink: Sendable {
     }
 
     public let path: String
-    private let fd: Int32
+    /// The descriptor written to; `reopen()` swaps it. Held while writing, so a reopen falls
+    /// between two writes.
+    private let output: Mutex<Int32>
     private let buffers = Mutex<[Buffer]>([])
     private static let registry = Mutex<[String: LogSink]>([:])
     static let flushIntervalMicroseconds: UInt32 = 100_000
@@ -48,13 +50,45 @@ public final class LogSink: Sendable {
     private init(path: String) throws {
         self.path = path
         switch path {
-        case "stdout": fd = 1
-        case "stderr": fd = 2
-        default:
-            let opened = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
-            guard opened >= 0 else { throw OpenError(path: path, reason: String(cString: strerror(errno))) }
-            fd = opened
+        case "stdout": output = Mutex(1)
+        case "stderr": output = Mutex(2)
+        default: output = Mutex(try Self.openFile(path))
         }
+    }
+
+    private static func openFile(_ path: String) throws(OpenError) -> Int32 {
+        let opened = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o640)
+        guard opened >= 0 else { throw OpenError(path: path, reason: String(cString: strerror(errno))) }
+        return opened
+    }
+
+    /// Reopens a file sink by its path (SIGUSR1, after logrotate moved the file): what was
+    /// logged before goes to the old file, what follows to the new one; nothing is lost. A
+    /// sink that cannot open its path keeps writing to the file it has.
+    public func reopen() throws(OpenError) {
+        guard path != "stdout" && path != "stderr" else { return }
+        let new = try Self.openFile(path)
+        output.withLock { fd in
+            writeBuffered(to: fd)
+            close(fd)
+            fd = new
+        }
+    }
+
+    /// Reopens every file sink; returns the ones that failed (each keeps its old file).
+    public static func reopenAll() -> (reopened: Int, failures: [OpenError]) {
+        let sinks = registry.withLock { Array($0.values) }
+        var reopened = 0
+        var failures: [OpenError] = []
+        for sink in sinks where sink.path != "stdout" && sink.path != "stderr" {
+            do {
+                try sink.reopen()
+                reopened += 1
+            } catch {
+                failures.append(error)
+            }
+        }
+        return (reopened, failures)
     }
 
     /// A buffer for one worker's monitor.
@@ -84,6 +118,10 @@ public final class LogSink: Sendable {
 
     /// Writes everything buffered so far. Called by the writer thread, and at exit.
     public func flush() {
+        output.withLock { fd in writeBuffered(to: fd) }
+    }
+
+    private func writeBuffered(to fd: Int32) {
         let all = buffers.withLock { $0 }
         for buffer in all {
             let chunk = buffer.bytes.withLock { bytes -> [UInt8] in

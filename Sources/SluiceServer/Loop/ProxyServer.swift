@@ -28,6 +28,14 @@ public final class ProxyServer: @unchecked Sendable {
     private let currentListeners: Mutex<ServerConfiguration>
     /// Loaded at start, or at the first reload that intercepts; kept for the process's life.
     private let interception = InterceptionSlot()
+    /// 1 for the configuration started with, plus one per applied reload.
+    private let generation = Atomic<Int>(1)
+    public var configurationGeneration: Int { generation.load(ordering: .relaxed) }
+    /// systemd's notification socket, when `runUntilSignalled` runs under a service manager
+    /// that set one (written before `start()`, read-only afterwards).
+    private(set) var notifier: ServiceNotifier?
+    /// Every worker's heartbeat (set by `start()`).
+    private var heartbeats: [Worker.Heartbeat] = []
 
     /// Bound once per process: libevent's locking and curl's global state.
     private static let globalSetup: Void = {
@@ -63,14 +71,18 @@ public final class ProxyServer: @unchecked Sendable {
         var workers: [Worker] = []
         for i in 0..<count {
             workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
-                                  interception: interception))
+                                      interception: interception,
+                                      heartbeatMilliseconds: notifier?.heartbeatMilliseconds))
         }
         stopHandles = workers.map(\.stopHandle)
+        heartbeats = workers.map(\.heartbeat)
         for worker in workers {
             var thread = pthread_t()
             let box = Unmanaged.passRetained(worker).toOpaque()
             let rc = pthread_create(&thread, nil, { arg in
                 let worker = Unmanaged<Worker>.fromOpaque(arg!).takeRetainedValue()
+                // `top -H`, `ps -L` and the watchdog's log name workers by their index.
+                sluice_set_thread_name("sluice-w\(worker.index)")
                 worker.run()
                 return nil
             }, box)
@@ -112,13 +124,14 @@ public final class ProxyServer: @unchecked Sendable {
         for handle in stopHandles { Worker.requestStop(handle, force: force) }
     }
 
-    /// SIGTERM, SIGINT (drain) and SIGHUP (reload).
+    /// SIGTERM, SIGINT (drain), SIGHUP (reload) and SIGUSR1 (reopen the log files).
     static var controlSignals: sigset_t {
         var set = sigset_t()
         sigemptyset(&set)
         sigaddset(&set, SIGTERM)
         sigaddset(&set, SIGINT)
         sigaddset(&set, SIGHUP)
+        sigaddset(&set, SIGUSR1)
         return set
     }
 
@@ -165,6 +178,7 @@ public final class ProxyServer: @unchecked Sendable {
         }
         currentListeners.withLock { $0 = new.server }
         for handle in stopHandles { Worker.requestReload(handle, new) }
+        generation.add(1, ordering: .relaxed)
         return true
     }
 
@@ -209,7 +223,12 @@ public final class ProxyServer: @unchecked Sendable {
         _ = Self.globalSetup
         // Block the signals in every thread, so only the sigwait below receives them.
         Self.blockControlSignals()
+        notifier = ServiceNotifier.fromEnvironment()
         try start()
+        if let notifier {
+            notifier.ready(generation: configurationGeneration)
+            notifier.startWatchdog(heartbeats: heartbeats) { self.configurationGeneration }
+        }
         let signals = Self.controlSignals
         let waiter = SignalWaiter(server: self, signals: signals)
         var thread = pthread_t()
@@ -219,11 +238,12 @@ public final class ProxyServer: @unchecked Sendable {
         }, Unmanaged.passRetained(waiter).toOpaque())
         pthread_detach(thread)
         wait()
+        notifier?.stopWatchdog()
     }
 }
 
-/// Waits for signals on its own thread: SIGHUP reloads; the first SIGTERM/SIGINT drains the
-/// server, the second stops it at once.
+/// Waits for signals on its own thread: SIGHUP reloads, SIGUSR1 reopens the log files; the
+/// first SIGTERM/SIGINT drains the server, the second stops it at once.
 private final class SignalWaiter: @unchecked Sendable {
     // @unchecked: both properties are immutable and ProxyServer.stop is thread-safe.
     let server: ProxyServer
@@ -240,11 +260,18 @@ private final class SignalWaiter: @unchecked Sendable {
         var stopping = false
         while true {
             sigwait(&set, &received)
-            if received == SIGHUP {
-                server.reload()
+            if received == SIGUSR1 {
+                let (reopened, failures) = LogSink.reopenAll()
+                for failure in failures { Log.error("SIGUSR1: \(failure); still writing to the old file") }
+                Log.info("SIGUSR1: reopened \(reopened) log file(s)")
+            } else if received == SIGHUP {
+                server.notifier?.reloading(path: server.configPath ?? "the embedded default")
+                let applied = server.reload()
+                server.notifier?.reloaded(applied: applied, generation: server.configurationGeneration)
             } else if !stopping {
                 stopping = true
                 Log.info("received signal \(received): draining (up to \(server.config.timeouts.drain) ms)")
+                server.notifier?.stopping(drainMilliseconds: server.config.timeouts.drain)
                 server.stop(force: false)
             } else {
                 Log.info("received signal \(received) again: stopping now")

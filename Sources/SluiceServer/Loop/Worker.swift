@@ -39,6 +39,9 @@ final class Worker {
     private var listeners: [String: Listener] = [:]
     private var reloadEvent: OpaquePointer!
     private let mailbox: Mailbox
+    let heartbeat = Heartbeat()
+    /// Beats `heartbeat`; only when a service manager watches (`ServiceNotifier`).
+    private var heartbeatTimer: OpaquePointer?
 
     /// One listening socket and what its connections do.
     final class Listener {
@@ -51,6 +54,17 @@ final class Worker {
             self.mode = mode
             self.address = address
         }
+    }
+
+    /// What the service watchdog (`ServiceNotifier`) reads of this worker: beats counted by a
+    /// timer on this worker's loop (so a loop that is stuck stops them), and the counts for
+    /// systemd's `STATUS=` line. Written by the worker's thread, read by the notifier's.
+    final class Heartbeat: Sendable {
+        let beats = Atomic<UInt64>(0)
+        let exchangesInFlight = Atomic<Int>(0)
+        let clientConnections = Atomic<Int>(0)
+        /// The loop has ended (a drained worker needs no watchdog).
+        let exited = Atomic<Bool>(false)
     }
 
     /// Where the main thread leaves a new configuration for this worker to pick up.
@@ -77,8 +91,9 @@ final class Worker {
         let mailbox: Mailbox
     }
 
+    /// `heartbeatMilliseconds`: how often the loop beats its `heartbeat` (nil: never).
     init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
-         interception: InterceptionSlot) throws {
+         interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil) throws {
         self.index = index
         self.interception = interception
         self.config = configuration.server
@@ -103,6 +118,13 @@ final class Worker {
         flushEvent = event_new(base, -1, 0, { _, _, arg in
             Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().flushPass()
         }, me)
+        if let ms = heartbeatMilliseconds {
+            heartbeatTimer = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
+                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beat()
+            }, me)
+            var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+            event_add(heartbeatTimer, &tv)
+        }
         for (key, mode, address) in Self.listenerSpecs(configuration.server) {
             try listen(key: key, mode: mode, on: address)
         }
@@ -155,6 +177,14 @@ final class Worker {
             }
         }
         pipeline.monitor?.handle(.configReloaded(success: true, message: "worker \(index) reloaded"))
+    }
+
+    private func beat() {
+        var inFlight = 0
+        for connection in connections.values where connection.exchange != nil { inFlight += 1 }
+        heartbeat.exchangesInFlight.store(inFlight, ordering: .relaxed)
+        heartbeat.clientConnections.store(connections.count, ordering: .relaxed)
+        heartbeat.beats.add(1, ordering: .releasing)
     }
 
     /// Asks the worker to stop: first call drains, a call with `force` exits at once.
@@ -265,6 +295,8 @@ final class Worker {
         event_free(stopEvent)
         event_free(reloadEvent)
         event_free(flushEvent)
+        if let heartbeatTimer { event_free(heartbeatTimer) }
+        heartbeat.exited.store(true, ordering: .releasing)
         flushQueue.removeAll()
         sessionContext.close()
         session.shutdown()
