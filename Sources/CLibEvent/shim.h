@@ -6,3 +6,4 @@
 #include <event2/dns.h>
 #include <event2/util.h>
 #include <event2/thread.h>
+#include <event2/http.h>

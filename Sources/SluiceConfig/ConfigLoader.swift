@@ -112,7 +112,7 @@ struct NodeReader {
 
     mutating func readRoot(_ root: Node, into config: inout SluiceConfiguration) {
         let known = ["listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes",
-                     "monitors", "redact_query"]
+                     "monitors", "redact_query", "admin"]
         var policyEntries: [PolicyEntry] = []
         var monitorSpecs: [(MonitorSpec, Node)] = []
         var redactQuery: Set<String> = []
@@ -125,6 +125,7 @@ struct NodeReader {
             case "access": r.readAccess(value, into: &config.server.access)
             case "tls": r.readTLS(value, into: &config.server.tls)
             case "routes": r.readRoutes(value, into: &config.server.routes)
+            case "admin": r.readAdmin(value, into: &config.server.admin)
             case "policies": policyEntries = r.readPolicies(value)
             case "monitors": monitorSpecs = r.readMonitors(value)
             default:
@@ -345,5 +346,14 @@ enum ListenAddress {
         }
         guard let p = Int(port), p >= 1, p <= 65535 else { return false }
         return true
+    }
+
+    /// A valid address in 127.0.0.0/8 or ::1.
+    static func isLoopback(_ text: String) -> Bool {
+        guard isValid(text) else { return false }
+        let host = text.hasPrefix("[") ? String(text.dropFirst().prefix { $0 != "]" }) : String(text[..<text.lastIndex(of: ":")!])
+        guard let bytes = IPNetwork.parseAddress(host) else { return false }
+        if bytes.count == 4 { return bytes[0] == 127 }
+        return bytes.dropLast().allSatisfy { $0 == 0 } && bytes.last == 1
     }
 }

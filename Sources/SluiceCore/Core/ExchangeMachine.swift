@@ -71,6 +71,24 @@ public struct ExchangeMachine {
         case failing
         /// The exchange ended (its `.finished` event was reported).
         case done(Outcome)
+
+        /// The state's name as the admin API's `GET /requests` shows it.
+        public var name: String {
+            switch self {
+            case .received: return "received"
+            case .adapting: return "adapting"
+            case .awaitingCredential: return "awaiting_credential"
+            case .startingTry: return "starting_try"
+            case .trying: return "trying"
+            case .streaming: return "streaming"
+            case .checkingRedirect: return "checking_redirect"
+            case .drainingRedirect: return "draining_redirect"
+            case .drainingDiscarded: return "draining_discarded"
+            case .backingOff: return "backing_off"
+            case .failing: return "failing"
+            case .done: return "done"
+            }
+        }
     }
 
     public enum Event {

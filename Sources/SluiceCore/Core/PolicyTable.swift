@@ -138,6 +138,8 @@ public final class PolicyTable: Sendable {
     public let intercepts: Bool
     /// Policies whose trust is `disabled`, for the start-up warning.
     public let insecurePolicies: [String]
+    /// Every policy's name, `default` first, then in the file's order.
+    public let names: [String]
 
     public init(entries: [PolicyEntry], allHostsMustBeEvaluated: Bool = false) {
         let base = entries.first { $0.name == Self.defaultName } ?? PolicyEntry(name: Self.defaultName)
@@ -158,6 +160,7 @@ public final class PolicyTable: Sendable {
         self.wildcards = wildcards.sorted { $0.0.count > $1.0.count }
         intercepts = all.contains { $0.intercept }
         insecurePolicies = all.filter { $0.trust.requirements.insecure }.map(\.name)
+        names = all.map(\.name)
     }
 
     /// The empty table: the default policy only, with no adapters and no redirects followed.

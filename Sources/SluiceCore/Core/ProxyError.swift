@@ -30,6 +30,8 @@ public enum ProxyError: Error, Sendable, Equatable {
     case adapterFailed(name: String, reason: String)
     /// The request arrived on a gateway route in a form a route does not take.
     case notOriginForm
+    /// The admin API's `POST /requests/cancel` ended the exchange before its response started.
+    case cancelledByOperator
 
     public var status: Int {
         switch self {
@@ -44,6 +46,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed: return 502
         case .upstreamTimeout: return 504
         case .loopDetected: return 508
+        case .cancelledByOperator: return 503
         }
     }
 
@@ -53,7 +56,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm, .requestLineTooLong, .headerSectionTooLarge,
              .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
-             .loopDetected:
+             .loopDetected, .cancelledByOperator:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
              .upstreamTimeout, .upstreamProtocol, .adapterFailed:
@@ -89,6 +92,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .adapterFailed(let name, let reason): return "adapter \(name) failed: \(reason)"
         case .notOriginForm:
             return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"
+        case .cancelledByOperator: return "request cancelled by the proxy's operator"
         }
     }
 }

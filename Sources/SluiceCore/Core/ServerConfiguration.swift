@@ -15,12 +15,14 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var tls: TLS
     /// Gateway listeners: origin-form requests mapped onto an upstream base URL.
     public var routes: [Route]
+    /// The admin listener (`admin:`); nil (the default) means none.
+    public var admin: Admin?
 
     public static let defaultListen = ["127.0.0.1:3128"]
 
     public init(listen: [String] = ServerConfiguration.defaultListen, workers: Int? = nil,
                 limits: Limits = Limits(), timeouts: Timeouts = Timeouts(),
-                access: Access = Access(), tls: TLS = TLS(), routes: [Route] = []) {
+                access: Access = Access(), tls: TLS = TLS(), routes: [Route] = [], admin: Admin? = nil) {
         self.listen = listen
         self.workers = workers
         self.limits = limits
@@ -28,6 +30,20 @@ public struct ServerConfiguration: Sendable, Equatable {
         self.access = access
         self.tls = tls
         self.routes = routes
+        self.admin = admin
+    }
+
+    /// The admin listener (`docs/operations.md`, "Admin API"): health, readiness, in-flight
+    /// requests and their cancellation, the effective configuration, reload, metrics.
+    public struct Admin: Sendable, Equatable {
+        /// `host:port`; a loopback address unless `token` is set.
+        public var listen: String
+        /// When set, every request must carry `Authorization: Bearer <token>`.
+        public var token: Secret?
+        public init(listen: String, token: Secret? = nil) {
+            self.listen = listen
+            self.token = token
+        }
     }
 
     /// A gateway listener (Alamofire's Router, as a listener): `GET /x` on `listen` goes to

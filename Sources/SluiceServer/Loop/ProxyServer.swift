@@ -24,8 +24,12 @@ public final class ProxyServer: @unchecked Sendable {
     private var threads: [pthread_t] = []
     private var stopHandles: [Worker.StopHandle] = []
     private var started = false
-    /// The listeners of the configuration last applied (start or reload).
-    private let currentListeners: Mutex<ServerConfiguration>
+    /// The configuration last applied (start or reload).
+    private let current: Mutex<SluiceConfiguration>
+    /// One reload at a time (SIGHUP and the admin API's `POST /reload` may race).
+    private let reloading = Mutex(())
+    /// The admin listener, when `admin:` is configured (set by `start()`).
+    private var admin: AdminServer?
     /// Loaded at start, or at the first reload that intercepts; kept for the process's life.
     private let interception = InterceptionSlot()
     /// 1 for the configuration started with, plus one per applied reload.
@@ -47,7 +51,7 @@ public final class ProxyServer: @unchecked Sendable {
     public init(configuration: SluiceConfiguration, configPath: String? = nil) {
         self.configuration = configuration
         self.configPath = configPath
-        currentListeners = Mutex(configuration.server)
+        current = Mutex(configuration)
     }
 
     /// A server without policies or monitors.
@@ -65,6 +69,7 @@ public final class ProxyServer: @unchecked Sendable {
         _ = Self.globalSetup
         guard let share = sluice_share_create() else { throw ServerError.startup("cannot create curl share handle") }
         for address in Self.listenAddresses(config) { try Self.checkAddressIsFree(address) }
+        if let admin = config.admin { try Self.checkAddressIsFree(admin.listen) }
         try prepareTLS(for: configuration)
         let count = config.workers ?? Self.coreCount
         let pseudonym = "sluice-" + String(UInt32.random(in: 0x1000_0000...UInt32.max), radix: 16)
@@ -76,6 +81,9 @@ public final class ProxyServer: @unchecked Sendable {
         }
         stopHandles = workers.map(\.stopHandle)
         heartbeats = workers.map(\.heartbeat)
+        if let settings = config.admin {
+            admin = try AdminServer(server: self, settings: settings, workers: stopHandles)
+        }
         for worker in workers {
             var thread = pthread_t()
             let box = Unmanaged.passRetained(worker).toOpaque()
@@ -90,6 +98,10 @@ public final class ProxyServer: @unchecked Sendable {
             threads.append(thread)
         }
         started = true
+        if let admin {
+            admin.start()
+            Log.info("admin API on \(admin.address)")
+        }
         Log.info("listening on \(config.listen.joined(separator: ", ")) with \(count) worker(s), libcurl \(String(cString: sluice_curl_version()))")
     }
 
@@ -146,40 +158,51 @@ public final class ProxyServer: @unchecked Sendable {
     public func wait() {
         for thread in threads { pthread_join(thread, nil) }
         threads.removeAll()
+        admin?.stop()
+        admin?.join()
         LogSink.flushAll()
     }
+
+    /// The configuration last applied (at start, or by the last reload that took).
+    public var currentConfiguration: SluiceConfiguration { current.withLock { $0 } }
 
     /// Applies a new pipeline, listeners and routes to every worker. Safe from any thread.
     /// Server settings other than `listen` and `routes` are kept as started (they need a
     /// restart); a change to them is logged.
     @discardableResult
     public func reload(with new: SluiceConfiguration) -> Bool {
+        reloading.withLock { _ in apply(new) == nil }
+    }
+
+    /// Applies `new`, or returns why it cannot be (logged; nothing changed).
+    private func apply(_ new: SluiceConfiguration) -> String? {
         var fixed = new.server
         fixed.listen = config.listen
         fixed.routes = config.routes
         fixed.tls.allHostsMustBeEvaluated = config.tls.allHostsMustBeEvaluated  // part of the policies
         if fixed != config {
-            Log.warning("reload: workers, limits, timeouts, access, tls.ca_file and tls.ca_dir changes need a restart; kept the running values")
+            Log.warning("reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir and admin changes need a restart; kept the running values")
         }
-        let running = Set(Self.listenAddresses(currentListeners.withLock { $0 }))
-        for address in Self.listenAddresses(new.server) where !running.contains(address) {
-            do {
-                try Self.checkAddressIsFree(address)
-            } catch {
-                Log.error("reload failed, keeping the running configuration: \(error)")
-                return false
-            }
-        }
+        let running = Set(Self.listenAddresses(current.withLock { $0.server }))
         do {
+            for address in Self.listenAddresses(new.server) where !running.contains(address) {
+                try Self.checkAddressIsFree(address)
+            }
             try prepareTLS(for: new)
         } catch {
             Log.error("reload failed, keeping the running configuration: \(error)")
-            return false
+            return "\(error)"
         }
-        currentListeners.withLock { $0 = new.server }
+        // What runs now: the new pipeline, listeners and routes; every other server setting
+        // as started.
+        var applied = new
+        applied.server = config
+        applied.server.listen = new.server.listen
+        applied.server.routes = new.server.routes
+        current.withLock { $0 = applied }
         for handle in stopHandles { Worker.requestReload(handle, new) }
         generation.add(1, ordering: .relaxed)
-        return true
+        return nil
     }
 
     /// Loads the interception CA when a policy intercepts and it is not loaded yet, and warns
@@ -196,25 +219,50 @@ public final class ProxyServer: @unchecked Sendable {
         Log.info("interception: signing leaves with \(ca.certificatePath) (SHA-256 \(ca.fingerprint))")
     }
 
+    /// What a reload of `configPath` did.
+    public struct ReloadResult: Sendable {
+        public var applied: Bool
+        /// Why it was refused: every located error of the file (`file:line:col: …`), or the
+        /// reason the server could not apply it.
+        public var errors: [String]
+        /// The configuration generation serving now.
+        public var generation: Int
+    }
+
     /// Re-reads `configPath` (SIGHUP). An invalid file changes nothing and its errors are
     /// logged with file, line and column. Returns whether the new file was applied.
     @discardableResult
-    public func reload() -> Bool {
+    public func reload() -> Bool { reloadFile().applied }
+
+    /// `reload()` with its errors, and with systemd told (`RELOADING=1`, then `READY=1`):
+    /// what SIGHUP and the admin API's `POST /reload` do.
+    @discardableResult
+    public func reloadFile() -> ReloadResult {
+        reloading.withLock { _ in
+            notifier?.reloading(path: configPath ?? "the embedded default")
+            let errors = readAndApply()
+            notifier?.reloaded(applied: errors.isEmpty, generation: configurationGeneration)
+            return ReloadResult(applied: errors.isEmpty, errors: errors, generation: configurationGeneration)
+        }
+    }
+
+    private func readAndApply() -> [String] {
         guard let configPath else {
             Log.info("reload: running the embedded default; nothing to re-read")
-            return false
+            return ["running the embedded default (no --config): nothing to re-read"]
         }
         do {
             let new = try ConfigLoader.load(path: configPath)
-            guard reload(with: new) else { return false }
+            if let error = apply(new) { return [error] }
             Log.info("reload: applied \(configPath)")
-            return true
+            return []
         } catch let error as ConfigError {
             for issue in error.issues { Log.error("reload failed, keeping the running configuration: \(issue)") }
+            return error.issues.map(\.description)
         } catch {
             Log.error("reload failed, keeping the running configuration: \(error)")
+            return ["\(error)"]
         }
-        return false
     }
 
     /// Runs until SIGTERM or SIGINT (drain, then return), or a second such signal (return at
@@ -265,9 +313,7 @@ private final class SignalWaiter: @unchecked Sendable {
                 for failure in failures { Log.error("SIGUSR1: \(failure); still writing to the old file") }
                 Log.info("SIGUSR1: reopened \(reopened) log file(s)")
             } else if received == SIGHUP {
-                server.notifier?.reloading(path: server.configPath ?? "the embedded default")
-                let applied = server.reload()
-                server.notifier?.reloaded(applied: applied, generation: server.configurationGeneration)
+                server.reloadFile()
             } else if !stopping {
                 stopping = true
                 Log.info("received signal \(received): draining (up to \(server.config.timeouts.drain) ms)")

@@ -38,6 +38,7 @@ final class Worker {
     /// route's upstream) keeps the socket: nothing queued on it is dropped.
     private var listeners: [String: Listener] = [:]
     private var reloadEvent: OpaquePointer!
+    private var adminEvent: OpaquePointer!
     private let mailbox: Mailbox
     let heartbeat = Heartbeat()
     /// Beats `heartbeat`; only when a service manager watches (`ServiceNotifier`).
@@ -67,9 +68,38 @@ final class Worker {
         let exited = Atomic<Bool>(false)
     }
 
-    /// Where the main thread leaves a new configuration for this worker to pick up.
+    /// Where other threads leave work for this worker (a new configuration, admin tasks) and
+    /// wake it. Its lock is held while an event of the worker is activated, and the worker
+    /// marks it `closed` before it frees those events: nothing is activated after that (a
+    /// second SIGTERM, a SIGHUP or an admin request that arrives after this worker drained).
     final class Mailbox: Sendable {
-        let pending = Mutex<SluiceConfiguration?>(nil)
+        struct Contents {
+            var closed = false
+            var pending: SluiceConfiguration?
+            var admin: [AdminTask] = []
+        }
+        let contents = Mutex(Contents())
+    }
+
+    /// What the admin API (`AdminServer`) asks of a worker; run on the worker's loop, each
+    /// answered through its gather.
+    enum AdminTask: Sendable {
+        /// `GET /requests`: the exchanges in flight.
+        case list(AdminGather<[AdminExchange]>)
+        /// `POST /requests/cancel`: cancel the matching exchanges; answers how many.
+        case cancel(AdminCancelFilter, AdminGather<Int>)
+        /// `GET /readyz`: the loop answers, and its upstream session is usable.
+        case ping(AdminGather<Bool>)
+
+        /// The answer of a worker whose loop has ended: no exchanges, nothing cancelled, not
+        /// ready.
+        func answerUnavailable() {
+            switch self {
+            case .list(let gather): gather.deliver([])
+            case .cancel(_, let gather): gather.deliver(0)
+            case .ping(let gather): gather.deliver(false)
+            }
+        }
     }
     private var connections: [ObjectIdentifier: ClientConnection] = [:]
     /// Where client reads beyond `ClientSocket.smallRead` land before they are copied into the
@@ -82,12 +112,14 @@ final class Worker {
     private var drainTimer: OpaquePointer?
     private(set) var isDraining = false
 
-    /// What the main thread may hold of a worker: its stop event (thread-safe to activate).
+    /// What other threads may hold of a worker: the events that wake it and its mailbox.
     struct StopHandle: @unchecked Sendable {
         // libevent was set up with evthread_use_pthreads(), which makes event_active safe
-        // from any thread; nothing else is reachable through these pointers.
+        // from any thread; the events are activated only under the mailbox's lock while it is
+        // open (they are freed after it closes); nothing else is reachable through them.
         let event: OpaquePointer
         let reloadEvent: OpaquePointer
+        let adminEvent: OpaquePointer
         let mailbox: Mailbox
     }
 
@@ -115,6 +147,10 @@ final class Worker {
             Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().applyPendingReload()
         }, me)
         event_add(reloadEvent, nil)
+        adminEvent = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
+            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().runAdminTasks()
+        }, me)
+        event_add(adminEvent, nil)
         flushEvent = event_new(base, -1, 0, { _, _, arg in
             Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().flushPass()
         }, me)
@@ -131,12 +167,52 @@ final class Worker {
         sessionContext = WorkerSession(worker: self)
     }
 
-    var stopHandle: StopHandle { StopHandle(event: stopEvent, reloadEvent: reloadEvent, mailbox: mailbox) }
+    var stopHandle: StopHandle {
+        StopHandle(event: stopEvent, reloadEvent: reloadEvent, adminEvent: adminEvent, mailbox: mailbox)
+    }
+
+    /// Hands `task` to the worker; it runs on the worker's thread at its next loop pass (a
+    /// worker whose loop has ended answers at once, `answerUnavailable`).
+    static func requestAdmin(_ handle: StopHandle, _ task: AdminTask) {
+        let queued = handle.mailbox.contents.withLock { contents -> Bool in
+            guard !contents.closed else { return false }
+            contents.admin.append(task)
+            event_active(handle.adminEvent, Int32(EV_READ), 0)
+            return true
+        }
+        if !queued { task.answerUnavailable() }
+    }
+
+    private func runAdminTasks() {
+        let tasks = mailbox.contents.withLock { contents -> [AdminTask] in
+            defer { contents.admin.removeAll() }
+            return contents.admin
+        }
+        for task in tasks {
+            switch task {
+            case .list(let gather):
+                gather.deliver(connections.values.compactMap { $0.adminSnapshot(worker: index) })
+            case .cancel(let filter, let gather):
+                var count = 0
+                for connection in Array(connections.values) {
+                    guard let exchange = connection.adminSnapshot(worker: index), filter.matches(exchange) else { continue }
+                    connection.cancelByOperator()
+                    count += 1
+                }
+                gather.deliver(count)
+            case .ping(let gather):
+                gather.deliver(!isDraining && session.isUsable)
+            }
+        }
+    }
 
     /// Hands `configuration` to the worker; it applies it on its own thread.
     static func requestReload(_ handle: StopHandle, _ configuration: SluiceConfiguration) {
-        handle.mailbox.pending.withLock { $0 = configuration }
-        event_active(handle.reloadEvent, Int32(EV_READ), 0)
+        handle.mailbox.contents.withLock { contents in
+            guard !contents.closed else { return }
+            contents.pending = configuration
+            event_active(handle.reloadEvent, Int32(EV_READ), 0)
+        }
     }
 
     /// A process-unique request id: the worker index in the top 16 bits, a counter below.
@@ -151,9 +227,9 @@ final class Worker {
 
     /// Swaps in the new pipeline and opens or closes listeners to match the new file.
     private func applyPendingReload() {
-        guard let configuration = mailbox.pending.withLock({ value -> SluiceConfiguration? in
-            defer { value = nil }
-            return value
+        guard let configuration = mailbox.contents.withLock({ contents -> SluiceConfiguration? in
+            defer { contents.pending = nil }
+            return contents.pending
         }) else { return }
         pipeline = WorkerPipeline(configuration.pipeline, reload: true)
         if isDraining { return }
@@ -189,7 +265,10 @@ final class Worker {
 
     /// Asks the worker to stop: first call drains, a call with `force` exits at once.
     static func requestStop(_ handle: StopHandle, force: Bool) {
-        event_active(handle.event, force ? Int32(EV_SIGNAL) : Int32(EV_READ), 0)
+        handle.mailbox.contents.withLock { contents in
+            guard !contents.closed else { return }
+            event_active(handle.event, force ? Int32(EV_SIGNAL) : Int32(EV_READ), 0)
+        }
     }
 
     private func listen(key: String, mode: ClientConnection.Mode, on address: String) throws {
@@ -292,8 +371,17 @@ final class Worker {
         for connection in Array(connections.values) { connection.close() }
         closeListeners()
         if let drainTimer { event_free(drainTimer) }
+        // From here on no thread activates this worker's events (see `Mailbox`); admin tasks
+        // that arrived too late are answered as a stopped worker's.
+        let late = mailbox.contents.withLock { contents -> [AdminTask] in
+            contents.closed = true
+            defer { contents.admin.removeAll() }
+            return contents.admin
+        }
+        for task in late { task.answerUnavailable() }
         event_free(stopEvent)
         event_free(reloadEvent)
+        event_free(adminEvent)
         event_free(flushEvent)
         if let heartbeatTimer { event_free(heartbeatTimer) }
         heartbeat.exited.store(true, ordering: .releasing)

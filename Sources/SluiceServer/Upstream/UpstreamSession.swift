@@ -104,6 +104,9 @@ final class UpstreamSession {
 
     /// Closes the pool and frees libcurl's state; called once by the worker when its loop
     /// has ended and every transfer is detached.
+    /// The multi handle exists and takes transfers (until `shutdown()`).
+    var isUsable: Bool { !isShutDown }
+
     func shutdown() {
         guard !isShutDown else { return }
         isShutDown = true

@@ -154,6 +154,8 @@ final class UpstreamTransfer: CurlTransfer {
     private var head: ResponseHeadCollector
     private var status: Int { head.status }
     private(set) var headSent = false
+    /// Response bytes reached the client's output (a drained redirect or retry sends none).
+    var responseStarted: Bool { headSent && !discarding && redirectTo == nil && !invalidResponse }
     private var framing: ResponseEncoder.Framing = .none
     private(set) var downloadPaused = false
     private(set) var uploadPaused = false

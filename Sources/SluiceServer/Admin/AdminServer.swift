@@ -1,0 +1,346 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CLibEvent
+import CShims
+import Foundation
+import SluiceConfig
+import SluiceCore
+
+/// The admin listener (`admin:`): health and readiness, the exchanges in flight and their
+/// cancellation (Alamofire's `withAllRequests` / `cancelAllRequests`), the effective
+/// configuration, reload, and metrics. JSON in and out; `docs/admin-api.yaml` is its OpenAPI
+/// description, and the e2e suite checks every answer against it.
+///
+/// It serves with libevent's `evhttp` on a thread and event loop of its own, so nothing it
+/// does (waiting for the workers' answers included) can delay a proxied request.
+///
+/// Threading: built on the thread that starts the server (the bind happens there, so a
+/// taken address fails the start), then owned by its thread. `stop()` may be called from any
+/// thread. It reads the `ProxyServer`'s thread-safe state and asks workers through their
+/// mailboxes (`Worker.requestAdmin`), waiting at most `workerAnswerMilliseconds` for them.
+final class AdminServer: @unchecked Sendable {
+    // @unchecked: `base` and `http` are used by the admin thread only once it runs;
+    // `stopEvent` is activated through libevent's thread-safe `event_active`.
+    private unowned let server: ProxyServer
+    private let workers: [Worker.StopHandle]
+    private let token: Secret?
+    let address: String
+    private let base: OpaquePointer
+    private let http: OpaquePointer
+    private var stopEvent: OpaquePointer!
+    private var thread: pthread_t?
+
+    /// How long a request waits for every worker's answer (a stuck worker must not hang it).
+    static let workerAnswerMilliseconds = 2000
+    /// Request bodies larger than this are refused (413).
+    static let maxBodySize = 64 * 1024
+
+    init(server: ProxyServer, settings: ServerConfiguration.Admin, workers: [Worker.StopHandle]) throws(ServerError) {
+        self.server = server
+        self.workers = workers
+        token = settings.token
+        address = settings.listen
+        guard let base = event_base_new() else { throw .startup("admin: cannot create an event loop") }
+        guard let http = evhttp_new(base) else {
+            event_base_free(base)
+            throw .startup("admin: cannot create the HTTP server")
+        }
+        self.base = base
+        self.http = http
+        let (host, port) = Self.split(settings.listen)
+        guard evhttp_bind_socket_with_handle(http, host, port) != nil else {
+            let reason = String(cString: strerror(errno))
+            evhttp_free(http)
+            event_base_free(base)
+            throw .startup("cannot listen on \(settings.listen) (admin): \(reason)")
+        }
+        evhttp_set_max_body_size(http, Int(Self.maxBodySize))
+        evhttp_set_timeout(http, 10)
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        evhttp_set_gencb(http, { request, arg in
+            guard let request else { return }
+            Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue().serve(request)
+        }, me)
+        stopEvent = event_new(base, -1, 0, { _, _, arg in
+            let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
+            event_base_loopbreak(admin.base)
+        }, me)
+        event_add(stopEvent, nil)
+    }
+
+    deinit {
+        event_free(stopEvent)
+        evhttp_free(http)
+        event_base_free(base)
+    }
+
+    private static func split(_ address: String) -> (String, UInt16) {
+        let colon = address.lastIndex(of: ":")!
+        var host = String(address[..<colon])
+        if host.hasPrefix("[") { host = String(host.dropFirst().dropLast()) }
+        return (host, UInt16(address[address.index(after: colon)...])!)
+    }
+
+    /// Starts the admin thread. The server keeps this object alive until `join()`.
+    func start() {
+        var thread = pthread_t()
+        pthread_create(&thread, nil, { arg in
+            let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
+            sluice_set_thread_name("sluice-admin")
+            event_base_dispatch(admin.base)
+            return nil
+        }, Unmanaged.passUnretained(self).toOpaque())
+        self.thread = thread
+    }
+
+    /// Ends the admin loop (requests being served finish first). Safe from any thread.
+    func stop() { event_active(stopEvent, Int32(EV_READ), 0) }
+
+    func join() {
+        if let thread { pthread_join(thread, nil) }
+        thread = nil
+    }
+
+    // MARK: requests
+
+    private func serve(_ request: OpaquePointer) {
+        let method = evhttp_request_get_command(request)
+        let uri = evhttp_request_get_uri(request).map { String(cString: $0) } ?? "/"
+        let path = String(uri.prefix { $0 != "?" })
+        var body: [UInt8] = []
+        if let input = evhttp_request_get_input_buffer(request) {
+            let length = evbuffer_get_length(input)
+            if length > 0, let bytes = evbuffer_pullup(input, -1) {
+                body = Array(UnsafeBufferPointer(start: bytes, count: length))
+            }
+        }
+        let response: AdminResponse
+        if !authorized(request) {
+            response = .error(401, "missing or wrong bearer token", headers: [("WWW-Authenticate", "Bearer realm=\"sluice admin\"")])
+        } else {
+            response = route(method: method, path: path, body: body)
+        }
+        send(response, to: request)
+    }
+
+    private func authorized(_ request: OpaquePointer) -> Bool {
+        guard let token else { return true }
+        guard let headers = evhttp_request_get_input_headers(request),
+              let value = evhttp_find_header(headers, "Authorization") else { return false }
+        return Self.constantTimeEqual(Array(String(cString: value).utf8), Array(("Bearer " + token.value).utf8))
+    }
+
+    /// Compares without stopping at the first difference (the time does not tell how much of
+    /// a guessed token was right).
+    static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+        var difference = UInt8(a.count == b.count ? 0 : 1)
+        for i in 0..<max(a.count, b.count) {
+            difference |= (i < a.count ? a[i] : 0) ^ (i < b.count ? b[i] : 0)
+        }
+        return difference == 0
+    }
+
+    private func route(method: evhttp_cmd_type, path: String, body: [UInt8]) -> AdminResponse {
+        let isGet = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD
+        let isPost = method == EVHTTP_REQ_POST
+        switch path {
+        case "/healthz":
+            return isGet ? .json(200, ["status": "alive"]) : .methodNotAllowed("GET")
+        case "/readyz":
+            return isGet ? readiness() : .methodNotAllowed("GET")
+        case "/requests":
+            return isGet ? listRequests() : .methodNotAllowed("GET")
+        case "/requests/cancel":
+            return isPost ? cancelRequests(body) : .methodNotAllowed("POST")
+        case "/config":
+            return isGet ? configuration() : .methodNotAllowed("GET")
+        case "/reload":
+            return isPost ? reload() : .methodNotAllowed("POST")
+        default:
+            return .error(404, "no such admin endpoint: \(path) (see docs/admin-api.yaml)")
+        }
+    }
+
+    private func askWorkers<T: Sendable>(_ make: (AdminGather<T>) -> Worker.AdminTask) -> (results: [T], complete: Bool) {
+        let gather = AdminGather<T>(expected: workers.count)
+        for worker in workers { Worker.requestAdmin(worker, make(gather)) }
+        return gather.wait(milliseconds: Self.workerAnswerMilliseconds)
+    }
+
+    private func readiness() -> AdminResponse {
+        let answers = askWorkers { Worker.AdminTask.ping($0) }
+        let usable = answers.results.filter { $0 }.count
+        let ready = answers.complete && usable == workers.count
+        return .encoded(ready ? 200 : 503, Readiness(
+            ready: ready, listeners: true, configurationGeneration: server.configurationGeneration,
+            workers: workers.count, workersReady: usable))
+    }
+
+    private func listRequests() -> AdminResponse {
+        let answers = askWorkers { Worker.AdminTask.list($0) }
+        let all = answers.results.flatMap { $0 }.sorted { $0.ageMilliseconds > $1.ageMilliseconds }
+        return .encoded(200, RequestList(requests: all, complete: answers.complete))
+    }
+
+    private func cancelRequests(_ body: [UInt8]) -> AdminResponse {
+        let filter: AdminCancelFilter
+        do {
+            filter = try AdminCancelFilter(json: body)
+        } catch {
+            return .error(400, error.message)
+        }
+        let answers = askWorkers { Worker.AdminTask.cancel(filter, $0) }
+        let count = answers.results.reduce(0, +)
+        Log.info("admin: cancelled \(count) request(s) (\(filter))")
+        return .encoded(200, CancelResult(cancelled: count, complete: answers.complete))
+    }
+
+    private func reload() -> AdminResponse {
+        let result = server.reloadFile()
+        return .encoded(result.applied ? 200 : 422,
+                        ReloadAnswer(applied: result.applied, errors: result.errors, configurationGeneration: result.generation))
+    }
+
+    private func configuration() -> AdminResponse {
+        .encoded(200, ConfigurationView(server.currentConfiguration, generation: server.configurationGeneration,
+                                        source: server.configPath))
+    }
+
+    private func send(_ response: AdminResponse, to request: OpaquePointer) {
+        if let headers = evhttp_request_get_output_headers(request) {
+            evhttp_add_header(headers, "Content-Type", response.contentType)
+            evhttp_add_header(headers, "Cache-Control", "no-store")
+            for (name, value) in response.headers { evhttp_add_header(headers, name, value) }
+        }
+        let output = evbuffer_new()
+        response.body.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        evhttp_send_reply(request, Int32(response.status), Self.reason(response.status), output)
+        evbuffer_free(output)
+    }
+
+    private static func reason(_ status: Int) -> String {
+        switch status {
+        case 200: return "OK"
+        case 400: return "Bad Request"
+        case 401: return "Unauthorized"
+        case 404: return "Not Found"
+        case 405: return "Method Not Allowed"
+        case 422: return "Unprocessable Content"
+        case 503: return "Service Unavailable"
+        default: return "Status"
+        }
+    }
+}
+
+/// One admin answer before it is written.
+struct AdminResponse {
+    var status: Int
+    var contentType = "application/json"
+    var headers: [(String, String)] = []
+    var body: [UInt8]
+
+    static func encoded(_ status: Int, _ value: some Encodable) -> AdminResponse {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
+        return AdminResponse(status: status, body: Array(data) + [0x0A])
+    }
+
+    static func json(_ status: Int, _ value: [String: String]) -> AdminResponse { encoded(status, value) }
+
+    /// `{"error": message}`; every admin error has this form.
+    static func error(_ status: Int, _ message: String, headers: [(String, String)] = []) -> AdminResponse {
+        var response = encoded(status, ["error": message])
+        response.headers = headers
+        return response
+    }
+
+    static func methodNotAllowed(_ allowed: String) -> AdminResponse {
+        error(405, "use \(allowed) here", headers: [("Allow", allowed)])
+    }
+}
+
+/// Which exchanges `POST /requests/cancel` ends: `{"all": true}`, `{"id": N}`, `{"ids": [N, …]}`
+/// or `{"host": "example.com"}` (the host the policy was matched for, case-insensitive).
+enum AdminCancelFilter: Sendable, CustomStringConvertible {
+    case all
+    case ids(Set<UInt64>)
+    case host(String)
+
+    struct Invalid: Error { let message: String }
+
+    private struct Body: Decodable {
+        var all: Bool?
+        var id: UInt64?
+        var ids: [UInt64]?
+        var host: String?
+    }
+
+    init(json: [UInt8]) throws(Invalid) {
+        let usage = #"the body must be one of {"all": true}, {"id": N}, {"ids": [N, …]}, {"host": "NAME"}"#
+        guard let body = try? JSONDecoder().decode(Body.self, from: Data(json)) else { throw Invalid(message: usage) }
+        let given = [body.all == true, body.id != nil, body.ids != nil, body.host != nil].filter { $0 }.count
+        guard given == 1 else { throw Invalid(message: usage) }
+        if body.all == true {
+            self = .all
+        } else if let id = body.id {
+            self = .ids([id])
+        } else if let ids = body.ids {
+            self = .ids(Set(ids))
+        } else {
+            self = .host(body.host!.lowercased())
+        }
+    }
+
+    func matches(_ exchange: AdminExchange) -> Bool {
+        switch self {
+        case .all: return true
+        case .ids(let ids): return ids.contains(exchange.id)
+        case .host(let host): return exchange.host.lowercased() == host
+        }
+    }
+
+    var description: String {
+        switch self {
+        case .all: return "all"
+        case .ids(let ids): return "ids " + ids.sorted().map(String.init).joined(separator: ", ")
+        case .host(let host): return "host \(host)"
+        }
+    }
+}
+
+// MARK: answers (docs/admin-api.yaml's schemas)
+
+private struct Readiness: Encodable {
+    let ready: Bool
+    let listeners: Bool
+    let configurationGeneration: Int
+    let workers: Int
+    let workersReady: Int
+    enum CodingKeys: String, CodingKey {
+        case ready, listeners, workers
+        case configurationGeneration = "configuration_generation", workersReady = "workers_ready"
+    }
+}
+
+private struct RequestList: Encodable {
+    let requests: [AdminExchange]
+    /// False when a worker did not answer in time (its exchanges are missing).
+    let complete: Bool
+}
+
+private struct CancelResult: Encodable {
+    let cancelled: Int
+    let complete: Bool
+}
+
+private struct ReloadAnswer: Encodable {
+    let applied: Bool
+    let errors: [String]
+    let configurationGeneration: Int
+    enum CodingKeys: String, CodingKey {
+        case applied, errors
+        case configurationGeneration = "configuration_generation"
+    }
+}

@@ -1,0 +1,84 @@
+import SluiceConfig
+import SluiceCore
+
+/// `GET /config`: the configuration running now (after the last reload that took), as the
+/// admin API shows it. Secrets never appear: a secret setting shows `<redacted>` and where
+/// the value came from (`${NAME}`, `file:…`, `inline`); policy descriptions are those of
+/// `sluice check --host`, scrubbed of every secret value.
+struct ConfigurationView: Encodable {
+    struct Server: Encodable {
+        let listen: [String]
+        let workers: String
+        let limits: [String: Int64?]
+        let timeouts: [String: Int?]
+        let access: Access
+        let tls: TLS
+        let routes: [[String: String]]
+        let admin: [String: String]?
+    }
+
+    struct Access: Encodable {
+        let allowClients: [String]
+        let connectPorts: [Int]
+        let deny: [String]
+        enum CodingKeys: String, CodingKey {
+            case allowClients = "allow_clients", connectPorts = "connect_ports", deny
+        }
+    }
+
+    struct TLS: Encodable {
+        let caFile: String?
+        let caDir: String?
+        let allHostsMustBeEvaluated: Bool
+        enum CodingKeys: String, CodingKey {
+            case caFile = "ca_file", caDir = "ca_dir", allHostsMustBeEvaluated = "all_hosts_must_be_evaluated"
+        }
+    }
+
+    struct Policy: Encodable {
+        let name: String
+        let description: [String]
+    }
+
+    let configurationGeneration: Int
+    let source: String
+    let server: Server
+    let policies: [Policy]
+    let monitors: [String]
+
+    enum CodingKeys: String, CodingKey {
+        case configurationGeneration = "configuration_generation", source, server, policies, monitors
+    }
+
+    init(_ configuration: SluiceConfiguration, generation: Int, source: String?) {
+        configurationGeneration = generation
+        self.source = source ?? "the embedded default"
+        let s = configuration.server
+        server = Server(
+            listen: s.listen,
+            workers: s.workers.map(String.init) ?? "auto",
+            limits: ["request_line": Int64(s.limits.requestLine), "header_section": Int64(s.limits.headerSection),
+                     "header_count": Int64(s.limits.headerCount), "request_body": s.limits.requestBody],
+            timeouts: ["client_header": s.timeouts.clientHeader, "client_idle": s.timeouts.clientIdle,
+                       "upstream_connect": s.timeouts.upstreamConnect, "upstream_per_try": s.timeouts.upstreamPerTry,
+                       "total": s.timeouts.total, "drain": s.timeouts.drain],
+            access: Access(allowClients: s.access.allowClients.map(\.description), connectPorts: s.access.connectPorts,
+                           deny: s.access.deny.map(\.description)),
+            tls: TLS(caFile: s.tls.caFile, caDir: s.tls.caDir, allHostsMustBeEvaluated: s.tls.allHostsMustBeEvaluated),
+            routes: s.routes.map { ["listen": $0.listen, "upstream": $0.upstream] },
+            admin: s.admin.map { admin in
+                var view = ["listen": admin.listen]
+                if let token = admin.token { view["token"] = "\(token) (\(token.source))" }
+                return view
+            })
+        let pipeline = configuration.pipeline
+        policies = pipeline.policies.names.map { name in
+            let text = PolicyDescription.describe(pipeline, host: name)
+            // The first line names the host asked about; the rest describe the policy.
+            return Policy(name: name, description: text.split(separator: "\n").dropFirst().map {
+                String($0.drop { $0 == " " })
+            })
+        }
+        monitors = pipeline.monitors.map(\.summary)
+    }
+}

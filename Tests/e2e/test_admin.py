@@ -1,0 +1,270 @@
+"""The admin listener (docs/operations.md, "Admin API"; docs/admin-api.yaml): every answer of
+the running server is validated against the OpenAPI document's schema for its path, method
+and status; health and readiness (503 while draining); the exchanges in flight with redacted
+URLs; cancellation by id, host and all (the client gets 503, the upstream connection is
+closed within a second, a response already streaming is cut off); the effective
+configuration without secrets; reload with located errors; the bearer token; and the
+configuration rules (loopback unless a token, no shared address)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+import requests
+import yaml
+
+from conftest import REPO
+from faultservers import HOST, pick_port
+from policy_support import run_check, stderr_len, stderr_since, write_config_text
+from rawhttp import RawConn, request_bytes
+from support import session_via, wait_until
+
+SPEC = yaml.safe_load((REPO / "docs" / "admin-api.yaml").read_text())
+SEEN: set[tuple[str, str, str]] = set()
+
+
+def schema_for(path: str, method: str, status: int) -> dict:
+    op = SPEC["paths"][path][method.lower()]
+    response = op["responses"].get(str(status))
+    assert response is not None, f"{method} {path} answered {status}, which docs/admin-api.yaml does not list"
+    if "$ref" in response:
+        response = SPEC["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
+    return response["content"]["application/json"]["schema"]
+
+
+def validate(schema: dict, value) -> None:
+    root = dict(copy.deepcopy(schema), components=SPEC["components"])
+    jsonschema.Draft202012Validator(root).validate(value)
+
+
+class Admin:
+    def __init__(self, port: int, token: str | None = None):
+        self.base = f"http://{HOST}:{port}"
+        self.token = token
+        self.session = requests.Session()
+        self.session.trust_env = False
+
+    def call(self, method: str, path: str, body=None, token: str | None = "default", spec_path: str | None = None):
+        headers = {}
+        token = self.token if token == "default" else token
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        r = self.session.request(method, self.base + path, headers=headers, timeout=10,
+                                 data=None if body is None else (body if isinstance(body, (bytes, str)) else json.dumps(body)))
+        assert r.headers.get("Content-Type") == "application/json", r.headers
+        data = r.json()
+        p = spec_path or path
+        if method.lower() in SPEC["paths"].get(p, {}):
+            validate(schema_for(p, method, r.status_code), data)
+            SEEN.add((p, method.lower(), str(r.status_code)))
+        else:
+            # an undocumented path or method: 404 or 405, in the error form
+            assert r.status_code in (404, 405), (method, path, r.status_code)
+            validate({"$ref": "#/components/schemas/Error"}, data)
+        return r.status_code, data, r
+
+
+def admin_proxy(sluice_factory, extra: dict | None = None, token_env: dict | None = None, workers: int = 2):
+    port = pick_port()
+    admin = {"listen": f"{HOST}:{port}"}
+    if token_env:
+        admin["token"] = "${ADMIN_TOKEN}"
+    cfg = {"admin": admin, "workers": workers}
+    cfg.update(extra or {})
+    proxy = sluice_factory(cfg, env=token_env)
+    assert wait_until(lambda: port_open(port), 10), "the admin listener did not open"
+    return proxy, Admin(port, token_env["ADMIN_TOKEN"] if token_env else None)
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def in_flight(admin: Admin, pred, timeout: float = 10.0) -> list[dict]:
+    found: list[dict] = []
+
+    def ok():
+        status, data, _ = admin.call("GET", "/requests")
+        assert status == 200 and data["complete"], data
+        found[:] = [e for e in data["requests"] if pred(e)]
+        return bool(found)
+
+    assert wait_until(ok, timeout, 0.05), "no matching exchange in GET /requests"
+    return found
+
+
+def background_get(proxy_url: str, url: str, out: dict, timeout: float = 30):
+    def run():
+        try:
+            r = session_via(proxy_url).get(url, timeout=timeout)
+            out["status"], out["body"], out["at"] = r.status_code, r.text, time.monotonic()
+        except Exception as e:  # noqa: BLE001
+            out["error"], out["at"] = repr(e), time.monotonic()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+# ------------------------------------------------------------------------------------------
+
+def test_health_readiness_config_and_errors(sluice_factory, httpbin, monkeypatch):
+    monkeypatch.setenv("BEARER_SECRET", "s3cr3t-bearer-value")
+    proxy, admin = admin_proxy(sluice_factory, {
+        "policies": {"default": {"adapters": [{"bearer": "${BEARER_SECRET}"}]}},
+        "routes": [{"listen": f"{HOST}:{pick_port()}", "upstream": httpbin.url}]})
+    assert admin.call("GET", "/healthz")[:2] == (200, {"status": "alive"})
+    status, ready, _ = admin.call("GET", "/readyz")
+    assert status == 200 and ready == {"ready": True, "listeners": True, "configuration_generation": 1,
+                                       "workers": 2, "workers_ready": 2}
+    status, config, r = admin.call("GET", "/config")
+    assert status == 200
+    assert "s3cr3t-bearer-value" not in r.text, "a secret reached GET /config"
+    assert config["source"] == str(proxy.config_path)
+    assert config["server"]["listen"] == [f"{HOST}:{proxy.port}"] and config["server"]["workers"] == "2"
+    assert config["server"]["routes"][0]["upstream"] == httpbin.url
+    default = next(p for p in config["policies"] if p["name"] == "default")
+    assert any("bearer: <redacted> (${BEARER_SECRET})" in line for line in default["description"]), default
+    # errors: unknown path, wrong method, bad cancel body
+    assert admin.call("GET", "/nope")[0] == 404
+    status, _, r = admin.call("POST", "/healthz")
+    assert status == 405 and r.headers["Allow"] == "GET"
+    status, _, r = admin.call("GET", "/requests/cancel")
+    assert status == 405 and r.headers["Allow"] == "POST"
+    for body in (b"", b"{}", b"not json", {"all": True, "host": "x"}, {"all": False}, {"id": "seven"}):
+        assert admin.call("POST", "/requests/cancel", body)[0] == 400, body
+
+
+def test_bearer_token_is_required_and_never_shown(sluice_factory, tmp_path):
+    token = "adm1n-t0ken-" + os.urandom(4).hex()
+    proxy, admin = admin_proxy(sluice_factory, token_env={"ADMIN_TOKEN": token})
+    for bad in (None, "wrong", token + "x", token[:-1]):
+        status, data, r = admin.call("GET", "/healthz", token=bad, spec_path="/healthz")
+        assert status == 401 and r.headers["WWW-Authenticate"].startswith("Bearer"), (bad, data)
+    assert admin.call("GET", "/healthz")[0] == 200
+    status, config, r = admin.call("GET", "/config")
+    assert status == 200 and token not in r.text
+    assert config["server"]["admin"]["token"] == "<redacted> (${ADMIN_TOKEN})"
+    assert token not in proxy.stderr()
+
+
+def test_config_rules_for_the_admin_listener(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: [127.0.0.1:3128]\nadmin:\n  listen: 0.0.0.0:9901\n")
+    p = run_check(bad)
+    assert p.returncode != 0 and f"{bad}:3:11:" in p.stdout + p.stderr and "admin.token" in p.stdout + p.stderr, \
+        p.stdout + p.stderr
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("listen: [127.0.0.1:3128]\nadmin: { listen: 127.0.0.1:3128 }\n")
+    p = run_check(shared)
+    assert p.returncode != 0 and "used twice" in p.stdout + p.stderr, p.stdout + p.stderr
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("listen: [127.0.0.1:3128]\nadmin: { listen: '[::1]:9901' }\n")
+    p = run_check(ok)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_requests_shows_in_flight_exchanges_and_cancel_by_id_stops_the_upstream(sluice_factory, stall_server):
+    proxy, admin = admin_proxy(sluice_factory, {"redact_query": ["sig"]})
+    out: dict = {}
+    t = background_get(proxy.url, stall_server.url + "/slow?sig=TOPSECRET&x=1", out)
+    [e] = in_flight(admin, lambda e: "/slow" in e["url"])
+    assert "TOPSECRET" not in e["url"] and "sig=<redacted>" in e["url"], e
+    assert e["method"] == "GET" and e["state"] == "trying" and e["attempt"] == 1 and e["status"] == 0, e
+    assert e["policy"] == "default" and e["host"] == HOST and e["client"].startswith(HOST + ":"), e
+    assert wait_until(lambda: stall_server.connection_count() == 1, 5)
+    t0 = time.monotonic()
+    status, result, _ = admin.call("POST", "/requests/cancel", {"id": e["id"]})
+    assert status == 200 and result == {"cancelled": 1, "complete": True}
+    t.join(10)
+    assert out.get("status") == 503 and "request cancelled by the proxy's operator" in out["body"], out
+    rec = stall_server.connections[0]
+    assert wait_until(lambda: rec.closed_at is not None, 1.0), "the upstream connection was not closed within 1 s"
+    assert rec.closed_at - t0 < 1.0
+    assert admin.call("GET", "/requests")[1]["requests"] == []
+    # an id that is not in flight cancels nothing
+    assert admin.call("POST", "/requests/cancel", {"ids": [e["id"], 12345]})[1]["cancelled"] == 0
+
+
+def test_cancel_by_host_and_all_and_a_streaming_response_is_cut_off(sluice_factory, stall_server,
+                                                                    slow_forever_server):
+    proxy, admin = admin_proxy(sluice_factory)
+    waiting = [({}, None) for _ in range(3)]
+    threads = []
+    for out, _ in waiting:
+        threads.append(background_get(proxy.url, stall_server.url + "/wait", out))
+    in_flight(admin, lambda e: "/wait" in e["url"])
+    assert wait_until(lambda: len(admin.call("GET", "/requests")[1]["requests"]) == 3, 10)
+    # a host that matches nothing, then the right host (case-insensitive)
+    assert admin.call("POST", "/requests/cancel", {"host": "example.invalid"})[1]["cancelled"] == 0
+    assert admin.call("POST", "/requests/cancel", {"host": HOST.upper()})[1]["cancelled"] == 3
+    for t in threads:
+        t.join(10)
+    assert [out.get("status") for out, _ in waiting] == [503, 503, 503], waiting
+
+    # a response that already streams: the client sees a truncated message, never a complete one
+    with RawConn(HOST, proxy.port, timeout=10) as c:
+        c.send(request_bytes("GET", slow_forever_server.url + "/big", {}))
+        head = c.read_head()
+        assert head is not None and head.status == 200, head
+        [e] = in_flight(admin, lambda e: "/big" in e["url"])
+        assert e["state"] == "streaming" and e["status"] == 200 and e["bytes_out"] >= 0, e
+        assert admin.call("POST", "/requests/cancel", {"all": True})[1]["cancelled"] == 1
+        body = c.read_body(head, deadline=time.monotonic() + 10, allow_truncated=True, max_body=2 << 30)
+        assert not body.complete and len(body.body) < (1 << 30), "the cancelled response must not complete"
+    rec = slow_forever_server.connections[-1]
+    assert wait_until(lambda: rec.closed_at is not None, 2.0), "the upstream kept streaming"
+
+
+def test_reload_through_the_admin_api(sluice_factory, httpbin):
+    proxy, admin = admin_proxy(sluice_factory)
+    cfg = yaml.safe_load(proxy.config_path.read_text())
+    cfg["policies"] = {"default": {"adapters": [{"headers": {"set": {"X-Gen": "2"}}}]}}
+    write_config_text(proxy, yaml.safe_dump(cfg))
+    status, result, _ = admin.call("POST", "/reload")
+    assert status == 200 and result == {"applied": True, "errors": [], "configuration_generation": 2}
+    assert session_via(proxy.url).get(httpbin.url + "/headers", timeout=10).json()["headers"].get("X-Gen") == "2"
+    write_config_text(proxy, yaml.safe_dump(cfg) + "bogus_key: 1\n")
+    status, result, _ = admin.call("POST", "/reload")
+    assert status == 422 and not result["applied"] and result["configuration_generation"] == 2, result
+    assert any(f"{proxy.config_path}:" in e and "bogus_key" in e for e in result["errors"]), result
+    assert admin.call("GET", "/config")[1]["configuration_generation"] == 2
+    assert session_via(proxy.url).get(httpbin.url + "/headers", timeout=10).json()["headers"].get("X-Gen") == "2"
+
+
+def test_readyz_is_503_while_draining(sluice_factory, stall_server):
+    proxy, admin = admin_proxy(sluice_factory, {"timeouts": {"drain": "10s"}})
+    out: dict = {}
+    t = background_get(proxy.url, stall_server.url + "/hold", out)
+    in_flight(admin, lambda e: "/hold" in e["url"])
+    proxy.signal(signal.SIGTERM)
+    assert wait_until(lambda: admin.call("GET", "/readyz")[0] == 503, 5)
+    status, ready, _ = admin.call("GET", "/readyz")
+    assert ready["ready"] is False and ready["workers_ready"] == 0, ready
+    assert admin.call("GET", "/healthz")[0] == 200  # alive while it drains
+    # the drain waits for the held request; cancelling it lets the process exit
+    assert admin.call("POST", "/requests/cancel", {"all": True})[1]["cancelled"] == 1
+    assert proxy.wait(10) == 0
+    proxy.expected_exit = True
+    t.join(5)
+    assert out.get("status") == 503
+
+
+def test_every_documented_answer_was_seen():
+    """Runs last in this file: every path and method in docs/admin-api.yaml was exercised."""
+    documented = {(p, m) for p, ops in SPEC["paths"].items() for m in ops}
+    exercised = {(p, m) for p, m, _ in SEEN}
+    assert documented <= exercised, f"not exercised: {sorted(documented - exercised)}"
