@@ -14,6 +14,8 @@ let package = Package(
         .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
     ],
     targets: [
         // One system-library target per C library (module map + pkg-config).
@@ -24,7 +26,9 @@ let package = Package(
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
         .target(name: "CShims", dependencies: ["CCurl", "CLibEvent", "COpenSSL"]),
-        .target(name: "SluiceCore", dependencies: ["CZlib", "COpenSSL", .product(name: "HTTPTypes", package: "swift-http-types")]),
+        .target(name: "SluiceCore", dependencies: ["CZlib", "COpenSSL", .product(name: "HTTPTypes", package: "swift-http-types"),
+                                                  .product(name: "CoreMetrics", package: "swift-metrics"),
+                                                  .product(name: "Prometheus", package: "swift-prometheus")]),
         .target(name: "SluiceConfig", dependencies: ["SluiceCore", .product(name: "Yams", package: "Yams"),
                                                     .product(name: "HTTPTypes", package: "swift-http-types")],
                 resources: [.embedInCode("default.yaml")]),

@@ -37,7 +37,9 @@
 #   CONNECTIONS="1 16 64 256"
 #   CPU_CONN=64            connection count whose (median) run gives CPU time per request
 #   TARGETS="direct sluice sluice-pipeline haproxy nginx trafficserver"
-#                          subset/order of targets; also known: squid, tinyproxy
+#                          subset/order of targets; also known: squid, tinyproxy, and
+#                          sluice-metrics (sluice-pipeline plus the metrics monitor and an
+#                          admin listener on BASE_PORT+10: the monitor's cost)
 #                          (sluice-pipeline: Sluice with PIPELINE_YAML, by default three
 #                          adapters and the JSON access log to a file)
 #   SLUICE_BIN=.build/release/sluice   (relative paths are relative to the repo root)
@@ -119,10 +121,12 @@ declare -A PORT=(
     [squid]=$((BASE_PORT + 3))
     [tinyproxy]=$((BASE_PORT + 4))
     [sluice-pipeline]=$((BASE_PORT + 6))
+    [sluice-metrics]=$((BASE_PORT + 5))
     [haproxy]=$((BASE_PORT + 7))
     [trafficserver]=$((BASE_PORT + 8))
 )
 CG_PORT=$((BASE_PORT + 9))   # the Sluice under callgrind (one at a time)
+METRICS_ADMIN_PORT=$((BASE_PORT + 10))   # sluice-metrics' admin listener (/metrics)
 UP_AUTH="127.0.0.1:$UP_PORT"
 SMALL_URL="http://$UP_AUTH/1k"
 BIG_URL="http://$UP_AUTH/1g"
@@ -587,6 +591,12 @@ policies:
 EOF
 }
 pipeline_yaml() { if [[ -n "${PIPELINE_YAML:-}" ]]; then printf '%s\n' "$PIPELINE_YAML"; else default_pipeline_yaml "$1"; fi; }
+# sluice-pipeline plus the metrics monitor and the admin listener that serves /metrics
+# (issue 11: the monitor's cost, against sluice-pipeline in the same run).
+metrics_yaml() {         # metrics_yaml DIR
+    pipeline_yaml "$1" | sed 's/^monitors:$/monitors:\n  - metrics: {}/'
+    printf 'admin: { listen: 127.0.0.1:%s }\n' "$METRICS_ADMIN_PORT"
+}
 
 sluice_yaml() {          # sluice_yaml PORT WORKERS EXTRA_YAML
     cat <<EOF
@@ -859,6 +869,7 @@ for t in $TARGETS; do
     case $t in
         sluice)    start_sluice sluice && ok=1 ;;
         sluice-pipeline) start_sluice sluice-pipeline "$(pipeline_yaml "$TMP/sluice-pipeline")" && ok=1 ;;
+        sluice-metrics) start_sluice sluice-metrics "$(metrics_yaml "$TMP/sluice-metrics")" && ok=1 ;;
         haproxy)   start_haproxy && ok=1 ;;
         nginx)     start_nginx_proxy && ok=1 ;;
         trafficserver) start_trafficserver && ok=1 ;;
@@ -1414,6 +1425,23 @@ if active sluice-pipeline; then
     goal "RSS idle" "≤ 20 MiB" "$(mib "${RSS_IDLE[$t]:-}")" "${RSS_IDLE[$t]:-}" "<=" $((20 * 1024))
     goal "RSS growth with $IDLE_CLIENTS idle clients" "≤ 4 MiB" "$(mib "$(idle_growth "$t")")" "$(idle_growth "$t")" "<=" $((4 * 1024))
     goal "syscalls per request" "≤ 6" "$(or_na "$sys")" "$sys" "<=" 6
+fi
+
+if active sluice-metrics && active sluice-pipeline; then
+    echo
+    echo "## The metrics monitor (issue 11: within 5 % of the same run without it)"
+    echo
+    echo "| connections | sluice-pipeline req/s | sluice-metrics req/s | ratio | CPU µs/req without | with |"
+    echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
+    for c in $CONNECTIONS; do
+        printf '| %s | %s | %s | %s | %s | %s |\n' "$c" "${RPS[sluice-pipeline|1k|$c]:-n/a}" "${RPS[sluice-metrics|1k|$c]:-n/a}" \
+            "$(ratio "${RPS[sluice-metrics|1k|$c]:-}" "${RPS[sluice-pipeline|1k|$c]:-}")" \
+            "$(or_na "${CPU_US[sluice-pipeline|1k|$c]:-}")" "$(or_na "${CPU_US[sluice-metrics|1k|$c]:-}")"
+    done
+    if command -v curl >/dev/null; then
+        echo
+        echo "Requests the metrics monitor counted during the run (sluice_requests_total, summed): $(curl -s "http://127.0.0.1:$METRICS_ADMIN_PORT/metrics" | awk '/^sluice_requests_total/ { n += $2 } END { print n + 0 }')"
+    fi
 fi
 
 if [[ "$CALLGRIND" == 1 ]] && { active sluice || active sluice-pipeline; }; then

@@ -144,11 +144,16 @@ struct NodeReader {
         let redactor = Redactor(secretValues: secrets.map(\.value), queryParameters: redactQuery)
         var monitors: [any EventMonitorFactory] = []
         for (spec, node) in monitorSpecs {
+            if spec.kind == .metrics {
+                monitors.append(MetricsMonitorFactory())
+                continue
+            }
             do {
                 let sink = try LogSink.shared(path: spec.path)
                 switch spec.kind {
                 case .accessLog: monitors.append(LogMonitorFactory<AccessLogMonitor>(sink: sink, redactor: redactor))
                 case .debug: monitors.append(LogMonitorFactory<DebugMonitor>(sink: sink, redactor: redactor))
+                case .metrics: break
                 }
             } catch {
                 fail(node, "\(error)")

@@ -5,7 +5,7 @@ import Yams
 
 /// A monitor as configured, before its sink is opened.
 struct MonitorSpec {
-    enum Kind { case accessLog, debug }
+    enum Kind { case accessLog, debug, metrics }
     var kind: Kind
     var path: String
 }
@@ -223,16 +223,16 @@ extension NodeReader {
                 fail(item, "each monitor is a one-key map such as '- access_log: { path: stdout }'")
                 continue
             }
-            let kinds: [String: MonitorSpec.Kind] = ["access_log": .accessLog, "debug": .debug]
+            let kinds: [String: MonitorSpec.Kind] = ["access_log": .accessLog, "debug": .debug, "metrics": .metrics]
             guard let kind = kinds[name] else {
                 let s = DidYouMean.closest(to: name, among: Array(kinds.keys).sorted())
-                fail(m.first!.key, "unknown monitor '\(name)'" + (s.map { "; did you mean '\($0)'?" } ?? " (monitors: access_log, debug)"))
+                fail(m.first!.key, "unknown monitor '\(name)'" + (s.map { "; did you mean '\($0)'?" } ?? " (monitors: access_log, debug, metrics)"))
                 continue
             }
             var spec = MonitorSpec(kind: kind, path: kind == .accessLog ? "stdout" : "stderr")
             let options = m.first!.value
             if !(options.scalar.map { $0.string.isEmpty } ?? false) {
-                let known = kind == .accessLog ? ["path"] : ["path", "curl"]
+                let known = kind == .accessLog ? ["path"] : kind == .metrics ? [] : ["path", "curl"]
                 entries(options, in: name, known: known) { r, key, value in
                     if key == "path" {
                         if let p = value.scalar?.string, !p.isEmpty { spec.path = p } else { r.fail(value, "path must be a file, stdout or stderr") }

@@ -9,7 +9,7 @@ import SluiceCore
 
 /// The admin listener (`admin:`): health and readiness, the exchanges in flight and their
 /// cancellation (Alamofire's `withAllRequests` / `cancelAllRequests`), the effective
-/// configuration, reload, and metrics. JSON in and out; `docs/admin-api.yaml` is its OpenAPI
+/// configuration, reload, and the Prometheus metrics (`SluiceMetrics`). JSON in and out; `docs/admin-api.yaml` is its OpenAPI
 /// description, and the e2e suite checks every answer against it.
 ///
 /// It serves with libevent's `evhttp` on a thread and event loop of its own, so nothing it
@@ -157,6 +157,8 @@ final class AdminServer: @unchecked Sendable {
             return isGet ? configuration() : .methodNotAllowed("GET")
         case "/reload":
             return isPost ? reload() : .methodNotAllowed("POST")
+        case "/metrics":
+            return isGet ? metrics() : .methodNotAllowed("GET")
         default:
             return .error(404, "no such admin endpoint: \(path) (see docs/admin-api.yaml)")
         }
@@ -200,6 +202,17 @@ final class AdminServer: @unchecked Sendable {
         let result = server.reloadFile()
         return .encoded(result.applied ? 200 : 422,
                         ReloadAnswer(applied: result.applied, errors: result.errors, configurationGeneration: result.generation))
+    }
+
+    /// The Prometheus text exposition (docs/metrics.md): the gauges are read from the workers
+    /// now; the rest is what the `metrics` monitor and the server recorded.
+    private func metrics() -> AdminResponse {
+        let answers = askWorkers { Worker.AdminTask.counts($0) }
+        SluiceMetrics.shared.recordState(
+            generation: server.configurationGeneration,
+            workers: answers.results.filter { $0.index >= 0 }.map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
+        return AdminResponse(status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8",
+                             body: SluiceMetrics.shared.exposition())
     }
 
     private func configuration() -> AdminResponse {

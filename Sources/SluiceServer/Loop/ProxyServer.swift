@@ -242,6 +242,7 @@ public final class ProxyServer: @unchecked Sendable {
             notifier?.reloading(path: configPath ?? "the embedded default")
             let errors = readAndApply()
             notifier?.reloaded(applied: errors.isEmpty, generation: configurationGeneration)
+            SluiceMetrics.shared.recordReload(applied: errors.isEmpty)
             return ReloadResult(applied: errors.isEmpty, errors: errors, generation: configurationGeneration)
         }
     }

@@ -90,6 +90,8 @@ final class Worker {
         case cancel(AdminCancelFilter, AdminGather<Int>)
         /// `GET /readyz`: the loop answers, and its upstream session is usable.
         case ping(AdminGather<Bool>)
+        /// `GET /metrics`: the worker's index, exchanges in flight and client connections.
+        case counts(AdminGather<WorkerCounts>)
 
         /// The answer of a worker whose loop has ended: no exchanges, nothing cancelled, not
         /// ready.
@@ -98,6 +100,7 @@ final class Worker {
             case .list(let gather): gather.deliver([])
             case .cancel(_, let gather): gather.deliver(0)
             case .ping(let gather): gather.deliver(false)
+            case .counts(let gather): gather.deliver(WorkerCounts(index: -1, exchangesInFlight: 0, clientConnections: 0))
             }
         }
     }
@@ -111,6 +114,13 @@ final class Worker {
     private var stopEvent: OpaquePointer!
     private var drainTimer: OpaquePointer?
     private(set) var isDraining = false
+
+    /// A worker's counts for `GET /metrics` (`index` -1: a worker whose loop has ended).
+    struct WorkerCounts: Sendable {
+        let index: Int
+        let exchangesInFlight: Int
+        let clientConnections: Int
+    }
 
     /// What other threads may hold of a worker: the events that wake it and its mailbox.
     struct StopHandle: @unchecked Sendable {
@@ -202,6 +212,10 @@ final class Worker {
                 gather.deliver(count)
             case .ping(let gather):
                 gather.deliver(!isDraining && session.isUsable)
+            case .counts(let gather):
+                var inFlight = 0
+                for connection in connections.values where connection.exchange != nil { inFlight += 1 }
+                gather.deliver(WorkerCounts(index: index, exchangesInFlight: inFlight, clientConnections: connections.count))
             }
         }
     }

@@ -1,0 +1,254 @@
+import CoreMetrics
+import Prometheus
+
+/// Every metric Sluice exports, declared here and nowhere else: its name, type, labels and
+/// help text (`docs/metrics.md` lists the same table; a test compares the two and the admin
+/// listener's `GET /metrics`). Recorded through swift-metrics (`CoreMetrics`) handles made
+/// by a `PrometheusMetricsFactory` on this process's own registry (not the global
+/// `MetricsSystem`, which a library user may have bootstrapped for their own metrics). The
+/// exposition has `# TYPE` lines but no `# HELP`: swift-prometheus takes help text only
+/// through its own API, and insists that every handle of a name agree on it; the help texts
+/// live in `docs/metrics.md`.
+///
+/// Threading: the registry and every handle are thread-safe (atomics, or a lock per
+/// histogram); the catalog is immutable.
+public final class SluiceMetrics: Sendable {
+    public enum Kind: String, Sendable { case counter, gauge, histogram }
+
+    /// One metric: what `docs/metrics.md` lists.
+    public struct Metric: Sendable {
+        public let name: String
+        public let kind: Kind
+        public let labels: [String]
+        public let help: String
+    }
+
+    public static let requests = Metric(
+        name: "sluice_requests_total", kind: .counter, labels: ["policy", "method", "status_class"],
+        help: "Finished exchanges (CONNECT tunnels included) by host policy, method class and status class of the answer (0xx: none sent)")
+    public static let retries = Metric(
+        name: "sluice_retries_total", kind: .counter, labels: ["reason"],
+        help: "Retries scheduled, by reason (`status 503`, `refused`, `dns`, `timeout`, `reset`, `tls`, `validation`)")
+    public static let retriesStopped = Metric(
+        name: "sluice_retries_stopped_total", kind: .counter, labels: ["reason"],
+        help: "Retriable failures that were not retried, by reason (limit, budget, deadline, method, buffer_limit)")
+    public static let trustFailures = Metric(
+        name: "sluice_trust_failures_total", kind: .counter, labels: ["evaluator"],
+        help: "Upstream certificates refused by a trust evaluator, by evaluator")
+    public static let credentialRefreshes = Metric(
+        name: "sluice_credential_refreshes_total", kind: .counter, labels: ["result"],
+        help: "OAuth token fetches and refreshes, by result (ok, failed)")
+    public static let upstreamConnect = Metric(
+        name: "sluice_upstream_connect_seconds", kind: .histogram, labels: [],
+        help: "Time to the upstream TCP connection, for tries that opened one")
+    public static let upstreamTLS = Metric(
+        name: "sluice_upstream_tls_seconds", kind: .histogram, labels: [],
+        help: "Time to the end of the upstream TLS handshake (https tries on a new connection)")
+    public static let upstreamFirstByte = Metric(
+        name: "sluice_upstream_first_byte_seconds", kind: .histogram, labels: [],
+        help: "Time from the start of the last try to the upstream's first response byte")
+    public static let upstreamTotal = Metric(
+        name: "sluice_upstream_total_seconds", kind: .histogram, labels: [],
+        help: "Duration of the last upstream try, body included")
+    public static let bytesIn = Metric(
+        name: "sluice_request_body_bytes_total", kind: .counter, labels: [],
+        help: "Request body bytes read from clients (tunnels: bytes from the client)")
+    public static let bytesOut = Metric(
+        name: "sluice_response_body_bytes_total", kind: .counter, labels: [],
+        help: "Response body bytes sent to clients (tunnels: bytes to the client)")
+    public static let tunnels = Metric(
+        name: "sluice_tunnels_total", kind: .counter, labels: [],
+        help: "CONNECT tunnels opened")
+    public static let exchangesInFlight = Metric(
+        name: "sluice_exchanges_in_flight", kind: .gauge, labels: ["worker"],
+        help: "Exchanges in flight per worker, read when /metrics is scraped")
+    public static let clientConnections = Metric(
+        name: "sluice_client_connections", kind: .gauge, labels: ["worker"],
+        help: "Open client connections per worker, read when /metrics is scraped")
+    public static let reloads = Metric(
+        name: "sluice_config_reloads_total", kind: .counter, labels: ["result"],
+        help: "Configuration reloads (SIGHUP, POST /reload), by result (applied, failed)")
+    public static let configGeneration = Metric(
+        name: "sluice_config_generation", kind: .gauge, labels: [],
+        help: "The configuration generation serving now (1 at start, +1 per applied reload)")
+
+    /// Every metric, in the order `docs/metrics.md` lists them.
+    public static let catalog: [Metric] = [
+        requests, retries, retriesStopped, trustFailures, credentialRefreshes,
+        upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal,
+        bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
+    ]
+
+    /// Upstream time buckets, in seconds: 0.5 ms to 60 s.
+    public static let durationBuckets: [Double] = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+    ]
+
+    /// The process's metrics (a reload keeps every value).
+    public static let shared = SluiceMetrics()
+
+    public let registry = PrometheusCollectorRegistry()
+    let factory: PrometheusMetricsFactory
+
+    private init() {
+        var factory = PrometheusMetricsFactory(registry: registry)
+        let buckets = Self.durationBuckets.map { Duration.nanoseconds(Int64($0 * 1_000_000_000)) }
+        for metric in Self.catalog where metric.kind == .histogram {
+            factory.durationHistogramBuckets[metric.name] = buckets
+        }
+        self.factory = factory
+    }
+
+    func counter(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Counter {
+        CoreMetrics.Counter(label: metric.name, dimensions: labels, factory: factory)
+    }
+
+    func timer(_ metric: Metric) -> CoreMetrics.Timer {
+        CoreMetrics.Timer(label: metric.name, dimensions: [], factory: factory)
+    }
+
+    func gauge(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Gauge {
+        CoreMetrics.Gauge(label: metric.name, dimensions: labels, factory: factory)
+    }
+
+    /// A reload's result (`ProxyServer.reloadFile`).
+    public func recordReload(applied: Bool) {
+        counter(Self.reloads, [("result", applied ? "applied" : "failed")]).increment()
+    }
+
+    /// The server's and the workers' current counts, set just before `/metrics` is emitted.
+    public func recordState(generation: Int, workers: [(index: Int, exchangesInFlight: Int, clientConnections: Int)]) {
+        gauge(Self.configGeneration).record(generation)
+        for worker in workers {
+            gauge(Self.exchangesInFlight, [("worker", String(worker.index))]).record(worker.exchangesInFlight)
+            gauge(Self.clientConnections, [("worker", String(worker.index))]).record(worker.clientConnections)
+        }
+    }
+
+    /// The Prometheus text exposition of every metric (`GET /metrics`).
+    public func exposition() -> [UInt8] {
+        registry.emitToBuffer()
+    }
+}
+
+/// The `metrics` monitor (`monitors: [ { metrics: {} } ]`): counts finished exchanges,
+/// retries, trust failures, credential refreshes, tunnels and body bytes, and records the
+/// last try's upstream timings, into `SluiceMetrics.shared` (served at the admin listener's
+/// `/metrics`).
+///
+/// One instance per worker: its cache of handles per label set is touched by that worker's
+/// thread only; the handles themselves are shared and thread-safe.
+public final class MetricsMonitor: EventMonitor {
+    private let metrics: SluiceMetrics
+    private struct RequestKey: Hashable {
+        let policy: String
+        let method: MethodClass
+        let statusClass: UInt8
+    }
+
+    /// Methods as a label: the registered ones, and `other` (a label must stay bounded).
+    enum MethodClass: String {
+        case get = "GET", head = "HEAD", post = "POST", put = "PUT", delete = "DELETE", patch = "PATCH"
+        case options = "OPTIONS", connect = "CONNECT", trace = "TRACE", other
+        init(_ method: String) { self = MethodClass(rawValue: method) ?? .other }
+    }
+
+    private var requestCounters: [RequestKey: CoreMetrics.Counter] = [:]
+    private var reasonCounters: [String: CoreMetrics.Counter] = [:]
+    private var stoppedCounters: [RetryStopReason: CoreMetrics.Counter] = [:]
+    private var evaluatorCounters: [String: CoreMetrics.Counter] = [:]
+    private let refreshedOK: CoreMetrics.Counter
+    private let refreshFailed: CoreMetrics.Counter
+    private let connect: CoreMetrics.Timer
+    private let tls: CoreMetrics.Timer
+    private let firstByte: CoreMetrics.Timer
+    private let total: CoreMetrics.Timer
+    private let bytesIn: CoreMetrics.Counter
+    private let bytesOut: CoreMetrics.Counter
+    private let tunnels: CoreMetrics.Counter
+
+    public init(metrics: SluiceMetrics = .shared) {
+        self.metrics = metrics
+        refreshedOK = metrics.counter(SluiceMetrics.credentialRefreshes, [("result", "ok")])
+        refreshFailed = metrics.counter(SluiceMetrics.credentialRefreshes, [("result", "failed")])
+        connect = metrics.timer(SluiceMetrics.upstreamConnect)
+        tls = metrics.timer(SluiceMetrics.upstreamTLS)
+        firstByte = metrics.timer(SluiceMetrics.upstreamFirstByte)
+        total = metrics.timer(SluiceMetrics.upstreamTotal)
+        bytesIn = metrics.counter(SluiceMetrics.bytesIn)
+        bytesOut = metrics.counter(SluiceMetrics.bytesOut)
+        tunnels = metrics.counter(SluiceMetrics.tunnels)
+    }
+
+    public var events: ProxyEvent.Kinds {
+        [.finished, .tunnelClosed, .tunnelOpened, .retrying, .retryStopped, .trustFailed,
+         .credentialRefreshed, .credentialRefreshFailed]
+    }
+
+    public func handle(_ event: ProxyEvent) {
+        switch event {
+        case .finished(let summary), .tunnelClosed(let summary):
+            finished(summary)
+        case .tunnelOpened:
+            tunnels.increment()
+        case .retrying(_, let record):
+            // A validation failure's reason carries its details; the label keeps the kind only.
+            let reason = record.reason.hasPrefix("validation") ? "validation" : record.reason
+            counter(&reasonCounters, reason, SluiceMetrics.retries, "reason").increment()
+        case .retryStopped(_, let reason):
+            if let c = stoppedCounters[reason] {
+                c.increment()
+            } else {
+                let c = metrics.counter(SluiceMetrics.retriesStopped, [("reason", reason.rawValue)])
+                stoppedCounters[reason] = c
+                c.increment()
+            }
+        case .trustFailed(_, _, let evaluator, _):
+            counter(&evaluatorCounters, evaluator, SluiceMetrics.trustFailures, "evaluator").increment()
+        case .credentialRefreshed:
+            refreshedOK.increment()
+        case .credentialRefreshFailed:
+            refreshFailed.increment()
+        default:
+            break
+        }
+    }
+
+    private func counter(_ cache: inout [String: CoreMetrics.Counter], _ value: String,
+                         _ metric: SluiceMetrics.Metric, _ label: String) -> CoreMetrics.Counter {
+        if let c = cache[value] { return c }
+        let c = metrics.counter(metric, [(label, value)])
+        cache[value] = c
+        return c
+    }
+
+    private func finished(_ s: ExchangeSummary) {
+        let key = RequestKey(policy: s.policy, method: MethodClass(s.method), statusClass: UInt8(clamping: s.status / 100))
+        let counter: CoreMetrics.Counter
+        if let c = requestCounters[key] {
+            counter = c
+        } else {
+            counter = metrics.counter(SluiceMetrics.requests, [
+                ("policy", key.policy), ("method", key.method.rawValue), ("status_class", "\(key.statusClass)xx"),
+            ])
+            requestCounters[key] = counter
+        }
+        counter.increment()
+        if s.bytesIn > 0 { bytesIn.increment(by: s.bytesIn) }
+        if s.bytesOut > 0 { bytesOut.increment(by: s.bytesOut) }
+        // libcurl's times are microseconds since the try started; 0 means "did not happen".
+        if let t = s.timings, t.total > 0 {
+            if t.connect > 0 { connect.recordMicroseconds(t.connect) }
+            if t.tls > 0 { tls.recordMicroseconds(t.tls) }
+            if t.firstByte > 0 { firstByte.recordMicroseconds(t.firstByte) }
+            total.recordMicroseconds(t.total)
+        }
+    }
+}
+
+/// Makes one `MetricsMonitor` per worker.
+public struct MetricsMonitorFactory: EventMonitorFactory {
+    public init() {}
+    public var summary: String { "metrics (GET /metrics on the admin listener)" }
+    public func makeMonitor() -> any EventMonitor { MetricsMonitor() }
+}
