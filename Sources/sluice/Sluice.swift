@@ -1,4 +1,5 @@
 import ArgumentParser
+import Logging
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -25,6 +26,12 @@ struct Sluice: ParsableCommand {
     )
 }
 
+/// Sends Sluice's diagnostics (`Log`) through `DiagnosticLogHandler`: each subcommand calls
+/// it once, first.
+func bootstrapLogging() {
+    LoggingSystem.bootstrap(DiagnosticLogHandler.init)
+}
+
 /// Prints to standard error (Swift 6 rejects the C `stderr` global).
 func printError(_ text: String) {
     var line = text + "\n"
@@ -45,6 +52,7 @@ struct Run: ParsableCommand {
 
     func run() throws {
         ProxyServer.blockControlSignals()  // before any thread (log writers, workers) exists
+        bootstrapLogging()
         let configuration: SluiceConfiguration
         do {
             configuration = try loadConfiguration(config)
@@ -52,6 +60,7 @@ struct Run: ParsableCommand {
             printError(error.description)
             throw ExitCode(1)
         }
+        Log.apply(configuration.server)
         let server = ProxyServer(configuration: configuration, configPath: config)
         do {
             try server.runUntilSignalled()
@@ -75,6 +84,7 @@ struct Check: ParsableCommand {
     var host: String?
 
     func run() throws {
+        bootstrapLogging()
         do {
             let configuration = try ConfigLoader.load(path: config)
             let server = configuration.server
@@ -116,6 +126,7 @@ struct CA: ParsableCommand {
         var force = false
 
         func run() throws {
+            bootstrapLogging()
             let directory = CA.directory(dir)
             do {
                 let ca = try LocalCA.create(directory: directory, force: force)
@@ -137,6 +148,7 @@ struct CA: ParsableCommand {
         var dir: String?
 
         func run() throws {
+            bootstrapLogging()
             let directory = CA.directory(dir)
             do {
                 var text = try LocalCA.exportCertificate(directory: directory)

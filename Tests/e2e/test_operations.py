@@ -368,3 +368,36 @@ def test_sigusr1_reopens_the_access_log_and_a_rotation_under_load_loses_nothing(
     assert len({e["url"] for e in got}) == total, "a request was logged twice or not at all"
     assert len(AccessLog(rotated).lines()) > 0 and len(AccessLog(log).lines()) > 0
     # every line is whole JSON in either file (AccessLog.lines parses each)
+
+
+# ------------------------------------------------------------------------------------------
+# diagnostics: log_format, log_level
+# ------------------------------------------------------------------------------------------
+
+def test_log_format_json_and_log_level_apply_at_start_and_reload(sluice_factory, httpbin):
+    import json as jsonlib
+    proxy = sluice_factory({"log_format": "json", "log_level": "info"})
+    assert wait_until(lambda: "listening on" in proxy.stderr(), 5)
+    lines = [l for l in proxy.stderr().splitlines() if l.strip()]
+    for line in lines:
+        entry = jsonlib.loads(line)  # every diagnostic line is one JSON object
+        assert set(entry) >= {"time", "level", "pid", "message"}, entry
+        assert entry["pid"] == proxy.pid and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])
+    assert any(jsonlib.loads(l)["message"].startswith("listening on") and jsonlib.loads(l)["level"] == "info"
+               for l in lines)
+    # back to text, and warnings only: the reload's own info line is no longer written
+    cfg = yaml.safe_load(proxy.config_path.read_text())
+    cfg.update({"log_format": "text", "log_level": "warning"})
+    write_config_text(proxy, yaml.safe_dump(cfg))
+    offset = stderr_len(proxy)
+    os.kill(proxy.pid, signal.SIGHUP)
+    time.sleep(1.0)
+    # a bad file: its error is written, as text
+    write_config_text(proxy, yaml.safe_dump(dict(cfg, log_level="loud")))
+    os.kill(proxy.pid, signal.SIGHUP)
+    assert wait_until(lambda: "log_level must be debug, info, warning or error" in stderr_since(proxy, offset), 5), \
+        stderr_since(proxy, offset)
+    after = stderr_since(proxy, offset)
+    assert "reload: applied" not in after, after
+    for line in filter(None, after.splitlines()):
+        assert re.match(rf"sluice\[{proxy.pid}\] (warning|error): ", line), line

@@ -1,3 +1,4 @@
+import Logging
 /// The server-level settings of one Sluice process: where it listens, how many event loops
 /// it runs, the limits and timeouts every connection obeys, and who may use it.
 ///
@@ -17,6 +18,10 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var routes: [Route]
     /// The admin listener (`admin:`); nil (the default) means none.
     public var admin: Admin?
+    /// Diagnostics on standard error: `text` (the default) or `json` (`log_format`).
+    public var logFormat: DiagnosticLogHandler.Format = .text
+    /// The lowest diagnostic level written (`log_level`, default `info`; `SLUICE_LOG` overrides).
+    public var logLevel: Logger.Level = .info
 
     public static let defaultListen = ["127.0.0.1:3128"]
 

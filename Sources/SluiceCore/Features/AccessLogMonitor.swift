@@ -204,6 +204,15 @@ struct JSONLine {
         Self.appendQuoted(v, to: &out)
     }
 
+    /// A field whose key is not a literal (a diagnostic's metadata).
+    mutating func field(named k: String, _ v: String) {
+        if !first { out.append(0x2C) }
+        first = false
+        Self.appendQuoted(k, to: &out)
+        out.append(0x3A)
+        Self.appendQuoted(v, to: &out)
+    }
+
     static func quoted(_ v: String) -> String {
         var bytes: [UInt8] = []
         appendQuoted(v, to: &bytes)

@@ -179,6 +179,8 @@ public final class ProxyServer: @unchecked Sendable {
         var fixed = new.server
         fixed.listen = config.listen
         fixed.routes = config.routes
+        fixed.logFormat = config.logFormat
+        fixed.logLevel = config.logLevel
         fixed.tls.allHostsMustBeEvaluated = config.tls.allHostsMustBeEvaluated  // part of the policies
         if fixed != config {
             Log.warning("reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir and admin changes need a restart; kept the running values")
@@ -199,7 +201,10 @@ public final class ProxyServer: @unchecked Sendable {
         applied.server = config
         applied.server.listen = new.server.listen
         applied.server.routes = new.server.routes
+        applied.server.logFormat = new.server.logFormat
+        applied.server.logLevel = new.server.logLevel
         current.withLock { $0 = applied }
+        Log.apply(new.server)
         for handle in stopHandles { Worker.requestReload(handle, new) }
         generation.add(1, ordering: .relaxed)
         return nil

@@ -1,49 +1,36 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Logging
+import SluiceCore
 
-/// Diagnostics on standard error, one line per call, written with a single `write(2)` so
-/// lines from different worker threads never interleave. Stateless, hence safe anywhere.
+/// Sluice's diagnostics (not the access log): one swift-log `Logger` labelled `sluice`.
+/// Where its lines go is the process's `LoggingSystem` choice — `sluice run` bootstraps
+/// `DiagnosticLogHandler` (text or JSON on standard error, `log_format`/`log_level`); a
+/// library user's own bootstrap wins. Messages are built only when their level is written.
+///
+/// Threading: a `Logger` is a value; the shared one is immutable and safe from any thread.
 public enum Log {
-    public enum Level: Int, Sendable, Comparable {
-        case debug, info, warning, error
-        public static func < (a: Level, b: Level) -> Bool { a.rawValue < b.rawValue }
-        var label: String {
-            switch self {
-            case .debug: return "debug"
-            case .info: return "info"
-            case .warning: return "warning"
-            case .error: return "error"
+    public static let logger = Logger(label: "sluice")
+
+    /// Applies `log_format` and `log_level` to `DiagnosticLogHandler` (at start and at every
+    /// reload). `SLUICE_LOG=debug|info|warning|error` in the environment overrides the level.
+    public static func apply(_ server: ServerConfiguration) {
+        var level = server.logLevel
+        if let raw = getenv("SLUICE_LOG") {
+            switch String(cString: raw) {
+            case "debug": level = .debug
+            case "info": level = .info
+            case "warning": level = .warning
+            case "error": level = .error
+            default: break
             }
         }
+        DiagnosticLogHandler.configure(format: server.logFormat, level: level)
     }
 
-    /// `info` unless `SLUICE_LOG=debug|info|warning|error` says otherwise; read once.
-    public static let threshold: Level = {
-        guard let raw = getenv("SLUICE_LOG") else { return .info }
-        switch String(cString: raw) {
-        case "debug": return .debug
-        case "warning": return .warning
-        case "error": return .error
-        default: return .info
-        }
-    }()
-
-    public static func write(_ level: Level, _ message: @autoclosure () -> String) {
-        guard level >= threshold else { return }
-        var line = "sluice[\(getpid())] \(level.label): \(message())\n"
-        line.withUTF8 { buf in
-            var offset = 0
-            while offset < buf.count {
-                let n = Glibc.write(2, buf.baseAddress! + offset, buf.count - offset)
-                if n <= 0 { break }
-                offset += n
-            }
-        }
-    }
-
-    public static func debug(_ m: @autoclosure () -> String) { write(.debug, m()) }
-    public static func info(_ m: @autoclosure () -> String) { write(.info, m()) }
-    public static func warning(_ m: @autoclosure () -> String) { write(.warning, m()) }
-    public static func error(_ m: @autoclosure () -> String) { write(.error, m()) }
+    public static func debug(_ m: @autoclosure () -> String) { logger.debug("\(m())") }
+    public static func info(_ m: @autoclosure () -> String) { logger.info("\(m())") }
+    public static func warning(_ m: @autoclosure () -> String) { logger.warning("\(m())") }
+    public static func error(_ m: @autoclosure () -> String) { logger.error("\(m())") }
 }
