@@ -315,3 +315,64 @@ def test_access_log_bytes_in_counts_client_bytes_of_chunked_deflated_body(sluice
     assert_entry_shape(e)
     assert e["bytes_in"] == 5000, f"bytes_in counts request body bytes read from the client: {e}"
     assert e["bytes_out"] == len(b"recorded"), e
+
+
+# ------------------------------------------------------------------------------------------
+# X-Request-Id
+# ------------------------------------------------------------------------------------------
+
+def test_x_request_id_is_kept_or_generated_sent_upstream_and_logged(sluice_factory, httpbin, tmp_path):
+    proxy, log = log_proxy(sluice_factory, tmp_path, {"policies": {
+        "localhost": {"adapters": [{"headers": {"set": {"X-Edited": "1"}}}, {"deflate": {"min_bytes": 100000}}]}}})
+    s = session_via(proxy.url)
+    # (httpbin hides X-Request-Id from /headers unless show_env=1)
+    # the client's own id travels unchanged and is logged
+    r = s.get(httpbin.url + "/headers?kept=1&show_env=1", headers={"X-Request-Id": "client-chosen-42"}, timeout=10)
+    assert r.json()["headers"]["X-Request-Id"] == "client-chosen-42"
+    # without one, Sluice makes one: the fast path (no adapters) ...
+    ids = [s.get(httpbin.url + f"/headers?made={i}&show_env=1", timeout=10).json()["headers"]["X-Request-Id"] for i in range(3)]
+    # ... and the adapter path (a request model)
+    ids.append(s.get(f"http://localhost:{httpbin.port}/headers?model=1&show_env=1", timeout=10).json()["headers"]["X-Request-Id"])
+    assert len(set(ids)) == 4, ids
+    assert all(re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]+", i) for i in ids), ids
+    assert len({i.split("-")[0] for i in ids}) == 1, "one process, one tag"
+    entries = log.wait_for(lambda e: "/headers?" in e.get("url", ""), n=5)
+    by_url = {e["url"].split("?")[1].split("&")[0]: e for e in entries}
+    assert by_url["kept=1"]["request_id"] == "client-chosen-42"
+    for i in range(3):
+        e = by_url[f"made={i}"]
+        assert e["request_id"] == ids[i], (e, ids)
+        assert int(e["request_id"].split("-")[1], 16) == int(e["id"]), "the made id carries the access log's id"
+    assert by_url["model=1"]["request_id"] == ids[3]
+
+
+def test_x_request_id_is_the_same_on_every_try(sluice_factory, tmp_path):
+    import http.server
+    import threading as th
+    seen: list[str] = []
+
+    class Flaky(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("X-Request-Id", ""))
+            code = 503 if len(seen) < 3 else 200
+            self.send_response(code)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer((HOST, 0), Flaky)
+    t = th.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        proxy, log = log_proxy(sluice_factory, tmp_path, {"policies": {
+            "default": {"retry": {"limit": 3, "backoff": {"scale": "1ms"}}}}})
+        r = session_via(proxy.url).get(f"http://{HOST}:{srv.server_address[1]}/flaky", timeout=10)
+        assert r.status_code == 200 and len(seen) == 3
+        assert len(set(seen)) == 1 and seen[0], seen
+        [e] = log.wait_for(lambda e: "/flaky" in e.get("url", ""))
+        assert e["request_id"] == seen[0] and e["attempts"] == 3, e
+    finally:
+        srv.shutdown()

@@ -25,6 +25,8 @@ public enum Outcome: String, Sendable {
 public struct ExchangeSummary: Sendable {
     public var id: UInt64
     public var client: String
+    /// The `X-Request-Id` the exchange carries upstream: the client's own, or one Sluice made.
+    public var requestId: String?
     public var method: String
     public var url: String
     public var policy: String

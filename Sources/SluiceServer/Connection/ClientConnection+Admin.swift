@@ -19,7 +19,7 @@ extension ClientConnection {
         default: state = exchange.inspect { $0.state.name }
         }
         return AdminExchange(
-            id: summary.id, worker: index, client: summary.client, method: summary.method,
+            id: summary.id, requestId: summary.requestId ?? "", worker: index, client: summary.client, method: summary.method,
             url: exchange.pipeline.redactor.url(summary.url), policy: summary.policy, host: exchange.policyHost,
             state: state, attempt: summary.attempts, status: summary.status,
             bytesIn: summary.bytesIn, bytesOut: summary.bytesOut,
@@ -61,6 +61,7 @@ extension ClientConnection {
 /// One in-flight exchange as the admin API shows it (`docs/admin-api.yaml`, `Exchange`).
 struct AdminExchange: Sendable, Encodable {
     let id: UInt64
+    let requestId: String
     let worker: Int
     let client: String
     let method: String
@@ -76,6 +77,7 @@ struct AdminExchange: Sendable, Encodable {
 
     enum CodingKeys: String, CodingKey {
         case id, worker, client, method, url, policy, host, state, attempt, status
+        case requestId = "request_id"
         case bytesIn = "bytes_in", bytesOut = "bytes_out", ageMilliseconds = "age_ms"
     }
 }

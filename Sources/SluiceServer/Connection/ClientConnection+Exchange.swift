@@ -29,7 +29,9 @@ extension ClientConnection {
                     : original.host.contains(":") ? "[\(original.host)]" : original.host, target)
             }
         }
-        let summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
+        var summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
+        let clientRequestId = ForwardedHeaders.requestId(of: head)
+        summary.requestId = clientRequestId ?? worker.makeRequestId(id)
         let monitoring: ExchangeMachine.Monitoring = pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
         let machine = ExchangeMachine(summary: summary, policy: policy, target: .init(target),
                                       defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry, monitoring: monitoring,
@@ -38,6 +40,7 @@ extension ClientConnection {
         let exchange = Exchange(pipeline: pipeline, machine: machine, target: target,
                                 body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
         exchange.hostHeader = hostHeader
+        if clientRequestId == nil { exchange.generatedRequestId = summary.requestId }
         self.exchange = exchange
         exchange.report(exchange.machine.handle(.received))
         return exchange
@@ -93,8 +96,10 @@ extension ClientConnection {
     func prepare(_ head: HTTPRequestHead, _ exchange: Exchange) {
         var model: ProxyRequest?
         if exchange.inspect({ $0.needsRequestModel }) {
+            var fields = ForwardedHeaders.forwardedFields(of: head)
+            if let generated = exchange.generatedRequestId { fields[ForwardedHeaders.requestIdName] = generated }
             model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
-                                 headerFields: ForwardedHeaders.forwardedFields(of: head), body: Self.bodyMode(head))
+                                 headerFields: fields, body: Self.bodyMode(head))
         }
         feed(.prepare(model: model), exchange)
     }
@@ -132,7 +137,9 @@ extension ClientConnection {
             case .chunked: body = .streamed
             }
             return UpstreamRequest(method: head.method, target: exchange.target,
-                                   headers: ForwardedHeaders.requestList(for: head, viaLine: worker.viaRequestLine, edits: exchange.headerEdits,
+                                   headers: ForwardedHeaders.requestList(for: head, viaLine: worker.viaRequestLine,
+                                                                         edits: exchange.headerEdits,
+                                                                         requestId: exchange.generatedRequestId,
                                                                          builder: &worker.headerBuilder),
                                    body: body, model: nil,
                                    credentials: challengeCredentials(head, exchange))

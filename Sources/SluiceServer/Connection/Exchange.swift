@@ -15,6 +15,9 @@ final class Exchange {
     var hostHeader: (value: String, target: RequestTarget)?
     /// Set instead of a request model when the policy's adapters are all fixed header edits.
     var headerEdits: HeaderEditPlan?
+    /// The `X-Request-Id` Sluice made for a request that came without one (every try sends
+    /// it); nil when the client's own travels.
+    var generatedRequestId: String?
     let body: RequestBodyReader
     /// Where the current (or last) try goes.
     var target: RequestTarget

@@ -35,13 +35,30 @@ enum ForwardedHeaders {
         }
     }
 
+    /// `X-Request-Id` (docs/configuration.md, "Request ids").
+    static let requestIdName = HTTPField.Name("X-Request-Id")!
+
+    /// The client's `X-Request-Id`, when it sent one (the first; the parser has checked that
+    /// it is a legal field value). Compared as bytes.
+    static func requestId(of head: HTTPRequestHead) -> String? {
+        head.bytes.withUnsafeBufferPointer { buf -> String? in
+            for field in head.fields where field.name.count == 12 && !field.value.isEmpty {
+                if ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[field.name]), "x-request-id") {
+                    return head.string(field.value)
+                }
+            }
+            return nil
+        }
+    }
+
     /// The curl header list for a forwarded request, built in the worker's reusable
     /// `builder`. Curl derives `Host` from the URL, sets the body framing itself, and is told
     /// not to add `Accept` or `Expect`. With `edits` (a policy made only of header-editing
     /// adapters), the adapters' work is done here, in the same pass: replaced fields are
-    /// skipped and the plan's appended.
+    /// skipped and the plan's appended. `requestId`: the `X-Request-Id` Sluice made for a
+    /// request that came without one (unless the plan sets or removes that field itself).
     static func requestList(for head: HTTPRequestHead, viaLine: [UInt8], edits: HeaderEditPlan? = nil,
-                            builder: inout HeaderList.Builder) -> HeaderList {
+                            requestId: String? = nil, builder: inout HeaderList.Builder) -> HeaderList {
         builder.reset()
         var sawAccept = false
         head.bytes.withUnsafeBufferPointer { buf in
@@ -61,6 +78,11 @@ enum ForwardedHeaders {
                 if lower == "accept" { sawAccept = true }
                 builder.append(name: name.utf8, value: value.utf8)
             }
+        }
+        if let requestId {
+            var name = "x-request-id"
+            let edited = edits.map { plan in name.withUTF8 { plan.replaces($0) } } ?? false
+            if !edited { builder.append(name: "X-Request-Id".utf8, value: requestId.utf8) }
         }
         return finish(&builder, viaLine: viaLine, sawAccept: sawAccept)
     }

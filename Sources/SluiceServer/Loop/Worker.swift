@@ -32,6 +32,8 @@ final class Worker {
     /// Where every upstream header list is built (its buffers keep their capacity).
     var headerBuilder = HeaderList.Builder()
     let viaPseudonym: String
+    /// `<random hex>-`, the start of every `X-Request-Id` this worker makes.
+    let requestIdPrefix: String
     /// The interception TLS server, once a policy with `intercept: true` has been loaded.
     let interception: InterceptionSlot
     /// Open listeners by address. A reload that changes only what an address serves (a
@@ -142,6 +144,7 @@ final class Worker {
         self.pipeline = WorkerPipeline(configuration.pipeline)
         self.mailbox = Mailbox()
         self.viaPseudonym = viaPseudonym
+        requestIdPrefix = String(viaPseudonym.dropFirst("sluice-".count)) + "-"
         self.via = "1.1 \(viaPseudonym)"
         viaLine = Array("Via: 1.1 \(viaPseudonym)\r\n".utf8)
         viaRequestLine = Array("Via: 1.1 \(viaPseudonym)".utf8)
@@ -227,6 +230,13 @@ final class Worker {
             contents.pending = configuration
             event_active(handle.reloadEvent, Int32(EV_READ), 0)
         }
+    }
+
+    /// The `X-Request-Id` for a request that came without one: this process's random tag
+    /// (its `Via` pseudonym's) and the request id, in hex — unique across workers and
+    /// restarts, and the access log's `id` can be read back from it.
+    func makeRequestId(_ id: UInt64) -> String {
+        requestIdPrefix + String(id, radix: 16)
     }
 
     /// A process-unique request id: the worker index in the top 16 bits, a counter below.
