@@ -335,6 +335,35 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
     assert scrape(admin)['sluice_config_reloads_total{result="applied"}'] >= 1
 
 
+def test_dashboard_page_data_and_events(sluice_factory, httpbin):
+    proxy, admin = admin_proxy(sluice_factory, {"monitors": [{"metrics": {}}]},
+                               token_env={"ADMIN_TOKEN": "dash-" + os.urandom(4).hex()})
+    # the page itself needs no token (it holds no data)
+    r = admin.session.get(admin.base + "/", timeout=10)
+    assert r.status_code == 200 and r.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "/dashboard/events" in r.text and "<script" in r.text
+    SEEN.add(("/", "get", "200"))
+    assert session_via(proxy.url).get(httpbin.url + "/get", timeout=10).status_code == 200
+    status, data, _ = admin.call("GET", "/dashboard/data")
+    assert status == 200 and data["recording"] is True and data["requests"] >= 1, data
+    assert any(h["host"] == HOST for h in data["hosts"]), data
+    assert admin.call("GET", "/dashboard/events", token=None, spec_path="/dashboard/events")[0] == 401
+    # the stream: two events, a second apart, each a valid payload
+    events = []
+    with admin.session.get(admin.base + "/dashboard/events", stream=True, timeout=10,
+                           headers={"Authorization": f"Bearer {admin.token}"}) as r:
+        assert r.status_code == 200 and r.headers["Content-Type"] == "text/event-stream"
+        for line in r.iter_lines():
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
+                if len(events) == 2:
+                    break
+    SEEN.add(("/dashboard/events", "get", "200"))
+    for e in events:
+        validate({"$ref": "#/components/schemas/DashboardPayload"}, e)
+    assert 500 <= events[1]["time_ms"] - events[0]["time_ms"] <= 3000, events
+
+
 def test_every_documented_answer_was_seen():
     """Runs last in this file: every path and method in docs/admin-api.yaml was exercised."""
     documented = {(p, m) for p, ops in SPEC["paths"].items() for m in ops}

@@ -27,6 +27,8 @@ public struct ExchangeSummary: Sendable {
     public var client: String
     /// The `X-Request-Id` the exchange carries upstream: the client's own, or one Sluice made.
     public var requestId: String?
+    /// The host the policy was matched for (the dashboard's rows).
+    public var host = ""
     public var method: String
     public var url: String
     public var policy: String

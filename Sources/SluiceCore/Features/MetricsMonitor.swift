@@ -140,6 +140,7 @@ public final class SluiceMetrics: Sendable {
 /// thread only; the handles themselves are shared and thread-safe.
 public final class MetricsMonitor: EventMonitor {
     private let metrics: SluiceMetrics
+    private let dashboard: DashboardStats
     private struct RequestKey: Hashable {
         let policy: String
         let method: MethodClass
@@ -167,8 +168,9 @@ public final class MetricsMonitor: EventMonitor {
     private let bytesOut: CoreMetrics.Counter
     private let tunnels: CoreMetrics.Counter
 
-    public init(metrics: SluiceMetrics = .shared) {
+    public init(metrics: SluiceMetrics = .shared, dashboard: DashboardStats = .shared) {
         self.metrics = metrics
+        self.dashboard = dashboard
         refreshedOK = metrics.counter(SluiceMetrics.credentialRefreshes, [("result", "ok")])
         refreshFailed = metrics.counter(SluiceMetrics.credentialRefreshes, [("result", "failed")])
         connect = metrics.timer(SluiceMetrics.upstreamConnect)
@@ -243,6 +245,9 @@ public final class MetricsMonitor: EventMonitor {
             if t.firstByte > 0 { firstByte.recordMicroseconds(t.firstByte) }
             total.recordMicroseconds(t.total)
         }
+        dashboard.record(host: s.host.isEmpty ? s.policy : s.host, status: s.status,
+                         failed: s.outcome == .error || s.outcome == .upstreamAborted,
+                         retries: s.retries.count, bytesOut: s.bytesOut, totalMicroseconds: s.timings?.total)
     }
 }
 

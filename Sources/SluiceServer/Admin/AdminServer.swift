@@ -30,6 +30,8 @@ final class AdminServer: @unchecked Sendable {
     private let http: OpaquePointer
     private var stopEvent: OpaquePointer!
     private var thread: pthread_t?
+    /// The live dashboard and its event streams.
+    private var dashboard: Dashboard!
 
     /// How long a request waits for every worker's answer (a stuck worker must not hang it).
     static let workerAnswerMilliseconds = 2000
@@ -64,12 +66,15 @@ final class AdminServer: @unchecked Sendable {
         }, me)
         stopEvent = event_new(base, -1, 0, { _, _, arg in
             let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
+            admin.dashboard.stop()
             event_base_loopbreak(admin.base)
         }, me)
+        dashboard = Dashboard(base: base) { [unowned self] in dashboardPayload() }
         event_add(stopEvent, nil)
     }
 
     deinit {
+        dashboard = nil
         event_free(stopEvent)
         evhttp_free(http)
         event_base_free(base)
@@ -116,8 +121,16 @@ final class AdminServer: @unchecked Sendable {
             }
         }
         let response: AdminResponse
-        if !authorized(request) {
+        let isGet = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD
+        if path == "/" && isGet {
+            // The page holds no data (its stream asks for the token), so it is served to anyone
+            // who reaches the listener.
+            response = AdminResponse(status: 200, contentType: "text/html; charset=utf-8", body: Array(Dashboard.page.utf8))
+        } else if !authorized(request) {
             response = .error(401, "missing or wrong bearer token", headers: [("WWW-Authenticate", "Bearer realm=\"sluice admin\"")])
+        } else if path == "/dashboard/events" && isGet {
+            dashboard.startStream(request)
+            return
         } else {
             response = route(method: method, path: path, body: body)
         }
@@ -159,6 +172,10 @@ final class AdminServer: @unchecked Sendable {
             return isPost ? reload() : .methodNotAllowed("POST")
         case "/metrics":
             return isGet ? metrics() : .methodNotAllowed("GET")
+        case "/dashboard/data":
+            return isGet ? .encoded(200, dashboardPayload()) : .methodNotAllowed("GET")
+        case "/", "/dashboard/events":
+            return .methodNotAllowed("GET")
         default:
             return .error(404, "no such admin endpoint: \(path) (see docs/admin-api.yaml)")
         }
@@ -213,6 +230,15 @@ final class AdminServer: @unchecked Sendable {
             workers: answers.results.filter { $0.index >= 0 }.map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
         return AdminResponse(status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8",
                              body: SluiceMetrics.shared.exposition())
+    }
+
+    private func dashboardPayload() -> DashboardPayload {
+        let answers = askWorkers { Worker.AdminTask.counts($0) }
+        let live = answers.results.filter { $0.index >= 0 }
+        let recording = server.currentConfiguration.pipeline.monitors.contains { $0 is MetricsMonitorFactory }
+        return DashboardPayload(stats: DashboardStats.shared.snapshot(), generation: server.configurationGeneration,
+                                inFlight: live.reduce(0) { $0 + $1.exchangesInFlight },
+                                connections: live.reduce(0) { $0 + $1.clientConnections }, recording: recording)
     }
 
     private func configuration() -> AdminResponse {

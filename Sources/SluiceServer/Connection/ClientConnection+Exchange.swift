@@ -32,6 +32,7 @@ extension ClientConnection {
         var summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
         let clientRequestId = ForwardedHeaders.requestId(of: head)
         summary.requestId = clientRequestId ?? worker.makeRequestId(id)
+        summary.host = target.host
         let monitoring: ExchangeMachine.Monitoring = pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
         let machine = ExchangeMachine(summary: summary, policy: policy, target: .init(target),
                                       defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry, monitoring: monitoring,
