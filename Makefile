@@ -1,12 +1,17 @@
 # Sluice: `make run` runs the proxy with its embedded default config, `make test` runs every
 # test. Both install whatever is missing first (Debian 12, as root or with sudo).
-# `make build man && sudo make install` installs it (PREFIX=/usr/local, DESTDIR).
-# docs/operations.md, "Install".
+# `make build man && sudo make install` installs it (PREFIX=/usr/local, DESTDIR); `make deb`
+# builds a Debian package in dist/. docs/operations.md, "Install".
 SWIFT ?= swift
 BIN := .build/release/sluice
 # swift-argument-parser's generate-manual plugin writes the man page here
 MAN := .build/plugins/GenerateManual/outputs/sluice/sluice.1
 MAN_DATE := $(shell git log -1 --format=%cs 2>/dev/null)
+# The .deb's binary carries the Swift runtime (--static-swift-stdlib); a scratch path of its
+# own leaves $(BIN) alone.
+STATIC_SCRATCH := .build-static
+STATIC_BIN := $(STATIC_SCRATCH)/release/sluice
+DEBDIR ?= dist
 
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -14,7 +19,7 @@ INSTALL_VARS = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' BINDIR='$(BINDIR)' SYSCON
 	UNITDIR='$(UNITDIR)' MANDIR='$(MANDIR)' DOCDIR='$(DOCDIR)' BASHCOMPDIR='$(BASHCOMPDIR)' \
 	ZSHCOMPDIR='$(ZSHCOMPDIR)' FISHCOMPDIR='$(FISHCOMPDIR)'
 
-.PHONY: run test build deps test-deps unit e2e bench clean man install uninstall
+.PHONY: run test build deps test-deps unit e2e bench clean man install uninstall deb
 
 run: deps build
 	$(BIN) run
@@ -57,9 +62,13 @@ $(MAN): $(BIN)
 	$(SWIFT) package plugin generate-manual $(if $(MAN_DATE),--date $(MAN_DATE))
 	sed -i 's/^$$/.Pp/' $@
 
+deb: $(MAN)
+	$(SWIFT) build -c release --static-swift-stdlib --scratch-path $(STATIC_SCRATCH)
+	scripts/build-deb.sh $(STATIC_BIN) $(MAN) $(DEBDIR)
+
 bench: build
 	scripts/install-deps.sh bench
 	SLUICE_BIN=$(abspath $(BIN)) Benchmarks/run.sh
 
 clean:
-	rm -rf .build
+	rm -rf .build $(STATIC_SCRATCH) $(DEBDIR)
