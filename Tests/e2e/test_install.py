@@ -7,8 +7,8 @@ this machine (the system user, the configuration readable by it, the unit, the m
 installed binary proxying HTTP and HTTPS), `dpkg -r` (conffiles and the user stay, the rest
 and the enable link go) and `dpkg -P` (nothing left: files, user, group, state, logs).
 
-The package is built once per module (a --static-swift-stdlib build in .build-static, about
-two minutes on 2 cores); the tests that install it skip unless root, and skip rather than
+The package is built once per module (a --static-swift-stdlib build in .build-static, as long
+as the release build: 2-3 minutes on 2 cores); the tests that install it skip unless root, and skip rather than
 touch a `sluice` package, user or directory that was already on the machine."""
 
 from __future__ import annotations
