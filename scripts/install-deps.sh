@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev libsystemd-dev pkg-config)
 case "$what" in
-  test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver) ;;
+  test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver
+                   adduser binutils) ;;
   bench) packages+=(nginx-light curl wrk tinyproxy squid) ;;
 esac
 

@@ -15,10 +15,17 @@ struct Sluice: ParsableCommand {
         commandName: "sluice",
         abstract: "A local HTTP proxy daemon with a per-host interceptor pipeline.",
         discussion: """
-            Point HTTP_PROXY at it: export HTTP_PROXY=http://127.0.0.1:3128
-            Without --config, `sluice run` uses the embedded default (loopback only, port 3128,
-            one worker per core). `sluice check` validates a file and reports every problem
-            with its file, line and column.
+            Point clients at it: export HTTP_PROXY=http://127.0.0.1:3128 (and HTTPS_PROXY)
+
+            Without --config, `sluice run` uses the embedded default: loopback only, port 3128, \
+            one worker per core. `sluice check` validates a file and reports every problem with \
+            its file, line and column.
+
+            As a service (systemd/sluice.service, installed by `make install` or the .deb), \
+            Sluice reads /etc/sluice/sluice.yaml, takes ${NAME} secrets from \
+            /etc/sluice/sluice.env and keeps its state (the interception CA) in /var/lib/sluice.
+
+            Shell completions: sluice --generate-completion-script bash|zsh|fish
             """,
         version: version,
         subcommands: [Run.self, Check.self, CA.self],
@@ -45,7 +52,13 @@ func loadConfiguration(_ path: String?) throws -> SluiceConfiguration {
 
 struct Run: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Run the proxy until SIGTERM or SIGINT (a second signal stops without draining).")
+        abstract: "Run the proxy until SIGTERM or SIGINT (a second signal stops without draining).",
+        discussion: """
+            SIGHUP re-reads --config (a bad file changes nothing); SIGUSR1 reopens the access-log \
+            files; SIGTERM or SIGINT stops accepting and lets in-flight requests finish for up to \
+            timeouts.drain. Under systemd (Type=notify) it reports readiness, reloads, stopping \
+            and the watchdog through sd_notify.
+            """)
 
     @Option(name: .shortAndLong, help: "YAML configuration file (default: the embedded default).")
     var config: String?
