@@ -10,11 +10,11 @@
 # translations (dpkg keeps them out of later installs too), no apt lists or .deb cache, and
 # apt sources for bookworm, bookworm-updates and bookworm-security on the same mirror(s).
 set -euo pipefail
-IMAGE=${IMAGE:-debian:bookworm-slim}
+BASE_IMAGE=${BASE_IMAGE:-debian:bookworm-slim}
 SUITE=bookworm
 
-if podman image exists "$IMAGE" 2>/dev/null; then
-  echo "base image $IMAGE: present"
+if podman image exists "$BASE_IMAGE" 2>/dev/null; then
+  echo "base image $BASE_IMAGE: present"
   exit 0
 fi
 
@@ -29,7 +29,7 @@ fi
 
 root=$(mktemp -d /var/tmp/sluice-base.XXXXXX)
 trap 'rm -rf "$root"' EXIT
-echo "base image $IMAGE: debootstrap --variant=minbase $SUITE from $MIRROR"
+echo "base image $BASE_IMAGE: debootstrap --variant=minbase $SUITE from $MIRROR"
 debootstrap --variant=minbase "$SUITE" "$root" "$MIRROR" >"$root.log" 2>&1 \
   || { tail -20 "$root.log" >&2; rm -f "$root.log"; exit 1; }
 rm -f "$root.log"
@@ -74,5 +74,5 @@ rm -f "$root/etc/resolv.conf"
 
 tar --numeric-owner -C "$root" -c . | podman import --quiet \
   --change 'CMD ["bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-  - "$IMAGE" >/dev/null
-echo "base image $IMAGE: made ($(du -sh "$root" | cut -f1) unpacked)"
+  - "$BASE_IMAGE" >/dev/null
+echo "base image $BASE_IMAGE: made ($(du -sh "$root" | cut -f1) unpacked)"
