@@ -95,12 +95,19 @@ def image(request, tmp_path_factory) -> dict:
         "static build": not (REPO / ".build-static" / "release" / "sluice").exists(),
         "base image": buildah("inspect", "--type", "image", "debian:bookworm-slim", check=False).returncode != 0,
     }
+    before = buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}", IMAGE, check=False)
     t0 = time.monotonic()
     with open(log, "w") as out:
         p = subprocess.run(["make", "-C", str(REPO), "image", f"IMAGE={IMAGE}"], stdout=out,
                            stderr=subprocess.STDOUT, env=clean_env(), timeout=3600)
     elapsed = time.monotonic() - t0
     assert p.returncode == 0, f"make image exited {p.returncode}:\n{tail(log)}"
+    # The previous build of this tag (and its cache layers that the new one does not share)
+    # would otherwise stay behind untagged at every change of the sources.
+    if before.returncode == 0:
+        old_id = before.stdout.strip()
+        if old_id and old_id != buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}", IMAGE).stdout.strip():
+            buildah("rmi", old_id, check=False)
     text = log.read_text(errors="replace")
     # The base image is made only when missing, and the build checks the shipped config.
     assert ("base image debian:bookworm-slim: made" in text) == cold["base image"], tail(log)
