@@ -109,7 +109,7 @@ def image(request, tmp_path_factory) -> dict:
         if old_id and old_id != buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}", IMAGE).stdout.strip():
             buildah("rmi", old_id, check=False)
     text = log.read_text(errors="replace")
-    # The base image is made only when missing, and the build checks the shipped config.
+    # The base image is made only when it is missing.
     assert ("base image debian:bookworm-slim: made" in text) == cold["base image"], tail(log)
     info = json.loads(buildah("inspect", "--type", "image", IMAGE).stdout)
     size = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", IMAGE],
