@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Installs what Sluice needs to build and test on Debian 12, and nothing that is already
-# there. Needs root (or sudo) for apt-get. Usage: scripts/install-deps.sh [build|test|bench]
+# there. Needs root (or sudo) for apt-get. Usage: scripts/install-deps.sh [build|test|bench|image]
 set -euo pipefail
 what=${1:-build}
 cd "$(dirname "$0")/.."
 
 packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev libsystemd-dev pkg-config)
 case "$what" in
+  # buildah, podman, debootstrap: `make image` and Tests/e2e/test_docker.py build and run the
+  # container image without a Docker engine; chromium: Tests/e2e/test_dashboard.py.
   test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver
-                   adduser binutils) ;;
+                    adduser binutils buildah podman debootstrap) ;;
+  image) packages+=(buildah podman debootstrap binutils) ;;
   bench) packages+=(nginx-light curl wrk tinyproxy squid) ;;
 esac
 
