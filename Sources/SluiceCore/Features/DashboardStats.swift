@@ -1,15 +1,18 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import Synchronization
 
 /// What the admin listener's live dashboard shows (`GET /`, fed by `GET /dashboard/events`):
 /// totals, the last minute's latencies, and a row per host. The `metrics` monitor records
 /// every finished exchange here as well as in `SluiceMetrics`.
 ///
-/// Bounded by construction: latencies are a ring of the last `latencyWindow` exchanges, and
-/// hosts beyond `maxHosts` are counted under `other` (a proxy's destinations are its clients'
+/// Bounded by construction: latencies are a ring of the last `latencyWindow` exchanges per
+/// worker, and hosts beyond `maxHosts` (per worker) are counted under `other` (a proxy's destinations are its clients'
 /// choice).
 ///
-/// Threading: workers record under a lock held for a few additions; the admin thread takes
-/// snapshots under the same lock.
+/// Threading: each worker thread records into its own `Shard` (its lock is uncontended but
+/// for a snapshot); the admin thread merges the shards for a snapshot.
 public final class DashboardStats: Sendable {
     public static let shared = DashboardStats()
     public static let maxHosts = 200
@@ -42,7 +45,7 @@ public final class DashboardStats: Sendable {
         }
     }
 
-    private struct State {
+    fileprivate struct State {
         var requests: Int64 = 0
         var errors: Int64 = 0
         var retries: Int64 = 0
@@ -52,34 +55,70 @@ public final class DashboardStats: Sendable {
         var latencyNext = 0
     }
 
-    private let state = Mutex(State())
+    /// One worker thread's part: recorded without contention (only a snapshot takes its
+    /// lock from another thread), merged by `snapshot()`.
+    public final class Shard: Sendable {
+        fileprivate let state = Mutex(State())
 
-    public init() {}
-
-    /// One finished exchange: an error is a 5xx answer or none at all (a failure before or
-    /// during the response).
-    public func record(host: String, status: Int, failed: Bool, retries: Int, bytesOut: Int64, totalMicroseconds: Int64?) {
-        let isError = failed || status >= 500 || status == 0
-        state.withLock { s in
-            s.requests += 1
-            if isError { s.errors += 1 }
-            s.retries += Int64(retries)
-            let key = s.hosts[host] != nil || s.hosts.count < Self.maxHosts ? host : "other"
-            s.hosts[key, default: HostRow()].requests += 1
-            if isError { s.hosts[key]!.errors += 1 }
-            s.hosts[key]!.retries += Int64(retries)
-            s.hosts[key]!.bytesOut += bytesOut
-            if let t = totalMicroseconds, t > 0 {
-                s.hosts[key]!.totalMicroseconds += t
-                s.latencies[s.latencyNext] = t
-                s.latencyNext = (s.latencyNext + 1) % Self.latencyWindow
-                s.latencyCount = min(s.latencyCount + 1, Self.latencyWindow)
+        /// One finished exchange: an error is a 5xx answer or none at all (a failure before
+        /// or during the response).
+        public func record(host: String, status: Int, failed: Bool, retries: Int, bytesOut: Int64,
+                           totalMicroseconds: Int64?) {
+            let isError = failed || status >= 500 || status == 0
+            state.withLock { s in
+                s.requests += 1
+                if isError { s.errors += 1 }
+                s.retries += Int64(retries)
+                let key = s.hosts[host] != nil || s.hosts.count < DashboardStats.maxHosts ? host : "other"
+                s.hosts[key, default: HostRow()].requests += 1
+                if isError { s.hosts[key]!.errors += 1 }
+                s.hosts[key]!.retries += Int64(retries)
+                s.hosts[key]!.bytesOut += bytesOut
+                if let t = totalMicroseconds, t > 0 {
+                    s.hosts[key]!.totalMicroseconds += t
+                    s.latencies[s.latencyNext] = t
+                    s.latencyNext = (s.latencyNext + 1) % DashboardStats.latencyWindow
+                    s.latencyCount = min(s.latencyCount + 1, DashboardStats.latencyWindow)
+                }
             }
         }
     }
 
+    /// The shards by the thread that records into them: a worker keeps its shard across
+    /// reloads (the monitors are made anew, the counts stay).
+    private let shards = Mutex<[UInt: Shard]>([:])
+
+    public init() {}
+
+    /// The calling thread's shard (made on first use).
+    public func shardForCurrentThread() -> Shard {
+        let thread = UInt(pthread_self())
+        return shards.withLock { shards in
+            if let shard = shards[thread] { return shard }
+            let shard = Shard()
+            shards[thread] = shard
+            return shard
+        }
+    }
+
     public func snapshot() -> Snapshot {
-        let (s, recent) = state.withLock { s in (s, Array(s.latencies.prefix(s.latencyCount))) }
+        var s = State()
+        var recent: [Int64] = []
+        for shard in shards.withLock({ Array($0.values) }) {
+            shard.state.withLock { part in
+                s.requests += part.requests
+                s.errors += part.errors
+                s.retries += part.retries
+                for (host, row) in part.hosts {
+                    s.hosts[host, default: HostRow()].requests += row.requests
+                    s.hosts[host]!.errors += row.errors
+                    s.hosts[host]!.retries += row.retries
+                    s.hosts[host]!.bytesOut += row.bytesOut
+                    s.hosts[host]!.totalMicroseconds += row.totalMicroseconds
+                }
+                recent.append(contentsOf: part.latencies.prefix(part.latencyCount))
+            }
+        }
         let sorted = recent.sorted()
         func percentile(_ p: Double) -> Double? {
             guard !sorted.isEmpty else { return nil }

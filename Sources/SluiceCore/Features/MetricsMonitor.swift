@@ -141,6 +141,9 @@ public final class SluiceMetrics: Sendable {
 public final class MetricsMonitor: EventMonitor {
     private let metrics: SluiceMetrics
     private let dashboard: DashboardStats
+    /// This worker's part of the dashboard's numbers (taken on the first exchange, on the
+    /// worker's thread).
+    private var dashboardShard: DashboardStats.Shard?
     private struct RequestKey: Hashable {
         let policy: String
         let method: MethodClass
@@ -245,9 +248,11 @@ public final class MetricsMonitor: EventMonitor {
             if t.firstByte > 0 { firstByte.recordMicroseconds(t.firstByte) }
             total.recordMicroseconds(t.total)
         }
-        dashboard.record(host: s.host.isEmpty ? s.policy : s.host, status: s.status,
-                         failed: s.outcome == .error || s.outcome == .upstreamAborted,
-                         retries: s.retries.count, bytesOut: s.bytesOut, totalMicroseconds: s.timings?.total)
+        let shard = dashboardShard ?? dashboard.shardForCurrentThread()
+        dashboardShard = shard
+        shard.record(host: s.host.isEmpty ? s.policy : s.host, status: s.status,
+                     failed: s.outcome == .error || s.outcome == .upstreamAborted,
+                     retries: s.retries.count, bytesOut: s.bytesOut, totalMicroseconds: s.timings?.total)
     }
 }
 

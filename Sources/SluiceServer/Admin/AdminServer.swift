@@ -74,9 +74,11 @@ final class AdminServer: @unchecked Sendable {
     }
 
     deinit {
+        // The HTTP server first: freeing it closes its connections, whose close callbacks
+        // still reach the dashboard.
+        evhttp_free(http)
         dashboard = nil
         event_free(stopEvent)
-        evhttp_free(http)
         event_base_free(base)
     }
 
