@@ -188,10 +188,11 @@ class RetryAfterDate(Reply):
         when = int(now) + self.ahead
         date = formatdate(when, usegmt=True)
         hs = self.headers_for(t) + [("Retry-After", date)]
-        conn.sendall(self.wire(t, self.body_for(t), hs))
-        t.t_done = time.monotonic()
+        # Recorded before the send: a client that reads the reply may look at the try at once.
         t.expected_delay = when - time.time()
         t.action = f"reply {self.status} retry-after {date}"
+        conn.sendall(self.wire(t, self.body_for(t), hs))
+        t.t_done = time.monotonic()
 
 
 class Reset(Action):

@@ -37,6 +37,8 @@ final class AdminServer: @unchecked Sendable {
     static let workerAnswerMilliseconds = 2000
     /// Request bodies larger than this are refused (413).
     static let maxBodySize = 64 * 1024
+    /// How long the admin loop runs on after `stop()`, so replies being written leave.
+    static let stopGraceMicroseconds = 200_000
 
     init(server: ProxyServer, settings: ServerConfiguration.Admin, workers: [Worker.StopHandle]) throws(ServerError) {
         self.server = server
@@ -67,7 +69,10 @@ final class AdminServer: @unchecked Sendable {
         stopEvent = event_new(base, -1, 0, { _, _, arg in
             let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
             admin.dashboard.stop()
-            event_base_loopbreak(admin.base)
+            // A grace period for answers still being written: the request that made the
+            // server stop (a cancel that ended the last exchange of a drain) gets its reply.
+            var grace = timeval(tv_sec: 0, tv_usec: AdminServer.stopGraceMicroseconds)
+            event_base_loopexit(admin.base, &grace)
         }, me)
         dashboard = Dashboard(base: base) { [unowned self] in dashboardPayload() }
         event_add(stopEvent, nil)
@@ -101,7 +106,8 @@ final class AdminServer: @unchecked Sendable {
         self.thread = thread
     }
 
-    /// Ends the admin loop (requests being served finish first). Safe from any thread.
+    /// Ends the admin loop after `stopGraceMicroseconds` (replies being written leave first).
+    /// Safe from any thread.
     func stop() { event_active(stopEvent, Int32(EV_READ), 0) }
 
     func join() {
