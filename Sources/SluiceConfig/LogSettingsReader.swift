@@ -6,8 +6,6 @@ import Yams
 /// "Diagnostics"): how Sluice's own diagnostics are written (`DiagnosticLogHandler`). Both
 /// apply at start and at every reload.
 extension NodeReader {
-    static let logLevels: [String: Logger.Level] = ["debug": .debug, "info": .info, "warning": .warning, "error": .error]
-
     mutating func readLogFormat(_ node: Node, into format: inout DiagnosticLogHandler.Format) {
         guard let text = node.scalar?.string, let value = DiagnosticLogHandler.Format(rawValue: text) else {
             return fail(node, "log_format must be text or json")
@@ -16,7 +14,7 @@ extension NodeReader {
     }
 
     mutating func readLogLevel(_ node: Node, into level: inout Logger.Level) {
-        guard let text = node.scalar?.string, let value = Self.logLevels[text] else {
+        guard let text = node.scalar?.string, let value = DiagnosticLogHandler.levelNames[text] else {
             return fail(node, "log_level must be debug, info, warning or error")
         }
         level = value

@@ -12,7 +12,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from conftest import REPO
 from faultservers import HOST, pick_port
 from policy_support import run_check, stderr_len, stderr_since, write_config_text
 from rawhttp import RawConn, request_bytes
-from support import session_via, wait_until
+from support import port_open, session_via, wait_until
 
 SPEC = yaml.safe_load((REPO / "docs" / "admin-api.yaml").read_text())
 SEEN: set[tuple[str, str, str]] = set()
@@ -83,14 +82,6 @@ def admin_proxy(sluice_factory, extra: dict | None = None, token_env: dict | Non
     proxy = sluice_factory(cfg, env=token_env)
     assert wait_until(lambda: port_open(port), 10), "the admin listener did not open"
     return proxy, Admin(port, token_env["ADMIN_TOKEN"] if token_env else None)
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def in_flight(admin: Admin, pred, timeout: float = 10.0) -> list[dict]:

@@ -25,7 +25,7 @@ import yaml
 from conftest import REPO, SLUICE_BIN
 from faultservers import HOST, pick_port
 from policy_support import AccessLog, monitors, stderr_len, stderr_since, write_config_text
-from support import session_via, wait_until
+from support import port_open, session_via, wait_until
 
 UNIT = REPO / "systemd" / "sluice.service"
 
@@ -156,7 +156,7 @@ def test_notify_sequence_for_start_status_reload_and_stop(sluice_factory, notify
 
     def on_message(text):
         if text.startswith("READY=1") and not bound_at_ready:
-            bound_at_ready.append([port_accepts(p) for p in ports])
+            bound_at_ready.append([port_open(p) for p in ports])
 
     notify.on_message = on_message
     proxy = sluice_factory({"listen": [f"{HOST}:{main_port}", f"{HOST}:{second_port}"],
@@ -219,14 +219,6 @@ def test_notify_sequence_for_start_status_reload_and_stop(sluice_factory, notify
         if m.startswith("STATUS="):
             assert re.fullmatch(r"STATUS=(the last reload failed \(see the log\); )?serving: configuration "
                                 r"generation \d+, requests in flight: \d+, client connections: \d+", m), m
-
-
-def port_accepts(port: int) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def test_without_notify_socket_nothing_is_sent(sluice_factory, notify, httpbin):

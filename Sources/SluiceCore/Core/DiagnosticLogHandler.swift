@@ -26,6 +26,9 @@ public struct DiagnosticLogHandler: LogHandler {
         self.level.store(UInt8(Logger.Level.allCases.firstIndex(of: level)!), ordering: .relaxed)
     }
 
+    /// The level names of `log_level` and `SLUICE_LOG`.
+    public static let levelNames: [String: Logger.Level] = ["debug": .debug, "info": .info, "warning": .warning, "error": .error]
+
     public static var currentFormat: Format { format.load(ordering: .relaxed) == 1 ? .json : .text }
     public static var currentLevel: Logger.Level { Logger.Level.allCases[Int(level.load(ordering: .relaxed))] }
 

@@ -231,18 +231,21 @@ final class AdminServer: @unchecked Sendable {
 
     /// The Prometheus text exposition (docs/metrics.md): the gauges are read from the workers
     /// now; the rest is what the `metrics` monitor and the server recorded.
+    /// The counts of every worker whose loop still runs.
+    private func workerCounts() -> [Worker.WorkerCounts] {
+        askWorkers { Worker.AdminTask.counts($0) }.results.filter { $0.index >= 0 }
+    }
+
     private func metrics() -> AdminResponse {
-        let answers = askWorkers { Worker.AdminTask.counts($0) }
         SluiceMetrics.shared.recordState(
             generation: server.configurationGeneration,
-            workers: answers.results.filter { $0.index >= 0 }.map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
+            workers: workerCounts().map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
         return AdminResponse(status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8",
                              body: SluiceMetrics.shared.exposition())
     }
 
     private func dashboardPayload() -> DashboardPayload {
-        let answers = askWorkers { Worker.AdminTask.counts($0) }
-        let live = answers.results.filter { $0.index >= 0 }
+        let live = workerCounts()
         let recording = server.currentConfiguration.pipeline.monitors.contains { $0 is MetricsMonitorFactory }
         return DashboardPayload(stats: DashboardStats.shared.snapshot(), generation: server.configurationGeneration,
                                 inFlight: live.reduce(0) { $0 + $1.exchangesInFlight },

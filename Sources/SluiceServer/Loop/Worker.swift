@@ -216,9 +216,8 @@ final class Worker {
             case .ping(let gather):
                 gather.deliver(!isDraining && session.isUsable)
             case .counts(let gather):
-                var inFlight = 0
-                for connection in connections.values where connection.exchange != nil { inFlight += 1 }
-                gather.deliver(WorkerCounts(index: index, exchangesInFlight: inFlight, clientConnections: connections.count))
+                gather.deliver(WorkerCounts(index: index, exchangesInFlight: exchangesInFlight,
+                                            clientConnections: connections.count))
             }
         }
     }
@@ -279,10 +278,15 @@ final class Worker {
         pipeline.monitor?.handle(.configReloaded(success: true, message: "worker \(index) reloaded"))
     }
 
+    /// The connections with an exchange in flight (for systemd's STATUS= and the admin API).
+    private var exchangesInFlight: Int {
+        var count = 0
+        for connection in connections.values where connection.exchange != nil { count += 1 }
+        return count
+    }
+
     private func beat() {
-        var inFlight = 0
-        for connection in connections.values where connection.exchange != nil { inFlight += 1 }
-        heartbeat.exchangesInFlight.store(inFlight, ordering: .relaxed)
+        heartbeat.exchangesInFlight.store(exchangesInFlight, ordering: .relaxed)
         heartbeat.clientConnections.store(connections.count, ordering: .relaxed)
         heartbeat.beats.add(1, ordering: .releasing)
     }

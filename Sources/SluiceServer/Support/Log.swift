@@ -17,14 +17,8 @@ public enum Log {
     /// reload). `SLUICE_LOG=debug|info|warning|error` in the environment overrides the level.
     public static func apply(_ server: ServerConfiguration) {
         var level = server.logLevel
-        if let raw = getenv("SLUICE_LOG") {
-            switch String(cString: raw) {
-            case "debug": level = .debug
-            case "info": level = .info
-            case "warning": level = .warning
-            case "error": level = .error
-            default: break
-            }
+        if let raw = getenv("SLUICE_LOG"), let named = DiagnosticLogHandler.levelNames[String(cString: raw)] {
+            level = named
         }
         DiagnosticLogHandler.configure(format: server.logFormat, level: level)
     }
