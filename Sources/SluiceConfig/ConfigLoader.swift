@@ -246,15 +246,7 @@ struct NodeReader {
                 }
                 access.connectPorts = ports
             default:
-                guard let items = r.strings(value, what: key) else { return }
-                var networks: [IPNetwork] = []
-                for (text, itemNode) in items {
-                    if let network = IPNetwork(text) {
-                        networks.append(network)
-                    } else {
-                        r.fail(itemNode, "invalid network '\(text)' in \(key): expected CIDR such as 10.0.0.0/8 or ::1/128")
-                    }
-                }
+                guard let networks = r.networks(value, key: key) else { return }
                 if key == "allow_clients" { access.allowClients = networks } else { access.deny = networks }
             }
         }
@@ -281,6 +273,20 @@ struct NodeReader {
     // MARK: values
 
     /// A scalar or a sequence of scalars, with each item's node for error locations.
+    /// A list of CIDR networks (or one); each bad entry is an error at its own node.
+    mutating func networks(_ node: Node, key: String) -> [IPNetwork]? {
+        guard let items = strings(node, what: key) else { return nil }
+        var networks: [IPNetwork] = []
+        for (text, itemNode) in items {
+            if let network = IPNetwork(text) {
+                networks.append(network)
+            } else {
+                fail(itemNode, "invalid network '\(text)' in \(key): expected CIDR such as 10.0.0.0/8 or ::1/128")
+            }
+        }
+        return networks
+    }
+
     mutating func strings(_ node: Node, what: String) -> [(String, Node)]? {
         switch node {
         case .scalar(let s): return [(s.string, node)]

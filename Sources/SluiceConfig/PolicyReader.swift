@@ -251,9 +251,22 @@ extension NodeReader {
         var out: [ServerConfiguration.Route] = []
         for item in items {
             var listen: String?, upstream: String?
-            entries(item, in: "route", known: ["listen", "upstream"]) { r, key, value in
+            var forwarded = ServerConfiguration.Route.Forwarded.xForwarded
+            var trusted: [IPNetwork] = []
+            entries(item, in: "route", known: ["listen", "upstream", "forwarded", "trusted_clients"]) { r, key, value in
+                if key == "trusted_clients" {
+                    if let networks = r.networks(value, key: key) { trusted = networks }
+                    return
+                }
                 guard let text = value.scalar?.string else { return r.fail(value, "\(key) must be a string") }
-                if key == "listen" {
+                if key == "forwarded" {
+                    if let style = ServerConfiguration.Route.Forwarded(rawValue: text) {
+                        forwarded = style
+                    } else {
+                        let names = ServerConfiguration.Route.Forwarded.allCases.map(\.rawValue).joined(separator: ", ")
+                        r.fail(value, "forwarded must be one of \(names)")
+                    }
+                } else if key == "listen" {
                     if ListenAddress.isValid(text) {
                         listen = text
                         r.listenNodes.append((text, value))
@@ -272,7 +285,7 @@ extension NodeReader {
                 }
             }
             if let listen, let upstream {
-                out.append(.init(listen: listen, upstream: upstream))
+                out.append(.init(listen: listen, upstream: upstream, forwarded: forwarded, trustedClients: trusted))
             } else if case .mapping = item {
                 fail(item, "a route needs listen and upstream")
             }

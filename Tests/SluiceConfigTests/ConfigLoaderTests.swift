@@ -75,6 +75,23 @@ import Testing
         #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: "policies: { default: { cache: {} } }\n", file: "f") }
     }
 
+    @Test func routeForwardedAndTrustedClients() throws {
+        let config = try ConfigLoader.parse(yaml: """
+            routes:
+              - { listen: "127.0.0.1:8080", upstream: "http://127.0.0.1:9000" }
+              - { listen: "127.0.0.1:8081", upstream: "http://127.0.0.1:9000", forwarded: rfc7239, trusted_clients: [10.0.0.0/8] }
+            """, file: "f")
+        #expect(config.server.routes[0].forwarded == .xForwarded && config.server.routes[0].trustedClients.isEmpty)
+        #expect(config.server.routes[1].forwarded == .rfc7239)
+        #expect(config.server.routes[1].trustedClients == [IPNetwork("10.0.0.0/8")!])
+        #expect {
+            try ConfigLoader.parse(yaml: "routes:\n  - listen: 127.0.0.1:8080\n    upstream: http://a\n    forwarded: x-forwarded\n", file: "f")
+        } throws: { error in
+            guard let issue = (error as? ConfigError)?.issues.first else { return false }
+            return issue.line == 4 && issue.column == 16 && issue.message.contains("rfc7239, x_forwarded, none")
+        }
+    }
+
     @Test func units() {
         #expect(Units.bytes("8KiB") == 8192)
         #expect(Units.bytes("1GB") == 1_000_000_000)

@@ -76,7 +76,8 @@ class RawConn:
 
     def __init__(self, host: str, port: int, timeout: float = DEFAULT_TIMEOUT,
                  rcvbuf: int | None = None, connect_timeout: float = 5.0):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(connect_timeout)

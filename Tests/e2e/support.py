@@ -63,7 +63,7 @@ def sha256_file(path: Path) -> str:
 
 def port_open(port: int, host: str = HOST) -> bool:
     """Whether something accepts TCP connections on host:port (0.5 s connect timeout)."""
-    s = socket.socket()
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     s.settimeout(0.5)
     try:
         s.connect((host, port))

@@ -148,3 +148,77 @@ def test_route_honours_allow_clients(sluice_factory, httpbin, recorder):
             r = e
         assert r is None, f"a client outside allow_clients got {r!r}"
     assert recorder.connection_count() == 0
+
+
+# ---- Forwarded headers (routes[].forwarded, routes[].trusted_clients) ----------------------
+
+FORGED = {"X-Forwarded-For": "6.6.6.6", "X-Forwarded-Proto": "https",
+          "X-Forwarded-Host": "forged.example", "Forwarded": "for=6.6.6.6"}
+
+
+def forwarded_route(sluice_factory, upstream: str, listen_host: str = HOST, **route):
+    rport = pick_port()
+    shown = f"[{listen_host}]" if ":" in listen_host else listen_host
+    proxy = sluice_factory({"routes": [{"listen": f"{shown}:{rport}", "upstream": upstream, **route}],
+                            "access": {"allow_clients": ["127.0.0.0/8", "::1/128"]}})
+    assert wait_until(lambda: port_open(rport, host=listen_host), 5), f"route listener {rport} not open"
+    return proxy, rport
+
+
+def seen_headers(host: str, rport: int, headers: dict) -> dict:
+    with RawConn(host, rport, timeout=15) as c:
+        shown = f"[{host}]" if ":" in host else host
+        c.send(request_bytes("GET", "/headers?show_env=1", headers, host=f"{shown}:{rport}"))
+        r = c.read_response()
+    assert r is not None and r.status == 200, r
+    return json.loads(r.body)["headers"]
+
+
+def test_route_x_forwarded_by_default_replaces_forged_fields(sluice_factory, httpbin):
+    _, rport = forwarded_route(sluice_factory, httpbin.url)
+    seen = seen_headers(HOST, rport, FORGED)
+    assert seen.get("X-Forwarded-For") == "127.0.0.1", seen
+    assert seen.get("X-Forwarded-Proto") == "http", seen
+    assert seen.get("X-Forwarded-Host") == f"{HOST}:{rport}", seen
+    assert "Forwarded" not in seen, "an untrusted client's Forwarded must not reach the origin"
+
+
+def test_route_rfc7239_forwarded(sluice_factory, httpbin):
+    _, rport = forwarded_route(sluice_factory, httpbin.url, forwarded="rfc7239")
+    seen = seen_headers(HOST, rport, FORGED)
+    assert seen.get("Forwarded") == f'for=127.0.0.1;proto=http;host="{HOST}:{rport}"', seen
+    assert not [k for k in seen if k.lower().startswith("x-forwarded")], seen
+
+
+def test_route_rfc7239_ipv6_client_is_bracketed_and_quoted(sluice_factory, httpbin):
+    _, rport = forwarded_route(sluice_factory, httpbin.url, listen_host="::1", forwarded="rfc7239")
+    seen = seen_headers("::1", rport, {})
+    assert seen.get("Forwarded") == f'for="[::1]";proto=http;host="[::1]:{rport}"', seen
+
+
+def test_route_forwarded_none_adds_nothing_and_strips_forgeries(sluice_factory, httpbin):
+    _, rport = forwarded_route(sluice_factory, httpbin.url, forwarded="none")
+    seen = seen_headers(HOST, rport, FORGED)
+    assert not [k for k in seen if k.lower().startswith("x-forwarded") or k.lower() == "forwarded"], seen
+
+
+def test_route_trusted_client_chain_is_extended(sluice_factory, httpbin):
+    _, rport = forwarded_route(sluice_factory, httpbin.url, trusted_clients=["127.0.0.0/8"])
+    seen = seen_headers(HOST, rport, {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"})
+    # Two field lines of one list field: the origin reads them as one list.
+    assert seen.get("X-Forwarded-For") == "203.0.113.9,127.0.0.1" or \
+        seen.get("X-Forwarded-For") == "203.0.113.9, 127.0.0.1", seen
+    assert seen.get("X-Forwarded-Proto") == "https", "a trusted client's first hop is kept"
+    # A client outside trusted_clients on the same kind of route is not believed.
+    _, other = forwarded_route(sluice_factory, httpbin.url, trusted_clients=["10.0.0.0/8"])
+    seen = seen_headers(HOST, other, {"X-Forwarded-For": "203.0.113.9"})
+    assert seen.get("X-Forwarded-For") == "127.0.0.1", seen
+
+
+def test_route_forwarded_bad_value_is_a_located_error(sluice_bin, tmp_path):
+    import subprocess
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("routes:\n  - listen: 127.0.0.1:18999\n    upstream: http://127.0.0.1:9\n    forwarded: xff\n")
+    r = subprocess.run([sluice_bin, "check", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert f"{cfg}:4:16" in r.stderr and "rfc7239, x_forwarded, none" in r.stderr, r.stderr

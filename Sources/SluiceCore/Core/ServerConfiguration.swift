@@ -54,12 +54,29 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// A gateway listener (Alamofire's Router, as a listener): `GET /x` on `listen` goes to
     /// `upstream` + `/x`.
     public struct Route: Sendable, Equatable {
+        /// `routes[].forwarded`: how the route tells its upstream who the client was
+        /// (Sources/SluiceServer/HTTP/Forwarded.swift).
+        public enum Forwarded: String, Sendable, Equatable, CaseIterable {
+            /// RFC 7239 `Forwarded: for=…;proto=…;host=…`.
+            case rfc7239
+            /// `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host`. The default.
+            case xForwarded = "x_forwarded"
+            /// Nothing added (untrusted clients' own forwarding fields are still removed).
+            case none
+        }
+
         public var listen: String
         /// An absolute http(s) URL, without a trailing slash.
         public var upstream: String
-        public init(listen: String, upstream: String) {
+        public var forwarded: Forwarded
+        /// `routes[].trusted_clients`: clients whose own forwarding fields travel on (another
+        /// proxy in front of Sluice). Default: none.
+        public var trustedClients: [IPNetwork]
+        public init(listen: String, upstream: String, forwarded: Forwarded = .xForwarded, trustedClients: [IPNetwork] = []) {
             self.listen = listen
             self.upstream = upstream
+            self.forwarded = forwarded
+            self.trustedClients = trustedClients
         }
     }
 

@@ -13,7 +13,7 @@ struct ConfigurationView: Encodable {
         let timeouts: [String: Int?]
         let access: Access
         let tls: TLS
-        let routes: [[String: String]]
+        let routes: [Route]
         let admin: [String: String]?
     }
 
@@ -23,6 +23,16 @@ struct ConfigurationView: Encodable {
         let deny: [String]
         enum CodingKeys: String, CodingKey {
             case allowClients = "allow_clients", connectPorts = "connect_ports", deny
+        }
+    }
+
+    struct Route: Encodable {
+        let listen: String
+        let upstream: String
+        let forwarded: String
+        let trustedClients: [String]
+        enum CodingKeys: String, CodingKey {
+            case listen, upstream, forwarded, trustedClients = "trusted_clients"
         }
     }
 
@@ -65,7 +75,10 @@ struct ConfigurationView: Encodable {
             access: Access(allowClients: s.access.allowClients.map(\.description), connectPorts: s.access.connectPorts,
                            deny: s.access.deny.map(\.description)),
             tls: TLS(caFile: s.tls.caFile, caDir: s.tls.caDir, allHostsMustBeEvaluated: s.tls.allHostsMustBeEvaluated),
-            routes: s.routes.map { ["listen": $0.listen, "upstream": $0.upstream] },
+            routes: s.routes.map {
+                Route(listen: $0.listen, upstream: $0.upstream, forwarded: $0.forwarded.rawValue,
+                      trustedClients: $0.trustedClients.map(\.description))
+            },
             admin: s.admin.map { admin in
                 var view = ["listen": admin.listen]
                 if let token = admin.token { view["token"] = "\(token) (\(token.source))" }

@@ -97,7 +97,7 @@ extension ClientConnection {
     func prepare(_ head: HTTPRequestHead, _ exchange: Exchange) {
         var model: ProxyRequest?
         if exchange.inspect({ $0.needsRequestModel }) {
-            var fields = ForwardedHeaders.forwardedFields(of: head)
+            var fields = ForwardedHeaders.forwardedFields(of: head, forwarding: forwarding)
             if let generated = exchange.generatedRequestId { fields[ForwardedHeaders.requestIdName] = generated }
             model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
                                  headerFields: fields, body: Self.bodyMode(head))
@@ -141,6 +141,7 @@ extension ClientConnection {
                                    headers: ForwardedHeaders.requestList(for: head, viaLine: worker.viaRequestLine,
                                                                          edits: exchange.headerEdits,
                                                                          requestId: exchange.generatedRequestId,
+                                                                         forwarding: forwarding,
                                                                          builder: &worker.headerBuilder),
                                    body: body, model: nil,
                                    credentials: challengeCredentials(head, exchange))

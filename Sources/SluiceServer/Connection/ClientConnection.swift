@@ -49,8 +49,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     enum Mode {
         /// A forward proxy: absolute-form requests and CONNECT.
         case forward
-        /// A gateway route: origin-form requests appended to this base URL.
-        case route(String)
+        /// A gateway route: origin-form requests appended to its upstream base URL.
+        case route(ServerConfiguration.Route)
     }
 
     /// Stop reading from a client once this many unprocessed bytes wait (256 KiB).
@@ -71,6 +71,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     /// Set once the connection is an intercepted CONNECT (Sluice is its TLS server).
     var interception: Interception?
     let peer: String
+    /// On a route listener: what the upstream is told about this client (`Forwarded.swift`).
+    let forwarding: ForwardingFields?
     var state: State = .awaitingHead
     var parser: HTTPRequestParser
     /// The idle/header timer (one event, re-armed with a purpose).
@@ -88,10 +90,11 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
     private var processingInput = false
 
-    init(worker: Worker, mode: Mode, fd: Int32, peer: String) {
+    init(worker: Worker, mode: Mode, fd: Int32, peer: String, forwarding: ForwardingFields? = nil) {
         self.worker = worker
         self.mode = mode
         self.peer = peer
+        self.forwarding = forwarding
         parser = HTTPRequestParser(limits: .init(worker.config.limits))
         let socket = ClientSocket(base: worker.base, fd: fd, spill: worker.readSpill)
         transport = .socket(socket)
@@ -301,9 +304,9 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
                 switch mode {
                 case .forward:
                     target = try RequestTarget.absolute(head.target)
-                case .route(let base):
+                case .route(let route):
                     guard head.bytes[head.targetRange.lowerBound] == UInt8(ascii: "/") else { throw ProxyError.notOriginForm }
-                    target = try RequestTarget.absolute(base + head.target)
+                    target = try RequestTarget.absolute(route.upstream + head.target)
                 }
             }
             let exchange = try beginExchange(head, target)

@@ -58,13 +58,15 @@ enum ForwardedHeaders {
     /// skipped and the plan's appended. `requestId`: the `X-Request-Id` Sluice made for a
     /// request that came without one (unless the plan sets or removes that field itself).
     static func requestList(for head: HTTPRequestHead, viaLine: [UInt8], edits: HeaderEditPlan? = nil,
-                            requestId: String? = nil, builder: inout HeaderList.Builder) -> HeaderList {
+                            requestId: String? = nil, forwarding: ForwardingFields? = nil,
+                            builder: inout HeaderList.Builder) -> HeaderList {
         builder.reset()
         var sawAccept = false
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])
                 if isDroppedRequestField(name) { continue }
+                if let forwarding, forwarding.removes(name) { continue }
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
                 if let edits, edits.replaces(name) { continue }
                 if name.count == 6, ASCII.equalsIgnoringCase(name, "accept") { sawAccept = true }
@@ -84,6 +86,9 @@ enum ForwardedHeaders {
             let edited = edits.map { plan in name.withUTF8 { plan.replaces($0) } } ?? false
             if !edited { builder.append(name: "X-Request-Id".utf8, value: requestId.utf8) }
         }
+        if let forwarding {
+            for (name, value) in forwarding.lines(for: head) { builder.append(name: name.utf8, value: value.utf8) }
+        }
         return finish(&builder, viaLine: viaLine, sawAccept: sawAccept)
     }
 
@@ -97,15 +102,21 @@ enum ForwardedHeaders {
 
     /// The fields of a request head that travel upstream (hop-by-hop and framing fields
     /// removed), as the pipeline's `HTTPFields`.
-    static func forwardedFields(of head: HTTPRequestHead) -> HTTPFields {
+    static func forwardedFields(of head: HTTPRequestHead, forwarding: ForwardingFields? = nil) -> HTTPFields {
         var fields = HTTPFields()
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])
                 if isDroppedRequestField(name) { continue }
+                if let forwarding, forwarding.removes(name) { continue }
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
                 guard let name = HTTPField.Name(head.string(field.name)) else { continue }
                 fields.append(HTTPField(name: name, lenientValue: buf[field.value]))
+            }
+        }
+        if let forwarding {
+            for (name, value) in forwarding.lines(for: head) {
+                if let name = HTTPField.Name(name) { fields.append(HTTPField(name: name, value: value)) }
             }
         }
         return fields

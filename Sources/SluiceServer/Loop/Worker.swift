@@ -245,7 +245,7 @@ final class Worker {
     }
 
     static func listenerSpecs(_ server: ServerConfiguration) -> [(String, ClientConnection.Mode, String)] {
-        server.listen.map { ($0, .forward, $0) } + server.routes.map { ($0.listen, .route($0.upstream), $0.listen) }
+        server.listen.map { ($0, .forward, $0) } + server.routes.map { ($0.listen, .route($0), $0.listen) }
     }
 
     /// Swaps in the new pipeline and opens or closes listeners to match the new file.
@@ -332,7 +332,13 @@ final class Worker {
         }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        let connection = ClientConnection(worker: self, mode: mode, fd: fd, peer: SocketAddress.describe(address))
+        var forwarding: ForwardingFields?
+        if case .route(let route) = mode {
+            forwarding = ForwardingFields(style: route.forwarded, trusted: SocketAddress.matches(address, route.trustedClients),
+                                          clientAddress: SocketAddress.host(address) ?? "unknown")
+        }
+        let connection = ClientConnection(worker: self, mode: mode, fd: fd, peer: SocketAddress.describe(address),
+                                          forwarding: forwarding)
         connections[ObjectIdentifier(connection)] = connection
     }
 

@@ -32,23 +32,21 @@ enum SocketAddress {
 
     /// `1.2.3.4:80` or `[::1]:80`.
     static func describe(_ sa: UnsafePointer<sockaddr>) -> String {
-        var host = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
-        func text() -> String { String(cBuffer: host) }
+        guard let host = host(sa) else { return "unknown" }
         switch Int32(sa.pointee.sa_family) {
         case AF_INET:
-            return sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
-                var addr = sin.pointee.sin_addr
-                inet_ntop(AF_INET, &addr, &host, socklen_t(host.count))
-                return "\(text()):\(UInt16(bigEndian: sin.pointee.sin_port))"
-            }
-        case AF_INET6:
-            return sa.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
-                var addr = sin6.pointee.sin6_addr
-                inet_ntop(AF_INET6, &addr, &host, socklen_t(host.count))
-                return "[\(text())]:\(UInt16(bigEndian: sin6.pointee.sin6_port))"
-            }
+            return sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { "\(host):\(UInt16(bigEndian: $0.pointee.sin_port))" }
         default:
-            return "unknown"
+            return sa.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { "[\(host)]:\(UInt16(bigEndian: $0.pointee.sin6_port))" }
         }
+    }
+
+    /// The address alone, `1.2.3.4` or `::1`; nil for families other than IPv4 and IPv6.
+    static func host(_ sa: UnsafePointer<sockaddr>) -> String? {
+        let family = Int32(sa.pointee.sa_family)
+        guard family == AF_INET || family == AF_INET6 else { return nil }
+        var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
+        _ = withAddressBytes(sa) { bytes in inet_ntop(family, bytes.baseAddress, &text, socklen_t(text.count)) }
+        return String(cBuffer: text)
     }
 }
