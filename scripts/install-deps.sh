@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev libsystemd-dev pkg-config)
 case "$what" in
   # buildah, podman, debootstrap: `make image` and Tests/e2e/test_docker.py build and run the
-  # container image without a Docker engine; chromium: Tests/e2e/test_dashboard.py.
-  test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver
+  # container image without a Docker engine; chromium: Tests/e2e/test_dashboard.py; squid: a
+  # parent proxy in Tests/e2e/test_parent_proxy.py.
+  test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver squid
                     adduser binutils buildah podman debootstrap) ;;
   image) packages+=(buildah podman debootstrap binutils) ;;
   bench) packages+=(nginx-light curl wrk tinyproxy squid) ;;

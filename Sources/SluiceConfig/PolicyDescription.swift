@@ -33,6 +33,11 @@ public enum PolicyDescription {
         if let up = policy.upstream {
             lines.append("  upstream: scheme \(up.scheme.rawValue)" + (up.port.map { ", port \($0)" } ?? ""))
         }
+        if let parent = policy.upstreamProxy {
+            lines.append("  upstream_proxy: \(parent.displayName)"
+                         + (parent.noProxy.isEmpty ? "" : ", no_proxy \(parent.noProxy.joined(separator: " "))")
+                         + (parent.auth.map { ", username \($0.username), password \($0.password) (\($0.password.source))" } ?? ""))
+        }
         if let cert = policy.clientCertificate {
             lines.append("  client_certificate: \(cert.certificate), key \(cert.key)"
                          + (cert.passphrase.map { ", passphrase \($0) (\($0.source))" } ?? ""))

@@ -92,6 +92,46 @@ import Testing
         }
     }
 
+    @Test func upstreamProxyIsMergedLikeEverySection() throws {
+        let config = try ConfigLoader.parse(yaml: """
+            policies:
+              default:
+                upstream_proxy:
+                  url: http://proxy.example:3128
+                  no_proxy: [.corp.example, 10.0.0.0/8, 192.0.2.1]
+                  auth: { username: svc, password: s3cret }
+              direct.example: { upstream_proxy: none }
+              other.example: { upstream_proxy: { url: "http://[::1]:8080/" } }
+            """, file: "f")
+        let parent = try #require(config.pipeline.policies.match(host: "any.example").upstreamProxy)
+        #expect(parent.url == "http://proxy.example:3128")
+        #expect(parent.noProxy == [".corp.example", "10.0.0.0/8", "192.0.2.1"])
+        #expect(parent.auth?.username == "svc" && parent.auth?.password.value == "s3cret")
+        #expect(config.pipeline.policies.match(host: "direct.example").upstreamProxy == nil)
+        #expect(config.pipeline.policies.match(host: "other.example").upstreamProxy?.url == "http://[::1]:8080")
+    }
+
+    @Test func upstreamProxyErrorsAreLocated() {
+        let cases: [(String, Int, String)] = [
+            ("upstream_proxy: { url: https://p.example:3128 }", 3, "http://host:port"),
+            ("upstream_proxy: { url: http://p.example }", 3, "explicit port"),
+            ("upstream_proxy: { url: http://u:pw@p.example:3128 }", 3, "credentials go in auth"),
+            ("upstream_proxy: { url: http://p.example:3128/path }", 3, "http://host:port"),
+            ("upstream_proxy: { url: http://p.example:3128, no_proxy: [a.example, 10.0.0.0/99] }", 3, "invalid no_proxy entry '10.0.0.0/99'"),
+            ("upstream_proxy: { no_proxy: [a.example] }", 3, "needs url"),
+            ("upstream_proxy: { url: http://p.example:3128, auth: { username: svc } }", 3, "needs username and password"),
+            ("upstream_proxy: direct", 3, "none or a map"),
+        ]
+        for (section, line, phrase) in cases {
+            #expect {
+                try ConfigLoader.parse(yaml: "policies:\n  default:\n    \(section)\n", file: "f")
+            } throws: { error in
+                guard let issue = (error as? ConfigError)?.issues.first else { return false }
+                return issue.line == line && issue.message.contains(phrase)
+            }
+        }
+    }
+
     @Test func units() {
         #expect(Units.bytes("8KiB") == 8192)
         #expect(Units.bytes("1GB") == 1_000_000_000)

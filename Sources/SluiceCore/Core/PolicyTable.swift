@@ -17,6 +17,7 @@ public struct PolicyEntry: Sendable {
     public var credentials: Section<Credentials>
     public var trust: Section<any ServerTrustEvaluating>
     public var upstream: Section<UpstreamOverride>
+    public var upstreamProxy: Section<UpstreamProxy>
     public var clientCertificate: Section<ClientCertificate>
     /// `intercept:`; nil inherits the default's.
     public var intercept: Bool?
@@ -24,8 +25,8 @@ public struct PolicyEntry: Sendable {
     public init(name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
                 retry: Section<RetryPolicy> = .inherit, validate: Section<ResponseValidator> = .inherit,
                 credentials: Section<Credentials> = .inherit, trust: Section<any ServerTrustEvaluating> = .inherit,
-                upstream: Section<UpstreamOverride> = .inherit, clientCertificate: Section<ClientCertificate> = .inherit,
-                intercept: Bool? = nil) {
+                upstream: Section<UpstreamOverride> = .inherit, upstreamProxy: Section<UpstreamProxy> = .inherit,
+                clientCertificate: Section<ClientCertificate> = .inherit, intercept: Bool? = nil) {
         self.name = name
         self.adapters = adapters
         self.redirect = redirect
@@ -34,6 +35,7 @@ public struct PolicyEntry: Sendable {
         self.credentials = credentials
         self.trust = trust
         self.upstream = upstream
+        self.upstreamProxy = upstreamProxy
         self.clientCertificate = clientCertificate
         self.intercept = intercept
     }
@@ -66,6 +68,8 @@ public final class HostPolicy: Sendable {
     /// How TLS connections to the host are evaluated (ServerTrustManager's answer for it).
     public let trust: ServerTrust
     public let upstream: UpstreamOverride?
+    /// The parent proxy the host's origin is reached through (`upstream_proxy:`).
+    public let upstreamProxy: UpstreamProxy?
     public let clientCertificate: ClientCertificate?
     /// CONNECTs to the host are answered with Sluice's own TLS (`sluice ca init`).
     public let intercept: Bool
@@ -77,10 +81,12 @@ public final class HostPolicy: Sendable {
     public init(name: String, adapters: [SourcedAdapter], redirector: Redirector, retryPolicy: RetryPolicy? = nil,
                 validator: ResponseValidator? = nil, credentials: Credentials? = nil,
                 trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
-                clientCertificate: ClientCertificate? = nil, intercept: Bool = false) {
+                upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
+                intercept: Bool = false) {
         self.name = name
         self.trust = trust
         self.upstream = upstream
+        self.upstreamProxy = upstreamProxy
         self.clientCertificate = clientCertificate
         self.intercept = intercept
         headerEditPlan = adapters.isEmpty ? nil : HeaderEditPlan.of(adapters.map(\.adapter))
@@ -119,6 +125,7 @@ public final class HostPolicy: Sendable {
                   trust: pick(host?.trust, base.trust).map(ServerTrust.init)
                     ?? (allHostsMustBeEvaluated ? .refused : .builtInDefault),
                   upstream: pick(host?.upstream, base.upstream),
+                  upstreamProxy: pick(host?.upstreamProxy, base.upstreamProxy),
                   clientCertificate: pick(host?.clientCertificate, base.clientCertificate),
                   intercept: host?.intercept ?? base.intercept ?? false)
     }

@@ -26,6 +26,9 @@ public enum ProxyError: Error, Sendable, Equatable {
     case trustFailure(host: String, evaluator: String, reason: String)
     case upstreamTimeout(host: String, phase: TimeoutPhase)
     case upstreamProtocol(host: String, reason: String)
+    /// The parent proxy (`upstream_proxy`) could not be resolved or reached, or refused the
+    /// tunnel.
+    case parentProxyFailed(proxy: String, reason: String)
     /// A request adapter refused the request; nothing was sent upstream.
     case adapterFailed(name: String, reason: String)
     /// The request arrived on a gateway route in a form a route does not take.
@@ -43,7 +46,8 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .headerSectionTooLarge, .tooManyHeaders: return 431
         case .unsupportedTransferCoding: return 501
         case .unsupportedVersion: return 505
-        case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed: return 502
+        case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed,
+             .parentProxyFailed: return 502
         case .upstreamTimeout: return 504
         case .loopDetected: return 508
         case .cancelledByOperator: return 503
@@ -59,7 +63,7 @@ public enum ProxyError: Error, Sendable, Equatable {
              .loopDetected, .cancelledByOperator:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
-             .upstreamTimeout, .upstreamProtocol, .adapterFailed:
+             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed:
             return false
         }
     }
@@ -89,6 +93,7 @@ public enum ProxyError: Error, Sendable, Equatable {
             return "TLS trust evaluation failed for upstream \(host) (evaluator: \(evaluator)): \(reason)"
         case .upstreamTimeout(let host, let phase): return "upstream \(host) timed out (\(phase.rawValue))"
         case .upstreamProtocol(let host, let reason): return "upstream \(host) failed: \(reason)"
+        case .parentProxyFailed(let proxy, let reason): return "parent proxy \(proxy) failed: \(reason)"
         case .adapterFailed(let name, let reason): return "adapter \(name) failed: \(reason)"
         case .notOriginForm:
             return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"

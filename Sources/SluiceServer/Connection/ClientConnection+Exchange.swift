@@ -201,9 +201,11 @@ extension ClientConnection {
     func startTry(_ request: UpstreamRequest, _ exchange: Exchange) {
         var request = request
         exchange.target = request.target
+        // The policy of the host the try goes to (a followed redirect may have changed it):
+        // its parent proxy, and for TLS its trust.
+        let policy = request.target.host == exchange.policyHost ? exchange.policy : exchange.pipeline.policies.match(host: request.target.host)
+        request.parentProxy = policy.upstreamProxy
         if request.target.scheme == .https {
-            // The trust of the host the try goes to (a followed redirect may have changed it).
-            let policy = request.target.host == exchange.policyHost ? exchange.policy : exchange.pipeline.policies.match(host: request.target.host)
             guard policy.trust.isAllowed else {
                 transferFailed(policy.trust.refusal(authority: request.target.authority), kind: .other)
                 return

@@ -315,7 +315,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
                 return
             }
             if head.methodIs("CONNECT") {
-                let dialer = TunnelDialer(connection: self, target: target)
+                let dialer = TunnelDialer(connection: self, target: target, parent: exchange.policy.upstreamProxy)
                 state = .dialing(dialer)
                 dialer.start()
                 return

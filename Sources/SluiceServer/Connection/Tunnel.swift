@@ -21,10 +21,14 @@ final class TunnelDialer: CurlTransfer {
     private var denied = false
     private var finished = false
 
-    init(connection: ClientConnection, target: RequestTarget) {
+    /// The destination's parent proxy: the tunnel is a `CONNECT` through it.
+    private let parent: UpstreamProxy?
+
+    init(connection: ClientConnection, target: RequestTarget, parent: UpstreamProxy?) {
         self.connection = connection
         self.session = connection.worker.session
         self.target = target
+        self.parent = parent
         self.deny = connection.worker.config.access.deny
         handle = connection.worker.session.makeHandle().handle
         super.init()
@@ -34,6 +38,7 @@ final class TunnelDialer: CurlTransfer {
         sluice_easy_setopt_str(h, CURLOPT_URL, "http://\(target.authority)/")
         sluice_easy_setopt_str(h, CURLOPT_PROTOCOLS_STR, "http")
         sluice_easy_setopt_long(h, CURLOPT_CONNECT_ONLY, 1)
+        parent?.apply(to: h, tunnel: true)
         sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, connection.worker.config.timeouts.upstreamConnect)
         sluice_easy_setopt_ptr(h, CURLOPT_OPENSOCKETDATA, me)
         sluice_easy_setopt_opensocket_cb(h) { clientp, _, address in
@@ -43,7 +48,9 @@ final class TunnelDialer: CurlTransfer {
                 d.denied = true
                 return CURL_SOCKET_BAD
             }
-            return socket(address!.pointee.family, address!.pointee.socktype, address!.pointee.protocol)
+            let fd = socket(address!.pointee.family, address!.pointee.socktype, address!.pointee.protocol)
+            if d.parent != nil { d.session.connectsToParentProxy(fd) }
+            return fd
         }
     }
 
@@ -60,9 +67,10 @@ final class TunnelDialer: CurlTransfer {
         var fd: curl_socket_t = -1
         if result == CURLE_OK { sluice_easy_getinfo_socket(handle, &fd) }
         let owned = fd >= 0 ? dup(fd) : -1
-        let error: ProxyError? = owned >= 0 ? nil : denied ? .destinationDenied(host: target.host)
+        let deniedHost = parent.map { URLParts($0.url).host } ?? target.host  // with a parent, its address was checked
+        let error: ProxyError? = owned >= 0 ? nil : denied ? .destinationDenied(host: deniedHost)
             : CurlFailure.error(result, handle: handle, message: nil, host: target.host, authority: target.authority,
-                                purpose: .tunnel, trust: nil)
+                                purpose: .tunnel, trust: nil, parent: parent)
         cancel()  // the handle is gone after this
         if let error {
             connection.tunnelFailed(error)

@@ -8,7 +8,8 @@ import SluiceCore
 /// connects, so every failure but DNS and a timeout reads as refused; a token request names
 /// its phase; a forwarded request says whether the timeout hit the connect or the transfer.
 /// TLS failures that a trust evaluator explains are named by `UpstreamTLS.failure`, and are
-/// never retried (another try meets the same certificate).
+/// never retried (another try meets the same certificate); failures of a parent proxy by
+/// `UpstreamProxy.failure`.
 ///
 /// Threading: called on the worker's thread, before the handle goes back to the session.
 enum CurlFailure {
@@ -18,9 +19,10 @@ enum CurlFailure {
     /// `trust` is the evaluator of a TLS transfer (nil for plain HTTP and tunnels);
     /// `gotResponse`: part of a response arrived (a lost connection is then not a `reset`).
     static func classify(_ code: CURLcode, handle: UnsafeMutableRawPointer, message: String?, host: String,
-                         authority: String, purpose: Purpose, trust: ServerTrust?,
+                         authority: String, purpose: Purpose, trust: ServerTrust?, parent: UpstreamProxy? = nil,
                          gotResponse: Bool = false) -> (error: ProxyError, kind: TransportErrorKind) {
         let detail = message.flatMap { $0.isEmpty ? nil : $0 } ?? String(cString: curl_easy_strerror(code))
+        if let parent, let failure = parent.failure(code, handle: handle, detail: detail) { return failure }
         if let trust, let failure = UpstreamTLS.failure(handle, code: code, message: detail, trust: trust, host: authority) {
             return (failure, .other)
         }
@@ -51,9 +53,9 @@ enum CurlFailure {
 
     /// The error alone, for tunnels and token requests (nothing retries them).
     static func error(_ code: CURLcode, handle: UnsafeMutableRawPointer, message: String?, host: String,
-                      authority: String, purpose: Purpose, trust: ServerTrust?) -> ProxyError {
+                      authority: String, purpose: Purpose, trust: ServerTrust?, parent: UpstreamProxy? = nil) -> ProxyError {
         classify(code, handle: handle, message: message, host: host, authority: authority, purpose: purpose,
-                 trust: trust).error
+                 trust: trust, parent: parent).error
     }
 
     private static func timeoutPhase(_ handle: UnsafeMutableRawPointer, _ purpose: Purpose) -> TimeoutPhase {

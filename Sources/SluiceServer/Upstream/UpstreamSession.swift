@@ -67,6 +67,10 @@ final class UpstreamSession {
         var quiet = false {
             didSet { if quiet != oldValue { sluice_socket_set_quiet(fd, quiet ? 1 : 0) } }
         }
+        /// Never quiet: libcurl reads a parent proxy's answer to `CONNECT` only after its
+        /// zero-timeout poll says the socket is readable, and that poll runs inside the very
+        /// action the read event started.
+        var pollsForReal = false
         init(fd: Int32) { self.fd = fd }
     }
 
@@ -182,6 +186,13 @@ final class UpstreamSession {
 
     // MARK: sockets
 
+    /// Marks a socket just opened to a parent proxy (`SocketWatch.pollsForReal`); called from
+    /// libcurl's open-socket callback.
+    func connectsToParentProxy(_ fd: Int32) {
+        guard fd >= 0 else { return }
+        watchOf(fd).pollsForReal = true
+    }
+
     private func watch(fd: curl_socket_t, what: Int32) {
         guard fd >= 0 else { return }
         if what == CURL_POLL_REMOVE {
@@ -231,8 +242,10 @@ final class UpstreamSession {
 
     fileprivate func readable(_ w: SocketWatch) {
         if w.wants & CURL_POLL_IN != 0 {
-            // libcurl reads it now; until the loop reports it again, there is nothing new.
-            w.quiet = true
+            // libcurl reads it now; until the loop reports it again, there is nothing new
+            // (libcurl's "more pending?" poll after a read is answered without a system call).
+            // Except on a socket to a parent proxy (`pollsForReal`).
+            w.quiet = !w.pollsForReal
             socketAction(fd: w.fd, flags: CURL_CSELECT_IN)
         } else {
             // A pooled connection the origin closed (or wrote to): libcurl's next poll of it

@@ -88,6 +88,8 @@ struct UpstreamRequest {
     var clientCertificate: ClientCertificate?
     /// Connection reuse limits for a TLS try after a reload (`UpstreamTLS.reuse`).
     var reuse = UpstreamTLS.ConnectionReuse()
+    /// The target host's parent proxy (`upstream_proxy`), set when the try starts.
+    var parentProxy: UpstreamProxy?
 
     var isHead: Bool { method == "HEAD" }
 }
@@ -147,6 +149,8 @@ final class UpstreamTransfer: CurlTransfer {
     /// `Via: …\r\n` for the response head (the worker's).
     private let viaLine: [UInt8]
     private let trust: ServerTrust
+    /// The parent proxy the transfer goes through, if any (its failures are named as its).
+    private var parentProxy: UpstreamProxy?
 
     /// The response head as libcurl delivers it; its storage comes from the session's pool
     /// and goes back when the transfer is freed (`deinit`: the exchange may still read the
@@ -188,6 +192,7 @@ final class UpstreamTransfer: CurlTransfer {
         head = session.takeHeadCollector()
         trust = request.trust
         isPlain = request.target.scheme == .http && request.body == .none && request.credentials == nil
+            && request.parentProxy == nil
         (handle, handleConfigured) = session.makeHandle(plain: isPlain)
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
@@ -234,6 +239,8 @@ final class UpstreamTransfer: CurlTransfer {
                 return t.openSocket(address!)
             }
         }
+        parentProxy = request.parentProxy
+        request.parentProxy?.apply(to: h)
         if target.scheme == .https {
             UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
@@ -332,10 +339,13 @@ final class UpstreamTransfer: CurlTransfer {
     private func openSocket(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
         let denied = withUnsafePointer(to: &address.pointee.addr) { SocketAddress.matches($0, deny) }
         if denied {
-            pendingError = .destinationDenied(host: target.host)
+            // With a parent, the only address Sluice resolves and connects to is the parent's.
+            pendingError = .destinationDenied(host: parentProxy.map { URLParts($0.url).host } ?? target.host)
             return CURL_SOCKET_BAD
         }
-        return socket(address.pointee.family, address.pointee.socktype, address.pointee.protocol)
+        let fd = socket(address.pointee.family, address.pointee.socktype, address.pointee.protocol)
+        if parentProxy != nil { session.connectsToParentProxy(fd) }
+        return fd
     }
 
     private func onUploadRequest(_ buffer: UnsafeMutableRawPointer, capacity: Int) -> Int {
@@ -385,6 +395,14 @@ final class UpstreamTransfer: CurlTransfer {
 
     private func sendResponseHead() {
         guard !headSent, !invalidResponse, let delegate else { return }
+        if status == 407, let parentProxy {
+            // The parent wants credentials from Sluice, not from the client (which never sees
+            // the parent, and whose Proxy-Authorization is Sluice's): Sluice's failure.
+            invalidResponse = true
+            pendingError = .parentProxyFailed(proxy: parentProxy.displayName,
+                                              reason: "answered 407 (upstream_proxy.auth is missing or wrong)")
+            return
+        }
         headSent = true
         if let tryTimer { event_del(tryTimer) }
         disposition = nil
@@ -491,6 +509,6 @@ final class UpstreamTransfer: CurlTransfer {
     private func classify(_ code: CURLcode) -> (error: ProxyError, kind: TransportErrorKind) {
         CurlFailure.classify(code, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
                              host: target.host, authority: target.authority, purpose: .forward,
-                             trust: target.scheme == .https ? trust : nil, gotResponse: status != 0)
+                             trust: target.scheme == .https ? trust : nil, parent: parentProxy, gotResponse: status != 0)
     }
 }

@@ -75,6 +75,7 @@ final class SideFetch: CurlTransfer {
     private let completion: (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void
     private let host: String
     private let trust: ServerTrust
+    private let parentProxy: UpstreamProxy?
     private let isTLS: Bool
     private let errorBuffer: UnsafeMutablePointer<CChar>
     private var me: Unmanaged<SideFetch>?
@@ -86,6 +87,7 @@ final class SideFetch: CurlTransfer {
         self.completion = completion
         host = URLParts(url).host
         trust = policy.trust
+        parentProxy = policy.upstreamProxy
         isTLS = url.lowercased().hasPrefix("https:")  // after any upstream override
         handle = session.makeHandle().handle
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
@@ -97,6 +99,7 @@ final class SideFetch: CurlTransfer {
         sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
         sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, config.timeouts.upstreamPerTry)
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
+        policy.upstreamProxy?.apply(to: h)  // a token endpoint behind the parent, like its host's requests
         if isTLS {
             UpstreamTLS.configure(h, trust: policy.trust, clientCertificate: policy.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
@@ -140,7 +143,7 @@ final class SideFetch: CurlTransfer {
         // Read from the handle before it goes back to the session (reset or destroyed).
         let error = result == CURLE_OK ? nil : CurlFailure.error(
             result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
-            host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil)
+            host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil, parent: parentProxy)
         session.finish(handle)
         curl_slist_free_all(headerList)
         headerList = nil

@@ -1,0 +1,37 @@
+/// `upstream_proxy:` in a policy (docs/configuration.md, "Parent proxy"): Sluice behind a
+/// corporate proxy. A host whose effective policy names one reaches its origin through it:
+/// plain-HTTP requests are sent to the parent in absolute form, https requests and CONNECT
+/// tunnels go through a `CONNECT` to the parent. Never taken from Sluice's own environment
+/// (`http_proxy` & co. are ignored: `UpstreamSession.makeHandle`).
+///
+/// With a parent, Sluice resolves and connects to the parent only: `access.deny` is checked
+/// against the parent's addresses, and the destination's name is the parent's to resolve.
+public struct UpstreamProxy: Sendable, Equatable {
+    /// Basic credentials for the parent (`Proxy-Authorization`).
+    public struct Auth: Sendable, Equatable {
+        public var username: String
+        public var password: Secret
+        public init(username: String, password: Secret) {
+            self.username = username
+            self.password = password
+        }
+    }
+
+    /// `http://host:port`: plain HTTP to the parent, with an explicit port (proxies have no
+    /// agreed default: Squid's is 3128, libcurl's 1080).
+    public var url: String
+    /// Destinations reached directly: host names (`intranet.example`), domains with a
+    /// leading dot (`.corp.example`: the domain and every subdomain), IP addresses and CIDR
+    /// networks (`10.0.0.0/8`). In libcurl's `NOPROXY` syntax.
+    public var noProxy: [String]
+    public var auth: Auth?
+
+    public init(url: String, noProxy: [String] = [], auth: Auth? = nil) {
+        self.url = url
+        self.noProxy = noProxy
+        self.auth = auth
+    }
+
+    /// The URL as shown in errors and logs (it never carries credentials: they live in `auth`).
+    public var displayName: String { url }
+}
