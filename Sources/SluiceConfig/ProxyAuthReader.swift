@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import SluiceCore
 import Yams
 
@@ -10,7 +13,15 @@ extension NodeReader {
         var usersFile: (String, Node)?
         entries(node, in: "access.proxy_auth", known: ["basic"]) { r, _, basic in
             r.entries(basic, in: "access.proxy_auth.basic", known: ["users_file"]) { r, _, value in
-                guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "users_file must be a path") }
+                guard var path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "users_file must be a path") }
+                if path.hasPrefix("${") && path.hasSuffix("}") {
+                    // A path from the environment (not a secret: it is named in errors).
+                    let name = String(path.dropFirst(2).dropLast())
+                    guard let fromEnvironment = getenv(name).map({ String(cString: $0) }), !fromEnvironment.isEmpty else {
+                        return r.fail(value, "users_file: environment variable \(name) is not set")
+                    }
+                    path = fromEnvironment
+                }
                 usersFile = (path, value)
             }
         }

@@ -136,6 +136,20 @@ def test_right_credentials_pass_and_proxy_authorization_is_not_forwarded(authed,
     assert e["user"] == user and e["status"] == 200, e
 
 
+def test_proxy_authorization_is_not_forwarded_on_the_adapter_path(sluice_factory, users, origin):
+    # An oauth2/headers policy builds a request model (ForwardedHeaders.forwardedFields):
+    # the field is dropped there too, even when an adapter tries to set it.
+    p = sluice_factory({"access": {"proxy_auth": {"basic": {"users_file": str(users.path)}}},
+                        "policies": {"default": {"adapters": [
+                            {"headers": {"set": {"X-Adapted": "1", "Proxy-Authorization": "Basic Zm9vOmJhcg=="}}},
+                            {"api_key": {"query": "k", "value": "v"}}]}}})
+    r = session_via(proxy_url(p, "alice", users.passwords["alice"])).get(origin.url + "/adapted", timeout=10)
+    assert r.status_code == 200, (r.status_code, r.text)
+    req = origin.requests()[0]
+    names = [k.lower() for k, _ in req["headers"]]
+    assert "x-adapted" in names and "proxy-authorization" not in names, req["raw_head"]
+
+
 def test_curl_with_proxy_user(authed, origin, users):
     c = run_curl(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-x", proxy_url(authed),
                   "--proxy-user", f"bob:{users.passwords['bob']}", origin.url + "/curl"])
