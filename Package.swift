@@ -25,9 +25,11 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // libxcrypt's crypt_r: bcrypt and SHA-256 crypt for access.proxy_auth's users file.
+        .systemLibrary(name: "CCrypt", pkgConfig: "libcrypt", providers: [.apt(["libcrypt-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
         .target(name: "CShims", dependencies: ["CCurl", "CLibEvent", "COpenSSL"]),
-        .target(name: "SluiceCore", dependencies: ["CZlib", "COpenSSL", .product(name: "HTTPTypes", package: "swift-http-types"),
+        .target(name: "SluiceCore", dependencies: ["CZlib", "COpenSSL", "CCrypt", .product(name: "HTTPTypes", package: "swift-http-types"),
                                                   .product(name: "Logging", package: "swift-log"),
                                                   .product(name: "CoreMetrics", package: "swift-metrics"),
                                                   .product(name: "Prometheus", package: "swift-prometheus")]),

@@ -62,6 +62,8 @@ struct NodeReader {
     var secrets: [Secret] = []
     /// Every listen address (forward and routes) with its node, to refuse duplicates.
     var listenNodes: [(String, Node)] = []
+    /// `access.proxy_auth`, with its users file read (ProxyAuthReader).
+    var proxyAuthentication: ProxyAuthentication?
 
     mutating func fail(_ node: Node?, _ message: String) {
         let mark = node?.mark
@@ -138,6 +140,7 @@ struct NodeReader {
         for (address, node) in listenNodes where !seen.insert(address).inserted {
             fail(node, "listen address \(address) is used twice (listen and routes each need their own)")
         }
+        checkExposedListeners(config.server)
         for entry in policyEntries {
             for adapter in entry.adapters {
                 if let key = adapter as? APIKeyAdapter, case .query(let name) = key.placement { redactQuery.insert(name) }
@@ -162,6 +165,7 @@ struct NodeReader {
             }
         }
         config.pipeline = Pipeline(policies: PolicyTable(entries: policyEntries, allHostsMustBeEvaluated: config.server.tls.allHostsMustBeEvaluated), monitors: monitors, redactor: redactor)
+        config.pipeline.proxyAuthentication = proxyAuthentication
     }
 
     mutating func readListen(_ node: Node, into listen: inout [String]) {
@@ -232,8 +236,10 @@ struct NodeReader {
     }
 
     mutating func readAccess(_ node: Node, into access: inout ServerConfiguration.Access) {
-        entries(node, in: "access", known: ["allow_clients", "connect_ports", "deny"]) { r, key, value in
+        entries(node, in: "access", known: ["allow_clients", "connect_ports", "deny", "proxy_auth"]) { r, key, value in
             switch key {
+            case "proxy_auth":
+                r.readProxyAuth(value)
             case "connect_ports":
                 guard let items = r.strings(value, what: key) else { return }
                 var ports: [Int] = []

@@ -90,6 +90,12 @@ def secret_env(monkeypatch, tmp_path) -> Secrets:
                    check=True, capture_output=True, timeout=60, env=env)
     monkeypatch.setenv("SLUICE_CORP_CLIENT_CERT", str(d / "client.pem"))
     monkeypatch.setenv("SLUICE_CORP_CLIENT_KEY", str(d / "client.key"))
+    # ... and a users file for access.proxy_auth (SHA-256 crypt of a random password)
+    users = d / "users"
+    hashed = subprocess.run(["openssl", "passwd", "-5", pysecrets.token_hex(8)], check=True, capture_output=True,
+                            text=True, timeout=30).stdout.strip()
+    users.write_text(f"example:{hashed}\n")
+    monkeypatch.setenv("SLUICE_USERS_FILE", str(users))
     return s
 
 

@@ -36,7 +36,7 @@ PACKAGE = "sluice"
 CONFFILES = ["/etc/sluice/sluice.yaml", "/etc/sluice/sluice.env", "/etc/logrotate.d/sluice"]
 # Libraries Sluice itself calls; each must be in the package's Depends.
 LIBRARY_PACKAGES = {"libcurl4", "libssl3", "zlib1g", "libsystemd0", "libevent-core-2.1-7",
-                    "libevent-pthreads-2.1-7", "libevent-openssl-2.1-7", "libc6"}
+                    "libevent-pthreads-2.1-7", "libevent-openssl-2.1-7", "libc6", "libcrypt1"}
 # What the package may not leave behind, nor find already there.
 OWN_PATHS = ["/usr/bin/sluice", "/lib/systemd/system/sluice.service", "/etc/sluice",
              "/etc/logrotate.d/sluice", "/usr/share/doc/sluice", "/var/lib/sluice",

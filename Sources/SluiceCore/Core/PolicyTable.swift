@@ -184,11 +184,14 @@ public final class PolicyTable: Sendable {
     }
 }
 
-/// Everything a reload swaps at once: policies, monitors and the redaction rules they share.
+/// Everything a reload swaps at once: policies, monitors and the redaction rules they share,
+/// and the proxy's users (`access.proxy_auth`: its users file is re-read on reload too).
 public struct Pipeline: Sendable {
     public var policies: PolicyTable
     public var monitors: [any EventMonitorFactory]
     public var redactor: Redactor
+    /// nil: forward-proxy clients need no credentials (the default).
+    public var proxyAuthentication: ProxyAuthentication?
 
     public init(policies: PolicyTable = .empty, monitors: [any EventMonitorFactory] = [],
                 redactor: Redactor = Redactor()) {

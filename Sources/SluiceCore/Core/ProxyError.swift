@@ -35,11 +35,15 @@ public enum ProxyError: Error, Sendable, Equatable {
     case notOriginForm
     /// The admin API's `POST /requests/cancel` ended the exchange before its response started.
     case cancelledByOperator
+    /// `access.proxy_auth` is on and the request's `Proxy-Authorization` is missing, wrong, or
+    /// could not be checked now (`reason`); answered with `Proxy-Authenticate`.
+    case proxyAuthenticationRequired(reason: ProxyAuthFailure)
 
     public var status: Int {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm: return 400
         case .connectPortNotAllowed, .destinationDenied: return 403
+        case .proxyAuthenticationRequired: return 407
         case .headerTimeout: return 408
         case .bodyTooLarge: return 413
         case .requestLineTooLong: return 414
@@ -63,7 +67,7 @@ public enum ProxyError: Error, Sendable, Equatable {
              .loopDetected, .cancelledByOperator:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
-             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed:
+             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired:
             return false
         }
     }
@@ -98,8 +102,21 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .notOriginForm:
             return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"
         case .cancelledByOperator: return "request cancelled by the proxy's operator"
+        case .proxyAuthenticationRequired(let reason): return "proxy authentication required: \(reason.rawValue)"
         }
     }
+}
+
+/// Why a `407` (`ProxyError.proxyAuthenticationRequired`): the raw value ends its body. Never
+/// says whether a user name exists.
+public enum ProxyAuthFailure: String, Sendable, CaseIterable {
+    /// No `Proxy-Authorization: Basic …` field.
+    case missing = "send Proxy-Authorization (Basic)"
+    /// An unknown user or a wrong password.
+    case invalid = "invalid user name or password"
+    /// New credentials arrived while this worker's hashing budget was spent (a flood of new
+    /// credentials); credentials checked before are still accepted.
+    case busy = "too many new credentials to check right now; try again"
 }
 
 /// Which wait ran out in a `504` (`ProxyError.upstreamTimeout`). The raw value is the text in

@@ -145,12 +145,19 @@ public struct ServerConfiguration: Sendable, Equatable {
         public static let defaultAllowClients = [IPNetwork("127.0.0.0/8")!, IPNetwork("::1/128")!]
         /// `[443]` by default: CONNECT is for TLS, not for tunnelling SMTP or SSH.
         public static let defaultConnectPorts = [443]
-        /// Link-local addresses by default: cloud metadata endpoints (169.254.169.254) live there.
-        public static let defaultDeny = [IPNetwork("169.254.0.0/16")!, IPNetwork("fe80::/10")!]
+        /// Link-local networks and the cloud instance-metadata addresses outside them, so a
+        /// client cannot read the host's cloud credentials through the proxy (SSRF):
+        /// `169.254.0.0/16` (AWS, GCP, Azure, OCI, DigitalOcean, OpenStack at 169.254.169.254;
+        /// ECS task metadata at 169.254.170.2), `fe80::/10`, `fd00:ec2::254/128` (AWS IMDS over
+        /// IPv6), `100.100.100.200/32` (Alibaba Cloud), `192.0.0.192/32` (Oracle Cloud Classic)
+        /// and `168.63.129.16/32` (Azure WireServer).
+        public static let defaultDeny = ["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32",
+                                         "192.0.0.192/32", "168.63.129.16/32"].map { IPNetwork($0)! }
 
         public var allowClients: [IPNetwork]
         public var connectPorts: [Int]
-        /// Destinations refused after DNS resolution, for both forwarded requests and tunnels.
+        /// Destinations refused after DNS resolution, on every connection Sluice opens upstream:
+        /// forwarded requests, followed redirects, routes, tunnels and token fetches.
         public var deny: [IPNetwork]
 
         public init(allowClients: [IPNetwork] = Access.defaultAllowClients,

@@ -55,6 +55,7 @@ public final class AccessLogMonitor: LogMonitor {
         json.timestamp("time")
         json.field("id", s.id)
         json.field("client", s.client)
+        if let user = s.user { json.field("user", user) } else { json.raw("user", "null") }
         if let requestId = s.requestId { json.field("request_id", requestId) }
         json.field("method", s.method)
         json.field("url", redactor.urlWithoutScrub(s.url))

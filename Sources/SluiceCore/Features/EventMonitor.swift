@@ -25,6 +25,8 @@ public enum Outcome: String, Sendable {
 public struct ExchangeSummary: Sendable {
     public var id: UInt64
     public var client: String
+    /// The proxy user (`access.proxy_auth`) the request authenticated as; nil without one.
+    public var user: String?
     /// The `X-Request-Id` the exchange carries upstream: the client's own, or one Sluice made.
     public var requestId: String?
     /// The host the policy was matched for (the dashboard's rows).

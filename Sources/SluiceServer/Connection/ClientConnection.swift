@@ -86,6 +86,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     var requestBodyDone = true
     var wantsKeepAlive = true
     private var continueSent = false
+    /// The `Proxy-Authorization` this connection last had accepted (ClientConnection+ProxyAuth).
+    var acceptedCredential: AcceptedCredential?
     /// True while `processInput` loops, so that an exchange ending synchronously inside it
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
     private var processingInput = false
@@ -310,6 +312,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
                 }
             }
             let exchange = try beginExchange(head, target)
+            try authenticate(head, exchange)
             if head.methodIs("CONNECT"), exchange.policy.intercept {
                 try intercept(target, exchange)
                 return

@@ -78,9 +78,13 @@ final class WorkerPipeline {
     /// connections opened before then were verified under the previous trust settings and
     /// are not reused for this snapshot's requests.
     let reloadedAt: Int?
+    /// This worker's check of `access.proxy_auth` credentials, with its caches: a new one per
+    /// snapshot, so a reload (a new users file) starts with empty caches.
+    let proxyAuth: ProxyAuthVerifier?
 
     init(_ pipeline: Pipeline, reload: Bool = false) {
         reloadedAt = reload ? MonotonicClock.milliseconds() : nil
+        proxyAuth = pipeline.proxyAuthentication.map { ProxyAuthVerifier($0) }
         policies = pipeline.policies
         redactor = pipeline.redactor
         let monitors = pipeline.monitors.map { $0.makeMonitor() }

@@ -69,6 +69,9 @@ enum ResponseEncoder {
         let body = "sluice: \(error.message)\n"
         var head = "HTTP/1.1 \(error.status) \(reasonPhrase(error.status))\r\n"
         head += "Content-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\n"
+        if case .proxyAuthenticationRequired = error {
+            head += "Proxy-Authenticate: Basic realm=\"\(ProxyAuthentication.realm)\"\r\n"
+        }
         head += close ? "Connection: close\r\n\r\n" : "\r\n"
         var text = head + body
         text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
@@ -316,6 +319,7 @@ enum ResponseEncoder {
         case 403: return "Forbidden"
         case 404: return "Not Found"
         case 405: return "Method Not Allowed"
+        case 407: return "Proxy Authentication Required"
         case 408: return "Request Timeout"
         case 409: return "Conflict"
         case 410: return "Gone"

@@ -65,7 +65,8 @@ final class WorkerSession: SessionContext {
 }
 
 /// A small request Sluice makes for itself (an OAuth token), on the worker's multi, with
-/// the same TLS verification as forwarded requests. Keeps itself alive until done.
+/// the same TLS verification and the same `access.deny` check (on every resolved address,
+/// before the socket exists) as forwarded requests. Keeps itself alive until done.
 final class SideFetch: CurlTransfer {
     static let maxResponseBytes = 1 << 20
     private let session: UpstreamSession
@@ -79,6 +80,9 @@ final class SideFetch: CurlTransfer {
     private let isTLS: Bool
     private let errorBuffer: UnsafeMutablePointer<CChar>
     private var me: Unmanaged<SideFetch>?
+    private let deny: [IPNetwork]
+    /// A resolved address was in `access.deny`: the fetch fails as `destinationDenied`.
+    private var denied = false
 
     init(session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
          headers: [(String, String)], body: [UInt8], reuse: UpstreamTLS.ConnectionReuse,
@@ -89,6 +93,7 @@ final class SideFetch: CurlTransfer {
         trust = policy.trust
         parentProxy = policy.upstreamProxy
         isTLS = url.lowercased().hasPrefix("https:")  // after any upstream override
+        deny = config.access.deny
         handle = session.makeHandle().handle
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
@@ -127,6 +132,15 @@ final class SideFetch: CurlTransfer {
         let raw = me!.toOpaque()
         sluice_easy_setopt_ptr(handle, CURLOPT_PRIVATE, raw)
         sluice_easy_setopt_ptr(handle, CURLOPT_WRITEDATA, raw)
+        sluice_easy_setopt_ptr(handle, CURLOPT_OPENSOCKETDATA, raw)
+        sluice_easy_setopt_opensocket_cb(handle) { clientp, _, address in
+            let f = Unmanaged<SideFetch>.fromOpaque(clientp!).takeUnretainedValue()
+            if withUnsafePointer(to: &address!.pointee.addr, { SocketAddress.matches($0, f.deny) }) {
+                f.denied = true
+                return CURL_SOCKET_BAD
+            }
+            return socket(address!.pointee.family, address!.pointee.socktype, address!.pointee.protocol)
+        }
         sluice_easy_setopt_data_cb(handle, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
             let f = Unmanaged<SideFetch>.fromOpaque(ud!).takeUnretainedValue()
             let n = size * count
@@ -141,7 +155,7 @@ final class SideFetch: CurlTransfer {
         var status = 0
         sluice_easy_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)
         // Read from the handle before it goes back to the session (reset or destroyed).
-        let error = result == CURLE_OK ? nil : CurlFailure.error(
+        let error: ProxyError? = result == CURLE_OK ? nil : denied ? .destinationDenied(host: host) : CurlFailure.error(
             result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
             host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil, parent: parentProxy)
         session.finish(handle)
