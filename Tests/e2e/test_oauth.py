@@ -400,3 +400,23 @@ def test_no_token_or_secret_in_any_output(sluice_factory, tmp_path, token_server
         assert v not in out, f"secret {v!r} appears in Sluice's output:\n" \
                              f"{out[max(0, out.find(v) - 300): out.find(v) + 300]}"
     assert ts.tag not in out, "part of an access token appears in Sluice's output"
+
+
+def test_token_fetch_goes_through_the_token_hosts_parent_proxy(sluice_factory, tmp_path, token_server_factory,
+                                                              bearer_factory, oauth_env):
+    # upstream_proxy of the token endpoint's host (localhost) applies to the token fetch.
+    from policy_support import AccessLog, monitors
+    parent_log = tmp_path / "parent-access.log"
+    parent = sluice_factory({"monitors": monitors(access=parent_log)}, name="parent")
+    ts = token_server_factory(client_id=CLIENT_ID, client_secret=oauth_env.secret, refresh_token=oauth_env.refresh)
+    up = bearer_factory(ts)
+    p = start_proxy(sluice_factory, tmp_path, extra={"policies": {
+        HOST: {"adapters": [oauth2(ts.token_url)]},
+        "localhost": {"upstream_proxy": {"url": parent.url}},
+    }})
+    r, _ = get(p, up, "/via-parent")
+    assert r.status == 200, r
+    [q] = ts.all_requests()
+    assert q.method == "POST" and q.path.split("?")[0] == "/token", q
+    [entry] = AccessLog(parent_log).wait_for(lambda e: e.get("method") == "POST" and "/token" in e.get("url", ""))
+    assert entry["status"] == 200, entry

@@ -139,7 +139,9 @@ final class SideFetch: CurlTransfer {
                 f.denied = true
                 return CURL_SOCKET_BAD
             }
-            return socket(address!.pointee.family, address!.pointee.socktype, address!.pointee.protocol)
+            let fd = socket(address!.pointee.family, address!.pointee.socktype, address!.pointee.protocol)
+            if f.parentProxy != nil { f.session.connectsToParentProxy(fd) }
+            return fd
         }
         sluice_easy_setopt_data_cb(handle, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
             let f = Unmanaged<SideFetch>.fromOpaque(ud!).takeUnretainedValue()
@@ -155,7 +157,7 @@ final class SideFetch: CurlTransfer {
         var status = 0
         sluice_easy_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)
         // Read from the handle before it goes back to the session (reset or destroyed).
-        let error: ProxyError? = result == CURLE_OK ? nil : denied ? .destinationDenied(host: host) : CurlFailure.error(
+        let error: ProxyError? = result == CURLE_OK ? nil : denied ? .destinationDenied(host: parentProxy.map { URLParts($0.url).host } ?? host) : CurlFailure.error(
             result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
             host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil, parent: parentProxy)
         session.finish(handle)
