@@ -172,7 +172,7 @@ extension Worker {
     func refuse(fd: Int32, _ error: ProxyError) {
         _ = recv(fd, readSpill.baseAddress, readSpill.count, Int32(MSG_DONTWAIT))
         let bytes = ResponseEncoder.errorBytes(error, close: true)
-        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL)) }
+        _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }  // SIGPIPE is ignored process-wide
         shutdown(fd, Int32(SHUT_WR))
         Glibc.close(fd)
     }
