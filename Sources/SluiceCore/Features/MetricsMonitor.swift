@@ -120,6 +120,11 @@ public final class SluiceMetrics: Sendable {
             factory.durationHistogramBuckets[metric.name] = buckets
         }
         self.factory = factory
+        // The overload counters are served from the start (at 0), so an alert on their rate
+        // has a series before the first refusal.
+        for reason in ConnectionRefusal.allCases { _ = counter(Self.connectionsRefused, [("reason", reason.rawValue)]) }
+        for reason in RequestRefusal.allCases { _ = counter(Self.requestsRefused, [("reason", reason.rawValue)]) }
+        _ = counter(Self.requestsQueued)
     }
 
     func counter(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Counter {
