@@ -13,7 +13,7 @@
 /// (unique among those the admission knows).
 ///
 /// The hot path (a slot is free, nobody waits) allocates nothing: the action lists stay empty
-/// or hold one ticket.
+/// (`admitted` says the arriving request goes).
 ///
 /// Threading: one per worker, a stored property of its `Worker`, touched only on that
 /// worker's thread. Nothing is shared between workers: each has its own slots and queue.
@@ -67,7 +67,9 @@ public struct UpstreamAdmission: Sendable {
     }
 
     public struct Actions: Sendable, Equatable {
-        /// Requests that may go upstream now (each holds a slot until `.release`).
+        /// The arriving request goes upstream at once (it holds a slot until `.release`).
+        public var admitted = false
+        /// Waiting requests that may go upstream now (each holds a slot until `.release`).
         public var start: [UInt64] = []
         /// Requests to answer with a 503 (they hold no slot and are no longer queued).
         public var refuse: [Refused] = []
@@ -108,8 +110,8 @@ public struct UpstreamAdmission: Sendable {
         case .arrive(let ticket):
             if queued == 0 && slotFree {
                 inFlight += 1
-                actions.start.append(ticket)
-                return actions  // nothing waits: the timer is untouched
+                actions.admitted = true
+                return actions  // nothing waits: the timer is untouched, nothing is allocated
             }
             if queued >= settings.queueSize {
                 actions.refuse.append(Refused(ticket: ticket, reason: .queueFull))

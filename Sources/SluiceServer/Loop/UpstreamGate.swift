@@ -74,7 +74,7 @@ final class UpstreamGate {
         let ticket = nextTicket
         let actions = admission.handle(.arrive(ticket), now: MonotonicClock.milliseconds())
         let answer: Answer
-        if actions.start.contains(ticket) {
+        if actions.admitted || actions.start.contains(ticket) {
             endEpisode()
             answer = .go
         } else if let refused = actions.refuse.first(where: { $0.ticket == ticket }) {
