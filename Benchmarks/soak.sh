@@ -152,8 +152,11 @@ URL="http://127.0.0.1:$UP_PORT/1k"
 log "nginx on $UP_PORT, sluice on $PX_PORT (pid $SPID, $WORKERS workers), open files $NOFILE, $(nproc) cores"
 
 # wrk at a fixed rate: each connection waits CONNECTIONS*1000/RATE ms between its requests.
+# wrk connects to Sluice and sends absolute-form request lines (a forward proxy's).
 DELAY_MS=$(( CONNECTIONS * 1000 / RATE ))
+PX_URL="http://127.0.0.1:$PX_PORT/"
 cat > "$TMP/rate.lua" <<EOF
+wrk.path = "$URL"
 wrk.headers["Host"] = "127.0.0.1:$UP_PORT"
 function delay() return $DELAY_MS end
 done = function(summary, latency, requests)
@@ -163,7 +166,8 @@ done = function(summary, latency, requests)
 end
 EOF
 warm() {                # warm SECONDS: unmeasured load
-    wrk -t1 -c "$CONNECTIONS" -d "${1}s" -s "$TMP/rate.lua" "$URL" > "$TMP/warm.txt" 2>&1 || true
+    wrk -t1 -c "$CONNECTIONS" -d "${1}s" -s "$TMP/rate.lua" "$PX_URL" > "$TMP/warm.txt" 2>&1 || true
+    grep -q '^WRK [1-9]' "$TMP/warm.txt" || die "the warm-up load did not get through: $(cat "$TMP/warm.txt")"
 }
 
 cat > "$TMP/idle.py" <<'PYEOF'
@@ -312,7 +316,7 @@ fi
 if [[ "$MODE" == soak || "$MODE" == both ]]; then
     log "soak: $DURATION s at $RATE req/s over $CONNECTIONS connections (first $WARMUP s are warm-up), a sample every $SAMPLE s"
     : > "$TMP/samples"
-    wrk -t1 -c "$CONNECTIONS" -d "${DURATION}s" --timeout 5s -s "$TMP/rate.lua" "$URL" > "$TMP/wrk.txt" 2>&1 &
+    wrk -t1 -c "$CONNECTIONS" -d "${DURATION}s" --timeout 5s -s "$TMP/rate.lua" "$PX_URL" > "$TMP/wrk.txt" 2>&1 &
     PID[wrk]=$!
     start=$SECONDS
     while kill -0 "${PID[wrk]}" 2>/dev/null && (( SECONDS - start < DURATION + 30 )); do
@@ -333,6 +337,8 @@ if [[ "$MODE" == soak || "$MODE" == both ]]; then
             print med(r[1], r[2], r[3]), med(f[1], f[2], f[3]), med(r[n-2], r[n-1], r[n]), med(f[n-2], f[n-1], f[n]), mn, mx, mf, n, o / n
         }' "$TMP/samples")
     (( n >= 6 )) || die "too few samples after the warm-up ($n): make DURATION longer"
+    # The load went through Sluice: its client connections were open while it ran.
+    (( base_fd >= CONNECTIONS )) || die "Sluice had $base_fd descriptors under load: the load did not go through it"
     rss_growth=$(( end_rss - base_rss )); fd_growth=$(( end_fd - base_fd ))
     verdict=pass; (( rss_growth > 2048 || fd_growth > 0 )) && { verdict=FAIL; SOAK_RESULT=1; }
     echo
