@@ -196,8 +196,21 @@ struct NodeReader {
     }
 
     mutating func readLimits(_ node: Node, into limits: inout ServerConfiguration.Limits) {
-        entries(node, in: "limits", known: ["request_line", "header_section", "header_count", "request_body"]) { r, key, value in
+        let known = ["request_line", "header_section", "header_count", "request_body", "max_connections",
+                     "max_connections_per_client", "max_in_flight_upstream", "upstream_queue"]
+        entries(node, in: "limits", known: known) { r, key, value in
             switch key {
+            case "max_connections":
+                if value.scalar?.string == "auto" { limits.maxConnections = nil; return }
+                if let n = r.count(value, key: key, min: 1, word: "auto") { limits.maxConnections = n }
+            case "max_connections_per_client", "max_in_flight_upstream":
+                var n: Int?
+                if value.scalar?.string != "unlimited" {
+                    guard let parsed = r.count(value, key: key, min: 1, word: "unlimited") else { return }
+                    n = parsed
+                }
+                if key == "max_in_flight_upstream" { limits.maxInFlightUpstream = n } else { limits.maxConnectionsPerClient = n }
+            case "upstream_queue": if let n = r.count(value, key: key, min: 0) { limits.upstreamQueue = n }
             case "request_line": if let n = r.size(value, key: key, min: 64) { limits.requestLine = Int(n) }
             case "header_section": if let n = r.size(value, key: key, min: 256) { limits.headerSection = Int(n) }
             case "header_count":
@@ -217,7 +230,8 @@ struct NodeReader {
     }
 
     mutating func readTimeouts(_ node: Node, into t: inout ServerConfiguration.Timeouts) {
-        let known = ["client_header", "client_idle", "upstream_connect", "upstream_per_try", "total", "drain"]
+        let known = ["client_header", "client_idle", "upstream_connect", "upstream_per_try", "total", "drain",
+                     "upstream_queue"]
         entries(node, in: "timeouts", known: known) { r, key, value in
             if key == "total" {
                 if value.scalar?.string == "unlimited" { t.total = nil; return }
@@ -230,6 +244,7 @@ struct NodeReader {
             case "client_idle": t.clientIdle = ms
             case "upstream_connect": t.upstreamConnect = ms
             case "upstream_per_try": t.upstreamPerTry = ms
+            case "upstream_queue": t.upstreamQueue = ms
             default: t.drain = ms
             }
         }
@@ -310,6 +325,14 @@ struct NodeReader {
             fail(node, "\(what) must be a list")
             return nil
         }
+    }
+
+    /// A whole number from `min` to 10,000,000 (or the `word` that stands for no number, named
+    /// in the error); anything else is an error at the node.
+    mutating func count(_ node: Node, key: String, min: Int, word: String? = nil) -> Int? {
+        if let n = node.scalar.flatMap({ Int($0.string) }), n >= min, n <= 10_000_000 { return n }
+        fail(node, "\(key) must be \(word.map { "'\($0)' or " } ?? "")a number from \(min) to 10000000")
+        return nil
     }
 
     /// `true` or `false`; anything else is an error at the node.

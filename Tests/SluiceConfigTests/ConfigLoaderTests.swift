@@ -31,6 +31,42 @@ import Testing
         #expect(c.access.allowClients == [IPNetwork("10.0.0.0/8")!])
     }
 
+    @Test func loadLimitsParseWithDefaultsAndWords() throws {
+        let defaults = try ConfigLoader.parse(yaml: "workers: 1", file: "t.yaml").server
+        #expect(defaults.limits.maxConnections == nil && defaults.limits.maxConnectionsPerClient == nil)
+        #expect(defaults.limits.maxInFlightUpstream == 1000 && defaults.limits.upstreamQueue == 1000)
+        #expect(defaults.timeouts.upstreamQueue == 10_000)
+        let yaml = """
+            limits: { max_connections: 500, max_connections_per_client: 20, max_in_flight_upstream: unlimited, upstream_queue: 0 }
+            timeouts: { upstream_queue: 250ms }
+            """
+        let c = try ConfigLoader.parse(yaml: yaml, file: "t.yaml").server
+        #expect(c.limits.maxConnections == 500 && c.limits.maxConnectionsPerClient == 20)
+        #expect(c.limits.maxInFlightUpstream == nil && c.limits.upstreamQueue == 0)
+        #expect(c.timeouts.upstreamQueue == 250)
+        let auto = try ConfigLoader.parse(yaml: "limits: { max_connections: auto, max_connections_per_client: unlimited }", file: "t.yaml")
+        #expect(auto.server.limits.maxConnections == nil && auto.server.limits.maxConnectionsPerClient == nil)
+    }
+
+    @Test func badLoadLimitsAreLocated() {
+        let yaml = """
+            limits:
+              max_connections: unlimited
+              max_connections_per_client: 0
+              max_in_flight_upstream: lots
+              upstream_queue: -1
+            """
+        #expect {
+            try ConfigLoader.parse(yaml: yaml, file: "f.yaml")
+        } throws: { error in
+            let issues = (error as? ConfigError)?.issues ?? []
+            return issues.map(\.line) == [2, 3, 4, 5]
+                && issues[0].message == "max_connections must be 'auto' or a number from 1 to 10000000"
+                && issues[1].message == "max_connections_per_client must be 'unlimited' or a number from 1 to 10000000"
+                && issues[3].message == "upstream_queue must be a number from 0 to 10000000"
+        }
+    }
+
     @Test func unknownKeyNamesLineColumnAndSuggests() {
         let yaml = "workers: 2\nlistn: [\"127.0.0.1:1\"]\n"
         #expect {

@@ -38,6 +38,16 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// `access.proxy_auth` is on and the request's `Proxy-Authorization` is missing, wrong, or
     /// could not be checked now (`reason`); answered with `Proxy-Authenticate`.
     case proxyAuthenticationRequired(reason: ProxyAuthFailure)
+    /// `limits.max_connections` client connections were open: answered at accept, without
+    /// reading the request (`ConnectionLimits`).
+    case tooManyConnections(limit: Int)
+    /// The client's address had `limits.max_connections_per_client` connections open.
+    case tooManyConnectionsFromClient(limit: Int)
+    /// Every upstream slot of the worker was taken and `limits.upstream_queue` requests were
+    /// waiting already (`UpstreamAdmission`); nothing was sent upstream.
+    case upstreamQueueFull(limit: Int)
+    /// The request waited `timeouts.upstream_queue` for an upstream slot; nothing was sent upstream.
+    case upstreamQueueTimeout(milliseconds: Int)
 
     public var status: Int {
         switch self {
@@ -54,7 +64,9 @@ public enum ProxyError: Error, Sendable, Equatable {
              .parentProxyFailed: return 502
         case .upstreamTimeout: return 504
         case .loopDetected: return 508
-        case .cancelledByOperator: return 503
+        case .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull,
+             .upstreamQueueTimeout:
+            return 503
         }
     }
 
@@ -64,11 +76,21 @@ public enum ProxyError: Error, Sendable, Equatable {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm, .requestLineTooLong, .headerSectionTooLarge,
              .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
-             .loopDetected, .cancelledByOperator:
+             .loopDetected, .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
-             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired:
+             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
+             .upstreamQueueFull, .upstreamQueueTimeout:
             return false
+        }
+    }
+
+    /// The `Retry-After` seconds of a refusal that is about load, not about the request: the
+    /// client may try again shortly (nil: no `Retry-After`).
+    public var retryAfterSeconds: Int? {
+        switch self {
+        case .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull, .upstreamQueueTimeout: return 1
+        default: return nil
         }
     }
 
@@ -103,6 +125,14 @@ public enum ProxyError: Error, Sendable, Equatable {
             return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"
         case .cancelledByOperator: return "request cancelled by the proxy's operator"
         case .proxyAuthenticationRequired(let reason): return "proxy authentication required: \(reason.rawValue)"
+        case .tooManyConnections(let limit):
+            return "overloaded: \(limit) client connections are open (limits.max_connections); retry later"
+        case .tooManyConnectionsFromClient(let limit):
+            return "overloaded: \(limit) connections from your address are open (limits.max_connections_per_client); retry later"
+        case .upstreamQueueFull(let limit):
+            return "overloaded: \(limit) requests wait for an upstream slot already (limits.upstream_queue); retry later"
+        case .upstreamQueueTimeout(let ms):
+            return "overloaded: no upstream slot within \(ms) ms (timeouts.upstream_queue); retry later"
         }
     }
 }

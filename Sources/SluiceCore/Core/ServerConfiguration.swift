@@ -80,7 +80,9 @@ public struct ServerConfiguration: Sendable, Equatable {
         }
     }
 
-    /// Sizes a client request may not exceed. Each maps to one status: 414, 431, 431, 413.
+    /// Sizes a client request may not exceed (each maps to one status: 414, 431, 431, 413),
+    /// and the load Sluice takes on: client connections (`ConnectionLimits`) and requests
+    /// upstream per worker (`UpstreamAdmission`); beyond those, 503 with `Retry-After`.
     public struct Limits: Sendable, Equatable {
         /// `8 KiB` by default, like nginx's `large_client_header_buffers`.
         public static let defaultRequestLine = 8 * 1024
@@ -94,6 +96,19 @@ public struct ServerConfiguration: Sendable, Equatable {
         public var headerCount: Int
         /// `nil` (unlimited) by default: a proxy streams bodies and need not bound them.
         public var requestBody: Int64?
+        /// Client connections open at once, all workers together; `nil` (`auto`, the default)
+        /// derives it from the open-file limit (`ConnectionLimits.automaticMaximum`).
+        public var maxConnections: Int?
+        /// Client connections open at once from one IP address; `nil` (unlimited) by default.
+        public var maxConnectionsPerClient: Int?
+        /// Forwarded requests upstream at once per worker; `nil` means unlimited.
+        public var maxInFlightUpstream: Int? = Limits.defaultMaxInFlightUpstream
+        /// Requests that may wait for an upstream slot per worker (0: refuse at once).
+        public var upstreamQueue: Int = Limits.defaultUpstreamQueue
+        /// `1000` per worker by default.
+        public static let defaultMaxInFlightUpstream = 1000
+        /// `1000` per worker by default.
+        public static let defaultUpstreamQueue = 1000
 
         public init(requestLine: Int = Limits.defaultRequestLine, headerSection: Int = Limits.defaultHeaderSection,
                     headerCount: Int = Limits.defaultHeaderCount, requestBody: Int64? = nil) {
@@ -125,6 +140,9 @@ public struct ServerConfiguration: Sendable, Equatable {
         /// downloads are not cut.
         public var total: Int?
         public var drain: Int
+        /// `10 s` by default: how long a request waits for an upstream slot (→ 503).
+        public var upstreamQueue: Int = Timeouts.defaultUpstreamQueue
+        public static let defaultUpstreamQueue = 10_000
 
         public init(clientHeader: Int = Timeouts.defaultClientHeader, clientIdle: Int = Timeouts.defaultClientIdle,
                     upstreamConnect: Int = Timeouts.defaultUpstreamConnect,

@@ -72,12 +72,35 @@ public final class SluiceMetrics: Sendable {
         name: "sluice_config_generation", kind: .gauge, labels: [],
         help: "The configuration generation serving now (1 at start, +1 per applied reload)")
 
+    public static let connectionsRefused = Metric(
+        name: "sluice_connections_refused_total", kind: .counter, labels: ["reason"],
+        help: "Client connections refused at accept with 503, by limit (max_connections, max_connections_per_client)")
+    public static let requestsRefused = Metric(
+        name: "sluice_requests_refused_total", kind: .counter, labels: ["reason"],
+        help: "Requests answered 503 without going upstream because the worker's upstream slots were taken, by reason (queue_full, queue_timeout)")
+    public static let requestsQueued = Metric(
+        name: "sluice_requests_queued_total", kind: .counter, labels: [],
+        help: "Requests that waited for an upstream slot (limits.max_in_flight_upstream)")
+
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
         requests, retries, retriesStopped, trustFailures, credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
+        connectionsRefused, requestsRefused, requestsQueued,
     ]
+
+    /// Why a client connection was refused (`sluice_connections_refused_total`'s `reason`).
+    public enum ConnectionRefusal: String, Sendable, CaseIterable {
+        case maxConnections = "max_connections"
+        case maxConnectionsPerClient = "max_connections_per_client"
+    }
+
+    /// Why a request was refused before it went upstream (`sluice_requests_refused_total`'s `reason`).
+    public enum RequestRefusal: String, Sendable, CaseIterable {
+        case queueFull = "queue_full"
+        case queueTimeout = "queue_timeout"
+    }
 
     /// Upstream time buckets, in seconds: 0.5 ms to 60 s.
     public static let durationBuckets: [Double] = [
@@ -97,6 +120,11 @@ public final class SluiceMetrics: Sendable {
             factory.durationHistogramBuckets[metric.name] = buckets
         }
         self.factory = factory
+        // The overload counters are served from the start (at 0), so an alert on their rate
+        // has a series before the first refusal.
+        for reason in ConnectionRefusal.allCases { _ = counter(Self.connectionsRefused, [("reason", reason.rawValue)]) }
+        for reason in RequestRefusal.allCases { _ = counter(Self.requestsRefused, [("reason", reason.rawValue)]) }
+        _ = counter(Self.requestsQueued)
     }
 
     func counter(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Counter {
@@ -109,6 +137,21 @@ public final class SluiceMetrics: Sendable {
 
     func gauge(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Gauge {
         CoreMetrics.Gauge(label: metric.name, dimensions: labels, factory: factory)
+    }
+
+    /// A connection refused at accept (recorded with or without the metrics monitor).
+    public func recordRefusal(_ reason: ConnectionRefusal) {
+        counter(Self.connectionsRefused, [("reason", reason.rawValue)]).increment()
+    }
+
+    /// A request refused before it went upstream (recorded with or without the monitor).
+    public func recordRefusal(_ reason: RequestRefusal) {
+        counter(Self.requestsRefused, [("reason", reason.rawValue)]).increment()
+    }
+
+    /// A request that had to wait for an upstream slot.
+    public func recordQueued() {
+        counter(Self.requestsQueued).increment()
     }
 
     /// A reload's result (`ProxyServer.reloadFile`).

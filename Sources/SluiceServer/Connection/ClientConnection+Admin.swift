@@ -44,6 +44,8 @@ extension ClientConnection {
             dialer.cancel()
         case .waitingToRetry(let timer):
             event_free(timer)
+        case .queued(let ticket):
+            worker.upstreamGate.leave(ticket)
         case .tunnel:
             exchange.end(.tunnel, error: "cancelled by the proxy's operator")
             close()

@@ -18,6 +18,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         case awaitingHead
         /// An adapter that must wait (a token fetch) has not answered yet.
         case adapting
+        /// Waiting for an upstream slot of the worker (`UpstreamGate`), with this ticket.
+        case queued(UInt64)
         /// A chunked request waits for its first chunk-size line, which is validated before
         /// anything is sent upstream (so a malformed body never opens an upstream connection).
         case awaitingBody(HTTPRequestHead, Exchange)
@@ -91,6 +93,10 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     /// True while `processInput` loops, so that an exchange ending synchronously inside it
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
     private var processingInput = false
+    /// The exchange holds one of the worker's upstream slots (`UpstreamGate`) until it ends.
+    var holdsUpstreamSlot = false
+    /// The client's address as `ConnectionLimits` counted it (set by the worker at accept).
+    var clientKey: ConnectionLimits.ClientKey?
 
     init(worker: Worker, mode: Mode, fd: Int32, peer: String, forwarding: ForwardingFields? = nil) {
         self.worker = worker
@@ -188,7 +194,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             continueBuffering(head, exchange)
         case .tunnel(let tunnel):
             tunnel.clientReadable()
-        case .adapting, .waitingToRetry, .dialing, .closing, .closed:
+        case .adapting, .queued, .waitingToRetry, .dialing, .closing, .closed:
             break  // held in the input buffer (bounded by the read watermark)
         }
     }
@@ -323,7 +329,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
                 dialer.start()
                 return
             }
-            prepare(head, exchange)
+            prepareWhenAdmitted(head, exchange)
         } catch let error as ProxyError {
             respondError(error)
         } catch {
@@ -419,6 +425,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
 
     /// Back to reading the next request, or closing, after an exchange ended cleanly.
     func exchangeEnded() {
+        releaseUpstreamSlot()
         currentHead = nil
         exchange = nil
         state = .awaitingHead
@@ -432,6 +439,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     }
 
     func closeAfterFlush() {
+        releaseUpstreamSlot()
         state = .closing
         event_del(timer)
         setReading(false)
@@ -446,8 +454,10 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         case .dialing(let dialer): dialer.cancel()
         case .waitingToRetry(let timer): event_free(timer)
         case .tunnel(let tunnel): tunnel.shutdown()
+        case .queued(let ticket): worker.upstreamGate.leave(ticket)
         default: break
         }
+        releaseUpstreamSlot()
         if let exchange, !exchange.ended {
             exchange.end(exchange.summary.method == "CONNECT" && exchange.summary.status == 200 ? .tunnel : .clientAborted)
         }

@@ -66,15 +66,25 @@ enum ResponseEncoder {
     /// Sluice's own response for `error`: a one-line `text/plain` body, `Connection: close`
     /// when the connection ends after it.
     static func error(_ error: ProxyError, close: Bool, into output: OpaquePointer) {
+        var text = errorText(error, close: close)
+        text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+    }
+
+    /// The bytes of `error(_:close:into:)`, for a socket Sluice answers without a connection.
+    static func errorBytes(_ error: ProxyError, close: Bool) -> [UInt8] {
+        Array(errorText(error, close: close).utf8)
+    }
+
+    private static func errorText(_ error: ProxyError, close: Bool) -> String {
         let body = "sluice: \(error.message)\n"
         var head = "HTTP/1.1 \(error.status) \(reasonPhrase(error.status))\r\n"
         head += "Content-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\n"
         if case .proxyAuthenticationRequired = error {
             head += "Proxy-Authenticate: Basic realm=\"\(ProxyAuthentication.realm)\"\r\n"
         }
+        if let seconds = error.retryAfterSeconds { head += "Retry-After: \(seconds)\r\n" }
         head += close ? "Connection: close\r\n\r\n" : "\r\n"
-        var text = head + body
-        text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        return head + body
     }
 
     /// The response fields the proxy treats specially, recognised by bytes.

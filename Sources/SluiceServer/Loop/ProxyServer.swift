@@ -40,6 +40,8 @@ public final class ProxyServer: @unchecked Sendable {
     private(set) var notifier: ServiceNotifier?
     /// Every worker's heartbeat (set by `start()`).
     private var heartbeats: [Worker.Heartbeat] = []
+    /// `limits.max_connections` and `max_connections_per_client`, shared by every worker.
+    let connectionLimits: ConnectionLimits
 
     /// Bound once per process: libevent's locking and curl's global state.
     private static let globalSetup: Void = {
@@ -52,6 +54,7 @@ public final class ProxyServer: @unchecked Sendable {
         self.configuration = configuration
         self.configPath = configPath
         current = Mutex(configuration)
+        connectionLimits = ConnectionLimits(configuration.server.limits)
     }
 
     /// A server without policies or monitors.
@@ -77,7 +80,8 @@ public final class ProxyServer: @unchecked Sendable {
         for i in 0..<count {
             workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
                                       interception: interception,
-                                      heartbeatMilliseconds: notifier?.heartbeatMilliseconds))
+                                      heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
+                                      connectionLimits: connectionLimits))
         }
         stopHandles = workers.map(\.stopHandle)
         heartbeats = workers.map(\.heartbeat)
@@ -182,6 +186,7 @@ public final class ProxyServer: @unchecked Sendable {
         fixed.logFormat = config.logFormat
         fixed.logLevel = config.logLevel
         fixed.tls.allHostsMustBeEvaluated = config.tls.allHostsMustBeEvaluated  // part of the policies
+        Self.keepLoadLimits(of: config, in: &fixed)  // these apply on reload
         if fixed != config {
             Log.warning("reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir and admin changes need a restart; kept the running values")
         }
@@ -203,11 +208,22 @@ public final class ProxyServer: @unchecked Sendable {
         applied.server.routes = new.server.routes
         applied.server.logFormat = new.server.logFormat
         applied.server.logLevel = new.server.logLevel
+        Self.keepLoadLimits(of: new.server, in: &applied.server)
+        connectionLimits.update(new.server.limits)
         current.withLock { $0 = applied }
         Log.apply(new.server)
         for handle in stopHandles { Worker.requestReload(handle, new) }
         generation.add(1, ordering: .relaxed)
         return nil
+    }
+
+    /// Copies the limits a reload applies (`ConnectionLimits`, `UpstreamGate`) from `source`.
+    static func keepLoadLimits(of source: ServerConfiguration, in server: inout ServerConfiguration) {
+        server.limits.maxConnections = source.limits.maxConnections
+        server.limits.maxConnectionsPerClient = source.limits.maxConnectionsPerClient
+        server.limits.maxInFlightUpstream = source.limits.maxInFlightUpstream
+        server.limits.upstreamQueue = source.limits.upstreamQueue
+        server.timeouts.upstreamQueue = source.timeouts.upstreamQueue
     }
 
     /// Loads the interception CA when a policy intercepts and it is not loaded yet, and warns

@@ -45,6 +45,10 @@ final class Worker {
     let heartbeat = Heartbeat()
     /// Beats `heartbeat`; only when a service manager watches (`ServiceNotifier`).
     private var heartbeatTimer: OpaquePointer?
+    /// `limits.max_connections` and `max_connections_per_client`, shared by every worker.
+    let connectionLimits: ConnectionLimits
+    /// `limits.max_in_flight_upstream`: this worker's upstream slots and their queue.
+    private(set) var upstreamGate: UpstreamGate!
 
     /// One listening socket and what its connections do.
     final class Listener {
@@ -137,8 +141,10 @@ final class Worker {
 
     /// `heartbeatMilliseconds`: how often the loop beats its `heartbeat` (nil: never).
     init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
-         interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil) throws {
+         interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
+         connectionLimits: ConnectionLimits? = nil) throws {
         self.index = index
+        self.connectionLimits = connectionLimits ?? ConnectionLimits(configuration.server.limits)
         self.interception = interception
         self.config = configuration.server
         self.pipeline = WorkerPipeline(configuration.pipeline)
@@ -151,6 +157,8 @@ final class Worker {
         guard let base = event_base_new() else { throw ServerError.startup("cannot create an event loop") }
         self.base = base
         session = UpstreamSession(base: base, share: share)
+        upstreamGate = UpstreamGate(base: base, workerIndex: index, limits: configuration.server.limits,
+                                    timeouts: configuration.server.timeouts)
         let me = Unmanaged.passUnretained(self).toOpaque()
         stopEvent = event_new(base, -1, Int16(EV_PERSIST), { _, what, arg in
             Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beginDrain(force: what & Int16(EV_SIGNAL) != 0)
@@ -255,6 +263,7 @@ final class Worker {
             return contents.pending
         }) else { return }
         pipeline = WorkerPipeline(configuration.pipeline, reload: true)
+        upstreamGate.reconfigure(configuration.server.limits, configuration.server.timeouts)
         if isDraining { return }
         let specs = Self.listenerSpecs(configuration.server)
         let wanted = Set(specs.map(\.0))
@@ -330,6 +339,10 @@ final class Worker {
             Glibc.close(fd)
             return
         }
+        let key = ConnectionLimits.ClientKey(address)
+        if let refusal = connectionLimits.admit(key, describe: { SocketAddress.describe(address) }) {
+            return refuse(fd: fd, refusal)
+        }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         var forwarding: ForwardingFields?
@@ -339,6 +352,7 @@ final class Worker {
         }
         let connection = ClientConnection(worker: self, mode: mode, fd: fd, peer: SocketAddress.describe(address),
                                           forwarding: forwarding)
+        connection.clientKey = key
         connections[ObjectIdentifier(connection)] = connection
     }
 
@@ -364,7 +378,9 @@ final class Worker {
     }
 
     func connectionClosed(_ connection: ClientConnection) {
-        connections.removeValue(forKey: ObjectIdentifier(connection))
+        if connections.removeValue(forKey: ObjectIdentifier(connection)) != nil {
+            connectionLimits.release(connection.clientKey)
+        }
         if isDraining && connections.isEmpty { event_base_loopexit(base, nil) }
     }
 
@@ -420,6 +436,7 @@ final class Worker {
         if let heartbeatTimer { event_free(heartbeatTimer) }
         heartbeat.exited.store(true, ordering: .releasing)
         flushQueue.removeAll()
+        upstreamGate.close()
         sessionContext.close()
         session.shutdown()
         readSpill.deallocate()
