@@ -32,6 +32,10 @@ public enum ProxyError: Error, Sendable, Equatable {
     case notOriginForm
     /// The admin API's `POST /requests/cancel` ended the exchange before its response started.
     case cancelledByOperator
+    /// No socket could be opened for the upstream connection: the process (EMFILE) or the
+    /// system (ENFILE) is out of descriptors, or the kernel out of buffers. Nothing was sent;
+    /// the client connection closes, which frees a descriptor.
+    case socketUnavailable(host: String, reason: String)
 
     public var status: Int {
         switch self {
@@ -46,7 +50,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed: return 502
         case .upstreamTimeout: return 504
         case .loopDetected: return 508
-        case .cancelledByOperator: return 503
+        case .cancelledByOperator, .socketUnavailable: return 503
         }
     }
 
@@ -56,7 +60,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm, .requestLineTooLong, .headerSectionTooLarge,
              .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
-             .loopDetected, .cancelledByOperator:
+             .loopDetected, .cancelledByOperator, .socketUnavailable:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
              .upstreamTimeout, .upstreamProtocol, .adapterFailed:
@@ -93,6 +97,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .notOriginForm:
             return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"
         case .cancelledByOperator: return "request cancelled by the proxy's operator"
+        case .socketUnavailable(let host, let reason): return "cannot open a socket for upstream \(host): \(reason)"
         }
     }
 }
