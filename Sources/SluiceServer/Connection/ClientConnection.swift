@@ -84,6 +84,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     var requestBodyDone = true
     var wantsKeepAlive = true
     private var continueSent = false
+    /// Close with a reset (SO_LINGER 0) rather than a FIN: see `transferAborted`.
+    var abortiveClose = false
     /// True while `processInput` loops, so that an exchange ending synchronously inside it
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
     private var processingInput = false
@@ -450,7 +452,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         event_free(timer)
         switch transport {
         case .socket(let socket):
-            socket.close()
+            socket.close(abortive: abortiveClose)
         case .tls(let bev):
             if interception?.established == true { sluice_bufferevent_ssl_shutdown(bev) }
             bufferevent_free(bev)

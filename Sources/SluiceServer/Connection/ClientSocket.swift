@@ -152,9 +152,14 @@ final class ClientSocket {
         open = false
     }
 
-    /// Frees everything and closes the descriptor.
-    func close() {
+    /// Frees everything and closes the descriptor; `abortive`: with a reset (RST) instead of
+    /// a FIN, for a response only the connection's end frames, cut short.
+    func close(abortive: Bool = false) {
         release()
+        if abortive {
+            var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+        }
         Glibc.close(fd)
     }
 

@@ -157,6 +157,9 @@ final class UpstreamTransfer: CurlTransfer {
     /// Response bytes reached the client's output (a drained redirect or retry sends none).
     var responseStarted: Bool { headSent && !discarding && redirectTo == nil && !invalidResponse }
     private var framing: ResponseEncoder.Framing = .none
+    /// The client's response is framed by the end of the connection (an HTTP/1.0 client and
+    /// an upstream body without a length): only the kind of close tells a cut from the end.
+    var framedByClose: Bool { framing == .close }
     private(set) var downloadPaused = false
     private(set) var uploadPaused = false
     private var pendingError: ProxyError?
