@@ -314,6 +314,9 @@ final class UpstreamTransfer: CurlTransfer {
         if let delegate, !inCompletion { delegate.tryEnded(timings: collectTimings()) }
         finished = true
         if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
+        // Abandoned midway (the client left, an operator cancelled): the origin is told by a
+        // reset, whatever it was doing.
+        if !inCompletion { session.abortConnection(of: handle) }
         session.finish(handle, plain: isPlain)
         requestHeaders = nil
         redirectTo = nil
