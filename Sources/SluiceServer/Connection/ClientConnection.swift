@@ -260,7 +260,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         while case .awaitingHead = state {
             let input = clientInput  // re-read: interception swaps the bufferevent mid-loop
             if worker.isDraining && parser.isIdle && evbuffer_get_length(input) == 0 {
-                close()
+                closeAfterFlush()  // a response may still wait for this pass's flush
                 return
             }
             var iov = iovec()
@@ -468,10 +468,11 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     }
 
     /// Called by the worker when it starts draining: idle connections close now, busy ones
-    /// after their current exchange.
+    /// after their current exchange. "Idle" includes a connection whose last response was
+    /// queued in this loop pass and waits for the worker's flush pass: it closes after it.
     func drain() {
         if case .awaitingHead = state, parser.isIdle, evbuffer_get_length(clientInput) == 0 {
-            close()
+            closeAfterFlush()
         }
     }
 }
