@@ -18,6 +18,7 @@ CURLcode sluice_easy_setopt_data_cb(CURL *h, CURLoption opt, sluice_data_cb cb) 
 CURLcode sluice_easy_setopt_opensocket_cb(CURL *h, sluice_opensocket_cb cb) { return curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, cb); }
 CURLcode sluice_easy_setopt_seek_cb(CURL *h, sluice_seek_cb cb) { return curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, cb); }
 CURLcode sluice_easy_setopt_closesocket_cb(CURL *h, sluice_closesocket_cb cb) { return curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, cb); }
+CURLcode sluice_easy_setopt_prereq_cb(CURL *h, sluice_prereq_cb cb) { return curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, cb); }
 
 // One byte per descriptor below the table's size: 1 = quiet (see CShims.h). Sized once from
 // RLIMIT_NOFILE (at least 64 Ki entries); descriptors beyond it are never marked.

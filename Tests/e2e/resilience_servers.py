@@ -16,6 +16,14 @@ tries and check that a replayed request body is byte-exact.
                                                    the peer gave up
                     Partial(total, send)           a head promising `total` body bytes, `send` of
                                                    them, then RST
+                    PartialChunked(chunks)         a chunked head, these chunks, then RST (no last chunk)
+                    PartialClose(send)             a close-delimited head, `send` bytes, then RST
+                    StallMidBody(framing, send)    a head (Content-Length or chunked) and `send` body
+                                                   bytes, then silence; records when the peer gave up
+                    Chunked(body)                  a complete chunked response
+                    NoReadBody()                   reads the head only, never the request body;
+                                                   records when the peer went away (runs before
+                                                   the body is read: `reads_body = False`)
   TokenServer     an OAuth 2 token endpoint (POST /token): client_credentials and refresh_token
                   grants, client authentication by HTTP Basic or by body fields, a configurable
                   expires_in and answer delay; can be switched to fail (500) or killed (its port
@@ -29,6 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import select
 import socket
 import struct
 import time
@@ -115,6 +124,8 @@ class Try:
 class Action:
     name = "action"
     keep_alive = False
+    # False: run as soon as the head is in, without reading the request body first.
+    reads_body = True
 
     def run(self, srv: "FaultUpstream", conn: socket.socket, reader: Reader, t: Try) -> None:
         raise NotImplementedError
@@ -264,6 +275,139 @@ class Partial(Action):
         rst_close(conn)
 
 
+def wait_peer_gone(srv: "FaultUpstream", conn: socket.socket, t: Try, seconds: float, read: bool = True) -> None:
+    """Until the peer closes or resets (or `seconds` pass): `t.t_done` is that moment and
+    `t.note` says how. With read=False nothing is read: the peer's FIN or RST is seen by
+    poll (POLLRDHUP / POLLHUP / POLLERR) behind whatever bytes it sent and we left unread."""
+    end = time.monotonic() + min(seconds, STALL_MAX)
+    if read:
+        conn.settimeout(0.02)
+        while not srv.stopping.is_set() and time.monotonic() < end:
+            try:
+                d = conn.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError as e:
+                t.note = f"peer reset: {e}"
+                break
+            if not d:
+                t.note = "peer closed"
+                break
+    else:
+        p = select.poll()
+        p.register(conn, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+        while not srv.stopping.is_set() and time.monotonic() < end:
+            ev = p.poll(20)
+            if ev:
+                flags = ev[0][1]
+                t.note = "peer reset" if flags & select.POLLERR else "peer closed"
+                break
+    t.t_done = time.monotonic()
+
+
+class PartialChunked(Action):
+    """A chunked 200, these chunks (each sent as one chunk), a pause, then RST: the last
+    chunk never comes."""
+
+    name = "partial-chunked"
+
+    def __init__(self, chunks: list[bytes], pause: float = 0.2):
+        self.chunks, self.pause = chunks, pause
+
+    def run(self, srv, conn, reader, t):
+        out = (f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Try: {t.n}\r\n"
+               f"Transfer-Encoding: chunked\r\n\r\n").encode()
+        for c in self.chunks:
+            out += f"{len(c):x}\r\n".encode() + c + b"\r\n"
+        conn.sendall(out)
+        time.sleep(self.pause)
+        t.t_done = time.monotonic()
+        t.action = "partial-chunked"
+        rst_close(conn)
+
+
+class PartialClose(Action):
+    """A close-delimited 200 (no Content-Length, no Transfer-Encoding), `send` bytes of 'Q',
+    a pause, then RST: only a FIN would have ended this body."""
+
+    name = "partial-close"
+
+    def __init__(self, send: int = 1000, pause: float = 0.2):
+        self.send, self.pause = send, pause
+
+    def run(self, srv, conn, reader, t):
+        conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Try: {t.n}\r\n"
+                     f"Connection: close\r\n\r\n".encode() + b"Q" * self.send)
+        time.sleep(self.pause)
+        t.t_done = time.monotonic()
+        t.action = "partial-close"
+        rst_close(conn)
+
+
+class StallMidBody(Action):
+    """A 200 head (`framing` "length": Content-Length `total`; "chunked"), `send` body bytes of
+    'S' (one chunk when chunked), then nothing more. `t_done` is when the peer gave up."""
+
+    name = "stall-mid-body"
+
+    def __init__(self, framing: str = "length", total: int = 100_000, send: int = 1000,
+                 seconds: float = STALL_MAX):
+        self.framing, self.total, self.send, self.seconds = framing, total, send, seconds
+
+    def run(self, srv, conn, reader, t):
+        t.action = f"stall-mid-body {self.framing}"
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Try: {t.n}\r\n"
+        if self.framing == "chunked":
+            out = (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + f"{self.send:x}\r\n".encode() \
+                + b"S" * self.send + b"\r\n"
+        else:
+            out = (head + f"Content-Length: {self.total}\r\n\r\n").encode() + b"S" * self.send
+        conn.sendall(out)
+        wait_peer_gone(srv, conn, t, self.seconds)
+
+
+class Chunked(Reply):
+    """A complete chunked 200 whose body (bytes or callable(try)) goes in `chunk`-byte chunks."""
+
+    def __init__(self, body=None, chunk: int = 4096, headers: list[tuple[str, str]] | None = None):
+        super().__init__(200, body=body, headers=headers)
+        self.chunk = chunk
+
+    def run(self, srv, conn, reader, t):
+        body = self.body_for(t)
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Try: {t.n}\r\n"
+        for k, v in self.headers:
+            head += f"{k}: {v}\r\n"
+        out = bytearray((head + "Transfer-Encoding: chunked\r\n\r\n").encode())
+        if t.method != "HEAD":
+            for i in range(0, len(body), self.chunk):
+                part = body[i:i + self.chunk]
+                out += f"{len(part):x}\r\n".encode() + part + b"\r\n"
+            out += b"0\r\n\r\n"
+        conn.sendall(bytes(out))
+        t.t_done = time.monotonic()
+        t.action = "reply chunked"
+
+    def __repr__(self):
+        return "Chunked()"
+
+
+class NoReadBody(Action):
+    """Reads the request head and never the body (no answer either): the sender's upload
+    stalls against full buffers. `t_done` is when the peer closed or reset the connection."""
+
+    name = "no-read-body"
+    reads_body = False
+
+    def __init__(self, seconds: float = STALL_MAX):
+        self.seconds = seconds
+
+    def run(self, srv, conn, reader, t):
+        t.action = "no-read-body"
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        wait_peer_gone(srv, conn, t, self.seconds, read=False)
+
+
 # ------------------------------------------------------------------------------------------
 # FaultUpstream
 # ------------------------------------------------------------------------------------------
@@ -273,8 +417,12 @@ class _Script:
         self.steps = list(steps)
         self.then = then
 
+    def step(self, t: Try):
+        """The step for this try as scripted (a callable is not called)."""
+        return self.steps[t.n - 1] if t.n <= len(self.steps) else self.then
+
     def action(self, t: Try) -> Action:
-        a = self.steps[t.n - 1] if t.n <= len(self.steps) else self.then
+        a = self.step(t)
         if callable(a) and not isinstance(a, Action):
             a = a(t)
         return a
@@ -349,6 +497,12 @@ class FaultUpstream(ThreadedServer):
                         path=path, headers=headers, raw_head=raw, t_arrival=t_arrival, t_head=t_head)
                 self._tries.append(t)
                 script = self.scripts.get(path)
+            early = script.step(t) if script else self.default
+            if isinstance(early, Action) and not early.reads_body:
+                early.run(self, conn, r, t)
+                if not early.keep_alive:
+                    return
+                continue
             if (header(headers, "expect") or "").lower() == "100-continue":
                 conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = bytearray()
@@ -605,4 +759,5 @@ class BearerUpstream(ThreadedServer):
 
 
 __all__ = ["HOST", "FaultUpstream", "Reply", "RetryAfterDate", "Reset", "Close", "Stall", "Partial",
+           "PartialChunked", "PartialClose", "StallMidBody", "Chunked", "NoReadBody", "wait_peer_gone",
            "Try", "NotTLSServer", "TokenServer", "BearerUpstream", "TokenRequest", "BearerSeen", "response_bytes", "rst_close"]

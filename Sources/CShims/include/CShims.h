@@ -16,6 +16,7 @@ typedef int (*sluice_timer_cb)(CURLM *multi, long timeout_ms, void *userp);
 typedef int (*sluice_seek_cb)(void *userp, curl_off_t offset, int origin);
 typedef curl_socket_t (*sluice_opensocket_cb)(void *clientp, curlsocktype purpose, struct curl_sockaddr *address);
 typedef int (*sluice_closesocket_cb)(void *clientp, curl_socket_t item);
+typedef int (*sluice_prereq_cb)(void *clientp, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port, int conn_local_port);
 
 CURLcode sluice_easy_setopt_long(CURL *h, CURLoption opt, long value);
 CURLcode sluice_easy_setopt_off(CURL *h, CURLoption opt, curl_off_t value);
@@ -25,6 +26,8 @@ CURLcode sluice_easy_setopt_data_cb(CURL *h, CURLoption opt, sluice_data_cb cb);
 CURLcode sluice_easy_setopt_opensocket_cb(CURL *h, sluice_opensocket_cb cb);
 CURLcode sluice_easy_setopt_seek_cb(CURL *h, sluice_seek_cb cb);
 CURLcode sluice_easy_setopt_closesocket_cb(CURL *h, sluice_closesocket_cb cb);
+/// CURLOPT_PREREQFUNCTION: called each time a request is about to be sent (libcurl >= 7.80).
+CURLcode sluice_easy_setopt_prereq_cb(CURL *h, sluice_prereq_cb cb);
 
 /// Readiness hints for the upstream sockets an event loop watches on libcurl's behalf.
 ///

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import Logging
 import Synchronization
 
 /// A log destination (a file, stdout or stderr) written by its own thread, so that event
@@ -9,6 +10,11 @@ import Synchronization
 ///
 /// Sinks are shared per path for the life of the process: a reload that keeps a path keeps
 /// its sink, and `flushAll()` at exit writes what is left.
+///
+/// A write that fails (a full disk: ENOSPC; a file system gone read-only: EROFS; EIO …)
+/// drops what was buffered — memory stays bounded and the proxy keeps serving — and the
+/// diagnostics say so once per failure episode: one warning at the first failed write, one
+/// line when a write succeeds again, with the number of lines lost in between.
 public final class LogSink: Sendable {
     public final class Buffer: Sendable {
         fileprivate let bytes = Mutex<[UInt8]>([])
@@ -27,6 +33,13 @@ public final class LogSink: Sendable {
     /// between two writes.
     private let output: Mutex<Int32>
     private let buffers = Mutex<[Buffer]>([])
+    /// The failure episode in progress, if any (touched only under `output`'s lock).
+    private let failure = Mutex<WriteFailure?>(nil)
+    struct WriteFailure {
+        var code: Int32
+        var lostLines = 0
+        var lostBytes = 0
+    }
     private static let registry = Mutex<[String: LogSink]>([:])
     static let flushIntervalMicroseconds: UInt32 = 100_000
 
@@ -129,17 +142,54 @@ public final class LogSink: Sendable {
                 bytes.removeAll(keepingCapacity: true)
                 return out
             }
-            chunk.withUnsafeBytes { raw in
+            guard !chunk.isEmpty else { continue }
+            let (written, code) = chunk.withUnsafeBytes { raw -> (Int, Int32) in
                 var offset = 0
                 while offset < raw.count {
                     let n = write(fd, raw.baseAddress! + offset, raw.count - offset)
                     if n < 0 && errno == EINTR { continue }
-                    if n <= 0 { return }
+                    if n <= 0 { return (offset, n < 0 ? errno : EIO) }
                     offset += n
                 }
+                return (offset, 0)
+            }
+            if code == 0 {
+                wroteAgain()
+            } else {
+                lost(chunk[written...], code: code)
             }
         }
     }
+
+    /// A write failed with `code`: what it did not write is dropped; the first failure of an
+    /// episode is reported.
+    private func lost(_ rest: ArraySlice<UInt8>, code: Int32) {
+        let lines = rest.reduce(0) { $1 == UInt8(ascii: "\n") ? $0 + 1 : $0 }
+        let first = failure.withLock { state -> Bool in
+            if state == nil {
+                state = WriteFailure(code: code, lostLines: lines, lostBytes: rest.count)
+                return true
+            }
+            state!.lostLines += lines
+            state!.lostBytes += rest.count
+            return false
+        }
+        if first {
+            Self.diagnostics.warning("cannot write log \(path): \(String(cString: strerror(code))) (errno \(code)); its lines are dropped until a write succeeds (said once until then)")
+        }
+    }
+
+    /// A write succeeded: a failure episode, if one was going on, is over.
+    private func wroteAgain() {
+        guard let ended = failure.withLock({ state -> WriteFailure? in
+            defer { state = nil }
+            return state
+        }) else { return }
+        Self.diagnostics.warning("log \(path) is writing again; \(ended.lostLines) line(s) (\(ended.lostBytes) bytes) were lost while writes failed with \(String(cString: strerror(ended.code)))")
+    }
+
+    /// Where a sink reports its own failures (the diagnostics on stderr, never a sink).
+    private static let diagnostics = Logger(label: "sluice")
 
     /// Flushes every sink; for a clean exit.
     public static func flushAll() {

@@ -48,6 +48,10 @@ public enum ProxyError: Error, Sendable, Equatable {
     case upstreamQueueFull(limit: Int)
     /// The request waited `timeouts.upstream_queue` for an upstream slot; nothing was sent upstream.
     case upstreamQueueTimeout(milliseconds: Int)
+    /// No socket could be opened for the upstream connection: the process (EMFILE) or the
+    /// system (ENFILE) is out of descriptors, or the kernel out of buffers. Nothing was sent;
+    /// the client connection closes, which frees a descriptor.
+    case socketUnavailable(host: String, reason: String)
 
     public var status: Int {
         switch self {
@@ -65,7 +69,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamTimeout: return 504
         case .loopDetected: return 508
         case .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull,
-             .upstreamQueueTimeout:
+             .upstreamQueueTimeout, .socketUnavailable:
             return 503
         }
     }
@@ -76,7 +80,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm, .requestLineTooLong, .headerSectionTooLarge,
              .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
-             .loopDetected, .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient:
+             .loopDetected, .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .socketUnavailable:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
              .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
@@ -133,6 +137,7 @@ public enum ProxyError: Error, Sendable, Equatable {
             return "overloaded: \(limit) requests wait for an upstream slot already (limits.upstream_queue); retry later"
         case .upstreamQueueTimeout(let ms):
             return "overloaded: no upstream slot within \(ms) ms (timeouts.upstream_queue); retry later"
+        case .socketUnavailable(let host, let reason): return "cannot open a socket for upstream \(host): \(reason)"
         }
     }
 }

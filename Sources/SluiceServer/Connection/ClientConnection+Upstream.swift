@@ -132,6 +132,9 @@ extension ClientConnection {
     }
 
     func transferAborted() {
+        // A body framed by the connection's end would read as complete after a FIN: the
+        // client is reset instead, so that a cut is never mistaken for the end.
+        if case .forwarding(let transfer) = state, transfer.framedByClose { abortiveClose = true }
         scheduleFlush()
         exchange?.end(.upstreamAborted, error: "upstream failed after the response started")
         closeAfterFlush()

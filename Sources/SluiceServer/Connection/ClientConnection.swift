@@ -90,6 +90,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     private var continueSent = false
     /// The `Proxy-Authorization` this connection last had accepted (ClientConnection+ProxyAuth).
     var acceptedCredential: AcceptedCredential?
+    /// Close with a reset (SO_LINGER 0) rather than a FIN: see `transferAborted`.
+    var abortiveClose = false
     /// True while `processInput` loops, so that an exchange ending synchronously inside it
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
     private var processingInput = false
@@ -269,7 +271,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         while case .awaitingHead = state {
             let input = clientInput  // re-read: interception swaps the bufferevent mid-loop
             if worker.isDraining && parser.isIdle && evbuffer_get_length(input) == 0 {
-                close()
+                closeAfterFlush()  // a response may still wait for this pass's flush
                 return
             }
             var iov = iovec()
@@ -466,7 +468,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         event_free(timer)
         switch transport {
         case .socket(let socket):
-            socket.close()
+            socket.close(abortive: abortiveClose)
         case .tls(let bev):
             if interception?.established == true { sluice_bufferevent_ssl_shutdown(bev) }
             bufferevent_free(bev)
@@ -482,10 +484,11 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     }
 
     /// Called by the worker when it starts draining: idle connections close now, busy ones
-    /// after their current exchange.
+    /// after their current exchange. "Idle" includes a connection whose last response was
+    /// queued in this loop pass and waits for the worker's flush pass: it closes after it.
     func drain() {
         if case .awaitingHead = state, parser.isIdle, evbuffer_get_length(clientInput) == 0 {
-            close()
+            closeAfterFlush()
         }
     }
 }

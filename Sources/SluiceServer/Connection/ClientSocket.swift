@@ -29,7 +29,10 @@ protocol ClientSocketOwner: AnyObject {
 ///
 /// Reading stops while `input` holds `inputHighWatermark` bytes or more (the connection's
 /// backpressure on uploads and pipelined requests) and resumes when the connection has
-/// consumed some (`inputConsumed()`), or while `wantsInput` is false.
+/// consumed some (`inputConsumed()`), or while `wantsInput` is false. While it is stopped,
+/// the kernel's view of the connection is checked every `closedCheckMilliseconds`: a client
+/// that aborts an upload the upstream is slow to take (FIN or RST) is noticed then, not
+/// when its bytes are finally read.
 ///
 /// Threading: owned by one `ClientConnection`, on its worker's thread. The events' C context
 /// is this object, unretained: the connection keeps it until `close()` or `detach()`, which
@@ -54,6 +57,10 @@ final class ClientSocket {
     unowned(unsafe) var owner: (any ClientSocketOwner)?
     private var readEvent: OpaquePointer!
     private var writeEvent: OpaquePointer!
+    /// Checks for the peer's close while reading is stopped (made on first need).
+    private var closedCheck: OpaquePointer?
+    private var closedCheckArmed = false
+    static let closedCheckMilliseconds = 200
     private var readArmed = false
     private var writeArmed = false
     private var open = true
@@ -87,6 +94,34 @@ final class ClientSocket {
         guard want != readArmed else { return }
         readArmed = want
         if want { event_add(readEvent, nil) } else { event_del(readEvent) }
+        armClosedCheck(open && !want)
+    }
+
+    private func armClosedCheck(_ on: Bool) {
+        guard on != closedCheckArmed, readEvent != nil else { return }
+        closedCheckArmed = on
+        if !on {
+            if let closedCheck { event_del(closedCheck) }
+            return
+        }
+        if closedCheck == nil {
+            closedCheck = event_new(event_get_base(readEvent), -1, Int16(EV_PERSIST), { _, _, arg in
+                Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().checkClosed()
+            }, Unmanaged.passUnretained(self).toOpaque())
+        }
+        let ms = Self.closedCheckMilliseconds
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+        event_add(closedCheck, &tv)
+    }
+
+    /// Reading is stopped: the peer is gone if the kernel says the connection is no longer
+    /// established (a FIN: CLOSE_WAIT; a RST: CLOSE), whatever unread bytes it left.
+    private func checkClosed() {
+        guard open else { return }
+        var info = tcp_info()
+        var length = socklen_t(MemoryLayout<tcp_info>.size)
+        guard getsockopt(fd, Int32(IPPROTO_TCP), TCP_INFO, &info, &length) == 0 else { return }
+        if Int(info.tcpi_state) != Int(TCP_ESTABLISHED) { failed() }
     }
 
     private func readNow() {
@@ -147,14 +182,21 @@ final class ClientSocket {
     private func stopEvents() {
         if readArmed { event_del(readEvent) }
         if writeArmed { event_del(writeEvent) }
+        if closedCheckArmed, let closedCheck { event_del(closedCheck) }
+        closedCheckArmed = false
         readArmed = false
         writeArmed = false
         open = false
     }
 
-    /// Frees everything and closes the descriptor.
-    func close() {
+    /// Frees everything and closes the descriptor; `abortive`: with a reset (RST) instead of
+    /// a FIN, for a response only the connection's end frames, cut short.
+    func close(abortive: Bool = false) {
         release()
+        if abortive {
+            var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+        }
         Glibc.close(fd)
     }
 
@@ -168,6 +210,9 @@ final class ClientSocket {
     private func release() {
         guard readEvent != nil else { return }
         open = false
+        if let closedCheck { event_free(closedCheck) }
+        closedCheck = nil
+        closedCheckArmed = false
         event_free(readEvent)
         event_free(writeEvent)
         readEvent = nil

@@ -120,6 +120,12 @@ final class Worker {
     private var stopEvent: OpaquePointer!
     private var drainTimer: OpaquePointer?
     private(set) var isDraining = false
+    /// Listeners switched off after accept() failed for want of descriptors (`acceptFailed`),
+    /// the timer that switches them on again, and whether this worker's accepts have failed
+    /// since the process-wide episode (`AcceptFailures`) last ended.
+    private var acceptPaused: [Listener] = []
+    private var acceptRetryTimer: OpaquePointer?
+    private var acceptTroubled = false
 
     /// A worker's counts for `GET /metrics` (`index` -1: a worker whose loop has ended).
     struct WorkerCounts: Sendable {
@@ -329,11 +335,17 @@ final class Worker {
             let reason = String(cString: strerror(errno))
             throw ServerError.startup("cannot listen on \(address): \(reason)")
         }
+        evconnlistener_set_error_cb(ev) { _, arg in
+            let code = errno
+            let listener = Unmanaged<Listener>.fromOpaque(arg!).takeUnretainedValue()
+            listener.worker.acceptFailed(listener, code: code)
+        }
         listener.evListener = ev
         listeners[key] = listener
     }
 
     private func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>, mode: ClientConnection.Mode) {
+        if acceptTroubled { acceptTroubled = AcceptFailures.shared.accepted() }
         guard SocketAddress.matches(address, config.access.allowClients) else {
             Log.info("refused client \(SocketAddress.describe(address)): not in access.allow_clients")
             Glibc.close(fd)
@@ -377,10 +389,44 @@ final class Worker {
         flushQueue.removeAll(keepingCapacity: true)
     }
 
+    /// accept() failed for a reason libevent does not retry by itself: EMFILE or ENFILE (out of
+    /// descriptors), ENOBUFS or ENOMEM. The listening socket stays readable, so the loop would
+    /// call accept() again at once, forever (100 % CPU): the listener is switched off instead,
+    /// and on again after `acceptRetryMilliseconds` or as soon as a connection closes. New
+    /// connections wait in the kernel's listen queue meanwhile. The log says why once per
+    /// episode (`AcceptFailures`).
+    private func acceptFailed(_ listener: Listener, code: Int32) {
+        acceptTroubled = true
+        AcceptFailures.shared.failed(address: listener.address, code: code)
+        guard let ev = listener.evListener, !acceptPaused.contains(where: { $0 === listener }) else { return }
+        evconnlistener_disable(ev)
+        acceptPaused.append(listener)
+        if acceptRetryTimer == nil {
+            acceptRetryTimer = event_new(base, -1, 0, { _, _, arg in
+                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().resumeAccepting()
+            }, Unmanaged.passUnretained(self).toOpaque())
+        }
+        let ms = AcceptFailures.retryMilliseconds
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+        event_add(acceptRetryTimer, &tv)
+    }
+
+    /// Switches the listeners `acceptFailed` paused on again (those still open).
+    private func resumeAccepting() {
+        let paused = acceptPaused
+        acceptPaused.removeAll()
+        if let acceptRetryTimer { event_del(acceptRetryTimer) }
+        guard !isDraining else { return }
+        for listener in paused where listeners.values.contains(where: { $0 === listener }) {
+            if let ev = listener.evListener { evconnlistener_enable(ev) }
+        }
+    }
+
     func connectionClosed(_ connection: ClientConnection) {
         if connections.removeValue(forKey: ObjectIdentifier(connection)) != nil {
             connectionLimits.release(connection.clientKey)
         }
+        if !acceptPaused.isEmpty { resumeAccepting() }
         if isDraining && connections.isEmpty { event_base_loopexit(base, nil) }
     }
 
@@ -421,6 +467,7 @@ final class Worker {
         for connection in Array(connections.values) { connection.close() }
         closeListeners()
         if let drainTimer { event_free(drainTimer) }
+        if let acceptRetryTimer { event_free(acceptRetryTimer) }
         // From here on no thread activates this worker's events (see `Mailbox`); admin tasks
         // that arrived too late are answered as a stopped worker's.
         let late = mailbox.contents.withLock { contents -> [AdminTask] in

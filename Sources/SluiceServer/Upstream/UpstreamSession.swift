@@ -60,6 +60,8 @@ final class UpstreamSession {
         var writeArmed = false
         /// libcurl's current interest (`CURL_POLL_IN`/`OUT` bits; 0 after `CURL_POLL_REMOVE`).
         var wants: Int32 = 0
+        /// The easy handle that last asked for `wants` (see `abortConnection(of:)`).
+        var easy: UnsafeMutableRawPointer?
         /// The read event has reported nothing since libcurl last read the socket (and stays
         /// armed while this is true): libcurl's poll of it may be answered "nothing".
         /// The session that owns it; nil once its socket is closed.
@@ -87,9 +89,9 @@ final class UpstreamSession {
         }, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_SOCKETDATA, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_TIMERDATA, me)
-        sluice_multi_setopt_socket_cb(multi) { _, fd, what, userp, _ in
+        sluice_multi_setopt_socket_cb(multi) { easy, fd, what, userp, _ in
             let session = Unmanaged<UpstreamSession>.fromOpaque(userp!).takeUnretainedValue()
-            session.watch(fd: fd, what: what)
+            session.watch(fd: fd, what: what, easy: easy)
             return 0
         }
         sluice_multi_setopt_timer_cb(multi) { _, timeoutMs, userp in
@@ -177,6 +179,17 @@ final class UpstreamSession {
         }
     }
 
+    /// Makes the connection `handle` is transferring on end with a reset when libcurl closes
+    /// it (call before `finish` for a transfer abandoned midway). A FIN would queue behind
+    /// unsent request body an origin is not reading: it would never learn that the upload
+    /// stopped, and the connection would sit in FIN_WAIT1 holding its buffers.
+    func abortConnection(of handle: UnsafeMutableRawPointer) {
+        for case let w? in watches where w.easy == handle && w.wants != 0 {
+            var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+            setsockopt(w.fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+        }
+    }
+
     /// Detaches and destroys a handle, closing any connection it still owns (a CONNECT_ONLY
     /// connection is owned by its handle, never pooled).
     func discard(_ handle: UnsafeMutableRawPointer) {
@@ -193,7 +206,7 @@ final class UpstreamSession {
         watchOf(fd).pollsForReal = true
     }
 
-    private func watch(fd: curl_socket_t, what: Int32) {
+    private func watch(fd: curl_socket_t, what: Int32, easy: UnsafeMutableRawPointer?) {
         guard fd >= 0 else { return }
         if what == CURL_POLL_REMOVE {
             guard Int(fd) < watches.count, let w = watches[Int(fd)] else { return }
@@ -203,6 +216,7 @@ final class UpstreamSession {
         }
         let w = watchOf(fd)
         w.wants = what & (CURL_POLL_IN | CURL_POLL_OUT)
+        w.easy = easy
         arm(w)
     }
 

@@ -161,9 +161,21 @@ final class UpstreamTransfer: CurlTransfer {
     /// Response bytes reached the client's output (a drained redirect or retry sends none).
     var responseStarted: Bool { headSent && !discarding && redirectTo == nil && !invalidResponse }
     private var framing: ResponseEncoder.Framing = .none
+    /// The client's response is framed by the end of the connection (an HTTP/1.0 client and
+    /// an upstream body without a length): only the kind of close tells a cut from the end.
+    var framedByClose: Bool { framing == .close }
     private(set) var downloadPaused = false
     private(set) var uploadPaused = false
     private var pendingError: ProxyError?
+    /// How `pendingError` counts for the retry policy.
+    private var pendingKind = TransportErrorKind.other
+    /// The method may be sent again by libcurl itself (RFC 9110 §9.2.2: idempotent).
+    private let resendable: Bool
+    private let method: String
+    /// How often libcurl was about to send the request, and whether response bytes came since
+    /// the last time (see `onPrerequest`).
+    private var requestsSent = 0
+    private var responseSinceRequest = false
     private var finished = false
     /// Set when the response is a redirect the exchange follows: its body is drained, not sent.
     private var redirectTo: UpstreamRequest?
@@ -191,6 +203,8 @@ final class UpstreamTransfer: CurlTransfer {
         self.viaLine = viaLine
         head = session.takeHeadCollector()
         trust = request.trust
+        method = request.method
+        resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
         isPlain = request.target.scheme == .http && request.body == .none && request.credentials == nil
             && request.parentProxy == nil
         (handle, handleConfigured) = session.makeHandle(plain: isPlain)
@@ -218,6 +232,7 @@ final class UpstreamTransfer: CurlTransfer {
         sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)
         sluice_easy_setopt_ptr(h, CURLOPT_WRITEDATA, me)
         sluice_easy_setopt_ptr(h, CURLOPT_OPENSOCKETDATA, me)
+        sluice_easy_setopt_ptr(h, CURLOPT_PREREQDATA, me)
         sluice_easy_setopt_long(h, CURLOPT_NOBODY, isHead ? 1 : 0)
         if !handleConfigured {
             // What every request of this process has in common.
@@ -237,6 +252,9 @@ final class UpstreamTransfer: CurlTransfer {
             sluice_easy_setopt_opensocket_cb(h) { clientp, purpose, address in
                 let t = Unmanaged<UpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue()
                 return t.openSocket(address!)
+            }
+            sluice_easy_setopt_prereq_cb(h) { clientp, _, _, _, _ in
+                Unmanaged<UpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue().onPrerequest()
             }
         }
         parentProxy = request.parentProxy
@@ -303,6 +321,9 @@ final class UpstreamTransfer: CurlTransfer {
         if let delegate, !inCompletion { delegate.tryEnded(timings: collectTimings()) }
         finished = true
         if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
+        // Abandoned midway (the client left, an operator cancelled): the origin is told by a
+        // reset, whatever it was doing.
+        if !inCompletion { session.abortConnection(of: handle) }
         session.finish(handle, plain: isPlain)
         requestHeaders = nil
         redirectTo = nil
@@ -344,8 +365,41 @@ final class UpstreamTransfer: CurlTransfer {
             return CURL_SOCKET_BAD
         }
         let fd = socket(address.pointee.family, address.pointee.socktype, address.pointee.protocol)
-        if parentProxy != nil { session.connectsToParentProxy(fd) }
+        if fd >= 0, parentProxy != nil { session.connectsToParentProxy(fd) }
+        if fd < 0 {
+            // Out of descriptors: libcurl would call it "could not connect" (a 502 "refused"
+            // that is not true, and a retry that cannot help).
+            pendingError = .socketUnavailable(host: target.authority, reason: Self.socketFailure(errno))
+        }
         return fd
+    }
+
+    static func socketFailure(_ code: Int32) -> String {
+        let text = String(cString: strerror(code))
+        switch code {
+        case EMFILE: return "\(text) (EMFILE: the proxy is at its file descriptor limit)"
+        case ENFILE: return "\(text) (ENFILE: the system is at its file descriptor limit)"
+        default: return text
+        }
+    }
+
+    /// libcurl is about to send the request: the first time, or again by itself — after an
+    /// auth challenge (a response came in between), or because a reused connection ended
+    /// before any response byte ("Connection died, retrying a fresh connect", for any
+    /// method). The origin may have received and acted on the request before its connection
+    /// died: a request that is not idempotent is not sent again (RFC 9110 §9.2.2); the try
+    /// fails as a reset instead (which `retry.methods` decides about, as for any other).
+    private func onPrerequest() -> Int32 {
+        defer {
+            requestsSent += 1
+            responseSinceRequest = false
+        }
+        guard requestsSent > 0, !responseSinceRequest, !resendable else { return CURL_PREREQFUNC_OK }
+        Log.debug("upstream \(target.authority): connection lost before a response; not sending the \(method) again")
+        pendingError = .upstreamProtocol(host: target.authority,
+                                         reason: "connection lost before a response (a \(method) is not sent twice)")
+        pendingKind = .reset
+        return CURL_PREREQFUNC_ABORT
     }
 
     private func onUploadRequest(_ buffer: UnsafeMutableRawPointer, capacity: Int) -> Int {
@@ -364,6 +418,7 @@ final class UpstreamTransfer: CurlTransfer {
 
     private func onHeaderLine(_ line: UnsafeRawBufferPointer) -> Int {
         guard delegate != nil else { return 0 }
+        responseSinceRequest = true
         // A complete final head stops the per-try timer; it is acted on lazily (see `headComplete`).
         if head.add(line), let tryTimer { event_del(tryTimer) }
         return line.count
@@ -484,7 +539,7 @@ final class UpstreamTransfer: CurlTransfer {
             delegate.transferFinished(reusable: reusable)
             return
         }
-        let failure = pendingError.map { (error: $0, kind: TransportErrorKind.other) } ?? classify(result)
+        let failure = pendingError.map { (error: $0, kind: pendingKind) } ?? classify(result)
         if headSent {
             Log.debug("upstream \(target.authority) failed mid-response: \(failure.error.message)")
             cancel()
