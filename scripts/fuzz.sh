@@ -19,10 +19,12 @@ SWIFT=${SWIFT:-swift}
 SCRATCH=.build-fuzz
 RUNS=$SCRATCH/runs
 
-# target  max_len: a head or a configuration well past the limits the targets set
-# (request line 256 B, header section 2 KiB); a request target is one line.
+# Longest input per target: heads well past the limits the targets set (request line 256 B,
+# header section 2 KiB); a request target is one line; a configuration of 16 KiB has room
+# for every section (wider ones only take longer under ASan: 8,000 unknown keys, 70 KiB,
+# take 15 s).
 declare -A MAX_LEN=([request-head]=16384 [chunked-body]=16384 [response-head]=16384 [request-target]=4096
-                    [config]=65536)
+                    [config]=16384)
 ALL=(request-head chunked-body response-head request-target config)
 targets=("${@:-${ALL[@]}}")
 for t in "${targets[@]}"; do
