@@ -50,7 +50,9 @@ run() {
   rm -rf "$dir/status" "$dir/findings"
   mkdir -p "$dir/corpus" "$dir/findings"
   # Run from the scratch directory: the config target reads the files an input names.
-  (cd "$dir" && exec "$bin/fuzz-$t" corpus "$root/Fuzz/corpus/$t" \
+  # An empty environment: the config target resolves ${NAME} references, and libFuzzer would
+  # learn this machine's variables (names and values) into the corpus.
+  (cd "$dir" && exec env -i PATH=/usr/bin:/bin SWIFT_BACKTRACE=enable=no "$bin/fuzz-$t" corpus "$root/Fuzz/corpus/$t" \
      -max_total_time="$FUZZ_TIME" -max_len="${MAX_LEN[$t]}" -timeout=10 -rss_limit_mb=2048 \
      -print_final_stats=1 -artifact_prefix=findings/ ) >"$dir/log" 2>&1 || rc=$?
   echo "$rc" >"$dir/status"
@@ -91,7 +93,8 @@ done
 if [ "${FUZZ_MERGE:-0}" = 1 ] && [ "$failed" -eq 0 ]; then
   for t in "${targets[@]}"; do
     echo "fuzz: merging $RUNS/$t/corpus into Fuzz/corpus/$t"
-    "$bin/fuzz-$t" -merge=1 -max_len="${MAX_LEN[$t]}" "Fuzz/corpus/$t" "$RUNS/$t/corpus" >"$RUNS/$t/merge.log" 2>&1
+    env -i PATH=/usr/bin:/bin "$bin/fuzz-$t" -merge=1 -max_len="${MAX_LEN[$t]}" "Fuzz/corpus/$t" "$RUNS/$t/corpus" \
+      >"$RUNS/$t/merge.log" 2>&1
   done
 fi
 exit "$failed"
