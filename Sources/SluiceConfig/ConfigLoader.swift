@@ -88,7 +88,7 @@ struct NodeReader {
              .composer(_, let problem, let mark, _):
             return ConfigIssue(file: file, line: mark.line, column: mark.column, message: "invalid YAML: \(problem)")
         case .reader(let problem, let offset, _, let yaml):
-            // Bytes libyaml refuses to read (control characters, invalid UTF-8): Yams gives
+            // Characters libyaml refuses to read (control and other non-printable ones): Yams gives
             // an offset in characters rather than a mark.
             let (line, column) = Self.location(ofCharacter: offset ?? 0, in: yaml)
             return ConfigIssue(file: file, line: line, column: column, message: "invalid YAML: \(problem)")
