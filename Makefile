@@ -21,7 +21,7 @@ INSTALL_VARS = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' BINDIR='$(BINDIR)' SYSCON
 	UNITDIR='$(UNITDIR)' MANDIR='$(MANDIR)' DOCDIR='$(DOCDIR)' BASHCOMPDIR='$(BASHCOMPDIR)' \
 	ZSHCOMPDIR='$(ZSHCOMPDIR)' FISHCOMPDIR='$(FISHCOMPDIR)'
 
-.PHONY: run test build deps test-deps unit e2e bench clean man install uninstall deb image static
+.PHONY: run test build deps test-deps unit e2e bench clean man install uninstall deb image static fuzz
 
 run: deps build
 	$(BIN) run
@@ -68,6 +68,12 @@ deb: $(MAN)
 	$(SWIFT) build -c release --static-swift-stdlib --scratch-path $(STATIC_SCRATCH)
 	scripts/build-deb.sh $(STATIC_BIN) $(MAN) $(DEBDIR)
 
+# libFuzzer targets (Fuzz/README.md), each run for FUZZ_TIME seconds, two at a time; fails on
+# any finding; the figures per target are printed at the end.
+FUZZ_TIME ?= 300
+fuzz: deps
+	FUZZ_TIME=$(FUZZ_TIME) SWIFT=$(SWIFT) scripts/fuzz.sh
+
 bench: build
 	scripts/install-deps.sh bench
 	SLUICE_BIN=$(abspath $(BIN)) Benchmarks/run.sh
@@ -90,4 +96,4 @@ static: deps
 	chmod 0755 $(STATIC_SCRATCH)/image/sluice
 
 clean:
-	rm -rf .build $(STATIC_SCRATCH) $(DEBDIR)
+	rm -rf .build $(STATIC_SCRATCH) $(DEBDIR) .build-fuzz

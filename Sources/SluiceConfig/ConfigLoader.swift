@@ -39,7 +39,20 @@ public enum ConfigLoader {
     }
 
     public static func parse(yaml: String, file: String) throws -> SluiceConfiguration {
-        var reader = NodeReader(file: file)
+        try parse(yaml: yaml, file: file, logSinks: .open)
+    }
+
+    /// Whether loading opens the monitors' log files.
+    enum LogSinkOpening {
+        /// Opens (creates) each file and starts its writer: a configuration about to run.
+        case open
+        /// Checks the monitors but opens nothing, so loading creates no file and starts no
+        /// thread (the fuzz target, which loads millions of inputs).
+        case skip
+    }
+
+    static func parse(yaml: String, file: String, logSinks: LogSinkOpening) throws -> SluiceConfiguration {
+        var reader = NodeReader(file: file, logSinks: logSinks)
         let root: Node?
         do {
             root = try Yams.compose(yaml: yaml)
@@ -57,6 +70,7 @@ public enum ConfigLoader {
 /// Walks the composed YAML tree, collecting issues instead of stopping at the first.
 struct NodeReader {
     let file: String
+    var logSinks: ConfigLoader.LogSinkOpening = .open
     var issues: [ConfigIssue] = []
     /// Every secret read so far, for the redactor.
     var secrets: [Secret] = []
@@ -75,12 +89,32 @@ struct NodeReader {
         case .scanner(_, let problem, let mark, _), .parser(_, let problem, let mark, _),
              .composer(_, let problem, let mark, _):
             return ConfigIssue(file: file, line: mark.line, column: mark.column, message: "invalid YAML: \(problem)")
+        case .reader(let problem, let offset, _, let yaml):
+            // Characters libyaml refuses to read (control and other non-printable ones): Yams gives
+            // an offset in characters rather than a mark.
+            let (line, column) = Self.location(ofCharacter: offset ?? 0, in: yaml)
+            return ConfigIssue(file: file, line: line, column: column, message: "invalid YAML: \(problem)")
         case .duplicatedKeysInMapping(let duplicates, let context):
             return ConfigIssue(file: file, line: context.mark.line, column: context.mark.column,
                                message: "duplicate key(s): \(duplicates.joined(separator: ", "))")
         default:
             return ConfigIssue(file: file, line: 0, column: 0, message: "invalid YAML: \(error)")
         }
+    }
+
+    /// The line and column (from 1; columns in Unicode scalars, as Yams counts them) of the
+    /// character at `offset` in `text`.
+    static func location(ofCharacter offset: Int, in text: String) -> (line: Int, column: Int) {
+        var line = 1, column = 1
+        for character in text.prefix(offset) {
+            if character.isNewline {
+                line += 1
+                column = 1
+            } else {
+                column += character.unicodeScalars.count
+            }
+        }
+        return (line, column)
     }
 
     /// Iterates a mapping's entries, reporting keys that are not in `known` (with the closest
@@ -153,6 +187,7 @@ struct NodeReader {
                 monitors.append(MetricsMonitorFactory())
                 continue
             }
+            guard logSinks == .open else { continue }
             do {
                 let sink = try LogSink.shared(path: spec.path)
                 switch spec.kind {

@@ -98,6 +98,38 @@ import Testing
         }
     }
 
+    /// Found by the `config` fuzz target: bytes libyaml refuses to read (a control character,
+    /// here DEL) were reported at 0:0.
+    @Test(arguments: [
+        ("p\u{7F}licies: { a.test: { adapters: [] } }\n", 1, 2),
+        ("workers: 2\nlisten: [\"a\u{1}\"]\n", 2, 12),
+        ("# é\r\nworkers: 2\r\n\u{7}", 3, 1),
+    ])
+    func unreadableBytesAreLocated(yaml: String, line: Int, column: Int) {
+        #expect {
+            try ConfigLoader.parse(yaml: yaml, file: "f.yaml")
+        } throws: { error in
+            guard let issues = (error as? ConfigError)?.issues, issues.count == 1 else { return false }
+            return issues[0].line == line && issues[0].column == column
+                && issues[0].message == "invalid YAML: control characters are not allowed"
+        }
+    }
+
+    /// Deep nesting, which a recursive reader would overflow the stack on: libyaml stops at
+    /// 1000 levels with a located error, and the 999 levels below that are read without
+    /// recursion trouble (checked with the `config` fuzz target's 64 KiB inputs too).
+    @Test func deepNestingIsALocatedErrorNotACrash() {
+        #expect {
+            try ConfigLoader.parse(yaml: "listen: " + String(repeating: "[", count: 100_000), file: "f.yaml")
+        } throws: { error in
+            guard let issue = (error as? ConfigError)?.issues.first else { return false }
+            return issue.line == 1 && issue.column > 1 && issue.message.contains("nesting")
+        }
+        let deep = "policies: { h.test: { trust: { composite: " + String(repeating: "[", count: 990)
+            + String(repeating: "]", count: 990) + " } } }\n"
+        #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: deep, file: "f.yaml") }
+    }
+
     @Test func yamlSyntaxErrorHasLocation() {
         #expect {
             try ConfigLoader.parse(yaml: "listen: [\"a\"\nworkers: 2\n", file: "f.yaml")

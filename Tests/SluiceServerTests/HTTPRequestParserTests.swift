@@ -250,6 +250,19 @@ func expectError(_ input: String, limits: HTTPRequestParser.Limits = defaultLimi
                     limits: small) { $0 == .bodyTooLarge(limit: 10) }
     }
 
+    /// Found by the chunked-body fuzz target: with a body limit, a chunk size near 2^64 after
+    /// a first chunk overflowed the limit check and trapped (the whole process, from one client).
+    @Test func hugeChunkSizeAfterAFirstChunkIsTooLarge() throws {
+        let head = "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+        let limited = HTTPRequestParser.Limits(requestLine: 1024, headerSection: 2048, headerCount: 24, body: 16)
+        for size in ["FFFFFFFFFFFFFFFF", "8000000000000000", "7FFFFFFFFFFFFFFE", "e"] {
+            expectError(head + "3\r\nabc\r\n\(size)\r\n", limits: limited) { $0 == .bodyTooLarge(limit: 16) }
+        }
+        // Without a limit the chunk is announced and its first bytes pass through.
+        let p = try run(bytes(head + "3\r\nabc\r\nFFFFFFFFFFFFFFFF\r\nxyz"))
+        #expect(p.bodies == [bytes("abcxyz")] && p.ends == 0)
+    }
+
     @Test func keepAliveRules() throws {
         func head(_ s: String) throws -> HTTPRequestHead {
             var parser = HTTPRequestParser(limits: defaultLimits)
