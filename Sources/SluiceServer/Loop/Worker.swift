@@ -417,6 +417,8 @@ final class Worker {
         sessionContext.close()
         session.shutdown()
         readSpill.deallocate()
+        // Last: every event of this loop has been freed above (the session's with its sockets).
+        event_base_free(base)
     }
 }
 
