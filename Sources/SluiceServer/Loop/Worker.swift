@@ -177,7 +177,7 @@ final class Worker {
         for (key, mode, address) in Self.listenerSpecs(configuration.server) {
             try listen(key: key, mode: mode, on: address)
         }
-        sessionContext = WorkerSession(worker: self)
+        sessionContext = WorkerSession(worker: self, mailbox: mailbox)
     }
 
     var stopHandle: StopHandle {
