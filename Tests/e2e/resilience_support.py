@@ -17,10 +17,12 @@ import pytest
 from policy_support import AccessLog, debug_lines, monitors
 from rawhttp import RawConn, Response, request_bytes
 from resilience_servers import BearerUpstream, FaultUpstream, TokenServer, Try
-from support import HOST, tail
+from support import HOST, TIME_SCALE, tail
 
-EARLY = 0.03          # s a retry may start before its computed delay
-LATE = 0.25           # s a retry may start after it...
+# A sanitized binary (support.TIME_SCALE > 1) reaches the upstream later after starting a
+# try's timer, so a try can also look shorter than its timeout: both tolerances widen.
+EARLY = 0.03 * TIME_SCALE  # s a retry may start before its computed delay
+LATE = 0.25 * TIME_SCALE   # s a retry may start after it...
 LATE_FRACTION = 0.30  # ...or this fraction of the delay, whichever is larger
 
 

@@ -42,6 +42,9 @@ public final class ProxyServer: @unchecked Sendable {
     private var heartbeats: [Worker.Heartbeat] = []
     /// `limits.max_connections` and `max_connections_per_client`, shared by every worker.
     let connectionLimits: ConnectionLimits
+    /// libcurl's share handle (DNS cache, TLS sessions) of every worker's session: created by
+    /// `start()`, freed by `wait()` once no worker thread is left to use it.
+    private var share: UnsafeMutableRawPointer?
 
     /// Bound once per process: libevent's locking and curl's global state.
     private static let globalSetup: Void = {
@@ -70,19 +73,27 @@ public final class ProxyServer: @unchecked Sendable {
     public func start() throws {
         precondition(!started, "ProxyServer.start() called twice")
         _ = Self.globalSetup
-        guard let share = sluice_share_create() else { throw ServerError.startup("cannot create curl share handle") }
         for address in Self.listenAddresses(config) { try Self.checkAddressIsFree(address) }
         if let admin = config.admin { try Self.checkAddressIsFree(admin.listen) }
         try prepareTLS(for: configuration)
+        guard let share = sluice_share_create() else { throw ServerError.startup("cannot create curl share handle") }
         let count = config.workers ?? Self.coreCount
         let pseudonym = "sluice-" + String(UInt32.random(in: 0x1000_0000...UInt32.max), radix: 16)
         var workers: [Worker] = []
-        for i in 0..<count {
-            workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
-                                      interception: interception,
-                                      heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
-                                      connectionLimits: connectionLimits))
+        do {
+            for i in 0..<count {
+                workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
+                                          interception: interception,
+                                          heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
+                                          connectionLimits: connectionLimits))
+            }
+        } catch {
+            // The workers made so far never ran: freeing them ends their sessions' use of it.
+            workers.removeAll()
+            curl_share_cleanup(share)
+            throw error
         }
+        self.share = share
         stopHandles = workers.map(\.stopHandle)
         heartbeats = workers.map(\.heartbeat)
         if let settings = config.admin {
@@ -164,6 +175,11 @@ public final class ProxyServer: @unchecked Sendable {
         threads.removeAll()
         admin?.stop()
         admin?.join()
+        // Every worker's session has ended (`Worker.run`), so no easy handle uses it any more.
+        if let share {
+            curl_share_cleanup(share)
+            self.share = nil
+        }
         LogSink.flushAll()
     }
 

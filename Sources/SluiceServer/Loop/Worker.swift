@@ -191,7 +191,7 @@ final class Worker {
         for (key, mode, address) in Self.listenerSpecs(configuration.server) {
             try listen(key: key, mode: mode, on: address)
         }
-        sessionContext = WorkerSession(worker: self)
+        sessionContext = WorkerSession(worker: self, mailbox: mailbox)
     }
 
     var stopHandle: StopHandle {
@@ -487,6 +487,8 @@ final class Worker {
         sessionContext.close()
         session.shutdown()
         readSpill.deallocate()
+        // Last: every event of this loop has been freed above (the session's with its sockets).
+        event_base_free(base)
     }
 }
 

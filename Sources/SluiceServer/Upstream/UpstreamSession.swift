@@ -119,6 +119,15 @@ final class UpstreamSession {
         for idle in idleHandles { curl_easy_cleanup(idle.handle) }
         idleHandles.removeAll()
         curl_multi_cleanup(multi)  // closes pooled connections through closeSocket
+        // A socket libcurl closed without the close-socket callback (after a CURL_POLL_REMOVE)
+        // leaves its watch here: its events are freed now, before the worker frees the loop.
+        for case let w? in watches {
+            w.quiet = false
+            event_free(w.readEvent)
+            event_free(w.writeEvent)
+            w.session = nil
+        }
+        watches.removeAll()
         event_free(timer)
     }
 

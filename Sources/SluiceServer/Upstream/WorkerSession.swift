@@ -18,18 +18,26 @@ final class WorkerSession: SessionContext {
 
     struct Waker: SessionWaker, @unchecked Sendable {
         // @unchecked: only `event_active` is called on the pointer, which libevent makes
-        // thread-safe (evthread_use_pthreads); the event lives as long as the worker.
+        // thread-safe (evthread_use_pthreads), and only under the worker's mailbox lock while
+        // the mailbox is open: the worker closes it before `close()` frees the event, so a
+        // token fetch that ends on another worker after this one stopped wakes nothing.
         let event: OpaquePointer
         let id: Int
-        func wake() { event_active(event, Int32(EV_READ), 0) }
+        let mailbox: Worker.Mailbox
+        func wake() {
+            mailbox.contents.withLock { contents in
+                guard !contents.closed else { return }
+                event_active(event, Int32(EV_READ), 0)
+            }
+        }
     }
 
-    init(worker: Worker) {
+    init(worker: Worker, mailbox: Worker.Mailbox) {
         self.worker = worker
         let event = event_new(worker.base, -1, Int16(EV_PERSIST), { _, _, arg in
             Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
         }, nil)!
-        waker = Waker(event: event, id: worker.index)
+        waker = Waker(event: event, id: worker.index, mailbox: mailbox)
         wakeEvent = event
         event_assign(event, worker.base, -1, Int16(EV_PERSIST), { _, _, arg in
             Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
