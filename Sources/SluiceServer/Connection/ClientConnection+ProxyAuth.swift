@@ -9,8 +9,11 @@ import SluiceCore
 extension ClientConnection {
     /// A credential this connection presented and had accepted: a keep-alive connection that
     /// repeats it byte for byte is not checked again (not even against the worker's cache).
+    /// Holds the verifier that accepted it, compared by identity: a reload makes a new one
+    /// (a new users file), and an identifier alone could match a new verifier that took the
+    /// freed old one's address.
     struct AcceptedCredential {
-        let verifier: ObjectIdentifier
+        let verifier: ProxyAuthVerifier
         let value: [UInt8]
         let user: String
     }
@@ -24,7 +27,6 @@ extension ClientConnection {
             return
         }
         guard case .forward = mode, let verifier = exchange.pipeline.proxyAuth else { return }
-        let id = ObjectIdentifier(verifier)
         var verdict = ProxyAuthVerifier.Verdict.missing
         var matchedValue: [UInt8]?
         head.bytes.withUnsafeBufferPointer { buf in
@@ -32,7 +34,7 @@ extension ClientConnection {
                 $0.name.count == 19 && ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[$0.name]), "proxy-authorization")
             }) else { return }
             let value = UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: buf[field.value]))
-            if let accepted = acceptedCredential, accepted.verifier == id, accepted.value.count == value.count,
+            if let accepted = acceptedCredential, accepted.verifier === verifier, accepted.value.count == value.count,
                accepted.value.withUnsafeBytes({ CRYPTO_memcmp($0.baseAddress, value.baseAddress, value.count) }) == 0 {
                 verdict = .user(accepted.user)
                 return
@@ -42,7 +44,7 @@ extension ClientConnection {
         }
         switch verdict {
         case .user(let user):
-            if let matchedValue { acceptedCredential = AcceptedCredential(verifier: id, value: matchedValue, user: user) }
+            if let matchedValue { acceptedCredential = AcceptedCredential(verifier: verifier, value: matchedValue, user: user) }
             exchange.summary.user = user
         case .missing: throw .proxyAuthenticationRequired(reason: .missing)
         case .invalid: throw .proxyAuthenticationRequired(reason: .invalid)
