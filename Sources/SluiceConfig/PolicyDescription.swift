@@ -34,7 +34,7 @@ public enum PolicyDescription {
             lines.append("  upstream: scheme \(up.scheme.rawValue)" + (up.port.map { ", port \($0)" } ?? ""))
         }
         if let parent = policy.upstreamProxy {
-            lines.append("  upstream_proxy: \(parent.displayName)"
+            lines.append("  upstream_proxy: \(parent.url)"
                          + (parent.noProxy.isEmpty ? "" : ", no_proxy \(parent.noProxy.joined(separator: " "))")
                          + (parent.auth.map { ", username \($0.username), password \($0.password) (\($0.password.source))" } ?? ""))
         }

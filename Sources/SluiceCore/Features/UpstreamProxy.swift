@@ -18,7 +18,8 @@ public struct UpstreamProxy: Sendable, Equatable {
     }
 
     /// `http://host:port`: plain HTTP to the parent, with an explicit port (proxies have no
-    /// agreed default: Squid's is 3128, libcurl's 1080).
+    /// agreed default: Squid's is 3128, libcurl's 1080). Never carries credentials (they live
+    /// in `auth`), so errors and logs show it as it is.
     public var url: String
     /// Destinations reached directly: host names (`intranet.example`), domains with a
     /// leading dot (`.corp.example`: the domain and every subdomain), IP addresses and CIDR
@@ -32,6 +33,7 @@ public struct UpstreamProxy: Sendable, Equatable {
         self.auth = auth
     }
 
-    /// The URL as shown in errors and logs (it never carries credentials: they live in `auth`).
-    public var displayName: String { url }
+    /// The parent's host name or address: with a parent, the only destination Sluice
+    /// resolves and connects to (so the one `access.deny` refuses).
+    public var host: String { URLParts(url).host }
 }

@@ -67,7 +67,7 @@ final class TunnelDialer: CurlTransfer {
         var fd: curl_socket_t = -1
         if result == CURLE_OK { sluice_easy_getinfo_socket(handle, &fd) }
         let owned = fd >= 0 ? dup(fd) : -1
-        let deniedHost = parent.map { URLParts($0.url).host } ?? target.host  // with a parent, its address was checked
+        let deniedHost = parent?.host ?? target.host  // with a parent, its address was checked
         let error: ProxyError? = owned >= 0 ? nil : denied ? .destinationDenied(host: deniedHost)
             : CurlFailure.error(result, handle: handle, message: nil, host: target.host, authority: target.authority,
                                 purpose: .tunnel, trust: nil, parent: parent)

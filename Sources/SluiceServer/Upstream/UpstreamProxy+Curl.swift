@@ -30,17 +30,17 @@ extension UpstreamProxy {
         -> (error: ProxyError, kind: TransportErrorKind)? {
         switch code {
         case CURLE_COULDNT_RESOLVE_PROXY:
-            return (.parentProxyFailed(proxy: displayName, reason: "DNS lookup failed"), .dns)
+            return (.parentProxyFailed(proxy: url, reason: "DNS lookup failed"), .dns)
         case CURLE_COULDNT_CONNECT:
             // With a parent, the only connection Sluice opens is to the parent.
-            return (.parentProxyFailed(proxy: displayName, reason: "connection refused"), .refused)
+            return (.parentProxyFailed(proxy: url, reason: "connection refused"), .refused)
         case CURLE_PROXY:
-            return (.parentProxyFailed(proxy: displayName, reason: detail), .other)
+            return (.parentProxyFailed(proxy: url, reason: detail), .other)
         default:
             var connectCode = 0
             sluice_easy_getinfo_long(handle, CURLINFO_HTTP_CONNECTCODE, &connectCode)
             if connectCode != 0 && !(200...299).contains(connectCode) {
-                return (.parentProxyFailed(proxy: displayName, reason: "CONNECT answered \(connectCode)"), .other)
+                return (.parentProxyFailed(proxy: url, reason: "CONNECT answered \(connectCode)"), .other)
             }
             return nil
         }

@@ -361,7 +361,7 @@ final class UpstreamTransfer: CurlTransfer {
         let denied = withUnsafePointer(to: &address.pointee.addr) { SocketAddress.matches($0, deny) }
         if denied {
             // With a parent, the only address Sluice resolves and connects to is the parent's.
-            pendingError = .destinationDenied(host: parentProxy.map { URLParts($0.url).host } ?? target.host)
+            pendingError = .destinationDenied(host: parentProxy?.host ?? target.host)
             return CURL_SOCKET_BAD
         }
         let fd = socket(address.pointee.family, address.pointee.socktype, address.pointee.protocol)
@@ -454,7 +454,7 @@ final class UpstreamTransfer: CurlTransfer {
             // The parent wants credentials from Sluice, not from the client (which never sees
             // the parent, and whose Proxy-Authorization is Sluice's): Sluice's failure.
             invalidResponse = true
-            pendingError = .parentProxyFailed(proxy: parentProxy.displayName,
+            pendingError = .parentProxyFailed(proxy: parentProxy.url,
                                               reason: "answered 407 (upstream_proxy.auth is missing or wrong)")
             return
         }

@@ -165,7 +165,7 @@ final class SideFetch: CurlTransfer {
         var status = 0
         sluice_easy_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)
         // Read from the handle before it goes back to the session (reset or destroyed).
-        let error: ProxyError? = result == CURLE_OK ? nil : denied ? .destinationDenied(host: parentProxy.map { URLParts($0.url).host } ?? host) : CurlFailure.error(
+        let error: ProxyError? = result == CURLE_OK ? nil : denied ? .destinationDenied(host: parentProxy?.host ?? host) : CurlFailure.error(
             result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
             host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil, parent: parentProxy)
         session.finish(handle)
