@@ -6,6 +6,9 @@
 ///
 /// With a parent, Sluice resolves and connects to the parent only: `access.deny` is checked
 /// against the parent's addresses, and the destination's name is the parent's to resolve.
+///
+/// Threading: a value, fixed when the configuration is loaded and read by every worker (its
+/// curl side, `UpstreamProxy+Curl.swift`, runs on the worker configuring a transfer).
 public struct UpstreamProxy: Sendable, Equatable {
     /// Basic credentials for the parent (`Proxy-Authorization`).
     public struct Auth: Sendable, Equatable {
