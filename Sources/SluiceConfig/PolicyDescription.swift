@@ -42,6 +42,10 @@ public enum PolicyDescription {
             lines.append("  client_certificate: \(cert.certificate), key \(cert.key)"
                          + (cert.passphrase.map { ", passphrase \($0) (\($0.source))" } ?? ""))
         }
+        if let health = policy.health {
+            lines.append("  health: circuit opens after \(health.consecutiveFailures) failures in a row, cooldown \(health.cooldown) ms, "
+                         + (health.probe.map { "probe GET \($0.path) every \($0.interval) ms" } ?? "no probe (a trial request closes it)"))
+        }
         if policy.intercept { lines.append("  intercept: true (CONNECTs answered with Sluice's TLS)") }
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")

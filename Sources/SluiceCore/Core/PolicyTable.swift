@@ -19,6 +19,7 @@ public struct PolicyEntry: Sendable {
     public var upstream: Section<UpstreamOverride>
     public var upstreamProxy: Section<UpstreamProxy>
     public var clientCertificate: Section<ClientCertificate>
+    public var health: Section<Health>
     /// `intercept:`; nil inherits the default's.
     public var intercept: Bool?
 
@@ -26,7 +27,8 @@ public struct PolicyEntry: Sendable {
                 retry: Section<RetryPolicy> = .inherit, validate: Section<ResponseValidator> = .inherit,
                 credentials: Section<Credentials> = .inherit, trust: Section<any ServerTrustEvaluating> = .inherit,
                 upstream: Section<UpstreamOverride> = .inherit, upstreamProxy: Section<UpstreamProxy> = .inherit,
-                clientCertificate: Section<ClientCertificate> = .inherit, intercept: Bool? = nil) {
+                clientCertificate: Section<ClientCertificate> = .inherit, health: Section<Health> = .inherit,
+                intercept: Bool? = nil) {
         self.name = name
         self.adapters = adapters
         self.redirect = redirect
@@ -37,6 +39,7 @@ public struct PolicyEntry: Sendable {
         self.upstream = upstream
         self.upstreamProxy = upstreamProxy
         self.clientCertificate = clientCertificate
+        self.health = health
         self.intercept = intercept
     }
 }
@@ -71,6 +74,8 @@ public final class HostPolicy: Sendable {
     /// The parent proxy the host's origin is reached through (`upstream_proxy:`).
     public let upstreamProxy: UpstreamProxy?
     public let clientCertificate: ClientCertificate?
+    /// The origins' circuit breaking (`health:`); nil: none (tries never ask `UpstreamHealth`).
+    public let health: Health?
     /// CONNECTs to the host are answered with Sluice's own TLS (`sluice ca init`).
     public let intercept: Bool
     /// The adapters as one header edit, when each of them is a fixed header edit.
@@ -82,12 +87,13 @@ public final class HostPolicy: Sendable {
                 validator: ResponseValidator? = nil, credentials: Credentials? = nil,
                 trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
                 upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
-                intercept: Bool = false) {
+                health: Health? = nil, intercept: Bool = false) {
         self.name = name
         self.trust = trust
         self.upstream = upstream
         self.upstreamProxy = upstreamProxy
         self.clientCertificate = clientCertificate
+        self.health = health
         self.intercept = intercept
         headerEditPlan = adapters.isEmpty ? nil : HeaderEditPlan.of(adapters.map(\.adapter))
         adapterNames = adapters.map(\.adapter.name)
@@ -127,6 +133,7 @@ public final class HostPolicy: Sendable {
                   upstream: pick(host?.upstream, base.upstream),
                   upstreamProxy: pick(host?.upstreamProxy, base.upstreamProxy),
                   clientCertificate: pick(host?.clientCertificate, base.clientCertificate),
+                  health: pick(host?.health, base.health),
                   intercept: host?.intercept ?? base.intercept ?? false)
     }
 }
@@ -147,6 +154,8 @@ public final class PolicyTable: Sendable {
     public let insecurePolicies: [String]
     /// Every policy's name, `default` first, then in the file's order.
     public let names: [String]
+    /// Whether any policy's `health:` has a probe (the probe timer runs then).
+    public let probes: Bool
 
     public init(entries: [PolicyEntry], allHostsMustBeEvaluated: Bool = false) {
         let base = entries.first { $0.name == Self.defaultName } ?? PolicyEntry(name: Self.defaultName)
@@ -168,6 +177,7 @@ public final class PolicyTable: Sendable {
         intercepts = all.contains { $0.intercept }
         insecurePolicies = all.filter { $0.trust.requirements.insecure }.map(\.name)
         names = all.map(\.name)
+        probes = all.contains { $0.health?.probe != nil }
     }
 
     /// The empty table: the default policy only, with no adapters and no redirects followed.

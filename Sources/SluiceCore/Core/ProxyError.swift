@@ -52,6 +52,10 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// system (ENFILE) is out of descriptors, or the kernel out of buffers. Nothing was sent;
     /// the client connection closes, which frees a descriptor.
     case socketUnavailable(host: String, reason: String)
+    /// The origin's circuit is open (`health:`, `CircuitBreaker`): it failed
+    /// `consecutive_failures` times in a row and its cooldown (or its probe) has not ended;
+    /// nothing was sent. `retryAfter`: seconds until a trial may go.
+    case upstreamCircuitOpen(host: String, retryAfter: Int)
 
     public var status: Int {
         switch self {
@@ -69,7 +73,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamTimeout: return 504
         case .loopDetected: return 508
         case .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull,
-             .upstreamQueueTimeout, .socketUnavailable:
+             .upstreamQueueTimeout, .socketUnavailable, .upstreamCircuitOpen:
             return 503
         }
     }
@@ -84,7 +88,7 @@ public enum ProxyError: Error, Sendable, Equatable {
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
              .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
-             .upstreamQueueFull, .upstreamQueueTimeout:
+             .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen:
             return false
         }
     }
@@ -94,6 +98,7 @@ public enum ProxyError: Error, Sendable, Equatable {
     public var retryAfterSeconds: Int? {
         switch self {
         case .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull, .upstreamQueueTimeout: return 1
+        case .upstreamCircuitOpen(_, let seconds): return seconds
         default: return nil
         }
     }
@@ -138,6 +143,8 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamQueueTimeout(let ms):
             return "overloaded: no upstream slot within \(ms) ms (timeouts.upstream_queue); retry later"
         case .socketUnavailable(let host, let reason): return "cannot open a socket for upstream \(host): \(reason)"
+        case .upstreamCircuitOpen(let host, let seconds):
+            return "upstream \(host) is failing: its circuit is open (health); retry in \(seconds) s"
         }
     }
 }

@@ -83,6 +83,7 @@ public final class AccessLogMonitor: LogMonitor {
             json.raw("trust_failure", "{\"evaluator\":\(JSONLine.quoted(failure.evaluator)),\"reason\":\(JSONLine.quoted(failure.reason))}")
         }
         if s.insecure { json.raw("insecure", "true") }
+        if let circuit = s.circuit { json.field("circuit", circuit) }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
         return json.finishBytes()  // scrubbed once, as a whole, by the caller

@@ -52,6 +52,9 @@ public struct ExchangeSummary: Sendable {
     public var trustFailure: (evaluator: String, reason: String)?
     /// The request went to its origin over TLS without verification (`trust: disabled`).
     public var insecure = false
+    /// The state of the origin's circuit (`health:`) after the exchange's last try was asked
+    /// or ended (`closed`, `open`, `half_open`); nil when the host has no `health:`.
+    public var circuit: String?
 
     public init(id: UInt64, client: String, method: String, url: String, policy: String) {
         self.id = id

@@ -82,12 +82,22 @@ public final class SluiceMetrics: Sendable {
         name: "sluice_requests_queued_total", kind: .counter, labels: [],
         help: "Requests that waited for an upstream slot (limits.max_in_flight_upstream)")
 
+    public static let circuitState = Metric(
+        name: "sluice_upstream_circuit_state", kind: .gauge, labels: ["origin"],
+        help: "Each origin's circuit (`health:`): 0 closed, 1 open, 2 half_open; read when /metrics is scraped")
+    public static let circuitOpened = Metric(
+        name: "sluice_upstream_circuit_opened_total", kind: .counter, labels: ["origin"],
+        help: "Times an origin's circuit opened after `health.consecutive_failures` failures in a row")
+    public static let circuitFailedFast = Metric(
+        name: "sluice_upstream_circuit_failed_fast_total", kind: .counter, labels: ["origin"],
+        help: "Requests answered 503 without going upstream because the origin's circuit was open")
+
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
         requests, retries, retriesStopped, trustFailures, credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
-        connectionsRefused, requestsRefused, requestsQueued,
+        connectionsRefused, requestsRefused, requestsQueued, circuitState, circuitOpened, circuitFailedFast,
     ]
 
     /// Why a client connection was refused (`sluice_connections_refused_total`'s `reason`).
@@ -152,6 +162,23 @@ public final class SluiceMetrics: Sendable {
     /// A request that had to wait for an upstream slot.
     public func recordQueued() {
         counter(Self.requestsQueued).increment()
+    }
+
+    /// A request answered `503` because `origin`'s circuit was open.
+    public func recordCircuitFailedFast(origin: String) {
+        counter(Self.circuitFailedFast, [("origin", origin)]).increment()
+    }
+
+    /// `origin`'s circuit opened.
+    public func recordCircuitOpened(origin: String) {
+        counter(Self.circuitOpened, [("origin", origin)]).increment()
+    }
+
+    /// Every origin's circuit state, set just before `/metrics` is emitted.
+    public func recordCircuits(_ statuses: [UpstreamHealth.Status]) {
+        for status in statuses {
+            gauge(Self.circuitState, [("origin", status.origin.name)]).record(status.breaker.state.gauge)
+        }
     }
 
     /// A reload's result (`ProxyServer.reloadFile`).

@@ -180,6 +180,8 @@ final class AdminServer: @unchecked Sendable {
             return isPost ? reload() : .methodNotAllowed("POST")
         case "/metrics":
             return isGet ? metrics() : .methodNotAllowed("GET")
+        case "/upstreams":
+            return isGet ? upstreams() : .methodNotAllowed("GET")
         case "/dashboard/data":
             return isGet ? .encoded(200, dashboardPayload()) : .methodNotAllowed("GET")
         case "/", "/dashboard/events":
@@ -236,7 +238,14 @@ final class AdminServer: @unchecked Sendable {
         askWorkers { Worker.AdminTask.counts($0) }.results.filter { $0.index >= 0 }
     }
 
+    /// `GET /upstreams`: every origin a policy with `health:` sent tries to, and its circuit.
+    private func upstreams() -> AdminResponse {
+        let now = MonotonicClock.milliseconds()
+        return .encoded(200, UpstreamList(upstreams: server.health.statuses().map { UpstreamList.Upstream($0, now: now) }))
+    }
+
     private func metrics() -> AdminResponse {
+        SluiceMetrics.shared.recordCircuits(server.health.statuses())
         SluiceMetrics.shared.recordState(
             generation: server.configurationGeneration,
             workers: workerCounts().map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
@@ -378,6 +387,52 @@ private struct RequestList: Encodable {
     let requests: [AdminExchange]
     /// False when a worker did not answer in time (its exchanges are missing).
     let complete: Bool
+}
+
+/// `GET /upstreams` (docs/admin-api.yaml).
+private struct UpstreamList: Encodable {
+    struct Upstream: Encodable {
+        let origin: String
+        let state: String
+        let consecutiveFailures: Int
+        let failureThreshold: Int
+        let cooldownMs: Int
+        let probe: String?
+        /// Milliseconds since the circuit last opened from closed (nil: never).
+        let openedMsAgo: Int?
+        let opens: Int
+        let failedFast: Int
+        enum CodingKeys: String, CodingKey {
+            case origin, state, probe, opens
+            case consecutiveFailures = "consecutive_failures", failureThreshold = "failure_threshold"
+            case cooldownMs = "cooldown_ms", openedMsAgo = "opened_ms_ago", failedFast = "failed_fast"
+        }
+        init(_ status: UpstreamHealth.Status, now: Int) {
+            let b = status.breaker
+            origin = status.origin.name
+            state = b.state.rawValue
+            consecutiveFailures = b.consecutiveFailures
+            failureThreshold = b.settings.consecutiveFailures
+            cooldownMs = b.settings.cooldown
+            probe = b.settings.probe?.path
+            openedMsAgo = b.openedAt.map { now - $0 }
+            opens = b.opens
+            failedFast = b.failedFast
+        }
+        func encode(to encoder: any Encoder) throws {
+            var c = encoder.container(keyedBy: CodingKeys.self)
+            try c.encode(origin, forKey: .origin)
+            try c.encode(state, forKey: .state)
+            try c.encode(consecutiveFailures, forKey: .consecutiveFailures)
+            try c.encode(failureThreshold, forKey: .failureThreshold)
+            try c.encode(cooldownMs, forKey: .cooldownMs)
+            try c.encode(probe, forKey: .probe)
+            try c.encode(openedMsAgo, forKey: .openedMsAgo)
+            try c.encode(opens, forKey: .opens)
+            try c.encode(failedFast, forKey: .failedFast)
+        }
+    }
+    let upstreams: [Upstream]
 }
 
 private struct CancelResult: Encodable {

@@ -215,12 +215,14 @@ extension ClientConnection {
             request.reuse = UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: exchange.pipeline)
             if policy.trust.requirements.insecure { exchange.summary.insecure = true }
         }
+        if let health = policy.health, !admitToOrigin(request.target, health, exchange) { return }
         if let host = exchange.hostHeader, request.target == host.target {
             request.headers = request.headers.appending(name: "Host", value: host.value)
         }
         let actions = exchange.machine.handle(.tryStarting(.init(request.target)))
         exchange.report(actions)
         guard case .beginTry(let perTryTimeout)? = actions.command else {
+            reportTryOutcome(.abandoned)
             if case .fail(let error)? = actions.command { respondError(error) }
             return
         }

@@ -69,6 +69,7 @@ extension ClientConnection {
     /// its decision needs.
     func responseHeadArrived(_ response: UpstreamResponseHead, on transfer: UpstreamTransfer) {
         guard let exchange else { return transfer.forward(keepAlive: keepsAliveAfterResponse) }
+        if exchange.circuitTry != nil { reportTryOutcome(HealthOutcome(status: response.status)) }
         let fields = exchange.inspect { $0.responseFields(for: response.status) }
         let head = ExchangeMachine.ResponseHead(
             status: response.status,
@@ -117,6 +118,7 @@ extension ClientConnection {
 
     func transferFinished(reusable: Bool) {
         scheduleFlush()
+        if exchange?.circuitTry != nil { reportTryOutcome(.abandoned) }
         exchange?.end(.ok)
         if reusable && requestBodyDone && wantsKeepAlive {
             exchangeEnded()
@@ -128,6 +130,7 @@ extension ClientConnection {
     func transferFailed(_ error: ProxyError, kind: TransportErrorKind) {
         state = .awaitingHead
         guard let exchange else { return respondError(error) }
+        if exchange.circuitTry != nil { reportTryOutcome(HealthOutcome(error: error)) }
         feed(.tryFailed(error, kind: kind, canResendBody: canResendBody(exchange)), exchange)
     }
 
@@ -136,6 +139,7 @@ extension ClientConnection {
         // client is reset instead, so that a cut is never mistaken for the end.
         if case .forwarding(let transfer) = state, transfer.framedByClose { abortiveClose = true }
         scheduleFlush()
+        if exchange?.circuitTry != nil { reportTryOutcome(.abandoned) }
         exchange?.end(.upstreamAborted, error: "upstream failed after the response started")
         closeAfterFlush()
     }

@@ -460,6 +460,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         default: break
         }
         releaseUpstreamSlot()
+        if exchange?.circuitTry != nil { reportTryOutcome(.abandoned) }
         if let exchange, !exchange.ended {
             exchange.end(exchange.summary.method == "CONNECT" && exchange.summary.status == 200 ? .tunnel : .clientAborted)
         }

@@ -21,6 +21,9 @@ final class Exchange {
     let body: RequestBodyReader
     /// Where the current (or last) try goes.
     var target: RequestTarget
+    /// The current try's admission by its origin's circuit breaker (`health:`), until its
+    /// outcome is reported.
+    var circuitTry: ClientConnection.CircuitTry?
     var machine: ExchangeMachine
 
     init(pipeline: WorkerPipeline, machine: ExchangeMachine, target: RequestTarget, body: RequestBodyReader) {

@@ -42,6 +42,9 @@ public final class ProxyServer: @unchecked Sendable {
     private var heartbeats: [Worker.Heartbeat] = []
     /// `limits.max_connections` and `max_connections_per_client`, shared by every worker.
     let connectionLimits: ConnectionLimits
+    /// Every origin's circuit breaker (`health:`), shared by every worker; a reload keeps the
+    /// state of origins whose `health:` did not change.
+    public let health = UpstreamHealth()
     /// libcurl's share handle (DNS cache, TLS sessions) of every worker's session: created by
     /// `start()`, freed by `wait()` once no worker thread is left to use it.
     private var share: UnsafeMutableRawPointer?
@@ -85,7 +88,7 @@ public final class ProxyServer: @unchecked Sendable {
                 workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
                                           interception: interception,
                                           heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
-                                          connectionLimits: connectionLimits))
+                                          connectionLimits: connectionLimits, health: health))
             }
         } catch {
             // The workers made so far never ran: freeing them ends their sessions' use of it.
@@ -226,6 +229,8 @@ public final class ProxyServer: @unchecked Sendable {
         applied.server.logLevel = new.server.logLevel
         Self.keepLoadLimits(of: new.server, in: &applied.server)
         connectionLimits.update(new.server.limits)
+        let policies = new.pipeline.policies
+        health.reconcile { policies.match(host: $0.host).health }
         current.withLock { $0 = applied }
         Log.apply(new.server)
         for handle in stopHandles { Worker.requestReload(handle, new) }

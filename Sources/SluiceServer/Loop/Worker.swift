@@ -49,6 +49,10 @@ final class Worker {
     let connectionLimits: ConnectionLimits
     /// `limits.max_in_flight_upstream`: this worker's upstream slots and their queue.
     private(set) var upstreamGate: UpstreamGate!
+    /// Every origin's circuit breaker (`health:`), shared by every worker.
+    let health: UpstreamHealth
+    /// The probes of half-open circuits: worker 0 only (nil on the others).
+    private var probes: HealthProbes?
 
     /// One listening socket and what its connections do.
     final class Listener {
@@ -148,8 +152,9 @@ final class Worker {
     /// `heartbeatMilliseconds`: how often the loop beats its `heartbeat` (nil: never).
     init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
          interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
-         connectionLimits: ConnectionLimits? = nil) throws {
+         connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil) throws {
         self.index = index
+        self.health = health ?? UpstreamHealth()
         self.connectionLimits = connectionLimits ?? ConnectionLimits(configuration.server.limits)
         self.interception = interception
         self.config = configuration.server
@@ -192,6 +197,7 @@ final class Worker {
             try listen(key: key, mode: mode, on: address)
         }
         sessionContext = WorkerSession(worker: self, mailbox: mailbox)
+        if index == 0 { probes = HealthProbes(worker: self) }
     }
 
     var stopHandle: StopHandle {
@@ -269,6 +275,7 @@ final class Worker {
             return contents.pending
         }) else { return }
         pipeline = WorkerPipeline(configuration.pipeline, reload: true)
+        probes?.update()
         upstreamGate.reconfigure(configuration.server.limits, configuration.server.timeouts)
         if isDraining { return }
         let specs = Self.listenerSpecs(configuration.server)
@@ -481,6 +488,7 @@ final class Worker {
         event_free(adminEvent)
         event_free(flushEvent)
         if let heartbeatTimer { event_free(heartbeatTimer) }
+        probes?.close()
         heartbeat.exited.store(true, ordering: .releasing)
         flushQueue.removeAll()
         upstreamGate.close()

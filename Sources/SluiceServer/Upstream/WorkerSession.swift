@@ -72,7 +72,8 @@ final class WorkerSession: SessionContext {
     }
 }
 
-/// A small request Sluice makes for itself (an OAuth token), on the worker's multi, with
+/// A small request Sluice makes for itself (an OAuth token's POST, a health probe's GET when
+/// `body` is nil), on the worker's multi, with
 /// the same TLS verification and the same `access.deny` check (on every resolved address,
 /// before the socket exists) as forwarded requests. Keeps itself alive until done.
 final class SideFetch: CurlTransfer {
@@ -93,7 +94,7 @@ final class SideFetch: CurlTransfer {
     private var denied = false
 
     init(session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
-         headers: [(String, String)], body: [UInt8], reuse: UpstreamTLS.ConnectionReuse,
+         headers: [(String, String)], body: [UInt8]?, reuse: UpstreamTLS.ConnectionReuse,
          completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
         self.session = session
         self.completion = completion
@@ -118,9 +119,13 @@ final class SideFetch: CurlTransfer {
                                   defaultCAFile: config.tls.caFile)
             reuse.apply(to: h)
         }
-        sluice_easy_setopt_long(h, CURLOPT_POSTFIELDSIZE, body.count)
-        body.withUnsafeBufferPointer { buf in
-            _ = buf.withMemoryRebound(to: CChar.self) { sluice_easy_setopt_ptr(h, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress)) }
+        if let body {
+            sluice_easy_setopt_long(h, CURLOPT_POSTFIELDSIZE, body.count)
+            body.withUnsafeBufferPointer { buf in
+                _ = buf.withMemoryRebound(to: CChar.self) { sluice_easy_setopt_ptr(h, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress)) }
+            }
+        } else {
+            sluice_easy_setopt_long(h, CURLOPT_HTTPGET, 1)
         }
         for (name, value) in headers { headerList = curl_slist_append(headerList, "\(name): \(value)") }
         sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, headerList)

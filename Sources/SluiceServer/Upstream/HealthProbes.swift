@@ -1,0 +1,77 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CLibEvent
+import SluiceCore
+
+/// The probes of `health.probe`: while an origin's circuit is half-open, one `GET probe.path`
+/// at a time, as a `SideFetch` — through the same parent proxy (`upstream_proxy`), TLS trust,
+/// client certificate and `access.deny` check as the host's requests — whose answer below 500
+/// closes the circuit (`CircuitBreaker`). A timer every `tick` ms asks `UpstreamHealth` which
+/// probes are due; it runs only while some policy has a probe.
+///
+/// Threading: one, on worker 0 (so each origin gets one probe per interval however many
+/// workers run), touched only on that worker's thread. The timer's C context is this object,
+/// unretained: the worker keeps it and frees the timer (`close()`) before its loop ends. A
+/// probe in flight keeps itself alive (`SideFetch`) and captures the worker's shared
+/// `UpstreamHealth`, not the worker.
+final class HealthProbes {
+    /// How often due probes are looked for (ms): a probe starts at most this late.
+    static let tick = 250
+    private unowned let worker: Worker
+    private var timer: OpaquePointer!
+    private var armed = false
+
+    init(worker: Worker) {
+        self.worker = worker
+        timer = event_new(worker.base, -1, Int16(EV_PERSIST), { _, _, arg in
+            Unmanaged<HealthProbes>.fromOpaque(arg!).takeUnretainedValue().startDue()
+        }, Unmanaged.passUnretained(self).toOpaque())
+        update()
+    }
+
+    /// Arms the timer when a policy has a probe (at start and after a reload), else stops it.
+    func update() {
+        let wanted = worker.pipeline.policies.probes
+        guard wanted != armed else { return }
+        armed = wanted
+        if wanted {
+            var tv = timeval(tv_sec: 0, tv_usec: Self.tick * 1000)
+            event_add(timer, &tv)
+        } else {
+            event_del(timer)
+        }
+    }
+
+    func close() { event_free(timer) }
+
+    private func startDue() {
+        for due in worker.health.probesDue(now: MonotonicClock.milliseconds()) {
+            ClientConnection.log(due.change)
+            guard let probe = due.settings.probe else { continue }
+            start(due.origin, probe.path, due.settings)
+        }
+    }
+
+    private func start(_ origin: UpstreamHealth.Origin, _ path: String, _ settings: Health) {
+        let policy = worker.pipeline.policies.match(host: origin.host)
+        let health = worker.health
+        let fetch = SideFetch(session: worker.session, config: worker.config, policy: policy, url: origin.name + path,
+                              headers: [("User-Agent", "sluice-health-probe"), ("Via", worker.via)], body: nil,
+                              reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil)) { result in
+            let success: Bool
+            switch result {
+            case .success(let answer):
+                success = answer.status > 0 && answer.status < 500
+                if !success { Log.debug("upstream \(origin.name): probe \(path) answered \(answer.status)") }
+            case .failure(let error):
+                success = false
+                Log.debug("upstream \(origin.name): probe \(path) failed: \(error.message)")
+            }
+            let answer = health.handle(.probeEnded(success: success), for: origin, settings: settings,
+                                       now: MonotonicClock.milliseconds())
+            ClientConnection.log(answer.change)
+        }
+        fetch.start()
+    }
+}
