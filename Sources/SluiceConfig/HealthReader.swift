@@ -24,8 +24,9 @@ extension NodeReader {
             case "cooldown":
                 if let ms = r.duration(value, key: key) { health.cooldown = ms }
             default:
-                var path: String?, interval = Health.defaultProbeInterval
+                var path: String?, interval = Health.defaultProbeInterval, sawPath = false
                 r.entries(value, in: "health.probe", known: ["path", "interval"]) { r, k, v in
+                    sawPath = sawPath || k == "path"
                     if k == "interval" {
                         if let ms = r.duration(v, key: k) { interval = ms }
                     } else if let text = v.scalar?.string, text.hasPrefix("/"),
@@ -37,7 +38,7 @@ extension NodeReader {
                 }
                 if let path {
                     health.probe = .init(path: path, interval: interval)
-                } else if case .mapping = value {
+                } else if !sawPath, case .mapping = value {
                     r.fail(value, "health.probe needs a path")
                 }
             }

@@ -210,8 +210,13 @@ import Testing
         health.reconcile { $0 == a ? settings : $0 == b ? changed : nil }
         #expect(health.statuses().map(\.origin) == [a])
         #expect(health.handle(.attempt, for: a, settings: settings, now: 1).state == .open)
-        // A try that carries other settings than the breaker's (a reload raced it) starts afresh.
+        // A try admitted under the old settings that ends after the reload changes nothing.
+        #expect(health.handle(.ended(.success, trial: false), for: a, settings: changed, now: 2).state == .open)
+        #expect(health.handle(.ended(.failure, trial: false), for: b, settings: changed, now: 2).change == nil)
+        #expect(health.statuses().map(\.origin) == [a])
+        // A new try under other settings than the breaker's (a reload raced it) starts afresh.
         #expect(health.handle(.attempt, for: a, settings: changed, now: 2).action == .allow)
+        #expect(health.statuses().first?.breaker.settings == changed)
     }
 
     @Test func probesAreDueOncePerHalfOpenCircuit() {

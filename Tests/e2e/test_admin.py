@@ -319,7 +319,10 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
         assert documented.get(name) == kind, f"{name} ({kind}) is served but docs/metrics.md says {documented.get(name)}"
     unseen = set(documented) - set(types)
     assert unseen <= {"sluice_retries_stopped_total", "sluice_trust_failures_total",
-                      "sluice_credential_refreshes_total", "sluice_config_reloads_total"}, unseen
+                      "sluice_credential_refreshes_total", "sluice_config_reloads_total",
+                      # per origin with `health:` (test_health.py serves them)
+                      "sluice_upstream_circuit_state", "sluice_upstream_circuit_opened_total",
+                      "sluice_upstream_circuit_failed_fast_total"}, unseen
     # a reload is counted by result
     status, _, _ = admin.call("POST", "/reload")
     assert status == 200
@@ -353,6 +356,22 @@ def test_dashboard_page_data_and_events(sluice_factory, httpbin):
     for e in events:
         validate({"$ref": "#/components/schemas/DashboardPayload"}, e)
     assert 500 <= events[1]["time_ms"] - events[0]["time_ms"] <= 3000, events
+
+
+def test_upstreams_lists_every_circuit(sluice_factory, closed_port):
+    proxy, admin = admin_proxy(sluice_factory, {"policies": {"127.0.0.1": {"health": {"consecutive_failures": 1, "cooldown": "30s"}}}})
+    status, data, _ = admin.call("GET", "/upstreams")
+    assert status == 200 and data == {"upstreams": []}, data
+    s = session_via(proxy.url)
+    assert s.get(f"http://127.0.0.1:{closed_port}/", timeout=10).status_code == 502  # refused: opens it
+    r = s.get(f"http://127.0.0.1:{closed_port}/", timeout=10)
+    assert r.status_code == 503 and "circuit is open" in r.text, r.text
+    status, data, _ = admin.call("GET", "/upstreams")
+    assert status == 200, data
+    (up,) = data["upstreams"]
+    assert up["origin"] == f"http://127.0.0.1:{closed_port}" and up["state"] == "open", up
+    assert up["opens"] == 1 and up["failed_fast"] == 1 and up["failure_threshold"] == 1 and up["cooldown_ms"] == 30000, up
+    assert up["probe"] is None and 0 <= up["opened_ms_ago"] < 30000, up
 
 
 def test_every_documented_answer_was_seen():

@@ -122,14 +122,23 @@ public final class UpstreamHealth: Sendable {
 
     public init() {}
 
-    /// Hands `event` to `origin`'s breaker (made with `settings` if it has none, or replaced
-    /// when its settings differ). Answers the action, the state after it, and the change of
+    /// Hands `event` to `origin`'s breaker. An `.attempt` makes one with `settings` when the
+    /// origin has none, or one with other settings (a reload changed them); any other event
+    /// for a breaker that is gone or has other settings (a try or a probe that started before
+    /// the reload) is ignored. Answers the action, the state after it, and the change of
     /// state if there was one.
     public func handle(_ event: CircuitBreaker.Event, for origin: Origin, settings: Health, now: Int)
         -> (action: CircuitBreaker.Action, state: CircuitBreaker.State, change: Change?) {
         breakers.withLock { table in
-            var breaker = table[origin].flatMap { $0.settings == settings ? $0 : nil } ?? CircuitBreaker(settings: settings)
-            if table[origin] == nil, table.count >= Self.maxOrigins {
+            let existing = table[origin]
+            var breaker: CircuitBreaker
+            if let existing, existing.settings == settings {
+                breaker = existing
+            } else {
+                guard case .attempt = event else { return (.none, existing?.state ?? .closed, nil) }
+                breaker = CircuitBreaker(settings: settings)
+            }
+            if existing == nil, table.count >= Self.maxOrigins {
                 table = table.filter { $0.value.state != .closed || $0.value.consecutiveFailures > 0 }
             }
             let before = breaker.state

@@ -22,7 +22,7 @@ extension ClientConnection {
         let origin = UpstreamHealth.Origin(scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
         let answer = worker.health.handle(.attempt, for: origin, settings: settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
-        Self.log(answer.change)
+        Self.log(answer.change, probe: settings.probe != nil)
         switch answer.action {
         case .failFast(let seconds):
             SluiceMetrics.shared.recordCircuitFailedFast(origin: origin.name)
@@ -43,21 +43,23 @@ extension ClientConnection {
         let answer = worker.health.handle(.ended(outcome, trial: attempt.trial), for: attempt.origin,
                                           settings: attempt.settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
-        Self.log(answer.change)
+        Self.log(answer.change, probe: attempt.settings.probe != nil)
     }
 
-    /// One log line per change of a circuit's state (and the `opened` counter).
-    static func log(_ change: UpstreamHealth.Change?) {
+    /// One log line per change of a circuit's state (and the `opened` counter); `probe`: the
+    /// change follows a probe's answer or start.
+    static func log(_ change: UpstreamHealth.Change?, probe: Bool = false) {
         guard let change else { return }
         let name = change.origin.name
         switch (change.from, change.to) {
         case (.closed, .open):
             SluiceMetrics.shared.recordCircuitOpened(origin: name)
-            Log.warning("upstream \(name): circuit open after \(change.consecutiveFailures) failures in a row; requests fail fast with 503")
+            let failures = change.consecutiveFailures == 1 ? "1 failure" : "\(change.consecutiveFailures) failures in a row"
+            Log.warning("upstream \(name): circuit open after \(failures); requests fail fast with 503")
         case (.halfOpen, .open):
-            Log.warning("upstream \(name): trial failed; circuit open again")
+            Log.warning("upstream \(name): the \(probe ? "probe" : "trial request") failed; circuit open again")
         case (_, .halfOpen):
-            Log.info("upstream \(name): circuit half-open; trying the origin again")
+            Log.info("upstream \(name): circuit half-open; \(probe ? "probing" : "the next request tries") the origin")
         case (_, .closed):
             Log.info("upstream \(name): circuit closed; the origin answers again")
         default:

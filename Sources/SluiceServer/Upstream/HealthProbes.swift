@@ -47,7 +47,7 @@ final class HealthProbes {
 
     private func startDue() {
         for due in worker.health.probesDue(now: MonotonicClock.milliseconds()) {
-            ClientConnection.log(due.change)
+            ClientConnection.log(due.change, probe: true)
             guard let probe = due.settings.probe else { continue }
             start(due.origin, probe.path, due.settings)
         }
@@ -70,7 +70,7 @@ final class HealthProbes {
             }
             let answer = health.handle(.probeEnded(success: success), for: origin, settings: settings,
                                        now: MonotonicClock.milliseconds())
-            ClientConnection.log(answer.change)
+            ClientConnection.log(answer.change, probe: true)
         }
         fetch.start()
     }
