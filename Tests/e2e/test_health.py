@@ -11,6 +11,7 @@ everywhere: the state is shared, whichever worker a connection lands on."""
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 
@@ -30,7 +31,8 @@ class SwitchableOrigin:
     arrived, its path and whether it is a probe (User-Agent `sluice-health-probe`). Answers
     close the connection, so no pooled connection outlives a switch."""
 
-    def __init__(self):
+    def __init__(self, tls=None):
+        self.tls = tls  # an ssl.SSLContext (server side), or None for plain HTTP
         self.port = pick_port()
         self.status = 200
         self.lock = threading.Lock()
@@ -41,11 +43,11 @@ class SwitchableOrigin:
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{HOST}:{self.port}"
 
     @property
     def origin(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return self.url
 
     def up(self) -> None:
         if self.listener is not None:
@@ -84,6 +86,9 @@ class SwitchableOrigin:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            if self.tls is not None:
+                conn.settimeout(10)
+                conn = self.tls.wrap_socket(conn, server_side=True)
             _, _, target, headers = Reader(conn, timeout=10).read_head()
             probe = any(k.lower() == "user-agent" and v == "sluice-health-probe" for k, v in headers)
             with self.lock:
@@ -91,7 +96,7 @@ class SwitchableOrigin:
                 status = self.status
             body = f"origin {status}".encode()
             conn.sendall(f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-        except (PeerClosed, OSError, ValueError):
+        except (PeerClosed, OSError, ValueError):  # ssl.SSLError is an OSError
             pass
         finally:
             conn.close()
@@ -136,10 +141,10 @@ def metric(admin: int, name: str, origin: str) -> float | None:
     return None
 
 
-def start(sluice_factory, tmp_path, origin: SwitchableOrigin, health: dict, retry=None):
+def start(sluice_factory, tmp_path, origin: SwitchableOrigin, health: dict, retry=None, more: dict | None = None):
     admin = pick_port()
     log = tmp_path / "access.log"
-    policy = {"health": health}
+    policy = {"health": health, **(more or {})}
     if retry is not None:
         policy["retry"] = retry
     proxy = sluice_factory({
@@ -285,6 +290,41 @@ def test_refused_connections_open_it_and_a_probe_closes_it(sluice_factory, tmp_p
         assert line["circuit"] == "closed", line
         print(f"circuit figures (probe): requests reaching the origin while open: 0 (+{len(probes)} probe(s)); "
               f"fast-failed: {up['failed_fast']}; recovery {recovery:.2f} s (cooldown 1 s, interval 0.5 s)")
+    finally:
+        origin.stop()
+
+
+def test_https_probes_go_through_the_parent_proxy_with_the_hosts_trust(sluice_factory, tmp_path, pki):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(pki.chain_pem), str(pki.leaf_key))
+    origin = SwitchableOrigin(tls=ctx)
+    try:
+        parent_log_path = tmp_path / "parent-access.log"
+        parent = sluice_factory({"monitors": [{"access_log": {"path": str(parent_log_path)}}],
+                                 "access": {"connect_ports": [origin.port]}}, name="parent")
+        parent_log = AccessLog(parent_log_path)
+        # The child trusts the test CA (tls.ca_file) and reaches the origin only through the parent.
+        proxy, admin, log = start(sluice_factory, tmp_path, origin,
+                                  {"consecutive_failures": 1, "cooldown": "500ms",
+                                   "probe": {"path": "/healthz", "interval": "300ms"}},
+                                  more={"upstream_proxy": {"url": parent.url}})
+        origin.set_status(503)
+        r = get(proxy.port, f"{origin.url}/fail")  # absolute https URL over plain HTTP: TLS from Sluice
+        assert r.status == 503 and r.body == b"origin 503", r
+        assert_fails_fast(proxy, origin, "/open", 1)
+        assert admin_upstreams(admin)[origin.origin]["state"] in ("open", "half_open")
+        opened = time.monotonic()
+        origin.set_status(200)
+        until(lambda: admin_upstreams(admin)[origin.origin]["state"] == "closed", 0.5 + 0.3 + SLACK, 0.05,
+              "a probe closing the circuit")
+        probes = origin.requests(since=opened, probes=True)
+        assert probes and all(p[1] == "/healthz" for p in probes), origin.requests()
+        assert origin.requests(since=opened, probes=False) == [], "a request reached the origin while open"
+        # Every request and probe to the origin went through a CONNECT to the parent.
+        tunnels = parent_log.wait_for(lambda e: e.get("method") == "CONNECT" and str(origin.port) in e["url"],
+                                      n=1 + len(probes))
+        assert len(tunnels) == len(origin.requests()), (tunnels, origin.requests())
+        assert get(proxy.port, f"{origin.url}/after").status == 200
     finally:
         origin.stop()
 

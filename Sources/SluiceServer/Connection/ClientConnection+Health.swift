@@ -46,8 +46,9 @@ extension ClientConnection {
         Self.log(answer.change, probe: attempt.settings.probe != nil)
     }
 
-    /// One log line per change of a circuit's state (and the `opened` counter); `probe`: the
-    /// change follows a probe's answer or start.
+    /// A warning when a circuit opens (and the `opened` counter), a line when it closes; the
+    /// trials and probes in between (every cooldown or interval while the origin is down) at
+    /// debug level. `probe`: the origin's circuit is probed.
     static func log(_ change: UpstreamHealth.Change?, probe: Bool = false) {
         guard let change else { return }
         let name = change.origin.name
@@ -57,9 +58,9 @@ extension ClientConnection {
             let failures = change.consecutiveFailures == 1 ? "1 failure" : "\(change.consecutiveFailures) failures in a row"
             Log.warning("upstream \(name): circuit open after \(failures); requests fail fast with 503")
         case (.halfOpen, .open):
-            Log.warning("upstream \(name): the \(probe ? "probe" : "trial request") failed; circuit open again")
+            Log.debug("upstream \(name): the \(probe ? "probe" : "trial request") failed; circuit open again")
         case (_, .halfOpen):
-            Log.info("upstream \(name): circuit half-open; \(probe ? "probing" : "the next request tries") the origin")
+            Log.debug("upstream \(name): circuit half-open; \(probe ? "probing" : "the next request tries") the origin")
         case (_, .closed):
             Log.info("upstream \(name): circuit closed; the origin answers again")
         default:
