@@ -202,6 +202,15 @@ def test_503s_open_the_circuit_requests_fail_fast_and_one_trial_closes_it(sluice
         lines = log.wait_for(lambda e: "/while-open/" in e["url"], n=20)
         assert all(e["circuit"] == "open" and e["status"] == 503 and e["attempts"] == 0 for e in lines), lines[0]
         assert all("circuit is open" in e["error"] for e in lines), lines[0]
+        # The 503 keeps the client connection: two on one connection.
+        c = RawConn(HOST, proxy.port, timeout=15)
+        try:
+            for i in range(2):
+                c.send(request_bytes("GET", f"{origin.url}/kept/{i}"))
+                assert_sluice_error(c.read_response(timeout=15), 503, "its circuit is open")
+        finally:
+            c.close()
+        assert origin.requests(since=opened) == []
 
         # Still failing after the cooldown: the one trial reaches it, fails, and reopens it.
         def trial_went() -> bool:
