@@ -43,6 +43,9 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ]),
+        // Test-only: drives the disk cache tier in a process of its own (kill -9, RLIMIT_FSIZE,
+        // benchmark) for Tests/e2e/test_disk_tier.py. Not a product; not installed.
+        .executableTarget(name: "DiskTierProbe", dependencies: ["SluiceServer", "COpenSSL"]),
         .testTarget(name: "SluiceServerTests", dependencies: ["SluiceServer", "SluiceCore", "CLibEvent",
                                                               .product(name: "HTTPTypes", package: "swift-http-types")]),
         .testTarget(name: "SluiceConfigTests", dependencies: ["SluiceConfig", "SluiceCore"]),

@@ -1,0 +1,76 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import COpenSSL
+
+extension DiskCacheTier {
+    /// One open entry: its metadata and body length at once, the body block by block through
+    /// `next()`, each block checked against its digest before it is returned. Reads from the
+    /// descriptor opened with the entry, so it keeps working after the entry is evicted,
+    /// removed or replaced (the file's space is freed when the reader goes).
+    ///
+    /// Threading: belongs to the thread that serves the hit (not `Sendable`); each `next()`
+    /// reads and hashes one block.
+    public final class Reader {
+        private let tier: DiskCacheTier
+        private let name: String
+        private let generation: UInt64
+        private let trailer: [UInt8]
+        private let blockSize: Int
+        private let fd: Int32
+        private var block = 0
+        private let blocks: Int
+
+        public let metadata: [UInt8]
+        public let bodyLength: UInt64
+
+        init(tier: DiskCacheTier, name: String, record: DiskEntryRecord, trailer: [UInt8], fd: Int32) {
+            self.tier = tier
+            self.name = name
+            generation = record.generation
+            self.trailer = trailer
+            blockSize = Int(record.blockSize)
+            self.fd = fd
+            blocks = record.blockCount
+            metadata = record.metadata
+            bodyLength = record.bodyLength
+        }
+
+        deinit {
+            close(fd)
+        }
+
+        /// The next block of the body, nil after the last. Throws `CorruptEntry` (and drops
+        /// the entry) for a block that cannot be read whole or fails its digest.
+        public func next() throws(CorruptEntry) -> [UInt8]? {
+            guard block < blocks else { return nil }
+            let offset = UInt64(block) * UInt64(blockSize)
+            let count = Int(min(UInt64(blockSize), bodyLength - offset))
+            let at = block * Digest32.size
+            let data = DiskFile.read(fd, count: count, offset: offset)
+            let intact = data?.withUnsafeBytes { bytes in
+                trailer.withUnsafeBytes { Digest32.matches(bytes, expected: UnsafeRawBufferPointer(rebasing: $0[at..<at + Digest32.size])) }
+            } ?? false
+            guard let data, intact else {
+                let failed = block
+                block = blocks
+                tier.drop(name: name, generation: generation)
+                throw CorruptEntry(block: failed)
+            }
+            block += 1
+            return data
+        }
+    }
+}
+
+extension Digest32 {
+    /// Whether `data` hashes to the 32 bytes at `expected`.
+    static func matches(_ data: UnsafeRawBufferPointer, expected: UnsafeRawBufferPointer) -> Bool {
+        var md = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
+        return withUnsafeMutableBytes(of: &md) { out -> Bool in
+            _ = SHA256(data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
+                       out.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            return memcmp(expected.baseAddress!, out.baseAddress!, size) == 0
+        }
+    }
+}

@@ -1,0 +1,374 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+
+/// The response cache's disk tier: entries of opaque bytes (a key, the cache's metadata and a
+/// streamed body) kept in one directory, bounded in size with least-recently-used eviction,
+/// surviving restarts and `kill -9` at any moment without ever serving a torn or mixed entry.
+/// It knows nothing of HTTP: the cache above it (RFC 9111 rules, memory tier) decides what to
+/// store and serializes its response head into `metadata`.
+///
+/// API:
+/// - `beginWrite(key:metadata:)` → `Writer`; `append` the body as it streams, then `commit()`
+///   (the entry becomes visible atomically, replacing any older one: last commit wins) or
+///   `abort()` (nothing becomes visible; also what dropping an uncommitted writer does).
+/// - `open(key:)` → `Reader` with `metadata`, `bodyLength` and `next()` giving the body in
+///   blocks, each verified before it is returned. A reader opened before an eviction, removal
+///   or replacement keeps reading the entry it opened (open descriptor, unlinked file).
+/// - `updateMetadata(key:_:)` replaces the metadata in place (a 304's updated head), `remove`
+///   invalidates, `usage` reports entries and bytes.
+///
+/// Files (all little-endian; `N` = SHA-256 of the key in hex, `G` = a random 64-bit generation
+/// per write, 16 hex digits):
+/// - `N.G.body`: the body, then its trailer — one SHA-256 per `blockSize` block of the body.
+/// - `N.meta`, the entry's record: magic `SLDCMETA`, version u32 (1), flags u32 (0), key length
+///   u32, metadata length u32, body length u64, block size u32, reserved u32, generation u64
+///   (names the body file), SHA-256 of the body file's trailer (32), the key, the metadata,
+///   then SHA-256 of all the preceding bytes (32).
+/// - `*.tmp`: writes in progress, removed at start.
+///
+/// Commit protocol: the body is written to `N.G.body.tmp`, its trailer appended, renamed to
+/// `N.G.body`; the record is written to `N.G.meta.tmp` and renamed over `N.meta` under the
+/// index lock, then the replaced body file is unlinked. A record therefore only ever names a
+/// complete body file. A crash between the steps leaves temporaries or a body no record names:
+/// the start-up scan removes both.
+///
+/// Durability (fsync policy): no fsync. `kill -9` does not lose the page cache, so at any kill
+/// the directory holds whole committed entries and garbage the scan removes. Power loss or a
+/// kernel crash can lose recent entries or leave their files torn (the record renamed before
+/// its data reached the disk); the checksums catch that — a record that fails its seal or
+/// names a body of the wrong size is dropped by the scan, a block that fails its digest is
+/// never returned — so an entry is lost, never served wrong. Caching does not need more.
+///
+/// Verification cost: the record (key + metadata + digests, a few KiB) is sealed and checked
+/// at every open, the trailer is checked against the record at every open, and every block is
+/// hashed as it is read (SHA-256 with SHA-NI: ~1.5 GB/s, about the cost of the read itself).
+/// Nothing is read twice and there is no up-front pass over a large body; the price is that
+/// a body corrupted on disk after its first block is found only when that block is reached:
+/// `next()` then throws `CorruptEntry`, the entry is dropped, and the caller, which has sent a
+/// prefix, must abort the response (never complete it). The same on-disk corruption within
+/// the first block or the record is a plain miss.
+///
+/// Size: `capacity` bounds the record and body files (bodies with their trailers), counting
+/// bytes of writes in progress as they are written; a write that would exceed it evicts the
+/// least recently used entries (opened or committed), and fails if it cannot fit even in an
+/// empty tier. Space held by a reader of an evicted entry is released when it closes. Access
+/// order does not survive a restart: the scan orders entries by their record's mtime.
+///
+/// Failures: a write that fails (`ENOSPC`, `EDQUOT`, `EACCES`, `EROFS`, `EIO`, ...) ends the
+/// writer cleanly (`append`/`commit` return false, temporaries removed); the first failure of
+/// an episode is logged through `log`, later ones only counted, and the first commit that
+/// succeeds again logs the recovery. A directory that cannot be created or opened, or that
+/// another process holds (an exclusive `flock` on it), is an `OpenError` from `init`.
+///
+/// Threading: one tier is shared by every worker. The index (entries, LRU order, byte counts,
+/// failure episode) is a `Mutex`; it is held only for index updates and for the cheap file
+/// operations that must be atomic with them (open, rename, unlink of a record). File data IO
+/// happens on the calling thread without the lock, one block (`blockSize`, 256 KiB by
+/// default) per call: `Writer.append` blocks for at most a block write plus its hash
+/// (~0.3 ms to the page cache), `Reader.next` for one block read plus hash, `open` for two
+/// small reads; an eviction also unlinks body files (a large one can take milliseconds on
+/// ext4). `init` scans the directory (one small read per entry) before returning. A `Writer`
+/// or `Reader` belongs to the thread that uses it (not `Sendable`).
+public final class DiskCacheTier: Sendable {
+    /// Body blocks are hashed and read in units of 256 KiB by default.
+    public static let defaultBlockSize = 256 * 1024
+
+    public let directory: String
+    public let capacity: UInt64
+    let blockSize: Int
+    let directoryFD: Int32
+    let log: @Sendable (String) -> Void
+    /// What the start-up scan found.
+    public let startScan: ScanSummary
+
+    struct Entry {
+        var generation: UInt64
+        var bytes: UInt64
+    }
+    struct Failure {
+        var code: Int32
+        var operation: String
+        var count: Int
+    }
+    struct Index {
+        var entries: [String: Entry] = [:]
+        var order = LRUOrder<String>()
+        var committedBytes: UInt64 = 0
+        var reservedBytes: UInt64 = 0
+        var failure: Failure?
+    }
+    let index: Mutex<Index>
+
+    public struct Usage: Equatable, Sendable {
+        public var entries: Int
+        public var bytes: UInt64
+    }
+
+    public struct ScanSummary: Equatable, Sendable {
+        /// Entries found intact and indexed.
+        public var kept = 0
+        /// Records or bodies dropped as torn, garbage, unreadable or unreferenced.
+        public var dropped = 0
+        /// Writes in progress that a previous process left behind.
+        public var temporaries = 0
+        /// Entries evicted because the directory held more than `capacity`.
+        public var evicted = 0
+    }
+
+    public enum OpenError: Error, Equatable, CustomStringConvertible {
+        case cannotCreate(path: String, code: Int32)
+        case cannotOpen(path: String, code: Int32)
+        case inUse(path: String)
+
+        public var description: String {
+            switch self {
+            case .cannotCreate(let path, let code):
+                return "cannot create the cache directory \(path): \(String(cString: strerror(code)))"
+            case .cannotOpen(let path, let code):
+                return "cannot open the cache directory \(path): \(String(cString: strerror(code)))"
+            case .inUse(let path):
+                return "the cache directory \(path) is in use by another process"
+            }
+        }
+    }
+
+    /// A block whose bytes do not match their digest: the entry was dropped; a caller that has
+    /// sent part of the body must abort the response.
+    public struct CorruptEntry: Error, Equatable {
+        public var block: Int
+    }
+
+    /// Opens (creating it and its parents, mode 0700) the tier's directory, takes it for this
+    /// process and scans it: temporaries and anything torn or unreferenced are removed, the
+    /// rest is indexed, and entries beyond `capacity` are evicted.
+    public init(directory: String, capacity: UInt64, blockSize: Int = defaultBlockSize,
+                log: @escaping @Sendable (String) -> Void) throws(OpenError) {
+        precondition(blockSize > 0 && blockSize <= 1 << 30)
+        self.directory = directory
+        self.capacity = capacity
+        self.blockSize = blockSize
+        self.log = log
+        try Self.makeDirectories(directory)
+        let fd = Glibc.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw .cannotOpen(path: directory, code: errno) }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let code = errno
+            close(fd)
+            if code == EWOULDBLOCK { throw .inUse(path: directory) }
+            throw .cannotOpen(path: directory, code: code)
+        }
+        directoryFD = fd
+        var found = Index()
+        startScan = DiskDirectoryScan.run(directoryFD: fd, capacity: capacity, into: &found)
+        index = Mutex(found)
+    }
+
+    deinit {
+        close(directoryFD)  // also releases the flock
+    }
+
+    public var usage: Usage {
+        index.withLock { Usage(entries: $0.entries.count, bytes: $0.committedBytes) }
+    }
+
+    /// Keys' entry names from the least to the most recently used (tests, diagnostics).
+    var namesOldestFirst: [String] { index.withLock { $0.order.keysOldestFirst } }
+
+    /// Starts storing `key`'s body. Nil when the metadata or key is too large or the body file
+    /// cannot be created (a failure episode, logged once).
+    public func beginWrite(key: String, metadata: [UInt8]) -> Writer? {
+        let keyBytes = Array(key.utf8)
+        guard metadata.count <= DiskEntryRecord.maxMetadata, keyBytes.count <= DiskEntryRecord.maxKey else { return nil }
+        let name = DiskEntryNames.name(forKey: key)
+        let generation = UInt64.random(in: 1...UInt64.max)
+        let fd = openat(directoryFD, DiskEntryNames.bodyTemporary(name, generation),
+                        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            writeFailed(code: errno, operation: "create a body file")
+            return nil
+        }
+        return Writer(tier: self, name: name, key: keyBytes, metadata: metadata, generation: generation, fd: fd)
+    }
+
+    /// Opens `key`'s entry for reading, making it the most recently used. Nil on a miss, and
+    /// for an entry whose record or trailer fails verification (which is dropped).
+    public func open(key: String) -> Reader? {
+        let name = DiskEntryNames.name(forKey: key)
+        let opened = index.withLock { index -> (record: Int32, body: Int32, generation: UInt64)? in
+            guard let entry = index.entries[name] else { return nil }
+            let record = openat(directoryFD, DiskEntryNames.record(name), O_RDONLY | O_CLOEXEC)
+            guard record >= 0 else { return nil }
+            let body = openat(directoryFD, DiskEntryNames.body(name, entry.generation), O_RDONLY | O_CLOEXEC)
+            guard body >= 0 else {
+                close(record)
+                return nil
+            }
+            index.order.touch(name)
+            return (record, body, entry.generation)
+        }
+        guard let opened else { return nil }
+        let bytes = DiskFile.readRecord(opened.record)
+        close(opened.record)
+        guard let bytes, let record = DiskEntryRecord.decode(bytes), record.generation == opened.generation,
+              let trailer = DiskFile.readTrailer(opened.body, record) else {
+            close(opened.body)
+            drop(name: name, generation: opened.generation)
+            return nil
+        }
+        guard record.key == Array(key.utf8) else {
+            close(opened.body)  // another key with the same SHA-256: a miss, not a fault
+            return nil
+        }
+        return Reader(tier: self, name: name, record: record, trailer: trailer, fd: opened.body)
+    }
+
+    /// Replaces `key`'s metadata, keeping its body (crash-safe: a new record renamed over the
+    /// old). False on a miss, a failed write, or when a newer commit replaced the entry first.
+    @discardableResult
+    public func updateMetadata(key: String, _ metadata: [UInt8]) -> Bool {
+        guard metadata.count <= DiskEntryRecord.maxMetadata else { return false }
+        let name = DiskEntryNames.name(forKey: key)
+        let opened = index.withLock { index -> (fd: Int32, generation: UInt64)? in
+            guard let entry = index.entries[name] else { return nil }
+            let fd = openat(directoryFD, DiskEntryNames.record(name), O_RDONLY | O_CLOEXEC)
+            return fd >= 0 ? (fd, entry.generation) : nil
+        }
+        guard let opened else { return false }
+        let bytes = DiskFile.readRecord(opened.fd)
+        close(opened.fd)
+        guard let bytes, var record = DiskEntryRecord.decode(bytes), record.generation == opened.generation else {
+            drop(name: name, generation: opened.generation)
+            return false
+        }
+        guard record.key == Array(key.utf8) else { return false }
+        let oldSize = UInt64(bytes.count)
+        record.metadata = metadata
+        let encoded = record.encoded()
+        let temporary = DiskEntryNames.recordTemporary(name, UInt64.random(in: 1...UInt64.max))
+        if let code = DiskFile.create(directoryFD, temporary, encoded) {
+            writeFailed(code: code, operation: "write a record")
+            return false
+        }
+        let done = index.withLock { index -> Bool in
+            guard var entry = index.entries[name], entry.generation == opened.generation,
+                  renameat(directoryFD, temporary, directoryFD, DiskEntryNames.record(name)) == 0 else { return false }
+            entry.bytes = entry.bytes - oldSize + UInt64(encoded.count)
+            index.committedBytes = index.committedBytes - oldSize + UInt64(encoded.count)
+            index.entries[name] = entry
+            return true
+        }
+        if !done { unlinkat(directoryFD, temporary, 0) }
+        return done
+    }
+
+    /// Invalidates `key`'s entry (readers that have it open keep reading it).
+    public func remove(key: String) {
+        let name = DiskEntryNames.name(forKey: key)
+        let removed = index.withLock { index -> UInt64? in
+            guard let entry = index.entries[name] else { return nil }
+            removeLocked(name, &index)
+            return entry.generation
+        }
+        if let removed { unlinkat(directoryFD, DiskEntryNames.body(name, removed), 0) }
+    }
+
+    /// Drops an entry found corrupt, unless a newer commit already replaced it.
+    func drop(name: String, generation: UInt64) {
+        let dropped = index.withLock { index -> Bool in
+            guard index.entries[name]?.generation == generation else { return false }
+            removeLocked(name, &index)
+            return true
+        }
+        if dropped { unlinkat(directoryFD, DiskEntryNames.body(name, generation), 0) }
+    }
+
+    /// Removes `name` from the index and unlinks its record (under the lock, so that a commit
+    /// of the same name cannot slip in between); the caller unlinks the body afterwards.
+    private func removeLocked(_ name: String, _ index: inout Index) {
+        guard let entry = index.entries.removeValue(forKey: name) else { return }
+        index.order.remove(name)
+        index.committedBytes -= entry.bytes
+        unlinkat(directoryFD, DiskEntryNames.record(name), 0)
+    }
+
+    /// Evicts least recently used entries until `bytes` more fit; returns the bodies to unlink
+    /// (after the lock), or nil if they cannot fit even with nothing committed.
+    func evictLocked(toFit bytes: UInt64, _ index: inout Index) -> [String]? {
+        guard index.reservedBytes + bytes <= capacity else { return nil }
+        var bodies: [String] = []
+        while index.committedBytes + index.reservedBytes + bytes > capacity, let oldest = index.order.oldest {
+            let generation = index.entries[oldest]!.generation
+            removeLocked(oldest, &index)
+            bodies.append(DiskEntryNames.body(oldest, generation))
+        }
+        return bodies
+    }
+
+    /// Reserves `bytes` of the capacity for a write in progress, evicting as needed.
+    func reserve(_ bytes: UInt64) -> Bool {
+        let bodies = index.withLock { index -> [String]? in
+            guard let bodies = evictLocked(toFit: bytes, &index) else { return nil }
+            index.reservedBytes += bytes
+            return bodies
+        }
+        guard let bodies else { return false }
+        for body in bodies { unlinkat(directoryFD, body, 0) }
+        return true
+    }
+
+    func release(_ bytes: UInt64) {
+        index.withLock { $0.reservedBytes -= bytes }
+    }
+
+    /// A write failed with `code`: the first failure of an episode is logged.
+    func writeFailed(code: Int32, operation: String) {
+        let first = index.withLock { index -> Bool in
+            if index.failure != nil {
+                index.failure!.count += 1
+                return false
+            }
+            index.failure = Failure(code: code, operation: operation, count: 1)
+            return true
+        }
+        if first {
+            log("disk cache \(directory): cannot \(operation): \(String(cString: strerror(code))) (\(Self.errnoName(code))); "
+                + "responses are served without the disk tier until a write succeeds (logged once)")
+        }
+    }
+
+    /// Called under the lock by a commit that succeeded: ends a failure episode.
+    func recoveredLocked(_ index: inout Index) -> String? {
+        guard let failure = index.failure else { return nil }
+        index.failure = nil
+        return "disk cache \(directory): writing again after \(failure.count) failed write(s) (first: \(Self.errnoName(failure.code)))"
+    }
+
+    static func errnoName(_ code: Int32) -> String {
+        switch code {
+        case ENOSPC: return "ENOSPC"
+        case EDQUOT: return "EDQUOT"
+        case EACCES: return "EACCES"
+        case EPERM: return "EPERM"
+        case EROFS: return "EROFS"
+        case EFBIG: return "EFBIG"
+        case EIO: return "EIO"
+        case ENOENT: return "ENOENT"
+        case EMFILE: return "EMFILE"
+        default: return "errno \(code)"
+        }
+    }
+
+    private static func makeDirectories(_ path: String) throws(OpenError) {
+        var prefix = path.hasPrefix("/") ? "/" : ""
+        for part in path.split(separator: "/") {
+            prefix += part
+            if mkdir(prefix, 0o700) != 0 && errno != EEXIST { throw .cannotCreate(path: path, code: errno) }
+            prefix += "/"
+        }
+        var st = stat()
+        guard stat(path, &st) == 0 else { throw .cannotCreate(path: path, code: errno) }
+        guard st.st_mode & S_IFMT == S_IFDIR else { throw .cannotCreate(path: path, code: ENOTDIR) }
+    }
+}

@@ -1,0 +1,76 @@
+/// Least-recently-used order over a set of keys: `touch` makes a key the most recent (adding it
+/// if new), `remove` forgets it, `oldest` is the next eviction candidate. Every operation is
+/// O(1): a doubly linked list threaded through an array of slots, with a free list, so no
+/// node is allocated per key after the array has grown.
+///
+/// Threading: a value type; `DiskCacheTier` keeps one inside its index `Mutex`.
+struct LRUOrder<Key: Hashable> {
+    private struct Slot {
+        var key: Key?
+        var older: Int
+        var newer: Int
+    }
+    private static var none: Int { -1 }
+    private var slots: [Slot] = []
+    private var free: [Int] = []
+    private var slotOf: [Key: Int] = [:]
+    private var oldestSlot = -1
+    private var newestSlot = -1
+
+    var count: Int { slotOf.count }
+
+    /// The least recently touched key, if any.
+    var oldest: Key? { oldestSlot == Self.none ? nil : slots[oldestSlot].key }
+
+    /// Keys from the least to the most recently touched (for tests and diagnostics).
+    var keysOldestFirst: [Key] {
+        var out: [Key] = []
+        var s = oldestSlot
+        while s != Self.none {
+            out.append(slots[s].key!)
+            s = slots[s].newer
+        }
+        return out
+    }
+
+    /// Makes `key` the most recently used, adding it if it is not there.
+    mutating func touch(_ key: Key) {
+        if let s = slotOf[key] {
+            guard s != newestSlot else { return }
+            unlink(s)
+            link(s)
+            return
+        }
+        let s: Int
+        if let reused = free.popLast() {
+            s = reused
+            slots[s].key = key
+        } else {
+            s = slots.count
+            slots.append(Slot(key: key, older: Self.none, newer: Self.none))
+        }
+        slotOf[key] = s
+        link(s)
+    }
+
+    mutating func remove(_ key: Key) {
+        guard let s = slotOf.removeValue(forKey: key) else { return }
+        unlink(s)
+        slots[s].key = nil
+        free.append(s)
+    }
+
+    /// Appends slot `s` at the newest end.
+    private mutating func link(_ s: Int) {
+        slots[s].older = newestSlot
+        slots[s].newer = Self.none
+        if newestSlot != Self.none { slots[newestSlot].newer = s } else { oldestSlot = s }
+        newestSlot = s
+    }
+
+    private mutating func unlink(_ s: Int) {
+        let older = slots[s].older, newer = slots[s].newer
+        if older != Self.none { slots[older].newer = newer } else { oldestSlot = newer }
+        if newer != Self.none { slots[newer].older = older } else { newestSlot = older }
+    }
+}
