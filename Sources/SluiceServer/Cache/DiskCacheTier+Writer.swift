@@ -71,7 +71,6 @@ extension DiskCacheTier {
         public func commit() -> Bool {
             guard state == .open else { return false }
             if !buffer.isEmpty, !flushBlock() { return false }
-            guard reserveOrFail(UInt64(digests.count)) else { return false }
             if let code = digests.withUnsafeBytes({ DiskFile.writeAll(fd, $0) }) { return fail(code, "write a body file") }
             let closed = close(fd)
             fd = -1
