@@ -132,9 +132,12 @@ case "fsize-limit":
 case "bench":
     let tier = openTier(dir, log: { _ in })
     let size: UInt64 = 64 << 20
+    let chunk = block(seed: 1, index: 0)
     var t = now()
-    guard store(tier, key: "big", size: size, seed: 1) else { exit(1) }
-    say("store 64 MiB: \(Int(Double(size) / (now() - t) / 1e6)) MB/s")
+    guard let writer = tier.beginWrite(key: "big", metadata: []) else { exit(1) }
+    for _ in 0..<Int(size) / chunk.count { writer.append(chunk) }
+    guard writer.commit() else { exit(1) }
+    say("store 64 MiB in 64 KiB chunks: \(Int(Double(size) / (now() - t) / 1e6)) MB/s")
     let rounds = 8
     t = now()
     for _ in 0..<rounds {

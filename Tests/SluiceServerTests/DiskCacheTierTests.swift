@@ -302,7 +302,7 @@ import Testing
         #expect(!hits.all.isEmpty)
     }
 
-    @Test func updateMetadataReplacesTheRecordAndKeepsTheBody() throws {
+    @Test func updateMetadataReplacesTheRecordAndKeepsTheBody() async throws {
         let s = Scratch()
         do {
             let t = try tier(s)
@@ -311,6 +311,16 @@ import Testing
             #expect(!t.updateMetadata(key: "absent", [1]))
             #expect(try readAll(t, "k")?.metadata.hasPrefix("longer head") == true)
             #expect(t.usage.bytes == s.bytesOnDisk && s.files.count == 2)
+            // Racing updates of one entry: one of them wins whole, the byte count stays exact.
+            await withTaskGroup(of: Void.self) { group in
+                for w in 0..<4 {
+                    group.addTask { for i in 0..<10 { t.updateMetadata(key: "k", Array(repeating: UInt8(65 + w), count: 1 + 10 * w + i)) } }
+                }
+            }
+            let raced = try #require(try readAll(t, "k"))
+            #expect(Set(raced.metadata.utf8).count == 1)
+            #expect(t.usage.bytes == s.bytesOnDisk && s.files.count == 2)
+            #expect(t.updateMetadata(key: "k", Array(String(repeating: "longer head ", count: 50).utf8)))
         }
         let t = try tier(s)
         let got = try #require(try readAll(t, "k"))

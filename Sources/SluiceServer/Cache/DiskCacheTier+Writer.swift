@@ -95,7 +95,7 @@ extension DiskCacheTier {
                 }
                 let replaced = index.entries[name]
                 if let replaced { index.committedBytes -= replaced.bytes }
-                index.entries[name] = Entry(generation: generation, bytes: size)
+                index.entries[name] = Entry(generation: generation, bytes: size, recordBytes: UInt64(record.count))
                 index.order.touch(name)
                 index.committedBytes += size
                 index.reservedBytes -= size

@@ -85,7 +85,9 @@ public final class DiskCacheTier: Sendable {
 
     struct Entry {
         var generation: UInt64
+        /// The record's and the body file's sizes together.
         var bytes: UInt64
+        var recordBytes: UInt64
     }
     struct Failure {
         var code: Int32
@@ -243,7 +245,6 @@ public final class DiskCacheTier: Sendable {
             return false
         }
         guard record.key == Array(key.utf8) else { return false }
-        let oldSize = UInt64(bytes.count)
         record.metadata = metadata
         let encoded = record.encoded()
         let temporary = DiskEntryNames.recordTemporary(name, UInt64.random(in: 1...UInt64.max))
@@ -254,8 +255,10 @@ public final class DiskCacheTier: Sendable {
         let done = index.withLock { index -> Bool in
             guard var entry = index.entries[name], entry.generation == opened.generation,
                   renameat(directoryFD, temporary, directoryFD, DiskEntryNames.record(name)) == 0 else { return false }
-            entry.bytes = entry.bytes - oldSize + UInt64(encoded.count)
-            index.committedBytes = index.committedBytes - oldSize + UInt64(encoded.count)
+            let size = UInt64(encoded.count)
+            index.committedBytes = index.committedBytes - entry.recordBytes + size
+            entry.bytes = entry.bytes - entry.recordBytes + size
+            entry.recordBytes = size
             index.entries[name] = entry
             return true
         }

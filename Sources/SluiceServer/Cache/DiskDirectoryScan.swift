@@ -47,7 +47,8 @@ enum DiskDirectoryScan {
                 summary.dropped += 1
                 continue
             }
-            let entry = DiskCacheTier.Entry(generation: record.generation, bytes: UInt64(bytes.count) + record.bodyFileSize)
+            let entry = DiskCacheTier.Entry(generation: record.generation, bytes: UInt64(bytes.count) + record.bodyFileSize,
+                                            recordBytes: UInt64(bytes.count))
             kept.append((name, entry, st.st_mtim))
         }
         kept.sort { ($0.mtime.tv_sec, $0.mtime.tv_nsec) < ($1.mtime.tv_sec, $1.mtime.tv_nsec) }
