@@ -230,6 +230,10 @@ import Testing
         #expect(t.open(key: "trailer") == nil)
         #expect(t.usage.entries == 1 && t.usage.bytes == s.bytesOnDisk)
         #expect(try readAll(t, "later")?.body == body)
+        // A file deleted behind the tier's back: a miss, and the entry is forgotten.
+        unlink(bodyFile("later"))
+        #expect(t.open(key: "later") == nil)
+        #expect(t.usage == DiskCacheTier.Usage(entries: 0, bytes: 0) && s.files.isEmpty)
     }
 
     @Test func readersKeepTheEntryTheyOpenedThroughEvictionReplacementAndRemoval() throws {

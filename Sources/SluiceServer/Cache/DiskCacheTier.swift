@@ -198,18 +198,22 @@ public final class DiskCacheTier: Sendable {
     /// for an entry whose record or trailer fails verification (which is dropped).
     public func open(key: String) -> Reader? {
         let name = DiskEntryNames.name(forKey: key)
+        var vanished: UInt64?
         let opened = index.withLock { index -> (record: Int32, body: Int32, generation: UInt64)? in
             guard let entry = index.entries[name] else { return nil }
             let record = openat(directoryFD, DiskEntryNames.record(name), O_RDONLY | O_CLOEXEC)
-            guard record >= 0 else { return nil }
-            let body = openat(directoryFD, DiskEntryNames.body(name, entry.generation), O_RDONLY | O_CLOEXEC)
+            let body = record >= 0 ? openat(directoryFD, DiskEntryNames.body(name, entry.generation), O_RDONLY | O_CLOEXEC) : -1
             guard body >= 0 else {
-                close(record)
+                // Deleted behind the tier's back: forget the entry rather than count it forever.
+                if record >= 0 { close(record) }
+                removeLocked(name, &index)
+                vanished = entry.generation
                 return nil
             }
             index.order.touch(name)
             return (record, body, entry.generation)
         }
+        if let vanished { unlinkat(directoryFD, DiskEntryNames.body(name, vanished), 0) }
         guard let opened else { return nil }
         let bytes = DiskFile.readRecord(opened.record)
         close(opened.record)
