@@ -64,13 +64,18 @@ import Synchronization
 ///
 /// Threading: one tier is shared by every worker. The index (entries, LRU order, byte counts,
 /// failure episode) is a `Mutex`; it is held only for index updates and for the cheap file
-/// operations that must be atomic with them (open, rename, unlink of a record). File data IO
-/// happens on the calling thread without the lock, one block (`blockSize`, 256 KiB by
-/// default) per call: `Writer.append` blocks for at most a block write plus its hash
-/// (~0.3 ms to the page cache), `Reader.next` for one block read plus hash, `open` for two
-/// small reads; an eviction also unlinks body files (a large one can take milliseconds on
-/// ext4). `init` scans the directory (one small read per entry) before returning. A `Writer`
-/// or `Reader` belongs to the thread that uses it (not `Sendable`).
+/// operations that must be atomic with them (opening an entry's two files, renaming or
+/// unlinking a record). Data IO happens on the calling thread without the lock, in blocks
+/// (`blockSize`, 256 KiB by default): `Writer.append` blocks for the blocks its chunk
+/// completes (each a write to the page cache plus its hash, ~0.3 ms), `Reader.next` for one
+/// block read plus its hash, `open` for two small reads. A call that needs room evicts, and
+/// unlinking an evicted body (outside the lock) can take milliseconds for a large one on ext4.
+/// `init` scans the directory before it returns: one small read and two stats per entry
+/// (measured: 2,000 entries in ~0.2 s with the page cache warm, ~0.8 s cold). A `Writer` or `Reader` belongs to the thread that uses it (not `Sendable`).
+///
+/// Descriptors: the tier owns its directory's (closed in `deinit`, which releases the lock); a
+/// `Writer` owns its temporary's until it commits or aborts; a `Reader` owns its body file's
+/// until it is released. Nothing is handed to C beyond the duration of a call.
 public final class DiskCacheTier: Sendable {
     /// Body blocks are hashed and read in units of 256 KiB by default.
     public static let defaultBlockSize = 256 * 1024
