@@ -169,6 +169,21 @@ def test_full_disk_fails_stores_once_logged_and_serves_what_fits(probe, tiny_tmp
     assert assert_whole_or_miss(entries["small"], {}) == 5 and not entries["big"]["hit"]
 
 
+def test_read_only_file_system_keeps_serving_what_is_stored(probe, tiny_tmpfs):
+    directory = tiny_tmpfs / "cache"
+    out = subprocess.run([probe, "store", str(directory), "kept", "300000", "3", "1"], capture_output=True, text=True, timeout=60)
+    assert "committed 3" in out.stdout, out.stdout
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
+    out = subprocess.run([probe, "store", str(directory), "new", "300000", "4", "2"], capture_output=True, text=True, timeout=60)
+    lines = out.stdout.splitlines()
+    assert "failed 4" in lines and "failed 5" in lines, out.stdout
+    logs = [line for line in lines if line.startswith("LOG ")]
+    assert len(logs) == 1 and "EROFS" in logs[0], logs
+    entries, scan = check(probe, directory, "kept", "new")
+    assert assert_whole_or_miss(entries["kept"], {}) == 3 and not entries["new"]["hit"]
+    assert scan["kept"] == 1
+
+
 def test_unwritable_directory_fails_stores_once_logged(probe):
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root and setpriv to run the probe as an unprivileged user")
