@@ -364,6 +364,26 @@ import Testing
         mkdir(s.path, 0o700)
     }
 
+    @Test func recordsRoundTripAndForgedOnesAreRefused() {
+        let record = DiskEntryRecord(key: Array("k".utf8), metadata: [1, 2, 3], bodyLength: 5000, blockSize: 4096,
+                                     generation: 7, trailerDigest: Digest32(of: [9]))
+        let bytes = record.encoded()
+        #expect(DiskEntryRecord.decode(bytes) == record && record.blockCount == 2 && record.bodyFileSize == 5064)
+        #expect(DiskEntryRecord.decode(Array(bytes.dropLast())) == nil && DiskEntryRecord.decode([]) == nil)
+        for i in [0, 9, 17, 30, 81, bytes.count - 1] {
+            var flipped = bytes
+            flipped[i] ^= 1
+            #expect(DiskEntryRecord.decode(flipped) == nil, "byte \(i)")
+        }
+        // Sealed but absurd (only a forger can seal): refused before any size arithmetic.
+        var huge = record
+        huge.bodyLength = .max
+        #expect(DiskEntryRecord.decode(huge.encoded()) == nil)
+        var tiny = record
+        tiny.blockSize = 1
+        #expect(DiskEntryRecord.decode(tiny.encoded()) == nil)
+    }
+
     @Test func lruOrder() {
         var o = LRUOrder<String>()
         for k in ["a", "b", "c", "d"] { o.touch(k) }

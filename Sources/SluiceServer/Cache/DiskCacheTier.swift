@@ -77,7 +77,7 @@ import Synchronization
 /// `Writer` owns its temporary's until it commits or aborts; a `Reader` owns its body file's
 /// until it is released. Nothing is handed to C beyond the duration of a call.
 public final class DiskCacheTier: Sendable {
-    /// Body blocks are hashed and read in units of 256 KiB by default.
+    /// Body blocks are hashed and read in units of 256 KiB by default (4 KiB to 1 GiB).
     public static let defaultBlockSize = 256 * 1024
 
     public let directory: String
@@ -152,7 +152,7 @@ public final class DiskCacheTier: Sendable {
     /// rest is indexed, and entries beyond `capacity` are evicted.
     public init(directory: String, capacity: UInt64, blockSize: Int = defaultBlockSize,
                 log: @escaping @Sendable (String) -> Void) throws(OpenError) {
-        precondition(blockSize > 0 && blockSize <= 1 << 30)
+        precondition(DiskEntryRecord.blockSizes.contains(UInt32(clamping: blockSize)), "blockSize: 4 KiB to 1 GiB")
         self.directory = directory
         self.capacity = capacity
         self.blockSize = blockSize

@@ -58,6 +58,12 @@ struct DiskEntryRecord: Equatable {
     static let maxMetadata = 1 << 20
     /// The largest key a record holds: 64 KiB.
     static let maxKey = 1 << 16
+    /// Block sizes a record may name: 4 KiB to 1 GiB.
+    static let blockSizes: ClosedRange<UInt32> = 4096...(1 << 30)
+    /// The largest body a record may name (1 PiB): with the block sizes above, the body file's
+    /// size and its trailer's length cannot overflow, whatever a record that passed its seal
+    /// (a deliberately forged one) says.
+    static let maxBody: UInt64 = 1 << 50
 
     var key: [UInt8]
     var metadata: [UInt8]
@@ -106,7 +112,7 @@ struct DiskEntryRecord: Equatable {
         let sealed = bytes.withUnsafeBytes { Digest32(bytes: Array(bytes[sealAt...])).matches(UnsafeRawBufferPointer(rebasing: $0[0..<sealAt])) }
         guard sealed else { return nil }
         let blockSize = get32(bytes, 32)
-        guard blockSize > 0 else { return nil }
+        guard blockSizes.contains(blockSize), get64(bytes, 24) <= maxBody else { return nil }
         return DiskEntryRecord(
             key: Array(bytes[fixedSize..<fixedSize + keyLength]),
             metadata: Array(bytes[fixedSize + keyLength..<sealAt]),
