@@ -144,7 +144,13 @@ case "bench":
         guard let r = tier.open(key: "big") else { exit(1) }
         while let chunk = try! r.next() { _ = chunk.count }
     }
-    say("hit read 64 MiB x\(rounds): \(Int(Double(size) * Double(rounds) / (now() - t) / 1e6)) MB/s")
+    say("hit read 64 MiB x\(rounds), next(): \(Int(Double(size) * Double(rounds) / (now() - t) / 1e6)) MB/s")
+    t = now()
+    for _ in 0..<rounds {
+        guard let r = tier.open(key: "big") else { exit(1) }
+        while try! r.withNextBlock({ $0.count }) != nil {}
+    }
+    say("hit read 64 MiB x\(rounds), withNextBlock: \(Int(Double(size) * Double(rounds) / (now() - t) / 1e6)) MB/s")
     let small = 2000
     for i in 0..<small { _ = store(tier, key: "small\(i)", size: 1024, seed: UInt64(i)) }
     t = now()

@@ -97,6 +97,11 @@ import Testing
             let got = try #require(try readAll(t, "k\(i)"))
             #expect(got.metadata == "head \(i)" && got.body == Self.body(i, n))
         }
+        // The same through the reader's own buffer.
+        let r = try #require(t.open(key: "k5"))
+        var viaBuffer: [UInt8] = []
+        while try r.withNextBlock({ viaBuffer += $0 }) != nil {}
+        #expect(viaBuffer == Self.body(5, shapes[5]))
         #expect(t.open(key: "absent") == nil)
         #expect(t.usage.entries == shapes.count)
         #expect(t.usage.bytes == s.bytesOnDisk)

@@ -20,6 +20,7 @@ extension DiskCacheTier {
         private let fd: Int32
         private var block = 0
         private let blocks: Int
+        private var buffer: [UInt8] = []
 
         public let metadata: [UInt8]
         public let bodyLength: UInt64
@@ -43,22 +44,39 @@ extension DiskCacheTier {
         /// The next block of the body, nil after the last. Throws `CorruptEntry` (and drops
         /// the entry) for a block that cannot be read whole or fails its digest.
         public func next() throws(CorruptEntry) -> [UInt8]? {
+            try withNextBlock { Array($0) }
+        }
+
+        /// Calls `body` with the next block of the body, read into the reader's own buffer (no
+        /// allocation per block; the bytes are valid only during the call), and returns what it
+        /// returns; nil after the last block. Throws like `next()`.
+        public func withNextBlock<R>(_ body: (UnsafeRawBufferPointer) -> R) throws(CorruptEntry) -> R? {
             guard block < blocks else { return nil }
             let offset = UInt64(block) * UInt64(blockSize)
             let count = Int(min(UInt64(blockSize), bodyLength - offset))
+            if buffer.count < count { buffer = [UInt8](repeating: 0, count: count) }
             let at = block * Digest32.size
-            let data = DiskFile.read(fd, count: count, offset: offset)
-            let intact = data?.withUnsafeBytes { bytes in
-                trailer.withUnsafeBytes { Digest32.matches(bytes, expected: UnsafeRawBufferPointer(rebasing: $0[at..<at + Digest32.size])) }
-            } ?? false
-            guard let data, intact else {
+            var result: R?
+            let intact = buffer.withUnsafeMutableBytes { whole -> Bool in
+                let data = UnsafeMutableRawBufferPointer(rebasing: whole[0..<count])
+                guard DiskFile.preadAll(fd, into: data, offset: offset) else { return false }
+                let bytes = UnsafeRawBufferPointer(data)
+                let matches = trailer.withUnsafeBytes {
+                    Digest32.matches(bytes, expected: UnsafeRawBufferPointer(rebasing: $0[at..<at + Digest32.size]))
+                }
+                if matches { result = body(bytes) }
+                return matches
+            }
+            guard intact else {
                 let failed = block
                 block = blocks
+                buffer = []
                 tier.drop(name: name, generation: generation)
                 throw CorruptEntry(block: failed)
             }
             block += 1
-            return data
+            if block == blocks { buffer = [] }
+            return result
         }
     }
 }

@@ -13,8 +13,9 @@ import Synchronization
 /// - `beginWrite(key:metadata:)` → `Writer`; `append` the body as it streams, then `commit()`
 ///   (the entry becomes visible atomically, replacing any older one: last commit wins) or
 ///   `abort()` (nothing becomes visible; also what dropping an uncommitted writer does).
-/// - `open(key:)` → `Reader` with `metadata`, `bodyLength` and `next()` giving the body in
-///   blocks, each verified before it is returned. A reader opened before an eviction, removal
+/// - `open(key:)` → `Reader` with `metadata`, `bodyLength` and `next()` (or, without an
+///   allocation per block, `withNextBlock`) giving the body in blocks, each verified before
+///   it is returned. A reader opened before an eviction, removal
 ///   or replacement keeps reading the entry it opened (open descriptor, unlinked file).
 /// - `updateMetadata(key:_:)` replaces the metadata in place (a 304's updated head), `remove`
 ///   invalidates, `usage` reports entries and bytes.
