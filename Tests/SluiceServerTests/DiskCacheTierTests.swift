@@ -129,6 +129,7 @@ import Testing
         again.abort()
         #expect(try readAll(t, "c")?.metadata == "old")
         #expect(try readAll(t, "c")?.body == Self.body(3, 2 * Self.block))
+        #expect(t.index.withLock { $0.writing.isEmpty && $0.reservedBytes == 0 })
     }
 
     @Test func evictsLeastRecentlyUsedToStayWithinCapacity() throws {
@@ -146,6 +147,7 @@ import Testing
         #expect(store(t, "e", "e", Self.body(2, n)))
         #expect(t.open(key: "a") == nil)  // oldest after the opens above: a, c, d
         #expect(t.usage.entries == 3 && t.usage.bytes <= t.capacity && s.bytesOnDisk <= t.capacity)
+        #expect(t.namesOldestFirst == ["c", "d", "e"].map(DiskEntryNames.name(forKey:)))
         // A body that cannot fit even in an empty tier fails its writer, evicting nothing
         // beyond what it reserved, logging nothing, leaving no file.
         let log = Lines()
@@ -154,6 +156,26 @@ import Testing
         let w = try #require(small.beginWrite(key: "huge", metadata: []))
         #expect(!w.append(Self.body(3, 5 * Self.block)))
         #expect(!w.commit() && s2.files.isEmpty && log.all.isEmpty)
+    }
+
+    @Test func removeCancelsTheWritesOfItsKeyInProgress() throws {
+        let s = Scratch()
+        let t = try tier(s)
+        #expect(store(t, "k", "stored", Self.body(1, 100)))
+        let before = try #require(t.beginWrite(key: "k", metadata: Array("begun before".utf8)))
+        let other = try #require(t.beginWrite(key: "other", metadata: []))
+        before.append(Self.body(2, 3 * Self.block))
+        t.remove(key: "k")  // invalidation while a response for k streams in
+        let after = try #require(t.beginWrite(key: "k", metadata: Array("begun after".utf8)))
+        after.append(Self.body(3, 100))
+        #expect(!before.commit())
+        #expect(t.open(key: "k") == nil)
+        #expect(after.commit() && other.commit())
+        #expect(try readAll(t, "k")?.metadata == "begun after")
+        #expect(t.usage.entries == 2 && t.usage.bytes == s.bytesOnDisk && s.files.count == 4)
+        // Nothing is left over: the next writer of k is not cancelled by the old removal.
+        #expect(store(t, "k", "again", Self.body(4, 10)))
+        #expect(t.index.withLock { $0.writing.isEmpty && $0.cancelled.isEmpty && $0.reservedBytes == 0 })
     }
 
     @Test func restartRebuildsTheIndexFromTheDirectory() throws {
@@ -307,6 +329,7 @@ import Testing
         }
         #expect(mismatches.all.isEmpty)
         #expect(t.usage.entries == 2 && t.usage.bytes == s.bytesOnDisk)  // k and shared
+        #expect(t.index.withLock { $0.writing.isEmpty && $0.cancelled.isEmpty && $0.reservedBytes == 0 })
         #expect(s.files.count == 4, "\(s.files)")
         #expect(!hits.all.isEmpty)
     }

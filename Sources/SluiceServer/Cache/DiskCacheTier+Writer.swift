@@ -66,7 +66,8 @@ extension DiskCacheTier {
         }
 
         /// Makes the entry visible (replacing any entry of the same key). False if the writer
-        /// had failed or the final writes fail; the writer is finished either way.
+        /// had failed, the final writes fail, or the key was removed while it wrote; the writer
+        /// is finished either way.
         @discardableResult
         public func commit() -> Bool {
             guard state == .open else { return false }
@@ -88,10 +89,12 @@ extension DiskCacheTier {
             }
             let size = reserved
             var renameError: Int32 = 0
-            let outcome = tier.index.withLock { index -> (replaced: UInt64?, recovered: String?)? in
+            enum Outcome { case committed(replaced: UInt64?, recovered: String?), cancelled, failed }
+            let outcome = tier.index.withLock { index -> Outcome in
+                guard !index.cancelled.contains(generation) else { return .cancelled }
                 guard renameat(tier.directoryFD, temporary, tier.directoryFD, DiskEntryNames.record(name)) == 0 else {
                     renameError = errno
-                    return nil
+                    return .failed
                 }
                 let replaced = index.entries[name]
                 if let replaced { index.committedBytes -= replaced.bytes }
@@ -99,18 +102,21 @@ extension DiskCacheTier {
                 index.order.touch(name)
                 index.committedBytes += size
                 index.reservedBytes -= size
-                return (replaced?.generation, tier.recoveredLocked(&index))
+                DiskCacheTier.forgetWriteLocked(name, generation, &index)
+                return .committed(replaced: replaced?.generation, recovered: tier.recoveredLocked(&index))
             }
-            guard let outcome else {
+            guard case .committed(let replaced, let recovered) = outcome else {
                 unlinkat(tier.directoryFD, temporary, 0)
-                return fail(renameError, "rename a record", body: body)
+                if case .failed = outcome { return fail(renameError, "rename a record", body: body) }
+                finish(body: body)
+                return false
             }
             reserved = 0
             state = .committed
-            if let replaced = outcome.replaced, replaced != generation {
+            if let replaced, replaced != generation {
                 unlinkat(tier.directoryFD, DiskEntryNames.body(name, replaced), 0)
             }
-            if let line = outcome.recovered { tier.log(line) }
+            if let recovered { tier.log(recovered) }
             return true
         }
 
@@ -157,7 +163,7 @@ extension DiskCacheTier {
             }
             unlinkat(tier.directoryFD, DiskEntryNames.bodyTemporary(name, generation), 0)
             if let body { unlinkat(tier.directoryFD, body, 0) }
-            tier.release(reserved)
+            tier.writeEnded(name: name, generation: generation, reserved: reserved)
             reserved = 0
             buffer = []
             digests = []

@@ -17,8 +17,9 @@ import Synchronization
 ///   allocation per block, `withNextBlock`) giving the body in blocks, each verified before
 ///   it is returned. A reader opened before an eviction, removal
 ///   or replacement keeps reading the entry it opened (open descriptor, unlinked file).
-/// - `updateMetadata(key:_:)` replaces the metadata in place (a 304's updated head), `remove`
-///   invalidates, `usage` reports entries and bytes.
+/// - `updateMetadata(key:_:)` replaces the metadata in place (a 304's updated head);
+///   `remove` invalidates the entry and the key's writes in progress (their commit fails);
+///   `usage` reports entries and bytes.
 ///
 /// Files (all little-endian; `N` = SHA-256 of the key in hex, `G` = a random 64-bit generation
 /// per write, 16 hex digits):
@@ -97,7 +98,6 @@ public final class DiskCacheTier: Sendable {
     }
     struct Failure {
         var code: Int32
-        var operation: String
         var count: Int
     }
     struct Index {
@@ -106,6 +106,10 @@ public final class DiskCacheTier: Sendable {
         var committedBytes: UInt64 = 0
         var reservedBytes: UInt64 = 0
         var failure: Failure?
+        /// Generations of the writes in progress, by entry name.
+        var writing: [String: Set<UInt64>] = [:]
+        /// Writes in progress whose key was removed meanwhile: their commit fails.
+        var cancelled: Set<UInt64> = []
     }
     let index: Mutex<Index>
 
@@ -197,6 +201,7 @@ public final class DiskCacheTier: Sendable {
             writeFailed(code: errno, operation: "create a body file")
             return nil
         }
+        index.withLock { _ = $0.writing[name, default: []].insert(generation) }
         return Writer(tier: self, name: name, key: keyBytes, metadata: metadata, generation: generation, fd: fd)
     }
 
@@ -276,10 +281,13 @@ public final class DiskCacheTier: Sendable {
         return done
     }
 
-    /// Invalidates `key`'s entry (readers that have it open keep reading it).
+    /// Invalidates `key`'s entry (readers that have it open keep reading it) and the writes of
+    /// `key` in progress: their `commit()` fails, so a response that was streaming in when its
+    /// key was invalidated is not stored.
     public func remove(key: String) {
         let name = DiskEntryNames.name(forKey: key)
         let removed = index.withLock { index -> UInt64? in
+            if let writing = index.writing[name] { index.cancelled.formUnion(writing) }
             guard let entry = index.entries[name] else { return nil }
             removeLocked(name, &index)
             return entry.generation
@@ -331,8 +339,19 @@ public final class DiskCacheTier: Sendable {
         return true
     }
 
-    func release(_ bytes: UInt64) {
-        index.withLock { $0.reservedBytes -= bytes }
+    /// A write ended without committing: forgets it and releases its reservation.
+    func writeEnded(name: String, generation: UInt64, reserved bytes: UInt64) {
+        index.withLock { index in
+            index.reservedBytes -= bytes
+            Self.forgetWriteLocked(name, generation, &index)
+        }
+    }
+
+    static func forgetWriteLocked(_ name: String, _ generation: UInt64, _ index: inout Index) {
+        index.cancelled.remove(generation)
+        guard var writing = index.writing[name] else { return }
+        writing.remove(generation)
+        index.writing[name] = writing.isEmpty ? nil : writing
     }
 
     /// A write failed with `code`: the first failure of an episode is logged.
@@ -342,7 +361,7 @@ public final class DiskCacheTier: Sendable {
                 index.failure!.count += 1
                 return false
             }
-            index.failure = Failure(code: code, operation: operation, count: 1)
+            index.failure = Failure(code: code, count: 1)
             return true
         }
         if first {
