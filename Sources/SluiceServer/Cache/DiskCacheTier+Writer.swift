@@ -1,16 +1,19 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import COpenSSL
 
 extension DiskCacheTier {
     /// One body being stored: `append` its chunks in order, then `commit()` or `abort()`.
-    /// Bytes are gathered into blocks of the tier's `blockSize`; each full block is hashed,
-    /// counted against the tier's capacity (evicting as needed) and written to the body's
-    /// temporary file. Any failure ends the writer: later calls return false, the temporary is
-    /// gone, and nothing of it is ever visible. A writer dropped without `commit()` aborts.
+    /// Each chunk is counted against the tier's capacity (evicting as needed), written straight
+    /// to the body's temporary file (no copy, no buffer: a writer holds a hash context and its
+    /// block digests, 32 bytes per block, not a block of data) and hashed into its block's
+    /// SHA-256. Any failure ends the writer: later calls return false, the temporary is gone,
+    /// and nothing of it is ever visible. A writer dropped without `commit()` aborts.
     ///
     /// Threading: belongs to the worker thread that streams the body (not `Sendable`); each
-    /// `append` blocks at most for the block writes its chunk completes (see the tier's note).
+    /// `append` blocks for one `write` of its chunk (two if it ends a block) and its hash.
+    /// The OpenSSL digest context is the writer's own, freed in `deinit`.
     public final class Writer {
         private enum State { case open, failed, committed }
 
@@ -21,7 +24,9 @@ extension DiskCacheTier {
         private let generation: UInt64
         private var fd: Int32
         private var state = State.open
-        private var buffer: [UInt8]
+        /// The SHA-256 of the block being written (`EVP_MD_CTX`, owned).
+        private let hash: OpaquePointer
+        private var blockFill = 0
         private var digests: [UInt8] = []
         private var length: UInt64 = 0
         private var reserved: UInt64 = 0
@@ -36,12 +41,13 @@ extension DiskCacheTier {
             self.metadata = metadata
             self.generation = generation
             self.fd = fd
-            buffer = []
-            buffer.reserveCapacity(tier.blockSize)
+            hash = EVP_MD_CTX_new()!
+            EVP_DigestInit_ex(hash, EVP_sha256(), nil)
         }
 
         deinit {
             if state == .open { abort() }
+            EVP_MD_CTX_free(hash)
         }
 
         /// Appends the next chunk of the body; false once the writer has failed (a write error,
@@ -51,11 +57,16 @@ extension DiskCacheTier {
             guard state == .open else { return false }
             var rest = chunk
             while !rest.isEmpty {
-                let take = min(rest.count, tier.blockSize - buffer.count)
-                buffer.append(contentsOf: rest[rest.startIndex..<rest.startIndex + take])
-                rest = UnsafeRawBufferPointer(rebasing: rest[(rest.startIndex + take)...])
+                let take = min(rest.count, tier.blockSize - blockFill)
+                let piece = UnsafeRawBufferPointer(rebasing: rest[rest.startIndex..<rest.startIndex + take])
+                // A block's first byte also reserves the block's digest in the trailer.
+                guard reserveOrFail(UInt64(take + (blockFill == 0 ? Digest32.size : 0))) else { return false }
+                EVP_DigestUpdate(hash, piece.baseAddress, take)
+                if let code = DiskFile.writeAll(fd, piece) { return fail(code, "write a body file") }
+                blockFill += take
                 length += UInt64(take)
-                if buffer.count == tier.blockSize, !flushBlock() { return false }
+                if blockFill == tier.blockSize { endBlock() }
+                rest = UnsafeRawBufferPointer(rebasing: rest[(rest.startIndex + take)...])
             }
             return true
         }
@@ -71,7 +82,7 @@ extension DiskCacheTier {
         @discardableResult
         public func commit() -> Bool {
             guard state == .open else { return false }
-            if !buffer.isEmpty, !flushBlock() { return false }
+            if blockFill > 0 { endBlock() }
             if let code = digests.withUnsafeBytes({ DiskFile.writeAll(fd, $0) }) { return fail(code, "write a body file") }
             let closed = close(fd)
             fd = -1
@@ -126,15 +137,12 @@ extension DiskCacheTier {
             finish(body: nil)
         }
 
-        private func flushBlock() -> Bool {
-            guard reserveOrFail(UInt64(buffer.count + Digest32.size)) else { return false }
-            let failure = buffer.withUnsafeBytes { block -> Int32? in
-                digests += Digest32(of: block).bytes
-                return DiskFile.writeAll(fd, block)
-            }
-            buffer.removeAll(keepingCapacity: true)
-            if let failure { return fail(failure, "write a body file") }
-            return true
+        private func endBlock() {
+            var md = [UInt8](repeating: 0, count: Digest32.size)
+            EVP_DigestFinal_ex(hash, &md, nil)
+            digests += md
+            EVP_DigestInit_ex(hash, EVP_sha256(), nil)
+            blockFill = 0
         }
 
         /// Reserves capacity; a body that cannot fit ends the writer (not a failure episode:
@@ -165,7 +173,6 @@ extension DiskCacheTier {
             if let body { unlinkat(tier.directoryFD, body, 0) }
             tier.writeEnded(name: name, generation: generation, reserved: reserved)
             reserved = 0
-            buffer = []
             digests = []
         }
     }
