@@ -67,17 +67,19 @@ import Synchronization
 /// Threading: one tier is shared by every worker. The index (entries, LRU order, byte counts,
 /// failure episode) is a `Mutex`; it is held only for index updates and for the cheap file
 /// operations that must be atomic with them (opening an entry's two files, renaming or
-/// unlinking a record). Data IO happens on the calling thread without the lock, in blocks
-/// (`blockSize`, 256 KiB by default): `Writer.append` blocks for the blocks its chunk
-/// completes (each a write to the page cache plus its hash, ~0.3 ms), `Reader.next` for one
+/// unlinking a record). Data IO happens on the calling thread without the lock:
+/// `Writer.append` blocks for one write of its chunk to the page cache plus its hash (a
+/// 256 KiB chunk: ~0.3 ms), `Reader.next` for one (`blockSize`, 256 KiB by default)
 /// block read plus its hash, `open` for two small reads. A call that needs room evicts, and
 /// unlinking an evicted body (outside the lock) can take milliseconds for a large one on ext4.
 /// `init` scans the directory before it returns: one small read and two stats per entry
-/// (measured: 2,000 entries in ~0.2 s with the page cache warm, ~0.8 s cold). A `Writer` or `Reader` belongs to the thread that uses it (not `Sendable`).
+/// (measured: 2,000 entries in ~0.2 s with the page cache warm, ~0.8 s cold). A `Writer` or
+/// `Reader` belongs to the thread that uses it (not `Sendable`).
 ///
 /// Descriptors: the tier owns its directory's (closed in `deinit`, which releases the lock); a
-/// `Writer` owns its temporary's until it commits or aborts; a `Reader` owns its body file's
-/// until it is released. Nothing is handed to C beyond the duration of a call.
+/// `Writer` owns its temporary's until it commits or aborts, and its OpenSSL hash context until
+/// `deinit`; a `Reader` owns its body file's until it is released. No pointer is handed to C
+/// beyond the duration of a call.
 public final class DiskCacheTier: Sendable {
     /// Body blocks are hashed and read in units of 256 KiB by default (4 KiB to 1 GiB).
     public static let defaultBlockSize = 256 * 1024
