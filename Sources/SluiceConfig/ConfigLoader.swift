@@ -148,7 +148,7 @@ struct NodeReader {
 
     mutating func readRoot(_ root: Node, into config: inout SluiceConfiguration) {
         let known = ["listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes",
-                     "monitors", "redact_query", "admin", "log_format", "log_level"]
+                     "monitors", "redact_query", "admin", "log_format", "log_level", "upstream"]
         var policyEntries: [PolicyEntry] = []
         var monitorSpecs: [(MonitorSpec, Node)] = []
         var redactQuery: Set<String> = []
@@ -162,6 +162,7 @@ struct NodeReader {
             case "tls": r.readTLS(value, into: &config.server.tls)
             case "routes": r.readRoutes(value, into: &config.server.routes)
             case "admin": r.readAdmin(value, into: &config.server.admin)
+            case "upstream": r.readUpstreamPool(value, into: &config.server.upstream)
             case "log_format": r.readLogFormat(value, into: &config.server.logFormat)
             case "log_level": r.readLogLevel(value, into: &config.server.logLevel)
             case "policies": policyEntries = r.readPolicies(value)

@@ -31,7 +31,11 @@ public enum PolicyDescription {
         }
         lines.append("  trust: \(describe(policy.trust))")
         if let up = policy.upstream {
-            lines.append("  upstream: scheme \(up.scheme.rawValue)" + (up.port.map { ", port \($0)" } ?? ""))
+            var parts: [String] = []
+            if let scheme = up.scheme { parts.append("scheme \(scheme.rawValue)") }
+            if let port = up.port { parts.append("port \(port)") }
+            parts.append("http2 \(up.http2.rawValue)")
+            lines.append("  upstream: " + parts.joined(separator: ", "))
         }
         if let parent = policy.upstreamProxy {
             lines.append("  upstream_proxy: \(parent.url)"

@@ -161,30 +161,48 @@ extension NodeReader {
         }
     }
 
+    /// A policy's `upstream:` section: `scheme`, `port` (where plain-HTTP requests go) and
+    /// `http2` (Sources/SluiceCore/Features/HTTP2.swift).
     mutating func readUpstream(_ node: Node) -> PolicyEntry.Section<UpstreamOverride> {
         if node.scalar?.string == "off" { return .off }
-        guard case .mapping = node else {
-            fail(node, "upstream must be a map, e.g. { scheme: https } or { scheme: https, port: 8443 }")
+        guard case .mapping(let m) = node else {
+            fail(node, "upstream must be a map, e.g. { scheme: https }, { scheme: https, port: 8443 } or { http2: off }")
             return .inherit
         }
         var scheme: UpstreamOverride.Scheme?
         var port: Int?
-        entries(node, in: "upstream", known: ["scheme", "port"]) { r, key, value in
-            if key == "scheme" {
-                if let s = value.scalar.flatMap({ UpstreamOverride.Scheme(rawValue: $0.string) }) { scheme = s } else { r.fail(value, "scheme must be http or https") }
-            } else if let n = value.scalar.flatMap({ Int($0.string) }), (1...65535).contains(n) {
-                port = n
-            } else {
-                r.fail(value, "port must be 1 to 65535")
+        var http2 = HTTP2Mode.auto
+        var valid = true
+        entries(node, in: "upstream", known: ["scheme", "port", "http2"]) { r, key, value in
+            switch key {
+            case "scheme":
+                if let s = value.scalar.flatMap({ UpstreamOverride.Scheme(rawValue: $0.string) }) { scheme = s } else {
+                    r.fail(value, "scheme must be http or https")
+                    valid = false
+                }
+            case "http2":
+                if let mode = value.scalar.flatMap({ HTTP2Mode(rawValue: $0.string) }) { http2 = mode } else {
+                    r.fail(value, "http2 must be auto, off or prior_knowledge")
+                    valid = false
+                }
+            default:
+                if let n = value.scalar.flatMap({ Int($0.string) }), (1...65535).contains(n) { port = n } else {
+                    r.fail(value, "port must be 1 to 65535")
+                    valid = false
+                }
             }
         }
-        guard let scheme else {
-            if case .mapping(let m) = node, !m.contains(where: { k, _ in k.scalar?.string == "scheme" }) {
-                fail(node, "upstream needs scheme (http or https)")
-            }
+        let written = Set(m.compactMap { k, _ in k.scalar?.string })
+        if scheme == nil, written.contains("port"), !written.contains("scheme") {
+            fail(node, "upstream.port needs scheme (http or https)")
             return .inherit
         }
-        return .on(UpstreamOverride(scheme: scheme, port: port))
+        if written.isEmpty {
+            fail(node, "upstream needs scheme (http or https) or http2")
+            return .inherit
+        }
+        guard valid else { return .inherit }
+        return .on(UpstreamOverride(scheme: scheme, port: port, http2: http2))
     }
 
     mutating func readClientCertificate(_ node: Node) -> PolicyEntry.Section<ClientCertificate> {

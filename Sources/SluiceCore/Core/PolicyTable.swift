@@ -71,6 +71,8 @@ public final class HostPolicy: Sendable {
     /// How TLS connections to the host are evaluated (ServerTrustManager's answer for it).
     public let trust: ServerTrust
     public let upstream: UpstreamOverride?
+    /// The HTTP version policy for the host's origin (`upstream.http2`, default `auto`).
+    public var http2: HTTP2Mode { upstream?.http2 ?? .auto }
     /// The parent proxy the host's origin is reached through (`upstream_proxy:`).
     public let upstreamProxy: UpstreamProxy?
     public let clientCertificate: ClientCertificate?

@@ -18,6 +18,8 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var routes: [Route]
     /// The admin listener (`admin:`); nil (the default) means none.
     public var admin: Admin?
+    /// Each worker's origin connection pool (`upstream:`: Features/HTTP2.swift).
+    public var upstream = UpstreamPoolLimits()
     /// Diagnostics on standard error: `text` (the default) or `json` (`log_format`).
     public var logFormat: DiagnosticLogHandler.Format = .text
     /// The lowest diagnostic level written (`log_level`, default `info`; `SLUICE_LOG` overrides).

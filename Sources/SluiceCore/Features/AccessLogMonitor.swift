@@ -67,6 +67,13 @@ public final class AccessLogMonitor: LogMonitor {
         json.field("redirects", s.redirects)
         if let t = s.timings {
             json.timings("timings", t)
+            if let version = t.httpVersion {
+                json.field("upstream_protocol", version.rawValue)
+                json.raw("upstream_connection", t.newConnection ? "\"new\"" as StaticString : "\"reused\"")
+            } else {
+                json.raw("upstream_protocol", "null")
+                json.raw("upstream_connection", "null")
+            }
         } else {
             json.raw("timings", "null")
         }

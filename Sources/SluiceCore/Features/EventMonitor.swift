@@ -7,7 +7,20 @@ public struct TryTimings: Sendable, Equatable {
     public var tls: Int64 = 0
     public var firstByte: Int64 = 0
     public var total: Int64 = 0
+    /// The HTTP version the try spoke to the origin (nil when none was: no connection, or
+    /// one that failed before a request went out).
+    public var httpVersion: UpstreamHTTPVersion?
+    /// The try opened a connection of its own; false when it reused a pooled one or ran as
+    /// one more HTTP/2 stream on an open connection.
+    public var newConnection = false
     public init() {}
+}
+
+/// An upstream try's HTTP version, as the access log names it (`upstream_protocol`).
+public enum UpstreamHTTPVersion: String, Sendable, Equatable {
+    case http1_0 = "HTTP/1.0"
+    case http1_1 = "HTTP/1.1"
+    case http2 = "HTTP/2"
 }
 
 /// How an exchange ended.

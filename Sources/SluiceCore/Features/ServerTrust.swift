@@ -201,16 +201,22 @@ public final class ServerTrust: Sendable {
     }
 }
 
-/// `upstream:` in a policy: where a host's plain-HTTP requests really go. With `scheme: https`
-/// a plain-HTTP client's request is sent to the origin over TLS, under the host's trust.
+/// `upstream:` in a policy: where a host's plain-HTTP requests really go, and how Sluice talks
+/// to the host's origin. With `scheme: https` a plain-HTTP client's request is sent to the
+/// origin over TLS, under the host's trust; `http2` (HTTP2.swift) picks the HTTP version.
 public struct UpstreamOverride: Sendable, Equatable {
     public enum Scheme: String, Sendable { case http, https }
-    public var scheme: Scheme
+    /// The scheme plain-HTTP requests are sent with; nil keeps theirs (a section that only
+    /// sets `http2`).
+    public var scheme: Scheme?
     /// The origin's port; nil keeps the URL's explicit port, else the scheme's default.
     public var port: Int?
-    public init(scheme: Scheme, port: Int? = nil) {
+    /// `http2:`, default `auto`.
+    public var http2: HTTP2Mode
+    public init(scheme: Scheme?, port: Int? = nil, http2: HTTP2Mode = .auto) {
         self.scheme = scheme
         self.port = port
+        self.http2 = http2
     }
 }
 

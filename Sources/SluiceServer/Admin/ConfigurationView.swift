@@ -15,6 +15,8 @@ struct ConfigurationView: Encodable {
         let tls: TLS
         let routes: [Route]
         let admin: [String: String]?
+        /// `upstream:` (per worker): max_connections_per_host (0: no limit), max_streams.
+        let upstream: [String: Int]
     }
 
     struct Access: Encodable {
@@ -88,7 +90,9 @@ struct ConfigurationView: Encodable {
                 var view = ["listen": admin.listen]
                 if let token = admin.token { view["token"] = "\(token) (\(token.source))" }
                 return view
-            })
+            },
+            upstream: ["max_connections_per_host": s.upstream.maxConnectionsPerHost,
+                       "max_streams": s.upstream.maxStreams])
         let pipeline = configuration.pipeline
         policies = pipeline.policies.names.map { name in
             let text = PolicyDescription.describe(pipeline, host: name)

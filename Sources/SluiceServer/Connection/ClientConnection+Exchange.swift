@@ -205,6 +205,7 @@ extension ClientConnection {
         // its parent proxy, and for TLS its trust.
         let policy = request.target.host == exchange.policyHost ? exchange.policy : exchange.pipeline.policies.match(host: request.target.host)
         request.parentProxy = policy.upstreamProxy
+        request.http2 = policy.http2
         if request.target.scheme == .https {
             guard policy.trust.isAllowed else {
                 transferFailed(policy.trust.refusal(authority: request.target.authority), kind: .other)

@@ -71,7 +71,11 @@ struct RequestTarget: Equatable {
     /// The target a host's `upstream:` override sends a request to: the scheme changed, the
     /// port from the override, else the URL's explicit port, else the new scheme's default.
     func overridden(by override: UpstreamOverride) throws(ProxyError) -> RequestTarget {
-        let newScheme: Scheme = override.scheme == .https ? .https : .http
+        let newScheme: Scheme = switch override.scheme {
+        case .https?: .https
+        case .http?: .http
+        case nil: scheme
+        }
         guard scheme != newScheme || override.port != nil else { return self }
         let afterScheme = url[url.index(url.startIndex, offsetBy: scheme == .http ? 7 : 8)...]
         let authorityEnd = afterScheme.firstIndex { $0 == "/" || $0 == "?" } ?? afterScheme.endIndex

@@ -167,7 +167,7 @@ final class Worker {
         viaRequestLine = Array("Via: 1.1 \(viaPseudonym)".utf8)
         guard let base = event_base_new() else { throw ServerError.startup("cannot create an event loop") }
         self.base = base
-        session = UpstreamSession(base: base, share: share)
+        session = UpstreamSession(base: base, share: share, limits: configuration.server.upstream)
         upstreamGate = UpstreamGate(base: base, workerIndex: index, limits: configuration.server.limits,
                                     timeouts: configuration.server.timeouts)
         let me = Unmanaged.passUnretained(self).toOpaque()

@@ -42,7 +42,10 @@ enum CurlFailure {
              CURLE_SSL_SHUTDOWN_FAILED, CURLE_SSL_CRL_BADFILE, CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH,
              CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CLIENTCERT:
             return (.tlsFailure(host: authority, reason: detail), .other)
-        case CURLE_GOT_NOTHING, CURLE_SEND_ERROR, CURLE_RECV_ERROR:
+        case CURLE_GOT_NOTHING, CURLE_SEND_ERROR, CURLE_RECV_ERROR,
+             // An HTTP/2 stream reset (RST_STREAM) or a connection ended (GOAWAY) under it:
+             // before any response byte, as retryable as a lost HTTP/1.1 connection.
+             CURLE_HTTP2_STREAM, CURLE_HTTP2:
             return (.upstreamProtocol(host: authority, reason: detail), gotResponse ? .other : .reset)
         case CURLE_URL_MALFORMAT where purpose == .forward:
             return (.badURL(detail), .other)

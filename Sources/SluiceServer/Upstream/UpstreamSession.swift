@@ -76,7 +76,7 @@ final class UpstreamSession {
         init(fd: Int32) { self.fd = fd }
     }
 
-    init(base: OpaquePointer, share: UnsafeMutableRawPointer) {
+    init(base: OpaquePointer, share: UnsafeMutableRawPointer, limits: UpstreamPoolLimits = UpstreamPoolLimits()) {
         self.base = base
         self.share = share
         multi = curl_multi_init()
@@ -101,6 +101,11 @@ final class UpstreamSession {
         }
         // Keep enough idle upstream connections for a busy worker.
         sluice_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 1024)
+        // The server's `upstream:` limits (Features/HTTP2.swift), per worker as the pool is.
+        // HTTP/2 multiplexing itself is libcurl's default (CURLPIPE_MULTIPLEX); set it anyway.
+        sluice_multi_setopt_long(multi, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX))
+        sluice_multi_setopt_long(multi, CURLMOPT_MAX_HOST_CONNECTIONS, limits.maxConnectionsPerHost)
+        sluice_multi_setopt_long(multi, CURLMOPT_MAX_CONCURRENT_STREAMS, limits.maxStreams)
     }
 
     /// A session whose worker never ran (its start failed) frees libcurl's state here: it has
@@ -192,7 +197,13 @@ final class UpstreamSession {
     /// it (call before `finish` for a transfer abandoned midway). A FIN would queue behind
     /// unsent request body an origin is not reading: it would never learn that the upload
     /// stopped, and the connection would sit in FIN_WAIT1 holding its buffers.
+    ///
+    /// Not on an HTTP/2 connection: the transfer is one stream of it, which libcurl ends with
+    /// `RST_STREAM` when the handle is removed; the connection carries other streams.
     func abortConnection(of handle: UnsafeMutableRawPointer) {
+        var version = 0
+        sluice_easy_getinfo_long(handle, CURLINFO_HTTP_VERSION, &version)
+        if version == Int(CURL_HTTP_VERSION_2_0) { return }
         for case let w? in watches where w.easy == handle && w.wants != 0 {
             var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
             setsockopt(w.fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))

@@ -90,6 +90,8 @@ struct UpstreamRequest {
     var reuse = UpstreamTLS.ConnectionReuse()
     /// The target host's parent proxy (`upstream_proxy`), set when the try starts.
     var parentProxy: UpstreamProxy?
+    /// The target host's HTTP version policy (`upstream.http2`), set when the try starts.
+    var http2 = HTTP2Mode.auto
 
     var isHead: Bool { method == "HEAD" }
 }
@@ -259,6 +261,7 @@ final class UpstreamTransfer: CurlTransfer {
         }
         parentProxy = request.parentProxy
         request.parentProxy?.apply(to: h)
+        Self.applyProtocol(request.http2.protocolChoice(https: target.scheme == .https), to: h)
         if target.scheme == .https {
             UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
@@ -300,6 +303,18 @@ final class UpstreamTransfer: CurlTransfer {
                 return Int32(CURL_SEEKFUNC_OK)
             }
         }
+    }
+
+    /// `upstream.http2`'s choice for this try (set on every handle: a configured one may carry
+    /// another host's).
+    static func applyProtocol(_ choice: HTTP2Mode.ProtocolChoice, to h: UnsafeMutableRawPointer) {
+        let version = switch choice.version {
+        case .http1: CURL_HTTP_VERSION_1_1
+        case .negotiated: CURL_HTTP_VERSION_2TLS
+        case .priorKnowledge: CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
+        }
+        sluice_easy_setopt_long(h, CURLOPT_HTTP_VERSION, Int(version))
+        sluice_easy_setopt_long(h, CURLOPT_PIPEWAIT, choice.waitsForMultiplexing ? 1 : 0)
     }
 
     /// Starts the transfer and its per-try timer (start → response head).
@@ -497,6 +512,16 @@ final class UpstreamTransfer: CurlTransfer {
         sluice_easy_getinfo_off(handle, CURLINFO_APPCONNECT_TIME_T, &v); t.tls = Int64(v)
         sluice_easy_getinfo_off(handle, CURLINFO_STARTTRANSFER_TIME_T, &v); t.firstByte = Int64(v)
         sluice_easy_getinfo_off(handle, CURLINFO_TOTAL_TIME_T, &v); t.total = Int64(v)
+        var n = 0
+        sluice_easy_getinfo_long(handle, CURLINFO_HTTP_VERSION, &n)
+        switch n {
+        case Int(CURL_HTTP_VERSION_1_0): t.httpVersion = .http1_0
+        case Int(CURL_HTTP_VERSION_1_1): t.httpVersion = .http1_1
+        case Int(CURL_HTTP_VERSION_2_0): t.httpVersion = .http2
+        default: break
+        }
+        sluice_easy_getinfo_long(handle, CURLINFO_NUM_CONNECTS, &n)
+        t.newConnection = n > 0
         return t
     }
 
