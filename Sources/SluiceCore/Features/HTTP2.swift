@@ -20,6 +20,10 @@ public enum HTTP2Mode: String, Sendable, Equatable, CaseIterable {
 
     /// What one try asks libcurl for.
     public struct ProtocolChoice: Sendable, Equatable {
+        public init(version: Version, waitsForMultiplexing: Bool) {
+            self.version = version
+            self.waitsForMultiplexing = waitsForMultiplexing
+        }
         public enum Version: Sendable, Equatable {
             /// HTTP/1.1 only.
             case http1
