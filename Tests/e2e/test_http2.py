@@ -244,8 +244,12 @@ def test_64_clients_share_one_upstream_connection_per_worker(sluice_factory, tmp
 def test_max_streams_and_max_connections_per_host(sluice_factory, tmp_path, h2nginx):
     """max_streams: 4 makes a worker open more connections for 32 concurrent clients, and
     max_connections_per_host: 2 caps them (the rest wait for a stream)."""
+    admin = pick_port()
     proxy, _ = h2proxy(sluice_factory, tmp_path, None, h2nginx.tls_port,
-                       extra={"upstream": {"max_streams": 4, "max_connections_per_host": 2}})
+                       extra={"upstream": {"max_streams": 4, "max_connections_per_host": 2},
+                              "admin": {"listen": f"{HOST}:{admin}"}})
+    shown = session_via(None).get(f"http://{HOST}:{admin}/config", timeout=10).json()["server"]["upstream"]
+    assert shown == {"max_connections_per_host": 2, "max_streams": 4}, shown
     t = tag()
     codes = concurrent_gets(proxy.url, t, clients=32, per_client=3)
     assert codes == [200] * 96, codes
