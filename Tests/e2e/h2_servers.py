@@ -2,7 +2,8 @@
 threads, 127.0.0.1 only).
 
 `H2FaultServer(cert, key)` speaks only h2 (ALPN `h2`). Every request gets `200` and
-`ok <path>` unless a fault is armed for it:
+`ok <path>` (a path starting `/trailers`: that line 1000 times, no length, then a trailer
+section) unless a fault is armed for it:
   goaway  the connection answers the request's HEADERS with GOAWAY (last stream id below
           the request's: RFC 9113 §6.8 says it was not processed and may be retried) and closes
   reset   the request's stream is reset (RST_STREAM INTERNAL_ERROR) before any response byte;
@@ -142,6 +143,15 @@ class H2FaultServer:
             conn.reset_stream(event.stream_id, error_code=code)
             return "open"
         body = f"ok {seen.path}\n".encode()
+        if seen.path.startswith("/trailers"):
+            # No length: the body ends with the stream, after a trailer section.
+            conn.send_headers(event.stream_id, [(":status", "200"), ("content-type", "text/plain"),
+                                                ("x-origin", "h2-fault")])
+            conn.send_data(event.stream_id, body * 1000)
+            conn.send_headers(event.stream_id, [("x-checksum", "done")], end_stream=True)
+            with self.lock:
+                self.answered.append(seen)
+            return "open"
         conn.send_headers(event.stream_id, [(":status", "200"), ("content-type", "text/plain"),
                                             ("content-length", str(len(body))), ("x-origin", "h2-fault")])
         conn.send_data(event.stream_id, body, end_stream=True)

@@ -209,6 +209,22 @@ def test_head_and_post_over_h2(sluice_factory, tmp_path, h2nginx, h2fault):
     assert [(q.method, q.path) for q in h2fault.requests] == [("POST", f"/post?{t}")]
 
 
+def test_body_without_length_and_trailers_over_h2(sluice_factory, tmp_path, h2fault):
+    """An h2 response without content-length (the stream's end ends it) followed by a
+    trailer section: re-chunked for the HTTP/1.1 client, complete, trailers dropped (as for
+    an HTTP/1.1 origin's), and the connection serves the next request."""
+    proxy, _ = h2proxy(sluice_factory, tmp_path, None, h2fault.port)
+    expected = b"ok /trailers\n" * 1000
+    with RawConn(HOST, proxy.port, timeout=10) as c:
+        for _ in range(2):
+            c.send(request_bytes("GET", url("/trailers")))
+            r = c.read_response()
+            assert r.status == 200 and r.body == expected, r
+            assert r.headers_named("transfer-encoding") == ["chunked"], r.headers
+            assert r.headers_named("x-checksum") == [] and r.complete, r
+    assert h2fault.connections == 1 and len(h2fault.answered) == 2
+
+
 # ------------------------------------------------------------------------------------------
 # multiplexing and pool limits
 # ------------------------------------------------------------------------------------------
