@@ -174,3 +174,19 @@ void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx) {
 }
 
 void sluice_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }
+
+int sluice_easy_speaks_h2(CURL *h) {
+    long version = 0;
+    if (curl_easy_getinfo(h, CURLINFO_HTTP_VERSION, &version) == CURLE_OK && version == CURL_HTTP_VERSION_2_0) {
+        return 1;
+    }
+    struct curl_tlssessioninfo *info = NULL;
+    if (curl_easy_getinfo(h, CURLINFO_TLS_SSL_PTR, &info) != CURLE_OK || info == NULL
+        || info->backend != CURLSSLBACKEND_OPENSSL || info->internals == NULL) {
+        return 0;
+    }
+    const unsigned char *alpn = NULL;
+    unsigned int length = 0;
+    SSL_get0_alpn_selected((SSL *)info->internals, &alpn, &length);
+    return length == 2 && alpn[0] == 'h' && alpn[1] == '2';
+}

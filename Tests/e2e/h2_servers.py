@@ -9,10 +9,15 @@ section) unless a fault is armed for it:
   reset   the request's stream is reset (RST_STREAM INTERNAL_ERROR) before any response byte;
           the connection stays open
   refuse  the stream is reset with REFUSED_STREAM (RFC 9113 §8.7: not processed)
+  stall   the stream gets its head and some body, then nothing more (the connection serves
+          other streams)
+  hang    the stream is never answered
 
 `arm(kind, count)` makes the next `count` requests meet that fault. What the server saw is
 recorded: `requests` (every request: connection number, stream id, method, path),
-`answered` (requests that got a 200), `faults` (kinds injected), `connections` (accepted).
+`answered` (requests that got a 200), `faults` (kinds injected), `connections` (accepted),
+`ended` (per connection number: `eof` when the client closed it with a FIN, `reset` when
+with a TCP reset), `stream_resets` (stream ids the client reset).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class H2FaultServer:
         self.answered: list[SeenRequest] = []
         self.faults: list[str] = []
         self.connections = 0
+        self.ended: dict[int, str] = {}
+        self.stream_resets: list[int] = []
         self._armed: list[str] = []
         self.goaway_lingers = False
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -103,8 +110,13 @@ class H2FaultServer:
         try:
             s.sendall(conn.data_to_send())
             while not self._stop:
-                data = s.recv(65536)
+                try:
+                    data = s.recv(65536)
+                except ConnectionResetError:
+                    self.ended[number] = "reset"
+                    return
                 if not data:
+                    self.ended[number] = "eof"
                     return
                 for event in conn.receive_data(data):
                     if isinstance(event, h2.events.RequestReceived):
@@ -112,6 +124,9 @@ class H2FaultServer:
                             return
                     elif isinstance(event, h2.events.DataReceived):
                         conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.StreamReset):
+                        with self.lock:
+                            self.stream_resets.append(event.stream_id)
                     elif isinstance(event, h2.events.ConnectionTerminated):
                         s.sendall(conn.data_to_send())
                         return
@@ -138,6 +153,12 @@ class H2FaultServer:
             if self.goaway_lingers:
                 return "open"  # the client closes it
             return "closed"
+        if fault == "hang":
+            return "open"
+        if fault == "stall":
+            conn.send_headers(event.stream_id, [(":status", "200"), ("content-type", "text/plain")])
+            conn.send_data(event.stream_id, b"partial\n" * 64)
+            return "open"
         if fault in ("reset", "refuse"):
             code = h2.errors.ErrorCodes.REFUSED_STREAM if fault == "refuse" else h2.errors.ErrorCodes.INTERNAL_ERROR
             conn.reset_stream(event.stream_id, error_code=code)

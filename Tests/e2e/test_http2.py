@@ -14,6 +14,7 @@ import concurrent.futures
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from faultservers import HOST, pick_port
 from h2_servers import H2FaultServer
 from policy_support import AccessLog
 from rawhttp import RawConn, request_bytes
-from support import MiB, RssMonitor, session_via, tail
+from support import MiB, RssMonitor, session_via, tail, wait_until
 
 LOG_FORMAT = "log_format h2 '$connection $connection_requests $server_protocol $status \"$request\"';"
 LINE_RE = re.compile(r'^(\d+) (\d+) (\S+) (\d+) "([^"]*)"$')
@@ -372,6 +373,43 @@ def test_refused_stream_is_retried(sluice_factory, tmp_path, h2fault):
     r = session_via(proxy.url).get(url("/refused"), timeout=10)
     assert r.status_code == 200 and r.text == "ok /refused\n"
     assert h2fault.faults == ["refuse"] and len([q for q in h2fault.requests if q.path == "/refused"]) == 2
+
+
+def test_refused_post_is_not_resent(sluice_factory, tmp_path, h2fault):
+    """libcurl's own resend of a refused stream is not told apart from its resend after a
+    lost connection: a request that is not idempotent is never sent twice (502)."""
+    proxy, _ = h2proxy(sluice_factory, tmp_path, None, h2fault.port)
+    h2fault.arm("refuse")
+    r = session_via(proxy.url).post(url("/refused-post"), data=b"once", timeout=10)
+    assert r.status_code == 502, (r.status_code, r.text)
+    assert len([q for q in h2fault.requests if q.path == "/refused-post"]) == 1
+
+
+@pytest.mark.parametrize("fault", ["stall", "hang"])
+def test_a_client_that_leaves_resets_its_stream_not_the_connection(sluice_factory, tmp_path, h2fault, fault):
+    """A client leaves in the middle of its response (stall), or before its head (hang):
+    libcurl resets that stream (RST_STREAM), the shared connection keeps serving the next
+    request, and it ends cleanly when Sluice stops (EOF after TLS close_notify)."""
+    proxy, _ = h2proxy(sluice_factory, tmp_path, None, h2fault.port)
+    s = session_via(proxy.url)
+    h2fault.arm(fault)  # the first request: the one that opened the connection
+    with RawConn(HOST, proxy.port, timeout=10) as c:
+        c.send(request_bytes("GET", url("/stalled")))
+        if fault == "stall":
+            head = c.read_head(timeout=10)
+            assert head is not None and head.status == 200, head
+        else:
+            assert wait_until(lambda: any(q.path == "/stalled" for q in h2fault.requests), 5)
+    stalled = next(q for q in h2fault.requests if q.path == "/stalled")
+    assert s.get(url("/after"), timeout=10).status_code == 200
+    # libcurl 7.88 queues the RST_STREAM; it leaves at the latest with the connection's next frames
+    assert wait_until(lambda: stalled.stream in h2fault.stream_resets, 5), h2fault.stream_resets
+    assert h2fault.connections == 1 and {q.connection for q in h2fault.requests} == {1}
+    proxy.expected_exit = True
+    proxy.signal(signal.SIGTERM)
+    assert proxy.wait(15) == 0
+    assert wait_until(lambda: 1 in h2fault.ended, 5)
+    assert h2fault.ended == {1: "eof"}, h2fault.ended
 
 
 def test_stream_reset_before_the_first_byte_is_retried_by_policy(sluice_factory, tmp_path, h2fault):

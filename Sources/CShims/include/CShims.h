@@ -85,6 +85,12 @@ CURLSH *sluice_share_create(void);
 /// CURLAUTH_BASIC | CURLAUTH_DIGEST (a macro with a cast Swift cannot import).
 long sluice_curlauth_basic_digest(void);
 
+/// The transfer runs on an HTTP/2 connection: its response said so (CURLINFO_HTTP_VERSION),
+/// or, before any response, its TLS connection selected `h2` by ALPN. 0 for HTTP/1.x, for
+/// plain-http connections before a response (prior knowledge is the caller's to know), and
+/// for a transfer without a connection.
+int sluice_easy_speaks_h2(CURL *h);
+
 /// The libcurl version string, e.g. "7.88.1".
 const char *sluice_curl_version(void);
 

@@ -200,10 +200,10 @@ final class UpstreamSession {
     ///
     /// Not on an HTTP/2 connection: the transfer is one stream of it, which libcurl ends with
     /// `RST_STREAM` when the handle is removed; the connection carries other streams.
-    func abortConnection(of handle: UnsafeMutableRawPointer) {
-        var version = 0
-        sluice_easy_getinfo_long(handle, CURLINFO_HTTP_VERSION, &version)
-        if version == Int(CURL_HTTP_VERSION_2_0) { return }
+    /// `multiplexed`: the try was sent with prior knowledge (HTTP/2 on plain http, which no
+    /// handshake tells); over TLS the ALPN answer tells (`sluice_easy_speaks_h2`).
+    func abortConnection(of handle: UnsafeMutableRawPointer, multiplexed: Bool = false) {
+        if multiplexed || sluice_easy_speaks_h2(handle) != 0 { return }
         for case let w? in watches where w.easy == handle && w.wants != 0 {
             var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
             setsockopt(w.fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))

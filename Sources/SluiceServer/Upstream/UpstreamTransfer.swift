@@ -153,6 +153,8 @@ final class UpstreamTransfer: CurlTransfer {
     private let trust: ServerTrust
     /// The parent proxy the transfer goes through, if any (its failures are named as its).
     private var parentProxy: UpstreamProxy?
+    /// Sent as HTTP/2 with prior knowledge (h2c): a stream of a shared connection.
+    private var priorKnowledge = false
 
     /// The response head as libcurl delivers it; its storage comes from the session's pool
     /// and goes back when the transfer is freed (`deinit`: the exchange may still read the
@@ -261,7 +263,9 @@ final class UpstreamTransfer: CurlTransfer {
         }
         parentProxy = request.parentProxy
         request.parentProxy?.apply(to: h)
-        Self.applyProtocol(request.http2.protocolChoice(https: target.scheme == .https), to: h)
+        let choice = request.http2.protocolChoice(https: target.scheme == .https)
+        priorKnowledge = choice.version == .priorKnowledge
+        Self.applyProtocol(choice, to: h)
         if target.scheme == .https {
             UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
                                   defaultCAFile: config.tls.caFile)
@@ -338,7 +342,7 @@ final class UpstreamTransfer: CurlTransfer {
         if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
         // Abandoned midway (the client left, an operator cancelled): the origin is told by a
         // reset, whatever it was doing.
-        if !inCompletion { session.abortConnection(of: handle) }
+        if !inCompletion { session.abortConnection(of: handle, multiplexed: priorKnowledge) }
         session.finish(handle, plain: isPlain)
         requestHeaders = nil
         redirectTo = nil
