@@ -199,8 +199,12 @@ class AccessLog:
             return ""
 
     def lines(self) -> list[dict]:
+        """The complete lines: a last line without its newline is still being written."""
         out = []
-        for raw in self.text().splitlines():
+        text = self.text()
+        if not text.endswith("\n"):
+            text = text[:text.rfind("\n") + 1]
+        for raw in text.splitlines():
             if raw.strip():
                 try:
                     out.append(json.loads(raw))
