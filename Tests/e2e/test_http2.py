@@ -149,8 +149,24 @@ def url(path: str) -> str:
 # the protocol used
 # ------------------------------------------------------------------------------------------
 
+def metric(admin_port: int, name: str, **labels: str) -> float:
+    text = session_via(None).get(f"http://{HOST}:{admin_port}/metrics", timeout=10).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            got = ",".join(sorted(line[len(name) + 1:line.index("}")].split(",")))
+            if got == want:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_auto_negotiates_h2_with_a_tls_origin_and_logs_it(sluice_factory, tmp_path, h2nginx):
-    proxy, log = h2proxy(sluice_factory, tmp_path, None, h2nginx.tls_port)  # http2 defaults to auto
+    admin = pick_port()
+    log_path = tmp_path / "access-auto.log"
+    proxy, log = h2proxy(sluice_factory, tmp_path, None, h2nginx.tls_port,  # http2 defaults to auto
+                         extra={"admin": {"listen": f"{HOST}:{admin}"},
+                                "monitors": [{"access_log": {"path": str(log_path)}}, {"metrics": {}}]})
+    log = AccessLog(log_path)
     t = tag()
     s = session_via(proxy.url)
     for i in range(3):
@@ -164,6 +180,9 @@ def test_auto_negotiates_h2_with_a_tls_origin_and_logs_it(sluice_factory, tmp_pa
     entries = log.wait_for(lambda e: t in e.get("url", ""), n=3)
     assert [e["upstream_protocol"] for e in entries] == ["HTTP/2"] * 3, entries
     assert [e["upstream_connection"] for e in entries] == ["new", "reused", "reused"], entries
+    assert metric(admin, "sluice_upstream_requests_total", protocol="HTTP/2", connection="new") == 1
+    assert metric(admin, "sluice_upstream_requests_total", protocol="HTTP/2", connection="reused") == 2
+    assert metric(admin, "sluice_upstream_requests_total", protocol="HTTP/1.1", connection="new") == 0
 
 
 def test_off_speaks_http1_to_an_h2_origin(sluice_factory, tmp_path, h2nginx):

@@ -50,6 +50,9 @@ public final class SluiceMetrics: Sendable {
     public static let upstreamTotal = Metric(
         name: "sluice_upstream_total_seconds", kind: .histogram, labels: [],
         help: "Duration of the last upstream try, body included")
+    public static let upstreamRequests = Metric(
+        name: "sluice_upstream_requests_total", kind: .counter, labels: ["protocol", "connection"],
+        help: "Exchanges' last upstream try by HTTP version (HTTP/1.0, HTTP/1.1, HTTP/2) and connection (new: the try opened it; reused: pooled, or one more HTTP/2 stream)")
     public static let bytesIn = Metric(
         name: "sluice_request_body_bytes_total", kind: .counter, labels: [],
         help: "Request body bytes read from clients (tunnels: bytes from the client)")
@@ -95,7 +98,7 @@ public final class SluiceMetrics: Sendable {
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
         requests, retries, retriesStopped, trustFailures, credentialRefreshes,
-        upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal,
+        upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, requestsQueued, circuitState, circuitOpened, circuitFailedFast,
     ]
@@ -240,6 +243,12 @@ public final class MetricsMonitor: EventMonitor {
     private let bytesIn: CoreMetrics.Counter
     private let bytesOut: CoreMetrics.Counter
     private let tunnels: CoreMetrics.Counter
+    /// `sluice_upstream_requests_total` by version and new connection (bounded: 3 × 2).
+    private var protocolCounters: [ProtocolKey: CoreMetrics.Counter] = [:]
+    private struct ProtocolKey: Hashable {
+        let version: UpstreamHTTPVersion
+        let newConnection: Bool
+    }
 
     public init(metrics: SluiceMetrics = .shared, dashboard: DashboardStats = .shared) {
         self.metrics = metrics
@@ -317,6 +326,18 @@ public final class MetricsMonitor: EventMonitor {
             if t.tls > 0 { tls.recordMicroseconds(t.tls) }
             if t.firstByte > 0 { firstByte.recordMicroseconds(t.firstByte) }
             total.recordMicroseconds(t.total)
+        }
+        if let t = s.timings, let version = t.httpVersion {
+            let key = ProtocolKey(version: version, newConnection: t.newConnection)
+            if let c = protocolCounters[key] {
+                c.increment()
+            } else {
+                let c = metrics.counter(SluiceMetrics.upstreamRequests, [
+                    ("protocol", version.rawValue), ("connection", t.newConnection ? "new" : "reused"),
+                ])
+                protocolCounters[key] = c
+                c.increment()
+            }
         }
         let shard = dashboardShard ?? dashboard.shardForCurrentThread()
         dashboardShard = shard
