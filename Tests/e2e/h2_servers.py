@@ -13,6 +13,9 @@ section) unless a fault is armed for it:
           other streams)
   hang    the stream is never answered
 
+`close_idle = True` makes every connection that is idle for 0.1 s end as an idle timeout
+does: GOAWAY (last stream id: the last one processed), then close.
+
 `arm(kind, count)` makes the next `count` requests meet that fault. What the server saw is
 recorded: `requests` (every request: connection number, stream id, method, path),
 `answered` (requests that got a 200), `faults` (kinds injected), `connections` (accepted),
@@ -56,6 +59,8 @@ class H2FaultServer:
         self.stream_resets: list[int] = []
         self._armed: list[str] = []
         self.goaway_lingers = False
+        # Set: every connection idle for 0.1 s gets GOAWAY and is closed.
+        self.close_idle = False
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(cert, key)
         self.ctx.set_alpn_protocols(["h2"])
@@ -106,12 +111,20 @@ class H2FaultServer:
         self._conns.append(s)
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         conn.initiate_connection()
-        s.settimeout(30)
+        s.settimeout(0.1)
         try:
             s.sendall(conn.data_to_send())
             while not self._stop:
                 try:
                     data = s.recv(65536)
+                except (TimeoutError, socket.timeout):
+                    if self.close_idle:
+                        # An idle timeout as nginx's: GOAWAY naming the last stream, then close.
+                        conn.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR)
+                        s.sendall(conn.data_to_send())
+                        self.ended[number] = "closed by the server"
+                        return
+                    continue
                 except ConnectionResetError:
                     self.ended[number] = "reset"
                     return

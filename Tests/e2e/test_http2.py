@@ -413,6 +413,24 @@ def test_goaway_without_a_retry_policy_is_502(sluice_factory, tmp_path, h2fault)
     assert r.status_code == 200 and h2fault.connections == 2
 
 
+def test_an_idle_connection_closed_with_goaway_is_not_reused(sluice_factory, tmp_path, h2fault):
+    """The origin ends an idle pooled h2 connection (GOAWAY, close): the next request opens a
+    new connection and succeeds without any retry (the pooled socket's watch reports the
+    GOAWAY, so libcurl's liveness check reads it instead of a "quiet" answer)."""
+    proxy, log = h2proxy(sluice_factory, tmp_path, None, h2fault.port)
+    s = session_via(proxy.url)
+    assert s.get(url("/one"), timeout=10).status_code == 200
+    h2fault.close_idle = True
+    assert wait_until(lambda: 1 in h2fault.ended, 5)
+    time.sleep(0.2)
+    h2fault.close_idle = False
+    r = s.get(url("/two"), timeout=10)
+    assert r.status_code == 200 and r.text == "ok /two\n"
+    assert [q.path for q in h2fault.requests] == ["/one", "/two"] and h2fault.connections == 2
+    e = log.wait_for(lambda e: e.get("url", "").endswith("/two"))[0]
+    assert e["attempts"] == 1 and e["upstream_connection"] == "new", e
+
+
 def test_refused_stream_is_retried(sluice_factory, tmp_path, h2fault):
     proxy, _ = h2proxy(sluice_factory, tmp_path, None, h2fault.port)
     h2fault.arm("refuse")

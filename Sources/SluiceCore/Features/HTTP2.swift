@@ -19,6 +19,8 @@ public enum HTTP2Mode: String, Sendable, Equatable, CaseIterable {
     case priorKnowledge = "prior_knowledge"
 
     /// What one try asks libcurl for.
+    ///
+    /// Threading: a value, made and used on the try's worker thread.
     public struct ProtocolChoice: Sendable, Equatable {
         public init(version: Version, waitsForMultiplexing: Bool) {
             self.version = version
@@ -54,6 +56,9 @@ public enum HTTP2Mode: String, Sendable, Equatable, CaseIterable {
 /// The server's `upstream:` section: limits on each worker's pool of origin connections.
 /// libcurl keeps one pool per worker (its multi handle), so both limits count per worker:
 /// with `workers: 4` and `max_connections_per_host: 8`, up to 32 connections reach a host.
+///
+/// Threading: an immutable part of `ServerConfiguration`, read by each worker when its
+/// `UpstreamSession` is created.
 public struct UpstreamPoolLimits: Sendable, Equatable {
     /// Connections one worker opens to one origin (`host:port`) at most; 0 = no limit (the
     /// default). A try beyond the limit waits inside libcurl for a free connection (or a free
