@@ -488,7 +488,7 @@ def test_stream_reset_before_the_first_byte_is_retried_by_policy(sluice_factory,
     assert len({q.connection for q in h2fault.requests}) == 1, "a stream reset keeps the connection"
 
 
-def test_stream_reset_without_retry_is_502_and_post_is_not_resent(sluice_factory, tmp_path, h2fault):
+def test_stream_reset_of_a_post_is_502_and_never_resent(sluice_factory, tmp_path, h2fault):
     proxy, log = h2proxy(sluice_factory, tmp_path, None, h2fault.port, retry=RETRY)
     h2fault.arm("reset")
     r = session_via(proxy.url).post(url("/post-reset"), data=b"once", timeout=10)
