@@ -67,6 +67,9 @@ extension ClientConnection {
         exchange.report(exchange.machine.handle(.responseHeadSent(status: 101)))
         exchange.monitor?.handle(.tunnelOpened(id: exchange.id, client: peer, authority: transfer.target.authority))
         wantsKeepAlive = false
+        // A tunnel holds no upstream slot (`limits.max_in_flight_upstream`), as a CONNECT's
+        // does not: a long-lived WebSocket must not starve the requests.
+        releaseUpstreamSlot()
         scheduleFlush()
         setReading(true)
         return true
