@@ -92,6 +92,31 @@ struct UpgradeResponseReaderTests {
             + "Sec-WebSocket-Accept: abc=\r\nVia: 1.1 test\r\nConnection: Upgrade\r\n\r\n")
     }
 
+    @Test func handshakeIsTheAdaptedRequestWithTheUpgradeFields() throws {
+        var builder = HeaderList.Builder()
+        builder.append(name: "X-A".utf8, value: "1".utf8)
+        builder.append(line: "Expect:")
+        builder.append(line: "X-Empty;")
+        builder.append(line: Array("Via: 1.1 s\r\n".utf8).dropLast(2).map { $0 })
+        let request = UpstreamRequest(method: "GET", target: try RequestTarget.absolute("http://h.test/chat?room=1"),
+                                      headers: builder.makeList(), body: .none)
+        let output = evbuffer_new()!
+        defer { evbuffer_free(output) }
+        UpgradeTransfer.writeHandshake(request, upgrade: "websocket", into: output)
+        var bytes = [UInt8](repeating: 0, count: evbuffer_get_length(output))
+        evbuffer_copyout(output, &bytes, bytes.count)
+        #expect(String(decoding: bytes, as: UTF8.self) == "GET /chat?room=1 HTTP/1.1\r\nHost: h.test\r\nX-A: 1\r\n"
+            + "X-Empty:\r\nVia: 1.1 s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        let onPort = UpstreamRequest(method: "GET", target: try RequestTarget.absolute("https://[::1]:8443/"),
+                                     headers: HeaderList.Builder().makeList(), body: .none)
+        let second = evbuffer_new()!
+        defer { evbuffer_free(second) }
+        UpgradeTransfer.writeHandshake(onPort, upgrade: "websocket", into: second)
+        var more = [UInt8](repeating: 0, count: evbuffer_get_length(second))
+        evbuffer_copyout(second, &more, more.count)
+        #expect(String(decoding: more, as: UTF8.self).hasPrefix("GET / HTTP/1.1\r\nHost: [::1]:8443\r\n"))
+    }
+
     @Test func originFormOfTargets() throws {
         #expect(try RequestTarget.absolute("http://h:1/a/b?c=d").originForm == "/a/b?c=d")
         #expect(try RequestTarget.absolute("http://h:1").originForm == "/")
