@@ -70,6 +70,8 @@ class EchoServer:
         self.requests.append((request.path, request.headers))
         if request.path == "/refuse":
             return connection.respond(403, "refused by the origin\n")
+        if request.path == "/flaky" and len(self.requests) == 1:
+            return connection.respond(503, "not yet\n")
         return None
 
     def _handler(self, ws):
@@ -434,3 +436,38 @@ def test_through_parent_proxy(sluice_factory, echo, tmp_path):
     connects = AccessLog(parent_log).wait_for(lambda e: e.get("method") == "CONNECT")
     assert connects[0]["url"] == f"{HOST}:{echo.port}", connects
     assert upgrade_lines(log)[0]["outcome"] == "tunnel"
+
+
+# ------------------------------------------------------------------------------------------
+# The handshake is an exchange: retries, failures, the per-try timeout
+# ------------------------------------------------------------------------------------------
+
+
+def test_handshake_answered_503_is_retried(sluice_factory, echo, tmp_path):
+    proxy, log = forward_proxy(sluice_factory, tmp_path, policy={"retry": {"limit": 2, "backoff": {"scale": "10ms"}}})
+    with via_absolute_form(proxy.port, f"ws://{HOST}:{echo.port}/flaky") as ws:
+        assert echo_many(ws, 5) == 5
+    assert [p for p, _ in echo.requests] == ["/flaky", "/flaky"], echo.requests
+    line = upgrade_lines(log)[0]
+    assert line["attempts"] == 2 and line["retries"][0]["reason"].startswith("status 503"), json.dumps(line)
+
+
+def test_refused_origin_is_a_502_and_the_connection_stays(sluice_factory, tmp_path):
+    proxy, log = forward_proxy(sluice_factory, tmp_path)
+    closed = pick_port()
+    with pytest.raises(InvalidStatus) as e:
+        via_absolute_form(proxy.port, f"ws://{HOST}:{closed}/echo")
+    assert e.value.response.status_code == 502, e.value.response
+    assert b"refused" in e.value.response.body, e.value.response.body
+    assert log.wait_for(lambda e: e.get("status") == 502)[0]["outcome"] == "error"
+
+
+def test_origin_that_never_answers_is_a_504(sluice_factory, stall_server, tmp_path):
+    proxy, log = forward_proxy(sluice_factory, tmp_path, extra={"timeouts": {"upstream_per_try": "1s", "drain": "5s"}})
+    started = time.monotonic()
+    with pytest.raises(InvalidStatus) as e:
+        via_absolute_form(proxy.port, f"ws://{HOST}:{stall_server.port}/echo")
+    assert e.value.response.status_code == 504, e.value.response
+    assert b"no response head in time" in e.value.response.body, e.value.response.body
+    assert time.monotonic() - started < 10
+    assert wait_until(lambda: b"Upgrade: websocket" in stall_server.received(), 5), stall_server.received()
