@@ -11,10 +11,13 @@ A real WebSocket server (Python `websockets`, plain and TLS with the test PKI) a
 
 What is proved: 10,000 echoes on each path (the adapter's header reached the origin's
 handshake, the access log has one line with status 101 and the bytes both ways), a 64 MiB
-binary message, the close handshake with its code and reason, a client that stops reading
-(the origin is held back instead of Sluice buffering), the idle timeout, a non-101 answer
-relayed whole, and `upgrades: []` (the handshake goes on as a plain request without
-`Upgrade`, so the origin refuses it).
+binary message (plain and intercepted), the close handshake with its code and reason, a
+client that stops reading (the origin is held back instead of Sluice buffering; plain and
+intercepted), the idle timeout, a non-101 answer relayed whole, `upgrades: []` and other
+protocols (the request goes on without `Upgrade`, so the origin refuses it), the handshake
+as an exchange (a 503 retried, a refused origin's 502, a silent one's 504, the origin's
+certificate evaluated), and the origin connection reached as libcurl reaches any (a TLS
+route upstream, a parent proxy through CONNECT).
 """
 
 from __future__ import annotations
@@ -188,6 +191,17 @@ def forward_proxy(sluice_factory, tmp_path, policy: dict | None = None, extra: d
     return sluice_factory(cfg), AccessLog(log)
 
 
+def intercepting_proxy(sluice_factory, tls_echo, tmp_path, pki, ca_file=True):
+    """Sluice intercepting CONNECTs to localhost, with a fresh CA in tmp_path/sluice-ca."""
+    from test_intercept import out, sluice_cli
+    ca = tmp_path / "sluice-ca"
+    r = sluice_cli("ca", "init", "--dir", str(ca))
+    assert r.returncode == 0, out(r)
+    return forward_proxy(sluice_factory, tmp_path, policy={"intercept": True}, hosts=("localhost",),
+                         extra={"tls": {"ca_dir": str(ca), "ca_file": str(pki.ca_pem) if ca_file else None},
+                                "access": {"connect_ports": [tls_echo.port]}})
+
+
 # ------------------------------------------------------------------------------------------
 # The origin itself (no Sluice): if this fails, the fixture is broken, not the proxy
 # ------------------------------------------------------------------------------------------
@@ -250,13 +264,8 @@ def test_echo_through_absolute_form(sluice_factory, echo, tmp_path):
 
 
 def test_echo_through_interception(sluice_factory, tls_echo, tmp_path, pki):
-    from test_intercept import out, sluice_cli
+    proxy, log = intercepting_proxy(sluice_factory, tls_echo, tmp_path, pki)
     ca = tmp_path / "sluice-ca"
-    r = sluice_cli("ca", "init", "--dir", str(ca))
-    assert r.returncode == 0, out(r)
-    proxy, log = forward_proxy(sluice_factory, tmp_path, policy={"intercept": True}, hosts=("localhost",),
-                               extra={"tls": {"ca_dir": str(ca), "ca_file": str(pki.ca_pem)},
-                                      "access": {"connect_ports": [tls_echo.port]}})
     with via_interception(proxy.port, f"wss://localhost:{tls_echo.port}/echo", ca / "ca.pem") as ws:
         assert echo_many(ws) == ECHOES
     [h] = tls_echo.upgrades()
@@ -265,15 +274,11 @@ def test_echo_through_interception(sluice_factory, tls_echo, tmp_path, pki):
     assert line["url"] == f"https://localhost:{tls_echo.port}/echo", line
 
 
-def test_intercepted_origin_trust_is_applied(sluice_factory, tls_echo, tmp_path):
+def test_intercepted_origin_trust_is_applied(sluice_factory, tls_echo, tmp_path, pki):
     """Without the test CA (system CAs only) the origin's certificate is refused: 502, and
     no handshake reached the origin."""
-    from test_intercept import out, sluice_cli
+    proxy, log = intercepting_proxy(sluice_factory, tls_echo, tmp_path, pki, ca_file=False)
     ca = tmp_path / "sluice-ca"
-    assert sluice_cli("ca", "init", "--dir", str(ca)).returncode == 0
-    proxy, log = forward_proxy(sluice_factory, tmp_path, policy={"intercept": True}, hosts=("localhost",),
-                               extra={"tls": {"ca_dir": str(ca), "ca_file": None},
-                                      "access": {"connect_ports": [tls_echo.port]}})
     with pytest.raises(InvalidStatus) as e:
         via_interception(proxy.port, f"wss://localhost:{tls_echo.port}/echo", ca / "ca.pem")
     assert e.value.response.status_code == 502, e.value.response
@@ -286,14 +291,21 @@ def test_intercepted_origin_trust_is_applied(sluice_factory, tls_echo, tmp_path)
 # ------------------------------------------------------------------------------------------
 
 
-def test_64_mib_binary_message(sluice_factory, echo, tmp_path):
-    proxy, log = forward_proxy(sluice_factory, tmp_path)
+@pytest.mark.parametrize("path", ["absolute-form", "intercepted"])
+def test_64_mib_binary_message(sluice_factory, echo, tls_echo, tmp_path, pki, path):
     message = os.urandom(64 << 20)
-    with via_absolute_form(proxy.port, f"ws://{HOST}:{echo.port}/echo", max_size=None) as ws:
+    if path == "intercepted":
+        proxy, log = intercepting_proxy(sluice_factory, tls_echo, tmp_path, pki)
+        ws = via_interception(proxy.port, f"wss://localhost:{tls_echo.port}/echo", tmp_path / "sluice-ca" / "ca.pem",
+                              max_size=None, compression=None)
+    else:
+        proxy, log = forward_proxy(sluice_factory, tmp_path)
+        ws = via_absolute_form(proxy.port, f"ws://{HOST}:{echo.port}/echo", max_size=None)
+    with ws:
         started = time.monotonic()
         ws.send(message)
         got = ws.recv(timeout=60)
-        print(f"64 MiB echoed in {time.monotonic() - started:.2f} s")
+        print(f"{path}: 64 MiB echoed in {time.monotonic() - started:.2f} s")
     assert isinstance(got, bytes) and len(got) == len(message), len(got)
     assert hashlib.sha256(got).digest() == hashlib.sha256(message).digest()
     line = upgrade_lines(log)[0]
@@ -313,22 +325,32 @@ def test_close_handshake(sluice_factory, echo, tmp_path):
     assert line["outcome"] == "tunnel" and line.get("error") is None, json.dumps(line)
 
 
-def test_client_that_stops_reading(sluice_factory, echo, tmp_path):
+@pytest.mark.parametrize("path", ["absolute-form", "intercepted"])
+def test_client_that_stops_reading(sluice_factory, echo, tls_echo, tmp_path, pki, path):
     """The origin floods 96 MiB at a client that reads nothing: Sluice stops reading the
-    origin (its sends block) instead of buffering; once the client reads, all of it arrives."""
-    proxy, log = forward_proxy(sluice_factory, tmp_path)
+    origin (its sends block) instead of buffering; once the client reads, all of it arrives.
+    Intercepted, both sides of Sluice are TLS (a bufferevent to the client, libcurl's to the
+    origin)."""
     n, size = 96, 1 << 20
-    ws = via_absolute_form(proxy.port, f"ws://{HOST}:{echo.port}/flood?n={n}&size={size}", max_size=None,
-                           max_queue=1).__enter__()
+    if path == "intercepted":
+        proxy, log = intercepting_proxy(sluice_factory, tls_echo, tmp_path, pki)
+        origin = tls_echo
+        ws = via_interception(proxy.port, f"wss://localhost:{tls_echo.port}/flood?n={n}&size={size}",
+                              tmp_path / "sluice-ca" / "ca.pem", max_size=None, max_queue=1, compression=None)
+    else:
+        proxy, log = forward_proxy(sluice_factory, tmp_path)
+        origin = echo
+        ws = via_absolute_form(proxy.port, f"ws://{HOST}:{echo.port}/flood?n={n}&size={size}", max_size=None,
+                               max_queue=1).__enter__()
     rss_before = proc_status(proxy.pid)["VmRSS"]
     ws.send("go")
     # The client's own library reads into its queue of one message and stops: the rest
     # stays in sockets and in Sluice, bounded by its watermarks.
-    assert wait_until(lambda: echo.flood_sent >= 4 * size, 10), f"the origin sent only {echo.flood_sent} bytes"
+    assert wait_until(lambda: origin.flood_sent >= 4 * size, 10), f"the origin sent only {origin.flood_sent} bytes"
     time.sleep(2)
-    stalled = echo.flood_sent
+    stalled = origin.flood_sent
     rss_stalled = proc_status(proxy.pid)["VmRSS"]
-    assert not echo.flood_done.is_set(), "the origin sent all 96 MiB to a client that read nothing"
+    assert not origin.flood_done.is_set(), "the origin sent all 96 MiB to a client that read nothing"
     assert stalled <= 48 * size, f"the origin sent {stalled >> 20} MiB to a client that read nothing"
     growth_mib = (rss_stalled - rss_before) / 1024
     assert growth_mib < 24, f"Sluice's RSS grew {growth_mib:.1f} MiB while the client did not read"
@@ -337,8 +359,8 @@ def test_client_that_stops_reading(sluice_factory, echo, tmp_path):
         received += len(ws.recv(timeout=30))
     ws.close()
     assert received == n * size
-    assert echo.flood_done.wait(10)
-    print(f"stalled at {stalled >> 20} MiB sent; RSS grew {growth_mib:.1f} MiB while stalled")
+    assert origin.flood_done.wait(10)
+    print(f"{path}: stalled at {stalled >> 20} MiB sent; RSS grew {growth_mib:.1f} MiB while stalled")
 
 
 def test_idle_timeout(sluice_factory, echo, tmp_path):
