@@ -29,8 +29,6 @@ import SluiceCore
 final class UpgradeTransfer: CurlTransfer {
     /// Stop reading the origin while this many bytes wait for the client (1 MiB).
     static let highWatermark = 1 << 20
-    /// Bytes read from the origin per `curl_easy_recv` (64 KiB).
-    static let readSize = 64 * 1024
 
     enum Phase: Equatable {
         /// libcurl is connecting (and handshaking TLS, and tunnelling through a parent).
@@ -64,7 +62,9 @@ final class UpgradeTransfer: CurlTransfer {
     private var writeArmed = false
     private var timer: OpaquePointer!
     private var deadline = 0
-    private var buffer: UnsafeMutableRawPointer?
+    /// Where origin reads land: the worker's scratch buffer (64 KiB), whose bytes are copied
+    /// out before the read callback returns, so an idle tunnel holds no read buffer of its own.
+    private let scratch: UnsafeMutableRawBufferPointer
     private var pendingError: ProxyError?
     /// The origin is not read until the client drains (backpressure).
     private var originPaused = false
@@ -78,6 +78,7 @@ final class UpgradeTransfer: CurlTransfer {
         parentProxy = request.parentProxy
         deny = config.access.deny
         self.idleTimeout = idleTimeout
+        scratch = connection.worker.readSpill
         handle = session.makeHandle().handle
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
@@ -111,7 +112,6 @@ final class UpgradeTransfer: CurlTransfer {
     deinit {
         errorBuffer.deallocate()
         evbuffer_free(pending)
-        buffer?.deallocate()
     }
 
     /// The handshake as the origin gets it: the request line in origin-form, `Host` (unless
@@ -174,7 +174,6 @@ final class UpgradeTransfer: CurlTransfer {
             return failBeforeAnswer(failure.error, kind: failure.kind)
         }
         phase = .awaitingAnswer
-        buffer = .allocate(byteCount: Self.readSize, alignment: 16)
         let me = Unmanaged.passUnretained(self).toOpaque()
         readEvent = event_new(session.base, fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
             Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().originReadable()
@@ -251,14 +250,14 @@ final class UpgradeTransfer: CurlTransfer {
     /// Reads what the origin sent until it has no more, the client's output is full, or the
     /// transfer ends.
     private func originReadable() {
-        while phase != .finished, !originPaused, let buffer {
+        while phase != .finished, !originPaused, let buffer = scratch.baseAddress {
             if phase != .awaitingAnswer, evbuffer_get_length(connection.clientOutput) >= Self.highWatermark {
                 originPaused = true
                 event_del(readEvent)
                 return
             }
             var n = 0
-            let rc = curl_easy_recv(handle, buffer, Self.readSize, &n)
+            let rc = curl_easy_recv(handle, buffer, scratch.count, &n)
             if rc == CURLE_AGAIN { return }
             guard rc == CURLE_OK else { return originFailed("receive failed: \(String(cString: curl_easy_strerror(rc)))") }
             if n == 0 { return originClosed() }
@@ -289,6 +288,7 @@ final class UpgradeTransfer: CurlTransfer {
                 case .switched?:
                     guard connection.upgradeSwitched(reader.head, on: self) else { return }
                     phase = .switched
+                    reader = UpgradeResponseReader()  // its buffers are not needed any more
                     event_del(timer)
                     arm(timeout: idleTimeout)
                     sendToOrigin()  // what the client sent after its handshake
