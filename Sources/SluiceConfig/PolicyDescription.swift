@@ -48,8 +48,8 @@ public enum PolicyDescription {
         }
         if policy.intercept { lines.append("  intercept: true (CONNECTs answered with Sluice's TLS)") }
         let upgrades = policy.upgrades
-        lines.append("  upgrades: \(upgrades.allowed.isEmpty ? "none" : upgrades.allowed.joined(separator: ", "))"
-            + ", idle timeout \(upgrades.idleTimeout) ms")
+        lines.append(upgrades.allowed.isEmpty ? "  upgrades: none"
+            : "  upgrades: \(upgrades.allowed.joined(separator: ", ")), idle timeout \(upgrades.idleTimeout) ms")
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
         return pipeline.redactor.scrub(lines.joined(separator: "\n"))

@@ -40,7 +40,7 @@ from websockets.sync.server import serve
 from websockets.uri import parse_uri
 
 from faultservers import pick_port
-from policy_support import AccessLog
+from policy_support import AccessLog, run_check, write_yaml
 from support import HOST, proc_status, wait_until
 
 ADAPTER = {"headers": {"set": {"X-Sluice-WS": "adapted"}}}
@@ -493,3 +493,14 @@ def test_origin_that_never_answers_is_a_504(sluice_factory, stall_server, tmp_pa
     assert b"no response head in time" in e.value.response.body, e.value.response.body
     assert time.monotonic() - started < 10
     assert wait_until(lambda: b"Upgrade: websocket" in stall_server.received(), 5), stall_server.received()
+
+
+def test_check_host_describes_upgrades(sluice_bin, tmp_path):
+    cfg = write_yaml(tmp_path / "c.yaml", {"policies": {
+        "default": {"upgrades": {"allow": ["websocket", "h2c"], "idle_timeout": "90s"}},
+        "api.test": {"upgrades": []}}})
+    r = run_check(cfg, host="www.test")
+    assert r.returncode == 0, r.stderr
+    assert "upgrades: websocket, h2c, idle timeout 90000 ms" in r.stdout, r.stdout
+    r = run_check(cfg, host="api.test")
+    assert "  upgrades: none\n" in r.stdout, r.stdout
