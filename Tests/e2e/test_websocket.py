@@ -504,3 +504,14 @@ def test_check_host_describes_upgrades(sluice_bin, tmp_path):
     assert "upgrades: websocket, h2c, idle timeout 90000 ms" in r.stdout, r.stdout
     r = run_check(cfg, host="api.test")
     assert "  upgrades: none\n" in r.stdout, r.stdout
+
+
+def test_upgrade_to_a_denied_address_is_refused(sluice_factory, echo, tmp_path):
+    """`access.deny` holds for an upgrade's origin connection (checked after DNS, before a
+    socket exists): 403, and nothing reached the origin."""
+    proxy, log = forward_proxy(sluice_factory, tmp_path, extra={"access": {"deny": ["127.0.0.0/8"]}})
+    with pytest.raises(InvalidStatus) as e:
+        via_absolute_form(proxy.port, f"ws://{HOST}:{echo.port}/echo")
+    assert e.value.response.status_code == 403, e.value.response
+    assert b"denied" in e.value.response.body, e.value.response.body
+    assert echo.requests == []
