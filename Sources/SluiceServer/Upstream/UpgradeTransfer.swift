@@ -110,6 +110,7 @@ final class UpgradeTransfer: CurlTransfer {
     }
 
     deinit {
+        cancel()  // normally done already by whoever ended it; never leave the handle on the multi
         errorBuffer.deallocate()
         evbuffer_free(pending)
     }
