@@ -515,3 +515,15 @@ def test_upgrade_to_a_denied_address_is_refused(sluice_factory, echo, tmp_path):
     assert e.value.response.status_code == 403, e.value.response
     assert b"denied" in e.value.response.body, e.value.response.body
     assert echo.requests == []
+
+
+def test_circuit_breaking_counts_handshakes(sluice_factory, tmp_path):
+    """`health:` sees an upgrade's try like any other: a refused origin opens the circuit, and
+    the next handshake fails fast with 503 without a connection attempt."""
+    proxy, log = forward_proxy(sluice_factory, tmp_path, policy={"health": {"consecutive_failures": 1, "cooldown": "60s"}})
+    closed = pick_port()
+    for expected in (502, 503):
+        with pytest.raises(InvalidStatus) as e:
+            via_absolute_form(proxy.port, f"ws://{HOST}:{closed}/echo")
+        assert e.value.response.status_code == expected, e.value.response
+    assert b"circuit is open" in e.value.response.body, e.value.response.body

@@ -3,7 +3,8 @@ import SluiceCore
 
 /// Upgrades (`upgrades:`): the connection's side of an `UpgradeTransfer`. The handshake is an
 /// exchange like any other — adapters, the machine's decisions on the answer's head (a
-/// retry, a redirect that is not followed), the access-log line — whose `101` turns the
+/// retry, a redirect that is not followed), circuit breaking (`health:`: the answer's status
+/// or the failure is the try's outcome), the access-log line — whose `101` turns the
 /// client connection into a byte tunnel; its line is written when the tunnel ends, with
 /// status 101 and the bytes both ways.
 extension ClientConnection {
@@ -27,6 +28,7 @@ extension ClientConnection {
     /// The machine's view of the answer's head: nil when it asks for a retry (the transfer is
     /// then cancelled and the exchange goes on), else whether to relay it.
     private func decide(_ head: ResponseHeadCollector, _ transfer: UpgradeTransfer, _ exchange: Exchange) -> Bool {
+        if exchange.circuitTry != nil { reportTryOutcome(HealthOutcome(status: head.status)) }
         let fields = exchange.inspect { $0.responseFields(for: head.status) }
         let response = ExchangeMachine.ResponseHead(
             status: head.status,
@@ -121,6 +123,7 @@ extension ClientConnection {
         transfer?.cancel()
         state = .awaitingHead
         guard let exchange else { return respondError(error) }
+        if exchange.circuitTry != nil { reportTryOutcome(HealthOutcome(error: error)) }
         exchange.report(exchange.machine.handle(.tryEnded(timings)))
         feed(.tryFailed(error, kind: kind, canResendBody: true), exchange)
     }
