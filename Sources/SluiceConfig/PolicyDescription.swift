@@ -51,6 +51,9 @@ public enum PolicyDescription {
                          + (health.probe.map { "probe GET \($0.path) every \($0.interval) ms" } ?? "no probe (a trial request closes it)"))
         }
         if policy.intercept { lines.append("  intercept: true (CONNECTs answered with Sluice's TLS)") }
+        let upgrades = policy.upgrades
+        lines.append(upgrades.allowed.isEmpty ? "  upgrades: none"
+            : "  upgrades: \(upgrades.allowed.joined(separator: ", ")), idle timeout \(upgrades.idleTimeout) ms")
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
         return pipeline.redactor.scrub(lines.joined(separator: "\n"))

@@ -16,7 +16,7 @@ extension NodeReader {
     /// using them fails loudly instead of being half-applied.
     static let reservedPolicyKeys = ["cache"]
     static let policyKeys = ["adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
-                             "upstream_proxy", "client_certificate", "health", "intercept"] + reservedPolicyKeys
+                             "upstream_proxy", "client_certificate", "health", "intercept", "upgrades"] + reservedPolicyKeys
     static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
 
     mutating func readPolicies(_ node: Node) -> [PolicyEntry] {
@@ -52,6 +52,7 @@ extension NodeReader {
                 case "client_certificate": entry.clientCertificate = r.readClientCertificate(section)
                 case "health": entry.health = r.readHealth(section)
                 case "intercept": entry.intercept = r.bool(section, key: "intercept")
+                case "upgrades": entry.upgrades = r.readUpgrades(section)
                 default: r.fail(section, "'\(key)' policies are not supported by this version of Sluice yet")
                 }
             }

@@ -399,6 +399,14 @@ import Testing
         #expect(h.log.filter { $0 == "send" }.count == 1)
     }
 
+    @Test func switchingProtocolsIsNeverValidatedOrRetried() {
+        var h = Harness(policy(retry: retry(limit: 2, scale: 50), validate: ResponseValidator(statuses: [200...299])))
+        h.begin()
+        let s = h.run([.status(101)])
+        #expect(s.status == 101 && s.attempts == 1 && s.validation == nil && s.retries.isEmpty)
+        #expect(h.log.filter { $0 == "send" }.count == 1 && !h.log.contains("discard"))
+    }
+
     @Test func validationWithoutRetryPassesTheResponseAndRecordsIt() {
         var h = Harness(policy(validate: ResponseValidator(statuses: [200...299, 304...304])))
         h.begin()

@@ -122,6 +122,9 @@ def test_example_uses_every_form(schema):
     assert any(isinstance(r, dict) and r for r in retries), "a retry section with options"
     assert any(isinstance(p.get("validate"), dict) for p in pols.values()), "a validate section"
     assert any(isinstance(p.get("credentials"), dict) for p in pols.values()), "a credentials section"
+    upgrades = [p["upgrades"] for p in pols.values() if "upgrades" in p]
+    assert any(isinstance(u, list) for u in upgrades) and any(isinstance(u, dict) for u in upgrades), \
+        "upgrades as a list and as a map"
     oauth = [a["oauth2"] for a in adapters if isinstance(a, dict) and "oauth2" in a]
     assert oauth, "an oauth2 adapter"
     for o in oauth:
@@ -293,10 +296,18 @@ ACCEPTED = {
                        "          token_url: https://127.0.0.1:9/t?x=1\n          client_id: c\n          client_secret: s\n"
                        "          refresh_token: r\n          client_auth: body\n          refresh_before_expiry: 500ms\n"
                        "          refresh_window: { max: 1 }\n          refresh_on: [401, 403]\n"),
+    "upgrades-list": "policies:\n  h.test:\n    upgrades: [websocket, h2c]\n",
+    "upgrades-none": "policies:\n  h.test:\n    upgrades: []\n",
+    "upgrades-map": "policies:\n  default:\n    upgrades: { allow: [websocket], idle_timeout: 90s }\n",
+    "upgrades-idle-only": "policies:\n  default:\n    upgrades: { idle_timeout: 10m }\n",
 }
 
 # name -> (text, line of the error)
 REJECTED = {
+    "upgrades-word": ("policies:\n  h.test:\n    upgrades: websocket\n", 3),
+    "upgrades-bad-name": ('policies:\n  h.test:\n    upgrades: ["web socket"]\n', 3),
+    "upgrades-unknown": ("policies:\n  h.test:\n    upgrades: { allowed: [websocket] }\n", 3),
+    "upgrades-zero-idle": ("policies:\n  h.test:\n    upgrades: { idle_timeout: 0s }\n", 3),
     "policy-unknown-key": ("policies:\n  h.test:\n    adaptors: []\n", 3),
     "unknown-adapter": ("policies:\n  h.test:\n    adapters:\n      - bearr: x\n", 4),
     "adapter-two-keys": ("policies:\n  h.test:\n    adapters:\n      - { bearer: x, deflate: {} }\n", 4),

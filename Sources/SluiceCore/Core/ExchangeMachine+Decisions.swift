@@ -30,8 +30,15 @@ extension ExchangeMachine {
 
     /// A response head: retried (a status the policy retries, an OAuth `refresh_on` status, a
     /// validation failure), followed (a 3xx the policy follows), or passed on unchanged.
+    /// A `101` (an upgrade the policy carries, `upgrades:`) is its handshake's success: it is
+    /// passed on, never validated or retried.
     mutating func decide(_ head: ResponseHead, canResendBody: Bool, into actions: inout Actions) {
         let status = head.status
+        if status == 101 {
+            state = .streaming
+            actions.append(.sendResponse)
+            return
+        }
         var failure: TryFailure?
         if let retry = policy.retryPolicy, retry.statuses.contains(status) {
             failure = .status(status, retryAfterMilliseconds: retryAfterMilliseconds(head.retryAfter))

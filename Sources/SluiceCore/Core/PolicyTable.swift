@@ -22,13 +22,15 @@ public struct PolicyEntry: Sendable {
     public var health: Section<Health>
     /// `intercept:`; nil inherits the default's.
     public var intercept: Bool?
+    /// `upgrades:`; nil inherits the default's.
+    public var upgrades: Upgrades?
 
     public init(name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
                 retry: Section<RetryPolicy> = .inherit, validate: Section<ResponseValidator> = .inherit,
                 credentials: Section<Credentials> = .inherit, trust: Section<any ServerTrustEvaluating> = .inherit,
                 upstream: Section<UpstreamOverride> = .inherit, upstreamProxy: Section<UpstreamProxy> = .inherit,
                 clientCertificate: Section<ClientCertificate> = .inherit, health: Section<Health> = .inherit,
-                intercept: Bool? = nil) {
+                intercept: Bool? = nil, upgrades: Upgrades? = nil) {
         self.name = name
         self.adapters = adapters
         self.redirect = redirect
@@ -41,6 +43,7 @@ public struct PolicyEntry: Sendable {
         self.clientCertificate = clientCertificate
         self.health = health
         self.intercept = intercept
+        self.upgrades = upgrades
     }
 }
 
@@ -80,6 +83,8 @@ public final class HostPolicy: Sendable {
     public let health: Health?
     /// CONNECTs to the host are answered with Sluice's own TLS (`sluice ca init`).
     public let intercept: Bool
+    /// The protocol upgrades carried for the host and their idle timeout (`upgrades:`).
+    public let upgrades: Upgrades
     /// The adapters as one header edit, when each of them is a fixed header edit.
     public let headerEditPlan: HeaderEditPlan?
     /// The adapters' names, in order, for `.requestAdapted`.
@@ -89,8 +94,9 @@ public final class HostPolicy: Sendable {
                 validator: ResponseValidator? = nil, credentials: Credentials? = nil,
                 trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
                 upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
-                health: Health? = nil, intercept: Bool = false) {
+                health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard) {
         self.name = name
+        self.upgrades = upgrades
         self.trust = trust
         self.upstream = upstream
         self.upstreamProxy = upstreamProxy
@@ -136,7 +142,8 @@ public final class HostPolicy: Sendable {
                   upstreamProxy: pick(host?.upstreamProxy, base.upstreamProxy),
                   clientCertificate: pick(host?.clientCertificate, base.clientCertificate),
                   health: pick(host?.health, base.health),
-                  intercept: host?.intercept ?? base.intercept ?? false)
+                  intercept: host?.intercept ?? base.intercept ?? false,
+                  upgrades: host?.upgrades ?? base.upgrades ?? .standard)
     }
 }
 

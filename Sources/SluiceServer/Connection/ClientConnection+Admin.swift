@@ -50,6 +50,13 @@ extension ClientConnection {
             exchange.end(.tunnel, error: "cancelled by the proxy's operator")
             close()
             return
+        case .upgrading(let transfer):
+            if transfer.phase != .awaitingAnswer && transfer.phase != .connecting {
+                exchange.end(exchange.summary.status == 101 ? .tunnel : .error, error: "cancelled by the proxy's operator")
+                close()
+                return
+            }
+            transfer.cancel()
         case .awaitingHead, .closing, .closed:
             return
         case .adapting, .awaitingBody, .bufferingBody:

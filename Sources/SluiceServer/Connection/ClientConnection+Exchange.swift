@@ -227,6 +227,10 @@ extension ClientConnection {
             if case .fail(let error)? = actions.command { respondError(error) }
             return
         }
+        if let upgrade = exchange.upgrade {
+            startUpgrade(request, upgrade: upgrade, perTryTimeout: perTryTimeout, exchange)
+            return
+        }
         let transfer = UpstreamTransfer(session: worker.session, delegate: self, bodySource: self,
                                         output: clientOutput, request: request,
                                         clientMinorVersion: currentHead?.minorVersion ?? 1,

@@ -32,6 +32,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         /// Resolving and connecting the CONNECT destination.
         case dialing(TunnelDialer)
         case tunnel(Tunnel)
+        /// An upgrade handshake, then (after `101`) the byte tunnel it became.
+        case upgrading(UpgradeTransfer)
         /// A final response is queued; the connection closes once it is flushed.
         case closing
         case closed
@@ -196,6 +198,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             continueBuffering(head, exchange)
         case .tunnel(let tunnel):
             tunnel.clientReadable()
+        case .upgrading(let transfer):
+            transfer.clientReadable()
         case .adapting, .queued, .waitingToRetry, .dialing, .closing, .closed:
             break  // held in the input buffer (bounded by the read watermark)
         }
@@ -207,6 +211,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             transfer.resumeDownload()
         case .tunnel(let tunnel):
             tunnel.clientDrained()
+        case .upgrading(let transfer):
+            transfer.clientDrained()
         case .closing:
             if evbuffer_get_length(clientOutput) == 0 { close() }
         default:
@@ -321,6 +327,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             }
             let exchange = try beginExchange(head, target)
             try authenticate(head, exchange)
+            if !head.connectionTokens.isEmpty { exchange.upgrade = allowedUpgrade(head, exchange.policy) }
             if head.methodIs("CONNECT"), exchange.policy.intercept {
                 try intercept(target, exchange)
                 return
@@ -456,13 +463,15 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         case .dialing(let dialer): dialer.cancel()
         case .waitingToRetry(let timer): event_free(timer)
         case .tunnel(let tunnel): tunnel.shutdown()
+        case .upgrading(let transfer): transfer.cancel()
         case .queued(let ticket): worker.upstreamGate.leave(ticket)
         default: break
         }
         releaseUpstreamSlot()
         if exchange?.circuitTry != nil { reportTryOutcome(.abandoned) }
         if let exchange, !exchange.ended {
-            exchange.end(exchange.summary.method == "CONNECT" && exchange.summary.status == 200 ? .tunnel : .clientAborted)
+            let tunnelled = exchange.summary.method == "CONNECT" ? exchange.summary.status == 200 : exchange.summary.status == 101
+            exchange.end(tunnelled ? .tunnel : .clientAborted)
         }
         exchange = nil
         state = .closed

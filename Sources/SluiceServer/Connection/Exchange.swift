@@ -19,6 +19,9 @@ final class Exchange {
     /// it); nil when the client's own travels.
     var generatedRequestId: String?
     let body: RequestBodyReader
+    /// The `Upgrade` value forwarded for an upgrade the policy allows (`upgrades:`); each try
+    /// is then an `UpgradeTransfer`.
+    var upgrade: String?
     /// Where the current (or last) try goes.
     var target: RequestTarget
     /// The current try's admission by its origin's circuit breaker (`health:`), until its

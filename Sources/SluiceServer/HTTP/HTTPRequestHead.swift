@@ -43,6 +43,13 @@ public struct HTTPRequestHead: Sendable {
         return minorVersion == 1 || connectionTokens.contains("keep-alive")
     }
 
+    /// The `Upgrade` field values, when `Connection` lists `upgrade` (RFC 9110 §7.8); empty
+    /// otherwise.
+    public var upgradeValues: [String] {
+        guard connectionTokens.contains("upgrade") else { return [] }
+        return values(named: "upgrade")
+    }
+
     public func string(_ range: Range<Int>) -> String {
         String(decoding: bytes[range], as: UTF8.self)
     }

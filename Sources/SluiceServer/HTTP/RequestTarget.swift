@@ -16,6 +16,16 @@ struct RequestTarget: Equatable {
     /// `host:port` for messages and logs; IPv6 literals in brackets.
     var authority: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
+    /// The path and query of `url` (`/` when it has none), for a request line Sluice writes
+    /// itself (an upgrade handshake).
+    var originForm: String {
+        guard let schemeEnd = url.range(of: "://") else { return "/" }
+        let rest = url[schemeEnd.upperBound...]
+        guard let start = rest.firstIndex(where: { $0 == "/" || $0 == "?" }) else { return "/" }
+        let path = rest[start...]
+        return path.first == "?" ? "/" + path : String(path)
+    }
+
     /// Parses an absolute-form target (`http://host[:port]/path?query`). Byte-level: this
     /// runs for every request.
     static func absolute(_ target: String) throws(ProxyError) -> RequestTarget {

@@ -311,6 +311,34 @@ enum ResponseEncoder {
         return framing
     }
 
+    /// The origin's `101` for the client of an upgrade: its end-to-end fields and `Upgrade`
+    /// as they came (field names checked, CR, LF and NUL in values made SP), `Via`, and
+    /// `Connection: Upgrade`; the other hop-by-hop and framing fields are dropped.
+    static func switchingProtocols(_ head: ResponseHeadCollector, viaLine: [UInt8], into output: OpaquePointer)
+        throws(InvalidResponse) {
+        var out: [UInt8] = Array("HTTP/1.1 101 Switching Protocols\r\n".utf8)
+        var sawUpgrade = false
+        var start = 0
+        try head.lines.withUnsafeBufferPointer { (buf: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
+            for end in head.lineEnds {
+                defer { start = end }
+                let field = try split(buf, start, end)
+                let name = UnsafeBufferPointer(rebasing: buf[field.name])
+                let isUpgrade = name.count == 7 && ASCII.equalsIgnoringCase(name, "upgrade")
+                if !isUpgrade, field.kind != .other { continue }
+                sawUpgrade = sawUpgrade || isUpgrade
+                out.append(contentsOf: name)
+                out.append(contentsOf: ": ".utf8)
+                for i in field.value { out.append(buf[i] == 0x0D || buf[i] == 0x0A || buf[i] == 0 ? 0x20 : buf[i]) }
+                out.append(contentsOf: "\r\n".utf8)
+            }
+        }
+        guard sawUpgrade else { throw InvalidResponse(reason: "101 without Upgrade") }
+        out.append(contentsOf: viaLine)
+        out.append(contentsOf: "Connection: Upgrade\r\n\r\n".utf8)
+        evbuffer_add(output, out, out.count)
+    }
+
     static func reasonPhrase(_ status: Int) -> String {
         switch status {
         case 200: return "OK"

@@ -1,0 +1,175 @@
+/// The origin's answer to an upgrade handshake, read from the raw bytes of a connection
+/// Sluice speaks on itself (`UpgradeTransfer`): the response head, line by line through a
+/// `ResponseHeadCollector` (the same one every forwarded response goes through), then — for
+/// an answer other than `101` — where its body ends, so that the answer is relayed as a
+/// complete response and the connection closed after it.
+///
+/// A value type fed bytes: `read` says how many it consumed and what they completed; tested
+/// with input split at every byte (`UpgradeResponseReaderTests`).
+///
+/// Threading: a value owned by its `UpgradeTransfer`, on the worker's thread.
+struct UpgradeResponseReader {
+    /// How a final (non-101) answer's body is delimited on the origin connection.
+    enum BodyFraming: Equatable {
+        case none
+        case length(UInt64)
+        case chunked
+        /// Ends when the origin closes.
+        case close
+    }
+
+    enum Event: Equatable {
+        /// `101`: the bytes after the consumed ones belong to the new protocol.
+        case switched
+        /// A final answer's head is complete; its body follows, framed so.
+        case answered(BodyFraming)
+        /// The body of a final answer ended at the consumed bytes.
+        case bodyEnded
+    }
+
+    enum Failure: Error, Equatable {
+        case headTooLarge
+        case malformed(String)
+    }
+
+    /// The longest response head accepted (64 KiB).
+    static let maxHeadBytes = 64 * 1024
+
+    private enum State {
+        case head
+        case body(BodyFraming)
+        case chunkSize(value: UInt64, digits: Int, inExtension: Bool)
+        case chunkSizeLF(UInt64)
+        case chunkData(UInt64)
+        case chunkDataCR
+        case chunkDataLF
+        /// Trailer lines after the last chunk; `lineBytes` of the current one seen so far.
+        case trailer(lineBytes: Int)
+        case trailerLF(empty: Bool)
+        case done
+    }
+
+    private(set) var head = ResponseHeadCollector()
+    private var state = State.head
+    private var line: [UInt8] = []
+    private var headBytes = 0
+    /// Where a `.length` body stands.
+    private var remaining: UInt64 = 0
+
+    /// The body bytes of a final answer still to come, for `.length` framing.
+    var isInBody: Bool {
+        switch state {
+        case .head, .done: return false
+        default: return true
+        }
+    }
+
+    /// Consumes bytes up to the first event (or all of them). A body is consumed without
+    /// being copied: the caller relays the consumed body bytes itself.
+    mutating func read(_ bytes: UnsafeRawBufferPointer) throws(Failure) -> (consumed: Int, event: Event?) {
+        var i = 0
+        while i < bytes.count {
+            switch state {
+            case .head:
+                let b = bytes[i]
+                i += 1
+                headBytes += 1
+                guard headBytes <= Self.maxHeadBytes else { throw .headTooLarge }
+                line.append(b)
+                guard b == 0x0A else { continue }
+                let completedFinal = line.withUnsafeBytes { head.add($0) }
+                let empty = line.count <= 2
+                line.removeAll(keepingCapacity: true)
+                if empty && head.status == 0 { throw .malformed("no status line") }
+                if empty && head.status == 101 { return (i, .switched) }
+                if completedFinal {
+                    let framing = try Self.framing(of: head)
+                    switch framing {
+                    case .none: state = .done
+                    case .length(let n): remaining = n; state = n == 0 ? .done : .body(framing)
+                    case .chunked: state = .chunkSize(value: 0, digits: 0, inExtension: false)
+                    case .close: state = .body(.close)
+                    }
+                    return (i, .answered(framing))
+                }
+            case .body(.length):
+                let n = min(UInt64(bytes.count - i), remaining)
+                remaining -= n
+                i += Int(n)
+                if remaining == 0 { state = .done; return (i, .bodyEnded) }
+            case .body:
+                return (bytes.count, nil)  // close-delimited: everything is body
+            case .chunkSize(let value, let digits, let inExtension):
+                let b = bytes[i]
+                i += 1
+                if b == 0x0D {
+                    guard digits > 0 else { throw .malformed("invalid chunk size") }
+                    state = .chunkSizeLF(value)
+                } else if inExtension {
+                    continue
+                } else if let h = ASCII.hexValue(b), digits < 16 {
+                    state = .chunkSize(value: value << 4 | h, digits: digits + 1, inExtension: false)
+                } else if b == 0x3B || b == 0x20 || b == 0x09, digits > 0 {
+                    state = .chunkSize(value: value, digits: digits, inExtension: true)
+                } else {
+                    throw .malformed("invalid chunk size")
+                }
+            case .chunkSizeLF(let value):
+                guard bytes[i] == 0x0A else { throw .malformed("bare CR in chunk-size line") }
+                i += 1
+                state = value == 0 ? .trailer(lineBytes: 0) : .chunkData(value)
+            case .chunkData(let left):
+                let n = min(UInt64(bytes.count - i), left)
+                i += Int(n)
+                state = left - n == 0 ? .chunkDataCR : .chunkData(left - n)
+            case .chunkDataCR:
+                guard bytes[i] == 0x0D else { throw .malformed("missing CRLF after chunk data") }
+                i += 1
+                state = .chunkDataLF
+            case .chunkDataLF:
+                guard bytes[i] == 0x0A else { throw .malformed("missing CRLF after chunk data") }
+                i += 1
+                state = .chunkSize(value: 0, digits: 0, inExtension: false)
+            case .trailer(let lineBytes):
+                let b = bytes[i]
+                i += 1
+                if b == 0x0D { state = .trailerLF(empty: lineBytes == 0) } else {
+                    guard lineBytes < Self.maxHeadBytes else { throw .headTooLarge }
+                    state = .trailer(lineBytes: lineBytes + 1)
+                }
+            case .trailerLF(let empty):
+                guard bytes[i] == 0x0A else { throw .malformed("bare CR in trailer section") }
+                i += 1
+                if empty { state = .done; return (i, .bodyEnded) }
+                state = .trailer(lineBytes: 0)
+            case .done:
+                return (i, nil)
+            }
+        }
+        return (i, nil)
+    }
+
+    /// RFC 9112 §6.3 for a response to a GET: bodiless statuses, then Transfer-Encoding
+    /// (chunked last, else read to the close), then Content-Length, else to the close.
+    static func framing(of head: ResponseHeadCollector) throws(Failure) -> BodyFraming {
+        if head.status == 204 || head.status == 304 || head.status < 200 { return .none }
+        if let te = head.value("transfer-encoding") {
+            let last = te.split(separator: ",").last.map { $0.trimmingCharacters(in: " \t").lowercased() }
+            return last == "chunked" ? .chunked : .close
+        }
+        if let cl = head.value("content-length") {
+            guard let n = UInt64(cl) else { throw .malformed("invalid Content-Length") }
+            return .length(n)
+        }
+        return .close
+    }
+}
+
+private extension Substring {
+    func trimmingCharacters(in set: String) -> String {
+        var s = self[...]
+        while let c = s.first, set.contains(c) { s = s.dropFirst() }
+        while let c = s.last, set.contains(c) { s = s.dropLast() }
+        return String(s)
+    }
+}
