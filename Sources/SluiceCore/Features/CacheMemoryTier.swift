@@ -1,0 +1,170 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+
+/// Immutable body bytes of a cached object, in one allocation that never moves: a hit hands
+/// them to the client's output by reference (libevent keeps the chunk alive until sent), so a
+/// large body is not copied per hit.
+///
+/// Threading: written only by `init` (before the chunk is published), read-only afterwards,
+/// from any worker; hence `@unchecked Sendable`. Freed when the last reference goes.
+public final class CacheChunk: @unchecked Sendable {
+    public let bytes: UnsafeRawBufferPointer
+
+    public init(copying source: UnsafeRawBufferPointer) {
+        let storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, source.count), alignment: 16)
+        if let base = source.baseAddress, source.count > 0 { storage.baseAddress!.copyMemory(from: base, byteCount: source.count) }
+        bytes = UnsafeRawBufferPointer(start: storage.baseAddress, count: source.count)
+    }
+
+    public convenience init(_ array: [UInt8]) {
+        self.init(copying: array.withUnsafeBytes { $0 })
+    }
+
+    public var count: Int { bytes.count }
+
+    deinit { UnsafeMutableRawPointer(mutating: bytes.baseAddress!).deallocate() }
+}
+
+/// A complete cached response: its head (`CacheStoredResponse`) and body chunks. Never
+/// changed once built; a revalidation that updates the head makes a new object sharing the
+/// chunks.
+///
+/// Threading: immutable; shared by every worker.
+public final class CacheObject: Sendable {
+    public let response: CacheStoredResponse
+    public let chunks: [CacheChunk]
+    public let bodyLength: Int
+    /// What the object counts against the memory tier: body plus an estimate of its head.
+    public let size: Int
+
+    public init(response: CacheStoredResponse, chunks: [CacheChunk]) {
+        let length = chunks.reduce(0) { $0 + $1.count }
+        var response = response
+        response.bodyLength = Int64(length)
+        self.response = response
+        self.chunks = chunks
+        bodyLength = length
+        size = length + response.fields.reduce(256) { $0 + $1.name.utf8.count + $1.value.utf8.count + 32 }
+    }
+
+    /// The same body under an updated head (after a `304`).
+    public func withResponse(_ response: CacheStoredResponse) -> CacheObject {
+        CacheObject(response: response, chunks: chunks)
+    }
+}
+
+/// The memory tier of the shared cache (`cache_store.memory`): objects by URL (each URL's
+/// variants together, selected by `CacheLookup`), bounded in bytes, evicting the least
+/// recently used URL first. Every worker uses the one instance; each call takes the lock
+/// once, for a dictionary lookup and a list splice (no I/O, no body copy under the lock).
+///
+/// Threading: any thread (a `Mutex`); objects are immutable, so what a lookup returns stays
+/// valid after the lock is released, even if the URL is evicted meanwhile.
+public final class CacheMemoryTier: Sendable {
+    /// Figures for the admin API and metrics.
+    public struct Stats: Sendable, Equatable {
+        public var objects = 0
+        public var bytes = 0
+        public var evictions = 0
+    }
+
+    private struct Entry {
+        var variants: [CacheObject]
+        var size: Int
+        var newer: String?
+        var older: String?
+    }
+
+    private struct State {
+        var entries: [String: Entry] = [:]
+        /// The most and least recently used URLs (the ends of the list through `newer`/`older`).
+        var newest: String?
+        var oldest: String?
+        var stats = Stats()
+
+        mutating func unlink(_ key: String) {
+            guard let e = entries[key] else { return }
+            if let n = e.newer { entries[n]!.older = e.older } else { newest = e.older }
+            if let o = e.older { entries[o]!.newer = e.newer } else { oldest = e.newer }
+            entries[key]!.newer = nil
+            entries[key]!.older = nil
+        }
+
+        mutating func pushNewest(_ key: String) {
+            entries[key]!.older = newest
+            entries[key]!.newer = nil
+            if let n = newest { entries[n]!.newer = key }
+            newest = key
+            if oldest == nil { oldest = key }
+        }
+
+        mutating func remove(_ key: String) -> Entry? {
+            guard entries[key] != nil else { return nil }
+            unlink(key)
+            let e = entries.removeValue(forKey: key)!
+            stats.bytes -= e.size
+            stats.objects -= e.variants.count
+            return e
+        }
+    }
+
+    /// The tier's size bound, in bytes.
+    public let capacity: Int
+    private let state = Mutex(State())
+
+    public init(capacity: Int) {
+        self.capacity = capacity
+    }
+
+    /// The variants stored for `url` (most recently stored last); marks the URL used.
+    public func variants(for url: String) -> [CacheObject] {
+        state.withLock { s in
+            guard let e = s.entries[url] else { return [] }
+            if s.newest != url {
+                s.unlink(url)
+                s.pushNewest(url)
+            }
+            return e.variants
+        }
+    }
+
+    /// Stores `object` for `url`, replacing the variant with the same secondary key; evicts
+    /// least recently used URLs until the tier fits. Returns how many objects were evicted;
+    /// an object larger than the whole tier is not stored (returns nil).
+    @discardableResult
+    public func insert(_ object: CacheObject, for url: String) -> Int? {
+        guard object.size <= capacity else { return nil }
+        return state.withLock { s in
+            var entry = s.remove(url) ?? Entry(variants: [], size: 0)
+            entry.variants.removeAll { $0.response.vary == object.response.vary }
+            entry.variants.append(object)
+            entry.size = entry.variants.reduce(0) { $0 + $1.size }
+            var evicted = 0
+            while s.stats.bytes + entry.size > capacity, let victim = s.oldest {
+                evicted += s.remove(victim)?.variants.count ?? 0
+            }
+            if entry.size > capacity {
+                // The URL's other variants alone no longer fit beside the new one: keep the new one.
+                evicted += entry.variants.count - 1
+                entry.variants = [object]
+                entry.size = object.size
+            }
+            s.entries[url] = entry
+            s.pushNewest(url)
+            s.stats.bytes += entry.size
+            s.stats.objects += entry.variants.count
+            s.stats.evictions += evicted
+            return evicted
+        }
+    }
+
+    /// Drops every variant of `url` (invalidation); returns how many there were.
+    @discardableResult
+    public func invalidate(_ url: String) -> Int {
+        state.withLock { s in s.remove(url)?.variants.count ?? 0 }
+    }
+
+    public var stats: Stats { state.withLock { $0.stats } }
+}

@@ -1,0 +1,278 @@
+import Testing
+
+@testable import SluiceCore
+
+/// The shared cache's rules (RFC 9111) without sockets: directives, storability, freshness
+/// and Age, request directives, Vary, conditional requests, revalidation merging,
+/// invalidation, the stored-entry encoding and the memory tier. Time is given by hand.
+@Suite struct CacheRulesTests {
+    typealias F = CacheFields.Field
+    static let t0: Int64 = 1_700_000_000
+    static let date0 = HTTPDate.format(t0)
+
+    func stored(_ fields: [F], status: Int = 200, request: [F] = [], at t: Int64 = t0, extraKey: [String] = []) -> CacheStoredResponse {
+        CacheStoredResponse(status: status, fields: fields, requestFields: request, requestTime: t, responseTime: t,
+                            extraKeyFields: extraKey)
+    }
+
+    func decide(_ request: [F] = [], _ candidates: [CacheStoredResponse], now: Int64, method: String = "GET",
+                modification: CacheModification? = nil) -> CacheLookup.Decision {
+        CacheLookup.decide(method: method, requestFields: request, candidates: candidates, now: now, modification: modification)
+    }
+
+    // MARK: Cache-Control
+
+    @Test func parsesDirectivesCaseInsensitivelyFirstWins() {
+        let cc = CacheControl(["Max-Age=60, public", "max-age=5, S-MAXAGE=\"30\", no-cache=\"Set-Cookie, X\", private"])
+        #expect(cc.maxAge == 60 && cc.sMaxAge == 30 && cc.isPublic && cc.noCache && cc.isPrivate)
+        #expect(CacheControl("max-age=abc").maxAge == 0)  // invalid: stale at once
+        #expect(CacheControl("max-age=99999999999").maxAge == CacheControl.maxDeltaSeconds)
+        #expect(CacheControl("max-stale").maxStale == CacheControl.maxDeltaSeconds)
+        #expect(CacheControl("max-stale=10, min-fresh=5, only-if-cached").minFresh == 5)
+        #expect(CacheControl("stale-if-error=30, stale-while-revalidate=10, unknown=1").staleIfError == 30)
+        #expect(CacheControl(nil as String?) == CacheControl())
+    }
+
+    @Test func pragmaNoCacheOnlyWithoutCacheControl() {
+        #expect(CacheRequestDirectives([("Pragma", "no-cache")]).cacheControl.noCache)
+        #expect(!CacheRequestDirectives([("Pragma", "no-cache"), ("Cache-Control", "max-age=5")]).cacheControl.noCache)
+    }
+
+    @Test func httpDateForms() {
+        let t: Int64 = 784_111_777
+        #expect(HTTPDate.parse("Sun, 06 Nov 1994 08:49:37 GMT") == t)
+        #expect(HTTPDate.parse("Sunday, 06-Nov-94 08:49:37 GMT") == t)
+        #expect(HTTPDate.parse("Sun Nov  6 08:49:37 1994") == t)
+        #expect(HTTPDate.format(t) == "Sun, 06 Nov 1994 08:49:37 GMT")
+        #expect(HTTPDate.parse("0") == nil && HTTPDate.parse("yesterday") == nil)
+    }
+
+    // MARK: storability (§3)
+
+    func storable(_ fields: [F], status: Int = 200, request: [F] = [], method: String = "GET",
+                  modification: CacheModification? = nil, length: Int64? = nil) -> CacheStorability.Decision {
+        CacheStorability.decide(method: method, requestFields: request, status: status, responseFields: fields,
+                                modification: modification, contentLength: length, maxObjectSize: 1000)
+    }
+
+    @Test func storabilityRules() {
+        #expect(storable([("Cache-Control", "max-age=60")]) == .store)
+        #expect(storable([]) == .store)  // 200 is heuristically cacheable
+        #expect(storable([], status: 302) == .doNotStore(.notCacheable))
+        #expect(storable([("Expires", Self.date0)], status: 302) == .store)
+        #expect(storable([("Cache-Control", "max-age=60")], method: "POST") == .doNotStore(.method))
+        #expect(storable([("Cache-Control", "max-age=60")], method: "HEAD") == .doNotStore(.method))
+        #expect(storable([("Cache-Control", "max-age=60")], status: 206) == .doNotStore(.status))
+        #expect(storable([("Cache-Control", "max-age=60")], status: 304) == .doNotStore(.status))
+        #expect(storable([("Cache-Control", "no-store, max-age=60")]) == .doNotStore(.noStore))
+        #expect(storable([("Cache-Control", "max-age=60")], request: [("Cache-Control", "no-store")]) == .doNotStore(.requestNoStore))
+        #expect(storable([("Cache-Control", "private, max-age=60")]) == .doNotStore(.private))
+        #expect(storable([("Cache-Control", "private, max-age=60")],
+                         modification: .init(ignoredDirectives: [.isPrivate])) == .store)
+        #expect(storable([("Vary", "Accept, *")]) == .doNotStore(.varyStar))
+        #expect(storable([("Cache-Control", "max-age=60")], length: 1001) == .doNotStore(.tooLarge))
+        #expect(storable([("Cache-Control", "max-age=60"), ("Set-Cookie", "s=1")]) == .doNotStore(.setCookie))
+        #expect(storable([("Cache-Control", "public, max-age=60"), ("Set-Cookie", "s=1")]) == .store)
+        #expect(storable([("Set-Cookie", "s=1")], modification: .init(dropResponseHeaders: ["Set-Cookie"])) == .store)
+    }
+
+    @Test func authorizationNeedsExplicitPermission() {
+        let auth: [F] = [("Authorization", "Bearer x")]
+        #expect(storable([("Cache-Control", "max-age=60")], request: auth) == .doNotStore(.authorization))
+        #expect(storable([("Cache-Control", "public, max-age=60")], request: auth) == .store)
+        #expect(storable([("Cache-Control", "s-maxage=60")], request: auth) == .store)
+        #expect(storable([("Cache-Control", "must-revalidate, max-age=60")], request: auth) == .store)
+    }
+
+    @Test func dropResponseHeadersBeforeStoring() {
+        let kept = CacheStorability.storedFields([("Set-Cookie", "a"), ("ETag", "\"1\"")],
+                                                 modification: .init(dropResponseHeaders: ["set-cookie"]))
+        #expect(kept.map(\.name) == ["ETag"])
+    }
+
+    // MARK: freshness and Age (§4.2)
+
+    @Test func freshnessLifetimeOrder() {
+        let t = Self.t0
+        #expect(CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=60, s-maxage=30")])) == 30)
+        #expect(CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=60"), ("Expires", HTTPDate.format(t + 500))])) == 60)
+        #expect(CacheFreshness.lifetime(of: stored([("Date", Self.date0), ("Expires", HTTPDate.format(t + 500))])) == 500)
+        #expect(CacheFreshness.lifetime(of: stored([("Date", Self.date0), ("Expires", "0")])) == 0)
+        // Heuristic: 10 % of (Date − Last-Modified), capped at a day; not for a 302.
+        let lm: [F] = [("Date", Self.date0), ("Last-Modified", HTTPDate.format(t - 1000))]
+        #expect(CacheFreshness.lifetime(of: stored(lm)) == 100)
+        #expect(CacheFreshness.lifetime(of: stored(lm, status: 302)) == 0)
+        let old: [F] = [("Date", Self.date0), ("Last-Modified", HTTPDate.format(t - 100 * 86_400))]
+        #expect(CacheFreshness.lifetime(of: stored(old)) == CacheFreshness.heuristicCapSeconds)
+        // modify: override and cap.
+        #expect(CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=5")]), modification: .init(freshness: 600)) == 600)
+        #expect(CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=5000")]), modification: .init(maxFreshness: 60)) == 60)
+    }
+
+    @Test func currentAgeFollowsSection4_2_3() {
+        let t = Self.t0
+        // Age 10 from upstream, 2 s in flight, 5 s resident: 10 + 2 + 5.
+        var r = CacheStoredResponse(status: 200, fields: [("Date", HTTPDate.format(t)), ("Age", "10")], requestTime: t, responseTime: t + 2)
+        #expect(CacheFreshness.currentAge(of: r, now: t + 7) == 17)
+        // A Date 30 s behind the arrival time: the apparent age wins.
+        r = CacheStoredResponse(status: 200, fields: [("Date", HTTPDate.format(t - 30))], requestTime: t, responseTime: t)
+        #expect(CacheFreshness.currentAge(of: r, now: t + 1) == 31)
+        // No Date: the arrival time stands for it.
+        r = CacheStoredResponse(status: 200, fields: [], requestTime: t, responseTime: t)
+        #expect(CacheFreshness.currentAge(of: r, now: t + 4) == 4)
+    }
+
+    // MARK: lookup (§4)
+
+    @Test func freshHitAndStaleRevalidation() {
+        let r = stored([("Cache-Control", "max-age=60"), ("ETag", "\"v1\""), ("Last-Modified", HTTPDate.format(Self.t0 - 10))])
+        #expect(decide([], [r], now: Self.t0 + 10) == .serve(.init(variant: 0, age: 10, ttl: 50, notModified: false)))
+        #expect(decide([], [r], now: Self.t0 + 10, method: "HEAD") == .serve(.init(variant: 0, age: 10, ttl: 50, notModified: false)))
+        #expect(decide([], [r], now: Self.t0 + 61)
+            == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"v1\""), .ifModifiedSince(HTTPDate.format(Self.t0 - 10))], reason: .stale))
+        #expect(decide([], [], now: Self.t0) == .forward(.uriMiss))
+        #expect(decide([], [r], now: Self.t0, method: "POST") == .forward(.method))
+        #expect(decide([("Range", "bytes=0-1")], [r], now: Self.t0) == .forward(.bypass))
+    }
+
+    @Test func requestDirectives() {
+        let r = stored([("Cache-Control", "max-age=60")])
+        let now = Self.t0 + 30
+        #expect(decide([("Cache-Control", "no-store")], [r], now: now) == .forward(.request))
+        #expect(decide([("Cache-Control", "no-cache")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
+        #expect(decide([("Pragma", "no-cache")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
+        #expect(decide([("Cache-Control", "max-age=10")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
+        #expect(decide([("Cache-Control", "max-age=40")], [r], now: now) == .serve(.init(variant: 0, age: 30, ttl: 30, notModified: false)))
+        #expect(decide([("Cache-Control", "min-fresh=40")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
+        #expect(decide([("Cache-Control", "min-fresh=20")], [r], now: now) == .serve(.init(variant: 0, age: 30, ttl: 30, notModified: false)))
+    }
+
+    @Test func maxStaleAndRevalidateDirectives() {
+        let late = Self.t0 + 70  // 10 s stale
+        #expect(decide([("Cache-Control", "max-stale=20")], [stored([("Cache-Control", "max-age=60")])], now: late)
+            == .serve(.init(variant: 0, age: 70, ttl: -10, notModified: false)))
+        #expect(decide([("Cache-Control", "max-stale")], [stored([("Cache-Control", "max-age=60")])], now: late + 10_000)
+            == .serve(.init(variant: 0, age: 10_070, ttl: -10_010, notModified: false)))
+        #expect(decide([("Cache-Control", "max-stale=5")], [stored([("Cache-Control", "max-age=60")])], now: late)
+            == .revalidate(variant: 0, conditional: [], reason: .stale))
+        for directive in ["must-revalidate", "proxy-revalidate", "s-maxage=60"] {
+            #expect(decide([("Cache-Control", "max-stale=20")], [stored([("Cache-Control", "max-age=60, \(directive)")])], now: late)
+                == .revalidate(variant: 0, conditional: [], reason: .stale))
+        }
+    }
+
+    @Test func responseNoCacheAlwaysValidatesUnlessIgnored() {
+        let r = stored([("Cache-Control", "no-cache, max-age=60"), ("ETag", "\"a\"")])
+        #expect(decide([], [r], now: Self.t0 + 1) == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"a\"")], reason: .request))
+        #expect(decide([], [r], now: Self.t0 + 1, modification: .init(ignoredDirectives: [.noCache]))
+            == .serve(.init(variant: 0, age: 1, ttl: 59, notModified: false)))
+    }
+
+    @Test func onlyIfCached() {
+        let oic: [F] = [("Cache-Control", "only-if-cached")]
+        let r = stored([("Cache-Control", "max-age=60")])
+        #expect(decide(oic, [], now: Self.t0) == .onlyIfCachedMiss)
+        #expect(decide(oic, [r], now: Self.t0 + 61) == .onlyIfCachedMiss)
+        #expect(decide(oic, [r], now: Self.t0 + 1) == .serve(.init(variant: 0, age: 1, ttl: 59, notModified: false)))
+    }
+
+    @Test func varySelectsTheMatchingVariant() {
+        let fields: [F] = [("Cache-Control", "max-age=60"), ("Vary", "Accept-Language, accept")]
+        let en = stored(fields, request: [("Accept-Language", "en"), ("Accept", "a,b")])
+        let de = stored(fields, request: [("accept-language", "de")], at: Self.t0 + 1)
+        let now = Self.t0 + 2
+        #expect(decide([("Accept-Language", "en"), ("Accept", "a, b")], [en, de], now: now)
+            == .serve(.init(variant: 0, age: 2, ttl: 58, notModified: false)))
+        #expect(decide([("ACCEPT-LANGUAGE", "de")], [en, de], now: now) == .serve(.init(variant: 1, age: 1, ttl: 59, notModified: false)))
+        #expect(decide([("Accept-Language", "fr")], [en, de], now: now) == .forward(.varyMiss))
+        #expect(decide([("Accept-Language", "en")], [en], now: now) == .forward(.varyMiss))  // Accept absent ≠ present
+        let star = CacheStoredResponse(status: 200, fields: [("Vary", "*")], requestFields: [], requestTime: Self.t0, responseTime: Self.t0)
+        #expect(star.vary == nil && !star.varyMatches([]))
+        // key_request_headers act as Vary.
+        let keyed = stored([("Cache-Control", "max-age=60")], request: [("X-Tenant", "a")], extraKey: ["x-tenant"])
+        #expect(decide([("X-Tenant", "b")], [keyed], now: now) == .forward(.varyMiss))
+        #expect(decide([("x-tenant", "a")], [keyed], now: now) == .serve(.init(variant: 0, age: 2, ttl: 58, notModified: false)))
+    }
+
+    @Test func clientConditionalsAnsweredFromAFreshEntry() {
+        let r = stored([("Cache-Control", "max-age=60"), ("ETag", "W/\"v1\""), ("Last-Modified", HTTPDate.format(Self.t0 - 100))])
+        func notModified(_ request: [F]) -> Bool {
+            if case .serve(let hit) = decide(request, [r], now: Self.t0 + 1) { return hit.notModified }
+            Issue.record("not served")
+            return false
+        }
+        #expect(notModified([("If-None-Match", "\"v0\", \"v1\"")]))
+        #expect(notModified([("If-None-Match", "*")]))
+        #expect(!notModified([("If-None-Match", "\"v2\"")]))
+        #expect(notModified([("If-Modified-Since", HTTPDate.format(Self.t0 - 100))]))
+        #expect(!notModified([("If-Modified-Since", HTTPDate.format(Self.t0 - 101))]))
+        // If-None-Match decides when both are present.
+        #expect(!notModified([("If-None-Match", "\"v2\""), ("If-Modified-Since", HTTPDate.format(Self.t0))]))
+        #expect(!notModified([]))
+    }
+
+    @Test func notModifiedUpdatesTheStoredHead() {
+        let r = CacheStoredResponse(status: 200, fields: [("Content-Length", "5"), ("Cache-Control", "max-age=1"), ("X-Old", "1"), ("ETag", "\"a\"")],
+                                    requestTime: Self.t0, responseTime: Self.t0, bodyLength: 5)
+        let u = r.updated(with: [("Cache-Control", "max-age=100"), ("Content-Length", "0"), ("X-New", "2")],
+                          requestTime: Self.t0 + 50, responseTime: Self.t0 + 51)
+        #expect(u.value("cache-control") == "max-age=100" && u.value("content-length") == "5")
+        #expect(u.value("x-old") == "1" && u.value("x-new") == "2" && u.value("etag") == "\"a\"")
+        #expect(u.responseTime == Self.t0 + 51 && u.bodyLength == 5)
+        #expect(decide([], [u], now: Self.t0 + 60) == .serve(.init(variant: 0, age: 10, ttl: 90, notModified: false)))  // 1 s in flight + 9 resident
+    }
+
+    // MARK: invalidation (§4.4)
+
+    @Test func unsafeMethodsInvalidate() {
+        let url = "http://a.test/x/y?q"
+        #expect(CacheInvalidation.targets(method: "POST", status: 201, url: url, location: "/new", contentLocation: "z")
+            == [url, "http://a.test/new", "http://a.test/x/z"])
+        #expect(CacheInvalidation.targets(method: "PUT", status: 204, url: url, location: "http://other.test/n", contentLocation: nil) == [url])
+        #expect(CacheInvalidation.targets(method: "DELETE", status: 500, url: url, location: nil, contentLocation: nil).isEmpty)
+        #expect(CacheInvalidation.targets(method: "GET", status: 200, url: url, location: "/n", contentLocation: nil).isEmpty)
+    }
+
+    // MARK: encoding and the memory tier
+
+    @Test func storedResponseRoundTrips() {
+        var r = stored([("Cache-Control", "max-age=60"), ("Vary", "Accept"), ("X-Ünïcode", "é, \"q\"")], request: [("Accept", "x")])
+        r.bodyLength = 12345
+        let bytes = r.encode()
+        #expect(CacheStoredResponse(bytes: bytes) == r)
+        let star = CacheStoredResponse(status: 404, fields: [("Vary", "*")], requestFields: [], requestTime: -1, responseTime: 2)
+        #expect(CacheStoredResponse(bytes: star.encode()) == star)
+        #expect(CacheStoredResponse(bytes: Array(bytes.dropLast())) == nil)
+        #expect(CacheStoredResponse(bytes: bytes + [0]) == nil)
+        #expect(CacheStoredResponse(bytes: [2] + bytes.dropFirst()) == nil)
+        #expect(CacheStoredResponse(bytes: []) == nil)
+    }
+
+    func object(_ size: Int, vary: [F] = []) -> CacheObject {
+        CacheObject(response: stored([("Vary", "Accept")], request: vary), chunks: [CacheChunk([UInt8](repeating: 7, count: size))])
+    }
+
+    @Test func memoryTierEvictsLeastRecentlyUsed() {
+        let one = object(1000).size
+        let tier = CacheMemoryTier(capacity: one * 3)
+        #expect(tier.insert(object(1000), for: "a") == 0)
+        #expect(tier.insert(object(1000), for: "b") == 0)
+        #expect(tier.insert(object(1000), for: "c") == 0)
+        _ = tier.variants(for: "a")  // a is now the most recent: b goes first
+        #expect(tier.insert(object(1000), for: "d") == 1)
+        #expect(tier.variants(for: "b").isEmpty && tier.variants(for: "a").count == 1)
+        #expect(tier.stats == .init(objects: 3, bytes: one * 3, evictions: 1))
+        #expect(tier.insert(object(one * 4), for: "huge") == nil)
+        #expect(tier.invalidate("a") == 1 && tier.stats.objects == 2)
+    }
+
+    @Test func memoryTierKeepsOneObjectPerVariant() {
+        let tier = CacheMemoryTier(capacity: 1 << 20)
+        tier.insert(object(10, vary: [("Accept", "x")]), for: "u")
+        tier.insert(object(20, vary: [("Accept", "y")]), for: "u")
+        tier.insert(object(30, vary: [("Accept", "x")]), for: "u")
+        let v = tier.variants(for: "u")
+        #expect(v.map(\.bodyLength) == [20, 30])
+        #expect(tier.stats.objects == 2 && tier.stats.bytes == v.reduce(0) { $0 + $1.size })
+    }
+}
