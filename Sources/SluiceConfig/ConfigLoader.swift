@@ -148,7 +148,7 @@ struct NodeReader {
 
     mutating func readRoot(_ root: Node, into config: inout SluiceConfiguration) {
         let known = ["listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes",
-                     "monitors", "redact_query", "admin", "log_format", "log_level", "upstream"]
+                     "monitors", "redact_query", "admin", "log_format", "log_level", "upstream", "cache_store"]
         var policyEntries: [PolicyEntry] = []
         var monitorSpecs: [(MonitorSpec, Node)] = []
         var redactQuery: Set<String> = []
@@ -167,6 +167,7 @@ struct NodeReader {
             case "log_level": r.readLogLevel(value, into: &config.server.logLevel)
             case "policies": policyEntries = r.readPolicies(value)
             case "monitors": monitorSpecs = r.readMonitors(value)
+            case "cache_store": config.server.cacheStore = r.readCacheStore(value)
             default:
                 for (name, _) in r.strings(value, what: key) ?? [] { redactQuery.insert(name) }
             }

@@ -54,9 +54,29 @@ public enum PolicyDescription {
         let upgrades = policy.upgrades
         lines.append(upgrades.allowed.isEmpty ? "  upgrades: none"
             : "  upgrades: \(upgrades.allowed.joined(separator: ", ")), idle timeout \(upgrades.idleTimeout) ms")
+        lines.append("  cache: \(describe(policy.cache))")
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
         return pipeline.redactor.scrub(lines.joined(separator: "\n"))
+    }
+
+    /// `cache` (RFC 9111 shared cache, when a cache_store exists), `do_not_cache`, or the
+    /// `modify` rules.
+    static func describe(_ cache: CacheBehavior) -> String {
+        switch cache {
+        case .cache: return "cache (RFC 9111 shared cache, when cache_store is set)"
+        case .doNotCache: return "do_not_cache"
+        case .modify(let m):
+            var parts: [String] = []
+            if let f = m.freshness { parts.append("freshness \(f) s") }
+            if let f = m.maxFreshness { parts.append("max_freshness \(f) s") }
+            if !m.ignoredDirectives.isEmpty {
+                parts.append("IGNORES origin " + m.ignoredDirectives.map(\.rawValue).sorted().joined(separator: ", "))
+            }
+            if !m.dropResponseHeaders.isEmpty { parts.append("drops " + m.dropResponseHeaders.joined(separator: ", ")) }
+            if !m.keyRequestHeaders.isEmpty { parts.append("keys on " + m.keyRequestHeaders.joined(separator: ", ")) }
+            return "modify" + (parts.isEmpty ? "" : ": " + parts.joined(separator: "; "))
+        }
     }
 
     static func describe(_ adapter: any RequestAdapter) -> String {

@@ -14,9 +14,9 @@ struct MonitorSpec {
 extension NodeReader {
     /// Policy sections that later parts of the pipeline will add; named so that a config
     /// using them fails loudly instead of being half-applied.
-    static let reservedPolicyKeys = ["cache"]
+    static let reservedPolicyKeys: [String] = []
     static let policyKeys = ["adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
-                             "upstream_proxy", "client_certificate", "health", "intercept", "upgrades"] + reservedPolicyKeys
+                             "upstream_proxy", "client_certificate", "health", "intercept", "upgrades", "cache"] + reservedPolicyKeys
     static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
 
     mutating func readPolicies(_ node: Node) -> [PolicyEntry] {
@@ -53,6 +53,7 @@ extension NodeReader {
                 case "health": entry.health = r.readHealth(section)
                 case "intercept": entry.intercept = r.bool(section, key: "intercept")
                 case "upgrades": entry.upgrades = r.readUpgrades(section)
+                case "cache": entry.cache = r.readCache(section)
                 default: r.fail(section, "'\(key)' policies are not supported by this version of Sluice yet")
                 }
             }

@@ -24,6 +24,8 @@ public struct PolicyEntry: Sendable {
     public var intercept: Bool?
     /// `upgrades:`; nil inherits the default's.
     public var upgrades: Upgrades?
+    /// `cache:`; nil inherits the default's (`cache`).
+    public var cache: CacheBehavior?
 
     public init(name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
                 retry: Section<RetryPolicy> = .inherit, validate: Section<ResponseValidator> = .inherit,
@@ -85,6 +87,8 @@ public final class HostPolicy: Sendable {
     public let intercept: Bool
     /// The protocol upgrades carried for the host and their idle timeout (`upgrades:`).
     public let upgrades: Upgrades
+    /// What the shared cache does for the host (`cache:`), when a `cache_store` exists.
+    public let cache: CacheBehavior
     /// The adapters as one header edit, when each of them is a fixed header edit.
     public let headerEditPlan: HeaderEditPlan?
     /// The adapters' names, in order, for `.requestAdapted`.
@@ -94,9 +98,11 @@ public final class HostPolicy: Sendable {
                 validator: ResponseValidator? = nil, credentials: Credentials? = nil,
                 trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
                 upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
-                health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard) {
+                health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard,
+                cache: CacheBehavior = .defaultBehavior) {
         self.name = name
         self.upgrades = upgrades
+        self.cache = cache
         self.trust = trust
         self.upstream = upstream
         self.upstreamProxy = upstreamProxy
@@ -143,7 +149,8 @@ public final class HostPolicy: Sendable {
                   clientCertificate: pick(host?.clientCertificate, base.clientCertificate),
                   health: pick(host?.health, base.health),
                   intercept: host?.intercept ?? base.intercept ?? false,
-                  upgrades: host?.upgrades ?? base.upgrades ?? .standard)
+                  upgrades: host?.upgrades ?? base.upgrades ?? .standard,
+                  cache: host?.cache ?? base.cache ?? .defaultBehavior)
     }
 }
 

@@ -24,6 +24,8 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var logFormat: DiagnosticLogHandler.Format = .text
     /// The lowest diagnostic level written (`log_level`, default `info`; `SLUICE_LOG` overrides).
     public var logLevel: Logger.Level = .info
+    /// The shared cache's store (`cache_store`); nil (the default): nothing is cached.
+    public var cacheStore: CacheStoreSettings?
 
     public static let defaultListen = ["127.0.0.1:3128"]
 

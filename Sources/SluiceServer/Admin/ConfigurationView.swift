@@ -17,6 +17,11 @@ struct ConfigurationView: Encodable {
         let admin: [String: String]?
         /// `upstream:` (per worker): max_connections_per_host (0: no limit), max_streams.
         let upstream: [String: Int]
+        /// `cache_store` in bytes; null: no cache.
+        let cacheStore: [String: Int64]?
+        enum CodingKeys: String, CodingKey {
+            case listen, workers, limits, timeouts, access, tls, routes, admin, upstream, cacheStore = "cache_store"
+        }
     }
 
     struct Access: Encodable {
@@ -92,7 +97,8 @@ struct ConfigurationView: Encodable {
                 return view
             },
             upstream: ["max_connections_per_host": s.upstream.maxConnectionsPerHost,
-                       "max_streams": s.upstream.maxStreams])
+                       "max_streams": s.upstream.maxStreams],
+            cacheStore: s.cacheStore.map { ["memory": $0.memory, "max_object_size": $0.maxObjectSize] })
         let pipeline = configuration.pipeline
         policies = pipeline.policies.names.map { name in
             let text = PolicyDescription.describe(pipeline, host: name)

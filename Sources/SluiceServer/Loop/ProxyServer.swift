@@ -207,7 +207,7 @@ public final class ProxyServer: @unchecked Sendable {
         fixed.tls.allHostsMustBeEvaluated = config.tls.allHostsMustBeEvaluated  // part of the policies
         Self.keepLoadLimits(of: config, in: &fixed)  // these apply on reload
         if fixed != config {
-            Log.warning("reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir and admin changes need a restart; kept the running values")
+            Log.warning("reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir, admin and cache_store changes need a restart; kept the running values")
         }
         let running = Set(Self.listenAddresses(current.withLock { $0.server }))
         do {

@@ -1,0 +1,101 @@
+import SluiceCore
+import Testing
+
+@testable import SluiceConfig
+
+/// `cache_store` and the policy key `cache`: values, defaults, merging, located errors.
+@Suite struct CacheConfigTests {
+    func issues(_ yaml: String) -> [ConfigIssue] {
+        do {
+            _ = try ConfigLoader.parse(yaml: yaml, file: "f.yaml")
+            return []
+        } catch let error as ConfigError {
+            return error.issues
+        } catch {
+            return []
+        }
+    }
+
+    @Test func noStoreByDefault() throws {
+        let c = try ConfigLoader.parse(yaml: "workers: 1", file: "t.yaml")
+        #expect(c.server.cacheStore == nil)
+        #expect(c.pipeline.policies.match(host: "a.test").cache == .cache)
+    }
+
+    @Test func cacheStoreWithUnitsAndDefaults() throws {
+        let c = try ConfigLoader.parse(yaml: "cache_store: { memory: 64MiB, max_object_size: 2MiB }", file: "t.yaml")
+        #expect(c.server.cacheStore == CacheStoreSettings(memory: 64 << 20, maxObjectSize: 2 << 20))
+        let d = try ConfigLoader.parse(yaml: "cache_store: {}", file: "t.yaml")
+        #expect(d.server.cacheStore == CacheStoreSettings())
+        let e = try ConfigLoader.parse(yaml: "cache_store:", file: "t.yaml")
+        #expect(e.server.cacheStore == CacheStoreSettings(memory: 256 << 20, maxObjectSize: 8 << 20))
+    }
+
+    @Test func diskTierIsRefusedWhereItIsWritten() {
+        let found = issues("workers: 1\ncache_store:\n  memory: 1MiB\n  disk: { path: /tmp/x, size: 1GiB }\n")
+        #expect(found.count == 1 && found[0].line == 4 && found[0].message.contains("disk tier is not available"))
+        let typo = issues("cache_store:\n  disk: { paht: /tmp/x }\n")
+        #expect(typo.contains { $0.message.contains("did you mean 'path'") })
+    }
+
+    @Test func badStoreValuesAreLocated() {
+        let found = issues("cache_store:\n  memory: lots\n  max_object_size: 0\n  memroy: 1MiB\n")
+        #expect(found.map(\.line) == [2, 3, 4])
+        #expect(found[2].message.contains("did you mean 'memory'"))
+        let tooBig = issues("cache_store:\n  memory: 1MiB\n  max_object_size: 2MiB\n")
+        #expect(tooBig.count == 1 && tooBig[0].line == 3 && tooBig[0].message.contains("larger than cache_store.memory"))
+    }
+
+    @Test func policyCacheWordsModifyAndMerging() throws {
+        let yaml = """
+            cache_store: { memory: 8MiB }
+            policies:
+              default: { cache: do_not_cache }
+              a.test: { cache: cache }
+              b.test:
+                cache:
+                  modify:
+                    freshness: 10m
+                    max_freshness: 1h
+                    ignore_origin_directives: [no-cache, private]
+                    drop_response_headers: [Set-Cookie]
+                    key_request_headers: [Accept-Language, X-Tenant]
+              c.test: { retry: none }
+            """
+        let p = try ConfigLoader.parse(yaml: yaml, file: "t.yaml").pipeline.policies
+        #expect(p.match(host: "a.test").cache == .cache)
+        #expect(p.match(host: "c.test").cache == .doNotCache)  // inherits the default's
+        #expect(p.match(host: "other.test").cache == .doNotCache)
+        #expect(p.match(host: "b.test").cache == .modify(.init(freshness: 600, maxFreshness: 3600,
+                                                              ignoredDirectives: [.noCache, .isPrivate],
+                                                              dropResponseHeaders: ["set-cookie"],
+                                                              keyRequestHeaders: ["accept-language", "x-tenant"])))
+    }
+
+    @Test func badPolicyCacheValuesAreLocated() {
+        let found = issues("""
+            policies:
+              a.test: { cache: do_not_cash }
+              b.test: { cache: { modfy: {} } }
+              c.test:
+                cache:
+                  modify:
+                    freshness: 1500ms
+                    ignore_origin_directives: [no-store]
+                    drop_response_headers: ["bad header"]
+                    key_request_header: [X]
+            """)
+        #expect(found.map(\.line) == [2, 3, 7, 8, 9, 10])
+        #expect(found[0].message.contains("did you mean 'do_not_cache'"))
+        #expect(found[1].message.contains("did you mean 'modify'"))
+        #expect(found[2].message.contains("whole seconds"))
+        #expect(found[3].message.contains("no-cache and private"))
+        #expect(found[5].message.contains("did you mean 'key_request_headers'"))
+    }
+
+    @Test func checkDescribesTheCacheRules() throws {
+        let yaml = "policies: { b.test: { cache: { modify: { freshness: 1m, ignore_origin_directives: [private] } } } }"
+        let text = PolicyDescription.describe(try ConfigLoader.parse(yaml: yaml, file: "t").pipeline, host: "b.test")
+        #expect(text.contains("cache: modify: freshness 60 s; IGNORES origin private"))
+    }
+}
