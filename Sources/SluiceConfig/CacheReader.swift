@@ -60,6 +60,7 @@ extension NodeReader {
             return nil
         }
         var modification = CacheModification()
+        if case .scalar(let s) = m.first!.value, s.string.isEmpty { return .modify(modification) }  // `modify:` alone
         entries(m.first!.value, in: "cache.modify", known: Self.cacheModifyKeys) { r, k, v in
             switch k {
             case "freshness", "max_freshness":

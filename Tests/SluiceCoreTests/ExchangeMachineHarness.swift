@@ -72,6 +72,7 @@ func describe(_ event: ProxyEvent) -> String {
     case .tunnelOpened: return "event tunnel opened"
     case .tunnelClosed: return "event tunnel closed"
     case .configReloaded: return "event config reloaded"
+    case .cache(_, let event): return "event cache \(event)"
     }
 }
 

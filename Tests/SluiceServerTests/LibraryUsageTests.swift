@@ -51,6 +51,7 @@ final class InspectorMonitor: EventMonitor, Sendable {
         case .tunnelOpened: step = "tunnel opened"
         case .tunnelClosed: step = "tunnel closed"
         case .configReloaded: step = "reloaded"
+        case .cache: step = "cache"
         case .retrying, .retryStopped, .credentialRefreshed, .credentialRefreshFailed: step = "resilience"
         }
         steps.withLock { $0.append(step) }

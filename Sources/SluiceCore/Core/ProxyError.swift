@@ -56,6 +56,9 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// `consecutive_failures` times in a row and its cooldown (or its probe) has not ended;
     /// nothing was sent. `retryAfter`: seconds until a trial may go.
     case upstreamCircuitOpen(host: String, retryAfter: Int)
+    /// The request said `Cache-Control: only-if-cached` and the shared cache has no response
+    /// it may use without the origin (RFC 9111 §5.2.1.7); nothing was sent upstream.
+    case onlyIfCachedMiss
 
     public var status: Int {
         switch self {
@@ -70,7 +73,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .unsupportedVersion: return 505
         case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed,
              .parentProxyFailed: return 502
-        case .upstreamTimeout: return 504
+        case .upstreamTimeout, .onlyIfCachedMiss: return 504
         case .loopDetected: return 508
         case .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull,
              .upstreamQueueTimeout, .socketUnavailable, .upstreamCircuitOpen:
@@ -88,7 +91,7 @@ public enum ProxyError: Error, Sendable, Equatable {
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
              .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
-             .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen:
+             .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss:
             return false
         }
     }
@@ -145,6 +148,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .socketUnavailable(let host, let reason): return "cannot open a socket for upstream \(host): \(reason)"
         case .upstreamCircuitOpen(let host, let seconds):
             return "upstream \(host) is failing: its circuit is open (health); retry in \(seconds) s"
+        case .onlyIfCachedMiss: return "only-if-cached: no stored response can answer this request"
         }
     }
 }

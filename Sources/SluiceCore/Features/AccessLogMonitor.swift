@@ -91,6 +91,7 @@ public final class AccessLogMonitor: LogMonitor {
         }
         if s.insecure { json.raw("insecure", "true") }
         if let circuit = s.circuit { json.field("circuit", circuit) }
+        if let cache = s.cache { json.field("cache", cache) }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
         return json.finishBytes()  // scrubbed once, as a whole, by the caller

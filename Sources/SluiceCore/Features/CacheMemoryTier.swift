@@ -18,6 +18,12 @@ public final class CacheChunk: @unchecked Sendable {
         bytes = UnsafeRawBufferPointer(start: storage.baseAddress, count: source.count)
     }
 
+    /// Takes ownership of `storage` (allocated with `UnsafeMutableRawBufferPointer.allocate`),
+    /// of which the first `count` bytes are the chunk: no copy.
+    public init(adopting storage: UnsafeMutableRawBufferPointer, count: Int) {
+        bytes = UnsafeRawBufferPointer(start: storage.baseAddress, count: count)
+    }
+
     public convenience init(_ array: [UInt8]) {
         self.init(copying: array.withUnsafeBytes { $0 })
     }

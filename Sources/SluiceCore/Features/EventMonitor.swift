@@ -70,6 +70,9 @@ public struct ExchangeSummary: Sendable {
     /// The state of the origin's circuit (`health:`) after the exchange's last try was asked
     /// or ended (`closed`, `open`, `half_open`); nil when the host has no `health:`.
     public var circuit: String?
+    /// What the shared cache did (the `Cache-Status` parameters without the cache's name:
+    /// `hit`, `fwd=uri-miss;stored`, …); nil when no `cache_store` is configured.
+    public var cache: String?
 
     public init(id: UInt64, client: String, method: String, url: String, policy: String) {
         self.id = id
@@ -124,6 +127,27 @@ public enum ProxyEvent: Sendable {
     case tunnelOpened(id: UInt64, client: String, authority: String)
     case tunnelClosed(ExchangeSummary)
     case configReloaded(success: Bool, message: String)
+    /// What the shared cache did for an exchange (`docs/caching.md`).
+    case cache(id: UInt64, event: CacheEvent)
+}
+
+/// A step of the shared cache, for monitors.
+public enum CacheEvent: Sendable, Equatable {
+    /// A request was looked up (only with a `cache_store`, for a policy that caches).
+    case lookup(url: String)
+    /// Answered from the cache: `age` seconds old; `notModified` when the answer was `304`.
+    case hit(age: Int64, notModified: Bool)
+    /// Forwarded; `reason` is the `Cache-Status` `fwd` value (`uri-miss`, `stale`, …).
+    case miss(reason: String)
+    /// A response was stored whole (`bytes` of body).
+    case stored(bytes: Int)
+    /// A stored response was validated with the origin: `304` updated it; another status
+    /// replaced (or dropped) it.
+    case revalidated(status: Int)
+    /// Storing evicted this many least recently used objects.
+    case evicted(count: Int)
+    /// An unsafe method's response invalidated this many stored objects.
+    case invalidated(count: Int)
 }
 
 extension ProxyEvent {
@@ -149,6 +173,7 @@ extension ProxyEvent {
         public static let tunnelOpened = Kinds(rawValue: 1 << 13)
         public static let tunnelClosed = Kinds(rawValue: 1 << 14)
         public static let configReloaded = Kinds(rawValue: 1 << 15)
+        public static let cache = Kinds(rawValue: 1 << 16)
         public static let all = Kinds(rawValue: .max)
     }
 
@@ -171,6 +196,7 @@ extension ProxyEvent {
         case .tunnelOpened: return .tunnelOpened
         case .tunnelClosed: return .tunnelClosed
         case .configReloaded: return .configReloaded
+        case .cache: return .cache
         }
     }
 }

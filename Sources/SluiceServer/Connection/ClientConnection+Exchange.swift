@@ -220,6 +220,7 @@ extension ClientConnection {
         if let host = exchange.hostHeader, request.target == host.target {
             request.headers = request.headers.appending(name: "Host", value: host.value)
         }
+        if exchange.cache != nil { applyCacheValidators(&request, exchange) }
         let actions = exchange.machine.handle(.tryStarting(.init(request.target)))
         exchange.report(actions)
         guard case .beginTry(let perTryTimeout)? = actions.command else {

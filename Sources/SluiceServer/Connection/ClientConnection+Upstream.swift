@@ -81,7 +81,9 @@ extension ClientConnection {
         switch actions.command {
         case .discardResponse?: transfer.discard()
         case .checkRedirect(let next)?: follow(next, exchange, transfer)
-        default: transfer.forward(keepAlive: keepsAliveAfterResponse)
+        default:
+            if let cache = exchange.cache, cacheResponseHead(response, transfer, exchange, cache) { return }
+            transfer.forward(keepAlive: keepsAliveAfterResponse)
         }
     }
 
@@ -119,6 +121,7 @@ extension ClientConnection {
     func transferFinished(reusable: Bool) {
         scheduleFlush()
         if exchange?.circuitTry != nil { reportTryOutcome(.abandoned) }
+        if let exchange, exchange.cache != nil { cacheResponseFinished(exchange) }
         exchange?.end(.ok)
         if reusable && requestBodyDone && wantsKeepAlive {
             exchangeEnded()

@@ -338,6 +338,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
                 dialer.start()
                 return
             }
+            if let store = worker.cacheStore, exchange.policy.cache.caches, answerFromCache(head, exchange, store) { return }
             prepareWhenAdmitted(head, exchange)
         } catch let error as ProxyError {
             respondError(error)

@@ -22,6 +22,9 @@ final class Exchange {
     /// The `Upgrade` value forwarded for an upgrade the policy allows (`upgrades:`); each try
     /// is then an `UpgradeTransfer`.
     var upgrade: String?
+    /// The shared cache's part (set by the lookup; nil without a `cache_store`, or for a
+    /// policy that does not cache).
+    var cache: CacheExchange?
     /// Where the current (or last) try goes.
     var target: RequestTarget
     /// The current try's admission by its origin's circuit breaker (`health:`), until its

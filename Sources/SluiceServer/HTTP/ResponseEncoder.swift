@@ -177,7 +177,8 @@ enum ResponseEncoder {
     /// smuggling through Sluice); whitespace before a colon is removed and CR, LF or NUL inside
     /// a value become SP (RFC 9110 §5.5), so an upstream cannot inject fields.
     static func forwardedHead(_ head: ResponseHeadCollector, isHeadRequest: Bool, clientMinorVersion: Int,
-                              keepAlive: Bool, viaLine: [UInt8], into output: OpaquePointer) throws(InvalidResponse) -> Framing {
+                              keepAlive: Bool, viaLine: [UInt8], extraLines: [UInt8] = [],
+                              into output: OpaquePointer) throws(InvalidResponse) -> Framing {
         guard (100...599).contains(head.status) else { throw InvalidResponse(reason: "invalid status code") }
         // The fields' parts live on the stack for the two passes.
         let result = withUnsafeTemporaryAllocation(of: FieldLine.self, capacity: max(1, head.lineEnds.count)) { fields in
@@ -185,7 +186,7 @@ enum ResponseEncoder {
                 do throws(InvalidResponse) {
                     return .success(try encode(head, buf, fields, isHeadRequest: isHeadRequest,
                                                clientMinorVersion: clientMinorVersion, keepAlive: keepAlive,
-                                               viaLine: viaLine, into: output))
+                                               viaLine: viaLine, extraLines: extraLines, into: output))
                 } catch {
                     return .failure(error)
                 }
@@ -196,7 +197,7 @@ enum ResponseEncoder {
 
     private static func encode(_ head: ResponseHeadCollector, _ buf: UnsafeBufferPointer<UInt8>,
                                _ fields: UnsafeMutableBufferPointer<FieldLine>, isHeadRequest: Bool,
-                               clientMinorVersion: Int, keepAlive: Bool, viaLine: [UInt8],
+                               clientMinorVersion: Int, keepAlive: Bool, viaLine: [UInt8], extraLines: [UInt8],
                                into output: OpaquePointer) throws(InvalidResponse) -> Framing {
         let status = head.status
         let count = head.lineEnds.count
@@ -259,7 +260,7 @@ enum ResponseEncoder {
         // gains at most ": " and CRLF; the fixed lines take under 96 bytes).
         let reason = head.reason
         let useOwnReason = reason.isEmpty || !reason.allSatisfy({ $0 == 0x09 || ($0 >= 0x20 && $0 != 0x7F) })
-        let bound = 96 + max(reason.count, 40) + buf.count + 4 * count + viaLine.count
+        let bound = 96 + max(reason.count, 40) + buf.count + 4 * count + viaLine.count + extraLines.count
         var extent = iovec()
         guard evbuffer_reserve_space(output, bound, &extent, 1) >= 1 else {
             throw InvalidResponse(reason: "out of memory")
@@ -303,6 +304,7 @@ enum ResponseEncoder {
             put("\r\n")
         }
         viaLine.withUnsafeBufferPointer { put($0) }
+        if !extraLines.isEmpty { extraLines.withUnsafeBufferPointer { put($0) } }
         if framing == .chunked { put("Transfer-Encoding: chunked\r\n") }
         if close { put("Connection: close\r\n") }
         put("\r\n")

@@ -45,6 +45,8 @@ public final class ProxyServer: @unchecked Sendable {
     /// Every origin's circuit breaker (`health:`), shared by every worker; a reload keeps the
     /// state of origins whose `health:` did not change.
     public let health = UpstreamHealth()
+    /// The shared cache every worker uses (`cache_store`), made once: it outlives reloads.
+    let cacheStore: CacheStore?
     /// libcurl's share handle (DNS cache, TLS sessions) of every worker's session: created by
     /// `start()`, freed by `wait()` once no worker thread is left to use it.
     private var share: UnsafeMutableRawPointer?
@@ -61,6 +63,7 @@ public final class ProxyServer: @unchecked Sendable {
         self.configPath = configPath
         current = Mutex(configuration)
         connectionLimits = ConnectionLimits(configuration.server.limits)
+        cacheStore = configuration.server.cacheStore.map(CacheStore.init)
     }
 
     /// A server without policies or monitors.
@@ -88,7 +91,8 @@ public final class ProxyServer: @unchecked Sendable {
                 workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
                                           interception: interception,
                                           heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
-                                          connectionLimits: connectionLimits, health: health))
+                                          connectionLimits: connectionLimits, health: health,
+                                          cacheStore: cacheStore))
             }
         } catch {
             // The workers made so far never ran: freeing them ends their sessions' use of it.

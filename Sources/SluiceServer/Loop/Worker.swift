@@ -47,6 +47,9 @@ final class Worker {
     private var heartbeatTimer: OpaquePointer?
     /// `limits.max_connections` and `max_connections_per_client`, shared by every worker.
     let connectionLimits: ConnectionLimits
+    /// The process's shared cache (`cache_store`), nil without one: then no request is
+    /// looked up at all.
+    let cacheStore: CacheStore?
     /// `limits.max_in_flight_upstream`: this worker's upstream slots and their queue.
     private(set) var upstreamGate: UpstreamGate!
     /// Every origin's circuit breaker (`health:`), shared by every worker.
@@ -152,9 +155,11 @@ final class Worker {
     /// `heartbeatMilliseconds`: how often the loop beats its `heartbeat` (nil: never).
     init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
          interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
-         connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil) throws {
+         connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil,
+         cacheStore: CacheStore? = nil) throws {
         self.index = index
         self.health = health ?? UpstreamHealth()
+        self.cacheStore = cacheStore
         self.connectionLimits = connectionLimits ?? ConnectionLimits(configuration.server.limits)
         self.interception = interception
         self.config = configuration.server

@@ -107,6 +107,24 @@ final class HeaderList {
         func makeList() -> HeaderList { HeaderList(self) }
     }
 
+    /// This list without the fields named in `removing` (lower-case), plus `adding` (a cache
+    /// revalidation: the client's validators replaced by the stored response's).
+    func replacing(_ removing: [String], adding: [(name: String, value: String)]) -> HeaderList {
+        var builder = Builder()
+        var node = pointer
+        while let n = node {
+            let line = Array(UnsafeBufferPointer(start: UnsafeRawPointer(n.pointee.data).assumingMemoryBound(to: UInt8.self),
+                                                 count: strlen(n.pointee.data)))
+            node = n.pointee.next
+            if let colon = line.firstIndex(of: UInt8(ascii: ":")), line.withUnsafeBufferPointer({ buf in
+                removing.contains { ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[..<colon]), $0) }
+            }) { continue }
+            builder.append(line: line)
+        }
+        for (name, value) in adding { builder.append(name: name.utf8, value: value.utf8) }
+        return builder.makeList()
+    }
+
     /// This list with one more line (the rare `Host` of an `upstream:` override).
     func appending(name: String, value: String) -> HeaderList {
         var builder = Builder()

@@ -35,6 +35,9 @@ protocol UpstreamTransferDelegate: AnyObject {
     func transferRedirected(to next: UpstreamRequest)
     /// A discarded response was drained (or its transfer ended): the exchange retries.
     func transferDiscarded()
+    /// An absorbed response (a `304` that validated a stored one) ended; nothing of it
+    /// reached the client, which the exchange now answers from the cache.
+    func transferAbsorbed()
     /// The response is complete; `reusable` is false when it was close-delimited.
     func transferFinished(reusable: Bool)
     /// The exchange failed before any response byte reached the client.
@@ -112,6 +115,8 @@ final class UpstreamTransfer: CurlTransfer {
         case follow(UpstreamRequest)
         /// Drain the body, then tell the delegate `transferDiscarded` (the exchange retries).
         case discard
+        /// Drain the body, then tell the delegate `transferAbsorbed` (the cache answers).
+        case absorb
     }
 
     /// Pause the upstream when this many response bytes wait for the client (1 MiB).
@@ -185,6 +190,14 @@ final class UpstreamTransfer: CurlTransfer {
     private var redirectTo: UpstreamRequest?
     /// Set when the response is discarded for a retry: its body is drained, not sent.
     private var discarding = false
+    /// Set with `discarding` when the response was absorbed by the cache (`absorb()`).
+    private var absorbing = false
+    /// Keeps a copy of the body sent to the client, for the shared cache (set by the
+    /// delegate while it answers `responseHeadArrived`; nil without a cache).
+    var cacheFill: CacheFill?
+    /// Field lines (each ending in CRLF) added to the forwarded head after `Via`: the
+    /// cache's `Cache-Status`. Empty without a cache.
+    var extraHeadLines: [UInt8] = []
     /// The upstream's head was refused (see `ResponseEncoder.forwardedHead`).
     private var invalidResponse = false
     /// True once curlDone reported the try's timings (cancel must not report them again).
@@ -360,6 +373,10 @@ final class UpstreamTransfer: CurlTransfer {
     /// Drain this response's body for a retry (`transferDiscarded`).
     func discard() { disposition = .discard }
 
+    /// Answer to `responseHeadArrived`: drain the response without sending it (a `304` that
+    /// validated a stored response), then `transferAbsorbed`.
+    func absorb() { disposition = .absorb }
+
     /// The client drained its output below the low watermark.
     func resumeDownload() {
         guard downloadPaused, !finished else { return }
@@ -461,6 +478,7 @@ final class UpstreamTransfer: CurlTransfer {
         case .length, .close:
             evbuffer_add(output, data.baseAddress, data.count)
         }
+        if let cacheFill, framing != .none { cacheFill.append(data) }
         delegate.responseBodySent(bytes: data.count)
         return data.count
     }
@@ -491,13 +509,17 @@ final class UpstreamTransfer: CurlTransfer {
         case .discard:
             discarding = true
             return
+        case .absorb:
+            discarding = true
+            absorbing = true
+            return
         case .forward(let keep):
             keepAlive = keep
         }
         do {
             framing = try ResponseEncoder.forwardedHead(
                 head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
-                keepAlive: keepAlive, viaLine: viaLine, into: output)
+                keepAlive: keepAlive, viaLine: viaLine, extraLines: extraHeadLines, into: output)
         } catch {
             // Nothing reached the client: the exchange fails with 502 (curl is told to stop).
             headSent = false
@@ -552,7 +574,7 @@ final class UpstreamTransfer: CurlTransfer {
         }
         if discarding {
             cancel()
-            delegate.transferDiscarded()
+            if absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
             return
         }
         if result == CURLE_OK, !invalidResponse, headSent || status >= 200 {

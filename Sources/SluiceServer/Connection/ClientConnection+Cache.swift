@@ -1,0 +1,242 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CLibEvent
+import SluiceCore
+
+/// The shared cache's part of one exchange: what the lookup found and decided, the
+/// validators a revalidation sends, the tee that stores the response, and the
+/// `Cache-Status` parameters (RFC 9211) the response and the access log carry.
+///
+/// Threading: owned by its `Exchange`, on the worker's thread.
+final class CacheExchange {
+    let store: CacheStore
+    /// The primary key: the request's effective URL.
+    let url: String
+    /// The request's fields, for Vary, the request directives and conditionals.
+    let requestFields: [CacheFields.Field]
+    let modification: CacheModification?
+    /// The policy adds credentials or adapters: stored only as if the request had
+    /// `Authorization` (RFC 9111 §3.5), since other clients would not send them.
+    let policyAuthenticates: Bool
+    /// Wall-clock seconds when the request was looked up (RFC 9111 `request_time`).
+    let requestTime: Int64
+    /// The `Cache-Status` parameters, e.g. `fwd=uri-miss; stored`.
+    var parameters: String
+    /// The stored response being validated, and the validators the try sends for it.
+    var revalidating: CacheObject?
+    var validators: [CacheLookup.Validator] = []
+    /// The stored response as a `304` updated it (the client is answered from it).
+    var validated: CacheObject?
+    var fill: CacheFill?
+
+    init(store: CacheStore, url: String, requestFields: [CacheFields.Field], modification: CacheModification?,
+         policyAuthenticates: Bool, requestTime: Int64) {
+        self.store = store
+        self.url = url
+        self.requestFields = requestFields
+        self.modification = modification
+        self.policyAuthenticates = policyAuthenticates
+        self.requestTime = requestTime
+        parameters = ""
+    }
+
+    /// The client's validators, replaced by the stored response's on a revalidation.
+    static let validatorNames = ["if-none-match", "if-modified-since"]
+    /// The fields a `304` from the cache carries (RFC 9110 §15.4.5).
+    static let notModifiedFields: Set<String> = ["cache-control", "content-location", "date", "etag", "expires",
+                                                 "vary", "last-modified"]
+}
+
+/// The shared cache in the exchange (docs/caching.md): a lookup before anything else of the
+/// pipeline runs (a hit takes no upstream slot, no libcurl handle, no adapter), the response
+/// head's storability, the tee, `304` revalidations, invalidation after unsafe methods.
+/// The rules are `CacheLookup`, `CacheStorability`, `CacheFreshness`, `CacheInvalidation`
+/// (SluiceCore); this is the glue that performs their decisions.
+extension ClientConnection {
+    static func wallClockSeconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec)
+    }
+
+    /// Looks the request up; true when the cache answered it (a hit, or `504` for
+    /// `only-if-cached`). Only called with a `cache_store`, for a policy that caches.
+    func answerFromCache(_ head: HTTPRequestHead, _ exchange: Exchange, _ store: CacheStore) -> Bool {
+        let policy = exchange.policy
+        let fields = head.fields.map { (name: head.name($0), value: head.value($0)) }
+        let cache = CacheExchange(store: store, url: exchange.target.url, requestFields: fields,
+                                  modification: policy.cache.modification,
+                                  policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty,
+                                  requestTime: Self.wallClockSeconds())
+        exchange.cache = cache
+        reportCache(.lookup(url: cache.url), exchange)
+        let method = head.method
+        let cacheable = method == "GET" || method == "HEAD"
+        let candidates = cacheable && !head.hasBody ? store.memory.variants(for: cache.url) : []
+        let decision = cacheable && head.hasBody ? .forward(.bypass)
+            : CacheLookup.decide(method: method, requestFields: fields, candidates: candidates.map(\.response),
+                                 now: cache.requestTime, modification: cache.modification)
+        switch decision {
+        case .serve(let hit):
+            let object = candidates[hit.variant]
+            reportCache(.hit(age: hit.age, notModified: hit.notModified), exchange)
+            serveStored(object, head, exchange, parameters: "hit; ttl=\(hit.ttl)", age: hit.age, notModified: hit.notModified)
+            return true
+        case .onlyIfCachedMiss:
+            cache.parameters = "fwd=miss"
+            exchange.summary.cache = "fwd=miss; only-if-cached"
+            reportCache(.miss(reason: "only-if-cached"), exchange)
+            respondError(.onlyIfCachedMiss)
+            return true
+        case .forward(let reason):
+            cache.parameters = "fwd=\(reason.rawValue)"
+            reportCache(.miss(reason: reason.rawValue), exchange)
+        case .revalidate(let variant, let validators, let reason):
+            cache.parameters = "fwd=\(reason.rawValue)"
+            cache.revalidating = candidates[variant]
+            cache.validators = validators
+            reportCache(.miss(reason: reason.rawValue), exchange)
+        }
+        exchange.summary.cache = cache.parameters
+        return false
+    }
+
+    /// A revalidation's try sends the stored response's validators instead of the client's.
+    func applyCacheValidators(_ request: inout UpstreamRequest, _ exchange: Exchange) {
+        guard let cache = exchange.cache, cache.revalidating != nil, request.target.url == cache.url else { return }
+        request.headers = request.headers.replacing(CacheExchange.validatorNames,
+                                                    adding: cache.validators.map { ($0.name, $0.value) })
+    }
+
+    /// Decides what the cache does with a final response head about to be forwarded: a `304`
+    /// that validated the stored response is absorbed (true: the transfer was told); a
+    /// storable response gets a tee; an unsafe method's success invalidates. Sets the
+    /// `Cache-Status` line the forwarded head carries.
+    func cacheResponseHead(_ response: UpstreamResponseHead, _ transfer: UpstreamTransfer, _ exchange: Exchange,
+                           _ cache: CacheExchange) -> Bool {
+        let now = Self.wallClockSeconds()
+        let status = response.status
+        let fields = response.collected.endToEndFields()
+        let method = exchange.summary.method
+        if !CacheInvalidation.safeMethods.contains(method) {
+            var dropped = 0
+            for url in CacheInvalidation.targets(method: method, status: status, url: cache.url,
+                                                 location: response.value("location"),
+                                                 contentLocation: response.value("content-location")) {
+                dropped += cache.store.memory.invalidate(url)
+            }
+            if dropped > 0 { reportCache(.invalidated(count: dropped), exchange) }
+        } else if let stale = cache.revalidating {
+            reportCache(.revalidated(status: status), exchange)
+            if status == 304 {
+                let updated = stale.withResponse(stale.response.updated(with: fields, requestTime: cache.requestTime,
+                                                                        responseTime: now))
+                if let evicted = cache.store.memory.insert(updated, for: cache.url), evicted > 0 {
+                    reportCache(.evicted(count: evicted), exchange)
+                }
+                cache.validated = updated
+                cache.parameters += "; fwd-status=304"
+                exchange.summary.cache = cache.parameters
+                transfer.absorb()
+                return true
+            }
+        }
+        var requestFields = cache.requestFields
+        if cache.policyAuthenticates { requestFields.append(("Authorization", "")) }
+        let contentLength = response.value("content-length").flatMap { Int64($0) }
+        let decision = CacheStorability.decide(method: method, requestFields: requestFields, status: status,
+                                               responseFields: fields, modification: cache.modification,
+                                               contentLength: contentLength, maxObjectSize: cache.store.maxObjectSize)
+        if decision == .store {
+            let stored = CacheStoredResponse(status: status,
+                                             fields: CacheStorability.storedFields(fields, modification: cache.modification),
+                                             requestFields: cache.requestFields, requestTime: cache.requestTime,
+                                             responseTime: now, extraKeyFields: cache.modification?.keyRequestHeaders ?? [])
+            let fill = CacheFill(store: cache.store, url: cache.url, response: stored,
+                                 contentLength: exchange.summary.method == "HEAD" ? 0 : contentLength)
+            transfer.cacheFill = fill
+            cache.fill = fill
+            cache.parameters += "; stored"
+        } else if cache.revalidating != nil, method == "GET" {
+            cache.store.memory.invalidate(cache.url)  // the origin's new answer may not be kept
+        }
+        exchange.summary.cache = cache.parameters
+        transfer.extraHeadLines = Array("Cache-Status: Sluice; \(cache.parameters)\r\n".utf8)
+        return false
+    }
+
+    /// The response ended whole: the tee's object is published.
+    func cacheResponseFinished(_ exchange: Exchange) {
+        guard let cache = exchange.cache, let fill = cache.fill else { return }
+        cache.fill = nil
+        guard let evicted = fill.complete() else { return }
+        reportCache(.stored(bytes: fill.total), exchange)
+        if evicted > 0 { reportCache(.evicted(count: evicted), exchange) }
+    }
+
+    /// A `304` validated the stored response: the client is answered from its update.
+    func transferAbsorbed() {
+        state = .awaitingHead
+        guard let exchange, let cache = exchange.cache, let object = cache.validated, let head = currentHead else {
+            return respondError(.upstreamProtocol(host: exchange?.target.authority ?? "", reason: "unexpected 304"))
+        }
+        let now = Self.wallClockSeconds()
+        let age = CacheFreshness.currentAge(of: object.response, now: now)
+        let notModified = CacheConditional.notModified(cache.requestFields, stored: object.response)
+        serveStored(object, head, exchange, parameters: cache.parameters, age: age, notModified: notModified)
+    }
+
+    /// Writes a stored response (or `304` for the client's matching conditional) and ends the
+    /// exchange: head, `Age`, `Via`, `Cache-Status`, `Content-Length`, then the body chunks
+    /// (a large chunk by reference: libevent holds it until sent; a small one copied).
+    func serveStored(_ object: CacheObject, _ head: HTTPRequestHead, _ exchange: Exchange, parameters: String,
+                     age: Int64, notModified: Bool) {
+        let status = notModified ? 304 : object.response.status
+        let bodiless = notModified || status == 204 || status < 200
+        var text = "HTTP/1.1 \(status) \(ResponseEncoder.reasonPhrase(status))\r\n"
+        for field in object.response.fields {
+            let lower = field.name.lowercased()
+            if lower == "age" || (notModified && !CacheExchange.notModifiedFields.contains(lower)) { continue }
+            text += field.name + ": " + field.value + "\r\n"
+        }
+        text += "Age: \(age)\r\n"
+        text += String(decoding: worker.viaLine, as: UTF8.self)
+        text += "Cache-Status: Sluice; \(parameters)\r\n"
+        if !bodiless { text += "Content-Length: \(object.bodyLength)\r\n" }
+        let keepAlive = keepsAliveAfterResponse
+        if !keepAlive { text += "Connection: close\r\n" }
+        text += "\r\n"
+        let output = clientOutput
+        var headBytes = text
+        headBytes.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        var sent = 0
+        if !bodiless && !head.methodIs("HEAD") {
+            for chunk in object.chunks {
+                if chunk.count >= Self.referenceThreshold {
+                    let retained = Unmanaged.passRetained(chunk).toOpaque()
+                    evbuffer_add_reference(output, chunk.bytes.baseAddress, chunk.count, { _, _, extra in
+                        Unmanaged<CacheChunk>.fromOpaque(extra!).release()
+                    }, retained)
+                } else {
+                    evbuffer_add(output, chunk.bytes.baseAddress, chunk.count)
+                }
+                sent += chunk.count
+            }
+        }
+        scheduleFlush()
+        exchange.summary.cache = parameters
+        exchange.report(exchange.machine.handle(.responseHeadSent(status: status)))
+        _ = exchange.machine.handle(.responseBodySent(bytes: sent))
+        exchange.end(.ok)
+        if keepAlive { exchangeEnded() } else { closeAfterFlush() }
+    }
+
+    /// Chunks at least this large (16 KiB) are written by reference, smaller ones copied.
+    static let referenceThreshold = 16 << 10
+
+    func reportCache(_ event: CacheEvent, _ exchange: Exchange) {
+        guard let monitor = exchange.monitor, monitor.events.contains(.cache) else { return }
+        monitor.handle(.cache(id: exchange.id, event: event))
+    }
+}

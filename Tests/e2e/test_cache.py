@@ -1,0 +1,394 @@
+"""The shared cache (docs/caching.md; RFC 9111): `cache_store` and the policy key `cache`,
+through the real binary, against a counting origin (cache_origin.py: any status, fields and
+body per resource, conditional requests answered as an origin would), httpbin and nginx.
+Each rule's test asserts how many requests reached the origin."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from email.utils import formatdate
+
+import pytest
+import requests
+
+from cache_origin import CountingOrigin
+from conftest import nginx_conf, spawn, stop_process, wait_port
+from faultservers import pick_port
+from policy_support import AccessLog, monitors
+from support import HOST, session_via, wait_until
+
+STORE = {"cache_store": {"memory": "64MiB", "max_object_size": "8MiB"}}
+
+
+@pytest.fixture
+def origin():
+    o = CountingOrigin()
+    yield o
+    o.stop()
+
+
+@pytest.fixture
+def cached(sluice_factory):
+    return sluice_factory(STORE)
+
+
+def get(proxy, url, headers=None, method="GET", **kw):
+    return requests.request(method, url, headers=headers or {}, proxies={"http": proxy.url, "https": proxy.url},
+                            timeout=15, **kw)
+
+
+def status_of(r) -> str:
+    return r.headers.get("Cache-Status", "")
+
+
+# ------------------------------------------------------------------------------------------
+# Hits and misses
+# ------------------------------------------------------------------------------------------
+
+def test_fresh_response_is_served_from_the_cache(cached, origin):
+    url = origin.set("/fresh", headers={"Cache-Control": "max-age=60"}, body=b"fresh body")
+    first = get(cached, url)
+    assert first.status_code == 200 and first.content == b"fresh body"
+    assert status_of(first) == "Sluice; fwd=uri-miss; stored", first.headers
+    hits = [get(cached, url) for _ in range(5)]
+    assert origin.count("/fresh") == 1, "a fresh stored response went to the origin again"
+    for r in hits:
+        assert r.status_code == 200 and r.content == b"fresh body"
+        assert status_of(r).startswith("Sluice; hit; ttl="), r.headers
+        assert int(r.headers["Age"]) >= 0 and r.headers["Content-Length"] == "10"
+        assert "Via" in r.headers and r.headers["Cache-Control"] == "max-age=60"
+
+
+def test_no_cache_store_means_no_lookup(sluice_factory, origin):
+    proxy = sluice_factory()
+    url = origin.set("/plain", headers={"Cache-Control": "max-age=60"})
+    for _ in range(3):
+        r = get(proxy, url)
+        assert r.status_code == 200 and "Cache-Status" not in r.headers
+    assert origin.count("/plain") == 3
+
+
+def test_do_not_cache_host_is_never_stored(sluice_factory, origin):
+    proxy = sluice_factory({**STORE, "policies": {HOST: {"cache": "do_not_cache"}}})
+    url = origin.set("/dnc", headers={"Cache-Control": "public, max-age=60"})
+    for _ in range(3):
+        assert "Cache-Status" not in get(proxy, url).headers
+    assert origin.count("/dnc") == 3
+
+
+def test_head_is_answered_from_a_stored_get(cached, origin):
+    url = origin.set("/head", headers={"Cache-Control": "max-age=60"}, body=b"x" * 333)
+    assert get(cached, url).status_code == 200
+    r = get(cached, url, method="HEAD")
+    assert r.status_code == 200 and r.content == b"" and r.headers["Content-Length"] == "333"
+    assert status_of(r).startswith("Sluice; hit")
+    assert origin.count("/head") == 1
+
+
+def test_large_body_streams_into_and_out_of_the_cache(cached, origin):
+    body = os.urandom(5 * 1024 * 1024 + 17)
+    url = origin.set("/large", headers={"Cache-Control": "max-age=60"}, body=body)
+    assert get(cached, url).content == body
+    r = get(cached, url)
+    assert hashlib.sha256(r.content).digest() == hashlib.sha256(body).digest()
+    assert status_of(r).startswith("Sluice; hit")
+    assert origin.count("/large") == 1
+
+
+def test_object_over_max_object_size_is_served_not_stored(sluice_factory, origin):
+    proxy = sluice_factory({"cache_store": {"memory": "4MiB", "max_object_size": "1MiB"}})
+    body = os.urandom(1024 * 1024 + 1)
+    url = origin.set("/toolarge", headers={"Cache-Control": "max-age=60"}, body=body)
+    for _ in range(2):
+        r = get(proxy, url)
+        assert r.content == body and "stored" not in status_of(r)
+    assert origin.count("/toolarge") == 2
+
+
+# ------------------------------------------------------------------------------------------
+# Storability (RFC 9111 §3)
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cc", ["no-store, max-age=60", "private, max-age=60"])
+def test_no_store_and_private_responses_are_not_stored(cached, origin, cc):
+    url = origin.set("/ns", headers={"Cache-Control": cc})
+    for _ in range(2):
+        assert "stored" not in status_of(get(cached, url))
+    assert origin.count("/ns") == 2
+
+
+def test_request_no_store_is_not_stored(cached, origin):
+    url = origin.set("/rns", headers={"Cache-Control": "max-age=60"})
+    get(cached, url, {"Cache-Control": "no-store"})
+    get(cached, url)
+    assert origin.count("/rns") == 2
+
+
+def test_authorization_is_stored_only_when_the_response_allows(cached, origin):
+    plain = origin.set("/auth", headers={"Cache-Control": "max-age=60"})
+    public = origin.set("/auth-public", headers={"Cache-Control": "public, max-age=60"})
+    for _ in range(2):
+        get(cached, plain, {"Authorization": "Bearer secret"})
+        get(cached, public, {"Authorization": "Bearer secret"})
+    assert origin.count("/auth") == 2
+    assert origin.count("/auth-public") == 1
+
+
+def test_vary_star_is_never_matched(cached, origin):
+    url = origin.set("/star", headers={"Cache-Control": "max-age=60", "Vary": "*"})
+    get(cached, url)
+    get(cached, url)
+    assert origin.count("/star") == 2
+
+
+def test_heuristic_freshness_from_last_modified(cached, origin):
+    lm = formatdate(time.time() - 10 * 86400, usegmt=True)
+    url = origin.set("/heur", headers={"Last-Modified": lm, "Date": formatdate(time.time(), usegmt=True)})
+    get(cached, url)
+    r = get(cached, url)
+    assert status_of(r).startswith("Sluice; hit")
+    assert origin.count("/heur") == 1
+
+
+def test_expires_in_the_past_is_stale(cached, origin):
+    url = origin.set("/expired", headers={"Expires": "Thu, 01 Jan 1970 00:00:00 GMT"}, conditional=False)
+    get(cached, url)
+    r = get(cached, url)
+    assert status_of(r).startswith("Sluice; fwd=stale"), r.headers
+    assert origin.count("/expired") == 2
+
+
+# ------------------------------------------------------------------------------------------
+# Freshness, revalidation, request directives (§4, §5.2.1)
+# ------------------------------------------------------------------------------------------
+
+def test_stale_entry_is_revalidated_and_a_304_updates_it(cached, origin):
+    url = origin.set("/reval", headers={"Cache-Control": "max-age=0", "ETag": '"v1"', "X-Version": "1"}, body=b"v1 body")
+    assert get(cached, url).content == b"v1 body"
+    # The origin now says: same representation, fresh for a minute, new metadata.
+    origin.set("/reval", headers={"Cache-Control": "max-age=60", "ETag": '"v1"', "X-Version": "2"}, body=b"v1 body")
+    r = get(cached, url)
+    assert r.status_code == 200 and r.content == b"v1 body", "the 304 was not answered from the stored body"
+    assert status_of(r) == "Sluice; fwd=stale; fwd-status=304", r.headers
+    assert r.headers["X-Version"] == "2"
+    method, sent = origin.requests("/reval")[1]
+    assert sent.get("if-none-match") == '"v1"', sent
+    r = get(cached, url)
+    assert status_of(r).startswith("Sluice; hit") and r.headers["X-Version"] == "2"
+    assert origin.count("/reval") == 2
+
+
+def test_changed_representation_replaces_the_stored_one(cached, origin):
+    url = origin.set("/changed", headers={"Cache-Control": "max-age=0", "ETag": '"a"'}, body=b"old")
+    get(cached, url)
+    origin.set("/changed", headers={"Cache-Control": "max-age=60", "ETag": '"b"'}, body=b"new")
+    assert get(cached, url).content == b"new"
+    r = get(cached, url)
+    assert r.content == b"new" and status_of(r).startswith("Sluice; hit")
+    assert origin.count("/changed") == 2
+
+
+def test_last_modified_validator(cached, origin):
+    lm = formatdate(time.time() - 3600, usegmt=True)
+    url = origin.set("/lm", headers={"Cache-Control": "max-age=0", "Last-Modified": lm}, body=b"lm")
+    get(cached, url)
+    r = get(cached, url)
+    assert r.content == b"lm" and "fwd-status=304" in status_of(r)
+    assert origin.requests("/lm")[1][1].get("if-modified-since") == lm
+
+
+@pytest.mark.parametrize("request_cc", ["no-cache", "max-age=0"])
+def test_request_directives_force_validation(cached, origin, request_cc):
+    url = origin.set("/rq", headers={"Cache-Control": "max-age=60", "ETag": '"e"'}, body=b"rq")
+    get(cached, url)
+    if request_cc == "max-age=0":
+        # An age of 0 still satisfies max-age=0 (RFC 9111 §5.2.1.1: "less than or equal").
+        assert status_of(get(cached, url, {"Cache-Control": "max-age=5"})).startswith("Sluice; hit")
+        time.sleep(1.1)
+    r = get(cached, url, {"Cache-Control": request_cc})
+    assert r.content == b"rq" and status_of(r) == "Sluice; fwd=request; fwd-status=304"
+    assert origin.count("/rq") == 2
+
+
+def test_pragma_no_cache_forces_validation(cached, origin):
+    url = origin.set("/pragma", headers={"Cache-Control": "max-age=60"})
+    get(cached, url)
+    get(cached, url, {"Pragma": "no-cache"})
+    assert origin.count("/pragma") == 2
+
+
+def test_min_fresh(cached, origin):
+    url = origin.set("/minfresh", headers={"Cache-Control": "max-age=60"})
+    get(cached, url)
+    assert status_of(get(cached, url, {"Cache-Control": "min-fresh=30"})).startswith("Sluice; hit")
+    assert status_of(get(cached, url, {"Cache-Control": "min-fresh=120"})).startswith("Sluice; fwd=request")
+    assert origin.count("/minfresh") == 2
+
+
+def test_response_no_cache_is_validated_every_time(cached, origin):
+    url = origin.set("/rnc", headers={"Cache-Control": "no-cache", "ETag": '"n"'}, body=b"nc")
+    get(cached, url)
+    for _ in range(2):
+        assert get(cached, url).content == b"nc"
+    assert origin.count("/rnc") == 3
+    assert all(h.get("if-none-match") == '"n"' for _, h in origin.requests("/rnc")[1:])
+
+
+def test_max_stale_serves_stale_unless_must_revalidate(cached, origin):
+    loose = origin.set("/loose", headers={"Cache-Control": "max-age=0"}, conditional=False)
+    strict = origin.set("/strict", headers={"Cache-Control": "max-age=0, must-revalidate"}, conditional=False)
+    for url in (loose, strict):
+        get(cached, url)
+        r = get(cached, url, {"Cache-Control": "max-stale=600"})
+    assert origin.count("/loose") == 1, "max-stale did not allow the stale response"
+    assert origin.count("/strict") == 2, "must-revalidate was served stale"
+
+
+def test_only_if_cached_is_504_without_a_stored_response(cached, origin):
+    url = origin.set("/oic", headers={"Cache-Control": "max-age=60"})
+    r = get(cached, url, {"Cache-Control": "only-if-cached"})
+    assert r.status_code == 504 and "only-if-cached" in r.text
+    assert origin.count("/oic") == 0
+    get(cached, url)
+    assert get(cached, url, {"Cache-Control": "only-if-cached"}).status_code == 200
+    assert origin.count("/oic") == 1
+
+
+# ------------------------------------------------------------------------------------------
+# Conditional requests from clients, Vary, invalidation
+# ------------------------------------------------------------------------------------------
+
+def test_clients_conditional_request_is_answered_304_from_a_fresh_entry(cached, origin):
+    lm = formatdate(time.time() - 3600, usegmt=True)
+    url = origin.set("/cond", headers={"Cache-Control": "max-age=60", "ETag": '"c1"', "Last-Modified": lm})
+    get(cached, url)
+    r = get(cached, url, {"If-None-Match": '"c0", "c1"'})
+    assert r.status_code == 304 and r.headers["ETag"] == '"c1"' and status_of(r).startswith("Sluice; hit")
+    r = get(cached, url, {"If-Modified-Since": lm})
+    assert r.status_code == 304
+    r = get(cached, url, {"If-None-Match": '"other"'})
+    assert r.status_code == 200 and r.content == b"body"
+    assert origin.count("/cond") == 1
+
+
+def test_vary_keeps_one_response_per_variant(cached, origin):
+    url = origin.set("/vary", headers={"Cache-Control": "max-age=60", "Vary": "Accept-Language"})
+    for lang in ("en", "de", "en", "de", "fr"):
+        get(cached, url, {"Accept-Language": lang})
+    assert origin.count("/vary") == 3
+    r = get(cached, url, {"Accept-Language": "it"})
+    assert status_of(r) == "Sluice; fwd=vary-miss; stored"
+
+
+def test_unsafe_method_invalidates_the_target_and_location(cached, origin):
+    item = origin.set("/items/1", headers={"Cache-Control": "max-age=60"})
+    listing = origin.set("/items", headers={"Cache-Control": "max-age=60"})
+    other = origin.set("/other", headers={"Cache-Control": "max-age=60"})
+    for url in (item, listing, other):
+        get(cached, url)
+        get(cached, url)
+    origin.set("/items", status=201, headers={"Location": "/items/1"})
+    # (the POST's own resource answers 201 with a Location naming the item)
+    r = get(cached, listing, method="POST", data=b"new")
+    assert r.status_code == 201
+    origin.set("/items", headers={"Cache-Control": "max-age=60"})
+    for url in (item, listing, other):
+        get(cached, url)
+    assert origin.count("/items/1") == 2 and origin.count("/items", "GET") == 2
+    assert origin.count("/other") == 1, "a URL the POST did not name was invalidated"
+
+
+def test_failed_unsafe_method_invalidates_nothing(cached, origin):
+    url = origin.set("/keep", headers={"Cache-Control": "max-age=60"})
+    get(cached, url)
+    origin.set("/keep", status=500, headers={})
+    get(cached, url, method="DELETE")
+    origin.set("/keep", headers={"Cache-Control": "max-age=60"})
+    assert status_of(get(cached, url)).startswith("Sluice; hit")
+    assert origin.count("/keep", "GET") == 1
+
+
+# ------------------------------------------------------------------------------------------
+# cache: { modify: … }
+# ------------------------------------------------------------------------------------------
+
+def test_modify_rules(sluice_factory, origin):
+    proxy = sluice_factory({**STORE, "policies": {HOST: {"cache": {"modify": {
+        "freshness": "1m", "ignore_origin_directives": ["private"],
+        "drop_response_headers": ["Set-Cookie", "X-Secret"], "key_request_headers": ["X-Tenant"]}}}}})
+    url = origin.set("/mod", headers={"Cache-Control": "private, max-age=0", "Set-Cookie": "s=1", "X-Secret": "k"})
+    first = get(proxy, url, {"X-Tenant": "a"})
+    assert first.headers.get("Set-Cookie") == "s=1", "the origin's own response must reach its client whole"
+    hit = get(proxy, url, {"X-Tenant": "a"})
+    assert status_of(hit).startswith("Sluice; hit") and "Set-Cookie" not in hit.headers and "X-Secret" not in hit.headers
+    get(proxy, url, {"X-Tenant": "b"})
+    assert origin.count("/mod") == 2
+
+
+# ------------------------------------------------------------------------------------------
+# Real origins: httpbin and nginx `expires`
+# ------------------------------------------------------------------------------------------
+
+def test_httpbin_cache_endpoints(cached, httpbin):
+    r1 = get(cached, httpbin.url + "/cache/60")
+    r2 = get(cached, httpbin.url + "/cache/60")
+    assert r1.status_code == r2.status_code == 200 and r1.content == r2.content
+    assert status_of(r2).startswith("Sluice; hit")
+    # /response-headers sets what the query names: no-store is honoured.
+    url = httpbin.url + "/response-headers?Cache-Control=no-store"
+    get(cached, url)
+    assert not status_of(get(cached, url)).startswith("Sluice; hit")
+    # /etag/{etag} answers If-None-Match itself; the cache answers it from a fresh entry.
+    url = httpbin.url + "/response-headers?Cache-Control=max-age%3D60&ETag=%22t1%22"
+    get(cached, url)
+    r = get(cached, url, {"If-None-Match": '"t1"'})
+    assert r.status_code == 304 and status_of(r).startswith("Sluice; hit")
+    # /cache without validators from the client: 200 with Last-Modified, heuristically fresh.
+    get(cached, httpbin.url + "/cache")
+    assert get(cached, httpbin.url + "/cache").status_code == 200
+
+
+def test_nginx_expires(sluice_factory, tmp_path):
+    d = tmp_path / "nginx-exp"
+    (d / "www").mkdir(parents=True)
+    (d / "www" / "exp.txt").write_bytes(b"expires body")
+    port = pick_port()
+    conf = d / "nginx.conf"
+    conf.write_text(nginx_conf(d, f"""
+    server {{
+        listen {HOST}:{port};
+        root {d / 'www'};
+        location / {{ expires 60s; }}
+    }}
+"""))
+    proc = spawn(["nginx", "-p", str(d), "-e", str(d / "error.log"), "-c", str(conf)],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        wait_port(port, 15, proc)
+        proxy = sluice_factory(STORE)
+        url = f"http://{HOST}:{port}/exp.txt"
+        bodies = [get(proxy, url).content for _ in range(4)]
+        assert bodies == [b"expires body"] * 4
+        assert wait_until(lambda: (d / "access.log").exists() and (d / "access.log").read_text().count("GET /exp.txt") >= 1, 5)
+        time.sleep(0.3)
+        assert (d / "access.log").read_text().count("GET /exp.txt") == 1
+    finally:
+        stop_process(proc)
+
+
+# ------------------------------------------------------------------------------------------
+# The access log's cache field
+# ------------------------------------------------------------------------------------------
+
+def test_access_log_cache_field(sluice_factory, origin, tmp_path):
+    log_path = tmp_path / "access.log"
+    proxy = sluice_factory({**STORE, "monitors": monitors(access=log_path)})
+    url = origin.set("/logged", headers={"Cache-Control": "max-age=60"})
+    get(proxy, url)
+    get(proxy, url)
+    lines = AccessLog(log_path).wait_for(lambda e: e.get("url") == url, n=2)
+    assert [e.get("cache", "").split(";")[0] for e in lines] == ["fwd=uri-miss", "hit"], lines
+    assert lines[1]["status"] == 200 and lines[1]["bytes_out"] == 4 and lines[1]["attempts"] == 0
