@@ -132,7 +132,8 @@ import Testing
             == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"v1\""), .ifModifiedSince(HTTPDate.format(Self.t0 - 10))], reason: .stale))
         #expect(decide([], [], now: Self.t0) == .forward(.uriMiss))
         #expect(decide([], [r], now: Self.t0, method: "POST") == .forward(.method))
-        #expect(decide([("Range", "bytes=0-1")], [r], now: Self.t0) == .forward(.bypass))
+        #expect(decide([("If-Range", "\"v1\""), ("Range", "bytes=0-1")], [r], now: Self.t0) == .forward(.bypass))
+        #expect(decide([("If-Match", "*")], [r], now: Self.t0) == .forward(.bypass))
     }
 
     @Test func requestDirectives() {
@@ -220,6 +221,40 @@ import Testing
         #expect(u.value("x-old") == "1" && u.value("x-new") == "2" && u.value("etag") == "\"a\"")
         #expect(u.responseTime == Self.t0 + 51 && u.bodyLength == 5)
         #expect(decide([], [u], now: Self.t0 + 60) == .serve(.init(variant: 0, age: 10, ttl: 90, notModified: false)))  // 1 s in flight + 9 resident
+    }
+
+    // MARK: Range and stale-if-error
+
+    @Test func rangesOfAStoredResponse() {
+        #expect(CacheRange.evaluate(nil, length: 100) == .full)
+        #expect(CacheRange.evaluate("bytes=0-9", length: 100) == .partial(first: 0, last: 9))
+        #expect(CacheRange.evaluate("bytes=90-", length: 100) == .partial(first: 90, last: 99))
+        #expect(CacheRange.evaluate("bytes=90-500", length: 100) == .partial(first: 90, last: 99))
+        #expect(CacheRange.evaluate("bytes=-10", length: 100) == .partial(first: 90, last: 99))
+        #expect(CacheRange.evaluate("bytes=-1000", length: 100) == .partial(first: 0, last: 99))
+        #expect(CacheRange.evaluate("bytes=100-", length: 100) == .unsatisfiable)
+        #expect(CacheRange.evaluate("bytes=-0", length: 100) == .unsatisfiable)
+        #expect(CacheRange.evaluate("bytes=0-0", length: 0) == .unsatisfiable)
+        // Ignored: invalid, another unit, several ranges.
+        #expect(CacheRange.evaluate("bytes=9-1", length: 100) == .full)
+        #expect(CacheRange.evaluate("items=0-1", length: 100) == .full)
+        #expect(CacheRange.evaluate("bytes=0-1,5-6", length: 100) == .full)
+        #expect(CacheRange.evaluate("bytes=a-b", length: 100) == .full)
+    }
+
+    @Test func staleIfError() {
+        let now = Self.t0 + 70  // 10 s stale
+        func may(_ cc: String, request: [F] = []) -> Bool {
+            CacheLookup.mayServeStaleOnError(stored([("Cache-Control", cc)]), requestFields: request, now: now)
+        }
+        #expect(may("max-age=60, stale-if-error=30"))
+        #expect(!may("max-age=60, stale-if-error=5"))
+        #expect(!may("max-age=60"))
+        #expect(may("max-age=60", request: [("Cache-Control", "stale-if-error=20")]))
+        #expect(!may("max-age=60, stale-if-error=30", request: [("Cache-Control", "stale-if-error=1")]))
+        #expect(!may("max-age=60, stale-if-error=30, must-revalidate"))
+        #expect(!may("s-maxage=60, stale-if-error=30"))
+        #expect(!may("no-cache, max-age=60, stale-if-error=30"))
     }
 
     // MARK: invalidation (§4.4)

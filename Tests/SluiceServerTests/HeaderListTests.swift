@@ -37,4 +37,16 @@ import Testing
         #expect(list.lines == ["Via: 1.1 x"])
         #expect(more.lines == ["Via: 1.1 x", "Host: example.com:8080"])
     }
+
+    @Test func replacingDropsNamedFieldsAnyCaseAndAppends() {
+        var builder = HeaderList.Builder()
+        builder.append(line: "If-None-Match: \"client\"")
+        builder.append(line: "Accept: */*")
+        builder.append(line: "if-modified-since: Sun, 06 Nov 1994 08:49:37 GMT")
+        builder.append(line: "If-None-Match-Extra: kept")
+        let list = builder.makeList()
+        let revalidation = list.replacing(["if-none-match", "if-modified-since"], adding: [("If-None-Match", "\"stored\"")])
+        #expect(revalidation.lines == ["Accept: */*", "If-None-Match-Extra: kept", "If-None-Match: \"stored\""])
+        #expect(list.count == 4)
+    }
 }

@@ -190,3 +190,25 @@ private func drain(_ output: OpaquePointer) -> String {
             + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body)
     }
 }
+
+/// The fields the shared cache keeps of a response head.
+@Suite struct ResponseHeadCacheFieldsTests {
+    @Test func endToEndFieldsDropHopByHopAndFraming() {
+        let (head, _) = collect(["HTTP/1.1 200 OK", "Content-Length: 5", "Connection: keep-alive, X-Hop",
+                                 "X-Hop: 1", "Keep-Alive: timeout=5", "Transfer-Encoding: chunked",
+                                 "Cache-Control:  max-age=60 ", "ETag: \"a\"", "Set-Cookie: s=1", "bad name: x"])
+        let fields = head.endToEndFields()
+        #expect(fields.map(\.name) == ["Cache-Control", "ETag", "Set-Cookie"])
+        #expect(fields[0].value == "max-age=60")
+    }
+
+    @Test func extraLinesFollowVia() {
+        let (collected, _) = collect(["HTTP/1.1 200 OK", "Content-Length: 0"])
+        let output = evbuffer_new()!
+        defer { evbuffer_free(output) }
+        _ = try? ResponseEncoder.forwardedHead(collected, isHeadRequest: false, clientMinorVersion: 1, keepAlive: true,
+                                               viaLine: Array("Via: 1.1 t\r\n".utf8),
+                                               extraLines: Array("Cache-Status: Sluice; fwd=uri-miss\r\n".utf8), into: output)
+        #expect(drain(output) == "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nVia: 1.1 t\r\nCache-Status: Sluice; fwd=uri-miss\r\n\r\n")
+    }
+}

@@ -15,7 +15,8 @@ from faultservers import HOST, pick_port
 
 class Resource:
     def __init__(self, status: int = 200, headers: dict | list | None = None, body: bytes = b"body",
-                 conditional: bool = True):
+                 conditional: bool = True, chunked: bool = False):
+        self.chunked = chunked
         self.status = status
         self.headers = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
         self.body = body
@@ -55,10 +56,20 @@ class CountingOrigin:
                 self.send_response(status)
                 for k, v in res.headers:
                     self.send_header(k, v)
-                if status != 304 and status != 204:
+                bodiless = self.command == "HEAD" or status in (204, 304)
+                if res.chunked and not bodiless:
+                    self.send_header("Transfer-Encoding", "chunked")
+                elif status != 304 and status != 204:
                     self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                if self.command != "HEAD" and status not in (204, 304):
+                if bodiless:
+                    return
+                if res.chunked:
+                    for i in range(0, len(body), 4096):
+                        piece = body[i:i + 4096]
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.write(b"0\r\n\r\n")
+                else:
                     self.wfile.write(body)
 
             @staticmethod
@@ -88,9 +99,9 @@ class CountingOrigin:
         return f"http://{HOST}:{self.port}{path}"
 
     def set(self, path: str, status: int = 200, headers: dict | list | None = None, body: bytes = b"body",
-            conditional: bool = True) -> str:
+            conditional: bool = True, chunked: bool = False) -> str:
         with self.lock:
-            self.resources[path] = Resource(status, headers, body, conditional)
+            self.resources[path] = Resource(status, headers, body, conditional, chunked)
         return self.url(path)
 
     def count(self, path: str, method: str | None = None) -> int:

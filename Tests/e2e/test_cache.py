@@ -390,5 +390,88 @@ def test_access_log_cache_field(sluice_factory, origin, tmp_path):
     get(proxy, url)
     get(proxy, url)
     lines = AccessLog(log_path).wait_for(lambda e: e.get("url") == url, n=2)
-    assert [e.get("cache", "").split(";")[0] for e in lines] == ["fwd=uri-miss", "hit"], lines
-    assert lines[1]["status"] == 200 and lines[1]["bytes_out"] == 4 and lines[1]["attempts"] == 0
+    # (workers buffer their own lines: the two may reach the file in either order)
+    by_cache = {e.get("cache", "").split(";")[0]: e for e in lines}
+    assert set(by_cache) == {"fwd=uri-miss", "hit"}, lines
+    assert by_cache["fwd=uri-miss"]["cache"] == "fwd=uri-miss; stored" and by_cache["fwd=uri-miss"]["attempts"] == 1
+    hit = by_cache["hit"]
+    assert hit["status"] == 200 and hit["bytes_out"] == 4 and hit["attempts"] == 0 and hit["outcome"] == "ok"
+
+
+# ------------------------------------------------------------------------------------------
+# Range from a complete entry, stale-if-error, gateway routes, chunked bodies
+# ------------------------------------------------------------------------------------------
+
+def test_range_is_answered_206_from_a_complete_entry(cached, origin):
+    body = bytes(range(256)) * 400  # 102400 bytes: several chunks, some sent by reference
+    url = origin.set("/ranged", headers={"Cache-Control": "max-age=60"}, body=body)
+    get(cached, url)
+    for spec, (first, last) in {"bytes=0-9": (0, 9), "bytes=70000-": (70000, len(body) - 1),
+                                "bytes=-100": (len(body) - 100, len(body) - 1),
+                                "bytes=1000-90000": (1000, 90000)}.items():
+        r = get(cached, url, {"Range": spec})
+        assert r.status_code == 206, (spec, r.status_code)
+        assert r.headers["Content-Range"] == f"bytes {first}-{last}/{len(body)}"
+        assert r.content == body[first:last + 1], spec
+    r = get(cached, url, {"Range": f"bytes={len(body)}-"})
+    assert r.status_code == 416 and r.headers["Content-Range"] == f"bytes */{len(body)}"
+    r = get(cached, url, {"Range": "bytes=0-1,5-6"})  # several ranges: the whole response
+    assert r.status_code == 200 and r.content == body
+    assert origin.count("/ranged") == 1
+
+
+def test_stale_if_error_serves_the_stored_response(sluice_factory, origin):
+    proxy = sluice_factory(STORE)
+    url = origin.set("/sie", headers={"Cache-Control": "max-age=0, stale-if-error=600"}, body=b"good", conditional=False)
+    strict = origin.set("/nosie", headers={"Cache-Control": "max-age=0"}, body=b"good", conditional=False)
+    get(proxy, url)
+    get(proxy, strict)
+    origin.set("/sie", status=503, headers={}, body=b"down")
+    origin.set("/nosie", status=503, headers={}, body=b"down")
+    r = get(proxy, url)
+    assert r.status_code == 200 and r.content == b"good" and status_of(r) == "Sluice; fwd=stale; fwd-status=503"
+    r = get(proxy, strict)
+    assert r.status_code == 503 and r.content == b"down"
+    assert origin.count("/sie") == 2 and origin.count("/nosie") == 2
+
+
+def test_stale_if_error_when_the_origin_is_gone(sluice_factory):
+    o = CountingOrigin()
+    url = o.set("/gone", headers={"Cache-Control": "max-age=0, stale-if-error=600"}, body=b"kept", conditional=False)
+    proxy = sluice_factory(STORE)
+    assert get(proxy, url).content == b"kept"
+    o.stop()  # nothing listens there any more: the revalidation cannot connect
+    r = get(proxy, url)
+    assert r.status_code == 200 and r.content == b"kept" and status_of(r) == "Sluice; fwd=stale; fwd-status=502"
+
+
+def test_gateway_route_responses_are_cached(sluice_factory, origin):
+    route_port = pick_port()
+    proxy = sluice_factory({**STORE, "routes": [{"listen": f"{HOST}:{route_port}", "upstream": origin.url("/api")}]})
+    origin.set("/api/thing", headers={"Cache-Control": "max-age=60"}, body=b"thing")
+    assert wait_until(lambda: proxy.proc.poll() is None, 1)
+    for _ in range(3):
+        r = requests.get(f"http://{HOST}:{route_port}/thing", timeout=10)
+        assert r.content == b"thing"
+    assert status_of(r).startswith("Sluice; hit")
+    assert origin.count("/api/thing") == 1
+
+
+def test_chunked_body_of_unknown_length_is_stored(cached, origin):
+    body = os.urandom(300_000)
+    url = origin.set("/chunked", headers={"Cache-Control": "max-age=60"}, body=body, chunked=True)
+    first = get(cached, url)
+    assert first.content == body and status_of(first) == "Sluice; fwd=uri-miss; stored"
+    second = get(cached, url)
+    assert second.content == body and second.headers["Content-Length"] == str(len(body))
+    assert status_of(second).startswith("Sluice; hit")
+    assert origin.count("/chunked") == 1
+
+
+def test_chunked_body_over_max_object_size_is_given_up_while_streaming(sluice_factory, origin):
+    proxy = sluice_factory({"cache_store": {"memory": "4MiB", "max_object_size": "100KiB"}})
+    body = os.urandom(300_000)
+    url = origin.set("/chunked-big", headers={"Cache-Control": "max-age=60"}, body=body, chunked=True)
+    for _ in range(2):
+        assert get(proxy, url).content == body
+    assert origin.count("/chunked-big") == 2

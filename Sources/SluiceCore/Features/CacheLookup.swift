@@ -58,8 +58,9 @@ public enum CacheLookup {
         }
     }
 
-    /// Request fields that make a request one the cache does not answer in this version.
-    public static let bypassingFields = ["range", "if-match", "if-unmodified-since", "if-range"]
+    /// Request fields that make a request one the cache does not answer in this version
+    /// (`Range` is answered, by `CacheRange`, unless `If-Range` comes with it).
+    public static let bypassingFields = ["if-match", "if-unmodified-since", "if-range"]
 
     public static func decide(method: String, requestFields: [CacheFields.Field], candidates: [CacheStoredResponse],
                               now: Int64, modification: CacheModification? = nil) -> Decision {
@@ -123,6 +124,27 @@ public enum CacheLookup {
         if let lm = stored.lastModified { out.append(.ifModifiedSince(lm)) }
         return out
     }
+}
+
+extension CacheLookup {
+    /// Whether `stored`, which the origin was asked to validate, may answer although the
+    /// origin failed (a `500`, `502`, `503` or `504`, or no response): `stale-if-error`
+    /// (RFC 5861 §4) in the request, else in the response, covers its staleness, and nothing
+    /// forbids serving it stale (`must-revalidate`, `proxy-revalidate`, `s-maxage`, or an
+    /// honoured `no-cache`; RFC 9111 §4.2.4).
+    public static func mayServeStaleOnError(_ stored: CacheStoredResponse, requestFields: [CacheFields.Field], now: Int64,
+                                            modification: CacheModification? = nil) -> Bool {
+        let response = stored.cacheControl
+        if response.mustRevalidate || response.proxyRevalidate || response.sMaxAge != nil { return false }
+        if response.noCache, !(modification?.ignoredDirectives.contains(.noCache) ?? false) { return false }
+        let request = CacheRequestDirectives(requestFields).cacheControl
+        guard let window = request.staleIfError ?? response.staleIfError else { return false }
+        let staleness = CacheFreshness.currentAge(of: stored, now: now) - CacheFreshness.lifetime(of: stored, modification: modification)
+        return staleness <= window
+    }
+
+    /// The statuses `stale-if-error` covers.
+    public static let errorStatuses: Set<Int> = [500, 502, 503, 504]
 }
 
 /// A client's conditional `GET`/`HEAD` evaluated against a stored response (RFC 9110 §13.2.2,

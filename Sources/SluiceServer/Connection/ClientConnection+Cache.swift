@@ -129,6 +129,16 @@ extension ClientConnection {
             if dropped > 0 { reportCache(.invalidated(count: dropped), exchange) }
         } else if let stale = cache.revalidating {
             reportCache(.revalidated(status: status), exchange)
+            if CacheLookup.errorStatuses.contains(status),
+               CacheLookup.mayServeStaleOnError(stale.response, requestFields: cache.requestFields, now: now,
+                                                modification: cache.modification) {
+                // stale-if-error: the client gets the stored response instead of the origin's error.
+                cache.validated = stale
+                cache.parameters += "; fwd-status=\(status)"
+                exchange.summary.cache = cache.parameters
+                transfer.absorb()
+                return true
+            }
             if status == 304 {
                 let updated = stale.withResponse(stale.response.updated(with: fields, requestTime: cache.requestTime,
                                                                         responseTime: now))
@@ -158,12 +168,29 @@ extension ClientConnection {
             transfer.cacheFill = fill
             cache.fill = fill
             cache.parameters += "; stored"
-        } else if cache.revalidating != nil, method == "GET" {
+        } else if cache.revalidating != nil, method == "GET", status != 206 {
             cache.store.memory.invalidate(cache.url)  // the origin's new answer may not be kept
         }
         exchange.summary.cache = cache.parameters
         transfer.extraHeadLines = Array("Cache-Status: Sluice; \(cache.parameters)\r\n".utf8)
         return false
+    }
+
+    /// A revalidation failed before a response (no connection, a timeout): the stored response
+    /// answers when `stale-if-error` allows it. True when it did.
+    func serveStaleOnError(_ error: ProxyError, _ exchange: Exchange) -> Bool {
+        guard let cache = exchange.cache, let stale = cache.revalidating, let head = currentHead,
+              CacheLookup.errorStatuses.contains(error.status) else { return false }
+        let now = Self.wallClockSeconds()
+        guard CacheLookup.mayServeStaleOnError(stale.response, requestFields: cache.requestFields, now: now,
+                                               modification: cache.modification) else { return false }
+        state = .awaitingHead
+        reportCache(.revalidated(status: error.status), exchange)
+        exchange.summary.error = error.message
+        let age = CacheFreshness.currentAge(of: stale.response, now: now)
+        serveStored(stale, head, exchange, parameters: cache.parameters + "; fwd-status=\(error.status)", age: age,
+                    notModified: CacheConditional.notModified(cache.requestFields, stored: stale.response))
+        return true
     }
 
     /// The response ended whole: the tee's object is published.
@@ -192,18 +219,40 @@ extension ClientConnection {
     /// (a large chunk by reference: libevent holds it until sent; a small one copied).
     func serveStored(_ object: CacheObject, _ head: HTTPRequestHead, _ exchange: Exchange, parameters: String,
                      age: Int64, notModified: Bool) {
-        let status = notModified ? 304 : object.response.status
+        let isHead = head.methodIs("HEAD")
+        var range = CacheRange.full
+        if !notModified, !isHead, object.response.status == 200,
+           let value = exchange.cache.flatMap({ CacheFields.value("range", in: $0.requestFields) }) {
+            range = CacheRange.evaluate(value, length: Int64(object.bodyLength))
+        }
+        let status: Int
+        var bodyRange = 0..<object.bodyLength
+        var contentRange: String?
+        switch range {
+        case _ where notModified: status = 304
+        case .full: status = object.response.status
+        case .partial(let first, let last):
+            status = 206
+            bodyRange = Int(first)..<Int(last + 1)
+            contentRange = "bytes \(first)-\(last)/\(object.bodyLength)"
+        case .unsatisfiable:
+            status = 416
+            bodyRange = 0..<0
+            contentRange = "bytes */\(object.bodyLength)"
+        }
         let bodiless = notModified || status == 204 || status < 200
+        let metadataOnly = notModified || status == 416
         var text = "HTTP/1.1 \(status) \(ResponseEncoder.reasonPhrase(status))\r\n"
         for field in object.response.fields {
             let lower = field.name.lowercased()
-            if lower == "age" || (notModified && !CacheExchange.notModifiedFields.contains(lower)) { continue }
+            if lower == "age" || (metadataOnly && !CacheExchange.notModifiedFields.contains(lower)) { continue }
             text += field.name + ": " + field.value + "\r\n"
         }
+        if let contentRange { text += "Content-Range: \(contentRange)\r\n" }
         text += "Age: \(age)\r\n"
         text += String(decoding: worker.viaLine, as: UTF8.self)
         text += "Cache-Status: Sluice; \(parameters)\r\n"
-        if !bodiless { text += "Content-Length: \(object.bodyLength)\r\n" }
+        if !bodiless { text += "Content-Length: \(bodyRange.count)\r\n" }
         let keepAlive = keepsAliveAfterResponse
         if !keepAlive { text += "Connection: close\r\n" }
         text += "\r\n"
@@ -211,17 +260,23 @@ extension ClientConnection {
         var headBytes = text
         headBytes.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         var sent = 0
-        if !bodiless && !head.methodIs("HEAD") {
+        if !bodiless && !isHead {
+            var offset = 0
             for chunk in object.chunks {
-                if chunk.count >= Self.referenceThreshold {
+                defer { offset += chunk.count }
+                // The part of this chunk inside the range (all of it without a Range).
+                let from = max(bodyRange.lowerBound, offset), to = min(bodyRange.upperBound, offset + chunk.count)
+                guard from < to else { continue }
+                let start = chunk.bytes.baseAddress! + (from - offset), count = to - from
+                if count >= Self.referenceThreshold {
                     let retained = Unmanaged.passRetained(chunk).toOpaque()
-                    evbuffer_add_reference(output, chunk.bytes.baseAddress, chunk.count, { _, _, extra in
+                    evbuffer_add_reference(output, start, count, { _, _, extra in
                         Unmanaged<CacheChunk>.fromOpaque(extra!).release()
                     }, retained)
                 } else {
-                    evbuffer_add(output, chunk.bytes.baseAddress, chunk.count)
+                    evbuffer_add(output, start, count)
                 }
-                sent += chunk.count
+                sent += count
             }
         }
         scheduleFlush()

@@ -72,6 +72,7 @@ extension ClientConnection {
         case .scheduleRetry(let delay):
             startRetryTimer(delay)
         case .fail(let error):
+            if exchange.cache?.revalidating != nil, serveStaleOnError(error, exchange) { return }
             respondError(error)
         case .report, .beginTry, .sendResponse, .discardResponse, .checkRedirect, .followRedirect:
             assertionFailure("\(command) is performed where its event is fed")

@@ -366,6 +366,7 @@ enum ResponseEncoder {
         case 413: return "Content Too Large"
         case 414: return "URI Too Long"
         case 415: return "Unsupported Media Type"
+        case 416: return "Range Not Satisfiable"
         case 429: return "Too Many Requests"
         case 431: return "Request Header Fields Too Large"
         case 500: return "Internal Server Error"
