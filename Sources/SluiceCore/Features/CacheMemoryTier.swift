@@ -44,6 +44,9 @@ public final class CacheObject: Sendable {
     public let bodyLength: Int
     /// What the object counts against the memory tier: body plus an estimate of its head.
     public let size: Int
+    /// The stored fields as they are sent on a hit, `Name: value` CRLF each, `Age` left out
+    /// (every hit sends its own): serialized once, written per hit without rebuilding.
+    public let fieldLines: [UInt8]
 
     public init(response: CacheStoredResponse, chunks: [CacheChunk]) {
         let length = chunks.reduce(0) { $0 + $1.count }
@@ -52,7 +55,15 @@ public final class CacheObject: Sendable {
         self.response = response
         self.chunks = chunks
         bodyLength = length
-        size = length + response.fields.reduce(256) { $0 + $1.name.utf8.count + $1.value.utf8.count + 32 }
+        var lines: [UInt8] = []
+        for field in response.fields where !field.name.caseInsensitiveEquals("age") {
+            lines.append(contentsOf: field.name.utf8)
+            lines.append(contentsOf: ": ".utf8)
+            lines.append(contentsOf: field.value.utf8)
+            lines.append(contentsOf: "\r\n".utf8)
+        }
+        fieldLines = lines
+        size = length + lines.count + 256
     }
 
     /// The same body under an updated head (after a `304`).

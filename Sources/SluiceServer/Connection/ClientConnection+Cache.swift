@@ -163,8 +163,7 @@ extension ClientConnection {
                                              fields: CacheStorability.storedFields(fields, modification: cache.modification),
                                              requestFields: cache.requestFields, requestTime: cache.requestTime,
                                              responseTime: now, extraKeyFields: cache.modification?.keyRequestHeaders ?? [])
-            let fill = CacheFill(store: cache.store, url: cache.url, response: stored,
-                                 contentLength: exchange.summary.method == "HEAD" ? 0 : contentLength)
+            let fill = CacheFill(store: cache.store, url: cache.url, response: stored, contentLength: contentLength)
             transfer.cacheFill = fill
             cache.fill = fill
             cache.parameters += "; stored"
@@ -242,23 +241,27 @@ extension ClientConnection {
         }
         let bodiless = notModified || status == 204 || status < 200
         let metadataOnly = notModified || status == 416
-        var text = "HTTP/1.1 \(status) \(ResponseEncoder.reasonPhrase(status))\r\n"
-        for field in object.response.fields {
-            let lower = field.name.lowercased()
-            if lower == "age" || (metadataOnly && !CacheExchange.notModifiedFields.contains(lower)) { continue }
-            text += field.name + ": " + field.value + "\r\n"
+        let output = clientOutput
+        var statusLine = "HTTP/1.1 \(status) \(ResponseEncoder.reasonPhrase(status))\r\n"
+        statusLine.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        if metadataOnly {
+            var text = ""
+            for field in object.response.fields where CacheExchange.notModifiedFields.contains(field.name.lowercased()) {
+                text += field.name + ": " + field.value + "\r\n"
+            }
+            text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        } else {
+            object.fieldLines.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         }
+        var text = "Age: \(age)\r\n"
         if let contentRange { text += "Content-Range: \(contentRange)\r\n" }
-        text += "Age: \(age)\r\n"
-        text += String(decoding: worker.viaLine, as: UTF8.self)
+        worker.viaLine.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         text += "Cache-Status: Sluice; \(parameters)\r\n"
         if !bodiless { text += "Content-Length: \(bodyRange.count)\r\n" }
         let keepAlive = keepsAliveAfterResponse
         if !keepAlive { text += "Connection: close\r\n" }
         text += "\r\n"
-        let output = clientOutput
-        var headBytes = text
-        headBytes.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         var sent = 0
         if !bodiless && !isHead {
             var offset = 0
