@@ -7,6 +7,7 @@ many requests got past the cache and what they carried."""
 from __future__ import annotations
 
 import threading
+import time
 from email.utils import parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -15,8 +16,9 @@ from faultservers import HOST, pick_port
 
 class Resource:
     def __init__(self, status: int = 200, headers: dict | list | None = None, body: bytes = b"body",
-                 conditional: bool = True, chunked: bool = False):
+                 conditional: bool = True, chunked: bool = False, delay: float = 0.0):
         self.chunked = chunked
+        self.delay = delay
         self.status = status
         self.headers = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
         self.body = body
@@ -51,6 +53,8 @@ class CountingOrigin:
                     origin.log.append((self.command, self.path, headers))
                     res = origin.resources.get(self.path.split("?")[0]) or Resource(404, {}, b"no such resource")
                 status, body = res.status, res.body
+                if res.delay:
+                    time.sleep(res.delay)  # so that concurrent requests overlap
                 if res.conditional and self.command in ("GET", "HEAD") and self._not_modified(res, headers):
                     status, body = 304, b""
                 self.send_response(status)
@@ -99,9 +103,9 @@ class CountingOrigin:
         return f"http://{HOST}:{self.port}{path}"
 
     def set(self, path: str, status: int = 200, headers: dict | list | None = None, body: bytes = b"body",
-            conditional: bool = True, chunked: bool = False) -> str:
+            conditional: bool = True, chunked: bool = False, delay: float = 0.0) -> str:
         with self.lock:
-            self.resources[path] = Resource(status, headers, body, conditional, chunked)
+            self.resources[path] = Resource(status, headers, body, conditional, chunked, delay)
         return self.url(path)
 
     def count(self, path: str, method: str | None = None) -> int:

@@ -9,6 +9,7 @@ import hashlib
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from email.utils import formatdate
 
 import pytest
@@ -437,7 +438,9 @@ def test_stale_if_error_serves_the_stored_response(sluice_factory, origin):
 
 def test_stale_if_error_when_the_origin_is_gone(sluice_factory):
     o = CountingOrigin()
-    url = o.set("/gone", headers={"Cache-Control": "max-age=0, stale-if-error=600"}, body=b"kept", conditional=False)
+    # Connection: close, so that no pooled connection to the stopped origin outlives it.
+    url = o.set("/gone", headers={"Cache-Control": "max-age=0, stale-if-error=600", "Connection": "close"},
+                body=b"kept", conditional=False)
     proxy = sluice_factory(STORE)
     assert get(proxy, url).content == b"kept"
     o.stop()  # nothing listens there any more: the revalidation cannot connect
@@ -475,3 +478,34 @@ def test_chunked_body_over_max_object_size_is_given_up_while_streaming(sluice_fa
     for _ in range(2):
         assert get(proxy, url).content == body
     assert origin.count("/chunked-big") == 2
+
+
+# ------------------------------------------------------------------------------------------
+# Collapsed forwarding
+# ------------------------------------------------------------------------------------------
+
+def test_concurrent_misses_for_one_cold_url_reach_the_origin_once(sluice_factory, origin):
+    proxy = sluice_factory({**STORE, "workers": 2})
+    body = os.urandom(50_000)
+    url = origin.set("/cold", headers={"Cache-Control": "max-age=60"}, body=body, delay=1.0)
+
+    def one(_):
+        r = get(proxy, url)
+        return r.status_code, hashlib.sha256(r.content).hexdigest(), status_of(r)
+
+    with ThreadPoolExecutor(max_workers=100) as pool:
+        results = list(pool.map(one, range(100), timeout=60))
+    assert {(code, digest) for code, digest, _ in results} == {(200, hashlib.sha256(body).hexdigest())}
+    assert origin.count("/cold") == 1, f"{origin.count('/cold')} requests reached the origin"
+    statuses = [cs for _, _, cs in results]
+    assert sum(cs == "Sluice; fwd=uri-miss; stored" for cs in statuses) == 1, statuses
+    assert sum("collapsed" in cs for cs in statuses) >= 90, statuses
+
+
+def test_waiting_requests_go_to_the_origin_when_the_response_is_not_storable(sluice_factory, origin):
+    proxy = sluice_factory(STORE)
+    url = origin.set("/uncacheable", headers={"Cache-Control": "no-store"}, delay=0.5)
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        codes = list(pool.map(lambda _: get(proxy, url).status_code, range(10), timeout=60))
+    assert codes == [200] * 10
+    assert origin.count("/uncacheable") == 10

@@ -1,3 +1,5 @@
+import Synchronization
+
 /// `cache_store:` — where the shared cache keeps responses. Without it nothing is cached and
 /// no request is looked up (plain forwarding costs what it did without a cache).
 ///
@@ -26,14 +28,48 @@ public struct CacheStoreSettings: Sendable, Equatable {
 /// The shared cache every worker of the process uses: the memory tier and its limits.
 /// Created at start from `cache_store` (a change needs a restart: the store outlives reloads).
 ///
-/// Threading: any thread (the tier locks; the rest is immutable).
+/// Threading: any thread (the tier and the table of fetches in flight lock; the rest is
+/// immutable).
 public final class CacheStore: Sendable {
+    /// A request that finds another exchange fetching its URL waits this long at most (5 s)
+    /// for that response to be stored, then goes to the origin itself.
+    public static let collapsedWaitMilliseconds = 5000
+    /// How often a waiting request looks whether the fetch it waits for ended (5 ms).
+    public static let collapsedPollMilliseconds = 5
+
     public let settings: CacheStoreSettings
     public let memory: CacheMemoryTier
+    /// URLs being fetched by a miss that may store them (collapsed forwarding), with the
+    /// fetching exchange's token.
+    private let fetching = Mutex<(next: UInt64, urls: [String: UInt64])>((1, [:]))
 
     public init(_ settings: CacheStoreSettings) {
         self.settings = settings
         memory = CacheMemoryTier(capacity: Int(settings.memory))
+    }
+
+    /// Claims the fetch of `url`: a token when no other exchange is fetching it (the caller
+    /// then fetches, and ends the claim with `endFetch`), nil when one is (the caller may wait).
+    public func beginFetch(_ url: String) -> UInt64? {
+        fetching.withLock { f in
+            guard f.urls[url] == nil else { return nil }
+            let token = f.next
+            f.next += 1
+            f.urls[url] = token
+            return token
+        }
+    }
+
+    /// Ends the claim `token` made (a later claim of the same URL is left alone).
+    public func endFetch(_ url: String, token: UInt64) {
+        fetching.withLock { f in
+            if f.urls[url] == token { f.urls[url] = nil }
+        }
+    }
+
+    /// Whether some exchange is fetching `url` now.
+    public func isFetching(_ url: String) -> Bool {
+        fetching.withLock { $0.urls[url] != nil }
     }
 
     /// The largest body kept: `max_object_size`, and never more than the memory tier.

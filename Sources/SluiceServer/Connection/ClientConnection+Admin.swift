@@ -59,7 +59,7 @@ extension ClientConnection {
             transfer.cancel()
         case .awaitingHead, .closing, .closed:
             return
-        case .adapting, .awaitingBody, .bufferingBody:
+        case .adapting, .awaitingBody, .bufferingBody, .awaitingCollapsed:
             break
         }
         state = .awaitingHead

@@ -29,6 +29,19 @@ final class CacheExchange {
     /// The stored response as a `304` updated it (the client is answered from it).
     var validated: CacheObject?
     var fill: CacheFill?
+    /// This exchange's claim on fetching `url` (collapsed forwarding): other misses for it
+    /// wait until it ends. Ended when the response is stored or found not storable, and at
+    /// the latest when the exchange goes (deinit), whatever ended it.
+    var fetchToken: UInt64?
+    /// The request waited for another exchange's fetch before this lookup.
+    var collapsed = false
+
+    func endFetch() {
+        if let token = fetchToken { store.endFetch(url, token: token) }
+        fetchToken = nil
+    }
+
+    deinit { endFetch() }
 
     init(store: CacheStore, url: String, requestFields: [CacheFields.Field], modification: CacheModification?,
          policyAuthenticates: Bool, requestTime: Int64) {
@@ -61,8 +74,10 @@ extension ClientConnection {
     }
 
     /// Looks the request up; true when the cache answered it (a hit, or `504` for
-    /// `only-if-cached`). Only called with a `cache_store`, for a policy that caches.
-    func answerFromCache(_ head: HTTPRequestHead, _ exchange: Exchange, _ store: CacheStore) -> Bool {
+    /// `only-if-cached`) or the request now waits for another exchange's fetch of the same
+    /// URL (`mayWait`: collapsed forwarding). Only called with a `cache_store`, for a policy
+    /// that caches.
+    func answerFromCache(_ head: HTTPRequestHead, _ exchange: Exchange, _ store: CacheStore, mayWait: Bool) -> Bool {
         let policy = exchange.policy
         let fields = head.fields.map { (name: head.name($0), value: head.value($0)) }
         let cache = CacheExchange(store: store, url: exchange.target.url, requestFields: fields,
@@ -81,7 +96,8 @@ extension ClientConnection {
         case .serve(let hit):
             let object = candidates[hit.variant]
             reportCache(.hit(age: hit.age, notModified: hit.notModified), exchange)
-            serveStored(object, head, exchange, parameters: "hit; ttl=\(hit.ttl)", age: hit.age, notModified: hit.notModified)
+            serveStored(object, head, exchange, parameters: "hit; ttl=\(hit.ttl)" + (mayWait ? "" : "; collapsed"),
+                        age: hit.age, notModified: hit.notModified)
             return true
         case .onlyIfCachedMiss:
             cache.parameters = "fwd=miss"
@@ -91,6 +107,18 @@ extension ClientConnection {
             return true
         case .forward(let reason):
             cache.parameters = "fwd=\(reason.rawValue)"
+            if reason == .uriMiss || reason == .varyMiss, method == "GET", CacheFields.value("range", in: fields) == nil {
+                // Collapsed forwarding: one miss per URL fetches; the others wait for it.
+                if let token = store.beginFetch(cache.url) {
+                    cache.fetchToken = token
+                } else if mayWait {
+                    exchange.cache = nil
+                    state = .awaitingCollapsed(since: MonotonicClock.milliseconds())
+                    armTimer(.collapsed)
+                    return true
+                }
+            }
+            if !mayWait { cache.parameters += "; collapsed" }
             reportCache(.miss(reason: reason.rawValue), exchange)
         case .revalidate(let variant, let validators, let reason):
             cache.parameters = "fwd=\(reason.rawValue)"
@@ -100,6 +128,21 @@ extension ClientConnection {
         }
         exchange.summary.cache = cache.parameters
         return false
+    }
+
+    /// A waiting miss looks again: the fetch it waited for ended (or the wait ran out), so the
+    /// lookup may hit now; otherwise the request goes to the origin itself.
+    func collapsedWaitTick() {
+        guard case .awaitingCollapsed(let since) = state, let head = currentHead, let exchange,
+              let store = worker.cacheStore else { return }
+        if store.isFetching(exchange.target.url),
+           MonotonicClock.milliseconds() - since < CacheStore.collapsedWaitMilliseconds {
+            armTimer(.collapsed)
+            return
+        }
+        state = .awaitingHead
+        if answerFromCache(head, exchange, store, mayWait: false) { return }
+        prepareWhenAdmitted(head, exchange)
     }
 
     /// A revalidation's try sends the stored response's validators instead of the client's.
@@ -167,8 +210,11 @@ extension ClientConnection {
             transfer.cacheFill = fill
             cache.fill = fill
             cache.parameters += "; stored"
-        } else if cache.revalidating != nil, method == "GET", status != 206 {
-            cache.store.memory.invalidate(cache.url)  // the origin's new answer may not be kept
+        } else {
+            if cache.revalidating != nil, method == "GET", status != 206 {
+                cache.store.memory.invalidate(cache.url)  // the origin's new answer may not be kept
+            }
+            cache.endFetch()  // nothing will be stored: the waiting requests go to the origin
         }
         exchange.summary.cache = cache.parameters
         transfer.extraHeadLines = Array("Cache-Status: Sluice; \(cache.parameters)\r\n".utf8)
@@ -196,6 +242,7 @@ extension ClientConnection {
     func cacheResponseFinished(_ exchange: Exchange) {
         guard let cache = exchange.cache, let fill = cache.fill else { return }
         cache.fill = nil
+        defer { cache.endFetch() }  // after the object is in the store: the waiting requests hit
         guard let evicted = fill.complete() else { return }
         reportCache(.stored(bytes: fill.total), exchange)
         if evicted > 0 { reportCache(.evicted(count: evicted), exchange) }

@@ -34,12 +34,15 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         case tunnel(Tunnel)
         /// An upgrade handshake, then (after `101`) the byte tunnel it became.
         case upgrading(UpgradeTransfer)
+        /// A cache miss waits for another exchange fetching the same URL to store it
+        /// (collapsed forwarding), since `since` (monotonic ms); polled on the timer.
+        case awaitingCollapsed(since: Int)
         /// A final response is queued; the connection closes once it is flushed.
         case closing
         case closed
     }
 
-    enum TimerPurpose { case idle, header }
+    enum TimerPurpose { case idle, header, collapsed }
 
     /// How bytes move between Sluice and the client.
     enum Transport {
@@ -200,7 +203,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             tunnel.clientReadable()
         case .upgrading(let transfer):
             transfer.clientReadable()
-        case .adapting, .queued, .waitingToRetry, .dialing, .closing, .closed:
+        case .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .closing, .closed:
             break  // held in the input buffer (bounded by the read watermark)
         }
     }
@@ -253,6 +256,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             if case .awaitingHead = state {
                 respondError(.headerTimeout(milliseconds: worker.config.timeouts.clientHeader))
             }
+        case .collapsed:
+            collapsedWaitTick()
         }
     }
 
@@ -262,6 +267,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         switch purpose {
         case .idle: ms = worker.config.timeouts.clientIdle
         case .header: ms = worker.config.timeouts.clientHeader
+        case .collapsed: ms = CacheStore.collapsedPollMilliseconds
         }
         var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
         event_add(timer, &tv)
@@ -338,7 +344,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
                 dialer.start()
                 return
             }
-            if let store = worker.cacheStore, exchange.policy.cache.caches, answerFromCache(head, exchange, store) { return }
+            if let store = worker.cacheStore, exchange.policy.cache.caches,
+               answerFromCache(head, exchange, store, mayWait: true) { return }
             prepareWhenAdmitted(head, exchange)
         } catch let error as ProxyError {
             respondError(error)
