@@ -27,25 +27,25 @@ public enum CacheFreshness {
         if let s = cc.sMaxAge { return s }
         if let m = cc.maxAge { return m }
         let date = dateValue(response)
-        if let expires = response.value("expires") {
+        if let expires = response.parsed.expires {
             // An invalid Expires (e.g. "0") means already expired (§5.3).
-            guard let e = HTTPDate.parse(expires) else { return 0 }
+            guard let e = expires else { return 0 }
             return max(0, e - date)
         }
         guard heuristicallyCacheable.contains(response.status),
-              let lm = response.lastModified.flatMap(HTTPDate.parse), lm < date else { return 0 }
+              let lm = response.parsed.lastModified, lm < date else { return 0 }
         return min((date - lm) * heuristicPercent / 100, heuristicCapSeconds)
     }
 
     /// Whether the lifetime came from the heuristic (no explicit freshness).
     public static func isHeuristic(_ response: CacheStoredResponse, modification: CacheModification? = nil) -> Bool {
         let cc = response.cacheControl
-        return modification?.freshness == nil && cc.sMaxAge == nil && cc.maxAge == nil && response.value("expires") == nil
+        return modification?.freshness == nil && cc.sMaxAge == nil && cc.maxAge == nil && response.parsed.expires == nil
     }
 
     /// `Date`, or the time the response arrived when it has none (RFC 9110 §6.6.1).
     static func dateValue(_ response: CacheStoredResponse) -> Int64 {
-        response.value("date").flatMap(HTTPDate.parse) ?? response.responseTime
+        response.parsed.date ?? response.responseTime
     }
 
     /// `current_age` (§4.2.3):
@@ -55,7 +55,7 @@ public enum CacheFreshness {
     /// `current_age = corrected_initial_age + (now − response_time)`.
     public static func currentAge(of response: CacheStoredResponse, now: Int64) -> Int64 {
         let apparent = max(0, response.responseTime - dateValue(response))
-        let ageValue = response.value("age").flatMap { CacheControl.seconds($0) } ?? 0
+        let ageValue = response.parsed.age ?? 0
         let corrected = ageValue + max(0, response.responseTime - response.requestTime)
         return max(apparent, corrected) + max(0, now - response.responseTime)
     }

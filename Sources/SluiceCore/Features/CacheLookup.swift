@@ -161,7 +161,7 @@ public enum CacheConditional {
             return entityTags(inm).contains { weakEqual($0, etag) }
         }
         if let ims = CacheFields.value("if-modified-since", in: requestFields).flatMap(HTTPDate.parse) {
-            guard let modified = (stored.lastModified ?? stored.value("date")).flatMap(HTTPDate.parse) else { return false }
+            guard let modified = stored.parsed.lastModified ?? stored.parsed.date else { return false }
             return modified <= ims
         }
         return false

@@ -19,8 +19,31 @@ public struct CacheStoredResponse: Sendable, Equatable {
         }
     }
 
+    /// What the freshness rules read of the fields, parsed once when the fields are set
+    /// (a hit then parses no date and no directive).
+    public struct Parsed: Sendable {
+        public var cacheControl = CacheControl()
+        /// `Date`, `Age`, `Last-Modified` as numbers (nil: absent or invalid).
+        public var date: Int64?
+        public var age: Int64?
+        public var lastModified: Int64?
+        /// `Expires`: absent (nil), or its time (`.some(nil)` when invalid: already expired).
+        public var expires: Int64??
+
+        init(_ fields: [Field]) {
+            cacheControl = CacheControl(CacheFields.values("cache-control", in: fields))
+            date = CacheFields.value("date", in: fields).flatMap(HTTPDate.parse)
+            age = CacheFields.value("age", in: fields).flatMap { CacheControl.seconds($0) }
+            lastModified = CacheFields.value("last-modified", in: fields).flatMap(HTTPDate.parse)
+            expires = CacheFields.value("expires", in: fields).map { HTTPDate.parse($0) }
+        }
+    }
+
     public var status: Int
-    public var fields: [Field]
+    public var fields: [Field] {
+        didSet { parsed = Parsed(fields) }
+    }
+    public private(set) var parsed: Parsed
     /// When the request that got this response was sent, and when the response arrived
     /// (seconds since the epoch; `request_time` and `response_time` of RFC 9111 §4.2.3).
     public var requestTime: Int64
@@ -34,6 +57,7 @@ public struct CacheStoredResponse: Sendable, Equatable {
                 vary: [VaryField]? = [], bodyLength: Int64 = 0) {
         self.status = status
         self.fields = fields
+        parsed = Parsed(fields)
         self.requestTime = requestTime
         self.responseTime = responseTime
         self.vary = vary
@@ -53,7 +77,7 @@ public struct CacheStoredResponse: Sendable, Equatable {
     }
 
     public func value(_ name: String) -> String? { CacheFields.value(name, in: fields) }
-    public var cacheControl: CacheControl { CacheControl(CacheFields.values("cache-control", in: fields)) }
+    public var cacheControl: CacheControl { parsed.cacheControl }
     public var etag: String? { value("etag") }
     public var lastModified: String? { value("last-modified") }
 
