@@ -509,3 +509,27 @@ def test_waiting_requests_go_to_the_origin_when_the_response_is_not_storable(slu
         codes = list(pool.map(lambda _: get(proxy, url).status_code, range(10), timeout=60))
     assert codes == [200] * 10
     assert origin.count("/uncacheable") == 10
+
+
+# ------------------------------------------------------------------------------------------
+# What the operator sees: GET /config, sluice check, the disk tier's refusal
+# ------------------------------------------------------------------------------------------
+
+def test_admin_config_and_check_show_the_cache(sluice_factory, tmp_path):
+    import test_admin  # the module (not its names: pytest would collect its tests here again)
+    proxy, admin = test_admin.admin_proxy(sluice_factory, {
+        **STORE, "policies": {"a.test": {"cache": "do_not_cache"},
+                              "b.test": {"cache": {"modify": {"ignore_origin_directives": ["private"]}}}}})
+    status, config, _ = admin.call("GET", "/config")  # validated against docs/admin-api.yaml
+    assert status == 200 and config["server"]["cache_store"] == {"memory": 64 << 20, "max_object_size": 8 << 20}
+    described = {p["name"]: p["description"] for p in config["policies"]}
+    assert "cache: do_not_cache" in described["a.test"]
+    assert any(line.startswith("cache: modify: IGNORES origin private") for line in described["b.test"]), described
+
+
+def test_disk_tier_is_refused_with_its_location(sluice_bin, tmp_path):
+    path = tmp_path / "disk.yaml"
+    path.write_text("listen: ['127.0.0.1:3999']\ncache_store:\n  memory: 1MiB\n  disk: { path: /tmp/x, size: 1GiB }\n")
+    r = subprocess.run([sluice_bin, "check", "--config", str(path)], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert f"{path}:4:" in r.stderr + r.stdout and "disk tier is not available" in r.stderr + r.stdout, r.stderr
