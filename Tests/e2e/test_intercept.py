@@ -822,3 +822,25 @@ def test_intercept_download_is_backpressured(intercepting, ca_dir, nginx):
         r = c.read_response(timeout=60)
     assert r is not None and r.status == 200, r
     assert hashlib.sha256(r.body).digest() == hashlib.sha256(nginx.medium).digest()
+
+
+# ------------------------------------------------------------------------------------------
+# The shared cache inside an interception, never inside a plain tunnel (docs/caching.md)
+# ------------------------------------------------------------------------------------------
+
+def test_intercepted_requests_are_cached_tunnels_never(intercepting, ca_dir, tls_httpbin, nginx, pki):
+    proxy, log = intercepting(extra={"cache_store": {"memory": "8MiB"}})
+    url = tls_httpbin.url("/cache/60")  # public, max-age=60 (stored although the policy adds a header)
+    heads = []
+    for _ in range(2):
+        r = curl_via(proxy, url, ca_dir / "ca.pem", "-D", "-", "-o", "/dev/null")
+        assert r.returncode == 0, r.stderr.decode("utf-8", "replace")[-2000:]
+        heads.append(r.stdout.decode("utf-8", "replace").lower())
+    assert "cache-status: sluice; fwd=uri-miss; stored" in heads[0], heads[0]
+    assert "cache-status: sluice; hit" in heads[1], heads[1]
+    lines = log.wait_for(lambda e: e.get("url") == url, n=2)
+    assert sorted(e.get("cache", "").split(";")[0] for e in lines) == ["fwd=uri-miss", "hit"], lines
+    # 127.0.0.1 is not intercepted: its CONNECT is a byte tunnel, which the cache never sees.
+    for _ in range(2):
+        r = curl_via(proxy, f"https://127.0.0.1:{nginx.https_port}/1k", pki.ca_pem, "-D", "-", "-o", "/dev/null")
+        assert r.returncode == 0 and b"cache-status" not in r.stdout.lower(), r.stdout
