@@ -515,11 +515,20 @@ def test_waiting_requests_go_to_the_origin_when_the_response_is_not_storable(slu
 # What the operator sees: GET /config, sluice check, the disk tier's refusal
 # ------------------------------------------------------------------------------------------
 
-def test_admin_config_and_check_show_the_cache(sluice_factory, tmp_path):
+def test_admin_config_metrics_and_check_show_the_cache(sluice_factory, origin):
     import test_admin  # the module (not its names: pytest would collect its tests here again)
     proxy, admin = test_admin.admin_proxy(sluice_factory, {
-        **STORE, "policies": {"a.test": {"cache": "do_not_cache"},
-                              "b.test": {"cache": {"modify": {"ignore_origin_directives": ["private"]}}}}})
+        **STORE, "monitors": [{"metrics": {}}],
+        "policies": {"a.test": {"cache": "do_not_cache"},
+                     "b.test": {"cache": {"modify": {"ignore_origin_directives": ["private"]}}}}})
+    url = origin.set("/metered", headers={"Cache-Control": "max-age=60"})
+    for _ in range(3):
+        get(proxy, url)
+    metrics = test_admin.scrape(admin)
+    assert metrics.get('sluice_cache_total{event="lookup"}') == 3, metrics
+    assert metrics.get('sluice_cache_total{event="hit"}') == 2
+    assert metrics.get('sluice_cache_total{event="miss"}') == 1
+    assert metrics.get('sluice_cache_total{event="stored"}') == 1
     status, config, _ = admin.call("GET", "/config")  # validated against docs/admin-api.yaml
     assert status == 200 and config["server"]["cache_store"] == {"memory": 64 << 20, "max_object_size": 8 << 20}
     described = {p["name"]: p["description"] for p in config["policies"]}

@@ -94,13 +94,16 @@ public final class SluiceMetrics: Sendable {
     public static let circuitFailedFast = Metric(
         name: "sluice_upstream_circuit_failed_fast_total", kind: .counter, labels: ["origin"],
         help: "Requests answered 503 without going upstream because the origin's circuit was open")
+    public static let cache = Metric(
+        name: "sluice_cache_total", kind: .counter, labels: ["event"],
+        help: "Shared-cache steps (docs/caching.md), by event: lookup, hit, miss, stored, revalidated, evicted and invalidated (objects)")
 
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
         requests, retries, retriesStopped, trustFailures, credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
-        connectionsRefused, requestsRefused, requestsQueued, circuitState, circuitOpened, circuitFailedFast,
+        connectionsRefused, requestsRefused, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
     ]
 
     /// Why a client connection was refused (`sluice_connections_refused_total`'s `reason`).
@@ -234,6 +237,7 @@ public final class MetricsMonitor: EventMonitor {
     private var reasonCounters: [String: CoreMetrics.Counter] = [:]
     private var stoppedCounters: [RetryStopReason: CoreMetrics.Counter] = [:]
     private var evaluatorCounters: [String: CoreMetrics.Counter] = [:]
+    private var cacheCounters: [String: CoreMetrics.Counter] = [:]
     private let refreshedOK: CoreMetrics.Counter
     private let refreshFailed: CoreMetrics.Counter
     private let connect: CoreMetrics.Timer
@@ -266,7 +270,7 @@ public final class MetricsMonitor: EventMonitor {
 
     public var events: ProxyEvent.Kinds {
         [.finished, .tunnelClosed, .tunnelOpened, .retrying, .retryStopped, .trustFailed,
-         .credentialRefreshed, .credentialRefreshFailed]
+         .credentialRefreshed, .credentialRefreshFailed, .cache]
     }
 
     public func handle(_ event: ProxyEvent) {
@@ -293,6 +297,18 @@ public final class MetricsMonitor: EventMonitor {
             refreshedOK.increment()
         case .credentialRefreshFailed:
             refreshFailed.increment()
+        case .cache(_, let step):
+            let (name, count): (String, Int)
+            switch step {
+            case .lookup: (name, count) = ("lookup", 1)
+            case .hit: (name, count) = ("hit", 1)
+            case .miss: (name, count) = ("miss", 1)
+            case .stored: (name, count) = ("stored", 1)
+            case .revalidated: (name, count) = ("revalidated", 1)
+            case .evicted(let n): (name, count) = ("evicted", n)
+            case .invalidated(let n): (name, count) = ("invalidated", n)
+            }
+            counter(&cacheCounters, name, SluiceMetrics.cache, "event").increment(by: Int64(count))
         default:
             break
         }
