@@ -35,6 +35,8 @@ public enum CacheBehavior: Sendable, Equatable {
 }
 
 /// The rules of `cache: { modify: … }`.
+///
+/// Threading: an immutable value, shared by every worker.
 public struct CacheModification: Sendable, Equatable {
     /// Origin directives a policy may overrule, each named on purpose.
     public enum IgnorableDirective: String, Sendable, CaseIterable {

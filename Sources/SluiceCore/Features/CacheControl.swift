@@ -125,6 +125,8 @@ extension String {
 
 /// Field helpers the cache rules share: a field list as `(name, value)` pairs (names as
 /// received; compared case-insensitively), comma-list splitting, trimming.
+///
+/// Threading: stateless; any thread.
 public enum CacheFields {
     public typealias Field = (name: String, value: String)
 

@@ -58,6 +58,8 @@ public enum CacheStorability {
 
 /// A request's cache directives (RFC 9111 §5.2.1), with `Pragma: no-cache` read as
 /// `Cache-Control: no-cache` when the request has no `Cache-Control` (§5.4).
+///
+/// Threading: a value type; any thread.
 public struct CacheRequestDirectives: Sendable, Equatable {
     public var cacheControl: CacheControl
 

@@ -132,6 +132,8 @@ public enum ProxyEvent: Sendable {
 }
 
 /// A step of the shared cache, for monitors.
+///
+/// Threading: a value; reported on the worker's thread that runs the exchange.
 public enum CacheEvent: Sendable, Equatable {
     /// A request was looked up (only with a `cache_store`, for a policy that caches).
     case lookup(url: String)

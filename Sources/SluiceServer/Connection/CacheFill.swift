@@ -56,9 +56,17 @@ final class CacheFill {
         }
     }
 
+    /// Keeps the current chunk. A full one is adopted as it is; a partly filled one (the end
+    /// of a body of unknown length) is copied to its exact size, so what the tier counts is
+    /// what the chunk holds (a 100-byte body does not keep a 64 KiB allocation).
     private func seal() {
         guard let buffer = current else { return }
-        if used > 0 { chunks.append(CacheChunk(adopting: buffer, count: used)) } else { buffer.deallocate() }
+        if used == buffer.count {
+            chunks.append(CacheChunk(adopting: buffer, count: used))
+        } else {
+            if used > 0 { chunks.append(CacheChunk(copying: UnsafeRawBufferPointer(start: buffer.baseAddress, count: used))) }
+            buffer.deallocate()
+        }
         current = nil
         used = 0
     }

@@ -260,9 +260,13 @@ extension ClientConnection {
         serveStored(object, head, exchange, parameters: cache.parameters, age: age, notModified: notModified)
     }
 
-    /// Writes a stored response (or `304` for the client's matching conditional) and ends the
-    /// exchange: head, `Age`, `Via`, `Cache-Status`, `Content-Length`, then the body chunks
-    /// (a large chunk by reference: libevent holds it until sent; a small one copied).
+    /// Writes a stored response (or `304` for the client's matching conditional, `206`/`416`
+    /// for a `Range`) and ends the exchange: head, `Via`, `Age`, `Cache-Status`,
+    /// `Content-Length`, then the body chunks. A small chunk is copied; a large one is added
+    /// by reference: the chunk is retained (`passRetained`) for libevent, and the cleanup
+    /// callback, which libevent calls exactly once when those bytes are drained or the
+    /// buffer is freed (on this worker's thread), releases it — so the bytes outlive an
+    /// eviction or a revalidation that drops the object meanwhile.
     func serveStored(_ object: CacheObject, _ head: HTTPRequestHead, _ exchange: Exchange, parameters: String,
                      age: Int64, notModified: Bool) {
         let isHead = head.methodIs("HEAD")
