@@ -310,4 +310,16 @@ import Testing
         #expect(v.map(\.bodyLength) == [20, 30])
         #expect(tier.stats.objects == 2 && tier.stats.bytes == v.reduce(0) { $0 + $1.size })
     }
+
+    @Test func oneFetchPerURLAtATime() {
+        let store = CacheStore(.init(memory: 1 << 20))
+        let token = store.beginFetch("u")
+        #expect(token != nil && store.isFetching("u"))
+        #expect(store.beginFetch("u") == nil)
+        #expect(store.beginFetch("v") != nil)
+        store.endFetch("u", token: token! + 1000)  // another claim's token: left alone
+        #expect(store.isFetching("u"))
+        store.endFetch("u", token: token!)
+        #expect(!store.isFetching("u") && store.beginFetch("u") != nil)
+    }
 }

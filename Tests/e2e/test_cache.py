@@ -542,3 +542,26 @@ def test_disk_tier_is_refused_with_its_location(sluice_bin, tmp_path):
     r = subprocess.run([sluice_bin, "check", "--config", str(path)], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
     assert f"{path}:4:" in r.stderr + r.stdout and "disk tier is not available" in r.stderr + r.stdout, r.stderr
+
+
+def test_age_grows_while_stored(cached, origin):
+    url = origin.set("/aging", headers={"Cache-Control": "max-age=60", "Age": "5"})
+    get(cached, url)
+    time.sleep(1.2)
+    r = get(cached, url)
+    assert status_of(r).startswith("Sluice; hit")
+    assert int(r.headers["Age"]) >= 6, r.headers  # the origin's 5 plus at least 1 s in the store
+    assert int(status_of(r).split("ttl=")[1]) <= 54
+    assert origin.count("/aging") == 1
+
+
+def test_policy_credentials_count_as_authorization(sluice_factory, origin):
+    proxy = sluice_factory({**STORE, "policies": {HOST: {"adapters": [{"bearer": "policy-token"}]}}})
+    private = origin.set("/policy-auth", headers={"Cache-Control": "max-age=60"})
+    public = origin.set("/policy-auth-public", headers={"Cache-Control": "public, max-age=60"})
+    for _ in range(2):
+        get(proxy, private)
+        get(proxy, public)
+    assert origin.requests("/policy-auth")[0][1].get("authorization") == "Bearer policy-token"
+    assert origin.count("/policy-auth") == 2, "a response to the policy's credentials was shared"
+    assert origin.count("/policy-auth-public") == 1
