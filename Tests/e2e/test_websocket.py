@@ -527,3 +527,14 @@ def test_circuit_breaking_counts_handshakes(sluice_factory, tmp_path):
             via_absolute_form(proxy.port, f"ws://{HOST}:{closed}/echo")
         assert e.value.response.status_code == expected, e.value.response
     assert b"circuit is open" in e.value.response.body, e.value.response.body
+
+
+def test_handshakes_bypass_the_shared_cache(sluice_factory, echo, tmp_path):
+    """With a cache_store, every handshake reaches the origin and gets its own 101 (an upgrade
+    is never answered from, nor stored in, the cache; docs/caching.md)."""
+    proxy, log = forward_proxy(sluice_factory, tmp_path, extra={"cache_store": {"memory": "8MiB"}})
+    for _ in range(3):
+        with via_absolute_form(proxy.port, f"ws://{HOST}:{echo.port}/echo") as ws:
+            assert echo_many(ws, 3) == 3
+    assert len(echo.upgrades()) == 3
+    assert all("cache" not in line for line in upgrade_lines(log, n=3)), "an upgrade went through the cache"

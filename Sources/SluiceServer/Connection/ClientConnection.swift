@@ -344,7 +344,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
                 dialer.start()
                 return
             }
-            if let store = worker.cacheStore, exchange.policy.cache.caches,
+            // An upgrade handshake (WebSocket) is never answered from, or stored in, the cache.
+            if let store = worker.cacheStore, exchange.policy.cache.caches, exchange.upgrade == nil,
                answerFromCache(head, exchange, store, mayWait: true) { return }
             prepareWhenAdmitted(head, exchange)
         } catch let error as ProxyError {
