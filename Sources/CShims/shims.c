@@ -174,6 +174,7 @@ void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx) {
 }
 
 void sluice_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }
+void sluice_name_thread(pthread_t thread, const char *name) { pthread_setname_np(thread, name); }
 
 int sluice_easy_speaks_h2(CURL *h) {
     long version = 0;

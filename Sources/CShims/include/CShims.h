@@ -4,6 +4,7 @@
 // functions, and a share handle whose lock callbacks live here, in C, so no Swift code
 // runs under curl's share locks.
 #include <sys/types.h>
+#include <pthread.h>
 #include <curl/curl.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -96,5 +97,7 @@ const char *sluice_curl_version(void);
 
 /// Names the calling thread (15 bytes at most; `ps -L`, `top -H`, /proc/self/task/*/comm).
 void sluice_set_thread_name(const char *name);
+/// Names another thread (pthread_setname_np, which Swift's Glibc module does not export).
+void sluice_name_thread(pthread_t thread, const char *name);
 
 #endif

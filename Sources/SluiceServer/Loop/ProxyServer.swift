@@ -110,13 +110,14 @@ public final class ProxyServer: @unchecked Sendable {
             var thread = pthread_t()
             let box = Unmanaged.passRetained(worker).toOpaque()
             let rc = pthread_create(&thread, nil, { arg in
-                let worker = Unmanaged<Worker>.fromOpaque(arg!).takeRetainedValue()
-                // `top -H`, `ps -L` and the watchdog's log name workers by their index.
-                sluice_set_thread_name("sluice-w\(worker.index)")
-                worker.run()
+                Unmanaged<Worker>.fromOpaque(arg!).takeRetainedValue().run()
                 return nil
             }, box)
             guard rc == 0 else { throw ServerError.startup("cannot start worker thread: \(String(cString: strerror(rc)))") }
+            // `top -H`, `ps -L` and the watchdog's log name workers by their index. Named here,
+            // before start returns (and so before READY=1), not by the thread itself, which may
+            // not have run yet when systemd or a test first looks.
+            sluice_name_thread(thread, "sluice-w\(worker.index)")
             threads.append(thread)
         }
         started = true
