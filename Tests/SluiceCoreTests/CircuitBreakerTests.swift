@@ -219,6 +219,24 @@ import Testing
         #expect(health.statuses().first?.breaker.settings == changed)
     }
 
+    @Test func aFullTableForgetsTheLeastRecentlyUsedEvenWhenOpen() {
+        let health = UpstreamHealth()
+        func origin(_ i: Int) -> UpstreamHealth.Origin { .init(scheme: "http", host: "h\(i).example", port: 80) }
+        // Every origin fails once and opens (the DNS failures of endless made-up names).
+        for i in 0..<UpstreamHealth.maxOrigins {
+            _ = health.handle(.attempt, for: origin(i), settings: settings, now: i)
+            _ = health.handle(.ended(.failure, trial: false), for: origin(i), settings: settings, now: i)
+        }
+        // Origin 0 is used again, so it is the most recently used.
+        _ = health.handle(.attempt, for: origin(0), settings: settings, now: 20_000)
+        #expect(health.statuses().count == UpstreamHealth.maxOrigins)
+        _ = health.handle(.attempt, for: origin(-1), settings: settings, now: 20_001)
+        let kept = Set(health.statuses().map(\.origin))
+        #expect(kept.count == UpstreamHealth.maxOrigins * 9 / 10 + 1)
+        #expect(kept.contains(origin(0)) && kept.contains(origin(-1)))
+        #expect(!kept.contains(origin(1)) && kept.contains(origin(UpstreamHealth.maxOrigins - 1)))
+    }
+
     @Test func probesAreDueOncePerHalfOpenCircuit() {
         let health = UpstreamHealth()
         let probing = Health(consecutiveFailures: 1, cooldown: 1_000, probe: .init(path: "/h", interval: 500))

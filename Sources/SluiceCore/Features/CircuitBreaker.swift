@@ -77,10 +77,14 @@ public struct CircuitBreaker: Sendable, Equatable {
     private var openUntil = 0
     /// Half-open: when the trial or the probe out now started (nil: none out).
     private var trialSince: Int?
+    /// When the breaker last handled an event other than `.tick` (monotonic ms): how the
+    /// registry picks the origins to forget when it is full.
+    public private(set) var lastUsed = 0
 
     public init(settings: Health) { self.settings = settings }
 
     public mutating func handle(_ event: Event, now: Int) -> Action {
+        if case .tick = event {} else { lastUsed = now }
         if state == .open, now >= openUntil {
             state = .halfOpen
             trialSince = nil

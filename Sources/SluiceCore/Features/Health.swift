@@ -84,7 +84,11 @@ public enum HealthOutcome: Sendable, Equatable {
 /// integer updates), called from any worker thread, the probe timer's worker and the admin
 /// thread. Only tries to origins with `health:` take it: plain forwarding never does.
 public final class UpstreamHealth: Sendable {
-    /// Origins kept at most; past it, closed breakers with no failures are forgotten first.
+    /// Origins kept at most. When a new origin finds the table full, it is cut to 90 % of
+    /// this: closed breakers with no failures go first, then the least recently used ones,
+    /// open or not (an origin forgotten while open starts closed again). The cut costs
+    /// O(n log n) once per 1,000 new origins, so clients naming endless hosts that fail (a
+    /// `health:` in `policies.default`) cannot grow the table or make every try scan it.
     public static let maxOrigins = 10_000
 
     /// Where tries go: the breaker's key.
@@ -138,9 +142,7 @@ public final class UpstreamHealth: Sendable {
                 guard case .attempt = event else { return (.none, existing?.state ?? .closed, nil) }
                 breaker = CircuitBreaker(settings: settings)
             }
-            if existing == nil, table.count >= Self.maxOrigins {
-                table = table.filter { $0.value.state != .closed || $0.value.consecutiveFailures > 0 }
-            }
+            if existing == nil, table.count >= Self.maxOrigins { Self.shrink(&table) }
             let before = breaker.state
             let action = breaker.handle(event, now: now)
             table[origin] = breaker
@@ -148,6 +150,15 @@ public final class UpstreamHealth: Sendable {
                 : Change(origin: origin, from: before, to: breaker.state, consecutiveFailures: breaker.consecutiveFailures)
             return (action, breaker.state, change)
         }
+    }
+
+    /// Cuts a full table to 90 % of `maxOrigins` (see there).
+    static func shrink(_ table: inout [Origin: CircuitBreaker]) {
+        let keep = Self.maxOrigins * 9 / 10
+        table = table.filter { $0.value.state != .closed || $0.value.consecutiveFailures > 0 }
+        guard table.count > keep else { return }
+        let oldest = table.sorted { $0.value.lastUsed < $1.value.lastUsed }.prefix(table.count - keep)
+        for (origin, _) in oldest { table[origin] = nil }
     }
 
     /// The probes due now: each origin's breaker got `.tick` (its half-open state then
