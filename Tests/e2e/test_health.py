@@ -389,10 +389,13 @@ def test_reload_keeps_an_unchanged_circuit_and_resets_a_changed_one(sluice_facto
         up = admin_upstreams(admin)[origin.origin]
         assert up["state"] == "closed" and up["failure_threshold"] == 2, up
         # Health removed: the origin is no longer listed.
+        assert f'origin="{origin.origin}"' in metrics_text(admin)
         set_sections(proxy, policies={HOST: {}})
         sighup(proxy)
         until(lambda: reloaded(generation + 3), 10, 0.1, "the third reload")
         assert admin_upstreams(admin) == {}
+        # ... and its circuit series are gone from the metrics (they stay as bounded as the table).
+        assert f'origin="{origin.origin}"' not in metrics_text(admin)
     finally:
         origin.stop()
 

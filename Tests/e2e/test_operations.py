@@ -196,6 +196,9 @@ def test_notify_sequence_for_start_status_reload_and_stop(sluice_factory, notify
     proxy.signal(signal.SIGTERM)
     assert proxy.wait(15) == 0
     proxy.expected_exit = True
+    # the datagram was sent before the exit, but the test's reader thread may not have taken
+    # it yet on a loaded machine
+    notify.wait_for(lambda m: m.startswith("STOPPING=1"), timeout=5, what="STOPPING=1")
 
     path = str(proxy.config_path)
     expected = [

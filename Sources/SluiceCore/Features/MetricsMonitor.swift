@@ -1,5 +1,6 @@
 import CoreMetrics
 import Prometheus
+import Synchronization
 
 /// Every metric Sluice exports, declared here and nowhere else: its name, type, labels and
 /// help text (`docs/metrics.md` lists the same table; a test compares the two and the admin
@@ -11,7 +12,7 @@ import Prometheus
 /// live in `docs/metrics.md`.
 ///
 /// Threading: the registry and every handle are thread-safe (atomics, or a lock per
-/// histogram); the catalog is immutable.
+/// histogram); the catalog is immutable; `circuitOrigins` is behind its own lock.
 public final class SluiceMetrics: Sendable {
     public enum Kind: String, Sendable { case counter, gauge, histogram }
 
@@ -128,6 +129,10 @@ public final class SluiceMetrics: Sendable {
 
     public let registry = PrometheusCollectorRegistry()
     let factory: PrometheusMetricsFactory
+    /// The origins that have `sluice_upstream_circuit_*` series: those the health registry
+    /// forgets (a reload, or its size bound) lose theirs at the next `/metrics`, so the
+    /// series stay as bounded as the registry.
+    private let circuitOrigins = Mutex<Set<String>>([])
 
     private init() {
         var factory = PrometheusMetricsFactory(registry: registry)
@@ -172,16 +177,30 @@ public final class SluiceMetrics: Sendable {
 
     /// A request answered `503` because `origin`'s circuit was open.
     public func recordCircuitFailedFast(origin: String) {
+        circuitOrigins.withLock { _ = $0.insert(origin) }
         counter(Self.circuitFailedFast, [("origin", origin)]).increment()
     }
 
     /// `origin`'s circuit opened.
     public func recordCircuitOpened(origin: String) {
+        circuitOrigins.withLock { _ = $0.insert(origin) }
         counter(Self.circuitOpened, [("origin", origin)]).increment()
     }
 
-    /// Every origin's circuit state, set just before `/metrics` is emitted.
+    /// Every origin's circuit state, set just before `/metrics` is emitted; the series of
+    /// origins no longer in `statuses` are removed.
     public func recordCircuits(_ statuses: [UpstreamHealth.Status]) {
+        let current = Set(statuses.map(\.origin.name))
+        let gone = circuitOrigins.withLock { origins in
+            let gone = origins.subtracting(current)
+            origins = current
+            return gone
+        }
+        for origin in gone {
+            gauge(Self.circuitState, [("origin", origin)]).destroy()
+            counter(Self.circuitOpened, [("origin", origin)]).destroy()
+            counter(Self.circuitFailedFast, [("origin", origin)]).destroy()
+        }
         for status in statuses {
             gauge(Self.circuitState, [("origin", status.origin.name)]).record(status.breaker.state.gauge)
         }
