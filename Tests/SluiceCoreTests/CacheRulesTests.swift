@@ -162,6 +162,47 @@ import Testing
         }
     }
 
+    @Test func staleWhileRevalidateServesStaleInsideTheWindow() {
+        let r = stored([("Cache-Control", "max-age=60, stale-while-revalidate=30"), ("ETag", "\"v1\"")])
+        let v1: [CacheLookup.Validator] = [.ifNoneMatch("\"v1\"")]
+        // Fresh: a plain hit; 10 s and 30 s stale: served at once, revalidated with the ETag.
+        #expect(decide([], [r], now: Self.t0 + 50) == .serve(.init(variant: 0, age: 50, ttl: 10, notModified: false)))
+        #expect(decide([], [r], now: Self.t0 + 70) == .serveStale(.init(variant: 0, age: 70, ttl: -10, notModified: false), conditional: v1))
+        #expect(decide([], [r], now: Self.t0 + 90) == .serveStale(.init(variant: 0, age: 90, ttl: -30, notModified: false), conditional: v1))
+        // Past the window: a blocking revalidation.
+        #expect(decide([], [r], now: Self.t0 + 91) == .revalidate(variant: 0, conditional: v1, reason: .stale))
+        // The client's conditional is still answered from the stale response.
+        #expect(decide([("If-None-Match", "\"v1\"")], [r], now: Self.t0 + 70)
+            == .serveStale(.init(variant: 0, age: 70, ttl: -10, notModified: true), conditional: v1))
+        // The request asks for validation or bounds staleness below it: no stale answer.
+        #expect(decide([("Cache-Control", "no-cache")], [r], now: Self.t0 + 70) == .revalidate(variant: 0, conditional: v1, reason: .request))
+        #expect(decide([("Cache-Control", "max-age=65")], [r], now: Self.t0 + 70) == .revalidate(variant: 0, conditional: v1, reason: .request))
+        #expect(decide([("Cache-Control", "max-stale=5")], [r], now: Self.t0 + 70) == .revalidate(variant: 0, conditional: v1, reason: .stale))
+        // The response forbids serving it stale.
+        for directive in ["must-revalidate", "proxy-revalidate", "s-maxage=60", "no-cache"] {
+            let forbidden = stored([("Cache-Control", "max-age=60, stale-while-revalidate=30, \(directive)")])
+            #expect(decide([], [forbidden], now: Self.t0 + 70) == .revalidate(variant: 0, conditional: [], reason: .stale))
+        }
+    }
+
+    @Test func disconnectedStaleRules() {
+        func may(_ cc: String, _ request: [F] = [], now: Int64 = Self.t0 + 100) -> Bool {
+            CacheLookup.mayServeWhileDisconnected(stored([("Cache-Control", cc)]), requestFields: request, now: now)
+        }
+        #expect(may("max-age=60"))  // 40 s stale, no stale-* directive needed when disconnected
+        #expect(may("max-age=60", [("Cache-Control", "max-stale=40")]))
+        #expect(!may("max-age=60", [("Cache-Control", "max-stale=39")]))
+        #expect(!may("max-age=60", [("Cache-Control", "no-cache")]))
+        #expect(!may("max-age=60", [("Pragma", "no-cache")]))
+        #expect(!may("max-age=600", [("Cache-Control", "max-age=10")]))
+        #expect(!may("max-age=600", [("Cache-Control", "min-fresh=600")]))
+        for directive in ["must-revalidate", "proxy-revalidate", "s-maxage=60", "no-cache"] {
+            #expect(!may("max-age=60, \(directive)"))
+        }
+        #expect(CacheLookup.mayServeWhileDisconnected(stored([("Cache-Control", "no-cache")]), requestFields: [], now: Self.t0 + 1,
+                                                      modification: .init(ignoredDirectives: [.noCache])))
+    }
+
     @Test func responseNoCacheAlwaysValidatesUnlessIgnored() {
         let r = stored([("Cache-Control", "no-cache, max-age=60"), ("ETag", "\"a\"")])
         #expect(decide([], [r], now: Self.t0 + 1) == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"a\"")], reason: .request))

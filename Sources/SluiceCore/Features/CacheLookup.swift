@@ -10,6 +10,9 @@
 /// nothing asks for validation (response `no-cache`, request `no-cache`, `max-age`,
 /// `min-fresh`); a stale one is served when the request's `max-stale` allows it and the
 /// response has no `must-revalidate`, `proxy-revalidate` or `s-maxage` (§4.2.4, §5.2.2.2);
+/// a stale one within the response's `stale-while-revalidate` window (RFC 5861 §3) is
+/// served at once while one background revalidation runs (`serveStale`), under the same
+/// conditions and unless the request's own `max-stale` is smaller than its staleness;
 /// otherwise it is revalidated with its validators (§4.3.1), or `504` with `only-if-cached`.
 /// A response served from the cache answers the client's own `If-None-Match` or
 /// `If-Modified-Since` with `304` when it matches (§4.3.2, RFC 9110 §13.2.2).
@@ -34,6 +37,9 @@ public enum CacheLookup {
 
     public enum Decision: Sendable, Equatable {
         case serve(Hit)
+        /// Serve `hit` (stale, `ttl` negative) now, and revalidate it in the background with
+        /// `conditional` (RFC 5861 `stale-while-revalidate`).
+        case serveStale(Hit, conditional: [Validator])
         /// Validate `variant` with the origin, sending `conditional` (empty: no validator,
         /// so an unconditional request that replaces it).
         case revalidate(variant: Int, conditional: [Validator], reason: ForwardReason)
@@ -88,8 +94,13 @@ public enum CacheLookup {
         if let minFresh = request.minFresh, lifetime - age < minFresh { validate = .request }
         if validate == nil, !fresh {
             let mayServeStale = !(response.mustRevalidate || response.proxyRevalidate || response.sMaxAge != nil)
-            if mayServeStale, let maxStale = request.maxStale, age - lifetime <= maxStale {
+            let staleness = age - lifetime
+            if mayServeStale, let maxStale = request.maxStale, staleness <= maxStale {
                 validate = nil
+            } else if mayServeStale, request.maxStale == nil, let window = response.staleWhileRevalidate, staleness <= window {
+                return .serveStale(Hit(variant: index, age: age, ttl: lifetime - age,
+                                       notModified: CacheConditional.notModified(requestFields, stored: stored)),
+                                   conditional: validators(of: stored))
             } else {
                 validate = .stale
             }
@@ -141,6 +152,26 @@ extension CacheLookup {
         guard let window = request.staleIfError ?? response.staleIfError else { return false }
         let staleness = CacheFreshness.currentAge(of: stored, now: now) - CacheFreshness.lifetime(of: stored, modification: modification)
         return staleness <= window
+    }
+
+    /// Whether `stored` may answer a request whose origin cannot be reached at all — its
+    /// circuit is open (`health:`): RFC 9111 §4.2.4 lets a disconnected cache serve stale
+    /// unless the response forbids it (`must-revalidate`, `proxy-revalidate`, `s-maxage`, an
+    /// honoured `no-cache`) or the request asked for validation (`no-cache`, a `max-age` the
+    /// response's age exceeds, `min-fresh` it does not meet) or bounds staleness (`max-stale`).
+    public static func mayServeWhileDisconnected(_ stored: CacheStoredResponse, requestFields: [CacheFields.Field],
+                                                 now: Int64, modification: CacheModification? = nil) -> Bool {
+        let response = stored.cacheControl
+        if response.mustRevalidate || response.proxyRevalidate || response.sMaxAge != nil { return false }
+        if response.noCache, !(modification?.ignoredDirectives.contains(.noCache) ?? false) { return false }
+        let request = CacheRequestDirectives(requestFields).cacheControl
+        if request.noCache { return false }
+        let age = CacheFreshness.currentAge(of: stored, now: now)
+        let lifetime = CacheFreshness.lifetime(of: stored, modification: modification)
+        if let maxAge = request.maxAge, age > maxAge { return false }
+        if let minFresh = request.minFresh, lifetime - age < minFresh { return false }
+        if let maxStale = request.maxStale, age - lifetime > maxStale { return false }
+        return true
     }
 
     /// The statuses `stale-if-error` covers.
