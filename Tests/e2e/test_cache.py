@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -565,3 +566,104 @@ def test_policy_credentials_count_as_authorization(sluice_factory, origin):
     assert origin.requests("/policy-auth")[0][1].get("authorization") == "Bearer policy-token"
     assert origin.count("/policy-auth") == 2, "a response to the policy's credentials was shared"
     assert origin.count("/policy-auth-public") == 1
+
+
+# ------------------------------------------------------------------------------------------
+# stale-while-revalidate (RFC 5861 §3) and an open circuit (health:) answered stale
+# ------------------------------------------------------------------------------------------
+
+def test_stale_while_revalidate_serves_stale_at_once_and_revalidates_once(sluice_factory, origin):
+    proxy = sluice_factory({**STORE, "workers": 2})
+    url = origin.set("/swr", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600", "ETag": '"v1"',
+                                      "X-Version": "1"}, body=b"swr body")
+    assert get(proxy, url).content == b"swr body"
+    time.sleep(2.2)  # stale now, well inside the window
+    # The origin is slow (3 s) to revalidate and will say: same body, fresh for a minute, new metadata.
+    origin.set("/swr", headers={"Cache-Control": "max-age=60", "ETag": '"v1"', "X-Version": "2"}, body=b"swr body",
+               delay=3.0)
+
+    def one(_):
+        started = time.monotonic()
+        r = requests.get(url, proxies={"http": proxy.url}, headers={"Connection": "close"}, timeout=15)
+        return r, time.monotonic() - started
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        answers = list(pool.map(one, range(20)))
+    for r, took in answers:
+        assert r.status_code == 200 and r.content == b"swr body" and r.headers["X-Version"] == "1", r.headers
+        status = status_of(r)
+        assert status.startswith("Sluice; hit; fwd=stale; ttl=-") and "detail=stale-while-revalidate" in status, status
+        assert int(r.headers["Age"]) >= 2, r.headers
+        assert took < 2.5, f"a stale answer waited for the revalidation ({took:.1f} s)"
+    # Exactly one background revalidation reached the origin, with the stored validator.
+    assert wait_until(lambda: origin.count("/swr") == 2, 10), origin.count("/swr")
+    _, sent = origin.requests("/swr")[1]
+    assert sent.get("if-none-match") == '"v1"', sent
+    # The 304 made the entry fresh: a hit with the new metadata, no further origin request.
+    assert wait_until(lambda: get(proxy, url).headers.get("X-Version") == "2", 10)
+    r = get(proxy, url)
+    assert status_of(r).startswith("Sluice; hit; ttl=") and r.content == b"swr body", r.headers
+    time.sleep(0.5)
+    assert origin.count("/swr") == 2, "more than one revalidation reached the origin"
+
+
+def test_stale_while_revalidate_replaces_the_entry_after_the_client_left(sluice_factory, origin):
+    proxy = sluice_factory(STORE)
+    url = origin.set("/swr-new", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600"}, body=b"old",
+                     conditional=False)
+    assert get(proxy, url).content == b"old"
+    time.sleep(2.2)
+    origin.set("/swr-new", headers={"Cache-Control": "max-age=60"}, body=b"new representation", conditional=False,
+               delay=1.0)
+    # A client sends the request and leaves at once: the background fetch is not its own.
+    s = socket.create_connection((HOST, proxy.port), timeout=5)
+    s.sendall(f"GET {url} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
+    s.close()
+    assert wait_until(lambda: origin.count("/swr-new") == 2, 10)
+    assert wait_until(lambda: get(proxy, url).content == b"new representation", 10)
+    r = get(proxy, url)
+    assert status_of(r).startswith("Sluice; hit; ttl=") and r.content == b"new representation"
+    assert origin.count("/swr-new") == 2
+
+
+def test_stale_while_revalidate_is_not_used_when_forbidden(cached, origin):
+    url = origin.set("/swr-mr", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600, must-revalidate",
+                                         "ETag": '"m"'}, body=b"m")
+    get(cached, url)
+    time.sleep(2.2)
+    r = get(cached, url)
+    assert status_of(r) == "Sluice; fwd=stale; fwd-status=304", r.headers  # a blocking revalidation
+    url = origin.set("/swr-ms", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600", "ETag": '"s"'},
+                     body=b"s")
+    get(cached, url)
+    time.sleep(2.2)
+    r = get(cached, url, headers={"Cache-Control": "max-stale=0"})  # the client bounds staleness below it
+    assert status_of(r) == "Sluice; fwd=stale; fwd-status=304", r.headers
+    assert origin.count("/swr-mr") == 2 and origin.count("/swr-ms") == 2
+
+
+def test_open_circuit_is_answered_stale_from_the_cache(sluice_factory, origin, tmp_path):
+    log_path = tmp_path / "access.log"
+    proxy = sluice_factory({**STORE, "workers": 2, "monitors": monitors(access=log_path),
+                            "policies": {HOST: {"health": {"consecutive_failures": 2, "cooldown": "60s"}}}})
+    cached_url = origin.set("/kept", headers={"Cache-Control": "max-age=1", "ETag": '"k"'}, body=b"kept body")
+    strict_url = origin.set("/strict", headers={"Cache-Control": "max-age=1, must-revalidate"}, body=b"strict")
+    assert get(proxy, cached_url).content == b"kept body" and get(proxy, strict_url).content == b"strict"
+    origin.set("/fail", status=503, headers={}, body=b"down")
+    for _ in range(2):
+        assert get(proxy, origin.url("/fail")).status_code == 503
+    time.sleep(2.2)  # both stored responses are stale now
+    before = len(origin.log)
+    r = get(proxy, cached_url)
+    assert r.status_code == 200 and r.content == b"kept body", (r.status_code, r.content)
+    assert status_of(r) == "Sluice; fwd=stale; fwd-status=503; detail=circuit-open", r.headers
+    assert int(r.headers["Age"]) >= 2
+    # must-revalidate, an uncached URL, and a client asking for validation: the circuit's 503.
+    for url, headers in [(strict_url, {}), (origin.url("/never-stored"), {}), (cached_url, {"Cache-Control": "no-cache"}),
+                         (cached_url, {"Cache-Control": "max-stale=0"})]:
+        r = get(proxy, url, headers=headers)
+        assert r.status_code == 503 and "circuit is open" in r.text and "Retry-After" in r.headers, (url, headers, r.text)
+    assert len(origin.log) == before, "a request reached the origin while its circuit was open"
+    lines = AccessLog(log_path).wait_for(lambda e: e.get("url") == cached_url and e.get("status") == 200, n=2)
+    stale = [e for e in lines if "circuit-open" in e.get("cache", "")]
+    assert len(stale) == 1 and stale[0]["circuit"] == "open", lines

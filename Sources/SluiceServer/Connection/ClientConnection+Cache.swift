@@ -89,14 +89,31 @@ extension ClientConnection {
         let method = head.method
         let cacheable = method == "GET" || method == "HEAD"
         let candidates = cacheable && !head.hasBody ? store.memory.variants(for: cache.url) : []
-        let decision = cacheable && head.hasBody ? .forward(.bypass)
+        var decision = cacheable && head.hasBody ? .forward(.bypass)
             : CacheLookup.decide(method: method, requestFields: fields, candidates: candidates.map(\.response),
                                  now: cache.requestTime, modification: cache.modification)
+        if case .serveStale(let hit, let validators) = decision, cache.policyAuthenticates {
+            // A background request would go without the policy's credentials and adapters:
+            // this one revalidates, blocking, through the pipeline instead.
+            decision = .revalidate(variant: hit.variant, conditional: validators, reason: .stale)
+        }
         switch decision {
         case .serve(let hit):
             let object = candidates[hit.variant]
             reportCache(.hit(age: hit.age, notModified: hit.notModified), exchange)
             serveStored(object, head, exchange, parameters: "hit; ttl=\(hit.ttl)" + (mayWait ? "" : "; collapsed"),
+                        age: hit.age, notModified: hit.notModified)
+            return true
+        case .serveStale(let hit, let validators):
+            // stale-while-revalidate: answered now; one background revalidation per URL.
+            let object = candidates[hit.variant]
+            if let token = store.beginFetch(cache.url) {
+                CacheRevalidation.start(object, url: cache.url, token: token, validators: validators,
+                                        requestFields: fields, hostHeader: exchange.hostHeader?.value,
+                                        modification: cache.modification, store: store, worker: worker)
+            }
+            reportCache(.hit(age: hit.age, notModified: hit.notModified), exchange)
+            serveStored(object, head, exchange, parameters: "hit; fwd=stale; ttl=\(hit.ttl); detail=stale-while-revalidate",
                         age: hit.age, notModified: hit.notModified)
             return true
         case .onlyIfCachedMiss:
@@ -222,18 +239,29 @@ extension ClientConnection {
     }
 
     /// A revalidation failed before a response (no connection, a timeout): the stored response
-    /// answers when `stale-if-error` allows it. True when it did.
+    /// answers when `stale-if-error` allows it; when the origin's circuit is open, whenever
+    /// RFC 9111 §4.2.4's disconnected rules allow it (`CacheLookup.mayServeWhileDisconnected`).
+    /// True when it did.
     func serveStaleOnError(_ error: ProxyError, _ exchange: Exchange) -> Bool {
         guard let cache = exchange.cache, let stale = cache.revalidating, let head = currentHead,
               CacheLookup.errorStatuses.contains(error.status) else { return false }
         let now = Self.wallClockSeconds()
-        guard CacheLookup.mayServeStaleOnError(stale.response, requestFields: cache.requestFields, now: now,
-                                               modification: cache.modification) else { return false }
+        var parameters = cache.parameters + "; fwd-status=\(error.status)"
+        if case .upstreamCircuitOpen = error {
+            // The origin's circuit is open: no request was sent, the cache is disconnected
+            // from it (RFC 9111 §4.2.4), so stale is served unless forbidden.
+            guard CacheLookup.mayServeWhileDisconnected(stale.response, requestFields: cache.requestFields, now: now,
+                                                        modification: cache.modification) else { return false }
+            parameters += "; detail=circuit-open"
+        } else {
+            guard CacheLookup.mayServeStaleOnError(stale.response, requestFields: cache.requestFields, now: now,
+                                                   modification: cache.modification) else { return false }
+        }
         state = .awaitingHead
         reportCache(.revalidated(status: error.status), exchange)
         exchange.summary.error = error.message
         let age = CacheFreshness.currentAge(of: stale.response, now: now)
-        serveStored(stale, head, exchange, parameters: cache.parameters + "; fwd-status=\(error.status)", age: age,
+        serveStored(stale, head, exchange, parameters: parameters, age: age,
                     notModified: CacheConditional.notModified(cache.requestFields, stored: stale.response))
         return true
     }

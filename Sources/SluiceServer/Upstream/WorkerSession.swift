@@ -92,6 +92,12 @@ final class SideFetch: CurlTransfer {
     private let deny: [IPNetwork]
     /// A resolved address was in `access.deny`: the fetch fails as `destinationDenied`.
     private var denied = false
+    /// The largest response body kept; a larger one fails the fetch (1 MiB unless set before `start`).
+    var maxBytes = SideFetch.maxResponseBytes
+    /// Set before `start` to receive the final response's header fields (the cache's
+    /// background revalidation); called on the worker's thread just before `completion`.
+    var fieldsSink: (([(name: String, value: String)]) -> Void)?
+    private var fields: [(name: String, value: String)] = []
 
     init(session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
          headers: [(String, String)], body: [UInt8]?, reuse: UpstreamTLS.ConnectionReuse,
@@ -160,9 +166,29 @@ final class SideFetch: CurlTransfer {
         sluice_easy_setopt_data_cb(handle, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
             let f = Unmanaged<SideFetch>.fromOpaque(ud!).takeUnretainedValue()
             let n = size * count
-            guard f.response.count + n <= SideFetch.maxResponseBytes else { return 0 }
+            guard f.response.count + n <= f.maxBytes else { return 0 }
             f.response.append(contentsOf: UnsafeRawBufferPointer(start: ptr, count: n))
             return n
+        }
+        if fieldsSink != nil {
+            sluice_easy_setopt_ptr(handle, CURLOPT_HEADERDATA, raw)
+            sluice_easy_setopt_data_cb(handle, CURLOPT_HEADERFUNCTION) { ptr, size, count, ud in
+                let f = Unmanaged<SideFetch>.fromOpaque(ud!).takeUnretainedValue()
+                let n = size * count
+                let line = String(decoding: UnsafeRawBufferPointer(start: ptr, count: n), as: UTF8.self)
+                if line.hasPrefix("HTTP/") {
+                    f.fields = []  // a new response (after a 1xx): only the final one's fields count
+                } else if let colon = line.firstIndex(of: ":") {
+                    let name = String(line[..<colon])
+                    var value = line[line.index(after: colon)...]
+                    while let c = value.first, c == " " || c == "\t" { value = value.dropFirst() }
+                    while let c = value.last, c == " " || c == "\t" || c == "\r" || c == "\n" || c == "\r\n" {
+                        value = value.dropLast()
+                    }
+                    f.fields.append((name: name, value: String(value)))
+                }
+                return n
+            }
         }
         session.start(handle)
     }
@@ -177,6 +203,8 @@ final class SideFetch: CurlTransfer {
         session.finish(handle)
         curl_slist_free_all(headerList)
         headerList = nil
+        if error == nil, let sink = fieldsSink { sink(fields) }
+        fieldsSink = nil
         if let error {
             completion(.failure(error))
         } else {
