@@ -73,7 +73,7 @@ final class WorkerSession: SessionContext {
 }
 
 /// A small request Sluice makes for itself (an OAuth token's POST, a health probe's GET when
-/// `body` is nil), on the worker's multi, with
+/// `body` is nil, the cache's background revalidation with `fieldsSink`), on the worker's multi, with
 /// the same TLS verification and the same `access.deny` check (on every resolved address,
 /// before the socket exists) as forwarded requests. Keeps itself alive until done.
 final class SideFetch: CurlTransfer {
