@@ -648,7 +648,9 @@ def test_open_circuit_is_answered_stale_from_the_cache(sluice_factory, origin, t
                             "policies": {HOST: {"health": {"consecutive_failures": 2, "cooldown": "60s"}}}})
     cached_url = origin.set("/kept", headers={"Cache-Control": "max-age=1", "ETag": '"k"'}, body=b"kept body")
     strict_url = origin.set("/strict", headers={"Cache-Control": "max-age=1, must-revalidate"}, body=b"strict")
+    swr_url = origin.set("/swr-open", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600"}, body=b"swr")
     assert get(proxy, cached_url).content == b"kept body" and get(proxy, strict_url).content == b"strict"
+    assert get(proxy, swr_url).content == b"swr"
     origin.set("/fail", status=503, headers={}, body=b"down")
     for _ in range(2):
         assert get(proxy, origin.url("/fail")).status_code == 503
@@ -663,6 +665,12 @@ def test_open_circuit_is_answered_stale_from_the_cache(sluice_factory, origin, t
                          (cached_url, {"Cache-Control": "max-stale=0"})]:
         r = get(proxy, url, headers=headers)
         assert r.status_code == 503 and "circuit is open" in r.text and "Retry-After" in r.headers, (url, headers, r.text)
+    # Inside a stale-while-revalidate window: served stale, and no background revalidation
+    # goes to the origin while its circuit is open.
+    for _ in range(3):
+        r = get(proxy, swr_url)
+        assert r.status_code == 200 and "detail=stale-while-revalidate" in status_of(r), r.headers
+    time.sleep(0.5)
     assert len(origin.log) == before, "a request reached the origin while its circuit was open"
     lines = AccessLog(log_path).wait_for(lambda e: e.get("url") == cached_url and e.get("status") == 200, n=2)
     stale = [e for e in lines if "circuit-open" in e.get("cache", "")]

@@ -189,6 +189,11 @@ public final class UpstreamHealth: Sendable {
         }
     }
 
+    /// `origin`'s circuit state without an event (nil: no breaker yet, i.e. closed).
+    public func state(of origin: Origin) -> CircuitBreaker.State? {
+        breakers.withLock { $0[origin]?.state }
+    }
+
     /// Every origin tried since its policy got `health:`, sorted by name.
     public func statuses() -> [Status] {
         breakers.withLock { table in table.map { Status(origin: $0.key, breaker: $0.value) } }.sorted { $0.origin < $1.origin }

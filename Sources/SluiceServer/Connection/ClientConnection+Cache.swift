@@ -107,7 +107,7 @@ extension ClientConnection {
         case .serveStale(let hit, let validators):
             // stale-while-revalidate: answered now; one background revalidation per URL.
             let object = candidates[hit.variant]
-            if let token = store.beginFetch(cache.url) {
+            if circuitAllowsBackgroundFetch(exchange), let token = store.beginFetch(cache.url) {
                 CacheRevalidation.start(object, url: cache.url, token: token, validators: validators,
                                         requestFields: fields, hostHeader: exchange.hostHeader?.value,
                                         modification: cache.modification, store: store, worker: worker)
@@ -145,6 +145,15 @@ extension ClientConnection {
         }
         exchange.summary.cache = cache.parameters
         return false
+    }
+
+    /// A background revalidation is not sent to an origin whose circuit (`health`) is not
+    /// closed: it would neither be admitted as a trial nor tell the breaker anything.
+    func circuitAllowsBackgroundFetch(_ exchange: Exchange) -> Bool {
+        guard exchange.policy.health != nil else { return true }
+        let target = exchange.target
+        let origin = UpstreamHealth.Origin(scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
+        return (worker.health.state(of: origin) ?? .closed) == .closed
     }
 
     /// A waiting miss looks again: the fetch it waited for ended (or the wait ran out), so the
