@@ -105,7 +105,9 @@ def test_kill_9_during_a_200_mib_store_leaves_a_whole_entry_or_a_miss(sluice_fac
     config = store_config(directory, size="512MiB", max_object="256MiB")
     outcomes = []
     deadline = time.monotonic() + 120
-    for round_ in range(3):
+    # Three kills at random points of the store, then one after it completed (a whole entry).
+    for round_ in range(4):
+        last = round_ == 3
         if time.monotonic() > deadline:
             break
         proxy = sluice_factory(config, name=f"round{round_}")
@@ -120,7 +122,11 @@ def test_kill_9_during_a_200_mib_store_leaves_a_whole_entry_or_a_miss(sluice_fac
 
         t = threading.Thread(target=fetch, daemon=True)
         t.start()
-        time.sleep(random.uniform(0.2, 1.5))
+        if last:
+            t.join(timeout=60)
+            time.sleep(0.5)  # the commit follows the last byte sent to the client
+        else:
+            time.sleep(random.uniform(0.2, 1.5))
         proxy.expected_exit = True
         os.kill(proxy.pid, signal.SIGKILL)
         proxy.proc.wait(timeout=10)
@@ -133,11 +139,12 @@ def test_kill_9_during_a_200_mib_store_leaves_a_whole_entry_or_a_miss(sluice_fac
         else:
             assert r.status_code == 504, r.status_code
             outcomes.append("miss")
+            assert not last, "a store that completed before kill -9 was lost"
         check.expected_exit = True
         check.stop()
         # No temporaries survive a start: the scan removed them.
         assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
-    assert outcomes, "no round ran"
+    assert len(outcomes) >= 2, "too few rounds ran"
     print("kill -9 rounds:", outcomes)
 
 
