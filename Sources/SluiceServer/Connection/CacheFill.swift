@@ -40,7 +40,7 @@ final class CacheFill {
     private(set) var total = 0
     private(set) var abandoned = false
 
-    init(store: CacheStore, disk: DiskCacheTier?, url: String, response: CacheStoredResponse, contentLength: Int64?) {
+    init(store: CacheStore, disk: DiskCacheTier? = nil, url: String, response: CacheStoredResponse, contentLength: Int64?) {
         self.store = store
         self.disk = disk
         self.url = url
