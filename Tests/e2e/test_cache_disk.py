@@ -54,6 +54,10 @@ def dir_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
 
 
+def admin_url(proxy) -> str:
+    return f"http://127.0.0.1:{proxy.admin_port}"
+
+
 def body_of(n: int, seed: int = 1) -> bytes:
     return random.Random(seed).randbytes(n)
 
@@ -62,7 +66,9 @@ def test_body_larger_than_memory_is_stored_on_disk_and_survives_restart(sluice_f
     directory = tmp_path / "disk"
     body = body_of(3 * MiB)
     url = origin.set("/big", headers={"Cache-Control": "max-age=600"}, body=body)
-    proxy = sluice_factory(store_config(directory))
+    admin_port = pick_port()
+    proxy = sluice_factory({**store_config(directory), "admin": {"listen": f"127.0.0.1:{admin_port}"}})
+    proxy.admin_port = admin_port
     first = get(proxy, url)
     assert first.status_code == 200 and sha(first.content) == sha(body)
     assert "stored" in first.headers["Cache-Status"]
@@ -74,6 +80,8 @@ def test_body_larger_than_memory_is_stored_on_disk_and_survives_restart(sluice_f
     assert head.status_code == 200 and head.headers["Content-Length"] == str(len(body)) and head.content == b""
     assert origin.count("/big") == 1
     assert dir_bytes(directory) > len(body), "the body is not in the disk tier's directory"
+    view = requests.get(f"{admin_url(proxy)}/config", timeout=10).json()
+    assert view["server"]["cache_store"]["disk"] == {"path": str(directory), "size": 64 * MiB}, view["server"]
     proxy.expected_exit = True
     proxy.stop()
     again = sluice_factory(store_config(directory), name="restarted")
