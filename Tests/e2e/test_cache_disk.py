@@ -25,6 +25,7 @@ import yaml
 from cache_origin import CountingOrigin
 from conftest import SLUICE_BIN
 from faultservers import pick_port
+from policy_support import AccessLog, monitors
 
 MiB = 1024 * 1024
 
@@ -285,3 +286,29 @@ def test_large_disk_hit_to_a_slow_client_does_not_block_others(sluice_factory, o
         assert proxy.rss_kib() - rss_before < 16 * 1024, "the disk hit was loaded into memory"
         rest = slow.raw.read()
     assert len(rest) + 64 * 1024 == len(body)
+
+
+def test_corrupt_block_mid_body_closes_the_connection_and_is_logged(sluice_factory, origin, tmp_path):
+    directory = tmp_path / "disk"
+    log_path = tmp_path / "access.log"
+    body = body_of(3 * MiB, seed=8)
+    url = origin.set("/rot", headers={"Cache-Control": "max-age=600"}, body=body)
+    proxy = sluice_factory({**store_config(directory), "monitors": monitors(access=log_path)})
+    assert sha(get(proxy, url).content) == sha(body)
+    [body_file] = [p for p in directory.iterdir() if p.name.endswith(".body")]
+    with open(body_file, "r+b") as f:  # damage after the first blocks: found only when reached
+        f.seek(2 * MiB + 5)
+        byte = f.read(1)
+        f.seek(2 * MiB + 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    received = 0
+    with pytest.raises(requests.exceptions.RequestException):
+        with requests.get(url, proxies={"http": proxy.url}, stream=True, timeout=30) as r:
+            assert r.headers["Content-Length"] == str(len(body))
+            for piece in r.iter_content(1 << 16):
+                received += len(piece)
+    assert 0 < received < len(body), received
+    lines = AccessLog(log_path).wait_for(lambda e: e.get("url") == url and e.get("outcome") == "error")
+    assert "corrupt" in lines[-1].get("error", ""), lines[-1]
+    # The entry was dropped: the next request goes to the origin and is whole again.
+    assert sha(get(proxy, url).content) == sha(body) and origin.count("/rot") == 2
