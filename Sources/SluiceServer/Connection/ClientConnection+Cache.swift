@@ -69,6 +69,12 @@ final class CacheExchange {
 /// head's storability, the tee, `304` revalidations, invalidation after unsafe methods.
 /// The rules are `CacheLookup`, `CacheStorability`, `CacheFreshness`, `CacheInvalidation`
 /// (SluiceCore); this is the glue that performs their decisions.
+///
+/// Threading: the worker's thread. With a disk tier (`worker.diskTier`) this thread also does
+/// the tier's blocking file IO, in bounded units: a lookup that misses memory opens the URL's
+/// entry (two small reads), a 304 rewrites its record, and a disk hit reads one verified block
+/// (256 KiB `pread` + SHA-256) at a time, only while the client's output holds less than
+/// `diskHitOutputBound` — the rest waits for `onWritable`, never for the client.
 extension ClientConnection {
     static func wallClockSeconds() -> Int64 {
         var ts = timespec()
