@@ -48,9 +48,8 @@ import Testing
         #expect(store.memory.variants(for: "u").isEmpty)
     }
 
-    func diskTier() throws -> DiskCacheTier {
-        let dir = "/tmp/sluice-fill-test-\(UInt64.random(in: 0...UInt64.max))"
-        return try DiskCacheTier(directory: dir, capacity: 64 << 20, blockSize: 4096) { _ in }
+    func diskTier(_ scratch: DiskCacheTierTests.Scratch) throws -> DiskCacheTier {
+        try DiskCacheTier(directory: scratch.path, capacity: 64 << 20, blockSize: 4096) { _ in }
     }
 
     func diskBody(_ tier: DiskCacheTier, _ url: String) -> (CacheStoredResponse?, [UInt8]) {
@@ -61,7 +60,9 @@ import Testing
     }
 
     @Test func bodyOutgrowingTheMemoryShareSpillsToDisk() throws {
-        let tier = try diskTier()
+        let scratch = DiskCacheTierTests.Scratch()
+        defer { withExtendedLifetime(scratch) {} }
+        let tier = try diskTier(scratch)
         // memory 1 MiB with a disk tier: bodies up to 128 KiB stay in memory.
         let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 8 << 20, disk: .init(path: tier.directory, size: 64 << 20)))
         let body = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
@@ -84,7 +85,9 @@ import Testing
     }
 
     @Test func diskFillPastTheLimitIsAbandonedWithoutAnEntry() throws {
-        let tier = try diskTier()
+        let scratch = DiskCacheTierTests.Scratch()
+        defer { withExtendedLifetime(scratch) {} }
+        let tier = try diskTier(scratch)
         let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 200_000, disk: .init(path: tier.directory, size: 64 << 20)))
         let fill = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: nil)
         feed(fill, [UInt8](repeating: 1, count: 200_001), blocks: 5)
