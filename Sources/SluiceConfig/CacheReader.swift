@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import SluiceCore
 import Yams
 
@@ -9,8 +12,11 @@ extension NodeReader {
                                   "key_request_headers"]
     static let cacheBehaviourMessage = "cache must be cache, do_not_cache or { modify: { … } }"
 
-    /// `cache_store: { memory: SIZE, max_object_size: SIZE }`. `disk` is read (so a typo in it
-    /// is reported as such) and then refused: this version has no disk tier.
+    /// `cache_store: { memory: SIZE, disk: { path: DIR, size: SIZE }, max_object_size: SIZE }`.
+    /// The disk tier's directory is created (mode 0700, with its parents) and probed with a
+    /// file created and removed, so an unusable one is an error at its line naming the OS
+    /// reason; taking its lock is left to the start (a reload re-reads this while the running
+    /// process holds it).
     mutating func readCacheStore(_ node: Node) -> CacheStoreSettings? {
         var settings = CacheStoreSettings()
         var maxObjectNode: Node?
@@ -24,18 +30,72 @@ extension NodeReader {
                 maxObjectNode = value
                 if let n = r.size(value, key: "cache_store.max_object_size", min: 1) { settings.maxObjectSize = n } else { ok = false }
             default:
-                r.entries(value, in: "cache_store.disk", known: ["path", "size"]) { _, _, _ in }
-                r.fail(value, "cache_store.disk: the disk tier is not available in this version of Sluice "
-                       + "(remove disk; the memory tier caches up to cache_store.memory)")
-                ok = false
+                if let disk = r.readCacheDisk(value) { settings.disk = disk } else { ok = false }
             }
         }
-        if let maxObjectNode, settings.maxObjectSize > settings.memory {
+        let largest = settings.disk?.size ?? settings.memory
+        if let maxObjectNode, ok, settings.maxObjectSize > largest {
+            let tier = settings.disk == nil ? "cache_store.memory" : "cache_store.disk.size"
             fail(maxObjectNode, "cache_store.max_object_size (\(settings.maxObjectSize) bytes) is larger than "
-                 + "cache_store.memory (\(settings.memory) bytes); no such object could be stored")
+                 + "\(tier) (\(largest) bytes); no such object could be stored")
             ok = false
         }
         return ok ? settings : nil
+    }
+
+    /// `cache_store.disk: { path: DIR, size: SIZE }`: both required; `path` absolute.
+    mutating func readCacheDisk(_ node: Node) -> CacheStoreSettings.Disk? {
+        var path: String?
+        var size: Int64?
+        var ok = true
+        guard case .mapping = node else {
+            fail(node, "cache_store.disk must be { path: DIR, size: SIZE }")
+            return nil
+        }
+        entries(node, in: "cache_store.disk", known: ["path", "size"]) { r, key, value in
+            if key == "size" {
+                if let n = r.size(value, key: "cache_store.disk.size", min: 1 << 20) { size = n } else { ok = false }
+                return
+            }
+            guard let text = value.scalar?.string, text.hasPrefix("/") else {
+                r.fail(value, "cache_store.disk.path must be an absolute directory path")
+                ok = false
+                return
+            }
+            if let reason = Self.probeCacheDirectory(text) {
+                r.fail(value, "cache_store.disk.path \(text): \(reason)")
+                ok = false
+            }
+            path = text
+        }
+        guard ok else { return nil }
+        guard let path, let size else {
+            fail(node, "cache_store.disk needs both path and size, such as { path: /var/cache/sluice, size: 10GiB }")
+            return nil
+        }
+        return CacheStoreSettings.Disk(path: path, size: size)
+    }
+
+    /// Creates `path` (and its parents, mode 0700) and checks a file can be made in it: nil,
+    /// or what failed with the OS reason.
+    static func probeCacheDirectory(_ path: String) -> String? {
+        var prefix = "/"
+        for part in path.split(separator: "/") {
+            prefix += part
+            if mkdir(prefix, 0o700) != 0 && errno != EEXIST {
+                return "cannot create \(prefix): \(String(cString: strerror(errno)))"
+            }
+            prefix += "/"
+        }
+        var st = stat()
+        guard stat(path, &st) == 0 else { return "cannot open it: \(String(cString: strerror(errno)))" }
+        guard st.st_mode & S_IFMT == S_IFDIR else { return "not a directory" }
+        let probe = path + "/.sluice-probe-\(getpid()).tmp"
+        let fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return "cannot write in it: \(String(cString: strerror(errno)))" }
+        close(fd)
+        unlink(probe)
+        return nil
     }
 
     /// A policy's `cache`: `cache`, `do_not_cache`, or `{ modify: { … } }`.

@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import SluiceCore
 import Testing
 
@@ -31,11 +34,36 @@ import Testing
         #expect(e.server.cacheStore == CacheStoreSettings(memory: 256 << 20, maxObjectSize: 8 << 20))
     }
 
-    @Test func diskTierIsRefusedWhereItIsWritten() {
-        let found = issues("workers: 1\ncache_store:\n  memory: 1MiB\n  disk: { path: /tmp/x, size: 1GiB }\n")
-        #expect(found.count == 1 && found[0].line == 4 && found[0].message.contains("disk tier is not available"))
+    @Test func diskTierIsReadAndItsDirectoryCreated() throws {
+        let root = "/tmp/sluice-config-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let dir = root + "/a/b"
+        defer { for d in [dir, root + "/a", root] { rmdir(d) } }
+        let c = try ConfigLoader.parse(yaml: "cache_store:\n  memory: 8MiB\n  disk: { path: \(dir), size: 1GiB }\n  max_object_size: 512MiB\n",
+                                       file: "t.yaml")
+        let store = try #require(c.server.cacheStore)
+        #expect(store.disk == CacheStoreSettings.Disk(path: dir, size: 1 << 30))
+        #expect(store.storableObjectSize == 512 << 20)
+        #expect(store.memoryObjectSize == 1 << 20)  // 1/8 of memory with a disk tier
+        var st = stat()
+        #expect(stat(dir, &st) == 0 && st.st_mode & S_IFMT == S_IFDIR)
+    }
+
+    @Test func diskTierErrorsAreLocated() {
+        let scratch = "/tmp/sluice-config-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        defer { for d in [scratch + "/x", scratch + "/y", scratch] { rmdir(d) } }
         let typo = issues("cache_store:\n  disk: { paht: /tmp/x }\n")
         #expect(typo.contains { $0.message.contains("did you mean 'path'") })
+        let relative = issues("cache_store:\n  disk:\n    path: cache\n    size: 1GiB\n")
+        #expect(relative.count == 1 && relative[0].line == 3 && relative[0].message.contains("absolute"))
+        let badSize = issues("cache_store:\n  disk:\n    path: \(scratch)/x\n    size: huge\n")
+        #expect(badSize.count == 1 && badSize[0].line == 4)
+        let missing = issues("cache_store:\n  disk: { size: 1GiB }\n")
+        #expect(missing.count == 1 && missing[0].message.contains("both path and size"))
+        let unusable = issues("cache_store:\n  disk:\n    path: /dev/null/cache\n    size: 1GiB\n")
+        #expect(unusable.count == 1 && unusable[0].line == 3 && unusable[0].message.contains("/dev/null")
+                && unusable[0].message.contains("Not a directory"))
+        let tooBig = issues("cache_store:\n  disk: { path: \(scratch)/y, size: 2MiB }\n  max_object_size: 3MiB\n")
+        #expect(tooBig.count == 1 && tooBig[0].line == 3 && tooBig[0].message.contains("cache_store.disk.size"))
     }
 
     @Test func badStoreValuesAreLocated() {

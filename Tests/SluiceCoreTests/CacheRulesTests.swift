@@ -364,4 +364,25 @@ import Testing
         store.endFetch("u", token: token!)
         #expect(!store.isFetching("u") && store.beginFetch("u") != nil)
     }
+
+    @Test func tierSizesWithAndWithoutADiskTier() {
+        let memoryOnly = CacheStoreSettings(memory: 64 << 20, maxObjectSize: 128 << 20)
+        #expect(memoryOnly.storableObjectSize == 64 << 20 && memoryOnly.memoryObjectSize == 64 << 20)
+        let withDisk = CacheStoreSettings(memory: 64 << 20, maxObjectSize: 128 << 20,
+                                          disk: .init(path: "/d", size: 1 << 30))
+        #expect(withDisk.storableObjectSize == 128 << 20)
+        #expect(withDisk.memoryObjectSize == 8 << 20)  // the memory tier's share: 1/8
+        let smallDisk = CacheStoreSettings(memory: 64 << 20, maxObjectSize: 1 << 30, disk: .init(path: "/d", size: 32 << 20))
+        #expect(smallDisk.storableObjectSize == 32 << 20 && CacheStore(smallDisk).maxObjectSize == 32 << 20)
+    }
+
+    @Test func diskObjectsKeepTheirLengthAndStayOutOfMemory() {
+        let disk = CacheObject(response: stored([("Cache-Control", "max-age=60")]), diskLength: 5_000_000)
+        #expect(disk.onDisk && disk.bodyLength == 5_000_000 && disk.chunks.isEmpty)
+        #expect(disk.response.bodyLength == 5_000_000)
+        let updated = disk.withResponse(disk.response.updated(with: [("X-New", "1")], requestTime: 1, responseTime: 2))
+        #expect(updated.onDisk && updated.bodyLength == 5_000_000)
+        #expect(CacheMemoryTier(capacity: 1 << 30).insert(disk, for: "u") == nil)
+        #expect(!object(10).onDisk)
+    }
 }

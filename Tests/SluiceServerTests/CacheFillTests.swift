@@ -47,4 +47,51 @@ import Testing
         #expect(fill.abandoned && fill.complete() == nil)
         #expect(store.memory.variants(for: "u").isEmpty)
     }
+
+    func diskTier(_ scratch: DiskCacheTierTests.Scratch) throws -> DiskCacheTier {
+        try DiskCacheTier(directory: scratch.path, capacity: 64 << 20, blockSize: 4096) { _ in }
+    }
+
+    func diskBody(_ tier: DiskCacheTier, _ url: String) -> (CacheStoredResponse?, [UInt8]) {
+        guard let reader = tier.open(key: url) else { return (nil, []) }
+        var body: [UInt8] = []
+        while let block = try? reader.next() { body += block }
+        return (CacheStoredResponse(bytes: reader.metadata), body)
+    }
+
+    @Test func bodyOutgrowingTheMemoryShareSpillsToDisk() throws {
+        let scratch = DiskCacheTierTests.Scratch()
+        defer { withExtendedLifetime(scratch) {} }
+        let tier = try diskTier(scratch)
+        // memory 1 MiB with a disk tier: bodies up to 128 KiB stay in memory.
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 8 << 20, disk: .init(path: tier.directory, size: 64 << 20)))
+        let body = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let unknown = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: nil)
+        feed(unknown, body, blocks: 11)
+        #expect(unknown.complete() == 0 && unknown.storedOnDisk)
+        #expect(store.memory.variants(for: "u").isEmpty)
+        let (meta, stored) = diskBody(tier, "u")
+        #expect(meta?.status == 200 && stored == body)
+        // A small body goes to memory and drops the URL's disk entry (one tier per object).
+        let small = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: 10)
+        feed(small, Array(body[0..<10]), blocks: 1)
+        #expect(small.complete() == 0 && !small.storedOnDisk)
+        #expect(store.memory.variants(for: "u").count == 1 && tier.open(key: "u") == nil)
+        // A declared length over the share goes straight to disk and drops the memory copy.
+        let known = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: Int64(body.count))
+        feed(known, body, blocks: 3)
+        #expect(known.complete() == 0 && known.storedOnDisk && store.memory.variants(for: "u").isEmpty)
+        #expect(diskBody(tier, "u").1 == body)
+    }
+
+    @Test func diskFillPastTheLimitIsAbandonedWithoutAnEntry() throws {
+        let scratch = DiskCacheTierTests.Scratch()
+        defer { withExtendedLifetime(scratch) {} }
+        let tier = try diskTier(scratch)
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 200_000, disk: .init(path: tier.directory, size: 64 << 20)))
+        let fill = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: nil)
+        feed(fill, [UInt8](repeating: 1, count: 200_001), blocks: 5)
+        #expect(fill.abandoned && fill.complete() == nil)
+        #expect(tier.open(key: "u") == nil && tier.usage.entries == 0 && tier.usage.bytes == 0)
+    }
 }

@@ -537,12 +537,13 @@ def test_admin_config_metrics_and_check_show_the_cache(sluice_factory, origin):
     assert any(line.startswith("cache: modify: IGNORES origin private") for line in described["b.test"]), described
 
 
-def test_disk_tier_is_refused_with_its_location(sluice_bin, tmp_path):
+def test_disk_tier_bad_size_is_located(sluice_bin, tmp_path):
+    # The disk tier itself: test_cache_disk.py.
     path = tmp_path / "disk.yaml"
-    path.write_text("listen: ['127.0.0.1:3999']\ncache_store:\n  memory: 1MiB\n  disk: { path: /tmp/x, size: 1GiB }\n")
+    path.write_text(f"listen: ['127.0.0.1:3999']\ncache_store:\n  memory: 1MiB\n  disk: {{ path: {tmp_path}/c, size: lots }}\n")
     r = subprocess.run([sluice_bin, "check", "--config", str(path)], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
-    assert f"{path}:4:" in r.stderr + r.stdout and "disk tier is not available" in r.stderr + r.stdout, r.stderr
+    assert f"{path}:4:" in r.stderr + r.stdout and "cache_store.disk.size must be a size" in r.stderr + r.stdout, r.stderr
 
 
 def test_age_grows_while_stored(cached, origin):

@@ -47,9 +47,22 @@ public final class CacheObject: Sendable {
     /// The stored fields as they are sent on a hit, `Name: value` CRLF each, `Age` left out
     /// (every hit sends its own): serialized once, written per hit without rebuilding.
     public let fieldLines: [UInt8]
+    /// The body is in the disk tier (under the URL), not in `chunks`: a hit streams it from
+    /// the reader its lookup opened. Such an object is never inserted in the memory tier.
+    public let onDisk: Bool
 
-    public init(response: CacheStoredResponse, chunks: [CacheChunk]) {
-        let length = chunks.reduce(0) { $0 + $1.count }
+    public convenience init(response: CacheStoredResponse, chunks: [CacheChunk]) {
+        self.init(response: response, chunks: chunks, onDisk: false, diskLength: 0)
+    }
+
+    /// An object whose `diskLength`-byte body is in the disk tier.
+    public convenience init(response: CacheStoredResponse, diskLength: Int) {
+        self.init(response: response, chunks: [], onDisk: true, diskLength: diskLength)
+    }
+
+    private init(response: CacheStoredResponse, chunks: [CacheChunk], onDisk: Bool, diskLength: Int) {
+        self.onDisk = onDisk
+        let length = onDisk ? diskLength : chunks.reduce(0) { $0 + $1.count }
         var response = response
         response.bodyLength = Int64(length)
         self.response = response
@@ -68,7 +81,7 @@ public final class CacheObject: Sendable {
 
     /// The same body under an updated head (after a `304`).
     public func withResponse(_ response: CacheStoredResponse) -> CacheObject {
-        CacheObject(response: response, chunks: chunks)
+        CacheObject(response: response, chunks: chunks, onDisk: onDisk, diskLength: bodyLength)
     }
 }
 
@@ -152,7 +165,7 @@ public final class CacheMemoryTier: Sendable {
     /// an object larger than the whole tier is not stored (returns nil).
     @discardableResult
     public func insert(_ object: CacheObject, for url: String) -> Int? {
-        guard object.size <= capacity else { return nil }
+        guard object.size <= capacity, !object.onDisk else { return nil }
         return state.withLock { s in
             var entry = s.remove(url) ?? Entry(variants: [], size: 0)
             entry.variants.removeAll { $0.response.vary == object.response.vary }

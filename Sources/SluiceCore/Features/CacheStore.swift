@@ -6,11 +6,26 @@ import Synchronization
 /// ```yaml
 /// cache_store:
 ///   memory: 256MiB          # the memory tier's size bound (LRU)
+///   disk: { path: /var/cache/sluice, size: 10GiB }   # optional disk tier (LRU, crash-safe)
 ///   max_object_size: 8MiB   # larger responses are served, not stored
 /// ```
 ///
 /// Threading: an immutable value.
 public struct CacheStoreSettings: Sendable, Equatable {
+    /// `cache_store.disk`: the disk tier's directory and its size bound.
+    public struct Disk: Sendable, Equatable {
+        public var path: String
+        public var size: Int64
+        public init(path: String, size: Int64) {
+            self.path = path
+            self.size = size
+        }
+    }
+
+    /// With a disk tier, the memory tier keeps bodies up to this fraction of its size (1/8);
+    /// larger ones, and bodies that outgrow it while streaming, go to disk.
+    public static let memoryShareDivisor: Int64 = 8
+
     /// `256MiB` by default.
     public static let defaultMemory: Int64 = 256 << 20
     /// `8MiB` by default (a memory-only store keeps no object larger).
@@ -18,10 +33,23 @@ public struct CacheStoreSettings: Sendable, Equatable {
 
     public var memory: Int64
     public var maxObjectSize: Int64
+    public var disk: Disk?
 
-    public init(memory: Int64 = CacheStoreSettings.defaultMemory, maxObjectSize: Int64 = CacheStoreSettings.defaultMaxObjectSize) {
+    public init(memory: Int64 = CacheStoreSettings.defaultMemory, maxObjectSize: Int64 = CacheStoreSettings.defaultMaxObjectSize,
+                disk: Disk? = nil) {
         self.memory = memory
         self.maxObjectSize = maxObjectSize
+        self.disk = disk
+    }
+
+    /// The largest body stored at all: `max_object_size`, bounded by the largest tier (the
+    /// disk tier when there is one, else the memory tier).
+    public var storableObjectSize: Int64 { min(maxObjectSize, disk?.size ?? memory) }
+
+    /// The largest body kept in the memory tier: every storable body without a disk tier;
+    /// with one, bodies up to 1/8 of the memory tier (the rest stream to disk).
+    public var memoryObjectSize: Int64 {
+        disk == nil ? storableObjectSize : min(storableObjectSize, memory / Self.memoryShareDivisor)
     }
 }
 
@@ -72,6 +100,6 @@ public final class CacheStore: Sendable {
         fetching.withLock { $0.urls[url] != nil }
     }
 
-    /// The largest body kept: `max_object_size`, and never more than the memory tier.
-    public var maxObjectSize: Int64 { min(settings.maxObjectSize, settings.memory) }
+    /// The largest body kept: `max_object_size`, and never more than the largest tier.
+    public var maxObjectSize: Int64 { settings.storableObjectSize }
 }

@@ -18,9 +18,23 @@ struct ConfigurationView: Encodable {
         /// `upstream:` (per worker): max_connections_per_host (0: no limit), max_streams.
         let upstream: [String: Int]
         /// `cache_store` in bytes; null: no cache.
-        let cacheStore: [String: Int64]?
+        let cacheStore: CacheStoreView?
         enum CodingKeys: String, CodingKey {
             case listen, workers, limits, timeouts, access, tls, routes, admin, upstream, cacheStore = "cache_store"
+        }
+    }
+
+    /// `cache_store`: sizes in bytes; `disk` only with a disk tier.
+    struct CacheStoreView: Encodable {
+        let memory: Int64
+        let maxObjectSize: Int64
+        let disk: Disk?
+        struct Disk: Encodable {
+            let path: String
+            let size: Int64
+        }
+        enum CodingKeys: String, CodingKey {
+            case memory, disk, maxObjectSize = "max_object_size"
         }
     }
 
@@ -98,7 +112,7 @@ struct ConfigurationView: Encodable {
             },
             upstream: ["max_connections_per_host": s.upstream.maxConnectionsPerHost,
                        "max_streams": s.upstream.maxStreams],
-            cacheStore: s.cacheStore.map { ["memory": $0.memory, "max_object_size": $0.maxObjectSize] })
+            cacheStore: s.cacheStore.map { CacheStoreView(memory: $0.memory, maxObjectSize: $0.maxObjectSize, disk: $0.disk.map { .init(path: $0.path, size: $0.size) }) })
         let pipeline = configuration.pipeline
         policies = pipeline.policies.names.map { name in
             let text = PolicyDescription.describe(pipeline, host: name)

@@ -41,6 +41,14 @@ extension DiskCacheTier {
             close(fd)
         }
 
+        /// Moves to the block holding body byte `offset` (a `Range` request skips the blocks
+        /// before it unread) and returns that block's first byte's offset. Only forward.
+        public func seek(toBlockContaining offset: UInt64) -> UInt64 {
+            let target = min(blocks, Int(offset / UInt64(blockSize)))
+            if target > block { block = target }
+            return UInt64(block) * UInt64(blockSize)
+        }
+
         /// The next block of the body, nil after the last. Throws `CorruptEntry` (and drops
         /// the entry) for a block that cannot be read whole or fails its digest.
         public func next() throws(CorruptEntry) -> [UInt8]? {

@@ -6,8 +6,17 @@ import SluiceCore
 /// else 64 KiB at a time). Past `limit` bytes it gives up and frees what it kept: the
 /// response is still served whole, only not stored. `complete` publishes the object.
 ///
+/// With a disk tier (docs/caching.md, "Tiers"): a body whose `Content-Length` exceeds the
+/// memory tier's share (`CacheStoreSettings.memoryObjectSize`) streams straight into a disk
+/// writer; one of unknown length starts in memory and, when it outgrows that share, spills:
+/// what was kept is written to a disk writer and freed, and the rest follows it there. A
+/// failed disk write (disk full, unwritable) abandons the fill (the tier logs it once per
+/// episode); the client's response is never affected. An object goes to one tier: storing it
+/// drops the URL from the other, so a lookup never sees two copies.
+///
 /// Threading: owned by the exchange on its worker's thread; what `complete` publishes is
-/// immutable and shared.
+/// immutable and shared. A disk writer's `append` blocks this thread for one `write` of the
+/// block (to the page cache) plus its SHA-256: bounded by the transfer's block size.
 final class CacheFill {
     /// The largest chunk kept in one allocation (1 MiB).
     static let maxChunk = 1 << 20
@@ -15,9 +24,15 @@ final class CacheFill {
     static let unknownLengthChunk = 64 << 10
 
     let store: CacheStore
+    let disk: DiskCacheTier?
     let url: String
     let response: CacheStoredResponse
     private let limit: Int
+    private let memoryLimit: Int
+    /// The disk writer once the body goes to disk.
+    private var writer: DiskCacheTier.Writer?
+    /// Where `complete` stored the object (for the access log / tests).
+    private(set) var storedOnDisk = false
     private var remainingDeclared: Int?
     private var chunks: [CacheChunk] = []
     private var current: UnsafeMutableRawBufferPointer?
@@ -25,12 +40,15 @@ final class CacheFill {
     private(set) var total = 0
     private(set) var abandoned = false
 
-    init(store: CacheStore, url: String, response: CacheStoredResponse, contentLength: Int64?) {
+    init(store: CacheStore, disk: DiskCacheTier? = nil, url: String, response: CacheStoredResponse, contentLength: Int64?) {
         self.store = store
+        self.disk = disk
         self.url = url
         self.response = response
-        limit = Int(store.maxObjectSize)
+        limit = Int(disk == nil ? store.settings.memoryObjectSize : store.maxObjectSize)
+        memoryLimit = disk == nil ? limit : Int(store.settings.memoryObjectSize)
         remainingDeclared = contentLength.map { Int($0) }
+        if disk != nil, let contentLength, contentLength > Int64(memoryLimit) { spill() }
     }
 
     deinit { current?.deallocate() }
@@ -38,7 +56,16 @@ final class CacheFill {
     func append(_ data: UnsafeRawBufferPointer) {
         guard !abandoned, data.count > 0 else { return }
         guard total + data.count <= limit else { return abandon() }
+        if writer == nil, total + data.count > memoryLimit {
+            guard disk != nil else { return abandon() }
+            spill()
+            if abandoned { return }
+        }
         total += data.count
+        if let writer {
+            if !writer.append(data) { abandon() }
+            return
+        }
         var offset = 0
         while offset < data.count {
             if current == nil {
@@ -71,18 +98,39 @@ final class CacheFill {
         used = 0
     }
 
+    /// Moves the fill to a disk writer: what was kept so far is written there and freed.
+    private func spill() {
+        guard let disk, let writer = disk.beginWrite(key: url, metadata: response.encode()) else { return abandon() }
+        self.writer = writer
+        seal()
+        for chunk in chunks where !writer.append(chunk.bytes) { return abandon() }
+        chunks = []
+    }
+
     private func abandon() {
         abandoned = true
         chunks = []
         current?.deallocate()
         current = nil
+        writer?.abort()
+        writer = nil
     }
 
-    /// Stores the object (the response ended whole). Returns the evictions it caused, or nil
-    /// when nothing was stored (abandoned, or larger than the memory tier).
+    /// Stores the object (the response ended whole). Returns the evictions it caused (the
+    /// memory tier's; 0 for the disk tier, which evicts by itself), or nil when nothing was
+    /// stored (abandoned, larger than the memory tier, or the disk commit failed).
     func complete() -> Int? {
         guard !abandoned else { return nil }
+        if let writer {
+            self.writer = nil
+            guard writer.commit() else { return nil }
+            store.memory.invalidate(url)
+            storedOnDisk = true
+            return 0
+        }
         seal()
-        return store.memory.insert(CacheObject(response: response, chunks: chunks), for: url)
+        let evicted = store.memory.insert(CacheObject(response: response, chunks: chunks), for: url)
+        if evicted != nil { disk?.remove(key: url) }
+        return evicted
     }
 }

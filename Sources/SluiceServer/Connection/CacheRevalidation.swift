@@ -35,6 +35,7 @@ enum CacheRevalidation {
                       requestFields: [CacheFields.Field], hostHeader: String?, modification: CacheModification?,
                       store: CacheStore, worker: Worker) {
         let policy = worker.pipeline.policies.match(host: URLParts(url).host)
+        let disk = worker.diskTier
         var headers: [(String, String)] = requestFields.compactMap {
             droppedRequestFields.contains($0.name.lowercased()) ? nil : ($0.name, $0.value)
         }
@@ -53,9 +54,12 @@ enum CacheRevalidation {
             let fields = received.fields.filter { !hopByHopResponseFields.contains($0.name.lowercased()) }
             finish(object, url: url, status: response.status, fields: fields, body: response.body,
                    requestFields: requestFields, requestTime: requestTime, modification: modification,
-                   policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty, store: store)
+                   policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty, store: store,
+                   disk: disk)
         })
-        fetch.maxBytes = Int(store.maxObjectSize)
+        // The answer is held in memory until it completes: at most what the memory tier keeps
+        // (a larger new body leaves the stale entry, validated blocking once the window ends).
+        fetch.maxBytes = Int(store.settings.memoryObjectSize)
         fetch.fieldsSink = { received.fields = $0 }  // called just before the completion
         fetch.start()
     }
@@ -63,11 +67,15 @@ enum CacheRevalidation {
     /// Applies the origin's answer to the store (see the type's note).
     static func finish(_ object: CacheObject, url: String, status: Int, fields: [CacheFields.Field], body: [UInt8],
                        requestFields: [CacheFields.Field], requestTime: Int64, modification: CacheModification?,
-                       policyAuthenticates: Bool, store: CacheStore) {
+                       policyAuthenticates: Bool, store: CacheStore, disk: DiskCacheTier?) {
         let now = ClientConnection.wallClockSeconds()
         if status == 304 {
             let updated = object.withResponse(object.response.updated(with: fields, requestTime: requestTime, responseTime: now))
-            _ = store.memory.insert(updated, for: url)
+            if updated.onDisk {
+                _ = disk?.updateMetadata(key: url, updated.response.encode())
+            } else {
+                _ = store.memory.insert(updated, for: url)
+            }
             Log.debug("cache: \(url) revalidated in the background (304)")
             return
         }
@@ -80,13 +88,14 @@ enum CacheRevalidation {
                                                contentLength: contentLength, maxObjectSize: store.maxObjectSize)
         guard decision == .store else {
             store.memory.invalidate(url)  // the origin's new answer may not be kept
+            disk?.remove(key: url)
             return
         }
         let stored = CacheStoredResponse(status: status,
                                          fields: CacheStorability.storedFields(fields, modification: modification),
                                          requestFields: requestFields, requestTime: requestTime, responseTime: now,
                                          extraKeyFields: modification?.keyRequestHeaders ?? [])
-        let fill = CacheFill(store: store, url: url, response: stored, contentLength: Int64(body.count))
+        let fill = CacheFill(store: store, disk: disk, url: url, response: stored, contentLength: Int64(body.count))
         body.withUnsafeBytes { fill.append($0) }
         _ = fill.complete()
         Log.debug("cache: \(url) replaced in the background (\(status))")

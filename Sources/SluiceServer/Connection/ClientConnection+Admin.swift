@@ -57,6 +57,10 @@ extension ClientConnection {
                 return
             }
             transfer.cancel()
+        case .servingDisk:
+            exchange.end(.error, error: "cancelled by the proxy's operator after the response started")
+            close()
+            return
         case .awaitingHead, .closing, .closed:
             return
         case .adapting, .awaitingBody, .bufferingBody, .awaitingCollapsed:

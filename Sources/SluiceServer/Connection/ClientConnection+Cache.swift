@@ -29,6 +29,9 @@ final class CacheExchange {
     /// The stored response as a `304` updated it (the client is answered from it).
     var validated: CacheObject?
     var fill: CacheFill?
+    /// The disk tier's entry the lookup opened (its metadata decoded into a candidate): a hit,
+    /// a stale answer or a `304`-validated answer streams its body from here.
+    var diskReader: DiskCacheTier.Reader?
     /// This exchange's claim on fetching `url` (collapsed forwarding): other misses for it
     /// wait until it ends. Ended when the response is stored or found not storable, and at
     /// the latest when the exchange goes (deinit), whatever ended it.
@@ -66,6 +69,12 @@ final class CacheExchange {
 /// head's storability, the tee, `304` revalidations, invalidation after unsafe methods.
 /// The rules are `CacheLookup`, `CacheStorability`, `CacheFreshness`, `CacheInvalidation`
 /// (SluiceCore); this is the glue that performs their decisions.
+///
+/// Threading: the worker's thread. With a disk tier (`worker.diskTier`) this thread also does
+/// the tier's blocking file IO, in bounded units: a lookup that misses memory opens the URL's
+/// entry (two small reads), a 304 rewrites its record, and a disk hit reads one verified block
+/// (256 KiB `pread` + SHA-256) at a time, only while the client's output holds less than
+/// `diskHitOutputBound` — the rest waits for `onWritable`, never for the client.
 extension ClientConnection {
     static func wallClockSeconds() -> Int64 {
         var ts = timespec()
@@ -88,7 +97,17 @@ extension ClientConnection {
         reportCache(.lookup(url: cache.url), exchange)
         let method = head.method
         let cacheable = method == "GET" || method == "HEAD"
-        let candidates = cacheable && !head.hasBody ? store.memory.variants(for: cache.url) : []
+        var candidates = cacheable && !head.hasBody ? store.memory.variants(for: cache.url) : []
+        if candidates.isEmpty, cacheable, !head.hasBody, let disk = worker.diskTier, let reader = disk.open(key: cache.url) {
+            // An entry goes to one tier: the disk tier is looked at when memory has none.
+            if var response = CacheStoredResponse(bytes: reader.metadata) {
+                response.bodyLength = Int64(reader.bodyLength)
+                candidates = [CacheObject(response: response, diskLength: Int(reader.bodyLength))]
+                cache.diskReader = reader
+            } else {
+                disk.remove(key: cache.url)  // metadata of another version: dropped
+            }
+        }
         var decision = cacheable && head.hasBody ? .forward(.bypass)
             : CacheLookup.decide(method: method, requestFields: fields, candidates: candidates.map(\.response),
                                  now: cache.requestTime, modification: cache.modification)
@@ -101,7 +120,8 @@ extension ClientConnection {
         case .serve(let hit):
             let object = candidates[hit.variant]
             reportCache(.hit(age: hit.age, notModified: hit.notModified), exchange)
-            serveStored(object, head, exchange, parameters: "hit; ttl=\(hit.ttl)" + (mayWait ? "" : "; collapsed"),
+            serveStored(object, head, exchange,
+                        parameters: "hit; ttl=\(hit.ttl)" + (object.onDisk ? "; detail=disk" : "") + (mayWait ? "" : "; collapsed"),
                         age: hit.age, notModified: hit.notModified)
             return true
         case .serveStale(let hit, let validators):
@@ -194,6 +214,7 @@ extension ClientConnection {
                                                  location: response.value("location"),
                                                  contentLocation: response.value("content-location")) {
                 dropped += cache.store.memory.invalidate(url)
+                worker.diskTier?.remove(key: url)
             }
             if dropped > 0 { reportCache(.invalidated(count: dropped), exchange) }
         } else if let stale = cache.revalidating {
@@ -211,7 +232,9 @@ extension ClientConnection {
             if status == 304 {
                 let updated = stale.withResponse(stale.response.updated(with: fields, requestTime: cache.requestTime,
                                                                         responseTime: now))
-                if let evicted = cache.store.memory.insert(updated, for: cache.url), evicted > 0 {
+                if updated.onDisk {
+                    worker.diskTier?.updateMetadata(key: cache.url, updated.response.encode())
+                } else if let evicted = cache.store.memory.insert(updated, for: cache.url), evicted > 0 {
                     reportCache(.evicted(count: evicted), exchange)
                 }
                 cache.validated = updated
@@ -232,13 +255,15 @@ extension ClientConnection {
                                              fields: CacheStorability.storedFields(fields, modification: cache.modification),
                                              requestFields: cache.requestFields, requestTime: cache.requestTime,
                                              responseTime: now, extraKeyFields: cache.modification?.keyRequestHeaders ?? [])
-            let fill = CacheFill(store: cache.store, url: cache.url, response: stored, contentLength: contentLength)
+            let fill = CacheFill(store: cache.store, disk: worker.diskTier, url: cache.url, response: stored,
+                                 contentLength: contentLength)
             transfer.cacheFill = fill
             cache.fill = fill
             cache.parameters += "; stored"
         } else {
             if cache.revalidating != nil, method == "GET", status != 206 {
                 cache.store.memory.invalidate(cache.url)  // the origin's new answer may not be kept
+                worker.diskTier?.remove(key: cache.url)
             }
             cache.endFetch()  // nothing will be stored: the waiting requests go to the origin
         }
@@ -351,6 +376,19 @@ extension ClientConnection {
         text += "\r\n"
         text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         var sent = 0
+        if object.onDisk, !bodiless, !isHead, !bodyRange.isEmpty {
+            // The body streams from the disk tier as the client drains (`pumpDiskHit`).
+            let reader = exchange.cache?.diskReader ?? worker.diskTier?.open(key: exchange.target.url)
+            exchange.cache?.diskReader = nil
+            exchange.summary.cache = parameters
+            exchange.report(exchange.machine.handle(.responseHeadSent(status: status)))
+            guard let reader, UInt64(object.bodyLength) == reader.bodyLength else {
+                return abortDiskHit(exchange, reason: "disk cache entry vanished")
+            }
+            let hit = DiskHitStream(reader: reader, exchange: exchange, range: bodyRange, keepAlive: keepAlive)
+            state = .servingDisk(hit)
+            return pumpDiskHit(hit)
+        }
         if !bodiless && !isHead {
             var offset = 0
             for chunk in object.chunks {
@@ -378,11 +416,80 @@ extension ClientConnection {
         if keepAlive { exchangeEnded() } else { closeAfterFlush() }
     }
 
+    /// A disk hit reads its next block only while the client's output holds less than this
+    /// (1 MiB): a slow client holds at most this plus one block in memory, and the loop never
+    /// waits for it.
+    static let diskHitOutputBound = 1 << 20
+
+    /// Sends the disk hit's next blocks while the client's output is below
+    /// `diskHitOutputBound` (each block is read and verified on this thread: one `pread` of
+    /// `blockSize` plus its SHA-256), and ends the exchange after the last. Called when the
+    /// head is written and whenever the output drains (`onWritable`).
+    func pumpDiskHit(_ hit: DiskHitStream) {
+        let output = clientOutput
+        while hit.offset < hit.range.upperBound, evbuffer_get_length(output) < Self.diskHitOutputBound {
+            let start = hit.offset, range = hit.range
+            let read: Int?
+            do {
+                read = try hit.reader.withNextBlock { bytes -> Int in
+                    let from = max(range.lowerBound, start), to = min(range.upperBound, start + bytes.count)
+                    if from < to { evbuffer_add(output, bytes.baseAddress! + (from - start), to - from) }
+                    return bytes.count
+                }
+            } catch {
+                return abortDiskHit(hit.exchange, reason: "disk cache entry corrupt at block \(error.block)")
+            }
+            guard let read, read > 0 else { return abortDiskHit(hit.exchange, reason: "disk cache entry ended early") }
+            hit.sent += min(range.upperBound, start + read) - max(range.lowerBound, start)
+            hit.offset += read
+        }
+        scheduleFlush()
+        guard hit.offset >= hit.range.upperBound else { return }
+        let exchange = hit.exchange
+        _ = exchange.machine.handle(.responseBodySent(bytes: hit.sent))
+        exchange.end(.ok)
+        if hit.keepAlive { exchangeEnded() } else { closeAfterFlush() }
+    }
+
+    /// A disk hit's body cannot be completed (a block failed its digest; the entry was
+    /// dropped): the response already announced its length, so the connection is closed
+    /// without completing it, and the access log says why.
+    func abortDiskHit(_ exchange: Exchange, reason: String) {
+        Log.warning("\(reason): \(exchange.target.url); response to \(peer) aborted")
+        exchange.end(.error, error: reason + "; response aborted")
+        abortiveClose = true
+        close()
+    }
+
     /// Chunks at least this large (16 KiB) are written by reference, smaller ones copied.
     static let referenceThreshold = 16 << 10
 
     func reportCache(_ event: CacheEvent, _ exchange: Exchange) {
         guard let monitor = exchange.monitor, monitor.events.contains(.cache) else { return }
         monitor.handle(.cache(id: exchange.id, event: event))
+    }
+}
+
+/// A stored response whose body streams from the disk tier to one client: the entry's open
+/// reader (the entry may be evicted or replaced meanwhile; the reader keeps its file), the
+/// byte range sent, and how far it got.
+///
+/// Threading: owned by its `ClientConnection` (its `.servingDisk` state) on the worker's
+/// thread; the reader's descriptor is closed when the stream goes.
+final class DiskHitStream {
+    let reader: DiskCacheTier.Reader
+    let exchange: Exchange
+    let range: Range<Int>
+    let keepAlive: Bool
+    /// The body offset of the next block to read.
+    var offset: Int
+    var sent = 0
+
+    init(reader: DiskCacheTier.Reader, exchange: Exchange, range: Range<Int>, keepAlive: Bool) {
+        self.reader = reader
+        self.exchange = exchange
+        self.range = range
+        self.keepAlive = keepAlive
+        offset = Int(reader.seek(toBlockContaining: UInt64(range.lowerBound)))
     }
 }

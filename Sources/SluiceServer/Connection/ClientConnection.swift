@@ -37,6 +37,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         /// A cache miss waits for another exchange fetching the same URL to store it
         /// (collapsed forwarding), since `since` (monotonic ms); polled on the timer.
         case awaitingCollapsed(since: Int)
+        /// A cache hit's body streams from the disk tier as the client drains.
+        case servingDisk(DiskHitStream)
         /// A final response is queued; the connection closes once it is flushed.
         case closing
         case closed
@@ -203,7 +205,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             tunnel.clientReadable()
         case .upgrading(let transfer):
             transfer.clientReadable()
-        case .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .closing, .closed:
+        case .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .closing, .closed:
             break  // held in the input buffer (bounded by the read watermark)
         }
     }
@@ -216,6 +218,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             tunnel.clientDrained()
         case .upgrading(let transfer):
             transfer.clientDrained()
+        case .servingDisk(let hit):
+            pumpDiskHit(hit)
         case .closing:
             if evbuffer_get_length(clientOutput) == 0 { close() }
         default:

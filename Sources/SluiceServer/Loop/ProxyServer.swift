@@ -47,6 +47,10 @@ public final class ProxyServer: @unchecked Sendable {
     public let health = UpstreamHealth()
     /// The shared cache every worker uses (`cache_store`), made once: it outlives reloads.
     let cacheStore: CacheStore?
+    /// The shared cache's disk tier (`cache_store.disk`): opened by `start()` (it takes the
+    /// directory's lock and scans it), then kept for the process's life — a reload never opens
+    /// it again.
+    private(set) var diskTier: DiskCacheTier?
     /// libcurl's share handle (DNS cache, TLS sessions) of every worker's session: created by
     /// `start()`, freed by `wait()` once no worker thread is left to use it.
     private var share: UnsafeMutableRawPointer?
@@ -82,6 +86,17 @@ public final class ProxyServer: @unchecked Sendable {
         for address in Self.listenAddresses(config) { try Self.checkAddressIsFree(address) }
         if let admin = config.admin { try Self.checkAddressIsFree(admin.listen) }
         try prepareTLS(for: configuration)
+        if let disk = config.cacheStore?.disk {
+            do {
+                let tier = try DiskCacheTier(directory: disk.path, capacity: UInt64(disk.size)) { Log.warning($0) }
+                let scan = tier.startScan, usage = tier.usage
+                Log.info("disk cache \(disk.path): \(usage.entries) entries, \(usage.bytes) bytes kept; "
+                         + "\(scan.dropped) dropped, \(scan.temporaries) unfinished writes removed, \(scan.evicted) evicted")
+                diskTier = tier
+            } catch {
+                throw ServerError.startup("cache_store.disk.path: \(error.description)")
+            }
+        }
         guard let share = sluice_share_create() else { throw ServerError.startup("cannot create curl share handle") }
         let count = config.workers ?? Self.coreCount
         let pseudonym = "sluice-" + String(UInt32.random(in: 0x1000_0000...UInt32.max), radix: 16)
@@ -92,7 +107,7 @@ public final class ProxyServer: @unchecked Sendable {
                                           interception: interception,
                                           heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
                                           connectionLimits: connectionLimits, health: health,
-                                          cacheStore: cacheStore))
+                                          cacheStore: cacheStore, diskTier: diskTier))
             }
         } catch {
             // The workers made so far never ran: freeing them ends their sessions' use of it.

@@ -50,6 +50,9 @@ final class Worker {
     /// The process's shared cache (`cache_store`), nil without one: then no request is
     /// looked up at all.
     let cacheStore: CacheStore?
+    /// The shared cache's disk tier (`cache_store.disk`), opened once by the server (it holds
+    /// the directory's lock) and shared by every worker.
+    let diskTier: DiskCacheTier?
     /// `limits.max_in_flight_upstream`: this worker's upstream slots and their queue.
     private(set) var upstreamGate: UpstreamGate!
     /// Every origin's circuit breaker (`health:`), shared by every worker.
@@ -156,10 +159,11 @@ final class Worker {
     init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
          interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
          connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil,
-         cacheStore: CacheStore? = nil) throws {
+         cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil) throws {
         self.index = index
         self.health = health ?? UpstreamHealth()
         self.cacheStore = cacheStore
+        self.diskTier = diskTier
         self.connectionLimits = connectionLimits ?? ConnectionLimits(configuration.server.limits)
         self.interception = interception
         self.config = configuration.server
