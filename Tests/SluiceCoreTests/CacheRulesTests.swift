@@ -380,9 +380,73 @@ import Testing
         let disk = CacheObject(response: stored([("Cache-Control", "max-age=60")]), diskLength: 5_000_000)
         #expect(disk.onDisk && disk.bodyLength == 5_000_000 && disk.chunks.isEmpty)
         #expect(disk.response.bodyLength == 5_000_000)
-        let updated = disk.withResponse(disk.response.updated(with: [("X-New", "1")], requestTime: 1, responseTime: 2))
+        let updated = disk.withResponse(disk.response.updated(with: [("X-New", "1")], requestTime: 1, responseTime: 2),
+                                        trustGeneration: nil)
         #expect(updated.onDisk && updated.bodyLength == 5_000_000)
         #expect(CacheMemoryTier(capacity: 1 << 30).insert(disk, for: "u") == nil)
         #expect(!object(10).onDisk)
+    }
+
+    // MARK: Review fixes (issue #10)
+
+    @Test func notModifiedFieldsPassTheStorageRules() {
+        let r = CacheStoredResponse(status: 200, fields: [("Cache-Control", "max-age=1"), ("ETag", "\"a\"")],
+                                    requestTime: Self.t0, responseTime: Self.t0, bodyLength: 5)
+        func after(_ fields: [F], _ m: CacheModification? = nil) -> CacheStoredResponse? {
+            CacheStorability.afterNotModified(r, notModified: fields, requestFields: [], modification: m,
+                                              requestTime: Self.t0 + 50, responseTime: Self.t0 + 51)
+        }
+        // Set-Cookie of a 304 is never kept (even when public); the rest merges.
+        let kept = after([("Cache-Control", "public, max-age=100"), ("Set-Cookie", "s=alice")])
+        #expect(kept?.value("set-cookie") == nil && kept?.value("cache-control") == "public, max-age=100")
+        #expect(kept?.responseTime == Self.t0 + 51)
+        // private or no-store in the 304: the entry may no longer be stored.
+        #expect(after([("Cache-Control", "private, max-age=100")]) == nil)
+        #expect(after([("Cache-Control", "no-store")]) == nil)
+        // The policy's drop_response_headers applies to the 304 as to the stored response.
+        let drop = CacheModification(dropResponseHeaders: ["x-secret"])
+        #expect(after([("X-Secret", "1"), ("X-Other", "2")], drop).map { $0.value("x-secret") == nil && $0.value("x-other") == "2" } == true)
+    }
+
+    @Test func getWithABodyIsNeverStored() {
+        #expect(CacheStorability.decide(method: "GET", requestFields: [], status: 200, responseFields: [("Cache-Control", "max-age=60")],
+                                        requestHasBody: true) == .doNotStore(.requestBody))
+    }
+
+    @Test func preconditionsOnlyForA2xxEntry() {
+        let notFound = stored([("Cache-Control", "max-age=60"), ("ETag", "\"x\"")], status: 404)
+        guard case .serve(let hit) = decide([("If-None-Match", "\"x\"")], [notFound], now: Self.t0 + 1) else {
+            Issue.record("not served")
+            return
+        }
+        #expect(!hit.notModified)
+        #expect(!CacheConditional.notModified([("If-None-Match", "*")], stored: notFound))
+        #expect(CacheConditional.notModified([("If-None-Match", "*")], stored: stored([], status: 203)))
+    }
+
+    @Test func outdatedTrustIsValidatedFirst() {
+        let r = stored([("Cache-Control", "max-age=60"), ("ETag", "\"e\"")])
+        #expect(CacheLookup.decide(method: "GET", requestFields: [], candidates: [r], now: Self.t0 + 1, outdated: [0])
+                == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"e\"")], reason: .stale))
+        #expect(CacheLookup.decide(method: "GET", requestFields: [("Cache-Control", "only-if-cached")], candidates: [r],
+                                   now: Self.t0 + 1, outdated: [0]) == .onlyIfCachedMiss)
+        if case .serve = CacheLookup.decide(method: "GET", requestFields: [], candidates: [r], now: Self.t0 + 1) {} else {
+            Issue.record("a fresh entry under the same trust is served")
+        }
+        #expect(PolicyTable(entries: []).generation != PolicyTable(entries: []).generation)
+    }
+
+    @Test func invalidationCancelsFillsInProgress() {
+        let tier = CacheMemoryTier(capacity: 1 << 20)
+        let before = tier.beginFill("u"), other = tier.beginFill("v")
+        tier.invalidate("u")
+        let after = tier.beginFill("u")
+        #expect(tier.insert(object(10), for: "u", fill: before) == nil)  // began before the invalidation
+        #expect(tier.variants(for: "u").isEmpty)
+        #expect(tier.insert(object(10), for: "u", fill: after) == 0)
+        #expect(tier.insert(object(10), for: "v", fill: other) == 0)
+        #expect(tier.insert(object(10), for: "v", fill: other) == nil)  // a token inserts once
+        tier.endFill("v", other)  // after its insert: nothing happens
+        #expect(tier.variants(for: "u").count == 1 && tier.variants(for: "v").count == 1)
     }
 }

@@ -94,4 +94,24 @@ import Testing
         #expect(fill.abandoned && fill.complete() == nil)
         #expect(tier.open(key: "u") == nil && tier.usage.entries == 0 && tier.usage.bytes == 0)
     }
+
+    @Test func aBodyOverrunningItsDeclaredLengthIsNotStored() {
+        let store = CacheStore(.init(memory: 4 << 20, maxObjectSize: 4 << 20))
+        let fill = CacheFill(store: store, url: "u", response: head, contentLength: 1)
+        feed(fill, [UInt8](repeating: 2, count: 300_000), blocks: 20)
+        #expect(fill.abandoned && fill.complete() == nil)
+        #expect(store.memory.variants(for: "u").isEmpty)
+    }
+
+    @Test func anInvalidationDuringTheFillCancelsIt() {
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 1 << 20))
+        let fill = CacheFill(store: store, url: "u", response: head, contentLength: 3)
+        feed(fill, [1, 2, 3], blocks: 1)
+        store.memory.invalidate("u")  // an unsafe method's success while the old body streamed
+        #expect(fill.complete() == nil)
+        #expect(store.memory.variants(for: "u").isEmpty)
+        let next = CacheFill(store: store, url: "u", response: head, contentLength: 3, trustGeneration: 7)
+        feed(next, [4, 5, 6], blocks: 1)
+        #expect(next.complete() == 0 && store.memory.variants(for: "u").first?.trustGeneration == 7)
+    }
 }

@@ -16,8 +16,9 @@ from faultservers import HOST, pick_port
 
 class Resource:
     def __init__(self, status: int = 200, headers: dict | list | None = None, body: bytes = b"body",
-                 conditional: bool = True, chunked: bool = False, delay: float = 0.0):
+                 conditional: bool = True, chunked: bool = False, delay: float = 0.0, trickle: float = 0.0):
         self.chunked = chunked
+        self.trickle = trickle
         self.delay = delay
         self.status = status
         self.headers = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
@@ -71,6 +72,9 @@ class CountingOrigin:
                 if res.chunked:
                     for i in range(0, len(body), 4096):
                         piece = body[i:i + 4096]
+                        if i and res.trickle:
+                            self.wfile.flush()
+                            time.sleep(res.trickle)  # the body streams slowly: a fill in progress
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     self.wfile.write(b"0\r\n\r\n")
                 else:
@@ -103,9 +107,9 @@ class CountingOrigin:
         return f"http://{HOST}:{self.port}{path}"
 
     def set(self, path: str, status: int = 200, headers: dict | list | None = None, body: bytes = b"body",
-            conditional: bool = True, chunked: bool = False, delay: float = 0.0) -> str:
+            conditional: bool = True, chunked: bool = False, delay: float = 0.0, trickle: float = 0.0) -> str:
         with self.lock:
-            self.resources[path] = Resource(status, headers, body, conditional, chunked, delay)
+            self.resources[path] = Resource(status, headers, body, conditional, chunked, delay, trickle)
         return self.url(path)
 
     def count(self, path: str, method: str | None = None) -> int:

@@ -676,3 +676,108 @@ def test_open_circuit_is_answered_stale_from_the_cache(sluice_factory, origin, t
     lines = AccessLog(log_path).wait_for(lambda e: e.get("url") == cached_url and e.get("status") == 200, n=2)
     stale = [e for e in lines if "circuit-open" in e.get("cache", "")]
     assert len(stale) == 1 and stale[0]["circuit"] == "open", lines
+
+
+# Review fixes (issue #10)
+# ------------------------------------------------------------------------------------------
+
+def test_a_304s_set_cookie_reaches_its_client_but_is_not_stored(cached, origin):
+    url = origin.set("/r304", headers={"Cache-Control": "max-age=0", "ETag": '"v1"'}, body=b"shared")
+    assert "stored" in status_of(get(cached, url))
+    # The validating 304 carries a cookie (and makes the entry fresh).
+    origin.set("/r304", headers={"Cache-Control": "max-age=60", "ETag": '"v1"', "Set-Cookie": "s=alice"}, body=b"shared")
+    alice = get(cached, url)
+    assert alice.content == b"shared" and "fwd-status=304" in status_of(alice)
+    assert alice.headers.get("Set-Cookie") == "s=alice", "the revalidating client gets the 304's fields"
+    bob = get(cached, url)
+    assert bob.content == b"shared" and status_of(bob).startswith("Sluice; hit"), bob.headers
+    assert "Set-Cookie" not in bob.headers, "one client's cookie was stored and served to another"
+    assert origin.count("/r304") == 2
+
+
+@pytest.mark.parametrize("cc", ["private, max-age=60", "no-store"])
+def test_a_304_that_forbids_storing_drops_the_entry(cached, origin, cc):
+    url = origin.set("/r304p", headers={"Cache-Control": "max-age=0", "ETag": '"v1"'}, body=b"once shared")
+    get(cached, url)
+    origin.set("/r304p", headers={"Cache-Control": cc, "ETag": '"v1"'}, body=b"once shared")
+    first = get(cached, url)
+    assert first.content == b"once shared" and first.headers["Cache-Control"] == cc
+    second = get(cached, url)
+    assert second.content == b"once shared" and not status_of(second).startswith("Sluice; hit")
+    assert origin.count("/r304p") == 3, "an entry the 304 made private/no-store was still served"
+
+
+def test_a_304_passes_drop_response_headers(sluice_factory, origin):
+    proxy = sluice_factory({**STORE, "policies": {HOST: {"cache": {"modify": {"drop_response_headers": ["X-Secret"]}}}}})
+    url = origin.set("/r304d", headers={"Cache-Control": "max-age=0", "ETag": '"v1"'})
+    get(proxy, url)
+    origin.set("/r304d", headers={"Cache-Control": "max-age=60", "ETag": '"v1"', "X-Secret": "k"})
+    assert get(proxy, url).headers.get("X-Secret") == "k"
+    hit = get(proxy, url)
+    assert status_of(hit).startswith("Sluice; hit") and "X-Secret" not in hit.headers
+    assert origin.count("/r304d") == 2
+
+
+def test_a_followed_redirect_is_not_stored_under_the_original_url(sluice_factory, origin):
+    proxy = sluice_factory({**STORE, "policies": {HOST: {"redirect": {"follow": {"max": 5}}}}})
+    target = origin.set("/final", headers={"Cache-Control": "max-age=60"}, body=b"final")
+    url = origin.set("/moved", status=302, headers={"Location": target})
+    for _ in range(2):
+        r = get(proxy, url, allow_redirects=False)
+        assert r.status_code == 200 and r.content == b"final" and "stored" not in status_of(r)
+        assert not status_of(r).startswith("Sluice; hit")
+    assert origin.count("/moved") == 2 and origin.count("/final") == 2
+    # Both URLs are fetched again afterwards (no claim is left behind), the target directly.
+    direct = get(proxy, target)
+    assert direct.content == b"final" and "stored" in status_of(direct)
+    assert origin.count("/final") == 3
+
+
+def test_content_length_beside_chunked_is_ignored(cached, origin):
+    body = os.urandom(2 * 1024 * 1024)
+    url = origin.set("/tecl", headers={"Cache-Control": "max-age=60", "Content-Length": "1"}, body=body, chunked=True)
+    first = get(cached, url)
+    assert first.content == body and "stored" in status_of(first)
+    second = get(cached, url)
+    assert status_of(second).startswith("Sluice; hit") and second.content == body
+    assert second.headers["Content-Length"] == str(len(body))
+    assert origin.count("/tecl") == 1
+
+
+def test_get_with_a_body_is_neither_looked_up_nor_stored(cached, origin):
+    url = origin.set("/gbody", headers={"Cache-Control": "max-age=60"}, body=b"for the body")
+    with_body = get(cached, url, data=b"x=1")
+    assert with_body.content == b"for the body" and "stored" not in status_of(with_body)
+    origin.set("/gbody", headers={"Cache-Control": "max-age=60"}, body=b"plain")
+    plain = get(cached, url)
+    assert plain.content == b"plain" and "stored" in status_of(plain)
+    assert get(cached, url).content == b"plain"
+    again = get(cached, url, data=b"x=2")  # not answered from the entry, does not replace it
+    assert not status_of(again).startswith("Sluice; hit")
+    assert get(cached, url).content == b"plain"
+    assert origin.count("/gbody") == 3
+
+
+def test_a_non_2xx_entry_never_answers_304(cached, origin):
+    url = origin.set("/gone", status=404, headers={"Cache-Control": "max-age=60", "ETag": '"x"'}, body=b"not here",
+                     conditional=False)
+    assert get(cached, url).status_code == 404
+    r = get(cached, url, {"If-None-Match": '"x"'})
+    assert r.status_code == 404 and r.content == b"not here" and status_of(r).startswith("Sluice; hit")
+    assert origin.count("/gone") == 1
+
+
+def test_invalidation_cancels_a_fill_in_progress(cached, origin):
+    body = b"a" * 4096 + b"b" * 4096 + b"c" * 4096
+    url = origin.set("/slow", headers={"Cache-Control": "max-age=60"}, body=body, chunked=True, trickle=1.0)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(get, cached, url)
+        assert wait_until(lambda: origin.count("/slow", "GET") == 1, 5)
+        time.sleep(0.3)
+        post = requests.post(url, data=b"change", proxies={"http": cached.url}, timeout=15)
+        assert post.status_code == 200
+        old = pending.result(timeout=20)
+    assert old.content == body
+    r = get(cached, url)
+    assert r.content == body and not status_of(r).startswith("Sluice; hit"), "the pre-POST body was stored"
+    assert origin.count("/slow", "GET") == 2

@@ -988,3 +988,32 @@ def test_token_endpoint_uses_its_hosts_trust(tproxy, tp, ts, httpbin, monkeypatc
         assert "adapter oauth2 failed" in body, body
         assert "TLS trust evaluation failed" in body and "public key pin mismatch" in body, body
         assert "trust-oauth-secret" not in body
+
+
+# ------------------------------------------------------------------------------------------
+# The shared cache and trust (docs/caching.md, "https entries and reloads")
+# ------------------------------------------------------------------------------------------
+
+def test_cached_https_entry_does_not_outlive_a_trust_change(tproxy, ts):
+    cache = {"modify": {"freshness": "1m"}}
+    proxy, log = tproxy({HOST: {"trust": {"disabled": True, "insecure": True}, "cache": cache}},
+                        cache_store={"memory": "16MiB"})
+    t = tag()
+    url = ts["self"].url(f"/1k?{t}")
+    first, hit = get(proxy, url), get(proxy, url)
+    assert first.status == 200 and hit.status == 200 and hit.body == ts.file_1k
+    assert hit.header("cache-status").startswith("Sluice; hit"), hit.headers
+    assert len(ts["self"].lines_for(t)) == 1
+    lines = log.wait_for(n=2)
+    assert all(e.get("insecure") is True for e in lines), f"a hit under insecure trust is not marked: {lines}"
+    # The reload makes the self-signed origin untrusted: the stored copy must not answer for it.
+    set_sections(proxy, policies={HOST: {"trust": "default", "cache": cache}})
+    sighup(proxy)
+    last = []
+
+    def refused():
+        last[:] = [get(proxy, url)]
+        return last[0].status == 502
+    assert wait_until(refused, 10, 0.2), f"still answered after the reload: {last[0]!r}"
+    assert_trust_failure(last[0], f"{HOST}:{ts['self'].port}", "default", "untrusted certificate")
+    assert len(ts["self"].lines_for(t)) == 1

@@ -1,3 +1,5 @@
+import Synchronization
+
 /// One entry of `policies:` as written: the sections it names (a `nil` section inherits the
 /// default's). Adapters keep the name of the entry they come from, for `sluice check`.
 public struct PolicyEntry: Sendable {
@@ -172,6 +174,10 @@ public final class PolicyTable: Sendable {
     public let names: [String]
     /// Whether any policy's `health:` has a probe (the probe timer runs then).
     public let probes: Bool
+    /// Unique to this table in the process (every load and reload builds a new one): what the
+    /// shared cache records with an `https` entry, the trust it was fetched under.
+    public let generation: UInt64
+    private static let generations = Atomic<UInt64>(0)
 
     public init(entries: [PolicyEntry], allHostsMustBeEvaluated: Bool = false) {
         let base = entries.first { $0.name == Self.defaultName } ?? PolicyEntry(name: Self.defaultName)
@@ -194,6 +200,7 @@ public final class PolicyTable: Sendable {
         insecurePolicies = all.filter { $0.trust.requirements.insecure }.map(\.name)
         names = all.map(\.name)
         probes = all.contains { $0.health?.probe != nil }
+        generation = Self.generations.add(1, ordering: .relaxed).newValue
     }
 
     /// The empty table: the default policy only, with no adapters and no redirects followed.

@@ -14,6 +14,8 @@
 /// served at once while one background revalidation runs (`serveStale`), under the same
 /// conditions and unless the request's own `max-stale` is smaller than its staleness;
 /// otherwise it is revalidated with its validators (§4.3.1), or `504` with `only-if-cached`.
+/// A selected response in `outdated` (an `https` entry stored under trust settings a reload
+/// replaced) is never served without validation: it is revalidated (reason `stale`).
 /// A response served from the cache answers the client's own `If-None-Match` or
 /// `If-Modified-Since` with `304` when it matches (§4.3.2, RFC 9110 §13.2.2).
 ///
@@ -69,7 +71,8 @@ public enum CacheLookup {
     public static let bypassingFields = ["if-match", "if-unmodified-since", "if-range"]
 
     public static func decide(method: String, requestFields: [CacheFields.Field], candidates: [CacheStoredResponse],
-                              now: Int64, modification: CacheModification? = nil) -> Decision {
+                              now: Int64, modification: CacheModification? = nil,
+                              outdated: Set<Int> = []) -> Decision {
         guard method == "GET" || method == "HEAD" else { return .forward(.method) }
         if bypassingFields.contains(where: { CacheFields.value($0, in: requestFields) != nil }) { return .forward(.bypass) }
         let request = CacheRequestDirectives(requestFields).cacheControl
@@ -90,6 +93,7 @@ public enum CacheLookup {
             validate = fresh ? .request : .stale
         }
         if request.noCache { validate = .request }
+        if outdated.contains(index) { validate = .stale }
         if let maxAge = request.maxAge, age > maxAge { validate = .request }
         if let minFresh = request.minFresh, lifetime - age < minFresh { validate = .request }
         if validate == nil, !fresh {
@@ -181,11 +185,14 @@ extension CacheLookup {
 /// A client's conditional `GET`/`HEAD` evaluated against a stored response (RFC 9110 §13.2.2,
 /// RFC 9111 §4.3.2): `If-None-Match` (weak comparison; `*` matches any stored response)
 /// decides when present; otherwise `If-Modified-Since` matches when the stored response's
-/// `Last-Modified` (or, without one, its `Date`) is not later than the date given.
+/// `Last-Modified` (or, without one, its `Date`) is not later than the date given. A stored
+/// response whose status is not 2xx never matches (RFC 9110 §13.2.1): it is sent as it is.
 ///
 /// Threading: stateless; any thread.
 public enum CacheConditional {
     public static func notModified(_ requestFields: [CacheFields.Field], stored: CacheStoredResponse) -> Bool {
+        // RFC 9110 §13.2.1: preconditions are evaluated only when the stored status is 2xx.
+        guard (200...299).contains(stored.status) else { return false }
         if let inm = CacheFields.combined("if-none-match", in: requestFields) {
             if CacheFields.trim(inm) == "*" { return true }
             guard let etag = stored.etag else { return false }

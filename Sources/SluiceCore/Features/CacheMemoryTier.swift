@@ -50,18 +50,25 @@ public final class CacheObject: Sendable {
     /// The body is in the disk tier (under the URL), not in `chunks`: a hit streams it from
     /// the reader its lookup opened. Such an object is never inserted in the memory tier.
     public let onDisk: Bool
+    /// For an `https` URL, the `PolicyTable.generation` the response was fetched (or last
+    /// validated) under: a hit under another one is validated first (the trust may have
+    /// changed with a reload). nil for `http`, and for an entry read from the disk tier
+    /// (the disk keeps no generation: an https disk entry is validated before it answers).
+    public let trustGeneration: UInt64?
 
-    public convenience init(response: CacheStoredResponse, chunks: [CacheChunk]) {
-        self.init(response: response, chunks: chunks, onDisk: false, diskLength: 0)
+    public convenience init(response: CacheStoredResponse, chunks: [CacheChunk], trustGeneration: UInt64? = nil) {
+        self.init(response: response, chunks: chunks, onDisk: false, diskLength: 0, trustGeneration: trustGeneration)
     }
 
     /// An object whose `diskLength`-byte body is in the disk tier.
-    public convenience init(response: CacheStoredResponse, diskLength: Int) {
-        self.init(response: response, chunks: [], onDisk: true, diskLength: diskLength)
+    public convenience init(response: CacheStoredResponse, diskLength: Int, trustGeneration: UInt64? = nil) {
+        self.init(response: response, chunks: [], onDisk: true, diskLength: diskLength, trustGeneration: trustGeneration)
     }
 
-    private init(response: CacheStoredResponse, chunks: [CacheChunk], onDisk: Bool, diskLength: Int) {
+    private init(response: CacheStoredResponse, chunks: [CacheChunk], onDisk: Bool, diskLength: Int,
+                 trustGeneration: UInt64?) {
         self.onDisk = onDisk
+        self.trustGeneration = trustGeneration
         let length = onDisk ? diskLength : chunks.reduce(0) { $0 + $1.count }
         var response = response
         response.bodyLength = Int64(length)
@@ -79,9 +86,9 @@ public final class CacheObject: Sendable {
         size = length + lines.count + 256
     }
 
-    /// The same body under an updated head (after a `304`).
-    public func withResponse(_ response: CacheStoredResponse) -> CacheObject {
-        CacheObject(response: response, chunks: chunks, onDisk: onDisk, diskLength: bodyLength)
+    /// The same body under an updated head (after a `304`), validated under `trustGeneration`.
+    public func withResponse(_ response: CacheStoredResponse, trustGeneration: UInt64?) -> CacheObject {
+        CacheObject(response: response, chunks: chunks, onDisk: onDisk, diskLength: bodyLength, trustGeneration: trustGeneration)
     }
 }
 
@@ -113,6 +120,10 @@ public final class CacheMemoryTier: Sendable {
         var newest: String?
         var oldest: String?
         var stats = Stats()
+        /// The fills in progress per URL (`beginFill`); an invalidation removes a URL's, so
+        /// their `insert` stores nothing.
+        var fills: [String: Set<UInt64>] = [:]
+        var nextFill: UInt64 = 1
 
         mutating func unlink(_ key: String) {
             guard let e = entries[key] else { return }
@@ -163,10 +174,20 @@ public final class CacheMemoryTier: Sendable {
     /// Stores `object` for `url`, replacing the variant with the same secondary key; evicts
     /// least recently used URLs until the tier fits. Returns how many objects were evicted;
     /// an object larger than the whole tier is not stored (returns nil).
+    ///
+    /// With `fill`, the object is the body that fill kept: nothing is stored (nil) when an
+    /// invalidation of `url` came after its `beginFill` (the body predates an unsafe method).
     @discardableResult
-    public func insert(_ object: CacheObject, for url: String) -> Int? {
-        guard object.size <= capacity, !object.onDisk else { return nil }
-        return state.withLock { s in
+    public func insert(_ object: CacheObject, for url: String, fill: UInt64? = nil) -> Int? {
+        guard object.size <= capacity, !object.onDisk else {
+            if let fill { endFill(url, fill) }
+            return nil
+        }
+        return state.withLock { s -> Int? in
+            if let fill {
+                guard s.fills[url]?.remove(fill) != nil else { return nil }
+                if s.fills[url]?.isEmpty == true { s.fills[url] = nil }
+            }
             var entry = s.remove(url) ?? Entry(variants: [], size: 0)
             entry.variants.removeAll { $0.response.vary == object.response.vary }
             entry.variants.append(object)
@@ -190,10 +211,36 @@ public final class CacheMemoryTier: Sendable {
         }
     }
 
-    /// Drops every variant of `url` (invalidation); returns how many there were.
+    /// Drops every variant of `url` (invalidation) and cancels the fills of `url` in progress
+    /// (their `insert` stores nothing); returns how many variants there were.
     @discardableResult
     public func invalidate(_ url: String) -> Int {
-        state.withLock { s in s.remove(url)?.variants.count ?? 0 }
+        state.withLock { s in
+            s.fills[url] = nil
+            return s.remove(url)?.variants.count ?? 0
+        }
+    }
+
+    /// Registers a fill of `url` starting now: the token its `insert` passes. Ended by that
+    /// `insert`, or by `endFill` when the fill stores nothing.
+    public func beginFill(_ url: String) -> UInt64 {
+        state.withLock { s in
+            let token = s.nextFill
+            s.nextFill += 1
+            s.fills[url, default: []].insert(token)
+            return token
+        }
+    }
+
+    /// Forgets the fill `token` of `url` (given up, or already inserted: then nothing happens).
+    /// True when it was still registered (no invalidation cancelled it).
+    @discardableResult
+    public func endFill(_ url: String, _ token: UInt64) -> Bool {
+        state.withLock { s in
+            let live = s.fills[url]?.remove(token) != nil
+            if s.fills[url]?.isEmpty == true { s.fills[url] = nil }
+            return live
+        }
     }
 
     public var stats: Stats { state.withLock { $0.stats } }

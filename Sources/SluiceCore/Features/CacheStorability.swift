@@ -9,7 +9,7 @@
 /// Threading: stateless; any thread.
 public enum CacheStorability {
     public enum Refusal: String, Sendable, Equatable {
-        case method, status, requestNoStore = "request-no-store", noStore = "no-store", `private`,
+        case method, requestBody = "request-body", status, requestNoStore = "request-no-store", noStore = "no-store", `private`,
              authorization, varyStar = "vary-star", setCookie = "set-cookie", tooLarge = "too-large",
              notCacheable = "not-cacheable"
     }
@@ -22,10 +22,14 @@ public enum CacheStorability {
     /// - Parameters:
     ///   - contentLength: the response's declared length, when it has one (checked against
     ///     `maxObjectSize` before any byte is kept; a body without one is checked as it streams).
+    ///   - requestHasBody: the request carried a body: a `GET` with a body is never stored (its
+    ///     key would be the body-less request's, so any client could replace the shared entry).
     public static func decide(method: String, requestFields: [CacheFields.Field], status: Int,
                               responseFields: [CacheFields.Field], modification: CacheModification? = nil,
-                              contentLength: Int64? = nil, maxObjectSize: Int64 = .max) -> Decision {
+                              contentLength: Int64? = nil, maxObjectSize: Int64 = .max,
+                              requestHasBody: Bool = false) -> Decision {
         guard method == "GET" else { return .doNotStore(.method) }
+        guard !requestHasBody else { return .doNotStore(.requestBody) }
         guard status >= 200, status <= 599, status != 206, status != 304 else { return .doNotStore(.status) }
         if CacheRequestDirectives(requestFields).cacheControl.noStore { return .doNotStore(.requestNoStore) }
         let cc = CacheControl(CacheFields.values("cache-control", in: responseFields))
@@ -53,6 +57,23 @@ public enum CacheStorability {
     public static func storedFields(_ fields: [CacheFields.Field], modification: CacheModification?) -> [CacheFields.Field] {
         guard let drop = modification?.dropResponseHeaders, !drop.isEmpty else { return fields }
         return fields.filter { !drop.contains($0.name.lowercased()) }
+    }
+
+    /// The stored entry after a `304` validated it (RFC 9111 §4.3.4), or nil when the merged
+    /// response may no longer be stored (the caller drops the entry). The `304`'s fields pass
+    /// the same filter as a stored response's (`storedFields`), and its `Set-Cookie` is never
+    /// kept (it is the revalidating client's: that client still gets it, the stored copy does
+    /// not); the merged response is then decided again as a `GET` response for `requestFields`
+    /// (a `304` may add `private` or `no-store`).
+    public static func afterNotModified(_ stored: CacheStoredResponse, notModified: [CacheFields.Field],
+                                        requestFields: [CacheFields.Field], modification: CacheModification?,
+                                        requestTime: Int64, responseTime: Int64) -> CacheStoredResponse? {
+        let fields = storedFields(notModified, modification: modification)
+            .filter { !$0.name.caseInsensitiveEquals("set-cookie") }
+        let merged = stored.updated(with: fields, requestTime: requestTime, responseTime: responseTime)
+        let decision = decide(method: "GET", requestFields: requestFields, status: merged.status,
+                              responseFields: merged.fields, modification: modification)
+        return decision == .store ? merged : nil
     }
 }
 

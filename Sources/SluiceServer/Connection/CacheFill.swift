@@ -4,7 +4,9 @@ import SluiceCore
 /// hands it each body block after the block went to the client's output, and it keeps a copy
 /// in chunks (one allocation per chunk: the size the `Content-Length` announces, up to 1 MiB,
 /// else 64 KiB at a time). Past `limit` bytes it gives up and frees what it kept: the
-/// response is still served whole, only not stored. `complete` publishes the object.
+/// response is still served whole, only not stored; so it does when the body overruns its
+/// declared length. `complete` publishes the object, unless an invalidation of the URL came
+/// after the fill began (`CacheMemoryTier.beginFill`).
 ///
 /// With a disk tier (docs/caching.md, "Tiers"): a body whose `Content-Length` exceeds the
 /// memory tier's share (`CacheStoreSettings.memoryObjectSize`) streams straight into a disk
@@ -27,6 +29,7 @@ final class CacheFill {
     let disk: DiskCacheTier?
     let url: String
     let response: CacheStoredResponse
+    let trustGeneration: UInt64?
     private let limit: Int
     private let memoryLimit: Int
     /// The disk writer once the body goes to disk.
@@ -34,13 +37,20 @@ final class CacheFill {
     /// Where `complete` stored the object (for the access log / tests).
     private(set) var storedOnDisk = false
     private var remainingDeclared: Int?
+    private let declared: Int?
+    /// This fill's registration with the memory tier (an invalidation cancels it).
+    private let token: UInt64
     private var chunks: [CacheChunk] = []
     private var current: UnsafeMutableRawBufferPointer?
     private var used = 0
     private(set) var total = 0
     private(set) var abandoned = false
 
-    init(store: CacheStore, disk: DiskCacheTier? = nil, url: String, response: CacheStoredResponse, contentLength: Int64?) {
+    /// - Parameter contentLength: the body's length as the client's framing uses it (nil
+    ///   when the response is chunked, even with a `Content-Length`).
+    init(store: CacheStore, disk: DiskCacheTier? = nil, url: String, response: CacheStoredResponse, contentLength: Int64?,
+         trustGeneration: UInt64? = nil) {
+        self.trustGeneration = trustGeneration
         self.store = store
         self.disk = disk
         self.url = url
@@ -48,14 +58,20 @@ final class CacheFill {
         limit = Int(disk == nil ? store.settings.memoryObjectSize : store.maxObjectSize)
         memoryLimit = disk == nil ? limit : Int(store.settings.memoryObjectSize)
         remainingDeclared = contentLength.map { Int($0) }
+        declared = remainingDeclared
+        token = store.memory.beginFill(url)
         if disk != nil, let contentLength, contentLength > Int64(memoryLimit) { spill() }
     }
 
-    deinit { current?.deallocate() }
+    deinit {
+        current?.deallocate()
+        store.memory.endFill(url, token)
+    }
 
     func append(_ data: UnsafeRawBufferPointer) {
         guard !abandoned, data.count > 0 else { return }
         guard total + data.count <= limit else { return abandon() }
+        if let declared, total + data.count > declared { return abandon() }  // overruns its length
         if writer == nil, total + data.count > memoryLimit {
             guard disk != nil else { return abandon() }
             spill()
@@ -123,13 +139,18 @@ final class CacheFill {
         guard !abandoned else { return nil }
         if let writer {
             self.writer = nil
+            guard store.memory.endFill(url, token) else {  // an invalidation came meanwhile
+                writer.abort()
+                return nil
+            }
             guard writer.commit() else { return nil }
             store.memory.invalidate(url)
             storedOnDisk = true
             return 0
         }
         seal()
-        let evicted = store.memory.insert(CacheObject(response: response, chunks: chunks), for: url)
+        let evicted = store.memory.insert(CacheObject(response: response, chunks: chunks, trustGeneration: trustGeneration),
+                                          for: url, fill: token)
         if evicted != nil { disk?.remove(key: url) }
         return evicted
     }

@@ -42,6 +42,8 @@ enum CacheRevalidation {
         if let hostHeader { headers.append(("Host", hostHeader)) }
         headers += validators.map { ($0.name, $0.value) }
         let requestTime = ClientConnection.wallClockSeconds()
+        // An https entry records the trust it is validated under: this pipeline's.
+        let trustGeneration = object.trustGeneration == nil ? nil : worker.pipeline.policies.generation
         let received = ReceivedFields()
         let fetch = SideFetch(session: worker.session, config: worker.config, policy: policy, url: url, headers: headers,
                               body: nil, reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil),
@@ -55,7 +57,7 @@ enum CacheRevalidation {
             finish(object, url: url, status: response.status, fields: fields, body: response.body,
                    requestFields: requestFields, requestTime: requestTime, modification: modification,
                    policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty, store: store,
-                   disk: disk)
+                   disk: disk, trustGeneration: trustGeneration)
         })
         // The answer is held in memory until it completes: at most what the memory tier keeps
         // (a larger new body leaves the stale entry, validated blocking once the window ends).
@@ -67,10 +69,21 @@ enum CacheRevalidation {
     /// Applies the origin's answer to the store (see the type's note).
     static func finish(_ object: CacheObject, url: String, status: Int, fields: [CacheFields.Field], body: [UInt8],
                        requestFields: [CacheFields.Field], requestTime: Int64, modification: CacheModification?,
-                       policyAuthenticates: Bool, store: CacheStore, disk: DiskCacheTier?) {
+                       policyAuthenticates: Bool, store: CacheStore, disk: DiskCacheTier?, trustGeneration: UInt64? = nil) {
         let now = ClientConnection.wallClockSeconds()
+        var keyFields = requestFields
+        if policyAuthenticates { keyFields.append(("Authorization", "")) }
         if status == 304 {
-            let updated = object.withResponse(object.response.updated(with: fields, requestTime: requestTime, responseTime: now))
+            // The 304's fields pass the storage rules (no Set-Cookie, drop_response_headers);
+            // a merge that may no longer be stored drops the entry.
+            guard let kept = CacheStorability.afterNotModified(object.response, notModified: fields, requestFields: keyFields,
+                                                               modification: modification, requestTime: requestTime,
+                                                               responseTime: now) else {
+                store.memory.invalidate(url)
+                disk?.remove(key: url)
+                return
+            }
+            let updated = object.withResponse(kept, trustGeneration: trustGeneration)
             if updated.onDisk {
                 _ = disk?.updateMetadata(key: url, updated.response.encode())
             } else {
@@ -80,8 +93,6 @@ enum CacheRevalidation {
             return
         }
         if status >= 500 { return }
-        var keyFields = requestFields
-        if policyAuthenticates { keyFields.append(("Authorization", "")) }
         let contentLength = CacheFields.value("content-length", in: fields).flatMap { Int64($0) }
         let decision = CacheStorability.decide(method: "GET", requestFields: keyFields, status: status,
                                                responseFields: fields, modification: modification,
@@ -95,7 +106,8 @@ enum CacheRevalidation {
                                          fields: CacheStorability.storedFields(fields, modification: modification),
                                          requestFields: requestFields, requestTime: requestTime, responseTime: now,
                                          extraKeyFields: modification?.keyRequestHeaders ?? [])
-        let fill = CacheFill(store: store, disk: disk, url: url, response: stored, contentLength: Int64(body.count))
+        let fill = CacheFill(store: store, disk: disk, url: url, response: stored, contentLength: Int64(body.count),
+                             trustGeneration: trustGeneration)
         body.withUnsafeBytes { fill.append($0) }
         _ = fill.complete()
         Log.debug("cache: \(url) replaced in the background (\(status))")

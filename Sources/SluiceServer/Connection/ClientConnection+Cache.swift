@@ -38,6 +38,15 @@ final class CacheExchange {
     var fetchToken: UInt64?
     /// The request waited for another exchange's fetch before this lookup.
     var collapsed = false
+    /// The request has a body: it is neither looked up nor stored (its key would be the
+    /// body-less request's).
+    var requestHasBody = false
+    /// The policy followed a redirect: the responses that follow are another URL's, never
+    /// stored under `url`.
+    var redirected = false
+    /// For an `https` URL, the trust generation (`PolicyTable.generation`) of this exchange's
+    /// pipeline: recorded with what it stores; a stored entry with another one is validated.
+    let trustGeneration: UInt64?
 
     func endFetch() {
         if let token = fetchToken { store.endFetch(url, token: token) }
@@ -47,7 +56,8 @@ final class CacheExchange {
     deinit { endFetch() }
 
     init(store: CacheStore, url: String, requestFields: [CacheFields.Field], modification: CacheModification?,
-         policyAuthenticates: Bool, requestTime: Int64) {
+         policyAuthenticates: Bool, requestTime: Int64, trustGeneration: UInt64?) {
+        self.trustGeneration = trustGeneration
         self.store = store
         self.url = url
         self.requestFields = requestFields
@@ -92,7 +102,9 @@ extension ClientConnection {
         let cache = CacheExchange(store: store, url: exchange.target.url, requestFields: fields,
                                   modification: policy.cache.modification,
                                   policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty,
-                                  requestTime: Self.wallClockSeconds())
+                                  requestTime: Self.wallClockSeconds(),
+                                  trustGeneration: exchange.target.scheme == .https ? exchange.pipeline.policies.generation : nil)
+        cache.requestHasBody = head.hasBody
         exchange.cache = cache
         reportCache(.lookup(url: cache.url), exchange)
         let method = head.method
@@ -108,9 +120,14 @@ extension ClientConnection {
                 disk.remove(key: cache.url)  // metadata of another version: dropped
             }
         }
+        // An https entry from another trust generation (a disk entry has none) is validated first.
+        var outdated = Set<Int>()
+        if let generation = cache.trustGeneration {
+            for (i, c) in candidates.enumerated() where c.trustGeneration != generation { outdated.insert(i) }
+        }
         var decision = cacheable && head.hasBody ? .forward(.bypass)
             : CacheLookup.decide(method: method, requestFields: fields, candidates: candidates.map(\.response),
-                                 now: cache.requestTime, modification: cache.modification)
+                                 now: cache.requestTime, modification: cache.modification, outdated: outdated)
         if case .serveStale(let hit, let validators) = decision, cache.policyAuthenticates {
             // A background request would go without the policy's credentials and adapters:
             // this one revalidates, blocking, through the pipeline instead.
@@ -119,6 +136,8 @@ extension ClientConnection {
         switch decision {
         case .serve(let hit):
             let object = candidates[hit.variant]
+            // docs/trust.md: an answer for an https URL under `insecure` trust says so in the log.
+            if cache.trustGeneration != nil, policy.trust.requirements.insecure { exchange.summary.insecure = true }
             reportCache(.hit(age: hit.age, notModified: hit.notModified), exchange)
             serveStored(object, head, exchange,
                         parameters: "hit; ttl=\(hit.ttl)" + (object.onDisk ? "; detail=disk" : "") + (mayWait ? "" : "; collapsed"),
@@ -208,6 +227,19 @@ extension ClientConnection {
         let status = response.status
         let fields = response.collected.endToEndFields()
         let method = exchange.summary.method
+        var requestFields = cache.requestFields
+        if cache.policyAuthenticates { requestFields.append(("Authorization", "")) }
+        if cache.redirected {
+            // A redirect was followed: this is another URL's response, not stored under this one.
+            if cache.revalidating != nil {
+                cache.store.memory.invalidate(cache.url)
+                worker.diskTier?.remove(key: cache.url)
+            }
+            cache.endFetch()
+            exchange.summary.cache = cache.parameters
+            transfer.extraHeadLines = Array("Cache-Status: Sluice; \(cache.parameters)\r\n".utf8)
+            return false
+        }
         if !CacheInvalidation.safeMethods.contains(method) {
             var dropped = 0
             for url in CacheInvalidation.targets(method: method, status: status, url: cache.url,
@@ -230,33 +262,45 @@ extension ClientConnection {
                 return true
             }
             if status == 304 {
-                let updated = stale.withResponse(stale.response.updated(with: fields, requestTime: cache.requestTime,
-                                                                        responseTime: now))
-                if updated.onDisk {
-                    worker.diskTier?.updateMetadata(key: cache.url, updated.response.encode())
-                } else if let evicted = cache.store.memory.insert(updated, for: cache.url), evicted > 0 {
-                    reportCache(.evicted(count: evicted), exchange)
+                // The client gets every field of the 304 (its Set-Cookie too); the stored copy
+                // keeps only what may be stored, or goes when the merge may not be stored.
+                if let kept = CacheStorability.afterNotModified(stale.response, notModified: fields,
+                                                                requestFields: requestFields,
+                                                                modification: cache.modification,
+                                                                requestTime: cache.requestTime, responseTime: now) {
+                    let updated = stale.withResponse(kept, trustGeneration: cache.trustGeneration)
+                    if updated.onDisk {
+                        worker.diskTier?.updateMetadata(key: cache.url, updated.response.encode())
+                    } else if let evicted = cache.store.memory.insert(updated, for: cache.url), evicted > 0 {
+                        reportCache(.evicted(count: evicted), exchange)
+                    }
+                } else {
+                    cache.store.memory.invalidate(cache.url)
+                    worker.diskTier?.remove(key: cache.url)
                 }
-                cache.validated = updated
+                cache.validated = stale.withResponse(stale.response.updated(with: fields, requestTime: cache.requestTime,
+                                                                            responseTime: now),
+                                                     trustGeneration: cache.trustGeneration)
                 cache.parameters += "; fwd-status=304"
                 exchange.summary.cache = cache.parameters
                 transfer.absorb()
                 return true
             }
         }
-        var requestFields = cache.requestFields
-        if cache.policyAuthenticates { requestFields.append(("Authorization", "")) }
-        let contentLength = response.value("content-length").flatMap { Int64($0) }
+        // The framing the encoder uses: a Content-Length beside Transfer-Encoding says nothing.
+        let contentLength = response.value("transfer-encoding") != nil ? nil
+            : response.value("content-length").flatMap { Int64($0) }
         let decision = CacheStorability.decide(method: method, requestFields: requestFields, status: status,
                                                responseFields: fields, modification: cache.modification,
-                                               contentLength: contentLength, maxObjectSize: cache.store.maxObjectSize)
+                                               contentLength: contentLength, maxObjectSize: cache.store.maxObjectSize,
+                                               requestHasBody: cache.requestHasBody)
         if decision == .store {
             let stored = CacheStoredResponse(status: status,
                                              fields: CacheStorability.storedFields(fields, modification: cache.modification),
                                              requestFields: cache.requestFields, requestTime: cache.requestTime,
                                              responseTime: now, extraKeyFields: cache.modification?.keyRequestHeaders ?? [])
             let fill = CacheFill(store: cache.store, disk: worker.diskTier, url: cache.url, response: stored,
-                                 contentLength: contentLength)
+                                 contentLength: contentLength, trustGeneration: cache.trustGeneration)
             transfer.cacheFill = fill
             cache.fill = fill
             cache.parameters += "; stored"
@@ -279,6 +323,12 @@ extension ClientConnection {
     func serveStaleOnError(_ error: ProxyError, _ exchange: Exchange) -> Bool {
         guard let cache = exchange.cache, let stale = cache.revalidating, let head = currentHead,
               CacheLookup.errorStatuses.contains(error.status) else { return false }
+        switch error {
+        case .trustFailure, .tlsFailure: return false  // a stored copy never papers over refused trust
+        default: break
+        }
+        // An https entry stored under trust a reload replaced answers only once validated.
+        guard stale.trustGeneration == cache.trustGeneration else { return false }
         let now = Self.wallClockSeconds()
         var parameters = cache.parameters + "; fwd-status=\(error.status)"
         if case .upstreamCircuitOpen = error {

@@ -97,6 +97,7 @@ extension ClientConnection {
         let actions = exchange.machine.handle(.redirectTarget(usable: true))
         exchange.report(actions)
         if case .followRedirect(keepCredentials: true)? = actions.command { request.credentials = exchange.policy.credentials }
+        exchange.cache?.redirected = true
         transfer.follow(request)
     }
 
