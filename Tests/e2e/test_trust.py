@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import base64
 import json
+import os
 import queue
 import re
 import socket
@@ -994,15 +995,25 @@ def test_token_endpoint_uses_its_hosts_trust(tproxy, tp, ts, httpbin, monkeypatc
 # The shared cache and trust (docs/caching.md, "https entries and reloads")
 # ------------------------------------------------------------------------------------------
 
-def test_cached_https_entry_does_not_outlive_a_trust_change(tproxy, ts):
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_cached_https_entry_does_not_outlive_a_trust_change(tproxy, ts, tmp_path, tier):
     cache = {"modify": {"freshness": "1m"}}
+    if tier == "memory":
+        store, path, body = {"memory": "16MiB"}, "/1k", ts.file_1k
+    else:
+        # memory keeps bodies up to 1/8 of its size: 256 KiB goes to disk
+        store = {"memory": "1MiB", "disk": {"path": str(tmp_path / "disk"), "size": "16MiB"}}
+        path, body = "/256k", os.urandom(256 * 1024)
+        (ts.www / "256k").write_bytes(body)
     proxy, log = tproxy({HOST: {"trust": {"disabled": True, "insecure": True}, "cache": cache}},
-                        cache_store={"memory": "16MiB"})
+                        cache_store=store)
     t = tag()
-    url = ts["self"].url(f"/1k?{t}")
+    url = ts["self"].url(f"{path}?{t}")
     first, hit = get(proxy, url), get(proxy, url)
-    assert first.status == 200 and hit.status == 200 and hit.body == ts.file_1k
+    assert first.status == 200 and hit.status == 200 and hit.body == body
+    # a disk entry this process wrote under the current trust is a hit too (not validated)
     assert hit.header("cache-status").startswith("Sluice; hit"), hit.headers
+    assert ("detail=disk" in hit.header("cache-status")) == (tier == "disk"), hit.headers
     assert len(ts["self"].lines_for(t)) == 1
     lines = log.wait_for(n=2)
     assert all(e.get("insecure") is True for e in lines), f"a hit under insecure trust is not marked: {lines}"

@@ -52,8 +52,9 @@ public final class CacheObject: Sendable {
     public let onDisk: Bool
     /// For an `https` URL, the `PolicyTable.generation` the response was fetched (or last
     /// validated) under: a hit under another one is validated first (the trust may have
-    /// changed with a reload). nil for `http`, and for an entry read from the disk tier
-    /// (the disk keeps no generation: an https disk entry is validated before it answers).
+    /// changed with a reload). nil for `http`, and for a disk entry this process has not
+    /// written or validated (`CacheStore.recordDiskTrust`): such an https entry is validated
+    /// before it answers.
     public let trustGeneration: UInt64?
 
     public convenience init(response: CacheStoredResponse, chunks: [CacheChunk], trustGeneration: UInt64? = nil) {

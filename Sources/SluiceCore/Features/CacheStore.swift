@@ -71,9 +71,32 @@ public final class CacheStore: Sendable {
     /// fetching exchange's token.
     private let fetching = Mutex<(next: UInt64, urls: [String: UInt64])>((1, [:]))
 
+    /// For disk entries of `https` URLs written or validated by this process: the trust
+    /// generation (`PolicyTable.generation`) they were fetched or validated under. The disk
+    /// keeps none, so an entry from before a restart, or one this table no longer holds, is
+    /// validated before it answers; one written since, under the current generation, is a hit.
+    /// Bounded: past `maxDiskTrustRecords` the table is emptied (its entries then validate once).
+    private let diskTrust = Mutex<[String: UInt64]>([:])
+    public static let maxDiskTrustRecords = 100_000
+
     public init(_ settings: CacheStoreSettings) {
         self.settings = settings
         memory = CacheMemoryTier(capacity: Int(settings.memory))
+    }
+
+    /// Records that `url`'s disk entry was just written (or its head rewritten) by an exchange
+    /// under `generation` (nil: not https, nothing to record; the record is dropped).
+    public func recordDiskTrust(_ url: String, generation: UInt64?) {
+        diskTrust.withLock { table in
+            guard let generation else { table[url] = nil; return }
+            if table.count >= Self.maxDiskTrustRecords { table.removeAll(keepingCapacity: true) }
+            table[url] = generation
+        }
+    }
+
+    /// The trust generation `url`'s disk entry was fetched or validated under in this process.
+    public func diskTrustGeneration(_ url: String) -> UInt64? {
+        diskTrust.withLock { $0[url] }
     }
 
     /// Claims the fetch of `url`: a token when no other exchange is fetching it (the caller

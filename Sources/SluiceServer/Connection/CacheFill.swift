@@ -143,7 +143,10 @@ final class CacheFill {
                 writer.abort()
                 return nil
             }
+            // No record while the entry changes (a lookup in between validates), then this one.
+            store.recordDiskTrust(url, generation: nil)
             guard writer.commit() else { return nil }
+            store.recordDiskTrust(url, generation: trustGeneration)
             store.memory.invalidate(url)
             storedOnDisk = true
             return 0

@@ -85,7 +85,10 @@ enum CacheRevalidation {
             }
             let updated = object.withResponse(kept, trustGeneration: trustGeneration)
             if updated.onDisk {
-                _ = disk?.updateMetadata(key: url, updated.response.encode())
+                store.recordDiskTrust(url, generation: nil)  // none while it changes
+                if disk?.updateMetadata(key: url, updated.response.encode()) == true {
+                    store.recordDiskTrust(url, generation: trustGeneration)
+                }
             } else {
                 _ = store.memory.insert(updated, for: url)
             }

@@ -110,17 +110,23 @@ extension ClientConnection {
         let method = head.method
         let cacheable = method == "GET" || method == "HEAD"
         var candidates = cacheable && !head.hasBody ? store.memory.variants(for: cache.url) : []
-        if candidates.isEmpty, cacheable, !head.hasBody, let disk = worker.diskTier, let reader = disk.open(key: cache.url) {
-            // An entry goes to one tier: the disk tier is looked at when memory has none.
-            if var response = CacheStoredResponse(bytes: reader.metadata) {
+        if candidates.isEmpty, cacheable, !head.hasBody, let disk = worker.diskTier {
+            // An entry goes to one tier: the disk tier is looked at when memory has none. Its
+            // trust generation is read on both sides of the open: a store that changed the
+            // entry in between leaves none (the entry is then validated first).
+            let before = store.diskTrustGeneration(cache.url)
+            let reader = disk.open(key: cache.url)
+            let generation = store.diskTrustGeneration(cache.url) == before ? before : nil
+            if let reader, var response = CacheStoredResponse(bytes: reader.metadata) {
                 response.bodyLength = Int64(reader.bodyLength)
-                candidates = [CacheObject(response: response, diskLength: Int(reader.bodyLength))]
+                candidates = [CacheObject(response: response, diskLength: Int(reader.bodyLength), trustGeneration: generation)]
                 cache.diskReader = reader
-            } else {
+            } else if reader != nil {
                 disk.remove(key: cache.url)  // metadata of another version: dropped
             }
         }
-        // An https entry from another trust generation (a disk entry has none) is validated first.
+        // An https entry from another trust generation (or a disk entry with none recorded in
+        // this process: `CacheStore.recordDiskTrust`) is validated first.
         var outdated = Set<Int>()
         if let generation = cache.trustGeneration {
             for (i, c) in candidates.enumerated() where c.trustGeneration != generation { outdated.insert(i) }
@@ -270,7 +276,10 @@ extension ClientConnection {
                                                                 requestTime: cache.requestTime, responseTime: now) {
                     let updated = stale.withResponse(kept, trustGeneration: cache.trustGeneration)
                     if updated.onDisk {
-                        worker.diskTier?.updateMetadata(key: cache.url, updated.response.encode())
+                        cache.store.recordDiskTrust(cache.url, generation: nil)  // none while it changes
+                        if worker.diskTier?.updateMetadata(key: cache.url, updated.response.encode()) == true {
+                            cache.store.recordDiskTrust(cache.url, generation: cache.trustGeneration)
+                        }
                     } else if let evicted = cache.store.memory.insert(updated, for: cache.url), evicted > 0 {
                         reportCache(.evicted(count: evicted), exchange)
                     }
