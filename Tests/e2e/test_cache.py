@@ -535,6 +535,8 @@ def test_admin_config_metrics_and_check_show_the_cache(sluice_factory, origin):
     described = {p["name"]: p["description"] for p in config["policies"]}
     assert "cache: do_not_cache" in described["a.test"]
     assert any(line.startswith("cache: modify: IGNORES origin private") for line in described["b.test"]), described
+    # ... and the log says so at start, as loudly as disabled trust
+    assert "policy 'b.test': the shared cache IGNORES the origin's private" in proxy.stderr(), proxy.stderr()
 
 
 def test_disk_tier_bad_size_is_located(sluice_bin, tmp_path):

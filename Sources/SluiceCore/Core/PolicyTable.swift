@@ -170,6 +170,9 @@ public final class PolicyTable: Sendable {
     public let intercepts: Bool
     /// Policies whose trust is `disabled`, for the start-up warning.
     public let insecurePolicies: [String]
+    /// Policies whose `cache: { modify: { ignore_origin_directives } }` overrule the origin,
+    /// with the directives (sorted): warned about at every load, as insecure trust is.
+    public let cacheOverrulingPolicies: [(name: String, directives: [String])]
     /// Every policy's name, `default` first, then in the file's order.
     public let names: [String]
     /// Whether any policy's `health:` has a probe (the probe timer runs then).
@@ -198,6 +201,10 @@ public final class PolicyTable: Sendable {
         self.wildcards = wildcards.sorted { $0.0.count > $1.0.count }
         intercepts = all.contains { $0.intercept }
         insecurePolicies = all.filter { $0.trust.requirements.insecure }.map(\.name)
+        cacheOverrulingPolicies = all.compactMap { policy in
+            guard let ignored = policy.cache.modification?.ignoredDirectives, !ignored.isEmpty else { return nil }
+            return (policy.name, ignored.map(\.rawValue).sorted())
+        }
         names = all.map(\.name)
         probes = all.contains { $0.health?.probe != nil }
         generation = Self.generations.add(1, ordering: .relaxed).newValue

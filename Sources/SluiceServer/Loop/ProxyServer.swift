@@ -274,6 +274,10 @@ public final class ProxyServer: @unchecked Sendable {
         for name in policies.insecurePolicies {
             Log.warning("policy '\(name)': trust is disabled (insecure: true): upstream certificates are NOT verified for its hosts")
         }
+        for (name, directives) in policies.cacheOverrulingPolicies {
+            Log.warning("policy '\(name)': the shared cache IGNORES the origin's \(directives.joined(separator: ", ")) "
+                        + "(cache.modify.ignore_origin_directives): such responses are stored and served to every client")
+        }
         guard policies.intercepts, interception.current == nil else { return }
         let directory = config.tls.caDir ?? LocalCA.defaultDirectory()
         let ca = try LocalCA.load(directory: directory)
