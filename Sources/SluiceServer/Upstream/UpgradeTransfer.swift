@@ -152,14 +152,9 @@ final class UpgradeTransfer: CurlTransfer {
     }
 
     private func openSocket(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
-        let denied = withUnsafePointer(to: &address.pointee.addr) { SocketAddress.matches($0, deny) }
-        if denied {
-            pendingError = .destinationDenied(host: parentProxy?.host ?? target.host)
-            return CURL_SOCKET_BAD
-        }
-        let fd = socket(address.pointee.family, address.pointee.socktype, address.pointee.protocol)
-        if fd >= 0, parentProxy != nil { session.connectsToParentProxy(fd) }
-        if fd < 0 { pendingError = .socketUnavailable(host: target.authority, reason: UpstreamTransfer.socketFailure(errno)) }
+        let (fd, error) = UpstreamTransfer.openOriginSocket(address, deny: deny, parentProxy: parentProxy,
+                                                            target: target, session: session)
+        if let error { pendingError = error }
         return fd
     }
 

@@ -394,20 +394,30 @@ final class UpstreamTransfer: CurlTransfer {
     // MARK: curl callbacks (never detach the handle here; return an abort code instead)
 
     private func openSocket(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
+        let (fd, error) = Self.openOriginSocket(address, deny: deny, parentProxy: parentProxy, target: target, session: session)
+        if let error { pendingError = error }
+        return fd
+    }
+
+    /// libcurl's open-socket callback for a try to an origin (this transfer's and an upgrade's):
+    /// the socket, unless `access.deny` refuses the address, with the error to answer when there
+    /// is none. A socket to a parent proxy is marked as such for the session's poll shim.
+    static func openOriginSocket(_ address: UnsafeMutablePointer<curl_sockaddr>, deny: [IPNetwork],
+                                 parentProxy: UpstreamProxy?, target: RequestTarget,
+                                 session: UpstreamSession) -> (curl_socket_t, ProxyError?) {
         let denied = withUnsafePointer(to: &address.pointee.addr) { SocketAddress.matches($0, deny) }
         if denied {
             // With a parent, the only address Sluice resolves and connects to is the parent's.
-            pendingError = .destinationDenied(host: parentProxy?.host ?? target.host)
-            return CURL_SOCKET_BAD
+            return (CURL_SOCKET_BAD, .destinationDenied(host: parentProxy?.host ?? target.host))
         }
         let fd = socket(address.pointee.family, address.pointee.socktype, address.pointee.protocol)
         if fd >= 0, parentProxy != nil { session.connectsToParentProxy(fd) }
         if fd < 0 {
             // Out of descriptors: libcurl would call it "could not connect" (a 502 "refused"
             // that is not true, and a retry that cannot help).
-            pendingError = .socketUnavailable(host: target.authority, reason: Self.socketFailure(errno))
+            return (fd, .socketUnavailable(host: target.authority, reason: socketFailure(errno)))
         }
-        return fd
+        return (fd, nil)
     }
 
     static func socketFailure(_ code: Int32) -> String {
