@@ -796,6 +796,10 @@ import Testing
         #expect(RetryAfter("120") == .delay(milliseconds: 120_000))
         #expect(RetryAfter("Sun, 06 Nov 1994 08:49:37 GMT") == .date(epochSeconds: 784_111_777))
         #expect(RetryAfter("Sun, 06 Nov 1994 08:49:37 GMT")?.milliseconds(wallClockNow: 784_111_777_000 + 5) == 0)
+        // the obsolete forms a recipient must accept (RFC 9110 §5.6.7), and no impossible date
+        #expect(RetryAfter("Sunday, 06-Nov-94 08:49:37 GMT") == .date(epochSeconds: 784_111_777))
+        #expect(RetryAfter("Sun Nov  6 08:49:37 1994") == .date(epochSeconds: 784_111_777))
+        #expect(RetryAfter("Sun, 06 Nov 1994 25:49:37 GMT") == nil)
         #expect(RetryAfter("86401") == nil && RetryAfter("soon") == nil && RetryAfter("-5") == nil && RetryAfter("") == nil)
     }
 }

@@ -1,8 +1,4 @@
-#if canImport(Glibc)
-import Glibc
-#endif
-
-/// A `Retry-After` value (RFC 9110 §10.2.3): delay-seconds or an HTTP-date (IMF-fixdate).
+/// A `Retry-After` value (RFC 9110 §10.2.3): delay-seconds or an HTTP-date (`HTTPDate`).
 /// `RetryPolicy` honours it on 429 and 503 when `retry_after` is on.
 public enum RetryAfter: Sendable, Equatable {
     /// `Retry-After: 120`, in milliseconds.
@@ -23,21 +19,9 @@ public enum RetryAfter: Sendable, Equatable {
             self = .delay(milliseconds: seconds * 1000)
             return
         }
-        // IMF-fixdate: "Sun, 06 Nov 1994 08:49:37 GMT"
-        let parts = value.split(separator: " ")
-        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-        guard parts.count == 6, parts[5] == "GMT", let day = Int(parts[1]),
-              let month = months.firstIndex(of: String(parts[2])), let year = Int(parts[3]) else { return nil }
-        let clock = parts[4].split(separator: ":").compactMap { Int($0) }
-        guard clock.count == 3 else { return nil }
-        var tm = Glibc.tm()
-        tm.tm_year = Int32(year - 1900)
-        tm.tm_mon = Int32(month)
-        tm.tm_mday = Int32(day)
-        tm.tm_hour = Int32(clock[0])
-        tm.tm_min = Int32(clock[1])
-        tm.tm_sec = Int32(clock[2])
-        self = .date(epochSeconds: Int(timegm(&tm)))
+        // An HTTP-date in any of its three forms (IMF-fixdate, RFC 850, asctime).
+        guard let seconds = HTTPDate.parse(String(value)) else { return nil }
+        self = .date(epochSeconds: Int(seconds))
     }
 
     /// Whether the wait depends on the current wall-clock time.
