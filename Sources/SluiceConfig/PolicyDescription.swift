@@ -35,8 +35,10 @@ public enum PolicyDescription {
             if let scheme = up.scheme { parts.append("scheme \(scheme.rawValue)") }
             if let port = up.port { parts.append("port \(port)") }
             parts.append("http2 \(up.http2.rawValue)")
+            if let engine = up.engine { parts.append("engine \(engine.rawValue)") }
             lines.append("  upstream: " + parts.joined(separator: ", "))
         }
+        lines.append("  upstream engine: \(describeEngine(policy))")
         if let parent = policy.upstreamProxy {
             lines.append("  upstream_proxy: \(parent.url)"
                          + (parent.noProxy.isEmpty ? "" : ", no_proxy \(parent.noProxy.joined(separator: " "))")
@@ -58,6 +60,17 @@ public enum PolicyDescription {
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
         return pipeline.redactor.scrub(lines.joined(separator: "\n"))
+    }
+
+    /// The engine a plain-http request to the host (not an upgrade) is sent with, and why:
+    /// `UpstreamEngine.choose` with the policy's values. https when its `upstream` sends such
+    /// requests over TLS; the parent proxy counts whatever its `no_proxy` says (libcurl matches
+    /// it per request).
+    static func describeEngine(_ policy: HostPolicy) -> String {
+        let choice = UpstreamEngine.choose(https: policy.upstream?.scheme == .https, http2: policy.http2,
+                                           forced: policy.upstreamEngine, credentials: policy.credentials != nil,
+                                           parentProxy: policy.upstreamProxy != nil, upgrade: false)
+        return "\(choice.engine.rawValue) (\(choice.reason))"
     }
 
     /// `cache` (RFC 9111 shared cache, when a cache_store exists), `do_not_cache`, or the

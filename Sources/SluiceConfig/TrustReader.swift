@@ -161,19 +161,22 @@ extension NodeReader {
         }
     }
 
-    /// A policy's `upstream:` section: `scheme`, `port` (where plain-HTTP requests go) and
-    /// `http2` (Sources/SluiceCore/Features/HTTP2.swift).
+    /// A policy's `upstream:` section: `scheme`, `port` (where plain-HTTP requests go),
+    /// `http2` (Sources/SluiceCore/Features/HTTP2.swift) and `engine`
+    /// (Sources/SluiceCore/Features/UpstreamEngine.swift).
     mutating func readUpstream(_ node: Node) -> PolicyEntry.Section<UpstreamOverride> {
         if node.scalar?.string == "off" { return .off }
         guard case .mapping(let m) = node else {
-            fail(node, "upstream must be a map, e.g. { scheme: https }, { scheme: https, port: 8443 } or { http2: off }")
+            fail(node, "upstream must be a map, e.g. { scheme: https }, { scheme: https, port: 8443 }, { http2: off } or { engine: curl }")
             return .inherit
         }
         var scheme: UpstreamOverride.Scheme?
         var port: Int?
         var http2 = HTTP2Mode.auto
+        var engine: UpstreamEngine?
+        var engineNode: Node?
         var valid = true
-        entries(node, in: "upstream", known: ["scheme", "port", "http2"]) { r, key, value in
+        entries(node, in: "upstream", known: ["scheme", "port", "http2", "engine"]) { r, key, value in
             switch key {
             case "scheme":
                 if let s = value.scalar.flatMap({ UpstreamOverride.Scheme(rawValue: $0.string) }) { scheme = s } else {
@@ -183,6 +186,14 @@ extension NodeReader {
             case "http2":
                 if let mode = value.scalar.flatMap({ HTTP2Mode(rawValue: $0.string) }) { http2 = mode } else {
                     r.fail(value, "http2 must be auto, off or prior_knowledge")
+                    valid = false
+                }
+            case "engine":
+                if let e = value.scalar.flatMap({ UpstreamEngine(rawValue: $0.string) }) {
+                    engine = e
+                    engineNode = value
+                } else {
+                    r.fail(value, "engine must be native or curl")
                     valid = false
                 }
             default:
@@ -198,11 +209,26 @@ extension NodeReader {
             return .inherit
         }
         if written.isEmpty {
-            fail(node, "upstream needs scheme (http or https) or http2")
+            fail(node, "upstream needs scheme (http or https), http2 or engine")
             return .inherit
         }
+        // The native engine speaks plain HTTP/1.1 only: a section that sends the host's
+        // requests over TLS or as h2c cannot also force it (UpstreamEngine.choose would
+        // silently pick curl).
+        if engine == .native, let engineNode {
+            if scheme == .https {
+                fail(engineNode, "engine: native speaks plain HTTP/1.1 only, so it cannot serve scheme: https; "
+                     + "remove engine (https origins use curl) or write engine: curl")
+                return .inherit
+            }
+            if http2 == .priorKnowledge {
+                fail(engineNode, "engine: native speaks plain HTTP/1.1 only, so it cannot serve http2: prior_knowledge (h2c); "
+                     + "remove engine (h2c uses curl) or write http2: auto or off")
+                return .inherit
+            }
+        }
         guard valid else { return .inherit }
-        return .on(UpstreamOverride(scheme: scheme, port: port, http2: http2))
+        return .on(UpstreamOverride(scheme: scheme, port: port, http2: http2, engine: engine))
     }
 
     mutating func readClientCertificate(_ node: Node) -> PolicyEntry.Section<ClientCertificate> {

@@ -44,7 +44,7 @@ import Testing
         let port = issue("policies:\n  h.test:\n    upstream: { port: 8443 }\n")
         #expect(port?.line == 3 && port?.message.contains("needs scheme") == true)
         let empty = issue("policies:\n  h.test:\n    upstream: {}\n")
-        #expect(empty?.message.contains("scheme (http or https) or http2") == true)
+        #expect(empty?.message.contains("scheme (http or https), http2 or engine") == true)
         let streams = issue("upstream:\n  max_streams: 0\n")
         #expect(streams?.line == 2 && streams?.message.contains("max_streams") == true)
         let big = issue("upstream:\n  max_streams: 5000\n")

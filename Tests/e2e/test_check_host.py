@@ -78,3 +78,16 @@ def test_check_host_fails_like_check_on_invalid_file(tmp_path):
     assert r.returncode == 1, r.stdout
     assert re.search(re.escape(str(p)) + r":4:\d+: error: .*bearr", r.stderr), r.stderr
     assert "bearer" in r.stderr.replace("bearr", ""), f"no did-you-mean for bearer: {r.stderr}"
+
+
+@pytest.mark.parametrize("host,line", [
+    ("elsewhere.test", "upstream engine: native (plain http origin)"),
+    ("legacy.example.com", "upstream engine: curl (upstream.engine: curl)"),
+    ("inventory.example.com", "upstream engine: curl (https origin)"),
+    ("build.corp.internal", "upstream engine: curl (credentials (auth challenges))"),
+])
+def test_check_host_shows_the_upstream_engine(secret_env, host, line):
+    """The engine a plain-http request to the host gets (docs/configuration.md, "Upstream engine")."""
+    r = run_check(EXAMPLE, host)
+    assert r.returncode == 0, r.stderr
+    assert f"  {line}\n" in r.stdout, r.stdout

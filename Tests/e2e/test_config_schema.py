@@ -300,6 +300,9 @@ ACCEPTED = {
     "upgrades-none": "policies:\n  h.test:\n    upgrades: []\n",
     "upgrades-map": "policies:\n  default:\n    upgrades: { allow: [websocket], idle_timeout: 90s }\n",
     "upgrades-idle-only": "policies:\n  default:\n    upgrades: { idle_timeout: 10m }\n",
+    "upstream-engine-only": "policies:\n  h.test:\n    upstream: { engine: native }\n",
+    "upstream-engine-curl-https": "policies:\n  h.test:\n    upstream: { scheme: https, http2: prior_knowledge, engine: curl }\n",
+    "upstream-engine-native-http": "policies:\n  h.test:\n    upstream: { scheme: http, port: 8080, http2: \"off\", engine: native }\n",
 }
 
 # name -> (text, line of the error)
@@ -308,6 +311,9 @@ REJECTED = {
     "upgrades-bad-name": ('policies:\n  h.test:\n    upgrades: ["web socket"]\n', 3),
     "upgrades-unknown": ("policies:\n  h.test:\n    upgrades: { allowed: [websocket] }\n", 3),
     "upgrades-zero-idle": ("policies:\n  h.test:\n    upgrades: { idle_timeout: 0s }\n", 3),
+    "upstream-engine-bad": ("policies:\n  h.test:\n    upstream: { engine: libcurl }\n", 3),
+    "upstream-engine-native-https": ("policies:\n  h.test:\n    upstream:\n      scheme: https\n      engine: native\n", 5),
+    "upstream-engine-native-h2c": ("policies:\n  h.test:\n    upstream: { http2: prior_knowledge, engine: native }\n", 3),
     "policy-unknown-key": ("policies:\n  h.test:\n    adaptors: []\n", 3),
     "unknown-adapter": ("policies:\n  h.test:\n    adapters:\n      - bearr: x\n", 4),
     "adapter-two-keys": ("policies:\n  h.test:\n    adapters:\n      - { bearer: x, deflate: {} }\n", 4),

@@ -33,6 +33,10 @@ def assert_entry_shape(e: dict, tunnel: bool = False) -> None:
     for k in ("status", "bytes_in", "bytes_out", "attempts", "redirects"):
         assert isinstance(e[k], int) and e[k] >= 0, f"{k}={e[k]!r} in {e}"
     assert e["outcome"] in ("ok", "error", "client_aborted", "upstream_aborted", "tunnel"), e
+    if "upstream_protocol" in e:  # written with the engine, null in the same cases
+        assert e.get("upstream_engine", "absent") in ("native", "curl", None), e
+        if e["upstream_protocol"] is None:
+            assert e["upstream_engine"] is None, e
     tm = e.get("timings")
     if tunnel and tm is None:
         return  # a tunnel has no HTTP try; its line may leave timings out

@@ -80,6 +80,9 @@ public final class HostPolicy: Sendable {
     public let upstream: UpstreamOverride?
     /// The HTTP version policy for the host's origin (`upstream.http2`, default `auto`).
     public var http2: HTTP2Mode { upstream?.http2 ?? .auto }
+    /// The transport forced for the host's tries (`upstream.engine`); nil: chosen per try by
+    /// `UpstreamEngine.choose`.
+    public var upstreamEngine: UpstreamEngine? { upstream?.engine }
     /// The parent proxy the host's origin is reached through (`upstream_proxy:`).
     public let upstreamProxy: UpstreamProxy?
     public let clientCertificate: ClientCertificate?

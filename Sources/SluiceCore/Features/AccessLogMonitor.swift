@@ -70,9 +70,11 @@ public final class AccessLogMonitor: LogMonitor {
             if let version = t.httpVersion {
                 json.field("upstream_protocol", version.rawValue)
                 json.raw("upstream_connection", t.newConnection ? "\"new\"" as StaticString : "\"reused\"")
+                if let engine = t.engine { json.field("upstream_engine", engine.rawValue) } else { json.raw("upstream_engine", "null") }
             } else {
                 json.raw("upstream_protocol", "null")
                 json.raw("upstream_connection", "null")
+                json.raw("upstream_engine", "null")
             }
         } else {
             json.raw("timings", "null")

@@ -13,6 +13,8 @@ public struct TryTimings: Sendable, Equatable {
     /// The try opened a connection of its own; false when it reused a pooled one or ran as
     /// one more HTTP/2 stream on an open connection.
     public var newConnection = false
+    /// The transport the try ran on (`UpstreamEngine.choose`); nil when no try ran.
+    public var engine: UpstreamEngine?
     public init() {}
 }
 

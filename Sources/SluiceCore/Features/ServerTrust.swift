@@ -203,7 +203,8 @@ public final class ServerTrust: Sendable {
 
 /// `upstream:` in a policy: where a host's plain-HTTP requests really go, and how Sluice talks
 /// to the host's origin. With `scheme: https` a plain-HTTP client's request is sent to the
-/// origin over TLS, under the host's trust; `http2` (HTTP2.swift) picks the HTTP version.
+/// origin over TLS, under the host's trust; `http2` (HTTP2.swift) picks the HTTP version;
+/// `engine` (UpstreamEngine.swift) forces a transport.
 public struct UpstreamOverride: Sendable, Equatable {
     public enum Scheme: String, Sendable { case http, https }
     /// The scheme plain-HTTP requests are sent with; nil keeps theirs (a section that only
@@ -213,10 +214,14 @@ public struct UpstreamOverride: Sendable, Equatable {
     public var port: Int?
     /// `http2:`, default `auto`.
     public var http2: HTTP2Mode
-    public init(scheme: Scheme?, port: Int? = nil, http2: HTTP2Mode = .auto) {
+    /// `engine:` (`native` or `curl`); nil, the default, leaves the choice to
+    /// `UpstreamEngine.choose` per try.
+    public var engine: UpstreamEngine?
+    public init(scheme: Scheme?, port: Int? = nil, http2: HTTP2Mode = .auto, engine: UpstreamEngine? = nil) {
         self.scheme = scheme
         self.port = port
         self.http2 = http2
+        self.engine = engine
     }
 }
 
