@@ -23,6 +23,8 @@ let package = Package(
                                                                     .product(name: "SluiceCore", package: "Sluice")]),
         .executableTarget(name: "fuzz-response-head", dependencies: ["FuzzSupport",
                                                                      .product(name: "SluiceServer", package: "Sluice")]),
+        .executableTarget(name: "fuzz-response-parser", dependencies: ["FuzzSupport",
+                                                                       .product(name: "SluiceServer", package: "Sluice")]),
         .executableTarget(name: "fuzz-request-target", dependencies: ["FuzzSupport",
                                                                       .product(name: "SluiceServer", package: "Sluice"),
                                                                       .product(name: "SluiceCore", package: "Sluice")]),

@@ -23,9 +23,9 @@ RUNS=$SCRATCH/runs
 # header section 2 KiB); a request target is one line; a configuration of 16 KiB has room
 # for every section (wider ones only take longer under ASan: 8,000 unknown keys, 70 KiB,
 # take 15 s).
-declare -A MAX_LEN=([request-head]=16384 [chunked-body]=16384 [response-head]=16384 [request-target]=4096
-                    [config]=16384)
-ALL=(request-head chunked-body response-head request-target config)
+declare -A MAX_LEN=([request-head]=16384 [chunked-body]=16384 [response-head]=16384 [response-parser]=16384
+                    [request-target]=4096 [config]=16384)
+ALL=(request-head chunked-body response-head response-parser request-target config)
 targets=("${@:-${ALL[@]}}")
 for t in "${targets[@]}"; do
   [ -n "${MAX_LEN[$t]:-}" ] || { echo "error: unknown fuzz target '$t' (${ALL[*]})" >&2; exit 2; }
