@@ -735,7 +735,11 @@ def test_a_followed_redirect_is_not_stored_under_the_original_url(sluice_factory
     assert origin.count("/final") == 3
 
 
-def test_content_length_beside_chunked_is_ignored(cached, origin):
+def test_content_length_beside_chunked_is_ignored(sluice_factory, origin):
+    """libcurl lets `Transfer-Encoding` override a `Content-Length` beside it (RFC 9112 §6.3
+    allows that of a recipient); the cache must then store the decoded body, not the length.
+    The native transport refuses such a response instead (next test)."""
+    cached = sluice_factory({**STORE, "policies": {"default": {"upstream": {"engine": "curl"}}}})
     body = os.urandom(2 * 1024 * 1024)
     url = origin.set("/tecl", headers={"Cache-Control": "max-age=60", "Content-Length": "1"}, body=body, chunked=True)
     first = get(cached, url)
@@ -744,6 +748,19 @@ def test_content_length_beside_chunked_is_ignored(cached, origin):
     assert status_of(second).startswith("Sluice; hit") and second.content == body
     assert second.headers["Content-Length"] == str(len(body))
     assert origin.count("/tecl") == 1
+
+
+def test_content_length_beside_chunked_is_refused_and_not_stored_natively(sluice_factory, origin):
+    """The native transport (the default for http origins) answers a response with both
+    framings 502 (a smuggling vector), and nothing of it is stored."""
+    cached = sluice_factory({**STORE, "policies": {"default": {"upstream": {"engine": "native"}}}})
+    url = origin.set("/tecl-native", headers={"Cache-Control": "max-age=60", "Content-Length": "1"},
+                     body=b"x" * 4096, chunked=True)
+    for _ in range(2):
+        r = get(cached, url)
+        assert r.status_code == 502 and r.content.startswith(b"sluice: "), r.content
+        assert "stored" not in status_of(r) and not status_of(r).startswith("Sluice; hit")
+    assert origin.count("/tecl-native") == 2
 
 
 def test_get_with_a_body_is_neither_looked_up_nor_stored(cached, origin):

@@ -3,7 +3,7 @@
 /// and how many connections and streams a worker opens to it.
 ///
 /// Value types only: the decision (`HTTP2Mode.protocolChoice(https:)`) is made here and
-/// unit-tested; `Sources/SluiceServer/Upstream/UpstreamTransfer.swift` hands the choice to
+/// unit-tested; `Sources/SluiceServer/Upstream/CurlUpstreamTransfer.swift` hands the choice to
 /// libcurl (`CURLOPT_HTTP_VERSION`, `CURLOPT_PIPEWAIT`) and `UpstreamSession` the pool
 /// limits (`CURLMOPT_MAX_HOST_CONNECTIONS`, `CURLMOPT_MAX_CONCURRENT_STREAMS`).
 ///

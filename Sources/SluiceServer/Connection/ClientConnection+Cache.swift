@@ -227,7 +227,7 @@ extension ClientConnection {
     /// that validated the stored response is absorbed (true: the transfer was told); a
     /// storable response gets a tee; an unsafe method's success invalidates. Sets the
     /// `Cache-Status` line the forwarded head carries.
-    func cacheResponseHead(_ response: UpstreamResponseHead, _ transfer: UpstreamTransfer, _ exchange: Exchange,
+    func cacheResponseHead(_ response: UpstreamResponseHead, _ transfer: any UpstreamTransfer, _ exchange: Exchange,
                            _ cache: CacheExchange) -> Bool {
         let now = Self.wallClockSeconds()
         let status = response.status

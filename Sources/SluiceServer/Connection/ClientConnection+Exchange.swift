@@ -233,10 +233,22 @@ extension ClientConnection {
             startUpgrade(request, upgrade: upgrade, perTryTimeout: perTryTimeout, exchange)
             return
         }
-        let transfer = UpstreamTransfer(session: worker.session, delegate: self, bodySource: self,
-                                        output: clientOutput, request: request,
-                                        clientMinorVersion: currentHead?.minorVersion ?? 1,
-                                        config: worker.config, viaLine: worker.viaLine)
+        let engine = UpstreamEngine.choose(https: request.target.scheme == .https, http2: policy.http2,
+                                           forced: policy.upstreamEngine, credentials: request.credentials != nil,
+                                           parentProxy: request.parentProxy != nil, upgrade: false).engine
+        let transfer: any UpstreamTransfer
+        switch engine {
+        case .native:
+            transfer = NativeUpstreamTransfer(pool: worker.nativePool, resolver: worker.resolver, delegate: self,
+                                              bodySource: self, output: clientOutput, request: request,
+                                              clientMinorVersion: currentHead?.minorVersion ?? 1,
+                                              config: worker.config, viaLine: worker.viaLine)
+        case .curl:
+            transfer = CurlUpstreamTransfer(session: worker.session, delegate: self, bodySource: self,
+                                            output: clientOutput, request: request,
+                                            clientMinorVersion: currentHead?.minorVersion ?? 1,
+                                            config: worker.config, viaLine: worker.viaLine)
+        }
         state = .forwarding(transfer)
         transfer.start(perTryTimeout: perTryTimeout)
     }

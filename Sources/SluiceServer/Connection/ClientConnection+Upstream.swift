@@ -67,7 +67,7 @@ extension ClientConnection {
     /// Sends the head (the plain path), drains it for a retry, or follows a redirect, as the
     /// machine decides (the answer goes to `transfer`); the machine asks only for the fields
     /// its decision needs.
-    func responseHeadArrived(_ response: UpstreamResponseHead, on transfer: UpstreamTransfer) {
+    func responseHeadArrived(_ response: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         guard let exchange else { return transfer.forward(keepAlive: keepsAliveAfterResponse) }
         if exchange.circuitTry != nil { reportTryOutcome(HealthOutcome(status: response.status)) }
         let fields = exchange.inspect { $0.responseFields(for: response.status) }
@@ -89,7 +89,7 @@ extension ClientConnection {
 
     /// Follows a redirect the machine accepts, or forwards the 3xx to the client when its
     /// target cannot be requested.
-    private func follow(_ next: ProxyRequest, _ exchange: Exchange, _ transfer: UpstreamTransfer) {
+    private func follow(_ next: ProxyRequest, _ exchange: Exchange, _ transfer: any UpstreamTransfer) {
         guard var request = try? upstreamRequest(for: next) else {
             exchange.report(exchange.machine.handle(.redirectTarget(usable: false)))
             return transfer.forward(keepAlive: keepsAliveAfterResponse)

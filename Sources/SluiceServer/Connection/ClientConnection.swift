@@ -28,7 +28,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         /// A try failed; the next one starts when the backoff timer fires.
         case waitingToRetry(OpaquePointer)
         /// A request is being forwarded; its body (if any) is read on curl's demand.
-        case forwarding(UpstreamTransfer)
+        case forwarding(any UpstreamTransfer)
         /// Resolving and connecting the CONNECT destination.
         case dialing(TunnelDialer)
         case tunnel(Tunnel)

@@ -64,13 +64,22 @@ final class ClientSocket {
     private var readArmed = false
     private var writeArmed = false
     private var open = true
+    /// The connection ended by an error (a reset, a failed write), not by the peer's FIN:
+    /// for a body framed by the connection's end, only a FIN is its end.
+    private(set) var endedWithError = false
     /// Whether the connection wants bytes at all (false while it closes).
     var wantsInput = true {
         didSet { armRead() }
     }
 
-    init(base: OpaquePointer, fd: Int32, spill: UnsafeMutableRawBufferPointer) {
+    /// Whether the peer's close is watched for while reading is stopped (a client's abort).
+    /// Off for an origin's socket: an origin that sent its whole response and closed while
+    /// the client was slow to take it is not an abort, and its last bytes are still to read.
+    private let watchesCloseWhilePaused: Bool
+
+    init(base: OpaquePointer, fd: Int32, spill: UnsafeMutableRawBufferPointer, watchesCloseWhilePaused: Bool = true) {
         self.fd = fd
+        self.watchesCloseWhilePaused = watchesCloseWhilePaused
         self.spill = spill
         input = evbuffer_new()
         output = evbuffer_new()
@@ -94,7 +103,7 @@ final class ClientSocket {
         guard want != readArmed else { return }
         readArmed = want
         if want { event_add(readEvent, nil) } else { event_del(readEvent) }
-        armClosedCheck(open && !want)
+        if watchesCloseWhilePaused { armClosedCheck(open && !want) }
     }
 
     private func armClosedCheck(_ on: Bool) {
@@ -142,6 +151,7 @@ final class ClientSocket {
         } else if n == 0 {
             failed()
         } else if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
+            endedWithError = true
             failed()
         }
     }
@@ -169,7 +179,10 @@ final class ClientSocket {
 
     private func writeNow() {
         guard open else { return }
-        guard flush() else { return failed() }
+        guard flush() else {
+            endedWithError = true
+            return failed()
+        }
         if evbuffer_get_length(output) <= Self.outputLowWatermark { owner?.socketDrained() }
     }
 

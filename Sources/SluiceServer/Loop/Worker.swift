@@ -20,7 +20,12 @@ final class Worker {
     private(set) var pipeline: WorkerPipeline
     private var requestCounter: UInt64 = 0
     let base: OpaquePointer
+    /// The libcurl transport: this worker's multi and its connection pool.
     let session: UpstreamSession
+    /// The native transport: this worker's HTTP/1.1 keep-alive pool and its DNS
+    /// (docs/architecture.md, "Two transports").
+    let nativePool: NativeUpstreamPool
+    let resolver: Resolver
     /// What adapters see of this worker (token fetches, parking); created after init.
     private(set) var sessionContext: WorkerSession!
     /// `1.1 <pseudonym>`, this process's `Via` entry.
@@ -177,6 +182,8 @@ final class Worker {
         guard let base = event_base_new() else { throw ServerError.startup("cannot create an event loop") }
         self.base = base
         session = UpstreamSession(base: base, share: share, limits: configuration.server.upstream)
+        nativePool = NativeUpstreamPool(base: base, spill: readSpill, limits: configuration.server.upstream)
+        resolver = Resolver(base: base)
         upstreamGate = UpstreamGate(base: base, workerIndex: index, limits: configuration.server.limits,
                                     timeouts: configuration.server.timeouts)
         let me = Unmanaged.passUnretained(self).toOpaque()
@@ -502,6 +509,8 @@ final class Worker {
         flushQueue.removeAll()
         upstreamGate.close()
         sessionContext.close()
+        nativePool.shutdown()
+        resolver.shutdown()
         session.shutdown()
         readSpill.deallocate()
         // Last: every event of this loop has been freed above (the session's with its sockets).

@@ -13,92 +13,6 @@ class CurlTransfer {
     func curlDone(_ result: CURLcode) {}
 }
 
-/// What happens to a transfer, told to the client side of its exchange (implemented by
-/// `ClientConnection`). Events only: nothing here returns a decision. The one decision a
-/// transfer needs — what to do with a final response head — is asked for by
-/// `responseHeadArrived`, and answered by calling `forward(keepAlive:)`, `follow(_:)` or
-/// `discard()` on the transfer before that call returns.
-///
-/// Threading: every call happens on the worker's thread, from a libcurl callback, a timer or
-/// `cancel()`.
-protocol UpstreamTransferDelegate: AnyObject {
-    /// The final response head arrived (once per try, before any byte of it reaches the
-    /// client). The delegate answers on `transfer` before returning; with no answer the head
-    /// is forwarded with a close.
-    func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: UpstreamTransfer)
-    /// The response head went to the client (`status`), or the body bytes did (`bytes`).
-    func responseStarted(status: Int)
-    func responseBodySent(bytes: Int)
-    /// A try ended; `timings` come from libcurl.
-    func tryEnded(timings: TryTimings)
-    /// The redirect response was drained; the exchange goes on with `next`.
-    func transferRedirected(to next: UpstreamRequest)
-    /// A discarded response was drained (or its transfer ended): the exchange retries.
-    func transferDiscarded()
-    /// An absorbed response (a `304` that validated a stored one) ended; nothing of it
-    /// reached the client, which the exchange now answers from the cache.
-    func transferAbsorbed()
-    /// The response is complete; `reusable` is false when it was close-delimited.
-    func transferFinished(reusable: Bool)
-    /// The exchange failed before any response byte reached the client.
-    func transferFailed(_ error: ProxyError, kind: TransportErrorKind)
-    /// The exchange failed after response bytes reached the client: the connection must end
-    /// without completing the message.
-    func transferAborted()
-}
-
-/// The request body a transfer uploads, read on libcurl's demand: a stream, not an event
-/// sink (as URLSession takes an input stream). Implemented by `ClientConnection`, which
-/// decodes it from the client's input (or replays what `RequestBodyReader` kept).
-///
-/// Threading: called from libcurl's read and seek callbacks, on the worker's thread.
-protocol RequestBodySource: AnyObject {
-    /// Copies up to `capacity` decoded request-body bytes into `buffer`. Returns the count,
-    /// 0 at the end of the body, `nil` when no bytes are available yet (the transfer pauses
-    /// until `resumeUpload`), or throws the error that rejects the request.
-    func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int?
-    /// Rewinds the body for libcurl to send again (an auth challenge); false if it can't.
-    func rewindRequestBody() -> Bool
-}
-
-/// What the exchange needs to decide about a response head.
-struct UpstreamResponseHead {
-    let collected: ResponseHeadCollector
-    var status: Int { collected.status }
-    func value(_ lowercaseName: String) -> String? { collected.value(lowercaseName) }
-}
-
-/// A request ready for the session core: everything libcurl needs, with the header list
-/// already built (and owned: the transfer frees it).
-struct UpstreamRequest {
-    enum Body: Equatable {
-        case none
-        case length(Int64)
-        /// Unknown length: curl sends it chunked.
-        case streamed
-    }
-    var method: String
-    var target: RequestTarget
-    var headers: HeaderList
-    var body: Body
-    /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
-    var model: ProxyRequest?
-    /// Answers Basic and Digest challenges (the policy's `credentials`).
-    var credentials: Credentials?
-    /// The target host's trust evaluator and client certificate (set when the try starts:
-    /// a followed redirect may change the host).
-    var trust: ServerTrust = .builtInDefault
-    var clientCertificate: ClientCertificate?
-    /// Connection reuse limits for a TLS try after a reload (`UpstreamTLS.reuse`).
-    var reuse = UpstreamTLS.ConnectionReuse()
-    /// The target host's parent proxy (`upstream_proxy`), set when the try starts.
-    var parentProxy: UpstreamProxy?
-    /// The target host's HTTP version policy (`upstream.http2`), set when the try starts.
-    var http2 = HTTP2Mode.auto
-
-    var isHead: Bool { method == "HEAD" }
-}
-
 /// One forwarded request: a curl easy handle on the worker's `UpstreamSession`, with the
 /// request head translated for curl, the response head translated back for the client, and
 /// the body streamed both ways with backpressure (`CURL_WRITEFUNC_PAUSE` when the client's
@@ -106,7 +20,7 @@ struct UpstreamRequest {
 /// sent more body yet).
 ///
 /// Threading: created, driven and finished on its worker's thread only.
-final class UpstreamTransfer: CurlTransfer {
+final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// The answer to `responseHeadArrived`.
     private enum Disposition {
         /// Send the head (promising to keep the client connection open or not) and the body.
@@ -259,19 +173,19 @@ final class UpstreamTransfer: CurlTransfer {
             sluice_easy_setopt_long(h, CURLOPT_UPLOAD_BUFFERSIZE, Self.receiveBufferSize)
             sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
             sluice_easy_setopt_data_cb(h, CURLOPT_HEADERFUNCTION) { ptr, size, count, ud in
-                let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+                let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
                 return t.onHeaderLine(UnsafeRawBufferPointer(start: ptr, count: size * count))
             }
             sluice_easy_setopt_data_cb(h, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
-                let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+                let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
                 return t.onBody(UnsafeRawBufferPointer(start: ptr, count: size * count))
             }
             sluice_easy_setopt_opensocket_cb(h) { clientp, purpose, address in
-                let t = Unmanaged<UpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue()
+                let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue()
                 return t.openSocket(address!)
             }
             sluice_easy_setopt_prereq_cb(h) { clientp, _, _, _, _ in
-                Unmanaged<UpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue().onPrerequest()
+                Unmanaged<CurlUpstreamTransfer>.fromOpaque(clientp!).takeUnretainedValue().onPrerequest()
             }
         }
         parentProxy = request.parentProxy
@@ -297,7 +211,7 @@ final class UpstreamTransfer: CurlTransfer {
             }
             sluice_easy_setopt_ptr(h, CURLOPT_READDATA, me)
             sluice_easy_setopt_data_cb(h, CURLOPT_READFUNCTION) { ptr, size, count, ud in
-                let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+                let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
                 return t.onUploadRequest(UnsafeMutableRawPointer(ptr!), capacity: size * count)
             }
         } else if method != "GET" {
@@ -313,7 +227,7 @@ final class UpstreamTransfer: CurlTransfer {
             sluice_easy_setopt_str(h, CURLOPT_PASSWORD, credentials.password.value)
             sluice_easy_setopt_ptr(h, CURLOPT_SEEKDATA, me)
             sluice_easy_setopt_seek_cb(h) { ud, offset, origin in
-                let t = Unmanaged<UpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
+                let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(ud!).takeUnretainedValue()
                 guard offset == 0, origin == SEEK_SET, let source = t.bodySource, source.rewindRequestBody() else {
                     return Int32(CURL_SEEKFUNC_CANTSEEK)
                 }
@@ -338,7 +252,7 @@ final class UpstreamTransfer: CurlTransfer {
     func start(perTryTimeout: Int) {
         let me = Unmanaged.passUnretained(self).toOpaque()
         tryTimer = event_new(session.base, -1, 0, { _, _, arg in
-            let t = Unmanaged<UpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
+            let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
             t.fail(.upstreamTimeout(host: t.target.authority, phase: .noResponseHead))
         }, me)
         var tv = timeval(tv_sec: perTryTimeout / 1000, tv_usec: (perTryTimeout % 1000) * 1000)
@@ -558,6 +472,7 @@ final class UpstreamTransfer: CurlTransfer {
         }
         sluice_easy_getinfo_long(handle, CURLINFO_NUM_CONNECTS, &n)
         t.newConnection = n > 0
+        t.engine = .curl
         return t
     }
 

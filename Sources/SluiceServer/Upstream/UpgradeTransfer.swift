@@ -152,7 +152,7 @@ final class UpgradeTransfer: CurlTransfer {
     }
 
     private func openSocket(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
-        let (fd, error) = UpstreamTransfer.openOriginSocket(address, deny: deny, parentProxy: parentProxy,
+        let (fd, error) = CurlUpstreamTransfer.openOriginSocket(address, deny: deny, parentProxy: parentProxy,
                                                             target: target, session: session)
         if let error { pendingError = error }
         return fd
@@ -192,6 +192,7 @@ final class UpgradeTransfer: CurlTransfer {
         sluice_easy_getinfo_off(handle, CURLINFO_CONNECT_TIME_T, &v); t.connect = Int64(v)
         sluice_easy_getinfo_off(handle, CURLINFO_APPCONNECT_TIME_T, &v); t.tls = Int64(v)
         sluice_easy_getinfo_off(handle, CURLINFO_TOTAL_TIME_T, &v); t.total = Int64(v)
+        t.engine = .curl
         return t
     }
 

@@ -36,7 +36,7 @@ final class UpstreamSession {
     let share: UnsafeMutableRawPointer
     private var timer: OpaquePointer!
     /// Easy handles kept for reuse, and how each was left: reset (`curl_easy_reset` keeps its
-    /// allocations) or still configured by a plain request (`UpstreamTransfer.isPlain`), whose
+    /// allocations) or still configured by a plain request (`CurlUpstreamTransfer.isPlain`), whose
     /// options the next plain request overwrites one by one, as libcurl means handles to be
     /// reused. A reset frees the handle's download buffer, which the next transfer then
     /// allocates again (`CURLOPT_BUFFERSIZE`): a configured handle keeps it.

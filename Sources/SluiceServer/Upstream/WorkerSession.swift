@@ -120,7 +120,7 @@ final class SideFetch: CurlTransfer {
         sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, config.timeouts.upstreamPerTry)
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
         policy.upstreamProxy?.apply(to: h)  // a token endpoint behind the parent, like its host's requests
-        UpstreamTransfer.applyProtocol(policy.http2.protocolChoice(https: isTLS), to: h)  // and its upstream.http2
+        CurlUpstreamTransfer.applyProtocol(policy.http2.protocolChoice(https: isTLS), to: h)  // and its upstream.http2
         if isTLS {
             UpstreamTLS.configure(h, trust: policy.trust, clientCertificate: policy.clientCertificate,
                                   defaultCAFile: config.tls.caFile)

@@ -1,0 +1,176 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CLibEvent
+import SluiceCore
+
+/// One HTTP/1.1 connection from a worker to an origin address, carrying one request at a
+/// time. While it carries one, its socket's events go to that request's
+/// `NativeUpstreamTransfer` (`user`); while it waits in the pool, any event — bytes the
+/// origin sends unasked, its close, an error — means the connection is no longer usable, and
+/// the pool closes it, so a server's close is seen before the connection is reused.
+///
+/// Threading: owned by its worker's thread; the pool keeps it alive while it is idle, the
+/// transfer while it is busy. Its socket's C context is the socket, unretained.
+final class UpstreamConnection: ClientSocketOwner {
+    /// The pool key: the origin's `host:port` and the address connected to.
+    let key: String
+    /// The origin's `host:port`, the unit of the connection limit.
+    let origin: String
+    let socket: ClientSocket
+    private unowned(unsafe) let pool: NativeUpstreamPool
+    /// The transfer using the connection; nil while it is idle in the pool.
+    unowned(unsafe) var user: NativeUpstreamTransfer?
+    /// Requests this connection has carried to their end.
+    var completedRequests = 0
+    /// Its place in the pool's idle timer wheel: valid while idle.
+    fileprivate var idleTimer: OpaquePointer?
+    private(set) var isClosed = false
+
+    init(key: String, origin: String, fd: Int32, pool: NativeUpstreamPool) {
+        self.key = key
+        self.origin = origin
+        self.pool = pool
+        socket = ClientSocket(base: pool.base, fd: fd, spill: pool.spill, watchesCloseWhilePaused: false)
+        socket.owner = self
+    }
+
+    func socketReadable() {
+        if let user { user.upstreamReadable() } else { pool.idleConnectionChanged(self) }
+    }
+
+    func socketDrained() { user?.upstreamDrained() }
+
+    func socketClosed() {
+        if let user { user.upstreamClosed() } else { pool.idleConnectionChanged(self) }
+    }
+
+    /// Closes the socket (a reset when `abortive`: an origin mid-response must not read the
+    /// end of the connection as a complete request or a graceful goodbye).
+    fileprivate func close(abortive: Bool) {
+        guard !isClosed else { return }
+        isClosed = true
+        if let idleTimer { event_free(idleTimer) }
+        idleTimer = nil
+        socket.close(abortive: abortive)
+    }
+}
+
+/// The native transport's keep-alive pool, one per worker: idle connections by origin
+/// address, the connection limit per origin (`upstream.max_connections_per_host`) and the
+/// tries waiting under it. The rules are `UpstreamPoolState`'s (a value, unit-tested); this
+/// class performs what it answers — parking a connection with its idle timer, closing one,
+/// waking a waiting try — and keeps the response parsers for reuse.
+///
+/// Only plain-http origins use it (no TLS session, trust generation or parent proxy is part
+/// of a key: those tries go to libcurl). A connection goes back to the pool only when its
+/// response said it may (`HTTPResponseParser.keepAlive`), its request was sent whole, and
+/// nothing else arrived after the response.
+///
+/// Threading: owned by one worker's event-loop thread; every method and callback runs there.
+final class NativeUpstreamPool {
+    /// Idle connections kept at most, all origins together (libcurl's pool held 1024).
+    static let maxIdleConnections = 1024
+    /// An idle connection is closed after this long unused (60 s; nginx's upstream
+    /// `keepalive_timeout` is 60 s, libcurl's age limit 118 s). Origins usually close earlier,
+    /// which the idle watch sees.
+    static let idleTimeoutMilliseconds = 60_000
+
+    let base: OpaquePointer
+    /// The worker's read spill buffer, shared by every socket of the worker.
+    let spill: UnsafeMutableRawBufferPointer
+    private var state: UpstreamPoolState<UpstreamConnection, NativeUpstreamTransfer>
+    private var isShutDown = false
+    /// Response parsers kept for reuse, with their buffers' capacity.
+    private var parsers: [HTTPResponseParser] = []
+    private static let maxIdleParsers = 128
+
+    init(base: OpaquePointer, spill: UnsafeMutableRawBufferPointer, limits: UpstreamPoolLimits) {
+        self.base = base
+        self.spill = spill
+        state = UpstreamPoolState(maxPerOrigin: limits.maxConnectionsPerHost, maxIdle: Self.maxIdleConnections)
+    }
+
+    typealias Grant = UpstreamPoolState<UpstreamConnection, NativeUpstreamTransfer>.Grant
+
+    /// An idle connection to `key` (now the try's), or the right to open one, or a place in
+    /// the queue (`connectionAvailable` is called on the try when it may go on).
+    func acquire(origin: String, key: String, for transfer: NativeUpstreamTransfer) -> Grant {
+        let grant = state.acquire(origin: origin, key: key, for: transfer)
+        if case .reuse(let connection) = grant {
+            if let timer = connection.idleTimer { event_del(timer) }
+            connection.user = transfer
+        }
+        return grant
+    }
+
+    /// A try that waited gave up.
+    func cancelWait(origin: String, for transfer: NativeUpstreamTransfer) {
+        state.cancelWait(origin: origin, for: transfer)
+    }
+
+    /// The try that was granted a place (nil: its connection never opened) or that owned
+    /// `connection` is done with it: parked when `reusable`, else closed (with a reset when
+    /// `abortive`).
+    func release(_ connection: UpstreamConnection?, origin: String, reusable: Bool, abortive: Bool = false) {
+        connection?.user = nil
+        let usable = reusable && !isShutDown && connection.map { !$0.isClosed } ?? false
+        let (action, wake) = state.release(connection, key: connection?.key ?? "", origin: origin, reusable: usable)
+        if let connection {
+            switch action {
+            case .park: park(connection)
+            case .close: connection.close(abortive: abortive)
+            }
+        }
+        if let wake { wake.waiter.connectionAvailable(opening: wake.opening) }
+    }
+
+    /// Closes `connection` (it failed before a response) while its try keeps its place under
+    /// the limit, to open a new connection in it.
+    func discardKeepingSlot(_ connection: UpstreamConnection) {
+        connection.user = nil
+        connection.close(abortive: false)
+    }
+
+    private func park(_ connection: UpstreamConnection) {
+        connection.completedRequests += 1
+        connection.socket.wantsInput = true
+        if connection.idleTimer == nil {
+            connection.idleTimer = event_new(base, -1, 0, { _, _, arg in
+                let c = Unmanaged<UpstreamConnection>.fromOpaque(arg!).takeUnretainedValue()
+                c.socketClosed()  // idle: the pool closes it
+            }, Unmanaged.passUnretained(connection).toOpaque())
+        }
+        let ms = Self.idleTimeoutMilliseconds
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+        event_add(connection.idleTimer, &tv)
+    }
+
+    /// An idle connection's socket had an event: the origin closed it, or sent bytes nobody
+    /// asked for, or its idle time ran out. It is not reused.
+    fileprivate func idleConnectionChanged(_ connection: UpstreamConnection) {
+        let (removed, wake) = state.closedIdle(connection, key: connection.key, origin: connection.origin)
+        guard removed else { return }
+        connection.close(abortive: false)
+        if let wake { wake.waiter.connectionAvailable(opening: wake.opening) }
+    }
+
+    func takeParser() -> HTTPResponseParser {
+        parsers.popLast() ?? HTTPResponseParser()
+    }
+
+    func recycle(_ parser: inout HTTPResponseParser) {
+        guard parsers.count < Self.maxIdleParsers else { return }
+        parsers.append(parser)
+    }
+
+    /// Idle connections now (for tests and reports).
+    var idleConnections: Int { state.idleCount }
+
+    /// Closes every idle connection; called once by the worker when its loop has ended
+    /// (every transfer is detached by then).
+    func shutdown() {
+        isShutDown = true
+        for connection in state.drainIdle() { connection.close(abortive: false) }
+    }
+}

@@ -1,0 +1,664 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import CCurl
+import CLibEvent
+import SluiceCore
+
+/// One forwarded request over Sluice's own HTTP/1.1 client: the native transport
+/// (docs/architecture.md, "Two transports"). A try resolves its origin on the worker's
+/// loop (`Resolver`), checks `access.deny` on the address, takes an idle connection from the
+/// worker's `NativeUpstreamPool` or opens one, writes the request head
+/// (`UpstreamRequestEncoder`) and streams the body, reads the response with the strict
+/// `HTTPResponseParser`, and re-frames it for the client with `ResponseEncoder` — telling its
+/// delegate the same events, in the same order, as `CurlUpstreamTransfer`.
+///
+/// Flow control, both ways: the response is read only while the client's output holds less
+/// than `outputHighWatermark` (the socket's read event is off otherwise, and the origin's
+/// TCP window closes); the request body is pulled from the client only while the origin's
+/// socket buffer holds less than `uploadHighWatermark`.
+///
+/// A connection that fails before any response byte — the origin closed a pooled
+/// connection just as it was reused — is the classic race of keep-alive: an idempotent
+/// request is sent once more on a new connection, whatever the retry policy (as nginx and
+/// haproxy do); any other is not (RFC 9110 §9.2.2), and the try fails as a reset, which
+/// `retry.methods` decides about.
+///
+/// Threading: created, driven and finished on its worker's thread only. Its timers' and
+/// connect event's C context is this object, unretained: `cancel()` frees them first.
+final class NativeUpstreamTransfer: UpstreamTransfer {
+    /// The answer to `responseHeadArrived`.
+    private enum Disposition {
+        case forward(keepAlive: Bool)
+        case follow(UpstreamRequest)
+        case discard
+        case absorb
+    }
+
+    /// Pause reading the origin when this many response bytes wait for the client (1 MiB,
+    /// as for libcurl).
+    static let outputHighWatermark = CurlUpstreamTransfer.outputHighWatermark
+    /// Pull request body from the client only while less than this waits for the origin
+    /// (256 KiB).
+    static let uploadHighWatermark = 256 * 1024
+    /// The most request-body bytes moved per read from the client.
+    private static let uploadReadSize = 64 * 1024
+
+    private let pool: NativeUpstreamPool
+    private let resolver: Resolver
+    private let base: OpaquePointer
+    private unowned(unsafe) var delegate: (any UpstreamTransferDelegate)?
+    private unowned(unsafe) var bodySource: (any RequestBodySource)?
+    /// The client connection's output buffer, where the response goes.
+    private let output: OpaquePointer
+    private var request: UpstreamRequest
+    let target: RequestTarget
+    private let isHead: Bool
+    private let clientMinorVersion: Int
+    private let deny: [IPNetwork]
+    private let viaLine: [UInt8]
+    private let connectTimeout: Int
+    private let totalTimeout: Int?
+    /// The method may be sent again on a new connection (RFC 9110 §9.2.2: idempotent).
+    private let resendable: Bool
+    /// `host:port`: the pool's unit for connection limits, and the name errors carry.
+    private let origin: String
+
+    private var disposition: Disposition?
+    private var lookup: Resolver.Lookup?
+    /// The resolved addresses `access.deny` allows, and the one being used.
+    private var candidates: [sockaddr_storage] = []
+    private var candidateIndex = 0
+    /// `access.deny` refused one of the resolved addresses.
+    private var someDenied = false
+    private var address = sockaddr_storage()
+    private var poolKey = ""
+    private var waitingForConnection = false
+    private var connectEvent: OpaquePointer?
+    private var connectingFD: Int32 = -1
+    private var connection: UpstreamConnection?
+    /// The connection came from the pool (a failure before the response may be its race).
+    private var reused = false
+    /// The request was sent once more on a new connection already.
+    private var resent = false
+    private var tryTimer: OpaquePointer?
+    private var totalTimer: OpaquePointer?
+
+    private var parser: HTTPResponseParser
+    private var uploadRemaining: Int64 = 0
+    private var uploadDone = true
+    private(set) var uploadPaused = false
+    /// The origin stopped taking the request body (it answered early and closed): what is
+    /// left of the body is not sent.
+    private var uploadBroken = false
+    /// The origin closed the connection (or it failed) while the client's output was full:
+    /// what was read is delivered first, then the end is judged (`connectionEnded`).
+    private var peerClosed = false
+    private var chunkScratch: UnsafeMutableRawPointer?
+
+    private(set) var headSent = false
+    var responseStarted: Bool { headSent && !discarding && redirectTo == nil && !invalidResponse }
+    private var framing: ResponseEncoder.Framing = .none
+    var framedByClose: Bool { framing == .close }
+    private(set) var downloadPaused = false
+    private var finished = false
+    private var inCompletion = false
+    private var redirectTo: UpstreamRequest?
+    private var discarding = false
+    private var absorbing = false
+    private var invalidResponse = false
+    var cacheFill: CacheFill?
+    var extraHeadLines: [UInt8] = []
+
+    /// Microseconds on the monotonic clock: the try's start, and each phase's end.
+    private var startedAt: Int64 = 0
+    private var timings = TryTimings()
+
+    init(pool: NativeUpstreamPool, resolver: Resolver, delegate: UpstreamTransferDelegate, bodySource: RequestBodySource,
+         output: OpaquePointer, request: UpstreamRequest, clientMinorVersion: Int, config: ServerConfiguration,
+         viaLine: [UInt8]) {
+        self.pool = pool
+        self.resolver = resolver
+        base = pool.base
+        self.delegate = delegate
+        self.bodySource = request.body == .none ? nil : bodySource
+        self.output = output
+        self.request = request
+        target = request.target
+        isHead = request.isHead
+        self.clientMinorVersion = clientMinorVersion
+        deny = config.access.deny
+        self.viaLine = viaLine
+        connectTimeout = config.timeouts.upstreamConnect
+        totalTimeout = config.timeouts.total
+        resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
+        origin = request.target.authority
+        parser = pool.takeParser()
+        timings.engine = .native
+    }
+
+    deinit {
+        chunkScratch?.deallocate()
+        pool.recycle(&parser)
+    }
+
+    // MARK: UpstreamTransfer
+
+    func start(perTryTimeout: Int) {
+        startedAt = Self.microseconds()
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        tryTimer = event_new(base, -1, 0, { _, _, arg in
+            let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
+            t.fail(.upstreamTimeout(host: t.origin, phase: .noResponseHead), kind: .timeout)
+        }, me)
+        Self.arm(tryTimer, milliseconds: perTryTimeout)
+        if let totalTimeout, totalTimeout > 0 {
+            totalTimer = event_new(base, -1, 0, { _, _, arg in
+                let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
+                t.fail(.upstreamTimeout(host: t.origin, phase: t.connection == nil ? .connect : .transfer), kind: .timeout)
+            }, me)
+            Self.arm(totalTimer, milliseconds: totalTimeout)
+        }
+        if let addresses = resolver.cached(host: target.host, port: target.port) {
+            resolved(addresses)
+            return
+        }
+        lookup = resolver.resolve(host: target.host, port: target.port) { [weak self] result in
+            guard let self, !self.finished else { return }
+            self.lookup = nil
+            switch result {
+            case .success(let addresses): self.resolved(addresses)
+            case .failure(let failure):
+                Log.debug("upstream \(self.origin): \(failure.reason)")
+                self.fail(.dnsFailure(host: self.target.host), kind: .dns)
+            }
+        }
+    }
+
+    func cancel() {
+        guard !finished else { return }
+        if let delegate, !inCompletion { delegate.tryEnded(timings: currentTimings()) }
+        finished = true
+        if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
+        if let totalTimer { event_free(totalTimer); self.totalTimer = nil }
+        lookup?.cancel()
+        lookup = nil
+        if let connectEvent {
+            event_free(connectEvent)
+            self.connectEvent = nil
+            Glibc.close(connectingFD)
+            pool.release(nil, origin: origin, reusable: false)
+        }
+        if waitingForConnection { pool.cancelWait(origin: origin, for: self) }
+        if let connection {
+            // Abandoned midway (the client left, an operator cancelled): the origin is told
+            // by a reset, whatever it was doing. A try that failed closes it plainly.
+            self.connection = nil
+            pool.release(connection, origin: origin, reusable: false, abortive: !inCompletion)
+        }
+        redirectTo = nil
+        delegate = nil
+        bodySource = nil
+    }
+
+    func forward(keepAlive: Bool) { disposition = .forward(keepAlive: keepAlive) }
+    func follow(_ next: UpstreamRequest) { disposition = .follow(next) }
+    func discard() { disposition = .discard }
+    func absorb() { disposition = .absorb }
+
+    func resumeDownload() {
+        guard downloadPaused, !finished, let connection else { return }
+        downloadPaused = false
+        connection.socket.wantsInput = true
+        readResponse()
+        if peerClosed, !downloadPaused { connectionEnded() }
+    }
+
+    func resumeUpload() {
+        guard uploadPaused, !finished else { return }
+        uploadPaused = false
+        sendBody()
+    }
+
+    // MARK: resolving and connecting
+
+    private func resolved(_ addresses: Resolver.Addresses) {
+        timings.dns = elapsed()
+        // `access.deny` is checked on every address, as libcurl's open-socket callback did;
+        // the allowed ones are tried in order (IPv4 first) until one accepts.
+        candidates = addresses.list.filter { candidate in
+            var a = candidate
+            return !withUnsafePointer(to: &a) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { SocketAddress.matches($0, deny) }
+            }
+        }
+        someDenied = candidates.count < addresses.list.count
+        guard !candidates.isEmpty else {
+            fail(.destinationDenied(host: target.host), kind: .other)
+            return
+        }
+        use(candidate: 0)
+        acquireConnection()
+    }
+
+    private func use(candidate index: Int) {
+        candidateIndex = index
+        address = candidates[index]
+        poolKey = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { origin + "@" + (SocketAddress.host($0) ?? "") }
+        }
+    }
+
+    /// A connect to the current address was refused: the next allowed address is tried (in
+    /// the place the failed one had under the limit), or the try fails.
+    private func connectRefused() {
+        guard candidateIndex + 1 < candidates.count else {
+            pool.release(nil, origin: origin, reusable: false)
+            // As libcurl reported it: an address `access.deny` refused outweighs a refusal.
+            if someDenied {
+                fail(.destinationDenied(host: target.host), kind: .other)
+            } else {
+                fail(.upstreamRefused(host: origin), kind: .refused)
+            }
+            return
+        }
+        use(candidate: candidateIndex + 1)
+        openConnection()
+    }
+
+    private func acquireConnection() {
+        switch pool.acquire(origin: origin, key: poolKey, for: self) {
+        case .reuse(let connection):
+            self.connection = connection
+            reused = true
+            timings.connect = elapsed()
+            sendRequest()
+        case .open:
+            openConnection()
+        case .wait:
+            waitingForConnection = true
+        }
+    }
+
+    /// The pool let a waiting try go on: with a new connection of its own (`opening`), or
+    /// to take the one that just went idle.
+    func connectionAvailable(opening: Bool) {
+        waitingForConnection = false
+        guard !finished else {
+            if opening { pool.release(nil, origin: origin, reusable: false) }
+            return
+        }
+        if opening { openConnection() } else { acquireConnection() }
+    }
+
+    private func openConnection() {
+        let family = Int32(address.ss_family)
+        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else {
+            pool.release(nil, origin: origin, reusable: false)
+            fail(.socketUnavailable(host: origin, reason: CurlUpstreamTransfer.socketFailure(errno)), kind: .other)
+            return
+        }
+        var one: Int32 = 1
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        let length = socklen_t(family == AF_INET6 ? MemoryLayout<sockaddr_in6>.size : MemoryLayout<sockaddr_in>.size)
+        let r = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, length) }
+        }
+        if r == 0 {
+            connected(fd)
+            return
+        }
+        guard errno == EINPROGRESS else {
+            let code = errno
+            Glibc.close(fd)
+            Log.debug("upstream \(origin): connect failed: \(String(cString: strerror(code)))")
+            connectRefused()
+            return
+        }
+        connectingFD = fd
+        connectEvent = event_new(base, fd, Int16(EV_WRITE), { _, what, arg in
+            Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue().connectFinished(what)
+        }, Unmanaged.passUnretained(self).toOpaque())
+        Self.arm(connectEvent, milliseconds: connectTimeout)
+    }
+
+    private func connectFinished(_ what: Int16) {
+        let fd = connectingFD
+        event_free(connectEvent)
+        connectEvent = nil
+        connectingFD = -1
+        var error: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        if what & Int16(EV_TIMEOUT) == 0 { getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) }
+        guard what & Int16(EV_TIMEOUT) == 0, error == 0 else {
+            Glibc.close(fd)
+            if what & Int16(EV_TIMEOUT) != 0 {
+                pool.release(nil, origin: origin, reusable: false)
+                fail(.upstreamTimeout(host: origin, phase: .connect), kind: .timeout)
+            } else {
+                Log.debug("upstream \(origin): connect failed: \(String(cString: strerror(error)))")
+                connectRefused()
+            }
+            return
+        }
+        connected(fd)
+    }
+
+    private func connected(_ fd: Int32) {
+        timings.connect = elapsed()
+        timings.newConnection = true
+        let connection = UpstreamConnection(key: poolKey, origin: origin, fd: fd, pool: pool)
+        connection.user = self
+        self.connection = connection
+        sendRequest()
+    }
+
+    // MARK: the request
+
+    private func sendRequest() {
+        guard let connection else { return }
+        parser.expectResponse(headRequest: isHead)
+        UpstreamRequestEncoder.writeHead(request, into: connection.socket.output)
+        switch request.body {
+        case .none:
+            uploadDone = true
+        case .length(let n):
+            uploadRemaining = n
+            uploadDone = n == 0
+        case .streamed:
+            uploadDone = false
+        }
+        uploadBroken = false
+        uploadPaused = false
+        peerClosed = false
+        if uploadDone { flush(connection) } else { sendBody() }
+        // A response (or the origin's close) that arrived while the connection was idle in
+        // the pool would have closed it there: nothing waits in the input now.
+    }
+
+    /// Moves request body from the client into the origin's output, up to the watermark.
+    private func fillBody(_ connection: UpstreamConnection) {
+        guard !uploadDone, !uploadBroken, let bodySource else { return }
+        let out = connection.socket.output
+        while evbuffer_get_length(out) < Self.uploadHighWatermark {
+            let n: Int?
+            do {
+                switch request.body {
+                case .length:
+                    let want = Int(min(uploadRemaining, Int64(Self.uploadReadSize)))
+                    var vec = iovec()
+                    guard evbuffer_reserve_space(out, want, &vec, 1) >= 1 else { return }
+                    n = try bodySource.readRequestBody(into: vec.iov_base, capacity: min(want, vec.iov_len))
+                    vec.iov_len = n ?? 0
+                    evbuffer_commit_space(out, &vec, 1)
+                    if let n { uploadRemaining -= Int64(n) }
+                    if n == 0 {
+                        uploadDone = true
+                    } else if uploadRemaining <= 0 {
+                        // One more read, which returns 0: the client's body parser reports
+                        // its end there, and the client connection learns the request was
+                        // read whole (so its response may keep the connection open).
+                        var sink: UInt8 = 0
+                        _ = try bodySource.readRequestBody(into: &sink, capacity: 1)
+                        uploadDone = true
+                    }
+                default:
+                    if chunkScratch == nil { chunkScratch = .allocate(byteCount: Self.uploadReadSize, alignment: 16) }
+                    n = try bodySource.readRequestBody(into: chunkScratch!, capacity: Self.uploadReadSize)
+                    if let n, n > 0 {
+                        ResponseEncoder.chunk(UnsafeRawBufferPointer(start: chunkScratch, count: n), into: out)
+                    } else if n == 0 {
+                        ResponseEncoder.lastChunk(into: out)
+                        uploadDone = true
+                    }
+                }
+            } catch {
+                fail(error, kind: .other)
+                return
+            }
+            if n == nil {
+                uploadPaused = true
+                return
+            }
+            if uploadDone { return }
+        }
+    }
+
+    /// Fills and writes until the client has no more body for now, the body ended, or the
+    /// origin's socket buffer is full (its write event then calls `upstreamDrained`).
+    private func sendBody() {
+        while !finished, let connection {
+            fillBody(connection)
+            flush(connection)
+            guard !finished, !uploadDone, !uploadPaused, !uploadBroken,
+                  evbuffer_get_length(connection.socket.output) == 0 else { return }
+        }
+    }
+
+    private func flush(_ connection: UpstreamConnection) {
+        guard !finished, !connection.socket.flush() else { return }
+        // The origin stopped reading (it answered early and closed, or reset): the rest of
+        // the body is dropped, and the response — if one comes — is read to its end.
+        uploadBroken = true
+        evbuffer_drain(connection.socket.output, evbuffer_get_length(connection.socket.output))
+    }
+
+    // MARK: socket events (from `UpstreamConnection`)
+
+    func upstreamReadable() { readResponse() }
+
+    func upstreamDrained() {
+        if !uploadDone && !uploadPaused { sendBody() }
+    }
+
+    func upstreamClosed() {
+        peerClosed = true
+        readResponse()
+        if !downloadPaused { connectionEnded() }
+    }
+
+    /// The origin's side ended and everything it sent was read: a close-delimited body
+    /// ends here; anything else was cut short, or never started.
+    private func connectionEnded() {
+        guard !finished, let connection else { return }
+        if connection.socket.endedWithError, parser.hasStarted {
+            // A reset is never the end of a close-delimited body.
+            fail(.upstreamProtocol(host: origin, reason: "connection reset during the response"), kind: .other)
+            return
+        }
+        do {
+            if case .end? = try parser.finish() {
+                responseEnded(connectionReusable: false)
+            } else {
+                closedBeforeResponse()
+            }
+        } catch {
+            fail(.upstreamProtocol(host: origin, reason: error.reason), kind: parser.hasStarted ? .other : .reset)
+        }
+    }
+
+    // MARK: the response
+
+    /// Parses what the origin sent and acts on each event, until the input runs out, the
+    /// client's output is full, or the response ends.
+    private func readResponse() {
+        while !finished, !downloadPaused, let connection {
+            let input = connection.socket.input
+            var iov = iovec()
+            let available = evbuffer_peek(input, -1, nil, &iov, 1) > 0 ? iov.iov_len : 0
+            let buffer = UnsafeRawBufferPointer(start: available > 0 ? iov.iov_base : nil, count: available)
+            let consumed: Int
+            let event: HTTPResponseParser.Event?
+            do {
+                (consumed, event) = try parser.parse(buffer)
+            } catch {
+                fail(.upstreamProtocol(host: origin, reason: "invalid response: \(error.reason)"), kind: .other)
+                return
+            }
+            switch event {
+            case .head?:
+                timings.firstByte = elapsed()
+                if let tryTimer { event_del(tryTimer) }
+                responseHead()
+            case .body(let range)?:
+                if timings.firstByte == 0 { timings.firstByte = elapsed() }
+                deliver(UnsafeRawBufferPointer(rebasing: buffer[range]))
+            case .end?:
+                evbuffer_drain(input, consumed)
+                responseEnded(connectionReusable: parser.keepAlive && uploadDone && !uploadBroken
+                              && evbuffer_get_length(input) == 0)
+                return
+            case .interim?, nil:
+                break
+            }
+            if consumed > 0 {
+                evbuffer_drain(input, consumed)
+                connection.socket.inputConsumed()
+            }
+            if consumed == 0 && event == nil { return }
+        }
+    }
+
+    private func responseHead() {
+        guard !headSent, let delegate else { return }
+        headSent = true
+        disposition = nil
+        delegate.responseHeadArrived(UpstreamResponseHead(collected: parser.head), on: self)
+        guard !finished else { return }
+        let answer = disposition ?? .forward(keepAlive: false)
+        disposition = nil
+        let keepAlive: Bool
+        switch answer {
+        case .follow(let next):
+            redirectTo = next
+            return
+        case .discard:
+            discarding = true
+            return
+        case .absorb:
+            discarding = true
+            absorbing = true
+            return
+        case .forward(let keep):
+            keepAlive = keep
+        }
+        do {
+            framing = try ResponseEncoder.forwardedHead(
+                parser.head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
+                keepAlive: keepAlive, viaLine: viaLine, extraLines: extraHeadLines, into: output)
+        } catch {
+            // Nothing reached the client: the exchange fails with 502.
+            headSent = false
+            invalidResponse = true
+            fail(.upstreamProtocol(host: origin, reason: "invalid response head: \(error.reason)"), kind: .other)
+            return
+        }
+        delegate.responseStarted(status: parser.head.status)
+    }
+
+    private func deliver(_ data: UnsafeRawBufferPointer) {
+        guard let delegate, !discarding, redirectTo == nil, data.count > 0 else { return }
+        switch framing {
+        case .none:
+            return  // a body on a bodiless response is dropped, never forwarded
+        case .chunked:
+            ResponseEncoder.chunk(data, into: output)
+        case .length, .close:
+            evbuffer_add(output, data.baseAddress, data.count)
+        }
+        cacheFill?.append(data)
+        delegate.responseBodySent(bytes: data.count)
+        if evbuffer_get_length(output) > Self.outputHighWatermark, let connection {
+            downloadPaused = true
+            connection.socket.wantsInput = false
+        }
+    }
+
+    /// The response is complete: the connection goes back to the pool (if it may), and the
+    /// exchange is told as the disposition says.
+    private func responseEnded(connectionReusable: Bool) {
+        guard !finished, let delegate else { return }
+        inCompletion = true
+        delegate.tryEnded(timings: currentTimings())
+        if let connection {
+            self.connection = nil
+            pool.release(connection, origin: origin, reusable: connectionReusable)
+        }
+        if let next = redirectTo {
+            redirectTo = nil
+            cancel()
+            delegate.transferRedirected(to: next)
+            return
+        }
+        if discarding {
+            cancel()
+            if absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
+            return
+        }
+        if framing == .chunked { ResponseEncoder.lastChunk(into: output) }
+        let reusable = framing != .close
+        cancel()
+        delegate.transferFinished(reusable: reusable)
+    }
+
+    /// The connection ended before any byte of a response.
+    private func closedBeforeResponse() {
+        guard let connection else { return }
+        if reused, !resent, resendable, request.body == .none || bodySource?.rewindRequestBody() == true {
+            // The keep-alive race: the origin closed the pooled connection as it was reused.
+            Log.debug("upstream \(origin): pooled connection closed before a response; sending the \(request.method) again on a new connection")
+            resent = true
+            reused = false
+            self.connection = nil
+            pool.discardKeepingSlot(connection)
+            openConnection()
+            return
+        }
+        if reused, !resendable {
+            fail(.upstreamProtocol(host: origin, reason: "connection lost before a response (a \(request.method) is not sent twice)"),
+                 kind: .reset)
+            return
+        }
+        fail(.upstreamProtocol(host: origin, reason: "connection closed before a response"), kind: .reset)
+    }
+
+    /// Ends the try with `error`: the client gets it (through the exchange's retry
+    /// decision) when no response byte reached it, else its connection is cut.
+    private func fail(_ error: ProxyError, kind: TransportErrorKind) {
+        guard !finished, let delegate else { return }
+        inCompletion = true
+        delegate.tryEnded(timings: currentTimings())
+        let sent = headSent && !discarding && redirectTo == nil && !invalidResponse
+        redirectTo = nil
+        cancel()
+        if sent {
+            Log.debug("upstream \(origin) failed mid-response: \(error.message)")
+            delegate.transferAborted()
+        } else {
+            delegate.transferFailed(error, kind: kind)
+        }
+    }
+
+    // MARK: timings
+
+    private func currentTimings() -> TryTimings {
+        var t = timings
+        t.total = elapsed()
+        if headSent || parser.head.status != 0 { t.httpVersion = parser.minorVersion == 0 ? .http1_0 : .http1_1 }
+        return t
+    }
+
+    private func elapsed() -> Int64 { Self.microseconds() - startedAt }
+
+    private static func microseconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+    }
+
+    private static func arm(_ event: OpaquePointer?, milliseconds ms: Int) {
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+        event_add(event, &tv)
+    }
+}

@@ -1,0 +1,127 @@
+/// The native keep-alive pool's rules as a value: which idle connection a try gets, when a
+/// try may open a connection under `upstream.max_connections_per_host`, who waits and who
+/// goes on when a connection is freed. Events in, actions out; no sockets, no timers — the
+/// `NativeUpstreamPool` performs what it answers (park, close, wake), and the rules are
+/// unit-tested without a network (`Tests/SluiceServerTests/UpstreamPoolStateTests.swift`).
+///
+/// Connections are kept per key (an origin `host:port` and the address connected to) and
+/// handed out most recently used first, so a burst's connections are reused while older
+/// ones age out. The limit counts per origin: every connection that is open or being opened
+/// (idle ones included) holds a place until it is closed.
+///
+/// Threading: a value owned by one worker's pool, on that worker's thread.
+struct UpstreamPoolState<Connection: AnyObject, Waiter: AnyObject> {
+    /// Connections per origin at most; 0 = no limit.
+    let maxPerOrigin: Int
+    /// Idle connections kept at most, all keys together.
+    let maxIdle: Int
+    private var idle: [String: [Connection]] = [:]
+    private(set) var idleCount = 0
+    /// Places taken per origin (only counted with a limit).
+    private var open: [String: Int] = [:]
+    private var waiting: [String: [Waiter]] = [:]
+
+    init(maxPerOrigin: Int, maxIdle: Int) {
+        self.maxPerOrigin = maxPerOrigin
+        self.maxIdle = maxIdle
+    }
+
+    /// What a try gets.
+    enum Grant {
+        /// This idle connection, now the try's.
+        case reuse(Connection)
+        /// The right to open a connection (its place is taken).
+        case open
+        /// At the limit: queued, to be woken by a later `release` or `closedIdle`.
+        case wait
+    }
+
+    /// A waiter to tell to go on: `opening` with a place taken for a new connection, else to
+    /// ask again (a connection just went idle for it).
+    struct Wake {
+        let waiter: Waiter
+        let opening: Bool
+    }
+
+    mutating func acquire(origin: String, key: String, for waiter: Waiter) -> Grant {
+        if var list = idle[key], let connection = list.popLast() {
+            idle[key] = list.isEmpty ? nil : list
+            idleCount -= 1
+            return .reuse(connection)
+        }
+        guard maxPerOrigin > 0 else { return .open }
+        let taken = open[origin, default: 0]
+        if taken < maxPerOrigin {
+            open[origin] = taken + 1
+            return .open
+        }
+        waiting[origin, default: []].append(waiter)
+        return .wait
+    }
+
+    /// A queued waiter gave up.
+    mutating func cancelWait(origin: String, for waiter: Waiter) {
+        guard var list = waiting[origin], let i = list.firstIndex(where: { $0 === waiter }) else { return }
+        list.remove(at: i)
+        waiting[origin] = list.isEmpty ? nil : list
+    }
+
+    /// What to do with a connection a try is done with.
+    enum Release {
+        /// Keep it idle (it is in the pool now).
+        case park
+        /// Close it.
+        case close
+    }
+
+    /// A try is done with `connection` (nil: the place it was granted for a connection that
+    /// never opened). The connection is parked when `reusable` and there is room, else
+    /// closed; a waiter for the origin may go on either way.
+    mutating func release(_ connection: Connection?, key: String, origin: String,
+                          reusable: Bool) -> (Release, Wake?) {
+        if let connection, reusable, idleCount < maxIdle {
+            idle[key, default: []].append(connection)
+            idleCount += 1
+            return (.park, wake(origin: origin, freedPlace: false))
+        }
+        return (.close, wake(origin: origin, freedPlace: true))
+    }
+
+    /// An idle connection went bad (the origin closed it, sent bytes unasked, or it aged
+    /// out): it leaves the pool, and its place may go to a waiter. False if it was not idle.
+    mutating func closedIdle(_ connection: Connection, key: String, origin: String) -> (removed: Bool, wake: Wake?) {
+        guard var list = idle[key], let i = list.firstIndex(where: { $0 === connection }) else { return (false, nil) }
+        list.remove(at: i)
+        idle[key] = list.isEmpty ? nil : list
+        idleCount -= 1
+        return (true, wake(origin: origin, freedPlace: true))
+    }
+
+    /// Every idle connection, emptying the pool (shutdown).
+    mutating func drainIdle() -> [Connection] {
+        let all = idle.values.flatMap { $0 }
+        idle.removeAll()
+        idleCount = 0
+        waiting.removeAll()
+        return all
+    }
+
+    /// Waiters queued for `origin` (for tests and reports).
+    func waiters(for origin: String) -> Int { waiting[origin]?.count ?? 0 }
+
+    /// Places taken for `origin` under the limit (for tests and reports).
+    func places(for origin: String) -> Int { open[origin] ?? 0 }
+
+    private mutating func wake(origin: String, freedPlace: Bool) -> Wake? {
+        guard maxPerOrigin > 0 else { return nil }
+        if freedPlace {
+            let taken = open[origin, default: 1] - 1
+            open[origin] = taken > 0 ? taken : nil
+        }
+        guard var list = waiting[origin], !list.isEmpty else { return nil }
+        let next = list.removeFirst()
+        waiting[origin] = list.isEmpty ? nil : list
+        if freedPlace { open[origin, default: 0] += 1 }
+        return Wake(waiter: next, opening: freedPlace)
+    }
+}

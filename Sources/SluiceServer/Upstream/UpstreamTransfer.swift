@@ -1,0 +1,145 @@
+import CLibEvent
+import SluiceCore
+
+/// One try of a forwarded request to an origin, as the exchange drives it: the one interface
+/// between the session core (`ClientConnection` and its `ExchangeMachine`) and a transport.
+/// Two implementations sit behind it (docs/architecture.md, "Two transports"):
+/// - `NativeUpstreamTransfer`: Sluice's own HTTP/1.1 client on the worker's loop, with a
+///   per-worker keep-alive pool (`NativeUpstreamPool`) and the strict `HTTPResponseParser`;
+///   the default for plain-http origins;
+/// - `CurlUpstreamTransfer`: a libcurl easy handle on the worker's multi, for https, HTTP/2,
+///   auth challenges and parent proxies.
+/// `UpstreamEngine.choose` (SluiceCore) is the rule between them, per try.
+///
+/// Both tell their `UpstreamTransferDelegate` the same events in the same order, read the
+/// request body from a `RequestBodySource` on demand, and write the response into the
+/// client's output buffer re-framed by `ResponseEncoder`.
+///
+/// Threading: created, driven and finished on its worker's thread only.
+protocol UpstreamTransfer: AnyObject {
+    /// The origin this try goes to.
+    var target: RequestTarget { get }
+    /// Response bytes reached the client's output (a drained redirect or retry sends none).
+    var responseStarted: Bool { get }
+    /// The client's response is framed by the end of the connection (an HTTP/1.0 client and
+    /// an upstream body without a length): only the kind of close tells a cut from the end.
+    var framedByClose: Bool { get }
+    /// Keeps a copy of the body sent to the client, for the shared cache (set by the
+    /// delegate while it answers `responseHeadArrived`; nil without a cache).
+    var cacheFill: CacheFill? { get set }
+    /// Field lines (each ending in CRLF) added to the forwarded head after `Via`: the
+    /// cache's `Cache-Status`. Empty without a cache.
+    var extraHeadLines: [UInt8] { get set }
+
+    /// Starts the try and its per-try timer (start → response head), in milliseconds.
+    func start(perTryTimeout: Int)
+    /// Detaches from the origin and the client. Safe to call more than once; the delegate
+    /// hears nothing more after it (but `tryEnded`, once, if the try had not ended).
+    func cancel()
+
+    // Answers to `UpstreamTransferDelegate.responseHeadArrived` (only inside that call).
+
+    /// Send the response to the client; `keepAlive` says whether its head promises to keep
+    /// the client connection open.
+    func forward(keepAlive: Bool)
+    /// Drain this response's body, then go on with `next` (`transferRedirected`).
+    func follow(_ next: UpstreamRequest)
+    /// Drain this response's body for a retry (`transferDiscarded`).
+    func discard()
+    /// Drain the response without sending it (a `304` that validated a stored response),
+    /// then `transferAbsorbed`.
+    func absorb()
+
+    /// The client drained its output below the low watermark.
+    func resumeDownload()
+    /// The client sent more request body.
+    func resumeUpload()
+}
+
+/// What happens to a transfer, told to the client side of its exchange (implemented by
+/// `ClientConnection`). Events only: nothing here returns a decision. The one decision a
+/// transfer needs — what to do with a final response head — is asked for by
+/// `responseHeadArrived`, and answered by calling `forward(keepAlive:)`, `follow(_:)` or
+/// `discard()` on the transfer before that call returns.
+///
+/// Threading: every call happens on the worker's thread, from a transport's callback, a timer
+/// or `cancel()`.
+protocol UpstreamTransferDelegate: AnyObject {
+    /// The final response head arrived (once per try, before any byte of it reaches the
+    /// client). The delegate answers on `transfer` before returning; with no answer the head
+    /// is forwarded with a close.
+    func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer)
+    /// The response head went to the client (`status`), or the body bytes did (`bytes`).
+    func responseStarted(status: Int)
+    func responseBodySent(bytes: Int)
+    /// A try ended; `timings` come from its transport.
+    func tryEnded(timings: TryTimings)
+    /// The redirect response was drained; the exchange goes on with `next`.
+    func transferRedirected(to next: UpstreamRequest)
+    /// A discarded response was drained (or its transfer ended): the exchange retries.
+    func transferDiscarded()
+    /// An absorbed response (a `304` that validated a stored one) ended; nothing of it
+    /// reached the client, which the exchange now answers from the cache.
+    func transferAbsorbed()
+    /// The response is complete; `reusable` is false when it was close-delimited.
+    func transferFinished(reusable: Bool)
+    /// The exchange failed before any response byte reached the client.
+    func transferFailed(_ error: ProxyError, kind: TransportErrorKind)
+    /// The exchange failed after response bytes reached the client: the connection must end
+    /// without completing the message.
+    func transferAborted()
+}
+
+/// The request body a transfer uploads, read on its transport's demand: a stream, not an event
+/// sink (as URLSession takes an input stream). Implemented by `ClientConnection`, which
+/// decodes it from the client's input (or replays what `RequestBodyReader` kept).
+///
+/// Threading: called from a transport's callbacks (libcurl's read and seek, the native
+/// transport's socket events), on the worker's thread.
+protocol RequestBodySource: AnyObject {
+    /// Copies up to `capacity` decoded request-body bytes into `buffer`. Returns the count,
+    /// 0 at the end of the body, `nil` when no bytes are available yet (the transfer pauses
+    /// until `resumeUpload`), or throws the error that rejects the request.
+    func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int?
+    /// Rewinds the body to be sent again (an auth challenge, a resend on a new connection);
+    /// false if it can't.
+    func rewindRequestBody() -> Bool
+}
+
+/// What the exchange needs to decide about a response head.
+struct UpstreamResponseHead {
+    let collected: ResponseHeadCollector
+    var status: Int { collected.status }
+    func value(_ lowercaseName: String) -> String? { collected.value(lowercaseName) }
+}
+
+/// A request ready for the session core: everything a transport needs, with the header list
+/// already built (as libcurl reads it; the native transport writes the same lines).
+struct UpstreamRequest {
+    enum Body: Equatable {
+        case none
+        case length(Int64)
+        /// Unknown length: sent chunked.
+        case streamed
+    }
+    var method: String
+    var target: RequestTarget
+    var headers: HeaderList
+    var body: Body
+    /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
+    var model: ProxyRequest?
+    /// Answers Basic and Digest challenges (the policy's `credentials`).
+    var credentials: Credentials?
+    /// The target host's trust evaluator and client certificate (set when the try starts:
+    /// a followed redirect may change the host).
+    var trust: ServerTrust = .builtInDefault
+    var clientCertificate: ClientCertificate?
+    /// Connection reuse limits for a TLS try after a reload (`UpstreamTLS.reuse`).
+    var reuse = UpstreamTLS.ConnectionReuse()
+    /// The target host's parent proxy (`upstream_proxy`), set when the try starts.
+    var parentProxy: UpstreamProxy?
+    /// The target host's HTTP version policy (`upstream.http2`), set when the try starts.
+    var http2 = HTTP2Mode.auto
+
+    var isHead: Bool { method == "HEAD" }
+}

@@ -1,0 +1,128 @@
+import Testing
+
+@testable import SluiceServer
+
+/// `UpstreamPoolState`, the native keep-alive pool's rules, without sockets: most recently
+/// used first, the per-origin limit with its queue, and what a closed idle connection frees.
+@Suite struct UpstreamPoolStateTests {
+    final class Conn {
+        let name: String
+        init(_ name: String) { self.name = name }
+    }
+    final class Try {}
+
+    typealias State = UpstreamPoolState<Conn, Try>
+
+    private func reused(_ grant: State.Grant) -> Conn? {
+        if case .reuse(let c) = grant { return c }
+        return nil
+    }
+
+    private func isOpen(_ grant: State.Grant) -> Bool {
+        if case .open = grant { return true }
+        return false
+    }
+
+    private func isWait(_ grant: State.Grant) -> Bool {
+        if case .wait = grant { return true }
+        return false
+    }
+
+    @Test func withoutLimitEveryTryMayOpenAndIdleOnesAreReusedNewestFirst() {
+        var s = State(maxPerOrigin: 0, maxIdle: 10)
+        #expect(isOpen(s.acquire(origin: "a:80", key: "a:80@1", for: Try())))
+        #expect(isOpen(s.acquire(origin: "a:80", key: "a:80@1", for: Try())))
+        let c1 = Conn("1"), c2 = Conn("2")
+        #expect(s.release(c1, key: "a:80@1", origin: "a:80", reusable: true).0 == .park)
+        #expect(s.release(c2, key: "a:80@1", origin: "a:80", reusable: true).0 == .park)
+        #expect(s.idleCount == 2)
+        #expect(reused(s.acquire(origin: "a:80", key: "a:80@1", for: Try())) === c2)
+        #expect(reused(s.acquire(origin: "a:80", key: "a:80@1", for: Try())) === c1)
+        #expect(isOpen(s.acquire(origin: "a:80", key: "a:80@1", for: Try())))
+        #expect(s.idleCount == 0)
+    }
+
+    @Test func connectionsAreKeptPerKey() {
+        var s = State(maxPerOrigin: 0, maxIdle: 10)
+        let c = Conn("a")
+        _ = s.release(c, key: "a:80@10.0.0.1", origin: "a:80", reusable: true)
+        // Another address of the same origin (DNS changed): not this connection.
+        #expect(isOpen(s.acquire(origin: "a:80", key: "a:80@10.0.0.2", for: Try())))
+        #expect(isOpen(s.acquire(origin: "b:80", key: "b:80@10.0.0.1", for: Try())))
+        #expect(reused(s.acquire(origin: "a:80", key: "a:80@10.0.0.1", for: Try())) === c)
+    }
+
+    @Test func aConnectionNotReusableOrBeyondTheIdleBoundIsClosed() {
+        var s = State(maxPerOrigin: 0, maxIdle: 1)
+        #expect(s.release(Conn("x"), key: "k", origin: "o", reusable: false).0 == .close)
+        #expect(s.release(Conn("y"), key: "k", origin: "o", reusable: true).0 == .park)
+        #expect(s.release(Conn("z"), key: "k", origin: "o", reusable: true).0 == .close)
+        #expect(s.idleCount == 1)
+    }
+
+    @Test func theLimitQueuesTriesFirstComeFirstServed() {
+        var s = State(maxPerOrigin: 2, maxIdle: 10)
+        let t1 = Try(), t2 = Try(), t3 = Try(), t4 = Try()
+        #expect(isOpen(s.acquire(origin: "o", key: "k", for: t1)))
+        #expect(isOpen(s.acquire(origin: "o", key: "k", for: t2)))
+        #expect(isWait(s.acquire(origin: "o", key: "k", for: t3)))
+        #expect(isWait(s.acquire(origin: "o", key: "k", for: t4)))
+        #expect(s.places(for: "o") == 2)
+        #expect(s.waiters(for: "o") == 2)
+        // Another origin is not held up.
+        #expect(isOpen(s.acquire(origin: "p", key: "kp", for: Try())))
+
+        // t1's connection goes idle: t3 (first in line) is told to ask again, and gets it.
+        let c1 = Conn("1")
+        let (action, wake) = s.release(c1, key: "k", origin: "o", reusable: true)
+        #expect(action == .park)
+        #expect(wake?.waiter === t3 && wake?.opening == false)
+        #expect(reused(s.acquire(origin: "o", key: "k", for: t3)) === c1)
+        #expect(s.places(for: "o") == 2)
+
+        // t2's connection closes: t4 takes its place with a new connection.
+        let (closeAction, wake2) = s.release(Conn("2"), key: "k", origin: "o", reusable: false)
+        #expect(closeAction == .close)
+        #expect(wake2?.waiter === t4 && wake2?.opening == true)
+        #expect(s.places(for: "o") == 2)
+        #expect(s.waiters(for: "o") == 0)
+    }
+
+    @Test func aTryThatGivesUpLeavesTheQueue() {
+        var s = State(maxPerOrigin: 1, maxIdle: 10)
+        let t1 = Try(), t2 = Try(), t3 = Try()
+        #expect(isOpen(s.acquire(origin: "o", key: "k", for: t1)))
+        #expect(isWait(s.acquire(origin: "o", key: "k", for: t2)))
+        #expect(isWait(s.acquire(origin: "o", key: "k", for: t3)))
+        s.cancelWait(origin: "o", for: t2)
+        let (_, wake) = s.release(nil, key: "", origin: "o", reusable: false)  // t1's connect failed
+        #expect(wake?.waiter === t3 && wake?.opening == true)
+        #expect(s.places(for: "o") == 1)
+    }
+
+    @Test func aClosedIdleConnectionFreesItsPlace() {
+        var s = State(maxPerOrigin: 1, maxIdle: 10)
+        let t1 = Try(), t2 = Try()
+        #expect(isOpen(s.acquire(origin: "o", key: "k", for: t1)))
+        let c = Conn("1")
+        #expect(s.release(c, key: "k", origin: "o", reusable: true).1 == nil)  // nobody waits
+        #expect(s.places(for: "o") == 1)  // the idle connection still holds it
+        // A try for another address of the origin waits: the place is the idle one's.
+        #expect(isWait(s.acquire(origin: "o", key: "k2", for: t2)))
+        let (removed, wake) = s.closedIdle(c, key: "k", origin: "o")
+        #expect(removed)
+        #expect(wake?.waiter === t2 && wake?.opening == true)
+        #expect(s.idleCount == 0)
+        // Not idle any more: a second report changes nothing.
+        #expect(s.closedIdle(c, key: "k", origin: "o").removed == false)
+    }
+
+    @Test func drainIdleEmptiesThePool() {
+        var s = State(maxPerOrigin: 0, maxIdle: 10)
+        _ = s.release(Conn("1"), key: "a", origin: "a", reusable: true)
+        _ = s.release(Conn("2"), key: "b", origin: "b", reusable: true)
+        #expect(s.drainIdle().count == 2)
+        #expect(s.idleCount == 0)
+        #expect(isOpen(s.acquire(origin: "a", key: "a", for: Try())))
+    }
+}

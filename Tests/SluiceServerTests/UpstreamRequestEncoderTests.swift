@@ -1,0 +1,53 @@
+import CLibEvent
+import Testing
+
+@testable import SluiceServer
+
+/// The native transport's request head, from the same header list libcurl gets: curl's
+/// conventions read as curl reads them, `Host` derived from the target, framing from the body.
+@Suite struct UpstreamRequestEncoderTests {
+    private func head(method: String = "GET", url: String, lines: [String], body: UpstreamRequest.Body = .none) throws -> String {
+        var builder = HeaderList.Builder()
+        for line in lines {
+            if line.hasSuffix(";") || line.hasSuffix(":") {
+                builder.append(line: Array(line.utf8))
+            } else {
+                let colon = line.firstIndex(of: ":")!
+                builder.append(name: Array(line[..<colon].utf8),
+                               value: Array(line[line.index(after: colon)...].drop(while: { $0 == " " }).utf8))
+            }
+        }
+        let request = UpstreamRequest(method: method, target: try RequestTarget.absolute(url),
+                                      headers: builder.makeList(), body: body)
+        let out = evbuffer_new()!
+        defer { evbuffer_free(out) }
+        UpstreamRequestEncoder.writeHead(request, into: out)
+        let n = evbuffer_get_length(out)
+        var bytes = [UInt8](repeating: 0, count: n)
+        evbuffer_remove(out, &bytes, n)
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    @Test func originFormHostFromTheTargetAndCurlsConventions() throws {
+        let text = try head(url: "http://example.com/a/b?x=1",
+                            lines: ["X-A: 1", "X-Empty;", "Via: 1.1 sluice-x", "Expect:", "Accept:"])
+        #expect(text == "GET /a/b?x=1 HTTP/1.1\r\nX-A: 1\r\nX-Empty:\r\nVia: 1.1 sluice-x\r\nHost: example.com\r\n\r\n")
+    }
+
+    @Test func aPortOtherThanTheDefaultIsInHostAndIPv6IsBracketed() throws {
+        #expect(try head(url: "http://127.0.0.1:8080/", lines: []) == "GET / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n")
+        #expect(try head(url: "http://[::1]:81/", lines: []) == "GET / HTTP/1.1\r\nHost: [::1]:81\r\n\r\n")
+    }
+
+    @Test func aHostInTheListWins() throws {
+        let text = try head(url: "http://10.0.0.1:8443/", lines: ["Host: api.example.com"])
+        #expect(text == "GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+    }
+
+    @Test func framingComesFromTheBody() throws {
+        #expect(try head(method: "PUT", url: "http://h/", lines: [], body: .length(5))
+                == "PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\n")
+        #expect(try head(method: "POST", url: "http://h/", lines: [], body: .streamed)
+                == "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n")
+    }
+}
