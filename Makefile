@@ -21,7 +21,7 @@ INSTALL_VARS = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' BINDIR='$(BINDIR)' SYSCON
 	UNITDIR='$(UNITDIR)' MANDIR='$(MANDIR)' DOCDIR='$(DOCDIR)' BASHCOMPDIR='$(BASHCOMPDIR)' \
 	ZSHCOMPDIR='$(ZSHCOMPDIR)' FISHCOMPDIR='$(FISHCOMPDIR)'
 
-.PHONY: run test build deps test-deps unit e2e bench clean man install uninstall deb image static fuzz sanitize
+.PHONY: run test build deps test-deps unit e2e e2e-curl bench clean man install uninstall deb image static fuzz sanitize
 
 run: deps build
 	$(BIN) run
@@ -35,13 +35,21 @@ deps:
 test-deps:
 	scripts/install-deps.sh test
 
-test: test-deps build unit e2e
+test: test-deps build unit e2e e2e-curl
 
 unit:
 	$(SWIFT) test
 
 e2e:
 	SLUICE_BIN=$(abspath $(BIN)) python3 -m pytest Tests/e2e -q
+
+# The e2e modules that forward plain-http requests, once more with libcurl as the upstream
+# engine (`e2e` runs them with the default, Sluice's native HTTP/1.1 client): SLUICE_E2E_ENGINE
+# makes Tests/e2e/conftest.py add `upstream: { engine: curl }` to every config it writes.
+E2E_CURL_MODULES := test_forward.py test_streaming.py test_retry.py test_faults.py test_failures.py \
+	test_upstream_framing.py test_overload.py test_redirects.py test_cache.py
+e2e-curl:
+	SLUICE_E2E_ENGINE=curl SLUICE_BIN=$(abspath $(BIN)) python3 -m pytest $(addprefix Tests/e2e/,$(E2E_CURL_MODULES)) -q
 
 # AddressSanitizer (with LeakSanitizer), then ThreadSanitizer: each builds sluice with it
 # (.build-asan, .build-tsan) and runs the e2e suite's core modules against it; fails on a test

@@ -37,7 +37,9 @@
 #   CONNECTIONS="1 16 64 256"
 #   CPU_CONN=64            connection count whose (median) run gives CPU time per request
 #   TARGETS="direct sluice sluice-pipeline haproxy nginx trafficserver"
-#                          subset/order of targets; also known: squid, tinyproxy, and
+#                          subset/order of targets; also known: squid, tinyproxy,
+#                          sluice-curl (sluice-pipeline with upstream.engine: curl: the
+#                          libcurl transport beside the native one, same pipeline), and
 #                          sluice-metrics (sluice-pipeline plus the metrics monitor and an
 #                          admin listener on BASE_PORT+10: the monitor's cost)
 #                          (sluice-pipeline: Sluice with PIPELINE_YAML, by default three
@@ -122,6 +124,7 @@ declare -A PORT=(
     [tinyproxy]=$((BASE_PORT + 4))
     [sluice-pipeline]=$((BASE_PORT + 6))
     [sluice-metrics]=$((BASE_PORT + 5))
+    [sluice-curl]=$((BASE_PORT + 11))
     [haproxy]=$((BASE_PORT + 7))
     [trafficserver]=$((BASE_PORT + 8))
 )
@@ -591,6 +594,11 @@ policies:
 EOF
 }
 pipeline_yaml() { if [[ -n "${PIPELINE_YAML:-}" ]]; then printf '%s\n' "$PIPELINE_YAML"; else default_pipeline_yaml "$1"; fi; }
+# sluice-pipeline through the libcurl transport (upstream.engine: curl): the two upstream
+# transports side by side, with the same pipeline.
+curl_yaml() {            # curl_yaml DIR
+    pipeline_yaml "$1" | sed 's/^  default:$/  default:\n    upstream: { engine: curl }/'
+}
 # sluice-pipeline plus the metrics monitor and the admin listener that serves /metrics
 # (issue 11: the monitor's cost, against sluice-pipeline in the same run).
 metrics_yaml() {         # metrics_yaml DIR
@@ -870,6 +878,7 @@ for t in $TARGETS; do
         sluice)    start_sluice sluice && ok=1 ;;
         sluice-pipeline) start_sluice sluice-pipeline "$(pipeline_yaml "$TMP/sluice-pipeline")" && ok=1 ;;
         sluice-metrics) start_sluice sluice-metrics "$(metrics_yaml "$TMP/sluice-metrics")" && ok=1 ;;
+        sluice-curl) start_sluice sluice-curl "$(curl_yaml "$TMP/sluice-curl")" && ok=1 ;;
         haproxy)   start_haproxy && ok=1 ;;
         nginx)     start_nginx_proxy && ok=1 ;;
         trafficserver) start_trafficserver && ok=1 ;;
@@ -1292,9 +1301,13 @@ if [[ "$CALLGRIND" == 1 ]]; then
     else
         cp "$SLUICE_BIN" "$CG_BIN"
     fi
-    for v in sluice sluice-pipeline; do
+    for v in sluice sluice-pipeline sluice-curl; do
         [[ " ${ACTIVE[*]} " == *" $v "* ]] || continue
-        if [[ $v == sluice ]]; then extra=$SLUICE_EXTRA_YAML; else extra=$(pipeline_yaml "$TMP/callgrind"); fi
+        case $v in
+            sluice) extra=$SLUICE_EXTRA_YAML ;;
+            sluice-pipeline) extra=$(pipeline_yaml "$TMP/callgrind") ;;
+            sluice-curl) extra=$(curl_yaml "$TMP/callgrind") ;;
+        esac
         sluice_yaml "$CG_PORT" 1 "$extra" > "$TMP/callgrind/$v.yaml"
         log "callgrind: $v, $CALLGRIND_N1 and $CALLGRIND_N2 requests (valgrind is slow)"
         callgrind_run "$v" "$CALLGRIND_N1" && callgrind_run "$v" "$CALLGRIND_N2" || continue
@@ -1444,13 +1457,13 @@ if active sluice-metrics && active sluice-pipeline; then
     fi
 fi
 
-if [[ "$CALLGRIND" == 1 ]] && { active sluice || active sluice-pipeline; }; then
+if [[ "$CALLGRIND" == 1 ]] && { active sluice || active sluice-pipeline || active sluice-curl; }; then
     echo
     echo "## Instructions per request (callgrind)"
     echo
     echo "| target | Ir, $CALLGRIND_N1 requests | Ir, $CALLGRIND_N2 requests | instructions per request |"
     echo "| --- | ---: | ---: | ---: |"
-    for v in sluice sluice-pipeline; do
+    for v in sluice sluice-pipeline sluice-curl; do
         active "$v" || continue
         printf '| %s | %s | %s | %s |\n' "$v" "$(or_na "${CG_IR[$v|$CALLGRIND_N1]:-}")" \
             "$(or_na "${CG_IR[$v|$CALLGRIND_N2]:-}")" "$(or_na "$(ir_per_req "$v")")"
@@ -1568,7 +1581,7 @@ fi
 for t in "${proxies[@]}"; do
     [[ -n "${SYS_NOTE[$t]:-}" ]] && NOTES+=("$t, syscalls per request: ${SYS_NOTE[$t]}")
 done
-for v in sluice sluice-pipeline; do
+for v in sluice sluice-pipeline sluice-curl; do
     [[ -n "${CG_NOTE[$v]:-}" ]] && NOTES+=("$v, instructions per request: ${CG_NOTE[$v]}")
 done
 na=${#NOTES[@]}

@@ -5,7 +5,8 @@ Everything listens on 127.0.0.1 on ports picked in 20000-30000. Session-scoped u
 Sluice itself start per test. Every child process is killed at session end.
 
 Run: python3 -m pytest Tests/e2e -q        (SLUICE_BIN overrides the binary's path;
-     -m "not heavy" leaves out the 1 GiB tests)
+     -m "not heavy" leaves out the 1 GiB tests; SLUICE_E2E_ENGINE=curl runs them with
+     libcurl as the upstream engine, see `with_engine` below and `make e2e-curl`)
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ from support import MiB, clean_env, tail  # noqa: E402
 
 REPO = HERE.parents[1]
 SLUICE_BIN = os.environ.get("SLUICE_BIN", str(REPO / ".build" / "release" / "sluice"))
+# The upstream engine for plain-http origins in every config sluice_factory writes: native
+# (Sluice's own HTTP/1.1 client) or curl (libcurl); unset or empty: Sluice's default (native),
+# and the configs are written as the tests give them. `make e2e-curl` sets curl.
+E2E_ENGINE = os.environ.get("SLUICE_E2E_ENGINE", "").strip()
+if E2E_ENGINE not in ("", "native", "curl"):
+    raise pytest.UsageError(f"SLUICE_E2E_ENGINE={E2E_ENGINE!r}: expected native or curl (or unset)")
 BIG_SIZE = 1 << 30
 
 # ------------------------------------------------------------------------------------------
@@ -235,6 +242,31 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+def with_engine(cfg: dict) -> dict:
+    """cfg with SLUICE_E2E_ENGINE's `engine` in policies.default.upstream (the section and the
+    default policy are created when missing) and in every host policy's own `upstream` section
+    (a host's `upstream` replaces the default's as a whole: docs/configuration.md, "Upstream
+    engine"). An `engine` the test wrote itself is kept, and `native` is not written beside
+    `scheme: https` or `http2: prior_knowledge` (a config error; libcurl serves those anyway).
+    Unchanged when the variable is unset."""
+    if not E2E_ENGINE:
+        return cfg
+    cfg = dict(cfg)
+    policies = dict(cfg.get("policies") or {})
+    for name, policy in list(policies.items()):
+        if name == "default" or (isinstance(policy, dict) and isinstance(policy.get("upstream"), dict)):
+            policy = dict(policy or {})
+            section = dict(policy.get("upstream") or {})
+            if E2E_ENGINE == "native" and (section.get("scheme") == "https" or section.get("http2") == "prior_knowledge"):
+                continue
+            policy["upstream"] = {"engine": E2E_ENGINE, **section}
+            policies[name] = policy
+    if "default" not in policies:
+        policies["default"] = {"upstream": {"engine": E2E_ENGINE}}
+    cfg["policies"] = policies
+    return cfg
+
+
 @pytest.fixture(scope="session")
 def sluice_bin() -> str:
     if not (os.path.isfile(SLUICE_BIN) and os.access(SLUICE_BIN, os.X_OK)):
@@ -258,7 +290,7 @@ def sluice_factory(sluice_bin, tmp_path, pki, nginx):
             "access": {"connect_ports": [443, nginx.https_port]},
             "tls": {"ca_file": str(pki.ca_pem)},
         }
-        cfg = deep_merge(cfg, overrides or {})
+        cfg = with_engine(deep_merge(cfg, overrides or {}))
         port = int(str(cfg["listen"][0]).rsplit(":", 1)[1])  # a test may pass its own listen list
         path = tmp_path / f"{name}-{port}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
