@@ -11,7 +11,7 @@ import Testing
     }
     final class Try {}
 
-    typealias State = UpstreamPoolState<Conn, Try>
+    typealias State = UpstreamPoolState<String, String, Conn, Try>
 
     private func reused(_ grant: State.Grant) -> Conn? {
         if case .reuse(let c) = grant { return c }

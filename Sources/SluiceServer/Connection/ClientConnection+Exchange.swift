@@ -26,7 +26,7 @@ extension ClientConnection {
             if target.port != original.port {
                 // The origin is asked for by the name the client used (virtual hosting).
                 hostHeader = (original.port != 80 ? original.authority
-                    : original.host.contains(":") ? "[\(original.host)]" : original.host, target)
+                    : original.host.utf8.contains(0x3A) ? "[\(original.host)]" : original.host, target)
             }
         }
         var summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)

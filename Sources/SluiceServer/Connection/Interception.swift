@@ -54,7 +54,7 @@ struct Interception {
     /// The upstream target of a request inside: origin-form maps onto the CONNECT's authority;
     /// absolute-form must name that same authority.
     func target(for head: HTTPRequestHead) throws(ProxyError) -> RequestTarget {
-        let host = authority.host.contains(":") ? "[\(authority.host)]" : authority.host
+        let host = authority.host.utf8.contains(0x3A) ? "[\(authority.host)]" : authority.host
         if head.bytes[head.targetRange.lowerBound] == UInt8(ascii: "/") {
             return try RequestTarget.absolute("https://\(host):\(authority.port)" + head.target)
         }

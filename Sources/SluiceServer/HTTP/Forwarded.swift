@@ -120,7 +120,7 @@ struct ForwardingFields: Sendable, Equatable {
     /// RFC 7239 §6: an IPv6 node is bracketed and, since `[` and `:` are not token
     /// characters, quoted.
     static func nodeName(_ address: String) -> String {
-        address.contains(":") ? "\"[\(address)]\"" : address
+        address.utf8.contains(0x3A) ? "\"[\(address)]\"" : address
     }
 
     /// A `Forwarded` parameter value: a token as is, anything else as a quoted string.

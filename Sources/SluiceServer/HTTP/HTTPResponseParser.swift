@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 /// The HTTP/1.1 response decoder of Sluice's native upstream transport (its own HTTP/1.1
 /// client for plain-http origins): a value-type state machine over bytes (RFC 9112), the twin
 /// of `HTTPRequestParser`.
@@ -247,42 +250,64 @@ struct HTTPResponseParser {
 
     /// Splits `input` into CRLF-ended lines (refusing bare CR and bare LF), bounded by
     /// `limits.headerSection`, and hands each complete line to the head or trailer logic.
+    /// Lines are found with `memchr` (a head is scanned at memory speed, not byte by byte);
+    /// whatever the split, the first offending byte decides the failure, as a byte-by-byte
+    /// scan would: the byte past the limit, a bare LF, or a CR not followed by LF.
     private mutating func scanLines(_ input: UnsafeRawBufferPointer, trailer: Bool) throws(Failure) -> (Int, Event?) {
+        guard let base = input.baseAddress, input.count > 0 else { return (0, nil) }
         var i = 0
-        var segmentStart = 0
         while i < input.count {
-            let b = input[i]
-            i += 1
-            sectionBytes += 1
-            if sectionBytes > limits.headerSection {
-                throw Failure(reason: trailer ? "trailer section larger than \(limits.headerSection) bytes"
-                                              : "response head larger than \(limits.headerSection) bytes")
-            }
             if lineSawCR {
-                guard b == 0x0A else {
+                // The last segment ended with a CR: this byte must be its LF.
+                try count(1, trailer: trailer)
+                guard input[i] == 0x0A else {
                     throw Failure(reason: trailer ? "bare CR in the trailer section" : "bare CR in the response head")
                 }
+                i += 1
                 lineSawCR = false
-                line.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[segmentStart..<i]))
-                line.removeLast(2)  // CRLF
-                segmentStart = i
-                // The line is handed over by value without a copy, and its storage comes back.
-                var complete: [UInt8] = []
-                swap(&complete, &line)
-                defer {
-                    complete.removeAll(keepingCapacity: true)
-                    swap(&complete, &line)
-                }
-                let event = try (trailer ? trailerLine(complete) : headLine(complete))
-                if let event { return (i, event) }
-            } else if b == 0x0D {
-                lineSawCR = true
-            } else if b == 0x0A {
+                line.removeLast()  // the CR
+                if let event = try completeLine(trailer: trailer) { return (i, event) }
+                continue
+            }
+            let cr = memchr(base + i, 0x0D, input.count - i).map { UnsafeRawPointer($0) - base } ?? input.count
+            // Bytes i..<cr hold no CR; the first LF among them, if any, is a bare LF.
+            if let lf = memchr(base + i, 0x0A, cr - i).map({ UnsafeRawPointer($0) - base }) {
+                try count(lf - i, trailer: trailer)
+                try count(1, trailer: trailer)
                 throw Failure(reason: trailer ? "bare LF in the trailer section" : "bare LF in the response head")
             }
+            if cr == input.count {
+                try count(cr - i, trailer: trailer)
+                line.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[i..<cr]))
+                return (cr, nil)
+            }
+            try count(cr - i + 1, trailer: trailer)  // the segment and its CR
+            line.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[i...cr]))
+            lineSawCR = true
+            i = cr + 1
         }
-        line.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[segmentStart..<i]))
         return (i, nil)
+    }
+
+    /// Counts `n` more bytes of the head or trailer section against the limit.
+    private mutating func count(_ n: Int, trailer: Bool) throws(Failure) {
+        sectionBytes += n
+        if sectionBytes > limits.headerSection {
+            throw Failure(reason: trailer ? "trailer section larger than \(limits.headerSection) bytes"
+                                          : "response head larger than \(limits.headerSection) bytes")
+        }
+    }
+
+    /// Hands the line collected in `line` (without its CRLF) to the head or trailer logic,
+    /// by value without a copy, and takes its storage back.
+    private mutating func completeLine(trailer: Bool) throws(Failure) -> Event? {
+        var complete: [UInt8] = []
+        swap(&complete, &line)
+        defer {
+            complete.removeAll(keepingCapacity: true)
+            swap(&complete, &line)
+        }
+        return try trailer ? trailerLine(complete) : headLine(complete)
     }
 
     private mutating func headLine(_ l: [UInt8]) throws(Failure) -> Event? {

@@ -14,16 +14,32 @@ struct RequestTarget: Equatable {
     var url: String
 
     /// `host:port` for messages and logs; IPv6 literals in brackets.
-    var authority: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+    var authority: String { host.utf8.contains(0x3A) ? "[\(host)]:\(port)" : "\(host):\(port)" }  // bytes: no Foundation search per request
 
     /// The path and query of `url` (`/` when it has none), for a request line Sluice writes
     /// itself (an upgrade handshake).
     var originForm: String {
-        guard let schemeEnd = url.range(of: "://") else { return "/" }
-        let rest = url[schemeEnd.upperBound...]
-        guard let start = rest.firstIndex(where: { $0 == "/" || $0 == "?" }) else { return "/" }
-        let path = rest[start...]
-        return path.first == "?" ? "/" + path : String(path)
+        var out = ""
+        withOriginForm { out += String(decoding: $0, as: UTF8.self) }
+        return out
+    }
+
+    /// Calls `body` with the origin form's bytes: once with `/` when the path is empty, then
+    /// with the path and query as they stand in `url` (no copy, no string built: the native
+    /// transport writes its request line with it).
+    func withOriginForm(_ body: (UnsafeRawBufferPointer) -> Void) {
+        var url = url
+        url.withUTF8 { t in
+            // After "://", the first "/" or "?" starts the origin form.
+            var i = 0
+            while i + 2 < t.count, !(t[i] == 0x3A && t[i + 1] == 0x2F && t[i + 2] == 0x2F) { i += 1 }
+            i += 3
+            while i < t.count, t[i] != 0x2F, t[i] != 0x3F { i += 1 }
+            if i >= t.count || t[i] == 0x3F {
+                withUnsafeBytes(of: UInt8(0x2F)) { body($0) }
+            }
+            if i < t.count { body(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(t)[i...])) }
+        }
     }
 
     /// Parses an absolute-form target (`http://host[:port]/path?query`). Byte-level: this
@@ -91,9 +107,9 @@ struct RequestTarget: Equatable {
         let authorityEnd = afterScheme.firstIndex { $0 == "/" || $0 == "?" } ?? afterScheme.endIndex
         let authority = afterScheme[..<authorityEnd]
         let hostEnd = authority.lastIndex(of: "]") ?? authority.startIndex
-        let explicitPort = authority[hostEnd...].contains(":")
+        let explicitPort = authority[hostEnd...].utf8.contains(0x3A)
         let newPort = override.port ?? (explicitPort ? port : (newScheme == .https ? 443 : 80))
-        let hostText = host.contains(":") ? "[\(host)]" : host
+        let hostText = host.utf8.contains(0x3A) ? "[\(host)]" : host
         let name = newScheme == .https ? "https" : "http"
         return try RequestTarget.absolute("\(name)://\(hostText):\(newPort)" + afterScheme[authorityEnd...])
     }

@@ -22,11 +22,11 @@ import SluiceCore
 enum UpstreamRequestEncoder {
     /// Appends the head to `output`.
     static func writeHead(_ request: UpstreamRequest, into output: OpaquePointer) {
-        var line = request.method
-        line += " "
-        line += request.target.originForm
-        line += " HTTP/1.1\r\n"
-        line.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        var method = request.method
+        method.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        evbuffer_add(output, " ", 1)
+        request.target.withOriginForm { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        evbuffer_add(output, " HTTP/1.1\r\n", 11)
         var sawHost = false
         var node = request.headers.pointer
         while let n = node {
@@ -49,26 +49,49 @@ enum UpstreamRequestEncoder {
             evbuffer_add(output, text, count)
             evbuffer_add(output, "\r\n", 2)
         }
-        var tail = ""
         if !sawHost {
-            tail += "Host: "
-            tail += hostField(request.target)
-            tail += "\r\n"
+            evbuffer_add(output, "Host: ", 6)
+            writeHostField(request.target, into: output)
+            evbuffer_add(output, "\r\n", 2)
         }
         switch request.body {
-        case .none: break
-        case .length(let n): tail += "Content-Length: \(n)\r\n"
-        case .streamed: tail += "Transfer-Encoding: chunked\r\n"
+        case .none:
+            break
+        case .length(let n):
+            evbuffer_add(output, "Content-Length: ", 16)
+            writeDecimal(Int(n), into: output)
+            evbuffer_add(output, "\r\n", 2)
+        case .streamed:
+            evbuffer_add(output, "Transfer-Encoding: chunked\r\n", 28)
         }
-        tail += "\r\n"
-        tail.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        evbuffer_add(output, "\r\n", 2)
     }
 
-    /// `Host` as libcurl derives it from the URL: the host (an IPv6 literal in brackets),
-    /// with the port unless it is the scheme's default.
-    static func hostField(_ target: RequestTarget) -> String {
-        let host = target.host.contains(":") ? "[\(target.host)]" : target.host
-        let defaultPort = target.scheme == .https ? 443 : 80
-        return target.port == defaultPort ? host : "\(host):\(target.port)"
+    /// `Host` as libcurl derives it from the URL — the host (an IPv6 literal in brackets), with
+    /// the port unless it is the scheme's default — written straight into `output`.
+    private static func writeHostField(_ target: RequestTarget, into output: OpaquePointer) {
+        var host = target.host
+        let bracketed = host.utf8.contains(0x3A)
+        if bracketed { evbuffer_add(output, "[", 1) }
+        host.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        if bracketed { evbuffer_add(output, "]", 1) }
+        if target.port != (target.scheme == .https ? 443 : 80) {
+            evbuffer_add(output, ":", 1)
+            writeDecimal(target.port, into: output)
+        }
+    }
+
+    private static func writeDecimal(_ value: Int, into output: OpaquePointer) {
+        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)  // 24 bytes: any Int64
+        withUnsafeMutableBytes(of: &digits) { raw in
+            var n = UInt64(max(0, value))
+            var i = raw.count
+            repeat {
+                i -= 1
+                raw[i] = UInt8(0x30 + n % 10)
+                n /= 10
+            } while n > 0
+            _ = evbuffer_add(output, raw.baseAddress! + i, raw.count - i)
+        }
     }
 }

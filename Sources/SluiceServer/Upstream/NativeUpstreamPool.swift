@@ -13,10 +13,10 @@ import SluiceCore
 /// Threading: owned by its worker's thread; the pool keeps it alive while it is idle, the
 /// transfer while it is busy. Its socket's C context is the socket, unretained.
 final class UpstreamConnection: ClientSocketOwner {
-    /// The pool key: the origin's `host:port` and the address connected to.
-    let key: String
-    /// The origin's `host:port`, the unit of the connection limit.
-    let origin: String
+    /// The pool key: the origin and the address connected to.
+    let key: UpstreamAddressKey
+    /// The origin, the unit of the connection limit.
+    var origin: UpstreamOrigin { key.origin }
     let socket: ClientSocket
     private unowned(unsafe) let pool: NativeUpstreamPool
     /// The transfer using the connection; nil while it is idle in the pool.
@@ -27,9 +27,8 @@ final class UpstreamConnection: ClientSocketOwner {
     fileprivate var idleTimer: OpaquePointer?
     private(set) var isClosed = false
 
-    init(key: String, origin: String, fd: Int32, pool: NativeUpstreamPool) {
+    init(key: UpstreamAddressKey, fd: Int32, pool: NativeUpstreamPool) {
         self.key = key
-        self.origin = origin
         self.pool = pool
         socket = ClientSocket(base: pool.base, fd: fd, spill: pool.spill, watchesCloseWhilePaused: false)
         socket.owner = self
@@ -79,7 +78,7 @@ final class NativeUpstreamPool {
     let base: OpaquePointer
     /// The worker's read spill buffer, shared by every socket of the worker.
     let spill: UnsafeMutableRawBufferPointer
-    private var state: UpstreamPoolState<UpstreamConnection, NativeUpstreamTransfer>
+    private var state: UpstreamPoolState<UpstreamAddressKey, UpstreamOrigin, UpstreamConnection, NativeUpstreamTransfer>
     private var isShutDown = false
     /// Response parsers kept for reuse, with their buffers' capacity.
     private var parsers: [HTTPResponseParser] = []
@@ -91,11 +90,11 @@ final class NativeUpstreamPool {
         state = UpstreamPoolState(maxPerOrigin: limits.maxConnectionsPerHost, maxIdle: Self.maxIdleConnections)
     }
 
-    typealias Grant = UpstreamPoolState<UpstreamConnection, NativeUpstreamTransfer>.Grant
+    typealias Grant = UpstreamPoolState<UpstreamAddressKey, UpstreamOrigin, UpstreamConnection, NativeUpstreamTransfer>.Grant
 
     /// An idle connection to `key` (now the try's), or the right to open one, or a place in
     /// the queue (`connectionAvailable` is called on the try when it may go on).
-    func acquire(origin: String, key: String, for transfer: NativeUpstreamTransfer) -> Grant {
+    func acquire(origin: UpstreamOrigin, key: UpstreamAddressKey, for transfer: NativeUpstreamTransfer) -> Grant {
         let grant = state.acquire(origin: origin, key: key, for: transfer)
         if case .reuse(let connection) = grant {
             if let timer = connection.idleTimer { event_del(timer) }
@@ -105,17 +104,18 @@ final class NativeUpstreamPool {
     }
 
     /// A try that waited gave up.
-    func cancelWait(origin: String, for transfer: NativeUpstreamTransfer) {
+    func cancelWait(origin: UpstreamOrigin, for transfer: NativeUpstreamTransfer) {
         state.cancelWait(origin: origin, for: transfer)
     }
 
     /// The try that was granted a place (nil: its connection never opened) or that owned
     /// `connection` is done with it: parked when `reusable`, else closed (with a reset when
     /// `abortive`).
-    func release(_ connection: UpstreamConnection?, origin: String, reusable: Bool, abortive: Bool = false) {
+    func release(_ connection: UpstreamConnection?, origin: UpstreamOrigin, reusable: Bool, abortive: Bool = false) {
         connection?.user = nil
         let usable = reusable && !isShutDown && connection.map { !$0.isClosed } ?? false
-        let (action, wake) = state.release(connection, key: connection?.key ?? "", origin: origin, reusable: usable)
+        let (action, wake) = state.release(connection, key: connection?.key ?? UpstreamAddressKey(origin: origin), origin: origin,
+                                           reusable: usable)
         if let connection {
             switch action {
             case .park: park(connection)
@@ -172,5 +172,57 @@ final class NativeUpstreamPool {
     func shutdown() {
         isShutDown = true
         for connection in state.drainIdle() { connection.close(abortive: false) }
+    }
+}
+
+/// An origin as the pool counts it: host (as written, without brackets) and port.
+struct UpstreamOrigin: Hashable {
+    let host: String
+    let port: Int
+}
+
+/// An origin and the address a connection to it was made to: connections are reused only
+/// for the same address (a changed DNS answer opens new ones). Built from the bytes of a
+/// socket address, without text.
+struct UpstreamAddressKey: Hashable {
+    let origin: UpstreamOrigin
+    private let family: UInt16
+    private let port: UInt16
+    private let high: UInt64
+    private let low: UInt64
+
+    init(origin: UpstreamOrigin, address: sockaddr_storage) {
+        self.origin = origin
+        var a = address
+        family = a.ss_family
+        switch Int32(a.ss_family) {
+        case AF_INET:
+            (port, high, low) = withUnsafePointer(to: &a) {
+                $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) {
+                    ($0.pointee.sin_port, 0, UInt64($0.pointee.sin_addr.s_addr))
+                }
+            }
+        case AF_INET6:
+            (port, high, low) = withUnsafePointer(to: &a) {
+                $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
+                    var bytes = sin6.pointee.sin6_addr
+                    let (h, l) = withUnsafeBytes(of: &bytes) {
+                        ($0.loadUnaligned(fromByteOffset: 0, as: UInt64.self), $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+                    }
+                    return (sin6.pointee.sin6_port, h, l)
+                }
+            }
+        default:
+            (port, high, low) = (0, 0, 0)
+        }
+    }
+
+    /// No address (a place granted for a connection that never opened).
+    init(origin: UpstreamOrigin) {
+        self.origin = origin
+        family = 0
+        port = 0
+        high = 0
+        low = 0
     }
 }

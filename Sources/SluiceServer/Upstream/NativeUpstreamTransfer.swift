@@ -61,8 +61,10 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private let totalTimeout: Int?
     /// The method may be sent again on a new connection (RFC 9110 §9.2.2: idempotent).
     private let resendable: Bool
-    /// `host:port`: the pool's unit for connection limits, and the name errors carry.
-    private let origin: String
+    /// The pool's unit for connection limits.
+    private let originKey: UpstreamOrigin
+    /// `host:port`, the name errors carry (built only for them).
+    private var origin: String { target.authority }
 
     private var disposition: Disposition?
     private var lookup: Resolver.Lookup?
@@ -72,7 +74,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     /// `access.deny` refused one of the resolved addresses.
     private var someDenied = false
     private var address = sockaddr_storage()
-    private var poolKey = ""
+    private var poolKey: UpstreamAddressKey
     private var waitingForConnection = false
     private var connectEvent: OpaquePointer?
     private var connectingFD: Int32 = -1
@@ -132,8 +134,9 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         connectTimeout = config.timeouts.upstreamConnect
         totalTimeout = config.timeouts.total
         resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
-        origin = request.target.authority
+        originKey = UpstreamOrigin(host: request.target.host, port: request.target.port)
         parser = pool.takeParser()
+        poolKey = UpstreamAddressKey(origin: originKey)
         timings.engine = .native
     }
 
@@ -187,14 +190,14 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             event_free(connectEvent)
             self.connectEvent = nil
             Glibc.close(connectingFD)
-            pool.release(nil, origin: origin, reusable: false)
+            pool.release(nil, origin: originKey, reusable: false)
         }
-        if waitingForConnection { pool.cancelWait(origin: origin, for: self) }
+        if waitingForConnection { pool.cancelWait(origin: originKey, for: self) }
         if let connection {
             // Abandoned midway (the client left, an operator cancelled): the origin is told
             // by a reset, whatever it was doing. A try that failed closes it plainly.
             self.connection = nil
-            pool.release(connection, origin: origin, reusable: false, abortive: !inCompletion)
+            pool.release(connection, origin: originKey, reusable: false, abortive: !inCompletion)
         }
         redirectTo = nil
         delegate = nil
@@ -244,16 +247,14 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func use(candidate index: Int) {
         candidateIndex = index
         address = candidates[index]
-        poolKey = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { origin + "@" + (SocketAddress.host($0) ?? "") }
-        }
+        poolKey = UpstreamAddressKey(origin: originKey, address: address)
     }
 
     /// A connect to the current address was refused: the next allowed address is tried (in
     /// the place the failed one had under the limit), or the try fails.
     private func connectRefused() {
         guard candidateIndex + 1 < candidates.count else {
-            pool.release(nil, origin: origin, reusable: false)
+            pool.release(nil, origin: originKey, reusable: false)
             // As libcurl reported it: an address `access.deny` refused outweighs a refusal.
             if someDenied {
                 fail(.destinationDenied(host: target.host), kind: .other)
@@ -267,7 +268,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     }
 
     private func acquireConnection() {
-        switch pool.acquire(origin: origin, key: poolKey, for: self) {
+        switch pool.acquire(origin: originKey, key: poolKey, for: self) {
         case .reuse(let connection):
             self.connection = connection
             reused = true
@@ -285,7 +286,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     func connectionAvailable(opening: Bool) {
         waitingForConnection = false
         guard !finished else {
-            if opening { pool.release(nil, origin: origin, reusable: false) }
+            if opening { pool.release(nil, origin: originKey, reusable: false) }
             return
         }
         if opening { openConnection() } else { acquireConnection() }
@@ -295,7 +296,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         let family = Int32(address.ss_family)
         let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else {
-            pool.release(nil, origin: origin, reusable: false)
+            pool.release(nil, origin: originKey, reusable: false)
             fail(.socketUnavailable(host: origin, reason: CurlUpstreamTransfer.socketFailure(errno)), kind: .other)
             return
         }
@@ -334,7 +335,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         guard what & Int16(EV_TIMEOUT) == 0, error == 0 else {
             Glibc.close(fd)
             if what & Int16(EV_TIMEOUT) != 0 {
-                pool.release(nil, origin: origin, reusable: false)
+                pool.release(nil, origin: originKey, reusable: false)
                 fail(.upstreamTimeout(host: origin, phase: .connect), kind: .timeout)
             } else {
                 Log.debug("upstream \(origin): connect failed: \(String(cString: strerror(error)))")
@@ -348,7 +349,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func connected(_ fd: Int32) {
         timings.connect = elapsed()
         timings.newConnection = true
-        let connection = UpstreamConnection(key: poolKey, origin: origin, fd: fd, pool: pool)
+        let connection = UpstreamConnection(key: poolKey, fd: fd, pool: pool)
         connection.user = self
         self.connection = connection
         sendRequest()
@@ -583,7 +584,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         delegate.tryEnded(timings: currentTimings())
         if let connection {
             self.connection = nil
-            pool.release(connection, origin: origin, reusable: connectionReusable)
+            pool.release(connection, origin: originKey, reusable: connectionReusable)
         }
         if let next = redirectTo {
             redirectTo = nil

@@ -439,7 +439,7 @@ final class Resolver {
             }
             if numeric, inet_aton(String(text), &v4) != 0 { return storage(v4: v4) }
         }
-        guard text.contains(":") else { return nil }
+        guard text.utf8.contains(0x3A) else { return nil }
         var zone: UInt32 = 0
         if let percent = text.firstIndex(of: "%") {
             let name = String(text[text.index(after: percent)...])

@@ -127,7 +127,7 @@ final class UpgradeTransfer: CurlTransfer {
         if !lines.contains(where: { $0.lowercased().hasPrefix("host:") }) {
             let t = request.target
             let defaultPort = t.port == (t.scheme == .https ? 443 : 80)
-            let host = t.host.contains(":") ? "[\(t.host)]" : t.host
+            let host = t.host.utf8.contains(0x3A) ? "[\(t.host)]" : t.host
             lines.insert("Host: " + (defaultPort ? host : "\(host):\(t.port)"), at: 0)
         }
         for line in lines {

@@ -4,22 +4,22 @@
 /// `NativeUpstreamPool` performs what it answers (park, close, wake), and the rules are
 /// unit-tested without a network (`Tests/SluiceServerTests/UpstreamPoolStateTests.swift`).
 ///
-/// Connections are kept per key (an origin `host:port` and the address connected to) and
+/// Connections are kept per key (an origin and the address connected to) and
 /// handed out most recently used first, so a burst's connections are reused while older
 /// ones age out. The limit counts per origin: every connection that is open or being opened
 /// (idle ones included) holds a place until it is closed.
 ///
 /// Threading: a value owned by one worker's pool, on that worker's thread.
-struct UpstreamPoolState<Connection: AnyObject, Waiter: AnyObject> {
+struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject, Waiter: AnyObject> {
     /// Connections per origin at most; 0 = no limit.
     let maxPerOrigin: Int
     /// Idle connections kept at most, all keys together.
     let maxIdle: Int
-    private var idle: [String: [Connection]] = [:]
+    private var idle: [Key: [Connection]] = [:]
     private(set) var idleCount = 0
     /// Places taken per origin (only counted with a limit).
-    private var open: [String: Int] = [:]
-    private var waiting: [String: [Waiter]] = [:]
+    private var open: [Origin: Int] = [:]
+    private var waiting: [Origin: [Waiter]] = [:]
 
     init(maxPerOrigin: Int, maxIdle: Int) {
         self.maxPerOrigin = maxPerOrigin
@@ -43,7 +43,7 @@ struct UpstreamPoolState<Connection: AnyObject, Waiter: AnyObject> {
         let opening: Bool
     }
 
-    mutating func acquire(origin: String, key: String, for waiter: Waiter) -> Grant {
+    mutating func acquire(origin: Origin, key: Key, for waiter: Waiter) -> Grant {
         if var list = idle[key], let connection = list.popLast() {
             idle[key] = list.isEmpty ? nil : list
             idleCount -= 1
@@ -60,7 +60,7 @@ struct UpstreamPoolState<Connection: AnyObject, Waiter: AnyObject> {
     }
 
     /// A queued waiter gave up.
-    mutating func cancelWait(origin: String, for waiter: Waiter) {
+    mutating func cancelWait(origin: Origin, for waiter: Waiter) {
         guard var list = waiting[origin], let i = list.firstIndex(where: { $0 === waiter }) else { return }
         list.remove(at: i)
         waiting[origin] = list.isEmpty ? nil : list
@@ -77,7 +77,7 @@ struct UpstreamPoolState<Connection: AnyObject, Waiter: AnyObject> {
     /// A try is done with `connection` (nil: the place it was granted for a connection that
     /// never opened). The connection is parked when `reusable` and there is room, else
     /// closed; a waiter for the origin may go on either way.
-    mutating func release(_ connection: Connection?, key: String, origin: String,
+    mutating func release(_ connection: Connection?, key: Key, origin: Origin,
                           reusable: Bool) -> (Release, Wake?) {
         if let connection, reusable, idleCount < maxIdle {
             idle[key, default: []].append(connection)
@@ -89,7 +89,7 @@ struct UpstreamPoolState<Connection: AnyObject, Waiter: AnyObject> {
 
     /// An idle connection went bad (the origin closed it, sent bytes unasked, or it aged
     /// out): it leaves the pool, and its place may go to a waiter. False if it was not idle.
-    mutating func closedIdle(_ connection: Connection, key: String, origin: String) -> (removed: Bool, wake: Wake?) {
+    mutating func closedIdle(_ connection: Connection, key: Key, origin: Origin) -> (removed: Bool, wake: Wake?) {
         guard var list = idle[key], let i = list.firstIndex(where: { $0 === connection }) else { return (false, nil) }
         list.remove(at: i)
         idle[key] = list.isEmpty ? nil : list
@@ -107,12 +107,12 @@ struct UpstreamPoolState<Connection: AnyObject, Waiter: AnyObject> {
     }
 
     /// Waiters queued for `origin` (for tests and reports).
-    func waiters(for origin: String) -> Int { waiting[origin]?.count ?? 0 }
+    func waiters(for origin: Origin) -> Int { waiting[origin]?.count ?? 0 }
 
     /// Places taken for `origin` under the limit (for tests and reports).
-    func places(for origin: String) -> Int { open[origin] ?? 0 }
+    func places(for origin: Origin) -> Int { open[origin] ?? 0 }
 
-    private mutating func wake(origin: String, freedPlace: Bool) -> Wake? {
+    private mutating func wake(origin: Origin, freedPlace: Bool) -> Wake? {
         guard maxPerOrigin > 0 else { return nil }
         if freedPlace {
             let taken = open[origin, default: 1] - 1
