@@ -136,6 +136,9 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
         originKey = UpstreamOrigin(host: request.target.host, port: request.target.port)
         parser = pool.takeParser()
+        // A recycled parser still holds its last response: nothing of it may show in this
+        // try's timings (`currentTimings` reads the status).
+        parser.expectResponse(headRequest: isHead)
         poolKey = UpstreamAddressKey(origin: originKey)
         timings.engine = .native
     }
