@@ -507,6 +507,14 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                 responseHead()
             case .body(let range)?:
                 if timings.firstByte == 0 { timings.firstByte = elapsed() }
+                if range.lowerBound == 0, range.count == consumed, framing == .length || framing == .close,
+                   !discarding, redirectTo == nil {
+                    // The body goes on unchanged: its chain moves from the origin's input to the
+                    // client's output without a copy (after the cache's tee saw it).
+                    deliver(UnsafeRawBufferPointer(rebasing: buffer[range]), movingFrom: input)
+                    connection.socket.inputConsumed()
+                    continue
+                }
                 deliver(UnsafeRawBufferPointer(rebasing: buffer[range]))
             case .end?:
                 evbuffer_drain(input, consumed)
@@ -561,17 +569,31 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         delegate.responseStarted(status: parser.head.status)
     }
 
-    private func deliver(_ data: UnsafeRawBufferPointer) {
-        guard let delegate, !discarding, redirectTo == nil, data.count > 0 else { return }
+    /// Sends body bytes to the client, re-framed. `movingFrom`: `data` is the head of that
+    /// buffer, and (for a body the client gets as it comes: `.length`, `.close`) is moved from
+    /// it instead of copied; the caller then must not drain it.
+    private func deliver(_ data: UnsafeRawBufferPointer, movingFrom source: OpaquePointer? = nil) {
+        guard let delegate, !discarding, redirectTo == nil, data.count > 0 else {
+            if let source { evbuffer_drain(source, data.count) }
+            return
+        }
         switch framing {
         case .none:
-            return  // a body on a bodiless response is dropped, never forwarded
+            // A body on a bodiless response is dropped, never forwarded.
+            if let source { evbuffer_drain(source, data.count) }
+            return
         case .chunked:
+            cacheFill?.append(data)
             ResponseEncoder.chunk(data, into: output)
+            if let source { evbuffer_drain(source, data.count) }
         case .length, .close:
-            evbuffer_add(output, data.baseAddress, data.count)
+            cacheFill?.append(data)
+            if let source {
+                evbuffer_remove_buffer(source, output, data.count)
+            } else {
+                evbuffer_add(output, data.baseAddress, data.count)
+            }
         }
-        cacheFill?.append(data)
         delegate.responseBodySent(bytes: data.count)
         if evbuffer_get_length(output) > Self.outputHighWatermark, let connection {
             downloadPaused = true
