@@ -27,7 +27,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         case bufferingBody(HTTPRequestHead, Exchange)
         /// A try failed; the next one starts when the backoff timer fires.
         case waitingToRetry(OpaquePointer)
-        /// A request is being forwarded; its body (if any) is read on curl's demand.
+        /// A request is being forwarded; its body (if any) is read on its transport's demand.
         case forwarding(any UpstreamTransfer)
         /// Resolving and connecting the CONNECT destination.
         case dialing(TunnelDialer)

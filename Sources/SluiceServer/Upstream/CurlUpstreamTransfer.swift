@@ -21,18 +21,6 @@ class CurlTransfer {
 ///
 /// Threading: created, driven and finished on its worker's thread only.
 final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
-    /// The answer to `responseHeadArrived`.
-    private enum Disposition {
-        /// Send the head (promising to keep the client connection open or not) and the body.
-        case forward(keepAlive: Bool)
-        /// Drain the body, then go on with this request (a followed redirect).
-        case follow(UpstreamRequest)
-        /// Drain the body, then tell the delegate `transferDiscarded` (the exchange retries).
-        case discard
-        /// Drain the body, then tell the delegate `transferAbsorbed` (the cache answers).
-        case absorb
-    }
-
     /// Pause the upstream when this many response bytes wait for the client (1 MiB).
     static let outputHighWatermark = 1 << 20
     /// libcurl's receive and upload buffers (64 KiB; its default is 16 KiB). Larger buffers
@@ -50,8 +38,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// The client connection's output buffer, where the response goes (lives as long as the
     /// connection, which outlives this transfer's attachment to it).
     private let output: OpaquePointer
-    /// The delegate's answer to the current `responseHeadArrived` (nil outside that call).
-    private var disposition: Disposition?
+    /// The delegate's answer to `responseHeadArrived`, and what it makes of the body.
+    private var disposition = ResponseDisposition()
     private let handle: UnsafeMutableRawPointer
     /// A plain request: http, no request body, no credentials. Its handle goes back to the
     /// pool configured (`UpstreamSession.finish`), and a configured handle from the pool
@@ -82,7 +70,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private var status: Int { head.status }
     private(set) var headSent = false
     /// Response bytes reached the client's output (a drained redirect or retry sends none).
-    var responseStarted: Bool { headSent && !discarding && redirectTo == nil && !invalidResponse }
+    var responseStarted: Bool { headSent && !disposition.drains && !invalidResponse }
     private var framing: ResponseEncoder.Framing = .none
     /// The client's response is framed by the end of the connection (an HTTP/1.0 client and
     /// an upstream body without a length): only the kind of close tells a cut from the end.
@@ -100,12 +88,6 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private var requestsSent = 0
     private var responseSinceRequest = false
     private var finished = false
-    /// Set when the response is a redirect the exchange follows: its body is drained, not sent.
-    private var redirectTo: UpstreamRequest?
-    /// Set when the response is discarded for a retry: its body is drained, not sent.
-    private var discarding = false
-    /// Set with `discarding` when the response was absorbed by the cache (`absorb()`).
-    private var absorbing = false
     /// Keeps a copy of the body sent to the client, for the shared cache (set by the
     /// delegate while it answers `responseHeadArrived`; nil without a cache).
     var cacheFill: CacheFill?
@@ -272,7 +254,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         if !inCompletion { session.abortConnection(of: handle, multiplexed: priorKnowledge) }
         session.finish(handle, plain: isPlain)
         requestHeaders = nil
-        redirectTo = nil
+        disposition.redirectTo = nil
         delegate = nil
         bodySource = nil
     }
@@ -281,15 +263,15 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
 
     /// Send the response to the client; `keepAlive` says whether its head promises to keep
     /// the connection open.
-    func forward(keepAlive: Bool) { disposition = .forward(keepAlive: keepAlive) }
+    func forward(keepAlive: Bool) { disposition.answer = .forward(keepAlive: keepAlive) }
     /// Drain this response's body, then go on with `next` (`transferRedirected`).
-    func follow(_ next: UpstreamRequest) { disposition = .follow(next) }
+    func follow(_ next: UpstreamRequest) { disposition.answer = .follow(next) }
     /// Drain this response's body for a retry (`transferDiscarded`).
-    func discard() { disposition = .discard }
+    func discard() { disposition.answer = .discard }
 
     /// Answer to `responseHeadArrived`: drain the response without sending it (a `304` that
     /// validated a stored response), then `transferAbsorbed`.
-    func absorb() { disposition = .absorb }
+    func absorb() { disposition.answer = .absorb }
 
     /// The client drained its output below the low watermark.
     func resumeDownload() {
@@ -388,7 +370,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         guard let delegate else { return 0 }
         if !headSent { sendResponseHead() }
         if invalidResponse { return 0 }
-        if redirectTo != nil || discarding { return data.count }
+        if disposition.drains { return data.count }
         if evbuffer_get_length(output) > Self.outputHighWatermark {
             downloadPaused = true
             return Int(CURL_WRITEFUNC_PAUSE)
@@ -421,25 +403,9 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         }
         headSent = true
         if let tryTimer { event_del(tryTimer) }
-        disposition = nil
+        disposition.answer = nil
         delegate.responseHeadArrived(UpstreamResponseHead(collected: head), on: self)
-        let answer = disposition ?? .forward(keepAlive: false)
-        disposition = nil
-        let keepAlive: Bool
-        switch answer {
-        case .follow(let next):
-            redirectTo = next
-            return
-        case .discard:
-            discarding = true
-            return
-        case .absorb:
-            discarding = true
-            absorbing = true
-            return
-        case .forward(let keep):
-            keepAlive = keep
-        }
+        guard let keepAlive = disposition.settle() else { return }
         do {
             framing = try ResponseEncoder.forwardedHead(
                 head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
@@ -487,8 +453,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         // failure — typically an origin that answered early and closed while Sluice was still
         // sending the request body (legal, RFC 9112 §9.6): the client gets that answer, not 502.
         if !headSent, status >= 200, result == CURLE_OK || headComplete { sendResponseHead() }
-        if let next = redirectTo {
-            redirectTo = nil
+        if let next = disposition.redirectTo {
+            disposition.redirectTo = nil
             cancel()
             if result == CURLE_OK || headComplete {
                 delegate.transferRedirected(to: next)
@@ -497,9 +463,9 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
             }
             return
         }
-        if discarding {
+        if disposition.discarding {
             cancel()
-            if absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
+            if disposition.absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
             return
         }
         if result == CURLE_OK, !invalidResponse, headSent || status >= 200 {
@@ -531,8 +497,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         guard !finished, let delegate else { return }
         inCompletion = true
         delegate.tryEnded(timings: collectTimings())
-        let sent = headSent && !discarding && redirectTo == nil
-        redirectTo = nil
+        let sent = headSent && !disposition.drains
+        disposition.redirectTo = nil
         cancel()
         if sent { delegate.transferAborted() } else { delegate.transferFailed(error, kind: .timeout) }
     }

@@ -27,14 +27,6 @@ import SluiceCore
 /// Threading: created, driven and finished on its worker's thread only. Its timers' and
 /// connect event's C context is this object, unretained: `cancel()` frees them first.
 final class NativeUpstreamTransfer: UpstreamTransfer {
-    /// The answer to `responseHeadArrived`.
-    private enum Disposition {
-        case forward(keepAlive: Bool)
-        case follow(UpstreamRequest)
-        case discard
-        case absorb
-    }
-
     /// Pause reading the origin when this many response bytes wait for the client (1 MiB,
     /// as for libcurl).
     static let outputHighWatermark = CurlUpstreamTransfer.outputHighWatermark
@@ -66,7 +58,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     /// `host:port`, the name errors carry (built only for them).
     private var origin: String { target.authority }
 
-    private var disposition: Disposition?
+    /// The delegate's answer to `responseHeadArrived`, and what it makes of the body.
+    private var disposition = ResponseDisposition()
     private var lookup: Resolver.Lookup?
     /// The resolved addresses `access.deny` allows, and the one being used.
     private var candidates: [sockaddr_storage] = []
@@ -99,15 +92,12 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var chunkScratch: UnsafeMutableRawPointer?
 
     private(set) var headSent = false
-    var responseStarted: Bool { headSent && !discarding && redirectTo == nil && !invalidResponse }
+    var responseStarted: Bool { headSent && !disposition.drains && !invalidResponse }
     private var framing: ResponseEncoder.Framing = .none
     var framedByClose: Bool { framing == .close }
     private(set) var downloadPaused = false
     private var finished = false
     private var inCompletion = false
-    private var redirectTo: UpstreamRequest?
-    private var discarding = false
-    private var absorbing = false
     private var invalidResponse = false
     var cacheFill: CacheFill?
     var extraHeadLines: [UInt8] = []
@@ -202,15 +192,15 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             self.connection = nil
             pool.release(connection, origin: originKey, reusable: false, abortive: !inCompletion)
         }
-        redirectTo = nil
+        disposition.redirectTo = nil
         delegate = nil
         bodySource = nil
     }
 
-    func forward(keepAlive: Bool) { disposition = .forward(keepAlive: keepAlive) }
-    func follow(_ next: UpstreamRequest) { disposition = .follow(next) }
-    func discard() { disposition = .discard }
-    func absorb() { disposition = .absorb }
+    func forward(keepAlive: Bool) { disposition.answer = .forward(keepAlive: keepAlive) }
+    func follow(_ next: UpstreamRequest) { disposition.answer = .follow(next) }
+    func discard() { disposition.answer = .discard }
+    func absorb() { disposition.answer = .absorb }
 
     func resumeDownload() {
         guard downloadPaused, !finished, let connection else { return }
@@ -508,7 +498,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             case .body(let range)?:
                 if timings.firstByte == 0 { timings.firstByte = elapsed() }
                 if range.lowerBound == 0, range.count == consumed, framing == .length || framing == .close,
-                   !discarding, redirectTo == nil {
+                   !disposition.drains {
                     // The body goes on unchanged: its chain moves from the origin's input to the
                     // client's output without a copy (after the cache's tee saw it).
                     deliver(UnsafeRawBufferPointer(rebasing: buffer[range]), movingFrom: input)
@@ -535,26 +525,10 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func responseHead() {
         guard !headSent, let delegate else { return }
         headSent = true
-        disposition = nil
+        disposition.answer = nil
         delegate.responseHeadArrived(UpstreamResponseHead(collected: parser.head), on: self)
         guard !finished else { return }
-        let answer = disposition ?? .forward(keepAlive: false)
-        disposition = nil
-        let keepAlive: Bool
-        switch answer {
-        case .follow(let next):
-            redirectTo = next
-            return
-        case .discard:
-            discarding = true
-            return
-        case .absorb:
-            discarding = true
-            absorbing = true
-            return
-        case .forward(let keep):
-            keepAlive = keep
-        }
+        guard let keepAlive = disposition.settle() else { return }
         do {
             framing = try ResponseEncoder.forwardedHead(
                 parser.head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
@@ -573,7 +547,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     /// buffer, and (for a body the client gets as it comes: `.length`, `.close`) is moved from
     /// it instead of copied; the caller then must not drain it.
     private func deliver(_ data: UnsafeRawBufferPointer, movingFrom source: OpaquePointer? = nil) {
-        guard let delegate, !discarding, redirectTo == nil, data.count > 0 else {
+        guard let delegate, !disposition.drains, data.count > 0 else {
             if let source { evbuffer_drain(source, data.count) }
             return
         }
@@ -611,15 +585,15 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             self.connection = nil
             pool.release(connection, origin: originKey, reusable: connectionReusable)
         }
-        if let next = redirectTo {
-            redirectTo = nil
+        if let next = disposition.redirectTo {
+            disposition.redirectTo = nil
             cancel()
             delegate.transferRedirected(to: next)
             return
         }
-        if discarding {
+        if disposition.discarding {
             cancel()
-            if absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
+            if disposition.absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
             return
         }
         if framing == .chunked { ResponseEncoder.lastChunk(into: output) }
@@ -655,8 +629,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         guard !finished, let delegate else { return }
         inCompletion = true
         delegate.tryEnded(timings: currentTimings())
-        let sent = headSent && !discarding && redirectTo == nil && !invalidResponse
-        redirectTo = nil
+        let sent = headSent && !disposition.drains && !invalidResponse
+        disposition.redirectTo = nil
         cancel()
         if sent {
             Log.debug("upstream \(origin) failed mid-response: \(error.message)")

@@ -56,6 +56,54 @@ protocol UpstreamTransfer: AnyObject {
     func resumeUpload()
 }
 
+/// A transfer's answer to `responseHeadArrived`, and what it then does with the response's
+/// body: one value both transports keep, so that the four answers mean the same on either.
+///
+/// Threading: a value inside its transfer, on the worker's thread.
+struct ResponseDisposition {
+    enum Answer {
+        /// Send the head (promising to keep the client connection open or not) and the body.
+        case forward(keepAlive: Bool)
+        /// Drain the body, then go on with this request (a followed redirect).
+        case follow(UpstreamRequest)
+        /// Drain the body, then tell the delegate `transferDiscarded` (the exchange retries).
+        case discard
+        /// Drain the body, then tell the delegate `transferAbsorbed` (the cache answers).
+        case absorb
+    }
+
+    /// The delegate's answer to the current `responseHeadArrived` (nil outside that call).
+    var answer: Answer?
+    /// Set when the response is a redirect the exchange follows: its body is drained, not sent.
+    var redirectTo: UpstreamRequest?
+    /// Set when the response is discarded for a retry: its body is drained, not sent.
+    var discarding = false
+    /// Set with `discarding` when the response was absorbed by the cache (`absorb()`).
+    var absorbing = false
+
+    /// The body is drained, not sent (a redirect to follow, a retry, a cache absorb).
+    var drains: Bool { discarding || redirectTo != nil }
+
+    /// Takes the delegate's answer (a forward with a close when it gave none): the keep-alive
+    /// promise when the response goes to the client, nil when its body is to be drained.
+    mutating func settle() -> Bool? {
+        let given = answer ?? .forward(keepAlive: false)
+        answer = nil
+        switch given {
+        case .forward(let keepAlive):
+            return keepAlive
+        case .follow(let next):
+            redirectTo = next
+        case .discard:
+            discarding = true
+        case .absorb:
+            discarding = true
+            absorbing = true
+        }
+        return nil
+    }
+}
+
 /// What happens to a transfer, told to the client side of its exchange (implemented by
 /// `ClientConnection`). Events only: nothing here returns a decision. The one decision a
 /// transfer needs — what to do with a final response head — is asked for by
