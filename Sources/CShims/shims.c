@@ -3,6 +3,7 @@
 #include "CShims.h"
 #include <poll.h>
 #include <pthread.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -190,4 +191,8 @@ int sluice_easy_speaks_h2(CURL *h) {
     unsigned int length = 0;
     SSL_get0_alpn_selected((SSL *)info->internals, &alpn, &length);
     return length == 2 && alpn[0] == 'h' && alpn[1] == '2';
+}
+
+int sluice_heap_trim(void) {
+    return malloc_trim(0);
 }

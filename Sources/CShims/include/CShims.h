@@ -100,4 +100,8 @@ void sluice_set_thread_name(const char *name);
 /// Names another thread (pthread_setname_np, which Swift's Glibc module does not export).
 void sluice_name_thread(pthread_t thread, const char *name);
 
+/// glibc's malloc_trim(0): gives the free whole pages inside every malloc arena back to the
+/// kernel (<malloc.h>, which Swift's Glibc module does not export). Returns 1 if any were.
+int sluice_heap_trim(void);
+
 #endif

@@ -2,6 +2,7 @@
 import Glibc
 #endif
 import CLibEvent
+import CShims
 import SluiceCore
 import Synchronization
 
@@ -132,6 +133,9 @@ final class Worker {
     /// Connections with output to write in this loop pass (`scheduleFlush`).
     private var flushQueue: [ClientConnection] = []
     private var flushEvent: OpaquePointer!
+    /// Gives a burst's freed heap back to the kernel once the worker is quiet.
+    private var heapTrim = HeapTrimSchedule()
+    private var heapTrimTimer: OpaquePointer!
     private var stopEvent: OpaquePointer!
     private var drainTimer: OpaquePointer?
     private(set) var isDraining = false
@@ -201,6 +205,9 @@ final class Worker {
         event_add(adminEvent, nil)
         flushEvent = event_new(base, -1, 0, { _, _, arg in
             Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().flushPass()
+        }, me)
+        heapTrimTimer = event_new(base, -1, 0, { _, _, arg in
+            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().heapTrimCheck()
         }, me)
         if let ms = heartbeatMilliseconds {
             heartbeatTimer = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
@@ -277,6 +284,7 @@ final class Worker {
     /// A process-unique request id: the worker index in the top 16 bits, a counter below.
     func nextRequestID() -> UInt64 {
         requestCounter += 1
+        perform(heapTrim.activity())
         return UInt64(index) << 48 | requestCounter
     }
 
@@ -369,6 +377,7 @@ final class Worker {
 
     private func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>, mode: ClientConnection.Mode) {
         if acceptTroubled { acceptTroubled = AcceptFailures.shared.accepted() }
+        perform(heapTrim.activity())
         guard SocketAddress.matches(address, config.access.allowClients) else {
             Log.info("refused client \(SocketAddress.describe(address)): not in access.allow_clients")
             Glibc.close(fd)
@@ -389,6 +398,20 @@ final class Worker {
                                           forwarding: forwarding)
         connection.clientKey = key
         connections[ObjectIdentifier(connection)] = connection
+    }
+
+    private func heapTrimCheck() { perform(heapTrim.check()) }
+
+    private func perform(_ action: HeapTrimSchedule.Action) {
+        switch action {
+        case .none: break
+        case .arm:
+            let ms = HeapTrimSchedule.quietMilliseconds
+            var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+            event_add(heapTrimTimer, &tv)
+        case .trim:
+            _ = sluice_heap_trim()
+        }
     }
 
     /// Queues `connection`'s output to be written once the callbacks of this loop pass are
@@ -503,6 +526,7 @@ final class Worker {
         event_free(reloadEvent)
         event_free(adminEvent)
         event_free(flushEvent)
+        event_free(heapTrimTimer)
         if let heartbeatTimer { event_free(heartbeatTimer) }
         probes?.close()
         heartbeat.exited.store(true, ordering: .releasing)
