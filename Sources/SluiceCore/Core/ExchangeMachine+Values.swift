@@ -43,7 +43,13 @@ extension ExchangeMachine {
     /// What one event asks for, in order; a fixed-size value (no allocation).
     public struct Actions: RandomAccessCollection {
         public static let capacity = 4
-        private var storage: (Action?, Action?, Action?, Action?) = (nil, nil, nil, nil)
+        // Four stored properties rather than a tuple: the compiler copies and destroys a
+        // struct's fields with direct code, a tuple of enums through the runtime's generic
+        // tuple witnesses (measured: 2.2k instructions a request more).
+        private var a0: Action?
+        private var a1: Action?
+        private var a2: Action?
+        private var a3: Action?
         public private(set) var endIndex = 0
         public var startIndex: Int { 0 }
 
@@ -52,19 +58,19 @@ extension ExchangeMachine {
         public subscript(position: Int) -> Action {
             precondition(position >= 0 && position < endIndex, "action index out of range")
             switch position {
-            case 0: return storage.0!
-            case 1: return storage.1!
-            case 2: return storage.2!
-            default: return storage.3!
+            case 0: return a0!
+            case 1: return a1!
+            case 2: return a2!
+            default: return a3!
             }
         }
 
         mutating func append(_ action: Action) {
             switch endIndex {
-            case 0: storage.0 = action
-            case 1: storage.1 = action
-            case 2: storage.2 = action
-            case 3: storage.3 = action
+            case 0: a0 = action
+            case 1: a1 = action
+            case 2: a2 = action
+            case 3: a3 = action
             default: preconditionFailure("more than \(Self.capacity) actions for one event")
             }
             endIndex += 1
@@ -73,14 +79,22 @@ extension ExchangeMachine {
         /// Calls `body` with each reported event, in order (no iterator or copy of the
         /// other actions: this runs for every exchange a monitor watches).
         public func forEachReport(_ body: (ProxyEvent) -> Void) {
-            if case .report(let event)? = storage.0 { body(event) } else { return }
-            if case .report(let event)? = storage.1 { body(event) } else { return }
-            if case .report(let event)? = storage.2 { body(event) } else { return }
-            if case .report(let event)? = storage.3 { body(event) }
+            if case .report(let event)? = a0 { body(event) } else { return }
+            if case .report(let event)? = a1 { body(event) } else { return }
+            if case .report(let event)? = a2 { body(event) } else { return }
+            if case .report(let event)? = a3 { body(event) }
         }
 
         /// The action other than a report, if any (it comes after the reports).
         public var command: Action? {
+            let last: Action?
+            switch endIndex {
+            case 0: return nil
+            case 1: last = a0
+            case 2: last = a1
+            case 3: last = a2
+            default: last = a3
+            }
             guard let last, !last.isReport else { return nil }
             return last
         }
