@@ -212,3 +212,50 @@ private func drain(_ output: OpaquePointer) -> String {
         #expect(drain(output) == "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nVia: 1.1 t\r\nCache-Status: Sluice; fwd=uri-miss\r\n\r\n")
     }
 }
+
+/// A head read by Sluice's own response parser carries its validated field ranges; the
+/// encoder must write exactly what it writes for the same lines collected from libcurl.
+@Suite struct ValidatedHeadEncodingTests {
+    private func parsed(_ lines: [String]) -> ResponseHeadCollector? {
+        var parser = HTTPResponseParser()
+        parser.expectResponse(headRequest: false)
+        let bytes = Array((lines.joined(separator: "\r\n") + "\r\n\r\n").utf8)
+        var offset = 0
+        while offset < bytes.count {
+            guard let step = try? bytes.withUnsafeBytes({ try parser.parse(UnsafeRawBufferPointer(rebasing: $0[offset...])) })
+            else { return nil }
+            offset += step.consumed
+            if case .head? = step.event { return parser.head }
+            if step.event == nil && step.consumed == 0 { return nil }
+        }
+        return nil
+    }
+
+    private func encoded(_ head: ResponseHeadCollector, minor: Int = 1, keepAlive: Bool = true) -> String {
+        let output = evbuffer_new()!
+        defer { evbuffer_free(output) }
+        _ = try? ResponseEncoder.forwardedHead(head, isHeadRequest: false, clientMinorVersion: minor, keepAlive: keepAlive,
+                                               viaLine: Array("Via: 1.1 test\r\n".utf8), into: output)
+        return drain(output)
+    }
+
+    @Test(arguments: [
+        ["HTTP/1.1 200 OK", "Server: nginx", "Content-Length: 5", "ETag: \"x\"", "Connection: keep-alive"],
+        ["HTTP/1.1 404 Not Found", "Transfer-Encoding: chunked", "X-Empty:", "X-Spaces:   padded value \t"],
+        ["HTTP/1.1 200 ", "Connection: close, X-Drop", "X-Drop: gone", "Keep-Alive: timeout=5", "TE: trailers",
+         "Upgrade: h2c", "Proxy-Connection: keep-alive", "Trailer: X-T", "Content-Type: text/plain; charset=\u{e9}"],
+        ["HTTP/1.0 200 OK", "Content-Length: 0", "Content-Length: 0"],
+        ["HTTP/1.1 204 No Content", "Date: Thu, 26 Nov 2026 00:00:00 GMT"],
+    ])
+    func sameBytesAsTheCurlPath(_ lines: [String]) throws {
+        let head = try #require(parsed(lines))
+        #expect(head.isValidated && head.fields.count == head.lineEnds.count)
+        let (curlHead, completed) = collect(lines)
+        #expect(completed && !curlHead.isValidated)
+        for (minor, keepAlive) in [(1, true), (0, true), (1, false)] {
+            let mine = encoded(head, minor: minor, keepAlive: keepAlive)
+            #expect(!mine.isEmpty)
+            #expect(mine == encoded(curlHead, minor: minor, keepAlive: keepAlive))
+        }
+    }
+}

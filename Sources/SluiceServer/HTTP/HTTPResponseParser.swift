@@ -322,8 +322,8 @@ struct HTTPResponseParser {
             throw Failure(reason: "more than \(limits.headerCount) header fields")
         }
         guard status >= 200 else { return nil }  // an interim head's fields are only validated
-        try interpret(l, name: name, value: value)
-        l.withUnsafeBytes { _ = head.add($0) }
+        let kind = try interpret(l, name: name, value: value)
+        l.withUnsafeBytes { head.addValidated($0, name: name, value: value, kind: kind) }
         return nil
     }
 
@@ -353,7 +353,9 @@ struct HTTPResponseParser {
         statusSeen = true
         fieldCount = 0
         facts = FieldFacts()
-        if code >= 200 { l.withUnsafeBytes { _ = head.add($0) } }
+        if code >= 200 {
+            l.withUnsafeBytes { head.beginValidated(status: code, reason: UnsafeRawBufferPointer(rebasing: $0[min(13, l.count)...])) }
+        }
     }
 
     /// The empty line: an interim head is dropped; a final head decides the framing.
@@ -380,7 +382,7 @@ struct HTTPResponseParser {
         } else {
             framing = .close
         }
-        _ = head.add(UnsafeRawBufferPointer(start: nil, count: 0))
+        head.completeValidated()
         minorVersion = headMinor
         let persistent = headMinor == 1 ? !facts.connectionClose : facts.connectionKeepAlive && !facts.connectionClose
         keepAlive = persistent && framing != .close
@@ -395,38 +397,58 @@ struct HTTPResponseParser {
 
     /// Validates a field line: `token ":" OWS value OWS` with value bytes HTAB, SP, VCHAR and
     /// obs-text. Returns the name and the trimmed value.
-    private static func fieldLine(_ l: [UInt8], trailer: Bool) throws(Failure) -> (name: Range<Int>, value: Range<Int>) {
+    private static func fieldLine(_ line: [UInt8], trailer: Bool) throws(Failure) -> (name: Range<Int>, value: Range<Int>) {
+        // On the buffer, without bounds checks: every field byte of every response passes here.
+        let scan = line.withUnsafeBufferPointer { l -> (name: Int, valueStart: Int, bad: Int?) in
+            var i = 0
+            while i < l.count, ASCII.isTokenChar(l[i]) { i += 1 }
+            let name = i
+            guard i < l.count, l[i] == 0x3A else { return (name, i, nil) }
+            i += 1
+            while i < l.count, l[i] == 0x20 || l[i] == 0x09 { i += 1 }
+            let valueStart = i
+            while i < l.count {
+                let b = l[i]
+                if b < 0x20 && b != 0x09 || b == 0x7F { return (name, valueStart, i) }
+                i += 1
+            }
+            return (name, valueStart, nil)
+        }
         let what = trailer ? "trailer" : "header"
+        let l = line
         if l[0] == 0x20 || l[0] == 0x09 { throw Failure(reason: "obsolete line folding in a \(what) field") }
-        var i = 0
-        while i < l.count, ASCII.isTokenChar(l[i]) { i += 1 }
+        var i = scan.name
         guard i < l.count else { throw Failure(reason: "\(what) field line without a colon") }
         if l[i] == 0x20 || l[i] == 0x09 { throw Failure(reason: "whitespace between a \(what) field name and the colon") }
         guard l[i] == 0x3A else { throw Failure(reason: "invalid character in a \(what) field name") }
         guard i > 0 else { throw Failure(reason: "empty \(what) field name") }
         let name = 0..<i
-        i += 1
-        while i < l.count, l[i] == 0x20 || l[i] == 0x09 { i += 1 }
-        let valueStart = i
-        while i < l.count {
-            guard ASCII.isFieldValueByte(l[i]) else {
-                throw Failure(reason: "NUL or control character in a \(what) field value")
-            }
-            i += 1
-        }
+        if scan.bad != nil { throw Failure(reason: "NUL or control character in a \(what) field value") }
+        i = scan.valueStart
         var valueEnd = l.count
-        while valueEnd > valueStart, l[valueEnd - 1] == 0x20 || l[valueEnd - 1] == 0x09 { valueEnd -= 1 }
-        return (name, valueStart..<valueEnd)
+        while valueEnd > i, l[valueEnd - 1] == 0x20 || l[valueEnd - 1] == 0x09 { valueEnd -= 1 }
+        return (name, i..<valueEnd)
     }
 
-    /// The fields that decide framing and persistence, checked as they arrive.
-    private mutating func interpret(_ l: [UInt8], name: Range<Int>, value: Range<Int>) throws(Failure) {
+    /// The fields that decide framing and persistence, checked as they arrive; returns the
+    /// field's kind for the encoder.
+    private mutating func interpret(_ l: [UInt8], name: Range<Int>, value: Range<Int>) throws(Failure)
+        -> ResponseEncoder.ResponseField {
         switch name.count {
+        case 2 where Self.equalsIgnoringCase(l, name, "te"):
+            return .hopByHop
+        case 7 where Self.equalsIgnoringCase(l, name, "trailer") || Self.equalsIgnoringCase(l, name, "upgrade"):
+            return .hopByHop
+        case 10 where Self.equalsIgnoringCase(l, name, "keep-alive"):
+            return .hopByHop
+        case 16 where Self.equalsIgnoringCase(l, name, "proxy-connection"):
+            return .hopByHop
         case 10 where Self.equalsIgnoringCase(l, name, "connection"):
             for element in Self.listElements(l, value) {
                 if Self.equalsIgnoringCase(l, element, "close") { facts.connectionClose = true }
                 if Self.equalsIgnoringCase(l, element, "keep-alive") { facts.connectionKeepAlive = true }
             }
+            return .connection
         case 14 where Self.equalsIgnoringCase(l, name, "content-length"):
             for element in Self.listElements(l, value) {
                 guard !element.isEmpty, element.count <= 18, element.allSatisfy({ Self.isDigit(l[$0]) }) else {
@@ -441,6 +463,7 @@ struct HTTPResponseParser {
                 facts.contentLength = n
                 facts.contentLengthDigits = element.count
             }
+            return .contentLength
         case 17 where Self.equalsIgnoringCase(l, name, "transfer-encoding"):
             facts.sawTransferEncoding = true
             for element in Self.listElements(l, value) {
@@ -462,8 +485,9 @@ struct HTTPResponseParser {
                     facts.chunkedIsLast = false
                 }
             }
+            return .transferEncoding
         default:
-            break
+            return .other
         }
     }
 

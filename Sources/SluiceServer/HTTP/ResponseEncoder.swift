@@ -87,7 +87,8 @@ enum ResponseEncoder {
         return head + body
     }
 
-    /// The response fields the proxy treats specially, recognised by bytes.
+    /// The response fields the proxy treats specially, recognised by bytes (by
+    /// `HTTPResponseParser` as it validates a line, or here for libcurl's lines).
     enum ResponseField {
         case connection, transferEncoding, contentLength
         /// keep-alive, proxy-connection, te, trailer, upgrade (RFC 9110 §7.6.1)
@@ -209,9 +210,18 @@ enum ResponseEncoder {
         var connectionNamesFields = false
         var connectionSaysClose = false
         var start = 0
+        // A head from Sluice's own parser was validated line by line: its fields' ranges and
+        // kinds come with it, and its values hold no CR, LF or NUL.
+        let validated = head.isValidated
         for i in 0..<count {
-            let field = try split(buf, start, head.lineEnds[i])
-            start = head.lineEnds[i]
+            let field: FieldLine
+            if validated {
+                let f = head.fields[i]
+                field = FieldLine(name: f.name, value: f.value, kind: f.kind)
+            } else {
+                field = try split(buf, start, head.lineEnds[i])
+                start = head.lineEnds[i]
+            }
             fields.initializeElement(at: i, to: field)
             switch field.kind {
             case .connection:
@@ -297,9 +307,13 @@ enum ResponseEncoder {
             if connectionNamesFields, connectionLists(name, in: buf, fields: written) { continue }
             put(name)
             put(": ")
-            for i in field.value {
-                let b = buf[i]
-                put(b == 0x0D || b == 0x0A || b == 0 ? 0x20 : b)
+            if validated {
+                put(UnsafeBufferPointer(rebasing: buf[field.value]))
+            } else {
+                for i in field.value {
+                    let b = buf[i]
+                    put(b == 0x0D || b == 0x0A || b == 0 ? 0x20 : b)
+                }
             }
             put("\r\n")
         }

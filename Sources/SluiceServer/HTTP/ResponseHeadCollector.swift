@@ -6,9 +6,22 @@
 /// of a proxy. Nothing here judges the fields: `ResponseEncoder` does, when it re-frames the
 /// head for the client.
 ///
+/// Sluice's own response parser (`HTTPResponseParser`) fills it through `beginValidated`,
+/// `addValidated` and `completeValidated` instead: it has already checked every line, so it
+/// hands over each field's name and value ranges and kind (`fields`), and the encoder
+/// neither splits nor scrubs the lines a second time.
+///
 /// A value type with reusable storage: `reset()` keeps its buffers' capacity, so a pooled
 /// collector (see `UpstreamSession.takeHeadCollector`) collects heads without allocating.
 struct ResponseHeadCollector {
+    /// A field line the response parser validated: a token name, a colon, a value of HTAB,
+    /// SP, VCHAR and obs-text only (no CR, LF or NUL), as ranges into `lines`.
+    struct ValidatedField {
+        var name: Range<Int>
+        var value: Range<Int>
+        var kind: ResponseEncoder.ResponseField
+    }
+
     /// 0 until a status line arrived.
     private(set) var status = 0
     /// The reason phrase as received (may be empty).
@@ -19,6 +32,11 @@ struct ResponseHeadCollector {
     private(set) var lineEnds: [Int] = []
     /// The empty line after a final status arrived.
     private(set) var isComplete = false
+    /// One entry per field line when the head came validated from `HTTPResponseParser`
+    /// (`isValidated`); empty for libcurl's lines.
+    private(set) var fields: [ValidatedField] = []
+    /// The head came from `HTTPResponseParser`: `fields` describes every line.
+    private(set) var isValidated = false
 
     /// Forgets the head, keeping the buffers' capacity.
     mutating func reset() {
@@ -26,7 +44,33 @@ struct ResponseHeadCollector {
         reason.removeAll(keepingCapacity: true)
         lines.removeAll(keepingCapacity: true)
         lineEnds.removeAll(keepingCapacity: true)
+        fields.removeAll(keepingCapacity: true)
+        isValidated = false
         isComplete = false
+    }
+
+    /// A final status line the response parser checked: `status` and its reason phrase.
+    mutating func beginValidated(status: Int, reason: UnsafeRawBufferPointer) {
+        reset()
+        self.status = status
+        reason.withMemoryRebound(to: UInt8.self) { self.reason.append(contentsOf: $0) }
+        isValidated = true
+    }
+
+    /// A field line the response parser checked, with its name and trimmed value as ranges
+    /// of `line`, and its kind.
+    mutating func addValidated(_ line: UnsafeRawBufferPointer, name: Range<Int>, value: Range<Int>,
+                               kind: ResponseEncoder.ResponseField) {
+        let base = lines.count
+        line.withMemoryRebound(to: UInt8.self) { lines.append(contentsOf: $0) }
+        lineEnds.append(lines.count)
+        fields.append(ValidatedField(name: base + name.lowerBound..<base + name.upperBound,
+                                     value: base + value.lowerBound..<base + value.upperBound, kind: kind))
+    }
+
+    /// The empty line that ends a validated final head.
+    mutating func completeValidated() {
+        isComplete = true
     }
 
     /// Takes one line as libcurl delivers it (with its CRLF or LF). Returns true when it
