@@ -175,6 +175,8 @@ public struct ExchangeMachine {
     public let monitoring: Monitoring
     /// The kinds of events the monitors read (the union of their `events`); no other is built.
     public let events: ProxyEvent.Kinds
+    /// `events` when a monitor watches (`monitoring` is not `.none`), else none.
+    private let built: ProxyEvent.Kinds
     /// The per-try timeout of a policy without `retry.per_try_timeout` (`timeouts.upstream_per_try`).
     public let defaultPerTryTimeout: Int
     public internal(set) var state: State = .received
@@ -204,6 +206,7 @@ public struct ExchangeMachine {
         self.defaultPerTryTimeout = defaultPerTryTimeout
         self.monitoring = monitoring
         self.events = events
+        built = monitoring == .none ? [] : events
         self.clock = clock
         self.random = random
         startedAt = clock.monotonicMilliseconds()
@@ -288,11 +291,14 @@ public struct ExchangeMachine {
                 actions.append(.buildRetry)
             }
         case .ended(let outcome, let error):
-            guard !isFinished else { break }
+            // Stored fields read directly: through `isFinished` and `wants` the compiler
+            // copied the whole machine (700 bytes, a retain per field) to read one of them.
+            if case .done = state { break }
+            let reported = built.contains(outcome == .tunnel ? .tunnelClosed : .finished)
             summary.outcome = outcome
             if let error { summary.error = error }
             state = .done(outcome)
-            if wants(outcome == .tunnel ? .tunnelClosed : .finished) {
+            if reported {
                 actions.append(.report(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary)))
             }
         }
@@ -396,7 +402,8 @@ public struct ExchangeMachine {
 
     /// Whether a monitor reads events of `kind`: an event is built only then. (A test at the
     /// call site, not an autoclosure: capturing `self` would copy the whole machine per call.)
+    @inline(__always)
     func wants(_ kind: ProxyEvent.Kinds) -> Bool {
-        monitoring != .none && events.contains(kind)
+        built.contains(kind)
     }
 }

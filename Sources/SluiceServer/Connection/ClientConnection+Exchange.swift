@@ -31,17 +31,20 @@ extension ClientConnection {
         }
         var summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
         let clientRequestId = ForwardedHeaders.requestId(of: head)
-        summary.requestId = clientRequestId ?? worker.makeRequestId(id)
+        let generatedRequestId = clientRequestId == nil ? worker.makeRequestId(id) : nil
+        summary.requestId = clientRequestId ?? generatedRequestId
         summary.host = target.host
         let monitoring: ExchangeMachine.Monitoring = pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
-        let machine = ExchangeMachine(summary: summary, policy: policy, target: .init(target),
-                                      defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry, monitoring: monitoring,
-                                      events: pipeline.monitor?.events ?? [])
         let replayLimit = head.hasBody ? ExchangeMachine.replayLimit(for: policy) : 0
-        let exchange = Exchange(pipeline: pipeline, machine: machine, target: target,
-                                body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
+        // The machine is built in place and `summary` not read after: a copy of either costs
+        // a few hundred bytes and a retain per field.
+        let exchange = Exchange(pipeline: pipeline,
+                                machine: ExchangeMachine(summary: summary, policy: policy, target: .init(target),
+                                                         defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry,
+                                                         monitoring: monitoring, events: pipeline.monitor?.events ?? []),
+                                target: target, body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
         exchange.hostHeader = hostHeader
-        if clientRequestId == nil { exchange.generatedRequestId = summary.requestId }
+        exchange.generatedRequestId = generatedRequestId
         self.exchange = exchange
         exchange.report(exchange.machine.handle(.received))
         return exchange
