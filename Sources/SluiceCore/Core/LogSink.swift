@@ -26,6 +26,10 @@ public final class LogSink: Sendable {
         public func append(bytes line: [UInt8]) {
             bytes.withLock { $0.append(contentsOf: line) }
         }
+
+        public func append(bytes line: UnsafeBufferPointer<UInt8>) {
+            bytes.withLock { $0.append(contentsOf: line) }
+        }
     }
 
     public let path: String

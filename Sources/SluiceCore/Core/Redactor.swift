@@ -29,14 +29,20 @@ public struct Redactor: Sendable {
     /// Userinfo and secret query parameters removed; for text that is scrubbed as a whole later.
     public func urlWithoutScrub(_ url: String) -> String {
         var result = url
-        if url.utf8.contains(UInt8(ascii: "@")) {
+        var url = url
+        // One pass over the bytes (memchr), not the generic `contains` of the UTF-8 view.
+        let (hasAt, hasQuery) = url.withUTF8 { bytes -> (Bool, Bool) in
+            guard let base = bytes.baseAddress else { return (false, false) }
+            return (memchr(base, 0x40, bytes.count) != nil, memchr(base, 0x3F, bytes.count) != nil)
+        }
+        if hasAt {
             let parts = URLParts(url)
             if let at = parts.authority.firstIndex(of: "@") {
                 let userinfo = parts.authority[..<at]
                 if let range = result.firstRange(of: userinfo + "@") { result.removeSubrange(range) }
             }
         }
-        if !queryParameters.isEmpty && url.utf8.contains(UInt8(ascii: "?")) {
+        if !queryParameters.isEmpty && hasQuery {
             result = QueryString.redacting(queryParameters, in: result, replacement: Self.replacement)
         }
         return result
@@ -59,6 +65,15 @@ public struct Redactor: Sendable {
 
     /// `line` (UTF-8) with every configured secret value replaced; the bytes as they are,
     /// without a copy, when none occurs (the common case).
+    /// Whether any configured secret value occurs in `line` (false at once without secrets).
+    public func occursSecret(in line: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard !secretValues.isEmpty else { return false }
+        return secretValues.contains { secret in
+            var secret = secret
+            return secret.withUTF8 { Self.occurs($0, in: line) }
+        }
+    }
+
     public func scrub(bytes line: [UInt8]) -> [UInt8] {
         guard !secretValues.isEmpty else { return line }
         let hit = line.withUnsafeBufferPointer { h in

@@ -12,8 +12,8 @@ public final class AccessLogMonitor: LogMonitor {
     public static let kind = "access_log"
     private let buffer: LogSink.Buffer
     private let redactor: Redactor
-    /// The last line's bytes, kept for their capacity: one line costs no allocation.
-    private var spare: [UInt8] = []
+    /// The line being written, kept for its capacity: one line costs no allocation.
+    private let line = JSONBuffer()
 
     public init(sink: LogSink, redactor: Redactor) {
         buffer = sink.makeBuffer()
@@ -25,11 +25,15 @@ public final class AccessLogMonitor: LogMonitor {
     public func handle(_ event: ProxyEvent) {
         switch event {
         case .finished(let summary), .tunnelClosed(let summary):
-            var json = JSONLine(reusing: spare)
-            spare = []
-            let line = redactor.scrub(bytes: lineBytes(summary, into: &json))
-            buffer.append(bytes: line)
-            spare = line
+            var json = JSONLine(reusing: line)
+            lineBytes(summary, into: &json)
+            let bytes = json.finishLine()
+            // Scrubbed once, as a whole; a line without a secret goes out as written.
+            if redactor.occursSecret(in: bytes) {
+                buffer.append(bytes: redactor.scrub(bytes: Array(bytes)))
+            } else {
+                buffer.append(bytes: bytes)
+            }
         case .credentialRefreshed(let source):
             buffer.append(eventLine("credential_refreshed", source: source, reason: nil))
         case .credentialRefreshFailed(let source, let reason):
@@ -50,8 +54,8 @@ public final class AccessLogMonitor: LogMonitor {
         return redactor.scrub(json.finish())
     }
 
-    /// One access-log line, before the final scrub.
-    private func lineBytes(_ s: ExchangeSummary, into json: inout JSONLine) -> [UInt8] {
+    /// One access-log line's fields, before the final scrub.
+    private func lineBytes(_ s: ExchangeSummary, into json: inout JSONLine) {
         json.timestamp("time")
         json.field("id", s.id)
         json.field("client", s.client)
@@ -96,7 +100,6 @@ public final class AccessLogMonitor: LogMonitor {
         if let cache = s.cache { json.field("cache", cache) }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
-        return json.finishBytes()  // scrubbed once, as a whole, by the caller
     }
 
 }
@@ -154,112 +157,177 @@ public final class DebugMonitor: LogMonitor {
 
 /// Builds one JSON object on one line, escaping strings per RFC 8259, as bytes (every
 /// finished request formats one).
+/// The bytes a `JSONLine` is written into: one capacity check per field, then stores through
+/// a pointer (an access-log line is some 25 fields; appending each piece to an `Array` cost
+/// a uniqueness and a capacity check per byte run). A monitor keeps one and reuses it, so a
+/// line costs no allocation.
+///
+/// Threading: used by one thread at a time (a worker's monitor, or a single log call).
+final class JSONBuffer {
+    fileprivate private(set) var base: UnsafeMutablePointer<UInt8>
+    fileprivate private(set) var capacity: Int
+    fileprivate var count = 0
+
+    init(capacity: Int = 1024) {
+        self.capacity = capacity
+        base = .allocate(capacity: capacity)
+    }
+
+    deinit { base.deallocate() }
+
+    /// Room for `extra` more bytes.
+    @inline(__always)
+    fileprivate func reserve(_ extra: Int) {
+        if count + extra > capacity { grow(count + extra) }
+    }
+
+    private func grow(_ needed: Int) {
+        let newCapacity = max(needed, capacity * 2)
+        let newBase = UnsafeMutablePointer<UInt8>.allocate(capacity: newCapacity)
+        newBase.update(from: base, count: count)
+        base.deallocate()
+        base = newBase
+        capacity = newCapacity
+    }
+
+    @inline(__always)
+    fileprivate func put(_ b: UInt8) {
+        base[count] = b
+        count += 1
+    }
+
+    @inline(__always)
+    fileprivate func put(_ bytes: UnsafePointer<UInt8>, _ n: Int) {
+        (base + count).update(from: bytes, count: n)
+        count += n
+    }
+
+    /// The bytes written so far (valid until the next write).
+    var bytes: UnsafeBufferPointer<UInt8> { UnsafeBufferPointer(start: base, count: count) }
+}
+
+/// One JSON object on one line, written field by field into a `JSONBuffer`.
 struct JSONLine {
-    private var out: [UInt8] = [0x7B]  // {
+    private let buffer: JSONBuffer
     private var first = true
 
-    init() { out.reserveCapacity(512) }
+    init() { self.init(reusing: JSONBuffer(capacity: 512)) }
 
-    /// Writes into `buffer`'s storage (emptied), keeping its capacity.
-    init(reusing buffer: [UInt8]) {
-        out = buffer
-        out.removeAll(keepingCapacity: true)
-        if out.capacity < 512 { out.reserveCapacity(512) }
-        out.append(0x7B)
+    /// Writes into `buffer` (emptied), keeping its capacity.
+    init(reusing buffer: JSONBuffer) {
+        self.buffer = buffer
+        buffer.count = 0
+        buffer.reserve(1)
+        buffer.put(0x7B)  // {
     }
 
     /// `"k":"2026-11-22T00:41:07.123Z"`, the current time, without a String.
     mutating func timestamp(_ k: StaticString) {
         key(k)
-        out.append(0x22)
-        Timestamp.appendRFC3339Now(to: &out)
-        out.append(0x22)
+        buffer.reserve(Timestamp.length + 2)
+        buffer.put(0x22)
+        buffer.count += Timestamp.writeRFC3339Now(to: buffer.base + buffer.count)
+        buffer.put(0x22)
     }
 
     /// `"k":{"dns":…,"connect":…,"tls":…,"first_byte":…,"total":…}` in milliseconds.
     mutating func timings(_ k: StaticString, _ t: TryTimings) {
         key(k)
-        out.append(0x7B)
+        buffer.reserve(1)
+        buffer.put(0x7B)
         millisecondsField("dns", t.dns, first: true)
         millisecondsField("connect", t.connect)
         millisecondsField("tls", t.tls)
         millisecondsField("first_byte", t.firstByte)
         millisecondsField("total", t.total)
-        out.append(0x7D)
+        buffer.reserve(1)
+        buffer.put(0x7D)
     }
 
     private mutating func millisecondsField(_ name: StaticString, _ us: Int64, first: Bool = false) {
-        if !first { out.append(0x2C) }
-        out.append(0x22)
-        out.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
-        out.append(0x22)
-        out.append(0x3A)
+        buffer.reserve(name.utf8CodeUnitCount + 4)
+        if !first { buffer.put(0x2C) }
+        buffer.put(0x22)
+        buffer.put(name.utf8Start, name.utf8CodeUnitCount)
+        buffer.put(0x22)
+        buffer.put(0x3A)
         appendInteger(us / 1000)
-        let frac = Int(us % 1000)
-        out.append(0x2E)
-        out.append(UInt8(48 + frac / 100))
-        out.append(UInt8(48 + frac / 10 % 10))
-        out.append(UInt8(48 + frac % 10))
+        let frac = Int(abs(us % 1000))
+        buffer.reserve(4)
+        buffer.put(0x2E)
+        buffer.put(UInt8(48 + frac / 100))
+        buffer.put(UInt8(48 + frac / 10 % 10))
+        buffer.put(UInt8(48 + frac % 10))
     }
 
-    /// Keys are literals: appended as their bytes, no `String` touched.
+    /// Keys are literals: written as their bytes, no `String` touched.
     private mutating func key(_ k: StaticString) {
-        if !first { out.append(0x2C) }
+        buffer.reserve(k.utf8CodeUnitCount + 4)
+        if !first { buffer.put(0x2C) }
         first = false
-        out.append(0x22)
-        out.append(contentsOf: UnsafeBufferPointer(start: k.utf8Start, count: k.utf8CodeUnitCount))
-        out.append(0x22)
-        out.append(0x3A)
+        buffer.put(0x22)
+        buffer.put(k.utf8Start, k.utf8CodeUnitCount)
+        buffer.put(0x22)
+        buffer.put(0x3A)
     }
 
     mutating func field(_ k: StaticString, _ v: String) {
         key(k)
-        Self.appendQuoted(v, to: &out)
+        Self.writeQuoted(v, to: buffer)
     }
 
     /// A field whose key is not a literal (a diagnostic's metadata).
     mutating func field(named k: String, _ v: String) {
-        if !first { out.append(0x2C) }
+        buffer.reserve(1)
+        if !first { buffer.put(0x2C) }
         first = false
-        Self.appendQuoted(k, to: &out)
-        out.append(0x3A)
-        Self.appendQuoted(v, to: &out)
+        Self.writeQuoted(k, to: buffer)
+        buffer.reserve(1)
+        buffer.put(0x3A)
+        Self.writeQuoted(v, to: buffer)
     }
 
     static func quoted(_ v: String) -> String {
-        var bytes: [UInt8] = []
-        appendQuoted(v, to: &bytes)
-        return String(decoding: bytes, as: UTF8.self)
+        let buffer = JSONBuffer(capacity: v.utf8.count + 16)
+        writeQuoted(v, to: buffer)
+        return String(decoding: buffer.bytes, as: UTF8.self)
     }
 
-    static func appendQuoted(_ v: String, to out: inout [UInt8]) {
+    /// `v` as a JSON string: runs that need no escape are copied whole (a URL, a method: all
+    /// of it); `"`, `\`, controls and DEL are escaped; other UTF-8 passes through (RFC 8259).
+    private static func writeQuoted(_ v: String, to buffer: JSONBuffer) {
         var v = v
-        out.append(0x22)
         v.withUTF8 { bytes in
-            // Runs that need no escape are appended whole (a URL, a method: all of it).
+            // Escapes are at most 6 bytes for 1: reserved up front, no check per byte.
+            buffer.reserve(bytes.count * 6 + 2)
+            buffer.put(0x22)
+            guard let source = bytes.baseAddress else {
+                buffer.put(0x22)
+                return
+            }
             var run = 0
             for i in 0..<bytes.count {
                 let b = bytes[i]
                 guard b < 0x20 || b == 0x22 || b == 0x5C || b == 0x7F else { continue }
-                out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[run..<i]))
+                buffer.put(source + run, i - run)
                 run = i + 1
-                out.append(0x5C)
+                buffer.put(0x5C)
                 switch b {
-                case 0x22: out.append(0x22)
-                case 0x5C: out.append(0x5C)
-                case 0x0A: out.append(0x6E)
-                case 0x0D: out.append(0x72)
-                case 0x09: out.append(0x74)
+                case 0x22: buffer.put(0x22)
+                case 0x5C: buffer.put(0x5C)
+                case 0x0A: buffer.put(0x6E)
+                case 0x0D: buffer.put(0x72)
+                case 0x09: buffer.put(0x74)
                 default:
                     let hex: StaticString = "0123456789abcdef"
-                    out.append(0x75); out.append(0x30); out.append(0x30)
-                    out.append(hex.utf8Start[Int(b >> 4)])
-                    out.append(hex.utf8Start[Int(b & 0xF)])
+                    buffer.put(0x75); buffer.put(0x30); buffer.put(0x30)
+                    buffer.put(hex.utf8Start[Int(b >> 4)])
+                    buffer.put(hex.utf8Start[Int(b & 0xF)])
                 }
             }
-            out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[run...]))  // UTF-8 passes through (RFC 8259)
+            buffer.put(source + run, bytes.count - run)
+            buffer.put(0x22)
         }
-        out.append(0x22)
     }
 
     mutating func field<I: BinaryInteger>(_ k: StaticString, _ v: I) {
@@ -269,42 +337,60 @@ struct JSONLine {
 
     mutating func raw(_ k: StaticString, _ json: String) {
         key(k)
-        out.append(contentsOf: json.utf8)
+        var json = json
+        json.withUTF8 { bytes in
+            buffer.reserve(bytes.count)
+            if let source = bytes.baseAddress { buffer.put(source, bytes.count) }
+        }
     }
 
     mutating func raw(_ k: StaticString, _ json: StaticString) {
         key(k)
-        out.append(contentsOf: UnsafeBufferPointer(start: json.utf8Start, count: json.utf8CodeUnitCount))
+        buffer.reserve(json.utf8CodeUnitCount)
+        buffer.put(json.utf8Start, json.utf8CodeUnitCount)
     }
 
     private mutating func appendInteger<I: BinaryInteger>(_ v: I) {
+        buffer.reserve(21)
         if v < 0 {
-            out.append(contentsOf: String(v).utf8)
-            return
+            buffer.put(0x2D)  // -
+            writeDigits(UInt64(v.magnitude))
+        } else {
+            writeDigits(UInt64(v))
         }
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var n = UInt64(v)
-        var count = 0
-        withUnsafeMutableBytes(of: &digits) { d in
-            repeat {
-                d[19 - count] = UInt8(48 + n % 10)
-                n /= 10
-                count += 1
-            } while n > 0
-            out.append(contentsOf: d[(20 - count)...])
+    }
+
+    /// The decimal digits of `n`, written in place (at most 20).
+    private func writeDigits(_ n: UInt64) {
+        var digits = 1
+        var rest = n / 10
+        while rest > 0 {
+            digits += 1
+            rest /= 10
         }
+        var n = n
+        let out = buffer.base + buffer.count
+        for i in stride(from: digits - 1, through: 0, by: -1) {
+            out[i] = UInt8(48 + n % 10)
+            n /= 10
+        }
+        buffer.count += digits
     }
 
     mutating func finish() -> String {
-        String(decoding: finishBytes(), as: UTF8.self)
+        String(decoding: finishLine(), as: UTF8.self)
     }
 
     mutating func finishBytes() -> [UInt8] {
-        out.append(0x7D)
-        out.append(0x0A)
-        return out
+        Array(finishLine())
+    }
+
+    /// Closes the object and ends the line; the bytes stay valid until the buffer is reused.
+    mutating func finishLine() -> UnsafeBufferPointer<UInt8> {
+        buffer.reserve(2)
+        buffer.put(0x7D)
+        buffer.put(0x0A)
+        return buffer.bytes
     }
 }
 
@@ -327,18 +413,24 @@ enum Timestamp {
         return cache
     }
 
-    /// `2026-11-22T00:41:07.123Z`, appended; the date and time part is formatted once per second.
-    static func appendRFC3339Now(to out: inout [UInt8]) {
+    /// The most `writeRFC3339Now` writes (24 bytes until the year 10000).
+    static let length = 32
+
+    /// Writes `2026-11-22T00:41:07.123Z` at `out` (room for `length` bytes); returns the
+    /// count written. The date and time part is formatted once per second.
+    static func writeRFC3339Now(to out: UnsafeMutablePointer<UInt8>) -> Int {
         var ts = timespec()
         clock_gettime(CLOCK_REALTIME, &ts)
         let cache = Self.cache
         if cache.second != ts.tv_sec { refresh(cache, ts.tv_sec) }
-        out.append(contentsOf: cache.prefixBytes)
+        let prefix = cache.prefixBytes.count
+        cache.prefixBytes.withUnsafeBufferPointer { out.update(from: $0.baseAddress!, count: prefix) }
         let ms = Int(ts.tv_nsec / 1_000_000)
-        out.append(UInt8(48 + ms / 100))
-        out.append(UInt8(48 + ms / 10 % 10))
-        out.append(UInt8(48 + ms % 10))
-        out.append(0x5A)
+        out[prefix] = UInt8(48 + ms / 100)
+        out[prefix + 1] = UInt8(48 + ms / 10 % 10)
+        out[prefix + 2] = UInt8(48 + ms % 10)
+        out[prefix + 3] = 0x5A
+        return prefix + 4
     }
 
     private static func refresh(_ cache: Cache, _ second: Int) {

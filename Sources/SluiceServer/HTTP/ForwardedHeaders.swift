@@ -75,9 +75,12 @@ enum ForwardedHeaders {
         }
         if let edits {
             for (name, value) in edits.appended {
-                var lower = name.lowercased()
-                if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
-                if lower == "accept" { sawAccept = true }
+                var name = name  // compared in place, whatever its case (no lowercased copy)
+                let (dropped, accept) = name.withUTF8 {
+                    (isDroppedRequestField($0), $0.count == 6 && ASCII.equalsIgnoringCase($0, "accept"))
+                }
+                if dropped { continue }
+                if accept { sawAccept = true }
                 builder.append(name: name.utf8, value: value.utf8)
             }
         }
