@@ -55,7 +55,10 @@ public enum ConfigLoader {
         var reader = NodeReader(file: file, logSinks: logSinks)
         let root: Node?
         do {
-            root = try Yams.compose(yaml: yaml)
+            // No tag resolution: every value is read as the string it is (`NodeReader` parses
+            // its own numbers, sizes and booleans), and the default resolver's regular
+            // expressions would load ICU's data into every Sluice process for nothing.
+            root = try Yams.compose(yaml: yaml, .basic)
         } catch let error as YamlError {
             throw ConfigError(issues: [reader.issue(for: error)])
         }

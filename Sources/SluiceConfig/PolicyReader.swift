@@ -15,6 +15,8 @@ extension NodeReader {
     /// Policy sections that later parts of the pipeline will add; named so that a config
     /// using them fails loudly instead of being half-applied.
     static let reservedPolicyKeys: [String] = []
+    /// The plain scalars YAML 1.1 reads as null (`host: ~`, `host: null`).
+    static let nullWords: Set<String> = ["~", "null", "Null", "NULL"]
     static let policyKeys = ["adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
                              "upstream_proxy", "client_certificate", "health", "intercept", "upgrades", "cache"] + reservedPolicyKeys
     static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
@@ -35,7 +37,7 @@ extension NodeReader {
                 continue
             }
             var entry = PolicyEntry(name: name)
-            if case .scalar(let s) = value, s.string.isEmpty || s.tag.description.hasSuffix("null") {
+            if case .scalar(let s) = value, s.string.isEmpty || (s.style == .plain && Self.nullWords.contains(s.string)) {
                 out.append(entry)  // `host:` with nothing: the default policy, named
                 continue
             }
