@@ -15,7 +15,7 @@ protocol ClientSocketOwner: AnyObject {
 
 /// A plain client socket that Sluice reads and writes itself, with an input and an output
 /// `evbuffer` (so codec, transfers and tunnels move bytes the way they would with a
-/// bufferevent) and two events. It exists for the cost of a request on a kept-alive
+/// bufferevent) and a read event (a write event too, once a write could not finish). It exists for the cost of a request on a kept-alive
 /// connection: a bufferevent asks the kernel how much is readable (`FIONREAD`) before every
 /// read, and turns the write event on and off around every response (two `epoll_ctl`s and
 /// one more trip through `epoll_wait`). Here a readable event costs one `readv`, and output is
@@ -56,7 +56,8 @@ final class ClientSocket {
     /// Set by the connection right after creating the socket (before the loop runs again).
     unowned(unsafe) var owner: (any ClientSocketOwner)?
     private var readEvent: OpaquePointer!
-    private var writeEvent: OpaquePointer!
+    /// Made on first need (`makeWriteEvent`).
+    private var writeEvent: OpaquePointer?
     /// Checks for the peer's close while reading is stopped (made on first need).
     private var closedCheck: OpaquePointer?
     private var closedCheckArmed = false
@@ -87,10 +88,19 @@ final class ClientSocket {
         readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
             Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().readNow()
         }, me)
-        writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), { _, _, arg in
-            Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().writeNow()
-        }, me)
         armRead()
+    }
+
+    /// The write event, made the first time the kernel's buffer is full: most connections
+    /// never need it (a response leaves in one `writev`), and an idle one holds no event it
+    /// does not use.
+    private func makeWriteEvent() -> OpaquePointer? {
+        if writeEvent == nil {
+            writeEvent = event_new(event_get_base(readEvent), fd, Int16(EV_WRITE | EV_PERSIST), { _, _, arg in
+                Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().writeNow()
+            }, Unmanaged.passUnretained(self).toOpaque())
+        }
+        return writeEvent
     }
 
     /// The connection consumed input: reading resumes if the watermark had stopped it.
@@ -170,7 +180,7 @@ final class ClientSocket {
         let left = evbuffer_get_length(output)
         if (left > 0) != writeArmed {
             writeArmed = left > 0
-            if writeArmed { event_add(writeEvent, nil) } else { event_del(writeEvent) }
+            if writeArmed { event_add(makeWriteEvent(), nil) } else { event_del(writeEvent) }
         }
         return true
     }
@@ -194,7 +204,7 @@ final class ClientSocket {
 
     private func stopEvents() {
         if readArmed { event_del(readEvent) }
-        if writeArmed { event_del(writeEvent) }
+        if writeArmed, let writeEvent { event_del(writeEvent) }
         if closedCheckArmed, let closedCheck { event_del(closedCheck) }
         closedCheckArmed = false
         readArmed = false
@@ -227,7 +237,7 @@ final class ClientSocket {
         closedCheck = nil
         closedCheckArmed = false
         event_free(readEvent)
-        event_free(writeEvent)
+        if let writeEvent { event_free(writeEvent) }
         readEvent = nil
         writeEvent = nil
         evbuffer_free(input)

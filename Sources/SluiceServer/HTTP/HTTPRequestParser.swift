@@ -77,7 +77,6 @@ public struct HTTPRequestParser: Sendable {
 
     public init(limits: Limits) {
         self.limits = limits
-        headBytes.reserveCapacity(512)
     }
 
     /// True between `.end` and the first byte of the next request's head.
@@ -116,7 +115,7 @@ public struct HTTPRequestParser: Sendable {
     }
 
     private mutating func resetHead() {
-        headBytes.removeAll(keepingCapacity: true)
+        headBytes = []
         terminatorMatch = 0
         requestLineLength = nil
         leadingEmptyLines = 0
@@ -167,14 +166,18 @@ public struct HTTPRequestParser: Sendable {
             }
             if terminatorMatch == 4 {
                 headBytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[segmentStart..<i]))
-                let head = try Self.parseHeadBytes(headBytes, limits: limits)
+                // The bytes go to the head; the parser keeps no buffer between requests (an
+                // idle connection holds none, and emptying a buffer the head shares would
+                // allocate a new one).
+                var bytes: [UInt8] = []
+                swap(&bytes, &headBytes)
+                let head = try Self.parseHeadBytes(bytes, limits: limits)
                 // A request without a body is complete with its head: no `.end` follows.
                 switch head.framing {
                 case .none: resetHead()
                 case .length(let n): if n == 0 { resetHead() } else { state = .fixedBody(remaining: n) }
                 case .chunked: state = .chunkSize(value: 0, digits: 0, inExtension: false, lineBytes: 0)
                 }
-                headBytes.removeAll(keepingCapacity: true)
                 terminatorMatch = 0
                 return (i, .head(head))
             }
