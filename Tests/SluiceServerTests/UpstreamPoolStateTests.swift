@@ -52,6 +52,28 @@ import Testing
         #expect(reused(s.acquire(origin: "a:80", key: "a:80@10.0.0.1", for: Try())) === c)
     }
 
+    @Test func emptiedKeysAreKeptForReuseButBounded() {
+        var s = State(maxPerOrigin: 0, maxIdle: 10_000)
+        // One origin used over and over: its entry stays (no allocation per request).
+        for _ in 0..<100 {
+            let c = reused(s.acquire(origin: "a:80", key: "a:80@1", for: Try())) ?? Conn("a")
+            #expect(s.release(c, key: "a:80@1", origin: "a:80", reusable: true).0 == .park)
+        }
+        #expect(s.idleCount == 1 && s.keyCount == 1)
+        // A thousand origins used once each, their connections then gone: the emptied
+        // entries do not accumulate.
+        for i in 0..<1000 {
+            let c = Conn("\(i)")
+            _ = s.release(c, key: "h\(i):80@1", origin: "h\(i):80", reusable: true)
+            #expect(reused(s.acquire(origin: "h\(i):80", key: "h\(i):80@1", for: Try())) === c)
+            _ = s.release(c, key: "h\(i):80@1", origin: "h\(i):80", reusable: true)
+            #expect(s.closedIdle(c, key: "h\(i):80@1", origin: "h\(i):80").removed)
+            #expect(s.keyCount <= 2 * s.idleCount + 64 + 1)
+        }
+        #expect(s.idleCount == 1)
+        #expect(reused(s.acquire(origin: "a:80", key: "a:80@1", for: Try())) != nil)
+    }
+
     @Test func aConnectionNotReusableOrBeyondTheIdleBoundIsClosed() {
         var s = State(maxPerOrigin: 0, maxIdle: 1)
         #expect(s.release(Conn("x"), key: "k", origin: "o", reusable: false).0 == .close)

@@ -44,8 +44,11 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
     }
 
     mutating func acquire(origin: Origin, key: Key, for waiter: Waiter) -> Grant {
-        if var list = idle[key], let connection = list.popLast() {
-            idle[key] = list.isEmpty ? nil : list
+        // In place (`values[index]`): taking the list out and storing it back copied it, and
+        // dropping an emptied entry made the next release allocate a new one — two
+        // allocations per request on a kept-alive origin. Emptied entries stay until
+        // `pruneEmpty` finds too many.
+        if let index = idle.index(forKey: key), let connection = idle.values[index].popLast() {
             idleCount -= 1
             return .reuse(connection)
         }
@@ -82,6 +85,7 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
         if let connection, reusable, idleCount < maxIdle {
             idle[key, default: []].append(connection)
             idleCount += 1
+            pruneEmpty()
             return (.park, wake(origin: origin, freedPlace: false))
         }
         return (.close, wake(origin: origin, freedPlace: true))
@@ -90,12 +94,23 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
     /// An idle connection went bad (the origin closed it, sent bytes unasked, or it aged
     /// out): it leaves the pool, and its place may go to a waiter. False if it was not idle.
     mutating func closedIdle(_ connection: Connection, key: Key, origin: Origin) -> (removed: Bool, wake: Wake?) {
-        guard var list = idle[key], let i = list.firstIndex(where: { $0 === connection }) else { return (false, nil) }
-        list.remove(at: i)
-        idle[key] = list.isEmpty ? nil : list
+        guard let index = idle.index(forKey: key), let i = idle.values[index].firstIndex(where: { $0 === connection })
+        else { return (false, nil) }
+        idle.values[index].remove(at: i)
         idleCount -= 1
+        pruneEmpty()
         return (true, wake(origin: origin, freedPlace: true))
     }
+
+    /// Keys whose lists are empty, when they outnumber the idle connections (plus some
+    /// slack) — a proxy that talked to many origins once keeps no entry for each.
+    private mutating func pruneEmpty() {
+        guard idle.count > 2 * idleCount + 64 else { return }
+        idle = idle.filter { !$0.value.isEmpty }
+    }
+
+    /// Keys held (for tests): at most twice the idle connections, plus 64.
+    var keyCount: Int { idle.count }
 
     /// Every idle connection, emptying the pool (shutdown).
     mutating func drainIdle() -> [Connection] {
