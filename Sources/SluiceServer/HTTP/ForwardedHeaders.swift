@@ -70,7 +70,7 @@ enum ForwardedHeaders {
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
                 if let edits, edits.replaces(name) { continue }
                 if name.count == 6, ASCII.equalsIgnoringCase(name, "accept") { sawAccept = true }
-                builder.append(name: name, value: buf[field.value])
+                builder.append(name: name, value: UnsafeBufferPointer(rebasing: buf[field.value]))
             }
         }
         if let edits {

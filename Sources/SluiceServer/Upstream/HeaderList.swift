@@ -19,9 +19,12 @@ final class HeaderList {
     private let block: UnsafeMutableRawPointer?
     /// How many lines it holds.
     let count: Int
+    /// The lines' bytes, their NULs included.
+    let byteCount: Int
 
     private init(_ builder: Builder) {
         count = builder.ends.count
+        byteCount = builder.bytes.count
         guard count > 0 else {
             pointer = nil
             block = nil
