@@ -25,7 +25,8 @@ protocol ClientSocketOwner: AnyObject {
 /// A read lands in a small extent reserved in `input` (`smallRead`, one 4 KiB chain: a request
 /// head needs no more) and spills into the worker's scratch buffer, from which the rest is
 /// copied: an idle or lightly used connection never holds a large chain, and a thousand
-/// connections that each receive a request at once do not each allocate one.
+/// connections that each receive a request at once do not each allocate one. An origin's
+/// socket that streams a body reads into larger extents (`adaptDirectRead`).
 ///
 /// Reading stops while `input` holds `inputHighWatermark` bytes or more (the connection's
 /// backpressure on uploads and pipelined requests) and resumes when the connection has
@@ -46,6 +47,12 @@ final class ClientSocket {
     /// The part of a read that lands in `input` directly (a 4 KiB chain with libevent's
     /// header).
     static let smallRead = 4096 - 64
+    /// The most an origin's socket reads directly (a 64 KiB chain with libevent's header).
+    static let largeRead = 65536 - 64
+    /// What the next read reserves in `input`: `smallRead`, or for an origin's socket that
+    /// streams a body, up to `largeRead` (see `adaptDirectRead`).
+    private var directRead = ClientSocket.smallRead
+    private let maxDirectRead: Int
     /// The worker's spill buffer for the rest of a read (an upload moves in reads of up to
     /// `smallRead` + its size). Owned by the worker, which outlives its sockets.
     private let spill: UnsafeMutableRawBufferPointer
@@ -82,6 +89,7 @@ final class ClientSocket {
         self.fd = fd
         self.watchesCloseWhilePaused = watchesCloseWhilePaused
         self.spill = spill
+        maxDirectRead = watchesCloseWhilePaused ? Self.smallRead : Self.largeRead
         input = evbuffer_new()
         output = evbuffer_new()
         let me = Unmanaged.passUnretained(self).toOpaque()
@@ -146,8 +154,8 @@ final class ClientSocket {
     private func readNow() {
         guard open else { return }
         var vectors = (iovec(), iovec(iov_base: spill.baseAddress, iov_len: spill.count))
-        guard evbuffer_reserve_space(input, Self.smallRead, &vectors.0, 1) >= 1 else { return failed() }
-        let direct = min(vectors.0.iov_len, Self.smallRead)
+        guard evbuffer_reserve_space(input, directRead, &vectors.0, 1) >= 1 else { return failed() }
+        let direct = min(vectors.0.iov_len, directRead)
         vectors.0.iov_len = direct
         let n = withUnsafeMutablePointer(to: &vectors) {
             $0.withMemoryRebound(to: iovec.self, capacity: 2) { Glibc.readv(fd, $0, 2) }
@@ -156,6 +164,7 @@ final class ClientSocket {
             vectors.0.iov_len = min(n, direct)
             evbuffer_commit_space(input, &vectors.0, 1)
             if n > direct { evbuffer_add(input, spill.baseAddress, n - direct) }
+            adaptDirectRead(n)
             armRead()
             owner?.socketReadable()
         } else if n == 0 {
@@ -163,6 +172,19 @@ final class ClientSocket {
         } else if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
             endedWithError = true
             failed()
+        }
+    }
+
+    /// An origin's socket that fills its direct extent is streaming a body: its reads grow
+    /// (×4, up to `largeRead`) so that a large body moves in 64 KiB chains handed on without
+    /// a copy, instead of 4 KiB ones plus a copy out of the spill buffer (a 1 GiB download
+    /// ran at 0.73 of the libcurl transport's speed that way). Reads of a quarter or less
+    /// shrink it back (halving), so a connection that serves small responses reserves 4 KiB.
+    private func adaptDirectRead(_ n: Int) {
+        if n >= directRead {
+            if directRead < maxDirectRead { directRead = min(directRead * 4, maxDirectRead) }
+        } else if n <= directRead / 4, directRead > Self.smallRead {
+            directRead = max(directRead / 2, Self.smallRead)
         }
     }
 
