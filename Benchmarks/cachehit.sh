@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks/cachehit.sh — shared-cache hits: Sluice against nginx proxy_cache and Squid's
-# memory cache (issue 10).
+# memory cache.
 #
 # Same run, same machine, interleaved rounds: wrk (1 KiB GET, CONN connections, DURATION
 # seconds, absolute-form request lines) against the origin directly (reference) and through

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks/http2.sh — HTTP/2 against HTTP/1.1 to an https origin (issue 13, item 1).
+# Benchmarks/http2.sh — HTTP/2 against HTTP/1.1 to an https origin.
 #
 # Same run, same machine, interleaved rounds: wrk (1 KiB GET, CONN connections, DURATION
 # seconds) through two Sluice processes that differ only in the origin host's

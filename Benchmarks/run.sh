@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks/run.sh — side-by-side benchmark of Sluice against direct access and
 # peer forward proxies (haproxy, nginx, Apache Traffic Server; squid and tinyproxy on
-# request). DESIGN.md §6–§7, issue 9's targets.
+# request), against the engine's targets.
 #
 # What it does, all on 127.0.0.1, every load bounded in count and time:
 #   1. installs what is missing with apt-get (wrk, nginx-light, curl, python3, and the
@@ -23,7 +23,7 @@
 #   8. instructions per request: Sluice (workers: 1) under valgrind --tool=callgrind,
 #      once with N1 and once with N2 requests on one kept-alive connection; the
 #      difference over N2-N1 leaves out start-up and shutdown,
-#   9. prints markdown: a summary table (one row per proxy), issue 9's targets for
+#   9. prints markdown: a summary table (one row per proxy), the engine targets for
 #      sluice-pipeline, and the detailed tables behind them.
 # Progress goes to stderr, the report to stdout:  sudo Benchmarks/run.sh > report.md
 # Run it as root on an otherwise idle machine: every row reports how much CPU other
@@ -579,7 +579,7 @@ EOF
 
 # ---------------------------------------------------------------------------
 # 3. The proxies
-# The pipeline DESIGN §7 asks Sluice to be measured with: three adapters and the JSON
+# The pipeline Sluice is measured with: three adapters and the JSON
 # access log (to a file, as in production).
 default_pipeline_yaml() {        # default_pipeline_yaml DIR (where the access log goes)
     cat <<EOF
@@ -600,7 +600,7 @@ curl_yaml() {            # curl_yaml DIR
     pipeline_yaml "$1" | sed 's/^  default:$/  default:\n    upstream: { engine: curl }/'
 }
 # sluice-pipeline plus the metrics monitor and the admin listener that serves /metrics
-# (issue 11: the monitor's cost, against sluice-pipeline in the same run).
+# (the monitor's cost, against sluice-pipeline in the same run).
 metrics_yaml() {         # metrics_yaml DIR
     pipeline_yaml "$1" | sed 's/^monitors:$/monitors:\n  - metrics: {}/'
     printf 'admin: { listen: 127.0.0.1:%s }\n' "$METRICS_ADMIN_PORT"
@@ -1422,7 +1422,7 @@ if active sluice-pipeline; then
     sha_ok=""; [[ -n "${BIG_SHA[$t]:-}" ]] && { [[ "${BIG_SHA[$t]}" == ok ]] && sha_ok=1 || sha_ok=0; }
     sys=$(sys_per_req "$t")
     echo
-    echo "## Targets of issue 9 (sluice-pipeline)"
+    echo "## Targets of the engine rework (sluice-pipeline)"
     echo
     echo "| measure | target | measured | result |"
     echo "| --- | --- | ---: | --- |"
@@ -1442,7 +1442,7 @@ fi
 
 if active sluice-metrics && active sluice-pipeline; then
     echo
-    echo "## The metrics monitor (issue 11: within 5 % of the same run without it)"
+    echo "## The metrics monitor (target: within 5 % of the same run without it)"
     echo
     echo "| connections | sluice-pipeline req/s | sluice-metrics req/s | ratio | CPU µs/req without | with |"
     echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
@@ -1568,7 +1568,7 @@ echo "CPU: utime+stime of the proxy's processes (/proc/PID/stat, ${CLK_TCK} Hz t
 
 if active sluice; then
     echo
-    echo "## Sluice against its goals (DESIGN.md §7)"
+    echo "## Sluice against its goals"
     echo
     echo "| goal | target | measured |"
     echo "| --- | --- | --- |"

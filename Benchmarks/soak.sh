@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks/soak.sh — Sluice's memory and descriptors over time (issue 12, item 5). Not in CI.
+# Benchmarks/soak.sh — Sluice's memory and descriptors over time. Not in CI.
 #
 #   Benchmarks/soak.sh soak    constant load through Sluice to a local nginx (wrk at a fixed
 #                              rate: every connection waits between its requests), sampling

@@ -36,7 +36,7 @@ scratch=.build-$short
 bin=$repo/$scratch/release/sluice
 reports=${SANITIZE_DIR:-$repo/test-artifacts/sanitize}/$sanitizer
 supp=$repo/scripts/sanitizers
-# The e2e modules that exercise the engine's core paths (issue #12).
+# The e2e modules that exercise the engine's core paths.
 modules=(test_forward test_streaming test_connect test_intercept test_retry test_reload test_shutdown)
 
 echo "== sanitize ($sanitizer): building $scratch"

@@ -387,7 +387,7 @@ import Testing
         #expect(!object(10).onDisk)
     }
 
-    // MARK: Review fixes (issue #10)
+    // MARK: Review fixes
 
     @Test func notModifiedFieldsPassTheStorageRules() {
         let r = CacheStoredResponse(status: 200, fields: [("Cache-Control", "max-age=1"), ("ETag", "\"a\"")],

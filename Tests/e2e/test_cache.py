@@ -680,7 +680,7 @@ def test_open_circuit_is_answered_stale_from_the_cache(sluice_factory, origin, t
     assert len(stale) == 1 and stale[0]["circuit"] == "open", lines
 
 
-# Review fixes (issue #10)
+# Review fixes
 # ------------------------------------------------------------------------------------------
 
 def test_a_304s_set_cookie_reaches_its_client_but_is_not_stored(cached, origin):

@@ -1,4 +1,4 @@
-"""Faults with nothing lost (issue #12, item 3): each fault against a counting origin, with the
+"""Faults with nothing lost: each fault against a counting origin, with the
 client-visible outcome checked exactly and the origin's request count where it matters.
 
 - the origin resets mid-body: the client sees the head, the bytes that came, then a close

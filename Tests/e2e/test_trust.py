@@ -1,4 +1,4 @@
-"""Upstream TLS trust (issue 5, .contract-trust.md): the `trust:` evaluators (default,
+"""Upstream TLS trust: the `trust:` evaluators (default,
 revocation with CRLs and stapled OCSP, pinned_certificates, public_keys, composite,
 disabled), the host → evaluator mapping and `tls.all_hosts_must_be_evaluated`, the
 `upstream: {scheme: https}` upgrade for plain-HTTP clients, client certificates (mTLS),

@@ -24,7 +24,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// Pause the upstream when this many response bytes wait for the client (1 MiB).
     static let outputHighWatermark = 1 << 20
     /// libcurl's receive and upload buffers (64 KiB; its default is 16 KiB). Larger buffers
-    /// stream large bodies faster (256 KiB: ~10 %, INTEROP.md), but a pooled handle keeps its
+    /// stream large bodies faster (256 KiB: ~10 % in a 1 GiB download measured here), but a pooled handle keeps its
     /// buffer, and its touched pages count for as long as it is pooled.
     static let receiveBufferSize = 64 * 1024
 
