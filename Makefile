@@ -21,7 +21,8 @@ INSTALL_VARS = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' BINDIR='$(BINDIR)' SYSCON
 	UNITDIR='$(UNITDIR)' MANDIR='$(MANDIR)' DOCDIR='$(DOCDIR)' BASHCOMPDIR='$(BASHCOMPDIR)' \
 	ZSHCOMPDIR='$(ZSHCOMPDIR)' FISHCOMPDIR='$(FISHCOMPDIR)'
 
-.PHONY: run test build deps test-deps unit e2e e2e-curl bench clean man install uninstall deb image static fuzz sanitize
+.PHONY: run test build deps test-deps unit e2e e2e-curl bench clean man install uninstall deb image static fuzz sanitize \
+	format lint
 
 run: deps build
 	$(BIN) run
@@ -111,6 +112,15 @@ static: deps
 	mkdir -p $(STATIC_SCRATCH)/image
 	strip --strip-debug -o $(STATIC_SCRATCH)/image/sluice $(STATIC_SCRATCH)/release/sluice
 	chmod 0755 $(STATIC_SCRATCH)/image/sluice
+
+# swift format (it ships with the toolchain) with the checked-in .swift-format: `format`
+# rewrites the Swift files in place, `lint` fails on any file it would change (CI runs it).
+SWIFT_FILES = $(shell git ls-files '*.swift')
+format:
+	$(SWIFT) format format --in-place --configuration .swift-format $(SWIFT_FILES)
+
+lint:
+	$(SWIFT) format lint --strict --configuration .swift-format $(SWIFT_FILES)
 
 clean:
 	rm -rf .build $(STATIC_SCRATCH) $(DEBDIR) .build-fuzz .build-asan .build-tsan

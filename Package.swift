@@ -29,28 +29,50 @@ let package = Package(
         .systemLibrary(name: "CCrypt", pkgConfig: "libcrypt", providers: [.apt(["libcrypt-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
         .target(name: "CShims", dependencies: ["CCurl", "CLibEvent", "COpenSSL"]),
-        .target(name: "SluiceCore", dependencies: ["CZlib", "COpenSSL", "CCrypt", .product(name: "HTTPTypes", package: "swift-http-types"),
-                                                  .product(name: "Logging", package: "swift-log"),
-                                                  .product(name: "CoreMetrics", package: "swift-metrics"),
-                                                  .product(name: "Prometheus", package: "swift-prometheus")]),
-        .target(name: "SluiceConfig", dependencies: ["SluiceCore", .product(name: "Yams", package: "Yams"),
-                                                    .product(name: "HTTPTypes", package: "swift-http-types")],
-                resources: [.embedInCode("default.yaml")]),
-        .target(name: "SluiceServer", dependencies: ["SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl", "COpenSSL",
-                                                    "CSystemd", .product(name: "Logging", package: "swift-log")]),
-        .executableTarget(name: "sluice", dependencies: [
-            "SluiceServer", "SluiceConfig", "SluiceCore",
-            .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            .product(name: "Logging", package: "swift-log"),
-        ]),
+        .target(
+            name: "SluiceCore",
+            dependencies: [
+                "CZlib", "COpenSSL", "CCrypt", .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+            ]),
+        .target(
+            name: "SluiceConfig",
+            dependencies: [
+                "SluiceCore", .product(name: "Yams", package: "Yams"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ],
+            resources: [.embedInCode("default.yaml")]),
+        .target(
+            name: "SluiceServer",
+            dependencies: [
+                "SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl", "COpenSSL",
+                "CSystemd", .product(name: "Logging", package: "swift-log"),
+            ]),
+        .executableTarget(
+            name: "sluice",
+            dependencies: [
+                "SluiceServer", "SluiceConfig", "SluiceCore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
         // Test-only: drives the disk cache tier in a process of its own (kill -9, RLIMIT_FSIZE,
         // benchmark) for Tests/e2e/test_disk_tier.py. Not a product; not installed.
         .executableTarget(name: "DiskTierProbe", dependencies: ["SluiceServer", "COpenSSL"]),
-        .testTarget(name: "SluiceServerTests", dependencies: ["SluiceServer", "SluiceCore", "CLibEvent",
-                                                              .product(name: "HTTPTypes", package: "swift-http-types")]),
+        .testTarget(
+            name: "SluiceServerTests",
+            dependencies: [
+                "SluiceServer", "SluiceCore", "CLibEvent",
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ]),
         .testTarget(name: "SluiceConfigTests", dependencies: ["SluiceConfig", "SluiceCore"]),
-        .testTarget(name: "SluiceCoreTests", dependencies: ["SluiceCore", "CZlib",
-                                                            .product(name: "HTTPTypes", package: "swift-http-types")]),
+        .testTarget(
+            name: "SluiceCoreTests",
+            dependencies: [
+                "SluiceCore", "CZlib",
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ]),
     ],
     swiftLanguageModes: [.v6]
 )

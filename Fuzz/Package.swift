@@ -13,23 +13,51 @@ let package = Package(
     targets: [
         // libFuzzer's own entry point, `LLVMFuzzerRunDriver` (linked by -sanitize=fuzzer).
         .systemLibrary(name: "CLibFuzzer"),
-        .target(name: "FuzzSupport", dependencies: ["CLibFuzzer", .product(name: "SluiceServer", package: "Sluice"),
-                                                  .product(name: "SluiceCore", package: "Sluice")]),
-        .executableTarget(name: "fuzz-request-head", dependencies: ["FuzzSupport",
-                                                                    .product(name: "SluiceServer", package: "Sluice"),
-                                                                    .product(name: "SluiceCore", package: "Sluice")]),
-        .executableTarget(name: "fuzz-chunked-body", dependencies: ["FuzzSupport",
-                                                                    .product(name: "SluiceServer", package: "Sluice"),
-                                                                    .product(name: "SluiceCore", package: "Sluice")]),
-        .executableTarget(name: "fuzz-response-head", dependencies: ["FuzzSupport",
-                                                                     .product(name: "SluiceServer", package: "Sluice")]),
-        .executableTarget(name: "fuzz-response-parser", dependencies: ["FuzzSupport",
-                                                                       .product(name: "SluiceServer", package: "Sluice")]),
-        .executableTarget(name: "fuzz-request-target", dependencies: ["FuzzSupport",
-                                                                      .product(name: "SluiceServer", package: "Sluice"),
-                                                                      .product(name: "SluiceCore", package: "Sluice")]),
-        .executableTarget(name: "fuzz-config", dependencies: ["FuzzSupport",
-                                                              .product(name: "SluiceConfig", package: "Sluice")]),
+        .target(
+            name: "FuzzSupport",
+            dependencies: [
+                "CLibFuzzer", .product(name: "SluiceServer", package: "Sluice"),
+                .product(name: "SluiceCore", package: "Sluice"),
+            ]),
+        .executableTarget(
+            name: "fuzz-request-head",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "SluiceServer", package: "Sluice"),
+                .product(name: "SluiceCore", package: "Sluice"),
+            ]),
+        .executableTarget(
+            name: "fuzz-chunked-body",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "SluiceServer", package: "Sluice"),
+                .product(name: "SluiceCore", package: "Sluice"),
+            ]),
+        .executableTarget(
+            name: "fuzz-response-head",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "SluiceServer", package: "Sluice"),
+            ]),
+        .executableTarget(
+            name: "fuzz-response-parser",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "SluiceServer", package: "Sluice"),
+            ]),
+        .executableTarget(
+            name: "fuzz-request-target",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "SluiceServer", package: "Sluice"),
+                .product(name: "SluiceCore", package: "Sluice"),
+            ]),
+        .executableTarget(
+            name: "fuzz-config",
+            dependencies: [
+                "FuzzSupport",
+                .product(name: "SluiceConfig", package: "Sluice"),
+            ]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,3 +1,6 @@
+import COpenSSL
+import SluiceServer
+
 // A test-only driver of `DiskCacheTier` in a process of its own, for what a unit test cannot
 // do in-process: be killed with SIGKILL mid-store (Tests/e2e/test_disk_tier.py), run with a
 // file-size limit, and measure hit reads. Not installed, not part of `sluice`.
@@ -12,10 +15,8 @@
 // Body content of a seed: 64 KiB blocks; block i is bytes 0...255 repeated, rotated by
 // (seed * 7 + i) % 256, its first 16 bytes replaced by "%08x%08x" of (seed, i) in ASCII.
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
-import COpenSSL
-import SluiceServer
 
 func say(_ line: String) {
     let bytes = Array((line + "\n").utf8)
@@ -49,7 +50,9 @@ final class SHA256Stream {
     }
 }
 
-func openTier(_ dir: String, capacity: UInt64 = 4 << 30, log: @escaping @Sendable (String) -> Void = { say("LOG " + $0) }) -> DiskCacheTier {
+func openTier(
+    _ dir: String, capacity: UInt64 = 4 << 30, log: @escaping @Sendable (String) -> Void = { say("LOG " + $0) }
+) -> DiskCacheTier {
     do {
         return try DiskCacheTier(directory: dir, capacity: capacity, log: log)
     } catch {
@@ -91,7 +94,9 @@ let dir = args[2]
 switch args[1] {
 case "store" where args.count == 7:
     let tier = openTier(dir)
-    let size = UInt64(args[4])!, seed = UInt64(args[5])!, rounds = UInt64(args[6])!
+    let size = UInt64(args[4])!
+    let seed = UInt64(args[5])!
+    let rounds = UInt64(args[6])!
     say("opened")
     for s in seed..<seed + rounds {
         say(store(tier, key: args[3], size: size, seed: s) ? "committed \(s)" : "failed \(s)")
@@ -114,11 +119,15 @@ case "check":
         } catch {
             corrupt = true
         }
-        say("{\"key\": \(jsonString(key)), \"hit\": true, \"metadata\": \(jsonString(String(decoding: reader.metadata, as: UTF8.self))), "
-            + "\"length\": \(length), \"declared\": \(reader.bodyLength), \"corrupt\": \(corrupt), \"sha256\": \"\(hash.hex())\"}")
+        say(
+            "{\"key\": \(jsonString(key)), \"hit\": true, \"metadata\": \(jsonString(String(decoding: reader.metadata, as: UTF8.self))), "
+                + "\"length\": \(length), \"declared\": \(reader.bodyLength), \"corrupt\": \(corrupt), \"sha256\": \"\(hash.hex())\"}"
+        )
     }
     let s = tier.startScan
-    say("{\"scan\": {\"kept\": \(s.kept), \"dropped\": \(s.dropped), \"temporaries\": \(s.temporaries), \"evicted\": \(s.evicted)}}")
+    say(
+        "{\"scan\": {\"kept\": \(s.kept), \"dropped\": \(s.dropped), \"temporaries\": \(s.temporaries), \"evicted\": \(s.evicted)}}"
+    )
 case "fsize-limit":
     // Writes past RLIMIT_FSIZE fail with EFBIG (SIGXFSZ ignored): the same path as ENOSPC.
     signal(SIGXFSZ, SIG_IGN)
@@ -126,7 +135,9 @@ case "fsize-limit":
     setrlimit(Int32(RLIMIT_FSIZE.rawValue), &limit)
     let tier = openTier(dir)
     for i in 0..<3 { say("big \(i): \(store(tier, key: "big\(i)", size: 3 << 20, seed: UInt64(i)) ? "committed" : "failed")") }
-    for i in 0..<2 { say("small \(i): \(store(tier, key: "small\(i)", size: 100_000, seed: UInt64(i)) ? "committed" : "failed")") }
+    for i in 0..<2 {
+        say("small \(i): \(store(tier, key: "small\(i)", size: 100_000, seed: UInt64(i)) ? "committed" : "failed")")
+    }
     say("big again: \(store(tier, key: "big9", size: 3 << 20, seed: 9) ? "committed" : "failed")")
     say("usage \(tier.usage.entries) \(tier.usage.bytes)")
 case "bench":

@@ -43,8 +43,12 @@ extension NodeReader {
     mutating func readAdapter(_ name: String, options: Node?, at node: Node) -> (any RequestAdapter)? {
         switch name {
         case "headers":
-            guard let options else { fail(node, "headers needs set, add or remove"); return nil }
-            var set: [(HTTPField.Name, String)] = [], add: [(HTTPField.Name, String)] = []
+            guard let options else {
+                fail(node, "headers needs set, add or remove")
+                return nil
+            }
+            var set: [(HTTPField.Name, String)] = []
+            var add: [(HTTPField.Name, String)] = []
             var remove: [HTTPField.Name] = []
             entries(options, in: "headers", known: ["set", "add", "remove"]) { r, key, value in
                 if key == "remove" {
@@ -68,8 +72,12 @@ extension NodeReader {
             }
             return BearerAdapter(token: token)
         case "basic":
-            guard let options else { fail(node, "basic needs username and password"); return nil }
-            var username: String?, password: Secret?
+            guard let options else {
+                fail(node, "basic needs username and password")
+                return nil
+            }
+            var username: String?
+            var password: Secret?
             entries(options, in: "basic", known: ["username", "password"]) { r, key, value in
                 if key == "username" {
                     username = r.secretOrString(value, what: "username")
@@ -77,11 +85,18 @@ extension NodeReader {
                     password = r.secret(value, what: "password")
                 }
             }
-            guard let username, let password else { fail(options, "basic needs both username and password"); return nil }
+            guard let username, let password else {
+                fail(options, "basic needs both username and password")
+                return nil
+            }
             return BasicAuthAdapter(username: username, password: password)
         case "api_key":
-            guard let options else { fail(node, "api_key needs header or query, and value"); return nil }
-            var placement: APIKeyAdapter.Placement?, value: Secret?
+            guard let options else {
+                fail(node, "api_key needs header or query, and value")
+                return nil
+            }
+            var placement: APIKeyAdapter.Placement?
+            var value: Secret?
             var placements = 0
             entries(options, in: "api_key", known: ["header", "query", "value"]) { r, key, v in
                 if key != "value" { placements += 1 }
@@ -89,7 +104,11 @@ extension NodeReader {
                 case "header":
                     if let text = v.scalar?.string, r.fieldName(text, at: v) != nil { placement = .header(text) }
                 case "query":
-                    if let text = v.scalar?.string, !text.isEmpty { placement = .query(text) } else { r.fail(v, "query must be a parameter name") }
+                    if let text = v.scalar?.string, !text.isEmpty {
+                        placement = .query(text)
+                    } else {
+                        r.fail(v, "query must be a parameter name")
+                    }
                 default:
                     value = r.secret(v, what: "api_key value")
                 }
@@ -109,7 +128,8 @@ extension NodeReader {
                     if key == "min_bytes" {
                         if let n = r.size(value, key: key, min: 0) { minBytes = n }
                     } else if let text = value.scalar?.string,
-                              let b = DeflateRequestCompressor.DuplicateHeaderBehavior(rawValue: text) {
+                        let b = DeflateRequestCompressor.DuplicateHeaderBehavior(rawValue: text)
+                    {
                         behavior = b
                     } else {
                         r.fail(value, "duplicate_header must be error, replace or skip")
@@ -121,14 +141,26 @@ extension NodeReader {
     }
 
     mutating func readOAuth2(_ options: Node?, at node: Node) -> (any RequestAdapter)? {
-        guard let options else { fail(node, "oauth2 needs grant, token_url and client_id"); return nil }
-        var grant: OAuth2Authenticator.Grant?, tokenURL: String?, clientID: String?
-        var secret: Secret?, refresh: Secret?, scope: String?, audience: String?
+        guard let options else {
+            fail(node, "oauth2 needs grant, token_url and client_id")
+            return nil
+        }
+        var grant: OAuth2Authenticator.Grant?
+        var tokenURL: String?
+        var clientID: String?
+        var secret: Secret?
+        var refresh: Secret?
+        var scope: String?
+        var audience: String?
         var clientAuth = OAuth2Authenticator.ClientAuthentication.basic
-        var before = 30_000, windowMax = 5, windowMs = 30_000
+        var before = 30_000
+        var windowMax = 5
+        var windowMs = 30_000
         var refreshOn: Set<Int> = [401]
-        let known = ["grant", "token_url", "client_id", "client_secret", "refresh_token", "scope", "audience",
-                     "client_auth", "refresh_before_expiry", "refresh_window", "refresh_on"]
+        let known = [
+            "grant", "token_url", "client_id", "client_secret", "refresh_token", "scope", "audience",
+            "client_auth", "refresh_before_expiry", "refresh_window", "refresh_on",
+        ]
         entries(options, in: "oauth2", known: known) { r, key, v in
             switch key {
             case "grant":
@@ -136,20 +168,32 @@ extension NodeReader {
                 if grant == nil { r.fail(v, "grant must be client_credentials or refresh_token") }
             case "token_url":
                 let text = r.secretOrString(v, what: key) ?? ""
-                if text.lowercased().hasPrefix("http://") || text.lowercased().hasPrefix("https://") { tokenURL = text } else { r.fail(v, "token_url must be an http(s) URL") }
+                if text.lowercased().hasPrefix("http://") || text.lowercased().hasPrefix("https://") {
+                    tokenURL = text
+                } else {
+                    r.fail(v, "token_url must be an http(s) URL")
+                }
             case "client_id": clientID = r.secretOrString(v, what: key)
             case "client_secret": secret = r.secret(v, what: key)
             case "refresh_token": refresh = r.secret(v, what: key)
             case "scope": scope = r.secretOrString(v, what: key)
             case "audience": audience = r.secretOrString(v, what: key)
             case "client_auth":
-                if let a = v.scalar.flatMap({ OAuth2Authenticator.ClientAuthentication(rawValue: $0.string) }) { clientAuth = a } else { r.fail(v, "client_auth must be basic or body") }
+                if let a = v.scalar.flatMap({ OAuth2Authenticator.ClientAuthentication(rawValue: $0.string) }) {
+                    clientAuth = a
+                } else {
+                    r.fail(v, "client_auth must be basic or body")
+                }
             case "refresh_before_expiry":
                 if v.scalar?.string == "0" { before = 0 } else if let ms = r.duration(v, key: key) { before = ms }
             case "refresh_window":
                 r.entries(v, in: "refresh_window", known: ["max", "per"]) { r, k, w in
                     if k == "max" {
-                        if let n = w.scalar.flatMap({ Int($0.string) }), n >= 1 { windowMax = n } else { r.fail(w, "max must be at least 1") }
+                        if let n = w.scalar.flatMap({ Int($0.string) }), n >= 1 {
+                            windowMax = n
+                        } else {
+                            r.fail(w, "max must be at least 1")
+                        }
                     } else if let ms = r.duration(w, key: k) {
                         windowMs = ms
                     }
@@ -157,7 +201,11 @@ extension NodeReader {
             default:
                 var codes: Set<Int> = []
                 for (text, n) in r.strings(v, what: key) ?? [] {
-                    if let c = Int(text), (400...599).contains(c) { codes.insert(c) } else { r.fail(n, "refresh_on takes 4xx/5xx statuses") }
+                    if let c = Int(text), (400...599).contains(c) {
+                        codes.insert(c)
+                    } else {
+                        r.fail(n, "refresh_on takes 4xx/5xx statuses")
+                    }
                 }
                 refreshOn = codes
             }
@@ -170,9 +218,10 @@ extension NodeReader {
             fail(options, "the refresh_token grant needs refresh_token")
             return nil
         }
-        return OAuth2Authenticator(settings: .init(
-            grant: grant, tokenURL: tokenURL, clientID: clientID, clientSecret: secret, refreshToken: refresh, scope: scope,
-            audience: audience, clientAuthentication: clientAuth, refreshBeforeExpiry: before, windowMax: windowMax,
-            windowMilliseconds: windowMs, refreshOn: refreshOn))
+        return OAuth2Authenticator(
+            settings: .init(
+                grant: grant, tokenURL: tokenURL, clientID: clientID, clientSecret: secret, refreshToken: refresh, scope: scope,
+                audience: audience, clientAuthentication: clientAuth, refreshBeforeExpiry: before, windowMax: windowMax,
+                windowMilliseconds: windowMs, refreshOn: refreshOn))
     }
 }

@@ -23,8 +23,10 @@ extension NodeReader {
             return fail(node, "admin needs listen (e.g. admin: { listen: 127.0.0.1:9901 })")
         }
         if token == nil && !ListenAddress.isLoopback(address) {
-            return fail(addressNode, "admin.listen \(address) is not a loopback address: anyone who reaches it could "
-                        + "cancel requests and reload; set admin.token (e.g. token: ${ADMIN_TOKEN}) or listen on 127.0.0.1")
+            return fail(
+                addressNode,
+                "admin.listen \(address) is not a loopback address: anyone who reaches it could "
+                    + "cancel requests and reload; set admin.token (e.g. token: ${ADMIN_TOKEN}) or listen on 127.0.0.1")
         }
         listenNodes.append((address, addressNode))
         admin = ServerConfiguration.Admin(listen: address, token: token)

@@ -1,15 +1,18 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceCore
 import Yams
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Reading of the shared cache's keys: the top-level `cache_store` and each policy's `cache`
 /// (docs/caching.md). Every bad value is an error at its line and column.
 extension NodeReader {
     static let cacheStoreKeys = ["memory", "disk", "max_object_size"]
-    static let cacheModifyKeys = ["freshness", "max_freshness", "ignore_origin_directives", "drop_response_headers",
-                                  "key_request_headers"]
+    static let cacheModifyKeys = [
+        "freshness", "max_freshness", "ignore_origin_directives", "drop_response_headers",
+        "key_request_headers",
+    ]
     static let cacheBehaviourMessage = "cache must be cache, do_not_cache or { modify: { … } }"
 
     /// `cache_store: { memory: SIZE, disk: { path: DIR, size: SIZE }, max_object_size: SIZE }`.
@@ -28,7 +31,11 @@ extension NodeReader {
                 if let n = r.size(value, key: "cache_store.memory", min: 64 << 10) { settings.memory = n } else { ok = false }
             case "max_object_size":
                 maxObjectNode = value
-                if let n = r.size(value, key: "cache_store.max_object_size", min: 1) { settings.maxObjectSize = n } else { ok = false }
+                if let n = r.size(value, key: "cache_store.max_object_size", min: 1) {
+                    settings.maxObjectSize = n
+                } else {
+                    ok = false
+                }
             default:
                 if let disk = r.readCacheDisk(value) { settings.disk = disk } else { ok = false }
             }
@@ -36,8 +43,10 @@ extension NodeReader {
         let largest = settings.disk?.size ?? settings.memory
         if let maxObjectNode, ok, settings.maxObjectSize > largest {
             let tier = settings.disk == nil ? "cache_store.memory" : "cache_store.disk.size"
-            fail(maxObjectNode, "cache_store.max_object_size (\(settings.maxObjectSize) bytes) is larger than "
-                 + "\(tier) (\(largest) bytes); no such object could be stored")
+            fail(
+                maxObjectNode,
+                "cache_store.max_object_size (\(settings.maxObjectSize) bytes) is larger than "
+                    + "\(tier) (\(largest) bytes); no such object could be stored")
             ok = false
         }
         return ok ? settings : nil
@@ -126,7 +135,11 @@ extension NodeReader {
             case "freshness", "max_freshness":
                 guard let ms = r.duration(v, key: "cache.modify.\(k)") else { return }
                 guard ms % 1000 == 0 else { return r.fail(v, "cache.modify.\(k) must be whole seconds, such as 30s or 10m") }
-                if k == "freshness" { modification.freshness = Int64(ms / 1000) } else { modification.maxFreshness = Int64(ms / 1000) }
+                if k == "freshness" {
+                    modification.freshness = Int64(ms / 1000)
+                } else {
+                    modification.maxFreshness = Int64(ms / 1000)
+                }
             case "ignore_origin_directives":
                 for (word, itemNode) in r.strings(v, what: "cache.modify.ignore_origin_directives") ?? [] {
                     if let d = CacheModification.IgnorableDirective(rawValue: word) {
@@ -144,7 +157,11 @@ extension NodeReader {
                         r.fail(itemNode, "'\(name)' is not a header field name")
                     }
                 }
-                if k == "drop_response_headers" { modification.dropResponseHeaders = names } else { modification.keyRequestHeaders = names }
+                if k == "drop_response_headers" {
+                    modification.dropResponseHeaders = names
+                } else {
+                    modification.keyRequestHeaders = names
+                }
             }
         }
         return .modify(modification)
@@ -153,7 +170,8 @@ extension NodeReader {
     /// RFC 9110 tchar.
     static func isTokenByte(_ b: UInt8) -> Bool {
         switch b {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"): return true
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+            return true
         default: return "!#$%&'*+-.^_`|~".utf8.contains(b)
         }
     }

@@ -29,8 +29,11 @@ public enum ConfigLoader {
 
     public static func load(path: String) throws -> SluiceConfiguration {
         guard let data = FileManager.default.contents(atPath: path) else {
-            throw ConfigError(issues: [ConfigIssue(file: path, line: 0, column: 0,
-                                                   message: "cannot read file: \(String(cString: strerror(errno)))")])
+            throw ConfigError(issues: [
+                ConfigIssue(
+                    file: path, line: 0, column: 0,
+                    message: "cannot read file: \(String(cString: strerror(errno)))")
+            ])
         }
         guard let text = String(data: data, encoding: .utf8) else {
             throw ConfigError(issues: [ConfigIssue(file: path, line: 0, column: 0, message: "file is not UTF-8")])
@@ -90,7 +93,7 @@ struct NodeReader {
     func issue(for error: YamlError) -> ConfigIssue {
         switch error {
         case .scanner(_, let problem, let mark, _), .parser(_, let problem, let mark, _),
-             .composer(_, let problem, let mark, _):
+            .composer(_, let problem, let mark, _):
             return ConfigIssue(file: file, line: mark.line, column: mark.column, message: "invalid YAML: \(problem)")
         case .reader(let problem, let offset, _, let yaml):
             // Characters libyaml refuses to read (control and other non-printable ones): Yams gives
@@ -98,8 +101,9 @@ struct NodeReader {
             let (line, column) = Self.location(ofCharacter: offset ?? 0, in: yaml)
             return ConfigIssue(file: file, line: line, column: column, message: "invalid YAML: \(problem)")
         case .duplicatedKeysInMapping(let duplicates, let context):
-            return ConfigIssue(file: file, line: context.mark.line, column: context.mark.column,
-                               message: "duplicate key(s): \(duplicates.joined(separator: ", "))")
+            return ConfigIssue(
+                file: file, line: context.mark.line, column: context.mark.column,
+                message: "duplicate key(s): \(duplicates.joined(separator: ", "))")
         default:
             return ConfigIssue(file: file, line: 0, column: 0, message: "invalid YAML: \(error)")
         }
@@ -108,7 +112,8 @@ struct NodeReader {
     /// The line and column (from 1; columns in Unicode scalars, as Yams counts them) of the
     /// character at `offset` in `text`.
     static func location(ofCharacter offset: Int, in text: String) -> (line: Int, column: Int) {
-        var line = 1, column = 1
+        var line = 1
+        var column = 1
         for character in text.prefix(offset) {
             if character.isNewline {
                 line += 1
@@ -122,8 +127,10 @@ struct NodeReader {
 
     /// Iterates a mapping's entries, reporting keys that are not in `known` (with the closest
     /// known key as a suggestion) and keys that are not plain strings.
-    mutating func entries(_ node: Node, in section: String, known: [String],
-                          _ body: (inout NodeReader, String, Node) -> Void) {
+    mutating func entries(
+        _ node: Node, in section: String, known: [String],
+        _ body: (inout NodeReader, String, Node) -> Void
+    ) {
         guard case .mapping(let mapping) = node else {
             fail(node, "\(section) must be a mapping")
             return
@@ -150,8 +157,10 @@ struct NodeReader {
     // MARK: sections
 
     mutating func readRoot(_ root: Node, into config: inout SluiceConfiguration) {
-        let known = ["listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes",
-                     "monitors", "redact_query", "admin", "log_format", "log_level", "upstream", "cache_store"]
+        let known = [
+            "listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes",
+            "monitors", "redact_query", "admin", "log_format", "log_level", "upstream", "cache_store",
+        ]
         var policyEntries: [PolicyEntry] = []
         var monitorSpecs: [(MonitorSpec, Node)] = []
         var redactQuery: Set<String> = []
@@ -204,7 +213,9 @@ struct NodeReader {
                 fail(node, "\(error)")
             }
         }
-        config.pipeline = Pipeline(policies: PolicyTable(entries: policyEntries, allHostsMustBeEvaluated: config.server.tls.allHostsMustBeEvaluated), monitors: monitors, redactor: redactor)
+        config.pipeline = Pipeline(
+            policies: PolicyTable(entries: policyEntries, allHostsMustBeEvaluated: config.server.tls.allHostsMustBeEvaluated),
+            monitors: monitors, redactor: redactor)
         config.pipeline.proxyAuthentication = proxyAuthentication
     }
 
@@ -236,12 +247,17 @@ struct NodeReader {
     }
 
     mutating func readLimits(_ node: Node, into limits: inout ServerConfiguration.Limits) {
-        let known = ["request_line", "header_section", "header_count", "request_body", "max_connections",
-                     "max_connections_per_client", "max_in_flight_upstream", "upstream_queue"]
+        let known = [
+            "request_line", "header_section", "header_count", "request_body", "max_connections",
+            "max_connections_per_client", "max_in_flight_upstream", "upstream_queue",
+        ]
         entries(node, in: "limits", known: known) { r, key, value in
             switch key {
             case "max_connections":
-                if value.scalar?.string == "auto" { limits.maxConnections = nil; return }
+                if value.scalar?.string == "auto" {
+                    limits.maxConnections = nil
+                    return
+                }
                 if let n = r.count(value, key: key, min: 1, word: "auto") { limits.maxConnections = n }
             case "max_connections_per_client", "max_in_flight_upstream":
                 var n: Int?
@@ -270,11 +286,16 @@ struct NodeReader {
     }
 
     mutating func readTimeouts(_ node: Node, into t: inout ServerConfiguration.Timeouts) {
-        let known = ["client_header", "client_idle", "upstream_connect", "upstream_per_try", "total", "drain",
-                     "upstream_queue"]
+        let known = [
+            "client_header", "client_idle", "upstream_connect", "upstream_per_try", "total", "drain",
+            "upstream_queue",
+        ]
         entries(node, in: "timeouts", known: known) { r, key, value in
             if key == "total" {
-                if value.scalar?.string == "unlimited" { t.total = nil; return }
+                if value.scalar?.string == "unlimited" {
+                    t.total = nil
+                    return
+                }
                 if let ms = r.duration(value, key: key) { t.total = ms }
                 return
             }
@@ -319,7 +340,9 @@ struct NodeReader {
             case "all_hosts_must_be_evaluated":
                 tls.allHostsMustBeEvaluated = r.bool(value, key: key) ?? false
             case "ca_dir":
-                guard let path = value.scalar?.string, path.hasPrefix("/") else { return r.fail(value, "ca_dir must be an absolute path") }
+                guard let path = value.scalar?.string, path.hasPrefix("/") else {
+                    return r.fail(value, "ca_dir must be an absolute path")
+                }
                 tls.caDir = path
             default:
                 guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "ca_file must be a path") }
@@ -414,7 +437,8 @@ struct NodeReader {
 /// `IP:port` listen addresses, numeric only: a listener never depends on DNS.
 enum ListenAddress {
     static func isValid(_ text: String) -> Bool {
-        let host: Substring, port: Substring
+        let host: Substring
+        let port: Substring
         if text.hasPrefix("[") {
             guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else { return false }
             host = text[text.index(after: text.startIndex)..<close]

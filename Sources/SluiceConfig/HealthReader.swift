@@ -24,13 +24,16 @@ extension NodeReader {
             case "cooldown":
                 if let ms = r.duration(value, key: key) { health.cooldown = ms }
             default:
-                var path: String?, interval = Health.defaultProbeInterval, sawPath = false
+                var path: String?
+                var interval = Health.defaultProbeInterval
+                var sawPath = false
                 r.entries(value, in: "health.probe", known: ["path", "interval"]) { r, k, v in
                     sawPath = sawPath || k == "path"
                     if k == "interval" {
                         if let ms = r.duration(v, key: k) { interval = ms }
                     } else if let text = v.scalar?.string, text.hasPrefix("/"),
-                              !text.contains(where: { $0.isWhitespace || $0.isNewline || $0 == "#" }) {
+                        !text.contains(where: { $0.isWhitespace || $0.isNewline || $0 == "#" })
+                    {
                         path = text
                     } else {
                         r.fail(v, "probe path must be an origin-form path such as /healthz (starts with /, no spaces)")

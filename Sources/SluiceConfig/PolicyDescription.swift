@@ -16,15 +16,17 @@ public enum PolicyDescription {
         }
         lines.append("  redirect: \(describe(policy.redirector))")
         if let retry = policy.retryPolicy {
-            lines.append("  retry: limit \(retry.limit), backoff \(retry.base)^n x \(retry.scale) ms (max \(retry.maxDelay) ms, "
-                         + "jitter \(retry.jitter.rawValue)), methods \(retry.methods.sorted().joined(separator: " ")), "
-                         + "statuses \(retry.statuses.sorted().map(String.init).joined(separator: " "))")
+            lines.append(
+                "  retry: limit \(retry.limit), backoff \(retry.base)^n x \(retry.scale) ms (max \(retry.maxDelay) ms, "
+                    + "jitter \(retry.jitter.rawValue)), methods \(retry.methods.sorted().joined(separator: " ")), "
+                    + "statuses \(retry.statuses.sorted().map(String.init).joined(separator: " "))")
         } else {
             lines.append("  retry: none")
         }
         if let v = policy.validator {
-            lines.append("  validate: status \(v.statuses.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ", "))"
-                         + (v.contentTypes.isEmpty ? "" : ", content_type \(v.contentTypes.joined(separator: ", "))"))
+            lines.append(
+                "  validate: status \(v.statuses.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ", "))"
+                    + (v.contentTypes.isEmpty ? "" : ", content_type \(v.contentTypes.joined(separator: ", "))"))
         }
         if let c = policy.credentials {
             lines.append("  credentials: username \(c.username), password \(c.password) (\(c.password.source))")
@@ -40,22 +42,28 @@ public enum PolicyDescription {
         }
         lines.append("  upstream engine: \(describeEngine(policy))")
         if let parent = policy.upstreamProxy {
-            lines.append("  upstream_proxy: \(parent.url)"
-                         + (parent.noProxy.isEmpty ? "" : ", no_proxy \(parent.noProxy.joined(separator: " "))")
-                         + (parent.auth.map { ", username \($0.username), password \($0.password) (\($0.password.source))" } ?? ""))
+            lines.append(
+                "  upstream_proxy: \(parent.url)"
+                    + (parent.noProxy.isEmpty ? "" : ", no_proxy \(parent.noProxy.joined(separator: " "))")
+                    + (parent.auth.map { ", username \($0.username), password \($0.password) (\($0.password.source))" } ?? ""))
         }
         if let cert = policy.clientCertificate {
-            lines.append("  client_certificate: \(cert.certificate), key \(cert.key)"
-                         + (cert.passphrase.map { ", passphrase \($0) (\($0.source))" } ?? ""))
+            lines.append(
+                "  client_certificate: \(cert.certificate), key \(cert.key)"
+                    + (cert.passphrase.map { ", passphrase \($0) (\($0.source))" } ?? ""))
         }
         if let health = policy.health {
-            lines.append("  health: circuit opens after \(health.consecutiveFailures) failures in a row, cooldown \(health.cooldown) ms, "
-                         + (health.probe.map { "probe GET \($0.path) every \($0.interval) ms" } ?? "no probe (a trial request closes it)"))
+            lines.append(
+                "  health: circuit opens after \(health.consecutiveFailures) failures in a row, cooldown \(health.cooldown) ms, "
+                    + (health.probe.map { "probe GET \($0.path) every \($0.interval) ms" }
+                        ?? "no probe (a trial request closes it)"))
         }
         if policy.intercept { lines.append("  intercept: true (CONNECTs answered with Sluice's TLS)") }
         let upgrades = policy.upgrades
-        lines.append(upgrades.allowed.isEmpty ? "  upgrades: none"
-            : "  upgrades: \(upgrades.allowed.joined(separator: ", ")), idle timeout \(upgrades.idleTimeout) ms")
+        lines.append(
+            upgrades.allowed.isEmpty
+                ? "  upgrades: none"
+                : "  upgrades: \(upgrades.allowed.joined(separator: ", ")), idle timeout \(upgrades.idleTimeout) ms")
         lines.append("  cache: \(describe(policy.cache))")
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
@@ -67,9 +75,10 @@ public enum PolicyDescription {
     /// requests over TLS; the parent proxy counts whatever its `no_proxy` says (libcurl matches
     /// it per request).
     static func describeEngine(_ policy: HostPolicy) -> String {
-        let choice = UpstreamEngine.choose(https: policy.upstream?.scheme == .https, http2: policy.http2,
-                                           forced: policy.upstreamEngine, credentials: policy.credentials != nil,
-                                           parentProxy: policy.upstreamProxy != nil, upgrade: false)
+        let choice = UpstreamEngine.choose(
+            https: policy.upstream?.scheme == .https, http2: policy.http2,
+            forced: policy.upstreamEngine, credentials: policy.credentials != nil,
+            parentProxy: policy.upstreamProxy != nil, upgrade: false)
         return "\(choice.engine.rawValue) (\(choice.reason))"
     }
 

@@ -17,8 +17,11 @@ extension NodeReader {
     static let reservedPolicyKeys: [String] = []
     /// The plain scalars YAML 1.1 reads as null (`host: ~`, `host: null`).
     static let nullWords: Set<String> = ["~", "null", "Null", "NULL"]
-    static let policyKeys = ["adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
-                             "upstream_proxy", "client_certificate", "health", "intercept", "upgrades", "cache"] + reservedPolicyKeys
+    static let policyKeys =
+        [
+            "adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
+            "upstream_proxy", "client_certificate", "health", "intercept", "upgrades", "cache",
+        ] + reservedPolicyKeys
     static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
 
     mutating func readPolicies(_ node: Node) -> [PolicyEntry] {
@@ -89,16 +92,25 @@ extension NodeReader {
             if case .scalar(let s) = options, s.string.isEmpty { break }
             entries(options, in: "redirect.\(key)", known: known) { r, k, v in
                 if k == "max" {
-                    if let n = v.scalar.flatMap({ Int($0.string) }), n >= 1, n <= 50 { max = n } else { r.fail(v, "max must be 1 to 50") }
+                    if let n = v.scalar.flatMap({ Int($0.string) }), n >= 1, n <= 50 {
+                        max = n
+                    } else {
+                        r.fail(v, "max must be 1 to 50")
+                    }
                     return
                 }
                 guard case .sequence(let rules) = v else { return r.fail(v, "rewrite must be a list of { from, to }") }
                 for rule in rules {
-                    var from: String?, to: String?
+                    var from: String?
+                    var to: String?
                     r.entries(rule, in: "rewrite rule", known: ["from", "to"]) { _, rk, rv in
                         if rk == "from" { from = rv.scalar?.string } else { to = rv.scalar?.string }
                     }
-                    if let from, let to, !from.isEmpty { rewrites.append(.init(from: from, to: to)) } else { r.fail(rule, "a rewrite rule needs from and to") }
+                    if let from, let to, !from.isEmpty {
+                        rewrites.append(.init(from: from, to: to))
+                    } else {
+                        r.fail(rule, "a rewrite rule needs from and to")
+                    }
                 }
             }
         default:
@@ -106,7 +118,8 @@ extension NodeReader {
             fail(m.first!.key, "unknown redirect behaviour '\(key)'" + (suggestion.map { "; did you mean '\($0)'?" } ?? ""))
             return nil
         }
-        return key == "follow" ? Redirector(behavior: .follow(max: max)) : Redirector(behavior: .modify(max: max, rewrites: rewrites))
+        return key == "follow"
+            ? Redirector(behavior: .follow(max: max)) : Redirector(behavior: .modify(max: max, rewrites: rewrites))
     }
 
     mutating func readRetry(_ node: Node) -> PolicyEntry.Section<RetryPolicy> {
@@ -117,33 +130,55 @@ extension NodeReader {
             return .inherit
         }
         var p = RetryPolicy()
-        let known = ["limit", "backoff", "methods", "statuses", "errors", "retry_after", "per_try_timeout",
-                     "deadline", "budget", "buffer_limit"]
+        let known = [
+            "limit", "backoff", "methods", "statuses", "errors", "retry_after", "per_try_timeout",
+            "deadline", "budget", "buffer_limit",
+        ]
         entries(node, in: "retry", known: known) { r, key, value in
             switch key {
             case "limit":
-                if let n = value.scalar.flatMap({ Int($0.string) }), n >= 0, n <= 100 { p.limit = n } else { r.fail(value, "limit must be 0 to 100") }
+                if let n = value.scalar.flatMap({ Int($0.string) }), n >= 0, n <= 100 {
+                    p.limit = n
+                } else {
+                    r.fail(value, "limit must be 0 to 100")
+                }
             case "backoff":
                 r.entries(value, in: "retry.backoff", known: ["base", "scale", "max_delay", "jitter"]) { r, k, v in
                     switch k {
                     case "base":
-                        if let n = v.scalar.flatMap({ Int($0.string) }), n >= 1, n <= 10 { p.base = n } else { r.fail(v, "base must be 1 to 10") }
+                        if let n = v.scalar.flatMap({ Int($0.string) }), n >= 1, n <= 10 {
+                            p.base = n
+                        } else {
+                            r.fail(v, "base must be 1 to 10")
+                        }
                     case "scale": if let ms = r.duration(v, key: k) { p.scale = ms }
                     case "max_delay": if let ms = r.duration(v, key: k) { p.maxDelay = ms }
                     default:
-                        if let j = v.scalar.flatMap({ RetryPolicy.Jitter(rawValue: $0.string) }) { p.jitter = j } else { r.fail(v, "jitter must be none, full or equal") }
+                        if let j = v.scalar.flatMap({ RetryPolicy.Jitter(rawValue: $0.string) }) {
+                            p.jitter = j
+                        } else {
+                            r.fail(v, "jitter must be none, full or equal")
+                        }
                     }
                 }
             case "methods":
                 var methods: Set<String> = []
                 for (m, n) in r.strings(value, what: key) ?? [] {
-                    if !m.isEmpty, m.allSatisfy({ $0.isUppercase || $0 == "-" }) { methods.insert(m) } else { r.fail(n, "methods are upper-case HTTP methods, not '\(m)'") }
+                    if !m.isEmpty, m.allSatisfy({ $0.isUppercase || $0 == "-" }) {
+                        methods.insert(m)
+                    } else {
+                        r.fail(n, "methods are upper-case HTTP methods, not '\(m)'")
+                    }
                 }
                 p.methods = methods
             case "statuses":
                 var statuses: Set<Int> = []
                 for (text, n) in r.strings(value, what: key) ?? [] {
-                    if let code = Int(text), (100...599).contains(code) { statuses.insert(code) } else { r.fail(n, "invalid status '\(text)'") }
+                    if let code = Int(text), (100...599).contains(code) {
+                        statuses.insert(code)
+                    } else {
+                        r.fail(n, "invalid status '\(text)'")
+                    }
                 }
                 p.statuses = statuses
             case "errors":
@@ -163,10 +198,15 @@ extension NodeReader {
             case "deadline":
                 p.deadline = value.scalar?.string == "unlimited" ? nil : r.duration(value, key: key)
             case "budget":
-                var ratio = 0.2, minimum = 3
+                var ratio = 0.2
+                var minimum = 3
                 r.entries(value, in: "retry.budget", known: ["ratio", "min_per_second"]) { r, k, v in
                     if k == "ratio" {
-                        if let d = v.scalar.flatMap({ Double($0.string) }), d >= 0, d <= 10 { ratio = d } else { r.fail(v, "ratio must be a number from 0 to 10") }
+                        if let d = v.scalar.flatMap({ Double($0.string) }), d >= 0, d <= 10 {
+                            ratio = d
+                        } else {
+                            r.fail(v, "ratio must be a number from 0 to 10")
+                        }
                     } else if let n = v.scalar.flatMap({ Int($0.string) }), n >= 0 {
                         minimum = n
                     } else {
@@ -194,7 +234,9 @@ extension NodeReader {
                 let bounds = text.split(separator: "-").map { Int($0.trimmingCharacters(in: .whitespaces)) }
                 if bounds.count == 1, let a = bounds[0], (100...599).contains(a) {
                     ranges.append(a...a)
-                } else if bounds.count == 2, let a = bounds[0], let b = bounds[1], a <= b, (100...599).contains(a), (100...599).contains(b) {
+                } else if bounds.count == 2, let a = bounds[0], let b = bounds[1], a <= b, (100...599).contains(a),
+                    (100...599).contains(b)
+                {
                     ranges.append(a...b)
                 } else {
                     r.fail(n, "status must be a code or a range like 200-299, not '\(text)'")
@@ -207,9 +249,14 @@ extension NodeReader {
 
     mutating func readCredentials(_ node: Node) -> PolicyEntry.Section<Credentials> {
         if node.scalar?.string == "none" { return .off }
-        var username: String?, password: Secret?
+        var username: String?
+        var password: Secret?
         entries(node, in: "credentials", known: ["username", "password"]) { r, key, value in
-            if key == "username" { username = r.secretOrString(value, what: "username") } else { password = r.secret(value, what: "password") }
+            if key == "username" {
+                username = r.secretOrString(value, what: "username")
+            } else {
+                password = r.secret(value, what: "password")
+            }
         }
         guard let username, let password else {
             fail(node, "credentials needs username and password")
@@ -232,7 +279,10 @@ extension NodeReader {
             let kinds: [String: MonitorSpec.Kind] = ["access_log": .accessLog, "debug": .debug, "metrics": .metrics]
             guard let kind = kinds[name] else {
                 let s = DidYouMean.closest(to: name, among: Array(kinds.keys).sorted())
-                fail(m.first!.key, "unknown monitor '\(name)'" + (s.map { "; did you mean '\($0)'?" } ?? " (monitors: access_log, debug, metrics)"))
+                fail(
+                    m.first!.key,
+                    "unknown monitor '\(name)'"
+                        + (s.map { "; did you mean '\($0)'?" } ?? " (monitors: access_log, debug, metrics)"))
                 continue
             }
             var spec = MonitorSpec(kind: kind, path: kind == .accessLog ? "stdout" : "stderr")
@@ -241,7 +291,11 @@ extension NodeReader {
                 let known = kind == .accessLog ? ["path"] : kind == .metrics ? [] : ["path", "curl"]
                 entries(options, in: name, known: known) { r, key, value in
                     if key == "path" {
-                        if let p = value.scalar?.string, !p.isEmpty { spec.path = p } else { r.fail(value, "path must be a file, stdout or stderr") }
+                        if let p = value.scalar?.string, !p.isEmpty {
+                            spec.path = p
+                        } else {
+                            r.fail(value, "path must be a file, stdout or stderr")
+                        }
                     } else if value.scalar?.string != "true" {
                         r.fail(value, "curl can only be true (the debug monitor prints curl commands)")
                     }
@@ -256,7 +310,8 @@ extension NodeReader {
         guard case .sequence(let items) = node else { return fail(node, "routes must be a list of { listen, upstream }") }
         var out: [ServerConfiguration.Route] = []
         for item in items {
-            var listen: String?, upstream: String?
+            var listen: String?
+            var upstream: String?
             var forwarded = ServerConfiguration.Route.Forwarded.xForwarded
             var trusted: [IPNetwork] = []
             entries(item, in: "route", known: ["listen", "upstream", "forwarded", "trusted_clients"]) { r, key, value in
@@ -283,10 +338,13 @@ extension NodeReader {
                     let lower = text.lowercased()
                     let parts = URLParts(text)
                     if (lower.hasPrefix("http://") || lower.hasPrefix("https://")) && !parts.host.isEmpty
-                        && !text.contains("?") && !text.contains("#") && !parts.authority.contains("@") {
+                        && !text.contains("?") && !text.contains("#") && !parts.authority.contains("@")
+                    {
                         upstream = text.hasSuffix("/") ? String(text.dropLast()) : text
                     } else {
-                        r.fail(value, "upstream must be an http:// or https:// base URL without query, e.g. https://api.example.com/v1")
+                        r.fail(
+                            value,
+                            "upstream must be an http:// or https:// base URL without query, e.g. https://api.example.com/v1")
                     }
                 }
             }

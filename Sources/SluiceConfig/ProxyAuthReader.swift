@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceCore
 import Yams
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// `access.proxy_auth: { basic: { users_file: PATH } }` (docs/configuration.md, "Proxy
 /// authentication"), and the rule that no listener is open to everyone by accident: a
@@ -36,8 +37,10 @@ extension NodeReader {
                 if problem.line == 0 {
                     fail(pathNode, "access.proxy_auth.basic.users_file: \(problem.message)")
                 } else {
-                    issues.append(ConfigIssue(file: path, line: problem.line, column: problem.column,
-                                              message: "\(problem.message) (users file of access.proxy_auth)"))
+                    issues.append(
+                        ConfigIssue(
+                            file: path, line: problem.line, column: problem.column,
+                            message: "\(problem.message) (users file of access.proxy_auth)"))
                 }
             }
         }
@@ -52,12 +55,16 @@ extension NodeReader {
         let routes = Set(server.routes.map(\.listen))
         for (address, node) in listenNodes where !ListenAddress.isLoopback(address) && !narrowed {
             if forward.contains(address) && proxyAuthentication == nil {
-                fail(node, "listen address \(address) is not loopback and access.allow_clients admits everyone: anyone "
-                     + "who reaches it could use the proxy; add access.proxy_auth (basic: { users_file: PATH }) or "
-                     + "narrow access.allow_clients to your networks (e.g. [10.0.0.0/8])")
+                fail(
+                    node,
+                    "listen address \(address) is not loopback and access.allow_clients admits everyone: anyone "
+                        + "who reaches it could use the proxy; add access.proxy_auth (basic: { users_file: PATH }) or "
+                        + "narrow access.allow_clients to your networks (e.g. [10.0.0.0/8])")
             } else if routes.contains(address) && !forward.contains(address) {
-                fail(node, "route listen address \(address) is not loopback and access.allow_clients admits everyone; "
-                     + "narrow access.allow_clients to your networks (e.g. [10.0.0.0/8]): proxy_auth does not apply to routes")
+                fail(
+                    node,
+                    "route listen address \(address) is not loopback and access.allow_clients admits everyone; "
+                        + "narrow access.allow_clients to your networks (e.g. [10.0.0.0/8]): proxy_auth does not apply to routes")
             }
         }
     }

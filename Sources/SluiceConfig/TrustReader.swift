@@ -16,12 +16,16 @@ extension NodeReader {
     /// One evaluator: a bare word (`default`) or a map with exactly one evaluator key and
     /// its options beside it.
     private mutating func readEvaluator(_ node: Node, policy: String, nested: Bool) -> (any ServerTrustEvaluating)? {
-        let usage = "trust must be default, or a map with one evaluator (\(Self.evaluatorNames.joined(separator: ", "))) and its options"
+        let usage =
+            "trust must be default, or a map with one evaluator (\(Self.evaluatorNames.joined(separator: ", "))) and its options"
         if let word = node.scalar?.string {
             switch word {
             case "default": return DefaultTrustEvaluator()
             case "disabled":
-                fail(node, "trust: disabled turns certificate verification off; write { disabled: true, insecure: true } to say you mean it")
+                fail(
+                    node,
+                    "trust: disabled turns certificate verification off; write { disabled: true, insecure: true } to say you mean it"
+                )
                 return nil
             default:
                 unknownEvaluator(word, at: node, usage: usage)
@@ -38,7 +42,8 @@ extension NodeReader {
             if present.count > 1 {
                 fail(node, "trust names \(present.joined(separator: " and ")); use composite: [...] to combine evaluators")
             } else if let unknown = m.first(where: { key, _ in !optionNames.contains(key.scalar?.string ?? "") })?.key,
-                      let name = unknown.scalar?.string {
+                let name = unknown.scalar?.string
+            {
                 unknownEvaluator(name, at: unknown, usage: usage)
             } else {
                 fail(node, "trust has options but no evaluator; " + usage)
@@ -57,13 +62,21 @@ extension NodeReader {
         case "disabled": options = ["insecure"]
         default: options = []
         }
-        var caFile: String?, validateHost = true, validateChain = true, ocsp = false, insecure = false
+        var caFile: String?
+        var validateHost = true
+        var validateChain = true
+        var ocsp = false
+        var insecure = false
         var evaluatorValue: Node?
         entries(node, in: "trust (\(kind))", known: [kind] + options) { r, key, value in
             switch key {
             case kind: evaluatorValue = value
             case "ca_file":
-                if let path = value.scalar?.string, FileManager.default.isReadableFile(atPath: path) { caFile = path } else { r.fail(value, "ca_file must be a readable PEM file") }
+                if let path = value.scalar?.string, FileManager.default.isReadableFile(atPath: path) {
+                    caFile = path
+                } else {
+                    r.fail(value, "ca_file must be a readable PEM file")
+                }
             case "validate_host": validateHost = r.bool(value, key: key) ?? true
             case "validate_chain": validateChain = r.bool(value, key: key) ?? true
             case "insecure": insecure = r.bool(value, key: key) ?? false
@@ -99,21 +112,25 @@ extension NodeReader {
             for (path, n) in nonEmptyList(value, what: "pinned_certificates") {
                 do { certs += try CertificateFiles.certificates(atPath: path) } catch { fail(n, error.message) }
             }
-            return PinnedCertificatesTrustEvaluator(certificates: certs, validateChain: validateChain,
-                                                    validateHost: validateHost, caFile: caFile)
+            return PinnedCertificatesTrustEvaluator(
+                certificates: certs, validateChain: validateChain,
+                validateHost: validateHost, caFile: caFile)
         case "public_keys":
             var digests: [[UInt8]] = []
             for (text, n) in nonEmptyList(value, what: "public_keys") {
                 if text.hasPrefix("sha256/") {
-                    if let pin = CertificateFiles.parsePin(text) { digests.append(pin) } else {
+                    if let pin = CertificateFiles.parsePin(text) {
+                        digests.append(pin)
+                    } else {
                         fail(n, "'\(text)' is not a pin: expected sha256/ and the base64 of 32 bytes (see docs/trust.md)")
                     }
                     continue
                 }
                 do { digests += try CertificateFiles.publicKeyDigests(atPath: text) } catch { fail(n, error.message) }
             }
-            return PublicKeysTrustEvaluator(keyDigests: digests, validateChain: validateChain,
-                                            validateHost: validateHost, caFile: caFile)
+            return PublicKeysTrustEvaluator(
+                keyDigests: digests, validateChain: validateChain,
+                validateHost: validateHost, caFile: caFile)
         case "composite":
             guard case .sequence(let items) = value, !items.isEmpty else {
                 fail(value, "composite must be a list of evaluators, e.g. [default, { public_keys: [...] }]")
@@ -139,7 +156,11 @@ extension NodeReader {
 
     private mutating func unknownEvaluator(_ word: String, at node: Node, usage: String) {
         var message = "unknown trust evaluator '\(word)'"
-        if let s = DidYouMean.closest(to: word, among: Self.evaluatorNames) { message += "; did you mean '\(s)'?" } else { message += "; \(usage)" }
+        if let s = DidYouMean.closest(to: word, among: Self.evaluatorNames) {
+            message += "; did you mean '\(s)'?"
+        } else {
+            message += "; \(usage)"
+        }
         fail(node, message)
     }
 
@@ -167,7 +188,10 @@ extension NodeReader {
     mutating func readUpstream(_ node: Node) -> PolicyEntry.Section<UpstreamOverride> {
         if node.scalar?.string == "off" { return .off }
         guard case .mapping(let m) = node else {
-            fail(node, "upstream must be a map, e.g. { scheme: https }, { scheme: https, port: 8443 }, { http2: off } or { engine: curl }")
+            fail(
+                node,
+                "upstream must be a map, e.g. { scheme: https }, { scheme: https, port: 8443 }, { http2: off } or { engine: curl }"
+            )
             return .inherit
         }
         var scheme: UpstreamOverride.Scheme?
@@ -179,12 +203,16 @@ extension NodeReader {
         entries(node, in: "upstream", known: ["scheme", "port", "http2", "engine"]) { r, key, value in
             switch key {
             case "scheme":
-                if let s = value.scalar.flatMap({ UpstreamOverride.Scheme(rawValue: $0.string) }) { scheme = s } else {
+                if let s = value.scalar.flatMap({ UpstreamOverride.Scheme(rawValue: $0.string) }) {
+                    scheme = s
+                } else {
                     r.fail(value, "scheme must be http or https")
                     valid = false
                 }
             case "http2":
-                if let mode = value.scalar.flatMap({ HTTP2Mode(rawValue: $0.string) }) { http2 = mode } else {
+                if let mode = value.scalar.flatMap({ HTTP2Mode(rawValue: $0.string) }) {
+                    http2 = mode
+                } else {
                     r.fail(value, "http2 must be auto, off or prior_knowledge")
                     valid = false
                 }
@@ -197,7 +225,9 @@ extension NodeReader {
                     valid = false
                 }
             default:
-                if let n = value.scalar.flatMap({ Int($0.string) }), (1...65535).contains(n) { port = n } else {
+                if let n = value.scalar.flatMap({ Int($0.string) }), (1...65535).contains(n) {
+                    port = n
+                } else {
                     r.fail(value, "port must be 1 to 65535")
                     valid = false
                 }
@@ -217,13 +247,17 @@ extension NodeReader {
         // silently pick curl).
         if engine == .native, let engineNode {
             if scheme == .https {
-                fail(engineNode, "engine: native speaks plain HTTP/1.1 only, so it cannot serve scheme: https; "
-                     + "remove engine (https origins use curl) or write engine: curl")
+                fail(
+                    engineNode,
+                    "engine: native speaks plain HTTP/1.1 only, so it cannot serve scheme: https; "
+                        + "remove engine (https origins use curl) or write engine: curl")
                 return .inherit
             }
             if http2 == .priorKnowledge {
-                fail(engineNode, "engine: native speaks plain HTTP/1.1 only, so it cannot serve http2: prior_knowledge (h2c); "
-                     + "remove engine (h2c uses curl) or write http2: auto or off")
+                fail(
+                    engineNode,
+                    "engine: native speaks plain HTTP/1.1 only, so it cannot serve http2: prior_knowledge (h2c); "
+                        + "remove engine (h2c uses curl) or write http2: auto or off")
                 return .inherit
             }
         }
@@ -233,7 +267,9 @@ extension NodeReader {
 
     mutating func readClientCertificate(_ node: Node) -> PolicyEntry.Section<ClientCertificate> {
         if node.scalar?.string == "off" { return .off }
-        var certificate: String?, key: String?, passphrase: Secret?
+        var certificate: String?
+        var key: String?
+        var passphrase: Secret?
         entries(node, in: "client_certificate", known: ["certificate", "key", "passphrase"]) { r, k, value in
             switch k {
             case "passphrase": passphrase = r.secret(value, what: "passphrase")
@@ -245,7 +281,9 @@ extension NodeReader {
                     return r.fail(value, "\(k) must be a readable PEM file ('\(path)' is not)")
                 }
                 if k == "certificate" {
-                    do throws(CertificateFiles.Problem) { _ = try CertificateFiles.certificates(atPath: path) } catch { r.fail(value, error.message) }
+                    do throws(CertificateFiles.Problem) { _ = try CertificateFiles.certificates(atPath: path) } catch {
+                        r.fail(value, error.message)
+                    }
                     certificate = path
                 } else {
                     key = path

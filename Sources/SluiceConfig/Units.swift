@@ -2,8 +2,10 @@
 public enum Units {
     /// `1048576`, `512B`, `8KiB`, `10MiB`, `1GiB` (binary) or `8KB`, `10MB`, `1GB` (decimal).
     public static func bytes(_ text: String) -> Int64? {
-        let units: [(String, Int64)] = [("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40),
-                                        ("KB", 1000), ("MB", 1_000_000), ("GB", 1_000_000_000), ("B", 1)]
+        let units: [(String, Int64)] = [
+            ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40),
+            ("KB", 1000), ("MB", 1_000_000), ("GB", 1_000_000_000), ("B", 1),
+        ]
         return scaled(text, units: units)
     }
 
@@ -44,7 +46,8 @@ public enum DidYouMean {
 
     /// Levenshtein distance.
     static func distance(_ a: String, _ b: String) -> Int {
-        let a = Array(a.utf8), b = Array(b.utf8)
+        let a = Array(a.utf8)
+        let b = Array(b.utf8)
         if a.isEmpty { return b.count }
         if b.isEmpty { return a.count }
         var previous = Array(0...b.count)

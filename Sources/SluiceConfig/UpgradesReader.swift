@@ -23,7 +23,9 @@ extension NodeReader {
             }
             return ok ? Upgrades(allowed: allowed, idleTimeout: idle) : nil
         default:
-            fail(node, "upgrades must be a list of protocol names such as [websocket], or { allow: [websocket], idle_timeout: 5m }")
+            fail(
+                node, "upgrades must be a list of protocol names such as [websocket], or { allow: [websocket], idle_timeout: 5m }"
+            )
             return nil
         }
     }
@@ -36,15 +38,19 @@ extension NodeReader {
         }
         var names: [String] = []
         for (text, itemNode) in items {
-            let isToken = !text.isEmpty && text.utf8.allSatisfy { b in
-                switch b {
-                case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: return true
-                case 0x21, 0x23, 0x24, 0x25, 0x26, 0x27, 0x2A, 0x2B, 0x2D, 0x2E, 0x5E, 0x5F, 0x60, 0x7C, 0x7E: return true
-                default: return false
+            let isToken =
+                !text.isEmpty
+                && text.utf8.allSatisfy { b in
+                    switch b {
+                    case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: return true
+                    case 0x21, 0x23, 0x24, 0x25, 0x26, 0x27, 0x2A, 0x2B, 0x2D, 0x2E, 0x5E, 0x5F, 0x60, 0x7C, 0x7E: return true
+                    default: return false
+                    }
                 }
-            }
             guard isToken else {
-                fail(itemNode, "invalid upgrade protocol '\(text)': expected a protocol name such as websocket (no version, no spaces)")
+                fail(
+                    itemNode,
+                    "invalid upgrade protocol '\(text)': expected a protocol name such as websocket (no version, no spaces)")
                 return nil
             }
             names.append(text.lowercased())

@@ -1,11 +1,12 @@
 import ArgumentParser
 import Logging
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceConfig
 import SluiceCore
 import SluiceServer
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 @main
 struct Sluice: ParsableCommand {
@@ -88,7 +89,9 @@ struct Run: ParsableCommand {
 struct Check: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Validate a configuration file: exit 0 if it is valid, else print every error and exit 1.",
-        discussion: "With --host NAME, also print the policy that host gets: the matched entry, its adapters in order (secrets redacted), redirects and monitors.")
+        discussion:
+            "With --host NAME, also print the policy that host gets: the matched entry, its adapters in order (secrets redacted), redirects and monitors."
+    )
 
     @Option(name: .shortAndLong, help: "YAML configuration file to validate.")
     var config: String
@@ -101,9 +104,10 @@ struct Check: ParsableCommand {
         do {
             let configuration = try ConfigLoader.load(path: config)
             let server = configuration.server
-            print("\(config): OK (listen \(server.listen.joined(separator: ", ")), "
-                  + "workers \(server.workers.map(String.init) ?? "auto"), "
-                  + "\(server.routes.count) route(s))")
+            print(
+                "\(config): OK (listen \(server.listen.joined(separator: ", ")), "
+                    + "workers \(server.workers.map(String.init) ?? "auto"), "
+                    + "\(server.routes.count) route(s))")
             if let host {
                 print(PolicyDescription.describe(configuration.pipeline, host: host))
             }

@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceCore
 import Testing
 
 @testable import SluiceConfig
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// `cache_store` and the policy key `cache`: values, defaults, merging, located errors.
 @Suite struct CacheConfigTests {
@@ -38,8 +39,9 @@ import Testing
         let root = "/tmp/sluice-config-test-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         let dir = root + "/a/b"
         defer { for d in [dir, root + "/a", root] { rmdir(d) } }
-        let c = try ConfigLoader.parse(yaml: "cache_store:\n  memory: 8MiB\n  disk: { path: \(dir), size: 1GiB }\n  max_object_size: 512MiB\n",
-                                       file: "t.yaml")
+        let c = try ConfigLoader.parse(
+            yaml: "cache_store:\n  memory: 8MiB\n  disk: { path: \(dir), size: 1GiB }\n  max_object_size: 512MiB\n",
+            file: "t.yaml")
         let store = try #require(c.server.cacheStore)
         #expect(store.disk == CacheStoreSettings.Disk(path: dir, size: 1 << 30))
         #expect(store.storableObjectSize == 512 << 20)
@@ -60,7 +62,8 @@ import Testing
         let missing = issues("cache_store:\n  disk: { size: 1GiB }\n")
         #expect(missing.count == 1 && missing[0].message.contains("both path and size"))
         let unusable = issues("cache_store:\n  disk:\n    path: /dev/null/cache\n    size: 1GiB\n")
-        #expect(unusable.count == 1 && unusable[0].line == 3 && unusable[0].message.contains("/dev/null")
+        #expect(
+            unusable.count == 1 && unusable[0].line == 3 && unusable[0].message.contains("/dev/null")
                 && unusable[0].message.contains("Not a directory"))
         let tooBig = issues("cache_store:\n  disk: { path: \(scratch)/y, size: 2MiB }\n  max_object_size: 3MiB\n")
         #expect(tooBig.count == 1 && tooBig[0].line == 3 && tooBig[0].message.contains("cache_store.disk.size"))
@@ -94,14 +97,19 @@ import Testing
         #expect(p.match(host: "a.test").cache == .cache)
         #expect(p.match(host: "c.test").cache == .doNotCache)  // inherits the default's
         #expect(p.match(host: "other.test").cache == .doNotCache)
-        #expect(p.match(host: "b.test").cache == .modify(.init(freshness: 600, maxFreshness: 3600,
-                                                              ignoredDirectives: [.noCache, .isPrivate],
-                                                              dropResponseHeaders: ["set-cookie"],
-                                                              keyRequestHeaders: ["accept-language", "x-tenant"])))
+        #expect(
+            p.match(host: "b.test").cache
+                == .modify(
+                    .init(
+                        freshness: 600, maxFreshness: 3600,
+                        ignoredDirectives: [.noCache, .isPrivate],
+                        dropResponseHeaders: ["set-cookie"],
+                        keyRequestHeaders: ["accept-language", "x-tenant"])))
     }
 
     @Test func badPolicyCacheValuesAreLocated() {
-        let found = issues("""
+        let found = issues(
+            """
             policies:
               a.test: { cache: do_not_cash }
               b.test: { cache: { modfy: {} } }

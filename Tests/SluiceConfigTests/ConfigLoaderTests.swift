@@ -25,8 +25,11 @@ import Testing
         #expect(c.listen == ["127.0.0.1:8080", "[::1]:8080"])
         #expect(c.workers == 3)
         #expect(c.limits == .init(requestLine: 4096, headerSection: 16384, headerCount: 50, requestBody: 10 << 20))
-        #expect(c.timeouts == .init(clientHeader: 500, clientIdle: 120_000, upstreamConnect: 3000,
-                                    upstreamPerTry: 3_600_000, total: 90_000, drain: 5000))
+        #expect(
+            c.timeouts
+                == .init(
+                    clientHeader: 500, clientIdle: 120_000, upstreamConnect: 3000,
+                    upstreamPerTry: 3_600_000, total: 90_000, drain: 5000))
         #expect(c.access.connectPorts == [443, 8443])
         #expect(c.access.allowClients == [IPNetwork("10.0.0.0/8")!])
     }
@@ -44,7 +47,8 @@ import Testing
         #expect(c.limits.maxConnections == 500 && c.limits.maxConnectionsPerClient == 20)
         #expect(c.limits.maxInFlightUpstream == nil && c.limits.upstreamQueue == 0)
         #expect(c.timeouts.upstreamQueue == 250)
-        let auto = try ConfigLoader.parse(yaml: "limits: { max_connections: auto, max_connections_per_client: unlimited }", file: "t.yaml")
+        let auto = try ConfigLoader.parse(
+            yaml: "limits: { max_connections: auto, max_connections_per_client: unlimited }", file: "t.yaml")
         #expect(auto.server.limits.maxConnections == nil && auto.server.limits.maxConnectionsPerClient == nil)
     }
 
@@ -125,7 +129,8 @@ import Testing
             guard let issue = (error as? ConfigError)?.issues.first else { return false }
             return issue.line == 1 && issue.column > 1 && issue.message.contains("nesting")
         }
-        let deep = "policies: { h.test: { trust: { composite: " + String(repeating: "[", count: 990)
+        let deep =
+            "policies: { h.test: { trust: { composite: " + String(repeating: "[", count: 990)
             + String(repeating: "]", count: 990) + " } } }\n"
         #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: deep, file: "f.yaml") }
     }
@@ -144,16 +149,18 @@ import Testing
     }
 
     @Test func routeForwardedAndTrustedClients() throws {
-        let config = try ConfigLoader.parse(yaml: """
-            routes:
-              - { listen: "127.0.0.1:8080", upstream: "http://127.0.0.1:9000" }
-              - { listen: "127.0.0.1:8081", upstream: "http://127.0.0.1:9000", forwarded: rfc7239, trusted_clients: [10.0.0.0/8] }
-            """, file: "f")
+        let config = try ConfigLoader.parse(
+            yaml: """
+                routes:
+                  - { listen: "127.0.0.1:8080", upstream: "http://127.0.0.1:9000" }
+                  - { listen: "127.0.0.1:8081", upstream: "http://127.0.0.1:9000", forwarded: rfc7239, trusted_clients: [10.0.0.0/8] }
+                """, file: "f")
         #expect(config.server.routes[0].forwarded == .xForwarded && config.server.routes[0].trustedClients.isEmpty)
         #expect(config.server.routes[1].forwarded == .rfc7239)
         #expect(config.server.routes[1].trustedClients == [IPNetwork("10.0.0.0/8")!])
         #expect {
-            try ConfigLoader.parse(yaml: "routes:\n  - listen: 127.0.0.1:8080\n    upstream: http://a\n    forwarded: x-forwarded\n", file: "f")
+            try ConfigLoader.parse(
+                yaml: "routes:\n  - listen: 127.0.0.1:8080\n    upstream: http://a\n    forwarded: x-forwarded\n", file: "f")
         } throws: { error in
             guard let issue = (error as? ConfigError)?.issues.first else { return false }
             return issue.line == 4 && issue.column == 16 && issue.message.contains("rfc7239, x_forwarded, none")
@@ -161,16 +168,17 @@ import Testing
     }
 
     @Test func upstreamProxyIsMergedLikeEverySection() throws {
-        let config = try ConfigLoader.parse(yaml: """
-            policies:
-              default:
-                upstream_proxy:
-                  url: http://proxy.example:3128
-                  no_proxy: [.corp.example, 10.0.0.0/8, 192.0.2.1]
-                  auth: { username: svc, password: s3cret }
-              direct.example: { upstream_proxy: none }
-              other.example: { upstream_proxy: { url: "http://[::1]:8080/" } }
-            """, file: "f")
+        let config = try ConfigLoader.parse(
+            yaml: """
+                policies:
+                  default:
+                    upstream_proxy:
+                      url: http://proxy.example:3128
+                      no_proxy: [.corp.example, 10.0.0.0/8, 192.0.2.1]
+                      auth: { username: svc, password: s3cret }
+                  direct.example: { upstream_proxy: none }
+                  other.example: { upstream_proxy: { url: "http://[::1]:8080/" } }
+                """, file: "f")
         let parent = try #require(config.pipeline.policies.match(host: "any.example").upstreamProxy)
         #expect(parent.url == "http://proxy.example:3128")
         #expect(parent.noProxy == [".corp.example", "10.0.0.0/8", "192.0.2.1"])
@@ -185,7 +193,10 @@ import Testing
             ("upstream_proxy: { url: http://p.example }", 3, "explicit port"),
             ("upstream_proxy: { url: http://u:pw@p.example:3128 }", 3, "credentials go in auth"),
             ("upstream_proxy: { url: http://p.example:3128/path }", 3, "http://host:port"),
-            ("upstream_proxy: { url: http://p.example:3128, no_proxy: [a.example, 10.0.0.0/99] }", 3, "invalid no_proxy entry '10.0.0.0/99'"),
+            (
+                "upstream_proxy: { url: http://p.example:3128, no_proxy: [a.example, 10.0.0.0/99] }", 3,
+                "invalid no_proxy entry '10.0.0.0/99'"
+            ),
             ("upstream_proxy: { no_proxy: [a.example] }", 3, "needs url"),
             ("upstream_proxy: { url: http://p.example:3128, auth: { username: svc } }", 3, "needs username and password"),
             ("upstream_proxy: direct", 3, "none or a map"),

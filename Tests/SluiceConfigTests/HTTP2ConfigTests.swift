@@ -18,12 +18,13 @@ import Testing
     }
 
     @Test func http2IsPerHostAndDefaultsToAuto() throws {
-        let config = try ConfigLoader.parse(yaml: """
-            policies:
-              a.test: { upstream: { http2: off } }
-              b.test: { upstream: { scheme: http, http2: prior_knowledge } }
-              c.test: { upstream: { scheme: https, port: 8443 } }
-            """, file: "t.yaml")
+        let config = try ConfigLoader.parse(
+            yaml: """
+                policies:
+                  a.test: { upstream: { http2: off } }
+                  b.test: { upstream: { scheme: http, http2: prior_knowledge } }
+                  c.test: { upstream: { scheme: https, port: 8443 } }
+                """, file: "t.yaml")
         let table = config.pipeline.policies
         #expect(table.match(host: "a.test").http2 == .off)
         #expect(table.match(host: "a.test").upstream == UpstreamOverride(scheme: nil, http2: .off))

@@ -15,7 +15,8 @@ import Testing
               other.example: {}
             """
         let policies = try ConfigLoader.parse(yaml: yaml, file: "t.yaml").pipeline.policies
-        #expect(policies.match(host: "other.example").health
+        #expect(
+            policies.match(host: "other.example").health
                 == Health(consecutiveFailures: 3, cooldown: 2000, probe: .init(path: "/healthz", interval: 500)))
         #expect(policies.match(host: "plain.example").health == nil)
         #expect(policies.match(host: "defaults.example").health == Health(consecutiveFailures: 5, cooldown: 10_000, probe: nil))

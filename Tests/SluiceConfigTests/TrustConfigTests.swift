@@ -29,7 +29,8 @@ import Testing
     }
 
     @Test func allHostsMustBeEvaluatedRefusesHostsWithoutTrust() throws {
-        let table = try policies("""
+        let table = try policies(
+            """
             tls: { all_hosts_must_be_evaluated: true }
             policies:
               pinned.test: { trust: { public_keys: ["sha256/\(String(repeating: "A", count: 43))="] } }
@@ -42,7 +43,8 @@ import Testing
 
     @Test func exactBeatsWildcardAndHostReplacesDefault() throws {
         let pin = "sha256/" + Base64.encode([UInt8](repeating: 7, count: 32))
-        let table = try policies("""
+        let table = try policies(
+            """
             policies:
               default: { trust: { default: true, validate_host: false } }
               "*.corp.test": { trust: { public_keys: ["\(pin)"], validate_chain: false } }
@@ -57,7 +59,8 @@ import Testing
 
     @Test func compositeNeedsEveryMember() throws {
         let pin = "sha256/" + Base64.encode([UInt8](repeating: 1, count: 32))
-        let table = try policies("""
+        let table = try policies(
+            """
             policies:
               h.test: { trust: { composite: [default, { public_keys: ["\(pin)"], validate_chain: false }] } }
             """)
@@ -97,7 +100,8 @@ import Testing
     }
 
     @Test func upstreamClientCertificateAndInterceptMerge() throws {
-        let table = try policies("""
+        let table = try policies(
+            """
             policies:
               default: { intercept: false }
               api.test: { upstream: { scheme: https, port: 8443 }, intercept: true }
@@ -108,7 +112,8 @@ import Testing
         #expect(table.intercepts)
         #expect(table.match(host: "other.test").upstream == nil)
         #expect(!table.match(host: "other.test").intercept)
-        let missing = issue("policies:\n  h.test:\n    client_certificate: { certificate: /nonexistent.pem, key: /nonexistent.key }\n")
+        let missing = issue(
+            "policies:\n  h.test:\n    client_certificate: { certificate: /nonexistent.pem, key: /nonexistent.key }\n")
         #expect(missing?.message.contains("readable PEM file") == true)
     }
 }

@@ -26,7 +26,8 @@ import Testing
     }
 
     @Test func engineIsReadAndDefaultsToNil() throws {
-        let table = try policies("""
+        let table = try policies(
+            """
             policies:
               n.test: { upstream: { engine: native } }
               c.test: { upstream: { engine: curl } }
@@ -46,7 +47,8 @@ import Testing
     }
 
     @Test func aHostsUpstreamReplacesTheDefaultsEngine() throws {
-        let table = try policies("""
+        let table = try policies(
+            """
             policies:
               default: { upstream: { engine: curl } }
               a.test: { upstream: { http2: off } }
@@ -76,7 +78,8 @@ import Testing
         #expect(h2c?.message.contains("engine: native speaks plain HTTP/1.1 only") == true)
         #expect(h2c?.message.contains("http2: prior_knowledge") == true)
         // Only in the same section: another entry's scheme is no conflict.
-        #expect(issue("policies:\n  default: { upstream: { scheme: https } }\n  h.test: { upstream: { engine: native } }\n") == nil)
+        #expect(
+            issue("policies:\n  default: { upstream: { scheme: https } }\n  h.test: { upstream: { engine: native } }\n") == nil)
         #expect(issue("policies:\n  h.test: { upstream: { scheme: http, http2: off, engine: native } }\n") == nil)
     }
 

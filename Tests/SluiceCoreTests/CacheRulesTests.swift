@@ -10,13 +10,18 @@ import Testing
     static let t0: Int64 = 1_700_000_000
     static let date0 = HTTPDate.format(t0)
 
-    func stored(_ fields: [F], status: Int = 200, request: [F] = [], at t: Int64 = t0, extraKey: [String] = []) -> CacheStoredResponse {
-        CacheStoredResponse(status: status, fields: fields, requestFields: request, requestTime: t, responseTime: t,
-                            extraKeyFields: extraKey)
+    func stored(
+        _ fields: [F], status: Int = 200, request: [F] = [], at t: Int64 = t0, extraKey: [String] = []
+    ) -> CacheStoredResponse {
+        CacheStoredResponse(
+            status: status, fields: fields, requestFields: request, requestTime: t, responseTime: t,
+            extraKeyFields: extraKey)
     }
 
-    func decide(_ request: [F] = [], _ candidates: [CacheStoredResponse], now: Int64, method: String = "GET",
-                modification: CacheModification? = nil) -> CacheLookup.Decision {
+    func decide(
+        _ request: [F] = [], _ candidates: [CacheStoredResponse], now: Int64, method: String = "GET",
+        modification: CacheModification? = nil
+    ) -> CacheLookup.Decision {
         CacheLookup.decide(method: method, requestFields: request, candidates: candidates, now: now, modification: modification)
     }
 
@@ -49,10 +54,13 @@ import Testing
 
     // MARK: storability (§3)
 
-    func storable(_ fields: [F], status: Int = 200, request: [F] = [], method: String = "GET",
-                  modification: CacheModification? = nil, length: Int64? = nil) -> CacheStorability.Decision {
-        CacheStorability.decide(method: method, requestFields: request, status: status, responseFields: fields,
-                                modification: modification, contentLength: length, maxObjectSize: 1000)
+    func storable(
+        _ fields: [F], status: Int = 200, request: [F] = [], method: String = "GET",
+        modification: CacheModification? = nil, length: Int64? = nil
+    ) -> CacheStorability.Decision {
+        CacheStorability.decide(
+            method: method, requestFields: request, status: status, responseFields: fields,
+            modification: modification, contentLength: length, maxObjectSize: 1000)
     }
 
     @Test func storabilityRules() {
@@ -65,10 +73,13 @@ import Testing
         #expect(storable([("Cache-Control", "max-age=60")], status: 206) == .doNotStore(.status))
         #expect(storable([("Cache-Control", "max-age=60")], status: 304) == .doNotStore(.status))
         #expect(storable([("Cache-Control", "no-store, max-age=60")]) == .doNotStore(.noStore))
-        #expect(storable([("Cache-Control", "max-age=60")], request: [("Cache-Control", "no-store")]) == .doNotStore(.requestNoStore))
+        #expect(
+            storable([("Cache-Control", "max-age=60")], request: [("Cache-Control", "no-store")]) == .doNotStore(.requestNoStore))
         #expect(storable([("Cache-Control", "private, max-age=60")]) == .doNotStore(.private))
-        #expect(storable([("Cache-Control", "private, max-age=60")],
-                         modification: .init(ignoredDirectives: [.isPrivate])) == .store)
+        #expect(
+            storable(
+                [("Cache-Control", "private, max-age=60")],
+                modification: .init(ignoredDirectives: [.isPrivate])) == .store)
         #expect(storable([("Vary", "Accept, *")]) == .doNotStore(.varyStar))
         #expect(storable([("Cache-Control", "max-age=60")], length: 1001) == .doNotStore(.tooLarge))
         #expect(storable([("Cache-Control", "max-age=60"), ("Set-Cookie", "s=1")]) == .doNotStore(.setCookie))
@@ -85,8 +96,9 @@ import Testing
     }
 
     @Test func dropResponseHeadersBeforeStoring() {
-        let kept = CacheStorability.storedFields([("Set-Cookie", "a"), ("ETag", "\"1\"")],
-                                                 modification: .init(dropResponseHeaders: ["set-cookie"]))
+        let kept = CacheStorability.storedFields(
+            [("Set-Cookie", "a"), ("ETag", "\"1\"")],
+            modification: .init(dropResponseHeaders: ["set-cookie"]))
         #expect(kept.map(\.name) == ["ETag"])
     }
 
@@ -95,7 +107,8 @@ import Testing
     @Test func freshnessLifetimeOrder() {
         let t = Self.t0
         #expect(CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=60, s-maxage=30")])) == 30)
-        #expect(CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=60"), ("Expires", HTTPDate.format(t + 500))])) == 60)
+        #expect(
+            CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=60"), ("Expires", HTTPDate.format(t + 500))])) == 60)
         #expect(CacheFreshness.lifetime(of: stored([("Date", Self.date0), ("Expires", HTTPDate.format(t + 500))])) == 500)
         #expect(CacheFreshness.lifetime(of: stored([("Date", Self.date0), ("Expires", "0")])) == 0)
         // Heuristic: 10 % of (Date − Last-Modified), capped at a day; not for a 302.
@@ -106,13 +119,15 @@ import Testing
         #expect(CacheFreshness.lifetime(of: stored(old)) == CacheFreshness.heuristicCapSeconds)
         // modify: override and cap.
         #expect(CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=5")]), modification: .init(freshness: 600)) == 600)
-        #expect(CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=5000")]), modification: .init(maxFreshness: 60)) == 60)
+        #expect(
+            CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=5000")]), modification: .init(maxFreshness: 60)) == 60)
     }
 
     @Test func currentAgeFollowsSection4_2_3() {
         let t = Self.t0
         // Age 10 from upstream, 2 s in flight, 5 s resident: 10 + 2 + 5.
-        var r = CacheStoredResponse(status: 200, fields: [("Date", HTTPDate.format(t)), ("Age", "10")], requestTime: t, responseTime: t + 2)
+        var r = CacheStoredResponse(
+            status: 200, fields: [("Date", HTTPDate.format(t)), ("Age", "10")], requestTime: t, responseTime: t + 2)
         #expect(CacheFreshness.currentAge(of: r, now: t + 7) == 17)
         // A Date 30 s behind the arrival time: the apparent age wins.
         r = CacheStoredResponse(status: 200, fields: [("Date", HTTPDate.format(t - 30))], requestTime: t, responseTime: t)
@@ -127,9 +142,13 @@ import Testing
     @Test func freshHitAndStaleRevalidation() {
         let r = stored([("Cache-Control", "max-age=60"), ("ETag", "\"v1\""), ("Last-Modified", HTTPDate.format(Self.t0 - 10))])
         #expect(decide([], [r], now: Self.t0 + 10) == .serve(.init(variant: 0, age: 10, ttl: 50, notModified: false)))
-        #expect(decide([], [r], now: Self.t0 + 10, method: "HEAD") == .serve(.init(variant: 0, age: 10, ttl: 50, notModified: false)))
-        #expect(decide([], [r], now: Self.t0 + 61)
-            == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"v1\""), .ifModifiedSince(HTTPDate.format(Self.t0 - 10))], reason: .stale))
+        #expect(
+            decide([], [r], now: Self.t0 + 10, method: "HEAD") == .serve(.init(variant: 0, age: 10, ttl: 50, notModified: false)))
+        #expect(
+            decide([], [r], now: Self.t0 + 61)
+                == .revalidate(
+                    variant: 0, conditional: [.ifNoneMatch("\"v1\""), .ifModifiedSince(HTTPDate.format(Self.t0 - 10))],
+                    reason: .stale))
         #expect(decide([], [], now: Self.t0) == .forward(.uriMiss))
         #expect(decide([], [r], now: Self.t0, method: "POST") == .forward(.method))
         #expect(decide([("If-Range", "\"v1\""), ("Range", "bytes=0-1")], [r], now: Self.t0) == .forward(.bypass))
@@ -140,25 +159,38 @@ import Testing
         let r = stored([("Cache-Control", "max-age=60")])
         let now = Self.t0 + 30
         #expect(decide([("Cache-Control", "no-store")], [r], now: now) == .forward(.request))
-        #expect(decide([("Cache-Control", "no-cache")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
+        #expect(
+            decide([("Cache-Control", "no-cache")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
         #expect(decide([("Pragma", "no-cache")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
-        #expect(decide([("Cache-Control", "max-age=10")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
-        #expect(decide([("Cache-Control", "max-age=40")], [r], now: now) == .serve(.init(variant: 0, age: 30, ttl: 30, notModified: false)))
-        #expect(decide([("Cache-Control", "min-fresh=40")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request))
-        #expect(decide([("Cache-Control", "min-fresh=20")], [r], now: now) == .serve(.init(variant: 0, age: 30, ttl: 30, notModified: false)))
+        #expect(
+            decide([("Cache-Control", "max-age=10")], [r], now: now) == .revalidate(variant: 0, conditional: [], reason: .request)
+        )
+        #expect(
+            decide([("Cache-Control", "max-age=40")], [r], now: now)
+                == .serve(.init(variant: 0, age: 30, ttl: 30, notModified: false)))
+        #expect(
+            decide([("Cache-Control", "min-fresh=40")], [r], now: now)
+                == .revalidate(variant: 0, conditional: [], reason: .request))
+        #expect(
+            decide([("Cache-Control", "min-fresh=20")], [r], now: now)
+                == .serve(.init(variant: 0, age: 30, ttl: 30, notModified: false)))
     }
 
     @Test func maxStaleAndRevalidateDirectives() {
         let late = Self.t0 + 70  // 10 s stale
-        #expect(decide([("Cache-Control", "max-stale=20")], [stored([("Cache-Control", "max-age=60")])], now: late)
-            == .serve(.init(variant: 0, age: 70, ttl: -10, notModified: false)))
-        #expect(decide([("Cache-Control", "max-stale")], [stored([("Cache-Control", "max-age=60")])], now: late + 10_000)
-            == .serve(.init(variant: 0, age: 10_070, ttl: -10_010, notModified: false)))
-        #expect(decide([("Cache-Control", "max-stale=5")], [stored([("Cache-Control", "max-age=60")])], now: late)
-            == .revalidate(variant: 0, conditional: [], reason: .stale))
-        for directive in ["must-revalidate", "proxy-revalidate", "s-maxage=60"] {
-            #expect(decide([("Cache-Control", "max-stale=20")], [stored([("Cache-Control", "max-age=60, \(directive)")])], now: late)
+        #expect(
+            decide([("Cache-Control", "max-stale=20")], [stored([("Cache-Control", "max-age=60")])], now: late)
+                == .serve(.init(variant: 0, age: 70, ttl: -10, notModified: false)))
+        #expect(
+            decide([("Cache-Control", "max-stale")], [stored([("Cache-Control", "max-age=60")])], now: late + 10_000)
+                == .serve(.init(variant: 0, age: 10_070, ttl: -10_010, notModified: false)))
+        #expect(
+            decide([("Cache-Control", "max-stale=5")], [stored([("Cache-Control", "max-age=60")])], now: late)
                 == .revalidate(variant: 0, conditional: [], reason: .stale))
+        for directive in ["must-revalidate", "proxy-revalidate", "s-maxage=60"] {
+            #expect(
+                decide([("Cache-Control", "max-stale=20")], [stored([("Cache-Control", "max-age=60, \(directive)")])], now: late)
+                    == .revalidate(variant: 0, conditional: [], reason: .stale))
         }
     }
 
@@ -167,17 +199,28 @@ import Testing
         let v1: [CacheLookup.Validator] = [.ifNoneMatch("\"v1\"")]
         // Fresh: a plain hit; 10 s and 30 s stale: served at once, revalidated with the ETag.
         #expect(decide([], [r], now: Self.t0 + 50) == .serve(.init(variant: 0, age: 50, ttl: 10, notModified: false)))
-        #expect(decide([], [r], now: Self.t0 + 70) == .serveStale(.init(variant: 0, age: 70, ttl: -10, notModified: false), conditional: v1))
-        #expect(decide([], [r], now: Self.t0 + 90) == .serveStale(.init(variant: 0, age: 90, ttl: -30, notModified: false), conditional: v1))
+        #expect(
+            decide([], [r], now: Self.t0 + 70)
+                == .serveStale(.init(variant: 0, age: 70, ttl: -10, notModified: false), conditional: v1))
+        #expect(
+            decide([], [r], now: Self.t0 + 90)
+                == .serveStale(.init(variant: 0, age: 90, ttl: -30, notModified: false), conditional: v1))
         // Past the window: a blocking revalidation.
         #expect(decide([], [r], now: Self.t0 + 91) == .revalidate(variant: 0, conditional: v1, reason: .stale))
         // The client's conditional is still answered from the stale response.
-        #expect(decide([("If-None-Match", "\"v1\"")], [r], now: Self.t0 + 70)
-            == .serveStale(.init(variant: 0, age: 70, ttl: -10, notModified: true), conditional: v1))
+        #expect(
+            decide([("If-None-Match", "\"v1\"")], [r], now: Self.t0 + 70)
+                == .serveStale(.init(variant: 0, age: 70, ttl: -10, notModified: true), conditional: v1))
         // The request asks for validation or bounds staleness below it: no stale answer.
-        #expect(decide([("Cache-Control", "no-cache")], [r], now: Self.t0 + 70) == .revalidate(variant: 0, conditional: v1, reason: .request))
-        #expect(decide([("Cache-Control", "max-age=65")], [r], now: Self.t0 + 70) == .revalidate(variant: 0, conditional: v1, reason: .request))
-        #expect(decide([("Cache-Control", "max-stale=5")], [r], now: Self.t0 + 70) == .revalidate(variant: 0, conditional: v1, reason: .stale))
+        #expect(
+            decide([("Cache-Control", "no-cache")], [r], now: Self.t0 + 70)
+                == .revalidate(variant: 0, conditional: v1, reason: .request))
+        #expect(
+            decide([("Cache-Control", "max-age=65")], [r], now: Self.t0 + 70)
+                == .revalidate(variant: 0, conditional: v1, reason: .request))
+        #expect(
+            decide([("Cache-Control", "max-stale=5")], [r], now: Self.t0 + 70)
+                == .revalidate(variant: 0, conditional: v1, reason: .stale))
         // The response forbids serving it stale.
         for directive in ["must-revalidate", "proxy-revalidate", "s-maxage=60", "no-cache"] {
             let forbidden = stored([("Cache-Control", "max-age=60, stale-while-revalidate=30, \(directive)")])
@@ -199,16 +242,19 @@ import Testing
         for directive in ["must-revalidate", "proxy-revalidate", "s-maxage=60", "no-cache"] {
             #expect(!may("max-age=60, \(directive)"))
         }
-        let ignoringNoCache = CacheLookup.mayServeWhileDisconnected(stored([("Cache-Control", "no-cache")]), requestFields: [],
-                                                                    now: Self.t0 + 1, modification: .init(ignoredDirectives: [.noCache]))
+        let ignoringNoCache = CacheLookup.mayServeWhileDisconnected(
+            stored([("Cache-Control", "no-cache")]), requestFields: [],
+            now: Self.t0 + 1, modification: .init(ignoredDirectives: [.noCache]))
         #expect(ignoringNoCache)
     }
 
     @Test func responseNoCacheAlwaysValidatesUnlessIgnored() {
         let r = stored([("Cache-Control", "no-cache, max-age=60"), ("ETag", "\"a\"")])
-        #expect(decide([], [r], now: Self.t0 + 1) == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"a\"")], reason: .request))
-        #expect(decide([], [r], now: Self.t0 + 1, modification: .init(ignoredDirectives: [.noCache]))
-            == .serve(.init(variant: 0, age: 1, ttl: 59, notModified: false)))
+        #expect(
+            decide([], [r], now: Self.t0 + 1) == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"a\"")], reason: .request))
+        #expect(
+            decide([], [r], now: Self.t0 + 1, modification: .init(ignoredDirectives: [.noCache]))
+                == .serve(.init(variant: 0, age: 1, ttl: 59, notModified: false)))
     }
 
     @Test func onlyIfCached() {
@@ -224,12 +270,16 @@ import Testing
         let en = stored(fields, request: [("Accept-Language", "en"), ("Accept", "a,b")])
         let de = stored(fields, request: [("accept-language", "de")], at: Self.t0 + 1)
         let now = Self.t0 + 2
-        #expect(decide([("Accept-Language", "en"), ("Accept", "a, b")], [en, de], now: now)
-            == .serve(.init(variant: 0, age: 2, ttl: 58, notModified: false)))
-        #expect(decide([("ACCEPT-LANGUAGE", "de")], [en, de], now: now) == .serve(.init(variant: 1, age: 1, ttl: 59, notModified: false)))
+        #expect(
+            decide([("Accept-Language", "en"), ("Accept", "a, b")], [en, de], now: now)
+                == .serve(.init(variant: 0, age: 2, ttl: 58, notModified: false)))
+        #expect(
+            decide([("ACCEPT-LANGUAGE", "de")], [en, de], now: now)
+                == .serve(.init(variant: 1, age: 1, ttl: 59, notModified: false)))
         #expect(decide([("Accept-Language", "fr")], [en, de], now: now) == .forward(.varyMiss))
         #expect(decide([("Accept-Language", "en")], [en], now: now) == .forward(.varyMiss))  // Accept absent ≠ present
-        let star = CacheStoredResponse(status: 200, fields: [("Vary", "*")], requestFields: [], requestTime: Self.t0, responseTime: Self.t0)
+        let star = CacheStoredResponse(
+            status: 200, fields: [("Vary", "*")], requestFields: [], requestTime: Self.t0, responseTime: Self.t0)
         #expect(star.vary == nil && !star.varyMatches([]))
         // key_request_headers act as Vary.
         let keyed = stored([("Cache-Control", "max-age=60")], request: [("X-Tenant", "a")], extraKey: ["x-tenant"])
@@ -255,14 +305,17 @@ import Testing
     }
 
     @Test func notModifiedUpdatesTheStoredHead() {
-        let r = CacheStoredResponse(status: 200, fields: [("Content-Length", "5"), ("Cache-Control", "max-age=1"), ("X-Old", "1"), ("ETag", "\"a\"")],
-                                    requestTime: Self.t0, responseTime: Self.t0, bodyLength: 5)
-        let u = r.updated(with: [("Cache-Control", "max-age=100"), ("Content-Length", "0"), ("X-New", "2")],
-                          requestTime: Self.t0 + 50, responseTime: Self.t0 + 51)
+        let r = CacheStoredResponse(
+            status: 200, fields: [("Content-Length", "5"), ("Cache-Control", "max-age=1"), ("X-Old", "1"), ("ETag", "\"a\"")],
+            requestTime: Self.t0, responseTime: Self.t0, bodyLength: 5)
+        let u = r.updated(
+            with: [("Cache-Control", "max-age=100"), ("Content-Length", "0"), ("X-New", "2")],
+            requestTime: Self.t0 + 50, responseTime: Self.t0 + 51)
         #expect(u.value("cache-control") == "max-age=100" && u.value("content-length") == "5")
         #expect(u.value("x-old") == "1" && u.value("x-new") == "2" && u.value("etag") == "\"a\"")
         #expect(u.responseTime == Self.t0 + 51 && u.bodyLength == 5)
-        #expect(decide([], [u], now: Self.t0 + 60) == .serve(.init(variant: 0, age: 10, ttl: 90, notModified: false)))  // 1 s in flight + 9 resident
+        // Age: 1 s in flight + 9 resident.
+        #expect(decide([], [u], now: Self.t0 + 60) == .serve(.init(variant: 0, age: 10, ttl: 90, notModified: false)))
     }
 
     // MARK: Range and stale-if-error
@@ -303,9 +356,12 @@ import Testing
 
     @Test func unsafeMethodsInvalidate() {
         let url = "http://a.test/x/y?q"
-        #expect(CacheInvalidation.targets(method: "POST", status: 201, url: url, location: "/new", contentLocation: "z")
-            == [url, "http://a.test/new", "http://a.test/x/z"])
-        #expect(CacheInvalidation.targets(method: "PUT", status: 204, url: url, location: "http://other.test/n", contentLocation: nil) == [url])
+        #expect(
+            CacheInvalidation.targets(method: "POST", status: 201, url: url, location: "/new", contentLocation: "z")
+                == [url, "http://a.test/new", "http://a.test/x/z"])
+        #expect(
+            CacheInvalidation.targets(method: "PUT", status: 204, url: url, location: "http://other.test/n", contentLocation: nil)
+                == [url])
         #expect(CacheInvalidation.targets(method: "DELETE", status: 500, url: url, location: nil, contentLocation: nil).isEmpty)
         #expect(CacheInvalidation.targets(method: "GET", status: 200, url: url, location: "/n", contentLocation: nil).isEmpty)
     }
@@ -313,7 +369,8 @@ import Testing
     // MARK: encoding and the memory tier
 
     @Test func storedResponseRoundTrips() {
-        var r = stored([("Cache-Control", "max-age=60"), ("Vary", "Accept"), ("X-Ünïcode", "é, \"q\"")], request: [("Accept", "x")])
+        var r = stored(
+            [("Cache-Control", "max-age=60"), ("Vary", "Accept"), ("X-Ünïcode", "é, \"q\"")], request: [("Accept", "x")])
         r.bodyLength = 12345
         let bytes = r.encode()
         #expect(CacheStoredResponse(bytes: bytes) == r)
@@ -326,7 +383,8 @@ import Testing
     }
 
     func object(_ size: Int, vary: [F] = []) -> CacheObject {
-        CacheObject(response: stored([("Vary", "Accept")], request: vary), chunks: [CacheChunk([UInt8](repeating: 7, count: size))])
+        CacheObject(
+            response: stored([("Vary", "Accept")], request: vary), chunks: [CacheChunk([UInt8](repeating: 7, count: size))])
     }
 
     @Test func memoryTierEvictsLeastRecentlyUsed() {
@@ -368,8 +426,9 @@ import Testing
     @Test func tierSizesWithAndWithoutADiskTier() {
         let memoryOnly = CacheStoreSettings(memory: 64 << 20, maxObjectSize: 128 << 20)
         #expect(memoryOnly.storableObjectSize == 64 << 20 && memoryOnly.memoryObjectSize == 64 << 20)
-        let withDisk = CacheStoreSettings(memory: 64 << 20, maxObjectSize: 128 << 20,
-                                          disk: .init(path: "/d", size: 1 << 30))
+        let withDisk = CacheStoreSettings(
+            memory: 64 << 20, maxObjectSize: 128 << 20,
+            disk: .init(path: "/d", size: 1 << 30))
         #expect(withDisk.storableObjectSize == 128 << 20)
         #expect(withDisk.memoryObjectSize == 8 << 20)  // the memory tier's share: 1/8
         let smallDisk = CacheStoreSettings(memory: 64 << 20, maxObjectSize: 1 << 30, disk: .init(path: "/d", size: 32 << 20))
@@ -380,8 +439,9 @@ import Testing
         let disk = CacheObject(response: stored([("Cache-Control", "max-age=60")]), diskLength: 5_000_000)
         #expect(disk.onDisk && disk.bodyLength == 5_000_000 && disk.chunks.isEmpty)
         #expect(disk.response.bodyLength == 5_000_000)
-        let updated = disk.withResponse(disk.response.updated(with: [("X-New", "1")], requestTime: 1, responseTime: 2),
-                                        trustGeneration: nil)
+        let updated = disk.withResponse(
+            disk.response.updated(with: [("X-New", "1")], requestTime: 1, responseTime: 2),
+            trustGeneration: nil)
         #expect(updated.onDisk && updated.bodyLength == 5_000_000)
         #expect(CacheMemoryTier(capacity: 1 << 30).insert(disk, for: "u") == nil)
         #expect(!object(10).onDisk)
@@ -390,11 +450,13 @@ import Testing
     // MARK: Review fixes
 
     @Test func notModifiedFieldsPassTheStorageRules() {
-        let r = CacheStoredResponse(status: 200, fields: [("Cache-Control", "max-age=1"), ("ETag", "\"a\"")],
-                                    requestTime: Self.t0, responseTime: Self.t0, bodyLength: 5)
+        let r = CacheStoredResponse(
+            status: 200, fields: [("Cache-Control", "max-age=1"), ("ETag", "\"a\"")],
+            requestTime: Self.t0, responseTime: Self.t0, bodyLength: 5)
         func after(_ fields: [F], _ m: CacheModification? = nil) -> CacheStoredResponse? {
-            CacheStorability.afterNotModified(r, notModified: fields, requestFields: [], modification: m,
-                                              requestTime: Self.t0 + 50, responseTime: Self.t0 + 51)
+            CacheStorability.afterNotModified(
+                r, notModified: fields, requestFields: [], modification: m,
+                requestTime: Self.t0 + 50, responseTime: Self.t0 + 51)
         }
         // Set-Cookie of a 304 is never kept (even when public); the rest merges.
         let kept = after([("Cache-Control", "public, max-age=100"), ("Set-Cookie", "s=alice")])
@@ -405,12 +467,16 @@ import Testing
         #expect(after([("Cache-Control", "no-store")]) == nil)
         // The policy's drop_response_headers applies to the 304 as to the stored response.
         let drop = CacheModification(dropResponseHeaders: ["x-secret"])
-        #expect(after([("X-Secret", "1"), ("X-Other", "2")], drop).map { $0.value("x-secret") == nil && $0.value("x-other") == "2" } == true)
+        #expect(
+            after([("X-Secret", "1"), ("X-Other", "2")], drop).map { $0.value("x-secret") == nil && $0.value("x-other") == "2" }
+                == true)
     }
 
     @Test func getWithABodyIsNeverStored() {
-        #expect(CacheStorability.decide(method: "GET", requestFields: [], status: 200, responseFields: [("Cache-Control", "max-age=60")],
-                                        requestHasBody: true) == .doNotStore(.requestBody))
+        #expect(
+            CacheStorability.decide(
+                method: "GET", requestFields: [], status: 200, responseFields: [("Cache-Control", "max-age=60")],
+                requestHasBody: true) == .doNotStore(.requestBody))
     }
 
     @Test func preconditionsOnlyForA2xxEntry() {
@@ -426,11 +492,15 @@ import Testing
 
     @Test func outdatedTrustIsValidatedFirst() {
         let r = stored([("Cache-Control", "max-age=60"), ("ETag", "\"e\"")])
-        #expect(CacheLookup.decide(method: "GET", requestFields: [], candidates: [r], now: Self.t0 + 1, outdated: [0])
+        #expect(
+            CacheLookup.decide(method: "GET", requestFields: [], candidates: [r], now: Self.t0 + 1, outdated: [0])
                 == .revalidate(variant: 0, conditional: [.ifNoneMatch("\"e\"")], reason: .stale))
-        #expect(CacheLookup.decide(method: "GET", requestFields: [("Cache-Control", "only-if-cached")], candidates: [r],
-                                   now: Self.t0 + 1, outdated: [0]) == .onlyIfCachedMiss)
-        if case .serve = CacheLookup.decide(method: "GET", requestFields: [], candidates: [r], now: Self.t0 + 1) {} else {
+        #expect(
+            CacheLookup.decide(
+                method: "GET", requestFields: [("Cache-Control", "only-if-cached")], candidates: [r],
+                now: Self.t0 + 1, outdated: [0]) == .onlyIfCachedMiss)
+        if case .serve = CacheLookup.decide(method: "GET", requestFields: [], candidates: [r], now: Self.t0 + 1) {
+        } else {
             Issue.record("a fresh entry under the same trust is served")
         }
         #expect(PolicyTable(entries: []).generation != PolicyTable(entries: []).generation)
@@ -438,7 +508,8 @@ import Testing
 
     @Test func invalidationCancelsFillsInProgress() {
         let tier = CacheMemoryTier(capacity: 1 << 20)
-        let before = tier.beginFill("u"), other = tier.beginFill("v")
+        let before = tier.beginFill("u")
+        let other = tier.beginFill("v")
         tier.invalidate("u")
         let after = tier.beginFill("u")
         #expect(tier.insert(object(10), for: "u", fill: before) == nil)  // began before the invalidation

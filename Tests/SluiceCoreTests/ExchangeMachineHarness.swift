@@ -78,22 +78,30 @@ func describe(_ event: ProxyEvent) -> String {
 
 let origin = ExchangeMachine.Target(host: "api.test", port: 80, url: "http://api.test/x")
 
-func policy(retry: RetryPolicy? = nil, validate: ResponseValidator? = nil, redirect: Redirector = .doNotFollow,
-            adapters: [any RequestAdapter] = [], credentials: Credentials? = nil) -> HostPolicy {
-    HostPolicy(merging: nil, over: PolicyEntry(name: "default", adapters: adapters, redirect: redirect,
-                                               retry: retry.map { .on($0) } ?? .inherit,
-                                               validate: validate.map { .on($0) } ?? .inherit,
-                                               credentials: credentials.map { .on($0) } ?? .inherit))
+func policy(
+    retry: RetryPolicy? = nil, validate: ResponseValidator? = nil, redirect: Redirector = .doNotFollow,
+    adapters: [any RequestAdapter] = [], credentials: Credentials? = nil
+) -> HostPolicy {
+    HostPolicy(
+        merging: nil,
+        over: PolicyEntry(
+            name: "default", adapters: adapters, redirect: redirect,
+            retry: retry.map { .on($0) } ?? .inherit,
+            validate: validate.map { .on($0) } ?? .inherit,
+            credentials: credentials.map { .on($0) } ?? .inherit))
 }
 
 /// No budget (unless a test gives one), so that rows about other rules are not cut by it.
-func retry(limit: Int = 2, base: Int = 2, scale: Int = 100, maxDelay: Int = 30_000, jitter: RetryPolicy.Jitter = .none,
-           methods: Set<String> = RetryPolicy.defaultRetryableMethods, statuses: Set<Int> = RetryPolicy.defaultRetryableStatusCodes,
-           errors: Set<TransportErrorKind> = RetryPolicy.defaultRetryableErrors, retryAfter: Bool = true,
-           perTryTimeout: Int? = nil, deadline: Int? = nil, budget: RetryBudget.Limits? = nil) -> RetryPolicy {
-    RetryPolicy(limit: limit, base: base, scale: scale, maxDelay: maxDelay, jitter: jitter, methods: methods,
-                statuses: statuses, errors: errors, retryAfter: retryAfter, perTryTimeout: perTryTimeout,
-                deadline: deadline, budget: budget)
+func retry(
+    limit: Int = 2, base: Int = 2, scale: Int = 100, maxDelay: Int = 30_000, jitter: RetryPolicy.Jitter = .none,
+    methods: Set<String> = RetryPolicy.defaultRetryableMethods, statuses: Set<Int> = RetryPolicy.defaultRetryableStatusCodes,
+    errors: Set<TransportErrorKind> = RetryPolicy.defaultRetryableErrors, retryAfter: Bool = true,
+    perTryTimeout: Int? = nil, deadline: Int? = nil, budget: RetryBudget.Limits? = nil
+) -> RetryPolicy {
+    RetryPolicy(
+        limit: limit, base: base, scale: scale, maxDelay: maxDelay, jitter: jitter, methods: methods,
+        statuses: statuses, errors: errors, retryAfter: retryAfter, perTryTimeout: perTryTimeout,
+        deadline: deadline, budget: budget)
 }
 
 /// What one try does, as the upstream of an e2e test would.
@@ -127,13 +135,16 @@ struct Harness {
     /// Milliseconds a retry timer fires late (event-loop lag).
     var timerLag = 0
 
-    init(_ policy: HostPolicy, method: String = "GET", url: String = "http://api.test/x", target: ExchangeMachine.Target = origin,
-         monitoring: ExchangeMachine.Monitoring = .events, events: ProxyEvent.Kinds = .all, clock: FakeClock = FakeClock(),
-         seed: UInt64 = 1, perTryTimeout: Int = 60_000) {
+    init(
+        _ policy: HostPolicy, method: String = "GET", url: String = "http://api.test/x", target: ExchangeMachine.Target = origin,
+        monitoring: ExchangeMachine.Monitoring = .events, events: ProxyEvent.Kinds = .all, clock: FakeClock = FakeClock(),
+        seed: UInt64 = 1, perTryTimeout: Int = 60_000
+    ) {
         self.clock = clock
         let summary = ExchangeSummary(id: 7, client: "127.0.0.1", method: method, url: url, policy: policy.name)
-        machine = ExchangeMachine(summary: summary, policy: policy, target: target, defaultPerTryTimeout: perTryTimeout,
-                                  monitoring: monitoring, events: events, clock: clock, random: SeededRandom(state: seed))
+        machine = ExchangeMachine(
+            summary: summary, policy: policy, target: target, defaultPerTryTimeout: perTryTimeout,
+            monitoring: monitoring, events: events, clock: clock, random: SeededRandom(state: seed))
     }
 
     @discardableResult
@@ -155,8 +166,11 @@ struct Harness {
     /// Runs tries against `upstream` (one entry per try, the last repeated) until the exchange
     /// ends; returns the finished summary.
     @discardableResult
-    mutating func run(_ upstream: [Upstream], adapt: ((ProxyRequest) -> Result<ProxyRequest, AdaptationError>)? = nil)
-        -> ExchangeSummary {
+    mutating func run(
+        _ upstream: [Upstream], adapt: ((ProxyRequest) -> Result<ProxyRequest, AdaptationError>)? = nil
+    )
+        -> ExchangeSummary
+    {
         var tryIndex = 0
         while !machine.isFinished {
             switch machine.state {
@@ -249,8 +263,10 @@ struct Harness {
     }
 }
 
-func get(_ url: String = "http://api.test/x", method: String = "GET", body: ProxyRequest.Body = .none,
-         fields: HTTPFields = [:]) -> ProxyRequest {
+func get(
+    _ url: String = "http://api.test/x", method: String = "GET", body: ProxyRequest.Body = .none,
+    fields: HTTPFields = [:]
+) -> ProxyRequest {
     ProxyRequest(id: 7, method: method, url: url, headerFields: fields, body: body)
 }
 

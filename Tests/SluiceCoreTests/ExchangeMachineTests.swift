@@ -25,9 +25,12 @@ import Testing
         let s = h.run([.status(503)])
         #expect(s.status == 503 && s.outcome == .ok && s.attempts == 2)
         #expect(s.retryStopped == .limit)
-        #expect(h.events == ["event received GET http://api.test/x default", "event retrying 1 after 100 (status 503)",
-                             "event metrics 1", "event retry stopped: limit", "event response 503 on try 2", "event metrics 2",
-                             "event finished 503 ok attempts 2"])
+        #expect(
+            h.events == [
+                "event received GET http://api.test/x default", "event retrying 1 after 100 (status 503)",
+                "event metrics 1", "event retry stopped: limit", "event response 503 on try 2", "event metrics 2",
+                "event finished 503 ok attempts 2",
+            ])
         #expect(h.log.filter { $0 == "send" }.count == 1, "only the last try's response reaches the client")
     }
 
@@ -72,8 +75,10 @@ import Testing
 
     @Test func retryStoppedOnlyForRetriableFailures() {
         // a status outside `statuses`, a success, a transport error outside `errors`: whatever the method
-        for (method, upstream) in [("GET", Upstream.status(404)), ("POST", .status(404)), ("POST", .status(200)),
-                                   ("POST", .refused), ("GET", .refused)] {
+        for (method, upstream) in [
+            ("GET", Upstream.status(404)), ("POST", .status(404)), ("POST", .status(200)),
+            ("POST", .refused), ("GET", .refused),
+        ] {
             var h = Harness(policy(retry: retry(errors: [.reset])), method: method)
             h.begin()
             let s = h.run([upstream])
@@ -187,8 +192,10 @@ import Testing
         #expect(h.delays == [100])
     }
 
-    @Test(arguments: [("soon", 200), ("-5", 200), ("  ", 200), ("86401", 200), ("Thu, 01 Jan 1970 00:00:01 GMT", 0),
-                      (" 3 ", 3000)])
+    @Test(arguments: [
+        ("soon", 200), ("-5", 200), ("  ", 200), ("86401", 200), ("Thu, 01 Jan 1970 00:00:01 GMT", 0),
+        (" 3 ", 3000),
+    ])
     func unusableOrPastRetryAfter(value: String, delay: Int) {
         var h = Harness(policy(retry: retry(limit: 2, scale: 200)))
         h.begin()
@@ -300,7 +307,9 @@ import Testing
 
 @Suite struct ExchangeMachineBudgetTests {
     /// One failing request after another on one policy (whose budget they share), all at `at`.
-    func failing(_ policy: HostPolicy, _ n: Int, at clock: FakeClock, target: ExchangeMachine.Target = origin) -> [ExchangeSummary] {
+    func failing(
+        _ policy: HostPolicy, _ n: Int, at clock: FakeClock, target: ExchangeMachine.Target = origin
+    ) -> [ExchangeSummary] {
         (0..<n).map { _ in
             var h = Harness(policy, target: target, clock: clock)
             h.begin()
@@ -326,7 +335,7 @@ import Testing
         // 10 recorded + 1 per exchange: at the k-th failure, max(1, 0.5 × (10 + k)) allowed
         let lines = failing(p, 8, at: FakeClock(now: 7_200))
         #expect(lines.map { $0.attempts - 1 }.reduce(0, +) == 8)
-        #expect(budget.tryAcquireRetry(now: 7_900) == true)   // 18 requests → 9 retries
+        #expect(budget.tryAcquireRetry(now: 7_900) == true)  // 18 requests → 9 retries
         #expect(budget.tryAcquireRetry(now: 7_900) == false)
     }
 
@@ -368,17 +377,20 @@ import Testing
     }
 
     @Test func whatIsReadWholeBeforeTheFirstTry() {
-        let retrying = ExchangeMachine(summary: ExchangeSummary(id: 1, client: "c", method: "PUT", url: "u", policy: "p"),
-                                       policy: policy(retry: retry()), target: origin, defaultPerTryTimeout: 1, monitoring: .none)
+        let retrying = ExchangeMachine(
+            summary: ExchangeSummary(id: 1, client: "c", method: "PUT", url: "u", policy: "p"),
+            policy: policy(retry: retry()), target: origin, defaultPerTryTimeout: 1, monitoring: .none)
         #expect(retrying.readsBodyWhole(length: 1000))
         #expect(!retrying.readsBodyWhole(length: Int64(RetryPolicy.defaultBufferLimit) + 1))
         #expect(!retrying.readsBodyWhole(length: 0))
-        let post = ExchangeMachine(summary: ExchangeSummary(id: 1, client: "c", method: "POST", url: "u", policy: "p"),
-                                   policy: policy(retry: retry()), target: origin, defaultPerTryTimeout: 1, monitoring: .none)
+        let post = ExchangeMachine(
+            summary: ExchangeSummary(id: 1, client: "c", method: "POST", url: "u", policy: "p"),
+            policy: policy(retry: retry()), target: origin, defaultPerTryTimeout: 1, monitoring: .none)
         #expect(!post.readsBodyWhole(length: 1000), "POST is not retried, so not kept")
-        let challenged = ExchangeMachine(summary: ExchangeSummary(id: 1, client: "c", method: "POST", url: "u", policy: "p"),
-                                         policy: policy(credentials: Credentials(username: "u", password: Secret("p"))),
-                                         target: origin, defaultPerTryTimeout: 1, monitoring: .none)
+        let challenged = ExchangeMachine(
+            summary: ExchangeSummary(id: 1, client: "c", method: "POST", url: "u", policy: "p"),
+            policy: policy(credentials: Credentials(username: "u", password: Secret("p"))),
+            target: origin, defaultPerTryTimeout: 1, monitoring: .none)
         #expect(challenged.readsBodyWhole(length: 1000), "a credentials challenge resends it")
         #expect(ExchangeMachine.replayLimit(for: policy()) == 0)
         #expect(ExchangeMachine.replayLimit(for: policy(redirect: .follow)) == 1 << 20)
@@ -415,8 +427,10 @@ import Testing
     }
 
     @Test func contentTypeIsRetriedUntilItMatches() {
-        var h = Harness(policy(retry: retry(limit: 2, scale: 50),
-                               validate: ResponseValidator(statuses: [200...299], contentTypes: ["application/json"])))
+        var h = Harness(
+            policy(
+                retry: retry(limit: 2, scale: 50),
+                validate: ResponseValidator(statuses: [200...299], contentTypes: ["application/json"])))
         h.begin()
         #expect(h.machine.responseFields(for: 200) == .contentType)
         let s = h.run([.status(200, contentType: "text/html"), .status(200, contentType: "application/json")])
@@ -440,8 +454,10 @@ import Testing
 // MARK: - Redirects
 
 @Suite struct ExchangeMachineRedirectTests {
-    func follow(_ redirect: Redirector, _ upstream: [Upstream], model: ProxyRequest = get(),
-                canResendBody: Bool = true) -> Harness {
+    func follow(
+        _ redirect: Redirector, _ upstream: [Upstream], model: ProxyRequest = get(),
+        canResendBody: Bool = true
+    ) -> Harness {
         var h = Harness(policy(redirect: redirect), method: model.method)
         h.canResendBody = canResendBody
         #expect(h.machine.needsRequestModel)
@@ -460,21 +476,30 @@ import Testing
     }
 
     @Test func followsRelativeRedirectsToTheFinal200() {
-        let h = follow(.follow, [.status(302, location: "/relative-redirect/2"), .status(302, location: "/relative-redirect/1"),
-                                 .status(302, location: "/get"), .status(200)])
+        let h = follow(
+            .follow,
+            [
+                .status(302, location: "/relative-redirect/2"), .status(302, location: "/relative-redirect/1"),
+                .status(302, location: "/get"), .status(200),
+            ])
         let s = h.machine.summary
         #expect(s.status == 200 && s.redirects == 3 && s.attempts == 4)
         #expect(h.machine.model?.url == "http://api.test/get")
-        #expect(h.events.filter { $0.hasPrefix("event redirect") } == [
-            "event redirect 302 to http://api.test/relative-redirect/2 hop 1",
-            "event redirect 302 to http://api.test/relative-redirect/1 hop 2",
-            "event redirect 302 to http://api.test/get hop 3",
-        ])
+        #expect(
+            h.events.filter { $0.hasPrefix("event redirect") } == [
+                "event redirect 302 to http://api.test/relative-redirect/2 hop 1",
+                "event redirect 302 to http://api.test/relative-redirect/1 hop 2",
+                "event redirect 302 to http://api.test/get hop 3",
+            ])
     }
 
     @Test func pastMaxTheLast3xxGoesToTheClient() {
-        let h = follow(Redirector(behavior: .follow(max: 2)), [.status(302, location: "/a"), .status(302, location: "/b"),
-                                                               .status(302, location: "/get")])
+        let h = follow(
+            Redirector(behavior: .follow(max: 2)),
+            [
+                .status(302, location: "/a"), .status(302, location: "/b"),
+                .status(302, location: "/get"),
+            ])
         #expect(h.machine.summary.status == 302 && h.machine.summary.redirects == 2 && h.machine.summary.attempts == 3)
     }
 
@@ -500,11 +525,14 @@ import Testing
 
     @Test(arguments: [(307, "POST"), (308, "PUT")])
     func a307Or308KeepsTheMethodAndNeedsTheBodyAgain(code: Int, method: String) {
-        let h = follow(.follow, [.status(code, location: "/anything/replay"), .status(200)], model: get(method: method, body: .length(14_000)))
+        let h = follow(
+            .follow, [.status(code, location: "/anything/replay"), .status(200)],
+            model: get(method: method, body: .length(14_000)))
         #expect(h.machine.summary.status == 200 && h.machine.model?.method == method)
         // a body that cannot be sent again (over 1 MiB): the 3xx goes to the client
-        let big = follow(.follow, [.status(code, location: "/anything"), .status(200)],
-                         model: get(method: method, body: .length(1_572_864)), canResendBody: false)
+        let big = follow(
+            .follow, [.status(code, location: "/anything"), .status(200)],
+            model: get(method: method, body: .length(1_572_864)), canResendBody: false)
         #expect(big.machine.summary.status == code && big.machine.summary.redirects == 0)
     }
 
@@ -515,9 +543,9 @@ import Testing
         h.feed(.tryStarting(origin))
         let check = h.feed(.responseHead(.init(status: 302, location: "http://localhost:8080/headers"), canResendBody: true))
         guard case .checkRedirect(let next)? = check.command else {
-                Issue.record("not followed")
-                return
-            }
+            Issue.record("not followed")
+            return
+        }
         #expect(next.headerFields[.authorization] == nil && next.headerFields[.cookie] == nil)
         #expect(next.headerFields[HTTPField.Name("X-Keep")!] == "yes")
         #expect(h.feed(.redirectTarget(usable: true)).map(describe).last == "follow, credentials dropped")
@@ -540,11 +568,14 @@ import Testing
     }
 
     @Test func modifyRewritesTheLocation() {
-        let rules = [Redirector.Rewrite(from: "http://nowhere.invalid", to: "http://also-nowhere.invalid"),
-                     Redirector.Rewrite(from: "http://localhost:8080", to: "http://api.test")]
-        let h = follow(Redirector(behavior: .modify(max: 3, rewrites: rules)),
-                       [.status(302, location: "http://localhost:8080/anything/landed"), .status(200)],
-                       model: get(fields: [.authorization: "Bearer kept"]))
+        let rules = [
+            Redirector.Rewrite(from: "http://nowhere.invalid", to: "http://also-nowhere.invalid"),
+            Redirector.Rewrite(from: "http://localhost:8080", to: "http://api.test"),
+        ]
+        let h = follow(
+            Redirector(behavior: .modify(max: 3, rewrites: rules)),
+            [.status(302, location: "http://localhost:8080/anything/landed"), .status(200)],
+            model: get(fields: [.authorization: "Bearer kept"]))
         #expect(h.machine.model?.url == "http://api.test/anything/landed")
         #expect(h.machine.model?.headerFields[.authorization] == "Bearer kept")
         #expect(h.log.contains("follow, credentials kept"))
@@ -569,42 +600,49 @@ import Testing
 
 @Suite struct ExchangeMachineAdapterTests {
     @Test func oauth2RefreshOn401RetriesOnceWithAFreshToken() {
-        let oauth = OAuth2Authenticator(settings: .init(grant: .clientCredentials, tokenURL: "http://auth.test/token",
-                                                        clientID: "sluice", clientSecret: Secret("s")))
+        let oauth = OAuth2Authenticator(
+            settings: .init(
+                grant: .clientCredentials, tokenURL: "http://auth.test/token",
+                clientID: "sluice", clientSecret: Secret("s")))
         var h = Harness(policy(adapters: [oauth]), method: "PUT")
         #expect(h.machine.needsRequestModel)
         h.feed(.received)
         let first = h.feed(.prepare(model: get(method: "PUT", body: .length(51_200))))
         #expect(first.map(describe) == ["adapt PUT http://api.test/x"])
-        h.feed(.adaptationSuspended)   // the first token is being fetched
+        h.feed(.adaptationSuspended)  // the first token is being fetched
         guard case .awaitingCredential(retry: false) = h.machine.state else {
             Issue.record("\(h.machine.state)")
             return
         }
         h.feed(.adapted(stamp("t1")(get(method: "PUT", body: .length(51_200)))))
         var tokens = ["t2"]
-        let s = h.run([.status(401), .status(200)], adapt: { request in
-            #expect(request.headerFields[.authorization] == nil, "the retry adapts the request as it was before adaptation")
-            return stamp(tokens.removeFirst())(request)
-        })
+        let s = h.run(
+            [.status(401), .status(200)],
+            adapt: { request in
+                #expect(request.headerFields[.authorization] == nil, "the retry adapts the request as it was before adaptation")
+                return stamp(tokens.removeFirst())(request)
+            })
         #expect(s.status == 200 && s.attempts == 2 && s.retryStopped == nil)
         #expect(h.delays == [0])
-        #expect(h.events == [
-            "event received PUT http://api.test/x default",
-            "event adapted oauth2",
-            "event try 1 PUT http://api.test/x [Bearer t1]",
-            "event retrying 1 after 0 (status 401)",
-            "event metrics 1",
-            "event try 2 PUT http://api.test/x [Bearer t2]",
-            "event response 200 on try 2",
-            "event metrics 2",
-            "event finished 200 ok attempts 2",
-        ])
+        #expect(
+            h.events == [
+                "event received PUT http://api.test/x default",
+                "event adapted oauth2",
+                "event try 1 PUT http://api.test/x [Bearer t1]",
+                "event retrying 1 after 0 (status 401)",
+                "event metrics 1",
+                "event try 2 PUT http://api.test/x [Bearer t2]",
+                "event response 200 on try 2",
+                "event metrics 2",
+                "event finished 200 ok attempts 2",
+            ])
     }
 
     @Test func oauth2RetriesOnlyOnce() {
-        let oauth = OAuth2Authenticator(settings: .init(grant: .clientCredentials, tokenURL: "http://auth.test/token",
-                                                        clientID: "sluice", clientSecret: Secret("s")))
+        let oauth = OAuth2Authenticator(
+            settings: .init(
+                grant: .clientCredentials, tokenURL: "http://auth.test/token",
+                clientID: "sluice", clientSecret: Secret("s")))
         var h = Harness(policy(adapters: [oauth]))
         h.begin(model: get(), adapt: stamp("t1"))
         let s = h.run([.status(401)], adapt: stamp("t2"))
@@ -612,8 +650,10 @@ import Testing
     }
 
     @Test func oauth2RefreshNeedsTheBodyAgain() {
-        let oauth = OAuth2Authenticator(settings: .init(grant: .clientCredentials, tokenURL: "http://auth.test/token",
-                                                        clientID: "sluice", clientSecret: Secret("s")))
+        let oauth = OAuth2Authenticator(
+            settings: .init(
+                grant: .clientCredentials, tokenURL: "http://auth.test/token",
+                clientID: "sluice", clientSecret: Secret("s")))
         var h = Harness(policy(adapters: [oauth]), method: "POST")
         h.canResendBody = false
         h.begin(model: get(method: "POST", body: .streamed), adapt: stamp("t1"))
@@ -622,11 +662,14 @@ import Testing
     }
 
     @Test func aFailedReadaptationEndsWith502() {
-        let oauth = OAuth2Authenticator(settings: .init(grant: .clientCredentials, tokenURL: "http://auth.test/token",
-                                                        clientID: "sluice", clientSecret: Secret("s")))
+        let oauth = OAuth2Authenticator(
+            settings: .init(
+                grant: .clientCredentials, tokenURL: "http://auth.test/token",
+                clientID: "sluice", clientSecret: Secret("s")))
         var h = Harness(policy(adapters: [oauth]))
         h.begin(model: get(), adapt: stamp("t1"))
-        let s = h.run([.status(401)], adapt: { _ in .failure(AdaptationError(adapter: "oauth2", reason: "token endpoint answered 500")) })
+        let s = h.run(
+            [.status(401)], adapt: { _ in .failure(AdaptationError(adapter: "oauth2", reason: "token endpoint answered 500")) })
         #expect(s.status == 502 && s.outcome == .error && s.attempts == 1)
         #expect(s.error == "adapter oauth2 failed: token endpoint answered 500")
         #expect(h.events.contains("event adaptation failed oauth2: token endpoint answered 500"))
@@ -637,8 +680,11 @@ import Testing
         h.feed(.received)
         h.feed(.prepare(model: get()))
         let actions = h.feed(.adapted(.failure(AdaptationError(adapter: "guard", reason: "path is not allowed"))))
-        #expect(actions.map(describe) == ["event adaptation failed guard: path is not allowed",
-                                          "fail 502 adapter guard failed: path is not allowed"])
+        #expect(
+            actions.map(describe) == [
+                "event adaptation failed guard: path is not allowed",
+                "fail 502 adapter guard failed: path is not allowed",
+            ])
         h.end(.adapterFailed(name: "guard", reason: "path is not allowed"))
         #expect(h.machine.summary.attempts == 0 && h.machine.isFinished)
     }
@@ -683,23 +729,24 @@ import Testing
         #expect(h.machine.needsRequestModel)
         h.begin(model: get())
         h.run([.status(503), .status(200)])
-        #expect(h.log == [
-            "event received GET http://api.test/x default",
-            "forward",
-            "event try 1 GET http://api.test/x",
-            "begin try, 60000 ms for a head",
-            "event retrying 1 after 100 (status 503)",
-            "discard",
-            "event metrics 1",
-            "retry after 100",
-            "build retry",
-            "event try 2 GET http://api.test/x",
-            "begin try, 60000 ms for a head",
-            "send",
-            "event response 200 on try 2",
-            "event metrics 2",
-            "event finished 200 ok attempts 2",
-        ])
+        #expect(
+            h.log == [
+                "event received GET http://api.test/x default",
+                "forward",
+                "event try 1 GET http://api.test/x",
+                "begin try, 60000 ms for a head",
+                "event retrying 1 after 100 (status 503)",
+                "discard",
+                "event metrics 1",
+                "retry after 100",
+                "build retry",
+                "event try 2 GET http://api.test/x",
+                "begin try, 60000 ms for a head",
+                "send",
+                "event response 200 on try 2",
+                "event metrics 2",
+                "event finished 200 ok attempts 2",
+            ])
         let s = h.machine.summary
         #expect(s.retries == [RetryRecord(attempt: 1, delayMilliseconds: 100, reason: "status 503")])
         #expect(s.bytesOut == 10)
@@ -710,9 +757,12 @@ import Testing
         h.begin()
         h.run([.status(503), .refused, .status(200)])
         #expect(h.events.isEmpty)
-        #expect(h.log == ["forward", "begin try, 60000 ms for a head", "discard", "retry after 100", "build retry",
-                          "begin try, 60000 ms for a head", "retry after 200", "build retry",
-                          "begin try, 60000 ms for a head", "send"])
+        #expect(
+            h.log == [
+                "forward", "begin try, 60000 ms for a head", "discard", "retry after 100", "build retry",
+                "begin try, 60000 ms for a head", "retry after 200", "build retry",
+                "begin try, 60000 ms for a head", "send",
+            ])
         #expect(h.machine.summary.retries.count == 2, "the record is kept all the same")
     }
 
@@ -725,7 +775,8 @@ import Testing
         var r = Harness(policy(retry: retry(limit: 1, scale: 100)), events: [.retrying, .retryStopped])
         r.begin()
         r.run([.status(503), .status(503)])
-        #expect(r.log.filter { $0.hasPrefix("event") } == ["event retrying 1 after 100 (status 503)", "event retry stopped: limit"])
+        #expect(
+            r.log.filter { $0.hasPrefix("event") } == ["event retrying 1 after 100 (status 503)", "event retry stopped: limit"])
     }
 
     @Test func aCompositeMonitorHandsEachMonitorTheKindsItReads() {
@@ -735,7 +786,8 @@ import Testing
             init(_ events: ProxyEvent.Kinds) { self.events = events }
             func handle(_ event: ProxyEvent) { seen.append(describe(event)) }
         }
-        let finishedOnly = Recorder(.finished), everything = Recorder(.all)
+        let finishedOnly = Recorder(.finished)
+        let everything = Recorder(.all)
         let composite = CompositeEventMonitor([finishedOnly, everything])
         #expect(composite.events == .all)
         composite.handle(.requestReceived(id: 1, client: "c", method: "GET", url: "http://a/", policy: "default"))
@@ -786,9 +838,11 @@ import Testing
     }
 
     @Test func timeoutPhasesPrintTheErrorBodyWords() {
-        #expect(TimeoutPhase.allCases.map(\.rawValue)
+        #expect(
+            TimeoutPhase.allCases.map(\.rawValue)
                 == ["connect", "transfer", "no response head in time", "retry deadline passed", "token request"])
-        #expect(ProxyError.upstreamTimeout(host: "h:80", phase: .noResponseHead).message
+        #expect(
+            ProxyError.upstreamTimeout(host: "h:80", phase: .noResponseHead).message
                 == "upstream h:80 timed out (no response head in time)")
     }
 

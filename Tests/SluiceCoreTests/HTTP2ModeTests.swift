@@ -9,7 +9,8 @@ import Testing
         #expect(HTTP2Mode.auto.protocolChoice(https: false) == .init(version: .http1, waitsForMultiplexing: false))
         #expect(HTTP2Mode.off.protocolChoice(https: true) == .init(version: .http1, waitsForMultiplexing: false))
         #expect(HTTP2Mode.off.protocolChoice(https: false) == .init(version: .http1, waitsForMultiplexing: false))
-        #expect(HTTP2Mode.priorKnowledge.protocolChoice(https: false) == .init(version: .priorKnowledge, waitsForMultiplexing: true))
+        #expect(
+            HTTP2Mode.priorKnowledge.protocolChoice(https: false) == .init(version: .priorKnowledge, waitsForMultiplexing: true))
         #expect(HTTP2Mode.priorKnowledge.protocolChoice(https: true) == .init(version: .negotiated, waitsForMultiplexing: true))
     }
 

@@ -3,8 +3,10 @@ import HTTPTypes
 import SluiceCore
 import Testing
 
-func request(_ url: String = "http://api.test/x", method: String = "GET", body: ProxyRequest.Body = .none,
-             fields: HTTPFields = [:]) -> ProxyRequest {
+func request(
+    _ url: String = "http://api.test/x", method: String = "GET", body: ProxyRequest.Body = .none,
+    fields: HTTPFields = [:]
+) -> ProxyRequest {
     ProxyRequest(id: 1, method: method, url: url, headerFields: fields, body: body)
 }
 
@@ -40,15 +42,19 @@ struct FixedRetrier: RequestRetrier {
         let adapted = try adapt(ok, request()).get()
         #expect(adapted.headerFields[values: HTTPField.Name("X-Trace")!] == ["a", "b"])
 
-        let failing = Interceptor(adapters: [RecordingAdapter(name: "a", fail: false), RecordingAdapter(name: "b", fail: true),
-                                             RecordingAdapter(name: "c", fail: false)])
+        let failing = Interceptor(adapters: [
+            RecordingAdapter(name: "a", fail: false), RecordingAdapter(name: "b", fail: true),
+            RecordingAdapter(name: "c", fail: false),
+        ])
         #expect(adapt(failing, request()) == .failure(AdaptationError(adapter: "b", reason: "refused")))
     }
 
     @Test func retriersAreAskedUntilOneAnswersOtherThanDoNotRetry() {
-        let interceptor = Interceptor(retriers: [FixedRetrier(name: "1", answer: .doNotRetry),
-                                                 FixedRetrier(name: "2", answer: .retryWithDelay(milliseconds: 500)),
-                                                 FixedRetrier(name: "3", answer: .retry)])
+        let interceptor = Interceptor(retriers: [
+            FixedRetrier(name: "1", answer: .doNotRetry),
+            FixedRetrier(name: "2", answer: .retryWithDelay(milliseconds: 500)),
+            FixedRetrier(name: "3", answer: .retry),
+        ])
         var answer: RetryResult?
         interceptor.retry(request(), dueTo: .transport(.refused, .upstreamRefused(host: "h")), attempt: 1) { answer = $0 }
         #expect(answer == .retryWithDelay(milliseconds: 500))
@@ -75,10 +81,14 @@ struct FixedRetrier: RequestRetrier {
         #expect(basic.headerFields[.authorization] == "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ==")  // RFC 7617 §2
         let header = try adapt(APIKeyAdapter(placement: .header("X-Api-Key"), value: Secret("k")), request()).get()
         #expect(header.headerFields[HTTPField.Name("X-Api-Key")!] == "k")
-        let query = try adapt(APIKeyAdapter(placement: .query("key"), value: Secret("a b&c")),
-                              request("http://h/p?key=old&x=1#frag")).get()
+        let query = try adapt(
+            APIKeyAdapter(placement: .query("key"), value: Secret("a b&c")),
+            request("http://h/p?key=old&x=1#frag")
+        ).get()
         #expect(query.url == "http://h/p?x=1&key=a%20b%26c#frag")
-        #expect(try adapt(APIKeyAdapter(placement: .query("key"), value: Secret("v")), request("http://h")).get().url == "http://h?key=v")
+        #expect(
+            try adapt(APIKeyAdapter(placement: .query("key"), value: Secret("v")), request("http://h")).get().url
+                == "http://h?key=v")
     }
 
     @Test func deflateRoundTripsAndHonoursThresholdAndDuplicates() throws {
@@ -108,8 +118,11 @@ struct FixedRetrier: RequestRetrier {
         #expect(try inflate(compressed) == original)
 
         let withEncoding = request(method: "POST", body: .streamed, fields: [.contentEncoding: "gzip"])
-        #expect(adapt(DeflateRequestCompressor(), withEncoding) == .failure(AdaptationError(
-            adapter: "deflate", reason: "the request already has a Content-Encoding header")))
+        #expect(
+            adapt(DeflateRequestCompressor(), withEncoding)
+                == .failure(
+                    AdaptationError(
+                        adapter: "deflate", reason: "the request already has a Content-Encoding header")))
         #expect(try adapt(DeflateRequestCompressor(duplicateHeaderBehavior: .skip), withEncoding).get().bodyEncoders.isEmpty)
         let replaced = try adapt(DeflateRequestCompressor(duplicateHeaderBehavior: .replace), withEncoding).get()
         #expect(replaced.headerFields[values: .contentEncoding] == ["deflate"])
@@ -148,7 +161,8 @@ struct FixedRetrier: RequestRetrier {
 
     @Test func followRules() throws {
         let follow = Redirector(behavior: .follow(max: 2))
-        let post = request(method: "POST", body: .length(3), fields: [.authorization: "a", .cookie: "c", .contentType: "text/plain"])
+        let post = request(
+            method: "POST", body: .length(3), fields: [.authorization: "a", .cookie: "c", .contentType: "text/plain"])
         let sameHost = try #require(follow.redirect(post, status: 307, location: "http://api.test/z", hops: 0))
         #expect(sameHost.method == "POST" && sameHost.body == .length(3))
         #expect(sameHost.headerFields[.authorization] == "a")
@@ -229,7 +243,9 @@ extension ProxyRequest: Equatable {
 
     @Test func decisions() {
         let p = RetryPolicy(limit: 2, scale: 100)
-        func ask(_ method: String, _ failure: TryFailure, _ attempt: Int, _ policy: RetryPolicy = RetryPolicy(limit: 2, scale: 100)) -> RetryResult? {
+        func ask(
+            _ method: String, _ failure: TryFailure, _ attempt: Int, _ policy: RetryPolicy = RetryPolicy(limit: 2, scale: 100)
+        ) -> RetryResult? {
             var out: RetryResult?
             policy.retry(request(method: method), dueTo: failure, attempt: attempt) { out = $0 }
             return out
@@ -250,9 +266,13 @@ extension ProxyRequest: Equatable {
 
     @Test func jitterBounds() {
         for _ in 0..<200 {
-            var full: RetryResult?, equal: RetryResult?
-            RetryPolicy(scale: 1000, jitter: .full).retry(request(), dueTo: .status(503, retryAfterMilliseconds: nil), attempt: 0) { full = $0 }
-            RetryPolicy(scale: 1000, jitter: .equal).retry(request(), dueTo: .status(503, retryAfterMilliseconds: nil), attempt: 0) { equal = $0 }
+            var full: RetryResult?
+            var equal: RetryResult?
+            RetryPolicy(scale: 1000, jitter: .full).retry(request(), dueTo: .status(503, retryAfterMilliseconds: nil), attempt: 0)
+            { full = $0 }
+            RetryPolicy(scale: 1000, jitter: .equal).retry(
+                request(), dueTo: .status(503, retryAfterMilliseconds: nil), attempt: 0
+            ) { equal = $0 }
             guard case .retryWithDelay(let f)? = full, case .retryWithDelay(let e)? = equal else {
                 Issue.record("no delay")
                 return
@@ -317,8 +337,9 @@ extension ProxyRequest: Equatable {
     /// as running the adapters on `HTTPFields`.
     @Test func planMatchesApplyingTheAdapters() throws {
         let adapters: [any RequestAdapter] = [
-            HeaderAdapter(set: [(HTTPField.Name("X-A")!, "1")], add: [(HTTPField.Name("X-B")!, "2")],
-                          remove: [HTTPField.Name("X-Debug")!]),
+            HeaderAdapter(
+                set: [(HTTPField.Name("X-A")!, "1")], add: [(HTTPField.Name("X-B")!, "2")],
+                remove: [HTTPField.Name("X-Debug")!]),
             BearerAdapter(token: Secret("tok")),
             HeaderAdapter(add: [(HTTPField.Name("X-A")!, "3"), (HTTPField.Name("Accept")!, "x/y")]),
             APIKeyAdapter(placement: .header("X-Key"), value: Secret("k\r\nInjected: 1")),

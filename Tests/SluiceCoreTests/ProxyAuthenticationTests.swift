@@ -10,7 +10,8 @@ import Testing
     static let sha256Hash = "$5$saltsalt$/B/a8TyziOAL7A5QHAhQtwjk3lO8brshalLojtxVb.8"
 
     static func table() -> ProxyAuthentication {
-        let text = "# users\nalice:\(bcryptHash)\n\nbob:\(sha256Hash)\r\ncarol:\(bcryptHash.replacingOccurrences(of: "$2b$", with: "$2y$"))\n"
+        let text =
+            "# users\nalice:\(bcryptHash)\n\nbob:\(sha256Hash)\r\ncarol:\(bcryptHash.replacingOccurrences(of: "$2b$", with: "$2y$"))\n"
         guard case .success(let auth) = ProxyAuthentication.parse(text, usersFile: "/u") else {
             Issue.record("the users file did not parse")
             return ProxyAuthentication(usersFile: "/u", users: [:])
@@ -113,10 +114,12 @@ import Testing
         final class Clock: @unchecked Sendable { var now = 0 }
         let clock = Clock()
         // Every hash "takes" 50 ms on this clock; the budget is 100 ms per second.
-        let v = ProxyAuthVerifier(Self.table(), budgetMilliseconds: 100, clock: {
-            clock.now += 25  // read twice per hash (before and after)
-            return clock.now
-        })
+        let v = ProxyAuthVerifier(
+            Self.table(), budgetMilliseconds: 100,
+            clock: {
+                clock.now += 25  // read twice per hash (before and after)
+                return clock.now
+            })
         #expect(verify(v, Self.header("alice", "correct horse")) == .user("alice"))
         var busy = 0
         for i in 0..<10 where verify(v, Self.header("alice", "guess\(i)")) == .busy { busy += 1 }

@@ -144,7 +144,9 @@ import Testing
         // Many arrivals and releases: the queue never exceeds its size, every ticket ends
         // exactly once (started or refused), and the count of slots comes back to zero.
         var a = make(max: 4, queue: 8, timeout: 50)
-        var started = Set<UInt64>(), refused = Set<UInt64>(), upstream: [UInt64] = []
+        var started = Set<UInt64>()
+        var refused = Set<UInt64>()
+        var upstream: [UInt64] = []
         var now = 0
         for t in 1...5000 as ClosedRange<UInt64> {
             now += 1
@@ -161,7 +163,10 @@ import Testing
                 actions.start += r.start
                 actions.refuse += r.refuse
             }
-            for s in actions.start { #expect(started.insert(s).inserted); upstream.append(s) }
+            for s in actions.start {
+                #expect(started.insert(s).inserted)
+                upstream.append(s)
+            }
             for r in actions.refuse { #expect(refused.insert(r.ticket).inserted) }
             #expect(a.queued <= 8 && a.inFlight <= 4)
         }
@@ -169,7 +174,10 @@ import Testing
             upstream.removeFirst()
             now += 100
             let r = a.handle(.release, now: now)
-            for s in r.start { #expect(started.insert(s).inserted); upstream.append(s) }
+            for s in r.start {
+                #expect(started.insert(s).inserted)
+                upstream.append(s)
+            }
             for x in r.refuse { #expect(refused.insert(x.ticket).inserted) }
         }
         #expect(started.isDisjoint(with: refused))

@@ -7,10 +7,13 @@ import Testing
 /// access log's `upstream_engine`.
 @Suite struct UpstreamEngineTests {
     /// A plain-http origin reached directly, nothing forced: the baseline each case changes.
-    private func choose(https: Bool = false, http2: HTTP2Mode = .auto, forced: UpstreamEngine? = nil,
-                        credentials: Bool = false, parentProxy: Bool = false, upgrade: Bool = false) -> UpstreamEngine.Choice {
-        UpstreamEngine.choose(https: https, http2: http2, forced: forced, credentials: credentials,
-                              parentProxy: parentProxy, upgrade: upgrade)
+    private func choose(
+        https: Bool = false, http2: HTTP2Mode = .auto, forced: UpstreamEngine? = nil,
+        credentials: Bool = false, parentProxy: Bool = false, upgrade: Bool = false
+    ) -> UpstreamEngine.Choice {
+        UpstreamEngine.choose(
+            https: https, http2: http2, forced: forced, credentials: credentials,
+            parentProxy: parentProxy, upgrade: upgrade)
     }
 
     @Test func yamlNames() {
@@ -27,20 +30,23 @@ import Testing
     @Test func upgradeIsCurlWhateverElse() {
         #expect(choose(upgrade: true) == .init(engine: .curl, reason: "upgrade handshake"))
         #expect(choose(forced: .native, upgrade: true) == .init(engine: .curl, reason: "upgrade handshake"))
-        #expect(choose(https: true, forced: .curl, credentials: true, parentProxy: true, upgrade: true).reason == "upgrade handshake")
+        #expect(
+            choose(https: true, forced: .curl, credentials: true, parentProxy: true, upgrade: true).reason == "upgrade handshake")
     }
 
     @Test func forcedCurl() {
         #expect(choose(forced: .curl) == .init(engine: .curl, reason: "upstream.engine: curl"))
         // Before every later step.
-        #expect(choose(https: true, http2: .priorKnowledge, forced: .curl, credentials: true, parentProxy: true)
+        #expect(
+            choose(https: true, http2: .priorKnowledge, forced: .curl, credentials: true, parentProxy: true)
                 == .init(engine: .curl, reason: "upstream.engine: curl"))
     }
 
     @Test func httpsIsCurlEvenWhenNativeIsForced() {
         #expect(choose(https: true) == .init(engine: .curl, reason: "https origin"))
         #expect(choose(https: true, http2: .off) == .init(engine: .curl, reason: "https origin"))
-        #expect(choose(https: true, forced: .native)
+        #expect(
+            choose(https: true, forced: .native)
                 == .init(engine: .curl, reason: "https origin (upstream.engine: native is for http origins)"))
         #expect(choose(https: true, http2: .priorKnowledge, credentials: true, parentProxy: true).reason == "https origin")
     }
@@ -74,9 +80,11 @@ import Testing
                     for credentials in [false, true] {
                         for parentProxy in [false, true] {
                             for upgrade in [false, true] {
-                                let c = choose(https: https, http2: http2, forced: forced, credentials: credentials,
-                                               parentProxy: parentProxy, upgrade: upgrade)
-                                let curlNeeded = upgrade || forced == .curl || https || http2 == .priorKnowledge
+                                let c = choose(
+                                    https: https, http2: http2, forced: forced, credentials: credentials,
+                                    parentProxy: parentProxy, upgrade: upgrade)
+                                let curlNeeded =
+                                    upgrade || forced == .curl || https || http2 == .priorKnowledge
                                     || credentials || parentProxy
                                 #expect(c.engine == (curlNeeded ? .curl : .native))
                                 #expect(!c.reason.isEmpty)
@@ -112,7 +120,8 @@ import Testing
         timings.engine = .native
         let native = try accessLogLine(timings)
         #expect(native.object["upstream_engine"] as? String == "native")
-        #expect(native.text.contains(#""upstream_protocol":"HTTP/1.1","upstream_connection":"reused","upstream_engine":"native""#))
+        #expect(
+            native.text.contains(#""upstream_protocol":"HTTP/1.1","upstream_connection":"reused","upstream_engine":"native""#))
 
         timings.engine = .curl
         timings.newConnection = true

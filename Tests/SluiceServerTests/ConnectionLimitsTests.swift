@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceCore
 import Testing
 
 @testable import SluiceServer
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// `ConnectionLimits` (`limits.max_connections`, `limits.max_connections_per_client`) without
 /// sockets: counted in at accept, out at close, refused beyond either limit, updated on reload.
@@ -41,7 +42,8 @@ import Testing
 
     @Test func perClientLimitCountsEachAddress() {
         let c = ConnectionLimits(limits(max: 100, perClient: 1))
-        let one = key(127, 0, 0, 1), two = key(127, 0, 0, 2)
+        let one = key(127, 0, 0, 1)
+        let two = key(127, 0, 0, 2)
         #expect(one != two)
         #expect(c.admit(one, describe: { "one" }) == nil)
         #expect(c.admit(one, describe: { "one" }) == .tooManyConnectionsFromClient(limit: 1))

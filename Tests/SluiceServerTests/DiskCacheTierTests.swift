@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Synchronization
 import Testing
 
 @testable import SluiceServer
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// `DiskCacheTier` on a real directory under /tmp (small blocks, so bodies span many):
 /// round trips, aborts, LRU eviction by size, the start-up scan over torn and garbage files,
@@ -224,7 +225,9 @@ import Testing
         // and noBody (its body is gone), and the bodies of the first three and of orphan.
         #expect(t.startScan == DiskCacheTier.ScanSummary(kept: 1, dropped: 8, temporaries: 2, evicted: 0))
         #expect(try readAll(t, "whole")?.body == Self.body(1, 3 * Self.block))
-        for k in ["shortRecord", "shortBody", "garbageRecord", "orphan", "noBody", "inProgress"] { #expect(t.open(key: k) == nil) }
+        for k in ["shortRecord", "shortBody", "garbageRecord", "orphan", "noBody", "inProgress"] {
+            #expect(t.open(key: k) == nil)
+        }
         #expect(s.files.filter { $0 != "unrelated.txt" }.count == 2 && s.files.contains("unrelated.txt"))
         #expect(t.usage.bytes == s.bytesOnDisk)
     }
@@ -305,7 +308,8 @@ import Testing
 
         // Threads: four writers and four readers on one key, bounded rounds; every read is a
         // whole body matching its metadata's seed.
-        let mismatches = Lines(), hits = Lines()
+        let mismatches = Lines()
+        let hits = Lines()
         #expect(store(t, "shared", "999", Self.body(999, (1 + 999 % 5) * Self.block + 999)))
         await withTaskGroup(of: Void.self) { group in
             for w in 0..<4 {
@@ -346,7 +350,9 @@ import Testing
             // Racing updates of one entry: one of them wins whole, the byte count stays exact.
             await withTaskGroup(of: Void.self) { group in
                 for w in 0..<4 {
-                    group.addTask { for i in 0..<10 { t.updateMetadata(key: "k", Array(repeating: UInt8(65 + w), count: 1 + 10 * w + i)) } }
+                    group.addTask {
+                        for i in 0..<10 { t.updateMetadata(key: "k", Array(repeating: UInt8(65 + w), count: 1 + 10 * w + i)) }
+                    }
                 }
             }
             let raced = try #require(try readAll(t, "k"))
@@ -373,8 +379,9 @@ import Testing
         _ = consume nested
         rmdir(s.path + "/x/y")
         rmdir(s.path + "/x")
-        #expect(DiskCacheTier.OpenError.cannotCreate(path: "/p", code: ENOTDIR).description
-            == "cannot create the cache directory /p: Not a directory")
+        #expect(
+            DiskCacheTier.OpenError.cannotCreate(path: "/p", code: ENOTDIR).description
+                == "cannot create the cache directory /p: Not a directory")
     }
 
     @Test func writeFailuresAreLoggedOncePerEpisode() throws {
@@ -393,8 +400,9 @@ import Testing
     }
 
     @Test func recordsRoundTripAndForgedOnesAreRefused() {
-        let record = DiskEntryRecord(key: Array("k".utf8), metadata: [1, 2, 3], bodyLength: 5000, blockSize: 4096,
-                                     generation: 7, trailerDigest: Digest32(of: [9]))
+        let record = DiskEntryRecord(
+            key: Array("k".utf8), metadata: [1, 2, 3], bodyLength: 5000, blockSize: 4096,
+            generation: 7, trailerDigest: Digest32(of: [9]))
         let bytes = record.encoded()
         #expect(DiskEntryRecord.decode(bytes) == record && record.blockCount == 2 && record.bodyFileSize == 5064)
         #expect(DiskEntryRecord.decode(Array(bytes.dropLast())) == nil && DiskEntryRecord.decode([]) == nil)

@@ -6,8 +6,9 @@ import Testing
 /// client's own fields removed, for every style.
 @Suite struct ForwardedTests {
     static func head(_ fields: String) throws -> HTTPRequestHead {
-        try HTTPRequestParser.parseHeadBytes(Array("GET /x HTTP/1.1\r\nHost: gw.example:8080\r\n\(fields)\r\n".utf8),
-                                             limits: defaultLimits)
+        try HTTPRequestParser.parseHeadBytes(
+            Array("GET /x HTTP/1.1\r\nHost: gw.example:8080\r\n\(fields)\r\n".utf8),
+            limits: defaultLimits)
     }
 
     static func removed(_ f: ForwardingFields, _ name: String) -> Bool {

@@ -61,8 +61,10 @@ func run(_ input: [UInt8], cuts: [Int] = [], limits: HTTPRequestParser.Limits = 
 
 func bytes(_ s: String) -> [UInt8] { Array(s.utf8) }
 
-func expectError(_ input: String, limits: HTTPRequestParser.Limits = defaultLimits,
-                 _ check: (ProxyError) -> Bool, sourceLocation: SourceLocation = #_sourceLocation) {
+func expectError(
+    _ input: String, limits: HTTPRequestParser.Limits = defaultLimits,
+    _ check: (ProxyError) -> Bool, sourceLocation: SourceLocation = #_sourceLocation
+) {
     do {
         let parsed = try run(bytes(input), limits: limits)
         Issue.record("expected an error, parsed \(parsed)", sourceLocation: sourceLocation)
@@ -83,7 +85,8 @@ func expectError(_ input: String, limits: HTTPRequestParser.Limits = defaultLimi
     }
 
     @Test func headFieldsAreByteRanges() throws {
-        let input = bytes("POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX-Pad:   spaced value \t\r\nEmpty:\r\nContent-Length: 3\r\n\r\nabc")
+        let input = bytes(
+            "POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX-Pad:   spaced value \t\r\nEmpty:\r\nContent-Length: 3\r\n\r\nabc")
         var parser = HTTPRequestParser(limits: defaultLimits)
         let result = try feed(&parser, input)
         guard case .head(let head)? = result.event else {
@@ -99,7 +102,8 @@ func expectError(_ input: String, limits: HTTPRequestParser.Limits = defaultLimi
     }
 
     @Test func contentLengthBodyAndPipelining() throws {
-        let input = bytes("""
+        let input = bytes(
+            """
             POST http://a.test/ HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello\
             GET http://a.test/2 HTTP/1.1\r\nHost: a\r\n\r\n
             """)
@@ -110,9 +114,10 @@ func expectError(_ input: String, limits: HTTPRequestParser.Limits = defaultLimi
     }
 
     @Test func chunkedBodyWithExtensionsAndTrailers() throws {
-        let input = bytes("POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
-                          + "5;name=value\r\nhello\r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n"
-                          + "GET http://a/next HTTP/1.1\r\nHost: a\r\n\r\n")
+        let input = bytes(
+            "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + "5;name=value\r\nhello\r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n"
+                + "GET http://a/next HTTP/1.1\r\nHost: a\r\n\r\n")
         let p = try run(input)
         #expect(p.heads == ["POST http://a/ 1 chunked", "GET http://a/next 1 none"])
         #expect(p.bodies == [bytes("hello0123456789")])
@@ -207,7 +212,9 @@ func expectError(_ input: String, limits: HTTPRequestParser.Limits = defaultLimi
 
     @Test func hostRules() {
         expectError("GET http://a/ HTTP/1.1\r\n\r\n") { $0 == .malformedRequest("missing Host header") }
-        expectError("GET http://a/ HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n") { $0 == .malformedRequest("more than one Host header") }
+        expectError("GET http://a/ HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n") {
+            $0 == .malformedRequest("more than one Host header")
+        }
     }
 
     @Test func transferCodings() {
@@ -246,8 +253,10 @@ func expectError(_ input: String, limits: HTTPRequestParser.Limits = defaultLimi
         expectError("POST http://a/ HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n", limits: small) {
             $0 == .bodyTooLarge(limit: 10)
         }
-        expectError("POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n",
-                    limits: small) { $0 == .bodyTooLarge(limit: 10) }
+        expectError(
+            "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n",
+            limits: small
+        ) { $0 == .bodyTooLarge(limit: 10) }
     }
 
     /// Found by the chunked-body fuzz target: with a body limit, a chunk size near 2^64 after
@@ -275,6 +284,7 @@ func expectError(_ input: String, limits: HTTPRequestParser.Limits = defaultLimi
         #expect(try !head("GET http://a/ HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").keepAlive)
         #expect(try !head("GET http://a/ HTTP/1.0\r\n\r\n").keepAlive)
         #expect(try head("GET http://a/ HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keepAlive)
-        #expect(try head("PUT http://a/ HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n").expectsContinue)
+        #expect(
+            try head("PUT http://a/ HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n").expectsContinue)
     }
 }

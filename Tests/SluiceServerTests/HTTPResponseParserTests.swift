@@ -45,7 +45,8 @@ import Testing
             fields.append(String(decoding: h.lines[start..<end], as: UTF8.self))
             start = end
         }
-        return "\(h.status) \(String(decoding: h.reason, as: UTF8.self))|\(fields.joined(separator: "|"))|\(parser.keepAlive)|\(parser.minorVersion)"
+        return
+            "\(h.status) \(String(decoding: h.reason, as: UTF8.self))|\(fields.joined(separator: "|"))|\(parser.keepAlive)|\(parser.minorVersion)"
     }
 
     /// Feeds `input` in pieces cut at `cuts` (sorted offsets), calling `parse` after each piece
@@ -54,8 +55,10 @@ import Testing
     /// Checks the call contract on the way: a call without an event consumed all it was given
     /// (or nothing, the response being over); body ranges are non-empty and within the bytes
     /// consumed.
-    static func run(_ input: [UInt8], cuts: [Int] = [], headRequests: [Bool] = [false],
-                    limits: Parser.Limits = .default, finish: Bool = true) -> Outcome {
+    static func run(
+        _ input: [UInt8], cuts: [Int] = [], headRequests: [Bool] = [false],
+        limits: Parser.Limits = .default, finish: Bool = true
+    ) -> Outcome {
         var parser = Parser(limits: limits)
         parser.expectResponse(headRequest: headRequests[0])
         var responses = 0
@@ -117,8 +120,10 @@ import Testing
 
     /// `run` whole, at every single cut and byte at a time: all the same. Returns the whole run.
     @discardableResult
-    static func everySplit(_ text: String, headRequests: [Bool] = [false], limits: Parser.Limits = .default,
-                           sourceLocation: SourceLocation = #_sourceLocation) -> Outcome {
+    static func everySplit(
+        _ text: String, headRequests: [Bool] = [false], limits: Parser.Limits = .default,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) -> Outcome {
         let input = b(text)
         let whole = run(input, headRequests: headRequests, limits: limits)
         for cut in 1..<max(1, input.count) {
@@ -126,13 +131,16 @@ import Testing
             #expect(split == whole, "split at \(cut)", sourceLocation: sourceLocation)
             if split != whole { break }
         }
-        #expect(run(input, cuts: Array(0..<input.count), headRequests: headRequests, limits: limits) == whole,
-                "byte at a time", sourceLocation: sourceLocation)
+        #expect(
+            run(input, cuts: Array(0..<input.count), headRequests: headRequests, limits: limits) == whole,
+            "byte at a time", sourceLocation: sourceLocation)
         return whole
     }
 
-    static func expectFailure(_ text: String, _ reason: String, headRequests: [Bool] = [false],
-                              limits: Parser.Limits = .default, sourceLocation: SourceLocation = #_sourceLocation) {
+    static func expectFailure(
+        _ text: String, _ reason: String, headRequests: [Bool] = [false],
+        limits: Parser.Limits = .default, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
         let whole = everySplit(text, headRequests: headRequests, limits: limits, sourceLocation: sourceLocation)
         #expect(whole.failure == reason, "\(whole)", sourceLocation: sourceLocation)
     }
@@ -150,7 +158,9 @@ import Testing
 
     @Test func chunkedWithExtensionsAndTrailers() {
         let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-        let text = head + "5;name=value\r\nhello\r\nA ; x=\"y z\"\r\n0123456789\r\n1 \r\n!\r\n0;last\r\nX-Trailer: t\r\nX-Other:\tu\r\n\r\n"
+        let text =
+            head
+            + "5;name=value\r\nhello\r\nA ; x=\"y z\"\r\n0123456789\r\n1 \r\n!\r\n0;last\r\nX-Trailer: t\r\nX-Other:\tu\r\n\r\n"
         let o = Self.everySplit(text)
         #expect(o.events == ["head(chunked)@\(head.utf8.count)", "end@\(text.utf8.count)"])
         #expect(o.bodies == [Self.b("hello0123456789!")])
@@ -199,7 +209,9 @@ import Testing
         let final = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
         let text = interim1 + interim2 + final + "ok"
         let o = Self.everySplit(text)
-        let a = interim1.utf8.count, b = a + interim2.utf8.count, c = b + final.utf8.count
+        let a = interim1.utf8.count
+        let b = a + interim2.utf8.count
+        let c = b + final.utf8.count
         #expect(o.events == ["interim(100)@\(a)", "interim(103)@\(b)", "head(length(2))@\(c)", "end@\(c + 2)"])
         #expect(o.heads == ["200 OK|Content-Length: 2|true|1"])  // nothing of the 1xx heads
         #expect(o.bodies == [Self.b("ok")])
@@ -229,8 +241,10 @@ import Testing
 
     @Test func transferCodingsBeforeChunked() {
         let body = "3\r\n\u{1}\u{2}\u{3}\r\n0\r\n\r\n"
-        for te in ["Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked", "Transfer-Encoding: gzip, Chunked",
-                   "Transfer-Encoding: gzip;q=1 , chunked"] {
+        for te in [
+            "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked", "Transfer-Encoding: gzip, Chunked",
+            "Transfer-Encoding: gzip;q=1 , chunked",
+        ] {
             let o = Self.everySplit("HTTP/1.1 200 OK\r\n\(te)\r\n\r\n" + body)
             #expect(o.events.first?.hasPrefix("head(chunked)") == true, "\(te)")
             #expect(o.bodies == [[1, 2, 3]])
@@ -261,9 +275,12 @@ import Testing
         let r4 = "HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n"
         let r5 = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
         let o = Self.everySplit(r1 + r2 + r3 + r4 + r5, headRequests: [false, false, false, true, false])
-        #expect(o.events.map { $0.prefix { $0 != "@" } }
-                == ["head(length(1))", "end", "head(none)", "end", "interim(100)", "head(chunked)", "end",
-                    "head(none)", "end", "head(length(0))", "end"])
+        #expect(
+            o.events.map { $0.prefix { $0 != "@" } }
+                == [
+                    "head(length(1))", "end", "head(none)", "end", "interim(100)", "head(chunked)", "end",
+                    "head(none)", "end", "head(length(0))", "end",
+                ])
         #expect(o.bodies == [Self.b("a"), [], Self.b("bc"), [], []])
         #expect(o.heads.map { $0.prefix(3) } == ["200", "204", "201", "200", "200"])
         #expect(o.failure == nil && o.consumed == (r1 + r2 + r3 + r4 + r5).utf8.count)
@@ -368,25 +385,34 @@ import Testing
     // MARK: refusals
 
     @Test func framingConflicts() {
-        Self.expectFailure("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
-                           "Content-Length together with Transfer-Encoding")
-        Self.expectFailure("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-                           "Content-Length together with Transfer-Encoding")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
+            "Content-Length together with Transfer-Encoding")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            "Content-Length together with Transfer-Encoding")
         // Also on a bodiless response: the head itself is contradictory.
-        Self.expectFailure("HTTP/1.1 304 Not Modified\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-                           "Content-Length together with Transfer-Encoding")
-        Self.expectFailure("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", "differing Content-Length values")
+        Self.expectFailure(
+            "HTTP/1.1 304 Not Modified\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "Content-Length together with Transfer-Encoding")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", "differing Content-Length values")
         Self.expectFailure("HTTP/1.1 200 OK\r\nContent-Length: 3, 4\r\n\r\nabcd", "differing Content-Length values")
         Self.expectFailure("HTTP/1.1 200 OK\r\nContent-Length: 5, 05\r\n\r\nhello", "differing Content-Length values")
         for value in ["+5", "-5", "0x5", "5 5", "", "5,", " , 5", "1234567890123456789", "5a"] {
             Self.expectFailure("HTTP/1.1 200 OK\r\nContent-Length: \(value)\r\n\r\nhello", "invalid Content-Length")
         }
-        Self.expectFailure("HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "Transfer-Encoding in an HTTP/1.0 response")
-        Self.expectFailure("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", "chunked more than once in Transfer-Encoding")
-        Self.expectFailure("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
-                           "chunked more than once in Transfer-Encoding")
-        Self.expectFailure("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "chunked is not the final transfer coding")
-        Self.expectFailure("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked;x=1\r\n\r\n", "parameters on the chunked transfer coding")
+        Self.expectFailure(
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "Transfer-Encoding in an HTTP/1.0 response")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", "chunked more than once in Transfer-Encoding")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "chunked more than once in Transfer-Encoding")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "chunked is not the final transfer coding")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked;x=1\r\n\r\n", "parameters on the chunked transfer coding")
         for value in ["", "gzip,", "gzip, , chunked", "\"chunked\"", "gzip x"] {
             Self.expectFailure("HTTP/1.1 200 OK\r\nTransfer-Encoding: \(value)\r\n\r\n", "invalid Transfer-Encoding")
         }
@@ -398,9 +424,11 @@ import Testing
         Self.expectFailure("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\n", "bare LF in the response head")
         Self.expectFailure("HTTP/1.1 200 OK\r\nX: a\rb\r\n\r\n", "bare CR in the response head")
         Self.expectFailure("HTTP/1.1 200 OK\r\r\n\r\n", "bare CR in the response head")
-        Self.expectFailure("HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n", "obsolete line folding in a header field")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n", "obsolete line folding in a header field")
         Self.expectFailure("HTTP/1.1 200 OK\r\nX: a\r\n\tb\r\n\r\n", "obsolete line folding in a header field")
-        Self.expectFailure("HTTP/1.1 200 OK\r\nContent-Length : 0\r\n\r\n", "whitespace between a header field name and the colon")
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nContent-Length : 0\r\n\r\n", "whitespace between a header field name and the colon")
         Self.expectFailure("HTTP/1.1 200 OK\r\nX\t: a\r\n\r\n", "whitespace between a header field name and the colon")
         Self.expectFailure("HTTP/1.1 200 OK\r\nX: a\u{0}b\r\n\r\n", "NUL or control character in a header field value")
         Self.expectFailure("HTTP/1.1 200 OK\r\nX: a\u{1}b\r\n\r\n", "NUL or control character in a header field value")
@@ -411,8 +439,9 @@ import Testing
         Self.expectFailure("HTTP/1.1 200 OK\r\nX@Y: a\r\n\r\n", "invalid character in a header field name")
         Self.expectFailure("HTTP/1.1 200 OK\r\nX\u{0}: a\r\n\r\n", "invalid character in a header field name")
         // Interim heads are held to the same syntax.
-        Self.expectFailure("HTTP/1.1 100 Continue\r\nX : y\r\n\r\nHTTP/1.1 200 OK\r\n\r\n",
-                           "whitespace between a header field name and the colon")
+        Self.expectFailure(
+            "HTTP/1.1 100 Continue\r\nX : y\r\n\r\nHTTP/1.1 200 OK\r\n\r\n",
+            "whitespace between a header field name and the colon")
     }
 
     @Test func statusLineRefusals() {
@@ -429,17 +458,20 @@ import Testing
         Self.expectFailure("HTTP/1.1 200 O\u{1}K\r\n\r\n", "control character in the reason phrase")
         Self.expectFailure("\r\nHTTP/1.1 200 OK\r\n\r\n", "empty line where a status line was expected")
         Self.expectFailure("ICY 200 OK\r\n\r\n", "malformed status line (version)")
-        Self.expectFailure("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
-                           "101 Switching Protocols without an upgrade request")
+        Self.expectFailure(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+            "101 Switching Protocols without an upgrade request")
     }
 
     @Test func limits() {
         let small = Parser.Limits(headerSection: 64, headerCount: 3, interimResponses: 16)
-        Self.expectFailure("HTTP/1.1 200 OK\r\nX-Long: \(String(repeating: "y", count: 60))\r\n\r\n",
-                           "response head larger than 64 bytes", limits: small)
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nX-Long: \(String(repeating: "y", count: 60))\r\n\r\n",
+            "response head larger than 64 bytes", limits: small)
         // Detected before the line ends: an endless line cannot grow memory.
-        Self.expectFailure("HTTP/1.1 200 OK\r\nX-Long: \(String(repeating: "y", count: 100))", "response head larger than 64 bytes",
-                           limits: small)
+        Self.expectFailure(
+            "HTTP/1.1 200 OK\r\nX-Long: \(String(repeating: "y", count: 100))", "response head larger than 64 bytes",
+            limits: small)
         // Exactly at the limit (the final CRLF included) is accepted.
         let exact = "HTTP/1.1 200 OK\r\nX: \(String(repeating: "y", count: 40))\r\n\r\n"
         #expect(exact.utf8.count == 64)
@@ -451,7 +483,8 @@ import Testing
         let interim = String(repeating: "HTTP/1.1 100 Continue\r\n\r\n", count: 16)
         let sixteen = Self.everySplit(interim + "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
         #expect(sixteen.failure == nil && sixteen.events.count == 18)
-        Self.expectFailure(interim + "HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 200 OK\r\n\r\n", "1xx flood: more than 16 interim responses")
+        Self.expectFailure(
+            interim + "HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 200 OK\r\n\r\n", "1xx flood: more than 16 interim responses")
     }
 
     @Test func chunkedRefusals() {
@@ -476,8 +509,9 @@ import Testing
         Self.expectFailure(head + "0\r\nX: a\u{0}\r\n\r\n", "NUL or control character in a trailer field value")
         Self.expectFailure(head + "0\r\n\n", "bare LF in the trailer section")
         let small = Parser.Limits(headerSection: 64, headerCount: 3, interimResponses: 16)
-        Self.expectFailure(head + "0\r\nT: \(String(repeating: "t", count: 70))\r\n\r\n",
-                           "trailer section larger than 64 bytes", limits: small)
+        Self.expectFailure(
+            head + "0\r\nT: \(String(repeating: "t", count: 70))\r\n\r\n",
+            "trailer section larger than 64 bytes", limits: small)
         Self.expectFailure(head + "0\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n", "more than 3 trailer fields", limits: small)
     }
 
@@ -552,8 +586,7 @@ import Testing
         var fields = (0..<r.int(0...6)).map { _ in "X-\(r.token()): \(r.value())" }
         var close = false
         if minor == 0 {
-            if r.chance(80) { fields.append("Connection: keep-alive") }
-            else { close = true }
+            if r.chance(80) { fields.append("Connection: keep-alive") } else { close = true }
         } else if r.chance(15) {
             fields.append("Connection: close")
             close = true
@@ -611,7 +644,8 @@ import Testing
             #expect(whole.failure == nil, "round \(round): \(whole.failure ?? "")")
             #expect(whole.events.map { String($0.prefix { $0 != "@" }) } == expectedEvents, "round \(round)")
             #expect(whole.bodies == expectedBodies, "round \(round)")
-            #expect(whole.heads.map { $0.split(separator: "|").dropLast().last.map(String.init) }
+            #expect(
+                whole.heads.map { $0.split(separator: "|").dropLast().last.map(String.init) }
                     == responses.map { "\($0.keepAlive)" }, "round \(round): keepAlive")
             #expect(whole.consumed == input.count)
             for _ in 0..<4 {

@@ -1,11 +1,12 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import HTTPTypes
 import SluiceCore
 import SluiceServer
 import Synchronization
 import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 // The example from docs/library.md, run for real: a custom adapter and a custom monitor,
 // the server in-process, a purpose-built upstream and a raw client on loopback.
@@ -75,15 +76,19 @@ final class EchoUpstream: @unchecked Sendable {
         _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(s, $0, 16) } }
         listen(s, 16)
         var len = socklen_t(16)
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(s, $0, &len) } }
+        _ = withUnsafeMutablePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(s, $0, &len) }
+        }
         fd = s
         port = UInt16(bigEndian: addr.sin_port)
         var thread = pthread_t()
-        pthread_create(&thread, nil, { arg in
-            let up = Unmanaged<EchoUpstream>.fromOpaque(arg!).takeRetainedValue()
-            up.serve()
-            return nil
-        }, Unmanaged.passRetained(self).toOpaque())
+        pthread_create(
+            &thread, nil,
+            { arg in
+                let up = Unmanaged<EchoUpstream>.fromOpaque(arg!).takeRetainedValue()
+                up.serve()
+                return nil
+            }, Unmanaged.passRetained(self).toOpaque())
         pthread_detach(thread)
     }
 
@@ -94,7 +99,9 @@ final class EchoUpstream: @unchecked Sendable {
             var tv = timeval(tv_sec: 5, tv_usec: 0)
             setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
             let head = readHead(c)
-            let response = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: \(head.utf8.count)\r\nConnection: close\r\n\r\n" + head
+            let response =
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: \(head.utf8.count)\r\nConnection: close\r\n\r\n"
+                + head
             _ = response.withCString { send(c, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
             close(c)
         }
@@ -155,7 +162,7 @@ func freePort() -> UInt16 {
         let proxyPort = freePort()
 
         let policies = PolicyTable(entries: [
-            PolicyEntry(name: "default", adapters: [StampAdapter(), GuardAdapter()]),
+            PolicyEntry(name: "default", adapters: [StampAdapter(), GuardAdapter()])
         ])
         let configuration = SluiceConfiguration(
             server: ServerConfiguration(listen: ["127.0.0.1:\(proxyPort)"], workers: 1),
@@ -167,29 +174,32 @@ func freePort() -> UInt16 {
             server.wait()
         }
 
-        let response = exchange(port: proxyPort,
-                                "GET http://127.0.0.1:\(upstream.port)/hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        let response = exchange(
+            port: proxyPort,
+            "GET http://127.0.0.1:\(upstream.port)/hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         #expect(response.hasPrefix("HTTP/1.1 200 OK\r\n"))
         #expect(response.contains("X-Stamp: library-GET\r\n"), "the upstream saw the adapter's header")
         #expect(response.contains("Via: 1.1 sluice-"))
 
-        let refused = exchange(port: proxyPort,
-                               "GET http://127.0.0.1:\(upstream.port)/forbidden HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        let refused = exchange(
+            port: proxyPort,
+            "GET http://127.0.0.1:\(upstream.port)/forbidden HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         #expect(refused.hasPrefix("HTTP/1.1 502 "))
         #expect(refused.contains("sluice: adapter guard failed: path is not allowed"))
 
         let steps = inspector.steps.withLock { $0 }
         let bodyLength = response.split(separator: "\r\n\r\n", maxSplits: 1).last.map { $0.utf8.count } ?? -1
-        #expect(steps == [
-            "received GET default",
-            "adapted stamp,guard",
-            "try 1 library-GET",
-            "response 200",
-            "metrics 1 true",
-            "finished 200 ok out=\(bodyLength)",
-            "received GET default",
-            "adaptation failed guard",
-            "finished 502 error out=0",
-        ])
+        #expect(
+            steps == [
+                "received GET default",
+                "adapted stamp,guard",
+                "try 1 library-GET",
+                "response 200",
+                "metrics 1 true",
+                "finished 200 ok out=\(bodyLength)",
+                "received GET default",
+                "adaptation failed guard",
+                "finished 502 error out=0",
+            ])
     }
 }

@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import Testing
 
 @testable import SluiceServer
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A tiny UDP DNS responder on 127.0.0.1 (an ephemeral port), run by an event on the test's
 /// loop: A and AAAA answers with a chosen TTL for the names in `records` (an empty answer,
@@ -46,9 +47,11 @@ final class TestDNSServer {
         self.fd = fd
         port = UInt16(bigEndian: sin.sin_port)
         guard answering else { return }
-        event = event_new(base, fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
-            Unmanaged<TestDNSServer>.fromOpaque(arg!).takeUnretainedValue().readable()
-        }, Unmanaged.passUnretained(self).toOpaque())
+        event = event_new(
+            base, fd, Int16(EV_READ | EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<TestDNSServer>.fromOpaque(arg!).takeUnretainedValue().readable()
+            }, Unmanaged.passUnretained(self).toOpaque())
         event_add(event, nil)
     }
 
@@ -167,8 +170,9 @@ final class TestDNSServer {
             server = TestDNSServer(base: base, answering: answering)
             server.records = records
             let clock = clock
-            resolver = Resolver(base: base, nameservers: [server.address], hostsFile: "/nonexistent/hosts",
-                                cacheLimit: cacheLimit, now: { clock.now })
+            resolver = Resolver(
+                base: base, nameservers: [server.address], hostsFile: "/nonexistent/hosts",
+                cacheLimit: cacheLimit, now: { clock.now })
         }
 
         /// Resolves and runs the loop until the completion came (at most `seconds`).
@@ -253,7 +257,8 @@ final class TestDNSServer {
     }
 
     @Test func hostsFileNamesAreAnsweredWithoutAQuery() {
-        let path = temporaryFile("""
+        let path = temporaryFile(
+            """
             # comment
             10.1.2.3\tMyHost.test alias   # trailing comment
             ::2 myhost.test
@@ -295,8 +300,9 @@ final class TestDNSServer {
         #expect(f.server.count("www.example.test", TestDNSServer.typeA) == 1)
         #expect(f.server.count("www.example.test", TestDNSServer.typeAAAA) == 1)
         // Cached, per port, any case.
-        #expect(f.resolver.cached(host: "WWW.Example.TEST", port: 8080)?.description
-            == "192.0.2.10:8080, 192.0.2.11:8080, [2001:db8::1]:8080")
+        #expect(
+            f.resolver.cached(host: "WWW.Example.TEST", port: 8080)?.description
+                == "192.0.2.10:8080, 192.0.2.11:8080, [2001:db8::1]:8080")
         f.clock.now += 29
         #expect(f.resolver.cached(host: "www.example.test", port: 80) != nil)
         #expect(text(f.resolve("www.example.test", port: 81)) == "192.0.2.10:81, 192.0.2.11:81, [2001:db8::1]:81")
@@ -316,8 +322,10 @@ final class TestDNSServer {
     }
 
     @Test func ttlsAreClampedToOneSecondAndFiveMinutes() {
-        let f = Fixture(records: ["zero.test": .init(ttl: 0, v4: ["192.0.2.1"]),
-                                  "day.test": .init(ttl: 86400, v4: ["192.0.2.2"])])
+        let f = Fixture(records: [
+            "zero.test": .init(ttl: 0, v4: ["192.0.2.1"]),
+            "day.test": .init(ttl: 86400, v4: ["192.0.2.2"]),
+        ])
         defer { f.close() }
         #expect(text(f.resolve("zero.test")) == "192.0.2.1:80")
         #expect(text(f.resolve("day.test")) == "192.0.2.2:80")
@@ -382,7 +390,8 @@ final class TestDNSServer {
     @Test func cancelSuppressesTheCompletionButNotTheSharedQuery() {
         let f = Fixture(records: ["c.test": .init(ttl: 60, v4: ["192.0.2.8"]), "lone.test": .init(ttl: 60, v4: ["192.0.2.9"])])
         defer { f.close() }
-        let cancelled = Outcomes(), kept = Outcomes()
+        let cancelled = Outcomes()
+        let kept = Outcomes()
         let first = f.resolver.resolve(host: "c.test", port: 80) { cancelled.record($0) }
         _ = f.resolver.resolve(host: "c.test", port: 80) { kept.record($0) }
         first.cancel()
@@ -423,27 +432,35 @@ final class TestDNSServer {
         let noNameserver = Resolver(base: base, resolvConf: conf, hostsFile: "/nonexistent/hosts")
         let missingFile = Resolver(base: base, resolvConf: "/nonexistent/resolv.conf", hostsFile: "/nonexistent/hosts")
         let badList = Resolver(base: base, nameservers: ["not an address"], hostsFile: "/nonexistent/hosts")
-        defer { noNameserver.shutdown(); missingFile.shutdown(); badList.shutdown() }
+        defer {
+            noNameserver.shutdown()
+            missingFile.shutdown()
+            badList.shutdown()
+        }
         #expect(noNameserver.nameserverCount == 0 && missingFile.nameserverCount == 0 && badList.nameserverCount == 0)
         let outcomes = Outcomes()
         _ = noNameserver.resolve(host: "a.test", port: 80) { outcomes.record($0) }
         _ = missingFile.resolve(host: "b.test", port: 80) { outcomes.record($0) }
         _ = badList.resolve(host: "c.test", port: 80) { outcomes.record($0) }
         Self.spin(base, seconds: 5) { outcomes.count == 3 }
-        #expect(outcomes.failures == [
-            "could not resolve host a.test: no usable nameserver in \(conf)",
-            "could not resolve host b.test: cannot read /nonexistent/resolv.conf",
-            "could not resolve host c.test: no usable nameserver among [\"not an address\"]",
-        ])
+        #expect(
+            outcomes.failures == [
+                "could not resolve host a.test: no usable nameserver in \(conf)",
+                "could not resolve host b.test: cannot read /nonexistent/resolv.conf",
+                "could not resolve host c.test: no usable nameserver among [\"not an address\"]",
+            ])
         // Literals and localhost still work.
         #expect(noNameserver.cached(host: "localhost", port: 80) != nil)
     }
 
     @Test func theCacheIsBoundedAndEvictsTheOldest() {
-        let f = Fixture(records: ["a.test": .init(ttl: 60, v4: ["192.0.2.1"]),
-                                  "b.test": .init(ttl: 60, v4: ["192.0.2.2"]),
-                                  "c.test": .init(ttl: 60, v4: ["192.0.2.3"])],
-                        cacheLimit: 2)
+        let f = Fixture(
+            records: [
+                "a.test": .init(ttl: 60, v4: ["192.0.2.1"]),
+                "b.test": .init(ttl: 60, v4: ["192.0.2.2"]),
+                "c.test": .init(ttl: 60, v4: ["192.0.2.3"]),
+            ],
+            cacheLimit: 2)
         defer { f.close() }
         for name in ["a.test", "b.test", "c.test"] { #expect(text(f.resolve(name)).hasPrefix("192.0.2.")) }
         #expect(f.resolver.cachedNameCount == 2)

@@ -16,17 +16,21 @@ private func collect(_ lines: [String]) -> (ResponseHeadCollector, completed: Bo
 }
 
 /// What `ResponseEncoder` wrote into a fresh evbuffer, and the framing it chose.
-private func encode(_ lines: [String], head: Bool = false, minor: Int = 1, keepAlive: Bool = true)
-    -> (text: String, framing: ResponseEncoder.Framing?, error: String?) {
+private func encode(
+    _ lines: [String], head: Bool = false, minor: Int = 1, keepAlive: Bool = true
+)
+    -> (text: String, framing: ResponseEncoder.Framing?, error: String?)
+{
     let (collected, _) = collect(lines)
     let output = evbuffer_new()!
     defer { evbuffer_free(output) }
     var framing: ResponseEncoder.Framing?
     var failure: String?
     do {
-        framing = try ResponseEncoder.forwardedHead(collected, isHeadRequest: head, clientMinorVersion: minor,
-                                                    keepAlive: keepAlive, viaLine: Array("Via: 1.1 test\r\n".utf8),
-                                                    into: output)
+        framing = try ResponseEncoder.forwardedHead(
+            collected, isHeadRequest: head, clientMinorVersion: minor,
+            keepAlive: keepAlive, viaLine: Array("Via: 1.1 test\r\n".utf8),
+            into: output)
     } catch {
         failure = error.reason
     }
@@ -119,9 +123,11 @@ private func drain(_ output: OpaquePointer) -> String {
     }
 
     @Test func hopByHopAndConnectionListedFieldsAreRemoved() {
-        let r = encode(["HTTP/1.1 200 OK", "Connection: keep-alive, X-Secret", "Keep-Alive: timeout=5", "TE: trailers",
-                        "Trailer: X", "Upgrade: h2c", "Proxy-Connection: close", "X-Secret: s", "x-secret: t",
-                        "X-Kept: k", "Content-Length: 0"])
+        let r = encode([
+            "HTTP/1.1 200 OK", "Connection: keep-alive, X-Secret", "Keep-Alive: timeout=5", "TE: trailers",
+            "Trailer: X", "Upgrade: h2c", "Proxy-Connection: close", "X-Secret: s", "x-secret: t",
+            "X-Kept: k", "Content-Length: 0",
+        ])
         #expect(r.text == "HTTP/1.1 200 OK\r\nX-Kept: k\r\nContent-Length: 0\r\nVia: 1.1 test\r\n\r\n")
     }
 
@@ -186,17 +192,20 @@ private func drain(_ output: OpaquePointer) -> String {
         defer { evbuffer_free(output) }
         ResponseEncoder.error(.loopDetected, close: true, into: output)
         let body = "sluice: \(ProxyError.loopDetected.message)\n"
-        #expect(drain(output) == "HTTP/1.1 508 Loop Detected\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body)
+        #expect(
+            drain(output) == "HTTP/1.1 508 Loop Detected\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n" + body)
     }
 }
 
 /// The fields the shared cache keeps of a response head.
 @Suite struct ResponseHeadCacheFieldsTests {
     @Test func endToEndFieldsDropHopByHopAndFraming() {
-        let (head, _) = collect(["HTTP/1.1 200 OK", "Content-Length: 5", "Connection: keep-alive, X-Hop",
-                                 "X-Hop: 1", "Keep-Alive: timeout=5", "Transfer-Encoding: chunked",
-                                 "Cache-Control:  max-age=60 ", "ETag: \"a\"", "Set-Cookie: s=1", "bad name: x"])
+        let (head, _) = collect([
+            "HTTP/1.1 200 OK", "Content-Length: 5", "Connection: keep-alive, X-Hop",
+            "X-Hop: 1", "Keep-Alive: timeout=5", "Transfer-Encoding: chunked",
+            "Cache-Control:  max-age=60 ", "ETag: \"a\"", "Set-Cookie: s=1", "bad name: x",
+        ])
         let fields = head.endToEndFields()
         #expect(fields.map(\.name) == ["Cache-Control", "ETag", "Set-Cookie"])
         #expect(fields[0].value == "max-age=60")
@@ -206,10 +215,12 @@ private func drain(_ output: OpaquePointer) -> String {
         let (collected, _) = collect(["HTTP/1.1 200 OK", "Content-Length: 0"])
         let output = evbuffer_new()!
         defer { evbuffer_free(output) }
-        _ = try? ResponseEncoder.forwardedHead(collected, isHeadRequest: false, clientMinorVersion: 1, keepAlive: true,
-                                               viaLine: Array("Via: 1.1 t\r\n".utf8),
-                                               extraLines: Array("Cache-Status: Sluice; fwd=uri-miss\r\n".utf8), into: output)
-        #expect(drain(output) == "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nVia: 1.1 t\r\nCache-Status: Sluice; fwd=uri-miss\r\n\r\n")
+        _ = try? ResponseEncoder.forwardedHead(
+            collected, isHeadRequest: false, clientMinorVersion: 1, keepAlive: true,
+            viaLine: Array("Via: 1.1 t\r\n".utf8),
+            extraLines: Array("Cache-Status: Sluice; fwd=uri-miss\r\n".utf8), into: output)
+        #expect(
+            drain(output) == "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nVia: 1.1 t\r\nCache-Status: Sluice; fwd=uri-miss\r\n\r\n")
     }
 }
 
@@ -234,16 +245,19 @@ private func drain(_ output: OpaquePointer) -> String {
     private func encoded(_ head: ResponseHeadCollector, minor: Int = 1, keepAlive: Bool = true) -> String {
         let output = evbuffer_new()!
         defer { evbuffer_free(output) }
-        _ = try? ResponseEncoder.forwardedHead(head, isHeadRequest: false, clientMinorVersion: minor, keepAlive: keepAlive,
-                                               viaLine: Array("Via: 1.1 test\r\n".utf8), into: output)
+        _ = try? ResponseEncoder.forwardedHead(
+            head, isHeadRequest: false, clientMinorVersion: minor, keepAlive: keepAlive,
+            viaLine: Array("Via: 1.1 test\r\n".utf8), into: output)
         return drain(output)
     }
 
     @Test(arguments: [
         ["HTTP/1.1 200 OK", "Server: nginx", "Content-Length: 5", "ETag: \"x\"", "Connection: keep-alive"],
         ["HTTP/1.1 404 Not Found", "Transfer-Encoding: chunked", "X-Empty:", "X-Spaces:   padded value \t"],
-        ["HTTP/1.1 200 ", "Connection: close, X-Drop", "X-Drop: gone", "Keep-Alive: timeout=5", "TE: trailers",
-         "Upgrade: h2c", "Proxy-Connection: keep-alive", "Trailer: X-T", "Content-Type: text/plain; charset=\u{e9}"],
+        [
+            "HTTP/1.1 200 ", "Connection: close, X-Drop", "X-Drop: gone", "Keep-Alive: timeout=5", "TE: trailers",
+            "Upgrade: h2c", "Proxy-Connection: keep-alive", "Trailer: X-T", "Content-Type: text/plain; charset=\u{e9}",
+        ],
         ["HTTP/1.0 200 OK", "Content-Length: 0", "Content-Length: 0"],
         ["HTTP/1.1 204 No Content", "Date: Thu, 26 Nov 2026 00:00:00 GMT"],
     ])

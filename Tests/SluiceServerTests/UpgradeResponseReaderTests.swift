@@ -7,7 +7,9 @@ import Testing
 /// `UpgradeResponseReader`: the answer to an upgrade handshake, fed whole and split at every byte.
 struct UpgradeResponseReaderTests {
     /// Feeds `text` in pieces of `step` bytes; returns the events with the offset they ended at.
-    private func run(_ text: String, step: Int) throws -> (events: [(UpgradeResponseReader.Event, Int)], reader: UpgradeResponseReader) {
+    private func run(
+        _ text: String, step: Int
+    ) throws -> (events: [(UpgradeResponseReader.Event, Int)], reader: UpgradeResponseReader) {
         var reader = UpgradeResponseReader()
         var events: [(UpgradeResponseReader.Event, Int)] = []
         let bytes = Array(text.utf8)
@@ -27,12 +29,17 @@ struct UpgradeResponseReaderTests {
         return (events, reader)
     }
 
-    private func everySplit(_ text: String, _ check: ([(UpgradeResponseReader.Event, Int)], UpgradeResponseReader) -> Void) throws {
-        for step in 1...text.utf8.count { let r = try run(text, step: step); check(r.events, r.reader) }
+    private func everySplit(_ text: String, _ check: ([(UpgradeResponseReader.Event, Int)], UpgradeResponseReader) -> Void) throws
+    {
+        for step in 1...text.utf8.count {
+            let r = try run(text, step: step)
+            check(r.events, r.reader)
+        }
     }
 
     @Test func switchedAfterInterimAnswers() throws {
-        let head = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        let head =
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
         let text = head + "\u{81}\u{2}hi"
         try everySplit(text) { events, reader in
             #expect(events.count == 1)
@@ -72,14 +79,17 @@ struct UpgradeResponseReaderTests {
         #expect(throws: UpgradeResponseReader.Failure.self) {
             try run("HTTP/1.1 400 Bad\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", step: 100)
         }
-        let huge = "HTTP/1.1 101 Switching\r\nX: " + String(repeating: "a", count: UpgradeResponseReader.maxHeadBytes) + "\r\n\r\n"
+        let huge =
+            "HTTP/1.1 101 Switching\r\nX: " + String(repeating: "a", count: UpgradeResponseReader.maxHeadBytes) + "\r\n\r\n"
         #expect(throws: UpgradeResponseReader.Failure.headTooLarge) { try run(huge, step: 4096) }
     }
 
     @Test func switchingHeadKeepsUpgradeAndDropsHopByHop() throws {
         var head = ResponseHeadCollector()
-        for line in ["HTTP/1.1 101 Switching Protocols", "Upgrade: websocket", "Connection: Upgrade, X-Drop",
-                     "Keep-Alive: 5", "Sec-WebSocket-Accept: abc=", ""] {
+        for line in [
+            "HTTP/1.1 101 Switching Protocols", "Upgrade: websocket", "Connection: Upgrade, X-Drop",
+            "Keep-Alive: 5", "Sec-WebSocket-Accept: abc=", "",
+        ] {
             _ = Array((line + "\r\n").utf8).withUnsafeBytes { head.add($0) }
         }
         let output = evbuffer_new()!
@@ -88,8 +98,9 @@ struct UpgradeResponseReaderTests {
         let n = evbuffer_get_length(output)
         var bytes = [UInt8](repeating: 0, count: n)
         evbuffer_copyout(output, &bytes, n)
-        #expect(String(decoding: bytes, as: UTF8.self) == "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-            + "Sec-WebSocket-Accept: abc=\r\nVia: 1.1 test\r\nConnection: Upgrade\r\n\r\n")
+        #expect(
+            String(decoding: bytes, as: UTF8.self) == "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                + "Sec-WebSocket-Accept: abc=\r\nVia: 1.1 test\r\nConnection: Upgrade\r\n\r\n")
     }
 
     @Test func handshakeIsTheAdaptedRequestWithTheUpgradeFields() throws {
@@ -98,17 +109,20 @@ struct UpgradeResponseReaderTests {
         builder.append(line: "Expect:")
         builder.append(line: "X-Empty;")
         builder.append(line: Array("Via: 1.1 s\r\n".utf8).dropLast(2).map { $0 })
-        let request = UpstreamRequest(method: "GET", target: try RequestTarget.absolute("http://h.test/chat?room=1"),
-                                      headers: builder.makeList(), body: .none)
+        let request = UpstreamRequest(
+            method: "GET", target: try RequestTarget.absolute("http://h.test/chat?room=1"),
+            headers: builder.makeList(), body: .none)
         let output = evbuffer_new()!
         defer { evbuffer_free(output) }
         UpgradeTransfer.writeHandshake(request, upgrade: "websocket", into: output)
         var bytes = [UInt8](repeating: 0, count: evbuffer_get_length(output))
         evbuffer_copyout(output, &bytes, bytes.count)
-        #expect(String(decoding: bytes, as: UTF8.self) == "GET /chat?room=1 HTTP/1.1\r\nHost: h.test\r\nX-A: 1\r\n"
-            + "X-Empty:\r\nVia: 1.1 s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-        let onPort = UpstreamRequest(method: "GET", target: try RequestTarget.absolute("https://[::1]:8443/"),
-                                     headers: HeaderList.Builder().makeList(), body: .none)
+        #expect(
+            String(decoding: bytes, as: UTF8.self) == "GET /chat?room=1 HTTP/1.1\r\nHost: h.test\r\nX-A: 1\r\n"
+                + "X-Empty:\r\nVia: 1.1 s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        let onPort = UpstreamRequest(
+            method: "GET", target: try RequestTarget.absolute("https://[::1]:8443/"),
+            headers: HeaderList.Builder().makeList(), body: .none)
         let second = evbuffer_new()!
         defer { evbuffer_free(second) }
         UpgradeTransfer.writeHandshake(onPort, upgrade: "websocket", into: second)

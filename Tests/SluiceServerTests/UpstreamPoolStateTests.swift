@@ -32,7 +32,8 @@ import Testing
         var s = State(maxPerOrigin: 0, maxIdle: 10)
         #expect(isOpen(s.acquire(origin: "a:80", key: "a:80@1", for: Try())))
         #expect(isOpen(s.acquire(origin: "a:80", key: "a:80@1", for: Try())))
-        let c1 = Conn("1"), c2 = Conn("2")
+        let c1 = Conn("1")
+        let c2 = Conn("2")
         #expect(s.release(c1, key: "a:80@1", origin: "a:80", reusable: true).0 == .park)
         #expect(s.release(c2, key: "a:80@1", origin: "a:80", reusable: true).0 == .park)
         #expect(s.idleCount == 2)
@@ -84,7 +85,10 @@ import Testing
 
     @Test func theLimitQueuesTriesFirstComeFirstServed() {
         var s = State(maxPerOrigin: 2, maxIdle: 10)
-        let t1 = Try(), t2 = Try(), t3 = Try(), t4 = Try()
+        let t1 = Try()
+        let t2 = Try()
+        let t3 = Try()
+        let t4 = Try()
         #expect(isOpen(s.acquire(origin: "o", key: "k", for: t1)))
         #expect(isOpen(s.acquire(origin: "o", key: "k", for: t2)))
         #expect(isWait(s.acquire(origin: "o", key: "k", for: t3)))
@@ -112,7 +116,9 @@ import Testing
 
     @Test func aTryThatGivesUpLeavesTheQueue() {
         var s = State(maxPerOrigin: 1, maxIdle: 10)
-        let t1 = Try(), t2 = Try(), t3 = Try()
+        let t1 = Try()
+        let t2 = Try()
+        let t3 = Try()
         #expect(isOpen(s.acquire(origin: "o", key: "k", for: t1)))
         #expect(isWait(s.acquire(origin: "o", key: "k", for: t2)))
         #expect(isWait(s.acquire(origin: "o", key: "k", for: t3)))
@@ -124,7 +130,8 @@ import Testing
 
     @Test func aClosedIdleConnectionFreesItsPlace() {
         var s = State(maxPerOrigin: 1, maxIdle: 10)
-        let t1 = Try(), t2 = Try()
+        let t1 = Try()
+        let t2 = Try()
         #expect(isOpen(s.acquire(origin: "o", key: "k", for: t1)))
         let c = Conn("1")
         #expect(s.release(c, key: "k", origin: "o", reusable: true).1 == nil)  // nobody waits

@@ -13,12 +13,14 @@ import Testing
                 builder.append(line: Array(line.utf8))
             } else {
                 let colon = line.firstIndex(of: ":")!
-                builder.append(name: Array(line[..<colon].utf8),
-                               value: Array(line[line.index(after: colon)...].drop(while: { $0 == " " }).utf8))
+                builder.append(
+                    name: Array(line[..<colon].utf8),
+                    value: Array(line[line.index(after: colon)...].drop(while: { $0 == " " }).utf8))
             }
         }
-        let request = UpstreamRequest(method: method, target: try RequestTarget.absolute(url),
-                                      headers: builder.makeList(), body: body)
+        let request = UpstreamRequest(
+            method: method, target: try RequestTarget.absolute(url),
+            headers: builder.makeList(), body: body)
         let out = evbuffer_new()!
         defer { evbuffer_free(out) }
         UpstreamRequestEncoder.writeHead(request, into: out)
@@ -29,8 +31,9 @@ import Testing
     }
 
     @Test func originFormHostFromTheTargetAndCurlsConventions() throws {
-        let text = try head(url: "http://example.com/a/b?x=1",
-                            lines: ["X-A: 1", "X-Empty;", "Via: 1.1 sluice-x", "Expect:", "Accept:"])
+        let text = try head(
+            url: "http://example.com/a/b?x=1",
+            lines: ["X-A: 1", "X-Empty;", "Via: 1.1 sluice-x", "Expect:", "Accept:"])
         #expect(text == "GET /a/b?x=1 HTTP/1.1\r\nX-A: 1\r\nX-Empty:\r\nVia: 1.1 sluice-x\r\nHost: example.com\r\n\r\n")
     }
 
@@ -45,9 +48,11 @@ import Testing
     }
 
     @Test func framingComesFromTheBody() throws {
-        #expect(try head(method: "PUT", url: "http://h/", lines: [], body: .length(5))
+        #expect(
+            try head(method: "PUT", url: "http://h/", lines: [], body: .length(5))
                 == "PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\n")
-        #expect(try head(method: "POST", url: "http://h/", lines: [], body: .streamed)
+        #expect(
+            try head(method: "POST", url: "http://h/", lines: [], body: .streamed)
                 == "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n")
     }
 }

@@ -29,7 +29,9 @@ public enum FuzzDriver {
 /// Stops the run with `message` when `condition` is false: libFuzzer records the input as a
 /// crash. (`precondition` would be compiled out in -Ounchecked; this never is.)
 @inline(never)
-public func fuzzCheck(_ condition: @autoclosure () -> Bool, _ message: @autoclosure () -> String,
-                      file: StaticString = #fileID, line: UInt = #line) {
+public func fuzzCheck(
+    _ condition: @autoclosure () -> Bool, _ message: @autoclosure () -> String,
+    file: StaticString = #fileID, line: UInt = #line
+) {
     if !condition() { fatalError("fuzz finding: \(message())", file: file, line: line) }
 }

@@ -27,8 +27,10 @@ public struct RequestStream: Equatable {
     /// as `ClientConnection` does. Checks the parser's contract on every call: it never
     /// consumes more than it was given, body ranges lie within the bytes consumed by that call,
     /// and it makes progress (a call that consumes nothing and reports nothing ends the round).
-    public static func parse(_ input: UnsafeRawBufferPointer, limits: HTTPRequestParser.Limits,
-                             cuts: ((Int) -> Int)? = nil) -> RequestStream {
+    public static func parse(
+        _ input: UnsafeRawBufferPointer, limits: HTTPRequestParser.Limits,
+        cuts: ((Int) -> Int)? = nil
+    ) -> RequestStream {
         var parser = HTTPRequestParser(limits: limits)
         var out = RequestStream()
         var start = 0  // first byte not consumed
@@ -54,8 +56,9 @@ public struct RequestStream: Equatable {
                     out.heads.append(Head(bytes: head.bytes, framing: head.framing))
                     if head.hasBody { out.bodies.append([]) }
                 case .body(let range)?:
-                    fuzzCheck(range.lowerBound >= 0 && range.upperBound <= consumed && !range.isEmpty,
-                              "body range \(range) outside the \(consumed) bytes consumed")
+                    fuzzCheck(
+                        range.lowerBound >= 0 && range.upperBound <= consumed && !range.isEmpty,
+                        "body range \(range) outside the \(consumed) bytes consumed")
                     fuzzCheck(!out.bodies.isEmpty, "body before a head with a body")
                     out.bodies[out.bodies.count - 1] += window[range]
                 case .end?:

@@ -41,14 +41,16 @@ enum ChunkedBodyFuzzer {
             if whole.ends > 0, let reference = Reference.decode(input[head.count...]) {
                 fuzzCheck(whole.bodies.first == reference.body, "body differs from the reference decoder's")
                 // The first idle offset is where the first request ended.
-                fuzzCheck(whole.idleOffsets.first == head.count + reference.length,
-                          "body ended at \(whole.idleOffsets.first ?? -1), the reference at \(head.count + reference.length)")
+                fuzzCheck(
+                    whole.idleOffsets.first == head.count + reference.length,
+                    "body ended at \(whole.idleOffsets.first ?? -1), the reference at \(head.count + reference.length)")
             }
             if let next = whole.idleOffsets.first, next < input.count {
                 let rest = RequestStream.parse(UnsafeRawBufferPointer(rebasing: input[next...]), limits: limits)
-                fuzzCheck(rest.heads == Array(whole.heads.dropFirst()) && rest.bodies == Array(whole.bodies.dropFirst())
-                          && rest.ends == whole.ends - 1 && rest.error == whole.error,
-                          "what follows the body parses differently for a fresh parser")
+                fuzzCheck(
+                    rest.heads == Array(whole.heads.dropFirst()) && rest.bodies == Array(whole.bodies.dropFirst())
+                        && rest.ends == whole.ends - 1 && rest.error == whole.error,
+                    "what follows the body parses differently for a fresh parser")
             }
         }
         return 0

@@ -43,7 +43,9 @@ enum RequestHeadFuzzer {
         let version = Array(b[(i + 1)..<(i + 11)])
         fuzzCheck(version == Array("HTTP/1.1\r\n".utf8) || version == Array("HTTP/1.0\r\n".utf8), "version")
         i += 11
-        var contentLengths: Set<Int64?> = [], transferEncodings = 0, hosts = 0
+        var contentLengths: Set<Int64?> = []
+        var transferEncodings = 0
+        var hosts = 0
         while !(b[i] == 13 && b[i + 1] == 10) {
             let nameStart = i
             while isToken(b[i]) { i += 1 }
@@ -58,7 +60,8 @@ enum RequestHeadFuzzer {
             fuzzCheck(b[i + 1] == 10, "bare CR in a field")
             let value = b[valueStart..<i].filter { $0 != 0x20 && $0 != 9 }
             switch name {
-            case "content-length": for part in value.split(separator: 0x2C) { contentLengths.insert(Int64(String(decoding: part, as: UTF8.self))) }
+            case "content-length":
+                for part in value.split(separator: 0x2C) { contentLengths.insert(Int64(String(decoding: part, as: UTF8.self))) }
             case "transfer-encoding": transferEncodings += 1
             case "host": hosts += 1
             default: break

@@ -35,8 +35,9 @@ enum RequestTargetFuzzer {
             fuzzCheck((try? RequestTarget.absolute(target.url)) == target, "URL does not parse to the same target")
             guard selector % 3 == 2 else { return 0 }
             let ports: [Int?] = [nil, 1, 80, 443, 8443, 65535]
-            let override = UpstreamOverride(scheme: selector & 8 != 0 ? .https : .http,
-                                            port: ports[Int(selector >> 4) % ports.count])
+            let override = UpstreamOverride(
+                scheme: selector & 8 != 0 ? .https : .http,
+                port: ports[Int(selector >> 4) % ports.count])
             let overridden = try? target.overridden(by: override)
             fuzzCheck(overridden != nil, "an accepted target cannot be overridden by \(override)")
             guard let moved = overridden else { return 0 }
@@ -52,7 +53,8 @@ enum RequestTargetFuzzer {
         fuzzCheck(!target.host.isEmpty, "empty host")
         fuzzCheck((1...65535).contains(target.port), "port \(target.port)")
         let plain = target.host.utf8.allSatisfy { c in
-            (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || c == 0x2D || c == 0x2E || c == 0x5F
+            (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || c == 0x2D || c == 0x2E
+                || c == 0x5F
         }
         fuzzCheck(plain || IPNetwork.parseAddress(target.host)?.count == 16, "host \(target.host) not a name or IPv6 literal")
     }

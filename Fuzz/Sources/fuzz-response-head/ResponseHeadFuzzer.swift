@@ -26,7 +26,9 @@ enum ResponseHeadFuzzer {
     /// One input: returns 0, or traps on a finding.
     static func testOneInput(_ raw: UnsafeRawBufferPointer) -> Int32 {
         guard let selector = raw.first else { return 0 }
-        let isHead = selector & 1 != 0, minor = Int(selector >> 1 & 1), keepAlive = selector & 4 != 0
+        let isHead = selector & 1 != 0
+        let minor = Int(selector >> 1 & 1)
+        let keepAlive = selector & 4 != 0
         var collector = ResponseHeadCollector()
         var complete = false
         var start = 1
@@ -41,8 +43,9 @@ enum ResponseHeadFuzzer {
         defer { evbuffer_free(output) }
         let framing: ResponseEncoder.Framing
         do {
-            framing = try ResponseEncoder.forwardedHead(collector, isHeadRequest: isHead, clientMinorVersion: minor,
-                                                        keepAlive: keepAlive, viaLine: via, into: output)
+            framing = try ResponseEncoder.forwardedHead(
+                collector, isHeadRequest: isHead, clientMinorVersion: minor,
+                keepAlive: keepAlive, viaLine: via, into: output)
         } catch {
             fuzzCheck(evbuffer_get_length(output) == 0, "bytes written for a refused head")
             return 0
@@ -68,15 +71,17 @@ enum ResponseHeadFuzzer {
         }
         fuzzCheck(lines.last?.isEmpty == true && lines.dropLast().allSatisfy { !$0.isEmpty }, "not one empty line at the end")
         let statusLine = Array(lines[0])
-        fuzzCheck(statusLine.count >= 13 && statusLine[0..<9] == ArraySlice("HTTP/1.1 ".utf8)
-                  && statusLine[9..<12].allSatisfy { $0 >= 0x30 && $0 <= 0x39 } && statusLine[12] == 0x20,
-                  "bad status line")
+        fuzzCheck(
+            statusLine.count >= 13 && statusLine[0..<9] == ArraySlice("HTTP/1.1 ".utf8)
+                && statusLine[9..<12].allSatisfy { $0 >= 0x30 && $0 <= 0x39 } && statusLine[12] == 0x20,
+            "bad status line")
         fuzzCheck(Int(String(decoding: statusLine[9..<12], as: UTF8.self)) == status, "status changed")
         var names: [String: [String]] = [:]
         for line in lines.dropFirst().dropLast() {
             guard let colon = line.firstIndex(of: 0x3A) else { return fuzzCheck(false, "field line without a colon") }
-            fuzzCheck(colon > line.startIndex && line[line.startIndex..<colon].allSatisfy(RequestHeadToken.isToken),
-                      "field name is not a token")
+            fuzzCheck(
+                colon > line.startIndex && line[line.startIndex..<colon].allSatisfy(RequestHeadToken.isToken),
+                "field name is not a token")
             fuzzCheck(line[(colon + 1)...].first == 0x20, "no space after the colon")
             let name = String(decoding: line[line.startIndex..<colon], as: UTF8.self).lowercased()
             let value = String(decoding: line[(colon + 1)...], as: UTF8.self).trimmingSpaces
@@ -87,10 +92,12 @@ enum ResponseHeadFuzzer {
         }
         let close = !keepAlive || framing == .close
         fuzzCheck(names["connection"] == (close ? ["close"] : nil), "Connection is \(names["connection"] ?? [])")
-        fuzzCheck(names["transfer-encoding"] == (framing == .chunked ? ["chunked"] : nil),
-                  "Transfer-Encoding is \(names["transfer-encoding"] ?? []) for \(framing)")
-        let lengths = Set((names["content-length"] ?? []).flatMap { $0.split(separator: ",") }
-            .map { UInt64(String($0).trimmingSpaces) })
+        fuzzCheck(
+            names["transfer-encoding"] == (framing == .chunked ? ["chunked"] : nil),
+            "Transfer-Encoding is \(names["transfer-encoding"] ?? []) for \(framing)")
+        let lengths = Set(
+            (names["content-length"] ?? []).flatMap { $0.split(separator: ",") }
+                .map { UInt64(String($0).trimmingSpaces) })
         switch framing {
         case .chunked, .close: fuzzCheck(lengths.isEmpty, "Content-Length with \(framing) framing")
         case .length: fuzzCheck(lengths.count == 1, "Content-Length values \(lengths) for length framing")

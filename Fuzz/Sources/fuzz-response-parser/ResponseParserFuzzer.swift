@@ -96,8 +96,10 @@ struct ResponseStream: Equatable, CustomStringConvertible {
 
     /// Feeds `input` revealed in pieces of the sizes `cuts` yields (nil: all at once), calling
     /// `parse` until a call returns no event after each piece, then `finish()`.
-    static func parse(_ input: UnsafeRawBufferPointer, limits: HTTPResponseParser.Limits, headPattern: UInt8,
-                      cuts: ((Int) -> Int)? = nil) -> ResponseStream {
+    static func parse(
+        _ input: UnsafeRawBufferPointer, limits: HTTPResponseParser.Limits, headPattern: UInt8,
+        cuts: ((Int) -> Int)? = nil
+    ) -> ResponseStream {
         var parser = HTTPResponseParser(limits: limits)
         var out = ResponseStream()
         func expect(at offset: Int) {
@@ -141,8 +143,9 @@ struct ResponseStream: Equatable, CustomStringConvertible {
                     out.responses[r].minorVersion = parser.minorVersion
                     out.responses[r].fieldCount = parser.head.lineEnds.count
                 case .body(let range)?:
-                    fuzzCheck(!range.isEmpty && range.lowerBound >= 0 && range.upperBound <= consumed,
-                              "body range \(range) outside the \(consumed) bytes consumed")
+                    fuzzCheck(
+                        !range.isEmpty && range.lowerBound >= 0 && range.upperBound <= consumed,
+                        "body range \(range) outside the \(consumed) bytes consumed")
                     fuzzCheck(out.responses[r].framing != nil, "body before the head")
                     out.responses[r].body += window[range]
                 case .end?:
@@ -185,8 +188,10 @@ struct ResponseStream: Equatable, CustomStringConvertible {
 enum Reference {
     typealias Field = (name: String, value: [UInt8])
 
-    static func check(_ r: ResponseStream.Response, isLast: Bool, in bytes: [UInt8],
-                      stream: ResponseStream, limits: HTTPResponseParser.Limits) {
+    static func check(
+        _ r: ResponseStream.Response, isLast: Bool, in bytes: [UInt8],
+        stream: ResponseStream, limits: HTTPResponseParser.Limits
+    ) {
         // The heads the parser reported, walked from the response's start: each ends at the
         // first CRLF CRLF; all but an accepted final one are interim.
         let bound = r.framing != nil ? r.headOffset : (r.interims.last?.offset ?? r.start)
@@ -233,8 +238,9 @@ enum Reference {
             fuzzCheck(!codings.contains([]), "an empty transfer coding accepted")
         }
         if let lengths {
-            fuzzCheck(Set(lengths).count == 1 && !lengths[0].isEmpty && lengths[0].count <= 18
-                      && lengths[0].allSatisfy { $0 >= 0x30 && $0 <= 0x39 }, "Content-Length \(lengths) accepted")
+            fuzzCheck(
+                Set(lengths).count == 1 && !lengths[0].isEmpty && lengths[0].count <= 18
+                    && lengths[0].allSatisfy { $0 >= 0x30 && $0 <= 0x39 }, "Content-Length \(lengths) accepted")
         }
         let expected: HTTPResponseParser.BodyFraming
         if r.headRequest || status == 204 || status == 304 {
@@ -249,7 +255,8 @@ enum Reference {
         fuzzCheck(framing == expected, "framing \(framing), the reference expects \(expected)")
 
         let connection = elements("connection") ?? []
-        let close = connection.contains(Array("close".utf8)), keepAlive = connection.contains(Array("keep-alive".utf8))
+        let close = connection.contains(Array("close".utf8))
+        let keepAlive = connection.contains(Array("keep-alive".utf8))
         let persistent = minor == 1 ? !close : keepAlive && !close
         fuzzCheck(r.keepAlive == (persistent && framing != .close), "keepAlive \(r.keepAlive) for \(framing)")
 
@@ -263,19 +270,22 @@ enum Reference {
             if Int64(bytes.count - h) >= n {
                 fuzzCheck(r.endOffset == h + Int(n), "length(\(n)) ended at \(r.endOffset ?? -1), not \(h + Int(n))")
             } else {
-                fuzzCheck(r.endOffset == nil && stream.error == "connection closed before the response ended",
-                          "short length body: \(stream.error ?? "no error")")
+                fuzzCheck(
+                    r.endOffset == nil && stream.error == "connection closed before the response ended",
+                    "short length body: \(stream.error ?? "no error")")
             }
         case .close:
             fuzzCheck(isLast && r.body[...] == bytes[h...], "close-delimited body is not the rest of the input")
-            fuzzCheck(r.endedAtEOF && r.endOffset == bytes.count && stream.error == nil, "close-delimited body did not end at EOF")
+            fuzzCheck(
+                r.endedAtEOF && r.endOffset == bytes.count && stream.error == nil, "close-delimited body did not end at EOF")
         case .chunked:
             let reference = decodeChunked(bytes[h...])
             if let end = r.endOffset {
                 fuzzCheck(reference != nil, "chunked body ended where the reference decoder finds none")
                 fuzzCheck(reference?.body == r.body, "chunked body differs from the reference decoder's")
-                fuzzCheck(reference.map { h + $0.length } == end,
-                          "chunked body ended at \(end), the reference at \(reference.map { h + $0.length } ?? -1)")
+                fuzzCheck(
+                    reference.map { h + $0.length } == end,
+                    "chunked body ended at \(end), the reference at \(reference.map { h + $0.length } ?? -1)")
             } else {
                 fuzzCheck(stream.error != nil, "chunked body neither ended nor failed")
                 if let reference { fuzzCheck(reference.body.starts(with: r.body), "partial chunked body differs") }
@@ -326,10 +336,12 @@ enum Reference {
         }
         fuzzCheck(lines.last?.isEmpty == true && lines.dropLast().allSatisfy { !$0.isEmpty }, "not one empty line at the end")
         let statusLine = Array(lines[0])
-        fuzzCheck(statusLine.starts(with: Array("HTTP/1.1 ".utf8)) || statusLine.starts(with: Array("HTTP/1.0 ".utf8)),
-                  "bad version accepted")
-        fuzzCheck(statusLine.count >= 12 && statusLine[9..<12].allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
-                  && (statusLine.count == 12 || statusLine[12] == 0x20), "bad status code accepted")
+        fuzzCheck(
+            statusLine.starts(with: Array("HTTP/1.1 ".utf8)) || statusLine.starts(with: Array("HTTP/1.0 ".utf8)),
+            "bad version accepted")
+        fuzzCheck(
+            statusLine.count >= 12 && statusLine[9..<12].allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+                && (statusLine.count == 12 || statusLine[12] == 0x20), "bad status code accepted")
         let status = Int(String(decoding: statusLine[9..<12], as: UTF8.self))!
         fuzzCheck(status >= 100 && status <= 599 && status != 101, "status \(status) accepted")
         var fields: [Field] = []
@@ -338,7 +350,8 @@ enum Reference {
             let colon = line.firstIndex(of: 0x3A) ?? line.endIndex
             fuzzCheck(colon < line.endIndex, "field line without a colon")
             fuzzCheck(colon > line.startIndex && line[line.startIndex..<colon].allSatisfy(isToken), "field name is not a token")
-            fields.append((String(decoding: line[line.startIndex..<colon], as: UTF8.self).lowercased(), Array(line[(colon + 1)...])))
+            fields.append(
+                (String(decoding: line[line.startIndex..<colon], as: UTF8.self).lowercased(), Array(line[(colon + 1)...])))
         }
         fuzzCheck(fields.count <= limits.headerCount, "\(fields.count) fields accepted")
         return fields

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Logging
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Sluice's swift-log handler for its diagnostics (warnings, reload errors, start and stop),
 /// on standard error: `text` for a terminal (`sluice[PID] LEVEL: message key=value`) or
@@ -52,7 +53,8 @@ public struct DiagnosticLogHandler: LogHandler {
         var all = metadata
         if let provided = metadataProvider?.get() { all.merge(provided) { _, new in new } }
         if let given = event.metadata { all.merge(given) { _, new in new } }
-        let line = Self.currentFormat == .json
+        let line =
+            Self.currentFormat == .json
             ? Self.jsonLine(event.level, "\(event.message)", all)
             : Self.textLine(event.level, "\(event.message)", all)
         line.withUnsafeBufferPointer { buf in

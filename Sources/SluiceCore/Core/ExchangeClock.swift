@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The time an `ExchangeMachine` reads: a monotonic clock for deadlines, delays and budget

@@ -57,7 +57,8 @@ extension ExchangeMachine {
             return
         }
         if (300..<400).contains(status), let location = head.location,
-           let next = redirect(status: status, location: location, canResendBody: canResendBody) {
+            let next = redirect(status: status, location: location, canResendBody: canResendBody)
+        {
             state = .checkingRedirect(next: next, status: status)
             actions.append(.checkRedirect(next))
             return
@@ -132,7 +133,8 @@ extension ExchangeMachine {
             return false
         }
         if let budgets = policy.retryBudgets,
-           !budgets.budget(for: target.host).tryAcquireRetry(now: clock.monotonicMilliseconds()) {
+            !budgets.budget(for: target.host).tryAcquireRetry(now: clock.monotonicMilliseconds())
+        {
             stopRetrying(.budget, into: &actions)
             return false
         }

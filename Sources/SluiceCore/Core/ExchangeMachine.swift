@@ -197,9 +197,11 @@ public struct ExchangeMachine {
 
     /// `summary` carries the exchange's id, client, method, URL and policy name; `target` is
     /// where the first try goes (after an `upstream:` override).
-    public init(summary: ExchangeSummary, policy: HostPolicy, target: Target, defaultPerTryTimeout: Int,
-                monitoring: Monitoring, events: ProxyEvent.Kinds = .all, clock: any ExchangeClock = SystemClock(),
-                random: any RandomNumberGenerator = SystemRandomNumberGenerator()) {
+    public init(
+        summary: ExchangeSummary, policy: HostPolicy, target: Target, defaultPerTryTimeout: Int,
+        monitoring: Monitoring, events: ProxyEvent.Kinds = .all, clock: any ExchangeClock = SystemClock(),
+        random: any RandomNumberGenerator = SystemRandomNumberGenerator()
+    ) {
         self.summary = summary
         self.policy = policy
         self.target = target
@@ -245,8 +247,11 @@ public struct ExchangeMachine {
         case .received:
             policy.retryBudgets?.budget(for: target.host).recordRequest(now: clock.monotonicMilliseconds())
             if wants(.requestReceived) {
-                actions.append(.report(.requestReceived(id: id, client: summary.client, method: summary.method,
-                                                        url: summary.url, policy: summary.policy)))
+                actions.append(
+                    .report(
+                        .requestReceived(
+                            id: id, client: summary.client, method: summary.method,
+                            url: summary.url, policy: summary.policy)))
             }
         case .prepare(let model):
             prepare(model, into: &actions)
@@ -375,8 +380,10 @@ public struct ExchangeMachine {
         actions.append(.beginTry(perTryTimeout: timeout))
     }
 
-    private mutating func tryFailed(_ error: ProxyError, kind: TransportErrorKind, canResendBody: Bool,
-                                    into actions: inout Actions) {
+    private mutating func tryFailed(
+        _ error: ProxyError, kind: TransportErrorKind, canResendBody: Bool,
+        into actions: inout Actions
+    ) {
         switch state {
         case .startingTry, .trying, .streaming, .checkingRedirect, .drainingRedirect, .drainingDiscarded: break
         default: return

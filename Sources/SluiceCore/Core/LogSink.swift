@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Logging
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A log destination (a file, stdout or stderr) written by its own thread, so that event
 /// loops never wait on a disk. Each worker appends to its own `Buffer` (an uncontended lock
@@ -118,18 +119,21 @@ public final class LogSink: Sendable {
     private func startWriter() {
         // The writer must never take a process signal (SIGHUP's default action would kill
         // the daemon): it starts with every signal blocked, whatever its creator allows.
-        var all = sigset_t(), previous = sigset_t()
+        var all = sigset_t()
+        var previous = sigset_t()
         sigfillset(&all)
         pthread_sigmask(SIG_SETMASK, &all, &previous)
         defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
         var thread = pthread_t()
-        pthread_create(&thread, nil, { arg in
-            let sink = Unmanaged<LogSink>.fromOpaque(arg!).takeUnretainedValue()
-            while true {
-                usleep(LogSink.flushIntervalMicroseconds)
-                sink.flush()
-            }
-        }, Unmanaged.passRetained(self).toOpaque())
+        pthread_create(
+            &thread, nil,
+            { arg in
+                let sink = Unmanaged<LogSink>.fromOpaque(arg!).takeUnretainedValue()
+                while true {
+                    usleep(LogSink.flushIntervalMicroseconds)
+                    sink.flush()
+                }
+            }, Unmanaged.passRetained(self).toOpaque())
         pthread_detach(thread)
     }
 
@@ -179,17 +183,23 @@ public final class LogSink: Sendable {
             return false
         }
         if first {
-            Self.diagnostics.warning("cannot write log \(path): \(String(cString: strerror(code))) (errno \(code)); its lines are dropped until a write succeeds (said once until then)")
+            Self.diagnostics.warning(
+                "cannot write log \(path): \(String(cString: strerror(code))) (errno \(code)); its lines are dropped until a write succeeds (said once until then)"
+            )
         }
     }
 
     /// A write succeeded: a failure episode, if one was going on, is over.
     private func wroteAgain() {
-        guard let ended = failure.withLock({ state -> WriteFailure? in
-            defer { state = nil }
-            return state
-        }) else { return }
-        Self.diagnostics.warning("log \(path) is writing again; \(ended.lostLines) line(s) (\(ended.lostBytes) bytes) were lost while writes failed with \(String(cString: strerror(ended.code)))")
+        guard
+            let ended = failure.withLock({ state -> WriteFailure? in
+                defer { state = nil }
+                return state
+            })
+        else { return }
+        Self.diagnostics.warning(
+            "log \(path) is writing again; \(ended.lostLines) line(s) (\(ended.lostBytes) bytes) were lost while writes failed with \(String(cString: strerror(ended.code)))"
+        )
     }
 
     /// Where a sink reports its own failures (the diagnostics on stderr, never a sink).

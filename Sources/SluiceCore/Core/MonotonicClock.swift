@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Milliseconds on CLOCK_MONOTONIC: for timeouts, deadlines, windows and budgets, never for

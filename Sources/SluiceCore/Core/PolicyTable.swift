@@ -29,12 +29,14 @@ public struct PolicyEntry: Sendable {
     /// `cache:`; nil inherits the default's (`cache`).
     public var cache: CacheBehavior?
 
-    public init(name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
-                retry: Section<RetryPolicy> = .inherit, validate: Section<ResponseValidator> = .inherit,
-                credentials: Section<Credentials> = .inherit, trust: Section<any ServerTrustEvaluating> = .inherit,
-                upstream: Section<UpstreamOverride> = .inherit, upstreamProxy: Section<UpstreamProxy> = .inherit,
-                clientCertificate: Section<ClientCertificate> = .inherit, health: Section<Health> = .inherit,
-                intercept: Bool? = nil, upgrades: Upgrades? = nil) {
+    public init(
+        name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
+        retry: Section<RetryPolicy> = .inherit, validate: Section<ResponseValidator> = .inherit,
+        credentials: Section<Credentials> = .inherit, trust: Section<any ServerTrustEvaluating> = .inherit,
+        upstream: Section<UpstreamOverride> = .inherit, upstreamProxy: Section<UpstreamProxy> = .inherit,
+        clientCertificate: Section<ClientCertificate> = .inherit, health: Section<Health> = .inherit,
+        intercept: Bool? = nil, upgrades: Upgrades? = nil
+    ) {
         self.name = name
         self.adapters = adapters
         self.redirect = redirect
@@ -99,12 +101,14 @@ public final class HostPolicy: Sendable {
     /// The adapters' names, in order, for `.requestAdapted`.
     public let adapterNames: [String]
 
-    public init(name: String, adapters: [SourcedAdapter], redirector: Redirector, retryPolicy: RetryPolicy? = nil,
-                validator: ResponseValidator? = nil, credentials: Credentials? = nil,
-                trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
-                upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
-                health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard,
-                cache: CacheBehavior = .defaultBehavior) {
+    public init(
+        name: String, adapters: [SourcedAdapter], redirector: Redirector, retryPolicy: RetryPolicy? = nil,
+        validator: ResponseValidator? = nil, credentials: Credentials? = nil,
+        trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
+        upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
+        health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard,
+        cache: CacheBehavior = .defaultBehavior
+    ) {
         self.name = name
         self.upgrades = upgrades
         self.cache = cache
@@ -122,7 +126,8 @@ public final class HostPolicy: Sendable {
         retryBudgets = retryPolicy?.budget.map { RetryBudgets(limits: $0) }
         self.validator = validator
         self.credentials = credentials
-        let retriers: [any RequestRetrier] = adapters.compactMap { $0.adapter as? any RequestRetrier }
+        let retriers: [any RequestRetrier] =
+            adapters.compactMap { $0.adapter as? any RequestRetrier }
             + (retryPolicy.map { [$0] } ?? [])
         interceptor = Interceptor(adapters: adapters.map(\.adapter), retriers: retriers)
         refreshStatuses = adapters.reduce(into: []) { set, sourced in
@@ -143,19 +148,20 @@ public final class HostPolicy: Sendable {
             case .on(let v)?: return v
             }
         }
-        self.init(name: host?.name ?? base.name, adapters: baseAdapters + hostAdapters,
-                  redirector: host?.redirect ?? base.redirect ?? .doNotFollow,
-                  retryPolicy: pick(host?.retry, base.retry), validator: pick(host?.validate, base.validate),
-                  credentials: pick(host?.credentials, base.credentials),
-                  trust: pick(host?.trust, base.trust).map(ServerTrust.init)
-                    ?? (allHostsMustBeEvaluated ? .refused : .builtInDefault),
-                  upstream: pick(host?.upstream, base.upstream),
-                  upstreamProxy: pick(host?.upstreamProxy, base.upstreamProxy),
-                  clientCertificate: pick(host?.clientCertificate, base.clientCertificate),
-                  health: pick(host?.health, base.health),
-                  intercept: host?.intercept ?? base.intercept ?? false,
-                  upgrades: host?.upgrades ?? base.upgrades ?? .standard,
-                  cache: host?.cache ?? base.cache ?? .defaultBehavior)
+        self.init(
+            name: host?.name ?? base.name, adapters: baseAdapters + hostAdapters,
+            redirector: host?.redirect ?? base.redirect ?? .doNotFollow,
+            retryPolicy: pick(host?.retry, base.retry), validator: pick(host?.validate, base.validate),
+            credentials: pick(host?.credentials, base.credentials),
+            trust: pick(host?.trust, base.trust).map(ServerTrust.init)
+                ?? (allHostsMustBeEvaluated ? .refused : .builtInDefault),
+            upstream: pick(host?.upstream, base.upstream),
+            upstreamProxy: pick(host?.upstreamProxy, base.upstreamProxy),
+            clientCertificate: pick(host?.clientCertificate, base.clientCertificate),
+            health: pick(host?.health, base.health),
+            intercept: host?.intercept ?? base.intercept ?? false,
+            upgrades: host?.upgrades ?? base.upgrades ?? .standard,
+            cache: host?.cache ?? base.cache ?? .defaultBehavior)
     }
 }
 
@@ -236,8 +242,10 @@ public struct Pipeline: Sendable {
     /// nil: forward-proxy clients need no credentials (the default).
     public var proxyAuthentication: ProxyAuthentication?
 
-    public init(policies: PolicyTable = .empty, monitors: [any EventMonitorFactory] = [],
-                redactor: Redactor = Redactor()) {
+    public init(
+        policies: PolicyTable = .empty, monitors: [any EventMonitorFactory] = [],
+        redactor: Redactor = Redactor()
+    ) {
         self.policies = policies
         self.monitors = monitors
         self.redactor = redactor

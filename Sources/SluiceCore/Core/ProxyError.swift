@@ -72,11 +72,12 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .unsupportedTransferCoding: return 501
         case .unsupportedVersion: return 505
         case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed,
-             .parentProxyFailed: return 502
+            .parentProxyFailed:
+            return 502
         case .upstreamTimeout, .onlyIfCachedMiss: return 504
         case .loopDetected: return 508
         case .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull,
-             .upstreamQueueTimeout, .socketUnavailable, .upstreamCircuitOpen:
+            .upstreamQueueTimeout, .socketUnavailable, .upstreamCircuitOpen:
             return 503
         }
     }
@@ -86,12 +87,12 @@ public enum ProxyError: Error, Sendable, Equatable {
     public var closesConnection: Bool {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm, .requestLineTooLong, .headerSectionTooLarge,
-             .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
-             .loopDetected, .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .socketUnavailable:
+            .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
+            .loopDetected, .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .socketUnavailable:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
-             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
-             .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss:
+            .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
+            .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss:
             return false
         }
     }

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Removes secrets from anything Sluice writes: URLs (userinfo, secret query parameters),
@@ -14,8 +14,10 @@ public struct Redactor: Sendable {
     public var queryParameters: Set<String>
     public var headers: Set<String>
 
-    public init(secretValues: [String] = [], queryParameters: Set<String> = [],
-                headers: Set<String> = Redactor.defaultHeaders) {
+    public init(
+        secretValues: [String] = [], queryParameters: Set<String> = [],
+        headers: Set<String> = Redactor.defaultHeaders
+    ) {
         // Very short values would redact innocent text; a secret is at least 4 bytes long here.
         self.secretValues = secretValues.filter { $0.utf8.count >= 4 }.sorted { $0.count > $1.count }
         self.queryParameters = queryParameters
@@ -86,7 +88,8 @@ public struct Redactor: Sendable {
     }
 
     static func occurs(_ needle: String, in haystack: String) -> Bool {
-        var haystack = haystack, needle = needle
+        var haystack = haystack
+        var needle = needle
         return haystack.withUTF8 { h in
             needle.withUTF8 { n in occurs(n, in: h) }
         }

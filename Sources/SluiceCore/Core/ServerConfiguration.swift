@@ -1,4 +1,5 @@
 import Logging
+
 /// The server-level settings of one Sluice process: where it listens, how many event loops
 /// it runs, the limits and timeouts every connection obeys, and who may use it.
 ///
@@ -29,9 +30,11 @@ public struct ServerConfiguration: Sendable, Equatable {
 
     public static let defaultListen = ["127.0.0.1:3128"]
 
-    public init(listen: [String] = ServerConfiguration.defaultListen, workers: Int? = nil,
-                limits: Limits = Limits(), timeouts: Timeouts = Timeouts(),
-                access: Access = Access(), tls: TLS = TLS(), routes: [Route] = [], admin: Admin? = nil) {
+    public init(
+        listen: [String] = ServerConfiguration.defaultListen, workers: Int? = nil,
+        limits: Limits = Limits(), timeouts: Timeouts = Timeouts(),
+        access: Access = Access(), tls: TLS = TLS(), routes: [Route] = [], admin: Admin? = nil
+    ) {
         self.listen = listen
         self.workers = workers
         self.limits = limits
@@ -114,8 +117,10 @@ public struct ServerConfiguration: Sendable, Equatable {
         /// `1000` per worker by default.
         public static let defaultUpstreamQueue = 1000
 
-        public init(requestLine: Int = Limits.defaultRequestLine, headerSection: Int = Limits.defaultHeaderSection,
-                    headerCount: Int = Limits.defaultHeaderCount, requestBody: Int64? = nil) {
+        public init(
+            requestLine: Int = Limits.defaultRequestLine, headerSection: Int = Limits.defaultHeaderSection,
+            headerCount: Int = Limits.defaultHeaderCount, requestBody: Int64? = nil
+        ) {
             self.requestLine = requestLine
             self.headerSection = headerSection
             self.headerCount = headerCount
@@ -148,10 +153,12 @@ public struct ServerConfiguration: Sendable, Equatable {
         public var upstreamQueue: Int = Timeouts.defaultUpstreamQueue
         public static let defaultUpstreamQueue = 10_000
 
-        public init(clientHeader: Int = Timeouts.defaultClientHeader, clientIdle: Int = Timeouts.defaultClientIdle,
-                    upstreamConnect: Int = Timeouts.defaultUpstreamConnect,
-                    upstreamPerTry: Int = Timeouts.defaultUpstreamPerTry, total: Int? = nil,
-                    drain: Int = Timeouts.defaultDrain) {
+        public init(
+            clientHeader: Int = Timeouts.defaultClientHeader, clientIdle: Int = Timeouts.defaultClientIdle,
+            upstreamConnect: Int = Timeouts.defaultUpstreamConnect,
+            upstreamPerTry: Int = Timeouts.defaultUpstreamPerTry, total: Int? = nil,
+            drain: Int = Timeouts.defaultDrain
+        ) {
             self.clientHeader = clientHeader
             self.clientIdle = clientIdle
             self.upstreamConnect = upstreamConnect
@@ -173,8 +180,10 @@ public struct ServerConfiguration: Sendable, Equatable {
         /// ECS task metadata at 169.254.170.2), `fe80::/10`, `fd00:ec2::254/128` (AWS IMDS over
         /// IPv6), `100.100.100.200/32` (Alibaba Cloud), `192.0.0.192/32` (Oracle Cloud Classic)
         /// and `168.63.129.16/32` (Azure WireServer).
-        public static let defaultDeny = ["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32",
-                                         "192.0.0.192/32", "168.63.129.16/32"].map { IPNetwork($0)! }
+        public static let defaultDeny = [
+            "169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32",
+            "192.0.0.192/32", "168.63.129.16/32",
+        ].map { IPNetwork($0)! }
 
         public var allowClients: [IPNetwork]
         public var connectPorts: [Int]
@@ -182,8 +191,10 @@ public struct ServerConfiguration: Sendable, Equatable {
         /// forwarded requests, followed redirects, routes, tunnels and token fetches.
         public var deny: [IPNetwork]
 
-        public init(allowClients: [IPNetwork] = Access.defaultAllowClients,
-                    connectPorts: [Int] = Access.defaultConnectPorts, deny: [IPNetwork] = Access.defaultDeny) {
+        public init(
+            allowClients: [IPNetwork] = Access.defaultAllowClients,
+            connectPorts: [Int] = Access.defaultConnectPorts, deny: [IPNetwork] = Access.defaultDeny
+        ) {
             self.allowClients = allowClients
             self.connectPorts = connectPorts
             self.deny = deny

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The `access_log` monitor: one JSON object per line per finished exchange (and per closed
@@ -74,7 +74,11 @@ public final class AccessLogMonitor: LogMonitor {
             if let version = t.httpVersion {
                 json.field("upstream_protocol", version.rawValue)
                 json.raw("upstream_connection", t.newConnection ? "\"new\"" as StaticString : "\"reused\"")
-                if let engine = t.engine { json.field("upstream_engine", engine.rawValue) } else { json.raw("upstream_engine", "null") }
+                if let engine = t.engine {
+                    json.field("upstream_engine", engine.rawValue)
+                } else {
+                    json.raw("upstream_engine", "null")
+                }
             } else {
                 json.raw("upstream_protocol", "null")
                 json.raw("upstream_connection", "null")
@@ -86,14 +90,23 @@ public final class AccessLogMonitor: LogMonitor {
         if s.retries.isEmpty {
             json.raw("retries", "[]")
         } else {
-            json.raw("retries", "[" + s.retries.map {
-                "{\"attempt\":\($0.attempt),\"delay_ms\":\($0.delayMilliseconds),\"reason\":\(JSONLine.quoted($0.reason))}"
-            }.joined(separator: ",") + "]")
+            json.raw(
+                "retries",
+                "["
+                    + s.retries.map {
+                        "{\"attempt\":\($0.attempt),\"delay_ms\":\($0.delayMilliseconds),\"reason\":\(JSONLine.quoted($0.reason))}"
+                    }.joined(separator: ",") + "]")
         }
-        if let stopped = s.retryStopped { json.field("retry_stopped", stopped.rawValue) } else { json.raw("retry_stopped", "null") }
+        if let stopped = s.retryStopped {
+            json.field("retry_stopped", stopped.rawValue)
+        } else {
+            json.raw("retry_stopped", "null")
+        }
         if let validation = s.validation { json.field("validation", validation) } else { json.raw("validation", "null") }
         if let failure = s.trustFailure {
-            json.raw("trust_failure", "{\"evaluator\":\(JSONLine.quoted(failure.evaluator)),\"reason\":\(JSONLine.quoted(failure.reason))}")
+            json.raw(
+                "trust_failure",
+                "{\"evaluator\":\(JSONLine.quoted(failure.evaluator)),\"reason\":\(JSONLine.quoted(failure.reason))}")
         }
         if s.insecure { json.raw("insecure", "true") }
         if let circuit = s.circuit { json.field("circuit", circuit) }
@@ -320,7 +333,9 @@ struct JSONLine {
                 case 0x09: buffer.put(0x74)
                 default:
                     let hex: StaticString = "0123456789abcdef"
-                    buffer.put(0x75); buffer.put(0x30); buffer.put(0x30)
+                    buffer.put(0x75)
+                    buffer.put(0x30)
+                    buffer.put(0x30)
                     buffer.put(hex.utf8Start[Int(b >> 4)])
                     buffer.put(hex.utf8Start[Int(b & 0xF)])
                 }
@@ -438,7 +453,8 @@ enum Timestamp {
         var tm = Glibc.tm()
         gmtime_r(&t, &tm)
         cache.second = second
-        let prefix = "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
+        let prefix =
+            "\(pad(tm.tm_year + 1900, 4))-\(pad(tm.tm_mon + 1))-\(pad(tm.tm_mday))T"
             + "\(pad(tm.tm_hour)):\(pad(tm.tm_min)):\(pad(tm.tm_sec))."
         cache.prefixBytes = Array(prefix.utf8)
     }

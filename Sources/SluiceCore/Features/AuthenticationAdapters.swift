@@ -64,8 +64,9 @@ public struct APIKeyAdapter: HeaderEditingAdapter {
             }
             request.headerFields[field] = value.value
         case .query(let parameter):
-            request.url = QueryString.replacing(parameter, with: PercentEncoding.encodeQueryValue(value.value),
-                                                in: request.url)
+            request.url = QueryString.replacing(
+                parameter, with: PercentEncoding.encodeQueryValue(value.value),
+                in: request.url)
         }
         return true
     }
@@ -159,7 +160,9 @@ public enum Base64 {
             case UInt8(ascii: "0")...UInt8(ascii: "9"): v = UInt32(c - UInt8(ascii: "0")) + 52
             case UInt8(ascii: "+"): v = 62
             case UInt8(ascii: "/"): v = 63
-            case UInt8(ascii: "="): padding += 1; continue
+            case UInt8(ascii: "="):
+                padding += 1
+                continue
             default: return nil
             }
             guard padding == 0 else { return nil }

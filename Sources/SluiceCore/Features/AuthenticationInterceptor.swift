@@ -10,8 +10,9 @@ import Synchronization
 public protocol SessionContext: AnyObject {
     /// POSTs through this worker's libcurl session (same trust settings as every upstream);
     /// `completion` runs on this worker's thread.
-    func post(url: String, headers: [(String, String)], body: [UInt8],
-              completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void)
+    func post(
+        url: String, headers: [(String, String)], body: [UInt8],
+        completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void)
     /// Keeps `work` to run on this worker's thread after `waker.wake()` is called (from any
     /// thread); `work` returns false to stay queued for the next wake.
     func park(_ work: @escaping () -> Bool)
@@ -31,7 +32,10 @@ public protocol SessionWaker: Sendable {
 /// the single fetch in flight and the refresh window live behind one lock; requests that wait
 /// for a token are parked on their own worker, never blocking a thread.
 public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable {
-    public enum Grant: String, Sendable { case clientCredentials = "client_credentials", refreshToken = "refresh_token" }
+    public enum Grant: String, Sendable {
+        case clientCredentials = "client_credentials"
+        case refreshToken = "refresh_token"
+    }
     public enum ClientAuthentication: String, Sendable { case basic, body }
 
     public struct Settings: Sendable {
@@ -52,10 +56,12 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
         /// `[401]` by default.
         public var refreshOn: Set<Int>
 
-        public init(grant: Grant, tokenURL: String, clientID: String, clientSecret: Secret?, refreshToken: Secret? = nil,
-                    scope: String? = nil, audience: String? = nil, clientAuthentication: ClientAuthentication = .basic,
-                    refreshBeforeExpiry: Int = 30_000, windowMax: Int = 5, windowMilliseconds: Int = 30_000,
-                    refreshOn: Set<Int> = [401]) {
+        public init(
+            grant: Grant, tokenURL: String, clientID: String, clientSecret: Secret?, refreshToken: Secret? = nil,
+            scope: String? = nil, audience: String? = nil, clientAuthentication: ClientAuthentication = .basic,
+            refreshBeforeExpiry: Int = 30_000, windowMax: Int = 5, windowMilliseconds: Int = 30_000,
+            refreshOn: Set<Int> = [401]
+        ) {
             self.grant = grant
             self.tokenURL = tokenURL
             self.clientID = clientID
@@ -98,9 +104,15 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
         completion(.failure(AdaptationError(adapter: name, reason: "needs a session to fetch tokens")))
     }
 
-    public func adapt(_ request: ProxyRequest, for session: any SessionContext,
-                      completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-        enum Next { case apply(String), fail(String), wait(startFetch: Bool, generation: Int) }
+    public func adapt(
+        _ request: ProxyRequest, for session: any SessionContext,
+        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void
+    ) {
+        enum Next {
+            case apply(String)
+            case fail(String)
+            case wait(startFetch: Bool, generation: Int)
+        }
         let now = Self.now()
         let next: Next = state.withLock { s in
             if let token = s.token, now < s.expiresAt - settings.refreshBeforeExpiry { return .apply(token) }
@@ -108,7 +120,8 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
             if s.fetching { return .wait(startFetch: false, generation: s.generation) }
             s.refreshTimes = s.refreshTimes.filter { now - $0 < settings.windowMilliseconds }
             if s.refreshTimes.count >= settings.windowMax {
-                return .fail("excessive refresh: more than \(settings.windowMax) token refreshes in \(settings.windowMilliseconds) ms")
+                return .fail(
+                    "excessive refresh: more than \(settings.windowMax) token refreshes in \(settings.windowMilliseconds) ms")
             }
             s.refreshTimes.append(now)
             s.fetching = true
@@ -145,8 +158,10 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
 
     /// One upstream status in `refreshOn` on the first try: the token is dropped (unless a
     /// newer one already replaced it) and the request retried once with a fresh one.
-    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-                      completion: @escaping (RetryResult) -> Void) {
+    public func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        completion: @escaping (RetryResult) -> Void
+    ) {
         guard case .status(let code, _) = failure, settings.refreshOn.contains(code), attempt == 0 else {
             return completion(.doNotRetry)
         }
@@ -216,7 +231,7 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
 
     static func parseToken(_ body: [UInt8]) -> FetchOutcome {
         guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
-              let token = object["access_token"] as? String, !token.isEmpty
+            let token = object["access_token"] as? String, !token.isEmpty
         else { return .failed("token endpoint sent no access_token") }
         let expires = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
         return .token(token, expires, object["refresh_token"] as? String)

@@ -56,8 +56,10 @@ public struct CacheModification: Sendable, Equatable {
     /// named them in `Vary`.
     public var keyRequestHeaders: [String]
 
-    public init(freshness: Int64? = nil, maxFreshness: Int64? = nil, ignoredDirectives: Set<IgnorableDirective> = [],
-                dropResponseHeaders: [String] = [], keyRequestHeaders: [String] = []) {
+    public init(
+        freshness: Int64? = nil, maxFreshness: Int64? = nil, ignoredDirectives: Set<IgnorableDirective> = [],
+        dropResponseHeaders: [String] = [], keyRequestHeaders: [String] = []
+    ) {
         self.freshness = freshness
         self.maxFreshness = maxFreshness
         self.ignoredDirectives = ignoredDirectives

@@ -76,7 +76,8 @@ public struct CacheControl: Sendable, Equatable {
     static func directives(_ value: String) -> [(String, String?)] {
         var out: [(String, String?)] = []
         var element: [UInt8] = []
-        var quoted = false, escaped = false
+        var quoted = false
+        var escaped = false
         func flush() {
             let text = String(decoding: element, as: UTF8.self)
             element.removeAll(keepingCapacity: true)
@@ -115,9 +116,17 @@ extension String {
     /// A quoted-string's content with its quoted-pairs (`\x`) resolved.
     fileprivate func replacingEscapes() -> String {
         guard contains("\\") else { return self }
-        var out = "", escaped = false
+        var out = ""
+        var escaped = false
         for c in self {
-            if escaped { out.append(c); escaped = false } else if c == "\\" { escaped = true } else { out.append(c) }
+            if escaped {
+                out.append(c)
+                escaped = false
+            } else if c == "\\" {
+                escaped = true
+            } else {
+                out.append(c)
+            }
         }
         return out
     }

@@ -33,7 +33,8 @@ public enum CacheFreshness {
             return max(0, e - date)
         }
         guard heuristicallyCacheable.contains(response.status),
-              let lm = response.parsed.lastModified, lm < date else { return 0 }
+            let lm = response.parsed.lastModified, lm < date
+        else { return 0 }
         return min((date - lm) * heuristicPercent / 100, heuristicCapSeconds)
     }
 

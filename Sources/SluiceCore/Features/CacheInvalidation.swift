@@ -8,14 +8,17 @@ public enum CacheInvalidation {
     public static let safeMethods: Set<String> = ["GET", "HEAD", "OPTIONS", "TRACE"]
 
     /// The URLs (cache keys) to drop; empty when nothing is invalidated.
-    public static func targets(method: String, status: Int, url: String, location: String?,
-                               contentLocation: String?) -> [String] {
+    public static func targets(
+        method: String, status: Int, url: String, location: String?,
+        contentLocation: String?
+    ) -> [String] {
         guard !safeMethods.contains(method), (200...399).contains(status) else { return [] }
         var out = [url]
         let origin = Self.origin(of: url)
         for reference in [location, contentLocation].compactMap({ $0 }) {
             if let resolved = resolve(reference, against: url), let origin, Self.origin(of: resolved) == origin,
-               !out.contains(resolved) {
+                !out.contains(resolved)
+            {
                 out.append(resolved)
             }
         }

@@ -70,9 +70,11 @@ public enum CacheLookup {
     /// (`Range` is answered, by `CacheRange`, unless `If-Range` comes with it).
     public static let bypassingFields = ["if-match", "if-unmodified-since", "if-range"]
 
-    public static func decide(method: String, requestFields: [CacheFields.Field], candidates: [CacheStoredResponse],
-                              now: Int64, modification: CacheModification? = nil,
-                              outdated: Set<Int> = []) -> Decision {
+    public static func decide(
+        method: String, requestFields: [CacheFields.Field], candidates: [CacheStoredResponse],
+        now: Int64, modification: CacheModification? = nil,
+        outdated: Set<Int> = []
+    ) -> Decision {
         guard method == "GET" || method == "HEAD" else { return .forward(.method) }
         if bypassingFields.contains(where: { CacheFields.value($0, in: requestFields) != nil }) { return .forward(.bypass) }
         let request = CacheRequestDirectives(requestFields).cacheControl
@@ -102,9 +104,11 @@ public enum CacheLookup {
             if mayServeStale, let maxStale = request.maxStale, staleness <= maxStale {
                 validate = nil
             } else if mayServeStale, request.maxStale == nil, let window = response.staleWhileRevalidate, staleness <= window {
-                return .serveStale(Hit(variant: index, age: age, ttl: lifetime - age,
-                                       notModified: CacheConditional.notModified(requestFields, stored: stored)),
-                                   conditional: validators(of: stored))
+                return .serveStale(
+                    Hit(
+                        variant: index, age: age, ttl: lifetime - age,
+                        notModified: CacheConditional.notModified(requestFields, stored: stored)),
+                    conditional: validators(of: stored))
             } else {
                 validate = .stale
             }
@@ -113,8 +117,10 @@ public enum CacheLookup {
             if request.onlyIfCached { return .onlyIfCachedMiss }
             return .revalidate(variant: index, conditional: validators(of: stored), reason: reason)
         }
-        return .serve(Hit(variant: index, age: age, ttl: lifetime - age,
-                          notModified: CacheConditional.notModified(requestFields, stored: stored)))
+        return .serve(
+            Hit(
+                variant: index, age: age, ttl: lifetime - age,
+                notModified: CacheConditional.notModified(requestFields, stored: stored)))
     }
 
     /// The most recent (by `Date`, then arrival) stored response whose secondary key matches.
@@ -147,14 +153,17 @@ extension CacheLookup {
     /// (RFC 5861 §4) in the request, else in the response, covers its staleness, and nothing
     /// forbids serving it stale (`must-revalidate`, `proxy-revalidate`, `s-maxage`, or an
     /// honoured `no-cache`; RFC 9111 §4.2.4).
-    public static func mayServeStaleOnError(_ stored: CacheStoredResponse, requestFields: [CacheFields.Field], now: Int64,
-                                            modification: CacheModification? = nil) -> Bool {
+    public static func mayServeStaleOnError(
+        _ stored: CacheStoredResponse, requestFields: [CacheFields.Field], now: Int64,
+        modification: CacheModification? = nil
+    ) -> Bool {
         let response = stored.cacheControl
         if response.mustRevalidate || response.proxyRevalidate || response.sMaxAge != nil { return false }
         if response.noCache, !(modification?.ignoredDirectives.contains(.noCache) ?? false) { return false }
         let request = CacheRequestDirectives(requestFields).cacheControl
         guard let window = request.staleIfError ?? response.staleIfError else { return false }
-        let staleness = CacheFreshness.currentAge(of: stored, now: now) - CacheFreshness.lifetime(of: stored, modification: modification)
+        let staleness =
+            CacheFreshness.currentAge(of: stored, now: now) - CacheFreshness.lifetime(of: stored, modification: modification)
         return staleness <= window
     }
 
@@ -163,8 +172,10 @@ extension CacheLookup {
     /// unless the response forbids it (`must-revalidate`, `proxy-revalidate`, `s-maxage`, an
     /// honoured `no-cache`) or the request asked for validation (`no-cache`, a `max-age` the
     /// response's age exceeds, `min-fresh` it does not meet) or bounds staleness (`max-stale`).
-    public static func mayServeWhileDisconnected(_ stored: CacheStoredResponse, requestFields: [CacheFields.Field],
-                                                 now: Int64, modification: CacheModification? = nil) -> Bool {
+    public static func mayServeWhileDisconnected(
+        _ stored: CacheStoredResponse, requestFields: [CacheFields.Field],
+        now: Int64, modification: CacheModification? = nil
+    ) -> Bool {
         let response = stored.cacheControl
         if response.mustRevalidate || response.proxyRevalidate || response.sMaxAge != nil { return false }
         if response.noCache, !(modification?.ignoredDirectives.contains(.noCache) ?? false) { return false }
@@ -216,7 +227,9 @@ public enum CacheConditional {
 
     /// The entity-tags of an `If-None-Match` list (commas inside quotes do not split).
     static func entityTags(_ value: String) -> [String] {
-        var out: [String] = [], current = "", quoted = false
+        var out: [String] = []
+        var current = ""
+        var quoted = false
         for c in value {
             if c == "\"" { quoted.toggle() }
             if c == ",", !quoted {

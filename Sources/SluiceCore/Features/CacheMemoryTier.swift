@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Immutable body bytes of a cached object, in one allocation that never moves: a hit hands
 /// them to the client's output by reference (libevent keeps the chunk alive until sent), so a
@@ -14,7 +15,9 @@ public final class CacheChunk: @unchecked Sendable {
 
     public init(copying source: UnsafeRawBufferPointer) {
         let storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, source.count), alignment: 16)
-        if let base = source.baseAddress, source.count > 0 { storage.baseAddress!.copyMemory(from: base, byteCount: source.count) }
+        if let base = source.baseAddress, source.count > 0 {
+            storage.baseAddress!.copyMemory(from: base, byteCount: source.count)
+        }
         bytes = UnsafeRawBufferPointer(start: storage.baseAddress, count: source.count)
     }
 
@@ -66,8 +69,10 @@ public final class CacheObject: Sendable {
         self.init(response: response, chunks: [], onDisk: true, diskLength: diskLength, trustGeneration: trustGeneration)
     }
 
-    private init(response: CacheStoredResponse, chunks: [CacheChunk], onDisk: Bool, diskLength: Int,
-                 trustGeneration: UInt64?) {
+    private init(
+        response: CacheStoredResponse, chunks: [CacheChunk], onDisk: Bool, diskLength: Int,
+        trustGeneration: UInt64?
+    ) {
         self.onDisk = onDisk
         self.trustGeneration = trustGeneration
         let length = onDisk ? diskLength : chunks.reduce(0) { $0 + $1.count }

@@ -10,8 +10,8 @@
 public enum CacheStorability {
     public enum Refusal: String, Sendable, Equatable {
         case method, requestBody = "request-body", status, requestNoStore = "request-no-store", noStore = "no-store", `private`,
-             authorization, varyStar = "vary-star", setCookie = "set-cookie", tooLarge = "too-large",
-             notCacheable = "not-cacheable"
+            authorization, varyStar = "vary-star", setCookie = "set-cookie", tooLarge = "too-large",
+            notCacheable = "not-cacheable"
     }
 
     public enum Decision: Sendable, Equatable {
@@ -24,10 +24,12 @@ public enum CacheStorability {
     ///     `maxObjectSize` before any byte is kept; a body without one is checked as it streams).
     ///   - requestHasBody: the request carried a body: a `GET` with a body is never stored (its
     ///     key would be the body-less request's, so any client could replace the shared entry).
-    public static func decide(method: String, requestFields: [CacheFields.Field], status: Int,
-                              responseFields: [CacheFields.Field], modification: CacheModification? = nil,
-                              contentLength: Int64? = nil, maxObjectSize: Int64 = .max,
-                              requestHasBody: Bool = false) -> Decision {
+    public static func decide(
+        method: String, requestFields: [CacheFields.Field], status: Int,
+        responseFields: [CacheFields.Field], modification: CacheModification? = nil,
+        contentLength: Int64? = nil, maxObjectSize: Int64 = .max,
+        requestHasBody: Bool = false
+    ) -> Decision {
         guard method == "GET" else { return .doNotStore(.method) }
         guard !requestHasBody else { return .doNotStore(.requestBody) }
         guard status >= 200, status <= 599, status != 206, status != 304 else { return .doNotStore(.status) }
@@ -42,11 +44,13 @@ public enum CacheStorability {
         let varyNames = CacheFields.listElements(CacheFields.values("vary", in: responseFields))
         if varyNames.contains("*") { return .doNotStore(.varyStar) }
         if CacheFields.value("set-cookie", in: responseFields) != nil, !cc.isPublic, cc.sMaxAge == nil,
-           !(modification?.dropResponseHeaders.contains("set-cookie") ?? false) {
+            !(modification?.dropResponseHeaders.contains("set-cookie") ?? false)
+        {
             return .doNotStore(.setCookie)
         }
         if let contentLength, contentLength > maxObjectSize { return .doNotStore(.tooLarge) }
-        let explicit = cc.isPublic || cc.maxAge != nil || cc.sMaxAge != nil || CacheFields.value("expires", in: responseFields) != nil
+        let explicit =
+            cc.isPublic || cc.maxAge != nil || cc.sMaxAge != nil || CacheFields.value("expires", in: responseFields) != nil
             || modification?.freshness != nil
         guard explicit || CacheFreshness.heuristicallyCacheable.contains(status) else { return .doNotStore(.notCacheable) }
         return .store
@@ -65,14 +69,17 @@ public enum CacheStorability {
     /// kept (it is the revalidating client's: that client still gets it, the stored copy does
     /// not); the merged response is then decided again as a `GET` response for `requestFields`
     /// (a `304` may add `private` or `no-store`).
-    public static func afterNotModified(_ stored: CacheStoredResponse, notModified: [CacheFields.Field],
-                                        requestFields: [CacheFields.Field], modification: CacheModification?,
-                                        requestTime: Int64, responseTime: Int64) -> CacheStoredResponse? {
+    public static func afterNotModified(
+        _ stored: CacheStoredResponse, notModified: [CacheFields.Field],
+        requestFields: [CacheFields.Field], modification: CacheModification?,
+        requestTime: Int64, responseTime: Int64
+    ) -> CacheStoredResponse? {
         let fields = storedFields(notModified, modification: modification)
             .filter { !$0.name.caseInsensitiveEquals("set-cookie") }
         let merged = stored.updated(with: fields, requestTime: requestTime, responseTime: responseTime)
-        let decision = decide(method: "GET", requestFields: requestFields, status: merged.status,
-                              responseFields: merged.fields, modification: modification)
+        let decision = decide(
+            method: "GET", requestFields: requestFields, status: merged.status,
+            responseFields: merged.fields, modification: modification)
         return decision == .store ? merged : nil
     }
 }
@@ -88,7 +95,8 @@ public struct CacheRequestDirectives: Sendable, Equatable {
         let values = CacheFields.values("cache-control", in: requestFields)
         var cc = CacheControl(values)
         if values.isEmpty, let pragma = CacheFields.combined("pragma", in: requestFields),
-           CacheFields.listElements([pragma]).contains(where: { $0.lowercased() == "no-cache" }) {
+            CacheFields.listElements([pragma]).contains(where: { $0.lowercased() == "no-cache" })
+        {
             cc.noCache = true
         }
         cacheControl = cc

@@ -35,8 +35,10 @@ public struct CacheStoreSettings: Sendable, Equatable {
     public var maxObjectSize: Int64
     public var disk: Disk?
 
-    public init(memory: Int64 = CacheStoreSettings.defaultMemory, maxObjectSize: Int64 = CacheStoreSettings.defaultMaxObjectSize,
-                disk: Disk? = nil) {
+    public init(
+        memory: Int64 = CacheStoreSettings.defaultMemory, maxObjectSize: Int64 = CacheStoreSettings.defaultMaxObjectSize,
+        disk: Disk? = nil
+    ) {
         self.memory = memory
         self.maxObjectSize = maxObjectSize
         self.disk = disk
@@ -88,7 +90,10 @@ public final class CacheStore: Sendable {
     /// under `generation` (nil: not https, nothing to record; the record is dropped).
     public func recordDiskTrust(_ url: String, generation: UInt64?) {
         diskTrust.withLock { table in
-            guard let generation else { table[url] = nil; return }
+            guard let generation else {
+                table[url] = nil
+                return
+            }
             if table.count >= Self.maxDiskTrustRecords { table.removeAll(keepingCapacity: true) }
             table[url] = generation
         }

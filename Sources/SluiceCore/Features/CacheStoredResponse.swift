@@ -53,8 +53,10 @@ public struct CacheStoredResponse: Sendable, Equatable {
     /// The body's length in bytes, once known.
     public var bodyLength: Int64
 
-    public init(status: Int, fields: [Field], requestTime: Int64, responseTime: Int64,
-                vary: [VaryField]? = [], bodyLength: Int64 = 0) {
+    public init(
+        status: Int, fields: [Field], requestTime: Int64, responseTime: Int64,
+        vary: [VaryField]? = [], bodyLength: Int64 = 0
+    ) {
         self.status = status
         self.fields = fields
         parsed = Parsed(fields)
@@ -67,11 +69,15 @@ public struct CacheStoredResponse: Sendable, Equatable {
     /// Builds the entry for `fields` received for a request with `requestFields`: its
     /// secondary key is taken from the request now: the fields its `Vary` names, plus the
     /// policy's `key_request_headers` (`extraKeyFields`, lower-cased).
-    public init(status: Int, fields: [Field], requestFields: [Field], requestTime: Int64, responseTime: Int64,
-                extraKeyFields: [String] = []) {
+    public init(
+        status: Int, fields: [Field], requestFields: [Field], requestTime: Int64, responseTime: Int64,
+        extraKeyFields: [String] = []
+    ) {
         var names = CacheFields.listElements(CacheFields.values("vary", in: fields)).map { $0.lowercased() }
         for extra in extraKeyFields where !names.contains(extra) { names.append(extra) }
-        let vary: [VaryField]? = names.contains("*") ? nil
+        let vary: [VaryField]? =
+            names.contains("*")
+            ? nil
             : names.map { VaryField(name: $0, value: CacheFields.combined($0, in: requestFields)) }
         self.init(status: status, fields: fields, requestTime: requestTime, responseTime: responseTime, vary: vary)
     }
@@ -86,7 +92,8 @@ public struct CacheStoredResponse: Sendable, Equatable {
     /// name case ignored; `Vary: *` never matches.
     public func varyMatches(_ requestFields: [Field]) -> Bool {
         guard let vary else { return false }
-        for field in vary where Self.normalized(CacheFields.combined(field.name, in: requestFields)) != Self.normalized(field.value) {
+        for field in vary
+        where Self.normalized(CacheFields.combined(field.name, in: requestFields)) != Self.normalized(field.value) {
             return false
         }
         return true
@@ -104,7 +111,8 @@ public struct CacheStoredResponse: Sendable, Equatable {
         let kept = Set(["content-length", "transfer-encoding", "content-encoding", "content-range"])
         let replacing = Set(notModified.map { $0.name.lowercased() }).subtracting(kept)
         var out = self
-        out.fields = fields.filter { !replacing.contains($0.name.lowercased()) }
+        out.fields =
+            fields.filter { !replacing.contains($0.name.lowercased()) }
             + notModified.filter { replacing.contains($0.name.lowercased()) }
         out.requestTime = requestTime
         out.responseTime = responseTime
@@ -122,13 +130,19 @@ public struct CacheStoredResponse: Sendable, Equatable {
     public func encode() -> [UInt8] {
         var out: [UInt8] = [Self.encodingVersion]
         func int(_ v: UInt64, _ bytes: Int) { for i in 0..<bytes { out.append(UInt8(truncatingIfNeeded: v >> (8 * UInt64(i)))) } }
-        func string(_ s: String) { int(UInt64(s.utf8.count), 4); out.append(contentsOf: s.utf8) }
+        func string(_ s: String) {
+            int(UInt64(s.utf8.count), 4)
+            out.append(contentsOf: s.utf8)
+        }
         int(UInt64(status), 2)
         int(UInt64(bitPattern: requestTime), 8)
         int(UInt64(bitPattern: responseTime), 8)
         int(UInt64(bitPattern: bodyLength), 8)
         int(UInt64(fields.count), 4)
-        for f in fields { string(f.name); string(f.value) }
+        for f in fields {
+            string(f.name)
+            string(f.value)
+        }
         out.append(vary == nil ? 0 : 1)
         int(UInt64(vary?.count ?? 0), 4)
         for v in vary ?? [] {
@@ -155,8 +169,9 @@ public struct CacheStoredResponse: Sendable, Equatable {
             return String(decoding: bytes[i..<(i + Int(n))], as: UTF8.self)
         }
         guard let version = int(1), version == UInt64(Self.encodingVersion),
-              let status = int(2), let rq = int(8), let rs = int(8), let length = int(8),
-              let count = int(4), count <= UInt64(bytes.count) else { return nil }
+            let status = int(2), let rq = int(8), let rs = int(8), let length = int(8),
+            let count = int(4), count <= UInt64(bytes.count)
+        else { return nil }
         var fields: [Field] = []
         for _ in 0..<count {
             guard let name = string(), let value = string() else { return nil }
@@ -169,8 +184,9 @@ public struct CacheStoredResponse: Sendable, Equatable {
             vary.append(VaryField(name: name, value: present == 1 ? value : nil))
         }
         guard i == bytes.count else { return nil }
-        self.init(status: Int(status), fields: fields, requestTime: Int64(bitPattern: rq), responseTime: Int64(bitPattern: rs),
-                  vary: flag == 0 ? nil : vary, bodyLength: Int64(bitPattern: length))
+        self.init(
+            status: Int(status), fields: fields, requestTime: Int64(bitPattern: rq), responseTime: Int64(bitPattern: rs),
+            vary: flag == 0 ? nil : vary, bodyLength: Int64(bitPattern: length))
     }
 
     public static func == (a: CacheStoredResponse, b: CacheStoredResponse) -> Bool {

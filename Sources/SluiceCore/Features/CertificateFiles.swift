@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import COpenSSL
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Reading the files trust evaluators and client certificates name: certificates, keys and
 /// CRLs in PEM (one or more blocks) or DER, parsed with OpenSSL once, at config load.
@@ -13,8 +14,9 @@ public enum CertificateFiles {
     /// Every certificate in the file, as DER.
     public static func certificates(atPath path: String) throws(Problem) -> [[UInt8]] {
         let bytes = try read(path)
-        let certs = parse(bytes, pem: { PEM_read_bio_X509($0, nil, nil, nil) },
-                          der: { d2i_X509(nil, $0, $1) }, encode: { i2d_X509($0, $1) }, free: { X509_free($0) })
+        let certs = parse(
+            bytes, pem: { PEM_read_bio_X509($0, nil, nil, nil) },
+            der: { d2i_X509(nil, $0, $1) }, encode: { i2d_X509($0, $1) }, free: { X509_free($0) })
         guard !certs.isEmpty else { throw Problem(message: "\(path) holds no certificate (PEM or DER expected)") }
         return certs
     }
@@ -22,9 +24,10 @@ public enum CertificateFiles {
     /// Every CRL in the file, as DER.
     public static func crls(atPath path: String) throws(Problem) -> [[UInt8]] {
         let bytes = try read(path)
-        let crls = parse(bytes, pem: { PEM_read_bio_X509_CRL($0, nil, nil, nil) },
-                         der: { d2i_X509_CRL(nil, $0, $1) }, encode: { i2d_X509_CRL($0, $1) },
-                         free: { X509_CRL_free($0) })
+        let crls = parse(
+            bytes, pem: { PEM_read_bio_X509_CRL($0, nil, nil, nil) },
+            der: { d2i_X509_CRL(nil, $0, $1) }, encode: { i2d_X509_CRL($0, $1) },
+            free: { X509_CRL_free($0) })
         guard !crls.isEmpty else { throw Problem(message: "\(path) holds no certificate revocation list") }
         return crls
     }
@@ -34,10 +37,13 @@ public enum CertificateFiles {
     public static func publicKeyDigests(atPath path: String) throws(Problem) -> [[UInt8]] {
         if let certs = try? certificates(atPath: path) { return certs.compactMap(spkiDigest(ofCertificate:)) }
         let bytes = try read(path)
-        let keys = parse(bytes, pem: { PEM_read_bio_PUBKEY($0, nil, nil, nil) },
-                         der: { d2i_PUBKEY(nil, $0, $1) }, encode: { i2d_PUBKEY($0, $1) }, free: { EVP_PKEY_free($0) })
-            + parse(bytes, pem: { PEM_read_bio_PrivateKey($0, nil, { _, _, _, _ in 0 }, nil) },
-                    der: { d2i_AutoPrivateKey(nil, $0, $1) }, encode: { i2d_PUBKEY($0, $1) }, free: { EVP_PKEY_free($0) })
+        let keys =
+            parse(
+                bytes, pem: { PEM_read_bio_PUBKEY($0, nil, nil, nil) },
+                der: { d2i_PUBKEY(nil, $0, $1) }, encode: { i2d_PUBKEY($0, $1) }, free: { EVP_PKEY_free($0) })
+            + parse(
+                bytes, pem: { PEM_read_bio_PrivateKey($0, nil, { _, _, _, _ in 0 }, nil) },
+                der: { d2i_AutoPrivateKey(nil, $0, $1) }, encode: { i2d_PUBKEY($0, $1) }, free: { EVP_PKEY_free($0) })
         guard !keys.isEmpty else {
             throw Problem(message: "\(path) holds no certificate or key (PEM or DER expected; encrypted keys are not read here)")
         }
@@ -93,7 +99,9 @@ public enum CertificateFiles {
     // MARK: parsing
 
     private static func read(_ path: String) throws(Problem) -> [UInt8] {
-        guard let f = fopen(path, "rb") else { throw Problem(message: "cannot read \(path): \(String(cString: strerror(errno)))") }
+        guard let f = fopen(path, "rb") else {
+            throw Problem(message: "cannot read \(path): \(String(cString: strerror(errno)))")
+        }
         defer { fclose(f) }
         var out: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16 * 1024)
@@ -107,10 +115,12 @@ public enum CertificateFiles {
     }
 
     /// PEM blocks in order, or one DER object; each re-encoded as DER by `encode`.
-    private static func parse(_ bytes: [UInt8], pem: (OpaquePointer) -> OpaquePointer?,
-                              der: (UnsafeMutablePointer<UnsafePointer<UInt8>?>, Int) -> OpaquePointer?,
-                              encode: (OpaquePointer, UnsafeMutablePointer<UnsafeMutablePointer<UInt8>?>) -> Int32,
-                              free: (OpaquePointer) -> Void) -> [[UInt8]] {
+    private static func parse(
+        _ bytes: [UInt8], pem: (OpaquePointer) -> OpaquePointer?,
+        der: (UnsafeMutablePointer<UnsafePointer<UInt8>?>, Int) -> OpaquePointer?,
+        encode: (OpaquePointer, UnsafeMutablePointer<UnsafeMutablePointer<UInt8>?>) -> Int32,
+        free: (OpaquePointer) -> Void
+    ) -> [[UInt8]] {
         defer { ERR_clear_error() }
         var objects: [OpaquePointer] = []
         bytes.withUnsafeBufferPointer { buf in
@@ -151,5 +161,5 @@ public final class ParsedCRLs: @unchecked Sendable {
         }
     }
 
-    deinit { objects.forEach { X509_CRL_free($0) } }
+    deinit { for object in objects { X509_CRL_free(object) } }
 }

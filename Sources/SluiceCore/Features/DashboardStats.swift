@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// What the admin listener's live dashboard shows (`GET /`, fed by `GET /dashboard/events`):
 /// totals, the last minute's latencies, and a row per host. The `metrics` monitor records
@@ -62,8 +63,10 @@ public final class DashboardStats: Sendable {
 
         /// One finished exchange: an error is a 5xx answer or none at all (a failure before
         /// or during the response).
-        public func record(host: String, status: Int, failed: Bool, retries: Int, bytesOut: Int64,
-                           totalMicroseconds: Int64?) {
+        public func record(
+            host: String, status: Int, failed: Bool, retries: Int, bytesOut: Int64,
+            totalMicroseconds: Int64?
+        ) {
             let isError = failed || status >= 500 || status == 0
             state.withLock { s in
                 s.requests += 1
@@ -125,9 +128,12 @@ public final class DashboardStats: Sendable {
             let index = min(sorted.count - 1, Int((p * Double(sorted.count)).rounded(.up)) - 1)
             return Double(sorted[max(0, index)]) / 1000
         }
-        let hosts = s.hosts.sorted { $0.value.requests != $1.value.requests ? $0.value.requests > $1.value.requests : $0.key < $1.key }
-        return Snapshot(requests: s.requests, errors: s.errors, retries: s.retries,
-                        p50: percentile(0.5), p90: percentile(0.9), p99: percentile(0.99),
-                        hosts: hosts.map { ($0.key, $0.value) })
+        let hosts = s.hosts.sorted {
+            $0.value.requests != $1.value.requests ? $0.value.requests > $1.value.requests : $0.key < $1.key
+        }
+        return Snapshot(
+            requests: s.requests, errors: s.errors, retries: s.retries,
+            p50: percentile(0.5), p90: percentile(0.9), p99: percentile(0.99),
+            hosts: hosts.map { ($0.key, $0.value) })
     }
 }

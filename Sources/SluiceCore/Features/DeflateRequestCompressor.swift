@@ -26,8 +26,10 @@ public struct DeflateRequestCompressor: SynchronousRequestAdapter, BodyEncoderFa
     public let minBytes: Int64
     public let duplicateHeaderBehavior: DuplicateHeaderBehavior
 
-    public init(minBytes: Int64 = Self.defaultMinBytes,
-                duplicateHeaderBehavior: DuplicateHeaderBehavior = Self.defaultDuplicateHeaderBehavior) {
+    public init(
+        minBytes: Int64 = Self.defaultMinBytes,
+        duplicateHeaderBehavior: DuplicateHeaderBehavior = Self.defaultDuplicateHeaderBehavior
+    ) {
         self.minBytes = minBytes
         self.duplicateHeaderBehavior = duplicateHeaderBehavior
     }

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// HTTP-dates (RFC 9110 §5.6.7) as seconds since the Unix epoch: the preferred IMF-fixdate
@@ -16,25 +16,34 @@ public enum HTTPDate {
 
     public static func parse(_ text: String) -> Int64? {
         let parts = text.split(whereSeparator: { $0 == " " || $0 == "\t" }).map(String.init)
-        var day: Int?, month: Int?, year: Int?, clock: [Int] = []
+        var day: Int?
+        var month: Int?
+        var year: Int?
+        var clock: [Int] = []
         switch parts.count {
         case 6 where parts[5] == "GMT":  // IMF-fixdate
-            day = Int(parts[1]); month = months.firstIndex(of: parts[2].lowercased()); year = Int(parts[3])
+            day = Int(parts[1])
+            month = months.firstIndex(of: parts[2].lowercased())
+            year = Int(parts[3])
             clock = parts[4].split(separator: ":").compactMap { Int($0) }
         case 4 where parts[3] == "GMT":  // RFC 850
             let dmy = parts[1].split(separator: "-").map(String.init)
             guard dmy.count == 3, let y = Int(dmy[2]) else { return nil }
-            day = Int(dmy[0]); month = months.firstIndex(of: dmy[1].lowercased())
+            day = Int(dmy[0])
+            month = months.firstIndex(of: dmy[1].lowercased())
             year = y < 100 ? (y < 70 ? 2000 + y : 1900 + y) : y
             clock = parts[2].split(separator: ":").compactMap { Int($0) }
         case 5:  // asctime
-            month = months.firstIndex(of: parts[1].lowercased()); day = Int(parts[2]); year = Int(parts[4])
+            month = months.firstIndex(of: parts[1].lowercased())
+            day = Int(parts[2])
+            year = Int(parts[4])
             clock = parts[3].split(separator: ":").compactMap { Int($0) }
         default:
             return nil
         }
         guard let day, let month, let year, (1...31).contains(day), year >= 1970, year < 10000, clock.count == 3,
-              (0...23).contains(clock[0]), (0...59).contains(clock[1]), (0...60).contains(clock[2]) else { return nil }
+            (0...23).contains(clock[0]), (0...59).contains(clock[1]), (0...60).contains(clock[2])
+        else { return nil }
         var tm = Glibc.tm()
         tm.tm_year = Int32(year - 1900)
         tm.tm_mon = Int32(month)

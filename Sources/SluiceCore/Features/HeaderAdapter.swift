@@ -7,8 +7,10 @@ public struct HeaderAdapter: HeaderEditingAdapter {
     public let add: [(HTTPField.Name, String)]
     public let remove: [HTTPField.Name]
 
-    public init(set: [(HTTPField.Name, String)] = [], add: [(HTTPField.Name, String)] = [],
-                remove: [HTTPField.Name] = []) {
+    public init(
+        set: [(HTTPField.Name, String)] = [], add: [(HTTPField.Name, String)] = [],
+        remove: [HTTPField.Name] = []
+    ) {
         self.set = set
         self.add = add
         self.remove = remove

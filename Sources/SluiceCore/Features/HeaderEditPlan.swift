@@ -65,7 +65,10 @@ public struct HeaderEditPlan: Sendable {
             for i in 0..<name.count {
                 var b = name[i]
                 if b >= 0x41 && b <= 0x5A { b |= 0x20 }
-                if b != candidate[i] { same = false; break }
+                if b != candidate[i] {
+                    same = false
+                    break
+                }
             }
             if same { return true }
         }

@@ -33,8 +33,10 @@ public struct Health: Sendable, Equatable {
     /// nil: the first request after the cooldown is the trial.
     public var probe: Probe?
 
-    public init(consecutiveFailures: Int = Health.defaultConsecutiveFailures, cooldown: Int = Health.defaultCooldown,
-                probe: Probe? = nil) {
+    public init(
+        consecutiveFailures: Int = Health.defaultConsecutiveFailures, cooldown: Int = Health.defaultCooldown,
+        probe: Probe? = nil
+    ) {
         self.consecutiveFailures = consecutiveFailures
         self.cooldown = cooldown
         self.probe = probe
@@ -131,8 +133,11 @@ public final class UpstreamHealth: Sendable {
     /// for a breaker that is gone or has other settings (a try or a probe that started before
     /// the reload) is ignored. Answers the action, the state after it, and the change of
     /// state if there was one.
-    public func handle(_ event: CircuitBreaker.Event, for origin: Origin, settings: Health, now: Int)
-        -> (action: CircuitBreaker.Action, state: CircuitBreaker.State, change: Change?) {
+    public func handle(
+        _ event: CircuitBreaker.Event, for origin: Origin, settings: Health, now: Int
+    )
+        -> (action: CircuitBreaker.Action, state: CircuitBreaker.State, change: Change?)
+    {
         breakers.withLock { table in
             let existing = table[origin]
             var breaker: CircuitBreaker
@@ -146,7 +151,9 @@ public final class UpstreamHealth: Sendable {
             let before = breaker.state
             let action = breaker.handle(event, now: now)
             table[origin] = breaker
-            let change = before == breaker.state ? nil
+            let change =
+                before == breaker.state
+                ? nil
                 : Change(origin: origin, from: before, to: breaker.state, consecutiveFailures: breaker.consecutiveFailures)
             return (action, breaker.state, change)
         }
@@ -173,7 +180,9 @@ public final class UpstreamHealth: Sendable {
                     continue
                 }
                 table[origin] = breaker
-                let change = before == breaker.state ? nil
+                let change =
+                    before == breaker.state
+                    ? nil
                     : Change(origin: origin, from: before, to: breaker.state, consecutiveFailures: breaker.consecutiveFailures)
                 due.append((origin, breaker.settings, change))
             }

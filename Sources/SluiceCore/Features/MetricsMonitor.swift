@@ -26,7 +26,9 @@ public final class SluiceMetrics: Sendable {
 
     public static let requests = Metric(
         name: "sluice_requests_total", kind: .counter, labels: ["policy", "method", "status_class"],
-        help: "Finished exchanges (CONNECT tunnels included) by host policy, method class and status class of the answer (0xx: none sent)")
+        help:
+            "Finished exchanges (CONNECT tunnels included) by host policy, method class and status class of the answer (0xx: none sent)"
+    )
     public static let retries = Metric(
         name: "sluice_retries_total", kind: .counter, labels: ["reason"],
         help: "Retries scheduled, by reason (`status 503`, `refused`, `dns`, `timeout`, `reset`, `tls`, `validation`)")
@@ -53,7 +55,9 @@ public final class SluiceMetrics: Sendable {
         help: "Duration of the last upstream try, body included")
     public static let upstreamRequests = Metric(
         name: "sluice_upstream_requests_total", kind: .counter, labels: ["protocol", "connection"],
-        help: "Exchanges' last upstream try by HTTP version (HTTP/1.0, HTTP/1.1, HTTP/2) and connection (new: the try opened it; reused: pooled, or one more HTTP/2 stream)")
+        help:
+            "Exchanges' last upstream try by HTTP version (HTTP/1.0, HTTP/1.1, HTTP/2) and connection (new: the try opened it; reused: pooled, or one more HTTP/2 stream)"
+    )
     public static let bytesIn = Metric(
         name: "sluice_request_body_bytes_total", kind: .counter, labels: [],
         help: "Request body bytes read from clients (tunnels: bytes from the client)")
@@ -81,7 +85,9 @@ public final class SluiceMetrics: Sendable {
         help: "Client connections refused at accept with 503, by limit (max_connections, max_connections_per_client)")
     public static let requestsRefused = Metric(
         name: "sluice_requests_refused_total", kind: .counter, labels: ["reason"],
-        help: "Requests answered 503 without going upstream because the worker's upstream slots were taken, by reason (queue_full, queue_timeout)")
+        help:
+            "Requests answered 503 without going upstream because the worker's upstream slots were taken, by reason (queue_full, queue_timeout)"
+    )
     public static let requestsQueued = Metric(
         name: "sluice_requests_queued_total", kind: .counter, labels: [],
         help: "Requests that waited for an upstream slot (limits.max_in_flight_upstream)")
@@ -97,7 +103,9 @@ public final class SluiceMetrics: Sendable {
         help: "Requests answered 503 without going upstream because the origin's circuit was open")
     public static let cache = Metric(
         name: "sluice_cache_total", kind: .counter, labels: ["event"],
-        help: "Shared-cache steps (docs/caching.md), by event: lookup, hit, miss, stored, revalidated, evicted and invalidated (objects)")
+        help:
+            "Shared-cache steps (docs/caching.md), by event: lookup, hit, miss, stored, revalidated, evicted and invalidated (objects)"
+    )
 
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
@@ -247,8 +255,16 @@ public final class MetricsMonitor: EventMonitor {
 
     /// Methods as a label: the registered ones, and `other` (a label must stay bounded).
     enum MethodClass: String {
-        case get = "GET", head = "HEAD", post = "POST", put = "PUT", delete = "DELETE", patch = "PATCH"
-        case options = "OPTIONS", connect = "CONNECT", trace = "TRACE", other
+        case get = "GET"
+        case head = "HEAD"
+        case post = "POST"
+        case put = "PUT"
+        case delete = "DELETE"
+        case patch = "PATCH"
+        case options = "OPTIONS"
+        case connect = "CONNECT"
+        case trace = "TRACE"
+        case other
         init(_ method: String) { self = MethodClass(rawValue: method) ?? .other }
     }
 
@@ -288,8 +304,10 @@ public final class MetricsMonitor: EventMonitor {
     }
 
     public var events: ProxyEvent.Kinds {
-        [.finished, .tunnelClosed, .tunnelOpened, .retrying, .retryStopped, .trustFailed,
-         .credentialRefreshed, .credentialRefreshFailed, .cache]
+        [
+            .finished, .tunnelClosed, .tunnelOpened, .retrying, .retryStopped, .trustFailed,
+            .credentialRefreshed, .credentialRefreshFailed, .cache,
+        ]
     }
 
     public func handle(_ event: ProxyEvent) {
@@ -333,8 +351,10 @@ public final class MetricsMonitor: EventMonitor {
         }
     }
 
-    private func counter(_ cache: inout [String: CoreMetrics.Counter], _ value: String,
-                         _ metric: SluiceMetrics.Metric, _ label: String) -> CoreMetrics.Counter {
+    private func counter(
+        _ cache: inout [String: CoreMetrics.Counter], _ value: String,
+        _ metric: SluiceMetrics.Metric, _ label: String
+    ) -> CoreMetrics.Counter {
         if let c = cache[value] { return c }
         let c = metrics.counter(metric, [(label, value)])
         cache[value] = c
@@ -347,9 +367,11 @@ public final class MetricsMonitor: EventMonitor {
         if let c = requestCounters[key] {
             counter = c
         } else {
-            counter = metrics.counter(SluiceMetrics.requests, [
-                ("policy", key.policy), ("method", key.method.rawValue), ("status_class", "\(key.statusClass)xx"),
-            ])
+            counter = metrics.counter(
+                SluiceMetrics.requests,
+                [
+                    ("policy", key.policy), ("method", key.method.rawValue), ("status_class", "\(key.statusClass)xx"),
+                ])
             requestCounters[key] = counter
         }
         counter.increment()
@@ -367,18 +389,21 @@ public final class MetricsMonitor: EventMonitor {
             if let c = protocolCounters[key] {
                 c.increment()
             } else {
-                let c = metrics.counter(SluiceMetrics.upstreamRequests, [
-                    ("protocol", version.rawValue), ("connection", t.newConnection ? "new" : "reused"),
-                ])
+                let c = metrics.counter(
+                    SluiceMetrics.upstreamRequests,
+                    [
+                        ("protocol", version.rawValue), ("connection", t.newConnection ? "new" : "reused"),
+                    ])
                 protocolCounters[key] = c
                 c.increment()
             }
         }
         let shard = dashboardShard ?? dashboard.shardForCurrentThread()
         dashboardShard = shard
-        shard.record(host: s.host.isEmpty ? s.policy : s.host, status: s.status,
-                     failed: s.outcome == .error || s.outcome == .upstreamAborted,
-                     retries: s.retries.count, bytesOut: s.bytesOut, totalMicroseconds: s.timings?.total)
+        shard.record(
+            host: s.host.isEmpty ? s.policy : s.host, status: s.status,
+            failed: s.outcome == .error || s.outcome == .upstreamAborted,
+            retries: s.retries.count, bytesOut: s.bytesOut, totalMicroseconds: s.timings?.total)
     }
 }
 

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCrypt
 import COpenSSL
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// `access.proxy_auth: { basic: { users_file: PATH } }` (docs/configuration.md, "Proxy
 /// authentication"): the users a forward-proxy client may authenticate as, read from an
@@ -39,7 +40,10 @@ public struct ProxyAuthentication: Sendable {
     /// Reads the users file at `path`: every problem of the file, or a table.
     public static func load(path: String) -> Result<ProxyAuthentication, FileError> {
         guard let text = readFile(path) else {
-            return .failure(FileError(issues: [FileIssue(line: 0, column: 0, message: "cannot read \(path): \(String(cString: strerror(errno)))")]))
+            return .failure(
+                FileError(issues: [
+                    FileIssue(line: 0, column: 0, message: "cannot read \(path): \(String(cString: strerror(errno)))")
+                ]))
         }
         return parse(text, usersFile: path)
     }
@@ -63,8 +67,10 @@ public struct ProxyAuthentication: Sendable {
             let hash = String(entry[entry.index(after: colon)...])
             let hashColumn = user.count + 2
             if user.isEmpty || !user.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) {
-                issues.append(FileIssue(line: line, column: 1,
-                                        message: "user names must be visible ASCII without spaces or ':'"))
+                issues.append(
+                    FileIssue(
+                        line: line, column: 1,
+                        message: "user names must be visible ASCII without spaces or ':'"))
                 continue
             }
             if let problem = hashProblem(hash) {
@@ -80,7 +86,8 @@ public struct ProxyAuthentication: Sendable {
         if issues.isEmpty && users.isEmpty {
             issues.append(FileIssue(line: 1, column: 1, message: "the users file has no users"))
         }
-        return issues.isEmpty ? .success(ProxyAuthentication(usersFile: usersFile, users: users)) : .failure(FileError(issues: issues))
+        return issues.isEmpty
+            ? .success(ProxyAuthentication(usersFile: usersFile, users: users)) : .failure(FileError(issues: issues))
     }
 
     /// Why `hash` is not a bcrypt or SHA-256 crypt hash, or nil. Structure only: a hash is
@@ -92,7 +99,8 @@ public struct ProxyAuthentication: Sendable {
         if hash.hasPrefix("$2a$") || hash.hasPrefix("$2b$") || hash.hasPrefix("$2y$") {
             // $2b$NN$ + 22 salt + 31 hash characters.
             guard bytes.count == 60, bytes[6] == UInt8(ascii: "$"), let cost = Int(String(hash.dropFirst(4).prefix(2))),
-                  (4...31).contains(cost), hash.dropFirst(7).allSatisfy(b64.contains) else {
+                (4...31).contains(cost), hash.dropFirst(7).allSatisfy(b64.contains)
+            else {
                 return "malformed bcrypt hash (expected $2b$NN$ and 53 characters)"
             }
             return nil
@@ -104,7 +112,8 @@ public struct ProxyAuthentication: Sendable {
                 parts.removeFirst()
             }
             guard parts.count == 2, (1...16).contains(parts[0].count), parts[1].count == 43,
-                  parts.allSatisfy({ $0.allSatisfy(b64.contains) }) else {
+                parts.allSatisfy({ $0.allSatisfy(b64.contains) })
+            else {
                 return "malformed SHA-256 crypt hash (expected $5$salt$ and 43 characters)"
             }
             return nil
@@ -128,7 +137,10 @@ public struct ProxyAuthentication: Sendable {
             if n < 0 { return nil }
             if n == 0 { break }
             out += chunk[0..<n]
-            if out.count > 16 << 20 { errno = EFBIG; return nil }
+            if out.count > 16 << 20 {
+                errno = EFBIG
+                return nil
+            }
         }
         return String(decoding: out, as: UTF8.self)
     }
@@ -186,8 +198,10 @@ public final class ProxyAuthVerifier {
     /// Hashes computed so far (for tests and the budget's proof).
     public private(set) var hashesComputed = 0
 
-    public init(_ authentication: ProxyAuthentication, budgetMilliseconds: Int = ProxyAuthVerifier.budgetMilliseconds,
-                clock: @escaping () -> Int = MonotonicClock.milliseconds) {
+    public init(
+        _ authentication: ProxyAuthentication, budgetMilliseconds: Int = ProxyAuthVerifier.budgetMilliseconds,
+        clock: @escaping () -> Int = MonotonicClock.milliseconds
+    ) {
         self.authentication = authentication
         cryptData = .allocate(capacity: 1)
         memset(cryptData, 0, MemoryLayout<crypt_data>.size)
@@ -263,19 +277,26 @@ public final class ProxyAuthVerifier {
         while let last = bytes.last, last == 0x20 || last == 0x09 { bytes = bytes.dropLast() }
         let scheme = Array("basic ".utf8)
         guard bytes.count > scheme.count,
-              zip(bytes.prefix(scheme.count), scheme).allSatisfy({ ($0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0) == $1 }) else { return nil }
+            zip(bytes.prefix(scheme.count), scheme).allSatisfy({ ($0 >= 65 && $0 <= 90 ? $0 | 0x20 : $0) == $1 })
+        else { return nil }
         var token = bytes.dropFirst(scheme.count)
         while let first = token.first, first == 0x20 { token = token.dropFirst() }
-        guard let decoded = Base64.decode(String(decoding: token, as: UTF8.self)), let colon = decoded.firstIndex(of: UInt8(ascii: ":")) else { return nil }
+        guard let decoded = Base64.decode(String(decoding: token, as: UTF8.self)),
+            let colon = decoded.firstIndex(of: UInt8(ascii: ":"))
+        else { return nil }
         return (Array(decoded[..<colon]), Array(decoded[(colon + 1)...]))
     }
 
     static func digest(_ value: UnsafeRawBufferPointer) -> Digest {
         var out = [UInt8](repeating: 0, count: 32)
-        _ = out.withUnsafeMutableBufferPointer { SHA256(value.baseAddress?.assumingMemoryBound(to: UInt8.self), value.count, $0.baseAddress) }
+        _ = out.withUnsafeMutableBufferPointer {
+            SHA256(value.baseAddress?.assumingMemoryBound(to: UInt8.self), value.count, $0.baseAddress)
+        }
         return out.withUnsafeBytes {
-            Digest(a: $0.loadUnaligned(fromByteOffset: 0, as: UInt64.self), b: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self),
-                   c: $0.loadUnaligned(fromByteOffset: 16, as: UInt64.self), d: $0.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
+            Digest(
+                a: $0.loadUnaligned(fromByteOffset: 0, as: UInt64.self), b: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self),
+                c: $0.loadUnaligned(fromByteOffset: 16, as: UInt64.self), d: $0.loadUnaligned(fromByteOffset: 24, as: UInt64.self)
+            )
         }
     }
 }

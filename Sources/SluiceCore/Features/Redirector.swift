@@ -80,7 +80,8 @@ public struct Redirector: RedirectHandler, Equatable {
         // Any reference with a scheme (RFC 3986 §3.1) is absolute: ftp:, mailto:, … are kept
         // as they are, and `redirect` then refuses to follow them.
         if let colon = location.firstIndex(of: ":"), let first = location.first, first.isLetter,
-           location[..<colon].allSatisfy({ $0.isLetter || $0.isNumber || $0 == "+" || $0 == "-" || $0 == "." }) {
+            location[..<colon].allSatisfy({ $0.isLetter || $0.isNumber || $0 == "+" || $0 == "-" || $0 == "." })
+        {
             return location
         }
         let parts = URLParts(base)

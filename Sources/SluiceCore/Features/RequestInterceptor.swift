@@ -21,8 +21,9 @@ public protocol RequestAdapter: Sendable {
     func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void)
     /// The form the engine calls (Alamofire's `adapt(_:for:completion:)`): with the worker's
     /// session, for adapters that must fetch something. By default it calls the plain form.
-    func adapt(_ request: ProxyRequest, for session: any SessionContext,
-               completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void)
+    func adapt(
+        _ request: ProxyRequest, for session: any SessionContext,
+        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void)
     /// The hot-path form for adapters that never wait: edits `request` in place, so a chain
     /// of them copies the request once, not once per adapter. Returns false when the adapter
     /// must be called through the completion form instead (the default).
@@ -49,8 +50,10 @@ extension SynchronousRequestAdapter {
 }
 
 extension RequestAdapter {
-    public func adapt(_ request: ProxyRequest, for session: any SessionContext,
-                      completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+    public func adapt(
+        _ request: ProxyRequest, for session: any SessionContext,
+        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void
+    ) {
         adapt(request, completion: completion)
     }
 }
@@ -115,18 +118,22 @@ public enum TransportErrorKind: String, Sendable, CaseIterable {
 /// given synchronously (an answer that comes later counts as `.doNotRetry`).
 public protocol RequestRetrier: Sendable {
     var name: String { get }
-    func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-               completion: @escaping (RetryResult) -> Void)
+    func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        completion: @escaping (RetryResult) -> Void)
     /// The form the engine calls: with the exchange's random source, for retriers that draw
     /// random numbers (backoff jitter), so that a test can make them deterministic. By default
     /// it calls the plain form.
-    func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-               using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void)
+    func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void)
 }
 
 extension RequestRetrier {
-    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-                      using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void) {
+    public func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void
+    ) {
         retry(request, dueTo: failure, attempt: attempt, completion: completion)
     }
 }
@@ -138,8 +145,10 @@ extension RequestInterceptor {
     public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
         completion(.success(request))
     }
-    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-                      completion: @escaping (RetryResult) -> Void) {
+    public func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        completion: @escaping (RetryResult) -> Void
+    ) {
         completion(.doNotRetry)
     }
 }
@@ -161,13 +170,17 @@ public struct Interceptor: RequestInterceptor {
         adapt(request, session: nil, from: adapters[...], completion: completion)
     }
 
-    public func adapt(_ request: ProxyRequest, for session: any SessionContext,
-                      completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+    public func adapt(
+        _ request: ProxyRequest, for session: any SessionContext,
+        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void
+    ) {
         adapt(request, session: session, from: adapters[...], completion: completion)
     }
 
-    private func adapt(_ request: ProxyRequest, session: (any SessionContext)?, from pending: ArraySlice<any RequestAdapter>,
-                       completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+    private func adapt(
+        _ request: ProxyRequest, session: (any SessionContext)?, from pending: ArraySlice<any RequestAdapter>,
+        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void
+    ) {
         // Synchronous adapters edit one copy in place; the first that must wait continues
         // through the completion form.
         var current = request
@@ -188,18 +201,26 @@ public struct Interceptor: RequestInterceptor {
             case .failure: completion(result)
             }
         }
-        if let session { next.adapt(request, for: session, completion: proceed) } else { next.adapt(request, completion: proceed) }
+        if let session {
+            next.adapt(request, for: session, completion: proceed)
+        } else {
+            next.adapt(request, completion: proceed)
+        }
     }
 
-    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-                      completion: @escaping (RetryResult) -> Void) {
+    public func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        completion: @escaping (RetryResult) -> Void
+    ) {
         retry(request, dueTo: failure, attempt: attempt, from: retriers[...], completion: completion)
     }
 
     /// The same order rule, handing `random` to each retrier asked while they answer
     /// synchronously; past a retrier that answers later, the chain goes on in the plain form.
-    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-                      using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void) {
+    public func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void
+    ) {
         var pending = retriers[...]
         while let next = pending.first {
             pending = pending.dropFirst()
@@ -207,7 +228,10 @@ public struct Interceptor: RequestInterceptor {
             var waiting = false
             let rest = pending
             next.retry(request, dueTo: failure, attempt: attempt, using: &random) { result in
-                guard waiting else { return answer = result }
+                guard waiting else {
+                    answer = result
+                    return
+                }
                 if result == .doNotRetry {
                     self.retry(request, dueTo: failure, attempt: attempt, from: rest, completion: completion)
                 } else {
@@ -223,8 +247,10 @@ public struct Interceptor: RequestInterceptor {
         completion(.doNotRetry)
     }
 
-    private func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-                       from pending: ArraySlice<any RequestRetrier>, completion: @escaping (RetryResult) -> Void) {
+    private func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        from pending: ArraySlice<any RequestRetrier>, completion: @escaping (RetryResult) -> Void
+    ) {
         guard let next = pending.first else { return completion(.doNotRetry) }
         next.retry(request, dueTo: failure, attempt: attempt) { result in
             if result == .doNotRetry {

@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The `retry` policy (Alamofire's `RetryPolicy`): exponential backoff with a cap and
 /// optional jitter, idempotent methods, retryable statuses and transport failures, and
@@ -54,13 +55,15 @@ public struct RetryPolicy: RequestRetrier, Equatable {
     public var budget: RetryBudget.Limits?
     public var bufferLimit: Int
 
-    public init(limit: Int = Self.defaultRetryLimit, base: Int = Self.defaultExponentialBackoffBase,
-                scale: Int = Self.defaultExponentialBackoffScale, maxDelay: Int = Self.defaultMaxDelay,
-                jitter: Jitter = .none, methods: Set<String> = Self.defaultRetryableMethods,
-                statuses: Set<Int> = Self.defaultRetryableStatusCodes,
-                errors: Set<TransportErrorKind> = Self.defaultRetryableErrors, retryAfter: Bool = true,
-                perTryTimeout: Int? = nil, deadline: Int? = nil, budget: RetryBudget.Limits? = Self.defaultBudget,
-                bufferLimit: Int = Self.defaultBufferLimit) {
+    public init(
+        limit: Int = Self.defaultRetryLimit, base: Int = Self.defaultExponentialBackoffBase,
+        scale: Int = Self.defaultExponentialBackoffScale, maxDelay: Int = Self.defaultMaxDelay,
+        jitter: Jitter = .none, methods: Set<String> = Self.defaultRetryableMethods,
+        statuses: Set<Int> = Self.defaultRetryableStatusCodes,
+        errors: Set<TransportErrorKind> = Self.defaultRetryableErrors, retryAfter: Bool = true,
+        perTryTimeout: Int? = nil, deadline: Int? = nil, budget: RetryBudget.Limits? = Self.defaultBudget,
+        bufferLimit: Int = Self.defaultBufferLimit
+    ) {
         self.limit = limit
         self.base = base
         self.scale = scale
@@ -99,14 +102,18 @@ public struct RetryPolicy: RequestRetrier, Equatable {
         return Int(min(delay, Double(maxDelay)))
     }
 
-    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-                      completion: @escaping (RetryResult) -> Void) {
+    public func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        completion: @escaping (RetryResult) -> Void
+    ) {
         var random = SystemRandomNumberGenerator()
         completion(decision(method: request.method, failure: failure, attempt: attempt, using: &random))
     }
 
-    public func retry(_ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
-                      using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void) {
+    public func retry(
+        _ request: ProxyRequest, dueTo failure: TryFailure, attempt: Int,
+        using random: inout any RandomNumberGenerator, completion: @escaping (RetryResult) -> Void
+    ) {
         completion(decision(method: request.method, failure: failure, attempt: attempt, using: &random))
     }
 
@@ -114,8 +121,10 @@ public struct RetryPolicy: RequestRetrier, Equatable {
     /// failed with `failure`: `.doNotRetry` for a failure it does not retry, a stop reason for
     /// one it does (`method`, `limit`), else the delay: `Retry-After` on 429 and 503 when
     /// honoured, else the backoff with jitter drawn from `random`; capped by `maxDelay`.
-    public func decision<Random: RandomNumberGenerator>(method: String, failure: TryFailure, attempt: Int,
-                                                        using random: inout Random) -> RetryResult {
+    public func decision<Random: RandomNumberGenerator>(
+        method: String, failure: TryFailure, attempt: Int,
+        using random: inout Random
+    ) -> RetryResult {
         guard isRetryable(failure) else { return .doNotRetry }
         guard methods.contains(method) else { return .doNotRetryWithError(.method) }
         guard attempt < limit else { return .doNotRetryWithError(.limit) }

@@ -196,8 +196,9 @@ public final class ServerTrust: Sendable {
 
     /// The error for a connection to `authority` that this trust refuses outright.
     public func refusal(authority: String) -> ProxyError {
-        .trustFailure(host: authority, evaluator: evaluatorName,
-                      reason: "no trust evaluator is configured for this host (tls.all_hosts_must_be_evaluated)")
+        .trustFailure(
+            host: authority, evaluator: evaluatorName,
+            reason: "no trust evaluator is configured for this host (tls.all_hosts_must_be_evaluated)")
     }
 }
 

@@ -45,8 +45,8 @@ public struct Upgrades: Sendable, Equatable {
     }
 }
 
-private extension Substring {
-    func trimmingWhitespace() -> String {
+extension Substring {
+    fileprivate func trimmingWhitespace() -> String {
         var s = self[...]
         while let c = s.first, c == " " || c == "\t" { s = s.dropFirst() }
         while let c = s.last, c == " " || c == "\t" { s = s.dropLast() }

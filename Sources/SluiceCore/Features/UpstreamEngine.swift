@@ -53,13 +53,17 @@ extension UpstreamEngine {
     ///   - credentials: the policy has `credentials:` (Basic/Digest challenges are libcurl's).
     ///   - parentProxy: the try goes through an `upstream_proxy`.
     ///   - upgrade: the request is an upgrade handshake carried to the origin.
-    public static func choose(https: Bool, http2: HTTP2Mode, forced: UpstreamEngine?, credentials: Bool,
-                              parentProxy: Bool, upgrade: Bool) -> Choice {
+    public static func choose(
+        https: Bool, http2: HTTP2Mode, forced: UpstreamEngine?, credentials: Bool,
+        parentProxy: Bool, upgrade: Bool
+    ) -> Choice {
         if upgrade { return Choice(engine: .curl, reason: "upgrade handshake") }
         if forced == .curl { return Choice(engine: .curl, reason: "upstream.engine: curl") }
         if https {
-            return Choice(engine: .curl, reason: forced == .native
-                          ? "https origin (upstream.engine: native is for http origins)" : "https origin")
+            return Choice(
+                engine: .curl,
+                reason: forced == .native
+                    ? "https origin (upstream.engine: native is for http origins)" : "https origin")
         }
         if http2 == .priorKnowledge { return Choice(engine: .curl, reason: "upstream.http2: prior_knowledge") }
         if credentials { return Choice(engine: .curl, reason: "credentials (auth challenges)") }

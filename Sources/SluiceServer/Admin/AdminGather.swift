@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Answers collected from every worker for one admin request: each worker `deliver`s once on

@@ -1,11 +1,12 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import CShims
 import Foundation
 import SluiceConfig
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The admin listener (`admin:`): health and readiness, the exchanges in flight and their
 /// cancellation (Alamofire's `withAllRequests` / `cancelAllRequests`), the effective
@@ -62,18 +63,22 @@ final class AdminServer: @unchecked Sendable {
         evhttp_set_max_body_size(http, Int(Self.maxBodySize))
         evhttp_set_timeout(http, 10)
         let me = Unmanaged.passUnretained(self).toOpaque()
-        evhttp_set_gencb(http, { request, arg in
-            guard let request else { return }
-            Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue().serve(request)
-        }, me)
-        stopEvent = event_new(base, -1, 0, { _, _, arg in
-            let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
-            admin.dashboard.stop()
-            // A grace period for answers still being written: the request that made the
-            // server stop (a cancel that ended the last exchange of a drain) gets its reply.
-            var grace = timeval(tv_sec: 0, tv_usec: AdminServer.stopGraceMicroseconds)
-            event_base_loopexit(admin.base, &grace)
-        }, me)
+        evhttp_set_gencb(
+            http,
+            { request, arg in
+                guard let request else { return }
+                Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue().serve(request)
+            }, me)
+        stopEvent = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
+                admin.dashboard.stop()
+                // A grace period for answers still being written: the request that made the
+                // server stop (a cancel that ended the last exchange of a drain) gets its reply.
+                var grace = timeval(tv_sec: 0, tv_usec: AdminServer.stopGraceMicroseconds)
+                event_base_loopexit(admin.base, &grace)
+            }, me)
         dashboard = Dashboard(base: base) { [unowned self] in dashboardPayload() }
         event_add(stopEvent, nil)
     }
@@ -97,12 +102,14 @@ final class AdminServer: @unchecked Sendable {
     /// Starts the admin thread. The server keeps this object alive until `join()`.
     func start() {
         var thread = pthread_t()
-        pthread_create(&thread, nil, { arg in
-            let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
-            sluice_set_thread_name("sluice-admin")
-            event_base_dispatch(admin.base)
-            return nil
-        }, Unmanaged.passUnretained(self).toOpaque())
+        pthread_create(
+            &thread, nil,
+            { arg in
+                let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
+                sluice_set_thread_name("sluice-admin")
+                event_base_dispatch(admin.base)
+                return nil
+            }, Unmanaged.passUnretained(self).toOpaque())
         self.thread = thread
     }
 
@@ -135,7 +142,8 @@ final class AdminServer: @unchecked Sendable {
             // who reaches the listener.
             response = AdminResponse(status: 200, contentType: "text/html; charset=utf-8", body: Array(Dashboard.page.utf8))
         } else if !authorized(request) {
-            response = .error(401, "missing or wrong bearer token", headers: [("WWW-Authenticate", "Bearer realm=\"sluice admin\"")])
+            response = .error(
+                401, "missing or wrong bearer token", headers: [("WWW-Authenticate", "Bearer realm=\"sluice admin\"")])
         } else if path == "/dashboard/events" && isGet {
             dashboard.startStream(request)
             return
@@ -148,7 +156,8 @@ final class AdminServer: @unchecked Sendable {
     private func authorized(_ request: OpaquePointer) -> Bool {
         guard let token else { return true }
         guard let headers = evhttp_request_get_input_headers(request),
-              let value = evhttp_find_header(headers, "Authorization") else { return false }
+            let value = evhttp_find_header(headers, "Authorization")
+        else { return false }
         return Self.constantTimeEqual(Array(String(cString: value).utf8), Array(("Bearer " + token.value).utf8))
     }
 
@@ -201,9 +210,11 @@ final class AdminServer: @unchecked Sendable {
         let answers = askWorkers { Worker.AdminTask.ping($0) }
         let usable = answers.results.filter { $0 }.count
         let ready = answers.complete && usable == workers.count
-        return .encoded(ready ? 200 : 503, Readiness(
-            ready: ready, listeners: true, configurationGeneration: server.configurationGeneration,
-            workers: workers.count, workersReady: usable))
+        return .encoded(
+            ready ? 200 : 503,
+            Readiness(
+                ready: ready, listeners: true, configurationGeneration: server.configurationGeneration,
+                workers: workers.count, workersReady: usable))
     }
 
     private func listRequests() -> AdminResponse {
@@ -227,8 +238,9 @@ final class AdminServer: @unchecked Sendable {
 
     private func reload() -> AdminResponse {
         let result = server.reloadFile()
-        return .encoded(result.applied ? 200 : 422,
-                        ReloadAnswer(applied: result.applied, errors: result.errors, configurationGeneration: result.generation))
+        return .encoded(
+            result.applied ? 200 : 422,
+            ReloadAnswer(applied: result.applied, errors: result.errors, configurationGeneration: result.generation))
     }
 
     /// The Prometheus text exposition (docs/metrics.md): the gauges are read from the workers
@@ -249,21 +261,26 @@ final class AdminServer: @unchecked Sendable {
         SluiceMetrics.shared.recordState(
             generation: server.configurationGeneration,
             workers: workerCounts().map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
-        return AdminResponse(status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8",
-                             body: SluiceMetrics.shared.exposition())
+        return AdminResponse(
+            status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8",
+            body: SluiceMetrics.shared.exposition())
     }
 
     private func dashboardPayload() -> DashboardPayload {
         let live = workerCounts()
         let recording = server.currentConfiguration.pipeline.monitors.contains { $0 is MetricsMonitorFactory }
-        return DashboardPayload(stats: DashboardStats.shared.snapshot(), generation: server.configurationGeneration,
-                                inFlight: live.reduce(0) { $0 + $1.exchangesInFlight },
-                                connections: live.reduce(0) { $0 + $1.clientConnections }, recording: recording)
+        return DashboardPayload(
+            stats: DashboardStats.shared.snapshot(), generation: server.configurationGeneration,
+            inFlight: live.reduce(0) { $0 + $1.exchangesInFlight },
+            connections: live.reduce(0) { $0 + $1.clientConnections }, recording: recording)
     }
 
     private func configuration() -> AdminResponse {
-        .encoded(200, ConfigurationView(server.currentConfiguration, generation: server.configurationGeneration,
-                                        source: server.configPath))
+        .encoded(
+            200,
+            ConfigurationView(
+                server.currentConfiguration, generation: server.configurationGeneration,
+                source: server.configPath))
     }
 
     private func send(_ response: AdminResponse, to request: OpaquePointer) {
@@ -379,7 +396,8 @@ private struct Readiness: Encodable {
     let workersReady: Int
     enum CodingKeys: String, CodingKey {
         case ready, listeners, workers
-        case configurationGeneration = "configuration_generation", workersReady = "workers_ready"
+        case configurationGeneration = "configuration_generation"
+        case workersReady = "workers_ready"
     }
 }
 
@@ -404,8 +422,11 @@ private struct UpstreamList: Encodable {
         let failedFast: Int
         enum CodingKeys: String, CodingKey {
             case origin, state, probe, opens
-            case consecutiveFailures = "consecutive_failures", failureThreshold = "failure_threshold"
-            case cooldownMs = "cooldown_ms", openedMsAgo = "opened_ms_ago", failedFast = "failed_fast"
+            case consecutiveFailures = "consecutive_failures"
+            case failureThreshold = "failure_threshold"
+            case cooldownMs = "cooldown_ms"
+            case openedMsAgo = "opened_ms_ago"
+            case failedFast = "failed_fast"
         }
         init(_ status: UpstreamHealth.Status, now: Int) {
             let b = status.breaker

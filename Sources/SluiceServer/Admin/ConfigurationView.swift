@@ -20,7 +20,8 @@ struct ConfigurationView: Encodable {
         /// `cache_store` in bytes; null: no cache.
         let cacheStore: CacheStoreView?
         enum CodingKeys: String, CodingKey {
-            case listen, workers, limits, timeouts, access, tls, routes, admin, upstream, cacheStore = "cache_store"
+            case listen, workers, limits, timeouts, access, tls, routes, admin, upstream
+            case cacheStore = "cache_store"
         }
     }
 
@@ -34,7 +35,8 @@ struct ConfigurationView: Encodable {
             let size: Int64
         }
         enum CodingKeys: String, CodingKey {
-            case memory, disk, maxObjectSize = "max_object_size"
+            case memory, disk
+            case maxObjectSize = "max_object_size"
         }
     }
 
@@ -43,7 +45,9 @@ struct ConfigurationView: Encodable {
         let connectPorts: [Int]
         let deny: [String]
         enum CodingKeys: String, CodingKey {
-            case allowClients = "allow_clients", connectPorts = "connect_ports", deny
+            case allowClients = "allow_clients"
+            case connectPorts = "connect_ports"
+            case deny
         }
     }
 
@@ -53,7 +57,8 @@ struct ConfigurationView: Encodable {
         let forwarded: String
         let trustedClients: [String]
         enum CodingKeys: String, CodingKey {
-            case listen, upstream, forwarded, trustedClients = "trusted_clients"
+            case listen, upstream, forwarded
+            case trustedClients = "trusted_clients"
         }
     }
 
@@ -62,7 +67,9 @@ struct ConfigurationView: Encodable {
         let caDir: String?
         let allHostsMustBeEvaluated: Bool
         enum CodingKeys: String, CodingKey {
-            case caFile = "ca_file", caDir = "ca_dir", allHostsMustBeEvaluated = "all_hosts_must_be_evaluated"
+            case caFile = "ca_file"
+            case caDir = "ca_dir"
+            case allHostsMustBeEvaluated = "all_hosts_must_be_evaluated"
         }
     }
 
@@ -78,7 +85,8 @@ struct ConfigurationView: Encodable {
     let monitors: [String]
 
     enum CodingKeys: String, CodingKey {
-        case configurationGeneration = "configuration_generation", source, server, policies, monitors
+        case configurationGeneration = "configuration_generation"
+        case source, server, policies, monitors
     }
 
     init(_ configuration: SluiceConfiguration, generation: Int, source: String?) {
@@ -88,38 +96,51 @@ struct ConfigurationView: Encodable {
         server = Server(
             listen: s.listen,
             workers: s.workers.map(String.init) ?? "auto",
-            limits: ["request_line": Int64(s.limits.requestLine), "header_section": Int64(s.limits.headerSection),
-                     "header_count": Int64(s.limits.headerCount), "request_body": s.limits.requestBody,
-                     // max_connections: the number in force (auto resolved); null: unlimited
-                     "max_connections": Int64(ConnectionLimits.effectiveMaximum(s.limits)),
-                     "max_connections_per_client": s.limits.maxConnectionsPerClient.map(Int64.init),
-                     "max_in_flight_upstream": s.limits.maxInFlightUpstream.map(Int64.init),
-                     "upstream_queue": Int64(s.limits.upstreamQueue)],
-            timeouts: ["client_header": s.timeouts.clientHeader, "client_idle": s.timeouts.clientIdle,
-                       "upstream_connect": s.timeouts.upstreamConnect, "upstream_per_try": s.timeouts.upstreamPerTry,
-                       "total": s.timeouts.total, "drain": s.timeouts.drain, "upstream_queue": s.timeouts.upstreamQueue],
-            access: Access(allowClients: s.access.allowClients.map(\.description), connectPorts: s.access.connectPorts,
-                           deny: s.access.deny.map(\.description)),
+            limits: [
+                "request_line": Int64(s.limits.requestLine), "header_section": Int64(s.limits.headerSection),
+                "header_count": Int64(s.limits.headerCount), "request_body": s.limits.requestBody,
+                // max_connections: the number in force (auto resolved); null: unlimited
+                "max_connections": Int64(ConnectionLimits.effectiveMaximum(s.limits)),
+                "max_connections_per_client": s.limits.maxConnectionsPerClient.map(Int64.init),
+                "max_in_flight_upstream": s.limits.maxInFlightUpstream.map(Int64.init),
+                "upstream_queue": Int64(s.limits.upstreamQueue),
+            ],
+            timeouts: [
+                "client_header": s.timeouts.clientHeader, "client_idle": s.timeouts.clientIdle,
+                "upstream_connect": s.timeouts.upstreamConnect, "upstream_per_try": s.timeouts.upstreamPerTry,
+                "total": s.timeouts.total, "drain": s.timeouts.drain, "upstream_queue": s.timeouts.upstreamQueue,
+            ],
+            access: Access(
+                allowClients: s.access.allowClients.map(\.description), connectPorts: s.access.connectPorts,
+                deny: s.access.deny.map(\.description)),
             tls: TLS(caFile: s.tls.caFile, caDir: s.tls.caDir, allHostsMustBeEvaluated: s.tls.allHostsMustBeEvaluated),
             routes: s.routes.map {
-                Route(listen: $0.listen, upstream: $0.upstream, forwarded: $0.forwarded.rawValue,
-                      trustedClients: $0.trustedClients.map(\.description))
+                Route(
+                    listen: $0.listen, upstream: $0.upstream, forwarded: $0.forwarded.rawValue,
+                    trustedClients: $0.trustedClients.map(\.description))
             },
             admin: s.admin.map { admin in
                 var view = ["listen": admin.listen]
                 if let token = admin.token { view["token"] = "\(token) (\(token.source))" }
                 return view
             },
-            upstream: ["max_connections_per_host": s.upstream.maxConnectionsPerHost,
-                       "max_streams": s.upstream.maxStreams],
-            cacheStore: s.cacheStore.map { CacheStoreView(memory: $0.memory, maxObjectSize: $0.maxObjectSize, disk: $0.disk.map { .init(path: $0.path, size: $0.size) }) })
+            upstream: [
+                "max_connections_per_host": s.upstream.maxConnectionsPerHost,
+                "max_streams": s.upstream.maxStreams,
+            ],
+            cacheStore: s.cacheStore.map {
+                CacheStoreView(
+                    memory: $0.memory, maxObjectSize: $0.maxObjectSize, disk: $0.disk.map { .init(path: $0.path, size: $0.size) })
+            })
         let pipeline = configuration.pipeline
         policies = pipeline.policies.names.map { name in
             let text = PolicyDescription.describe(pipeline, host: name)
             // The first line names the host asked about; the rest describe the policy.
-            return Policy(name: name, description: text.split(separator: "\n").dropFirst().map {
-                String($0.drop { $0 == " " })
-            })
+            return Policy(
+                name: name,
+                description: text.split(separator: "\n").dropFirst().map {
+                    String($0.drop { $0 == " " })
+                })
         }
         monitors = pipeline.monitors.map(\.summary)
     }

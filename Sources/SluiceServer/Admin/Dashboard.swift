@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import Foundation
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The admin listener's live dashboard: `GET /` is one self-contained page (no external
 /// assets) that reads `GET /dashboard/events`, a Server-Sent Events stream with one
@@ -24,9 +25,11 @@ final class Dashboard {
     init(base: OpaquePointer, payload: @escaping () -> DashboardPayload) {
         self.base = base
         self.payload = payload
-        timer = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
-            Unmanaged<Dashboard>.fromOpaque(arg!).takeUnretainedValue().tick()
-        }, Unmanaged.passUnretained(self).toOpaque())
+        timer = event_new(
+            base, -1, Int16(EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<Dashboard>.fromOpaque(arg!).takeUnretainedValue().tick()
+            }, Unmanaged.passUnretained(self).toOpaque())
     }
 
     deinit { event_free(timer) }
@@ -40,10 +43,12 @@ final class Dashboard {
             evhttp_add_header(headers, "Cache-Control", "no-store")
         }
         evhttp_send_reply_start(request, 200, "OK")
-        evhttp_connection_set_closecb(connection, { connection, arg in
-            guard let connection else { return }
-            Unmanaged<Dashboard>.fromOpaque(arg!).takeUnretainedValue().closed(connection)
-        }, Unmanaged.passUnretained(self).toOpaque())
+        evhttp_connection_set_closecb(
+            connection,
+            { connection, arg in
+                guard let connection else { return }
+                Unmanaged<Dashboard>.fromOpaque(arg!).takeUnretainedValue().closed(connection)
+            }, Unmanaged.passUnretained(self).toOpaque())
         streams.append((request, connection))
         send(Self.event(payload()), to: [request])
         if streams.count == 1 {
@@ -95,7 +100,8 @@ struct DashboardPayload: Encodable {
         let meanMilliseconds: Double?
         enum CodingKeys: String, CodingKey {
             case host, requests, errors, retries
-            case bytesOut = "bytes_out", meanMilliseconds = "mean_ms"
+            case bytesOut = "bytes_out"
+            case meanMilliseconds = "mean_ms"
         }
     }
 
@@ -115,8 +121,12 @@ struct DashboardPayload: Encodable {
 
     enum CodingKeys: String, CodingKey {
         case requests, errors, retries, connections, recording, hosts
-        case timeMilliseconds = "time_ms", configurationGeneration = "configuration_generation"
-        case inFlight = "in_flight", p50 = "p50_ms", p90 = "p90_ms", p99 = "p99_ms"
+        case timeMilliseconds = "time_ms"
+        case configurationGeneration = "configuration_generation"
+        case inFlight = "in_flight"
+        case p50 = "p50_ms"
+        case p90 = "p90_ms"
+        case p99 = "p99_ms"
     }
 
     /// The busiest 50 hosts are sent.
@@ -137,9 +147,10 @@ struct DashboardPayload: Encodable {
         p99 = stats.p99
         self.recording = recording
         hosts = stats.hosts.prefix(Self.maxRows).map { row in
-            Host(host: row.host, requests: row.row.requests, errors: row.row.errors, retries: row.row.retries,
-                 bytesOut: row.row.bytesOut,
-                 meanMilliseconds: row.row.requests > 0 && row.row.totalMicroseconds > 0
+            Host(
+                host: row.host, requests: row.row.requests, errors: row.row.errors, retries: row.row.retries,
+                bytesOut: row.row.bytesOut,
+                meanMilliseconds: row.row.requests > 0 && row.row.totalMicroseconds > 0
                     ? Double(row.row.totalMicroseconds) / Double(row.row.requests) / 1000 : nil)
         }
     }
@@ -148,134 +159,134 @@ struct DashboardPayload: Encodable {
 extension Dashboard {
     /// The page: HTML, CSS and script in one response, nothing fetched from elsewhere.
     static let page = #"""
-<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Sluice</title>
-<style>
-  :root { color-scheme: light dark; font-family: system-ui, sans-serif; }
-  body { margin: 1.5rem; }
-  h1 { font-size: 1.3rem; margin: 0 0 1rem; }
-  #status { font-size: .9rem; margin-left: .5rem; font-weight: normal; }
-  .cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(9rem, 1fr)); gap: .75rem; }
-  .card { border: 1px solid #8884; border-radius: .5rem; padding: .6rem .8rem; }
-  .card b { display: block; font-size: 1.5rem; font-variant-numeric: tabular-nums; }
-  .card span { font-size: .8rem; opacity: .75; }
-  table { border-collapse: collapse; margin-top: 1.25rem; width: 100%; font-variant-numeric: tabular-nums; }
-  th, td { text-align: right; padding: .3rem .6rem; border-bottom: 1px solid #8883; }
-  th:first-child, td:first-child { text-align: left; }
-  form { margin: 1rem 0; }
-</style>
-</head>
-<body>
-<h1>Sluice <span id="status">connecting…</span></h1>
-<form id="login" hidden><label>Admin token <input id="token" type="password" autocomplete="off"></label>
-  <button>Connect</button></form>
-<div class="cards">
-  <div class="card"><b id="rate">–</b><span>requests/s</span></div>
-  <div class="card"><b id="errors">–</b><span>errors (5xx, failed)</span></div>
-  <div class="card"><b id="retries">–</b><span>retries/s</span></div>
-  <div class="card"><b id="p50">–</b><span>p50 upstream ms</span></div>
-  <div class="card"><b id="p90">–</b><span>p90 upstream ms</span></div>
-  <div class="card"><b id="p99">–</b><span>p99 upstream ms</span></div>
-  <div class="card"><b id="inflight">–</b><span>in flight</span></div>
-  <div class="card"><b id="connections">–</b><span>client connections</span></div>
-  <div class="card"><b id="total">–</b><span>requests since start</span></div>
-  <div class="card"><b id="generation">–</b><span>configuration generation</span></div>
-</div>
-<p id="norecording" hidden>The <code>metrics</code> monitor is not configured: only in-flight requests and connections move.</p>
-<table>
-  <thead><tr><th>host</th><th>requests</th><th>req/s</th><th>errors</th><th>retries</th><th>mean ms</th><th>bytes out</th></tr></thead>
-  <tbody id="hosts"></tbody>
-</table>
-<p><span id="ticks">0</span> updates</p>
-<script>
-"use strict";
-const $ = (id) => document.getElementById(id);
-const fmt = (v, digits) => v === null || v === undefined ? "–" : Number(v).toFixed(digits);
-let previous = null;
-let previousHosts = new Map();
+        <!doctype html>
+        <html lang="en">
+        <head>
+        <meta charset="utf-8">
+        <meta name="viewport" content="width=device-width, initial-scale=1">
+        <title>Sluice</title>
+        <style>
+          :root { color-scheme: light dark; font-family: system-ui, sans-serif; }
+          body { margin: 1.5rem; }
+          h1 { font-size: 1.3rem; margin: 0 0 1rem; }
+          #status { font-size: .9rem; margin-left: .5rem; font-weight: normal; }
+          .cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(9rem, 1fr)); gap: .75rem; }
+          .card { border: 1px solid #8884; border-radius: .5rem; padding: .6rem .8rem; }
+          .card b { display: block; font-size: 1.5rem; font-variant-numeric: tabular-nums; }
+          .card span { font-size: .8rem; opacity: .75; }
+          table { border-collapse: collapse; margin-top: 1.25rem; width: 100%; font-variant-numeric: tabular-nums; }
+          th, td { text-align: right; padding: .3rem .6rem; border-bottom: 1px solid #8883; }
+          th:first-child, td:first-child { text-align: left; }
+          form { margin: 1rem 0; }
+        </style>
+        </head>
+        <body>
+        <h1>Sluice <span id="status">connecting…</span></h1>
+        <form id="login" hidden><label>Admin token <input id="token" type="password" autocomplete="off"></label>
+          <button>Connect</button></form>
+        <div class="cards">
+          <div class="card"><b id="rate">–</b><span>requests/s</span></div>
+          <div class="card"><b id="errors">–</b><span>errors (5xx, failed)</span></div>
+          <div class="card"><b id="retries">–</b><span>retries/s</span></div>
+          <div class="card"><b id="p50">–</b><span>p50 upstream ms</span></div>
+          <div class="card"><b id="p90">–</b><span>p90 upstream ms</span></div>
+          <div class="card"><b id="p99">–</b><span>p99 upstream ms</span></div>
+          <div class="card"><b id="inflight">–</b><span>in flight</span></div>
+          <div class="card"><b id="connections">–</b><span>client connections</span></div>
+          <div class="card"><b id="total">–</b><span>requests since start</span></div>
+          <div class="card"><b id="generation">–</b><span>configuration generation</span></div>
+        </div>
+        <p id="norecording" hidden>The <code>metrics</code> monitor is not configured: only in-flight requests and connections move.</p>
+        <table>
+          <thead><tr><th>host</th><th>requests</th><th>req/s</th><th>errors</th><th>retries</th><th>mean ms</th><th>bytes out</th></tr></thead>
+          <tbody id="hosts"></tbody>
+        </table>
+        <p><span id="ticks">0</span> updates</p>
+        <script>
+        "use strict";
+        const $ = (id) => document.getElementById(id);
+        const fmt = (v, digits) => v === null || v === undefined ? "–" : Number(v).toFixed(digits);
+        let previous = null;
+        let previousHosts = new Map();
 
-function show(d) {
-  const dt = previous ? (d.time_ms - previous.time_ms) / 1000 : 0;
-  if (dt > 0) {
-    const req = d.requests - previous.requests;
-    $("rate").textContent = fmt(req / dt, 1);
-    $("errors").textContent = req > 0 ? fmt(100 * (d.errors - previous.errors) / req, 1) + " %" : "0 %";
-    $("retries").textContent = fmt((d.retries - previous.retries) / dt, 1);
-  }
-  $("p50").textContent = fmt(d.p50_ms, 2);
-  $("p90").textContent = fmt(d.p90_ms, 2);
-  $("p99").textContent = fmt(d.p99_ms, 2);
-  $("inflight").textContent = d.in_flight;
-  $("connections").textContent = d.connections;
-  $("total").textContent = d.requests;
-  $("generation").textContent = d.configuration_generation;
-  $("norecording").hidden = d.recording;
-  const body = $("hosts");
-  const seen = new Set();
-  for (const h of d.hosts) {
-    seen.add(h.host);
-    let row = body.querySelector(`tr[data-host="${CSS.escape(h.host)}"]`);
-    if (!row) {
-      row = document.createElement("tr");
-      row.dataset.host = h.host;
-      for (let i = 0; i < 7; i++) row.appendChild(document.createElement("td"));
-      row.cells[0].textContent = h.host;
-      body.appendChild(row);
-    }
-    const before = previousHosts.get(h.host);
-    row.cells[1].textContent = h.requests;
-    row.cells[2].textContent = before && dt > 0 ? fmt((h.requests - before) / dt, 1) : "–";
-    row.cells[3].textContent = h.errors;
-    row.cells[4].textContent = h.retries;
-    row.cells[5].textContent = fmt(h.mean_ms, 2);
-    row.cells[6].textContent = h.bytes_out;
-  }
-  for (const row of [...body.rows]) if (!seen.has(row.dataset.host)) row.remove();
-  previousHosts = new Map(d.hosts.map((h) => [h.host, h.requests]));
-  previous = d;
-  $("ticks").textContent = Number($("ticks").textContent) + 1;
-}
-
-async function stream(token) {
-  const headers = token ? { Authorization: "Bearer " + token } : {};
-  for (;;) {
-    try {
-      const response = await fetch("/dashboard/events", { headers, cache: "no-store" });
-      if (response.status === 401) { $("status").textContent = "token needed"; $("login").hidden = false; return; }
-      if (!response.ok) throw new Error("HTTP " + response.status);
-      $("status").textContent = "live";
-      const reader = response.body.getReader();
-      const decoder = new TextDecoder();
-      let text = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        text += decoder.decode(value, { stream: true });
-        let end;
-        while ((end = text.indexOf("\n\n")) >= 0) {
-          const event = text.slice(0, end);
-          text = text.slice(end + 2);
-          for (const line of event.split("\n")) if (line.startsWith("data: ")) show(JSON.parse(line.slice(6)));
+        function show(d) {
+          const dt = previous ? (d.time_ms - previous.time_ms) / 1000 : 0;
+          if (dt > 0) {
+            const req = d.requests - previous.requests;
+            $("rate").textContent = fmt(req / dt, 1);
+            $("errors").textContent = req > 0 ? fmt(100 * (d.errors - previous.errors) / req, 1) + " %" : "0 %";
+            $("retries").textContent = fmt((d.retries - previous.retries) / dt, 1);
+          }
+          $("p50").textContent = fmt(d.p50_ms, 2);
+          $("p90").textContent = fmt(d.p90_ms, 2);
+          $("p99").textContent = fmt(d.p99_ms, 2);
+          $("inflight").textContent = d.in_flight;
+          $("connections").textContent = d.connections;
+          $("total").textContent = d.requests;
+          $("generation").textContent = d.configuration_generation;
+          $("norecording").hidden = d.recording;
+          const body = $("hosts");
+          const seen = new Set();
+          for (const h of d.hosts) {
+            seen.add(h.host);
+            let row = body.querySelector(`tr[data-host="${CSS.escape(h.host)}"]`);
+            if (!row) {
+              row = document.createElement("tr");
+              row.dataset.host = h.host;
+              for (let i = 0; i < 7; i++) row.appendChild(document.createElement("td"));
+              row.cells[0].textContent = h.host;
+              body.appendChild(row);
+            }
+            const before = previousHosts.get(h.host);
+            row.cells[1].textContent = h.requests;
+            row.cells[2].textContent = before && dt > 0 ? fmt((h.requests - before) / dt, 1) : "–";
+            row.cells[3].textContent = h.errors;
+            row.cells[4].textContent = h.retries;
+            row.cells[5].textContent = fmt(h.mean_ms, 2);
+            row.cells[6].textContent = h.bytes_out;
+          }
+          for (const row of [...body.rows]) if (!seen.has(row.dataset.host)) row.remove();
+          previousHosts = new Map(d.hosts.map((h) => [h.host, h.requests]));
+          previous = d;
+          $("ticks").textContent = Number($("ticks").textContent) + 1;
         }
-      }
-      $("status").textContent = "reconnecting…";
-    } catch (e) {
-      $("status").textContent = "disconnected (" + e.message + "), retrying…";
-    }
-    await new Promise((r) => setTimeout(r, 2000));
-  }
-}
 
-const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
-if (fromHash) history.replaceState(null, "", location.pathname);  // keep it out of the address bar
-$("login").addEventListener("submit", (e) => { e.preventDefault(); $("login").hidden = true; stream($("token").value); });
-stream(fromHash);
-</script>
-</body>
-</html>
-"""#
+        async function stream(token) {
+          const headers = token ? { Authorization: "Bearer " + token } : {};
+          for (;;) {
+            try {
+              const response = await fetch("/dashboard/events", { headers, cache: "no-store" });
+              if (response.status === 401) { $("status").textContent = "token needed"; $("login").hidden = false; return; }
+              if (!response.ok) throw new Error("HTTP " + response.status);
+              $("status").textContent = "live";
+              const reader = response.body.getReader();
+              const decoder = new TextDecoder();
+              let text = "";
+              for (;;) {
+                const { value, done } = await reader.read();
+                if (done) break;
+                text += decoder.decode(value, { stream: true });
+                let end;
+                while ((end = text.indexOf("\n\n")) >= 0) {
+                  const event = text.slice(0, end);
+                  text = text.slice(end + 2);
+                  for (const line of event.split("\n")) if (line.startsWith("data: ")) show(JSON.parse(line.slice(6)));
+                }
+              }
+              $("status").textContent = "reconnecting…";
+            } catch (e) {
+              $("status").textContent = "disconnected (" + e.message + "), retrying…";
+            }
+            await new Promise((r) => setTimeout(r, 2000));
+          }
+        }
+
+        const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
+        if (fromHash) history.replaceState(null, "", location.pathname);  // keep it out of the address bar
+        $("login").addEventListener("submit", (e) => { e.preventDefault(); $("login").hidden = true; stream($("token").value); });
+        stream(fromHash);
+        </script>
+        </body>
+        </html>
+        """#
 }

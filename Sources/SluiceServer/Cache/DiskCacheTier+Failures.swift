@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The disk tier's write failures, logged once per episode: the first failure (what failed and
@@ -19,8 +19,9 @@ extension DiskCacheTier {
             return true
         }
         if first {
-            log("disk cache \(directory): cannot \(operation): \(String(cString: strerror(code))) (\(Self.errnoName(code))); "
-                + "responses are served without the disk tier until a write succeeds (logged once)")
+            log(
+                "disk cache \(directory): cannot \(operation): \(String(cString: strerror(code))) (\(Self.errnoName(code))); "
+                    + "responses are served without the disk tier until a write succeeds (logged once)")
         }
     }
 
@@ -28,7 +29,8 @@ extension DiskCacheTier {
     func recoveredLocked(_ index: inout Index) -> String? {
         guard let failure = index.failure else { return nil }
         index.failure = nil
-        return "disk cache \(directory): writing again after \(failure.count) failed write(s) (first: \(Self.errnoName(failure.code)))"
+        return
+            "disk cache \(directory): writing again after \(failure.count) failed write(s) (first: \(Self.errnoName(failure.code)))"
     }
 
     static func errnoName(_ code: Int32) -> String {

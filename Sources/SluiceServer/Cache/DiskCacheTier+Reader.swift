@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import COpenSSL
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 extension DiskCacheTier {
     /// One open entry: its metadata and body length at once, the body block by block through
@@ -94,8 +95,9 @@ extension Digest32 {
     static func matches(_ data: UnsafeRawBufferPointer, expected: UnsafeRawBufferPointer) -> Bool {
         var md = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
         return withUnsafeMutableBytes(of: &md) { out -> Bool in
-            _ = SHA256(data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
-                       out.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            _ = SHA256(
+                data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
+                out.baseAddress!.assumingMemoryBound(to: UInt8.self))
             return memcmp(expected.baseAddress!, out.baseAddress!, size) == 0
         }
     }

@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import COpenSSL
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 extension DiskCacheTier {
     /// One body being stored: `append` its chunks in order, then `commit()` or `abort()`.
@@ -91,8 +92,10 @@ extension DiskCacheTier {
             guard renameat(tier.directoryFD, DiskEntryNames.bodyTemporary(name, generation), tier.directoryFD, body) == 0 else {
                 return fail(errno, "rename a body file")
             }
-            let record = DiskEntryRecord(key: key, metadata: metadata, bodyLength: length, blockSize: UInt32(tier.blockSize),
-                                         generation: generation, trailerDigest: Digest32(of: digests)).encoded()
+            let record = DiskEntryRecord(
+                key: key, metadata: metadata, bodyLength: length, blockSize: UInt32(tier.blockSize),
+                generation: generation, trailerDigest: Digest32(of: digests)
+            ).encoded()
             guard reserveOrFail(UInt64(record.count), body: body) else { return false }
             let temporary = DiskEntryNames.recordTemporary(name, generation)
             if let code = DiskFile.create(tier.directoryFD, temporary, record) {
@@ -100,7 +103,10 @@ extension DiskCacheTier {
             }
             let size = reserved
             var renameError: Int32 = 0
-            enum Outcome { case committed(replaced: UInt64?, recovered: String?), cancelled, failed }
+            enum Outcome {
+                case committed(replaced: UInt64?, recovered: String?)
+                case cancelled, failed
+            }
             let outcome = tier.index.withLock { index -> Outcome in
                 guard !index.cancelled.contains(generation) else { return .cancelled }
                 guard renameat(tier.directoryFD, temporary, tier.directoryFD, DiskEntryNames.record(name)) == 0 else {

@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The response cache's disk tier: entries of opaque bytes (a key, the cache's metadata and a
 /// streamed body) kept in one directory, bounded in size with least-recently-used eviction,
@@ -157,8 +158,10 @@ public final class DiskCacheTier: Sendable {
     /// Opens (creating it and its parents, mode 0700) the tier's directory, takes it for this
     /// process and scans it: temporaries and anything torn or unreferenced are removed, the
     /// rest is indexed, and entries beyond `capacity` are evicted.
-    public init(directory: String, capacity: UInt64, blockSize: Int = defaultBlockSize,
-                log: @escaping @Sendable (String) -> Void) throws(OpenError) {
+    public init(
+        directory: String, capacity: UInt64, blockSize: Int = defaultBlockSize,
+        log: @escaping @Sendable (String) -> Void
+    ) throws(OpenError) {
         precondition(DiskEntryRecord.blockSizes.contains(UInt32(clamping: blockSize)), "blockSize: 4 KiB to 1 GiB")
         self.directory = directory
         self.capacity = capacity
@@ -197,8 +200,9 @@ public final class DiskCacheTier: Sendable {
         guard metadata.count <= DiskEntryRecord.maxMetadata, keyBytes.count <= DiskEntryRecord.maxKey else { return nil }
         let name = DiskEntryNames.name(forKey: key)
         let generation = UInt64.random(in: 1...UInt64.max)
-        let fd = openat(directoryFD, DiskEntryNames.bodyTemporary(name, generation),
-                        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        let fd = openat(
+            directoryFD, DiskEntryNames.bodyTemporary(name, generation),
+            O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
             writeFailed(code: errno, operation: "create a body file")
             return nil
@@ -231,7 +235,8 @@ public final class DiskCacheTier: Sendable {
         let bytes = DiskFile.readRecord(opened.record)
         close(opened.record)
         guard let bytes, let record = DiskEntryRecord.decode(bytes), record.generation == opened.generation,
-              let trailer = DiskFile.readTrailer(opened.body, record) else {
+            let trailer = DiskFile.readTrailer(opened.body, record)
+        else {
             close(opened.body)
             drop(name: name, generation: opened.generation)
             return nil
@@ -271,7 +276,8 @@ public final class DiskCacheTier: Sendable {
         }
         let done = index.withLock { index -> Bool in
             guard var entry = index.entries[name], entry.generation == opened.generation,
-                  renameat(directoryFD, temporary, directoryFD, DiskEntryNames.record(name)) == 0 else { return false }
+                renameat(directoryFD, temporary, directoryFD, DiskEntryNames.record(name)) == 0
+            else { return false }
             let size = UInt64(encoded.count)
             index.committedBytes = index.committedBytes - entry.recordBytes + size
             entry.bytes = entry.bytes - entry.recordBytes + size

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The disk tier's start-up scan: rebuilds the index from the directory. Reads each record
@@ -35,20 +35,23 @@ enum DiskDirectoryScan {
                 close(fd)
             }
             guard let bytes, let record = DiskEntryRecord.decode(bytes),
-                  DiskEntryNames.name(forKey: String(decoding: record.key, as: UTF8.self)) == name else {
+                DiskEntryNames.name(forKey: String(decoding: record.key, as: UTF8.self)) == name
+            else {
                 unlinkat(directoryFD, file, 0)
                 summary.dropped += 1
                 continue
             }
             var bodyStat = stat()
             guard fstatat(directoryFD, DiskEntryNames.body(name, record.generation), &bodyStat, 0) == 0,
-                  UInt64(bodyStat.st_size) == record.bodyFileSize else {
+                UInt64(bodyStat.st_size) == record.bodyFileSize
+            else {
                 unlinkat(directoryFD, file, 0)
                 summary.dropped += 1
                 continue
             }
-            let entry = DiskCacheTier.Entry(generation: record.generation, bytes: UInt64(bytes.count) + record.bodyFileSize,
-                                            recordBytes: UInt64(bytes.count))
+            let entry = DiskCacheTier.Entry(
+                generation: record.generation, bytes: UInt64(bytes.count) + record.bodyFileSize,
+                recordBytes: UInt64(bytes.count))
             kept.append((name, entry, st.st_mtim))
         }
         kept.sort { ($0.mtime.tv_sec, $0.mtime.tv_nsec) < ($1.mtime.tv_sec, $1.mtime.tv_nsec) }

@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import COpenSSL
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A SHA-256 digest (32 bytes), the one checksum of the disk tier's files.
 struct Digest32: Equatable {
@@ -26,8 +27,9 @@ struct Digest32: Equatable {
     func matches(_ data: UnsafeRawBufferPointer) -> Bool {
         var md = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
         return withUnsafeMutableBytes(of: &md) { out -> Bool in
-            _ = SHA256(data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
-                       out.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            _ = SHA256(
+                data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
+                out.baseAddress!.assumingMemoryBound(to: UInt8.self))
             return bytes.withUnsafeBytes { memcmp($0.baseAddress!, out.baseAddress!, Self.size) == 0 }
         }
     }
@@ -104,12 +106,17 @@ struct DiskEntryRecord: Equatable {
     /// record (wrong magic or version, lengths that disagree with the file's size, a bad seal).
     static func decode(_ bytes: [UInt8]) -> DiskEntryRecord? {
         guard bytes.count >= fixedSize + Digest32.size, Array(bytes[0..<8]) == magic,
-              get32(bytes, 8) == version else { return nil }
-        let keyLength = Int(get32(bytes, 16)), metadataLength = Int(get32(bytes, 20))
+            get32(bytes, 8) == version
+        else { return nil }
+        let keyLength = Int(get32(bytes, 16))
+        let metadataLength = Int(get32(bytes, 20))
         guard keyLength <= maxKey, metadataLength <= maxMetadata,
-              bytes.count == fixedSize + keyLength + metadataLength + Digest32.size else { return nil }
+            bytes.count == fixedSize + keyLength + metadataLength + Digest32.size
+        else { return nil }
         let sealAt = bytes.count - Digest32.size
-        let sealed = bytes.withUnsafeBytes { Digest32(bytes: Array(bytes[sealAt...])).matches(UnsafeRawBufferPointer(rebasing: $0[0..<sealAt])) }
+        let sealed = bytes.withUnsafeBytes {
+            Digest32(bytes: Array(bytes[sealAt...])).matches(UnsafeRawBufferPointer(rebasing: $0[0..<sealAt]))
+        }
         guard sealed else { return nil }
         let blockSize = get32(bytes, 32)
         guard blockSizes.contains(blockSize), get64(bytes, 24) <= maxBody else { return nil }
@@ -123,7 +130,8 @@ struct DiskEntryRecord: Equatable {
     /// The fixed header's claim of the whole record file's size (for reading it in one go).
     static func expectedSize(header: [UInt8]) -> Int? {
         guard header.count >= fixedSize, Array(header[0..<8]) == magic, get32(header, 8) == version else { return nil }
-        let keyLength = Int(get32(header, 16)), metadataLength = Int(get32(header, 20))
+        let keyLength = Int(get32(header, 16))
+        let metadataLength = Int(get32(header, 20))
         guard keyLength <= maxKey, metadataLength <= maxMetadata else { return nil }
         return fixedSize + keyLength + metadataLength + Digest32.size
     }
@@ -173,7 +181,8 @@ enum DiskEntryNames {
         let parts = file.split(separator: ".", omittingEmptySubsequences: false)
         if parts.count == 2, parts[1] == "meta", isName(parts[0]) { return .record(name: String(parts[0])) }
         if parts.count == 3, parts[2] == "body", isName(parts[0]), parts[1].count == 16,
-           let g = UInt64(parts[1], radix: 16) {
+            let g = UInt64(parts[1], radix: 16)
+        {
             return .body(name: String(parts[0]), generation: g)
         }
         return .foreign

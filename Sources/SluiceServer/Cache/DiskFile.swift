@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The disk tier's blocking file IO, retried on `EINTR` and short transfers.
@@ -46,7 +46,8 @@ enum DiskFile {
     /// record.
     static func readRecord(_ fd: Int32) -> [UInt8]? {
         guard let header = read(fd, count: DiskEntryRecord.fixedSize, offset: 0),
-              let size = DiskEntryRecord.expectedSize(header: header) else { return nil }
+            let size = DiskEntryRecord.expectedSize(header: header)
+        else { return nil }
         var st = stat()
         guard fstat(fd, &st) == 0, st.st_size == off_t(size) else { return nil }
         return read(fd, count: size, offset: 0)
@@ -57,8 +58,9 @@ enum DiskFile {
     static func readTrailer(_ fd: Int32, _ record: DiskEntryRecord) -> [UInt8]? {
         var st = stat()
         guard fstat(fd, &st) == 0, UInt64(st.st_size) == record.bodyFileSize,
-              let trailer = read(fd, count: record.blockCount * Digest32.size, offset: record.bodyLength),
-              trailer.withUnsafeBytes({ record.trailerDigest.matches($0) }) else { return nil }
+            let trailer = read(fd, count: record.blockCount * Digest32.size, offset: record.bodyLength),
+            trailer.withUnsafeBytes({ record.trailerDigest.matches($0) })
+        else { return nil }
         return trailer
     }
 

@@ -69,7 +69,8 @@ struct LRUOrder<Key: Hashable> {
     }
 
     private mutating func unlink(_ s: Int) {
-        let older = slots[s].older, newer = slots[s].newer
+        let older = slots[s].older
+        let newer = slots[s].newer
         if older != Self.none { slots[older].newer = newer } else { oldestSlot = newer }
         if newer != Self.none { slots[newer].older = older } else { newestSlot = older }
     }

@@ -48,8 +48,10 @@ final class CacheFill {
 
     /// - Parameter contentLength: the body's length as the client's framing uses it (nil
     ///   when the response is chunked, even with a `Content-Length`).
-    init(store: CacheStore, disk: DiskCacheTier? = nil, url: String, response: CacheStoredResponse, contentLength: Int64?,
-         trustGeneration: UInt64? = nil) {
+    init(
+        store: CacheStore, disk: DiskCacheTier? = nil, url: String, response: CacheStoredResponse, contentLength: Int64?,
+        trustGeneration: UInt64? = nil
+    ) {
         self.trustGeneration = trustGeneration
         self.store = store
         self.disk = disk
@@ -152,8 +154,9 @@ final class CacheFill {
             return 0
         }
         seal()
-        let evicted = store.memory.insert(CacheObject(response: response, chunks: chunks, trustGeneration: trustGeneration),
-                                          for: url, fill: token)
+        let evicted = store.memory.insert(
+            CacheObject(response: response, chunks: chunks, trustGeneration: trustGeneration),
+            for: url, fill: token)
         if evicted != nil { disk?.remove(key: url) }
         return evicted
     }

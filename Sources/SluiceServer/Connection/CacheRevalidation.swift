@@ -31,9 +31,11 @@ enum CacheRevalidation {
 
     /// Starts the revalidation of `object` under the claim `token` on `url` (ended when it
     /// completes, whatever the outcome).
-    static func start(_ object: CacheObject, url: String, token: UInt64, validators: [CacheLookup.Validator],
-                      requestFields: [CacheFields.Field], hostHeader: String?, modification: CacheModification?,
-                      store: CacheStore, worker: Worker) {
+    static func start(
+        _ object: CacheObject, url: String, token: UInt64, validators: [CacheLookup.Validator],
+        requestFields: [CacheFields.Field], hostHeader: String?, modification: CacheModification?,
+        store: CacheStore, worker: Worker
+    ) {
         let policy = worker.pipeline.policies.match(host: URLParts(url).host)
         let disk = worker.diskTier
         var headers: [(String, String)] = requestFields.compactMap {
@@ -45,20 +47,22 @@ enum CacheRevalidation {
         // An https entry records the trust it is validated under: this pipeline's.
         let trustGeneration = object.trustGeneration == nil ? nil : worker.pipeline.policies.generation
         let received = ReceivedFields()
-        let fetch = SideFetch(session: worker.session, config: worker.config, policy: policy, url: url, headers: headers,
-                              body: nil, reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil),
-                              completion: { result in
-            defer { store.endFetch(url, token: token) }
-            guard case .success(let response) = result else {
-                Log.debug("cache: background revalidation of \(url) failed; the stale response stays")
-                return
-            }
-            let fields = received.fields.filter { !hopByHopResponseFields.contains($0.name.lowercased()) }
-            finish(object, url: url, status: response.status, fields: fields, body: response.body,
-                   requestFields: requestFields, requestTime: requestTime, modification: modification,
-                   policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty, store: store,
-                   disk: disk, trustGeneration: trustGeneration)
-        })
+        let fetch = SideFetch(
+            session: worker.session, config: worker.config, policy: policy, url: url, headers: headers,
+            body: nil, reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil),
+            completion: { result in
+                defer { store.endFetch(url, token: token) }
+                guard case .success(let response) = result else {
+                    Log.debug("cache: background revalidation of \(url) failed; the stale response stays")
+                    return
+                }
+                let fields = received.fields.filter { !hopByHopResponseFields.contains($0.name.lowercased()) }
+                finish(
+                    object, url: url, status: response.status, fields: fields, body: response.body,
+                    requestFields: requestFields, requestTime: requestTime, modification: modification,
+                    policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty, store: store,
+                    disk: disk, trustGeneration: trustGeneration)
+            })
         // The answer is held in memory until it completes: at most what the memory tier keeps
         // (a larger new body leaves the stale entry, validated blocking once the window ends).
         fetch.maxBytes = Int(store.settings.memoryObjectSize)
@@ -67,18 +71,23 @@ enum CacheRevalidation {
     }
 
     /// Applies the origin's answer to the store (see the type's note).
-    static func finish(_ object: CacheObject, url: String, status: Int, fields: [CacheFields.Field], body: [UInt8],
-                       requestFields: [CacheFields.Field], requestTime: Int64, modification: CacheModification?,
-                       policyAuthenticates: Bool, store: CacheStore, disk: DiskCacheTier?, trustGeneration: UInt64? = nil) {
+    static func finish(
+        _ object: CacheObject, url: String, status: Int, fields: [CacheFields.Field], body: [UInt8],
+        requestFields: [CacheFields.Field], requestTime: Int64, modification: CacheModification?,
+        policyAuthenticates: Bool, store: CacheStore, disk: DiskCacheTier?, trustGeneration: UInt64? = nil
+    ) {
         let now = ClientConnection.wallClockSeconds()
         var keyFields = requestFields
         if policyAuthenticates { keyFields.append(("Authorization", "")) }
         if status == 304 {
             // The 304's fields pass the storage rules (no Set-Cookie, drop_response_headers);
             // a merge that may no longer be stored drops the entry.
-            guard let kept = CacheStorability.afterNotModified(object.response, notModified: fields, requestFields: keyFields,
-                                                               modification: modification, requestTime: requestTime,
-                                                               responseTime: now) else {
+            guard
+                let kept = CacheStorability.afterNotModified(
+                    object.response, notModified: fields, requestFields: keyFields,
+                    modification: modification, requestTime: requestTime,
+                    responseTime: now)
+            else {
                 store.memory.invalidate(url)
                 disk?.remove(key: url)
                 return
@@ -97,20 +106,23 @@ enum CacheRevalidation {
         }
         if status >= 500 { return }
         let contentLength = CacheFields.value("content-length", in: fields).flatMap { Int64($0) }
-        let decision = CacheStorability.decide(method: "GET", requestFields: keyFields, status: status,
-                                               responseFields: fields, modification: modification,
-                                               contentLength: contentLength, maxObjectSize: store.maxObjectSize)
+        let decision = CacheStorability.decide(
+            method: "GET", requestFields: keyFields, status: status,
+            responseFields: fields, modification: modification,
+            contentLength: contentLength, maxObjectSize: store.maxObjectSize)
         guard decision == .store else {
             store.memory.invalidate(url)  // the origin's new answer may not be kept
             disk?.remove(key: url)
             return
         }
-        let stored = CacheStoredResponse(status: status,
-                                         fields: CacheStorability.storedFields(fields, modification: modification),
-                                         requestFields: requestFields, requestTime: requestTime, responseTime: now,
-                                         extraKeyFields: modification?.keyRequestHeaders ?? [])
-        let fill = CacheFill(store: store, disk: disk, url: url, response: stored, contentLength: Int64(body.count),
-                             trustGeneration: trustGeneration)
+        let stored = CacheStoredResponse(
+            status: status,
+            fields: CacheStorability.storedFields(fields, modification: modification),
+            requestFields: requestFields, requestTime: requestTime, responseTime: now,
+            extraKeyFields: modification?.keyRequestHeaders ?? [])
+        let fill = CacheFill(
+            store: store, disk: disk, url: url, response: stored, contentLength: Int64(body.count),
+            trustGeneration: trustGeneration)
         body.withUnsafeBytes { fill.append($0) }
         _ = fill.complete()
         Log.debug("cache: \(url) replaced in the background (\(status))")

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// What the admin API (`AdminServer`) sees and does of a connection's exchange, on the
 /// worker's thread.
@@ -91,6 +92,8 @@ struct AdminExchange: Sendable, Encodable {
     enum CodingKeys: String, CodingKey {
         case id, worker, client, method, url, policy, host, state, attempt, status
         case requestId = "request_id"
-        case bytesIn = "bytes_in", bytesOut = "bytes_out", ageMilliseconds = "age_ms"
+        case bytesIn = "bytes_in"
+        case bytesOut = "bytes_out"
+        case ageMilliseconds = "age_ms"
     }
 }

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The shared cache's part of one exchange: what the lookup found and decided, the
 /// validators a revalidation sends, the tee that stores the response, and the
@@ -55,8 +56,10 @@ final class CacheExchange {
 
     deinit { endFetch() }
 
-    init(store: CacheStore, url: String, requestFields: [CacheFields.Field], modification: CacheModification?,
-         policyAuthenticates: Bool, requestTime: Int64, trustGeneration: UInt64?) {
+    init(
+        store: CacheStore, url: String, requestFields: [CacheFields.Field], modification: CacheModification?,
+        policyAuthenticates: Bool, requestTime: Int64, trustGeneration: UInt64?
+    ) {
         self.trustGeneration = trustGeneration
         self.store = store
         self.url = url
@@ -70,8 +73,10 @@ final class CacheExchange {
     /// The client's validators, replaced by the stored response's on a revalidation.
     static let validatorNames = ["if-none-match", "if-modified-since"]
     /// The fields a `304` from the cache carries (RFC 9110 §15.4.5).
-    static let notModifiedFields: Set<String> = ["cache-control", "content-location", "date", "etag", "expires",
-                                                 "vary", "last-modified"]
+    static let notModifiedFields: Set<String> = [
+        "cache-control", "content-location", "date", "etag", "expires",
+        "vary", "last-modified",
+    ]
 }
 
 /// The shared cache in the exchange (docs/caching.md): a lookup before anything else of the
@@ -99,11 +104,12 @@ extension ClientConnection {
     func answerFromCache(_ head: HTTPRequestHead, _ exchange: Exchange, _ store: CacheStore, mayWait: Bool) -> Bool {
         let policy = exchange.policy
         let fields = head.fields.map { (name: head.name($0), value: head.value($0)) }
-        let cache = CacheExchange(store: store, url: exchange.target.url, requestFields: fields,
-                                  modification: policy.cache.modification,
-                                  policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty,
-                                  requestTime: Self.wallClockSeconds(),
-                                  trustGeneration: exchange.target.scheme == .https ? exchange.pipeline.policies.generation : nil)
+        let cache = CacheExchange(
+            store: store, url: exchange.target.url, requestFields: fields,
+            modification: policy.cache.modification,
+            policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty,
+            requestTime: Self.wallClockSeconds(),
+            trustGeneration: exchange.target.scheme == .https ? exchange.pipeline.policies.generation : nil)
         cache.requestHasBody = head.hasBody
         exchange.cache = cache
         reportCache(.lookup(url: cache.url), exchange)
@@ -131,9 +137,12 @@ extension ClientConnection {
         if let generation = cache.trustGeneration {
             for (i, c) in candidates.enumerated() where c.trustGeneration != generation { outdated.insert(i) }
         }
-        var decision = cacheable && head.hasBody ? .forward(.bypass)
-            : CacheLookup.decide(method: method, requestFields: fields, candidates: candidates.map(\.response),
-                                 now: cache.requestTime, modification: cache.modification, outdated: outdated)
+        var decision =
+            cacheable && head.hasBody
+            ? .forward(.bypass)
+            : CacheLookup.decide(
+                method: method, requestFields: fields, candidates: candidates.map(\.response),
+                now: cache.requestTime, modification: cache.modification, outdated: outdated)
         if case .serveStale(let hit, let validators) = decision, cache.policyAuthenticates {
             // A background request would go without the policy's credentials and adapters:
             // this one revalidates, blocking, through the pipeline instead.
@@ -145,21 +154,24 @@ extension ClientConnection {
             // docs/trust.md: an answer for an https URL under `insecure` trust says so in the log.
             if cache.trustGeneration != nil, policy.trust.requirements.insecure { exchange.summary.insecure = true }
             reportCache(.hit(age: hit.age, notModified: hit.notModified), exchange)
-            serveStored(object, head, exchange,
-                        parameters: "hit; ttl=\(hit.ttl)" + (object.onDisk ? "; detail=disk" : "") + (mayWait ? "" : "; collapsed"),
-                        age: hit.age, notModified: hit.notModified)
+            serveStored(
+                object, head, exchange,
+                parameters: "hit; ttl=\(hit.ttl)" + (object.onDisk ? "; detail=disk" : "") + (mayWait ? "" : "; collapsed"),
+                age: hit.age, notModified: hit.notModified)
             return true
         case .serveStale(let hit, let validators):
             // stale-while-revalidate: answered now; one background revalidation per URL.
             let object = candidates[hit.variant]
             if circuitAllowsBackgroundFetch(exchange), let token = store.beginFetch(cache.url) {
-                CacheRevalidation.start(object, url: cache.url, token: token, validators: validators,
-                                        requestFields: fields, hostHeader: exchange.hostHeader?.value,
-                                        modification: cache.modification, store: store, worker: worker)
+                CacheRevalidation.start(
+                    object, url: cache.url, token: token, validators: validators,
+                    requestFields: fields, hostHeader: exchange.hostHeader?.value,
+                    modification: cache.modification, store: store, worker: worker)
             }
             reportCache(.hit(age: hit.age, notModified: hit.notModified), exchange)
-            serveStored(object, head, exchange, parameters: "hit; fwd=stale; ttl=\(hit.ttl); detail=stale-while-revalidate",
-                        age: hit.age, notModified: hit.notModified)
+            serveStored(
+                object, head, exchange, parameters: "hit; fwd=stale; ttl=\(hit.ttl); detail=stale-while-revalidate",
+                age: hit.age, notModified: hit.notModified)
             return true
         case .onlyIfCachedMiss:
             cache.parameters = "fwd=miss"
@@ -197,7 +209,8 @@ extension ClientConnection {
     func circuitAllowsBackgroundFetch(_ exchange: Exchange) -> Bool {
         guard exchange.policy.health != nil else { return true }
         let target = exchange.target
-        let origin = UpstreamHealth.Origin(scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
+        let origin = UpstreamHealth.Origin(
+            scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
         return (worker.health.state(of: origin) ?? .closed) == .closed
     }
 
@@ -205,9 +218,11 @@ extension ClientConnection {
     /// lookup may hit now; otherwise the request goes to the origin itself.
     func collapsedWaitTick() {
         guard case .awaitingCollapsed(let since) = state, let head = currentHead, let exchange,
-              let store = worker.cacheStore else { return }
+            let store = worker.cacheStore
+        else { return }
         if store.isFetching(exchange.target.url),
-           MonotonicClock.milliseconds() - since < CacheStore.collapsedWaitMilliseconds {
+            MonotonicClock.milliseconds() - since < CacheStore.collapsedWaitMilliseconds
+        {
             armTimer(.collapsed)
             return
         }
@@ -219,16 +234,19 @@ extension ClientConnection {
     /// A revalidation's try sends the stored response's validators instead of the client's.
     func applyCacheValidators(_ request: inout UpstreamRequest, _ exchange: Exchange) {
         guard let cache = exchange.cache, cache.revalidating != nil, request.target.url == cache.url else { return }
-        request.headers = request.headers.replacing(CacheExchange.validatorNames,
-                                                    adding: cache.validators.map { ($0.name, $0.value) })
+        request.headers = request.headers.replacing(
+            CacheExchange.validatorNames,
+            adding: cache.validators.map { ($0.name, $0.value) })
     }
 
     /// Decides what the cache does with a final response head about to be forwarded: a `304`
     /// that validated the stored response is absorbed (true: the transfer was told); a
     /// storable response gets a tee; an unsafe method's success invalidates. Sets the
     /// `Cache-Status` line the forwarded head carries.
-    func cacheResponseHead(_ response: UpstreamResponseHead, _ transfer: any UpstreamTransfer, _ exchange: Exchange,
-                           _ cache: CacheExchange) -> Bool {
+    func cacheResponseHead(
+        _ response: UpstreamResponseHead, _ transfer: any UpstreamTransfer, _ exchange: Exchange,
+        _ cache: CacheExchange
+    ) -> Bool {
         let now = Self.wallClockSeconds()
         let status = response.status
         let fields = response.collected.endToEndFields()
@@ -248,9 +266,11 @@ extension ClientConnection {
         }
         if !CacheInvalidation.safeMethods.contains(method) {
             var dropped = 0
-            for url in CacheInvalidation.targets(method: method, status: status, url: cache.url,
-                                                 location: response.value("location"),
-                                                 contentLocation: response.value("content-location")) {
+            for url in CacheInvalidation.targets(
+                method: method, status: status, url: cache.url,
+                location: response.value("location"),
+                contentLocation: response.value("content-location"))
+            {
                 dropped += cache.store.memory.invalidate(url)
                 worker.diskTier?.remove(key: url)
             }
@@ -258,8 +278,10 @@ extension ClientConnection {
         } else if let stale = cache.revalidating {
             reportCache(.revalidated(status: status), exchange)
             if CacheLookup.errorStatuses.contains(status),
-               CacheLookup.mayServeStaleOnError(stale.response, requestFields: cache.requestFields, now: now,
-                                                modification: cache.modification) {
+                CacheLookup.mayServeStaleOnError(
+                    stale.response, requestFields: cache.requestFields, now: now,
+                    modification: cache.modification)
+            {
                 // stale-if-error: the client gets the stored response instead of the origin's error.
                 cache.validated = stale
                 cache.parameters += "; fwd-status=\(status)"
@@ -270,10 +292,12 @@ extension ClientConnection {
             if status == 304 {
                 // The client gets every field of the 304 (its Set-Cookie too); the stored copy
                 // keeps only what may be stored, or goes when the merge may not be stored.
-                if let kept = CacheStorability.afterNotModified(stale.response, notModified: fields,
-                                                                requestFields: requestFields,
-                                                                modification: cache.modification,
-                                                                requestTime: cache.requestTime, responseTime: now) {
+                if let kept = CacheStorability.afterNotModified(
+                    stale.response, notModified: fields,
+                    requestFields: requestFields,
+                    modification: cache.modification,
+                    requestTime: cache.requestTime, responseTime: now)
+                {
                     let updated = stale.withResponse(kept, trustGeneration: cache.trustGeneration)
                     if updated.onDisk {
                         cache.store.recordDiskTrust(cache.url, generation: nil)  // none while it changes
@@ -287,9 +311,11 @@ extension ClientConnection {
                     cache.store.memory.invalidate(cache.url)
                     worker.diskTier?.remove(key: cache.url)
                 }
-                cache.validated = stale.withResponse(stale.response.updated(with: fields, requestTime: cache.requestTime,
-                                                                            responseTime: now),
-                                                     trustGeneration: cache.trustGeneration)
+                cache.validated = stale.withResponse(
+                    stale.response.updated(
+                        with: fields, requestTime: cache.requestTime,
+                        responseTime: now),
+                    trustGeneration: cache.trustGeneration)
                 cache.parameters += "; fwd-status=304"
                 exchange.summary.cache = cache.parameters
                 transfer.absorb()
@@ -297,19 +323,24 @@ extension ClientConnection {
             }
         }
         // The framing the encoder uses: a Content-Length beside Transfer-Encoding says nothing.
-        let contentLength = response.value("transfer-encoding") != nil ? nil
+        let contentLength =
+            response.value("transfer-encoding") != nil
+            ? nil
             : response.value("content-length").flatMap { Int64($0) }
-        let decision = CacheStorability.decide(method: method, requestFields: requestFields, status: status,
-                                               responseFields: fields, modification: cache.modification,
-                                               contentLength: contentLength, maxObjectSize: cache.store.maxObjectSize,
-                                               requestHasBody: cache.requestHasBody)
+        let decision = CacheStorability.decide(
+            method: method, requestFields: requestFields, status: status,
+            responseFields: fields, modification: cache.modification,
+            contentLength: contentLength, maxObjectSize: cache.store.maxObjectSize,
+            requestHasBody: cache.requestHasBody)
         if decision == .store {
-            let stored = CacheStoredResponse(status: status,
-                                             fields: CacheStorability.storedFields(fields, modification: cache.modification),
-                                             requestFields: cache.requestFields, requestTime: cache.requestTime,
-                                             responseTime: now, extraKeyFields: cache.modification?.keyRequestHeaders ?? [])
-            let fill = CacheFill(store: cache.store, disk: worker.diskTier, url: cache.url, response: stored,
-                                 contentLength: contentLength, trustGeneration: cache.trustGeneration)
+            let stored = CacheStoredResponse(
+                status: status,
+                fields: CacheStorability.storedFields(fields, modification: cache.modification),
+                requestFields: cache.requestFields, requestTime: cache.requestTime,
+                responseTime: now, extraKeyFields: cache.modification?.keyRequestHeaders ?? [])
+            let fill = CacheFill(
+                store: cache.store, disk: worker.diskTier, url: cache.url, response: stored,
+                contentLength: contentLength, trustGeneration: cache.trustGeneration)
             transfer.cacheFill = fill
             cache.fill = fill
             cache.parameters += "; stored"
@@ -331,7 +362,8 @@ extension ClientConnection {
     /// True when it did.
     func serveStaleOnError(_ error: ProxyError, _ exchange: Exchange) -> Bool {
         guard let cache = exchange.cache, let stale = cache.revalidating, let head = currentHead,
-              CacheLookup.errorStatuses.contains(error.status) else { return false }
+            CacheLookup.errorStatuses.contains(error.status)
+        else { return false }
         switch error {
         case .trustFailure, .tlsFailure: return false  // a stored copy never papers over refused trust
         default: break
@@ -343,19 +375,26 @@ extension ClientConnection {
         if case .upstreamCircuitOpen = error {
             // The origin's circuit is open: no request was sent, the cache is disconnected
             // from it (RFC 9111 §4.2.4), so stale is served unless forbidden.
-            guard CacheLookup.mayServeWhileDisconnected(stale.response, requestFields: cache.requestFields, now: now,
-                                                        modification: cache.modification) else { return false }
+            guard
+                CacheLookup.mayServeWhileDisconnected(
+                    stale.response, requestFields: cache.requestFields, now: now,
+                    modification: cache.modification)
+            else { return false }
             parameters += "; detail=circuit-open"
         } else {
-            guard CacheLookup.mayServeStaleOnError(stale.response, requestFields: cache.requestFields, now: now,
-                                                   modification: cache.modification) else { return false }
+            guard
+                CacheLookup.mayServeStaleOnError(
+                    stale.response, requestFields: cache.requestFields, now: now,
+                    modification: cache.modification)
+            else { return false }
         }
         state = .awaitingHead
         reportCache(.revalidated(status: error.status), exchange)
         exchange.summary.error = error.message
         let age = CacheFreshness.currentAge(of: stale.response, now: now)
-        serveStored(stale, head, exchange, parameters: parameters, age: age,
-                    notModified: CacheConditional.notModified(cache.requestFields, stored: stale.response))
+        serveStored(
+            stale, head, exchange, parameters: parameters, age: age,
+            notModified: CacheConditional.notModified(cache.requestFields, stored: stale.response))
         return true
     }
 
@@ -388,12 +427,15 @@ extension ClientConnection {
     /// callback, which libevent calls exactly once when those bytes are drained or the
     /// buffer is freed (on this worker's thread), releases it — so the bytes outlive an
     /// eviction or a revalidation that drops the object meanwhile.
-    func serveStored(_ object: CacheObject, _ head: HTTPRequestHead, _ exchange: Exchange, parameters: String,
-                     age: Int64, notModified: Bool) {
+    func serveStored(
+        _ object: CacheObject, _ head: HTTPRequestHead, _ exchange: Exchange, parameters: String,
+        age: Int64, notModified: Bool
+    ) {
         let isHead = head.methodIs("HEAD")
         var range = CacheRange.full
         if !notModified, !isHead, object.response.status == 200,
-           let value = exchange.cache.flatMap({ CacheFields.value("range", in: $0.requestFields) }) {
+            let value = exchange.cache.flatMap({ CacheFields.value("range", in: $0.requestFields) })
+        {
             range = CacheRange.evaluate(value, length: Int64(object.bodyLength))
         }
         let status: Int
@@ -453,14 +495,18 @@ extension ClientConnection {
             for chunk in object.chunks {
                 defer { offset += chunk.count }
                 // The part of this chunk inside the range (all of it without a Range).
-                let from = max(bodyRange.lowerBound, offset), to = min(bodyRange.upperBound, offset + chunk.count)
+                let from = max(bodyRange.lowerBound, offset)
+                let to = min(bodyRange.upperBound, offset + chunk.count)
                 guard from < to else { continue }
-                let start = chunk.bytes.baseAddress! + (from - offset), count = to - from
+                let start = chunk.bytes.baseAddress! + (from - offset)
+                let count = to - from
                 if count >= Self.referenceThreshold {
                     let retained = Unmanaged.passRetained(chunk).toOpaque()
-                    evbuffer_add_reference(output, start, count, { _, _, extra in
-                        Unmanaged<CacheChunk>.fromOpaque(extra!).release()
-                    }, retained)
+                    evbuffer_add_reference(
+                        output, start, count,
+                        { _, _, extra in
+                            Unmanaged<CacheChunk>.fromOpaque(extra!).release()
+                        }, retained)
                 } else {
                     evbuffer_add(output, start, count)
                 }
@@ -487,11 +533,13 @@ extension ClientConnection {
     func pumpDiskHit(_ hit: DiskHitStream) {
         let output = clientOutput
         while hit.offset < hit.range.upperBound, evbuffer_get_length(output) < Self.diskHitOutputBound {
-            let start = hit.offset, range = hit.range
+            let start = hit.offset
+            let range = hit.range
             let read: Int?
             do {
                 read = try hit.reader.withNextBlock { bytes -> Int in
-                    let from = max(range.lowerBound, start), to = min(range.upperBound, start + bytes.count)
+                    let from = max(range.lowerBound, start)
+                    let to = min(range.upperBound, start + bytes.count)
                     if from < to { evbuffer_add(output, bytes.baseAddress! + (from - start), to - from) }
                     return bytes.count
                 }

@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A request's way from its parsed head to an upstream try: the exchange and its policy
 /// (with any `upstream:` override), the adapters, the request for the session core, and each
@@ -25,8 +26,11 @@ extension ClientConnection {
             target = try target.overridden(by: override)
             if target.port != original.port {
                 // The origin is asked for by the name the client used (virtual hosting).
-                hostHeader = (original.port != 80 ? original.authority
-                    : original.host.utf8.contains(0x3A) ? "[\(original.host)]" : original.host, target)
+                hostHeader = (
+                    original.port != 80
+                        ? original.authority
+                        : original.host.utf8.contains(0x3A) ? "[\(original.host)]" : original.host, target
+                )
             }
         }
         var summary = ExchangeSummary(id: id, client: peer, method: method, url: url, policy: policy.name)
@@ -34,15 +38,18 @@ extension ClientConnection {
         let generatedRequestId = clientRequestId == nil ? worker.makeRequestId(id) : nil
         summary.requestId = clientRequestId ?? generatedRequestId
         summary.host = target.host
-        let monitoring: ExchangeMachine.Monitoring = pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
+        let monitoring: ExchangeMachine.Monitoring =
+            pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
         let replayLimit = head.hasBody ? ExchangeMachine.replayLimit(for: policy) : 0
         // The machine is built in place and `summary` not read after: a copy of either costs
         // a few hundred bytes and a retain per field.
-        let exchange = Exchange(pipeline: pipeline,
-                                machine: ExchangeMachine(summary: summary, policy: policy, target: .init(target),
-                                                         defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry,
-                                                         monitoring: monitoring, events: pipeline.monitor?.events ?? []),
-                                target: target, body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
+        let exchange = Exchange(
+            pipeline: pipeline,
+            machine: ExchangeMachine(
+                summary: summary, policy: policy, target: .init(target),
+                defaultPerTryTimeout: worker.config.timeouts.upstreamPerTry,
+                monitoring: monitoring, events: pipeline.monitor?.events ?? []),
+            target: target, body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
         exchange.hostHeader = hostHeader
         exchange.generatedRequestId = generatedRequestId
         self.exchange = exchange
@@ -103,8 +110,9 @@ extension ClientConnection {
         if exchange.inspect({ $0.needsRequestModel }) {
             var fields = ForwardedHeaders.forwardedFields(of: head, forwarding: forwarding)
             if let generated = exchange.generatedRequestId { fields[ForwardedHeaders.requestIdName] = generated }
-            model = ProxyRequest(id: exchange.id, method: head.method, url: exchange.target.url,
-                                 headerFields: fields, body: Self.bodyMode(head))
+            model = ProxyRequest(
+                id: exchange.id, method: head.method, url: exchange.target.url,
+                headerFields: fields, body: Self.bodyMode(head))
         }
         feed(.prepare(model: model), exchange)
     }
@@ -141,14 +149,16 @@ extension ClientConnection {
             case .length(let n): body = .length(n)
             case .chunked: body = .streamed
             }
-            return UpstreamRequest(method: head.method, target: exchange.target,
-                                   headers: ForwardedHeaders.requestList(for: head, viaLine: worker.viaRequestLine,
-                                                                         edits: exchange.headerEdits,
-                                                                         requestId: exchange.generatedRequestId,
-                                                                         forwarding: forwarding,
-                                                                         builder: &worker.headerBuilder),
-                                   body: body, model: nil,
-                                   credentials: challengeCredentials(head, exchange))
+            return UpstreamRequest(
+                method: head.method, target: exchange.target,
+                headers: ForwardedHeaders.requestList(
+                    for: head, viaLine: worker.viaRequestLine,
+                    edits: exchange.headerEdits,
+                    requestId: exchange.generatedRequestId,
+                    forwarding: forwarding,
+                    builder: &worker.headerBuilder),
+                body: body, model: nil,
+                credentials: challengeCredentials(head, exchange))
         }
         // Adapters rarely change the URL: the target parsed from the head is reused then.
         var request = try upstreamRequest(for: model, target: model.url == exchange.target.url ? exchange.target : nil)
@@ -174,10 +184,12 @@ extension ClientConnection {
         case .length(let n): body = model.bodyEncoders.isEmpty ? .length(n) : .streamed
         case .streamed: body = .streamed
         }
-        return UpstreamRequest(method: model.method, target: target,
-                               headers: ForwardedHeaders.requestList(for: model.headerFields, viaLine: worker.viaRequestLine,
-                                                                builder: &worker.headerBuilder),
-                               body: body, model: model)
+        return UpstreamRequest(
+            method: model.method, target: target,
+            headers: ForwardedHeaders.requestList(
+                for: model.headerFields, viaLine: worker.viaRequestLine,
+                builder: &worker.headerBuilder),
+            body: body, model: model)
     }
 
     func startForwarding(_ head: HTTPRequestHead, _ exchange: Exchange) {
@@ -207,7 +219,9 @@ extension ClientConnection {
         exchange.target = request.target
         // The policy of the host the try goes to (a followed redirect may have changed it):
         // its parent proxy, and for TLS its trust.
-        let policy = request.target.host == exchange.policyHost ? exchange.policy : exchange.pipeline.policies.match(host: request.target.host)
+        let policy =
+            request.target.host == exchange.policyHost
+            ? exchange.policy : exchange.pipeline.policies.match(host: request.target.host)
         request.parentProxy = policy.upstreamProxy
         request.http2 = policy.http2
         if request.target.scheme == .https {
@@ -236,21 +250,25 @@ extension ClientConnection {
             startUpgrade(request, upgrade: upgrade, perTryTimeout: perTryTimeout, exchange)
             return
         }
-        let engine = UpstreamEngine.choose(https: request.target.scheme == .https, http2: policy.http2,
-                                           forced: policy.upstreamEngine, credentials: request.credentials != nil,
-                                           parentProxy: request.parentProxy != nil, upgrade: false).engine
+        let engine = UpstreamEngine.choose(
+            https: request.target.scheme == .https, http2: policy.http2,
+            forced: policy.upstreamEngine, credentials: request.credentials != nil,
+            parentProxy: request.parentProxy != nil, upgrade: false
+        ).engine
         let transfer: any UpstreamTransfer
         switch engine {
         case .native:
-            transfer = NativeUpstreamTransfer(pool: worker.nativePool, resolver: worker.resolver, delegate: self,
-                                              bodySource: self, output: clientOutput, request: request,
-                                              clientMinorVersion: currentHead?.minorVersion ?? 1,
-                                              config: worker.config, viaLine: worker.viaLine)
+            transfer = NativeUpstreamTransfer(
+                pool: worker.nativePool, resolver: worker.resolver, delegate: self,
+                bodySource: self, output: clientOutput, request: request,
+                clientMinorVersion: currentHead?.minorVersion ?? 1,
+                config: worker.config, viaLine: worker.viaLine)
         case .curl:
-            transfer = CurlUpstreamTransfer(session: worker.session, delegate: self, bodySource: self,
-                                            output: clientOutput, request: request,
-                                            clientMinorVersion: currentHead?.minorVersion ?? 1,
-                                            config: worker.config, viaLine: worker.viaLine)
+            transfer = CurlUpstreamTransfer(
+                session: worker.session, delegate: self, bodySource: self,
+                output: clientOutput, request: request,
+                clientMinorVersion: currentHead?.minorVersion ?? 1,
+                config: worker.config, viaLine: worker.viaLine)
         }
         state = .forwarding(transfer)
         transfer.start(perTryTimeout: perTryTimeout)

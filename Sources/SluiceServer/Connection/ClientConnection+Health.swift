@@ -19,7 +19,8 @@ extension ClientConnection {
 
     /// Asks `target`'s breaker; false when the request was answered `503` instead.
     func admitToOrigin(_ target: RequestTarget, _ settings: Health, _ exchange: Exchange) -> Bool {
-        let origin = UpstreamHealth.Origin(scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
+        let origin = UpstreamHealth.Origin(
+            scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
         let answer = worker.health.handle(.attempt, for: origin, settings: settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
         Self.log(answer.change, probe: settings.probe != nil)
@@ -40,8 +41,9 @@ extension ClientConnection {
     func reportTryOutcome(_ outcome: HealthOutcome) {
         guard let exchange, let attempt = exchange.circuitTry else { return }
         exchange.circuitTry = nil
-        let answer = worker.health.handle(.ended(outcome, trial: attempt.trial), for: attempt.origin,
-                                          settings: attempt.settings, now: MonotonicClock.milliseconds())
+        let answer = worker.health.handle(
+            .ended(outcome, trial: attempt.trial), for: attempt.origin,
+            settings: attempt.settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
         Self.log(answer.change, probe: attempt.settings.probe != nil)
     }

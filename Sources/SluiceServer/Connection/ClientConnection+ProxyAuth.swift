@@ -30,12 +30,16 @@ extension ClientConnection {
         var verdict = ProxyAuthVerifier.Verdict.missing
         var matchedValue: [UInt8]?
         head.bytes.withUnsafeBufferPointer { buf in
-            guard let field = head.fields.first(where: {
-                $0.name.count == 19 && ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[$0.name]), "proxy-authorization")
-            }) else { return }
+            guard
+                let field = head.fields.first(where: {
+                    $0.name.count == 19
+                        && ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[$0.name]), "proxy-authorization")
+                })
+            else { return }
             let value = UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: buf[field.value]))
             if let accepted = acceptedCredential, accepted.verifier === verifier, accepted.value.count == value.count,
-               accepted.value.withUnsafeBytes({ CRYPTO_memcmp($0.baseAddress, value.baseAddress, value.count) }) == 0 {
+                accepted.value.withUnsafeBytes({ CRYPTO_memcmp($0.baseAddress, value.baseAddress, value.count) }) == 0
+            {
                 verdict = .user(accepted.user)
                 return
             }

@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The I/O a retry needs: a body read whole before the first try (so every try can send it
 /// again), and the backoff timer. Whether and when to retry is the `ExchangeMachine`'s to decide.
@@ -42,9 +43,11 @@ extension ClientConnection {
 
     /// Waits `ms` before the retry the machine scheduled; the connection holds its input meanwhile.
     func startRetryTimer(_ ms: Int) {
-        let timer = event_new(worker.base, -1, 0, { _, _, arg in
-            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().retryTimerFired()
-        }, Unmanaged.passUnretained(self).toOpaque())!
+        let timer = event_new(
+            worker.base, -1, 0,
+            { _, _, arg in
+                Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().retryTimerFired()
+            }, Unmanaged.passUnretained(self).toOpaque())!
         state = .waitingToRetry(timer)
         var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
         event_add(timer, &tv)

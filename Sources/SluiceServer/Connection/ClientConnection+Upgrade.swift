@@ -19,8 +19,9 @@ extension ClientConnection {
 
     /// Starts a try of an upgrade (called by `startTry` once the machine began it).
     func startUpgrade(_ request: UpstreamRequest, upgrade: String, perTryTimeout: Int, _ exchange: Exchange) {
-        let transfer = UpgradeTransfer(connection: self, request: request, upgrade: upgrade,
-                                       idleTimeout: exchange.policy.upgrades.idleTimeout, config: worker.config)
+        let transfer = UpgradeTransfer(
+            connection: self, request: request, upgrade: upgrade,
+            idleTimeout: exchange.policy.upgrades.idleTimeout, config: worker.config)
         state = .upgrading(transfer)
         transfer.start(perTryTimeout: perTryTimeout)
     }
@@ -61,8 +62,9 @@ extension ClientConnection {
         do {
             try ResponseEncoder.switchingProtocols(head, viaLine: worker.viaLine, into: clientOutput)
         } catch {
-            upgradeFailed(.upstreamProtocol(host: transfer.target.authority, reason: "invalid 101: \(error.reason)"),
-                          kind: .other, timings: transfer.timings(), cancelling: transfer)
+            upgradeFailed(
+                .upstreamProtocol(host: transfer.target.authority, reason: "invalid 101: \(error.reason)"),
+                kind: .other, timings: transfer.timings(), cancelling: transfer)
             return false
         }
         exchange.report(exchange.machine.handle(.tryEnded(transfer.timings())))
@@ -84,11 +86,13 @@ extension ClientConnection {
         guard decide(head, transfer, exchange) else { return nil }
         let framing: ResponseEncoder.Framing
         do {
-            framing = try ResponseEncoder.forwardedHead(head, isHeadRequest: false, clientMinorVersion: 1, keepAlive: false,
-                                                        viaLine: worker.viaLine, into: clientOutput)
+            framing = try ResponseEncoder.forwardedHead(
+                head, isHeadRequest: false, clientMinorVersion: 1, keepAlive: false,
+                viaLine: worker.viaLine, into: clientOutput)
         } catch {
-            upgradeFailed(.upstreamProtocol(host: transfer.target.authority, reason: "invalid response head: \(error.reason)"),
-                          kind: .other, timings: transfer.timings(), cancelling: transfer)
+            upgradeFailed(
+                .upstreamProtocol(host: transfer.target.authority, reason: "invalid response head: \(error.reason)"),
+                kind: .other, timings: transfer.timings(), cancelling: transfer)
             return nil
         }
         exchange.report(exchange.machine.handle(.tryEnded(transfer.timings())))
@@ -118,8 +122,10 @@ extension ClientConnection {
 
     /// The try failed before any byte reached the client: the machine decides (a retry, or
     /// Sluice's error response).
-    func upgradeFailed(_ error: ProxyError, kind: TransportErrorKind, timings: TryTimings,
-                       cancelling transfer: UpgradeTransfer? = nil) {
+    func upgradeFailed(
+        _ error: ProxyError, kind: TransportErrorKind, timings: TryTimings,
+        cancelling transfer: UpgradeTransfer? = nil
+    ) {
         transfer?.cancel()
         state = .awaitingHead
         guard let exchange else { return respondError(error) }

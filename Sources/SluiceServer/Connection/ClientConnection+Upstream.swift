@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The client side of a forwarded exchange, as its `UpstreamTransfer` sees it: the request
 /// body read on curl's demand, the response's progress, and how the try ends — each handed to

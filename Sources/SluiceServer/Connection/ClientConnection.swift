@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import CShims
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// One client TCP connection on a forward-proxy listener: reads requests with the strict
 /// codec, forwards each through an `UpstreamTransfer` (one at a time; pipelined requests wait
@@ -119,9 +120,11 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         clientOutput = socket.output
         socket.owner = self
         let me = Unmanaged.passUnretained(self).toOpaque()
-        timer = event_new(worker.base, -1, 0, { _, _, arg in
-            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().timerFired()
-        }, me)
+        timer = event_new(
+            worker.base, -1, 0,
+            { _, _, arg in
+                Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().timerFired()
+            }, me)
         armTimer(.idle)
     }
 
@@ -132,13 +135,17 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         clientInput = bufferevent_get_input(bev)
         clientOutput = bufferevent_get_output(bev)
         let me = Unmanaged.passUnretained(self).toOpaque()
-        bufferevent_setcb(bev, { _, arg in
-            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onReadable()
-        }, { _, arg in
-            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onWritable()
-        }, { _, what, arg in
-            Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onEvent(what)
-        }, me)
+        bufferevent_setcb(
+            bev,
+            { _, arg in
+                Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onReadable()
+            },
+            { _, arg in
+                Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onWritable()
+            },
+            { _, what, arg in
+                Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().onEvent(what)
+            }, me)
         bufferevent_setwatermark(bev, Int16(EV_READ), 0, Self.inputHighWatermark)
         bufferevent_setwatermark(bev, Int16(EV_WRITE), Self.outputLowWatermark, 0)
         bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
@@ -350,7 +357,10 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             }
             // An upgrade handshake (WebSocket) is never answered from, or stored in, the cache.
             if let store = worker.cacheStore, exchange.policy.cache.caches, exchange.upgrade == nil,
-               answerFromCache(head, exchange, store, mayWait: true) { return }
+                answerFromCache(head, exchange, store, mayWait: true)
+            {
+                return
+            }
             prepareWhenAdmitted(head, exchange)
         } catch let error as ProxyError {
             respondError(error)
@@ -413,7 +423,10 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         for field in head.fields where field.name.count == 3 && head.field(field, isNamed: "via") {
             let value = head.bytes[field.value]
             if value.count >= pseudonym.count,
-               (value.startIndex...(value.endIndex - pseudonym.count)).contains(where: { value[$0..<($0 + pseudonym.count)].elementsEqual(pseudonym) }) {
+                (value.startIndex...(value.endIndex - pseudonym.count)).contains(where: {
+                    value[$0..<($0 + pseudonym.count)].elementsEqual(pseudonym)
+                })
+            {
                 throw ProxyError.loopDetected
             }
         }
@@ -431,8 +444,9 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
             exchange.end(.error, error: error.message)
         } else if let monitor = worker.pipeline.monitor {
             // Rejected before a request existed (unparseable): still one access-log line.
-            var summary = ExchangeSummary(id: worker.nextRequestID(), client: peer,
-                                          method: currentHead?.method ?? "", url: "", policy: "")
+            var summary = ExchangeSummary(
+                id: worker.nextRequestID(), client: peer,
+                method: currentHead?.method ?? "", url: "", policy: "")
             summary.status = error.status
             summary.outcome = .error
             summary.error = error.message

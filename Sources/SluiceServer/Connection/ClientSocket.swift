@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// What a `ClientSocket` tells its connection.
 protocol ClientSocketOwner: AnyObject {
@@ -93,9 +94,11 @@ final class ClientSocket {
         input = evbuffer_new()
         output = evbuffer_new()
         let me = Unmanaged.passUnretained(self).toOpaque()
-        readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
-            Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().readNow()
-        }, me)
+        readEvent = event_new(
+            base, fd, Int16(EV_READ | EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().readNow()
+            }, me)
         armRead()
     }
 
@@ -104,9 +107,11 @@ final class ClientSocket {
     /// does not use.
     private func makeWriteEvent() -> OpaquePointer? {
         if writeEvent == nil {
-            writeEvent = event_new(event_get_base(readEvent), fd, Int16(EV_WRITE | EV_PERSIST), { _, _, arg in
-                Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().writeNow()
-            }, Unmanaged.passUnretained(self).toOpaque())
+            writeEvent = event_new(
+                event_get_base(readEvent), fd, Int16(EV_WRITE | EV_PERSIST),
+                { _, _, arg in
+                    Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().writeNow()
+                }, Unmanaged.passUnretained(self).toOpaque())
         }
         return writeEvent
     }
@@ -132,9 +137,11 @@ final class ClientSocket {
             return
         }
         if closedCheck == nil {
-            closedCheck = event_new(event_get_base(readEvent), -1, Int16(EV_PERSIST), { _, _, arg in
-                Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().checkClosed()
-            }, Unmanaged.passUnretained(self).toOpaque())
+            closedCheck = event_new(
+                event_get_base(readEvent), -1, Int16(EV_PERSIST),
+                { _, _, arg in
+                    Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().checkClosed()
+                }, Unmanaged.passUnretained(self).toOpaque())
         }
         let ms = Self.closedCheckMilliseconds
         var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)

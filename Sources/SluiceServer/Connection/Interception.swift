@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import COpenSSL
 import CShims
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Interception (`intercept: true`) of one CONNECT: Sluice answers it, becomes the TLS server
 /// of the connection (a libevent OpenSSL bufferevent that takes the socket over) with a leaf
@@ -31,8 +32,10 @@ struct Interception {
     /// checked) and starts Sluice's TLS server on it. Returns the handler and the TLS
     /// bufferevent that now owns `fd`; nil when the answer could not be written (the caller
     /// closes the connection). Throws when no TLS server can be made (nothing was sent).
-    static func start(fd: Int32, target: RequestTarget, base: OpaquePointer,
-                      server: TLSInterception?) throws(ProxyError) -> (Interception, OpaquePointer?)? {
+    static func start(
+        fd: Int32, target: RequestTarget, base: OpaquePointer,
+        server: TLSInterception?
+    ) throws(ProxyError) -> (Interception, OpaquePointer?)? {
         guard let server else {
             throw .tlsFailure(host: target.authority, reason: "interception is not available (no CA loaded)")
         }
@@ -60,7 +63,8 @@ struct Interception {
         }
         let target = try RequestTarget.absolute(head.target)
         guard target.scheme == .https, target.host.lowercased() == authority.host.lowercased(),
-              target.port == authority.port else {
+            target.port == authority.port
+        else {
             throw .badURL("this intercepted connection carries requests for \(authority.authority) only")
         }
         return target
@@ -103,8 +107,10 @@ extension ClientConnection {
         guard evbuffer_get_length(clientInput) == 0, evbuffer_get_length(clientOutput) == 0 else {
             throw .malformedRequest("data after CONNECT before its answer")
         }
-        guard let (interception, bev) = try Interception.start(
-            fd: socket.fd, target: target, base: worker.base, server: worker.interception.current) else {
+        guard
+            let (interception, bev) = try Interception.start(
+                fd: socket.fd, target: target, base: worker.base, server: worker.interception.current)
+        else {
             Log.debug("\(peer): cannot answer the CONNECT to \(target.authority)")
             close()
             return

@@ -36,8 +36,10 @@ final class RequestBodyReader {
 
     /// Fills `buffer` for curl. `readClient` reads decoded client body bytes (nil: none yet,
     /// 0: the body ended). Returns bytes written, 0 at the end, nil when curl must pause.
-    func read(into buffer: UnsafeMutableRawPointer, capacity: Int,
-              readClient: (UnsafeMutableRawPointer, Int) throws(ProxyError) -> Int?) throws(ProxyError) -> Int? {
+    func read(
+        into buffer: UnsafeMutableRawPointer, capacity: Int,
+        readClient: (UnsafeMutableRawPointer, Int) throws(ProxyError) -> Int?
+    ) throws(ProxyError) -> Int? {
         if let offset = replayOffset, let replay {
             let n = min(capacity, replay.count - offset)
             replay.withUnsafeBytes { buffer.copyMemory(from: $0.baseAddress! + offset, byteCount: n) }
@@ -60,8 +62,10 @@ final class RequestBodyReader {
         return n
     }
 
-    private func readEncoded(into buffer: UnsafeMutableRawPointer, capacity: Int,
-                             readClient: (UnsafeMutableRawPointer, Int) throws(ProxyError) -> Int?) throws(ProxyError) -> Int? {
+    private func readEncoded(
+        into buffer: UnsafeMutableRawPointer, capacity: Int,
+        readClient: (UnsafeMutableRawPointer, Int) throws(ProxyError) -> Int?
+    ) throws(ProxyError) -> Int? {
         while pendingOffset == pending.count {
             if encodedEnd { return 0 }
             pending.removeAll(keepingCapacity: true)

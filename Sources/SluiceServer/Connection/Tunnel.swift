@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import CShims
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Opens the TCP connection for a CONNECT through the session core, so tunnels get the same
 /// resolver (threaded, with the shared DNS cache), connect timeout and `access.deny` check
@@ -68,9 +69,14 @@ final class TunnelDialer: CurlTransfer {
         if result == CURLE_OK { sluice_easy_getinfo_socket(handle, &fd) }
         let owned = fd >= 0 ? dup(fd) : -1
         let deniedHost = parent?.host ?? target.host  // with a parent, its address was checked
-        let error: ProxyError? = owned >= 0 ? nil : denied ? .destinationDenied(host: deniedHost)
-            : CurlFailure.error(result, handle: handle, message: nil, host: target.host, authority: target.authority,
-                                purpose: .tunnel, trust: nil, parent: parent)
+        let error: ProxyError? =
+            owned >= 0
+            ? nil
+            : denied
+                ? .destinationDenied(host: deniedHost)
+                : CurlFailure.error(
+                    result, handle: handle, message: nil, host: target.host, authority: target.authority,
+                    purpose: .tunnel, trust: nil, parent: parent)
         cancel()  // the handle is gone after this
         if let error {
             connection.tunnelFailed(error)
@@ -96,13 +102,17 @@ final class Tunnel {
         self.connection = connection
         let bev = bufferevent_socket_new(connection.worker.base, upstreamFD, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue))!
         upstream = bev
-        bufferevent_setcb(bev, { _, arg in
-            Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamReadable()
-        }, { _, arg in
-            Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamDrained()
-        }, { _, what, arg in
-            Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamEvent(what)
-        }, Unmanaged.passUnretained(self).toOpaque())
+        bufferevent_setcb(
+            bev,
+            { _, arg in
+                Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamReadable()
+            },
+            { _, arg in
+                Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamDrained()
+            },
+            { _, what, arg in
+                Unmanaged<Tunnel>.fromOpaque(arg!).takeUnretainedValue().upstreamEvent(what)
+            }, Unmanaged.passUnretained(self).toOpaque())
         bufferevent_setwatermark(bev, Int16(EV_WRITE), ClientConnection.outputLowWatermark, 0)
         bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
     }

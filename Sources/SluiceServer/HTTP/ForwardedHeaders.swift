@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import HTTPTypes
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The header rewriting a proxy owes both directions (RFC 9110 §7.6): hop-by-hop fields and
 /// those named in `Connection` are removed, `Via` is added, `Proxy-Authorization` and
@@ -57,9 +58,11 @@ enum ForwardedHeaders {
     /// adapters), the adapters' work is done here, in the same pass: replaced fields are
     /// skipped and the plan's appended. `requestId`: the `X-Request-Id` Sluice made for a
     /// request that came without one (unless the plan sets or removes that field itself).
-    static func requestList(for head: HTTPRequestHead, viaLine: [UInt8], edits: HeaderEditPlan? = nil,
-                            requestId: String? = nil, forwarding: ForwardingFields? = nil,
-                            builder: inout HeaderList.Builder) -> HeaderList {
+    static func requestList(
+        for head: HTTPRequestHead, viaLine: [UInt8], edits: HeaderEditPlan? = nil,
+        requestId: String? = nil, forwarding: ForwardingFields? = nil,
+        builder: inout HeaderList.Builder
+    ) -> HeaderList {
         builder.reset()
         var sawAccept = false
         head.bytes.withUnsafeBufferPointer { buf in

@@ -42,8 +42,9 @@ public struct HTTPRequestParser: Sendable {
             self.body = body
         }
         public init(_ limits: ServerConfiguration.Limits) {
-            self.init(requestLine: limits.requestLine, headerSection: limits.headerSection,
-                      headerCount: limits.headerCount, body: limits.requestBody)
+            self.init(
+                requestLine: limits.requestLine, headerSection: limits.headerSection,
+                headerCount: limits.headerCount, body: limits.requestBody)
         }
     }
 
@@ -202,8 +203,10 @@ public struct HTTPRequestParser: Sendable {
         return headResult!
     }
 
-    private static func parseHead(_ buf: UnsafeBufferPointer<UInt8>, bytes: [UInt8],
-                                  limits: Limits) throws(ProxyError) -> HTTPRequestHead {
+    private static func parseHead(
+        _ buf: UnsafeBufferPointer<UInt8>, bytes: [UInt8],
+        limits: Limits
+    ) throws(ProxyError) -> HTTPRequestHead {
         // Request line: method SP request-target SP HTTP-version CRLF (exactly single spaces).
         var i = 0
         while i < buf.count, ASCII.isTokenChar(buf[i]) { i += 1 }
@@ -220,11 +223,12 @@ public struct HTTPRequestParser: Sendable {
         }
         i += 1
         guard i + 10 <= buf.count,
-              buf[i] == 0x48, buf[i + 1] == 0x54, buf[i + 2] == 0x54, buf[i + 3] == 0x50, buf[i + 4] == 0x2F,
-              (0x30...0x39).contains(buf[i + 5]), buf[i + 6] == 0x2E, (0x30...0x39).contains(buf[i + 7]),
-              buf[i + 8] == 0x0D, buf[i + 9] == 0x0A
+            buf[i] == 0x48, buf[i + 1] == 0x54, buf[i + 2] == 0x54, buf[i + 3] == 0x50, buf[i + 4] == 0x2F,
+            (0x30...0x39).contains(buf[i + 5]), buf[i + 6] == 0x2E, (0x30...0x39).contains(buf[i + 7]),
+            buf[i + 8] == 0x0D, buf[i + 9] == 0x0A
         else { throw .malformedRequest("malformed request line (version)") }
-        let major = Int(buf[i + 5] - 0x30), minor = Int(buf[i + 7] - 0x30)
+        let major = Int(buf[i + 5] - 0x30)
+        let minor = Int(buf[i + 7] - 0x30)
         guard major == 1, minor <= 1 else { throw .unsupportedVersion }
         i += 10
 
@@ -278,7 +282,7 @@ public struct HTTPRequestParser: Sendable {
             case 14 where ASCII.equalsIgnoringCase(name, "content-length"):
                 for element in listElements(value, keepEmpty: true) {
                     guard !element.isEmpty, element.count <= 18, element.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }),
-                          let n = Int64(element)
+                        let n = Int64(element)
                     else { throw .malformedRequest("invalid Content-Length") }
                     if let previous = contentLength, previous != n {
                         throw .malformedRequest("differing Content-Length values")
@@ -313,9 +317,10 @@ public struct HTTPRequestParser: Sendable {
             framing = .none
         }
 
-        return HTTPRequestHead(bytes: bytes, methodRange: methodRange, targetRange: targetRange,
-                               minorVersion: minor, fields: fields, framing: framing,
-                               connectionTokens: connectionTokens, expectsContinue: expectsContinue)
+        return HTTPRequestHead(
+            bytes: bytes, methodRange: methodRange, targetRange: targetRange,
+            minorVersion: minor, fields: fields, framing: framing,
+            connectionTokens: connectionTokens, expectsContinue: expectsContinue)
     }
 
     /// The comma-separated elements of a list-valued field, with optional whitespace trimmed.
@@ -323,7 +328,8 @@ public struct HTTPRequestParser: Sendable {
         var out: [String] = []
         var start = 0
         for i in 0...value.count where i == value.count || value[i] == 0x2C {
-            var s = start, e = i
+            var s = start
+            var e = i
             while s < e, value[s] == 0x20 || value[s] == 0x09 { s += 1 }
             while e > s, value[e - 1] == 0x20 || value[e - 1] == 0x09 { e -= 1 }
             if e > s || keepEmpty { out.append(String(decoding: UnsafeBufferPointer(rebasing: value[s..<e]), as: UTF8.self)) }
@@ -366,8 +372,9 @@ public struct HTTPRequestParser: Sendable {
                     guard ASCII.isFieldValueByte(b) else { throw .malformedRequest("invalid chunk extension") }
                     state = .chunkSize(value: value, digits: digits, inExtension: true, lineBytes: lineBytes + 1)
                 } else if let h = ASCII.hexValue(b), digits < 16 {
-                    state = .chunkSize(value: value << 4 | h, digits: digits + 1, inExtension: false,
-                                       lineBytes: lineBytes + 1)
+                    state = .chunkSize(
+                        value: value << 4 | h, digits: digits + 1, inExtension: false,
+                        lineBytes: lineBytes + 1)
                 } else if (b == 0x3B || b == 0x20 || b == 0x09) && digits > 0 {
                     // chunk-ext, possibly after BWS; its contents are ignored.
                     state = .chunkSize(value: value, digits: digits, inExtension: true, lineBytes: lineBytes + 1)

@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 /// The HTTP/1.1 response decoder of Sluice's native upstream transport (its own HTTP/1.1
 /// client for plain-http origins): a value-type state machine over bytes (RFC 9112), the twin
@@ -293,8 +293,10 @@ struct HTTPResponseParser {
     private mutating func count(_ n: Int, trailer: Bool) throws(Failure) {
         sectionBytes += n
         if sectionBytes > limits.headerSection {
-            throw Failure(reason: trailer ? "trailer section larger than \(limits.headerSection) bytes"
-                                          : "response head larger than \(limits.headerSection) bytes")
+            throw Failure(
+                reason: trailer
+                    ? "trailer section larger than \(limits.headerSection) bytes"
+                    : "response head larger than \(limits.headerSection) bytes")
         }
     }
 
@@ -331,7 +333,7 @@ struct HTTPResponseParser {
     private mutating func statusLine(_ l: [UInt8]) throws(Failure) {
         if l.isEmpty { throw Failure(reason: "empty line where a status line was expected") }
         guard l.count >= 12, l[0] == 0x48, l[1] == 0x54, l[2] == 0x54, l[3] == 0x50, l[4] == 0x2F,  // "HTTP/"
-              l[5] == 0x31, l[6] == 0x2E, l[7] == 0x30 || l[7] == 0x31, l[8] == 0x20  // "1.0 " or "1.1 "
+            l[5] == 0x31, l[6] == 0x2E, l[7] == 0x30 || l[7] == 0x31, l[8] == 0x20  // "1.0 " or "1.1 "
         else { throw Failure(reason: "malformed status line (version)") }
         guard Self.isDigit(l[9]), Self.isDigit(l[10]), Self.isDigit(l[11]), l.count == 12 || l[12] == 0x20 else {
             throw Failure(reason: "malformed status line (status code)")
@@ -354,7 +356,9 @@ struct HTTPResponseParser {
         fieldCount = 0
         facts = FieldFacts()
         if code >= 200 {
-            l.withUnsafeBytes { head.beginValidated(status: code, reason: UnsafeRawBufferPointer(rebasing: $0[min(13, l.count)...])) }
+            l.withUnsafeBytes {
+                head.beginValidated(status: code, reason: UnsafeRawBufferPointer(rebasing: $0[min(13, l.count)...]))
+            }
         }
     }
 
@@ -432,8 +436,11 @@ struct HTTPResponseParser {
 
     /// The fields that decide framing and persistence, checked as they arrive; returns the
     /// field's kind for the encoder.
-    private mutating func interpret(_ l: [UInt8], name: Range<Int>, value: Range<Int>) throws(Failure)
-        -> ResponseEncoder.ResponseField {
+    private mutating func interpret(
+        _ l: [UInt8], name: Range<Int>, value: Range<Int>
+    ) throws(Failure)
+        -> ResponseEncoder.ResponseField
+    {
         switch name.count {
         case 2 where Self.equalsIgnoringCase(l, name, "te"):
             return .hopByHop
@@ -547,8 +554,9 @@ struct HTTPResponseParser {
                     }
                 case .whitespace:
                     if b == 0x20 || b == 0x09 || b == 0x3B {
-                        state = .chunkSize(value: value, digits: digits, phase: b == 0x3B ? .chunkExtension : .whitespace,
-                                           lineBytes: lineBytes + 1)
+                        state = .chunkSize(
+                            value: value, digits: digits, phase: b == 0x3B ? .chunkExtension : .whitespace,
+                            lineBytes: lineBytes + 1)
                     } else {
                         throw Failure(reason: "invalid chunk size")
                     }
@@ -624,7 +632,8 @@ struct HTTPResponseParser {
             var e = s0
             while e < range.upperBound, bytes[e] != 0x2C { e += 1 }
             start = e < range.upperBound ? e + 1 : nil
-            var s = s0, t = e
+            var s = s0
+            var t = e
             while s < t, bytes[s] == 0x20 || bytes[s] == 0x09 { s += 1 }
             while t > s, bytes[t - 1] == 0x20 || bytes[t - 1] == 0x09 { t -= 1 }
             return s..<t

@@ -13,8 +13,9 @@ struct RequestTarget: Equatable {
     /// The URL handed to the session core: the client's target with the scheme lower-cased.
     var url: String
 
-    /// `host:port` for messages and logs; IPv6 literals in brackets.
-    var authority: String { host.utf8.contains(0x3A) ? "[\(host)]:\(port)" : "\(host):\(port)" }  // bytes: no Foundation search per request
+    /// `host:port` for messages and logs; IPv6 literals in brackets (a byte test: no
+    /// Foundation search per request).
+    var authority: String { host.utf8.contains(0x3A) ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
     /// The path and query of `url` (`/` when it has none), for a request line Sluice writes
     /// itself (an upgrade handshake).
@@ -77,17 +78,21 @@ struct RequestTarget: Equatable {
             let authorityStart = colon + 3
             var authorityEnd = authorityStart
             while authorityEnd < t.count, t[authorityEnd] != UInt8(ascii: "/"), t[authorityEnd] != UInt8(ascii: "?"),
-                  t[authorityEnd] != UInt8(ascii: "#") {
+                t[authorityEnd] != UInt8(ascii: "#")
+            {
                 if t[authorityEnd] == UInt8(ascii: "@") { throw .badURL("credentials in the URL are not allowed") }
                 authorityEnd += 1
             }
             if t[authorityEnd...].contains(UInt8(ascii: "#")) { throw .badURL("fragment in request target") }
-            let (host, port) = try parseAuthority(UnsafeBufferPointer(rebasing: t[authorityStart..<authorityEnd]),
-                                                  defaultPort: scheme == .http ? 80 : 443)
+            let (host, port) = try parseAuthority(
+                UnsafeBufferPointer(rebasing: t[authorityStart..<authorityEnd]),
+                defaultPort: scheme == .http ? 80 : 443)
             // The URL as received, with the scheme lower-cased (curl is picky about nothing else).
-            let url = colon == 4 && t[0] == UInt8(ascii: "h") && t[1] == UInt8(ascii: "t") && t[2] == UInt8(ascii: "t")
-                && t[3] == UInt8(ascii: "p") || colon == 5 && t[0] == UInt8(ascii: "h") && t[4] == UInt8(ascii: "s")
-                && t[1] == UInt8(ascii: "t") && t[2] == UInt8(ascii: "t") && t[3] == UInt8(ascii: "p")
+            let url =
+                colon == 4 && t[0] == UInt8(ascii: "h") && t[1] == UInt8(ascii: "t") && t[2] == UInt8(ascii: "t")
+                    && t[3] == UInt8(ascii: "p")
+                    || colon == 5 && t[0] == UInt8(ascii: "h") && t[4] == UInt8(ascii: "s")
+                        && t[1] == UInt8(ascii: "t") && t[2] == UInt8(ascii: "t") && t[3] == UInt8(ascii: "p")
                 ? String(decoding: t, as: UTF8.self)
                 : (scheme == .http ? "http" : "https") + String(decoding: t[colon...], as: UTF8.self)
             return RequestTarget(scheme: scheme, host: host, port: port, url: url)
@@ -97,11 +102,12 @@ struct RequestTarget: Equatable {
     /// The target a host's `upstream:` override sends a request to: the scheme changed, the
     /// port from the override, else the URL's explicit port, else the new scheme's default.
     func overridden(by override: UpstreamOverride) throws(ProxyError) -> RequestTarget {
-        let newScheme: Scheme = switch override.scheme {
-        case .https?: .https
-        case .http?: .http
-        case nil: scheme
-        }
+        let newScheme: Scheme =
+            switch override.scheme {
+            case .https?: .https
+            case .http?: .http
+            case nil: scheme
+            }
         guard scheme != newScheme || override.port != nil else { return self }
         let afterScheme = url[url.index(url.startIndex, offsetBy: scheme == .http ? 7 : 8)...]
         let authorityEnd = afterScheme.firstIndex { $0 == "/" || $0 == "?" } ?? afterScheme.endIndex
@@ -149,7 +155,8 @@ struct RequestTarget: Equatable {
             }
             for i in 0..<hostEnd {
                 let b = a[i]
-                let valid = (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A)
+                let valid =
+                    (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A)
                     || b == 0x2D || b == 0x2E || b == 0x5F
                 guard valid else { throw .badURL("invalid host name") }
             }

@@ -41,7 +41,10 @@ enum ResponseEncoder {
         let count = withUnsafeMutableBytes(of: &line) { raw -> Int in
             var n = data.count
             var digits = 0
-            repeat { digits += 1; n >>= 4 } while n > 0
+            repeat {
+                digits += 1
+                n >>= 4
+            } while n > 0
             n = data.count
             for i in stride(from: digits - 1, through: 0, by: -1) {
                 raw[i] = hexDigits[n & 0xF]
@@ -129,22 +132,27 @@ enum ResponseEncoder {
         for i in start..<nameEnd where !ASCII.isTokenChar(buf[i]) {
             throw InvalidResponse(reason: "invalid header field name")
         }
-        var v = colon + 1, vEnd = end
+        var v = colon + 1
+        var vEnd = end
         while v < vEnd, buf[v] == 0x20 || buf[v] == 0x09 { v += 1 }
         while vEnd > v, buf[vEnd - 1] == 0x20 || buf[vEnd - 1] == 0x09 { vEnd -= 1 }
-        return FieldLine(name: start..<nameEnd, value: v..<vEnd,
-                         kind: ResponseField(UnsafeBufferPointer(rebasing: buf[start..<nameEnd])))
+        return FieldLine(
+            name: start..<nameEnd, value: v..<vEnd,
+            kind: ResponseField(UnsafeBufferPointer(rebasing: buf[start..<nameEnd])))
     }
 
     /// Calls `body` with each comma-separated element of a list value, whitespace trimmed
     /// (empty elements included).
-    private static func forEachElement(_ buf: UnsafeBufferPointer<UInt8>, _ range: Range<Int>,
-                                       _ body: (UnsafeBufferPointer<UInt8>) throws(InvalidResponse) -> Void) throws(InvalidResponse) {
+    private static func forEachElement(
+        _ buf: UnsafeBufferPointer<UInt8>, _ range: Range<Int>,
+        _ body: (UnsafeBufferPointer<UInt8>) throws(InvalidResponse) -> Void
+    ) throws(InvalidResponse) {
         var start = range.lowerBound
         var i = start
         while i <= range.upperBound {
             if i == range.upperBound || buf[i] == 0x2C {
-                var s = start, e = i
+                var s = start
+                var e = i
                 while s < e, buf[s] == 0x20 || buf[s] == 0x09 { s += 1 }
                 while e > s, buf[e - 1] == 0x20 || buf[e - 1] == 0x09 { e -= 1 }
                 try body(UnsafeBufferPointer(rebasing: buf[s..<e]))
@@ -155,8 +163,10 @@ enum ResponseEncoder {
     }
 
     /// Whether a Connection field of the head lists `name` (ASCII case-insensitive).
-    private static func connectionLists(_ name: UnsafeBufferPointer<UInt8>, in buf: UnsafeBufferPointer<UInt8>,
-                                        fields: UnsafeMutableBufferPointer<FieldLine>) -> Bool {
+    private static func connectionLists(
+        _ name: UnsafeBufferPointer<UInt8>, in buf: UnsafeBufferPointer<UInt8>,
+        fields: UnsafeMutableBufferPointer<FieldLine>
+    ) -> Bool {
         var found = false
         for field in fields where field.kind == .connection && !found {
             try? forEachElement(buf, field.value) { (token: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
@@ -177,17 +187,21 @@ enum ResponseEncoder {
     /// or malformed `Content-Length`s and invalid field names are refused (no response
     /// smuggling through Sluice); whitespace before a colon is removed and CR, LF or NUL inside
     /// a value become SP (RFC 9110 §5.5), so an upstream cannot inject fields.
-    static func forwardedHead(_ head: ResponseHeadCollector, isHeadRequest: Bool, clientMinorVersion: Int,
-                              keepAlive: Bool, viaLine: [UInt8], extraLines: [UInt8] = [],
-                              into output: OpaquePointer) throws(InvalidResponse) -> Framing {
+    static func forwardedHead(
+        _ head: ResponseHeadCollector, isHeadRequest: Bool, clientMinorVersion: Int,
+        keepAlive: Bool, viaLine: [UInt8], extraLines: [UInt8] = [],
+        into output: OpaquePointer
+    ) throws(InvalidResponse) -> Framing {
         guard (100...599).contains(head.status) else { throw InvalidResponse(reason: "invalid status code") }
         // The fields' parts live on the stack for the two passes.
         let result = withUnsafeTemporaryAllocation(of: FieldLine.self, capacity: max(1, head.lineEnds.count)) { fields in
             head.lines.withUnsafeBufferPointer { buf -> Result<Framing, InvalidResponse> in
                 do throws(InvalidResponse) {
-                    return .success(try encode(head, buf, fields, isHeadRequest: isHeadRequest,
-                                               clientMinorVersion: clientMinorVersion, keepAlive: keepAlive,
-                                               viaLine: viaLine, extraLines: extraLines, into: output))
+                    return .success(
+                        try encode(
+                            head, buf, fields, isHeadRequest: isHeadRequest,
+                            clientMinorVersion: clientMinorVersion, keepAlive: keepAlive,
+                            viaLine: viaLine, extraLines: extraLines, into: output))
                 } catch {
                     return .failure(error)
                 }
@@ -196,10 +210,12 @@ enum ResponseEncoder {
         return try result.get()
     }
 
-    private static func encode(_ head: ResponseHeadCollector, _ buf: UnsafeBufferPointer<UInt8>,
-                               _ fields: UnsafeMutableBufferPointer<FieldLine>, isHeadRequest: Bool,
-                               clientMinorVersion: Int, keepAlive: Bool, viaLine: [UInt8], extraLines: [UInt8],
-                               into output: OpaquePointer) throws(InvalidResponse) -> Framing {
+    private static func encode(
+        _ head: ResponseHeadCollector, _ buf: UnsafeBufferPointer<UInt8>,
+        _ fields: UnsafeMutableBufferPointer<FieldLine>, isHeadRequest: Bool,
+        clientMinorVersion: Int, keepAlive: Bool, viaLine: [UInt8], extraLines: [UInt8],
+        into output: OpaquePointer
+    ) throws(InvalidResponse) -> Framing {
         let status = head.status
         let count = head.lineEnds.count
         // Pass 1: validate, and learn the facts that decide the framing.
@@ -277,7 +293,10 @@ enum ResponseEncoder {
         }
         let out = extent.iov_base.assumingMemoryBound(to: UInt8.self)
         var n = 0
-        func put(_ b: UInt8) { out[n] = b; n += 1 }
+        func put(_ b: UInt8) {
+            out[n] = b
+            n += 1
+        }
         func put(_ bytes: UnsafeBufferPointer<UInt8>) {
             guard let base = bytes.baseAddress else { return }
             (out + n).update(from: base, count: bytes.count)
@@ -288,7 +307,9 @@ enum ResponseEncoder {
             n += text.utf8CodeUnitCount
         }
         put("HTTP/1.1 ")
-        put(UInt8(0x30 + status / 100)); put(UInt8(0x30 + status / 10 % 10)); put(UInt8(0x30 + status % 10))
+        put(UInt8(0x30 + status / 100))
+        put(UInt8(0x30 + status / 10 % 10))
+        put(UInt8(0x30 + status % 10))
         put(0x20)
         if useOwnReason {
             for b in reasonPhrase(status).utf8 { put(b) }
@@ -330,8 +351,11 @@ enum ResponseEncoder {
     /// The origin's `101` for the client of an upgrade: its end-to-end fields and `Upgrade`
     /// as they came (field names checked, CR, LF and NUL in values made SP), `Via`, and
     /// `Connection: Upgrade`; the other hop-by-hop and framing fields are dropped.
-    static func switchingProtocols(_ head: ResponseHeadCollector, viaLine: [UInt8], into output: OpaquePointer)
-        throws(InvalidResponse) {
+    static func switchingProtocols(
+        _ head: ResponseHeadCollector, viaLine: [UInt8], into output: OpaquePointer
+    )
+        throws(InvalidResponse)
+    {
         var out: [UInt8] = Array("HTTP/1.1 101 Switching Protocols\r\n".utf8)
         var sawUpgrade = false
         var start = 0

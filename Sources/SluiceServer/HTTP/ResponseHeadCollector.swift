@@ -59,13 +59,17 @@ struct ResponseHeadCollector {
 
     /// A field line the response parser checked, with its name and trimmed value as ranges
     /// of `line`, and its kind.
-    mutating func addValidated(_ line: UnsafeRawBufferPointer, name: Range<Int>, value: Range<Int>,
-                               kind: ResponseEncoder.ResponseField) {
+    mutating func addValidated(
+        _ line: UnsafeRawBufferPointer, name: Range<Int>, value: Range<Int>,
+        kind: ResponseEncoder.ResponseField
+    ) {
         let base = lines.count
         line.withMemoryRebound(to: UInt8.self) { lines.append(contentsOf: $0) }
         lineEnds.append(lines.count)
-        fields.append(ValidatedField(name: base + name.lowerBound..<base + name.upperBound,
-                                     value: base + value.lowerBound..<base + value.upperBound, kind: kind))
+        fields.append(
+            ValidatedField(
+                name: base + name.lowerBound..<base + name.upperBound,
+                value: base + value.lowerBound..<base + value.upperBound, kind: kind))
     }
 
     /// The empty line that ends a validated final head.
@@ -139,7 +143,8 @@ struct ResponseHeadCollector {
                         break
                     }
                     guard same else { continue }
-                    var v = colon + 1, e = end
+                    var v = colon + 1
+                    var e = end
                     while v < e, buf[v] == 0x20 || buf[v] == 0x09 { v += 1 }
                     while e > v, buf[e - 1] == 0x20 || buf[e - 1] == 0x09 { e -= 1 }
                     return String(decoding: UnsafeBufferPointer(rebasing: buf[v..<e]), as: UTF8.self)
@@ -161,8 +166,10 @@ struct ResponseHeadCollector {
             defer { start = end }
             let line = lines[start..<end]
             guard let colon = line.firstIndex(of: 0x3A), colon > start,
-                  line[start..<colon].allSatisfy(ASCII.isTokenChar) else { continue }
-            var v = colon + 1, e = end
+                line[start..<colon].allSatisfy(ASCII.isTokenChar)
+            else { continue }
+            var v = colon + 1
+            var e = end
             while v < e, lines[v] == 0x20 || lines[v] == 0x09 { v += 1 }
             while e > v, lines[e - 1] == 0x20 || lines[e - 1] == 0x09 { e -= 1 }
             let value = lines[v..<e].map { $0 == 0x0D || $0 == 0x0A || $0 == 0 ? 0x20 : $0 }
@@ -170,8 +177,10 @@ struct ResponseHeadCollector {
         }
         let connection = out.filter { $0.name.lowercased() == "connection" }
             .flatMap { $0.value.split(separator: ",").map { $0.filter { $0 != " " && $0 != "\t" }.lowercased() } }
-        let dropped = Set(["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
-                           "content-length", "proxy-authenticate"]).union(connection)
+        let dropped = Set([
+            "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+            "content-length", "proxy-authenticate",
+        ]).union(connection)
         return out.filter { !dropped.contains($0.name.lowercased()) }
     }
 }

@@ -86,7 +86,9 @@ struct UpgradeResponseReader {
                     let framing = try Self.framing(of: head)
                     switch framing {
                     case .none: state = .done
-                    case .length(let n): remaining = n; state = n == 0 ? .done : .body(framing)
+                    case .length(let n):
+                        remaining = n
+                        state = n == 0 ? .done : .body(framing)
                     case .chunked: state = .chunkSize(value: 0, digits: 0, inExtension: false)
                     case .close: state = .body(.close)
                     }
@@ -96,7 +98,10 @@ struct UpgradeResponseReader {
                 let n = min(UInt64(bytes.count - i), remaining)
                 remaining -= n
                 i += Int(n)
-                if remaining == 0 { state = .done; return (i, .bodyEnded) }
+                if remaining == 0 {
+                    state = .done
+                    return (i, .bodyEnded)
+                }
             case .body:
                 return (bytes.count, nil)  // close-delimited: everything is body
             case .chunkSize(let value, let digits, let inExtension):
@@ -133,14 +138,19 @@ struct UpgradeResponseReader {
             case .trailer(let lineBytes):
                 let b = bytes[i]
                 i += 1
-                if b == 0x0D { state = .trailerLF(empty: lineBytes == 0) } else {
+                if b == 0x0D {
+                    state = .trailerLF(empty: lineBytes == 0)
+                } else {
                     guard lineBytes < Self.maxHeadBytes else { throw .headTooLarge }
                     state = .trailer(lineBytes: lineBytes + 1)
                 }
             case .trailerLF(let empty):
                 guard bytes[i] == 0x0A else { throw .malformed("bare CR in trailer section") }
                 i += 1
-                if empty { state = .done; return (i, .bodyEnded) }
+                if empty {
+                    state = .done
+                    return (i, .bodyEnded)
+                }
                 state = .trailer(lineBytes: 0)
             case .done:
                 return (i, nil)
@@ -165,8 +175,8 @@ struct UpgradeResponseReader {
     }
 }
 
-private extension Substring {
-    func trimmingCharacters(in set: String) -> String {
+extension Substring {
+    fileprivate func trimmingCharacters(in set: String) -> String {
         var s = self[...]
         while let c = s.first, set.contains(c) { s = s.dropFirst() }
         while let c = s.last, set.contains(c) { s = s.dropLast() }

@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The request head the native transport writes to an origin (RFC 9112 §3): request line in
 /// origin form, `Host`, the forwarded fields, and the body's framing. Its input is the same
@@ -28,7 +29,8 @@ enum UpstreamRequestEncoder {
         var host = request.target.host
         // Everything but the header lines is bounded by the method, the URL, the host and
         // 128 bytes (" HTTP/1.1", "Host: [", "]:65535", the framing field, the CRLFs).
-        let bound = method.utf8.count + request.target.url.utf8.count + host.utf8.count + request.headers.byteCount
+        let bound =
+            method.utf8.count + request.target.url.utf8.count + host.utf8.count + request.headers.byteCount
             + 2 * request.headers.count + 128
         var extent = iovec()
         guard evbuffer_reserve_space(output, bound, &extent, 1) >= 1 else { return }

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceCore
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// What the log says when accept() fails (`Worker.acceptFailed`): one warning when an episode
 /// starts — why (EMFILE: the descriptor limit, with its value and how many are open), and

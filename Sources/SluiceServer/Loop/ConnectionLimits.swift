@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceCore
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// `limits.max_connections` (client connections open at once, every worker together) and
 /// `limits.max_connections_per_client` (per client IP address). Checked when a connection is
@@ -27,17 +28,21 @@ final class ConnectionLimits: Sendable {
         let low: UInt64
 
         init?(_ sa: UnsafePointer<sockaddr>) {
-            guard let key = SocketAddress.withAddressBytes(sa, { bytes -> ClientKey in
-                var b = [UInt8](repeating: 0, count: 16)
-                if bytes.count == 4 {
-                    b[10] = 0xff
-                    b[11] = 0xff
-                    for i in 0..<4 { b[12 + i] = bytes[i] }
-                } else {
-                    for i in 0..<16 { b[i] = bytes[i] }
-                }
-                return ClientKey(b)
-            }) else { return nil }
+            guard
+                let key = SocketAddress.withAddressBytes(
+                    sa,
+                    { bytes -> ClientKey in
+                        var b = [UInt8](repeating: 0, count: 16)
+                        if bytes.count == 4 {
+                            b[10] = 0xff
+                            b[11] = 0xff
+                            for i in 0..<4 { b[12 + i] = bytes[i] }
+                        } else {
+                            for i in 0..<16 { b[i] = bytes[i] }
+                        }
+                        return ClientKey(b)
+                    })
+            else { return nil }
             self = key
         }
 
@@ -109,7 +114,8 @@ final class ConnectionLimits: Sendable {
         if refusedTotal.load(ordering: .relaxed) > 0 {
             let refused = refusedTotal.exchange(0, ordering: .relaxed)
             if refused > 0 {
-                Log.info("accepting client connections again: \(refused) refused while limits.max_connections (\(max)) was reached")
+                Log.info(
+                    "accepting client connections again: \(refused) refused while limits.max_connections (\(max)) was reached")
             }
         }
         guard let key else { return nil }
@@ -131,7 +137,8 @@ final class ConnectionLimits: Sendable {
         if refusedNow > 0 {
             open.wrappingSubtract(1, ordering: .relaxed)
             if refusedNow == 1 {
-                Log.warning("refusing new connections from \(describe()) with 503: \(limit) are open (limits.max_connections_per_client)")
+                Log.warning(
+                    "refusing new connections from \(describe()) with 503: \(limit) are open (limits.max_connections_per_client)")
             }
             SluiceMetrics.shared.recordRefusal(.maxConnectionsPerClient)
             return .tooManyConnectionsFromClient(limit: limit)

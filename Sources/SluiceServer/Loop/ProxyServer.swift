@@ -1,12 +1,13 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import CShims
 import SluiceConfig
 import SluiceCore
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A running Sluice: N worker threads, each with its own event loop, listeners and upstream
 /// session, sharing only the immutable configuration and libcurl's DNS/TLS-session share
@@ -89,9 +90,11 @@ public final class ProxyServer: @unchecked Sendable {
         if let disk = config.cacheStore?.disk {
             do {
                 let tier = try DiskCacheTier(directory: disk.path, capacity: UInt64(disk.size)) { Log.warning($0) }
-                let scan = tier.startScan, usage = tier.usage
-                Log.info("disk cache \(disk.path): \(usage.entries) entries, \(usage.bytes) bytes kept; "
-                         + "\(scan.dropped) dropped, \(scan.temporaries) unfinished writes removed, \(scan.evicted) evicted")
+                let scan = tier.startScan
+                let usage = tier.usage
+                Log.info(
+                    "disk cache \(disk.path): \(usage.entries) entries, \(usage.bytes) bytes kept; "
+                        + "\(scan.dropped) dropped, \(scan.temporaries) unfinished writes removed, \(scan.evicted) evicted")
                 diskTier = tier
             } catch {
                 throw ServerError.startup("cache_store.disk.path: \(error.description)")
@@ -103,11 +106,13 @@ public final class ProxyServer: @unchecked Sendable {
         var workers: [Worker] = []
         do {
             for i in 0..<count {
-                workers.append(try Worker(index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
-                                          interception: interception,
-                                          heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
-                                          connectionLimits: connectionLimits, health: health,
-                                          cacheStore: cacheStore, diskTier: diskTier))
+                workers.append(
+                    try Worker(
+                        index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
+                        interception: interception,
+                        heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
+                        connectionLimits: connectionLimits, health: health,
+                        cacheStore: cacheStore, diskTier: diskTier))
             }
         } catch {
             // The workers made so far never ran: freeing them ends their sessions' use of it.
@@ -124,10 +129,12 @@ public final class ProxyServer: @unchecked Sendable {
         for worker in workers {
             var thread = pthread_t()
             let box = Unmanaged.passRetained(worker).toOpaque()
-            let rc = pthread_create(&thread, nil, { arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeRetainedValue().run()
-                return nil
-            }, box)
+            let rc = pthread_create(
+                &thread, nil,
+                { arg in
+                    Unmanaged<Worker>.fromOpaque(arg!).takeRetainedValue().run()
+                    return nil
+                }, box)
             guard rc == 0 else { throw ServerError.startup("cannot start worker thread: \(String(cString: strerror(rc)))") }
             // `top -H`, `ps -L` and the watchdog's log name workers by their index. Named here,
             // before start returns (and so before READY=1), not by the thread itself, which may
@@ -140,7 +147,9 @@ public final class ProxyServer: @unchecked Sendable {
             admin.start()
             Log.info("admin API on \(admin.address)")
         }
-        Log.info("listening on \(config.listen.joined(separator: ", ")) with \(count) worker(s), libcurl \(String(cString: sluice_curl_version()))")
+        Log.info(
+            "listening on \(config.listen.joined(separator: ", ")) with \(count) worker(s), libcurl \(String(cString: sluice_curl_version()))"
+        )
     }
 
     static func listenAddresses(_ server: ServerConfiguration) -> [String] {
@@ -227,7 +236,9 @@ public final class ProxyServer: @unchecked Sendable {
         fixed.tls.allHostsMustBeEvaluated = config.tls.allHostsMustBeEvaluated  // part of the policies
         Self.keepLoadLimits(of: config, in: &fixed)  // these apply on reload
         if fixed != config {
-            Log.warning("reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir, admin and cache_store changes need a restart; kept the running values")
+            Log.warning(
+                "reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir, admin and cache_store changes need a restart; kept the running values"
+            )
         }
         let running = Set(Self.listenAddresses(current.withLock { $0.server }))
         do {
@@ -272,11 +283,13 @@ public final class ProxyServer: @unchecked Sendable {
     private func prepareTLS(for configuration: SluiceConfiguration) throws(ServerError) {
         let policies = configuration.pipeline.policies
         for name in policies.insecurePolicies {
-            Log.warning("policy '\(name)': trust is disabled (insecure: true): upstream certificates are NOT verified for its hosts")
+            Log.warning(
+                "policy '\(name)': trust is disabled (insecure: true): upstream certificates are NOT verified for its hosts")
         }
         for (name, directives) in policies.cacheOverrulingPolicies {
-            Log.warning("policy '\(name)': the shared cache IGNORES the origin's \(directives.joined(separator: ", ")) "
-                        + "(cache.modify.ignore_origin_directives): such responses are stored and served to every client")
+            Log.warning(
+                "policy '\(name)': the shared cache IGNORES the origin's \(directives.joined(separator: ", ")) "
+                    + "(cache.modify.ignore_origin_directives): such responses are stored and served to every client")
         }
         guard policies.intercepts, interception.current == nil else { return }
         let directory = config.tls.caDir ?? LocalCA.defaultDirectory()
@@ -347,10 +360,12 @@ public final class ProxyServer: @unchecked Sendable {
         let signals = Self.controlSignals
         let waiter = SignalWaiter(server: self, signals: signals)
         var thread = pthread_t()
-        pthread_create(&thread, nil, { arg in
-            Unmanaged<SignalWaiter>.fromOpaque(arg!).takeRetainedValue().run()
-            return nil
-        }, Unmanaged.passRetained(waiter).toOpaque())
+        pthread_create(
+            &thread, nil,
+            { arg in
+                Unmanaged<SignalWaiter>.fromOpaque(arg!).takeRetainedValue().run()
+                return nil
+            }, Unmanaged.passRetained(waiter).toOpaque())
         pthread_detach(thread)
         wait()
         notifier?.stopWatchdog()

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CSystemd
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// systemd's notification protocol (`sd_notify(3)`), for `sluice run` under a `Type=notify`
 /// unit (`systemd/sluice.service`). Present only when the service manager set
@@ -83,10 +84,12 @@ final class ServiceNotifier: Sendable {
     func startWatchdog(heartbeats: [Worker.Heartbeat], generation: @escaping @Sendable () -> Int) {
         let watch = WatchdogThread(notifier: self, heartbeats: heartbeats, generation: generation)
         var thread = pthread_t()
-        pthread_create(&thread, nil, { arg in
-            Unmanaged<WatchdogThread>.fromOpaque(arg!).takeRetainedValue().run()
-            return nil
-        }, Unmanaged.passRetained(watch).toOpaque())
+        pthread_create(
+            &thread, nil,
+            { arg in
+                Unmanaged<WatchdogThread>.fromOpaque(arg!).takeRetainedValue().run()
+                return nil
+            }, Unmanaged.passRetained(watch).toOpaque())
         pthread_detach(thread)
     }
 
@@ -97,7 +100,8 @@ final class ServiceNotifier: Sendable {
     /// The `STATUS=` line for the workers' latest counts, or nil when it has not changed.
     fileprivate func statusUpdate(generation: Int, inFlight: Int, connections: Int) -> String? {
         status.withLock { status -> String? in
-            let line = (status.reloadFailure.map { $0 + "; " } ?? "")
+            let line =
+                (status.reloadFailure.map { $0 + "; " } ?? "")
                 + "serving: configuration generation \(generation), requests in flight: \(inFlight), "
                 + "client connections: \(connections)"
             if status.last == line { return nil }
@@ -151,8 +155,9 @@ private final class WatchdogThread: @unchecked Sendable {
                     withheld = false
                 } else if !withheld {
                     withheld = true
-                    Log.error("watchdog: worker(s) \(stuck.map(String.init).joined(separator: ", ")) did not check in "
-                        + "for \(intervalUsec / 1000) ms; withholding the watchdog ping")
+                    Log.error(
+                        "watchdog: worker(s) \(stuck.map(String.init).joined(separator: ", ")) did not check in "
+                            + "for \(intervalUsec / 1000) ms; withholding the watchdog ping")
                 }
             }
             if let status = notifier.statusUpdate(generation: generation(), inFlight: inFlight, connections: connections) {

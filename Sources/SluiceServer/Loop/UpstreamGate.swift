@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A worker's side of its `UpstreamAdmission` (`limits.max_in_flight_upstream`,
 /// `limits.upstream_queue`, `timeouts.upstream_queue`): asks it whether a forwarded request
@@ -43,16 +44,22 @@ final class UpstreamGate {
         self.workerIndex = workerIndex
         admission = UpstreamAdmission(Self.settings(limits, timeouts))
         let me = Unmanaged.passUnretained(self).toOpaque()
-        timer = event_new(base, -1, 0, { _, _, arg in
-            let gate = Unmanaged<UpstreamGate>.fromOpaque(arg!).takeUnretainedValue()
-            gate.perform(gate.admission.handle(.timer, now: MonotonicClock.milliseconds()))
-        }, me)
-        runEvent = event_new(base, -1, 0, { _, _, arg in
-            Unmanaged<UpstreamGate>.fromOpaque(arg!).takeUnretainedValue().runDecided()
-        }, me)
+        timer = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                let gate = Unmanaged<UpstreamGate>.fromOpaque(arg!).takeUnretainedValue()
+                gate.perform(gate.admission.handle(.timer, now: MonotonicClock.milliseconds()))
+            }, me)
+        runEvent = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                Unmanaged<UpstreamGate>.fromOpaque(arg!).takeUnretainedValue().runDecided()
+            }, me)
     }
 
-    static func settings(_ limits: ServerConfiguration.Limits, _ timeouts: ServerConfiguration.Timeouts) -> UpstreamAdmission.Settings {
+    static func settings(
+        _ limits: ServerConfiguration.Limits, _ timeouts: ServerConfiguration.Timeouts
+    ) -> UpstreamAdmission.Settings {
         .init(maxInFlight: limits.maxInFlightUpstream, queueSize: limits.upstreamQueue, queueTimeout: timeouts.upstreamQueue)
     }
 
@@ -117,7 +124,9 @@ final class UpstreamGate {
         refusedInEpisode += 1
         guard refusedInEpisode == 1 else { return }
         let max = admission.settings.maxInFlight.map(String.init) ?? "unlimited"
-        Log.warning("worker \(workerIndex): refusing requests with 503: \(why) (limits.max_in_flight_upstream \(max), limits.upstream_queue \(admission.settings.queueSize))")
+        Log.warning(
+            "worker \(workerIndex): refusing requests with 503: \(why) (limits.max_in_flight_upstream \(max), limits.upstream_queue \(admission.settings.queueSize))"
+        )
     }
 
     private func endEpisode() {
@@ -128,11 +137,17 @@ final class UpstreamGate {
 
     private func perform(_ actions: UpstreamAdmission.Actions, except own: UInt64? = nil) {
         for ticket in actions.start where ticket != own {
-            if let connection = waiting.removeValue(forKey: ticket) { decided.append((connection, ticket, nil)) } else { release() }
+            if let connection = waiting.removeValue(forKey: ticket) {
+                decided.append((connection, ticket, nil))
+            } else {
+                release()
+            }
         }
         for refused in actions.refuse where refused.ticket != own {
             let error = refusal(refused.reason)
-            if let connection = waiting.removeValue(forKey: refused.ticket) { decided.append((connection, refused.ticket, error)) }
+            if let connection = waiting.removeValue(forKey: refused.ticket) {
+                decided.append((connection, refused.ticket, error))
+            }
         }
         if !decided.isEmpty { event_active(runEvent, 0, 0) }
         switch actions.timer {

@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import CShims
 import SluiceCore
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// One event-loop thread: its own `event_base`, its own listening sockets (`SO_REUSEPORT`,
 /// so the kernel spreads connections across workers), its own libcurl multi and upstream
@@ -165,10 +166,12 @@ final class Worker {
     }
 
     /// `heartbeatMilliseconds`: how often the loop beats its `heartbeat` (nil: never).
-    init(index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
-         interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
-         connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil,
-         cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil) throws {
+    init(
+        index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
+        interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
+        connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil,
+        cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil
+    ) throws {
         self.index = index
         self.health = health ?? UpstreamHealth()
         self.cacheStore = cacheStore
@@ -188,31 +191,44 @@ final class Worker {
         session = UpstreamSession(base: base, share: share, limits: configuration.server.upstream)
         nativePool = NativeUpstreamPool(base: base, spill: readSpill, limits: configuration.server.upstream)
         resolver = Resolver(base: base)
-        upstreamGate = UpstreamGate(base: base, workerIndex: index, limits: configuration.server.limits,
-                                    timeouts: configuration.server.timeouts)
+        upstreamGate = UpstreamGate(
+            base: base, workerIndex: index, limits: configuration.server.limits,
+            timeouts: configuration.server.timeouts)
         let me = Unmanaged.passUnretained(self).toOpaque()
-        stopEvent = event_new(base, -1, Int16(EV_PERSIST), { _, what, arg in
-            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beginDrain(force: what & Int16(EV_SIGNAL) != 0)
-        }, me)
-        event_add(stopEvent, nil)
-        reloadEvent = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
-            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().applyPendingReload()
-        }, me)
-        event_add(reloadEvent, nil)
-        adminEvent = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
-            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().runAdminTasks()
-        }, me)
-        event_add(adminEvent, nil)
-        flushEvent = event_new(base, -1, 0, { _, _, arg in
-            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().flushPass()
-        }, me)
-        heapTrimTimer = event_new(base, -1, 0, { _, _, arg in
-            Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().heapTrimCheck()
-        }, me)
-        if let ms = heartbeatMilliseconds {
-            heartbeatTimer = event_new(base, -1, Int16(EV_PERSIST), { _, _, arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beat()
+        stopEvent = event_new(
+            base, -1, Int16(EV_PERSIST),
+            { _, what, arg in
+                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beginDrain(force: what & Int16(EV_SIGNAL) != 0)
             }, me)
+        event_add(stopEvent, nil)
+        reloadEvent = event_new(
+            base, -1, Int16(EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().applyPendingReload()
+            }, me)
+        event_add(reloadEvent, nil)
+        adminEvent = event_new(
+            base, -1, Int16(EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().runAdminTasks()
+            }, me)
+        event_add(adminEvent, nil)
+        flushEvent = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().flushPass()
+            }, me)
+        heapTrimTimer = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().heapTrimCheck()
+            }, me)
+        if let ms = heartbeatMilliseconds {
+            heartbeatTimer = event_new(
+                base, -1, Int16(EV_PERSIST),
+                { _, _, arg in
+                    Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beat()
+                }, me)
             var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
             event_add(heartbeatTimer, &tv)
         }
@@ -259,8 +275,10 @@ final class Worker {
             case .ping(let gather):
                 gather.deliver(!isDraining && session.isUsable)
             case .counts(let gather):
-                gather.deliver(WorkerCounts(index: index, exchangesInFlight: exchangesInFlight,
-                                            clientConnections: connections.count))
+                gather.deliver(
+                    WorkerCounts(
+                        index: index, exchangesInFlight: exchangesInFlight,
+                        clientConnections: connections.count))
             }
         }
     }
@@ -294,10 +312,12 @@ final class Worker {
 
     /// Swaps in the new pipeline and opens or closes listeners to match the new file.
     private func applyPendingReload() {
-        guard let configuration = mailbox.contents.withLock({ contents -> SluiceConfiguration? in
-            defer { contents.pending = nil }
-            return contents.pending
-        }) else { return }
+        guard
+            let configuration = mailbox.contents.withLock({ contents -> SluiceConfiguration? in
+                defer { contents.pending = nil }
+                return contents.pending
+            })
+        else { return }
         pipeline = WorkerPipeline(configuration.pipeline, reload: true)
         probes?.update()
         upstreamGate.reconfigure(configuration.server.limits, configuration.server.timeouts)
@@ -356,10 +376,12 @@ final class Worker {
         let flags = UInt32(LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_REUSEABLE_PORT | LEV_OPT_CLOSE_ON_EXEC)
         let ev = withUnsafePointer(to: &storage) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { sa in
-                evconnlistener_new_bind(base, { _, fd, sa, _, arg in
-                    let listener = Unmanaged<Listener>.fromOpaque(arg!).takeUnretainedValue()
-                    listener.worker.accept(fd: fd, address: sa!, mode: listener.mode)
-                }, Unmanaged.passUnretained(listener).toOpaque(), flags, 1024, sa, length)
+                evconnlistener_new_bind(
+                    base,
+                    { _, fd, sa, _, arg in
+                        let listener = Unmanaged<Listener>.fromOpaque(arg!).takeUnretainedValue()
+                        listener.worker.accept(fd: fd, address: sa!, mode: listener.mode)
+                    }, Unmanaged.passUnretained(listener).toOpaque(), flags, 1024, sa, length)
             }
         }
         guard let ev else {
@@ -391,11 +413,13 @@ final class Worker {
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         var forwarding: ForwardingFields?
         if case .route(let route) = mode {
-            forwarding = ForwardingFields(style: route.forwarded, trusted: SocketAddress.matches(address, route.trustedClients),
-                                          clientAddress: SocketAddress.host(address) ?? "unknown")
+            forwarding = ForwardingFields(
+                style: route.forwarded, trusted: SocketAddress.matches(address, route.trustedClients),
+                clientAddress: SocketAddress.host(address) ?? "unknown")
         }
-        let connection = ClientConnection(worker: self, mode: mode, fd: fd, peer: SocketAddress.describe(address),
-                                          forwarding: forwarding)
+        let connection = ClientConnection(
+            worker: self, mode: mode, fd: fd, peer: SocketAddress.describe(address),
+            forwarding: forwarding)
         connection.clientKey = key
         connections[ObjectIdentifier(connection)] = connection
     }
@@ -448,9 +472,11 @@ final class Worker {
         evconnlistener_disable(ev)
         acceptPaused.append(listener)
         if acceptRetryTimer == nil {
-            acceptRetryTimer = event_new(base, -1, 0, { _, _, arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().resumeAccepting()
-            }, Unmanaged.passUnretained(self).toOpaque())
+            acceptRetryTimer = event_new(
+                base, -1, 0,
+                { _, _, arg in
+                    Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().resumeAccepting()
+                }, Unmanaged.passUnretained(self).toOpaque())
         }
         let ms = AcceptFailures.retryMilliseconds
         var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
@@ -493,11 +519,13 @@ final class Worker {
         }
         let ms = config.timeouts.drain
         var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        drainTimer = event_new(base, -1, 0, { _, _, arg in
-            let worker = Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue()
-            Log.warning("worker \(worker.index): drain timeout, closing \(worker.connections.count) connection(s)")
-            event_base_loopbreak(worker.base)
-        }, Unmanaged.passUnretained(self).toOpaque())
+        drainTimer = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                let worker = Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue()
+                Log.warning("worker \(worker.index): drain timeout, closing \(worker.connections.count) connection(s)")
+                event_base_loopbreak(worker.base)
+            }, Unmanaged.passUnretained(self).toOpaque())
         event_add(drainTimer, &tv)
     }
 

@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import Logging
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Sluice's diagnostics (not the access log): one swift-log `Logger` labelled `sluice`.
 /// Where its lines go is the process's `LoggingSystem` choice — `sluice run` bootstraps

@@ -1,14 +1,17 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Helpers over C socket addresses: the raw address bytes for ACL checks, and text for logs.
 enum SocketAddress {
     /// Calls `body` with the 4 or 16 network-order address bytes of `sa`, or returns nil for
     /// families other than IPv4 and IPv6.
-    static func withAddressBytes<R>(_ sa: UnsafePointer<sockaddr>,
-                                    _ body: (UnsafeRawBufferPointer) -> R) -> R? {
+    static func withAddressBytes<R>(
+        _ sa: UnsafePointer<sockaddr>,
+        _ body: (UnsafeRawBufferPointer) -> R
+    ) -> R? {
         switch Int32(sa.pointee.sa_family) {
         case AF_INET:
             return sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
@@ -37,7 +40,9 @@ enum SocketAddress {
         case AF_INET:
             return sa.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { "\(host):\(UInt16(bigEndian: $0.pointee.sin_port))" }
         default:
-            return sa.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { "[\(host)]:\(UInt16(bigEndian: $0.pointee.sin6_port))" }
+            return sa.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) {
+                "[\(host)]:\(UInt16(bigEndian: $0.pointee.sin6_port))"
+            }
         }
     }
 

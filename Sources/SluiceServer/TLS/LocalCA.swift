@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import COpenSSL
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The local certificate authority interception signs its leaves with (`sluice ca init`):
 /// `ca.pem` (the certificate clients are told to trust) and `ca.key` (mode 0600) in one
@@ -79,7 +80,8 @@ public final class LocalCA: @unchecked Sendable {
 
     /// Reads the CA in `directory`; the error says how to make one.
     public static func load(directory: String) throws(ServerError) -> LocalCA {
-        let certPath = "\(directory)/\(certificateFile)", keyPath = "\(directory)/\(keyFile)"
+        let certPath = "\(directory)/\(certificateFile)"
+        let keyPath = "\(directory)/\(keyFile)"
         guard access(certPath, R_OK) == 0, access(keyPath, R_OK) == 0 else {
             throw .ca(.missing(directory: directory))
         }
@@ -105,24 +107,30 @@ public final class LocalCA: @unchecked Sendable {
     /// Creates a CA in `directory` (made 0700 when missing). Refuses to replace an existing
     /// one unless `force`; files are written whole or not at all (temporary file + rename).
     public static func create(directory: String, force: Bool) throws(ServerError) -> LocalCA {
-        let certPath = "\(directory)/\(certificateFile)", keyPath = "\(directory)/\(keyFile)"
+        let certPath = "\(directory)/\(certificateFile)"
+        let keyPath = "\(directory)/\(keyFile)"
         if !force, access(certPath, F_OK) == 0 || access(keyPath, F_OK) == 0 {
             throw .ca(.exists(directory: directory))
         }
         try makeDirectory(directory)
         guard let key = TLSObjects.generateKey() else { throw .ca(.keyGeneration(reason: TLSObjects.lastError())) }
-        guard let cert = TLSObjects.makeCertificate(
-            subject: "Sluice Local CA", publicKey: key, issuer: nil, signingKey: key, validDays: 3650,
-            extensions: [(NID_basic_constraints, "critical,CA:TRUE,pathlen:0"), (NID_key_usage, "critical,keyCertSign,cRLSign"),
-                         (NID_subject_key_identifier, "hash"), (NID_authority_key_identifier, "keyid:always")]) else {
+        guard
+            let cert = TLSObjects.makeCertificate(
+                subject: "Sluice Local CA", publicKey: key, issuer: nil, signingKey: key, validDays: 3650,
+                extensions: [
+                    (NID_basic_constraints, "critical,CA:TRUE,pathlen:0"), (NID_key_usage, "critical,keyCertSign,cRLSign"),
+                    (NID_subject_key_identifier, "hash"), (NID_authority_key_identifier, "keyid:always"),
+                ])
+        else {
             EVP_PKEY_free(key)
             throw .ca(.certificateCreation(reason: TLSObjects.lastError()))
         }
         let ca = LocalCA(certificate: cert, key: key, directory: directory)
         // Both files are written to temporaries first and renamed last, so a failure leaves the
         // old pair (or nothing) in place, never a key that does not match the certificate.
-        let keyTemporary = try writeTemporary(TLSObjects.pem { PEM_write_bio_PrivateKey($0, key, nil, nil, 0, nil, nil) },
-                                              for: keyPath, mode: 0o600)
+        let keyTemporary = try writeTemporary(
+            TLSObjects.pem { PEM_write_bio_PrivateKey($0, key, nil, nil, 0, nil, nil) },
+            for: keyPath, mode: 0o600)
         let certTemporary: String
         do {
             certTemporary = try writeTemporary(ca.certificatePEM, for: certPath, mode: 0o644)
@@ -226,15 +234,18 @@ enum TLSObjects {
         defer { EVP_PKEY_CTX_free(ctx) }
         var key: OpaquePointer?
         guard EVP_PKEY_keygen_init(ctx) == 1, EVP_PKEY_CTX_set_ec_paramgen_curve_nid(ctx, NID_X9_62_prime256v1) == 1,
-              EVP_PKEY_keygen(ctx, &key) == 1 else { return nil }
+            EVP_PKEY_keygen(ctx, &key) == 1
+        else { return nil }
         return key
     }
 
     /// A certificate for `subject` (CN), signed by `signingKey` as `issuer` (self-signed when
     /// nil), valid from an hour ago for `validDays`, with a random 128-bit serial.
-    static func makeCertificate(subject: String, publicKey: OpaquePointer, issuer: OpaquePointer?,
-                                signingKey: OpaquePointer, validDays: Int,
-                                extensions: [(Int32, String)]) -> OpaquePointer? {
+    static func makeCertificate(
+        subject: String, publicKey: OpaquePointer, issuer: OpaquePointer?,
+        signingKey: OpaquePointer, validDays: Int,
+        extensions: [(Int32, String)]
+    ) -> OpaquePointer? {
         guard let x = X509_new() else { return nil }
         var ok = X509_set_version(x, 2) == 1
         var serial = [UInt8](repeating: 0, count: 16)
@@ -259,7 +270,10 @@ enum TLSObjects {
         var v3 = X509V3_CTX()
         X509V3_set_ctx(&v3, issuer ?? x, x, nil, nil, 0)
         for (nid, value) in extensions where ok {
-            guard let ext = X509V3_EXT_conf_nid(nil, &v3, nid, value) else { ok = false; break }
+            guard let ext = X509V3_EXT_conf_nid(nil, &v3, nid, value) else {
+                ok = false
+                break
+            }
             ok = X509_add_ext(x, ext, -1) == 1
             X509_EXTENSION_free(ext)
         }

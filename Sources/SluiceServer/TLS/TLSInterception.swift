@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import COpenSSL
 import CShims
 import SluiceCore
 import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Sluice's TLS server for intercepted CONNECTs: one `SSL_CTX` for the process whose
 /// certificate callback picks, per handshake, a leaf for the client's SNI name, signed by
@@ -35,7 +36,9 @@ final class TLSInterception: @unchecked Sendable {
 
     init(ca: LocalCA) throws(ServerError) {
         self.ca = ca
-        guard let key = TLSObjects.generateKey() else { throw .startup("cannot generate the leaf key: \(TLSObjects.lastError())") }
+        guard let key = TLSObjects.generateKey() else {
+            throw .startup("cannot generate the leaf key: \(TLSObjects.lastError())")
+        }
         guard let ctx = SSL_CTX_new(TLS_server_method()) else {
             EVP_PKEY_free(key)
             throw .startup("cannot create the interception TLS context: \(TLSObjects.lastError())")
@@ -43,10 +46,12 @@ final class TLSInterception: @unchecked Sendable {
         leafKey = key
         context = ctx
         sluice_ssl_ctx_server_defaults(ctx)
-        SSL_CTX_set_cert_cb(ctx, { ssl, _ in
-            guard let ssl, let raw = SSL_get_ex_data(ssl, 0) else { return 0 }
-            return Unmanaged<InterceptedHandshake>.fromOpaque(raw).takeUnretainedValue().chooseCertificate(ssl)
-        }, nil)
+        SSL_CTX_set_cert_cb(
+            ctx,
+            { ssl, _ in
+                guard let ssl, let raw = SSL_get_ex_data(ssl, 0) else { return 0 }
+                return Unmanaged<InterceptedHandshake>.fromOpaque(raw).takeUnretainedValue().chooseCertificate(ssl)
+            }, nil)
     }
 
     deinit {
@@ -81,14 +86,18 @@ final class TLSInterception: @unchecked Sendable {
         return leaves.withLock { cache -> Leaf? in
             if let cached = cache[name], cached.expires - now > 86400 { return cached }
             let isAddress = IPNetwork.parseAddress(name) != nil
-            guard let cert = TLSObjects.makeCertificate(
-                subject: name, publicKey: leafKey, issuer: ca.certificate, signingKey: ca.key,
-                validDays: Self.leafValidDays,
-                extensions: [(NID_basic_constraints, "critical,CA:FALSE"),
-                             (NID_key_usage, "critical,digitalSignature,keyEncipherment"),
-                             (NID_ext_key_usage, "serverAuth"),
-                             (NID_subject_alt_name, (isAddress ? "IP:" : "DNS:") + name),
-                             (NID_subject_key_identifier, "hash"), (NID_authority_key_identifier, "keyid:always")]) else {
+            guard
+                let cert = TLSObjects.makeCertificate(
+                    subject: name, publicKey: leafKey, issuer: ca.certificate, signingKey: ca.key,
+                    validDays: Self.leafValidDays,
+                    extensions: [
+                        (NID_basic_constraints, "critical,CA:FALSE"),
+                        (NID_key_usage, "critical,digitalSignature,keyEncipherment"),
+                        (NID_ext_key_usage, "serverAuth"),
+                        (NID_subject_alt_name, (isAddress ? "IP:" : "DNS:") + name),
+                        (NID_subject_key_identifier, "hash"), (NID_authority_key_identifier, "keyid:always"),
+                    ])
+            else {
                 return nil
             }
             let leaf = Leaf(certificate: cert, expires: now + Self.leafValidDays * 86400 - 3600)

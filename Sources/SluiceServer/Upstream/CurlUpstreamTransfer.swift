@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import CShims
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Something that owns a curl easy handle on a worker's multi and wants its result.
 /// The handle's `CURLOPT_PRIVATE` points at the owner (unretained: the owner keeps itself
@@ -102,9 +103,11 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// first body byte or at the end, because curl may still answer an auth challenge.
     private var headComplete: Bool { head.isComplete }
 
-    init(session: UpstreamSession, delegate: UpstreamTransferDelegate, bodySource: RequestBodySource,
-         output: OpaquePointer, request: UpstreamRequest,
-         clientMinorVersion: Int, config: ServerConfiguration, viaLine: [UInt8]) {
+    init(
+        session: UpstreamSession, delegate: UpstreamTransferDelegate, bodySource: RequestBodySource,
+        output: OpaquePointer, request: UpstreamRequest,
+        clientMinorVersion: Int, config: ServerConfiguration, viaLine: [UInt8]
+    ) {
         self.session = session
         self.delegate = delegate
         self.bodySource = request.body == .none ? nil : bodySource
@@ -118,7 +121,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         trust = request.trust
         method = request.method
         resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
-        isPlain = request.target.scheme == .http && request.body == .none && request.credentials == nil
+        isPlain =
+            request.target.scheme == .http && request.body == .none && request.credentials == nil
             && request.parentProxy == nil
         (handle, handleConfigured) = session.makeHandle(plain: isPlain)
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
@@ -176,8 +180,9 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         priorKnowledge = choice.version == .priorKnowledge
         Self.applyProtocol(choice, to: h)
         if target.scheme == .https {
-            UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
-                                  defaultCAFile: config.tls.caFile)
+            UpstreamTLS.configure(
+                h, trust: request.trust, clientCertificate: request.clientCertificate,
+                defaultCAFile: config.tls.caFile)
             request.reuse.apply(to: h)
         }
 
@@ -221,11 +226,12 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// `upstream.http2`'s choice for this try (set on every handle: a configured one may carry
     /// another host's).
     static func applyProtocol(_ choice: HTTP2Mode.ProtocolChoice, to h: UnsafeMutableRawPointer) {
-        let version = switch choice.version {
-        case .http1: CURL_HTTP_VERSION_1_1
-        case .negotiated: CURL_HTTP_VERSION_2TLS
-        case .priorKnowledge: CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
-        }
+        let version =
+            switch choice.version {
+            case .http1: CURL_HTTP_VERSION_1_1
+            case .negotiated: CURL_HTTP_VERSION_2TLS
+            case .priorKnowledge: CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
+            }
         sluice_easy_setopt_long(h, CURLOPT_HTTP_VERSION, Int(version))
         sluice_easy_setopt_long(h, CURLOPT_PIPEWAIT, choice.waitsForMultiplexing ? 1 : 0)
     }
@@ -233,10 +239,12 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// Starts the transfer and its per-try timer (start → response head).
     func start(perTryTimeout: Int) {
         let me = Unmanaged.passUnretained(self).toOpaque()
-        tryTimer = event_new(session.base, -1, 0, { _, _, arg in
-            let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
-            t.fail(.upstreamTimeout(host: t.target.authority, phase: .noResponseHead))
-        }, me)
+        tryTimer = event_new(
+            session.base, -1, 0,
+            { _, _, arg in
+                let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
+                t.fail(.upstreamTimeout(host: t.target.authority, phase: .noResponseHead))
+            }, me)
         var tv = timeval(tv_sec: perTryTimeout / 1000, tv_usec: (perTryTimeout % 1000) * 1000)
         event_add(tryTimer, &tv)
         session.start(handle)
@@ -248,7 +256,10 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         guard !finished else { return }
         if let delegate, !inCompletion { delegate.tryEnded(timings: collectTimings()) }
         finished = true
-        if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
+        if let tryTimer {
+            event_free(tryTimer)
+            self.tryTimer = nil
+        }
         // Abandoned midway (the client left, an operator cancelled): the origin is told by a
         // reset, whatever it was doing.
         if !inCompletion { session.abortConnection(of: handle, multiplexed: priorKnowledge) }
@@ -298,9 +309,11 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// libcurl's open-socket callback for a try to an origin (this transfer's and an upgrade's):
     /// the socket, unless `access.deny` refuses the address, with the error to answer when there
     /// is none. A socket to a parent proxy is marked as such for the session's poll shim.
-    static func openOriginSocket(_ address: UnsafeMutablePointer<curl_sockaddr>, deny: [IPNetwork],
-                                 parentProxy: UpstreamProxy?, target: RequestTarget,
-                                 session: UpstreamSession) -> (curl_socket_t, ProxyError?) {
+    static func openOriginSocket(
+        _ address: UnsafeMutablePointer<curl_sockaddr>, deny: [IPNetwork],
+        parentProxy: UpstreamProxy?, target: RequestTarget,
+        session: UpstreamSession
+    ) -> (curl_socket_t, ProxyError?) {
         let denied = withUnsafePointer(to: &address.pointee.addr) { SocketAddress.matches($0, deny) }
         if denied {
             // With a parent, the only address Sluice resolves and connects to is the parent's.
@@ -338,8 +351,9 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         }
         guard requestsSent > 0, !responseSinceRequest, !resendable else { return CURL_PREREQFUNC_OK }
         Log.debug("upstream \(target.authority): connection lost before a response; not sending the \(method) again")
-        pendingError = .upstreamProtocol(host: target.authority,
-                                         reason: "connection lost before a response (a \(method) is not sent twice)")
+        pendingError = .upstreamProtocol(
+            host: target.authority,
+            reason: "connection lost before a response (a \(method) is not sent twice)")
         pendingKind = .reset
         return CURL_PREREQFUNC_ABORT
     }
@@ -397,8 +411,9 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
             // The parent wants credentials from Sluice, not from the client (which never sees
             // the parent, and whose Proxy-Authorization is Sluice's): Sluice's failure.
             invalidResponse = true
-            pendingError = .parentProxyFailed(proxy: parentProxy.url,
-                                              reason: "answered 407 (upstream_proxy.auth is missing or wrong)")
+            pendingError = .parentProxyFailed(
+                proxy: parentProxy.url,
+                reason: "answered 407 (upstream_proxy.auth is missing or wrong)")
             return
         }
         headSent = true
@@ -423,11 +438,16 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private func collectTimings() -> TryTimings {
         var t = TryTimings()
         var v: curl_off_t = 0
-        sluice_easy_getinfo_off(handle, CURLINFO_NAMELOOKUP_TIME_T, &v); t.dns = Int64(v)
-        sluice_easy_getinfo_off(handle, CURLINFO_CONNECT_TIME_T, &v); t.connect = Int64(v)
-        sluice_easy_getinfo_off(handle, CURLINFO_APPCONNECT_TIME_T, &v); t.tls = Int64(v)
-        sluice_easy_getinfo_off(handle, CURLINFO_STARTTRANSFER_TIME_T, &v); t.firstByte = Int64(v)
-        sluice_easy_getinfo_off(handle, CURLINFO_TOTAL_TIME_T, &v); t.total = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_NAMELOOKUP_TIME_T, &v)
+        t.dns = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_CONNECT_TIME_T, &v)
+        t.connect = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_APPCONNECT_TIME_T, &v)
+        t.tls = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_STARTTRANSFER_TIME_T, &v)
+        t.firstByte = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_TOTAL_TIME_T, &v)
+        t.total = Int64(v)
         var n = 0
         sluice_easy_getinfo_long(handle, CURLINFO_HTTP_VERSION, &n)
         switch n {
@@ -504,8 +524,9 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     }
 
     private func classify(_ code: CURLcode) -> (error: ProxyError, kind: TransportErrorKind) {
-        CurlFailure.classify(code, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
-                             host: target.host, authority: target.authority, purpose: .forward,
-                             trust: target.scheme == .https ? trust : nil, parent: parentProxy, gotResponse: status != 0)
+        CurlFailure.classify(
+            code, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
+            host: target.host, authority: target.authority, purpose: .forward,
+            trust: target.scheme == .https ? trust : nil, parent: parentProxy, gotResponse: status != 0)
     }
 }

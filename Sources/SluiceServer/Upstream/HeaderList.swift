@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// A request's header lines as libcurl reads them (`CURLOPT_HTTPHEADER`): a `curl_slist`
 /// whose nodes and bytes are one allocation owned by this object and freed with it, instead
@@ -31,8 +32,9 @@ final class HeaderList {
             return
         }
         let nodesSize = count * MemoryLayout<curl_slist>.stride
-        let block = UnsafeMutableRawPointer.allocate(byteCount: nodesSize + builder.bytes.count,
-                                                     alignment: MemoryLayout<curl_slist>.alignment)
+        let block = UnsafeMutableRawPointer.allocate(
+            byteCount: nodesSize + builder.bytes.count,
+            alignment: MemoryLayout<curl_slist>.alignment)
         builder.bytes.withUnsafeBytes { bytes in
             (block + nodesSize).copyMemory(from: bytes.baseAddress!, byteCount: bytes.count)
         }
@@ -116,12 +118,18 @@ final class HeaderList {
         var builder = Builder()
         var node = pointer
         while let n = node {
-            let line = Array(UnsafeBufferPointer(start: UnsafeRawPointer(n.pointee.data).assumingMemoryBound(to: UInt8.self),
-                                                 count: strlen(n.pointee.data)))
+            let line = Array(
+                UnsafeBufferPointer(
+                    start: UnsafeRawPointer(n.pointee.data).assumingMemoryBound(to: UInt8.self),
+                    count: strlen(n.pointee.data)))
             node = n.pointee.next
-            if let colon = line.firstIndex(of: UInt8(ascii: ":")), line.withUnsafeBufferPointer({ buf in
-                removing.contains { ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[..<colon]), $0) }
-            }) { continue }
+            if let colon = line.firstIndex(of: UInt8(ascii: ":")),
+                line.withUnsafeBufferPointer({ buf in
+                    removing.contains { ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[..<colon]), $0) }
+                })
+            {
+                continue
+            }
             builder.append(line: line)
         }
         for (name, value) in adding { builder.append(name: name.utf8, value: value.utf8) }
@@ -133,8 +141,11 @@ final class HeaderList {
         var builder = Builder()
         var node = pointer
         while let n = node {
-            builder.append(line: Array(UnsafeBufferPointer(start: UnsafeRawPointer(n.pointee.data).assumingMemoryBound(to: UInt8.self),
-                                                           count: strlen(n.pointee.data))))
+            builder.append(
+                line: Array(
+                    UnsafeBufferPointer(
+                        start: UnsafeRawPointer(n.pointee.data).assumingMemoryBound(to: UInt8.self),
+                        count: strlen(n.pointee.data))))
             node = n.pointee.next
         }
         builder.append(name: name.utf8, value: value.utf8)

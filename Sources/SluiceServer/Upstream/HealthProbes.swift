@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The probes of `health.probe`: while an origin's circuit is half-open, one `GET probe.path`
 /// at a time, as a `SideFetch` — through the same parent proxy (`upstream_proxy`), TLS trust,
@@ -24,9 +25,11 @@ final class HealthProbes {
 
     init(worker: Worker) {
         self.worker = worker
-        timer = event_new(worker.base, -1, Int16(EV_PERSIST), { _, _, arg in
-            Unmanaged<HealthProbes>.fromOpaque(arg!).takeUnretainedValue().startDue()
-        }, Unmanaged.passUnretained(self).toOpaque())
+        timer = event_new(
+            worker.base, -1, Int16(EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<HealthProbes>.fromOpaque(arg!).takeUnretainedValue().startDue()
+            }, Unmanaged.passUnretained(self).toOpaque())
         update()
     }
 
@@ -56,9 +59,11 @@ final class HealthProbes {
     private func start(_ origin: UpstreamHealth.Origin, _ path: String, _ settings: Health) {
         let policy = worker.pipeline.policies.match(host: origin.host)
         let health = worker.health
-        let fetch = SideFetch(session: worker.session, config: worker.config, policy: policy, url: origin.name + path,
-                              headers: [("User-Agent", "sluice-health-probe"), ("Via", worker.via)], body: nil,
-                              reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil)) { result in
+        let fetch = SideFetch(
+            session: worker.session, config: worker.config, policy: policy, url: origin.name + path,
+            headers: [("User-Agent", "sluice-health-probe"), ("Via", worker.via)], body: nil,
+            reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil)
+        ) { result in
             let success: Bool
             switch result {
             case .success(let answer):
@@ -68,8 +73,9 @@ final class HealthProbes {
                 success = false
                 Log.debug("upstream \(origin.name): probe \(path) failed: \(error.message)")
             }
-            let answer = health.handle(.probeEnded(success: success), for: origin, settings: settings,
-                                       now: MonotonicClock.milliseconds())
+            let answer = health.handle(
+                .probeEnded(success: success), for: origin, settings: settings,
+                now: MonotonicClock.milliseconds())
             ClientConnection.log(answer.change, probe: true)
         }
         fetch.start()

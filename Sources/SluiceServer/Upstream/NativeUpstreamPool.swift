@@ -1,8 +1,9 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// One HTTP/1.1 connection from a worker to an origin address, carrying one request at a
 /// time. While it carries one, its socket's events go to that request's
@@ -114,8 +115,9 @@ final class NativeUpstreamPool {
     func release(_ connection: UpstreamConnection?, origin: UpstreamOrigin, reusable: Bool, abortive: Bool = false) {
         connection?.user = nil
         let usable = reusable && !isShutDown && connection.map { !$0.isClosed } ?? false
-        let (action, wake) = state.release(connection, key: connection?.key ?? UpstreamAddressKey(origin: origin), origin: origin,
-                                           reusable: usable)
+        let (action, wake) = state.release(
+            connection, key: connection?.key ?? UpstreamAddressKey(origin: origin), origin: origin,
+            reusable: usable)
         if let connection {
             switch action {
             case .park: park(connection)
@@ -136,10 +138,12 @@ final class NativeUpstreamPool {
         connection.completedRequests += 1
         connection.socket.wantsInput = true
         if connection.idleTimer == nil {
-            connection.idleTimer = event_new(base, -1, 0, { _, _, arg in
-                let c = Unmanaged<UpstreamConnection>.fromOpaque(arg!).takeUnretainedValue()
-                c.socketClosed()  // idle: the pool closes it
-            }, Unmanaged.passUnretained(connection).toOpaque())
+            connection.idleTimer = event_new(
+                base, -1, 0,
+                { _, _, arg in
+                    let c = Unmanaged<UpstreamConnection>.fromOpaque(arg!).takeUnretainedValue()
+                    c.socketClosed()  // idle: the pool closes it
+                }, Unmanaged.passUnretained(connection).toOpaque())
         }
         let ms = Self.idleTimeoutMilliseconds
         var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
@@ -207,7 +211,10 @@ struct UpstreamAddressKey: Hashable {
                 $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
                     var bytes = sin6.pointee.sin6_addr
                     let (h, l) = withUnsafeBytes(of: &bytes) {
-                        ($0.loadUnaligned(fromByteOffset: 0, as: UInt64.self), $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+                        (
+                            $0.loadUnaligned(fromByteOffset: 0, as: UInt64.self),
+                            $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self)
+                        )
                     }
                     return (sin6.pointee.sin6_port, h, l)
                 }

@@ -1,9 +1,10 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// One forwarded request over Sluice's own HTTP/1.1 client: the native transport
 /// (docs/architecture.md, "Two transports"). A try resolves its origin on the worker's
@@ -106,9 +107,11 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var startedAt: Int64 = 0
     private var timings = TryTimings()
 
-    init(pool: NativeUpstreamPool, resolver: Resolver, delegate: UpstreamTransferDelegate, bodySource: RequestBodySource,
-         output: OpaquePointer, request: UpstreamRequest, clientMinorVersion: Int, config: ServerConfiguration,
-         viaLine: [UInt8]) {
+    init(
+        pool: NativeUpstreamPool, resolver: Resolver, delegate: UpstreamTransferDelegate, bodySource: RequestBodySource,
+        output: OpaquePointer, request: UpstreamRequest, clientMinorVersion: Int, config: ServerConfiguration,
+        viaLine: [UInt8]
+    ) {
         self.pool = pool
         self.resolver = resolver
         base = pool.base
@@ -143,16 +146,20 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     func start(perTryTimeout: Int) {
         startedAt = Self.microseconds()
         let me = Unmanaged.passUnretained(self).toOpaque()
-        tryTimer = event_new(base, -1, 0, { _, _, arg in
-            let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
-            t.fail(.upstreamTimeout(host: t.origin, phase: .noResponseHead), kind: .timeout)
-        }, me)
+        tryTimer = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
+                t.fail(.upstreamTimeout(host: t.origin, phase: .noResponseHead), kind: .timeout)
+            }, me)
         Self.arm(tryTimer, milliseconds: perTryTimeout)
         if let totalTimeout, totalTimeout > 0 {
-            totalTimer = event_new(base, -1, 0, { _, _, arg in
-                let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
-                t.fail(.upstreamTimeout(host: t.origin, phase: t.connection == nil ? .connect : .transfer), kind: .timeout)
-            }, me)
+            totalTimer = event_new(
+                base, -1, 0,
+                { _, _, arg in
+                    let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
+                    t.fail(.upstreamTimeout(host: t.origin, phase: t.connection == nil ? .connect : .transfer), kind: .timeout)
+                }, me)
             Self.arm(totalTimer, milliseconds: totalTimeout)
         }
         if let addresses = resolver.cached(host: target.host, port: target.port) {
@@ -175,8 +182,14 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         guard !finished else { return }
         if let delegate, !inCompletion { delegate.tryEnded(timings: currentTimings()) }
         finished = true
-        if let tryTimer { event_free(tryTimer); self.tryTimer = nil }
-        if let totalTimer { event_free(totalTimer); self.totalTimer = nil }
+        if let tryTimer {
+            event_free(tryTimer)
+            self.tryTimer = nil
+        }
+        if let totalTimer {
+            event_free(totalTimer)
+            self.totalTimer = nil
+        }
         lookup?.cancel()
         lookup = nil
         if let connectEvent {
@@ -311,9 +324,11 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             return
         }
         connectingFD = fd
-        connectEvent = event_new(base, fd, Int16(EV_WRITE), { _, what, arg in
-            Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue().connectFinished(what)
-        }, Unmanaged.passUnretained(self).toOpaque())
+        connectEvent = event_new(
+            base, fd, Int16(EV_WRITE),
+            { _, what, arg in
+                Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue().connectFinished(what)
+            }, Unmanaged.passUnretained(self).toOpaque())
         Self.arm(connectEvent, milliseconds: connectTimeout)
     }
 
@@ -426,7 +441,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             fillBody(connection)
             flush(connection)
             guard !finished, !uploadDone, !uploadPaused, !uploadBroken,
-                  evbuffer_get_length(connection.socket.output) == 0 else { return }
+                evbuffer_get_length(connection.socket.output) == 0
+            else { return }
         }
     }
 
@@ -498,7 +514,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             case .body(let range)?:
                 if timings.firstByte == 0 { timings.firstByte = elapsed() }
                 if range.lowerBound == 0, range.count == consumed, framing == .length || framing == .close,
-                   !disposition.drains {
+                    !disposition.drains
+                {
                     // The body goes on unchanged: its chain moves from the origin's input to the
                     // client's output without a copy (after the cache's tee saw it).
                     deliver(UnsafeRawBufferPointer(rebasing: buffer[range]), movingFrom: input)
@@ -508,8 +525,9 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                 deliver(UnsafeRawBufferPointer(rebasing: buffer[range]))
             case .end?:
                 evbuffer_drain(input, consumed)
-                responseEnded(connectionReusable: parser.keepAlive && uploadDone && !uploadBroken
-                              && evbuffer_get_length(input) == 0)
+                responseEnded(
+                    connectionReusable: parser.keepAlive && uploadDone && !uploadBroken
+                        && evbuffer_get_length(input) == 0)
                 return
             case .interim?, nil:
                 break
@@ -607,7 +625,9 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         guard let connection else { return }
         if reused, !resent, resendable, request.body == .none || bodySource?.rewindRequestBody() == true {
             // The keep-alive race: the origin closed the pooled connection as it was reused.
-            Log.debug("upstream \(origin): pooled connection closed before a response; sending the \(request.method) again on a new connection")
+            Log.debug(
+                "upstream \(origin): pooled connection closed before a response; sending the \(request.method) again on a new connection"
+            )
             resent = true
             reused = false
             self.connection = nil
@@ -616,8 +636,10 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             return
         }
         if reused, !resendable {
-            fail(.upstreamProtocol(host: origin, reason: "connection lost before a response (a \(request.method) is not sent twice)"),
-                 kind: .reset)
+            fail(
+                .upstreamProtocol(
+                    host: origin, reason: "connection lost before a response (a \(request.method) is not sent twice)"),
+                kind: .reset)
             return
         }
         fail(.upstreamProtocol(host: origin, reason: "connection closed before a response"), kind: .reset)

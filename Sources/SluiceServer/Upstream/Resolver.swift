@@ -1,7 +1,8 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CLibEvent
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// One worker's DNS: host names to socket addresses on the worker's own event loop, through
 /// libevent's evdns, with a per-worker cache that honours the answers' TTLs.
@@ -158,9 +159,11 @@ final class Resolver {
     /// - `hostsFile`: read once, here.
     /// - `now`: monotonic seconds, for the cache's expiry.
     /// With no usable nameserver, every query fails at once (`Failure` saying so).
-    init(base: OpaquePointer, nameservers: [String]? = nil, resolvConf: String = "/etc/resolv.conf",
-         hostsFile: String = "/etc/hosts", cacheLimit: Int = 4096,
-         now: @escaping () -> Double = Resolver.monotonic) {
+    init(
+        base: OpaquePointer, nameservers: [String]? = nil, resolvConf: String = "/etc/resolv.conf",
+        hostsFile: String = "/etc/hosts", cacheLimit: Int = 4096,
+        now: @escaping () -> Double = Resolver.monotonic
+    ) {
         self.base = base
         self.now = now
         self.cacheLimit = max(1, cacheLimit)
@@ -193,9 +196,11 @@ final class Resolver {
         } else {
             unusable = "the DNS resolver could not be created"
         }
-        deliveryEvent = event_new(base, -1, 0, { _, _, arg in
-            Unmanaged<Resolver>.fromOpaque(arg!).takeUnretainedValue().deliver()
-        }, Unmanaged.passUnretained(self).toOpaque())
+        deliveryEvent = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                Unmanaged<Resolver>.fromOpaque(arg!).takeUnretainedValue().deliver()
+            }, Unmanaged.passUnretained(self).toOpaque())
     }
 
     /// Monotonic seconds (`CLOCK_MONOTONIC`).
@@ -272,16 +277,22 @@ final class Resolver {
         query.waiters.append(lookup)
         let arg = Unmanaged.passUnretained(query).toOpaque()
         // Each callback runs from a deferred callback of the loop, never inside these calls.
-        if evdns_base_resolve_ipv4(dns, key, 0, { result, _, count, ttl, addresses, arg in
-            let query = Unmanaged<Query>.fromOpaque(arg!).takeUnretainedValue()
-            query.resolver.answered(query, family: AF_INET, result: result, count: count, ttl: ttl, addresses: addresses)
-        }, arg) != nil {
+        if evdns_base_resolve_ipv4(
+            dns, key, 0,
+            { result, _, count, ttl, addresses, arg in
+                let query = Unmanaged<Query>.fromOpaque(arg!).takeUnretainedValue()
+                query.resolver.answered(query, family: AF_INET, result: result, count: count, ttl: ttl, addresses: addresses)
+            }, arg) != nil
+        {
             query.pending += 1
         }
-        if evdns_base_resolve_ipv6(dns, key, 0, { result, _, count, ttl, addresses, arg in
-            let query = Unmanaged<Query>.fromOpaque(arg!).takeUnretainedValue()
-            query.resolver.answered(query, family: AF_INET6, result: result, count: count, ttl: ttl, addresses: addresses)
-        }, arg) != nil {
+        if evdns_base_resolve_ipv6(
+            dns, key, 0,
+            { result, _, count, ttl, addresses, arg in
+                let query = Unmanaged<Query>.fromOpaque(arg!).takeUnretainedValue()
+                query.resolver.answered(query, family: AF_INET6, result: result, count: count, ttl: ttl, addresses: addresses)
+            }, arg) != nil
+        {
             query.pending += 1
         }
         if query.pending == 0 {
@@ -307,8 +318,10 @@ final class Resolver {
 
     // MARK: answers
 
-    private func answered(_ query: Query, family: Int32, result: Int32, count: Int32, ttl: Int32,
-                          addresses: UnsafeMutableRawPointer?) {
+    private func answered(
+        _ query: Query, family: Int32, result: Int32, count: Int32, ttl: Int32,
+        addresses: UnsafeMutableRawPointer?
+    ) {
         query.pending -= 1
         if result == DNS_ERR_NONE, let addresses, count > 0 {
             for i in 0..<Int(count) {
@@ -416,7 +429,8 @@ final class Resolver {
     }
 
     private static let loopback: [sockaddr_storage] = {
-        var v4 = in_addr(), v6 = in6_addr()
+        var v4 = in_addr()
+        var v6 = in6_addr()
         inet_pton(AF_INET, "127.0.0.1", &v4)
         inet_pton(AF_INET6, "::1", &v6)
         return [storage(v4: v4), storage(v6: v6)]
@@ -433,10 +447,12 @@ final class Resolver {
         } else {
             var v4 = in_addr()
             if inet_pton(AF_INET, String(text), &v4) == 1 { return storage(v4: v4) }
-            let numeric = !text.isEmpty && text.utf8.allSatisfy {
-                ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2E || $0 == 0x78 || $0 == 0x58
-                    || ($0 >= 0x61 && $0 <= 0x66) || ($0 >= 0x41 && $0 <= 0x46)
-            }
+            let numeric =
+                !text.isEmpty
+                && text.utf8.allSatisfy {
+                    ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2E || $0 == 0x78 || $0 == 0x58
+                        || ($0 >= 0x61 && $0 <= 0x66) || ($0 >= 0x41 && $0 <= 0x46)
+                }
             if numeric, inet_aton(String(text), &v4) != 0 { return storage(v4: v4) }
         }
         guard text.utf8.contains(0x3A) else { return nil }
@@ -536,7 +552,11 @@ final class Resolver {
                 var name = key(String(field))
                 if name.hasSuffix(".") { name.removeLast() }
                 guard !name.isEmpty, seen.insert(name + " " + text).inserted else { continue }
-                if Int32(address.ss_family) == AF_INET { v4[name, default: []].append(address) } else { v6[name, default: []].append(address) }
+                if Int32(address.ss_family) == AF_INET {
+                    v4[name, default: []].append(address)
+                } else {
+                    v6[name, default: []].append(address)
+                }
             }
         }
         var table = v4

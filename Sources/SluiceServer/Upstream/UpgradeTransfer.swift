@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import CShims
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// One upgrade handshake (`Upgrade: websocket`) and, after the origin's `101`, the byte tunnel
 /// it becomes (`upgrades:`, Sources/SluiceCore/Features/Upgrades.swift).
@@ -69,8 +70,10 @@ final class UpgradeTransfer: CurlTransfer {
     /// The origin is not read until the client drains (backpressure).
     private var originPaused = false
 
-    init(connection: ClientConnection, request: UpstreamRequest, upgrade: String, idleTimeout: Int,
-         config: ServerConfiguration) {
+    init(
+        connection: ClientConnection, request: UpstreamRequest, upgrade: String, idleTimeout: Int,
+        config: ServerConfiguration
+    ) {
         self.connection = connection
         session = connection.worker.session
         target = request.target
@@ -96,8 +99,9 @@ final class UpgradeTransfer: CurlTransfer {
         sluice_easy_setopt_long(h, CURLOPT_CONNECTTIMEOUT_MS, config.timeouts.upstreamConnect)
         request.parentProxy?.apply(to: h, tunnel: true)
         if target.scheme == .https {
-            UpstreamTLS.configure(h, trust: request.trust, clientCertificate: request.clientCertificate,
-                                  defaultCAFile: config.tls.caFile)
+            UpstreamTLS.configure(
+                h, trust: request.trust, clientCertificate: request.clientCertificate,
+                defaultCAFile: config.tls.caFile)
             // A pooled connection opened before a reload is kept out, as for any TLS try.
             request.reuse.apply(to: h)
         }
@@ -106,9 +110,11 @@ final class UpgradeTransfer: CurlTransfer {
             let t = Unmanaged<UpgradeTransfer>.fromOpaque(clientp!).takeUnretainedValue()
             return t.openSocket(address!)
         }
-        timer = event_new(session.base, -1, 0, { _, _, arg in
-            Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().timerFired()
-        }, me)
+        timer = event_new(
+            session.base, -1, 0,
+            { _, _, arg in
+                Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().timerFired()
+            }, me)
     }
 
     deinit {
@@ -132,7 +138,10 @@ final class UpgradeTransfer: CurlTransfer {
         }
         for line in lines {
             if line.hasSuffix(":") { continue }  // libcurl's "do not send this field"
-            if line.hasSuffix(";") { text += line.dropLast() + ":\r\n"; continue }  // libcurl's empty value
+            if line.hasSuffix(";") {
+                text += line.dropLast() + ":\r\n"
+                continue
+            }  // libcurl's empty value
             text += line + "\r\n"
         }
         text += "Connection: Upgrade\r\nUpgrade: \(upgrade)\r\n\r\n"
@@ -152,8 +161,9 @@ final class UpgradeTransfer: CurlTransfer {
     }
 
     private func openSocket(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
-        let (fd, error) = CurlUpstreamTransfer.openOriginSocket(address, deny: deny, parentProxy: parentProxy,
-                                                            target: target, session: session)
+        let (fd, error) = CurlUpstreamTransfer.openOriginSocket(
+            address, deny: deny, parentProxy: parentProxy,
+            target: target, session: session)
         if let error { pendingError = error }
         return fd
     }
@@ -165,20 +175,26 @@ final class UpgradeTransfer: CurlTransfer {
         var fd: curl_socket_t = -1
         if result == CURLE_OK { sluice_easy_getinfo_socket(handle, &fd) }
         guard fd >= 0 else {
-            let failure = pendingError.map { (error: $0, kind: TransportErrorKind.other) }
-                ?? CurlFailure.classify(result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
-                                        host: target.host, authority: target.authority, purpose: .forward,
-                                        trust: target.scheme == .https ? trust : nil, parent: parentProxy)
+            let failure =
+                pendingError.map { (error: $0, kind: TransportErrorKind.other) }
+                ?? CurlFailure.classify(
+                    result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
+                    host: target.host, authority: target.authority, purpose: .forward,
+                    trust: target.scheme == .https ? trust : nil, parent: parentProxy)
             return failBeforeAnswer(failure.error, kind: failure.kind)
         }
         phase = .awaitingAnswer
         let me = Unmanaged.passUnretained(self).toOpaque()
-        readEvent = event_new(session.base, fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
-            Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().originReadable()
-        }, me)
-        writeEvent = event_new(session.base, fd, Int16(EV_WRITE | EV_PERSIST), { _, _, arg in
-            Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().originWritable()
-        }, me)
+        readEvent = event_new(
+            session.base, fd, Int16(EV_READ | EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().originReadable()
+            }, me)
+        writeEvent = event_new(
+            session.base, fd, Int16(EV_WRITE | EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().originWritable()
+            }, me)
         event_add(readEvent, nil)
         sendToOrigin()
         if phase != .finished { originReadable() }  // TLS may hold bytes already
@@ -188,10 +204,14 @@ final class UpgradeTransfer: CurlTransfer {
     func timings() -> TryTimings {
         var t = TryTimings()
         var v: curl_off_t = 0
-        sluice_easy_getinfo_off(handle, CURLINFO_NAMELOOKUP_TIME_T, &v); t.dns = Int64(v)
-        sluice_easy_getinfo_off(handle, CURLINFO_CONNECT_TIME_T, &v); t.connect = Int64(v)
-        sluice_easy_getinfo_off(handle, CURLINFO_APPCONNECT_TIME_T, &v); t.tls = Int64(v)
-        sluice_easy_getinfo_off(handle, CURLINFO_TOTAL_TIME_T, &v); t.total = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_NAMELOOKUP_TIME_T, &v)
+        t.dns = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_CONNECT_TIME_T, &v)
+        t.connect = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_APPCONNECT_TIME_T, &v)
+        t.tls = Int64(v)
+        sluice_easy_getinfo_off(handle, CURLINFO_TOTAL_TIME_T, &v)
+        t.total = Int64(v)
         t.engine = .curl
         return t
     }
@@ -279,8 +299,9 @@ final class UpgradeTransfer: CurlTransfer {
                 do {
                     result = try reader.read(rest)
                 } catch {
-                    return failBeforeAnswer(.upstreamProtocol(host: target.authority, reason: "invalid handshake answer: \(error)"),
-                                            kind: .other)
+                    return failBeforeAnswer(
+                        .upstreamProtocol(host: target.authority, reason: "invalid handshake answer: \(error)"),
+                        kind: .other)
                 }
                 offset += result.consumed
                 switch result.event {
@@ -345,7 +366,8 @@ final class UpgradeTransfer: CurlTransfer {
         case .relayingAnswer:
             aborted("the origin closed before the end of its answer")
         default:
-            failBeforeAnswer(.upstreamProtocol(host: target.authority, reason: "connection closed before a response head"), kind: .reset)
+            failBeforeAnswer(
+                .upstreamProtocol(host: target.authority, reason: "connection closed before a response head"), kind: .reset)
         }
     }
 
@@ -418,8 +440,14 @@ final class UpgradeTransfer: CurlTransfer {
     func cancel() {
         guard phase != .finished else { return }
         phase = .finished
-        if let readEvent { event_free(readEvent); self.readEvent = nil }
-        if let writeEvent { event_free(writeEvent); self.writeEvent = nil }
+        if let readEvent {
+            event_free(readEvent)
+            self.readEvent = nil
+        }
+        if let writeEvent {
+            event_free(writeEvent)
+            self.writeEvent = nil
+        }
         event_free(timer)
         session.discard(handle)
     }

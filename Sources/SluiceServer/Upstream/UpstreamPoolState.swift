@@ -80,8 +80,10 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
     /// A try is done with `connection` (nil: the place it was granted for a connection that
     /// never opened). The connection is parked when `reusable` and there is room, else
     /// closed; a waiter for the origin may go on either way.
-    mutating func release(_ connection: Connection?, key: Key, origin: Origin,
-                          reusable: Bool) -> (Release, Wake?) {
+    mutating func release(
+        _ connection: Connection?, key: Key, origin: Origin,
+        reusable: Bool
+    ) -> (Release, Wake?) {
         if let connection, reusable, idleCount < maxIdle {
             idle[key, default: []].append(connection)
             idleCount += 1

@@ -26,8 +26,11 @@ extension UpstreamProxy {
     /// What a failure of a transfer through this parent was, when the parent is the one that
     /// failed: its name did not resolve, it refused the connection, or it answered the
     /// `CONNECT` with something other than 2xx. Nil when the failure is the origin's.
-    func failure(_ code: CURLcode, handle: UnsafeMutableRawPointer, detail: String)
-        -> (error: ProxyError, kind: TransportErrorKind)? {
+    func failure(
+        _ code: CURLcode, handle: UnsafeMutableRawPointer, detail: String
+    )
+        -> (error: ProxyError, kind: TransportErrorKind)?
+    {
         switch code {
         case CURLE_COULDNT_RESOLVE_PROXY:
             return (.parentProxyFailed(proxy: url, reason: "DNS lookup failed"), .dns)

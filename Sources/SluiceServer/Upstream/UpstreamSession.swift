@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import CShims
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// libcurl's multi-socket API driven by one worker's `event_base`: Alamofire's `Session`,
 /// one per worker, with that worker's upstream connection pool.
@@ -81,12 +82,14 @@ final class UpstreamSession {
         self.share = share
         multi = curl_multi_init()
         let me = Unmanaged.passUnretained(self).toOpaque()
-        timer = event_new(base, -1, 0, { _, _, arg in
-            let session = Unmanaged<UpstreamSession>.fromOpaque(arg!).takeUnretainedValue()
-            session.inTimerAction = true
-            session.socketAction(fd: CURL_SOCKET_TIMEOUT, flags: 0)
-            session.inTimerAction = false
-        }, me)
+        timer = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                let session = Unmanaged<UpstreamSession>.fromOpaque(arg!).takeUnretainedValue()
+                session.inTimerAction = true
+                session.socketAction(fd: CURL_SOCKET_TIMEOUT, flags: 0)
+                session.inTimerAction = false
+            }, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_SOCKETDATA, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_TIMERDATA, me)
         sluice_multi_setopt_socket_cb(multi) { easy, fd, what, userp, _ in
@@ -246,14 +249,18 @@ final class UpstreamSession {
         if i >= watches.count { watches.append(contentsOf: repeatElement(nil, count: i + 1 - watches.count)) }
         let w = SocketWatch(fd: fd)
         let arg = Unmanaged.passUnretained(w).toOpaque()
-        w.readEvent = event_new(base, fd, Int16(EV_READ | EV_PERSIST), { _, _, arg in
-            let w = Unmanaged<SocketWatch>.fromOpaque(arg!).takeUnretainedValue()
-            w.session?.readable(w)
-        }, arg)
-        w.writeEvent = event_new(base, fd, Int16(EV_WRITE | EV_PERSIST), { _, _, arg in
-            let w = Unmanaged<SocketWatch>.fromOpaque(arg!).takeUnretainedValue()
-            w.session?.writable(w)
-        }, arg)
+        w.readEvent = event_new(
+            base, fd, Int16(EV_READ | EV_PERSIST),
+            { _, _, arg in
+                let w = Unmanaged<SocketWatch>.fromOpaque(arg!).takeUnretainedValue()
+                w.session?.readable(w)
+            }, arg)
+        w.writeEvent = event_new(
+            base, fd, Int16(EV_WRITE | EV_PERSIST),
+            { _, _, arg in
+                let w = Unmanaged<SocketWatch>.fromOpaque(arg!).takeUnretainedValue()
+                w.session?.writable(w)
+            }, arg)
         w.session = self
         watches[i] = w
         return w

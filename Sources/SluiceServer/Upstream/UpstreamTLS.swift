@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import COpenSSL
 import CShims
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// Applies a host's `ServerTrust` (and client certificate) to a curl easy handle, and names
 /// the reason when a handshake fails it.
@@ -19,8 +20,10 @@ import SluiceCore
 /// Threading: `configure` on the worker's thread; the callbacks run on the thread that drives
 /// the handshake (the same worker), reading only the immutable `ServerTrust`.
 enum UpstreamTLS {
-    static func configure(_ h: UnsafeMutableRawPointer, trust: ServerTrust, clientCertificate: ClientCertificate?,
-                          defaultCAFile: String?) {
+    static func configure(
+        _ h: UnsafeMutableRawPointer, trust: ServerTrust, clientCertificate: ClientCertificate?,
+        defaultCAFile: String?
+    ) {
         let r = trust.requirements
         if let ca = r.caFile ?? defaultCAFile { sluice_easy_setopt_str(h, CURLOPT_CAINFO, ca) }
         sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYPEER, r.validateChain ? 1 : 0)
@@ -33,10 +36,12 @@ enum UpstreamTLS {
                 // Retained for the SSL_CTX's life (released by OpenSSL's ex_data free callback):
                 // a pooled connection may outlive the policy snapshot that opened it.
                 let retained = Unmanaged<ServerTrust>.fromOpaque(userdata!).retain().toOpaque()
-                let ok = sluice_ssl_ctx_set_verifier(OpaquePointer(sslContext), { store, arg in
-                    let trust = Unmanaged<ServerTrust>.fromOpaque(arg!).takeUnretainedValue()
-                    return UpstreamTLS.verify(store!, trust) ? 1 : 0
-                }, retained, { arg in Unmanaged<ServerTrust>.fromOpaque(arg!).release() })
+                let ok = sluice_ssl_ctx_set_verifier(
+                    OpaquePointer(sslContext),
+                    { store, arg in
+                        let trust = Unmanaged<ServerTrust>.fromOpaque(arg!).takeUnretainedValue()
+                        return UpstreamTLS.verify(store!, trust) ? 1 : 0
+                    }, retained, { arg in Unmanaged<ServerTrust>.fromOpaque(arg!).release() })
                 if ok == 0 {
                     Unmanaged<ServerTrust>.fromOpaque(retained).release()
                     return CURLE_SSL_CERTPROBLEM
@@ -130,8 +135,10 @@ enum UpstreamTLS {
 
     /// The trust failure behind a failed transfer, or nil when the failure was not about
     /// trust. `message` is libcurl's error buffer.
-    static func failure(_ h: UnsafeMutableRawPointer, code: CURLcode, message: String, trust: ServerTrust,
-                        host: String) -> ProxyError? {
+    static func failure(
+        _ h: UnsafeMutableRawPointer, code: CURLcode, message: String, trust: ServerTrust,
+        host: String
+    ) -> ProxyError? {
         let reason: String
         switch code {
         case CURLE_PEER_FAILED_VERIFICATION:

@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 import CCurl
 import CLibEvent
 import CShims
 import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 /// The `SessionContext` adapters get on one worker: token fetches through this worker's
 /// libcurl multi, and a parking lot for requests waiting on work another worker may finish.
@@ -34,14 +35,18 @@ final class WorkerSession: SessionContext {
 
     init(worker: Worker, mailbox: Worker.Mailbox) {
         self.worker = worker
-        let event = event_new(worker.base, -1, Int16(EV_PERSIST), { _, _, arg in
-            Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
-        }, nil)!
+        let event = event_new(
+            worker.base, -1, Int16(EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
+            }, nil)!
         waker = Waker(event: event, id: worker.index, mailbox: mailbox)
         wakeEvent = event
-        event_assign(event, worker.base, -1, Int16(EV_PERSIST), { _, _, arg in
-            Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
-        }, Unmanaged.passUnretained(self).toOpaque())
+        event_assign(
+            event, worker.base, -1, Int16(EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
+            }, Unmanaged.passUnretained(self).toOpaque())
         event_add(event, nil)
     }
 
@@ -57,17 +62,21 @@ final class WorkerSession: SessionContext {
         for item in work where !item() { parked.append(item) }
     }
 
-    func post(url: String, headers: [(String, String)], body: [UInt8],
-              completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
+    func post(
+        url: String, headers: [(String, String)], body: [UInt8],
+        completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void
+    ) {
         let policy = worker.pipeline.policies.match(host: URLParts(url).host)
         var url = url
         if let override = policy.upstream, let target = try? RequestTarget.absolute(url), target.scheme == .http,
-           let upgraded = try? target.overridden(by: override) {
+            let upgraded = try? target.overridden(by: override)
+        {
             url = upgraded.url  // a token endpoint's host gets its upstream override too
         }
-        let fetch = SideFetch(session: worker.session, config: worker.config, policy: policy, url: url, headers: headers,
-                              body: body, reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil),
-                              completion: completion)
+        let fetch = SideFetch(
+            session: worker.session, config: worker.config, policy: policy, url: url, headers: headers,
+            body: body, reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil),
+            completion: completion)
         fetch.start()
     }
 }
@@ -99,9 +108,11 @@ final class SideFetch: CurlTransfer {
     var fieldsSink: (([(name: String, value: String)]) -> Void)?
     private var fields: [(name: String, value: String)] = []
 
-    init(session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
-         headers: [(String, String)], body: [UInt8]?, reuse: UpstreamTLS.ConnectionReuse,
-         completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void) {
+    init(
+        session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
+        headers: [(String, String)], body: [UInt8]?, reuse: UpstreamTLS.ConnectionReuse,
+        completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void
+    ) {
         self.session = session
         self.completion = completion
         host = URLParts(url).host
@@ -122,14 +133,17 @@ final class SideFetch: CurlTransfer {
         policy.upstreamProxy?.apply(to: h)  // a token endpoint behind the parent, like its host's requests
         CurlUpstreamTransfer.applyProtocol(policy.http2.protocolChoice(https: isTLS), to: h)  // and its upstream.http2
         if isTLS {
-            UpstreamTLS.configure(h, trust: policy.trust, clientCertificate: policy.clientCertificate,
-                                  defaultCAFile: config.tls.caFile)
+            UpstreamTLS.configure(
+                h, trust: policy.trust, clientCertificate: policy.clientCertificate,
+                defaultCAFile: config.tls.caFile)
             reuse.apply(to: h)
         }
         if let body {
             sluice_easy_setopt_long(h, CURLOPT_POSTFIELDSIZE, body.count)
             body.withUnsafeBufferPointer { buf in
-                _ = buf.withMemoryRebound(to: CChar.self) { sluice_easy_setopt_ptr(h, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress)) }
+                _ = buf.withMemoryRebound(to: CChar.self) {
+                    sluice_easy_setopt_ptr(h, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: $0.baseAddress))
+                }
             }
         } else {
             sluice_easy_setopt_long(h, CURLOPT_HTTPGET, 1)
@@ -197,9 +211,14 @@ final class SideFetch: CurlTransfer {
         var status = 0
         sluice_easy_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)
         // Read from the handle before it goes back to the session (reset or destroyed).
-        let error: ProxyError? = result == CURLE_OK ? nil : denied ? .destinationDenied(host: parentProxy?.host ?? host) : CurlFailure.error(
-            result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
-            host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil, parent: parentProxy)
+        let error: ProxyError? =
+            result == CURLE_OK
+            ? nil
+            : denied
+                ? .destinationDenied(host: parentProxy?.host ?? host)
+                : CurlFailure.error(
+                    result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
+                    host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil, parent: parentProxy)
         session.finish(handle)
         curl_slist_free_all(headerList)
         headerList = nil
