@@ -55,7 +55,7 @@ class CountingOrigin:
                     res = origin.resources.get(self.path.split("?")[0]) or Resource(404, {}, b"no such resource")
                 status, body = res.status, res.body
                 if res.delay:
-                    time.sleep(res.delay)  # so that concurrent requests overlap
+                    time.sleep(res.delay)  # server behaviour: a slow answer, so that concurrent requests overlap
                 if res.conditional and self.command in ("GET", "HEAD") and self._not_modified(res, headers):
                     status, body = 304, b""
                 self.send_response(status)
@@ -74,7 +74,7 @@ class CountingOrigin:
                         piece = body[i:i + 4096]
                         if i and res.trickle:
                             self.wfile.flush()
-                            time.sleep(res.trickle)  # the body streams slowly: a fill in progress
+                            time.sleep(res.trickle)  # server behaviour: the body streams slowly: a fill in progress
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     self.wfile.write(b"0\r\n\r\n")
                 else:

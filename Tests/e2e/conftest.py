@@ -12,6 +12,8 @@ Run: python3 -m pytest Tests/e2e -q        (SLUICE_BIN overrides the binary's pa
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import gzip
 import json
 import os
@@ -138,7 +140,7 @@ def wait_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = 
             s.connect((HOST, port))
             return
         except OSError:
-            time.sleep(0.02)
+            time.sleep(0.02)  # poll interval: until the port accepts or the timeout
         finally:
             s.close()
     raise TimeoutError(f"nothing listening on {HOST}:{port} after {timeout}s")
@@ -228,6 +230,17 @@ class Sluice:
 
     def stdout(self) -> str:
         return tail(self.out_path)
+
+
+@contextlib.contextmanager
+def shared_lock(path: Path):
+    """An exclusive lock on `path` (created if missing) held across pytest-xdist workers."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def deep_merge(base: dict, over: dict) -> dict:
@@ -473,17 +486,34 @@ class BigFile:
 
 
 @pytest.fixture(scope="session")
-def big_file(nginx) -> BigFile:
-    """1 GiB of random bytes served by nginx at /big.bin; its sha256 computed while writing."""
-    path = nginx.www / "big.bin"
-    r = subprocess.run(["bash", "-c", f"set -o pipefail; head -c {BIG_SIZE} /dev/urandom | tee {path} | sha256sum"],
-                       capture_output=True, timeout=180)
-    assert r.returncode == 0, r.stderr
-    sha = r.stdout.split()[0].decode()
-    (nginx.dir / "big.bin.sha256").write_text(sha + "\n")
+def big_file(nginx, tmp_path_factory) -> BigFile:
+    """1 GiB of random bytes served by nginx at /big.bin; its sha256 computed while writing.
+
+    Made once per run, not once per pytest-xdist worker: the first worker to need it writes
+    it into the run's shared temporary directory under a lock, the others wait for it; each
+    worker's nginx serves a hard link. The last worker done with it removes it."""
+    shared = tmp_path_factory.getbasetemp().parent
+    path, sha_path, users = shared / "big.bin", shared / "big.bin.sha256", shared / "big.bin.users"
+    with shared_lock(shared / "big.bin.lock"):
+        if not sha_path.exists():
+            r = subprocess.run(["bash", "-c", f"set -o pipefail; head -c {BIG_SIZE} /dev/urandom | tee {path} | sha256sum"],
+                               capture_output=True, timeout=180)
+            assert r.returncode == 0, r.stderr
+            sha_path.write_text(r.stdout.split()[0].decode() + "\n")
+        users.write_text(str(int(users.read_text() or 0) + 1) if users.exists() else "1")
+    sha = sha_path.read_text().strip()
     assert path.stat().st_size == BIG_SIZE
-    yield BigFile(path, sha, BIG_SIZE, "/big.bin")
-    path.unlink(missing_ok=True)
+    served = nginx.www / "big.bin"
+    os.link(path, served)
+    (nginx.dir / "big.bin.sha256").write_text(sha + "\n")
+    yield BigFile(served, sha, BIG_SIZE, "/big.bin")
+    served.unlink(missing_ok=True)
+    with shared_lock(shared / "big.bin.lock"):
+        left = int(users.read_text()) - 1
+        users.write_text(str(left))
+        if left == 0:
+            path.unlink(missing_ok=True)
+            sha_path.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import select
 import socket
 import struct
 import sys
@@ -30,7 +32,22 @@ import time
 from rawhttp import take_through
 
 HOST = "127.0.0.1"
-PORT_RANGE = (20000, 30000)
+
+
+def _port_range() -> tuple[int, int]:
+    """20000-30000, or this pytest-xdist worker's own slice of it: a port one worker picked
+    (and handed to a server that binds it later) is never picked by another."""
+    low, high = 20000, 30000
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count <= 1:
+        return low, high
+    index = int(worker[2:])
+    size = (high - low) // count
+    return low + index * size, low + (index + 1) * size - 1
+
+
+PORT_RANGE = _port_range()
 _used_ports: set[int] = set()
 _port_lock = threading.Lock()
 
@@ -47,7 +64,7 @@ def port_is_free(port: int) -> bool:
 
 
 def pick_port() -> int:
-    """A port in 20000-30000 not bound now and not handed out before in this process."""
+    """A port in PORT_RANGE not bound now and not handed out before in this process."""
     rnd = random.Random()
     with _port_lock:
         for _ in range(500):
@@ -57,7 +74,7 @@ def pick_port() -> int:
             _used_ports.add(p)
             if port_is_free(p):
                 return p
-    raise RuntimeError("no free port found in 20000-30000")
+    raise RuntimeError(f"no free port found in {PORT_RANGE[0]}-{PORT_RANGE[1]}")
 
 
 def bind_listener(backlog: int = 128) -> tuple[socket.socket, int]:
@@ -326,7 +343,7 @@ class GarbageServer(ThreadedServer):
     def handle(self, conn, rec):
         Reader(conn, record=rec.data).read_head()
         conn.sendall(b"SSH-2.0-OpenSSH_9.2 this is not HTTP\r\n\x00\x01\x02garbage\r\n\r\n")
-        time.sleep(0.2)
+        time.sleep(0.2)  # server behaviour: holds the connection a moment before closing it
 
 
 class ResetServer(ThreadedServer):
@@ -338,7 +355,7 @@ class ResetServer(ThreadedServer):
         Reader(conn, record=rec.data).read_head()
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
                      b"Content-Length: 1000000\r\n\r\n" + b"r" * 1000)
-        time.sleep(0.3)
+        time.sleep(0.3)  # server behaviour: the 1000 bytes go out, a pause, then the RST
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.close()
 
@@ -381,7 +398,7 @@ class SlowForeverServer(ThreadedServer):
                 except OSError as e:
                     rec.note = f"send: {e}"
                     break
-            time.sleep(self.interval)
+            time.sleep(self.interval)  # server behaviour: the paced drip, one chunk per interval
         rec.closed_at = time.monotonic()
         rec.note += f" sent={sent}"
 
@@ -394,7 +411,7 @@ class BannerServer(ThreadedServer):
 
     def handle(self, conn, rec):
         conn.sendall(self.banner)
-        time.sleep(0.2)
+        time.sleep(0.2)  # server behaviour: the banner, a pause, then the close
 
 
 class EchoServer(ThreadedServer):
@@ -442,7 +459,7 @@ class SlowSinkServer(ThreadedServer):
                     return
                 self.bytes_read += len(d)
                 budget -= len(d)
-            time.sleep(0.1)
+            time.sleep(0.1)  # server behaviour: the throttled reader, ~100 KiB per 0.1 s
 
 
 class Blackhole:
@@ -459,7 +476,9 @@ class Blackhole:
             except (BlockingIOError, OSError):
                 pass
             self.fillers.append(s)
-        time.sleep(0.2)
+        # A filler whose connect completed is in the accept queue, and backlog 0 holds one:
+        # the queue is full once any filler is writable.
+        select.select([], self.fillers, [], 5.0)
 
     def connect_hangs(self, timeout: float = 1.0) -> bool:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -112,7 +112,7 @@ class FramingOrigin(ThreadedServer):
             conn.sendall(answer.wire)
             if answer.after == "keep":
                 continue
-            time.sleep(answer.linger)
+            time.sleep(answer.linger)  # server behaviour: the answer's connection lingers before its FIN or RST
             if answer.after == "rst":
                 rst_close(conn)
             return  # "close": ThreadedServer._run closes the socket (FIN)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 
 from faultservers import HOST, PeerClosed, Reader, ThreadedServer, header
+from support import wait_until
 
 # Nothing here may wait forever: each connection thread gives up after this long.
 CONN_IDLE_TIMEOUT = 30.0
@@ -194,7 +195,7 @@ class RetryAfterDate(Reply):
             frac = time.time() % 1.0
             if 0.02 <= frac <= 0.08:
                 break
-            time.sleep((1.03 - frac) % 1.0)
+            time.sleep((1.03 - frac) % 1.0)  # time passing: the wall clock must reach the next second
         now = time.time()
         when = int(now) + self.ahead
         date = formatdate(when, usegmt=True)
@@ -269,7 +270,7 @@ class Partial(Action):
     def run(self, srv, conn, reader, t):
         conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Try: {t.n}\r\n"
                      f"Content-Length: {self.total}\r\n\r\n".encode() + b"P" * self.send)
-        time.sleep(self.pause)
+        time.sleep(self.pause)  # server behaviour: the bytes go out, a pause, then the RST
         t.t_done = time.monotonic()
         t.action = "partial"
         rst_close(conn)
@@ -320,7 +321,7 @@ class PartialChunked(Action):
         for c in self.chunks:
             out += f"{len(c):x}\r\n".encode() + c + b"\r\n"
         conn.sendall(out)
-        time.sleep(self.pause)
+        time.sleep(self.pause)  # server behaviour: the chunks go out, a pause, then the RST
         t.t_done = time.monotonic()
         t.action = "partial-chunked"
         rst_close(conn)
@@ -338,7 +339,7 @@ class PartialClose(Action):
     def run(self, srv, conn, reader, t):
         conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nX-Try: {t.n}\r\n"
                      f"Connection: close\r\n\r\n".encode() + b"Q" * self.send)
-        time.sleep(self.pause)
+        time.sleep(self.pause)  # server behaviour: the bytes go out, a pause, then the RST
         t.t_done = time.monotonic()
         t.action = "partial-close"
         rst_close(conn)
@@ -466,12 +467,12 @@ class FaultUpstream(ThreadedServer):
         return len(self.tries(path))
 
     def wait_tries(self, path: str, n: int, timeout: float = 5.0) -> list[Try]:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        """The tries of path, once n of them arrived and were answered (or after timeout)."""
+        def done() -> bool:
             ts = self.tries(path)
-            if len(ts) >= n and all(t.t_done for t in ts[:n]):
-                return ts
-            time.sleep(0.02)
+            return len(ts) >= n and all(t.t_done for t in ts[:n])
+
+        wait_until(done, timeout, interval=0.02)
         return self.tries(path)
 
     # -- serving ------------------------------------------------------------------------
@@ -656,7 +657,7 @@ class TokenServer(ThreadedServer):
         with self.lock:
             self.requests.append(req)
         if self.delay:
-            time.sleep(self.delay)
+            time.sleep(self.delay)  # server behaviour: a slow token endpoint
 
         def js(status, obj):
             req.status = status
@@ -748,7 +749,7 @@ class BearerUpstream(ThreadedServer):
                 self.seen.append(BearerSeen(time.monotonic(), method, path.split("?", 1)[0], tok, accepted,
                                             headers, hashlib.sha256(body).hexdigest()))
             if self.delay:
-                time.sleep(self.delay)
+                time.sleep(self.delay)  # server behaviour: a slow resource server
             if accepted:
                 b = json.dumps({"ok": True, "token": tok, "path": path}).encode()
                 conn.sendall(response_bytes(200, b, content_type="application/json"))

@@ -17,7 +17,7 @@ import pytest
 from policy_support import AccessLog, debug_lines, monitors
 from rawhttp import RawConn, Response, request_bytes
 from resilience_servers import BearerUpstream, FaultUpstream, TokenServer, Try
-from support import HOST, TIME_SCALE, tail
+from support import HOST, TIME_SCALE, tail, wait_until
 
 # A sanitized binary (support.TIME_SCALE > 1) reaches the upstream later after starting a
 # try's timer, so a try can also look shorter than its timeout: both tolerances widen.
@@ -253,13 +253,11 @@ def settle_no_more_tries(fault: FaultUpstream, path: str, n: int, wait: float = 
                          finish_timeout: float = 3.0) -> list[Try]:
     """Wait a little and check the upstream saw exactly n tries of path, each of them over
     (answered, reset, or - for a stalled try - its connection closed by Sluice)."""
-    time.sleep(wait)
+    time.sleep(wait)  # window: Sluice must not start another try of path in it
     ts = fault.tries(path)
     assert len(ts) == n, f"upstream saw {len(ts)} tries of {path}, expected {n}: " \
                          f"{[(t.n, t.method, t.action) for t in ts]}"
-    end = time.monotonic() + finish_timeout
-    while time.monotonic() < end and not all(t.t_done for t in ts):
-        time.sleep(0.02)
+    wait_until(lambda: all(t.t_done for t in ts), finish_timeout, 0.02)
     open_tries = [t.n for t in ts if not t.t_done]
     assert not open_tries, f"tries {open_tries} of {path} still open {finish_timeout}s later: Sluice did not " \
                            f"close the upstream connection of a try it gave up on"

@@ -86,7 +86,7 @@ def wait_until(cond, timeout: float, interval: float = 0.05) -> bool:
     while time.monotonic() < deadline:
         if cond():
             return True
-        time.sleep(interval)
+        time.sleep(interval)  # poll interval: how often cond is checked until the deadline
     return bool(cond())
 
 

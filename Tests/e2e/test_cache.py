@@ -209,7 +209,7 @@ def test_request_directives_force_validation(cached, origin, request_cc):
     if request_cc == "max-age=0":
         # An age of 0 still satisfies max-age=0 (RFC 9111 §5.2.1.1: "less than or equal").
         assert status_of(get(cached, url, {"Cache-Control": "max-age=5"})).startswith("Sluice; hit")
-        time.sleep(1.1)
+        time.sleep(1.1)  # time passing: the entry must be a whole second old before max-age=0 refuses it
     r = get(cached, url, {"Cache-Control": request_cc})
     assert r.content == b"rq" and status_of(r) == "Sluice; fwd=request; fwd-status=304"
     assert origin.count("/rq") == 2
@@ -375,7 +375,7 @@ def test_nginx_expires(sluice_factory, tmp_path):
         bodies = [get(proxy, url).content for _ in range(4)]
         assert bodies == [b"expires body"] * 4
         assert wait_until(lambda: (d / "access.log").exists() and (d / "access.log").read_text().count("GET /exp.txt") >= 1, 5)
-        time.sleep(0.3)
+        time.sleep(0.3)  # window: no second GET of the cached file may reach nginx's log
         assert (d / "access.log").read_text().count("GET /exp.txt") == 1
     finally:
         stop_process(proc)
@@ -551,7 +551,7 @@ def test_disk_tier_bad_size_is_located(sluice_bin, tmp_path):
 def test_age_grows_while_stored(cached, origin):
     url = origin.set("/aging", headers={"Cache-Control": "max-age=60", "Age": "5"})
     get(cached, url)
-    time.sleep(1.2)
+    time.sleep(1.2)  # time passing: the stored response must age at least a second
     r = get(cached, url)
     assert status_of(r).startswith("Sluice; hit")
     assert int(r.headers["Age"]) >= 6, r.headers  # the origin's 5 plus at least 1 s in the store
@@ -580,7 +580,7 @@ def test_stale_while_revalidate_serves_stale_at_once_and_revalidates_once(sluice
     url = origin.set("/swr", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600", "ETag": '"v1"',
                                       "X-Version": "1"}, body=b"swr body")
     assert get(proxy, url).content == b"swr body"
-    time.sleep(2.2)  # stale now, well inside the window
+    time.sleep(2.2)  # time passing: max-age=1 runs out; stale now, well inside the window
     # The origin is slow (5 s) to revalidate and will say: same body, fresh for a minute, new metadata.
     origin.set("/swr", headers={"Cache-Control": "max-age=60", "ETag": '"v1"', "X-Version": "2"}, body=b"swr body",
                delay=5.0)
@@ -606,7 +606,7 @@ def test_stale_while_revalidate_serves_stale_at_once_and_revalidates_once(sluice
     assert wait_until(lambda: get(proxy, url).headers.get("X-Version") == "2", 15)
     r = get(proxy, url)
     assert status_of(r).startswith("Sluice; hit; ttl=") and r.content == b"swr body", r.headers
-    time.sleep(0.5)
+    time.sleep(0.5)  # window: no second revalidation may reach the origin
     assert origin.count("/swr") == 2, "more than one revalidation reached the origin"
 
 
@@ -615,7 +615,7 @@ def test_stale_while_revalidate_replaces_the_entry_after_the_client_left(sluice_
     url = origin.set("/swr-new", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600"}, body=b"old",
                      conditional=False)
     assert get(proxy, url).content == b"old"
-    time.sleep(2.2)
+    time.sleep(2.2)  # time passing: max-age=1 runs out, the entry is stale inside its window
     origin.set("/swr-new", headers={"Cache-Control": "max-age=60"}, body=b"new representation", conditional=False,
                delay=1.0)
     # A client sends the request and leaves at once: the background fetch is not its own.
@@ -633,13 +633,13 @@ def test_stale_while_revalidate_is_not_used_when_forbidden(cached, origin):
     url = origin.set("/swr-mr", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600, must-revalidate",
                                          "ETag": '"m"'}, body=b"m")
     get(cached, url)
-    time.sleep(2.2)
+    time.sleep(2.2)  # time passing: max-age=1 runs out, the entry is stale inside its window
     r = get(cached, url)
     assert status_of(r) == "Sluice; fwd=stale; fwd-status=304", r.headers  # a blocking revalidation
     url = origin.set("/swr-ms", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600", "ETag": '"s"'},
                      body=b"s")
     get(cached, url)
-    time.sleep(2.2)
+    time.sleep(2.2)  # time passing: max-age=1 runs out, the entry is stale inside its window
     r = get(cached, url, headers={"Cache-Control": "max-stale=0"})  # the client bounds staleness below it
     assert status_of(r) == "Sluice; fwd=stale; fwd-status=304", r.headers
     assert origin.count("/swr-mr") == 2 and origin.count("/swr-ms") == 2
@@ -657,7 +657,7 @@ def test_open_circuit_is_answered_stale_from_the_cache(sluice_factory, origin, t
     origin.set("/fail", status=503, headers={}, body=b"down")
     for _ in range(2):
         assert get(proxy, origin.url("/fail")).status_code == 503
-    time.sleep(2.2)  # both stored responses are stale now
+    time.sleep(2.2)  # time passing: max-age=1 runs out, both stored responses are stale now
     before = len(origin.log)
     r = get(proxy, cached_url)
     assert r.status_code == 200 and r.content == b"kept body", (r.status_code, r.content)
@@ -673,7 +673,7 @@ def test_open_circuit_is_answered_stale_from_the_cache(sluice_factory, origin, t
     for _ in range(3):
         r = get(proxy, swr_url)
         assert r.status_code == 200 and "detail=stale-while-revalidate" in status_of(r), r.headers
-    time.sleep(0.5)
+    time.sleep(0.5)  # window: no background revalidation may reach the origin while its circuit is open
     assert len(origin.log) == before, "a request reached the origin while its circuit was open"
     lines = AccessLog(log_path).wait_for(lambda e: e.get("url") == cached_url and e.get("status") == 200, n=2)
     stale = [e for e in lines if "circuit-open" in e.get("cache", "")]
@@ -790,12 +790,11 @@ def test_invalidation_cancels_a_fill_in_progress(cached, origin):
     body = b"a" * 4096 + b"b" * 4096 + b"c" * 4096
     url = origin.set("/slow", headers={"Cache-Control": "max-age=60"}, body=body, chunked=True, trickle=1.0)
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(get, cached, url)
+        pending = pool.submit(get, cached, url, stream=True)  # returns at the head, the body still to come
         assert wait_until(lambda: origin.count("/slow", "GET") == 1, 5)
-        time.sleep(0.3)
+        old = pending.result(timeout=20)  # the head reached the client: the fill is in progress
         post = requests.post(url, data=b"change", proxies={"http": cached.url}, timeout=15)
         assert post.status_code == 200
-        old = pending.result(timeout=20)
     assert old.content == body
     r = get(cached, url)
     assert r.content == body and not status_of(r).startswith("Sluice; hit"), "the pre-POST body was stored"

@@ -26,6 +26,7 @@ from cache_origin import CountingOrigin
 from conftest import SLUICE_BIN
 from faultservers import pick_port
 from policy_support import AccessLog, monitors
+from support import wait_until
 
 MiB = 1024 * 1024
 
@@ -133,8 +134,11 @@ def test_kill_9_during_a_200_mib_store_leaves_a_whole_entry_or_a_miss(sluice_fac
         t.start()
         if last:
             t.join(timeout=60)
-            time.sleep(0.5)  # the commit follows the last byte sent to the client
+            # the commit (the record's rename to <key>.meta) follows the last byte sent to the client
+            assert wait_until(lambda: any(p.name.endswith(".meta") for p in directory.iterdir()), 15), \
+                "the completed store was not committed"
         else:
+            # time passing: the kill lands at a random point of the 200 MiB store
             time.sleep(random.uniform(0.2, 1.5))
         proxy.expected_exit = True
         os.kill(proxy.pid, signal.SIGKILL)
@@ -240,7 +244,7 @@ def test_304_update_of_a_disk_entry_survives_restart(sluice_factory, origin, tmp
     url = origin.set("/v", headers={"Cache-Control": "max-age=1", "ETag": '"v1"'}, body=body)
     proxy = sluice_factory(store_config(directory))
     assert sha(get(proxy, url).content) == sha(body)
-    time.sleep(2.2)  # stale
+    time.sleep(2.2)  # time passing: max-age=1 runs out, the entry is stale
     origin.set("/v", headers={"Cache-Control": "max-age=600", "ETag": '"v1"', "X-Version": "2"}, body=body)
     validated = get(proxy, url)
     assert sha(validated.content) == sha(body) and validated.headers.get("X-Version") == "2"
@@ -278,7 +282,7 @@ def test_large_disk_hit_to_a_slow_client_does_not_block_others(sluice_factory, o
     rss_before = proxy.rss_kib()
     with requests.get(url, proxies={"http": proxy.url}, stream=True, timeout=60) as slow:
         slow.raw.read(64 * 1024)  # then stop reading: the client's window fills
-        time.sleep(1.0)
+        time.sleep(1.0)  # window: Sluice must not load the rest of the disk hit into memory, nor stall, in it
         started = time.monotonic()
         for _ in range(5):
             assert get(proxy, small, timeout=10).content == b"tiny"

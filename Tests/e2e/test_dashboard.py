@@ -55,7 +55,7 @@ def traffic(proxy_url: str, url: str, stop: threading.Event, seconds: float = 20
                 s.get(url, timeout=5)
             except Exception:  # noqa: BLE001 (the load only feeds the page; the asserts are below)
                 pass
-            time.sleep(0.02)
+            time.sleep(0.02)  # server behaviour: the background load sends a request every 20 ms or so
 
     t = threading.Thread(target=run, daemon=True)
     t.start()

@@ -135,7 +135,7 @@ def test_duplicate_header_error_fails_with_502_and_sends_nothing(sluice_factory,
     r = post(proxy, recorder.url + "/dup", gz, headers=[("Content-Encoding", "gzip")])
     assert_sluice_error(r, 502, "adapter deflate")
     assert "failed" in r.body.decode(), r
-    time.sleep(0.5)
+    time.sleep(0.5)  # window: the failed adapter's request must not reach the upstream in it
     assert recorder.connection_count() == 0 and recorder.received() == b"", \
         f"a failed adapter must send nothing upstream; upstream got {recorder.received()[:300]!r}"
 

@@ -93,7 +93,7 @@ def test_kill9_during_200mib_stores_then_restart_serves_whole_entry_or_miss(prob
         proc = subprocess.Popen([probe, "store", str(directory), "big", str(BIG), str(seed), "2"],
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "opened"
-        time.sleep(rng.uniform(0.0, 1.2 * duration))
+        time.sleep(rng.uniform(0.0, 1.2 * duration))  # time passing: the kill lands at a random point of the stores
         alive = proc.poll() is None
         proc.kill()
         printed = proc.communicate(timeout=30)[0]

@@ -19,7 +19,7 @@ def snapshot(recorder) -> tuple[int, int]:
 
 def nothing_reached(recorder, before: tuple[int, int] = (0, 0), settle: float = 0.3) -> None:
     """No new connection and no new byte at the recording upstream since `before`."""
-    time.sleep(settle)
+    time.sleep(settle)  # window: no connection and no byte may reach the recording upstream
     got = recorder.received()
     conns, nbytes = before
     assert recorder.connection_count() == conns and len(got) == nbytes, \
@@ -202,7 +202,7 @@ def test_body_too_large_chunked_is_413(sluice_factory, recorder):
     with c:
         assert_sluice_error(r, 413, "too large")
         assert_connection_closed(c)
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: no complete oversized request may reach the upstream
     assert not any(q["complete"] for q in recorder.requests()), "the upstream got a complete oversized request"
 
 
@@ -237,7 +237,7 @@ def test_trickling_client_still_408(sluice_factory, recorder):
                 c.send(bytes([ch]))
             except (BrokenPipeError, ConnectionResetError):
                 break
-            time.sleep(0.1)
+            time.sleep(0.1)  # time passing: one byte per 0.1 s, the head takes longer than client_header
         got = c.read_response(timeout=5)
         assert_sluice_error(got, 408, "timeout")
         assert time.monotonic() - t0 < 4.5
@@ -436,7 +436,7 @@ def test_client_header_timeout_does_not_cover_the_body(sluice_factory, upload_si
     with RawConn(HOST, proxy.port, timeout=15) as c:
         c.send(request_bytes("POST", f"{upload_sink.url}/slow-body", headers={"Content-Length": str(len(body))}))
         for i in range(0, len(body), 10):
-            time.sleep(0.8)
+            time.sleep(0.8)  # time passing: the body takes 2.4 s, longer than client_header's 1 s
             c.send(body[i:i + 10])
         r = c.read_response(timeout=10)
     assert r is not None and r.status == 200, r
@@ -527,7 +527,7 @@ def test_request_hidden_in_trailer_section_never_runs(proxy, recorder):
         except TimeoutError:
             second = None
         assert second is None, f"a second response came back: {second!r}"
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: the hidden request may not reach the upstream
     assert [q["target"] for q in recorder.requests()] in ([], ["/x"]), recorder.requests()
     assert b"/hidden" not in recorder.received()
 
@@ -537,7 +537,7 @@ def test_chunk_data_without_crlf_is_400_and_no_complete_request_upstream(proxy, 
     data = (f"POST {target(recorder)} HTTP/1.1\r\nHost: {h}\r\nTransfer-Encoding: chunked\r\n\r\n"
             f"2\r\nokXX0\r\n\r\n").encode()
     rejected(proxy, data, 400, "bad request")
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: no complete request may reach the upstream
     assert not any(q["complete"] for q in recorder.requests()), recorder.received()
     assert b"okXX" not in recorder.received()
 

@@ -22,6 +22,7 @@ import hashlib
 import os
 import re
 import resource
+import select
 import signal
 import socket
 import struct
@@ -190,7 +191,7 @@ def send_for(sock: socket.socket, total: int, seconds: float) -> int:
         try:
             sent += sock.send(chunk[: total - sent])
         except BlockingIOError:
-            time.sleep(0.01)
+            select.select([], [sock], [], max(0.0, end - time.monotonic()))  # until the peer reads again
     sock.setblocking(True)
     return sent
 
@@ -222,7 +223,7 @@ def test_client_abort_mid_upload_stops_the_upstream_within_1s(sluice_factory, tm
     print(f"upload abort ({origin}, {how}) after {sent} bytes: origin saw the close {lag * 1000:.0f} ms later")
     assert lag < 1.0, f"the origin saw the close {lag:.2f}s after the client aborted"
     assert not tries[0].body_complete
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: no second try of the aborted upload may reach the origin
     assert fault.count(path) == 1, f"the origin saw {fault.count(path)} tries of an aborted upload"
     assert p.sluice.alive()
 
@@ -242,7 +243,9 @@ def test_client_abort_mid_download_stops_the_upstream_within_1s(proxy, client):
             assert d
             got += len(d)
         if client == "stopped-reading":
-            time.sleep(2.0)  # Sluice's output fills up and it pauses the upstream
+            # (Sluice's send buffer toward the client is still filling after 2 s: it stops reading the
+            # upstream only once that buffer is full)
+            time.sleep(2.0)  # time passing: the client has not read for 2 s and its data backs up in Sluice
         t_abort = time.monotonic()
         abort(c.sock, "fin")
         assert srv.connection_count() == 1
@@ -346,7 +349,7 @@ class DelayedReply(Reply):
         self.delay = delay
 
     def run(self, srv, conn, reader, t):
-        time.sleep(self.delay)
+        time.sleep(self.delay)  # server behaviour: the answer comes `delay` seconds after the request
         super().run(srv, conn, reader, t)
 
 
@@ -358,7 +361,7 @@ def test_post_in_flight_during_drain_is_sent_once(sluice_factory, tmp_path, faul
     else:
         class DelayedReset(Reset):
             def run(self, srv, conn, reader, t):
-                time.sleep(1.5)
+                time.sleep(1.5)  # server behaviour: the reset comes 1.5 s after the request, mid-drain
                 super().run(srv, conn, reader, t)
         fault.always(path, DelayedReset())
     p = proxy_with(sluice_factory, tmp_path, "retry-all", extra={"timeouts": {"drain": "10s"}})
@@ -465,7 +468,7 @@ def test_sighup_every_100ms_then_sigterm_with_64_connections_lose_nothing(sluice
             write_config_text(proxy, texts[hups % 2])
             sighup(proxy)
             hups += 1
-            time.sleep(0.1)
+            time.sleep(0.1)  # time passing: reloads at ~10/s, spread over hup_seconds of client traffic
         proxy.expected_exit = True
         t_term[0] = time.monotonic()
         proxy.signal(signal.SIGTERM)
@@ -513,7 +516,7 @@ def requests_through(proxy, url: str, n: int, spread: float = 0.0) -> None:
         r = s.get(f"{url}?i={i}", timeout=10)
         assert r.status_code == 200, r.text
         if spread:
-            time.sleep(spread / n)
+            time.sleep(spread / n)  # time passing: the requests spread over `spread` s, across many log flushes
 
 
 def count_lines(text: str, pattern: re.Pattern) -> int:
@@ -528,7 +531,7 @@ def test_access_log_on_a_full_disk_keeps_serving_and_says_so_once_per_episode(sl
     requests_through(p, url, 40, spread=1.0)          # ~10 flushes, every one fails
     assert wait_until(lambda: count_lines(p.stderr(), FULL_RE) >= 1, 5), f"nothing said about ENOSPC:\n{p.stderr()}"
     requests_through(p, url, 20, spread=0.5)
-    time.sleep(0.5)
+    time.sleep(0.5)  # window: the failing flushes of these lines must not report the full disk again
     assert count_lines(p.stderr(), FULL_RE) == 1, f"the full disk was reported more than once:\n{p.stderr()}"
     # The disk has room again (the path is a file now): SIGUSR1 reopens it, lines flow, and
     # the log says how many were lost.
@@ -546,7 +549,7 @@ def test_access_log_on_a_full_disk_keeps_serving_and_says_so_once_per_episode(sl
     p.signal(signal.SIGUSR1)
     requests_through(p, url + "-again", 20, spread=0.5)
     assert wait_until(lambda: count_lines(p.stderr(), FULL_RE) == 2, 5), p.stderr()
-    time.sleep(0.5)
+    time.sleep(0.5)  # window: later flushes of this episode must not report it a second time
     assert count_lines(p.stderr(), FULL_RE) == 2, p.stderr()
     assert p.alive()
 
@@ -694,7 +697,7 @@ def test_out_of_descriptors_idle_clients_no_spin_then_503_then_recovery(limited_
             idle.append(s)
         assert wait_until(lambda: p.open_fds() >= 63, 5), f"{p.open_fds()} descriptors open"
         cpu0, t0 = p.cpu_seconds(), time.monotonic()
-        time.sleep(1.5)
+        time.sleep(1.5)  # time passing: the CPU use is measured over 1.5 s of refused accepts
         cpu = (p.cpu_seconds() - cpu0) / (time.monotonic() - t0)
         print(f"out of descriptors, idle: {p.open_fds()} fds open, CPU {cpu * 100:.0f} %")
         assert cpu < 0.3, f"Sluice burns {cpu * 100:.0f} % CPU while it cannot accept"

@@ -446,7 +446,7 @@ def test_request_head_sent_byte_by_byte(proxy, httpbin):
     with RawConn(HOST, proxy.port) as c:
         for i in range(len(req)):
             c.send(req[i:i + 1])
-            time.sleep(0.003)
+            time.sleep(0.003)  # server behaviour: the client drips the request a byte every 3 ms
         r = c.read_response()
     assert r.status == 200 and json.loads(r.body)["data"] == "slowly"
 
@@ -503,7 +503,7 @@ def test_clients_vanishing_mid_request_do_not_hurt(proxy, httpbin):
         if i % 3 == 0:
             c.send(b"GET http://half")  # and a torn second request
         c.close()
-    time.sleep(0.5)
+    time.sleep(0.5)  # window: Sluice cleans up after the vanished clients; it must not die in it
     assert proxy.alive()
     r = session_via(proxy.url).get(httpbin.url + "/get?after=1", timeout=10)
     assert r.json()["args"] == {"after": "1"}

@@ -100,7 +100,7 @@ def test_via_loop_detected(proxy, recorder):
         r = c.read_response()
         assert_sluice_error(r, 508, "loop")
         assert_connection_closed(c)
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: the looping request must not reach the upstream in it
     assert recorder.connection_count() == before
     assert len(recorder.requests()) == 1
 
@@ -115,7 +115,7 @@ def test_via_loop_detected_inside_a_via_list(proxy, recorder):
         c.send(request_bytes("GET", f"http://{HOST}:{recorder.port}/loop",
                              headers=[("Via", f"1.0 first-hop, {own}"), ("Via", "1.1 later-hop")]))
         assert_sluice_error(c.read_response(), 508, "loop")
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: the looping request must not reach the upstream in it
     assert (recorder.connection_count(), len(recorder.received())) == before
 
 

@@ -59,7 +59,7 @@ class SwitchableOrigin:
                 s.bind((HOST, self.port))
                 break
             except OSError:
-                time.sleep(0.05)
+                time.sleep(0.05)  # poll interval: retry the bind until the old listener's port is free
         else:
             raise RuntimeError(f"could not bind {HOST}:{self.port} again")
         s.listen(64)
@@ -273,6 +273,7 @@ def test_refused_connections_open_it_and_a_probe_closes_it(sluice_factory, tmp_p
         while time.monotonic() < deadline:
             assert_fails_fast(proxy, origin, f"/while-down/{fast}", 1)
             fast += 1
+            # time passing: 2.5 s down (cooldown 1 s, probes every 500 ms fail), a request every 0.1 s
             time.sleep(0.1)
         origin.up()
         back = time.monotonic()
@@ -377,7 +378,8 @@ def test_reload_keeps_an_unchanged_circuit_and_resets_a_changed_one(sluice_facto
                                       "other.example": {}})
         sighup(proxy)
         until(lambda: reloaded(generation + 1), 10, 0.1, "the first reload")
-        time.sleep(0.3)  # the workers apply it on their loops
+        # window: the workers apply the reload on their loops; it must not reset the unchanged circuit
+        time.sleep(0.3)
         assert_fails_fast(proxy, origin, "/still-open", 30)
         assert admin_upstreams(admin)[origin.origin]["state"] == "open"
         # Changed settings: the origin starts closed under them.

@@ -350,13 +350,13 @@ def test_large_body_streams_with_backpressure_over_h2(sluice_factory, tmp_path, 
                 digest.update(d)
                 got += len(d)
                 budget -= len(d)
-            time.sleep(0.1)
+            time.sleep(0.1)  # server behaviour: the throttled client reads 200 KiB per 0.1 s (~2 MB/s)
         slow_growth = mon.current_growth_mib()
         # the connection is not blocked for other streams while this one is paused
         for i in range(5):
             r = s.get(url(f"/1k?{t}-during-{i}"), timeout=10)
             assert r.status_code == 200 and r.content == h2nginx.file_1k
-        time.sleep(0.5)
+        time.sleep(0.5)  # window: libcurl buffers the paused stream's data in flight: its window, never the body
         shared_growth = mon.current_growth_mib()
         while got < BIG:
             d = c.sock.recv(1 << 20)
@@ -422,7 +422,13 @@ def test_an_idle_connection_closed_with_goaway_is_not_reused(sluice_factory, tmp
     assert s.get(url("/one"), timeout=10).status_code == 200
     h2fault.close_idle = True
     assert wait_until(lambda: 1 in h2fault.ended, 5)
-    time.sleep(0.2)
+    # The GOAWAY is in the pooled socket now. An exchange Sluice answers itself on its one worker
+    # (a CONNECT to a port it does not allow: 403, nothing sent upstream) proves its loop has
+    # turned since, so the pooled socket's watch has seen the GOAWAY before /two comes.
+    with RawConn(HOST, proxy.port, timeout=10) as c:
+        c.send(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n")
+        barrier = c.read_response(timeout=10)
+    assert barrier is not None and barrier.status == 403, barrier
     h2fault.close_idle = False
     r = s.get(url("/two"), timeout=10)
     assert r.status_code == 200 and r.text == "ok /two\n"

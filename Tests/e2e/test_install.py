@@ -338,7 +338,7 @@ def dpkg(*args: str) -> subprocess.CompletedProcess:
     while True:
         r = run(["dpkg", *args], timeout=120)
         if r.returncode != 0 and "locked by another process" in r.stderr and time.monotonic() < deadline:
-            time.sleep(2)
+            time.sleep(2)  # poll interval: retry dpkg while another process holds its lock
             continue
         return r
 

@@ -406,7 +406,7 @@ def test_intercept_access_log_lines(intercepting, ca_dir, tls_httpbin):
     conn = log.wait_for(lambda e: e.get("method") == "CONNECT")[0]
     assert conn["outcome"] == "intercepted", conn
     assert f"localhost:{tls_httpbin.port}" in conn["url"], conn
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: no third access-log line may appear in it
     assert len(log.lines()) == 2, f"expected one inner and one CONNECT line:\n{log.text()}"
 
 
@@ -562,7 +562,7 @@ def test_intercept_requests_get_post_keep_alive(intercepting, ca_dir, tls_httpbi
     post = inner[1]
     assert post["method"] == "POST" and post["bytes_in"] == len(body), post
     conns = log.wait_for(lambda e: e.get("method") == "CONNECT")
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: no second CONNECT line may appear in it
     conns = connect_lines(log)
     assert len(conns) == 1, f"{len(conns)} CONNECTs for one keep-alive session:\n{log.text()}"
     assert conns[0]["outcome"] == "intercepted", conns[0]
@@ -661,7 +661,7 @@ def test_intercept_wrong_pin_is_502_inside_the_tunnel(intercepting, ca_dir, tls_
     assert e.get("trust_failure") == {"evaluator": "public_keys", "reason": "public key pin mismatch"}, e
     assert e["url"] == tls_httpbin.url(marker), e
     log.wait_for(lambda e: e.get("method") == "CONNECT")
-    time.sleep(0.3)
+    time.sleep(0.3)  # window: the origin must not log the marker, nor a second CONNECT line appear, in it
     assert marker not in tls_httpbin.access_log(), "the request was sent to an upstream that failed trust"
     assert len(connect_lines(log)) == 1, f"the 502 did not keep the tunnel open:\n{log.text()}"
 
@@ -816,7 +816,8 @@ def test_intercept_download_is_backpressured(intercepting, ca_dir, nginx):
     with _intercepted_tls(proxy, ca_dir, auth) as c:
         c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         c.send(f"GET /medium.bin HTTP/1.1\r\nHost: {auth}\r\n\r\n".encode())
-        time.sleep(2.0)  # not reading: the origin would have sent everything by now
+        # window: the client does not read; Sluice must not take in the 32 MiB body the origin would send by now
+        time.sleep(2.0)
         grown = proxy.rss_kib() - before
         assert grown < 16 * 1024 * RSS_SCALE, f"sluice grew by {grown} KiB while the client was not reading"
         r = c.read_response(timeout=60)

@@ -26,7 +26,7 @@ from policy_support import run_check, write_yaml
 from resilience_support import (bearer_factory, fault, fetch, log_entry, run_concurrently,  # noqa: F401
                                 start_proxy, token_server_factory)
 from rawhttp import RawConn, request_bytes
-from support import HOST, assert_sluice_error
+from support import HOST, assert_sluice_error, wait_until
 
 CLIENT_ID = "sluice-e2e"
 
@@ -162,7 +162,7 @@ def test_token_fetch_does_not_block_other_requests(sluice_factory, tmp_path, tok
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("r", get(p, up, "/slow-token")), daemon=True)
     t.start()
-    time.sleep(0.3)
+    assert wait_until(lambda: ts.all_requests(), 10), "the oauth2 request did not start a token fetch"
     r, elapsed = fetch(p, "GET", f"http://localhost:{httpbin.port}/get?while-token")
     assert r.status == 200, r
     assert elapsed < 0.8, f"a request to another host took {elapsed:.2f}s while a token fetch was pending"
@@ -182,10 +182,12 @@ def test_client_gone_while_waiting_for_a_token(sluice_factory, tmp_path, token_s
         c = RawConn(HOST, p.port, timeout=5)
         c.send(request_bytes("GET", f"http://{HOST}:{up.port}/gone-{i}"))
         conns.append(c)
-    time.sleep(0.3)
+    assert wait_until(lambda: ts.all_requests(), 10), "the parked requests did not start a token fetch"
     for c in conns:
         c.close()
-    time.sleep(1.5)                     # the fetch has finished and woken the parked requests
+    assert wait_until(lambda: ts.grants() == 1, 10), "the token fetch did not finish"
+    # window: the fetch has woken the parked requests; Sluice must neither die nor send them upstream
+    time.sleep(0.5)
     assert p.sluice.alive(), f"sluice died after clients left while waiting for a token:\n{p.sluice.stderr()}"
     r, _ = get(p, up, "/after-gone")
     assert r.status == 200 and token_in(r) == ts.token(1), r
@@ -208,6 +210,7 @@ def test_refresh_before_expiry(sluice_factory, tmp_path, token_server_factory, b
     r, _ = get(p, up, "/exp-2")
     assert r.status == 200 and token_in(r) == ts.token(1), r
     assert ts.grants() == 1
+    # time passing: 1.2 s after the grant the 2 s token is within refresh_before_expiry (1 s) of expiring
     time.sleep(max(0.0, t_grant + 1.2 - time.monotonic()))
     r, _ = get(p, up, "/exp-3")
     assert r.status == 200 and token_in(r) == ts.token(2), f"expected a refreshed token: {r!r}"
@@ -342,6 +345,7 @@ def test_refresh_token_grant_uses_a_rotated_refresh_token(sluice_factory, tmp_pa
                       server_kw={"expires_in": 2, "rotate_refresh_token": True}, refresh_before_expiry="1s")
     r, _ = get(p, up, "/rotate-1")
     assert r.status == 200 and token_in(r) == ts.token(1), r
+    # time passing: 1.2 s after the grant the 2 s token is within refresh_before_expiry (1 s) of expiring
     time.sleep(max(0.0, ts.all_requests()[0].t + 1.2 - time.monotonic()))
     r, _ = get(p, up, "/rotate-2")
     assert r.status == 200 and token_in(r) == ts.token(2), f"refresh with the rotated refresh token failed: {r!r}"

@@ -229,7 +229,8 @@ def test_without_notify_socket_nothing_is_sent(sluice_factory, notify, httpbin):
     proxy = sluice_factory()
     assert session_via(proxy.url).get(httpbin.url + "/get", timeout=10).status_code == 200
     os.kill(proxy.pid, signal.SIGHUP)
-    time.sleep(1.5)
+    # (neither the reload's RELOADING/READY nor a periodic STATUS, which would come every second)
+    time.sleep(1.5)  # window: nothing may reach the notify socket
     assert notify.all() == []
 
 
@@ -290,7 +291,7 @@ def test_watchdog_pings_only_while_every_worker_checks_in(sluice_factory, notify
     assert sorted(tids) == ["sluice-w0", "sluice-w1"], tids
 
     t0 = time.monotonic()
-    time.sleep(1.5)
+    time.sleep(1.5)  # time passing: pings are counted over 1.5 s
     pings = [m for m in notify.since(t0) if m.startswith("WATCHDOG=1")]
     assert 5 <= len(pings) <= 9, f"{len(pings)} pings in 1.5 s at a 200 ms interval"
 
@@ -298,9 +299,9 @@ def test_watchdog_pings_only_while_every_worker_checks_in(sluice_factory, notify
     stuck = StoppedThread(tids["sluice-w1"])
     try:
         # a ping decided before the stop may still arrive; after that, none
-        time.sleep(0.5)
+        time.sleep(0.5)  # time passing: more than a ping interval, for a ping decided before the stop
         t1 = time.monotonic()
-        time.sleep(1.5)
+        time.sleep(1.5)  # window: no WATCHDOG=1 may be sent while worker 1 is stopped
         late = [m for m in notify.since(t1) if m.startswith("WATCHDOG=1")]
         assert late == [], f"the watchdog was pinged with worker 1 stopped: {late}"
         assert wait_until(lambda: "worker(s) 1 did not check in" in stderr_since(proxy, offset), 3), \
@@ -381,12 +382,19 @@ def test_log_format_json_and_log_level_apply_at_start_and_reload(sluice_factory,
     assert any(jsonlib.loads(l)["message"].startswith("listening on") and jsonlib.loads(l)["level"] == "info"
                for l in lines)
     # back to text, and warnings only: the reload's own info line is no longer written
+    # (the X-Gen header shows, through httpbin, when the workers serve the reloaded file; the
+    # server's log settings are applied before the workers are told)
     cfg = yaml.safe_load(proxy.config_path.read_text())
     cfg.update({"log_format": "text", "log_level": "warning"})
+    cfg.setdefault("policies", {}).setdefault("default", {})["adapters"] = [{"headers": {"set": {"X-Gen": "text"}}}]
     write_config_text(proxy, yaml.safe_dump(cfg))
     offset = stderr_len(proxy)
     os.kill(proxy.pid, signal.SIGHUP)
-    time.sleep(1.0)
+
+    def gen() -> str | None:
+        return session_via(proxy.url).get(httpbin.url + "/headers", timeout=10).json()["headers"].get("X-Gen")
+
+    assert wait_until(lambda: gen() == "text", 10), f"the reload was not applied\n{stderr_since(proxy, offset)}"
     # a bad file: its error is written, as text
     write_config_text(proxy, yaml.safe_dump(dict(cfg, log_level="loud")))
     os.kill(proxy.pid, signal.SIGHUP)

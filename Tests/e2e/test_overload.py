@@ -38,7 +38,7 @@ class SlowCountingOrigin(ThreadedServer):
             _, _, target, _ = r.read_head()
             with self.lock:
                 self.targets.append(target)
-            time.sleep(self.delay)
+            time.sleep(self.delay)  # server behaviour: a slow origin that answers `delay` seconds after each head
             conn.sendall(simple_response(200, b"slow ok " + target.encode()))
 
     def seen(self) -> list[str]:
@@ -118,7 +118,7 @@ def test_max_connections_refuses_the_next_with_503_and_admits_after_a_close(slui
         get_ok(held[0], nginx.url("/1k"))
         # Freeing one lets a new one in (Sluice sees the close when it reads the EOF).
         held.pop().close()
-        time.sleep(0.2)
+        until(lambda: open_connections(admin) == 2, 10, 0.05, "Sluice saw the held connection close")
 
         def admitted() -> bool:
             c = RawConn(HOST, proxy.port)
@@ -266,7 +266,7 @@ def test_wait_that_runs_out_gets_503_and_never_reaches_the_origin(sluice_factory
         assert 0.25 <= waited < 1.5, f"answered after {waited:.2f}s, expected about 0.3s"
         ra = a.read_response(timeout=10)
         assert ra is not None and ra.status == 200, ra
-        time.sleep(0.3)
+        time.sleep(0.3)  # window: with /a's slot free, the timed-out /b must not be sent to the origin in it
         assert origin.seen() == ["/a"], "the timed-out request reached the origin"
         assert metric(admin, 'sluice_requests_refused_total{reason="queue_timeout"}') == 1
         a.close()
@@ -286,7 +286,7 @@ def test_client_that_leaves_the_queue_is_forgotten(sluice_factory):
         gone.send(request_bytes("GET", f"{origin.url}/gone"))
         until(lambda: metric(admin, "sluice_requests_queued_total") == 1, 5, 0.05, "/gone queued")
         gone.close()
-        time.sleep(0.2)
+        until(lambda: open_connections(admin) == 1, 10, 0.05, "Sluice saw /gone's client close")
         # Its place in the queue (size 1) is free again: the next one waits instead of a 503.
         b = RawConn(HOST, proxy.port, timeout=15)
         b.send(request_bytes("GET", f"{origin.url}/b"))

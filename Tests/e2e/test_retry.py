@@ -26,7 +26,7 @@ from resilience_servers import (Close, NotTLSServer, Partial, Reply, Reset, Retr
 from resilience_support import (EARLY, assert_delay, assert_delays, assert_retry_log, debug_tries,  # noqa: F401
                                 fault, fetch, gaps, late_bound, log_entry, retries_of, retry_cfg,
                                 run_concurrently, settle_no_more_tries, start_proxy)
-from support import HOST, assert_sluice_error
+from support import HOST, assert_sluice_error, wait_until
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -458,9 +458,9 @@ def test_client_gone_during_backoff(sluice_factory, tmp_path, fault):
     c = RawConn(HOST, p.port, timeout=5)
     c.send(request_bytes("GET", fault.url + "/gone"))
     assert fault.wait_tries("/gone", 1, timeout=5), "the first try never arrived"
-    time.sleep(0.2)
+    time.sleep(0.2)                     # time passing: 0.2 s into the 600 ms backoff the 503 started
     c.close()                           # mid-backoff: the retry is due 600 ms after the first try
-    time.sleep(1.6)                     # past every retry this exchange could have made
+    time.sleep(1.6)                     # window: past every retry this exchange could have made; none may come
     assert p.sluice.alive(), f"sluice died after a client left during a retry delay:\n{p.sluice.stderr()}"
     r, _ = fetch(p, "GET", fault.url + "/after-gone")
     assert r.status == 200 and r.body == b"alive", r
@@ -580,7 +580,7 @@ def test_tls_handshake_failure_is_retried(sluice_factory, tmp_path):
         p = start_proxy(sluice_factory, tmp_path, policy(limit=2, scale="50ms"))
         r, _ = fetch(p, "GET", f"https://{HOST}:{srv.port}/tls-retried")
         assert_sluice_error(r, 502, "TLS")
-        time.sleep(0.3)
+        time.sleep(0.3)  # window: no fourth handshake may follow the 502
         assert srv.connection_count() == 3, f"{srv.connection_count()} handshakes, expected 3"
         assert_retry_log(log_entry(p, "/tls-retried"), attempts=3, stopped="limit")
     finally:
@@ -808,7 +808,7 @@ def wait_for_second_fraction(lo: float, hi: float) -> None:
         frac = time.monotonic() % 1.0
         if lo <= frac <= hi:
             return
-        time.sleep((lo + 0.01 - frac) % 1.0)
+        time.sleep((lo + 0.01 - frac) % 1.0)  # time passing: the clock must reach the wanted fraction
 
 
 @pytest.mark.deadline(90)
@@ -837,7 +837,8 @@ def test_budget_limits_retries_under_load(sluice_factory, tmp_path, fault):
     statuses = run_concurrently(N, one, timeout=60,
                                 before_release=lambda: wait_for_second_fraction(0.03, 0.08))
     assert all(s == 503 for s in statuses), [s for s in statuses if s != 503][:10]
-    time.sleep(0.5)
+    # Every client has its answer; the upstream marks a try done just after sending it.
+    assert wait_until(lambda: all(t.t_done for t in fault.tries(path)), 10), "tries still open after every answer"
     tries = fault.tries(path)
     by_req: dict[str, list] = {}
     for t in tries:
@@ -857,6 +858,7 @@ def test_budget_limits_retries_under_load(sluice_factory, tmp_path, fault):
     assert n_retries >= 3, f"only {n_retries} retries: min_per_second 3 allows at least 3"
     lines = p.log.wait_for(lambda e: path in e.get("url", ""), n=N, timeout=10)
     assert sum(e["attempts"] - 1 for e in lines) == n_retries, "access-log attempts disagree with the upstream"
+    assert len(fault.tries(path)) == len(tries), "a try reached the upstream after every client had its answer"
     stopped = [e.get("retry_stopped") for e in lines]
     assert stopped.count("budget") >= 1, f"no line says retry_stopped: budget: {set(map(str, stopped))}"
     assert set(stopped) <= {"budget", "limit"}, set(map(str, stopped))

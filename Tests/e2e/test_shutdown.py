@@ -7,7 +7,7 @@ import socket
 import time
 
 from rawhttp import RawConn, request_bytes
-from support import HOST, session_via
+from support import HOST, session_via, wait_until
 
 
 def assert_new_connections_refused(port: int) -> None:
@@ -45,7 +45,9 @@ def test_sigterm_lets_inflight_drip_finish_and_exits_0(sluice_factory, httpbin):
         t_term = time.monotonic()
         proxy.expected_exit = True
         proxy.signal(signal.SIGTERM)
-        time.sleep(0.5)
+        assert wait_until(lambda: "draining" in proxy.stderr(), 10), \
+            f"no 'draining' line after SIGTERM:\n{proxy.stderr()}"
+        time.sleep(0.5)  # window: the drip has seconds to go; Sluice must not exit with it in flight
         assert proxy.alive(), "sluice exited with a request in flight"
         assert_new_connections_refused(proxy.port)
         r = c.read_response(timeout=15)

@@ -22,7 +22,7 @@ def warm_up(proxy, nginx):
     """One small exchange first, so lazily allocated pools count in the baseline."""
     r = session_via(proxy.url).get(nginx.url("/1k"), timeout=10)
     assert r.content == nginx.file_1k
-    time.sleep(0.2)
+    time.sleep(0.2)  # time passing: Sluice settles after the warm-up exchange before the RSS baseline is taken
 
 
 def curl_upload(proxy, url: str, extra: list[str], stdin=None, timeout: float = 200):
@@ -107,7 +107,7 @@ def test_slow_reader_does_not_make_sluice_buffer(proxy, nginx, big_file):
                 assert d, "connection closed during a slow read"
                 got += len(d)
                 budget -= len(d)
-            time.sleep(0.1)
+            time.sleep(0.1)  # server behaviour: the throttled client reads 100 KiB per 0.1 s (~1 MB/s)
         growth_now = mon.current_growth_mib()
     print(f"slow reader read {got / MiB:.1f} MiB in 5 s; RSS growth now {growth_now:.1f} MiB; {mon.describe()}")
     assert got < 20 * MiB, "the client read faster than intended; the test did not throttle"
@@ -244,6 +244,7 @@ def test_slow_upstream_reader_does_not_make_sluice_buffer_upload(proxy, nginx, s
     t = threading.Thread(target=push, daemon=True)
     with mon:
         t.start()
+        # time passing: the client pushes for 5 s against a ~1 MB/s sink; the bounds below are what 5 s allow
         time.sleep(5)
         stop.set()
         t.join(timeout=5)
@@ -280,7 +281,7 @@ def test_slow_reader_through_connect_tunnel_does_not_make_sluice_buffer(proxy, n
                     assert d, "tunnel closed during a slow read"
                     got += len(d)
                     budget -= len(d)
-                time.sleep(0.1)
+                time.sleep(0.1)  # server behaviour: the throttled client reads 100 KiB per 0.1 s (~1 MB/s)
         t.close()
     finally:
         s.close()

@@ -187,7 +187,7 @@ def expect_trust_failure(proxy, url: str, authority: str, evaluator: str, reason
             assert r2 is not None and r2.status == 200 and r2.body == nginx.file_1k, \
                 f"connection not usable after the trust failure: {r2!r}"
     if served is not None:
-        time.sleep(0.2)
+        time.sleep(0.2)  # window: the origin must not serve (and log) the request in it
         lines = served(t)
         assert not lines, f"the origin served the request although trust failed: {lines}"
 
@@ -496,7 +496,7 @@ def test_all_hosts_must_be_evaluated(tproxy, ts, nginx):
         c.send(request_bytes("GET", nginx.url("/1k?after")))
         r2 = c.read_response(timeout=20)
         assert r2 is not None and r2.status == 200, r2
-    time.sleep(0.2)
+    time.sleep(0.2)  # window: the unevaluated host must not serve (and log) the request in it
     assert server.lines_for(t) == [], "the unevaluated host was sent the request"
     expect_ok(proxy, server, ts.file_1k, host="localhost")
 
@@ -655,7 +655,7 @@ def test_route_to_https_upstream_uses_that_hosts_trust(tproxy, tp, ts):
         c.send(request_bytes("GET", f"/1k?{t}", host=f"{HOST}:{bad_route}"))
         r = c.read_response(timeout=20)
     assert_trust_failure(r, f"localhost:{server.port}", "public_keys", "public key pin mismatch")
-    time.sleep(0.2)
+    time.sleep(0.2)  # window: the origin that failed trust must not serve (and log) the request in it
     assert server.lines_for(t) == [], server.log_text()
     t = tag()
     with RawConn(HOST, good_route, timeout=20) as c:
@@ -957,7 +957,7 @@ def test_followed_redirect_uses_the_targets_trust(tproxy, tp, ts, httpbin, pin_o
         assert len(logged(server, t)) == 1
     else:
         assert_trust_failure(r, f"localhost:{server.port}", "public_keys", "public key pin mismatch")
-        time.sleep(0.2)
+        time.sleep(0.2)  # window: the redirect target that failed trust must not serve (and log) the request
         assert server.lines_for(t) == [], f"the redirect target was served despite its trust: {server.log_text()}"
         e = log.wait_for()[0]
         assert e.get("trust_failure") == {"evaluator": "public_keys", "reason": "public key pin mismatch"}, e

@@ -347,7 +347,7 @@ def test_client_that_stops_reading(sluice_factory, echo, tls_echo, tmp_path, pki
     # The client's own library reads into its queue of one message and stops: the rest
     # stays in sockets and in Sluice, bounded by its watermarks.
     assert wait_until(lambda: origin.flood_sent >= 4 * size, 10), f"the origin sent only {origin.flood_sent} bytes"
-    time.sleep(2)
+    time.sleep(2)  # window: the origin must not get the 96 MiB out, nor Sluice's RSS grow with it, in it
     stalled = origin.flood_sent
     rss_stalled = proc_status(proxy.pid)["VmRSS"]
     assert not origin.flood_done.is_set(), "the origin sent all 96 MiB to a client that read nothing"
