@@ -50,6 +50,16 @@ BIG_SIZE = 1 << 30
 # ------------------------------------------------------------------------------------------
 
 
+# Modules whose first test builds something of its own (a static release build for the
+# container image, the Debian package): run first, so that under pytest-xdist their minutes of
+# compiling overlap the rest of the suite instead of trailing it.
+BUILDS_FIRST = ("test_docker.py", "test_install.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: 0 if item.path.name in BUILDS_FIRST else 1)  # stable: order kept within each
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     m = item.get_closest_marker("deadline")
