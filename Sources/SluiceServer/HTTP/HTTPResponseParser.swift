@@ -441,22 +441,16 @@ struct HTTPResponseParser {
     ) throws(Failure)
         -> ResponseEncoder.ResponseField
     {
-        switch name.count {
-        case 2 where Self.equalsIgnoringCase(l, name, "te"):
-            return .hopByHop
-        case 7 where Self.equalsIgnoringCase(l, name, "trailer") || Self.equalsIgnoringCase(l, name, "upgrade"):
-            return .hopByHop
-        case 10 where Self.equalsIgnoringCase(l, name, "keep-alive"):
-            return .hopByHop
-        case 16 where Self.equalsIgnoringCase(l, name, "proxy-connection"):
-            return .hopByHop
-        case 10 where Self.equalsIgnoringCase(l, name, "connection"):
+        // The kind comes from the encoder's own table of the fields a proxy treats specially,
+        // so parser and encoder never disagree about a name.
+        let kind = l.withUnsafeBufferPointer { ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: $0[name])) }
+        switch kind {
+        case .connection:
             for element in Self.listElements(l, value) {
                 if Self.equalsIgnoringCase(l, element, "close") { facts.connectionClose = true }
                 if Self.equalsIgnoringCase(l, element, "keep-alive") { facts.connectionKeepAlive = true }
             }
-            return .connection
-        case 14 where Self.equalsIgnoringCase(l, name, "content-length"):
+        case .contentLength:
             for element in Self.listElements(l, value) {
                 guard !element.isEmpty, element.count <= 18, element.allSatisfy({ Self.isDigit(l[$0]) }) else {
                     throw Failure(reason: "invalid Content-Length")
@@ -470,8 +464,7 @@ struct HTTPResponseParser {
                 facts.contentLength = n
                 facts.contentLengthDigits = element.count
             }
-            return .contentLength
-        case 17 where Self.equalsIgnoringCase(l, name, "transfer-encoding"):
+        case .transferEncoding:
             facts.sawTransferEncoding = true
             for element in Self.listElements(l, value) {
                 // transfer-coding = token *( OWS ";" OWS transfer-parameter )
@@ -492,10 +485,10 @@ struct HTTPResponseParser {
                     facts.chunkedIsLast = false
                 }
             }
-            return .transferEncoding
-        default:
-            return .other
+        case .hopByHop, .other:
+            break
         }
+        return kind
     }
 
     /// Trailer fields are validated, counted and dropped; the empty line ends the response.
