@@ -82,11 +82,15 @@ man: $(MAN)
 $(BIN):
 	$(SWIFT) build -c release
 
-# The plugin builds the package in release mode (nothing to do after `make build`), then
-# renders `sluice --experimental-dump-help` as an mdoc page. It copies the blank lines that
-# separate the paragraphs of a discussion; mdoc's paragraph break is .Pp.
+# swift-argument-parser's generate-manual tool (what its plugin runs) renders
+# `sluice --experimental-dump-help` as an mdoc page. It is run on $(BIN) as it is: the plugin
+# would build the package again first, and with other flags than `make unit`'s relink the
+# binary while the e2e suite runs it (`make install` is one of its tests). It copies the
+# blank lines that separate the paragraphs of a discussion; mdoc's paragraph break is .Pp.
 $(MAN): $(BIN)
-	$(SWIFT) package plugin generate-manual $(if $(MAN_DATE),--date $(MAN_DATE))
+	$(SWIFT) build --product generate-manual
+	mkdir -p $(dir $@)
+	.build/debug/generate-manual $(BIN) --output-directory $(dir $@) $(if $(MAN_DATE),--date $(MAN_DATE))
 	sed -i 's/^$$/.Pp/' $@
 
 deb: $(MAN)
