@@ -239,6 +239,12 @@ public final class ProxyAuthVerifier {
         return verdict
     }
 
+    /// Whether `a` and `b` hold the same bytes, compared in constant time (CRYPTO_memcmp): a
+    /// connection's accepted credential against the one a later request carries.
+    public static func sameCredential(_ a: [UInt8], _ b: UnsafeRawBufferPointer) -> Bool {
+        a.count == b.count && a.withUnsafeBytes { CRYPTO_memcmp($0.baseAddress, b.baseAddress, b.count) } == 0
+    }
+
     private func refill() {
         let now = clock()
         let elapsed = now - refilledAt

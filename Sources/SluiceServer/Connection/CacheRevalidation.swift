@@ -43,7 +43,7 @@ enum CacheRevalidation {
         }
         if let hostHeader { headers.append(("Host", hostHeader)) }
         headers += validators.map { ($0.name, $0.value) }
-        let requestTime = ClientConnection.wallClockSeconds()
+        let requestTime = CacheStage.wallClockSeconds()
         // An https entry records the trust it is validated under: this pipeline's.
         let trustGeneration = object.trustGeneration == nil ? nil : worker.pipeline.policies.generation
         let received = ReceivedFields()
@@ -76,7 +76,7 @@ enum CacheRevalidation {
         requestFields: [CacheFields.Field], requestTime: Int64, modification: CacheModification?,
         policyAuthenticates: Bool, store: CacheStore, disk: DiskCacheTier?, trustGeneration: UInt64? = nil
     ) {
-        let now = ClientConnection.wallClockSeconds()
+        let now = CacheStage.wallClockSeconds()
         var keyFields = requestFields
         if policyAuthenticates { keyFields.append(("Authorization", "")) }
         if status == 304 {

@@ -7,39 +7,21 @@ import SluiceCore
     import Glibc
 #endif
 
-/// One client TCP connection on a forward-proxy listener: reads requests with the strict
-/// codec, forwards each through an `UpstreamTransfer` (one at a time; pipelined requests wait
-/// in the input buffer), answers its own errors, and becomes a byte tunnel after CONNECT.
+/// One client TCP connection on a listener: the socket glue. It reads request heads with the
+/// strict codec and hands each to the request chain through its `ExchangeDriver` (one request
+/// at a time; pipelined requests wait in the input buffer), reads request bodies on the
+/// driver's demand, writes what the exchange puts in its output in the worker's flush pass,
+/// keeps its idle and header timers, answers Sluice's own errors, and closes. After an
+/// intercepted CONNECT its bytes go through a TLS bufferevent instead of its own socket.
 ///
 /// Threading: owned by its worker's event-loop thread; every callback runs there. The worker
 /// keeps it alive (its `connections` table) until `close()`.
-final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, ClientSocketOwner {
+final class ClientConnection: ClientSocketOwner {
     enum State {
         /// Waiting for (or reading) a request head.
         case awaitingHead
-        /// An adapter that must wait (a token fetch) has not answered yet.
-        case adapting
-        /// Waiting for an upstream slot of the worker (`UpstreamGate`), with this ticket.
-        case queued(UInt64)
-        /// A chunked request waits for its first chunk-size line, which is validated before
-        /// anything is sent upstream (so a malformed body never opens an upstream connection).
-        case awaitingBody(HTTPRequestHead, Exchange)
-        /// A retryable request's body is being read whole, so that it can be replayed.
-        case bufferingBody(HTTPRequestHead, Exchange)
-        /// A try failed; the next one starts when the backoff timer fires.
-        case waitingToRetry(OpaquePointer)
-        /// A request is being forwarded; its body (if any) is read on its transport's demand.
-        case forwarding(any UpstreamTransfer)
-        /// Resolving and connecting the CONNECT destination.
-        case dialing(TunnelDialer)
-        case tunnel(Tunnel)
-        /// An upgrade handshake, then (after `101`) the byte tunnel it became.
-        case upgrading(UpgradeTransfer)
-        /// A cache miss waits for another exchange fetching the same URL to store it
-        /// (collapsed forwarding), since `since` (monotonic ms); polled on the timer.
-        case awaitingCollapsed(since: Int)
-        /// A cache hit's body streams from the disk tier as the client drains.
-        case servingDisk(DiskHitStream)
+        /// The driver has a request (`ExchangeDriver.phase` says what it waits for).
+        case exchanging
         /// A final response is queued; the connection closes once it is flushed.
         case closing
         case closed
@@ -55,21 +37,17 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         case tls(OpaquePointer)
     }
 
-    /// What kind of listener accepted the connection.
-    enum Mode {
-        /// A forward proxy: absolute-form requests and CONNECT.
-        case forward
-        /// A gateway route: origin-form requests appended to its upstream base URL.
-        case route(ServerConfiguration.Route)
-    }
-
     /// Stop reading from a client once this many unprocessed bytes wait (256 KiB).
     static let inputHighWatermark = ClientSocket.inputHighWatermark
     /// Resume a paused upstream once the client's output falls to this (256 KiB).
     static let outputLowWatermark = ClientSocket.outputLowWatermark
 
     unowned let worker: Worker
-    var mode: Mode
+    /// The connection as the stages see it: its peer, its listener's kind, its interception
+    /// and accepted proxy credential.
+    let client: RequestClient
+    /// Performs the current request's stages and tries.
+    private(set) var driver: ExchangeDriver!
     /// The client's socket: Sluice's own until an interception hands it to a TLS bufferevent.
     private(set) var transport: Transport
     /// The transport's buffers: what the client sent and Sluice has not consumed, and what
@@ -78,46 +56,39 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     private(set) var clientOutput: OpaquePointer
     /// Queued in the worker's flush pass (see `scheduleFlush`).
     var flushScheduled = false
-    /// Set once the connection is an intercepted CONNECT (Sluice is its TLS server).
-    var interception: Interception?
-    let peer: String
-    /// On a route listener: what the upstream is told about this client (`Forwarded.swift`).
-    let forwarding: ForwardingFields?
-    var state: State = .awaitingHead
-    var parser: HTTPRequestParser
+    var peer: String { client.peer }
+    private(set) var state: State = .awaitingHead
+    private var parser: HTTPRequestParser
     /// The idle/header timer (one event, re-armed with a purpose).
-    private(set) var timer: OpaquePointer!
+    private var timer: OpaquePointer!
     private var timerPurpose: TimerPurpose = .idle
-    /// The current request: its head, whether its body has been read to the end, and
-    /// whether the client asked for the connection to end after it.
-    var currentHead: HTTPRequestHead?
-    /// The pipeline state of the current request, if it got that far.
-    var exchange: Exchange?
-    var requestBodyDone = true
+    /// The current request's head, from its arrival until its exchange ends.
+    private var currentHead: HTTPRequestHead?
+    /// Whether the request's body has been read to its end, and whether the client asked for
+    /// the connection to end after it.
+    private(set) var requestBodyDone = true
     var wantsKeepAlive = true
     private var continueSent = false
-    /// The `Proxy-Authorization` this connection last had accepted (ClientConnection+ProxyAuth).
-    var acceptedCredential: AcceptedCredential?
-    /// Close with a reset (SO_LINGER 0) rather than a FIN: see `transferAborted`.
+    /// Close with a reset (SO_LINGER 0) rather than a FIN: see `ExchangeDriver.transferAborted`.
     var abortiveClose = false
     /// True while `processInput` loops, so that an exchange ending synchronously inside it
     /// lets the loop go on instead of recursing (a pipelined burst must not deepen the stack).
     private var processingInput = false
-    /// The exchange holds one of the worker's upstream slots (`UpstreamGate`) until it ends.
-    var holdsUpstreamSlot = false
     /// The client's address as `ConnectionLimits` counted it (set by the worker at accept).
     var clientKey: ConnectionLimits.ClientKey?
 
-    init(worker: Worker, mode: Mode, fd: Int32, peer: String, forwarding: ForwardingFields? = nil) {
+    /// The request in flight, if one got past admission.
+    var exchange: Exchange? { driver.exchange }
+
+    init(worker: Worker, mode: ListenerMode, fd: Int32, peer: String, forwarding: ForwardingFields? = nil) {
         self.worker = worker
-        self.mode = mode
-        self.peer = peer
-        self.forwarding = forwarding
+        client = RequestClient(peer: peer, mode: mode, forwarding: forwarding)
         parser = HTTPRequestParser(limits: .init(worker.config.limits))
         let socket = ClientSocket(base: worker.base, fd: fd, spill: worker.readSpill)
         transport = .socket(socket)
         clientInput = socket.input
         clientOutput = socket.output
+        driver = ExchangeDriver(connection: self, worker: worker)
         socket.owner = self
         let me = Unmanaged.passUnretained(self).toOpaque()
         timer = event_new(
@@ -128,9 +99,11 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         armTimer(.idle)
     }
 
+    // MARK: transport
+
     /// Moves the connection onto a TLS bufferevent (interception): its callbacks point here,
     /// with the same watermarks as the plain socket's.
-    func adoptTLS(_ bev: OpaquePointer) {
+    private func adoptTLS(_ bev: OpaquePointer) {
         transport = .tls(bev)
         clientInput = bufferevent_get_input(bev)
         clientOutput = bufferevent_get_output(bev)
@@ -150,8 +123,6 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         bufferevent_setwatermark(bev, Int16(EV_WRITE), Self.outputLowWatermark, 0)
         bufferevent_enable(bev, Int16(EV_READ | EV_WRITE))
     }
-
-    // MARK: transport
 
     /// The TLS bufferevent, once an interception moved the connection onto one.
     private var tlsBufferevent: OpaquePointer? {
@@ -195,58 +166,80 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     func socketDrained() { onWritable() }
     func socketClosed() { onEvent(Int16(BEV_EVENT_EOF)) }
 
-    // MARK: libevent callbacks
+    /// Hands the connection to an `Interception`: the CONNECT is answered and the socket moves
+    /// to a TLS bufferevent; the requests inside are read like any others.
+    func intercept(_ target: RequestTarget, _ exchange: Exchange) throws(ProxyError) {
+        // CONNECT is refused inside an intercepted connection, so this is the plain socket.
+        guard case .socket(let socket) = transport else { throw .badURL("CONNECT inside an intercepted connection") }
+        // The TLS bufferevent takes the socket over, so nothing may wait in the plain one: a
+        // client that sent bytes before the CONNECT's answer is not speaking TLS to us (earlier
+        // answers, still queued for the flush pass, are written now).
+        socket.flush()
+        guard evbuffer_get_length(clientInput) == 0, evbuffer_get_length(clientOutput) == 0 else {
+            throw .malformedRequest("data after CONNECT before its answer")
+        }
+        guard
+            let (interception, bev) = try Interception.start(
+                fd: socket.fd, target: target, base: worker.base, server: worker.interception.current)
+        else {
+            Log.debug("\(peer): cannot answer the CONNECT to \(target.authority)")
+            close()
+            return
+        }
+        exchange.summary.status = 200
+        exchange.end(.intercepted)
+        driver.exchange = nil
+        currentHead = nil
+        // The descriptor now belongs to the TLS bufferevent: the plain socket lets go of it
+        // without closing it.
+        _ = socket.detach()
+        guard let bev else {
+            Log.error("interception of \(target.authority): cannot create the TLS bufferevent")
+            abandon()
+            return
+        }
+        client.interception = interception
+        parser = HTTPRequestParser(limits: .init(worker.config.limits))
+        adoptTLS(bev)
+        state = .awaitingHead
+        armTimer(.header)  // the handshake and the first request head, within the header timeout
+    }
+
+    // MARK: events
 
     private func onReadable() {
         switch state {
         case .awaitingHead:
             if timerPurpose == .idle { armTimer(.header) }
             processInput()
-        case .forwarding(let transfer):
-            transfer.resumeUpload()
-        case .awaitingBody(let head, let exchange):
-            startWhenBodyIsValid(head, exchange)
-        case .bufferingBody(let head, let exchange):
-            continueBuffering(head, exchange)
-        case .tunnel(let tunnel):
-            tunnel.clientReadable()
-        case .upgrading(let transfer):
-            transfer.clientReadable()
-        case .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .closing, .closed:
+        case .exchanging:
+            driver.clientReadable()
+        case .closing, .closed:
             break  // held in the input buffer (bounded by the read watermark)
         }
     }
 
     private func onWritable() {
         switch state {
-        case .forwarding(let transfer):
-            transfer.resumeDownload()
-        case .tunnel(let tunnel):
-            tunnel.clientDrained()
-        case .upgrading(let transfer):
-            transfer.clientDrained()
-        case .servingDisk(let hit):
-            pumpDiskHit(hit)
+        case .exchanging:
+            driver.clientDrained()
         case .closing:
             if evbuffer_get_length(clientOutput) == 0 { close() }
-        default:
+        case .awaitingHead, .closed:
             break
         }
     }
 
     private func onEvent(_ what: Int16) {
         if what & Int16(BEV_EVENT_CONNECTED) != 0 {
-            interception?.established = true
+            client.interception?.established = true
             return
         }
         if what & Int16(BEV_EVENT_EOF | BEV_EVENT_ERROR) != 0 {
-            if let interception, !interception.established {
+            if let interception = client.interception, !interception.established {
                 Log.warning(interception.handshakeFailure(tlsBufferevent))
             }
-            if case .tunnel(let tunnel) = state {
-                tunnel.clientClosed()
-                return
-            }
+            if case .exchanging = state, driver.clientClosed() { return }
             // The client is gone (or half-closed): nothing more can be delivered, so any
             // upstream transfer is cancelled at once.
             close()
@@ -254,21 +247,23 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     }
 
     private func timerFired() {
-        if let interception, !interception.established {
+        if let interception = client.interception, !interception.established {
             // Nothing can be said to a client that has not finished the TLS handshake.
             Log.warning("interception failed: no TLS handshake within \(worker.config.timeouts.clientHeader) ms from \(peer)")
             close()
             return
         }
-        switch timerPurpose {
-        case .idle:
+        switch (timerPurpose, state) {
+        case (.idle, _):
             close()
-        case .header:
-            if case .awaitingHead = state {
-                respondError(.headerTimeout(milliseconds: worker.config.timeouts.clientHeader))
-            }
-        case .collapsed:
-            collapsedWaitTick()
+        case (.header, .awaitingHead):
+            respondError(.headerTimeout(milliseconds: worker.config.timeouts.clientHeader))
+        case (.header, .exchanging):
+            driver.headerTimerFired()
+        case (.collapsed, .exchanging):
+            driver.collapsedWaitTick()
+        default:
+            break
         }
     }
 
@@ -283,6 +278,8 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
         event_add(timer, &tv)
     }
+
+    func stopTimer() { event_del(timer) }
 
     // MARK: requests
 
@@ -316,76 +313,24 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         }
     }
 
+    /// A request head arrived: admission makes its exchange, and the driver runs its stages.
     private func handle(_ head: HTTPRequestHead) {
         currentHead = head
         requestBodyDone = !head.hasBody
         continueSent = false
         wantsKeepAlive = head.keepAlive && head.minorVersion == 1
+        let exchange: Exchange
         do {
-            try checkLoop(head)
-            let target: RequestTarget
-            if head.methodIs("CONNECT") {
-                if interception != nil { throw ProxyError.badURL("CONNECT inside an intercepted connection") }
-                guard case .forward = mode else { throw ProxyError.notOriginForm }
-                target = try RequestTarget.authority(head.target)
-                guard worker.config.access.connectPorts.contains(target.port) else {
-                    throw ProxyError.connectPortNotAllowed(target.port)
-                }
-            } else if let interception {
-                target = try interception.target(for: head)
-            } else {
-                switch mode {
-                case .forward:
-                    target = try RequestTarget.absolute(head.target)
-                case .route(let route):
-                    guard head.bytes[head.targetRange.lowerBound] == UInt8(ascii: "/") else { throw ProxyError.notOriginForm }
-                    target = try RequestTarget.absolute(route.upstream + head.target)
-                }
-            }
-            let exchange = try beginExchange(head, target)
-            try authenticate(head, exchange)
-            if !head.connectionTokens.isEmpty { exchange.upgrade = allowedUpgrade(head, exchange.policy) }
-            if head.methodIs("CONNECT"), exchange.policy.intercept {
-                try intercept(target, exchange)
-                return
-            }
-            if head.methodIs("CONNECT") {
-                let dialer = TunnelDialer(connection: self, target: target, parent: exchange.policy.upstreamProxy)
-                state = .dialing(dialer)
-                dialer.start()
-                return
-            }
-            // An upgrade handshake (WebSocket) is never answered from, or stored in, the cache.
-            if let store = worker.cacheStore, exchange.policy.cache.caches, exchange.upgrade == nil,
-                answerFromCache(head, exchange, store, mayWait: true)
-            {
-                return
-            }
-            prepareWhenAdmitted(head, exchange)
-        } catch let error as ProxyError {
-            respondError(error)
-        } catch {
-            respondError(.malformedRequest("\(error)"))
-        }
-    }
-
-    /// Starts forwarding a chunked request once the bytes buffered so far prove its body
-    /// starts validly (a first chunk, or the last chunk); until then it waits, under the
-    /// header timeout. A client that promised `Expect: 100-continue` is told to go on first.
-    func startWhenBodyIsValid(_ head: HTTPRequestHead, _ exchange: Exchange) {
-        do {
-            if try probeBufferedBody() {
-                startForwarding(head, exchange)
-                return
-            }
+            let target = try Admission.target(
+                of: head, client: client, connectPorts: worker.config.access.connectPorts,
+                viaPseudonym: worker.viaPseudonym)
+            exchange = try Admission.begin(head, target, client: client, services: worker)
         } catch {
             respondError(error)
             return
         }
-        if case .awaitingBody = state { return }
-        state = .awaitingBody(head, exchange)
-        armTimer(.header)
-        sendContinueIfExpected(head)
+        state = .exchanging
+        driver.start(exchange)
     }
 
     /// Answers `Expect: 100-continue` once per request: Sluice itself asks for the body,
@@ -399,7 +344,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
 
     /// Runs a copy of the parser (a value) over the buffered input without consuming it.
     /// True once it yields body bytes or the end of the body.
-    private func probeBufferedBody() throws(ProxyError) -> Bool {
+    func probeBufferedBody() throws(ProxyError) -> Bool {
         var probe = parser
         let maxSegments = 16
         var segments = [iovec](repeating: iovec(), count: maxSegments)
@@ -417,20 +362,38 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         return try probe.parse(UnsafeRawBufferPointer(start: nil, count: 0)).event != nil
     }
 
-    /// A request that already carries this process's `Via` pseudonym has looped back here.
-    private func checkLoop(_ head: HTTPRequestHead) throws {
-        let pseudonym = Array(worker.viaPseudonym.utf8)
-        for field in head.fields where field.name.count == 3 && head.field(field, isNamed: "via") {
-            let value = head.bytes[field.value]
-            if value.count >= pseudonym.count,
-                (value.startIndex...(value.endIndex - pseudonym.count)).contains(where: {
-                    value[$0..<($0 + pseudonym.count)].elementsEqual(pseudonym)
-                })
-            {
-                throw ProxyError.loopDetected
+    /// Decodes client body bytes straight from the input buffer into `buffer`: the count,
+    /// 0 at the end of the body, nil when none are buffered yet.
+    func readClientBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? {
+        if requestBodyDone { return 0 }
+        let input = clientInput
+        var written = 0
+        while written < capacity {
+            var iov = iovec()
+            let segments = evbuffer_peek(input, -1, nil, &iov, 1)
+            let available = segments > 0 ? min(iov.iov_len, capacity - written) : 0
+            // An empty input still lets the parser report the end of a finished body.
+            let (consumed, event) = try parser.parse(UnsafeRawBufferPointer(start: iov.iov_base, count: available))
+            if case .body(let range)? = event {
+                (buffer + written).copyMemory(from: iov.iov_base! + range.lowerBound, byteCount: range.count)
+                written += range.count
             }
+            evbuffer_drain(input, consumed)
+            inputConsumed()
+            if case .end? = event {
+                requestBodyDone = true
+                return written
+            }
+            if consumed == 0 && event == nil { break }
         }
+        return written > 0 ? written : nil
     }
+
+    /// A response that starts before the request body was read to its end promises to close:
+    /// the rest of that body cannot be told apart from a next request without reading it.
+    var keepsAliveAfterResponse: Bool { wantsKeepAlive && !worker.isDraining && requestBodyDone }
+
+    // MARK: ending
 
     /// Answers `error` with Sluice's own plain-text response. The connection stays open only
     /// when the error allows it and the request's body was fully read.
@@ -459,11 +422,21 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
         }
     }
 
+    /// The exchange's response is complete (`keepAlive`: it promised to keep the connection):
+    /// the next request, or the end.
+    func exchangeFinished(keepAlive: Bool) {
+        if keepAlive && requestBodyDone && wantsKeepAlive {
+            exchangeEnded()
+        } else {
+            closeAfterFlush()
+        }
+    }
+
     /// Back to reading the next request, or closing, after an exchange ended cleanly.
-    func exchangeEnded() {
-        releaseUpstreamSlot()
+    private func exchangeEnded() {
+        driver.release()
+        driver.exchange = nil
         currentHead = nil
-        exchange = nil
         state = .awaitingHead
         if worker.isDraining {
             closeAfterFlush()
@@ -475,7 +448,7 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
     }
 
     func closeAfterFlush() {
-        releaseUpstreamSlot()
+        driver.release()
         state = .closing
         event_del(timer)
         setReading(false)
@@ -484,37 +457,23 @@ final class ClientConnection: UpstreamTransferDelegate, RequestBodySource, Clien
 
     /// Frees the socket and cancels whatever the connection was doing upstream.
     func close() {
-        switch state {
-        case .closed: return
-        case .forwarding(let transfer): transfer.cancel()
-        case .dialing(let dialer): dialer.cancel()
-        case .waitingToRetry(let timer): event_free(timer)
-        case .tunnel(let tunnel): tunnel.shutdown()
-        case .upgrading(let transfer): transfer.cancel()
-        case .queued(let ticket): worker.upstreamGate.leave(ticket)
-        default: break
-        }
-        releaseUpstreamSlot()
-        if exchange?.circuitTry != nil { reportTryOutcome(.abandoned) }
-        if let exchange, !exchange.ended {
-            let tunnelled = exchange.summary.method == "CONNECT" ? exchange.summary.status == 200 : exchange.summary.status == 101
-            exchange.end(tunnelled ? .tunnel : .clientAborted)
-        }
-        exchange = nil
+        if case .closed = state { return }
+        driver.cancel()
         state = .closed
         event_free(timer)
         switch transport {
         case .socket(let socket):
             socket.close(abortive: abortiveClose)
         case .tls(let bev):
-            if interception?.established == true { sluice_bufferevent_ssl_shutdown(bev) }
+            if client.interception?.established == true { sluice_bufferevent_ssl_shutdown(bev) }
             bufferevent_free(bev)
         }
         worker.connectionClosed(self)
     }
 
     /// Forgets the connection without touching its bufferevent (already freed).
-    func abandon() {
+    private func abandon() {
+        driver.exchange = nil
         state = .closed
         event_free(timer)
         worker.connectionClosed(self)

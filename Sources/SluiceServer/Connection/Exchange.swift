@@ -2,12 +2,31 @@ import SluiceCore
 
 /// One client request across its upstream tries and redirect hops: the I/O's side of it
 /// (the pipeline snapshot, where the tries go, the request body) around its `ExchangeMachine`,
-/// which decides everything else and keeps the exchange's record.
+/// which decides everything else and keeps the exchange's record. The stages of
+/// `RequestChain` read it and write what they learn into it.
 ///
 /// Holds the worker's pipeline as it was when the request arrived, so a reload never changes
 /// a request midway. Owned by its `ClientConnection`, on the worker's thread.
 final class Exchange {
     let pipeline: WorkerPipeline
+    /// The request as the client sent it.
+    let head: HTTPRequestHead
+    /// The connection it came on, as the stages see it.
+    let client: RequestClient
+    /// Who performs the stages' answers: told when a wait ends (an adapter answered, an
+    /// upstream slot freed). Cleared when the owner lets the exchange go (a weak reference
+    /// would move every retain of the connection onto a side table).
+    var owner: (any ExchangeOwner)?
+    /// The index in `RequestChain.request` of the stage the exchange is at (or waits in).
+    var stage = 0
+    /// The exchange holds one of the worker's upstream slots (`UpstreamSlotStage`) until it ends.
+    var holdsUpstreamSlot = false
+    /// The policy of the host the current try goes to (a followed redirect may change it).
+    var tryPolicy: HostPolicy?
+    /// An adapter is being called and has not returned (`AdaptersStage`): an answer given now
+    /// is kept in `adaptedAnswer` instead of being handed to the owner.
+    var adaptingInline = false
+    var adaptedAnswer: ExchangeMachine.Action?
     /// The host the policy was matched for.
     let policyHost: String
     /// The `Host` the origin gets when an `upstream:` override changed the port (the client's),
@@ -25,15 +44,23 @@ final class Exchange {
     /// The shared cache's part (set by the lookup; nil without a `cache_store`, or for a
     /// policy that does not cache).
     var cache: CacheExchange?
+    /// When the request began waiting for another exchange's fetch of its URL (monotonic ms;
+    /// nil: it has not waited).
+    var collapsedSince: Int?
     /// Where the current (or last) try goes.
     var target: RequestTarget
     /// The current try's admission by its origin's circuit breaker (`health:`), until its
     /// outcome is reported.
-    var circuitTry: ClientConnection.CircuitTry?
+    var circuitTry: CircuitStage.Admitted?
     var machine: ExchangeMachine
 
-    init(pipeline: WorkerPipeline, machine: ExchangeMachine, target: RequestTarget, body: RequestBodyReader) {
+    init(
+        pipeline: WorkerPipeline, head: HTTPRequestHead, client: RequestClient, machine: ExchangeMachine,
+        target: RequestTarget, body: RequestBodyReader
+    ) {
         self.pipeline = pipeline
+        self.head = head
+        self.client = client
         self.machine = machine
         policyHost = target.host
         self.target = target
@@ -68,6 +95,14 @@ final class Exchange {
         guard let monitor else { return }
         actions.forEachReport { monitor.handle($0) }
     }
+}
+
+/// What performs the stages' answers for an exchange (`ClientConnection`).
+///
+/// Threading: the worker's thread.
+protocol ExchangeOwner: UpstreamSlotWaiter {
+    /// An adapter that had to wait answered: `command` is the machine's answer to it.
+    func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.Action?)
 }
 
 extension ExchangeMachine.Target {

@@ -20,7 +20,7 @@ final class UpstreamGate {
     enum Answer {
         /// Go upstream now; the connection holds a slot until it calls `release()`.
         case go
-        /// Wait: `ClientConnection.upstreamSlotGranted` or `upstreamSlotRefused` follows,
+        /// Wait: `UpstreamSlotWaiter.upstreamSlotGranted` or `upstreamSlotRefused` follows,
         /// unless the connection leaves first (`leave`).
         case wait(UInt64)
         case refuse(ProxyError)
@@ -33,9 +33,9 @@ final class UpstreamGate {
     private var runEvent: OpaquePointer!
     private var nextTicket: UInt64 = 0
     /// Connections waiting, by ticket.
-    private var waiting: [UInt64: ClientConnection] = [:]
+    private var waiting: [UInt64: any UpstreamSlotWaiter] = [:]
     /// Decisions for waiting connections, performed in the next loop pass.
-    private var decided: [(ClientConnection, UInt64, ProxyError?)] = []
+    private var decided: [(any UpstreamSlotWaiter, UInt64, ProxyError?)] = []
     /// Requests refused in the current episode (0: none going on), for one log line each way.
     private var refusedInEpisode = 0
 
@@ -76,7 +76,7 @@ final class UpstreamGate {
     }
 
     /// May `connection`'s request go upstream?
-    func admit(_ connection: ClientConnection) -> Answer {
+    func admit(_ connection: any UpstreamSlotWaiter) -> Answer {
         nextTicket += 1
         let ticket = nextTicket
         let actions = admission.handle(.arrive(ticket), now: MonotonicClock.milliseconds())

@@ -70,10 +70,10 @@ final class Worker {
     /// One listening socket and what its connections do.
     final class Listener {
         unowned let worker: Worker
-        var mode: ClientConnection.Mode
+        var mode: ListenerMode
         let address: String
         var evListener: OpaquePointer?
-        init(worker: Worker, mode: ClientConnection.Mode, address: String) {
+        init(worker: Worker, mode: ListenerMode, address: String) {
             self.worker = worker
             self.mode = mode
             self.address = address
@@ -263,12 +263,14 @@ final class Worker {
         for task in tasks {
             switch task {
             case .list(let gather):
-                gather.deliver(connections.values.compactMap { $0.adminSnapshot(worker: index) })
+                gather.deliver(connections.values.compactMap { $0.driver.adminSnapshot(worker: index) })
             case .cancel(let filter, let gather):
                 var count = 0
                 for connection in Array(connections.values) {
-                    guard let exchange = connection.adminSnapshot(worker: index), filter.matches(exchange) else { continue }
-                    connection.cancelByOperator()
+                    guard let exchange = connection.driver.adminSnapshot(worker: index), filter.matches(exchange) else {
+                        continue
+                    }
+                    connection.driver.cancelByOperator()
                     count += 1
                 }
                 gather.deliver(count)
@@ -306,7 +308,7 @@ final class Worker {
         return UInt64(index) << 48 | requestCounter
     }
 
-    static func listenerSpecs(_ server: ServerConfiguration) -> [(String, ClientConnection.Mode, String)] {
+    static func listenerSpecs(_ server: ServerConfiguration) -> [(String, ListenerMode, String)] {
         server.listen.map { ($0, .forward, $0) } + server.routes.map { ($0.listen, .route($0), $0.listen) }
     }
 
@@ -365,7 +367,7 @@ final class Worker {
         }
     }
 
-    private func listen(key: String, mode: ClientConnection.Mode, on address: String) throws {
+    private func listen(key: String, mode: ListenerMode, on address: String) throws {
         var storage = sockaddr_storage()
         var length = Int32(MemoryLayout<sockaddr_storage>.size)
         let parsed = withUnsafeMutablePointer(to: &storage) {
@@ -397,7 +399,7 @@ final class Worker {
         listeners[key] = listener
     }
 
-    private func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>, mode: ClientConnection.Mode) {
+    private func accept(fd: Int32, address: UnsafeMutablePointer<sockaddr>, mode: ListenerMode) {
         if acceptTroubled { acceptTroubled = AcceptFailures.shared.accepted() }
         perform(heapTrim.activity())
         guard SocketAddress.matches(address, config.access.allowClients) else {
@@ -579,5 +581,25 @@ public enum ServerError: Error, CustomStringConvertible {
         case .startup(let message): return message
         case .ca(let error): return error.description
         }
+    }
+}
+
+/// What the request stages use of their worker (`RequestStage`).
+extension Worker: StageServices {
+    var adapterSession: any SessionContext { sessionContext }
+    var upstreamPerTryTimeout: Int { config.timeouts.upstreamPerTry }
+
+    func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer {
+        upstreamGate.admit(waiter)
+    }
+
+    func revalidateInBackground(
+        _ object: CacheObject, _ cache: CacheExchange, token: UInt64, validators: [CacheLookup.Validator],
+        hostHeader: String?
+    ) {
+        CacheRevalidation.start(
+            object, url: cache.url, token: token, validators: validators,
+            requestFields: cache.requestFields, hostHeader: hostHeader,
+            modification: cache.modification, store: cache.store, worker: self)
     }
 }

@@ -50,7 +50,7 @@ final class HealthProbes {
 
     private func startDue() {
         for due in worker.health.probesDue(now: MonotonicClock.milliseconds()) {
-            ClientConnection.log(due.change, probe: true)
+            CircuitStage.log(due.change, probe: true)
             guard let probe = due.settings.probe else { continue }
             start(due.origin, probe.path, due.settings)
         }
@@ -76,7 +76,7 @@ final class HealthProbes {
             let answer = health.handle(
                 .probeEnded(success: success), for: origin, settings: settings,
                 now: MonotonicClock.milliseconds())
-            ClientConnection.log(answer.change, probe: true)
+            CircuitStage.log(answer.change, probe: true)
         }
         fetch.start()
     }

@@ -1,51 +1,54 @@
 import SluiceCore
 
-/// A try's side of circuit breaking (`health:`): before a try to an origin whose policy has
-/// `health:`, its `CircuitBreaker` (in the process-wide `UpstreamHealth`) says whether it may
-/// go — or the request is answered `503` at once (`ProxyError.upstreamCircuitOpen`); when the
-/// try ends, how it ended is reported back (`HealthOutcome`). Every try is an event: a retry
-/// asks again, so a retry scheduled before the circuit opened fails fast instead of reaching
-/// the origin, and a redirect hop asks the breaker of the origin it goes to.
+/// `health` (docs/configuration.md, "Upstream health and circuit breaking"): before a try to
+/// an origin whose policy has `health:`, its `CircuitBreaker` (in the process-wide
+/// `UpstreamHealth`) says whether it may go — or the try fails at once with `503`
+/// (`ProxyError.upstreamCircuitOpen`); when the try ends, how it ended is reported back
+/// (`reportOutcome`). Every try asks: a retry scheduled before the circuit opened fails fast
+/// instead of reaching the origin, and a redirect hop asks the breaker of the origin it goes to.
 ///
-/// Threading: the connection's worker thread; `UpstreamHealth` takes its own lock.
-extension ClientConnection {
+/// Threading: the worker's thread; `UpstreamHealth` takes its own lock.
+enum CircuitStage: TryStage {
+    static var name: String { "health" }
+
     /// One try admitted by a breaker, until its outcome is reported.
-    struct CircuitTry {
+    struct Admitted {
         let origin: UpstreamHealth.Origin
         let settings: Health
         /// The half-open circuit's one trial.
         let trial: Bool
     }
 
-    /// Asks `target`'s breaker; false when the request was answered `503` instead.
-    func admitToOrigin(_ target: RequestTarget, _ settings: Health, _ exchange: Exchange) -> Bool {
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        guard let settings = exchange.tryPolicy?.health else { return .proceed }
+        let target = request.target
         let origin = UpstreamHealth.Origin(
             scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
-        let answer = worker.health.handle(.attempt, for: origin, settings: settings, now: MonotonicClock.milliseconds())
+        let answer = services.health.handle(.attempt, for: origin, settings: settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
         Self.log(answer.change, probe: settings.probe != nil)
         switch answer.action {
         case .failFast(let seconds):
             SluiceMetrics.shared.recordCircuitFailedFast(origin: origin.name)
-            transferFailed(.upstreamCircuitOpen(host: target.authority, retryAfter: seconds), kind: .other)
-            return false
+            return .failTry(.upstreamCircuitOpen(host: target.authority, retryAfter: seconds), kind: .other)
         case .allowTrial:
-            exchange.circuitTry = CircuitTry(origin: origin, settings: settings, trial: true)
+            exchange.circuitTry = Admitted(origin: origin, settings: settings, trial: true)
         default:
-            exchange.circuitTry = CircuitTry(origin: origin, settings: settings, trial: false)
+            exchange.circuitTry = Admitted(origin: origin, settings: settings, trial: false)
         }
-        return true
+        return .proceed
     }
 
-    /// Reports how the current try ended to its breaker (nothing when none admitted it).
-    func reportTryOutcome(_ outcome: HealthOutcome) {
-        guard let exchange, let attempt = exchange.circuitTry else { return }
+    /// Reports how the exchange's current try ended to its breaker (nothing when none
+    /// admitted it).
+    static func reportOutcome(_ outcome: HealthOutcome, _ exchange: Exchange, _ health: UpstreamHealth) {
+        guard let attempt = exchange.circuitTry else { return }
         exchange.circuitTry = nil
-        let answer = worker.health.handle(
+        let answer = health.handle(
             .ended(outcome, trial: attempt.trial), for: attempt.origin,
             settings: attempt.settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
-        Self.log(answer.change, probe: attempt.settings.probe != nil)
+        log(answer.change, probe: attempt.settings.probe != nil)
     }
 
     /// A warning when a circuit opens (and the `opened` counter), a line when it closes; the

@@ -1,0 +1,93 @@
+import SluiceCore
+
+/// The chain's first step, before an exchange exists: whether the request may enter at all
+/// (`access.connect_ports`, a loop through this proxy, the request-target form the listener
+/// takes) and where it goes; then its exchange, with the policy of that host. Client
+/// addresses (`access.allow_clients`) and connection counts (`limits`) were checked when the
+/// connection was accepted (`Worker`, `ConnectionLimits`); the upstream slot is a stage of its
+/// own (`UpstreamSlotStage`), after the cache, since a hit takes none.
+enum Admission {
+    /// The request's target, or the refusal.
+    static func target(
+        of head: HTTPRequestHead, client: RequestClient, connectPorts: [Int], viaPseudonym: String
+    ) throws(ProxyError) -> RequestTarget {
+        try checkLoop(head, viaPseudonym: viaPseudonym)
+        if head.methodIs("CONNECT") {
+            if client.interception != nil { throw .badURL("CONNECT inside an intercepted connection") }
+            guard case .forward = client.mode else { throw .notOriginForm }
+            let target = try RequestTarget.authority(head.target)
+            guard connectPorts.contains(target.port) else { throw .connectPortNotAllowed(target.port) }
+            return target
+        }
+        if let interception = client.interception { return try interception.target(for: head) }
+        switch client.mode {
+        case .forward:
+            return try RequestTarget.absolute(head.target)
+        case .route(let route):
+            guard head.bytes[head.targetRange.lowerBound] == UInt8(ascii: "/") else { throw .notOriginForm }
+            return try RequestTarget.absolute(route.upstream + head.target)
+        }
+    }
+
+    /// A request that already carries this process's `Via` pseudonym has looped back here.
+    static func checkLoop(_ head: HTTPRequestHead, viaPseudonym: String) throws(ProxyError) {
+        let pseudonym = Array(viaPseudonym.utf8)
+        for field in head.fields where field.name.count == 3 && head.field(field, isNamed: "via") {
+            let value = head.bytes[field.value]
+            if value.count >= pseudonym.count,
+                (value.startIndex...(value.endIndex - pseudonym.count)).contains(where: {
+                    value[$0..<($0 + pseudonym.count)].elementsEqual(pseudonym)
+                })
+            {
+                throw .loopDetected
+            }
+        }
+    }
+
+    /// Creates the exchange: matches the policy, applies its `upstream:` override, and
+    /// reports the request to the monitors.
+    static func begin(
+        _ head: HTTPRequestHead, _ target: RequestTarget, client: RequestClient, services: any StageServices
+    ) throws(ProxyError) -> Exchange {
+        let pipeline = services.pipeline
+        let policy = pipeline.policies.match(host: target.host)
+        let id = services.nextRequestID()
+        let url = head.methodIs("CONNECT") ? target.authority : target.url
+        var target = target
+        var hostHeader: (value: String, target: RequestTarget)?
+        if let override = policy.upstream, !head.methodIs("CONNECT"), target.scheme == .http {
+            // Only a plain-HTTP request is redirected (never an https one downgraded).
+            let original = target
+            target = try target.overridden(by: override)
+            if target.port != original.port {
+                // The origin is asked for by the name the client used (virtual hosting).
+                hostHeader = (
+                    original.port != 80
+                        ? original.authority
+                        : original.host.utf8.contains(0x3A) ? "[\(original.host)]" : original.host, target
+                )
+            }
+        }
+        var summary = ExchangeSummary(id: id, client: client.peer, method: head.method, url: url, policy: policy.name)
+        let clientRequestId = ForwardedHeaders.requestId(of: head)
+        let generatedRequestId = clientRequestId == nil ? services.makeRequestId(id) : nil
+        summary.requestId = clientRequestId ?? generatedRequestId
+        summary.host = target.host
+        let monitoring: ExchangeMachine.Monitoring =
+            pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
+        let replayLimit = head.hasBody ? ExchangeMachine.replayLimit(for: policy) : 0
+        // The machine is built in place and `summary` not read after: a copy of either costs
+        // a few hundred bytes and a retain per field.
+        let exchange = Exchange(
+            pipeline: pipeline, head: head, client: client,
+            machine: ExchangeMachine(
+                summary: summary, policy: policy, target: .init(target),
+                defaultPerTryTimeout: services.upstreamPerTryTimeout,
+                monitoring: monitoring, events: pipeline.monitor?.events ?? []),
+            target: target, body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
+        exchange.hostHeader = hostHeader
+        exchange.generatedRequestId = generatedRequestId
+        exchange.report(exchange.machine.handle(.received))
+        return exchange
+    }
+}

@@ -1,0 +1,344 @@
+import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The shared cache's lookup (`cache`, `cache_store`; docs/caching.md): before the upstream
+/// slot, the adapters and any try, a stored response may answer (a hit takes no upstream
+/// slot, no transfer, no adapter), a miss may wait for another exchange fetching the same URL
+/// (collapsed forwarding), and a stale one is revalidated by the try. On the response's way
+/// back it decides what is kept: a storable response gets a tee (`CacheFill`), a `304`
+/// validates the stored one, an unsafe method invalidates, a failed revalidation may answer
+/// stale. The rules are `CacheLookup`, `CacheStorability`, `CacheFreshness` and
+/// `CacheInvalidation` (SluiceCore); `StoredResponseWriter` writes the answers. With a disk
+/// tier this thread does the tier's bounded file IO: a lookup that misses memory opens the
+/// URL's entry (two small reads), a `304` rewrites its record.
+enum CacheStage: RequestStage {
+    static var name: String { "cache" }
+
+    static func enter(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        // An upgrade handshake (WebSocket) is never answered from, or stored in, the cache.
+        guard let store = services.cacheStore, exchange.policy.cache.caches, exchange.upgrade == nil else {
+            return .proceed
+        }
+        return Self.lookUp(exchange, store, services)
+    }
+
+    /// Looks the request up: a stored response answers (a hit, stale-while-revalidate), `504`
+    /// for `only-if-cached`, a wait for another exchange's fetch of the same URL (collapsed
+    /// forwarding; once: a request that waited goes to the origin itself on its next miss),
+    /// or the request goes on, with what a revalidation needs in `exchange.cache`.
+    static func lookUp(_ exchange: Exchange, _ store: CacheStore, _ services: any StageServices) -> StageVerdict {
+        let head = exchange.head
+        let mayWait = exchange.collapsedSince == nil
+        let policy = exchange.policy
+        let fields = head.fields.map { (name: head.name($0), value: head.value($0)) }
+        let cache = CacheExchange(
+            store: store, url: exchange.target.url, requestFields: fields,
+            modification: policy.cache.modification,
+            policyAuthenticates: policy.credentials != nil || !policy.adapters.isEmpty,
+            requestTime: wallClockSeconds(),
+            trustGeneration: exchange.target.scheme == .https ? exchange.pipeline.policies.generation : nil)
+        cache.requestHasBody = head.hasBody
+        exchange.cache = cache
+        exchange.reportCache(.lookup(url: cache.url))
+        let method = head.method
+        let cacheable = method == "GET" || method == "HEAD"
+        var candidates = cacheable && !head.hasBody ? store.memory.variants(for: cache.url) : []
+        if candidates.isEmpty, cacheable, !head.hasBody, let disk = services.diskTier {
+            // An entry goes to one tier: the disk tier is looked at when memory has none. Its
+            // trust generation is read on both sides of the open: a store that changed the
+            // entry in between leaves none (the entry is then validated first).
+            let before = store.diskTrustGeneration(cache.url)
+            let reader = disk.open(key: cache.url)
+            let generation = store.diskTrustGeneration(cache.url) == before ? before : nil
+            if let reader, var response = CacheStoredResponse(bytes: reader.metadata) {
+                response.bodyLength = Int64(reader.bodyLength)
+                candidates = [CacheObject(response: response, diskLength: Int(reader.bodyLength), trustGeneration: generation)]
+                cache.diskReader = reader
+            } else if reader != nil {
+                disk.remove(key: cache.url)  // metadata of another version: dropped
+            }
+        }
+        // An https entry from another trust generation (or a disk entry with none recorded in
+        // this process: `CacheStore.recordDiskTrust`) is validated first.
+        var outdated = Set<Int>()
+        if let generation = cache.trustGeneration {
+            for (i, c) in candidates.enumerated() where c.trustGeneration != generation { outdated.insert(i) }
+        }
+        var decision =
+            cacheable && head.hasBody
+            ? .forward(.bypass)
+            : CacheLookup.decide(
+                method: method, requestFields: fields, candidates: candidates.map(\.response),
+                now: cache.requestTime, modification: cache.modification, outdated: outdated)
+        if case .serveStale(let hit, let validators) = decision, cache.policyAuthenticates {
+            // A background request would go without the policy's credentials and adapters:
+            // this one revalidates, blocking, through the pipeline instead.
+            decision = .revalidate(variant: hit.variant, conditional: validators, reason: .stale)
+        }
+        switch decision {
+        case .serve(let hit):
+            let object = candidates[hit.variant]
+            // docs/trust.md: an answer for an https URL under `insecure` trust says so in the log.
+            if cache.trustGeneration != nil, policy.trust.requirements.insecure { exchange.summary.insecure = true }
+            exchange.reportCache(.hit(age: hit.age, notModified: hit.notModified))
+            return .serveStored(
+                StoredAnswer(
+                    object: object,
+                    parameters: "hit; ttl=\(hit.ttl)" + (object.onDisk ? "; detail=disk" : "") + (mayWait ? "" : "; collapsed"),
+                    age: hit.age, notModified: hit.notModified))
+        case .serveStale(let hit, let validators):
+            // stale-while-revalidate: answered now; one background revalidation per URL.
+            let object = candidates[hit.variant]
+            if circuitAllowsBackgroundFetch(exchange, services), let token = store.beginFetch(cache.url) {
+                services.revalidateInBackground(
+                    object, cache, token: token, validators: validators, hostHeader: exchange.hostHeader?.value)
+            }
+            exchange.reportCache(.hit(age: hit.age, notModified: hit.notModified))
+            return .serveStored(
+                StoredAnswer(
+                    object: object, parameters: "hit; fwd=stale; ttl=\(hit.ttl); detail=stale-while-revalidate",
+                    age: hit.age, notModified: hit.notModified))
+        case .onlyIfCachedMiss:
+            cache.parameters = "fwd=miss"
+            exchange.summary.cache = "fwd=miss; only-if-cached"
+            exchange.reportCache(.miss(reason: "only-if-cached"))
+            return .respond(.onlyIfCachedMiss)
+        case .forward(let reason):
+            cache.parameters = "fwd=\(reason.rawValue)"
+            if reason == .uriMiss || reason == .varyMiss, method == "GET", CacheFields.value("range", in: fields) == nil {
+                // Collapsed forwarding: one miss per URL fetches; the others wait for it.
+                if let token = store.beginFetch(cache.url) {
+                    cache.fetchToken = token
+                } else if mayWait {
+                    exchange.cache = nil
+                    exchange.collapsedSince = MonotonicClock.milliseconds()
+                    return .wait(.collapsedFetch)
+                }
+            }
+            if !mayWait { cache.parameters += "; collapsed" }
+            exchange.reportCache(.miss(reason: reason.rawValue))
+        case .revalidate(let variant, let validators, let reason):
+            cache.parameters = "fwd=\(reason.rawValue)"
+            cache.revalidating = candidates[variant]
+            cache.validators = validators
+            exchange.reportCache(.miss(reason: reason.rawValue))
+        }
+        exchange.summary.cache = cache.parameters
+        return .proceed
+    }
+
+    /// A background revalidation is not sent to an origin whose circuit (`health`) is not
+    /// closed: it would neither be admitted as a trial nor tell the breaker anything.
+    static func circuitAllowsBackgroundFetch(_ exchange: Exchange, _ services: any StageServices) -> Bool {
+        guard exchange.policy.health != nil else { return true }
+        let target = exchange.target
+        let origin = UpstreamHealth.Origin(
+            scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
+        return (services.health.state(of: origin) ?? .closed) == .closed
+    }
+
+    /// A revalidation's try sends the stored response's validators instead of the client's.
+    static func applyValidators(_ request: inout UpstreamRequest, _ exchange: Exchange) {
+        guard let cache = exchange.cache, cache.revalidating != nil, request.target.url == cache.url else { return }
+        request.headers = request.headers.replacing(
+            CacheExchange.validatorNames,
+            adding: cache.validators.map { ($0.name, $0.value) })
+    }
+
+    // MARK: the response's way back
+
+    /// Decides what the cache does with a final response head about to be forwarded: a `304`
+    /// that validated the stored response is absorbed (true: the transfer was told); a
+    /// storable response gets a tee; an unsafe method's success invalidates. Sets the
+    /// `Cache-Status` line the forwarded head carries.
+    static func responseHead(
+        _ response: UpstreamResponseHead, _ transfer: any UpstreamTransfer, _ exchange: Exchange,
+        _ cache: CacheExchange, _ services: any StageServices
+    ) -> Bool {
+        let now = wallClockSeconds()
+        let status = response.status
+        let fields = response.collected.endToEndFields()
+        let method = exchange.summary.method
+        var requestFields = cache.requestFields
+        if cache.policyAuthenticates { requestFields.append(("Authorization", "")) }
+        if cache.redirected {
+            // A redirect was followed: this is another URL's response, not stored under this one.
+            if cache.revalidating != nil {
+                cache.store.memory.invalidate(cache.url)
+                services.diskTier?.remove(key: cache.url)
+            }
+            cache.endFetch()
+            exchange.summary.cache = cache.parameters
+            transfer.extraHeadLines = Array("Cache-Status: Sluice; \(cache.parameters)\r\n".utf8)
+            return false
+        }
+        if !CacheInvalidation.safeMethods.contains(method) {
+            var dropped = 0
+            for url in CacheInvalidation.targets(
+                method: method, status: status, url: cache.url,
+                location: response.value("location"),
+                contentLocation: response.value("content-location"))
+            {
+                dropped += cache.store.memory.invalidate(url)
+                services.diskTier?.remove(key: url)
+            }
+            if dropped > 0 { exchange.reportCache(.invalidated(count: dropped)) }
+        } else if let stale = cache.revalidating {
+            exchange.reportCache(.revalidated(status: status))
+            if CacheLookup.errorStatuses.contains(status),
+                CacheLookup.mayServeStaleOnError(
+                    stale.response, requestFields: cache.requestFields, now: now,
+                    modification: cache.modification)
+            {
+                // stale-if-error: the client gets the stored response instead of the origin's error.
+                cache.validated = stale
+                cache.parameters += "; fwd-status=\(status)"
+                exchange.summary.cache = cache.parameters
+                transfer.absorb()
+                return true
+            }
+            if status == 304 {
+                // The client gets every field of the 304 (its Set-Cookie too); the stored copy
+                // keeps only what may be stored, or goes when the merge may not be stored.
+                if let kept = CacheStorability.afterNotModified(
+                    stale.response, notModified: fields,
+                    requestFields: requestFields,
+                    modification: cache.modification,
+                    requestTime: cache.requestTime, responseTime: now)
+                {
+                    let updated = stale.withResponse(kept, trustGeneration: cache.trustGeneration)
+                    if updated.onDisk {
+                        cache.store.recordDiskTrust(cache.url, generation: nil)  // none while it changes
+                        if services.diskTier?.updateMetadata(key: cache.url, updated.response.encode()) == true {
+                            cache.store.recordDiskTrust(cache.url, generation: cache.trustGeneration)
+                        }
+                    } else if let evicted = cache.store.memory.insert(updated, for: cache.url), evicted > 0 {
+                        exchange.reportCache(.evicted(count: evicted))
+                    }
+                } else {
+                    cache.store.memory.invalidate(cache.url)
+                    services.diskTier?.remove(key: cache.url)
+                }
+                cache.validated = stale.withResponse(
+                    stale.response.updated(
+                        with: fields, requestTime: cache.requestTime,
+                        responseTime: now),
+                    trustGeneration: cache.trustGeneration)
+                cache.parameters += "; fwd-status=304"
+                exchange.summary.cache = cache.parameters
+                transfer.absorb()
+                return true
+            }
+        }
+        // The framing the encoder uses: a Content-Length beside Transfer-Encoding says nothing.
+        let contentLength =
+            response.value("transfer-encoding") != nil
+            ? nil
+            : response.value("content-length").flatMap { Int64($0) }
+        let decision = CacheStorability.decide(
+            method: method, requestFields: requestFields, status: status,
+            responseFields: fields, modification: cache.modification,
+            contentLength: contentLength, maxObjectSize: cache.store.maxObjectSize,
+            requestHasBody: cache.requestHasBody)
+        if decision == .store {
+            let stored = CacheStoredResponse(
+                status: status,
+                fields: CacheStorability.storedFields(fields, modification: cache.modification),
+                requestFields: cache.requestFields, requestTime: cache.requestTime,
+                responseTime: now, extraKeyFields: cache.modification?.keyRequestHeaders ?? [])
+            let fill = CacheFill(
+                store: cache.store, disk: services.diskTier, url: cache.url, response: stored,
+                contentLength: contentLength, trustGeneration: cache.trustGeneration)
+            transfer.cacheFill = fill
+            cache.fill = fill
+            cache.parameters += "; stored"
+        } else {
+            if cache.revalidating != nil, method == "GET", status != 206 {
+                cache.store.memory.invalidate(cache.url)  // the origin's new answer may not be kept
+                services.diskTier?.remove(key: cache.url)
+            }
+            cache.endFetch()  // nothing will be stored: the waiting requests go to the origin
+        }
+        exchange.summary.cache = cache.parameters
+        transfer.extraHeadLines = Array("Cache-Status: Sluice; \(cache.parameters)\r\n".utf8)
+        return false
+    }
+
+    /// A revalidation failed before a response (no connection, a timeout): the stored response
+    /// answers when `stale-if-error` allows it; when the origin's circuit is open, whenever
+    /// RFC 9111 §4.2.4's disconnected rules allow it (`CacheLookup.mayServeWhileDisconnected`).
+    /// Returns that answer, or nil.
+    static func staleAnswer(on error: ProxyError, _ exchange: Exchange) -> StoredAnswer? {
+        guard let cache = exchange.cache, let stale = cache.revalidating,
+            CacheLookup.errorStatuses.contains(error.status)
+        else { return nil }
+        switch error {
+        case .trustFailure, .tlsFailure: return nil  // a stored copy never papers over refused trust
+        default: break
+        }
+        // An https entry stored under trust a reload replaced answers only once validated.
+        guard stale.trustGeneration == cache.trustGeneration else { return nil }
+        let now = wallClockSeconds()
+        var parameters = cache.parameters + "; fwd-status=\(error.status)"
+        if case .upstreamCircuitOpen = error {
+            // The origin's circuit is open: no request was sent, the cache is disconnected
+            // from it (RFC 9111 §4.2.4), so stale is served unless forbidden.
+            guard
+                CacheLookup.mayServeWhileDisconnected(
+                    stale.response, requestFields: cache.requestFields, now: now,
+                    modification: cache.modification)
+            else { return nil }
+            parameters += "; detail=circuit-open"
+        } else {
+            guard
+                CacheLookup.mayServeStaleOnError(
+                    stale.response, requestFields: cache.requestFields, now: now,
+                    modification: cache.modification)
+            else { return nil }
+        }
+        exchange.reportCache(.revalidated(status: error.status))
+        exchange.summary.error = error.message
+        let age = CacheFreshness.currentAge(of: stale.response, now: now)
+        return StoredAnswer(
+            object: stale, parameters: parameters, age: age,
+            notModified: CacheConditional.notModified(cache.requestFields, stored: stale.response))
+    }
+
+    /// The response ended whole: the tee's object is published.
+    static func responseFinished(_ exchange: Exchange) {
+        guard let cache = exchange.cache, let fill = cache.fill else { return }
+        cache.fill = nil
+        defer { cache.endFetch() }  // after the object is in the store: the waiting requests hit
+        guard let evicted = fill.complete() else { return }
+        exchange.reportCache(.stored(bytes: fill.total))
+        if evicted > 0 { exchange.reportCache(.evicted(count: evicted)) }
+    }
+
+    /// A `304` validated the stored response: the answer from its update (nil: none was
+    /// being validated).
+    static func validatedAnswer(_ exchange: Exchange) -> StoredAnswer? {
+        guard let cache = exchange.cache, let object = cache.validated else { return nil }
+        let now = wallClockSeconds()
+        return StoredAnswer(
+            object: object, parameters: cache.parameters, age: CacheFreshness.currentAge(of: object.response, now: now),
+            notModified: CacheConditional.notModified(cache.requestFields, stored: object.response))
+    }
+
+    /// The wall clock in seconds (RFC 9111's `request_time`, `response_time` and `now`).
+    static func wallClockSeconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec)
+    }
+}
+
+extension Exchange {
+    /// Tells the monitors that watch cache events.
+    func reportCache(_ event: CacheEvent) {
+        guard let monitor, monitor.events.contains(.cache) else { return }
+        monitor.handle(.cache(id: id, event: event))
+    }
+}

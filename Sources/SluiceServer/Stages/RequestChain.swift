@@ -1,0 +1,60 @@
+import SluiceCore
+
+/// A request's way through Sluice, in order: the one place the order is written
+/// (docs/architecture.md draws it; docs/configuration.md describes the keys in this order).
+///
+/// 1. `Admission` decides whether the request may enter and where it goes, and makes its
+///    `Exchange` with the policy of that host.
+/// 2. `request`: the stages every request passes once. Each answers go on, answer the client,
+///    wait for an event (the chain resumes at the next stage), or leave the chain (a CONNECT's
+///    tunnel, a try handed to a transport).
+/// 3. `attempt`: the stages every try passes — the first, each retry the `ExchangeMachine`
+///    decides (`retry`) and each redirect it follows (`redirects`). The last hands the try to
+///    a transport; the response's way back (the machine's decisions on its head, the cache's
+///    storing, the circuit's outcome) is the connection's `UpstreamTransferDelegate`.
+///
+/// Threading: stateless; run on the exchange's worker thread.
+enum RequestChain {
+    static let request: [any RequestStage.Type] = [
+        ProxyAuthStage.self,  // access.proxy_auth
+        TunnelStage.self,  // CONNECT, intercept, upgrades
+        CacheStage.self,  // cache, cache_store
+        UpstreamSlotStage.self,  // limits.max_in_flight_upstream
+        AdaptersStage.self,  // adapters
+        RequestBodyStage.self,  // the request body a try needs
+    ]
+
+    static let attempt: [any TryStage.Type] = [
+        TrustStage.self,  // trust, upstream_proxy, client_certificate
+        CircuitStage.self,  // health
+        UpstreamStage.self,  // upstream, upstream.engine
+    ]
+
+    /// Runs `request` from the stage at `index` until one answers anything but `.proceed`
+    /// (`exchange.stage` then names it); `.proceed` when the request passed them all.
+    static func run(_ exchange: Exchange, from index: Int, _ services: any StageServices) -> StageVerdict {
+        var index = index
+        while index < request.count {
+            exchange.stage = index
+            let verdict = request[index].enter(exchange, services)
+            if case .proceed = verdict {
+                index += 1
+                continue
+            }
+            return verdict
+        }
+        exchange.stage = request.count
+        return .proceed
+    }
+
+    /// Runs `attempt` for `request`: ends in `.send`, or in the answer of the stage that
+    /// stopped the try.
+    static func runTry(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        for stage in attempt {
+            let verdict = stage.enter(&request, exchange, services)
+            if case .proceed = verdict { continue }
+            return verdict
+        }
+        return .respond(.malformedRequest("no transport took the request"))
+    }
+}

@@ -1,0 +1,127 @@
+import SluiceCore
+
+/// One step of a request's way through Sluice (docs/architecture.md, "A request's way"): it is
+/// given the exchange and answers what happens next — the request goes on to the next stage,
+/// Sluice answers the client, the request waits for an event, or it leaves the chain for a
+/// transport. Stages decide; `ClientConnection` performs what they answer (it owns the
+/// socket, the timers and the transfers), as `ExchangeMachine` decides and the I/O performs.
+///
+/// A stage holds no state: what it learns about a request goes into the
+/// `Exchange`, and what it needs of the worker comes through `StageServices`, so that each is
+/// tested without sockets (Tests/SluiceServerTests/StageTests.swift). Stages see Swift types
+/// only: no stage file calls libevent or libcurl.
+///
+/// A stage is a type with static members only (the chain lists metatypes: nothing to
+/// allocate, retain or copy per request).
+///
+/// Threading: `enter` runs on the thread of the exchange's worker.
+protocol RequestStage: SendableMetatype {
+    /// The stage's name in docs/architecture.md: the YAML key or concept it stands for.
+    static var name: String { get }
+    static func enter(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict
+}
+
+/// A step every try passes (`RequestChain.attempt`): like a `RequestStage`, and it completes
+/// the try's request in place (a copy of one costs a few hundred bytes). It does not wait:
+/// it answers go on, fail this try, answer the client, or (the last) send.
+protocol TryStage: SendableMetatype {
+    static var name: String { get }
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict
+}
+
+/// A stage's answer.
+enum StageVerdict {
+    /// The next stage takes the request.
+    case proceed
+    /// Sluice answers the client with `error` (`ProxyError`, docs/errors.md); the exchange ends.
+    case respond(ProxyError)
+    /// A try stage: this try fails before it starts (`error`); the exchange's machine decides
+    /// whether another try follows (as after a failed connection) or the client is answered.
+    case failTry(ProxyError, kind: TransportErrorKind)
+    /// The shared cache answers from a stored response.
+    case serveStored(StoredAnswer)
+    /// The request waits; the event named resumes the chain at the stage after this one.
+    case wait(StageWait)
+    /// CONNECT: the chain ends in a byte tunnel to `target` (or, with `intercept`, in Sluice's
+    /// TLS server, whose requests start the chain again).
+    case tunnel(RequestTarget, intercept: Bool)
+    /// The try goes out: the last try stage hands its request to a transport.
+    case send(UpstreamRoute)
+}
+
+/// What a waiting request waits for.
+enum StageWait {
+    /// A slot of `limits.max_in_flight_upstream`: `UpstreamGate` hands it over (or refuses)
+    /// with this ticket.
+    case upstreamSlot(UInt64)
+    /// An adapter that must wait (a token fetch): its answer resumes the request
+    /// (`Exchange.resume`).
+    case adaptation
+    /// Another exchange fetches the same URL (collapsed forwarding): the lookup is tried again
+    /// when it ends or the wait runs out.
+    case collapsedFetch
+    /// The request body: a chunked body's first chunk-size line, validated before anything
+    /// goes upstream (`.start`), or a body read whole so that every try can send it (`.whole`).
+    case requestBody(RequestBodyWait)
+}
+
+enum RequestBodyWait {
+    case start
+    case whole
+}
+
+/// Where a try goes and through which transport (`UpstreamEngine.choose`).
+enum UpstreamRoute {
+    case native(perTryTimeout: Int)
+    case curl(perTryTimeout: Int)
+    /// An upgrade handshake (`upgrades:`) forwarding this `Upgrade` value.
+    case upgrade(String, perTryTimeout: Int)
+}
+
+/// A stored response the cache answers with, and how (docs/caching.md, `Cache-Status`).
+struct StoredAnswer {
+    let object: CacheObject
+    /// The `Cache-Status` parameters, e.g. `hit; ttl=120`.
+    let parameters: String
+    let age: Int64
+    /// The client's conditional matched: `304`.
+    let notModified: Bool
+}
+
+/// What a stage may use of its worker, as Swift types: implemented by `Worker`, and by the
+/// unit tests' own services.
+///
+/// Threading: called on the worker's thread only.
+protocol StageServices: AnyObject {
+    /// `timeouts.upstream_per_try`: a try's limit when its policy sets none.
+    var upstreamPerTryTimeout: Int { get }
+    /// The pipeline new requests get (an exchange keeps the one it started with).
+    var pipeline: WorkerPipeline { get }
+    /// This process's `Via` pseudonym: a request that carries it has looped.
+    var viaPseudonym: String { get }
+    var health: UpstreamHealth { get }
+    var cacheStore: CacheStore? { get }
+    var diskTier: DiskCacheTier? { get }
+    /// What adapters that must fetch something (OAuth 2) are given.
+    var adapterSession: any SessionContext { get }
+    /// Asks for a slot of `limits.max_in_flight_upstream` (`UpstreamGate`).
+    func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer
+    /// Starts a background revalidation of a stored response (stale-while-revalidate) under
+    /// the fetch claim `token`.
+    func revalidateInBackground(
+        _ object: CacheObject, _ cache: CacheExchange, token: UInt64, validators: [CacheLookup.Validator], hostHeader: String?)
+    /// A new request's id, and the `X-Request-Id` value made from it.
+    func nextRequestID() -> UInt64
+    func makeRequestId(_ id: UInt64) -> String
+}
+
+/// What a request waiting for an upstream slot is told (implemented by `ClientConnection`).
+///
+/// Threading: the worker's thread, in a loop pass of the gate's own.
+protocol UpstreamSlotWaiter: AnyObject {
+    /// A slot freed for the request waiting with `ticket`; false when it no longer waits (the
+    /// slot is then not taken).
+    func upstreamSlotGranted(_ ticket: UInt64) -> Bool
+    /// The request waiting with `ticket` is refused (the queue's wait ran out).
+    func upstreamSlotRefused(_ ticket: UInt64, _ error: ProxyError)
+}

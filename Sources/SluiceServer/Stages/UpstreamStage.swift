@@ -1,0 +1,38 @@
+import SluiceCore
+
+/// `upstream` and `upstream.engine` (docs/configuration.md): the try is completed — the `Host`
+/// an `upstream:` override keeps, the stored response's validators a revalidation sends —
+/// and, once the `ExchangeMachine` agrees (the retry deadline has not passed), handed to a
+/// transport: an upgrade handshake, Sluice's own HTTP/1.1 client or libcurl
+/// (`UpstreamEngine.choose`). What follows — the response head's decisions, a retry after a
+/// failure, a redirect — comes back to the machine as events, and every new try runs the try
+/// stages (`RequestChain.attempt`) again.
+enum UpstreamStage: TryStage {
+    static var name: String { "upstream" }
+
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        let target = request.target
+        if let host = exchange.hostHeader, target == host.target {
+            request.headers = request.headers.appending(name: "Host", value: host.value)
+        }
+        if exchange.cache != nil { CacheStage.applyValidators(&request, exchange) }
+        let actions = exchange.machine.handle(.tryStarting(.init(target)))
+        exchange.report(actions)
+        guard case .beginTry(let perTryTimeout)? = actions.command else {
+            CircuitStage.reportOutcome(.abandoned, exchange, services.health)
+            if case .fail(let error)? = actions.command { return .respond(error) }
+            return .respond(.upstreamTimeout(host: target.authority, phase: .retryDeadlinePassed))
+        }
+        if let upgrade = exchange.upgrade { return .send(.upgrade(upgrade, perTryTimeout: perTryTimeout)) }
+        let policy = exchange.tryPolicy ?? exchange.policy
+        let engine = UpstreamEngine.choose(
+            https: target.scheme == .https, http2: policy.http2,
+            forced: policy.upstreamEngine, credentials: request.credentials != nil,
+            parentProxy: request.parentProxy != nil, upgrade: false
+        ).engine
+        switch engine {
+        case .native: return .send(.native(perTryTimeout: perTryTimeout))
+        case .curl: return .send(.curl(perTryTimeout: perTryTimeout))
+        }
+    }
+}

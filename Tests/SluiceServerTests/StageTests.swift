@@ -1,0 +1,313 @@
+import SluiceCore
+import Testing
+
+@testable import SluiceServer
+
+/// The request stages (`RequestChain`) without sockets: each is given an exchange built from
+/// a parsed head and a worker's services of the test's own, and its answer is checked.
+@Suite struct StageTests {
+    /// A worker as the stages see it: the policies and the cache the test gives, an upstream
+    /// gate that answers what the test says, and a record of background revalidations.
+    final class Services: StageServices {
+        var pipeline: WorkerPipeline
+        let viaPseudonym = "sluice-test"
+        let health = UpstreamHealth()
+        var cacheStore: CacheStore?
+        var diskTier: DiskCacheTier? { nil }
+        var adapterSession: any SessionContext { fatalError("no adapter here fetches anything") }
+        let upstreamPerTryTimeout = 30_000
+        var gate: UpstreamGate.Answer = .go
+        var revalidations = 0
+        private var ids: UInt64 = 0
+
+        init(
+            _ entries: [PolicyEntry] = [PolicyEntry(name: "default")], cache: CacheStore? = nil,
+            proxyAuth: ProxyAuthentication? = nil
+        ) {
+            var pipeline = Pipeline(policies: PolicyTable(entries: entries), monitors: [])
+            pipeline.proxyAuthentication = proxyAuth
+            self.pipeline = WorkerPipeline(pipeline)
+            cacheStore = cache
+        }
+
+        func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer { gate }
+        func revalidateInBackground(
+            _ object: CacheObject, _ cache: CacheExchange, token: UInt64, validators: [CacheLookup.Validator],
+            hostHeader: String?
+        ) {
+            revalidations += 1
+        }
+        func nextRequestID() -> UInt64 {
+            ids += 1
+            return ids
+        }
+        func makeRequestId(_ id: UInt64) -> String { "test-\(id)" }
+    }
+
+    /// What a connection is told: adapters' late answers and upstream slots.
+    final class Owner: ExchangeOwner {
+        var answers: [ExchangeMachine.Action?] = []
+        func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.Action?) { answers.append(command) }
+        func upstreamSlotGranted(_ ticket: UInt64) -> Bool { true }
+        func upstreamSlotRefused(_ ticket: UInt64, _ error: ProxyError) {}
+    }
+
+    static func head(_ text: String) -> HTTPRequestHead {
+        var parser = HTTPRequestParser(limits: .init(ServerConfiguration.Limits()))
+        let bytes = UnsafeMutableRawBufferPointer.allocate(byteCount: text.utf8.count, alignment: 1)
+        defer { bytes.deallocate() }
+        bytes.copyBytes(from: text.utf8)
+        var offset = 0
+        while offset < bytes.count {
+            guard let (consumed, event) = try? parser.parse(UnsafeRawBufferPointer(rebasing: bytes[offset...])) else { break }
+            if case .head(let head)? = event { return head }
+            if consumed == 0 { break }
+            offset += consumed
+        }
+        fatalError("not a request head: \(text)")
+    }
+
+    let owner = Owner()
+
+    /// The exchange `Admission` makes for `request` on a forward-proxy connection (or `client`).
+    func exchange(
+        _ request: String, _ services: Services,
+        client: RequestClient = RequestClient(peer: "127.0.0.1:1", mode: .forward, forwarding: nil)
+    ) throws(ProxyError) -> Exchange {
+        let head = Self.head(request)
+        let target = try Admission.target(
+            of: head, client: client, connectPorts: [443], viaPseudonym: services.viaPseudonym)
+        let exchange = try Admission.begin(head, target, client: client, services: services)
+        exchange.owner = owner
+        return exchange
+    }
+
+    @Test func theChainIsInTheDocumentedOrder() {
+        #expect(
+            RequestChain.request.map { $0.name } == [
+                "proxy_auth", "tunnel", "cache", "upstream_slot", "adapters", "request_body",
+            ])
+        #expect(RequestChain.attempt.map { $0.name } == ["trust", "health", "upstream"])
+    }
+
+    @Test func aPlainGetPassesEveryRequestStage() throws {
+        let services = Services()
+        let exchange = try exchange("GET http://127.0.0.1:8080/a HTTP/1.1\r\nHost: x\r\n\r\n", services)
+        guard case .proceed = RequestChain.run(exchange, from: 0, services) else {
+            Issue.record("a plain GET stopped in a stage")
+            return
+        }
+        #expect(exchange.stage == RequestChain.request.count)
+        #expect(exchange.holdsUpstreamSlot)
+        #expect(exchange.summary.requestId == "test-1")
+    }
+
+    @Test func admissionRefusesLoopsPortsAndForms() {
+        let services = Services()
+        #expect(throws: ProxyError.loopDetected) {
+            try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\nVia: 1.1 sluice-test\r\n\r\n", services)
+        }
+        #expect(throws: ProxyError.connectPortNotAllowed(25)) {
+            try exchange("CONNECT a:25 HTTP/1.1\r\nHost: a:25\r\n\r\n", services)
+        }
+        #expect(throws: ProxyError.self) { try exchange("GET /a HTTP/1.1\r\nHost: a\r\n\r\n", services) }
+        let route = ServerConfiguration.Route(listen: "127.0.0.1:9", upstream: "http://origin:81/base")
+        let routed = try? exchange(
+            "GET /a?b HTTP/1.1\r\nHost: a\r\n\r\n", services,
+            client: RequestClient(peer: "p", mode: .route(route), forwarding: nil))
+        #expect(routed?.target.url == "http://origin:81/base/a?b")
+    }
+
+    @Test func proxyAuthAsksOnceAndRemembersTheConnection() throws {
+        guard case .success(let users) = ProxyAuthentication.parse("bob:\(Self.sha256Hash)\n", usersFile: "/u") else {
+            Issue.record("users file")
+            return
+        }
+        let services = Services(proxyAuth: users)
+        let missing = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
+        guard case .respond(.proxyAuthenticationRequired(reason: .missing)) = ProxyAuthStage.enter(missing, services) else {
+            Issue.record("no credentials must be answered 407")
+            return
+        }
+        let client = RequestClient(peer: "p", mode: .forward, forwarding: nil)
+        let request = "GET http://a/ HTTP/1.1\r\nHost: a\r\nProxy-Authorization: Basic Ym9iOmJhdHRlcnkgc3RhcGxl\r\n\r\n"
+        for _ in 0..<2 {
+            let exchange = try exchange(request, services, client: client)
+            guard case .proceed = ProxyAuthStage.enter(exchange, services) else {
+                Issue.record("bob's credentials must pass")
+                return
+            }
+            #expect(exchange.summary.user == "bob")
+        }
+        #expect(client.acceptedCredential?.user == "bob")
+        #expect(services.pipeline.proxyAuth?.hashesComputed == 1, "the second request is not hashed again")
+        let wrong = try exchange(
+            "GET http://a/ HTTP/1.1\r\nHost: a\r\nProxy-Authorization: Basic Ym9iOndyb25n\r\n\r\n", services, client: client)
+        guard case .respond(.proxyAuthenticationRequired(reason: .invalid)) = ProxyAuthStage.enter(wrong, services) else {
+            Issue.record("a wrong password must be answered 407")
+            return
+        }
+    }
+
+    @Test func connectLeavesTheChainAndUpgradesAreMarked() throws {
+        let services = Services()
+        let connect = try exchange("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", services)
+        guard case .tunnel(let target, intercept: false) = TunnelStage.enter(connect, services) else {
+            Issue.record("CONNECT must become a tunnel")
+            return
+        }
+        #expect(target.authority == "example.com:443")
+        let socket = try exchange(
+            "GET http://a/ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", services)
+        guard case .proceed = TunnelStage.enter(socket, services) else {
+            Issue.record("an upgrade goes on through the chain")
+            return
+        }
+        #expect(socket.upgrade == "websocket")
+    }
+
+    @Test func cacheAnswersHitsCollapsesMissesAndRefusesOnlyIfCached() throws {
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 1 << 20))
+        let services = Services(cache: store)
+        let get = "GET http://a/x HTTP/1.1\r\nHost: a\r\n\r\n"
+        let first = try exchange(get, services)
+        guard case .proceed = CacheStage.enter(first, services) else {
+            Issue.record("the first miss goes to the origin")
+            return
+        }
+        #expect(first.cache?.fetchToken != nil, "it holds the URL's fetch claim")
+        let second = try exchange(get, services)
+        guard case .wait(.collapsedFetch) = CacheStage.enter(second, services) else {
+            Issue.record("a second miss waits for the first's fetch")
+            return
+        }
+        guard case .proceed = CacheStage.enter(second, services) else {
+            Issue.record("after its wait, a miss goes to the origin itself")
+            return
+        }
+        let now = CacheStage.wallClockSeconds()
+        let fill = CacheFill(
+            store: store, url: "http://a/x",
+            response: CacheStoredResponse(
+                status: 200, fields: [("Cache-Control", "max-age=60"), ("Content-Length", "2")],
+                requestTime: now, responseTime: now),
+            contentLength: 2)
+        [UInt8]("ok".utf8).withUnsafeBytes { fill.append($0) }
+        #expect(fill.complete() == 0)
+        first.cache?.endFetch()
+        let third = try exchange(get, services)
+        guard case .serveStored(let answer) = CacheStage.enter(third, services) else {
+            Issue.record("a fresh stored response answers")
+            return
+        }
+        #expect(answer.parameters.hasPrefix("hit; ttl="))
+        #expect(!answer.notModified)
+        let onlyIfCached = try exchange(
+            "GET http://a/other HTTP/1.1\r\nHost: a\r\nCache-Control: only-if-cached\r\n\r\n", services)
+        guard case .respond(.onlyIfCachedMiss) = CacheStage.enter(onlyIfCached, services) else {
+            Issue.record("only-if-cached without a stored response is 504")
+            return
+        }
+    }
+
+    @Test func theUpstreamSlotGoesWaitsOrRefuses() throws {
+        let services = Services()
+        let exchange = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
+        guard case .proceed = UpstreamSlotStage.enter(exchange, services), exchange.holdsUpstreamSlot else {
+            Issue.record("a free slot is taken")
+            return
+        }
+        services.gate = .wait(7)
+        guard
+            case .wait(.upstreamSlot(7)) = UpstreamSlotStage.enter(
+                try self.exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services)
+        else {
+            Issue.record("a full gate queues the request")
+            return
+        }
+        services.gate = .refuse(.upstreamQueueFull(limit: 1))
+        guard
+            case .respond(.upstreamQueueFull) = UpstreamSlotStage.enter(
+                try self.exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services)
+        else {
+            Issue.record("a full queue refuses")
+            return
+        }
+    }
+
+    @Test func aChunkedBodyWaitsForItsFirstChunk() throws {
+        let services = Services()
+        let chunked = try exchange(
+            "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", services)
+        guard case .wait(.requestBody(.start)) = RequestBodyStage.enter(chunked, services) else {
+            Issue.record("a chunked body is validated before the try")
+            return
+        }
+        let plain = try exchange("POST http://a/ HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n", services)
+        guard case .proceed = RequestBodyStage.enter(plain, services) else {
+            Issue.record("a body nobody will resend streams")
+            return
+        }
+    }
+
+    /// The try stages of `exchange`'s first try (no adapters: straight from its target).
+    func runTry(_ exchange: Exchange, _ services: Services) -> StageVerdict {
+        _ = exchange.machine.handle(.prepare(model: nil))
+        var request = UpstreamRequest(
+            method: exchange.head.method, target: exchange.target, headers: HeaderList.Builder().makeList(), body: .none,
+            model: nil)
+        return RequestChain.runTry(&request, exchange, services)
+    }
+
+    @Test func eachTryGoesThroughItsTransport() throws {
+        let services = Services()
+        guard case .send(.native) = runTry(try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services) else {
+            Issue.record("plain http goes through the native transport")
+            return
+        }
+        guard case .send(.curl) = runTry(try exchange("GET https://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services) else {
+            Issue.record("https goes through libcurl")
+            return
+        }
+        let socket = try exchange(
+            "GET http://a/ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", services)
+        _ = TunnelStage.enter(socket, services)
+        guard case .send(.upgrade("websocket", _)) = runTry(socket, services) else {
+            Issue.record("an upgrade is a handshake")
+            return
+        }
+    }
+
+    @Test func anOpenCircuitFailsTheTryFast() throws {
+        let services = Services([PolicyEntry(name: "default", health: .on(Health(consecutiveFailures: 2, cooldown: 60_000)))])
+        for _ in 0..<2 {
+            let exchange = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
+            guard case .send = runTry(exchange, services) else {
+                Issue.record("a closed circuit lets the try go")
+                return
+            }
+            CircuitStage.reportOutcome(.failure, exchange, services.health)
+        }
+        let exchange = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
+        guard case .failTry(.upstreamCircuitOpen, kind: .other) = runTry(exchange, services) else {
+            Issue.record("two failures in a row open the circuit")
+            return
+        }
+        #expect(exchange.summary.circuit == "open")
+    }
+
+    @Test func aHostWithoutTrustIsRefusedBeforeAnyConnection() throws {
+        let services = Services()
+        services.pipeline = WorkerPipeline(
+            Pipeline(policies: PolicyTable(entries: [PolicyEntry(name: "default")], allHostsMustBeEvaluated: true), monitors: []))
+        guard
+            case .failTry(.trustFailure, _) = runTry(
+                try exchange("GET https://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services)
+        else {
+            Issue.record("an https host no evaluator covers is refused")
+            return
+        }
+    }
+
+    static let sha256Hash = "$5$saltsalt$/B/a8TyziOAL7A5QHAhQtwjk3lO8brshalLojtxVb.8"
+}
