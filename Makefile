@@ -21,7 +21,7 @@ INSTALL_VARS = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' BINDIR='$(BINDIR)' SYSCON
 	UNITDIR='$(UNITDIR)' MANDIR='$(MANDIR)' DOCDIR='$(DOCDIR)' BASHCOMPDIR='$(BASHCOMPDIR)' \
 	ZSHCOMPDIR='$(ZSHCOMPDIR)' FISHCOMPDIR='$(FISHCOMPDIR)'
 
-.PHONY: run test build deps test-deps unit e2e e2e-curl bench clean man install uninstall deb image static fuzz sanitize \
+.PHONY: run test build deps test-deps unit e2e e2e-curl bench bench-deps bench-unit clean man install uninstall deb image static fuzz sanitize \
 	format lint
 
 run: deps build
@@ -40,7 +40,7 @@ test-deps:
 # testability), which also builds the `sluice` the e2e suite runs — a separate debug build
 # for the unit tests alone took as long as the release build. `make build` (and `make bench`)
 # build without testability.
-test: test-deps unit e2e e2e-curl
+test: test-deps unit e2e e2e-curl bench-unit
 
 unit:
 	$(SWIFT) test -c release
@@ -103,9 +103,21 @@ FUZZ_TIME ?= 300
 fuzz: deps
 	FUZZ_TIME=$(FUZZ_TIME) SWIFT=$(SWIFT) scripts/fuzz.sh
 
-bench: build
+# The benchmark (Benchmarks/, BENCHMARKS.md): a scenario of Benchmarks/scenarios.toml, one JSON
+# result file in Benchmarks/results/; the headline scenario (at most 10 minutes on 2 cores) also
+# regenerates BENCHMARKS.md's tables and chart from it. `make bench SLUICE_BIN=path` measures that
+# binary and builds nothing; BENCH_SCENARIO=cachehit|http2|soak|full|quick runs another scenario.
+BENCH_SCENARIO ?= headline
+bench: $(if $(SLUICE_BIN),,build) bench-deps
+	cd Benchmarks && python3 -m bench run $(BENCH_SCENARIO) --sluice $(abspath $(or $(SLUICE_BIN),$(BIN))) \
+		$(if $(filter headline,$(BENCH_SCENARIO)),--report)
+
+bench-deps:
 	scripts/install-deps.sh bench
-	SLUICE_BIN=$(abspath $(BIN)) Benchmarks/run.sh
+
+# The harness's own unit tests (statistics, scenarios, the report), run by `make test`.
+bench-unit:
+	python3 -m pytest Benchmarks/tests -q -p no:cacheprovider
 
 # The context is the repository root, cut down by .dockerignore to the files the Dockerfile
 # copies. --format docker keeps HEALTHCHECK (OCI images have none); --layers reuses the

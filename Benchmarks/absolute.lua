@@ -1,24 +1,32 @@
--- wrk script for Benchmarks/run.sh.
+-- wrk script of the benchmark harness (Benchmarks/bench).
 --
 -- Through a forward proxy, wrk must send absolute-form request lines
 -- ("GET http://127.0.0.1:PORT/1k HTTP/1.1") while connecting to the proxy.
--- run.sh passes the request target in BENCH_PATH (an absolute URL through a
+-- The harness passes the request target in BENCH_PATH (an absolute URL through a
 -- proxy, an origin-form path like "/1k" for the direct run) and the origin's
 -- authority in BENCH_HOST, which becomes the Host header in both cases.
+-- BENCH_DELAY_MS, when set, makes every connection wait that long between its
+-- requests: a fixed request rate (the soak).
 --
--- done() prints one machine-readable line that run.sh parses, so it does not
+-- done() prints one machine-readable line that the harness parses, so it does not
 -- have to scrape wrk's human-readable output:
 --   BENCH_RESULT requests=N duration_us=N bytes=N p50_us=N p99_us=N
 --                err_connect=N err_read=N err_write=N err_status=N err_timeout=N
 
 local path = os.getenv("BENCH_PATH")
 local host = os.getenv("BENCH_HOST")
+local delay_ms = tonumber(os.getenv("BENCH_DELAY_MS") or "")
 
 if path and path ~= "" then
    wrk.path = path
 end
 if host and host ~= "" then
    wrk.headers["Host"] = host
+end
+if delay_ms then
+   function delay()
+      return delay_ms
+   end
 end
 
 function done(summary, latency, requests)

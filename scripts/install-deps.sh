@@ -13,7 +13,10 @@ case "$what" in
   test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver squid
                     adduser binutils buildah podman debootstrap) ;;
   image) packages+=(buildah podman debootstrap binutils) ;;
-  bench) packages+=(nginx-light curl wrk tinyproxy squid) ;;
+  # The benchmark's peers and tools (Benchmarks/bench); Apache Traffic Server is measured where
+  # it is installed, not installed here.
+  bench) packages+=(nginx-light curl wrk haproxy squid tinyproxy strace valgrind binutils openssl iproute2
+                    python3-pip) ;;
 esac
 
 missing=()
@@ -28,9 +31,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ "$what" = test ]; then
+requirements=""
+[ "$what" = test ] && requirements=Tests/e2e/requirements.txt
+[ "$what" = bench ] && requirements=Benchmarks/requirements.txt
+if [ -n "$requirements" ]; then
   # Debian's own python3 refuses plain pip installs (PEP 668); a pyenv python accepts them.
-  pip=(python3 -m pip install -q --disable-pip-version-check -r Tests/e2e/requirements.txt)
+  pip=(python3 -m pip install -q --disable-pip-version-check -r "$requirements")
   "${pip[@]}" 2>/dev/null || "${pip[@]}" --break-system-packages
 fi
 

@@ -1,0 +1,420 @@
+"""The measures of a scenario. Each takes the running benchmark (runner.Bench), measures every
+target it applies to, and returns what goes into the result file under its name."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from . import clients, procfs, stats
+from .servers import SLUICE_TARGETS, sluice_yaml, wait_port
+
+LUA = Path(__file__).resolve().parent.parent / "absolute.lua"
+
+
+def wrk(bench, target: str, connections: int, seconds: float, body: str) -> tuple[dict | None, str]:
+    """One wrk run of GETs for `body` against a target (the origin itself for direct) on
+    `connections` kept-alive connections: (parsed BENCH_RESULT or None, wrk's output)."""
+    sc = bench.scenario
+    threads = min(sc["threads"], connections)
+    env = {**os.environ, "BENCH_PATH": bench.request_target(target, body), "BENCH_HOST": bench.lab.origin_host}
+    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", sc["wrk_timeout"],
+           "--latency", "-s", str(LUA), f"http://127.0.0.1:{bench.port(target)}/"]
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + 30)
+    except subprocess.TimeoutExpired:
+        return None, "wrk did not finish in time"
+    output = done.stdout + done.stderr
+    return stats.parse_wrk(output), output
+
+
+# ---------------------------------------------------------------------------------------------
+
+def warm_up(bench):
+    """Unmeasured load, `warmup` seconds at 16 connections per target: one-time allocations
+    (pools, thread caches) are behind every target before anything is measured."""
+    seconds = bench.scenario["warmup"]
+    if seconds <= 0:
+        return
+    bench.log(f"warm-up: {seconds} s at 16 connections per target")
+    for t in bench.active():
+        wrk(bench, t, 16, seconds, bench.bodies()[0])
+    time.sleep(bench.scenario["pause"])
+
+
+def idle_clients(bench) -> dict:
+    """RSS growth with idle clients: after the warm-up, N kept-alive connections each send one GET,
+    read the response and stay open; the proxy's RSS 1 s later minus its RSS just before (the peak
+    while they are held `hold` seconds, when hold > 0), and its descriptors. With a hold, also the
+    RSS and descriptors 3 s after the clients left and how many were still open at the end."""
+    p = bench.scenario["idle_clients"]
+    out = {}
+    for t in bench.proxies():
+        pid = bench.procs[t].pid
+        time.sleep(bench.scenario["pause"])
+        before, fds_before = procfs.rss_kib(pid), procfs.fd_count(pid)
+        idle = clients.IdleClients(bench.port(t), p["clients"], bench.request_target(t, "1k"),
+                                   bench.lab.origin_host, p["batch"], p["sources"], 120 + p["hold"])
+        try:
+            idle.open()
+            time.sleep(1)                    # the proxy finishes with the last responses
+            held, fds_held = procfs.rss_kib(pid), procfs.fd_count(pid)
+            peak = held
+            for _ in range(p["hold"]):
+                time.sleep(1)
+                peak = max(peak, procfs.rss_kib(pid))
+            still_open = idle.still_open() if p["hold"] else None
+            answered = len(idle.held)
+        finally:
+            idle.close()
+        row = {"clients": p["clients"], "answered": answered, "failed": idle.failed,
+               "first_error": idle.first_error or None, "rss_before_kib": before, "rss_held_kib": held,
+               "rss_peak_kib": peak, "growth_kib": peak - before, "fds_before": fds_before, "fds_held": fds_held}
+        if p["hold"]:
+            time.sleep(3)
+            row.update(still_open=list(still_open), rss_released_kib=procfs.rss_kib(pid),
+                       fds_released=procfs.fd_count(pid))
+        bench.log(f"{t:16} {p['clients']} idle clients: RSS {before} -> {peak} KiB ({answered} answered)")
+        out[t] = row
+    return out
+
+
+def throughput(bench) -> list[dict]:
+    """wrk against every target for each load (body x connection count), `rounds` rounds
+    interleaved: round 1 of every target, then round 2 ..., so that drift in the machine hits all
+    of them alike. Every round is kept; `median` is the round with the median req/s."""
+    sc = bench.scenario
+    cells = []
+    for load in sc["loads"]:
+        for c in load["connections"]:
+            rows = {t: [] for t in bench.active()}
+            for r in range(1, sc["rounds"] + 1):
+                for t in bench.active():
+                    if not bench.alive(t):
+                        continue
+                    time.sleep(sc["pause"])
+                    bench.wait_quiet()
+                    row = _throughput_round(bench, t, load["body"], c, r)
+                    if row:
+                        rows[t].append(row)
+            for t, rounds in rows.items():
+                cells.append({"target": t, "body": load["body"], "connections": c, "rounds": rounds,
+                              "median": stats.median_round(rounds)})
+    return cells
+
+
+def _throughput_round(bench, target: str, body: str, connections: int, rnd: int) -> dict | None:
+    watched = {"origin": bench.origin.pid}
+    if target != "direct":
+        watched["proxy"] = bench.procs[target].pid
+    with procfs.LoadWindow(watched) as window:
+        res, output = wrk(bench, target, connections, bench.scenario["duration"], body)
+    if res is None:
+        bench.warn(f"wrk gave no result for {target} {body} c{connections} round {rnd}: {output[-300:]}")
+        return None
+    hz = procfs.CLOCK_HZ
+    row = {"round": rnd, "rps": res["rps"], "requests": res["requests"], "duration_us": res["duration_us"],
+           "bytes": res["bytes"], "p50_us": res["p50_us"], "p99_us": res["p99_us"], "errors": stats.wrk_errors(res),
+           "cpu_us": (stats.cpu_us_per_request(window.ticks["proxy"], hz, res["requests"])
+                      if "proxy" in window.ticks else None),
+           "origin_cpu_us": stats.cpu_us_per_request(window.ticks["origin"], hz, res["requests"]),
+           "other_load_pct": window.other_pct}
+    if bench.scenario["origin"] == "tls" and target != "direct":
+        row["upstream_connections"] = _upstream_connections(bench, target)
+    cpu = f"{row['cpu_us']:.1f}" if row["cpu_us"] is not None else "-"
+    bench.log(f"{target:16} {body:>3} c={connections:<4} r{rnd} {row['rps']:>7} req/s  p50 {row['p50_us']:>6} us  "
+              f"p99 {row['p99_us']:>7} us  cpu/req {cpu:>6} us  other load {row['other_load_pct']:>3}%"
+              f"{'  errors ' + str(row['errors']) if row['errors'] else ''}")
+    return row
+
+
+def _upstream_connections(bench, target: str) -> int | None:
+    """The target's established connections to the origin right after a run (`ss -p`)."""
+    if shutil.which("ss") is None:
+        return None
+    done = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{bench.lab.origin_port} )"],
+                          capture_output=True, text=True, timeout=10)
+    return done.stdout.count(f"pid={bench.procs[target].pid},")
+
+
+# ---------------------------------------------------------------------------------------------
+
+class RssSampler(threading.Thread):
+    """Samples the summed VmRSS of fixed pids every `interval` seconds until stopped: the peak."""
+
+    def __init__(self, pids: list[int], interval: float):
+        super().__init__(daemon=True)
+        self.pids, self.interval = pids, interval
+        self.peak = self.samples = 0
+        self._done = threading.Event()
+
+    def run(self):
+        while True:
+            self.peak = max(self.peak, procfs.rss_of(self.pids))
+            self.samples += 1
+            if self._done.wait(self.interval):
+                break
+
+    def finish(self) -> tuple[int, int]:
+        self._done.set()
+        self.join()
+        return self.peak, self.samples
+
+
+def big_download(bench) -> dict:
+    """The 1 GiB file through each target with curl: (a) MB/s (10^6 bytes) into /dev/null, so that
+    only the transfer is measured; (b) the same download again, hashed as it arrives (not timed:
+    hashing on a core the proxy also needs would cap the direct run) and compared with the file's
+    sha256. The proxy's RSS is sampled during both (the hashed one reads slower, so a proxy that
+    does not push back on its upstream shows it): peak growth = maximum minus the RSS right before."""
+    p = bench.scenario["big_download"]
+    url = f"http://{bench.lab.origin_host}/1g"
+    out = {}
+    for t in bench.active():
+        if not bench.alive(t):
+            continue
+        time.sleep(bench.scenario["pause"])
+        bench.wait_quiet()
+        proxy = [] if t == "direct" else ["-x", f"http://127.0.0.1:{bench.port(t)}"]
+        sampler, rss0 = None, None
+        watched = {"origin": bench.origin.pid}
+        if t != "direct":
+            pid = bench.procs[t].pid
+            watched["proxy"] = pid
+            rss0 = procfs.rss_kib(pid)
+            sampler = RssSampler(procfs.tree(pid), p["rss_sample_ms"] / 1000)
+            sampler.start()
+        with procfs.LoadWindow(watched) as window:
+            done = subprocess.run(["curl", "-s", "-o", "/dev/null", "--max-time", str(p["max_time"]), *proxy,
+                                   "-w", "%{speed_download} %{size_download} %{http_code}", url],
+                                  capture_output=True, text=True, timeout=p["max_time"] + 30)
+        speed, size, code = (done.stdout.split() + ["0", "0", "000"])[:3]
+        row = {"mb_s": round(float(speed) / 1e6), "bytes": int(float(size)), "http_status": int(code),
+               "other_load_pct": window.other_pct, "note": None}
+        if done.returncode == 28:
+            row["note"] = f"timed out after {p['max_time']} s"
+        elif done.returncode != 0:
+            row["note"] = f"curl exit {done.returncode}"
+        elif code != "200" or row["bytes"] != bench.big_size:
+            row["note"] = f"HTTP {code}, {row['bytes']} bytes"
+        row["sha256"] = _hashed_download(url, proxy, p["max_time"], bench.big_sha256)
+        if sampler:
+            peak, samples = sampler.finish()
+            row.update(peak_growth_kib=peak - rss0, rss_samples=samples,
+                       rss_after_kib=procfs.rss_kib(bench.procs[t].pid))
+        bench.log(f"{t:16} 1 GiB: {row['mb_s']:>5} MB/s  sha256 {row['sha256']}  peak RSS growth "
+                  f"{row.get('peak_growth_kib', '-')} KiB  other load {row['other_load_pct']}%  {row['note'] or ''}")
+        out[t] = row
+    return out
+
+
+def _hashed_download(url: str, proxy: list[str], max_time: int, expected: str) -> str:
+    """"ok" when the download's sha256 equals the file's, else what differed."""
+    curl = subprocess.Popen(["curl", "-s", "--max-time", str(max_time), *proxy,
+                             "-w", "%{stderr}%{http_code} %{size_download}", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: curl.stdout.read(1 << 20), b""):
+        digest.update(chunk)
+    status = curl.stderr.read().decode(errors="replace")
+    if curl.wait() != 0:
+        return f"n/a (curl exit {curl.returncode}: {status})"
+    return "ok" if digest.hexdigest() == expected else f"MISMATCH ({status}, sha256 {digest.hexdigest()[:12]}…)"
+
+
+# ---------------------------------------------------------------------------------------------
+
+def syscalls(bench) -> dict:
+    """System calls per request: `strace -f -c` attached to every process (and thread) of the proxy
+    during a short wrk run on kept-alive connections, all calls / requests completed. strace slows
+    the proxy a lot; the count per request is what matters (attaching and detaching add a few)."""
+    if shutil.which("strace") is None:
+        bench.note("syscalls per request: n/a (strace is not installed)")
+        return {}
+    p = bench.scenario["syscalls"]
+    out = {}
+    for t in bench.proxies():
+        time.sleep(bench.scenario["pause"])
+        out[t] = _strace(bench, t, p["connections"], p["duration"])
+    return out
+
+
+def _strace(bench, target: str, connections: int, seconds: int) -> dict:
+    pids = procfs.tree(bench.procs[target].pid)
+    summary = bench.lab.tmp / "logs" / f"strace-{target}.txt"
+    args = [a for pid in pids for a in ("-p", str(pid))]
+    tracer = bench.lab.start(f"strace-{target}", ["timeout", str(seconds + 60), "strace", "-f", "-c", "-S", "calls",
+                                                  "-o", str(summary), *args])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and tracer.alive():   # one "attached" line per process
+        if tracer.log.read_text(errors="replace").count("attached") >= len(pids):
+            break
+        time.sleep(0.1)
+    time.sleep(0.2)
+    res, _ = wrk(bench, target, connections, seconds, "1k")
+    tracer.stop(grace=10)        # SIGTERM: strace detaches and writes its table
+    if not res or res["requests"] == 0:
+        return {"note": "n/a (wrk under strace completed no requests)"}
+    total, rows = stats.parse_strace_summary(summary.read_text() if summary.exists() else "")
+    if total is None:
+        return {"note": "n/a (no strace summary)"}
+    row = {"requests": res["requests"], "calls": total, "per_request": round(total / res["requests"], 2),
+           "top": [[name, round(calls / res["requests"], 2)] for name, calls in rows[:6]]}
+    bench.log(f"{target:16} syscalls: {total} in {res['requests']} requests = {row['per_request']} per request")
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+
+def callgrind(bench) -> dict:
+    """Instructions per request: Sluice with `workers: 1` under `valgrind --tool=callgrind`, once
+    serving n1 and once n2 sequential 1 KiB GETs on one kept-alive connection, stopped with
+    SIGTERM; (Ir(n2) - Ir(n1)) / (n2 - n1), so start-up and shutdown cancel out. Unlike req/s on
+    a shared machine, this repeats to the instruction. With the caching origin every request but
+    the first is a memory cache hit. The 10 costliest functions per request are kept."""
+    if shutil.which("valgrind") is None:
+        bench.note("instructions per request: n/a (valgrind is not installed)")
+        return {}
+    p = bench.scenario["callgrind"]
+    wanted = p.get("targets") or [t for t in bench.scenario["targets"] if t in SLUICE_TARGETS]
+    d = bench.lab.dir("callgrind")
+    # valgrind 3.19 cannot read the DWARF 5 of Swift's toolchain; a copy without debug info keeps
+    # the symbol table, so the profile still names functions.
+    binary = d / "sluice"
+    if subprocess.run(["objcopy", "--strip-debug", str(bench.lab.sluice_bin), str(binary)],
+                      capture_output=True).returncode != 0:
+        shutil.copy(bench.lab.sluice_bin, binary)
+    out = {}
+    for t in wanted:
+        if t not in bench.active():
+            continue
+        bench.log(f"callgrind: {t}, {p['n1']} and {p['n2']} requests (valgrind is slow)")
+        (d / f"{t}.yaml").write_text(sluice_yaml(bench.lab, t, bench.lab.port("callgrind"), "1", d))
+        row = {"n1": p["n1"], "n2": p["n2"]}
+        for key, n in (("ir_n1", p["n1"]), ("ir_n2", p["n2"])):
+            ir, why = _callgrind_run(bench, binary, t, n, d)
+            if ir is None:
+                row["note"] = f"n/a ({why})"
+                break
+            row[key] = ir
+        if "note" not in row:
+            row["per_request"] = round((row["ir_n2"] - row["ir_n1"]) / (p["n2"] - p["n1"]))
+            row["top"] = _top_functions(d, t, p["n1"], p["n2"])
+            bench.log(f"{t:16} callgrind: {row['per_request']} instructions per request")
+        out[t] = row
+    return out
+
+
+def _callgrind_run(bench, binary: Path, target: str, n: int, d: Path) -> tuple[int | None, str]:
+    port = bench.lab.port("callgrind")
+    profile = d / f"callgrind.{target}.{n}.out"
+    proc = bench.lab.start(f"callgrind-{target}-{n}", ["valgrind", "--tool=callgrind",
+                                                        f"--callgrind-out-file={profile}", str(binary),
+                                                        "run", "--config", str(d / f"{target}.yaml")])
+    try:
+        if not wait_port(port, proc, 60):
+            return None, f"Sluice under valgrind did not open its port within 60 s: {proc.tail(3)}"
+        failure = clients.sequential(port, n, bench.request_target(target, "1k"), bench.lab.origin_host, 1024, 840)
+        # SIGTERM: Sluice drains (nothing is in flight) and exits; callgrind then writes its file.
+        proc.popen.send_signal(signal.SIGTERM)
+        proc.popen.wait(120)
+    except subprocess.TimeoutExpired:
+        return None, "no exit 120 s after SIGTERM"
+    finally:
+        proc.stop()
+    if failure:
+        return None, f"client: {failure}"
+    ir = stats.parse_callgrind_total(profile.read_text()) if profile.exists() else None
+    return ir, "" if ir is not None else "no callgrind totals"
+
+
+def _function_costs(profile: Path) -> dict[str, int]:
+    """Self instructions of every function of a callgrind profile, demangled when the Swift
+    toolchain's swift-demangle is there."""
+    if shutil.which("callgrind_annotate") is None or not profile.exists():
+        return {}
+    text = subprocess.run(["callgrind_annotate", "--threshold=100", str(profile)],
+                          capture_output=True, text=True).stdout
+    if shutil.which("swift-demangle"):
+        text = subprocess.run(["swift-demangle", "--simplified"], input=text, capture_output=True, text=True).stdout
+    costs, found = {}, False
+    for line in text.splitlines():
+        if "file:function" in line:
+            found = True
+            continue
+        m = re.match(r"\s*([\d,]+) (?:\(\s*[\d.]+%\)\s+)?(.*)", line)
+        if found and m:
+            name = re.sub(r"^[^:]*:", "", m.group(2)).split(" [")[0].strip()
+            costs[name[:160]] = costs.get(name[:160], 0) + int(m.group(1).replace(",", ""))
+    return costs
+
+
+def _top_functions(d: Path, target: str, n1: int, n2: int, count: int = 10) -> list[list]:
+    """[instructions per request, function] of the costliest functions by self cost in the n2 run
+    minus the n1 run: where the instructions of a request go, start-up and shutdown left out."""
+    first = _function_costs(d / f"callgrind.{target}.{n1}.out")
+    second = _function_costs(d / f"callgrind.{target}.{n2}.out")
+    per_request = {name: (ir - first.get(name, 0)) / (n2 - n1) for name, ir in second.items()}
+    top = sorted(per_request.items(), key=lambda item: item[1], reverse=True)[:count]
+    return [[round(ir), name] for name, ir in top]
+
+
+# ---------------------------------------------------------------------------------------------
+
+def soak(bench) -> dict:
+    """Memory and descriptors over time: wrk at a fixed rate through the (one) Sluice target (each
+    connection waits connections*1000/rate ms between its requests) for `duration` seconds, at most
+    600; Sluice's VmRSS, descriptors and the other load are sampled every `sample` seconds. Growth
+    is the median of the last three samples after the warm-up minus the median of the first three.
+    Pass: RSS grows by at most 2 MiB and the descriptor count does not grow."""
+    p = bench.scenario["soak"]
+    if p["duration"] > 600 or p["warmup"] >= p["duration"]:
+        raise ValueError("soak: duration is at most 600 seconds and longer than its warmup")
+    target = next(t for t in bench.proxies() if t in SLUICE_TARGETS)
+    pid = bench.procs[target].pid
+    delay = p["connections"] * 1000 // p["rate"]
+    bench.log(f"soak: {p['duration']} s at {p['rate']} req/s over {p['connections']} connections through {target}")
+    env = {**os.environ, "BENCH_PATH": bench.request_target(target, "1k"), "BENCH_HOST": bench.lab.origin_host,
+           "BENCH_DELAY_MS": str(delay)}
+    load = subprocess.Popen(["wrk", "-t1", f"-c{p['connections']}", f"-d{p['duration']}s", "--timeout", "5s",
+                             "-s", str(LUA), f"http://127.0.0.1:{bench.port(target)}/"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    start, samples = time.monotonic(), []
+    while load.poll() is None and time.monotonic() - start < p["duration"] + 30:
+        other, _ = procfs.other_load_now(1)
+        samples.append([round(time.monotonic() - start), procfs.rss_kib(pid), procfs.fd_count(pid), other])
+        time.sleep(max(p["sample"] - 1, 0))
+    try:
+        output, _ = load.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        load.kill()
+        output, _ = load.communicate()
+    res = stats.parse_wrk(output) or {}
+    after = [s for s in samples if s[0] >= p["warmup"]]
+    row = {"requests": res.get("requests"), "p99_us": res.get("p99_us"), "errors": stats.wrk_errors(res),
+           "samples": samples, "target": target}
+    rss, fds = stats.growth_first_last([s[1] for s in after]), stats.growth_first_last([s[2] for s in after])
+    if rss is None or fds is None:
+        row["note"] = f"too few samples after the warm-up ({len(after)}): make the soak longer"
+        return row
+    row.update(rss_start_kib=rss[0], rss_end_kib=rss[1], rss_growth_kib=rss[1] - rss[0],
+               fds_start=fds[0], fds_end=fds[1], fds_max=max(s[2] for s in after),
+               rss_min_kib=min(s[1] for s in after), rss_max_kib=max(s[1] for s in after),
+               other_load_pct=round(sum(s[3] for s in after) / len(after)),
+               passed=(rss[1] - rss[0]) <= 2048 and fds[1] <= fds[0])
+    if fds[0] < p["connections"]:
+        row["note"] = f"Sluice had {fds[0]} descriptors under load: the load did not go through it"
+    bench.log(f"soak: RSS {rss[0]} -> {rss[1]} KiB, descriptors {fds[0]} -> {fds[1]}, "
+              f"{'pass' if row['passed'] else 'FAIL'}")
+    return row
+
+
+MEASURES = {"idle_clients": idle_clients, "throughput": throughput, "big_download": big_download,
+            "syscalls": syscalls, "callgrind": callgrind, "soak": soak}

@@ -1,0 +1,545 @@
+"""The processes of a benchmark: the origin (nginx) and every target proxy, each started in the
+foreground with a configuration written to the run's temporary directory, listening on 127.0.0.1
+only, and stopped by its pid when the run ends."""
+
+from __future__ import annotations
+
+import base64
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import procfs
+
+# Offsets from the base port. The e2e suite picks its ports in 20000-30000 and the kernel its
+# ephemeral ports from 32768: the default base, 31080, stays between the two.
+PORT_OFFSETS = {
+    "direct": 0, "sluice": 1, "nginx": 2, "squid": 3, "tinyproxy": 4, "sluice-metrics": 5,
+    "sluice-pipeline": 6, "haproxy": 7, "trafficserver": 8, "callgrind": 9, "admin": 10,
+    "sluice-curl": 11, "sluice-cache": 12, "nginx-cache": 13, "squid-cache": 14,
+    "sluice-h2": 15, "sluice-http1": 16,
+}
+
+
+class Unavailable(Exception):
+    """A target that cannot be measured here (not installed, did not start); the reason goes into
+    the result file."""
+
+
+class Proc:
+    """A foreground process the benchmark started, with its output in a log file."""
+
+    def __init__(self, name: str, cmd: list[str], log: Path, cwd: Path | None = None):
+        self.name, self.log = name, log
+        with open(log, "wb") as out:
+            self.popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, cwd=cwd)
+        self.pid = self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace: float = 5.0):
+        """SIGTERM, then SIGKILL for whatever is left of its process tree after `grace` seconds:
+        only processes with the same pid *and* start time as before (not a reused pid)."""
+        if not self.alive():
+            return
+        members = [(pid, procfs.start_time(pid)) for pid in procfs.tree(self.pid)]
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid, started in members:
+            if started and procfs.start_time(pid) == started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_port(port: int, proc: Proc | None, seconds: float) -> bool:
+    """Until something accepts on the port (False if the process exits or time runs out)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            return False
+        if port_open(port):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@dataclass
+class Lab:
+    """What every process of one run shares: its temporary directory, ports, limits and the
+    Sluice binary."""
+
+    tmp: Path
+    base_port: int
+    sluice_bin: Path
+    nofile: int
+    is_root: bool
+    sluice_workers: str = "auto"
+    sluice_yaml: str = ""          # appended to every Sluice configuration
+    big_file: Path | None = None
+    procs: list[Proc] = field(default_factory=list)
+
+    def port(self, name: str) -> int:
+        return self.base_port + PORT_OFFSETS[name]
+
+    @property
+    def origin_port(self) -> int:
+        return self.port("direct")
+
+    @property
+    def origin_host(self) -> str:
+        return f"127.0.0.1:{self.origin_port}"
+
+    def dir(self, name: str) -> Path:
+        d = self.tmp / name
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o755)
+        return d
+
+    def start(self, name: str, cmd: list[str], cwd: Path | None = None) -> Proc:
+        proc = Proc(name, cmd, self.tmp / "logs" / f"{name}.log", cwd)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self):
+        """Helpers first, then the proxies, the origin last."""
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# nginx: the origin, the forward proxy and the caching proxy
+
+def _nginx_conf(lab: Lab, d: Path, workers: str, http_body: str) -> str:
+    return f"""worker_processes {workers};
+daemon off;
+master_process on;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+worker_rlimit_nofile {lab.nofile};
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    default_type application/octet-stream;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path       {d}/proxy;
+    fastcgi_temp_path     {d}/fastcgi;
+    uwsgi_temp_path       {d}/uwsgi;
+    scgi_temp_path        {d}/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 600s;
+    tcp_nodelay on;
+{http_body}
+}}
+"""
+
+
+def _start_nginx(lab: Lab, name: str, workers: str, http_body: str, port: int) -> Proc:
+    d = lab.dir(name)
+    (d / "nginx.conf").write_text(_nginx_conf(lab, d, workers, http_body))
+    proc = lab.start(name, ["nginx", "-e", f"{d}/error.log", "-p", str(d), "-c", f"{d}/nginx.conf"])
+    if not wait_port(port, proc, 10):
+        raise Unavailable(f"nginx ({name}) did not start: {_first_error(proc, d)}")
+    return proc
+
+
+ORIGIN_KINDS = ("plain", "caching", "tls")
+
+
+def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
+    """The upstream every target fetches from, nginx on the base port:
+    plain   -- /1k, /64k and /1g (the big file, from the page cache), all workers;
+    caching -- one 1 KiB object per target (/<target>/1k) with `Cache-Control: max-age=3600`,
+               one worker, an access log of the paths (the requests that reached the origin);
+    tls     -- /1k over TLS with HTTP/2 (a throwaway CA; lab.tmp/ca.pem), one worker."""
+    www = lab.dir("www")
+    _write_random(www / "1k", 1024)
+    _write_random(www / "64k", 65536)
+    for t in targets:
+        (www / t).mkdir(exist_ok=True)
+        _write_random(www / t / "1k", 1024)
+    d = lab.dir("origin")
+    port = lab.origin_port
+    if kind == "plain":
+        big = f"location = /1g {{ alias {lab.big_file}; }}" if lab.big_file else ""
+        body = f"""    sendfile on;
+    tcp_nopush on;
+    server {{ listen 127.0.0.1:{port} backlog=4096; root {www}; {big} }}"""
+        return _start_nginx(lab, "origin", "auto", body, port)
+    if kind == "caching":
+        body = f"""    log_format path '$uri';
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        access_log {d}/access.log path buffer=64k flush=1s;
+        root {www};
+        add_header Cache-Control "max-age=3600";
+    }}"""
+        return _start_nginx(lab, "origin", "1", body, port)
+    if kind == "tls":
+        _make_pki(lab.tmp)
+        body = f"""    server {{
+        listen 127.0.0.1:{port} ssl http2 backlog=4096;
+        ssl_certificate {lab.tmp}/leaf.pem;
+        ssl_certificate_key {lab.tmp}/leaf.key;
+        root {www};
+    }}"""
+        return _start_nginx(lab, "origin", "1", body, port)
+    raise ValueError(f"unknown origin kind {kind!r} (known: {', '.join(ORIGIN_KINDS)})")
+
+
+def origin_requests(lab: Lab, path: str) -> int:
+    """Requests for `path` the caching origin logged (its log is flushed every second)."""
+    log = lab.tmp / "origin" / "access.log"
+    return sum(1 for line in log.read_text().splitlines() if line == path) if log.exists() else 0
+
+
+def _write_random(path: Path, size: int):
+    """size bytes of printable random data (so no proxy is tempted to treat it as anything else)."""
+    path.write_bytes(base64.b64encode(os.urandom(size))[:size])
+    path.chmod(0o644)
+
+
+def _make_pki(d: Path):
+    """A throwaway CA and a leaf certificate for 127.0.0.1 (EC P-256), valid two days."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run = lambda *args: subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=bench CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    run("req", "-new", *ec, "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=127.0.0.1")
+    (d / "leaf.ext").write_text("basicConstraints=critical,CA:FALSE\nextendedKeyUsage=serverAuth\n"
+                                "subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "leaf.pem", "-days", "2", "-extfile", "leaf.ext")
+
+
+def _first_error(proc: Proc, d: Path) -> str:
+    text = proc.tail(40)
+    for log in sorted(d.glob("*.log")) + sorted(d.glob("log/*.log")):
+        text += "\n" + log.read_text(errors="replace")[-4000:]
+    for line in text.splitlines():
+        if any(w in line.lower() for w in ("fatal", "emerg", "alert", "error", "cannot", "unable")):
+            return line.strip()[:160]
+    return "no error in its logs"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sluice
+
+PIPELINE = """monitors:
+  - access_log: {{ path: {d}/access.log }}
+policies:
+  default:
+    adapters:
+      - headers: {{ set: {{ X-Forwarded-By: sluice }}, remove: [X-Debug] }}
+      - bearer: bench-token-0123456789
+      - api_key: {{ header: X-Api-Key, value: bench-key-0123456789 }}
+"""
+
+
+def sluice_extra(lab: Lab, name: str, d: Path) -> str:
+    """What each Sluice target adds to the common configuration:
+    sluice          -- nothing;
+    sluice-pipeline -- three header adapters and the JSON access log written to a file;
+    sluice-curl     -- the same through the libcurl upstream transport (`engine: curl`);
+    sluice-metrics  -- sluice-pipeline plus the metrics monitor and an admin listener;
+    sluice-cache    -- the memory cache (`cache_store: { memory: 64MiB }`);
+    sluice-h2 / sluice-http1 -- the TLS origin with `upstream.http2` auto (ALPN h2) / off."""
+    pipeline = PIPELINE.format(d=d)
+    if name == "sluice":
+        return ""
+    if name == "sluice-pipeline":
+        return pipeline
+    if name == "sluice-curl":
+        return pipeline.replace("  default:\n", "  default:\n    upstream: { engine: curl }\n")
+    if name == "sluice-metrics":
+        return (pipeline.replace("monitors:\n", "monitors:\n  - metrics: {}\n")
+                + f"admin: {{ listen: 127.0.0.1:{lab.port('admin')} }}\n")
+    if name == "sluice-cache":
+        return "cache_store: { memory: 64MiB }\n"
+    if name in ("sluice-h2", "sluice-http1"):
+        mode = "auto" if name == "sluice-h2" else '"off"'
+        return (f"tls: {{ ca_file: {lab.tmp}/ca.pem }}\npolicies:\n  127.0.0.1:\n"
+                f"    upstream: {{ scheme: https, port: {lab.origin_port}, http2: {mode} }}\n")
+    raise ValueError(name)
+
+
+def sluice_yaml(lab: Lab, name: str, port: int, workers: str, d: Path) -> str:
+    return (f"# generated by Benchmarks/bench ({name})\n"
+            f'listen: ["127.0.0.1:{port}"]\nworkers: {workers}\n'
+            f"access:\n  allow_clients: [127.0.0.0/8]\n"
+            f"{sluice_extra(lab, name, d)}{lab.sluice_yaml}\n")
+
+
+def start_sluice(lab: Lab, name: str) -> Proc:
+    if not lab.sluice_bin.is_file():
+        raise Unavailable(f"no binary at {lab.sluice_bin} (build it with `make build`)")
+    d = lab.dir(name)
+    (d / "sluice.yaml").write_text(sluice_yaml(lab, name, lab.port(name), lab.sluice_workers, d))
+    proc = lab.start(name, [str(lab.sluice_bin), "run", "--config", str(d / "sluice.yaml")])
+    if not wait_port(lab.port(name), proc, 15):
+        raise Unavailable(f"did not start: {_first_error(proc, d)}")
+    return proc
+
+
+# ---------------------------------------------------------------------------------------------
+# The peers
+
+def start_nginx_proxy(lab: Lab, name: str) -> Proc:
+    """nginx is no general forward proxy; this is its best case: absolute-form requests (nginx
+    accepts them and routes on the path) sent to one fixed upstream over a pool of kept-alive
+    connections. nginx-cache adds proxy_cache (a keys zone, files in the temp dir, which the
+    page cache holds)."""
+    d = lab.dir(name)
+    cache_path = cache = ""
+    if name == "nginx-cache":
+        cache_path = f"proxy_cache_path {d}/cache levels=1:2 keys_zone=hits:10m max_size=64m inactive=1h use_temp_path=off;"
+        cache = """            proxy_cache hits;
+            proxy_cache_valid 200 1h;
+            add_header X-Cache-Status $upstream_cache_status;"""
+    body = f"""    {cache_path}
+    upstream origin {{
+        server {lab.origin_host};
+        keepalive 1024;
+        keepalive_requests 1000000;
+        keepalive_timeout 60s;
+    }}
+    server {{
+        listen 127.0.0.1:{lab.port(name)} backlog=4096;
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            # Stream large bodies through memory buffers, never through a temp file.
+            proxy_max_temp_file_size 0;
+{cache}
+        }}
+    }}"""
+    return _start_nginx(lab, name, "auto" if name == "nginx" else lab.sluice_workers, body, lab.port(name))
+
+
+def start_haproxy(lab: Lab, name: str) -> Proc:
+    """haproxy has no forward-proxy mode; the known trick: each request's destination is the
+    address and port of its absolute-form URL (an IP literal here), and the one server is
+    "wherever the connection was set to go". Idle server connections are shared between client
+    connections (`http-reuse always`), like the other proxies' pools; one thread per core."""
+    _require("haproxy")
+    d = lab.dir(name)
+    # About two descriptors per connection; haproxy refuses maxconn above what the limit allows.
+    maxconn = min((lab.nofile - 200) // 2, 20000)
+    (d / "haproxy.cfg").write_text(f"""# generated by Benchmarks/bench: haproxy as a forward proxy (no logging)
+global
+    nbthread {_cores()}
+    maxconn {maxconn}
+
+defaults
+    mode http
+    option http-keep-alive
+    timeout connect 5s
+    timeout client 75s
+    timeout server 75s
+    timeout http-request 30s
+    timeout http-keep-alive 75s
+
+frontend forward
+    bind 127.0.0.1:{lab.port(name)} backlog 4096
+    maxconn {maxconn}
+    http-request set-dst url_ip
+    http-request set-dst-port url_port
+    default_backend dynamic
+
+backend dynamic
+    http-reuse always
+    server origin 0.0.0.0:0
+""")
+    proc = lab.start(name, ["haproxy", "-db", "-f", str(d / "haproxy.cfg")])   # -db: foreground
+    if not wait_port(lab.port(name), proc, 10):
+        raise Unavailable(f"did not start: {_first_error(proc, d)}")
+    return proc
+
+
+def start_squid(lab: Lab, name: str) -> Proc:
+    """squid with one SMP worker per core. squid: a pure forwarder (no cache, no logging, no
+    per-client tables); squid-cache: the shared memory cache (`cache_mem 64 MB`, no disk cache,
+    `refresh_pattern . 60 100% 3600`) and an access log that shows the hits. Its own service name
+    (-n) keeps its shared memory and sockets apart from any other squid on the machine."""
+    _require("squid")
+    d = lab.dir(name)
+    workers = lab.sluice_workers if name == "squid-cache" and lab.sluice_workers != "auto" else _cores()
+    if name == "squid":
+        caching = """access_log none
+cache deny all
+cache_mem 0 MB
+client_db off
+pinger_enable off"""
+    else:
+        caching = f"""access_log stdio:{d}/access.log
+cache_mem 64 MB
+maximum_object_size_in_memory 1 MB
+memory_cache_shared on
+refresh_pattern . 60 100% 3600"""
+    (d / "squid.conf").write_text(f"""# generated by Benchmarks/bench ({name})
+http_port 127.0.0.1:{lab.port(name)}
+visible_hostname sluice-bench
+workers {workers}
+pid_filename {d}/squid.pid
+cache_log {d}/cache.log
+cache_store_log none
+logfile_rotate 0
+coredump_dir {d}
+{caching}
+max_filedescriptors {lab.nofile}
+shutdown_lifetime 0 seconds
+acl bench_clients src 127.0.0.0/8
+http_access allow bench_clients
+http_access deny all
+""")
+    if lab.is_root:
+        _chown_tree(d, "proxy")
+        run_dir = Path("/run/squid")
+        if not run_dir.exists():
+            run_dir.mkdir(parents=True)
+            shutil.chown(run_dir, "proxy", "proxy")
+    service = f"bench{lab.port(name)}"
+    proc = lab.start(name, ["squid", "-n", service, "--foreground", "-f", str(d / "squid.conf")])
+    if not wait_port(lab.port(name), proc, 20):
+        raise Unavailable(f"did not start: {_first_error(proc, d)}")
+    return proc
+
+
+def start_trafficserver(lab: Lab, name: str) -> Proc:
+    """Apache Traffic Server as a pure forward proxy (cache and logging off, one thread per core):
+    traffic_server alone, in the foreground, every directory it uses in the temp dir."""
+    _require("traffic_server")
+    d = lab.dir(name)
+    for sub in ("etc", "log", "run", "cache"):
+        (d / sub).mkdir(exist_ok=True)
+    (d / "runroot.yaml").write_text(f"""prefix: {d}
+exec_prefix: /usr
+bindir: /usr/bin
+sbindir: /usr/sbin
+sysconfdir: {d}/etc
+datadir: {d}/share
+includedir: /usr/include
+libdir: /usr/lib/trafficserver
+libexecdir: /usr/lib/trafficserver/modules
+localstatedir: {d}/run
+runtimedir: {d}/run
+logdir: {d}/log
+cachedir: {d}/cache
+""")
+    # Run as root it drops to the package's user, who must own its log and runtime dirs.
+    user = "#-1"
+    if _user_exists("trafficserver"):
+        user = "trafficserver"
+        for sub in ("log", "run", "cache"):
+            _chown_tree(d / sub, user)
+    throttle = min(lab.nofile - 1000, 30000)
+    records = {
+        "proxy.config.http.server_ports": f"STRING {lab.port(name)}:ipv4:ip-in=127.0.0.1",
+        "proxy.config.reverse_proxy.enabled": "INT 0", "proxy.config.url_remap.remap_required": "INT 0",
+        "proxy.config.http.cache.http": "INT 0", "proxy.config.exec_thread.autoconfig": "INT 0",
+        "proxy.config.exec_thread.limit": f"INT {_cores()}", "proxy.config.accept_threads": "INT 0",
+        "proxy.config.task_threads": "INT 1", "proxy.config.admin.user_id": f"STRING {user}",
+        "proxy.config.log.logging_enabled": "INT 0", "proxy.config.http.insert_request_via_str": "INT 0",
+        "proxy.config.http.insert_response_via_str": "INT 0", "proxy.config.http.insert_client_ip": "INT 0",
+        "proxy.config.http.insert_squid_x_forwarded_for": "INT 0",
+        "proxy.config.http.keep_alive_no_activity_timeout_in": "INT 75",
+        "proxy.config.net.connections_throttle": f"INT {throttle}", "proxy.config.diags.debug.enabled": "INT 0",
+    }
+    (d / "etc" / "records.config").write_text("".join(f"CONFIG {k} {v}\n" for k, v in records.items()))
+    (d / "etc" / "ip_allow.yaml").write_text(
+        "ip_allow:\n" + "".join(f"  - apply: {way}\n    ip_addrs: 127.0.0.1\n    action: allow\n    methods: ALL\n"
+                                for way in ("in", "out")))
+    for f in ("storage.config", "remap.config", "plugin.config", "cache.config", "hosting.config",
+              "volume.config", "parent.config", "socks.config", "splitdns.config", "ssl_multicert.config"):
+        (d / "etc" / f).write_text("")   # it insists on them; empty storage.config: no cache
+    proc = lab.start(name, ["traffic_server", f"--run-root={d}/runroot.yaml"])
+    if not wait_port(lab.port(name), proc, 30):
+        raise Unavailable(f"did not start: {_first_error(proc, d)}")
+    return proc
+
+
+def start_tinyproxy(lab: Lab, name: str) -> Proc:
+    _require("tinyproxy")
+    d = lab.dir(name)
+    user = ""
+    if lab.is_root:
+        user = "User nobody\nGroup nogroup\n"
+        _chown_tree(d, "nobody", "nogroup")
+    # MaxClients: the default 100 would queue the 256-connection runs and the idle clients.
+    (d / "tinyproxy.conf").write_text(f"""{user}Port {lab.port(name)}
+Listen 127.0.0.1
+Timeout 600
+MaxClients 2048
+LogFile "{d}/tinyproxy.log"
+LogLevel Error
+PidFile "{d}/tinyproxy.pid"
+Allow 127.0.0.1
+""")
+    proc = lab.start(name, ["tinyproxy", "-d", "-c", str(d / "tinyproxy.conf")])   # -d: foreground
+    if not wait_port(lab.port(name), proc, 10):
+        raise Unavailable(f"did not start: {_first_error(proc, d)}")
+    return proc
+
+
+STARTERS = {
+    "sluice": start_sluice, "sluice-pipeline": start_sluice, "sluice-curl": start_sluice,
+    "sluice-metrics": start_sluice, "sluice-cache": start_sluice, "sluice-h2": start_sluice,
+    "sluice-http1": start_sluice, "haproxy": start_haproxy, "nginx": start_nginx_proxy,
+    "nginx-cache": start_nginx_proxy, "squid": start_squid, "squid-cache": start_squid,
+    "trafficserver": start_trafficserver, "tinyproxy": start_tinyproxy,
+}
+SLUICE_TARGETS = {name for name, f in STARTERS.items() if f is start_sluice}
+
+
+def _require(command: str):
+    if shutil.which(command) is None:
+        raise Unavailable(f"{command} is not installed")
+
+
+def _cores() -> int:
+    return os.cpu_count() or 2
+
+
+def _user_exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+        return True
+    except KeyError:
+        return False
+
+
+def _chown_tree(d: Path, user: str, group: str | None = None):
+    for path in [d, *d.rglob("*")]:
+        shutil.chown(path, user, group or user)
