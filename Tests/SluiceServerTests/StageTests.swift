@@ -14,7 +14,7 @@ import Testing
         let health = UpstreamHealth()
         var cacheStore: CacheStore?
         var diskTier: DiskCacheTier? { nil }
-        var adapterSession: any SessionContext { fatalError("no adapter here fetches anything") }
+        let adapterSession: any SessionContext = NoSession()
         let upstreamPerTryTimeout = 30_000
         var gate: UpstreamGate.Answer = .go
         var revalidations = 0
@@ -42,6 +42,21 @@ import Testing
             return ids
         }
         func makeRequestId(_ id: UInt64) -> String { "test-\(id)" }
+    }
+
+    /// Adapters here fetch nothing: a session that is never used.
+    final class NoSession: SessionContext {
+        struct Waker: SessionWaker {
+            func wake() {}
+            var id: Int { 0 }
+        }
+        func post(
+            url: String, headers: [(String, String)], body: [UInt8],
+            completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void
+        ) { completion(.failure(.malformedRequest("no session in unit tests"))) }
+        func park(_ work: @escaping () -> Bool) {}
+        var waker: any SessionWaker { Waker() }
+        var monitor: (any EventMonitor)? { nil }
     }
 
     /// What a connection is told: adapters' late answers and upstream slots.
@@ -207,6 +222,49 @@ import Testing
         guard case .respond(.onlyIfCachedMiss) = CacheStage.enter(onlyIfCached, services) else {
             Issue.record("only-if-cached without a stored response is 504")
             return
+        }
+    }
+
+    /// An adapter that answers when the test says so, as one fetching an OAuth token would.
+    final class LateAdapter: RequestAdapter, @unchecked Sendable {
+        let name = "late"
+        var request: ProxyRequest?
+        var answer: ((Result<ProxyRequest, AdaptationError>) -> Void)?
+        func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+            self.request = request
+            answer = completion
+        }
+    }
+
+    @Test func headerEditsNeedNoModelAndALateAdapterIsWaitedFor() throws {
+        let edits = Services([PolicyEntry(name: "default", adapters: [BearerAdapter(token: Secret("t"))])])
+        let plain = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", edits)
+        guard case .proceed = AdaptersStage.enter(plain, edits) else {
+            Issue.record("header edits go on at once")
+            return
+        }
+        #expect(plain.headerEdits != nil && plain.model == nil, "applied as the header list is built")
+
+        for succeeds in [true, false] {
+            let late = LateAdapter()
+            let services = Services([PolicyEntry(name: "default", adapters: [late])])
+            let exchange = try exchange("GET http://a/x HTTP/1.1\r\nHost: a\r\n\r\n", services)
+            guard case .wait(.adaptation(let request)) = AdaptersStage.enter(exchange, services) else {
+                Issue.record("an adapter that is not a header edit gets the request model")
+                return
+            }
+            #expect(request.url == "http://a/x")
+            AdaptersStage.run(request, exchange, services)
+            #expect(owner.answers.isEmpty, "nothing is answered before the adapter is")
+            #expect(exchange.inspect { $0.state.name } == "awaiting_credential")
+            late.answer?(succeeds ? .success(request) : .failure(AdaptationError(adapter: "late", reason: "no token")))
+            #expect(owner.answers.count == 1)
+            switch AdaptersStage.verdict(for: owner.answers.last ?? nil, exchange) {
+            case .proceed: #expect(succeeds)
+            case .respond(.adapterFailed(name: "late", reason: "no token")): #expect(!succeeds)
+            default: Issue.record("the adapter's answer must go on or fail the request")
+            }
+            owner.answers.removeAll()
         }
     }
 

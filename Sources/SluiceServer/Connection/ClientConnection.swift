@@ -62,8 +62,6 @@ final class ClientConnection: ClientSocketOwner {
     /// The idle/header timer (one event, re-armed with a purpose).
     private var timer: OpaquePointer!
     private var timerPurpose: TimerPurpose = .idle
-    /// The current request's head, from its arrival until its exchange ends.
-    private var currentHead: HTTPRequestHead?
     /// Whether the request's body has been read to its end, and whether the client asked for
     /// the connection to end after it.
     private(set) var requestBodyDone = true
@@ -189,7 +187,6 @@ final class ClientConnection: ClientSocketOwner {
         exchange.summary.status = 200
         exchange.end(.intercepted)
         driver.exchange = nil
-        currentHead = nil
         // The descriptor now belongs to the TLS bufferevent: the plain socket lets go of it
         // without closing it.
         _ = socket.detach()
@@ -315,7 +312,6 @@ final class ClientConnection: ClientSocketOwner {
 
     /// A request head arrived: admission makes its exchange, and the driver runs its stages.
     private func handle(_ head: HTTPRequestHead) {
-        currentHead = head
         requestBodyDone = !head.hasBody
         continueSent = false
         wantsKeepAlive = head.keepAlive && head.minorVersion == 1
@@ -326,7 +322,7 @@ final class ClientConnection: ClientSocketOwner {
                 viaPseudonym: worker.viaPseudonym)
             exchange = try Admission.begin(head, target, client: client, services: worker)
         } catch {
-            respondError(error)
+            respondError(error, method: head.method)
             return
         }
         state = .exchanging
@@ -396,8 +392,9 @@ final class ClientConnection: ClientSocketOwner {
     // MARK: ending
 
     /// Answers `error` with Sluice's own plain-text response. The connection stays open only
-    /// when the error allows it and the request's body was fully read.
-    func respondError(_ error: ProxyError) {
+    /// when the error allows it and the request's body was fully read. `method`: the refused
+    /// request's, when it got no exchange.
+    func respondError(_ error: ProxyError, method: String = "") {
         let keep = !error.closesConnection && requestBodyDone && wantsKeepAlive && !worker.isDraining
         ResponseEncoder.error(error, close: !keep, into: clientOutput)
         scheduleFlush()
@@ -409,7 +406,7 @@ final class ClientConnection: ClientSocketOwner {
             // Rejected before a request existed (unparseable): still one access-log line.
             var summary = ExchangeSummary(
                 id: worker.nextRequestID(), client: peer,
-                method: currentHead?.method ?? "", url: "", policy: "")
+                method: method, url: "", policy: "")
             summary.status = error.status
             summary.outcome = .error
             summary.error = error.message
@@ -436,7 +433,6 @@ final class ClientConnection: ClientSocketOwner {
     private func exchangeEnded() {
         driver.release()
         driver.exchange = nil
-        currentHead = nil
         state = .awaitingHead
         if worker.isDraining {
             closeAfterFlush()

@@ -45,8 +45,11 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case servingDisk(DiskHitStream)
     }
 
-    unowned let connection: ClientConnection
-    unowned let worker: Worker
+    // Unowned without a check (each checked access costs a retain and a release): the
+    // connection owns this driver and silences everything that could call it when it closes
+    // (`cancel`); the worker outlives its connections.
+    unowned(unsafe) let connection: ClientConnection
+    unowned(unsafe) let worker: Worker
     /// The current request's exchange, from its admission until it ends.
     var exchange: Exchange? {
         didSet { if oldValue !== exchange { oldValue?.owner = nil } }
@@ -85,8 +88,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             serveStored(answer, exchange)
         case .wait(.upstreamSlot(let ticket)):
             phase = .queued(ticket)
-        case .wait(.adaptation):
-            phase = .adapting
+        case .wait(.adaptation(let request)):
+            adapt(request, exchange)
         case .wait(.collapsedFetch):
             phase = .awaitingCollapsed
             connection.armTimer(.collapsed)
@@ -120,7 +123,13 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         connection.respondError(error)
     }
 
-    /// An adapter that had to wait answered (`AdaptersStage`).
+    /// Runs the adapters; the connection holds its input until they answer.
+    private func adapt(_ request: ProxyRequest, _ exchange: Exchange) {
+        phase = .adapting
+        AdaptersStage.run(request, exchange, worker)
+    }
+
+    /// The adapters answered (`AdaptersStage.run`).
     func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.Action?) {
         guard self.exchange === exchange, case .adapting = phase else { return }
         phase = .idle
@@ -255,11 +264,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         switch command {
         case .adapt(let request):
             // A retry adapts the request again (a refreshed token).
-            guard let answer = AdaptersStage.adapt(request, exchange, worker) else {
-                phase = .adapting
-                return
-            }
-            perform(command: answer, exchange)
+            adapt(request, exchange)
         case .forward:
             // The adapters of the first try answered: the request stages go on after them.
             let verdict = AdaptersStage.verdict(for: command, exchange)

@@ -4,8 +4,8 @@ import SluiceCore
 /// — headers, bearer and API keys, OAuth 2 tokens, deflate — on a request model built only
 /// when one is needed; adapters that only edit header fields are applied as the upstream
 /// header list is built, with no model at all. Whether they run is the `ExchangeMachine`'s to
-/// decide. An adapter that must wait (a token fetch) answers later on this thread; the
-/// request waits meanwhile (`StageWait.adaptation`).
+/// decide; when they do, the request waits for their answer (`StageWait.adaptation`), which
+/// comes at once or — from an adapter that must fetch a token — later on this thread.
 enum AdaptersStage: RequestStage {
     static var name: String { "adapters" }
 
@@ -21,12 +21,8 @@ enum AdaptersStage: RequestStage {
         }
         let actions = exchange.machine.handle(.prepare(model: model))
         exchange.report(actions)
-        var command = actions.command
-        if case .adapt(let request)? = command {
-            guard let answer = Self.adapt(request, exchange, services) else { return .wait(.adaptation) }
-            command = answer
-        }
-        return Self.verdict(for: command, exchange)
+        if case .adapt(let request)? = actions.command { return .wait(.adaptation(request)) }
+        return verdict(for: actions.command, exchange)
     }
 
     /// What the machine's answer to the adapters means for the chain.
@@ -43,27 +39,18 @@ enum AdaptersStage: RequestStage {
     }
 
     /// Runs the policy's adapters on `request` (the first try's, or a retry's that adapts
-    /// again). Returns the machine's answer when they answered before returning; nil when one
-    /// must wait: its answer then goes to the exchange's owner (`adaptationAnswered`).
-    static func adapt(_ request: ProxyRequest, _ exchange: Exchange, _ services: any StageServices) -> ExchangeMachine.Action? {
-        exchange.adaptingInline = true
-        exchange.adaptedAnswer = nil
+    /// again). The machine's answer goes to the exchange's owner (`adaptationAnswered`) —
+    /// before this returns when every adapter answers at once, later when one must wait
+    /// (which the machine is told).
+    static func run(_ request: ProxyRequest, _ exchange: Exchange, _ services: any StageServices) {
         exchange.policy.interceptor.adapt(request, for: services.adapterSession) { result in
             let actions = exchange.machine.handle(.adapted(result))
             exchange.report(actions)
-            if exchange.adaptingInline {
-                exchange.adaptedAnswer = actions.command
-            } else {
-                exchange.owner?.adaptationAnswered(exchange, actions.command)
-            }
+            exchange.owner?.adaptationAnswered(exchange, actions.command)
         }
-        exchange.adaptingInline = false
         if case .adapting = exchange.inspect({ $0.state }) {
             exchange.report(exchange.machine.handle(.adaptationSuspended))
-            return nil
         }
-        defer { exchange.adaptedAnswer = nil }
-        return exchange.adaptedAnswer
     }
 
     static func bodyMode(_ head: HTTPRequestHead) -> ProxyRequest.Body {

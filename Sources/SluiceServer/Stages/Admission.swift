@@ -54,18 +54,18 @@ enum Admission {
         let id = services.nextRequestID()
         let url = head.methodIs("CONNECT") ? target.authority : target.url
         var target = target
-        var hostHeader: (value: String, target: RequestTarget)?
+        var hostHeader: Exchange.HostHeader?
         if let override = policy.upstream, !head.methodIs("CONNECT"), target.scheme == .http {
             // Only a plain-HTTP request is redirected (never an https one downgraded).
             let original = target
             target = try target.overridden(by: override)
             if target.port != original.port {
                 // The origin is asked for by the name the client used (virtual hosting).
-                hostHeader = (
-                    original.port != 80
+                hostHeader = Exchange.HostHeader(
+                    value: original.port != 80
                         ? original.authority
-                        : original.host.utf8.contains(0x3A) ? "[\(original.host)]" : original.host, target
-                )
+                        : original.host.utf8.contains(0x3A) ? "[\(original.host)]" : original.host,
+                    target: target)
             }
         }
         var summary = ExchangeSummary(id: id, client: client.peer, method: head.method, url: url, policy: policy.name)

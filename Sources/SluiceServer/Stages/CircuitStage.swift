@@ -11,12 +11,19 @@ import SluiceCore
 enum CircuitStage: TryStage {
     static var name: String { "health" }
 
-    /// One try admitted by a breaker, until its outcome is reported.
-    struct Admitted {
+    /// One try admitted by a breaker, until its outcome is reported (boxed: only policies with
+    /// `health:` have one, and an exchange's size is watched).
+    final class Admitted {
         let origin: UpstreamHealth.Origin
         let settings: Health
         /// The half-open circuit's one trial.
         let trial: Bool
+
+        init(origin: UpstreamHealth.Origin, settings: Health, trial: Bool) {
+            self.origin = origin
+            self.settings = settings
+            self.trial = trial
+        }
     }
 
     static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {

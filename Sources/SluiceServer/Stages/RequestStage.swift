@@ -54,9 +54,10 @@ enum StageWait {
     /// A slot of `limits.max_in_flight_upstream`: `UpstreamGate` hands it over (or refuses)
     /// with this ticket.
     case upstreamSlot(UInt64)
-    /// An adapter that must wait (a token fetch): its answer resumes the request
-    /// (`Exchange.resume`).
-    case adaptation
+    /// The policy's adapters run on this request (`AdaptersStage.run`): they answer at once or,
+    /// when one must fetch something (a token), later; the answer resumes the request
+    /// (`ExchangeOwner.adaptationAnswered`).
+    case adaptation(ProxyRequest)
     /// Another exchange fetches the same URL (collapsed forwarding): the lookup is tried again
     /// when it ends or the wait runs out.
     case collapsedFetch
