@@ -1,3 +1,4 @@
+import SluiceCore
 import Synchronization
 
 #if canImport(Glibc)

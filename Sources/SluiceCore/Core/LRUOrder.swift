@@ -3,8 +3,9 @@
 /// O(1): a doubly linked list threaded through an array of slots, with a free list, so no
 /// node is allocated per key after the array has grown.
 ///
-/// Threading: a value type; `DiskCacheTier` keeps one inside its index `Mutex`.
-struct LRUOrder<Key: Hashable> {
+/// Threading: a value type; its owner serializes access (`DiskCacheTier` keeps one inside its
+/// index `Mutex`, `RateLimiter` tables sit under their owner's lock).
+public struct LRUOrder<Key: Hashable>: Sendable where Key: Sendable {
     private struct Slot {
         var key: Key?
         var older: Int
@@ -17,13 +18,15 @@ struct LRUOrder<Key: Hashable> {
     private var oldestSlot = -1
     private var newestSlot = -1
 
-    var count: Int { slotOf.count }
+    public init() {}
+
+    public var count: Int { slotOf.count }
 
     /// The least recently touched key, if any.
-    var oldest: Key? { oldestSlot == Self.none ? nil : slots[oldestSlot].key }
+    public var oldest: Key? { oldestSlot == Self.none ? nil : slots[oldestSlot].key }
 
     /// Keys from the least to the most recently touched (for tests and diagnostics).
-    var keysOldestFirst: [Key] {
+    public var keysOldestFirst: [Key] {
         var out: [Key] = []
         var s = oldestSlot
         while s != Self.none {
@@ -34,7 +37,7 @@ struct LRUOrder<Key: Hashable> {
     }
 
     /// Makes `key` the most recently used, adding it if it is not there.
-    mutating func touch(_ key: Key) {
+    public mutating func touch(_ key: Key) {
         if let s = slotOf[key] {
             guard s != newestSlot else { return }
             unlink(s)
@@ -53,7 +56,7 @@ struct LRUOrder<Key: Hashable> {
         link(s)
     }
 
-    mutating func remove(_ key: Key) {
+    public mutating func remove(_ key: Key) {
         guard let s = slotOf.removeValue(forKey: key) else { return }
         unlink(s)
         slots[s].key = nil

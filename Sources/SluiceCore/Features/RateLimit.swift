@@ -1,0 +1,132 @@
+/// One `rate_limit` limit (docs/configuration.md, "Rate limits"): `requests` per
+/// `periodMilliseconds` (`rate: 100/s`, `6000/min`, `5000/h`), of which `burst` may go at once
+/// after a quiet spell.
+public struct RateLimit: Sendable, Equatable, CustomStringConvertible {
+    public var requests: Int
+    public var periodMilliseconds: Int
+    public var burst: Int
+
+    public init(requests: Int, periodMilliseconds: Int, burst: Int = 1) {
+        precondition(requests > 0 && periodMilliseconds > 0 && burst > 0)
+        self.requests = requests
+        self.periodMilliseconds = periodMilliseconds
+        self.burst = burst
+    }
+
+    /// The emission interval: the time one request uses up, in microseconds.
+    public var interval: Int64 { Int64(periodMilliseconds) * 1000 / Int64(requests) }
+    /// How far the schedule may run ahead of the clock before a request waits: `burst - 1`
+    /// intervals (GCRA's tolerance).
+    public var tolerance: Int64 { interval * Int64(burst - 1) }
+
+    /// As written in the configuration: `100/s`, `6000/min`, `5000/h`, or `N/Xms`.
+    public var description: String {
+        switch periodMilliseconds {
+        case 1000: return "\(requests)/s"
+        case 60_000: return "\(requests)/min"
+        case 3_600_000: return "\(requests)/h"
+        default: return "\(requests)/\(periodMilliseconds)ms"
+        }
+    }
+}
+
+/// The generic cell rate algorithm for one limit and one key: the whole state is the key's
+/// theoretical arrival time (TAT), the time by which every request admitted so far would have
+/// gone at exactly the limit's rate. A request arriving at `now` conforms once
+/// `now >= TAT - tolerance`; otherwise it may go at `TAT - tolerance`, and the wait until then
+/// is exact. Pure functions on that one number, so that the state can live anywhere (a
+/// worker's table, or a shared store).
+public enum GCRA {
+    /// When a request arriving at `now` (µs) may go under `limit`, given the key's TAT (nil:
+    /// none yet): the delay from `now` (µs, 0: at once).
+    public static func delay(tat: Int64?, now: Int64, limit: RateLimit) -> Int64 {
+        guard let tat else { return 0 }
+        return max(0, tat - limit.tolerance - now)
+    }
+
+    /// The key's TAT after a request goes at `at` (µs).
+    public static func next(tat: Int64?, at: Int64, limit: RateLimit) -> Int64 {
+        max(tat ?? at, at) + limit.interval
+    }
+}
+
+/// Several limits (`rate: 10/s` and `rate: 5000/h` together) over many keys: one TAT per key
+/// and limit, at most `capacity` keys (the least recently used is forgotten first, and
+/// counted). A request is given the longest of its limits' delays; it goes — and takes its
+/// place in every limit — only when that delay is within `maxWait`. Requests of one key are
+/// served first come, first served: each takes the next place in the schedule.
+///
+/// Threading: a value; its owner serializes access (one table per process, under a lock).
+public struct RateLimiter: Sendable {
+    public enum Decision: Equatable, Sendable {
+        /// Go after `delay` µs (0: now); `reservation` gives the place back if the request
+        /// leaves before (`cancel`).
+        case go(delay: Int64, reservation: Reservation)
+        /// Over the limit for longer than the request may wait: the earliest a request of this
+        /// key could go, in µs from now.
+        case refuse(retryAfter: Int64)
+    }
+
+    /// A place taken in the schedule of `key`: its TATs before (nil: the key was new) and after.
+    public struct Reservation: Equatable, Sendable {
+        public let key: String
+        let before: [Int64]?
+        let after: [Int64]
+    }
+
+    public let limits: [RateLimit]
+    public let capacity: Int
+    private var tats: [String: [Int64]] = [:]
+    private var order = LRUOrder<String>()
+    /// Keys forgotten to stay within `capacity` while their schedule was still ahead of the
+    /// clock (a burst they may take again).
+    public private(set) var evictedBusy = 0
+    public private(set) var evicted = 0
+
+    public init(limits: [RateLimit], capacity: Int = 10_000) {
+        precondition(!limits.isEmpty && capacity > 0)
+        self.limits = limits
+        self.capacity = capacity
+    }
+
+    public var keyCount: Int { tats.count }
+
+    /// Decides for a request of `key` arriving at `now` (µs) that may wait up to `maxWait` µs.
+    public mutating func acquire(_ key: String, now: Int64, maxWait: Int64) -> Decision {
+        let current = tats[key]
+        var delay: Int64 = 0
+        for (i, limit) in limits.enumerated() {
+            delay = max(delay, GCRA.delay(tat: current?[i], now: now, limit: limit))
+        }
+        guard delay <= maxWait else { return .refuse(retryAfter: delay) }
+        let at = now + delay
+        var after: [Int64] = []
+        after.reserveCapacity(limits.count)
+        for (i, limit) in limits.enumerated() { after.append(GCRA.next(tat: current?[i], at: at, limit: limit)) }
+        if current == nil { evictIfFull(now: now) }
+        tats[key] = after
+        order.touch(key)
+        return .go(delay: delay, reservation: Reservation(key: key, before: current, after: after))
+    }
+
+    /// A request that was told to wait left before its turn: when no later request of its key
+    /// took a place after it, the place is given back (otherwise the schedule keeps the gap,
+    /// which only ever errs on the side of the limit).
+    public mutating func cancel(_ reservation: Reservation) {
+        guard tats[reservation.key] == reservation.after else { return }
+        if let before = reservation.before {
+            tats[reservation.key] = before
+        } else {
+            tats[reservation.key] = nil
+            order.remove(reservation.key)
+        }
+    }
+
+    private mutating func evictIfFull(now: Int64) {
+        guard tats.count >= capacity, let oldest = order.oldest else { return }
+        if let schedule = tats[oldest], schedule.contains(where: { $0 > now }) { evictedBusy += 1 }
+        evicted += 1
+        tats[oldest] = nil
+        order.remove(oldest)
+    }
+}
