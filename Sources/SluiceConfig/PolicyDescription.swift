@@ -58,6 +58,14 @@ public enum PolicyDescription {
                     + (health.probe.map { "probe GET \($0.path) every \($0.interval) ms" }
                         ?? "no probe (a trial request closes it)"))
         }
+        if let limit = policy.rateLimit {
+            let limits = limit.limits.map { "\($0) (burst \($0.burst))" }.joined(separator: " and ")
+            let onLimit =
+                limit.onLimit == .wait
+                ? "over it a request waits up to \(limit.maxWait) ms for its turn, then 429"
+                : "over it a request is answered 429 at once"
+            lines.append("  rate_limit: \(limits) per \(limit.key), in this process; \(onLimit)")
+        }
         if policy.intercept { lines.append("  intercept: true (CONNECTs answered with Sluice's TLS)") }
         let upgrades = policy.upgrades
         lines.append(

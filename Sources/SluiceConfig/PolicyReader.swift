@@ -21,6 +21,7 @@ extension NodeReader {
         [
             "adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
             "upstream_proxy", "client_certificate", "health", "intercept", "upgrades", "cache",
+            "rate_limit",
         ] + reservedPolicyKeys
     static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
 
@@ -59,6 +60,7 @@ extension NodeReader {
                 case "intercept": entry.intercept = r.bool(section, key: "intercept")
                 case "upgrades": entry.upgrades = r.readUpgrades(section)
                 case "cache": entry.cache = r.readCache(section)
+                case "rate_limit": entry.rateLimit = r.readRateLimit(section)
                 default: r.fail(section, "'\(key)' policies are not supported by this version of Sluice yet")
                 }
             }

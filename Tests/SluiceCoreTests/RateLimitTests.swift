@@ -31,7 +31,7 @@ import Testing
     @Test func aBurstGoesAtOnceThenTheRateHolds() {
         var limiter = RateLimiter(limits: [RateLimit(requests: 50, periodMilliseconds: 1000, burst: 5)])
         for _ in 0..<5 { #expect(go(limiter.acquire("k", now: 0, maxWait: 0)) == 0) }
-        #expect(limiter.acquire("k", now: 0, maxWait: 0) == .refuse(retryAfter: 20 * Self.ms))
+        #expect(limiter.acquire("k", now: 0, maxWait: 0) == .refuse(retryAfter: 20 * Self.ms, limit: 0))
         #expect(go(limiter.acquire("k", now: 20 * Self.ms, maxWait: 0)) == 0)
         // 400 requests waiting as long as they must: the n-th (after the burst) goes at
         // (n - 4) x 20 ms, so 50 a second.
@@ -49,7 +49,9 @@ import Testing
     @Test func aRefusalChangesNothingAndSaysWhenToComeBack() {
         var limiter = RateLimiter(limits: [RateLimit(requests: 2, periodMilliseconds: 1000)])
         #expect(go(limiter.acquire("k", now: 0, maxWait: 0)) == 0)
-        for _ in 0..<3 { #expect(limiter.acquire("k", now: 100 * Self.ms, maxWait: 0) == .refuse(retryAfter: 400 * Self.ms)) }
+        for _ in 0..<3 {
+            #expect(limiter.acquire("k", now: 100 * Self.ms, maxWait: 0) == .refuse(retryAfter: 400 * Self.ms, limit: 0))
+        }
         #expect(go(limiter.acquire("k", now: 500 * Self.ms, maxWait: 0)) == 0)
     }
 
@@ -64,7 +66,7 @@ import Testing
         let tenASecond: [Int64] = (1...10).map { (n: Int) -> Int64 in Int64(n) * 100 * Self.ms }
         #expect(Array(delays[10..<20]) == tenASecond, "then 10 a second")
         #expect(delays[20] == 3 * Self.s, "the 21st in a minute waits for the per-minute schedule")
-        #expect(limiter.acquire("k", now: 0, maxWait: Self.s) == .refuse(retryAfter: 6 * Self.s))
+        #expect(limiter.acquire("k", now: 0, maxWait: Self.s) == .refuse(retryAfter: 6 * Self.s, limit: 1))
     }
 
     @Test func aWaiterThatLeavesGivesItsPlaceBack() {
@@ -97,6 +99,6 @@ import Testing
         // Keys evicted within a second of their request still had a schedule ahead.
         #expect(limiter.evictedBusy == 9000)
         // The most recent keys are kept: client-9999 is still limited.
-        #expect(limiter.acquire("client-9999", now: 999_900, maxWait: 0) == .refuse(retryAfter: Self.s))
+        #expect(limiter.acquire("client-9999", now: 999_900, maxWait: 0) == .refuse(retryAfter: Self.s, limit: 0))
     }
 }

@@ -12,6 +12,7 @@ import Testing
         var pipeline: WorkerPipeline
         let viaPseudonym = "sluice-test"
         let health = UpstreamHealth()
+        let rateLimits = RateLimitTable()
         var cacheStore: CacheStore?
         var diskTier: DiskCacheTier? { nil }
         let adapterSession: any SessionContext = NoSession()
@@ -102,7 +103,7 @@ import Testing
             RequestChain.request.map { $0.name } == [
                 "proxy_auth", "tunnel", "cache", "upstream_slot", "adapters", "request_body",
             ])
-        #expect(RequestChain.attempt.map { $0.name } == ["trust", "health", "upstream"])
+        #expect(RequestChain.attempt.map { $0.name } == ["trust", "health", "rate_limit", "upstream"])
     }
 
     @Test func aPlainGetPassesEveryRequestStage() throws {
@@ -352,6 +353,43 @@ import Testing
             return
         }
         #expect(exchange.summary.circuit == "open")
+    }
+
+    @Test func theQuotaWaitsRefusesAndCountsByItsKey() throws {
+        let limit = RateLimitSettings(limits: [RateLimit(requests: 10, periodMilliseconds: 1000)], maxWait: 150)
+        let services = Services([PolicyEntry(name: "default", rateLimit: .on(limit))])
+        guard case .send = runTry(try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services) else {
+            Issue.record("the first request goes at once")
+            return
+        }
+        var second = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
+        guard case .wait(.quota(let wait)) = runTry(second, services) else {
+            Issue.record("the second waits for its turn")
+            return
+        }
+        #expect((95...100).contains(wait.milliseconds), "10/s: about 100 ms after the first")
+        second = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
+        guard
+            case .respond(.rateLimited(policy: "default", requests: 10, windowSeconds: 1, retryAfter: 1)) = runTry(
+                second, services)
+        else {
+            Issue.record("the third would wait 200 ms, past max_wait: 429")
+            return
+        }
+        // Another host has a schedule of its own (key: host).
+        guard case .send = runTry(try exchange("GET http://b/ HTTP/1.1\r\nHost: b\r\n\r\n", services), services) else {
+            Issue.record("another host is not limited by a's schedule")
+            return
+        }
+        let client = RequestClient(peer: "[::1]:5000", mode: .forward, forwarding: nil)
+        let request = UpstreamRequest(
+            method: "GET", target: try RequestTarget.absolute("http://a/"), headers: HeaderList.Builder().makeList(), body: .none,
+            model: nil)
+        #expect(
+            QuotaStage.key(.client, request, try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services, client: client))
+                == "::1")
+        let keyed = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\nX-Api-Key: k1\r\n\r\n", services)
+        #expect(QuotaStage.key(.header("x-api-key"), request, keyed) == "k1")
     }
 
     @Test func aHostWithoutTrustIsRefusedBeforeAnyConnection() throws {

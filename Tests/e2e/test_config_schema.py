@@ -303,6 +303,10 @@ ACCEPTED = {
     "upstream-engine-only": "policies:\n  h.test:\n    upstream: { engine: native }\n",
     "upstream-engine-curl-https": "policies:\n  h.test:\n    upstream: { scheme: https, http2: prior_knowledge, engine: curl }\n",
     "upstream-engine-native-http": "policies:\n  h.test:\n    upstream: { scheme: http, port: 8080, http2: \"off\", engine: native }\n",
+    "rate-limit-one": "policies:\n  h.test:\n    rate_limit: { rate: 100/s }\n",
+    "rate-limit-full": ("policies:\n  default:\n    rate_limit:\n      limits: [{ rate: 10/s, burst: 10 }, { rate: 5000/h }]\n"
+                        "      on_limit: reject\n      max_wait: 500ms\n      key: header:X-Api-Key\n"),
+    "rate-limit-none": "policies:\n  default:\n    rate_limit: { rate: 6000/min, key: client }\n  h.test:\n    rate_limit: none\n",
 }
 
 # name -> (text, line of the error)
@@ -312,6 +316,11 @@ REJECTED = {
     "upgrades-unknown": ("policies:\n  h.test:\n    upgrades: { allowed: [websocket] }\n", 3),
     "upgrades-zero-idle": ("policies:\n  h.test:\n    upgrades: { idle_timeout: 0s }\n", 3),
     "upstream-engine-bad": ("policies:\n  h.test:\n    upstream: { engine: libcurl }\n", 3),
+    "rate-limit-bad-rate": ("policies:\n  h.test:\n    rate_limit: { rate: 10/day }\n", 3),
+    "rate-limit-no-rate": ("policies:\n  h.test:\n    rate_limit: { burst: 5 }\n", 3),
+    "rate-limit-both": ("policies:\n  h.test:\n    rate_limit: { rate: 1/s, limits: [{ rate: 2/s }] }\n", 3),
+    "rate-limit-bad-key": ("policies:\n  h.test:\n    rate_limit: { rate: 1/s, key: cookie }\n", 3),
+    "rate-limit-word": ("policies:\n  h.test:\n    rate_limit: fast\n", 3),
     "upstream-engine-native-https": ("policies:\n  h.test:\n    upstream:\n      scheme: https\n      engine: native\n", 5),
     "upstream-engine-native-h2c": ("policies:\n  h.test:\n    upstream: { http2: prior_knowledge, engine: native }\n", 3),
     "policy-unknown-key": ("policies:\n  h.test:\n    adaptors: []\n", 3),

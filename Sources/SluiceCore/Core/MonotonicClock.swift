@@ -10,4 +10,10 @@ public enum MonotonicClock {
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
     }
+
+    public static func microseconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec / 1000)
+    }
 }

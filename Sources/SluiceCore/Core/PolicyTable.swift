@@ -22,6 +22,8 @@ public struct PolicyEntry: Sendable {
     public var upstreamProxy: Section<UpstreamProxy>
     public var clientCertificate: Section<ClientCertificate>
     public var health: Section<Health>
+    /// `rate_limit:`.
+    public var rateLimit: Section<RateLimitSettings>
     /// `intercept:`; nil inherits the default's.
     public var intercept: Bool?
     /// `upgrades:`; nil inherits the default's.
@@ -35,8 +37,9 @@ public struct PolicyEntry: Sendable {
         credentials: Section<Credentials> = .inherit, trust: Section<any ServerTrustEvaluating> = .inherit,
         upstream: Section<UpstreamOverride> = .inherit, upstreamProxy: Section<UpstreamProxy> = .inherit,
         clientCertificate: Section<ClientCertificate> = .inherit, health: Section<Health> = .inherit,
-        intercept: Bool? = nil, upgrades: Upgrades? = nil
+        intercept: Bool? = nil, upgrades: Upgrades? = nil, rateLimit: Section<RateLimitSettings> = .inherit
     ) {
+        self.rateLimit = rateLimit
         self.name = name
         self.adapters = adapters
         self.redirect = redirect
@@ -90,6 +93,8 @@ public final class HostPolicy: Sendable {
     public let clientCertificate: ClientCertificate?
     /// The origins' circuit breaking (`health:`); nil: none (tries never ask `UpstreamHealth`).
     public let health: Health?
+    /// The host's rate limits (`rate_limit:`); nil: none (tries never ask `RateLimitTable`).
+    public let rateLimit: RateLimitSettings?
     /// CONNECTs to the host are answered with Sluice's own TLS (`sluice ca init`).
     public let intercept: Bool
     /// The protocol upgrades carried for the host and their idle timeout (`upgrades:`).
@@ -107,8 +112,9 @@ public final class HostPolicy: Sendable {
         trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
         upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
         health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard,
-        cache: CacheBehavior = .defaultBehavior
+        cache: CacheBehavior = .defaultBehavior, rateLimit: RateLimitSettings? = nil
     ) {
+        self.rateLimit = rateLimit
         self.name = name
         self.upgrades = upgrades
         self.cache = cache
@@ -161,7 +167,8 @@ public final class HostPolicy: Sendable {
             health: pick(host?.health, base.health),
             intercept: host?.intercept ?? base.intercept ?? false,
             upgrades: host?.upgrades ?? base.upgrades ?? .standard,
-            cache: host?.cache ?? base.cache ?? .defaultBehavior)
+            cache: host?.cache ?? base.cache ?? .defaultBehavior,
+            rateLimit: pick(host?.rateLimit, base.rateLimit))
     }
 }
 

@@ -59,12 +59,17 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// The request said `Cache-Control: only-if-cached` and the shared cache has no response
     /// it may use without the origin (RFC 9111 §5.2.1.7); nothing was sent upstream.
     case onlyIfCachedMiss
+    /// The policy's `rate_limit` (`requests` per `windowSeconds`) is reached and the request
+    /// may not wait (`on_limit: reject`) or would wait longer than `max_wait`; nothing was sent.
+    /// `retryAfter`: seconds until a request of its key could go.
+    case rateLimited(policy: String, requests: Int, windowSeconds: Int, retryAfter: Int)
 
     public var status: Int {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm: return 400
         case .connectPortNotAllowed, .destinationDenied: return 403
         case .proxyAuthenticationRequired: return 407
+        case .rateLimited: return 429
         case .headerTimeout: return 408
         case .bodyTooLarge: return 413
         case .requestLineTooLong: return 414
@@ -92,7 +97,7 @@ public enum ProxyError: Error, Sendable, Equatable {
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
-            .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss:
+            .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss, .rateLimited:
             return false
         }
     }
@@ -103,6 +108,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         switch self {
         case .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull, .upstreamQueueTimeout: return 1
         case .upstreamCircuitOpen(_, let seconds): return seconds
+        case .rateLimited(_, _, _, let seconds): return seconds
         default: return nil
         }
     }
@@ -150,6 +156,9 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamCircuitOpen(let host, let seconds):
             return "upstream \(host) is failing: its circuit is open (health); retry in \(seconds) s"
         case .onlyIfCachedMiss: return "only-if-cached: no stored response can answer this request"
+        case .rateLimited(let policy, let requests, let window, let seconds):
+            return
+                "rate limit of policy \(policy) reached (\(requests) requests per \(window) s, rate_limit); retry in \(seconds) s"
         }
     }
 }

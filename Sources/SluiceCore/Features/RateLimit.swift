@@ -1,3 +1,5 @@
+import Synchronization
+
 /// One `rate_limit` limit (docs/configuration.md, "Rate limits"): `requests` per
 /// `periodMilliseconds` (`rate: 100/s`, `6000/min`, `5000/h`), of which `burst` may go at once
 /// after a quiet spell.
@@ -63,8 +65,9 @@ public struct RateLimiter: Sendable {
         /// leaves before (`cancel`).
         case go(delay: Int64, reservation: Reservation)
         /// Over the limit for longer than the request may wait: the earliest a request of this
-        /// key could go, in µs from now.
-        case refuse(retryAfter: Int64)
+        /// key could go, in µs from now, and which of the limits holds it back (an index into
+        /// `limits`).
+        case refuse(retryAfter: Int64, limit: Int)
     }
 
     /// A place taken in the schedule of `key`: its TATs before (nil: the key was new) and after.
@@ -95,10 +98,12 @@ public struct RateLimiter: Sendable {
     public mutating func acquire(_ key: String, now: Int64, maxWait: Int64) -> Decision {
         let current = tats[key]
         var delay: Int64 = 0
+        var binding = 0
         for (i, limit) in limits.enumerated() {
-            delay = max(delay, GCRA.delay(tat: current?[i], now: now, limit: limit))
+            let d = GCRA.delay(tat: current?[i], now: now, limit: limit)
+            if d > delay { (delay, binding) = (d, i) }
         }
-        guard delay <= maxWait else { return .refuse(retryAfter: delay) }
+        guard delay <= maxWait else { return .refuse(retryAfter: delay, limit: binding) }
         let at = now + delay
         var after: [Int64] = []
         after.reserveCapacity(limits.count)
@@ -128,5 +133,110 @@ public struct RateLimiter: Sendable {
         evicted += 1
         tats[oldest] = nil
         order.remove(oldest)
+    }
+}
+
+/// A policy's `rate_limit` (docs/configuration.md, "Rate limits"): its limits, what a request
+/// over them gets, and what it is counted by.
+public struct RateLimitSettings: Sendable, Equatable {
+    public enum OnLimit: String, Sendable, CaseIterable {
+        /// Wait for its turn, up to `maxWait`, then 429.
+        case wait
+        /// 429 at once.
+        case reject
+    }
+
+    /// What requests are counted by.
+    public enum Key: Sendable, Equatable, CustomStringConvertible {
+        /// The origin's host: every client shares the limit.
+        case host
+        /// The client's address.
+        case client
+        /// The proxy-authentication user (`access.proxy_auth`; no user: one shared key).
+        case user
+        /// A request field's value (absent: one shared key).
+        case header(String)
+
+        public var description: String {
+            switch self {
+            case .host: return "host"
+            case .client: return "client"
+            case .user: return "user"
+            case .header(let name): return "header:\(name)"
+            }
+        }
+    }
+
+    /// `2 s`: how long a request may wait for its turn by default.
+    public static let defaultMaxWait = 2000
+
+    public var limits: [RateLimit]
+    public var onLimit: OnLimit
+    /// Milliseconds.
+    public var maxWait: Int
+    public var key: Key
+
+    public init(limits: [RateLimit], onLimit: OnLimit = .wait, maxWait: Int = RateLimitSettings.defaultMaxWait, key: Key = .host)
+    {
+        self.limits = limits
+        self.onLimit = onLimit
+        self.maxWait = maxWait
+        self.key = key
+    }
+
+    /// `100/s`, `6000/min`, `5000/h`: nil when `text` is none of those forms.
+    public static func parseRate(_ text: String) -> (requests: Int, periodMilliseconds: Int)? {
+        let parts = text.filter { $0 != " " }.split(separator: "/", maxSplits: 1).map(String.init)
+        guard parts.count == 2, let n = Int(parts[0]), n > 0, n <= 1_000_000 else { return nil }
+        switch parts[1] {
+        case "s", "sec", "second": return (n, 1000)
+        case "m", "min", "minute": return (n, 60_000)
+        case "h", "hour": return (n, 3_600_000)
+        default: return nil
+        }
+    }
+}
+
+/// Every policy's rate-limit tables, shared by every worker of the process (the limit holds
+/// for the process, not per worker): one `RateLimiter` per policy and set of limits, so a
+/// reload that keeps a policy's limits keeps their schedules, and one that changes them starts
+/// afresh.
+///
+/// Threading: any worker's thread; the tables sit under one lock (a decision is a dictionary
+/// lookup and a few additions).
+public final class RateLimitTable: Sendable {
+    /// Keys kept per table before the least recently used is forgotten.
+    public static let defaultCapacity = 10_000
+
+    private let tables = Mutex<[String: RateLimiter]>([:])
+    private let capacity: Int
+
+    public init(capacity: Int = RateLimitTable.defaultCapacity) { self.capacity = capacity }
+
+    /// The table of `policy` under `settings`.
+    private static func name(_ policy: String, _ settings: RateLimitSettings) -> String {
+        policy + " " + settings.limits.map { "\($0)+\($0.burst)" }.joined(separator: ",")
+    }
+
+    public func acquire(
+        policy: String, _ settings: RateLimitSettings, key: String, now: Int64, maxWait: Int64
+    ) -> RateLimiter.Decision {
+        let name = Self.name(policy, settings)
+        return tables.withLock { tables in
+            if tables[name] == nil { tables[name] = RateLimiter(limits: settings.limits, capacity: capacity) }
+            return tables[name]!.acquire(key, now: now, maxWait: maxWait)
+        }
+    }
+
+    public func cancel(policy: String, _ settings: RateLimitSettings, _ reservation: RateLimiter.Reservation) {
+        let name = Self.name(policy, settings)
+        tables.withLock { tables in tables[name]?.cancel(reservation) }
+    }
+
+    /// Keys held and keys forgotten, over every table (for the metrics and the tests).
+    public var counts: (keys: Int, evicted: Int) {
+        tables.withLock { tables in
+            tables.values.reduce((0, 0)) { ($0.0 + $1.keyCount, $0.1 + $1.evicted) }
+        }
     }
 }

@@ -43,6 +43,21 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case awaitingCollapsed
         /// A cache hit's body streams from the disk tier as the client drains.
         case servingDisk(DiskHitStream)
+        /// A try waits for its turn under the policy's `rate_limit` (`QuotaStage`).
+        case waitingForQuota(QuotaWaiter)
+    }
+
+    /// A try held until its rate-limit turn: the timer, the try, and its place in the schedule
+    /// (given back if the request leaves first). Boxed: rare, and the phase stays small.
+    final class QuotaWaiter {
+        let timer: OpaquePointer
+        let request: UpstreamRequest
+        let wait: QuotaWait
+        init(timer: OpaquePointer, request: UpstreamRequest, wait: QuotaWait) {
+            self.timer = timer
+            self.request = request
+            self.wait = wait
+        }
     }
 
     // Unowned without a check (each checked access costs a retain and a release): the
@@ -98,6 +113,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case .wait(.requestBody(.whole)):
             connection.sendContinueIfExpected(exchange.head)
             continueBuffering(exchange)
+        case .wait(.quota):
+            assertionFailure("a try waits for its quota in startTry")
         case .tunnel(let target, intercept: true):
             do {
                 try connection.intercept(target, exchange)
@@ -300,13 +317,42 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         }
     }
 
-    /// Runs a try through the try stages (`RequestChain.attempt`); the last hands it to its
-    /// transport.
-    func startTry(_ request: UpstreamRequest, _ exchange: Exchange) {
+    /// Runs a try through the try stages (`RequestChain.attempt`) from the one at `index`; the
+    /// last hands it to its transport.
+    func startTry(_ request: UpstreamRequest, _ exchange: Exchange, from index: Int = 0) {
         var request = request
-        let verdict = RequestChain.runTry(&request, exchange, worker)
-        if case .send(let route) = verdict { return send(request, route, exchange) }
-        perform(verdict, exchange)
+        let verdict = RequestChain.runTry(&request, exchange, worker, from: index)
+        switch verdict {
+        case .send(let route): send(request, route, exchange)
+        case .wait(.quota(let wait)): waitForQuota(request, wait)
+        default: perform(verdict, exchange)
+        }
+    }
+
+    /// Holds the try until its rate-limit turn; the connection holds its input meanwhile.
+    private func waitForQuota(_ request: UpstreamRequest, _ wait: QuotaWait) {
+        let timer = event_new(
+            worker.base, -1, 0,
+            { _, _, arg in
+                Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().quotaTurnCame()
+            }, Unmanaged.passUnretained(self).toOpaque())!
+        phase = .waitingForQuota(QuotaWaiter(timer: timer, request: request, wait: wait))
+        var tv = timeval(tv_sec: wait.milliseconds / 1000, tv_usec: (wait.milliseconds % 1000) * 1000)
+        event_add(timer, &tv)
+    }
+
+    private func quotaTurnCame() {
+        guard case .waitingForQuota(let waiter) = phase, let exchange else { return }
+        event_free(waiter.timer)
+        phase = .idle
+        startTry(waiter.request, exchange, from: RequestChain.afterQuota)
+    }
+
+    /// A waiting try leaves (the client went, or the operator cancelled it): its timer goes
+    /// and its place in the schedule is given back.
+    private func leaveQuota(_ waiter: QuotaWaiter) {
+        event_free(waiter.timer)
+        worker.rateLimits.cancel(policy: waiter.wait.policy, waiter.wait.settings, waiter.wait.reservation)
     }
 
     /// Hands a try the stages completed to its transport.
@@ -733,7 +779,7 @@ extension ExchangeDriver {
         case .bufferingBody: if let exchange { continueBuffering(exchange) }
         case .tunnel(let tunnel): tunnel.clientReadable()
         case .upgrading(let transfer): transfer.clientReadable()
-        case .idle, .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk: break
+        case .idle, .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .waitingForQuota: break
         }
     }
 
@@ -781,6 +827,7 @@ extension ExchangeDriver {
         case .tunnel(let tunnel): tunnel.shutdown()
         case .upgrading(let transfer): transfer.cancel()
         case .queued(let ticket): worker.upstreamGate.leave(ticket)
+        case .waitingForQuota(let waiter): leaveQuota(waiter)
         default: break
         }
         phase = .idle
@@ -801,6 +848,7 @@ extension ExchangeDriver {
         case .dialing: state = "connecting"
         case .tunnel: state = "tunnel"
         case .awaitingBody, .bufferingBody: state = "reading_body"
+        case .waitingForQuota: state = "rate_limited"
         default: state = exchange.inspect { $0.state.name }
         }
         return AdminExchange(exchange, state: state, worker: index)
@@ -825,6 +873,9 @@ extension ExchangeDriver {
             event_free(timer)
         case .queued(let ticket):
             worker.upstreamGate.leave(ticket)
+        case .waitingForQuota(let waiter):
+            leaveQuota(waiter)
+            reportTryOutcome(.abandoned)
         case .tunnel:
             exchange.end(.tunnel, error: "cancelled by the proxy's operator")
             return connection.close()

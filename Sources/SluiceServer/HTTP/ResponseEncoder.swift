@@ -86,6 +86,11 @@ enum ResponseEncoder {
             head += "Proxy-Authenticate: Basic realm=\"\(ProxyAuthentication.realm)\"\r\n"
         }
         if let seconds = error.retryAfterSeconds { head += "Retry-After: \(seconds)\r\n" }
+        if case .rateLimited(let policy, let requests, let window, let seconds) = error {
+            // The IETF httpapi rate-limit fields: the quota and what is left of it (none).
+            head += "RateLimit-Policy: \"\(policy)\";q=\(requests);w=\(window)\r\n"
+            head += "RateLimit: \"\(policy)\";r=0;t=\(seconds)\r\n"
+        }
         head += close ? "Connection: close\r\n\r\n" : "\r\n"
         return head + body
     }

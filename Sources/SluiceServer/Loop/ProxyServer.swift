@@ -46,6 +46,9 @@ public final class ProxyServer: @unchecked Sendable {
     /// Every origin's circuit breaker (`health:`), shared by every worker; a reload keeps the
     /// state of origins whose `health:` did not change.
     public let health = UpstreamHealth()
+    /// Every policy's rate-limit schedules (`rate_limit:`), shared by every worker: a limit
+    /// holds for the process. A reload keeps the schedules of limits it did not change.
+    public let rateLimits = RateLimitTable()
     /// The shared cache every worker uses (`cache_store`), made once: it outlives reloads.
     let cacheStore: CacheStore?
     /// The shared cache's disk tier (`cache_store.disk`): opened by `start()` (it takes the
@@ -111,7 +114,7 @@ public final class ProxyServer: @unchecked Sendable {
                         index: i, configuration: configuration, share: share, viaPseudonym: pseudonym,
                         interception: interception,
                         heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
-                        connectionLimits: connectionLimits, health: health,
+                        connectionLimits: connectionLimits, health: health, rateLimits: rateLimits,
                         cacheStore: cacheStore, diskTier: diskTier))
             }
         } catch {

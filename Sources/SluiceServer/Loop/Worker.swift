@@ -63,6 +63,8 @@ final class Worker {
     /// `limits.max_in_flight_upstream`: this worker's upstream slots and their queue.
     private(set) var upstreamGate: UpstreamGate!
     /// Every origin's circuit breaker (`health:`), shared by every worker.
+    /// The process's rate-limit schedules (`rate_limit:`), shared with the other workers.
+    let rateLimits: RateLimitTable
     let health: UpstreamHealth
     /// The probes of half-open circuits: worker 0 only (nil on the others).
     private var probes: HealthProbes?
@@ -169,11 +171,12 @@ final class Worker {
     init(
         index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
         interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
-        connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil,
+        connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil, rateLimits: RateLimitTable? = nil,
         cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil
     ) throws {
         self.index = index
         self.health = health ?? UpstreamHealth()
+        self.rateLimits = rateLimits ?? RateLimitTable()
         self.cacheStore = cacheStore
         self.diskTier = diskTier
         self.connectionLimits = connectionLimits ?? ConnectionLimits(configuration.server.limits)

@@ -27,8 +27,12 @@ enum RequestChain {
     static let attempt: [any TryStage.Type] = [
         TrustStage.self,  // trust, upstream_proxy, client_certificate
         CircuitStage.self,  // health
+        QuotaStage.self,  // rate_limit
         UpstreamStage.self,  // upstream, upstream.engine
     ]
+
+    /// Where a try that waited for its rate-limit turn resumes.
+    static let afterQuota = attempt.firstIndex { ObjectIdentifier($0) == ObjectIdentifier(QuotaStage.self) }! + 1
 
     /// Runs `request` from the stage at `index` until one answers anything but `.proceed`
     /// (`exchange.stage` then names it); `.proceed` when the request passed them all.
@@ -49,8 +53,10 @@ enum RequestChain {
 
     /// Runs `attempt` for `request`: ends in `.send`, or in the answer of the stage that
     /// stopped the try.
-    static func runTry(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
-        for stage in attempt {
+    static func runTry(
+        _ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices, from index: Int = 0
+    ) -> StageVerdict {
+        for stage in attempt[index...] {
             let verdict = stage.enter(&request, exchange, services)
             if case .proceed = verdict { continue }
             return verdict

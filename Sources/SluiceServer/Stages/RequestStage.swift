@@ -64,6 +64,18 @@ enum StageWait {
     /// The request body: a chunked body's first chunk-size line, validated before anything
     /// goes upstream (`.start`), or a body read whole so that every try can send it (`.whole`).
     case requestBody(RequestBodyWait)
+    /// A try over its policy's `rate_limit` goes when its turn comes (`QuotaStage`); the try
+    /// stages after the quota resume then.
+    case quota(QuotaWait)
+}
+
+/// A try's place in its policy's rate-limit schedule: how long until it goes, and what gives
+/// the place back when the request leaves first.
+struct QuotaWait {
+    let milliseconds: Int
+    let policy: String
+    let settings: RateLimitSettings
+    let reservation: RateLimiter.Reservation
 }
 
 enum RequestBodyWait {
@@ -101,6 +113,8 @@ protocol StageServices: AnyObject {
     /// This process's `Via` pseudonym: a request that carries it has looped.
     var viaPseudonym: String { get }
     var health: UpstreamHealth { get }
+    /// The process's rate-limit schedules (`rate_limit`), shared by every worker.
+    var rateLimits: RateLimitTable { get }
     var cacheStore: CacheStore? { get }
     var diskTier: DiskCacheTier? { get }
     /// What adapters that must fetch something (OAuth 2) are given.

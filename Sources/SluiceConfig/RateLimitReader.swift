@@ -1,0 +1,99 @@
+import SluiceCore
+import Yams
+
+extension NodeReader {
+    /// `rate_limit:` in a policy: `{ rate: 100/s, burst: 10, on_limit: wait, max_wait: 2s,
+    /// key: host }`, or with several limits `{ limits: [{ rate: 10/s, burst: 10 }, { rate:
+    /// 5000/h, burst: 100 }], on_limit, max_wait, key }`, or `none` (no limit for a host under
+    /// a default that has one). Behaviour: Sources/SluiceCore/Features/RateLimit.swift and
+    /// Sources/SluiceServer/Stages/QuotaStage.swift.
+    mutating func readRateLimit(_ node: Node) -> PolicyEntry.Section<RateLimitSettings> {
+        if let word = node.scalar?.string {
+            if word == "none" || word == "off" { return .off }
+            fail(node, "rate_limit must be a mapping such as { rate: 100/s, burst: 10 }, or none")
+            return .inherit
+        }
+        var settings = RateLimitSettings(limits: [])
+        var single: (rate: Node?, burst: Node?) = (nil, nil)
+        var list: Node?
+        let known = ["rate", "burst", "limits", "on_limit", "max_wait", "key"]
+        entries(node, in: "rate_limit", known: known) { r, key, value in
+            switch key {
+            case "rate": single.rate = value
+            case "burst": single.burst = value
+            case "limits": list = value
+            case "on_limit":
+                if let word = value.scalar?.string, let onLimit = RateLimitSettings.OnLimit(rawValue: word) {
+                    settings.onLimit = onLimit
+                } else {
+                    r.fail(value, "on_limit must be wait or reject")
+                }
+            case "max_wait":
+                if let ms = r.duration(value, key: key) { settings.maxWait = ms }
+            default:
+                if let key = r.rateLimitKey(value) { settings.key = key }
+            }
+        }
+        if let list {
+            if single.rate != nil || single.burst != nil {
+                fail(node, "rate_limit has rate and burst, or limits: a list of { rate, burst }, not both")
+            }
+            guard case .sequence(let items) = list, !items.isEmpty else {
+                fail(list, "limits must be a list of { rate, burst }")
+                return .inherit
+            }
+            for item in items {
+                var rate: Node?
+                var burst: Node?
+                entries(item, in: "rate_limit.limits", known: ["rate", "burst"]) { _, key, value in
+                    if key == "rate" { rate = value } else { burst = value }
+                }
+                if let limit = rateLimit(rate, burst, at: item) { settings.limits.append(limit) }
+            }
+        } else if let limit = rateLimit(single.rate, single.burst, at: node) {
+            settings.limits.append(limit)
+        }
+        return settings.limits.isEmpty ? .inherit : .on(settings)
+    }
+
+    /// One limit from its `rate` (`100/s`, `6000/min`, `5000/h`) and `burst` (default 1).
+    private mutating func rateLimit(_ rate: Node?, _ burst: Node?, at node: Node) -> RateLimit? {
+        guard let rate else {
+            fail(node, "rate_limit needs a rate such as 100/s, 6000/min or 5000/h")
+            return nil
+        }
+        guard let text = rate.scalar?.string, let parsed = RateLimitSettings.parseRate(text) else {
+            fail(rate, "rate must be a count per s, min or h, such as 100/s, 6000/min or 5000/h")
+            return nil
+        }
+        var burstCount = 1
+        if let burst {
+            guard let n = burst.scalar.flatMap({ Int($0.string) }), n >= 1, n <= 1_000_000 else {
+                fail(burst, "burst must be 1 to 1000000")
+                return nil
+            }
+            burstCount = n
+        }
+        return RateLimit(requests: parsed.requests, periodMilliseconds: parsed.periodMilliseconds, burst: burstCount)
+    }
+
+    /// `host`, `client`, `user` or `header:NAME`.
+    private mutating func rateLimitKey(_ node: Node) -> RateLimitSettings.Key? {
+        guard let word = node.scalar?.string else {
+            fail(node, "key must be host, client, user or header:NAME")
+            return nil
+        }
+        switch word {
+        case "host": return .host
+        case "client": return .client
+        case "user": return .user
+        default:
+            let name = word.hasPrefix("header:") ? String(word.dropFirst("header:".count)) : ""
+            guard !name.isEmpty, name.utf8.allSatisfy({ Self.isTokenByte($0) }) else {
+                fail(node, "key must be host, client, user or header:NAME (a field name)")
+                return nil
+            }
+            return .header(name.lowercased())
+        }
+    }
+}

@@ -1,0 +1,72 @@
+import SluiceCore
+import Testing
+
+@testable import SluiceConfig
+
+/// `rate_limit:` in a policy: one limit or several, the defaults, inheritance, `none`,
+/// located errors, and what `sluice check --host` says.
+@Suite struct RateLimitConfigTests {
+    @Test func rateLimitsParseWithDefaultsAndInherit() throws {
+        let yaml = """
+            policies:
+              default:
+                rate_limit: { rate: 100/s, burst: 10 }
+              api.example:
+                rate_limit:
+                  limits: [{ rate: 10/s, burst: 10 }, { rate: 5000/h, burst: 100 }]
+                  on_limit: reject
+                  key: header:X-Api-Key
+              free.example: { rate_limit: none }
+              other.example: {}
+              users.example: { rate_limit: { rate: 6000/min, max_wait: 500ms, key: user } }
+            """
+        let policies = try ConfigLoader.parse(yaml: yaml, file: "t.yaml").pipeline.policies
+        #expect(
+            policies.match(host: "other.example").rateLimit
+                == RateLimitSettings(limits: [RateLimit(requests: 100, periodMilliseconds: 1000, burst: 10)]))
+        #expect(
+            policies.match(host: "api.example").rateLimit
+                == RateLimitSettings(
+                    limits: [
+                        RateLimit(requests: 10, periodMilliseconds: 1000, burst: 10),
+                        RateLimit(requests: 5000, periodMilliseconds: 3_600_000, burst: 100),
+                    ], onLimit: .reject, key: .header("x-api-key")))
+        #expect(policies.match(host: "free.example").rateLimit == nil)
+        let users = policies.match(host: "users.example").rateLimit
+        #expect(users?.maxWait == 500 && users?.key == .user && users?.limits.first?.interval == 10_000)
+        let description = PolicyDescription.describe(
+            try ConfigLoader.parse(yaml: yaml, file: "t.yaml").pipeline, host: "api.example")
+        #expect(
+            description.contains(
+                "rate_limit: 10/s (burst 10) and 5000/h (burst 100) per header:x-api-key, in this process; over it a request is answered 429 at once"
+            ))
+    }
+
+    @Test func badRateLimitsAreLocated() {
+        let yaml = """
+            policies:
+              default:
+                rate_limit: { rate: 100/day, burst: 0 }
+              a.example:
+                rate_limit: { burst: 5 }
+              b.example:
+                rate_limit: { rate: 1/s, on_limit: queue, key: "header:" }
+              c.example:
+                rate_limit: { rate: 1/s, limits: [{ rate: 2/s }] }
+              d.example:
+                rate_limit: fast
+            """
+        #expect {
+            try ConfigLoader.parse(yaml: yaml, file: "f.yaml")
+        } throws: { error in
+            let issues = (error as? ConfigError)?.issues ?? []
+            return issues.map(\.line) == [3, 5, 7, 7, 9, 11]
+                && issues[0].message.hasPrefix("rate must be a count per s, min or h")
+                && issues[1].message.hasPrefix("rate_limit needs a rate")
+                && issues[2].message == "on_limit must be wait or reject"
+                && issues[3].message.hasPrefix("key must be host, client, user or header:NAME")
+                && issues[4].message.hasPrefix("rate_limit has rate and burst, or limits")
+                && issues[5].message.hasPrefix("rate_limit must be a mapping")
+        }
+    }
+}
