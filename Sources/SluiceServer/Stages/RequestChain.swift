@@ -56,10 +56,11 @@ enum RequestChain {
     static func runTry(
         _ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices, from index: Int = 0
     ) -> StageVerdict {
-        for stage in attempt[index...] {
-            let verdict = stage.enter(&request, exchange, services)
-            if case .proceed = verdict { continue }
-            return verdict
+        var index = index
+        while index < attempt.count {
+            let verdict = attempt[index].enter(&request, exchange, services)
+            guard case .proceed = verdict else { return verdict }
+            index += 1
         }
         return .respond(.malformedRequest("no transport took the request"))
     }

@@ -70,12 +70,20 @@ enum StageWait {
 }
 
 /// A try's place in its policy's rate-limit schedule: how long until it goes, and what gives
-/// the place back when the request leaves first.
-struct QuotaWait {
+/// the place back when the request leaves first. (A class: a verdict stays small to copy and
+/// to destroy on the paths that never wait.)
+final class QuotaWait {
     let milliseconds: Int
     let policy: String
     let settings: RateLimitSettings
     let reservation: RateLimiter.Reservation
+
+    init(milliseconds: Int, policy: String, settings: RateLimitSettings, reservation: RateLimiter.Reservation) {
+        self.milliseconds = milliseconds
+        self.policy = policy
+        self.settings = settings
+        self.reservation = reservation
+    }
 }
 
 enum RequestBodyWait {
