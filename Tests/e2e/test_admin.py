@@ -29,6 +29,9 @@ from support import port_open, session_via, wait_until
 
 SPEC = yaml.safe_load((REPO / "docs" / "admin-api.yaml").read_text())
 SEEN: set[tuple[str, str, str]] = set()
+# Every test of this module runs on one xdist worker (`--dist loadgroup`, Makefile), in file
+# order, so that the last one can check what all of them exercised.
+pytestmark = pytest.mark.xdist_group("admin-api")
 
 
 def schema_for(path: str, method: str, status: int) -> dict:
@@ -375,8 +378,29 @@ def test_upstreams_lists_every_circuit(sluice_factory, closed_port):
     assert up["probe"] is None and 0 <= up["opened_ms_ago"] < 30000, up
 
 
+def test_a_try_waiting_for_its_rate_limit_turn_is_listed_and_cancellable(sluice_factory, httpbin):
+    """`rate_limit: 1/min`: the first request takes the minute's place, the second waits for
+    the next and shows as `rate_limited` in GET /requests (no try started yet); cancelling it
+    answers 503 at once."""
+    proxy, admin = admin_proxy(sluice_factory, {
+        "policies": {"default": {"rate_limit": {"rate": "1/min", "max_wait": "2m"}}}})
+    url = httpbin.url + "/get"
+    assert session_via(proxy.url).get(url, timeout=10).status_code == 200
+    out: dict = {}
+    t = background_get(proxy.url, url + "?second=1", out)
+    [e] = in_flight(admin, lambda e: "second=1" in e["url"])
+    assert e["state"] == "rate_limited" and e["attempt"] == 0, e
+    status, result, _ = admin.call("POST", "/requests/cancel", {"id": e["id"]})
+    assert status == 200 and result["cancelled"] == 1, result
+    t.join(10)
+    assert out.get("status") == 503 and "request cancelled by the proxy's operator" in out["body"], out
+    assert admin.call("GET", "/requests")[1]["requests"] == []
+
+
 def test_every_documented_answer_was_seen():
-    """Runs last in this file: every path and method in docs/admin-api.yaml was exercised."""
+    """Runs last in this file (the module is one xdist group, so on one worker): every path and
+    method in docs/admin-api.yaml was exercised."""
     documented = {(p, m) for p, ops in SPEC["paths"].items() for m in ops}
     exercised = {(p, m) for p, m, _ in SEEN}
     assert documented <= exercised, f"not exercised: {sorted(documented - exercised)}"
+
