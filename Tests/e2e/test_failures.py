@@ -210,33 +210,32 @@ def test_body_too_large_chunked_is_413(sluice_factory, recorder):
 # 408: slow client
 # ------------------------------------------------------------------------------------------
 
-def test_slow_client_header_is_408(sluice_factory, recorder):
+def stalls_into_408(sluice_factory, recorder, sent: str) -> None:
+    """`sent` and then nothing, under `client_header: 1s`: 408 after about a second, the
+    connection closed, and nothing reached the origin."""
     proxy = sluice_factory({"timeouts": {"client_header": "1s"}})
     with RawConn(HOST, proxy.port, timeout=10) as c:
         t0 = time.monotonic()
-        c.send(f"GET {target(recorder)} HTTP/1.1\r\nHost: {HOST}:{recorder.port}\r\nX-Half: ".encode())
+        c.send(sent.encode())
         r = c.read_response(timeout=10)
         elapsed = time.monotonic() - t0
         assert_sluice_error(r, 408, "timeout")
         assert 0.7 <= elapsed <= 4.0, f"408 after {elapsed:.2f}s with client_header: 1s"
         assert_connection_closed(c)
     nothing_reached(recorder)
+
+
+def test_slow_client_header_is_408(sluice_factory, recorder):
+    stalls_into_408(sluice_factory, recorder,
+                    f"GET {target(recorder)} HTTP/1.1\r\nHost: {HOST}:{recorder.port}\r\nX-Half: ")
 
 
 def test_chunked_body_that_never_starts_is_408(sluice_factory, recorder):
     """A chunked body is validated before anything goes upstream: one whose first chunk-size
     line never comes waits under the header timeout, then 408, and the origin sees nothing."""
-    proxy = sluice_factory({"timeouts": {"client_header": "1s"}})
-    with RawConn(HOST, proxy.port, timeout=10) as c:
-        t0 = time.monotonic()
-        c.send(f"POST {target(recorder)} HTTP/1.1\r\nHost: {HOST}:{recorder.port}\r\n"
-               "Transfer-Encoding: chunked\r\n\r\n".encode())
-        r = c.read_response(timeout=10)
-        elapsed = time.monotonic() - t0
-        assert_sluice_error(r, 408, "timeout")
-        assert 0.7 <= elapsed <= 4.0, f"408 after {elapsed:.2f}s with client_header: 1s"
-        assert_connection_closed(c)
-    nothing_reached(recorder)
+    stalls_into_408(sluice_factory, recorder,
+                    f"POST {target(recorder)} HTTP/1.1\r\nHost: {HOST}:{recorder.port}\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n")
 
 
 def test_trickling_client_still_408(sluice_factory, recorder):
