@@ -88,7 +88,7 @@ import Testing
     /// The exchange `Admission` makes for `request` on a forward-proxy connection (or `client`).
     func exchange(
         _ request: String, _ services: Services,
-        client: RequestClient = RequestClient(peer: "127.0.0.1:1", mode: .forward, forwarding: nil)
+        client: RequestClient = RequestClient(peer: "127.0.0.1:1", address: "127.0.0.1", mode: .forward, forwarding: nil)
     ) throws(ProxyError) -> Exchange {
         let head = Self.head(request)
         let target = try Admission.target(
@@ -130,7 +130,7 @@ import Testing
         let route = ServerConfiguration.Route(listen: "127.0.0.1:9", upstream: "http://origin:81/base")
         let routed = try? exchange(
             "GET /a?b HTTP/1.1\r\nHost: a\r\n\r\n", services,
-            client: RequestClient(peer: "p", mode: .route(route), forwarding: nil))
+            client: RequestClient(peer: "p:1", address: "p", mode: .route(route), forwarding: nil))
         #expect(routed?.target.url == "http://origin:81/base/a?b")
     }
 
@@ -145,7 +145,7 @@ import Testing
             Issue.record("no credentials must be answered 407")
             return
         }
-        let client = RequestClient(peer: "p", mode: .forward, forwarding: nil)
+        let client = RequestClient(peer: "p:1", address: "p", mode: .forward, forwarding: nil)
         let request = "GET http://a/ HTTP/1.1\r\nHost: a\r\nProxy-Authorization: Basic Ym9iOmJhdHRlcnkgc3RhcGxl\r\n\r\n"
         for _ in 0..<2 {
             let exchange = try exchange(request, services, client: client)
@@ -381,7 +381,7 @@ import Testing
             Issue.record("another host is not limited by a's schedule")
             return
         }
-        let client = RequestClient(peer: "[::1]:5000", mode: .forward, forwarding: nil)
+        let client = RequestClient(peer: "[::1]:5000", address: "::1", mode: .forward, forwarding: nil)
         let request = UpstreamRequest(
             method: "GET", target: try RequestTarget.absolute("http://a/"), headers: HeaderList.Builder().makeList(), body: .none,
             model: nil)

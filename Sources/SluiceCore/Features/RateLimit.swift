@@ -3,7 +3,7 @@ import Synchronization
 /// One `rate_limit` limit (docs/configuration.md, "Rate limits"): `requests` per
 /// `periodMilliseconds` (`rate: 100/s`, `6000/min`, `5000/h`), of which `burst` may go at once
 /// after a quiet spell.
-public struct RateLimit: Sendable, Equatable, CustomStringConvertible {
+public struct RateLimit: Sendable, Hashable, CustomStringConvertible {
     public var requests: Int
     public var periodMilliseconds: Int
     public var burst: Int
@@ -208,35 +208,28 @@ public final class RateLimitTable: Sendable {
     /// Keys kept per table before the least recently used is forgotten.
     public static let defaultCapacity = 10_000
 
-    private let tables = Mutex<[String: RateLimiter]>([:])
+    /// Which table: a policy under one set of limits.
+    private struct Name: Hashable {
+        let policy: String
+        let limits: [RateLimit]
+    }
+
+    private let tables = Mutex<[Name: RateLimiter]>([:])
     private let capacity: Int
 
     public init(capacity: Int = RateLimitTable.defaultCapacity) { self.capacity = capacity }
 
-    /// The table of `policy` under `settings`.
-    private static func name(_ policy: String, _ settings: RateLimitSettings) -> String {
-        policy + " " + settings.limits.map { "\($0)+\($0.burst)" }.joined(separator: ",")
-    }
-
     public func acquire(
         policy: String, _ settings: RateLimitSettings, key: String, now: Int64, maxWait: Int64
     ) -> RateLimiter.Decision {
-        let name = Self.name(policy, settings)
+        let name = Name(policy: policy, limits: settings.limits)
         return tables.withLock { tables in
-            if tables[name] == nil { tables[name] = RateLimiter(limits: settings.limits, capacity: capacity) }
-            return tables[name]!.acquire(key, now: now, maxWait: maxWait)
+            tables[name, default: RateLimiter(limits: settings.limits, capacity: capacity)]
+                .acquire(key, now: now, maxWait: maxWait)
         }
     }
 
     public func cancel(policy: String, _ settings: RateLimitSettings, _ reservation: RateLimiter.Reservation) {
-        let name = Self.name(policy, settings)
-        tables.withLock { tables in tables[name]?.cancel(reservation) }
-    }
-
-    /// Keys held and keys forgotten, over every table (for the metrics and the tests).
-    public var counts: (keys: Int, evicted: Int) {
-        tables.withLock { tables in
-            tables.values.reduce((0, 0)) { ($0.0 + $1.keyCount, $0.1 + $1.evicted) }
-        }
+        tables.withLock { tables in tables[Name(policy: policy, limits: settings.limits)]?.cancel(reservation) }
     }
 }

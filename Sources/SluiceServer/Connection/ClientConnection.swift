@@ -78,9 +78,11 @@ final class ClientConnection: ClientSocketOwner {
     /// The request in flight, if one got past admission.
     var exchange: Exchange? { driver.exchange }
 
-    init(worker: Worker, mode: ListenerMode, fd: Int32, peer: String, forwarding: ForwardingFields? = nil) {
+    init(
+        worker: Worker, mode: ListenerMode, fd: Int32, peer: String, address: String, forwarding: ForwardingFields? = nil
+    ) {
         self.worker = worker
-        client = RequestClient(peer: peer, mode: mode, forwarding: forwarding)
+        client = RequestClient(peer: peer, address: address, mode: mode, forwarding: forwarding)
         parser = HTTPRequestParser(limits: .init(worker.config.limits))
         let socket = ClientSocket(base: worker.base, fd: fd, spill: worker.readSpill)
         transport = .socket(socket)

@@ -417,8 +417,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// the body again, so a body must have been read whole first (within the replay limit).
     /// Otherwise the 401 goes to the client unchanged.
     func challengeCredentials(_ exchange: Exchange) -> Credentials? {
-        guard let credentials = exchange.policy.credentials else { return nil }
-        if exchange.head.hasBody && !exchange.body.canReplay(clientBodyDone: connection.requestBodyDone) { return nil }
+        guard let credentials = exchange.policy.credentials, canResendBody(exchange) else { return nil }
         return credentials
     }
 
@@ -488,12 +487,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     func responseHeadArrived(_ response: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         guard let exchange else { return transfer.forward(keepAlive: connection.keepsAliveAfterResponse) }
         reportTryOutcome(HealthOutcome(status: response.status))
-        let fields = exchange.inspect { $0.responseFields(for: response.status) }
-        let head = ExchangeMachine.ResponseHead(
-            status: response.status,
-            retryAfter: fields.contains(.retryAfter) ? response.value("retry-after") : nil,
-            contentType: fields.contains(.contentType) ? response.value("content-type") : nil,
-            location: fields.contains(.location) ? response.value("location") : nil)
+        let head = Self.machineHead(response.collected, exchange)
         let actions = exchange.machine.handle(.responseHead(head, canResendBody: canResendBody(exchange)))
         exchange.report(actions)
         switch actions.command {
@@ -503,6 +497,17 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             if let cache = exchange.cache, CacheStage.responseHead(response, transfer, exchange, cache, worker) { return }
             transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
         }
+    }
+
+    /// A final response head as the machine sees it: the status, and only the fields its
+    /// decision for that status reads.
+    static func machineHead(_ head: ResponseHeadCollector, _ exchange: Exchange) -> ExchangeMachine.ResponseHead {
+        let fields = exchange.inspect { $0.responseFields(for: head.status) }
+        return ExchangeMachine.ResponseHead(
+            status: head.status,
+            retryAfter: fields.contains(.retryAfter) ? head.value("retry-after") : nil,
+            contentType: fields.contains(.contentType) ? head.value("content-type") : nil,
+            location: fields.contains(.location) ? head.value("location") : nil)
     }
 
     /// Follows a redirect the machine accepts, or forwards the 3xx to the client when its
@@ -580,13 +585,7 @@ extension ExchangeDriver {
     /// is then cancelled and the exchange goes on), else true: relay it.
     private func decide(_ head: ResponseHeadCollector, _ transfer: UpgradeTransfer, _ exchange: Exchange) -> Bool {
         reportTryOutcome(HealthOutcome(status: head.status))
-        let fields = exchange.inspect { $0.responseFields(for: head.status) }
-        let response = ExchangeMachine.ResponseHead(
-            status: head.status,
-            retryAfter: fields.contains(.retryAfter) ? head.value("retry-after") : nil,
-            contentType: fields.contains(.contentType) ? head.value("content-type") : nil,
-            location: fields.contains(.location) ? head.value("location") : nil)
-        let actions = exchange.machine.handle(.responseHead(response, canResendBody: true))
+        let actions = exchange.machine.handle(.responseHead(Self.machineHead(head, exchange), canResendBody: true))
         exchange.report(actions)
         switch actions.command {
         case .discardResponse?:

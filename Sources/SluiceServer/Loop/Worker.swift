@@ -424,7 +424,7 @@ final class Worker {
         }
         let connection = ClientConnection(
             worker: self, mode: mode, fd: fd, peer: SocketAddress.describe(address),
-            forwarding: forwarding)
+            address: SocketAddress.host(address) ?? "unknown", forwarding: forwarding)
         connection.clientKey = key
         connections[ObjectIdentifier(connection)] = connection
     }

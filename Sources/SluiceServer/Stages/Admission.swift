@@ -31,7 +31,7 @@ enum Admission {
 
     /// A request that already carries this process's `Via` pseudonym has looped back here.
     static func checkLoop(_ head: HTTPRequestHead, viaPseudonym: String) throws(ProxyError) {
-        let pseudonym = Array(viaPseudonym.utf8)
+        let pseudonym = viaPseudonym.utf8
         for field in head.fields where field.name.count == 3 && head.field(field, isNamed: "via") {
             let value = head.bytes[field.value]
             if value.count >= pseudonym.count,

@@ -1,9 +1,5 @@
 import SluiceCore
 
-#if canImport(Glibc)
-    import Glibc
-#endif
-
 /// The shared cache's lookup (`cache`, `cache_store`; docs/caching.md): before the upstream
 /// slot, the adapters and any try, a stored response may answer (a hit takes no upstream
 /// slot, no transfer, no adapter), a miss may wait for another exchange fetching the same URL
@@ -329,9 +325,7 @@ enum CacheStage: RequestStage {
 
     /// The wall clock in seconds (RFC 9111's `request_time`, `response_time` and `now`).
     static func wallClockSeconds() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return Int64(ts.tv_sec)
+        Int64(SystemClock().wallClockMilliseconds() / 1000)
     }
 }
 

@@ -40,12 +40,7 @@ enum QuotaStage: TryStage {
         case .host:
             return request.target.host
         case .client:
-            // `ip:port` or `[ip]:port`: the address alone.
-            let peer = exchange.client.peer
-            if peer.hasPrefix("["), let end = peer.firstIndex(of: "]") {
-                return String(peer[peer.index(after: peer.startIndex)..<end])
-            }
-            return peer.lastIndex(of: ":").map { String(peer[..<$0]) } ?? peer
+            return exchange.client.address
         case .user:
             return exchange.summary.user ?? ""
         case .header(let name):

@@ -14,8 +14,10 @@ enum ListenerMode {
 ///
 /// Threading: owned by its `ClientConnection`; read and changed on the worker's thread only.
 final class RequestClient {
-    /// The client's address, `ip:port`.
+    /// The client's address and port, `ip:port` or `[ip]:port` (logs, the access log).
     let peer: String
+    /// The client's address alone, `1.2.3.4` or `::1` (`rate_limit` with `key: client`).
+    let address: String
     let mode: ListenerMode
     /// On a route listener: what the upstream is told about this client (`Forwarded.swift`).
     let forwarding: ForwardingFields?
@@ -25,8 +27,9 @@ final class RequestClient {
     /// The `Proxy-Authorization` this connection last had accepted (`ProxyAuthStage`).
     var acceptedCredential: AcceptedCredential?
 
-    init(peer: String, mode: ListenerMode, forwarding: ForwardingFields?) {
+    init(peer: String, address: String, mode: ListenerMode, forwarding: ForwardingFields?) {
         self.peer = peer
+        self.address = address
         self.mode = mode
         self.forwarding = forwarding
     }
