@@ -301,17 +301,42 @@ def resources_section(result: dict) -> str | None:
     return f"#### {title}\n\n" + table(header, rows, ["l"] + ["r"] * (len(header) - 1))
 
 
+def instruction_delta(result: dict, target: str, reference: str) -> tuple[int, float] | None:
+    """The target's instructions per request minus the reference's (callgrind, same run), and
+    that difference as a percentage of the reference's; None unless both have a figure."""
+    cg = result.get("callgrind", {})
+    a, b = cg.get(target, {}).get("per_request"), cg.get(reference, {}).get("per_request")
+    if a is None or not b:
+        return None
+    return a - b, (a - b) / b * 100
+
+
+def f_delta(delta: tuple[int, float] | None) -> str:
+    return "n/a" if delta is None else f"{delta[0]:+,} ({delta[1]:+.1f} %)"
+
+
 def callgrind_section(result: dict) -> str | None:
+    """Every Sluice target's instructions per request; when the first reference was profiled too
+    (a scenario comparing two Sluice configurations), each one's difference to it."""
     cg = result.get("callgrind")
     if not cg:
         return None
     p = result["scenario"]["callgrind"]
-    rows = [[t, f_int(r.get("ir_n1")), f_int(r.get("ir_n2")), f_int(r.get("per_request")) if "per_request" in r
-             else r.get("note", "n/a"), ", ".join(f"{name.split('(')[0][:60]} {ir:,}" for ir, name in r.get("top", [])[:3])]
-            for t, r in cg.items()]
+    main = next(iter(references(result)), None)
+    compare = main if cg.get(main, {}).get("per_request") is not None else None
+    header = ["target", f"Ir, {p['n1']} requests", f"Ir, {p['n2']} requests", "instructions per request"]
+    header += [f"difference to {compare}"] if compare else []
+    header.append("costliest functions (self, per request)")
+    rows = []
+    for t, r in cg.items():
+        row = [t, f_int(r.get("ir_n1")), f_int(r.get("ir_n2")),
+               f_int(r.get("per_request")) if "per_request" in r else r.get("note", "n/a")]
+        if compare:
+            row.append("–" if t == compare else f_delta(instruction_delta(result, t, compare)))
+        row.append(", ".join(f"{name.split('(')[0][:60]} {ir:,}" for ir, name in r.get("top", [])[:3]))
+        rows.append(row)
     return ("#### Instructions per request (callgrind)\n\n"
-            + table(["target", f"Ir, {p['n1']} requests", f"Ir, {p['n2']} requests", "instructions per request",
-                     "costliest functions (self, per request)"], rows, ["l", "r", "r", "r", "l"])
+            + table(header, rows, ["l"] + ["r"] * (len(header) - 2) + ["l"])
             + f"\n\nSluice with `workers: 1` under `valgrind --tool=callgrind` (debug info stripped), {p['n1']} and "
               f"then {p['n2']} sequential 1 KiB GETs on one kept-alive connection; (Ir({p['n2']}) − Ir({p['n1']})) / "
               f"{p['n2'] - p['n1']}, so start-up and shutdown cancel out.")

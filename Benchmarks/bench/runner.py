@@ -251,7 +251,8 @@ def run(scenario: dict, sluice_bin: Path, keep_logs: bool) -> Path:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (scripts/install-deps.sh bench installs what is needed)")
     if scenario["base_port"] + max(PORT_OFFSETS.values()) >= 32768:
-        raise SystemExit("base_port must leave base_port+16 below 32768 (the ephemeral ports)")
+        raise SystemExit(f"base_port must leave base_port+{max(PORT_OFFSETS.values())} below 32768 "
+                         "(the ephemeral ports)")
     for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         os.environ.pop(var, None)   # never let the environment route our clients elsewhere
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

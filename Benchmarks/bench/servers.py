@@ -23,7 +23,7 @@ PORT_OFFSETS = {
     "direct": 0, "sluice": 1, "nginx": 2, "squid": 3, "tinyproxy": 4, "sluice-metrics": 5,
     "sluice-pipeline": 6, "haproxy": 7, "trafficserver": 8, "callgrind": 9, "admin": 10,
     "sluice-curl": 11, "sluice-cache": 12, "nginx-cache": 13, "squid-cache": 14,
-    "sluice-h2": 15, "sluice-http1": 16,
+    "sluice-h2": 15, "sluice-http1": 16, "sluice-ratelimit": 17,
 }
 
 
@@ -265,6 +265,10 @@ policies:
       - api_key: {{ header: X-Api-Key, value: bench-key-0123456789 }}
 """
 
+# A limit no load of the harness comes near (the most a rate may be, a burst of 100,000): what a
+# limit costs a request that never waits.
+RATE_LIMIT = "    rate_limit: { rate: 1000000/s, burst: 100000 }\n"
+
 
 def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     """What each Sluice target adds to the common configuration:
@@ -272,6 +276,8 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     sluice-pipeline -- three header adapters and the JSON access log written to a file;
     sluice-curl     -- the same through the libcurl upstream transport (`engine: curl`);
     sluice-metrics  -- sluice-pipeline plus the metrics monitor and an admin listener;
+    sluice-ratelimit -- sluice-pipeline plus a `rate_limit` in its default policy far above any
+                        load here (RATE_LIMIT): the cost of a limit that never holds a request back;
     sluice-cache    -- the memory cache (`cache_store: { memory: 64MiB }`);
     sluice-h2 / sluice-http1 -- the TLS origin with `upstream.http2` auto (ALPN h2) / off."""
     pipeline = PIPELINE.format(d=d)
@@ -281,6 +287,8 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
         return pipeline
     if name == "sluice-curl":
         return pipeline.replace("  default:\n", "  default:\n    upstream: { engine: curl }\n")
+    if name == "sluice-ratelimit":
+        return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT)
     if name == "sluice-metrics":
         return (pipeline.replace("monitors:\n", "monitors:\n  - metrics: {}\n")
                 + f"admin: {{ listen: 127.0.0.1:{lab.port('admin')} }}\n")
@@ -516,9 +524,9 @@ Allow 127.0.0.1
 STARTERS = {
     "sluice": start_sluice, "sluice-pipeline": start_sluice, "sluice-curl": start_sluice,
     "sluice-metrics": start_sluice, "sluice-cache": start_sluice, "sluice-h2": start_sluice,
-    "sluice-http1": start_sluice, "haproxy": start_haproxy, "nginx": start_nginx_proxy,
-    "nginx-cache": start_nginx_proxy, "squid": start_squid, "squid-cache": start_squid,
-    "trafficserver": start_trafficserver, "tinyproxy": start_tinyproxy,
+    "sluice-http1": start_sluice, "sluice-ratelimit": start_sluice, "haproxy": start_haproxy,
+    "nginx": start_nginx_proxy, "nginx-cache": start_nginx_proxy, "squid": start_squid,
+    "squid-cache": start_squid, "trafficserver": start_trafficserver, "tinyproxy": start_tinyproxy,
 }
 SLUICE_TARGETS = {name for name, f in STARTERS.items() if f is start_sluice}
 

@@ -37,6 +37,42 @@ def test_markdown_names_the_machine_the_sources_and_what_was_not_measured(result
     assert "| sluice-pipeline | 64 | 42000 | 900 µs | 3.10 ms | 0.50 | 0.80 | 24.0 µs | 1 % | 0 | 40000 / 42000 / 46000 |" in text
     assert "| direct | 1000 | 1.00 | ok | – | 0 % |  |" in text
     assert "| sluice-pipeline | 85,250,666 | 251,876,490 | 83,313 |" in text
+    assert "difference to" not in text   # direct, the first reference, has no instruction count
+
+
+def ratelimit_result() -> dict:
+    """The ratelimit scenario's shape: two Sluice targets, the first the reference of both measures."""
+    def cell(target, *rps):
+        rounds = [{"round": i + 1, "rps": v, "p50_us": 900, "p99_us": 3100, "cpu_us": 20.0, "origin_cpu_us": 5.0,
+                   "other_load_pct": 0, "errors": {}} for i, v in enumerate(rps)]
+        return {"target": target, "body": "1k", "connections": 64, "rounds": rounds,
+                "median": sorted(rounds, key=lambda r: r["rps"])[len(rounds) // 2]}
+    targets = ["sluice-pipeline", "sluice-ratelimit"]
+    return {
+        "scenario": {"name": "ratelimit", "origin": "plain", "targets": targets, "references": ["sluice-pipeline"],
+                     "loads": [{"body": "1k", "connections": [64]}], "cpu_connections": 64,
+                     "callgrind": {"n1": 200, "n2": 2200, "targets": targets}},
+        "throughput": [cell("sluice-pipeline", 40000, 50000, 45000, 48000, 42000),
+                       cell("sluice-ratelimit", 44000, 39000, 49000, 44100, 47000)],
+        "callgrind": {"sluice-pipeline": {"n1": 200, "n2": 2200, "ir_n1": 1, "ir_n2": 2, "per_request": 80000},
+                      "sluice-ratelimit": {"n1": 200, "n2": 2200, "ir_n1": 1, "ir_n2": 2, "per_request": 81200}},
+        "targets": {t: {"status": "ok", "rss_idle_kib": 10240} for t in targets},
+    }
+
+
+def test_ratelimit_is_reported_against_the_pipeline():
+    result = ratelimit_result()
+    assert report.references(result) == ["sluice-pipeline"]
+    assert report.throughput_ratio(result, "sluice-ratelimit", "sluice-pipeline", "1k", 64) == 0.98
+    summary = report.summary_section(result)
+    assert "| sluice-ratelimit | 0.98 | 20.0 µs | 10.0 MiB | 81,200 |" in summary
+    assert "| sluice-pipeline |" not in summary
+    assert "| sluice-ratelimit | 64 | 44100 |" in report.throughput_sections(result)[0]
+    assert report.instruction_delta(result, "sluice-ratelimit", "sluice-pipeline") == (1200, 1.5)
+    text = report.callgrind_section(result)
+    assert "| instructions per request | difference to sluice-pipeline |" in text
+    assert "| sluice-pipeline | 1 | 2 | 80,000 | – |" in text
+    assert "| sluice-ratelimit | 1 | 2 | 81,200 | +1,200 (+1.5 %) |" in text
 
 
 def test_replace_block_keeps_what_is_around_it():

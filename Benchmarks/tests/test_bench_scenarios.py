@@ -3,7 +3,7 @@
 import pytest
 
 from bench import runner
-from bench.servers import PORT_OFFSETS, STARTERS
+from bench.servers import PORT_OFFSETS, SLUICE_TARGETS, STARTERS
 
 
 @pytest.mark.parametrize("name", list(runner.scenario_names()))
@@ -13,6 +13,20 @@ def test_scenario_loads_with_known_targets_and_measures(name):
     assert set(scenario["measures"]) <= set(runner.measures.MEASURES)
     assert scenario["base_port"] + max(PORT_OFFSETS.values()) < 32768
     assert not 20000 <= scenario["base_port"] <= 30000   # the e2e suite's ports
+    assert set(scenario["references"]) <= {"direct", *STARTERS}
+    assert set(scenario["callgrind"].get("targets", [])) <= set(scenario["targets"]) & SLUICE_TARGETS
+    assert {"n1", "n2"} <= set(scenario["callgrind"])
+
+
+def test_ratelimit_compares_the_pipeline_with_and_without_a_limit():
+    scenario = runner.load_scenario("ratelimit", [])
+    assert scenario["targets"] == ["sluice-pipeline", "sluice-ratelimit"]
+    assert scenario["references"] == ["sluice-pipeline"]
+    assert scenario["measures"] == ["throughput", "callgrind"]
+    assert scenario["loads"] == [{"body": "1k", "connections": [64]}]
+    assert (scenario["rounds"], scenario["duration"], scenario["origin"]) == (5, 5, "plain")
+    # The scenario's callgrind table names the targets; n1 and n2 come from [defaults].
+    assert scenario["callgrind"] == {"n1": 200, "n2": 2200, "targets": ["sluice-pipeline", "sluice-ratelimit"]}
 
 
 def test_overrides():

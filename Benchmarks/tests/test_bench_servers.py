@@ -1,0 +1,49 @@
+"""The ports of the targets and the Sluice configurations the harness writes."""
+
+from pathlib import Path
+
+import pytest
+
+from bench import servers
+from bench.servers import PORT_OFFSETS, RATE_LIMIT, SLUICE_TARGETS, STARTERS, Lab, sluice_yaml
+
+
+@pytest.fixture
+def lab(tmp_path):
+    return Lab(tmp=tmp_path, base_port=31080, sluice_bin=Path("/nonexistent/sluice"), nofile=4096, is_root=False)
+
+
+def test_every_target_has_a_port_of_its_own():
+    assert len(set(PORT_OFFSETS.values())) == len(PORT_OFFSETS)
+    assert set(STARTERS) | {"direct", "callgrind", "admin"} == set(PORT_OFFSETS)
+
+
+def test_sluice_targets():
+    assert {"sluice", "sluice-pipeline", "sluice-curl", "sluice-metrics", "sluice-ratelimit", "sluice-cache",
+            "sluice-h2", "sluice-http1"} == SLUICE_TARGETS
+
+
+@pytest.mark.parametrize("name", sorted(SLUICE_TARGETS))
+def test_every_sluice_configuration_is_yaml(lab, tmp_path, name):
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load(sluice_yaml(lab, name, lab.port(name), "auto", tmp_path / name))
+    assert config["listen"] == [f"127.0.0.1:{31080 + PORT_OFFSETS[name]}"]
+    assert config["access"] == {"allow_clients": ["127.0.0.0/8"]}
+
+
+def test_ratelimit_is_the_pipeline_plus_a_limit_in_its_default_policy(lab, tmp_path):
+    d = tmp_path / "d"
+    pipeline = sluice_yaml(lab, "sluice-pipeline", 1, "auto", d)
+    limited = sluice_yaml(lab, "sluice-ratelimit", 1, "auto", d)
+    assert limited.count(RATE_LIMIT) == 1 and "  default:\n" + RATE_LIMIT in limited
+    assert limited.replace(RATE_LIMIT, "").replace("(sluice-ratelimit)", "(sluice-pipeline)") == pipeline
+    yaml = pytest.importorskip("yaml")
+    a, b = yaml.safe_load(pipeline), yaml.safe_load(limited)
+    limit = b["policies"]["default"].pop("rate_limit")
+    assert limit == {"rate": "1000000/s", "burst": 100000}   # the most a rate may be: 1000000/s
+    assert a == b
+
+
+def test_sluice_without_a_binary_is_unavailable(lab):
+    with pytest.raises(servers.Unavailable):
+        servers.start_sluice(lab, "sluice-ratelimit")
