@@ -249,7 +249,7 @@ struct NodeReader {
     mutating func readLimits(_ node: Node, into limits: inout ServerConfiguration.Limits) {
         let known = [
             "request_line", "header_section", "header_count", "request_body", "max_connections",
-            "max_connections_per_client", "max_in_flight_upstream", "upstream_queue",
+            "max_connections_per_client", "max_in_flight_upstream", "upstream_queue", "rate_limit_keys",
         ]
         entries(node, in: "limits", known: known) { r, key, value in
             switch key {
@@ -267,6 +267,7 @@ struct NodeReader {
                 }
                 if key == "max_in_flight_upstream" { limits.maxInFlightUpstream = n } else { limits.maxConnectionsPerClient = n }
             case "upstream_queue": if let n = r.count(value, key: key, min: 0) { limits.upstreamQueue = n }
+            case "rate_limit_keys": if let n = r.count(value, key: key, min: 1) { limits.rateLimitKeys = n }
             case "request_line": if let n = r.size(value, key: key, min: 64) { limits.requestLine = Int(n) }
             case "header_section": if let n = r.size(value, key: key, min: 256) { limits.headerSection = Int(n) }
             case "header_count":

@@ -59,12 +59,19 @@ public enum PolicyDescription {
                         ?? "no probe (a trial request closes it)"))
         }
         if let limit = policy.rateLimit {
-            let limits = limit.limits.map { "\($0) (burst \($0.burst))" }.joined(separator: " and ")
+            var parts: [String] = []
+            if !limit.limits.isEmpty {
+                parts.append(limit.limits.map { "\($0) (burst \($0.burst))" }.joined(separator: " and "))
+            }
+            if let n = limit.maxConcurrent { parts.append("at most \(n) upstream at once") }
+            if parts.isEmpty { parts.append("only the origin's own limit") }
             let onLimit =
                 limit.onLimit == .wait
                 ? "over it a request waits up to \(limit.maxWait) ms for its turn, then 429"
                 : "over it a request is answered 429 at once"
-            lines.append("  rate_limit: \(limits) per \(limit.key), in this process; \(onLimit)")
+            let learn = limit.learn ? "; learns the origin's own limit (429/503 Retry-After, RateLimit, X-RateLimit-*)" : ""
+            lines.append(
+                "  rate_limit: \(parts.joined(separator: ", ")) per \(limit.key), in this process; \(onLimit)\(learn)")
         }
         if policy.intercept { lines.append("  intercept: true (CONNECTs answered with Sluice's TLS)") }
         let upgrades = policy.upgrades

@@ -3,9 +3,9 @@ import Yams
 
 extension NodeReader {
     /// `rate_limit:` in a policy: `{ rate: 100/s, burst: 10, on_limit: wait, max_wait: 2s,
-    /// key: host }`, or with several limits `{ limits: [{ rate: 10/s, burst: 10 }, { rate:
-    /// 5000/h, burst: 100 }], on_limit, max_wait, key }`, or `none` (no limit for a host under
-    /// a default that has one). Behaviour: Sources/SluiceCore/Features/RateLimit.swift and
+    /// key: host, learn: true, max_concurrent: 8 }`, or with several limits `{ limits: [{ rate:
+    /// 10/s, burst: 10 }, { rate: 5000/h, burst: 100 }], … }`, or only `{ learn: true }` / `{
+    /// max_concurrent: N }`, or `none` (no limit for a host under a default that has one). Behaviour: Sources/SluiceCore/Features/RateLimit.swift and
     /// Sources/SluiceServer/Stages/QuotaStage.swift.
     mutating func readRateLimit(_ node: Node) -> PolicyEntry.Section<RateLimitSettings> {
         if let word = node.scalar?.string {
@@ -16,7 +16,9 @@ extension NodeReader {
         var settings = RateLimitSettings(limits: [])
         var single: (rate: Node?, burst: Node?) = (nil, nil)
         var list: Node?
-        let known = ["rate", "burst", "limits", "on_limit", "max_wait", "key"]
+        var learn: Node?
+        var concurrent: Node?
+        let known = ["rate", "burst", "limits", "on_limit", "max_wait", "key", "learn", "max_concurrent"]
         entries(node, in: "rate_limit", known: known) { r, key, value in
             switch key {
             case "rate": single.rate = value
@@ -30,6 +32,16 @@ extension NodeReader {
                 }
             case "max_wait":
                 if let ms = r.duration(value, key: key) { settings.maxWait = ms }
+            case "learn":
+                learn = value
+                if let on = r.bool(value, key: key) { settings.learn = on }
+            case "max_concurrent":
+                concurrent = value
+                if let n = value.scalar.flatMap({ Int($0.string) }), n >= 1, n <= 100_000 {
+                    settings.maxConcurrent = n
+                } else {
+                    r.fail(value, "max_concurrent must be 1 to 100000")
+                }
             default:
                 if let key = r.rateLimitKey(value) { settings.key = key }
             }
@@ -50,10 +62,16 @@ extension NodeReader {
                 }
                 if let limit = rateLimit(rate, burst, at: item) { settings.limits.append(limit) }
             }
-        } else if let limit = rateLimit(single.rate, single.burst, at: node) {
-            settings.limits.append(limit)
+        } else if single.rate != nil || single.burst != nil || (learn == nil && concurrent == nil) {
+            if let limit = rateLimit(single.rate, single.burst, at: node) { settings.limits.append(limit) }
         }
-        return settings.limits.isEmpty ? .inherit : .on(settings)
+        if settings.limits.isEmpty && settings.maxConcurrent == nil && !settings.learn {
+            if learn != nil && concurrent == nil && single.rate == nil && list == nil {
+                fail(node, "rate_limit with learn: false and no rate or max_concurrent limits nothing (write none)")
+            }
+            return .inherit
+        }
+        return .on(settings)
     }
 
     /// One limit from its `rate` (`100/s`, `6000/min`, `5000/h`) and `burst` (default 1).

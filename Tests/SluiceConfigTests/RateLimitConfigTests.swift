@@ -38,8 +38,41 @@ import Testing
             try ConfigLoader.parse(yaml: yaml, file: "t.yaml").pipeline, host: "api.example")
         #expect(
             description.contains(
-                "rate_limit: 10/s (burst 10) and 5000/h (burst 100) per header:x-api-key, in this process; over it a request is answered 429 at once"
+                "rate_limit: 10/s (burst 10) and 5000/h (burst 100) per header:x-api-key, in this process; over it a request is answered 429 at once; learns the origin's own limit (429/503 Retry-After, RateLimit, X-RateLimit-*)"
             ))
+    }
+
+    @Test func learningAndConcurrencyParse() throws {
+        let yaml = """
+            policies:
+              default:
+                rate_limit: { learn: true }
+              a.example: { rate_limit: { max_concurrent: 4, learn: false, max_wait: 30s } }
+              b.example: { rate_limit: { rate: 5/s, max_concurrent: 2 } }
+            """
+        let pipeline = try ConfigLoader.parse(yaml: yaml, file: "t.yaml").pipeline
+        let policies = pipeline.policies
+        #expect(policies.match(host: "x.example").rateLimit == RateLimitSettings(limits: []))
+        #expect(
+            policies.match(host: "a.example").rateLimit
+                == RateLimitSettings(limits: [], maxWait: 30_000, learn: false, maxConcurrent: 4))
+        let b = policies.match(host: "b.example").rateLimit
+        #expect(b?.limits.count == 1 && b?.maxConcurrent == 2 && b?.learn == true)
+        #expect(
+            PolicyDescription.describe(pipeline, host: "a.example").contains(
+                "rate_limit: at most 4 upstream at once per host, in this process; over it a request waits up to 30000 ms for its turn, then 429\n"
+            ))
+        #expect(PolicyDescription.describe(pipeline, host: "x.example").contains("rate_limit: only the origin's own limit"))
+        #expect {
+            try ConfigLoader.parse(
+                yaml:
+                    "policies:\n  h.example:\n    rate_limit: { learn: false }\n  i.example:\n    rate_limit: { max_concurrent: 0 }\n",
+                file: "f.yaml")
+        } throws: { error in
+            let issues = (error as? ConfigError)?.issues ?? []
+            return issues.map(\.line) == [3, 5] && issues[0].message.hasPrefix("rate_limit with learn: false")
+                && issues[1].message == "max_concurrent must be 1 to 100000"
+        }
     }
 
     @Test func badRateLimitsAreLocated() {

@@ -724,6 +724,35 @@ import Testing
         #expect(h.feed(.ended(.error, error: "late")).isEmpty, "finished is reported once")
     }
 
+    @Test func anOriginsLearnedPauseIsWaitedOutAtMostThreeTimes() {
+        func commands(_ actions: ExchangeMachine.Actions) -> [String] {
+            actions.map(describe).filter { !$0.hasPrefix("event") }
+        }
+        // No retry policy: the pause the rate limit learned is not a failure to retry.
+        var h = Harness(policy())
+        h.begin()
+        for attempt in 1...3 {
+            h.feed(.tryStarting(origin))
+            #expect(commands(h.feed(.heldByOrigin(.init(status: 429), canResendBody: true))) == ["discard"])
+            h.feed(.tryEnded(TryTimings()))
+            #expect(commands(h.feed(.discardedDrained)) == ["retry after 0"])
+            #expect(h.machine.summary.retries.last?.reason == "rate_limit 429" && h.machine.summary.retries.count == attempt)
+            h.feed(.retryTimerFired)
+        }
+        h.feed(.tryStarting(origin))
+        #expect(commands(h.feed(.heldByOrigin(.init(status: 429), canResendBody: true))) == ["send"])
+        // A 503 is waited out only for a method that may be repeated; a body that cannot be
+        // sent again never is.
+        var post = Harness(policy(), method: "POST")
+        post.begin()
+        post.feed(.tryStarting(origin))
+        #expect(commands(post.feed(.heldByOrigin(.init(status: 503), canResendBody: true))) == ["send"])
+        var body = Harness(policy())
+        body.begin()
+        body.feed(.tryStarting(origin))
+        #expect(commands(body.feed(.heldByOrigin(.init(status: 429), canResendBody: false))) == ["send"])
+    }
+
     @Test func exactEventSequenceOfARetriedThenSuccessfulExchange() {
         var h = Harness(policy(retry: retry(limit: 2, scale: 100)), monitoring: .detailedEvents)
         #expect(h.machine.needsRequestModel)

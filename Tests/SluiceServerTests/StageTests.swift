@@ -17,6 +17,8 @@ import Testing
         var diskTier: DiskCacheTier? { nil }
         let adapterSession: any SessionContext = NoSession()
         let upstreamPerTryTimeout = 30_000
+        let totalTimeout: Int? = nil
+        let quotaWake: @Sendable (UInt64) -> Bool = { _ in true }
         var gate: UpstreamGate.Answer = .go
         var revalidations = 0
         private var ids: UInt64 = 0
@@ -63,6 +65,7 @@ import Testing
     /// What a connection is told: adapters' late answers and upstream slots.
     final class Owner: ExchangeOwner {
         var answers: [ExchangeMachine.Action?] = []
+        var quotaSlot: QuotaSlot?
         func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.Action?) { answers.append(command) }
         func upstreamSlotGranted(_ ticket: UInt64) -> Bool { true }
         func upstreamSlotRefused(_ ticket: UInt64, _ error: ProxyError) {}
@@ -367,7 +370,11 @@ import Testing
             Issue.record("the second waits for its turn")
             return
         }
-        #expect((95...100).contains(wait.milliseconds), "10/s: about 100 ms after the first")
+        guard case .timer(let ms, _) = wait.kind else {
+            Issue.record("a rate's wait is on a timer")
+            return
+        }
+        #expect((95...100).contains(ms), "10/s: about 100 ms after the first")
         second = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
         guard
             case .respond(.rateLimited(policy: "default", requests: 10, windowSeconds: 1, retryAfter: 1)) = runTry(
@@ -386,10 +393,47 @@ import Testing
             method: "GET", target: try RequestTarget.absolute("http://a/"), headers: HeaderList.Builder().makeList(), body: .none,
             model: nil)
         #expect(
-            QuotaStage.key(.client, request, try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services, client: client))
+            QuotaStage.key(
+                .client, request.target, try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services, client: client))
                 == "::1")
         let keyed = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\nX-Api-Key: k1\r\n\r\n", services)
-        #expect(QuotaStage.key(.header("x-api-key"), request, keyed) == "k1")
+        #expect(QuotaStage.key(.header("x-api-key"), request.target, keyed) == "k1")
+    }
+
+    @Test func maxConcurrentHoldsAPlaceUntilTheTryEndsAndQueuesTheRest() throws {
+        let waitMode = RateLimitSettings(limits: [], maxWait: 1000, learn: false, maxConcurrent: 1)
+        let services = Services([
+            PolicyEntry(name: "default", rateLimit: .on(waitMode)),
+            PolicyEntry(
+                name: "r.example",
+                rateLimit: .on(RateLimitSettings(limits: [], onLimit: .reject, learn: false, maxConcurrent: 1))),
+        ])
+        func fresh(_ host: String) throws -> (Exchange, Owner) {
+            let e = try exchange("GET http://\(host)/ HTTP/1.1\r\nHost: \(host)\r\n\r\n", services)
+            let owner = Owner()
+            e.owner = owner
+            return (e, owner)
+        }
+        let (first, firstOwner) = try fresh("a")
+        guard case .send = runTry(first, services), let slot = firstOwner.quotaSlot else {
+            Issue.record("the first goes and holds the place")
+            return
+        }
+        #expect(slot.key == "a" && slot.limit == 1)
+        let (second, _) = try fresh("a")
+        guard case .wait(.quota(let wait)) = runTry(second, services), case .slot = wait.kind else {
+            Issue.record("the second waits in line")
+            return
+        }
+        #expect(wait.limit == "max_concurrent 1")
+        // Reject mode: no line, 429 at once; the access log's record says why.
+        _ = runTry(try fresh("r.example").0, services)
+        let (refused, _) = try fresh("r.example")
+        guard case .respond(.concurrencyLimited(policy: "r.example", limit: 1)) = runTry(refused, services) else {
+            Issue.record("over max_concurrent in reject mode: 429")
+            return
+        }
+        #expect(refused.summary.rateLimit == RateLimitRecord(decision: .rejected, limit: "max_concurrent 1"))
     }
 
     @Test func aHostWithoutTrustIsRefusedBeforeAnyConnection() throws {

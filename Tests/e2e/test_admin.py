@@ -326,7 +326,11 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
                       # per origin with `health:` (test_health.py serves them)
                       "sluice_upstream_circuit_state", "sluice_upstream_circuit_opened_total",
                       "sluice_upstream_circuit_failed_fast_total",
-                      "sluice_cache_total"}, unseen  # (no cache_store here: test_cache.py has it)
+                      "sluice_cache_total",
+                      # per policy with `rate_limit` (test_limits_lists_what_the_origin_asked_for)
+                      "sluice_rate_limit_decisions_total", "sluice_rate_limit_waiting",
+                      "sluice_rate_limit_learned_total", "sluice_rate_limit_keys_evicted_total",
+                      }, unseen  # (no cache_store here: test_cache.py has it)
     # a reload is counted by result
     status, _, _ = admin.call("POST", "/reload")
     assert status == 200
@@ -395,6 +399,33 @@ def test_a_try_waiting_for_its_rate_limit_turn_is_listed_and_cancellable(sluice_
     t.join(10)
     assert out.get("status") == 503 and "request cancelled by the proxy's operator" in out["body"], out
     assert admin.call("GET", "/requests")[1]["requests"] == []
+
+
+def test_limits_lists_what_the_origin_asked_for(sluice_factory, httpbin):
+    """An origin's `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset: 30` (httpbin echoes the
+    fields it is asked for): GET /limits shows the hold on the host with its time left and
+    where it was read, the next request is refused (reject mode) and counted, and /metrics
+    has the counters."""
+    proxy, admin = admin_proxy(sluice_factory, {
+        "policies": {"default": {"rate_limit": {"rate": "100/s", "burst": 10, "on_limit": "reject"}}}})
+    session = session_via(proxy.url)
+    r = session.get(httpbin.url + "/response-headers?X-RateLimit-Remaining=0&X-RateLimit-Reset=30", timeout=10)
+    assert r.status_code == 200
+    refused = session.get(httpbin.url + "/get", timeout=10)
+    assert refused.status_code == 429 and "asked for no more requests" in refused.text, refused.text
+    status, data, _ = admin.call("GET", "/limits")
+    assert status == 200, data
+    [policy] = data["policies"]
+    assert policy["policy"] == "default" and policy["limits"] == ["100/s (burst 10)"], policy
+    assert policy["on_limit"] == "reject" and policy["learn"] is True and "max_concurrent" not in policy, policy
+    assert policy["allowed"] == 1 and policy["rejected"] == 1 and policy["learned"] == 1, policy
+    [hold] = policy["holds"]
+    assert hold["key"] == "127.0.0.1" and 25_000 < hold["remaining_ms"] <= 30_000, hold
+    assert hold["reason"] == "X-RateLimit-Remaining: 0, X-RateLimit-Reset: 30", hold
+    text = admin.session.get(admin.base + "/metrics", timeout=10).text
+    assert 'sluice_rate_limit_learned_total{policy="default"} 1' in text, text
+    assert 'sluice_rate_limit_decisions_total{policy="default",decision="rejected"} 1' in text, text
+    assert 'sluice_rate_limit_waiting{policy="default"} 0' in text, text
 
 
 def test_every_documented_answer_was_seen():

@@ -306,6 +306,9 @@ ACCEPTED = {
     "rate-limit-one": "policies:\n  h.test:\n    rate_limit: { rate: 100/s }\n",
     "rate-limit-full": ("policies:\n  default:\n    rate_limit:\n      limits: [{ rate: 10/s, burst: 10 }, { rate: 5000/h }]\n"
                         "      on_limit: reject\n      max_wait: 500ms\n      key: header:X-Api-Key\n"),
+    "rate-limit-learn-only": "policies:\n  h.test:\n    rate_limit: { learn: true }\n",
+    "rate-limit-concurrent": ("policies:\n  h.test:\n    rate_limit: { max_concurrent: 4, learn: false, max_wait: 30s }\n"
+                              "limits: { rate_limit_keys: 500 }\n"),
     "rate-limit-none": "policies:\n  default:\n    rate_limit: { rate: 6000/min, key: client }\n  h.test:\n    rate_limit: none\n",
 }
 
@@ -320,6 +323,8 @@ REJECTED = {
     "rate-limit-no-rate": ("policies:\n  h.test:\n    rate_limit: { burst: 5 }\n", 3),
     "rate-limit-both": ("policies:\n  h.test:\n    rate_limit: { rate: 1/s, limits: [{ rate: 2/s }] }\n", 3),
     "rate-limit-bad-key": ("policies:\n  h.test:\n    rate_limit: { rate: 1/s, key: cookie }\n", 3),
+    "rate-limit-learns-nothing": ("policies:\n  h.test:\n    rate_limit: { learn: false }\n", 3),
+    "rate-limit-concurrent-zero": ("policies:\n  h.test:\n    rate_limit: { max_concurrent: 0 }\n", 3),
     "rate-limit-word": ("policies:\n  h.test:\n    rate_limit: fast\n", 3),
     "upstream-engine-native-https": ("policies:\n  h.test:\n    upstream:\n      scheme: https\n      engine: native\n", 5),
     "upstream-engine-native-h2c": ("policies:\n  h.test:\n    upstream: { http2: prior_knowledge, engine: native }\n", 3),

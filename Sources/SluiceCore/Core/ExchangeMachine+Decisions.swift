@@ -145,6 +145,30 @@ extension ExchangeMachine {
         return true
     }
 
+    /// The origin answered 429 (or 503, for a method that may be repeated) and asked for a
+    /// pause the policy's `rate_limit` learned and waits for (`.heldByOrigin`): the request is
+    /// tried again (its next try waits in `QuotaStage` for the hold to end), so the client
+    /// never sees that answer — at most `maxLearnedRetries` times, when the body can be sent
+    /// again. Not a failure: no retrier is asked and no budget is spent.
+    mutating func retryAfterLearnedHold(status: Int, canResendBody: Bool, into actions: inout Actions) -> Bool {
+        guard canResendBody, status == 429 || Self.repeatable(summary.method) else { return false }
+        let reason = "rate_limit \(status)"
+        guard summary.retries.lazy.filter({ $0.reason == reason }).count < Self.maxLearnedRetries else { return false }
+        let record = RetryRecord(attempt: summary.retries.count + 1, delayMilliseconds: 0, reason: reason)
+        summary.retries.append(record)
+        pendingDelay = 0
+        if wants(.retrying) { actions.append(.report(.retrying(id: id, record: record))) }
+        return true
+    }
+
+    /// Tries sent again after an origin's learned 429 or 503, per exchange.
+    static let maxLearnedRetries = 3
+
+    /// Methods a 503 may repeat (RFC 9110 §9.2.2: idempotent).
+    static func repeatable(_ method: String) -> Bool {
+        ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"].contains(method)
+    }
+
     private mutating func stopRetrying(_ reason: RetryStopReason, into actions: inout Actions) {
         summary.retryStopped = reason
         if wants(.retryStopped) { actions.append(.report(.retryStopped(id: id, reason: reason))) }

@@ -106,6 +106,11 @@ public struct ExchangeMachine {
         /// The try's final response head arrived. `canResendBody`: the request has no body, or
         /// all of it is kept for replay.
         case responseHead(ResponseHead, canResendBody: Bool)
+        /// The try's final response head is a 429 (or 503) whose pause the policy's
+        /// `rate_limit` learned and will wait for (`rate_limit.learn`, `on_limit: wait`; within
+        /// `max_wait` and the retry deadline): the request is tried again after it when it may
+        /// be, else the head is decided as `.responseHead`.
+        case heldByOrigin(ResponseHead, canResendBody: Bool)
         /// The answer to `.checkRedirect`: whether its target can be requested.
         case redirectTarget(usable: Bool)
         /// The response head reached the client's output.
@@ -264,6 +269,14 @@ public struct ExchangeMachine {
         case .responseHead(let head, let canResendBody):
             guard case .trying = state else { break }
             decide(head, canResendBody: canResendBody, into: &actions)
+        case .heldByOrigin(let head, let canResendBody):
+            guard case .trying = state else { break }
+            if retryAfterLearnedHold(status: head.status, canResendBody: canResendBody, into: &actions) {
+                state = .drainingDiscarded
+                actions.append(.discardResponse)
+            } else {
+                decide(head, canResendBody: canResendBody, into: &actions)
+            }
         case .redirectTarget(let usable):
             redirectTarget(usable: usable, into: &actions)
         case .responseHeadSent(let status):

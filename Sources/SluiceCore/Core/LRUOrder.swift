@@ -36,13 +36,24 @@ public struct LRUOrder<Key: Hashable>: Sendable where Key: Sendable {
         return out
     }
 
-    /// Makes `key` the most recently used, adding it if it is not there.
-    public mutating func touch(_ key: Key) {
+    /// The slot that holds `key` (stable until the key is removed), for a caller that keeps
+    /// its own values per slot: one lookup, then `touch(slot:)` without hashing again.
+    public func slot(of key: Key) -> Int? { slotOf[key] }
+
+    /// Makes the key in slot `s` the most recently used.
+    public mutating func touch(slot s: Int) {
+        guard s != newestSlot else { return }
+        unlink(s)
+        link(s)
+    }
+
+    /// Makes `key` the most recently used, adding it if it is not there; returns its slot
+    /// (a new key may reuse a freed one, or get `slots.count` as it was).
+    @discardableResult
+    public mutating func touch(_ key: Key) -> Int {
         if let s = slotOf[key] {
-            guard s != newestSlot else { return }
-            unlink(s)
-            link(s)
-            return
+            touch(slot: s)
+            return s
         }
         let s: Int
         if let reused = free.popLast() {
@@ -54,6 +65,7 @@ public struct LRUOrder<Key: Hashable>: Sendable where Key: Sendable {
         }
         slotOf[key] = s
         link(s)
+        return s
     }
 
     public mutating func remove(_ key: Key) {

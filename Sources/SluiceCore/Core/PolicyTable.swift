@@ -94,7 +94,9 @@ public final class HostPolicy: Sendable {
     /// The origins' circuit breaking (`health:`); nil: none (tries never ask `UpstreamHealth`).
     public let health: Health?
     /// The host's rate limits (`rate_limit:`); nil: none (tries never ask `RateLimitTable`).
-    public let rateLimit: RateLimitSettings?
+    /// Boxed: a try reads them with one retain, not a copy of every field.
+    public let rateLimiting: RateLimiting?
+    public var rateLimit: RateLimitSettings? { rateLimiting?.settings }
     /// CONNECTs to the host are answered with Sluice's own TLS (`sluice ca init`).
     public let intercept: Bool
     /// The protocol upgrades carried for the host and their idle timeout (`upgrades:`).
@@ -114,7 +116,7 @@ public final class HostPolicy: Sendable {
         health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard,
         cache: CacheBehavior = .defaultBehavior, rateLimit: RateLimitSettings? = nil
     ) {
-        self.rateLimit = rateLimit
+        rateLimiting = rateLimit.map { RateLimiting(policy: name, settings: $0) }
         self.name = name
         self.upgrades = upgrades
         self.cache = cache
@@ -191,6 +193,7 @@ public final class PolicyTable: Sendable {
     public let cacheOverrulingPolicies: [(name: String, directives: [String])]
     /// Every policy's name, `default` first, then in the file's order.
     public let names: [String]
+    private let named: [String: HostPolicy]
     /// Whether any policy's `health:` has a probe (the probe timer runs then).
     public let probes: Bool
     /// Unique to this table in the process (every load and reload builds a new one): what the
@@ -222,12 +225,16 @@ public final class PolicyTable: Sendable {
             return (policy.name, ignored.map(\.rawValue).sorted())
         }
         names = all.map(\.name)
+        named = Dictionary(all.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
         probes = all.contains { $0.health?.probe != nil }
         generation = Self.generations.add(1, ordering: .relaxed).newValue
     }
 
     /// The empty table: the default policy only, with no adapters and no redirects followed.
     public static let empty = PolicyTable(entries: [])
+
+    /// The policy of that name, as the file wrote it (`default`, `api.example.com`, `*.example.com`).
+    public func policy(named name: String) -> HostPolicy? { named[name] }
 
     public func match(host: String) -> HostPolicy {
         if exact.isEmpty && wildcards.isEmpty { return defaultPolicy }

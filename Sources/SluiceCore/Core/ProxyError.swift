@@ -63,13 +63,21 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// may not wait (`on_limit: reject`) or would wait longer than `max_wait`; nothing was sent.
     /// `retryAfter`: seconds until a request of its key could go.
     case rateLimited(policy: String, requests: Int, windowSeconds: Int, retryAfter: Int)
+    /// The origin said its own rate limit is reached (a 429 or 503 with `Retry-After`, or
+    /// rate-limit fields with nothing remaining; `rate_limit.learn`), and the request may not
+    /// wait that long (`on_limit: reject`, `max_wait`); nothing was sent. `retryAfter`:
+    /// seconds until the origin's hold ends.
+    case originRateLimited(policy: String, host: String, retryAfter: Int)
+    /// `limit` tries of the policy's key are upstream already (`rate_limit.max_concurrent`)
+    /// and no place freed within `max_wait` (or `on_limit: reject`); nothing was sent.
+    case concurrencyLimited(policy: String, limit: Int)
 
     public var status: Int {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm: return 400
         case .connectPortNotAllowed, .destinationDenied: return 403
         case .proxyAuthenticationRequired: return 407
-        case .rateLimited: return 429
+        case .rateLimited, .originRateLimited, .concurrencyLimited: return 429
         case .headerTimeout: return 408
         case .bodyTooLarge: return 413
         case .requestLineTooLong: return 414
@@ -97,7 +105,8 @@ public enum ProxyError: Error, Sendable, Equatable {
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
-            .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss, .rateLimited:
+            .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss, .rateLimited,
+            .originRateLimited, .concurrencyLimited:
             return false
         }
     }
@@ -109,6 +118,8 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull, .upstreamQueueTimeout: return 1
         case .upstreamCircuitOpen(_, let seconds): return seconds
         case .rateLimited(_, _, _, let seconds): return seconds
+        case .originRateLimited(_, _, let seconds): return seconds
+        case .concurrencyLimited: return 1
         default: return nil
         }
     }
@@ -159,6 +170,12 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .rateLimited(let policy, let requests, let window, let seconds):
             return
                 "rate limit of policy \(policy) reached (\(requests) requests per \(window) s, rate_limit); retry in \(seconds) s"
+        case .originRateLimited(let policy, let host, let seconds):
+            return
+                "\(host) asked for no more requests for now (its rate limit, learned under policy \(policy), rate_limit.learn); retry in \(seconds) s"
+        case .concurrencyLimited(let policy, let limit):
+            return
+                "\(limit) requests of policy \(policy) are upstream already (rate_limit.max_concurrent); retry in 1 s"
         }
     }
 }

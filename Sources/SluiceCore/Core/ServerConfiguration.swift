@@ -112,6 +112,9 @@ public struct ServerConfiguration: Sendable, Equatable {
         public var maxInFlightUpstream: Int? = Limits.defaultMaxInFlightUpstream
         /// Requests that may wait for an upstream slot per worker (0: refuse at once).
         public var upstreamQueue: Int = Limits.defaultUpstreamQueue
+        /// Keys each rate-limit table keeps (`rate_limit`; the least recently used is forgotten
+        /// first); also the bound of the origins' holds. A change needs a restart.
+        public var rateLimitKeys: Int = RateLimitTable.defaultCapacity
         /// `1000` per worker by default.
         public static let defaultMaxInFlightUpstream = 1000
         /// `1000` per worker by default.

@@ -108,6 +108,16 @@ public final class AccessLogMonitor: LogMonitor {
                 "trust_failure",
                 "{\"evaluator\":\(JSONLine.quoted(failure.evaluator)),\"reason\":\(JSONLine.quoted(failure.reason))}")
         }
+        if let limit = s.rateLimit {
+            if limit == .allowed {
+                json.raw("rate_limit", #"{"decision":"allowed","waited_ms":0}"# as StaticString)
+            } else {
+                var text = #"{"decision":""# + limit.decision.rawValue + #"","waited_ms":"#
+                text += String(limit.waitedMilliseconds)
+                if !limit.limit.isEmpty { text += #","limit":"# + JSONLine.quoted(limit.limit) }
+                json.raw("rate_limit", text + "}")
+            }
+        }
         if s.insecure { json.raw("insecure", "true") }
         if let circuit = s.circuit { json.field("circuit", circuit) }
         if let cache = s.cache { json.field("cache", cache) }

@@ -66,7 +66,21 @@ public struct ExchangeSummary: Sendable {
     /// The last validation failure, if any.
     public var validation: String?
     /// The trust evaluator that refused the origin's certificate, and why.
-    public var trustFailure: (evaluator: String, reason: String)?
+    public var trustFailure: (evaluator: String, reason: String)? {
+        get { trustFailureBox?.value }
+        set { trustFailureBox = newValue.map { Box($0) } }
+    }
+    /// What the policy's `rate_limit` did with the exchange's tries (nil: it has none).
+    public var rateLimit: RateLimitRecord? {
+        get { rateLimitBox?.value }
+        set { rateLimitBox = newValue.map { $0 == .allowed ? RateLimitRecord.allowedBox : Box($0) } }
+    }
+    /// Whether `rateLimit` is set (without copying it out).
+    public var hasRateLimitRecord: Bool { rateLimitBox != nil }
+    // Rare fields live boxed: an exchange (which holds its summary) stays within malloc's
+    // per-thread cache, and the plain path allocates nothing for them.
+    private var trustFailureBox: Box<(evaluator: String, reason: String)>?
+    private var rateLimitBox: Box<RateLimitRecord>?
     /// The request went to its origin over TLS without verification (`trust: disabled`).
     public var insecure = false
     /// The state of the origin's circuit (`health:`) after the exchange's last try was asked
@@ -89,6 +103,34 @@ public struct ExchangeSummary: Sendable {
         redirects = 0
         outcome = .ok
     }
+}
+
+/// An immutable value on the heap, for a rare field of a watched-size struct.
+public final class Box<Value: Sendable>: Sendable {
+    public let value: Value
+    public init(_ value: Value) { self.value = value }
+}
+
+/// What `rate_limit` did with an exchange (the access log's `rate_limit`): its tries went at
+/// once (`allowed`), waited `waitedMilliseconds` in all (`waited`), or one was refused with
+/// 429 (`rejected`); `limit` names what held it back (`50/s`, `max_concurrent 4`, or the
+/// origin's own limit and where it was read).
+public struct RateLimitRecord: Sendable, Equatable {
+    public enum Decision: String, Sendable {
+        case allowed, waited, rejected
+    }
+    public var decision: Decision
+    public var waitedMilliseconds: Int
+    public var limit: String
+
+    public init(decision: Decision, waitedMilliseconds: Int = 0, limit: String = "") {
+        self.decision = decision
+        self.waitedMilliseconds = waitedMilliseconds
+        self.limit = limit
+    }
+
+    public static let allowed = RateLimitRecord(decision: .allowed)
+    static let allowedBox = Box(allowed)
 }
 
 public struct RetryRecord: Sendable, Equatable {

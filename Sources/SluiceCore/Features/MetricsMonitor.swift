@@ -107,12 +107,31 @@ public final class SluiceMetrics: Sendable {
             "Shared-cache steps (docs/caching.md), by event: lookup, hit, miss, stored, revalidated, evicted and invalidated (objects)"
     )
 
+    public static let rateLimitDecisions = Metric(
+        name: "sluice_rate_limit_decisions_total", kind: .counter, labels: ["policy", "decision"],
+        help:
+            "Tries under a policy's `rate_limit`, by decision: allowed (went at once), waited (went after its turn came), rejected (answered 429), left (the client went while it waited)"
+    )
+    public static let rateLimitWait = Metric(
+        name: "sluice_rate_limit_wait_seconds", kind: .histogram, labels: [],
+        help: "How long tries that waited for their turn under `rate_limit` waited")
+    public static let rateLimitWaiting = Metric(
+        name: "sluice_rate_limit_waiting", kind: .gauge, labels: ["policy"],
+        help: "Tries waiting for their turn under each policy's `rate_limit`, read when /metrics is scraped")
+    public static let rateLimitLearned = Metric(
+        name: "sluice_rate_limit_learned_total", kind: .counter, labels: ["policy"],
+        help: "Origin answers that said the origin's own limit was reached, so its requests were held (`rate_limit.learn`)")
+    public static let rateLimitEvicted = Metric(
+        name: "sluice_rate_limit_keys_evicted_total", kind: .counter, labels: ["policy"],
+        help: "Rate-limit keys forgotten (least recently used first) to keep each table within `limits.rate_limit_keys`")
+
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
         requests, retries, retriesStopped, trustFailures, credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
+        rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
     ]
 
     /// Why a client connection was refused (`sluice_connections_refused_total`'s `reason`).
@@ -141,6 +160,10 @@ public final class SluiceMetrics: Sendable {
     /// forgets (a reload, or its size bound) lose theirs at the next `/metrics`, so the
     /// series stay as bounded as the registry.
     private let circuitOrigins = Mutex<Set<String>>([])
+    /// The rate-limit counts already added to the counters, per policy (they are read from
+    /// `RateLimitTable` at each scrape, and only the difference is added).
+    private let rateLimitReported = Mutex<[String: RateLimitTable.Counts]>([:])
+    let rateLimitWaitTimer: CoreMetrics.Timer
 
     private init() {
         var factory = PrometheusMetricsFactory(registry: registry)
@@ -149,6 +172,7 @@ public final class SluiceMetrics: Sendable {
             factory.durationHistogramBuckets[metric.name] = buckets
         }
         self.factory = factory
+        rateLimitWaitTimer = CoreMetrics.Timer(label: Self.rateLimitWait.name, dimensions: [], factory: factory)
         // The overload counters are served from the start (at 0), so an alert on their rate
         // has a series before the first refusal.
         for reason in ConnectionRefusal.allCases { _ = counter(Self.connectionsRefused, [("reason", reason.rawValue)]) }
@@ -212,6 +236,33 @@ public final class SluiceMetrics: Sendable {
         for status in statuses {
             gauge(Self.circuitState, [("origin", status.origin.name)]).record(status.breaker.state.gauge)
         }
+    }
+
+    /// A try that waited `microseconds` for its rate-limit turn.
+    public func recordRateLimitWait(microseconds: Int64) {
+        rateLimitWaitTimer.recordNanoseconds(microseconds * 1000)
+    }
+
+    /// Every policy's rate-limit counts and queue, set just before `/metrics` is emitted
+    /// (`RateLimitTable.snapshot`): counters grow by what happened since the last scrape.
+    public func recordRateLimits(_ policies: [RateLimitTable.PolicyState]) {
+        let added = rateLimitReported.withLock { reported in
+            policies.map { state -> (String, RateLimitTable.Counts) in
+                let before = reported[state.policy] ?? RateLimitTable.Counts()
+                reported[state.policy] = state.counts
+                return (state.policy, state.counts.minus(before))
+            }
+        }
+        for (policy, delta) in added {
+            for (decision, n) in [
+                ("allowed", delta.allowed), ("waited", delta.waited), ("rejected", delta.rejected), ("left", delta.left),
+            ] where n > 0 {
+                counter(Self.rateLimitDecisions, [("policy", policy), ("decision", decision)]).increment(by: n)
+            }
+            if delta.learned > 0 { counter(Self.rateLimitLearned, [("policy", policy)]).increment(by: delta.learned) }
+            if delta.evicted > 0 { counter(Self.rateLimitEvicted, [("policy", policy)]).increment(by: delta.evicted) }
+        }
+        for state in policies { gauge(Self.rateLimitWaiting, [("policy", state.policy)]).record(state.waiting) }
     }
 
     /// A reload's result (`ProxyServer.reloadFile`).

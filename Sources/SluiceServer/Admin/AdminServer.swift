@@ -191,6 +191,8 @@ final class AdminServer: @unchecked Sendable {
             return isGet ? metrics() : .methodNotAllowed("GET")
         case "/upstreams":
             return isGet ? upstreams() : .methodNotAllowed("GET")
+        case "/limits":
+            return isGet ? limits() : .methodNotAllowed("GET")
         case "/dashboard/data":
             return isGet ? .encoded(200, dashboardPayload()) : .methodNotAllowed("GET")
         case "/", "/dashboard/events":
@@ -256,8 +258,18 @@ final class AdminServer: @unchecked Sendable {
         return .encoded(200, UpstreamList(upstreams: server.health.statuses().map { UpstreamList.Upstream($0, now: now) }))
     }
 
+    /// `GET /limits`: every policy's `rate_limit` as it stands — its keys, the tries waiting
+    /// and in flight, what its limits decided, and the holds its origins asked for
+    /// (`rate_limit.learn`) with the time left.
+    private func limits() -> AdminResponse {
+        let configured = server.currentConfiguration.pipeline.policies
+        let states = server.rateLimits.snapshot(now: MonotonicClock.microseconds())
+        return .encoded(200, LimitList(states, configured))
+    }
+
     private func metrics() -> AdminResponse {
         SluiceMetrics.shared.recordCircuits(server.health.statuses())
+        SluiceMetrics.shared.recordRateLimits(server.rateLimits.snapshot(now: MonotonicClock.microseconds()))
         SluiceMetrics.shared.recordState(
             generation: server.configurationGeneration,
             workers: workerCounts().map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
@@ -269,10 +281,12 @@ final class AdminServer: @unchecked Sendable {
     private func dashboardPayload() -> DashboardPayload {
         let live = workerCounts()
         let recording = server.currentConfiguration.pipeline.monitors.contains { $0 is MetricsMonitorFactory }
-        return DashboardPayload(
+        var payload = DashboardPayload(
             stats: DashboardStats.shared.snapshot(), generation: server.configurationGeneration,
             inFlight: live.reduce(0) { $0 + $1.exchangesInFlight },
             connections: live.reduce(0) { $0 + $1.clientConnections }, recording: recording)
+        payload.limits = server.rateLimits.snapshot(now: MonotonicClock.microseconds()).map(DashboardPayload.Limit.init)
+        return payload
     }
 
     private func configuration() -> AdminResponse {
@@ -405,6 +419,68 @@ private struct RequestList: Encodable {
     let requests: [AdminExchange]
     /// False when a worker did not answer in time (its exchanges are missing).
     let complete: Bool
+}
+
+/// `GET /limits` (docs/admin-api.yaml).
+private struct LimitList: Encodable {
+    struct Hold: Encodable {
+        let key: String
+        let remainingMs: Int
+        let reason: String
+        enum CodingKeys: String, CodingKey {
+            case key, reason
+            case remainingMs = "remaining_ms"
+        }
+    }
+    struct Policy: Encodable {
+        let policy: String
+        /// As configured now (nil: the policy no longer has a `rate_limit`).
+        let limits: [String]?
+        let onLimit: String?
+        let maxWaitMs: Int?
+        let key: String?
+        let learn: Bool?
+        let maxConcurrent: Int?
+        let keys: Int
+        let waiting: Int
+        let inFlight: Int
+        let evicted: Int
+        let allowed: Int
+        let waited: Int
+        let rejected: Int
+        let left: Int
+        let learned: Int
+        let holds: [Hold]
+        enum CodingKeys: String, CodingKey {
+            case policy, limits, key, learn, keys, waiting, evicted, allowed, waited, rejected, left, learned, holds
+            case onLimit = "on_limit"
+            case maxWaitMs = "max_wait_ms"
+            case maxConcurrent = "max_concurrent"
+            case inFlight = "in_flight"
+        }
+    }
+    let policies: [Policy]
+
+    init(_ states: [RateLimitTable.PolicyState], _ table: PolicyTable) {
+        var byName = Dictionary(uniqueKeysWithValues: states.map { ($0.policy, $0) })
+        var names = table.names.filter { table.policy(named: $0)?.rateLimit != nil }
+        names += states.map(\.policy).filter { !names.contains($0) }
+        policies = names.map { name in
+            let state = byName.removeValue(forKey: name)
+            let settings = table.policy(named: name)?.rateLimit
+            let counts = state?.counts ?? RateLimitTable.Counts()
+            return Policy(
+                policy: name, limits: settings.map { $0.limits.map { "\($0) (burst \($0.burst))" } },
+                onLimit: settings?.onLimit.rawValue, maxWaitMs: settings?.maxWait, key: settings.map { "\($0.key)" },
+                learn: settings?.learn, maxConcurrent: settings?.maxConcurrent, keys: state?.keys ?? 0,
+                waiting: state?.waiting ?? 0, inFlight: state?.inFlight ?? 0, evicted: state?.evicted ?? 0,
+                allowed: counts.allowed, waited: counts.waited, rejected: counts.rejected, left: counts.left,
+                learned: counts.learned,
+                holds: (state?.holds ?? []).map {
+                    Hold(key: $0.key, remainingMs: Int(($0.remaining + 999) / 1000), reason: $0.reason)
+                })
+        }
+    }
 }
 
 /// `GET /upstreams` (docs/admin-api.yaml).

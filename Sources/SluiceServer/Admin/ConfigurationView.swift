@@ -104,6 +104,7 @@ struct ConfigurationView: Encodable {
                 "max_connections_per_client": s.limits.maxConnectionsPerClient.map(Int64.init),
                 "max_in_flight_upstream": s.limits.maxInFlightUpstream.map(Int64.init),
                 "upstream_queue": Int64(s.limits.upstreamQueue),
+                "rate_limit_keys": Int64(s.limits.rateLimitKeys),
             ],
             timeouts: [
                 "client_header": s.timeouts.clientHeader, "client_idle": s.timeouts.clientIdle,

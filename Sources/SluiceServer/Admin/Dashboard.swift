@@ -118,9 +118,34 @@ struct DashboardPayload: Encodable {
     /// False when the `metrics` monitor is not configured (only the gauges move then).
     let recording: Bool
     let hosts: [Host]
+    /// Every policy with `rate_limit`: its line and the origins' holds (`GET /limits` has more).
+    var limits: [Limit] = []
+
+    struct Limit: Encodable {
+        let policy: String
+        let waiting: Int
+        let inFlight: Int
+        let waited: Int
+        let rejected: Int
+        /// The holds still running: key, seconds left, where the origin said so.
+        let holds: [String]
+        enum CodingKeys: String, CodingKey {
+            case policy, waiting, waited, rejected, holds
+            case inFlight = "in_flight"
+        }
+
+        init(_ state: RateLimitTable.PolicyState) {
+            policy = state.policy
+            waiting = state.waiting
+            inFlight = state.inFlight
+            waited = state.counts.waited
+            rejected = state.counts.rejected
+            holds = state.holds.map { "\($0.key): \(($0.remaining + 999_999) / 1_000_000) s (\($0.reason))" }
+        }
+    }
 
     enum CodingKeys: String, CodingKey {
-        case requests, errors, retries, connections, recording, hosts
+        case requests, errors, retries, connections, recording, hosts, limits
         case timeMilliseconds = "time_ms"
         case configurationGeneration = "configuration_generation"
         case inFlight = "in_flight"
@@ -201,6 +226,10 @@ extension Dashboard {
           <thead><tr><th>host</th><th>requests</th><th>req/s</th><th>errors</th><th>retries</th><th>mean ms</th><th>bytes out</th></tr></thead>
           <tbody id="hosts"></tbody>
         </table>
+        <table id="limitstable" hidden>
+          <thead><tr><th>rate_limit policy</th><th>waiting</th><th>in flight</th><th>waited</th><th>refused (429)</th><th>origin holds</th></tr></thead>
+          <tbody id="limits"></tbody>
+        </table>
         <p><span id="ticks">0</span> updates</p>
         <script>
         "use strict";
@@ -246,6 +275,15 @@ extension Dashboard {
             row.cells[6].textContent = h.bytes_out;
           }
           for (const row of [...body.rows]) if (!seen.has(row.dataset.host)) row.remove();
+          const limits = $("limits");
+          limits.replaceChildren();
+          for (const l of d.limits) {
+            const row = limits.insertRow();
+            for (const v of [l.policy, l.waiting, l.in_flight, l.waited, l.rejected, l.holds.join("; ") || "none"]) {
+              row.insertCell().textContent = v;
+            }
+          }
+          $("limitstable").hidden = d.limits.length === 0;
           previousHosts = new Map(d.hosts.map((h) => [h.host, h.requests]));
           previous = d;
           $("ticks").textContent = Number($("ticks").textContent) + 1;

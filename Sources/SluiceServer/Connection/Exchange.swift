@@ -116,6 +116,9 @@ final class Exchange {
 ///
 /// Threading: the worker's thread.
 protocol ExchangeOwner: UpstreamSlotWaiter {
+    /// The `max_concurrent` place the current try holds (`QuotaStage`), released when the try
+    /// ends.
+    var quotaSlot: QuotaSlot? { get set }
     /// The adapters answered (at once, or after a wait): `command` is the machine's answer.
     func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.Action?)
 }

@@ -70,6 +70,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         didSet { if oldValue !== exchange { oldValue?.owner = nil } }
     }
     var phase: Phase = .idle
+    /// The `max_concurrent` place the current try holds (`QuotaStage`), until the try ends.
+    var quotaSlot: QuotaSlot?
 
     init(connection: ClientConnection, worker: Worker) {
         self.connection = connection
@@ -173,6 +175,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// The exchange is over (or became a tunnel): its upstream slot goes to the next waiting
     /// request.
     func releaseUpstreamSlot() {
+        releaseQuotaSlot()
         guard let exchange, exchange.holdsUpstreamSlot else { return }
         exchange.holdsUpstreamSlot = false
         worker.upstreamGate.release()
@@ -329,30 +332,112 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         }
     }
 
-    /// Holds the try until its rate-limit turn; the connection holds its input meanwhile.
+    /// Holds the try until its rate-limit turn — on a timer, or in the `max_concurrent` line
+    /// (with a timer for `max_wait`); the connection holds its input meanwhile.
     private func waitForQuota(_ request: UpstreamRequest, _ wait: QuotaWait) {
+        let ms: Int
+        switch wait.kind {
+        case .timer(let delay, _):
+            ms = delay
+        case .slot(let ticket):
+            worker.quotaWaiters[ticket] = self
+            ms = Int(max(0, wait.deadline - MonotonicClock.microseconds()) / 1000)
+        }
         let timer = event_new(
             worker.base, -1, 0,
             { _, _, arg in
-                Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().quotaTurnCame()
+                Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().quotaTimerFired()
             }, Unmanaged.passUnretained(self).toOpaque())!
         phase = .waitingForQuota(QuotaWaiter(timer: timer, request: request, wait: wait))
-        var tv = timeval(tv_sec: wait.milliseconds / 1000, tv_usec: (wait.milliseconds % 1000) * 1000)
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
         event_add(timer, &tv)
     }
 
-    private func quotaTurnCame() {
+    /// A timer of a waiting try: its turn came, or its wait for a `max_concurrent` place ran out.
+    private func quotaTimerFired() {
         guard case .waitingForQuota(let waiter) = phase, let exchange else { return }
-        event_free(waiter.timer)
-        phase = .idle
-        startTry(waiter.request, exchange, from: RequestChain.afterQuota)
+        let wait = waiter.wait
+        switch wait.kind {
+        case .timer:
+            event_free(waiter.timer)
+            phase = .idle
+            let now = MonotonicClock.microseconds()
+            QuotaStage.waited(wait, now: now, exchange, worker)
+            // The origin may have asked for a pause while this try waited.
+            let held = wait.settings.learn ? worker.rateLimits.holdRemaining(policy: wait.policy, key: wait.key, now: now) : 0
+            guard held > 0 else { return startTry(waiter.request, exchange, from: RequestChain.afterQuota) }
+            goOn(
+                QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
+                waiter.request, exchange)
+        case .slot(let ticket):
+            if worker.rateLimits.leaveSlot(policy: wait.policy, key: wait.key, ticket: ticket) {
+                worker.quotaWaiters[ticket] = nil
+                event_free(waiter.timer)
+                phase = .idle
+                worker.rateLimits.noteWaiting(policy: wait.policy, -1)
+                let limit = wait.settings.maxConcurrent ?? 0
+                perform(
+                    QuotaStage.refuse(.concurrencyLimited(policy: wait.policy, limit: limit), wait.limit, exchange, worker),
+                    exchange)
+            } else {
+                // A place was given to it meanwhile: it holds it now (the wake is ignored).
+                quotaSlotGranted(ticket)
+            }
+        }
     }
 
-    /// A waiting try leaves (the client went, or the operator cancelled it): its timer goes
-    /// and its place in the schedule is given back.
+    /// A `max_concurrent` place was given to the try waiting as `ticket` (in a loop pass of
+    /// the worker's own): it holds it, and goes on to the schedule of the rates.
+    func quotaSlotGranted(_ ticket: UInt64) {
+        worker.quotaWaiters[ticket] = nil
+        guard case .waitingForQuota(let waiter) = phase, case .slot(ticket) = waiter.wait.kind, let exchange else {
+            return
+        }
+        let wait = waiter.wait
+        event_free(waiter.timer)
+        phase = .idle
+        quotaSlot = QuotaSlot(policy: wait.policy, key: wait.key, limit: wait.settings.maxConcurrent ?? 1)
+        let now = MonotonicClock.microseconds()
+        QuotaStage.waited(wait, now: now, exchange, worker)
+        goOn(
+            QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
+            waiter.request, exchange)
+    }
+
+    /// Performs the schedule's answer for a try that had waited.
+    private func goOn(_ verdict: StageVerdict, _ request: UpstreamRequest, _ exchange: Exchange) {
+        switch verdict {
+        case .proceed: startTry(request, exchange, from: RequestChain.afterQuota)
+        case .wait(.quota(let wait)): waitForQuota(request, wait)
+        default: perform(verdict, exchange)
+        }
+    }
+
+    /// A waiting try leaves (the client went, or the operator cancelled it): its timer goes,
+    /// its place in the schedule is given back, and a `max_concurrent` place it was given
+    /// meanwhile is released.
     private func leaveQuota(_ waiter: QuotaWaiter) {
         event_free(waiter.timer)
-        worker.rateLimits.cancel(policy: waiter.wait.policy, waiter.wait.settings, waiter.wait.reservation)
+        let wait = waiter.wait
+        let table = worker.rateLimits
+        switch wait.kind {
+        case .timer(_, let reservation):
+            table.cancel(policy: wait.policy, wait.settings, reservation)
+        case .slot(let ticket):
+            worker.quotaWaiters[ticket] = nil
+            if !table.leaveSlot(policy: wait.policy, key: wait.key, ticket: ticket) {
+                table.releaseSlot(policy: wait.policy, key: wait.key, limit: wait.settings.maxConcurrent ?? 1)
+            }
+        }
+        table.noteWaiting(policy: wait.policy, -1)
+        table.count(policy: wait.policy, .left)
+    }
+
+    /// The try's `max_concurrent` place goes to the next in line (the try ended).
+    func releaseQuotaSlot() {
+        guard let slot = quotaSlot else { return }
+        quotaSlot = nil
+        worker.rateLimits.releaseSlot(policy: slot.policy, key: slot.key, limit: slot.limit)
     }
 
     /// Hands a try the stages completed to its transport.
@@ -477,6 +562,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     }
 
     func tryEnded(timings: TryTimings) {
+        releaseQuotaSlot()
         guard let exchange else { return }
         exchange.report(exchange.machine.handle(.tryEnded(timings)))
     }
@@ -488,7 +574,11 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         guard let exchange else { return transfer.forward(keepAlive: connection.keepsAliveAfterResponse) }
         reportTryOutcome(HealthOutcome(status: response.status))
         let head = Self.machineHead(response.collected, exchange)
-        let actions = exchange.machine.handle(.responseHead(head, canResendBody: canResendBody(exchange)))
+        let held = exchange.tryPolicy?.rateLimiting != nil && QuotaStage.learn(response, exchange, worker)
+        let actions = exchange.machine.handle(
+            held
+                ? .heldByOrigin(head, canResendBody: canResendBody(exchange))
+                : .responseHead(head, canResendBody: canResendBody(exchange)))
         exchange.report(actions)
         switch actions.command {
         case .discardResponse?: transfer.discard()
@@ -556,6 +646,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     func transferFailed(_ error: ProxyError, kind: TransportErrorKind) {
         phase = .idle
+        releaseQuotaSlot()
         guard let exchange else { return connection.respondError(error) }
         reportTryOutcome(HealthOutcome(error: error))
         feed(.tryFailed(error, kind: kind, canResendBody: canResendBody(exchange)), exchange)

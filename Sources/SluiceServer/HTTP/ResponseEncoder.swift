@@ -90,6 +90,8 @@ enum ResponseEncoder {
             // The IETF httpapi rate-limit fields: the quota and what is left of it (none).
             head += "RateLimit-Policy: \"\(policy)\";q=\(requests);w=\(window)\r\n"
             head += "RateLimit: \"\(policy)\";r=0;t=\(seconds)\r\n"
+        } else if case .originRateLimited(let policy, _, let seconds) = error {
+            head += "RateLimit: \"\(policy)\";r=0;t=\(seconds)\r\n"
         }
         head += close ? "Connection: close\r\n\r\n" : "\r\n"
         return head + body

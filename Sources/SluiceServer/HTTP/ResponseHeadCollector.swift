@@ -127,6 +127,28 @@ struct ResponseHeadCollector {
         if i + 1 < line.count { reason.append(contentsOf: UnsafeRawBufferPointer(rebasing: line[(i + 1)...])) }
     }
 
+    /// Whether a field's name starts with `ratelimit` or `x-ratelimit` (any case): the fields
+    /// `RateLimitLearning` reads besides `Retry-After`. One pass over the first bytes of each
+    /// line, so that an answer without them costs no lookups.
+    func mentionsRateLimit() -> Bool {
+        lines.withUnsafeBufferPointer { buf in
+            var start = 0
+            for end in lineEnds {
+                defer { start = end }
+                var i = start
+                if i < end, buf[i] | 0x20 == UInt8(ascii: "x") { i += 2 }
+                guard i + 9 <= end else { continue }
+                var same = true
+                for (k, byte) in "ratelimit".utf8.enumerated() where buf[i + k] | 0x20 != byte {
+                    same = false
+                    break
+                }
+                if same { return true }
+            }
+            return false
+        }
+    }
+
     /// The value of the first field named `lowercaseName` (ASCII case-insensitive), trimmed.
     func value(_ lowercaseName: String) -> String? {
         var name = lowercaseName

@@ -48,7 +48,7 @@ public final class ProxyServer: @unchecked Sendable {
     public let health = UpstreamHealth()
     /// Every policy's rate-limit schedules (`rate_limit:`), shared by every worker: a limit
     /// holds for the process. A reload keeps the schedules of limits it did not change.
-    public let rateLimits = RateLimitTable()
+    public let rateLimits: RateLimitTable
     /// The shared cache every worker uses (`cache_store`), made once: it outlives reloads.
     let cacheStore: CacheStore?
     /// The shared cache's disk tier (`cache_store.disk`): opened by `start()` (it takes the
@@ -71,6 +71,7 @@ public final class ProxyServer: @unchecked Sendable {
         self.configPath = configPath
         current = Mutex(configuration)
         connectionLimits = ConnectionLimits(configuration.server.limits)
+        rateLimits = RateLimitTable(capacity: configuration.server.limits.rateLimitKeys)
         cacheStore = configuration.server.cacheStore.map(CacheStore.init)
     }
 

@@ -48,6 +48,11 @@ final class Worker {
     private var listeners: [String: Listener] = [:]
     private var reloadEvent: OpaquePointer!
     private var adminEvent: OpaquePointer!
+    private var quotaEvent: OpaquePointer!
+    /// Tries of this worker waiting for a `max_concurrent` place, by ticket.
+    var quotaWaiters: [UInt64: ExchangeDriver] = [:]
+    /// Hands a ticket given a place to this worker's loop (`RateLimitTable`; any thread).
+    private(set) var quotaWake: @Sendable (UInt64) -> Bool = { _ in false }
     private let mailbox: Mailbox
     let heartbeat = Heartbeat()
     /// Beats `heartbeat`; only when a service manager watches (`ServiceNotifier`).
@@ -102,6 +107,8 @@ final class Worker {
             var closed = false
             var pending: SluiceConfiguration?
             var admin: [AdminTask] = []
+            /// `max_concurrent` tickets given a place (`RateLimitTable`'s wake).
+            var quotaGrants: [UInt64] = []
         }
         let contents = Mutex(Contents())
     }
@@ -164,6 +171,7 @@ final class Worker {
         let event: OpaquePointer
         let reloadEvent: OpaquePointer
         let adminEvent: OpaquePointer
+        let quotaEvent: OpaquePointer
         let mailbox: Mailbox
     }
 
@@ -216,6 +224,12 @@ final class Worker {
                 Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().runAdminTasks()
             }, me)
         event_add(adminEvent, nil)
+        quotaEvent = event_new(
+            base, -1, Int16(EV_PERSIST),
+            { _, _, arg in
+                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().runQuotaGrants()
+            }, me)
+        event_add(quotaEvent, nil)
         flushEvent = event_new(
             base, -1, 0,
             { _, _, arg in
@@ -239,11 +253,34 @@ final class Worker {
             try listen(key: key, mode: mode, on: address)
         }
         sessionContext = WorkerSession(worker: self, mailbox: mailbox)
+        let handle = stopHandle
+        quotaWake = { ticket in Worker.grantQuota(handle, ticket) }
         if index == 0 { probes = HealthProbes(worker: self) }
     }
 
     var stopHandle: StopHandle {
-        StopHandle(event: stopEvent, reloadEvent: reloadEvent, adminEvent: adminEvent, mailbox: mailbox)
+        StopHandle(
+            event: stopEvent, reloadEvent: reloadEvent, adminEvent: adminEvent, quotaEvent: quotaEvent, mailbox: mailbox)
+    }
+
+    /// A `max_concurrent` ticket was given a place: it goes to this worker's loop (false when
+    /// the loop has ended: the place is passed on).
+    static func grantQuota(_ handle: StopHandle, _ ticket: UInt64) -> Bool {
+        handle.mailbox.contents.withLock { contents in
+            guard !contents.closed else { return false }
+            contents.quotaGrants.append(ticket)
+            event_active(handle.quotaEvent, Int32(EV_READ), 0)
+            return true
+        }
+    }
+
+    private func runQuotaGrants() {
+        let tickets = mailbox.contents.withLock { contents -> [UInt64] in
+            defer { contents.quotaGrants.removeAll() }
+            return contents.quotaGrants
+        }
+        // A ticket whose try left (or took its place when its wait ran out) is not here.
+        for ticket in tickets { quotaWaiters[ticket]?.quotaSlotGranted(ticket) }
     }
 
     /// Hands `task` to the worker; it runs on the worker's thread at its next loop pass (a
@@ -558,6 +595,7 @@ final class Worker {
         event_free(stopEvent)
         event_free(reloadEvent)
         event_free(adminEvent)
+        event_free(quotaEvent)
         event_free(flushEvent)
         event_free(heapTrimTimer)
         if let heartbeatTimer { event_free(heartbeatTimer) }
@@ -591,6 +629,7 @@ public enum ServerError: Error, CustomStringConvertible {
 extension Worker: StageServices {
     var adapterSession: any SessionContext { sessionContext }
     var upstreamPerTryTimeout: Int { config.timeouts.upstreamPerTry }
+    var totalTimeout: Int? { config.timeouts.total }
 
     func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer {
         upstreamGate.admit(waiter)

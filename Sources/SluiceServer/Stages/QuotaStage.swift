@@ -1,44 +1,133 @@
 import SluiceCore
 
 /// `rate_limit` (docs/configuration.md, "Rate limits"): before each try — the first, every
-/// retry, every followed redirect; never a cache hit — the policy's limits (GCRA,
-/// `RateLimiter`) give the try its turn: now, after an exact wait on the worker's timer (at
-/// most `max_wait`; first come, first served per key), or not at all: `429` with
-/// `Retry-After` and the `RateLimit-Policy` / `RateLimit` fields, and nothing is sent. It
-/// comes after the circuit (a try that fails fast takes no place in the schedule).
+/// retry, every followed redirect; never a cache hit — the policy's limits give the try its
+/// turn: now, after a wait on the worker's timer or in the `max_concurrent` line (at most
+/// `max_wait`, and never past `timeouts.total`; first come, first served per key), or not at
+/// all: `429` with `Retry-After` (and the `RateLimit-Policy` / `RateLimit` fields), and
+/// nothing is sent. In order: a `max_concurrent` place (held until the try ends), then the
+/// schedule of the rates (GCRA, `RateLimiter`) and the hold the origin asked for
+/// (`rate_limit.learn`, `learn` below). It comes after the circuit (a try that fails fast
+/// takes no place).
 enum QuotaStage: TryStage {
     static var name: String { "rate_limit" }
 
     static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
-        guard let policy = exchange.tryPolicy, let settings = policy.rateLimit else { return .proceed }
-        let maxWait: Int64 = settings.onLimit == .reject ? 0 : Int64(settings.maxWait) * 1000
-        let decision = services.rateLimits.acquire(
-            policy: policy.name, settings, key: key(settings.key, request, exchange),
-            now: MonotonicClock.microseconds(), maxWait: maxWait)
-        switch decision {
+        guard let limiting = exchange.tryPolicy?.rateLimiting else { return .proceed }
+        let key = key(limiting.settings.key, request.target, exchange)
+        let now = MonotonicClock.microseconds()
+        let maxWait = maxWait(limiting, exchange, services)
+        if let limit = limiting.settings.maxConcurrent, let owner = exchange.owner, owner.quotaSlot == nil {
+            let table = services.rateLimits
+            let policy = limiting.policy
+            let answer = table.acquireSlot(policy: policy, key: key, limit: limit, queue: maxWait > 0, wake: services.quotaWake)
+            switch answer {
+            case .go?:
+                owner.quotaSlot = QuotaSlot(policy: policy, key: key, limit: limit)
+            case .wait(let ticket)?:
+                table.noteWaiting(policy: policy, 1)
+                return .wait(
+                    .quota(
+                        QuotaWait(
+                            .slot(ticket: ticket), limiting, key: key, limit: "max_concurrent \(limit)", since: now,
+                            deadline: now + maxWait)))
+            case nil:
+                return refuse(.concurrencyLimited(policy: policy, limit: limit), "max_concurrent \(limit)", exchange, services)
+            }
+        }
+        return schedule(limiting, key: key, now: now, deadline: now + maxWait, exchange, services)
+    }
+
+    /// The rates' and the origin's part: go, wait on the timer until `deadline` at most, or 429.
+    static func schedule(
+        _ limiting: RateLimiting, key: String, now: Int64, deadline: Int64, _ exchange: Exchange,
+        _ services: any StageServices
+    ) -> StageVerdict {
+        let table = services.rateLimits
+        let policy = limiting.policy
+        switch table.acquire(policy: policy, limiting.settings, key: key, now: now, maxWait: max(0, deadline - now)) {
         case .go(let delay, _) where delay == 0:
+            if !exchange.summary.hasRateLimitRecord { exchange.summary.rateLimit = .allowed }
             return .proceed
         case .go(let delay, let reservation):
+            table.noteWaiting(policy: policy, 1)
+            let limit = binding(limiting.settings, policy: policy, key: key, now: now, delay: delay, table)
             return .wait(
                 .quota(
                     QuotaWait(
-                        milliseconds: Int((delay + 999) / 1000), policy: policy.name, settings: settings,
-                        reservation: reservation)))
+                        .timer(milliseconds: Int((delay + 999) / 1000), reservation: reservation), limiting, key: key,
+                        limit: limit, since: now, deadline: deadline)))
         case .refuse(let retryAfter, let index):
-            CircuitStage.reportOutcome(.abandoned, exchange, services.health)
-            let limit = settings.limits[index]
-            return .respond(
+            let seconds = max(1, Int((retryAfter + 999_999) / 1_000_000))
+            guard let index else {
+                let hold = table.holdReason(policy: policy, key: key) ?? "the origin's limit"
+                return refuse(
+                    .originRateLimited(policy: policy, host: exchange.target.authority, retryAfter: seconds), hold, exchange,
+                    services)
+            }
+            let limit = limiting.settings.limits[index]
+            return refuse(
                 .rateLimited(
-                    policy: policy.name, requests: limit.requests, windowSeconds: max(1, limit.periodMilliseconds / 1000),
-                    retryAfter: max(1, Int((retryAfter + 999_999) / 1_000_000))))
+                    policy: policy, requests: limit.requests, windowSeconds: max(1, limit.periodMilliseconds / 1000),
+                    retryAfter: seconds), limit.description, exchange, services)
         }
     }
 
+    /// A try turned away: nothing is sent, the breaker's admission is returned, and the
+    /// access log and the counters say why.
+    static func refuse(
+        _ error: ProxyError, _ limit: String, _ exchange: Exchange, _ services: any StageServices
+    )
+        -> StageVerdict
+    {
+        CircuitStage.reportOutcome(.abandoned, exchange, services.health)
+        if let policy = exchange.tryPolicy { services.rateLimits.count(policy: policy.name, .rejected) }
+        var record = exchange.summary.rateLimit ?? .allowed
+        record.decision = .rejected
+        record.limit = limit
+        exchange.summary.rateLimit = record
+        return .respond(error)
+    }
+
+    /// A wait ended with the try's turn: the access log and the histogram record it.
+    static func waited(_ wait: QuotaWait, now: Int64, _ exchange: Exchange, _ services: any StageServices) {
+        services.rateLimits.noteWaiting(policy: wait.policy, -1)
+        services.rateLimits.count(policy: wait.policy, .waited)
+        SluiceMetrics.shared.recordRateLimitWait(microseconds: now - wait.since)
+        var record = exchange.summary.rateLimit ?? .allowed
+        record.decision = .waited
+        record.waitedMilliseconds += Int((now - wait.since) / 1000)
+        record.limit = wait.limit
+        exchange.summary.rateLimit = record
+    }
+
+    /// How long a try may wait, in µs: `max_wait` (0 with `on_limit: reject`), and never past
+    /// `timeouts.total` counted from the request's arrival.
+    static func maxWait(_ limiting: RateLimiting, _ exchange: Exchange, _ services: any StageServices) -> Int64 {
+        guard limiting.settings.onLimit == .wait else { return 0 }
+        var ms = limiting.settings.maxWait
+        if let total = services.totalTimeout { ms = min(ms, max(0, total - exchange.inspect { $0.elapsed })) }
+        return Int64(ms) * 1000
+    }
+
+    /// What held a waiting try back: the origin's hold when it is the longer, else the limit
+    /// with the longest delay.
+    private static func binding(
+        _ settings: RateLimitSettings, policy: String, key: String, now: Int64, delay: Int64, _ table: RateLimitTable
+    ) -> String {
+        if settings.learn, table.holdRemaining(policy: policy, key: key, now: now) >= delay,
+            let reason = table.holdReason(policy: policy, key: key)
+        {
+            return reason
+        }
+        return settings.limits.map(\.description).joined(separator: " and ")
+    }
+
     /// What the request is counted by.
-    static func key(_ key: RateLimitSettings.Key, _ request: UpstreamRequest, _ exchange: Exchange) -> String {
+    static func key(_ key: RateLimitSettings.Key, _ target: RequestTarget, _ exchange: Exchange) -> String {
         switch key {
         case .host:
-            return request.target.host
+            return target.host
         case .client:
             return exchange.client.address
         case .user:
@@ -48,4 +137,34 @@ enum QuotaStage: TryStage {
             return head.fields.first { head.field($0, isNamed: name) }.map { head.value($0) } ?? ""
         }
     }
+
+    /// An origin's answer under a policy that learns (`rate_limit.learn`, never a cache hit's):
+    /// a hold it asks for is kept for the try's key, so that the requests after it wait (or
+    /// are refused) instead of reaching it. True when the answer was a 429 or 503 whose hold may
+    /// be waited for — within `max_wait` and the retry policy's deadline — (the exchange may
+    /// then try again when it ends: `ExchangeMachine.Event.heldByOrigin`).
+    static func learn(_ response: UpstreamResponseHead, _ exchange: Exchange, _ services: any StageServices) -> Bool {
+        guard let limiting = exchange.tryPolicy?.rateLimiting, limiting.settings.learn else { return false }
+        let collected = response.collected
+        let status = response.status
+        guard status == 429 || status == 503 || collected.mentionsRateLimit() else { return false }
+        guard
+            let hold = RateLimitLearning.hold(
+                status: response.status, wallClockNow: SystemClock().wallClockMilliseconds(), { collected.value($0) })
+        else { return false }
+        let now = MonotonicClock.microseconds()
+        let key = key(limiting.settings.key, exchange.target, exchange)
+        services.rateLimits.learn(policy: limiting.policy, key: key, hold: hold, now: now)
+        Log.info(
+            "rate_limit: \(exchange.target.authority) asked for no requests for \(hold.milliseconds) ms (\(hold.reason)); policy \(limiting.policy) holds them"
+        )
+        guard status == 429 || status == 503, limiting.settings.onLimit == .wait,
+            Int64(hold.milliseconds) * 1000 <= maxWait(limiting, exchange, services)
+        else { return false }
+        if let deadline = exchange.policy.retryPolicy?.deadline {
+            return exchange.inspect { $0.elapsed } + hold.milliseconds < deadline
+        }
+        return true
+    }
+
 }

@@ -69,21 +69,45 @@ enum StageWait {
     case quota(QuotaWait)
 }
 
-/// A try's place in its policy's rate-limit schedule: how long until it goes, and what gives
-/// the place back when the request leaves first. (A class: a verdict stays small to copy and
-/// to destroy on the paths that never wait.)
+/// A try waiting for its turn under its policy's `rate_limit`: for its place in the schedule
+/// (or the origin's hold) to come, on a timer — what gives that place back if the request
+/// leaves first — or for a `max_concurrent` place, with its ticket. (A class: a verdict stays
+/// small to copy and to destroy on the paths that never wait.)
 final class QuotaWait {
-    let milliseconds: Int
-    let policy: String
-    let settings: RateLimitSettings
-    let reservation: RateLimiter.Reservation
-
-    init(milliseconds: Int, policy: String, settings: RateLimitSettings, reservation: RateLimiter.Reservation) {
-        self.milliseconds = milliseconds
-        self.policy = policy
-        self.settings = settings
-        self.reservation = reservation
+    enum Kind {
+        /// The schedule's (or the hold's) delay, in ms.
+        case timer(milliseconds: Int, reservation: RateLimiter.Reservation?)
+        /// Waiting for one of `max_concurrent` places as this ticket.
+        case slot(ticket: UInt64)
     }
+
+    let kind: Kind
+    let limiting: RateLimiting
+    let key: String
+    /// What held the try back, for the access log (`50/s`, `max_concurrent 4`, the origin's hold).
+    let limit: String
+    /// When the wait began, and the latest the try may go (monotonic µs).
+    let since: Int64
+    let deadline: Int64
+
+    var policy: String { limiting.policy }
+    var settings: RateLimitSettings { limiting.settings }
+
+    init(_ kind: Kind, _ limiting: RateLimiting, key: String, limit: String, since: Int64, deadline: Int64) {
+        self.kind = kind
+        self.limiting = limiting
+        self.key = key
+        self.limit = limit
+        self.since = since
+        self.deadline = deadline
+    }
+}
+
+/// A `max_concurrent` place a try holds until it ends (`ExchangeOwner.quotaSlot`).
+struct QuotaSlot {
+    let policy: String
+    let key: String
+    let limit: Int
 }
 
 enum RequestBodyWait {
@@ -116,6 +140,8 @@ struct StoredAnswer {
 protocol StageServices: AnyObject {
     /// `timeouts.upstream_per_try`: a try's limit when its policy sets none.
     var upstreamPerTryTimeout: Int { get }
+    /// `timeouts.total`: no rate-limit wait goes past it (nil: none).
+    var totalTimeout: Int? { get }
     /// The pipeline new requests get (an exchange keeps the one it started with).
     var pipeline: WorkerPipeline { get }
     /// This process's `Via` pseudonym: a request that carries it has looped.
@@ -123,6 +149,9 @@ protocol StageServices: AnyObject {
     var health: UpstreamHealth { get }
     /// The process's rate-limit schedules (`rate_limit`), shared by every worker.
     var rateLimits: RateLimitTable { get }
+    /// Hands a `max_concurrent` ticket that was given a place to this worker's loop (any
+    /// thread may call it; false: the worker is gone).
+    var quotaWake: @Sendable (UInt64) -> Bool { get }
     var cacheStore: CacheStore? { get }
     var diskTier: DiskCacheTier? { get }
     /// What adapters that must fetch something (OAuth 2) are given.
