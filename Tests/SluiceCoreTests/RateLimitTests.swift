@@ -141,6 +141,15 @@ import Testing
         #expect(github?.milliseconds == 30_000)
         #expect(hold(200, ["x-ratelimit-remaining": "0", "x-ratelimit-reset-after": "1.5"])?.milliseconds == 1500)
         #expect(hold(200, ["x-ratelimit-remaining": "3", "x-ratelimit-reset": "60"]) == nil)
+        // A Unix time in milliseconds; values no one should believe, and a number too large
+        // for an integer, hold nothing (and never trap).
+        #expect(
+            hold(200, ["x-ratelimit-remaining": "0", "x-ratelimit-reset": "1700000004000"], now: 1_700_000_000_000)?
+                .milliseconds == 4000)
+        for value in ["1e16", "inf", "nan", "-1", "0x1p64"] {
+            #expect(hold(200, ["x-ratelimit-remaining": "0", "x-ratelimit-reset-after": value]) == nil, "\(value)")
+        }
+        #expect(hold(200, ["x-ratelimit-remaining": "0", "x-ratelimit-reset": "99999999999999999999"]) == nil)
         // The longest of several.
         let both = hold(429, ["retry-after": "1", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "9"])
         #expect(both?.milliseconds == 9000 && both?.reason.hasPrefix("X-RateLimit-Remaining: 0") == true)

@@ -153,7 +153,8 @@ extension ExchangeMachine {
     mutating func retryAfterLearnedHold(status: Int, canResendBody: Bool, into actions: inout Actions) -> Bool {
         guard canResendBody, status == 429 || Self.repeatable(summary.method) else { return false }
         let reason = "rate_limit \(status)"
-        guard summary.retries.lazy.filter({ $0.reason == reason }).count < Self.maxLearnedRetries else { return false }
+        let earlier = summary.retries.lazy.filter { $0.reason.hasPrefix("rate_limit ") }.count
+        guard earlier < Self.maxLearnedRetries else { return false }
         let record = RetryRecord(attempt: summary.retries.count + 1, delayMilliseconds: 0, reason: reason)
         summary.retries.append(record)
         pendingDelay = 0

@@ -68,7 +68,8 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// wait that long (`on_limit: reject`, `max_wait`); nothing was sent. `retryAfter`:
     /// seconds until the origin's hold ends.
     case originRateLimited(policy: String, host: String, retryAfter: Int)
-    /// `limit` tries of the policy's key are upstream already (`rate_limit.max_concurrent`)
+    /// `limit` tries of the policy's key hold a place already (`rate_limit.max_concurrent`: from
+    /// their turn until their response has been received)
     /// and no place freed within `max_wait` (or `on_limit: reject`); nothing was sent.
     case concurrencyLimited(policy: String, limit: Int)
 
@@ -175,7 +176,7 @@ public enum ProxyError: Error, Sendable, Equatable {
                 "\(host) asked for no more requests for now (its rate limit, learned under policy \(policy), rate_limit.learn); retry in \(seconds) s"
         case .concurrencyLimited(let policy, let limit):
             return
-                "\(limit) requests of policy \(policy) are upstream already (rate_limit.max_concurrent); retry in 1 s"
+                "\(limit) requests of policy \(policy) are in flight already (rate_limit.max_concurrent); retry in 1 s"
         }
     }
 }

@@ -277,11 +277,14 @@ public enum RateLimitLearning {
         }
         if let remaining = value("x-ratelimit-remaining"), number(remaining) == 0 {
             if let reset = value("x-ratelimit-reset"), let n = number(reset) {
-                // GitHub and others send the Unix time of the reset; most send seconds from now.
-                let ms = n > 1_000_000_000 ? n * 1000 - wallClockNow : n * 1000
+                // GitHub and others send the Unix time of the reset (a few send it in ms); most
+                // send seconds from now.
+                let ms = n > 100_000_000_000 ? n - wallClockNow : n > 1_000_000_000 ? n * 1000 - wallClockNow : n * 1000
                 consider(ms, "X-RateLimit-Remaining: 0, X-RateLimit-Reset: \(reset)")
             }
-            if let after = value("x-ratelimit-reset-after"), let seconds = Double(after.trimmingSpaces), seconds >= 0 {
+            if let after = value("x-ratelimit-reset-after"), let seconds = Double(after.trimmingSpaces), seconds >= 0,
+                seconds <= Double(RetryAfter.maxDelaySeconds)
+            {
                 consider(Int((seconds * 1000).rounded(.up)), "X-RateLimit-Remaining: 0, X-RateLimit-Reset-After: \(after)")
             }
         }
@@ -318,7 +321,7 @@ public enum RateLimitLearning {
 
     private static func number(_ text: String) -> Int? {
         let t = text.trimmingSpaces
-        guard !t.isEmpty, t.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), t.utf8.count <= 12 else { return nil }
+        guard !t.isEmpty, t.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), t.utf8.count <= 13 else { return nil }
         return Int(t)
     }
 }
@@ -483,23 +486,30 @@ public final class RateLimitTable: Sendable {
                 if delay == 0 { state.counts[policy, default: Counts()].allowed += 1 }
                 return delay <= maxWait ? .go(delay: delay, reservation: nil) : .refuse(retryAfter: delay, limit: nil)
             }
-            return Self.acquire(
+            var dropped: RateLimiter?
+            let decision = Self.acquire(
                 in: &state.tables[policy, default: []], settings.limits, capacity: capacity, key: key, now: now,
-                maxWait: maxWait, notBefore: notBefore)
+                maxWait: maxWait, notBefore: notBefore, dropped: &dropped)
+            if let dropped {
+                // Its counts stay in the policy's (the counters never go backwards).
+                state.counts[policy, default: Counts()].allowed += dropped.allowed
+                state.counts[policy, default: Counts()].evicted += dropped.evicted
+            }
+            return decision
         }
     }
 
     /// Decides in the policy's schedule for `limits` (made when missing; the two latest kept).
     private static func acquire(
         in list: inout [RateLimiter], _ limits: [RateLimit], capacity: Int, key: String, now: Int64, maxWait: Int64,
-        notBefore: Int64
+        notBefore: Int64, dropped: inout RateLimiter?
     ) -> RateLimiter.Decision {
         if list.isEmpty || list[0].limits != limits {
             if let i = list.firstIndex(where: { $0.limits == limits }) {
                 list.swapAt(0, i)
             } else {
                 list.insert(RateLimiter(limits: limits, capacity: capacity), at: 0)
-                if list.count > 2 { list.removeLast() }
+                if list.count > 2 { dropped = list.popLast() }
             }
         }
         return list[0].acquire(key, now: now, maxWait: maxWait, notBefore: notBefore)
@@ -677,7 +687,7 @@ public final class RateLimitTable: Sendable {
                 let tables = state.tables[policy] ?? []
                 var counts = state.counts[policy] ?? Counts()
                 counts.allowed += tables.reduce(0) { $0 + $1.allowed }
-                counts.evicted = tables.reduce(0) { $0 + $1.evicted }
+                counts.evicted += tables.reduce(0) { $0 + $1.evicted }
                 return PolicyState(
                     policy: policy, keys: tables.reduce(0) { $0 + $1.keyCount },
                     waiting: state.waiting[policy] ?? 0, inFlight: inFlight,

@@ -362,13 +362,26 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             event_free(waiter.timer)
             phase = .idle
             let now = MonotonicClock.microseconds()
+            // The origin may have asked for a pause while this try waited: it waits for that
+            // too, keeping the place it has (a timer that fires a little early is not a pause).
+            let table = worker.rateLimits
+            let held = wait.settings.learn ? table.holdRemaining(policy: wait.policy, key: wait.key, now: now) : 0
+            if held > 5_000 {
+                let reason = table.holdReason(policy: wait.policy, key: wait.key) ?? wait.limit
+                guard now + held <= wait.deadline else {
+                    table.noteWaiting(policy: wait.policy, -1)
+                    let seconds = max(1, Int((held + 999_999) / 1_000_000))
+                    let error = ProxyError.originRateLimited(
+                        policy: wait.policy, host: exchange.target.authority, retryAfter: seconds)
+                    return perform(QuotaStage.refuse(error, reason, exchange, worker), exchange)
+                }
+                let again = QuotaWait(
+                    .timer(milliseconds: Int((held + 999) / 1000), reservation: nil), wait.limiting, key: wait.key,
+                    limit: reason, since: wait.since, deadline: wait.deadline)
+                return waitForQuota(waiter.request, again)
+            }
             QuotaStage.waited(wait, now: now, exchange, worker)
-            // The origin may have asked for a pause while this try waited.
-            let held = wait.settings.learn ? worker.rateLimits.holdRemaining(policy: wait.policy, key: wait.key, now: now) : 0
-            guard held > 0 else { return startTry(waiter.request, exchange, from: RequestChain.afterQuota) }
-            goOn(
-                QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
-                waiter.request, exchange)
+            startTry(waiter.request, exchange, from: RequestChain.afterQuota)
         case .slot(let ticket):
             if worker.rateLimits.leaveSlot(policy: wait.policy, key: wait.key, ticket: ticket) {
                 worker.quotaWaiters[ticket] = nil
@@ -903,6 +916,7 @@ extension ExchangeDriver {
     /// The connection lets the exchange go without cancelling anything: its response was
     /// written (`exchangeFinished`, `closeAfterFlush`).
     func release() {
+        if case .waitingForQuota(let waiter) = phase { leaveQuota(waiter) }
         releaseUpstreamSlot()
         phase = .idle
     }
