@@ -27,6 +27,9 @@ let package = Package(
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // libxcrypt's crypt_r: bcrypt and SHA-256 crypt for access.proxy_auth's users file.
         .systemLibrary(name: "CCrypt", pkgConfig: "libcrypt", providers: [.apt(["libcrypt-dev"])]),
+        // hiredis 0.14's asynchronous API on each worker's event_base (fleet:, docs/fleet.md).
+        // (No pkgConfig: hiredis.pc adds -D_FILE_OFFSET_BITS=64, a flag SwiftPM refuses.)
+        .systemLibrary(name: "CHiredis", providers: [.apt(["libhiredis-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
         .target(name: "CShims", dependencies: ["CCurl", "CLibEvent", "COpenSSL"]),
         .target(
@@ -48,7 +51,7 @@ let package = Package(
             name: "SluiceServer",
             dependencies: [
                 "SluiceCore", "SluiceConfig", "CShims", "CLibEvent", "CCurl", "COpenSSL",
-                "CSystemd", .product(name: "Logging", package: "swift-log"),
+                "CSystemd", "CHiredis", .product(name: "Logging", package: "swift-log"),
             ]),
         .executableTarget(
             name: "sluice",

@@ -5,13 +5,14 @@ set -euo pipefail
 what=${1:-build}
 cd "$(dirname "$0")/.."
 
-packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev libsystemd-dev libcrypt-dev pkg-config)
+packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev libsystemd-dev libcrypt-dev libhiredis-dev pkg-config)
 case "$what" in
   # buildah, podman, debootstrap: `make image` and Tests/e2e/test_docker.py build and run the
   # container image without a Docker engine; chromium: Tests/e2e/test_dashboard.py; squid: a
-  # parent proxy in Tests/e2e/test_parent_proxy.py.
+  # parent proxy in Tests/e2e/test_parent_proxy.py; redis-server:
+  # the fleet's Redis in Tests/e2e/test_fleet.py (the tests start their own, on loopback).
   test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver squid
-                    adduser binutils buildah podman debootstrap) ;;
+                    adduser binutils buildah podman debootstrap redis-server) ;;
   image) packages+=(buildah podman debootstrap binutils) ;;
   # The benchmark's peers and tools (Benchmarks/bench); Apache Traffic Server is measured where
   # it is installed, not installed here.

@@ -159,7 +159,7 @@ struct NodeReader {
     mutating func readRoot(_ root: Node, into config: inout SluiceConfiguration) {
         let known = [
             "listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes",
-            "monitors", "redact_query", "admin", "log_format", "log_level", "upstream", "cache_store",
+            "monitors", "redact_query", "admin", "log_format", "log_level", "upstream", "cache_store", "fleet",
         ]
         var policyEntries: [PolicyEntry] = []
         var monitorSpecs: [(MonitorSpec, Node)] = []
@@ -180,6 +180,7 @@ struct NodeReader {
             case "policies": policyEntries = r.readPolicies(value)
             case "monitors": monitorSpecs = r.readMonitors(value)
             case "cache_store": config.server.cacheStore = r.readCacheStore(value)
+            case "fleet": config.server.fleet = r.readFleet(value)
             default:
                 for (name, _) in r.strings(value, what: key) ?? [] { redactQuery.insert(name) }
             }

@@ -18,7 +18,7 @@ extension NodeReader {
         var list: Node?
         var learn: Node?
         var concurrent: Node?
-        let known = ["rate", "burst", "limits", "on_limit", "max_wait", "key", "learn", "max_concurrent"]
+        let known = ["rate", "burst", "limits", "on_limit", "max_wait", "key", "learn", "max_concurrent", "scope"]
         entries(node, in: "rate_limit", known: known) { r, key, value in
             switch key {
             case "rate": single.rate = value
@@ -32,6 +32,12 @@ extension NodeReader {
                 }
             case "max_wait":
                 if let ms = r.duration(value, key: key) { settings.maxWait = ms }
+            case "scope":
+                if let word = value.scalar?.string, let scope = RateLimitSettings.Scope(rawValue: word) {
+                    settings.scope = scope
+                } else {
+                    r.fail(value, "scope must be fleet or local")
+                }
             case "learn":
                 learn = value
                 if let on = r.bool(value, key: key) { settings.learn = on }

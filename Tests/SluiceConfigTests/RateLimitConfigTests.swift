@@ -103,3 +103,52 @@ import Testing
         }
     }
 }
+
+/// `fleet:`: addresses (IP, IPv6, Unix socket; never a host name), every key, located errors.
+@Suite struct FleetConfigTests {
+    @Test func fleetParsesWithDefaultsAndEveryKey() throws {
+        let plain = try ConfigLoader.parse(yaml: "fleet: { redis: 127.0.0.1:6379 }\n", file: "f.yaml").server.fleet
+        #expect(plain == FleetSettings(redis: .tcp(host: "127.0.0.1", port: 6379)))
+        #expect(plain?.timeout == 20 && plain?.onRedisDown == .localShare && plain?.heartbeat == 2000)
+        let yaml = """
+            fleet:
+              redis: "[::1]:6380"
+              database: 2
+              username: sluice
+              password: s3cret
+              key_prefix: "gw:"
+              timeout: 5ms
+              on_redis_down: deny
+              heartbeat: 500ms
+            policies:
+              default: { rate_limit: { rate: 10/s, scope: local } }
+            """
+        let config = try ConfigLoader.parse(yaml: yaml, file: "f.yaml")
+        let fleet = try #require(config.server.fleet)
+        #expect(fleet.redis == .tcp(host: "::1", port: 6380) && fleet.redis.description == "[::1]:6380")
+        #expect(fleet.database == 2 && fleet.username == "sluice" && fleet.password?.value == "s3cret")
+        #expect(fleet.keyPrefix == "gw:" && fleet.timeout == 5 && fleet.onRedisDown == .deny && fleet.heartbeat == 500)
+        #expect(config.pipeline.policies.match(host: "x").rateLimit?.scope == .local)
+        #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: "fleet: { redis: \"::1:6379\" }\n", file: "f.yaml") }
+        let unix = try ConfigLoader.parse(yaml: "fleet: { redis: unix:/run/redis/redis.sock }\n", file: "f.yaml")
+        #expect(unix.server.fleet?.redis == .unix(path: "/run/redis/redis.sock"))
+    }
+
+    @Test func badFleetSettingsAreLocated() {
+        let yaml = """
+            fleet:
+              redis: redis.internal:6379
+              timeout: 0ms
+              on_redis_down: panic
+            """
+        #expect {
+            try ConfigLoader.parse(yaml: yaml, file: "f.yaml")
+        } throws: { error in
+            let issues = (error as? ConfigError)?.issues ?? []
+            return issues.map(\.line) == [2, 3, 4]
+                && issues[0].message.contains("not the host name 'redis.internal'")
+                && issues[1].message == "timeout must be longer than 0"
+                && issues[2].message == "on_redis_down must be local_share, allow or deny"
+        }
+    }
+}

@@ -18,6 +18,7 @@ import Testing
         let adapterSession: any SessionContext = NoSession()
         let upstreamPerTryTimeout = 30_000
         let totalTimeout: Int? = nil
+        let fleet: Fleet? = nil
         let quotaWake: @Sendable (UInt64) -> Bool = { _ in true }
         var gate: UpstreamGate.Answer = .go
         var revalidations = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -330,6 +331,8 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
                       # per policy with `rate_limit` (test_limits_lists_what_the_origin_asked_for)
                       "sluice_rate_limit_decisions_total", "sluice_rate_limit_waiting",
                       "sluice_rate_limit_learned_total", "sluice_rate_limit_keys_evicted_total",
+                      # with a fleet only (test_fleet_shows_each_workers_redis_and_the_instances)
+                      "sluice_fleet_fallbacks_total", "sluice_fleet_instances",
                       }, unseen  # (no cache_store here: test_cache.py has it)
     # a reload is counted by result
     status, _, _ = admin.call("POST", "/reload")
@@ -426,6 +429,42 @@ def test_limits_lists_what_the_origin_asked_for(sluice_factory, httpbin):
     assert 'sluice_rate_limit_learned_total{policy="default"} 1' in text, text
     assert 'sluice_rate_limit_decisions_total{policy="default",decision="rejected"} 1' in text, text
     assert 'sluice_rate_limit_waiting{policy="default"} 0' in text, text
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_fleet_shows_each_workers_redis_and_the_instances(sluice_factory, httpbin, tmp_path):
+    """GET /fleet: 404 without a fleet; with one (a real redis-server), every worker is
+    `ready` with round-trip figures once a request went through, and the heartbeat counts this
+    instance; with Redis gone the workers say so and the fallbacks are counted."""
+    from test_fleet import Redis
+    _, plain = admin_proxy(sluice_factory)
+    status, data, _ = plain.call("GET", "/fleet")
+    assert status == 404 and "no fleet is configured" in data["error"], data
+    redis = Redis(tmp_path).start()
+    try:
+        proxy, admin = admin_proxy(sluice_factory, {
+            "fleet": {"redis": f"127.0.0.1:{redis.port}", "heartbeat": "200ms"},
+            "policies": {"default": {"rate_limit": {"rate": "100/s", "burst": 10}}}})
+        session = session_via(proxy.url)
+        for _ in range(4):
+            assert session.get(httpbin.url + "/get", timeout=10).status_code == 200
+        assert wait_until(lambda: admin.call("GET", "/fleet")[1]["instances_alive"] == 1, 5)
+        status, data, _ = admin.call("GET", "/fleet")
+        assert status == 200 and data["redis"] == f"127.0.0.1:{redis.port}" and data["fallbacks"] == 0, data
+        assert [w["state"] for w in data["workers"]] == ["ready", "ready"], data
+        assert sum(w["commands"] for w in data["workers"]) >= 4, data
+        dashboard = admin.call("GET", "/dashboard/data")[1]
+        assert dashboard["fleet"] == {"instances_alive": 1, "fallbacks": 0}, dashboard
+        assert "sluice_fleet_instances 1" in admin.session.get(admin.base + "/metrics", timeout=10).text
+        redis.kill()
+        for _ in range(4):
+            assert session.get(httpbin.url + "/get", timeout=10).status_code == 200  # local_share
+        status, data, _ = admin.call("GET", "/fleet")
+        assert data["fallbacks"] >= 1 and "connecting" in [w["state"] for w in data["workers"]], data
+        metrics = admin.session.get(admin.base + "/metrics", timeout=10).text
+        assert 'sluice_fleet_fallbacks_total{mode="local_share"}' in metrics, metrics
+    finally:
+        redis.stop()
 
 
 def test_every_documented_answer_was_seen():

@@ -310,6 +310,17 @@ ACCEPTED = {
     "rate-limit-concurrent": ("policies:\n  h.test:\n    rate_limit: { max_concurrent: 4, learn: false, max_wait: 30s }\n"
                               "limits: { rate_limit_keys: 500 }\n"),
     "rate-limit-none": "policies:\n  default:\n    rate_limit: { rate: 6000/min, key: client }\n  h.test:\n    rate_limit: none\n",
+    "rate-limit-scope-local": "policies:\n  h.test:\n    rate_limit: { rate: 5/s, scope: local }\n",
+    # fleet (docs/fleet.md): `check` reads the settings only, it does not connect to Redis
+    "fleet-tcp": ('fleet: { redis: "127.0.0.1:6379" }\n'
+                  "policies:\n  default:\n    rate_limit: { rate: 10/s, scope: fleet }\n"),
+    "fleet-ipv6": 'fleet: { redis: "[::1]:6380", timeout: 5s, heartbeat: 100ms }\n',
+    "fleet-unix-every-key": ('fleet:\n  redis: "unix:/run/redis/redis-server.sock"\n  database: 15\n  username: sluice\n'
+                             '  password: "p"\n  key_prefix: "team-a:"\n  timeout: 1ms\n  on_redis_down: deny\n'
+                             "  heartbeat: 1m\n"
+                             "policies:\n  default:\n    rate_limit: { rate: 10/s }\n"
+                             "  h.test:\n    rate_limit: { rate: 1/s, scope: local }\n"),
+    "fleet-allow": 'fleet: { redis: "10.0.0.5:6379", on_redis_down: allow }\n',
 }
 
 # name -> (text, line of the error)
@@ -326,6 +337,18 @@ REJECTED = {
     "rate-limit-learns-nothing": ("policies:\n  h.test:\n    rate_limit: { learn: false }\n", 3),
     "rate-limit-concurrent-zero": ("policies:\n  h.test:\n    rate_limit: { max_concurrent: 0 }\n", 3),
     "rate-limit-word": ("policies:\n  h.test:\n    rate_limit: fast\n", 3),
+    "rate-limit-bad-scope": ("policies:\n  h.test:\n    rate_limit: { rate: 1/s, scope: global }\n", 3),
+    "fleet-host-name": ('fleet: { redis: "redis.internal:6379" }\n', 1),
+    "fleet-no-port": ('fleet: { redis: "127.0.0.1" }\n', 1),
+    "fleet-relative-unix": ('fleet: { redis: "unix:run/redis.sock" }\n', 1),
+    "fleet-no-redis": ("fleet: { database: 1 }\n", 1),
+    "fleet-bad-on-redis-down": ('fleet:\n  redis: "127.0.0.1:6379"\n  on_redis_down: fail_open\n', 3),
+    "fleet-zero-timeout": ('fleet:\n  redis: "127.0.0.1:6379"\n  timeout: 0ms\n', 3),
+    "fleet-long-timeout": ('fleet:\n  redis: "127.0.0.1:6379"\n  timeout: 6s\n', 3),
+    "fleet-short-heartbeat": ('fleet:\n  redis: "127.0.0.1:6379"\n  heartbeat: 50ms\n', 3),
+    "fleet-database-16": ('fleet:\n  redis: "127.0.0.1:6379"\n  database: 16\n', 3),
+    "fleet-prefix-brace": ('fleet:\n  redis: "127.0.0.1:6379"\n  key_prefix: "a{b}"\n', 3),
+    "fleet-unknown-key": ('fleet:\n  redis: "127.0.0.1:6379"\n  tls: true\n', 3),
     "upstream-engine-native-https": ("policies:\n  h.test:\n    upstream:\n      scheme: https\n      engine: native\n", 5),
     "upstream-engine-native-h2c": ("policies:\n  h.test:\n    upstream: { http2: prior_knowledge, engine: native }\n", 3),
     "policy-unknown-key": ("policies:\n  h.test:\n    adaptors: []\n", 3),

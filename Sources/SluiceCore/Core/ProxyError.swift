@@ -72,6 +72,9 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// their turn until their response has been received)
     /// and no place freed within `max_wait` (or `on_limit: reject`); nothing was sent.
     case concurrencyLimited(policy: String, limit: Int)
+    /// The fleet's Redis did not answer in time (`fleet.timeout`) and `fleet.on_redis_down` is
+    /// `deny`: what a fleet-wide limit covers is refused; nothing was sent.
+    case fleetUnavailable(policy: String)
 
     public var status: Int {
         switch self {
@@ -91,7 +94,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamTimeout, .onlyIfCachedMiss: return 504
         case .loopDetected: return 508
         case .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .upstreamQueueFull,
-            .upstreamQueueTimeout, .socketUnavailable, .upstreamCircuitOpen:
+            .upstreamQueueTimeout, .socketUnavailable, .upstreamCircuitOpen, .fleetUnavailable:
             return 503
         }
     }
@@ -107,7 +110,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
             .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss, .rateLimited,
-            .originRateLimited, .concurrencyLimited:
+            .originRateLimited, .concurrencyLimited, .fleetUnavailable:
             return false
         }
     }
@@ -120,7 +123,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamCircuitOpen(_, let seconds): return seconds
         case .rateLimited(_, _, _, let seconds): return seconds
         case .originRateLimited(_, _, let seconds): return seconds
-        case .concurrencyLimited: return 1
+        case .concurrencyLimited, .fleetUnavailable: return 1
         default: return nil
         }
     }
@@ -177,6 +180,9 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .concurrencyLimited(let policy, let limit):
             return
                 "\(limit) requests of policy \(policy) are in flight already (rate_limit.max_concurrent); retry in 1 s"
+        case .fleetUnavailable(let policy):
+            return
+                "the fleet's Redis does not answer, and policy \(policy)'s rate_limit refuses then (fleet.on_redis_down: deny); retry in 1 s"
         }
     }
 }

@@ -27,6 +27,8 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var logLevel: Logger.Level = .info
     /// The shared cache's store (`cache_store`); nil (the default): nothing is cached.
     public var cacheStore: CacheStoreSettings?
+    /// `fleet:`: the Redis that a fleet of instances shares its limits through (nil: none).
+    public var fleet: FleetSettings?
 
     public static let defaultListen = ["127.0.0.1:3128"]
 

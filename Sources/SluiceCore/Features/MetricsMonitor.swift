@@ -125,6 +125,15 @@ public final class SluiceMetrics: Sendable {
         name: "sluice_rate_limit_keys_evicted_total", kind: .counter, labels: ["policy"],
         help: "Rate-limit keys forgotten (least recently used first) to keep each table within `limits.rate_limit_keys`")
 
+    public static let fleetFallbacks = Metric(
+        name: "sluice_fleet_fallbacks_total", kind: .counter, labels: ["mode"],
+        help:
+            "Rate-limit decisions taken without the fleet's Redis (it did not answer in time), by `fleet.on_redis_down` mode (local_share, allow, deny)"
+    )
+    public static let fleetInstances = Metric(
+        name: "sluice_fleet_instances", kind: .gauge, labels: [],
+        help: "Sluice instances alive at the fleet's last heartbeat (this one included), read when /metrics is scraped")
+
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
         requests, retries, retriesStopped, trustFailures, credentialRefreshes,
@@ -132,6 +141,7 @@ public final class SluiceMetrics: Sendable {
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
         rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
+        fleetFallbacks, fleetInstances,
     ]
 
     /// Why a client connection was refused (`sluice_connections_refused_total`'s `reason`).
@@ -263,6 +273,16 @@ public final class SluiceMetrics: Sendable {
             if delta.evicted > 0 { counter(Self.rateLimitEvicted, [("policy", policy)]).increment(by: delta.evicted) }
         }
         for state in policies { gauge(Self.rateLimitWaiting, [("policy", state.policy)]).record(state.waiting) }
+    }
+
+    /// A decision `fleet.on_redis_down` took (`mode`) while Redis did not answer.
+    public func recordFleetFallback(mode: String) {
+        counter(Self.fleetFallbacks, [("mode", mode)]).increment()
+    }
+
+    /// The instances alive at the fleet's last heartbeat, set just before `/metrics` is emitted.
+    public func recordFleet(instances: Int) {
+        gauge(Self.fleetInstances).record(instances)
     }
 
     /// A reload's result (`ProxyServer.reloadFile`).

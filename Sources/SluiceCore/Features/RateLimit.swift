@@ -379,6 +379,15 @@ public struct RateLimitSettings: Sendable, Equatable {
     public var learn: Bool
     /// At most this many tries of one key upstream at once (`max_concurrent`); nil: no cap.
     public var maxConcurrent: Int?
+    /// Where the rates and the holds are kept when a `fleet:` is configured.
+    public var scope = Scope.fleet
+
+    public enum Scope: String, Sendable, CaseIterable {
+        /// In the fleet's Redis: the limits hold for every instance together.
+        case fleet
+        /// In this process only.
+        case local
+    }
 
     public init(
         limits: [RateLimit], onLimit: OnLimit = .wait, maxWait: Int = RateLimitSettings.defaultMaxWait,
@@ -464,6 +473,9 @@ public final class RateLimitTable: Sendable {
         var waiting: [String: Int] = [:]
         /// What happened, per policy (a policy's tables count its `allowed` tries).
         var counts: [String: Counts] = [:]
+        /// Keys the fleet refused, until when (µs) and by which limit (nil: a hold): tries of
+        /// the key are refused without a round trip until then.
+        var fleetDenials: [PolicyKey: (until: Int64, limit: Int?)] = [:]
     }
 
     private let state = Mutex(State())
@@ -528,6 +540,28 @@ public final class RateLimitTable: Sendable {
         state.withLock { state in
             guard let hold = state.holds[PolicyKey(policy: policy, key: key)] else { return 0 }
             return max(0, hold.until - now)
+        }
+    }
+
+    /// The fleet refused a try of `key` until `until` (µs): later tries are refused without
+    /// asking (bounded like the holds: ended ones are dropped first).
+    public func rememberFleetDenial(policy: String, key: String, until: Int64, limit: Int?, now: Int64) {
+        state.withLock { state in
+            if state.fleetDenials.count >= capacity { state.fleetDenials = state.fleetDenials.filter { $0.value.until > now } }
+            guard state.fleetDenials.count < capacity else { return }
+            state.fleetDenials[PolicyKey(policy: policy, key: key)] = (until, limit)
+        }
+    }
+
+    /// A refusal of the fleet for `key` still running at `now`.
+    public func fleetDenial(policy: String, key: String, now: Int64) -> (until: Int64, limit: Int?)? {
+        state.withLock { state in
+            guard !state.fleetDenials.isEmpty else { return nil }
+            let name = PolicyKey(policy: policy, key: key)
+            guard let denial = state.fleetDenials[name] else { return nil }
+            if denial.until > now { return denial }
+            state.fleetDenials[name] = nil
+            return nil
         }
     }
 
@@ -642,13 +676,14 @@ public final class RateLimitTable: Sendable {
     }
 
     public enum Counted: Sendable {
-        case waited, rejected, left
+        case allowed, waited, rejected, left
     }
 
     /// Counts a try's decision other than going at once (which `acquire` counts).
     public func count(policy: String, _ what: Counted) {
         state.withLock { state in
             switch what {
+            case .allowed: state.counts[policy, default: Counts()].allowed += 1
             case .waited: state.counts[policy, default: Counts()].waited += 1
             case .rejected: state.counts[policy, default: Counts()].rejected += 1
             case .left: state.counts[policy, default: Counts()].left += 1

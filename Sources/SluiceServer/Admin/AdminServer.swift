@@ -193,6 +193,8 @@ final class AdminServer: @unchecked Sendable {
             return isGet ? upstreams() : .methodNotAllowed("GET")
         case "/limits":
             return isGet ? limits() : .methodNotAllowed("GET")
+        case "/fleet":
+            return isGet ? fleet() : .methodNotAllowed("GET")
         case "/dashboard/data":
             return isGet ? .encoded(200, dashboardPayload()) : .methodNotAllowed("GET")
         case "/", "/dashboard/events":
@@ -267,9 +269,28 @@ final class AdminServer: @unchecked Sendable {
         return .encoded(200, LimitList(states, configured))
     }
 
+    /// `GET /fleet`: the fleet's Redis as each worker sees it, the instances alive at the last
+    /// heartbeat and the decisions taken without Redis (`on_redis_down`).
+    private func fleet() -> AdminResponse {
+        guard let settings = server.currentConfiguration.server.fleet else {
+            return .error(404, "no fleet is configured (fleet: in the configuration, docs/fleet.md)")
+        }
+        let workers = askWorkers { Worker.AdminTask.fleet($0) }.results.filter { $0.worker >= 0 }.sorted { $0.worker < $1.worker }
+        let shared = server.fleetShared
+        return .encoded(
+            200,
+            FleetView(
+                redis: settings.redis.description, instance: shared.instance,
+                instancesAlive: shared.instancesAlive.load(ordering: .relaxed), onRedisDown: settings.onRedisDown.rawValue,
+                timeoutMs: settings.timeout, fallbacks: shared.fallbacks.load(ordering: .relaxed), workers: workers))
+    }
+
     private func metrics() -> AdminResponse {
         SluiceMetrics.shared.recordCircuits(server.health.statuses())
         SluiceMetrics.shared.recordRateLimits(server.rateLimits.snapshot(now: MonotonicClock.microseconds()))
+        if server.currentConfiguration.server.fleet != nil {
+            SluiceMetrics.shared.recordFleet(instances: server.fleetShared.instancesAlive.load(ordering: .relaxed))
+        }
         SluiceMetrics.shared.recordState(
             generation: server.configurationGeneration,
             workers: workerCounts().map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
@@ -286,6 +307,12 @@ final class AdminServer: @unchecked Sendable {
             inFlight: live.reduce(0) { $0 + $1.exchangesInFlight },
             connections: live.reduce(0) { $0 + $1.clientConnections }, recording: recording)
         payload.limits = server.rateLimits.snapshot(now: MonotonicClock.microseconds()).map(DashboardPayload.Limit.init)
+        if server.currentConfiguration.server.fleet != nil {
+            let shared = server.fleetShared
+            payload.fleet = DashboardPayload.Fleet(
+                instancesAlive: shared.instancesAlive.load(ordering: .relaxed),
+                fallbacks: shared.fallbacks.load(ordering: .relaxed))
+        }
         return payload
     }
 
@@ -419,6 +446,23 @@ private struct RequestList: Encodable {
     let requests: [AdminExchange]
     /// False when a worker did not answer in time (its exchanges are missing).
     let complete: Bool
+}
+
+/// `GET /fleet` (docs/admin-api.yaml).
+private struct FleetView: Encodable {
+    let redis: String
+    let instance: String
+    let instancesAlive: Int
+    let onRedisDown: String
+    let timeoutMs: Int
+    let fallbacks: Int
+    let workers: [FleetWorkerState]
+    enum CodingKeys: String, CodingKey {
+        case redis, instance, fallbacks, workers
+        case instancesAlive = "instances_alive"
+        case onRedisDown = "on_redis_down"
+        case timeoutMs = "timeout_ms"
+    }
 }
 
 /// `GET /limits` (docs/admin-api.yaml).

@@ -120,6 +120,17 @@ struct DashboardPayload: Encodable {
     let hosts: [Host]
     /// Every policy with `rate_limit`: its line and the origins' holds (`GET /limits` has more).
     var limits: [Limit] = []
+    /// The fleet (`fleet:`), when one is configured.
+    var fleet: Fleet?
+
+    struct Fleet: Encodable {
+        let instancesAlive: Int
+        let fallbacks: Int
+        enum CodingKeys: String, CodingKey {
+            case fallbacks
+            case instancesAlive = "instances_alive"
+        }
+    }
 
     struct Limit: Encodable {
         let policy: String
@@ -145,7 +156,7 @@ struct DashboardPayload: Encodable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case requests, errors, retries, connections, recording, hosts, limits
+        case requests, errors, retries, connections, recording, hosts, limits, fleet
         case timeMilliseconds = "time_ms"
         case configurationGeneration = "configuration_generation"
         case inFlight = "in_flight"
@@ -221,6 +232,7 @@ extension Dashboard {
           <div class="card"><b id="total">–</b><span>requests since start</span></div>
           <div class="card"><b id="generation">–</b><span>configuration generation</span></div>
         </div>
+        <p id="fleet" hidden>Fleet: <b id="instances">–</b> instances alive; <b id="fallbacks">–</b> rate-limit decisions taken without Redis.</p>
         <p id="norecording" hidden>The <code>metrics</code> monitor is not configured: only in-flight requests and connections move.</p>
         <table>
           <thead><tr><th>host</th><th>requests</th><th>req/s</th><th>errors</th><th>retries</th><th>mean ms</th><th>bytes out</th></tr></thead>
@@ -284,6 +296,8 @@ extension Dashboard {
             }
           }
           $("limitstable").hidden = d.limits.length === 0;
+          $("fleet").hidden = !d.fleet;
+          if (d.fleet) { $("instances").textContent = d.fleet.instances_alive; $("fallbacks").textContent = d.fleet.fallbacks; }
           previousHosts = new Map(d.hosts.map((h) => [h.host, h.requests]));
           previous = d;
           $("ticks").textContent = Number($("ticks").textContent) + 1;

@@ -50,10 +50,11 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// A try held until its rate-limit turn: the timer, the try, and its place in the schedule
     /// (given back if the request leaves first). Boxed: rare, and the phase stays small.
     final class QuotaWaiter {
-        let timer: OpaquePointer
+        /// nil while the fleet's Redis decides (its command has a timer of its own).
+        let timer: OpaquePointer?
         let request: UpstreamRequest
         let wait: QuotaWait
-        init(timer: OpaquePointer, request: UpstreamRequest, wait: QuotaWait) {
+        init(timer: OpaquePointer?, request: UpstreamRequest, wait: QuotaWait) {
             self.timer = timer
             self.request = request
             self.wait = wait
@@ -342,6 +343,15 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case .slot(let ticket):
             worker.quotaWaiters[ticket] = self
             ms = Int(max(0, wait.deadline - MonotonicClock.microseconds()) / 1000)
+        case .fleet:
+            guard let fleet = worker.fleet else { return goOn(.proceed, request, exchange!) }
+            phase = .waitingForQuota(QuotaWaiter(timer: nil, request: request, wait: wait))
+            let maxWait = max(0, wait.deadline - MonotonicClock.microseconds())
+            fleet.acquire(policy: wait.policy, limits: wait.settings.limits, key: wait.key, maxWait: maxWait) {
+                [weak self] answer in
+                self?.fleetAnswered(wait, answer)
+            }
+            return
         }
         let timer = event_new(
             worker.base, -1, 0,
@@ -355,11 +365,13 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     /// A timer of a waiting try: its turn came, or its wait for a `max_concurrent` place ran out.
     private func quotaTimerFired() {
-        guard case .waitingForQuota(let waiter) = phase, let exchange else { return }
+        guard case .waitingForQuota(let waiter) = phase, let exchange, let timer = waiter.timer else { return }
         let wait = waiter.wait
         switch wait.kind {
+        case .fleet:
+            return
         case .timer:
-            event_free(waiter.timer)
+            event_free(timer)
             phase = .idle
             let now = MonotonicClock.microseconds()
             // The origin may have asked for a pause while this try waited: it waits for that
@@ -381,11 +393,14 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
                 return waitForQuota(waiter.request, again)
             }
             QuotaStage.waited(wait, now: now, exchange, worker)
-            startTry(waiter.request, exchange, from: RequestChain.afterQuota)
+            guard wait.scheduleAfter else { return startTry(waiter.request, exchange, from: RequestChain.afterQuota) }
+            goOn(
+                QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
+                waiter.request, exchange)
         case .slot(let ticket):
             if worker.rateLimits.leaveSlot(policy: wait.policy, key: wait.key, ticket: ticket) {
                 worker.quotaWaiters[ticket] = nil
-                event_free(waiter.timer)
+                event_free(timer)
                 phase = .idle
                 worker.rateLimits.noteWaiting(policy: wait.policy, -1)
                 let limit = wait.settings.maxConcurrent ?? 0
@@ -407,7 +422,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             return
         }
         let wait = waiter.wait
-        event_free(waiter.timer)
+        if let timer = waiter.timer { event_free(timer) }
         phase = .idle
         quotaSlot = QuotaSlot(policy: wait.policy, key: wait.key, limit: wait.settings.maxConcurrent ?? 1)
         let now = MonotonicClock.microseconds()
@@ -415,6 +430,45 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         goOn(
             QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
             waiter.request, exchange)
+    }
+
+    /// The fleet's Redis decided for the try waiting with `wait` (or did not answer in time:
+    /// `fleet.on_redis_down` decides then). A try that left meanwhile is not told.
+    private func fleetAnswered(_ wait: QuotaWait, _ answer: FleetAnswer) {
+        guard case .waitingForQuota(let waiter) = phase, waiter.wait === wait, let exchange else { return }
+        phase = .idle
+        let now = MonotonicClock.microseconds()
+        let table = worker.rateLimits
+        switch answer {
+        case .go(let delay) where delay < 1000:
+            table.count(policy: wait.policy, .allowed)
+            if !exchange.summary.hasRateLimitRecord { exchange.summary.rateLimit = .allowed }
+            startTry(waiter.request, exchange, from: RequestChain.afterQuota)
+        case .go(let delay):
+            table.noteWaiting(policy: wait.policy, 1)
+            let limit = wait.settings.limits.map(\.description).joined(separator: " and ") + " (fleet)"
+            waitForQuota(
+                waiter.request,
+                QuotaWait(
+                    .timer(milliseconds: Int((delay + 999) / 1000), reservation: nil), wait.limiting, key: wait.key,
+                    limit: table.holdReason(policy: wait.policy, key: wait.key) ?? limit, since: now,
+                    deadline: wait.deadline))
+        case .refuse(let retryAfter, let limit):
+            // Later tries of the key are refused here until they could go.
+            let maxWait = wait.deadline - wait.since
+            if retryAfter > maxWait {
+                table.rememberFleetDenial(
+                    policy: wait.policy, key: wait.key, until: now + retryAfter - maxWait, limit: limit, now: now)
+            }
+            perform(
+                QuotaStage.refused(wait.limiting, key: wait.key, retryAfter: retryAfter, limit: limit, exchange, worker), exchange
+            )
+        case .unavailable:
+            guard let fleet = worker.fleet else { return }
+            goOn(
+                QuotaStage.fallback(wait.limiting, fleet, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
+                waiter.request, exchange)
+        }
     }
 
     /// Performs the schedule's answer for a try that had waited.
@@ -430,10 +484,14 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// its place in the schedule is given back, and a `max_concurrent` place it was given
     /// meanwhile is released.
     private func leaveQuota(_ waiter: QuotaWaiter) {
-        event_free(waiter.timer)
+        if let timer = waiter.timer { event_free(timer) }
         let wait = waiter.wait
         let table = worker.rateLimits
         switch wait.kind {
+        case .fleet:
+            // Its answer will find it gone; a place the fleet gives it stays taken.
+            table.count(policy: wait.policy, .left)
+            return
         case .timer(_, let reservation):
             table.cancel(policy: wait.policy, wait.settings, reservation)
         case .slot(let ticket):

@@ -49,6 +49,8 @@ public final class ProxyServer: @unchecked Sendable {
     /// Every policy's rate-limit schedules (`rate_limit:`), shared by every worker: a limit
     /// holds for the process. A reload keeps the schedules of limits it did not change.
     public let rateLimits: RateLimitTable
+    /// What every worker knows of the fleet (`fleet:`): the instances alive, the fallbacks.
+    let fleetShared = FleetShared()
     /// The shared cache every worker uses (`cache_store`), made once: it outlives reloads.
     let cacheStore: CacheStore?
     /// The shared cache's disk tier (`cache_store.disk`): opened by `start()` (it takes the
@@ -116,7 +118,7 @@ public final class ProxyServer: @unchecked Sendable {
                         interception: interception,
                         heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
                         connectionLimits: connectionLimits, health: health, rateLimits: rateLimits,
-                        cacheStore: cacheStore, diskTier: diskTier))
+                        cacheStore: cacheStore, diskTier: diskTier, fleetShared: fleetShared))
             }
         } catch {
             // The workers made so far never ran: freeing them ends their sessions' use of it.
@@ -241,7 +243,7 @@ public final class ProxyServer: @unchecked Sendable {
         Self.keepLoadLimits(of: config, in: &fixed)  // these apply on reload
         if fixed != config {
             Log.warning(
-                "reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir, admin and cache_store changes need a restart; kept the running values"
+                "reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir, admin, cache_store and fleet changes need a restart; kept the running values"
             )
         }
         let running = Set(Self.listenAddresses(current.withLock { $0.server }))

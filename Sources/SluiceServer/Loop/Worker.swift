@@ -70,6 +70,8 @@ final class Worker {
     /// Every origin's circuit breaker (`health:`), shared by every worker.
     /// The process's rate-limit schedules (`rate_limit:`), shared with the other workers.
     let rateLimits: RateLimitTable
+    /// This worker's part of the fleet (`fleet:`): its Redis connection; nil without one.
+    let fleet: Fleet?
     let health: UpstreamHealth
     /// The probes of half-open circuits: worker 0 only (nil on the others).
     private var probes: HealthProbes?
@@ -124,6 +126,8 @@ final class Worker {
         case ping(AdminGather<Bool>)
         /// `GET /metrics`: the worker's index, exchanges in flight and client connections.
         case counts(AdminGather<WorkerCounts>)
+        /// `GET /fleet`: this worker's connection to the fleet's Redis.
+        case fleet(AdminGather<FleetWorkerState>)
 
         /// The answer of a worker whose loop has ended: no exchanges, nothing cancelled, not
         /// ready.
@@ -133,6 +137,7 @@ final class Worker {
             case .cancel(_, let gather): gather.deliver(0)
             case .ping(let gather): gather.deliver(false)
             case .counts(let gather): gather.deliver(WorkerCounts(index: -1, exchangesInFlight: 0, clientConnections: 0))
+            case .fleet(let gather): gather.deliver(FleetWorkerState(worker: -1))
             }
         }
     }
@@ -180,7 +185,7 @@ final class Worker {
         index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
         interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
         connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil, rateLimits: RateLimitTable? = nil,
-        cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil
+        cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil, fleetShared: FleetShared? = nil
     ) throws {
         self.index = index
         self.health = health ?? UpstreamHealth()
@@ -201,6 +206,9 @@ final class Worker {
         self.base = base
         session = UpstreamSession(base: base, share: share, limits: configuration.server.upstream)
         nativePool = NativeUpstreamPool(base: base, spill: readSpill, limits: configuration.server.upstream)
+        fleet = configuration.server.fleet.map {
+            Fleet(base: base, settings: $0, shared: fleetShared ?? FleetShared(), workerIndex: index)
+        }
         resolver = Resolver(base: base)
         upstreamGate = UpstreamGate(
             base: base, workerIndex: index, limits: configuration.server.limits,
@@ -316,6 +324,8 @@ final class Worker {
                 gather.deliver(count)
             case .ping(let gather):
                 gather.deliver(!isDraining && session.isUsable)
+            case .fleet(let gather):
+                gather.deliver(fleet.map { FleetWorkerState(worker: index, $0.client) } ?? FleetWorkerState(worker: index))
             case .counts(let gather):
                 gather.deliver(
                     WorkerCounts(
@@ -579,6 +589,7 @@ final class Worker {
     /// Runs the loop on the calling thread until it drains or is stopped, then closes what
     /// is left.
     func run() {
+        fleet?.start()
         event_base_dispatch(base)
         for connection in Array(connections.values) { connection.close() }
         closeListeners()
@@ -603,6 +614,7 @@ final class Worker {
         heartbeat.exited.store(true, ordering: .releasing)
         flushQueue.removeAll()
         upstreamGate.close()
+        fleet?.close()
         sessionContext.close()
         nativePool.shutdown()
         resolver.shutdown()

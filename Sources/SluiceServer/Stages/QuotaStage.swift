@@ -38,8 +38,92 @@ enum QuotaStage: TryStage {
         return schedule(limiting, key: key, now: now, deadline: now + maxWait, exchange, services)
     }
 
-    /// The rates' and the origin's part: go, wait on the timer until `deadline` at most, or 429.
+    /// The rates' and the origin's part: go, wait on the timer until `deadline` at most, or 429
+    /// — decided by the fleet's Redis when the policy's scope is the fleet (a round trip the
+    /// driver waits for: `QuotaWait.Kind.fleet`), else by this process's table.
     static func schedule(
+        _ limiting: RateLimiting, key: String, now: Int64, deadline: Int64, _ exchange: Exchange,
+        _ services: any StageServices
+    ) -> StageVerdict {
+        if limiting.settings.scope == .fleet, let fleet = services.fleet {
+            if let denial = services.rateLimits.fleetDenial(policy: limiting.policy, key: key, now: now) {
+                // Refused by the fleet a moment ago: no round trip until then.
+                return refused(limiting, key: key, retryAfter: denial.until - now, limit: denial.limit, exchange, services)
+            }
+            if limiting.settings.learn,
+                case let held = services.rateLimits.holdRemaining(policy: limiting.policy, key: key, now: now), held > 5_000
+            {
+                // A hold this instance learned itself: waited out here without a round trip; the
+                // fleet gives the try its place after it.
+                guard now + held <= deadline else {
+                    return refused(limiting, key: key, retryAfter: held, limit: nil, exchange, services)
+                }
+                services.rateLimits.noteWaiting(policy: limiting.policy, 1)
+                let reason = services.rateLimits.holdReason(policy: limiting.policy, key: key) ?? "the origin's limit"
+                let wait = QuotaWait(
+                    .timer(milliseconds: Int((held + 999) / 1000), reservation: nil), limiting, key: key, limit: reason,
+                    since: now, deadline: deadline)
+                wait.scheduleAfter = true
+                return .wait(.quota(wait))
+            }
+            guard fleet.client.isUsable else {
+                return fallback(limiting, fleet, key: key, now: now, deadline: deadline, exchange, services)
+            }
+            return .wait(.quota(QuotaWait(.fleet, limiting, key: key, limit: "", since: now, deadline: deadline)))
+        }
+        return local(limiting, key: key, now: now, deadline: deadline, exchange, services)
+    }
+
+    /// What a try gets while the fleet's Redis does not answer (`fleet.on_redis_down`):
+    /// `local_share` — the limits in this process, divided by the instances last seen alive;
+    /// `allow` — no limit; `deny` — 503.
+    static func fallback(
+        _ limiting: RateLimiting, _ fleet: Fleet, key: String, now: Int64, deadline: Int64, _ exchange: Exchange,
+        _ services: any StageServices
+    ) -> StageVerdict {
+        let mode = fleet.settings.onRedisDown
+        fleet.shared.fallbacks.add(1, ordering: .relaxed)
+        SluiceMetrics.shared.recordFleetFallback(mode: mode.rawValue)
+        switch mode {
+        case .allow:
+            if !exchange.summary.hasRateLimitRecord { exchange.summary.rateLimit = .allowed }
+            return .proceed
+        case .deny:
+            return refuse(.fleetUnavailable(policy: limiting.policy), "fleet.on_redis_down: deny", exchange, services)
+        case .localShare:
+            let n = max(1, fleet.shared.instancesAlive.load(ordering: .relaxed))
+            var settings = limiting.settings
+            settings.scope = .local
+            settings.limits = settings.limits.map {
+                RateLimit(requests: $0.requests, periodMilliseconds: $0.periodMilliseconds * n, burst: max(1, $0.burst / n))
+            }
+            let share = RateLimiting(policy: limiting.policy + " (local share)", settings: settings)
+            return local(share, key: key, now: now, deadline: deadline, exchange, services)
+        }
+    }
+
+    /// The fleet refused a try (or did a moment ago): 429 for the limit, or the origin's hold.
+    static func refused(
+        _ limiting: RateLimiting, key: String, retryAfter: Int64, limit index: Int?, _ exchange: Exchange,
+        _ services: any StageServices
+    ) -> StageVerdict {
+        let seconds = max(1, Int((retryAfter + 999_999) / 1_000_000))
+        let policy = limiting.policy
+        guard let index, index < limiting.settings.limits.count else {
+            let hold = services.rateLimits.holdReason(policy: policy, key: key) ?? "the origin's limit, learned by the fleet"
+            return refuse(
+                .originRateLimited(policy: policy, host: exchange.target.authority, retryAfter: seconds), hold, exchange,
+                services)
+        }
+        let limit = limiting.settings.limits[index]
+        return refuse(
+            .rateLimited(
+                policy: policy, requests: limit.requests, windowSeconds: max(1, limit.periodMilliseconds / 1000),
+                retryAfter: seconds), limit.description + " (fleet)", exchange, services)
+    }
+
+    /// This process's table decides.
+    static func local(
         _ limiting: RateLimiting, key: String, now: Int64, deadline: Int64, _ exchange: Exchange,
         _ services: any StageServices
     ) -> StageVerdict {
@@ -155,6 +239,9 @@ enum QuotaStage: TryStage {
         let now = MonotonicClock.microseconds()
         let key = key(limiting.settings.key, exchange.target, exchange)
         services.rateLimits.learn(policy: limiting.policy, key: key, hold: hold, now: now)
+        if limiting.settings.scope == .fleet, let fleet = services.fleet {
+            fleet.learn(policy: limiting.policy, key: key, milliseconds: hold.milliseconds)
+        }
         Log.info(
             "rate_limit: \(exchange.target.authority) asked for no requests for \(hold.milliseconds) ms (\(hold.reason)); policy \(limiting.policy) holds them"
         )

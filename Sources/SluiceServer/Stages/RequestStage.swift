@@ -79,6 +79,8 @@ final class QuotaWait {
         case timer(milliseconds: Int, reservation: RateLimiter.Reservation?)
         /// Waiting for one of `max_concurrent` places as this ticket.
         case slot(ticket: UInt64)
+        /// Waiting for the fleet's Redis to decide (at most `fleet.timeout`).
+        case fleet
     }
 
     let kind: Kind
@@ -89,6 +91,9 @@ final class QuotaWait {
     /// When the wait began, and the latest the try may go (monotonic µs).
     let since: Int64
     let deadline: Int64
+    /// When the timer ends, the schedule is asked again (a hold waited out before the fleet's
+    /// Redis gives the try its place).
+    var scheduleAfter = false
 
     var policy: String { limiting.policy }
     var settings: RateLimitSettings { limiting.settings }
@@ -149,6 +154,8 @@ protocol StageServices: AnyObject {
     var health: UpstreamHealth { get }
     /// The process's rate-limit schedules (`rate_limit`), shared by every worker.
     var rateLimits: RateLimitTable { get }
+    /// This worker's part of the fleet (`fleet:`; nil: none).
+    var fleet: Fleet? { get }
     /// Hands a `max_concurrent` ticket that was given a place to this worker's loop (any
     /// thread may call it; false: the worker is gone).
     var quotaWake: @Sendable (UInt64) -> Bool { get }

@@ -1,0 +1,195 @@
+import CLibEvent
+import COpenSSL
+import SluiceCore
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// What the whole process knows of its fleet (`fleet:`, docs/fleet.md): its own name among the
+/// instances, how many were alive at the last heartbeat, and the fallback decisions made.
+///
+/// Threading: any thread (atomics).
+final class FleetShared: Sendable {
+    /// This instance's name in the heartbeat set: random per process.
+    let instance: String
+    /// Instances alive at the last heartbeat (this one included; 1 until one answered).
+    let instancesAlive = Atomic<Int>(1)
+    /// Decisions taken by `on_redis_down` while Redis did not answer.
+    let fallbacks = Atomic<Int>(0)
+
+    init() {
+        var bytes = [UInt8](repeating: 0, count: 8)
+        _ = RAND_bytes(&bytes, Int32(bytes.count))
+        instance = bytes.map { String(format2: $0) }.joined()
+    }
+}
+
+extension String {
+    fileprivate init(format2 byte: UInt8) {
+        let s = String(byte, radix: 16)
+        self = s.count == 1 ? "0" + s : s
+    }
+}
+
+/// The fleet's answer to one try's rate limits.
+enum FleetAnswer {
+    /// Go after `delay` µs (its place in the fleet's schedule is taken).
+    case go(delay: Int64)
+    /// Over a limit for longer than the try may wait: µs until it could go, and which limit
+    /// (an index into the policy's limits; nil: the origin's hold).
+    case refuse(retryAfter: Int64, limit: Int?)
+    /// Redis did not answer in time, or is not usable now: `on_redis_down` decides.
+    case unavailable(String)
+}
+
+/// One worker's part of the fleet: its `RedisClient`, the keys of a decision, and (on worker
+/// 0) the heartbeat that counts the instances alive.
+///
+/// Threading: one per worker, on its thread.
+final class Fleet {
+    let settings: FleetSettings
+    let client: RedisClient
+    let shared: FleetShared
+    private var heartbeatTimer: OpaquePointer?
+
+    init(base: OpaquePointer, settings: FleetSettings, shared: FleetShared, workerIndex: Int) {
+        self.settings = settings
+        self.shared = shared
+        client = RedisClient(base: base, settings: settings, workerIndex: workerIndex)
+        client.scripts = [FleetScripts.acquire, FleetScripts.hold, FleetScripts.heartbeat]
+        if workerIndex == 0 {
+            heartbeatTimer = event_new(
+                base, -1, Int16(EV_PERSIST),
+                { _, _, arg in Unmanaged<Fleet>.fromOpaque(arg!).takeUnretainedValue().beat() },
+                Unmanaged.passUnretained(self).toOpaque())
+            let ms = settings.heartbeat
+            var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+            event_add(heartbeatTimer, &tv)
+        }
+    }
+
+    func start() {
+        client.connect()
+        if heartbeatTimer != nil {
+            // The first beat as soon as the connection can carry it.
+            var tv = timeval(tv_sec: 0, tv_usec: 50_000)
+            event_add(heartbeatTimer, &tv)
+        }
+    }
+
+    /// Asks the fleet's schedule of `key` under `limits` (and the origin's hold) for a try that
+    /// may wait `maxWait` µs; `completion` is called once, on this thread.
+    func acquire(
+        policy: String, limits: [RateLimit], key: String, maxWait: Int64, completion: @escaping (FleetAnswer) -> Void
+    ) {
+        let tag = tag(policy: policy, key: key)
+        var args = [String(maxWait), String(limits.count)]
+        for limit in limits {
+            args.append(String(limit.interval))
+            args.append(String(limit.tolerance))
+        }
+        let keys = [tag + ":rl:" + Self.digest(limits), tag + ":hold"]
+        client.eval(FleetScripts.acquire, keys: keys, args: args) { reply in
+            guard case .array(let items) = reply, items.count >= 2, case .integer(let ok) = items[0],
+                case .integer(let micros) = items[1]
+            else {
+                if case .failed(let why) = reply { return completion(.unavailable(why)) }
+                return completion(.unavailable("unexpected answer \(reply)"))
+            }
+            if ok == 1 { return completion(.go(delay: Int64(micros))) }
+            var limit: Int? = nil
+            if items.count >= 3, case .integer(let index) = items[2], index > 0 { limit = index - 1 }
+            completion(.refuse(retryAfter: Int64(micros), limit: limit))
+        }
+    }
+
+    /// Tells the fleet that the origin asked for no requests of `key` for `milliseconds`.
+    func learn(policy: String, key: String, milliseconds: Int) {
+        guard client.isUsable else { return }
+        client.eval(
+            FleetScripts.hold, keys: [tag(policy: policy, key: key) + ":hold"], args: [String(milliseconds)]
+        ) { _ in }
+    }
+
+    private func beat() {
+        let ms = settings.heartbeat
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+        event_add(heartbeatTimer, &tv)
+        guard client.isConnected else { return }
+        let shared = shared
+        client.eval(
+            FleetScripts.heartbeat, keys: [settings.keyPrefix + "instances"], args: [shared.instance, String(ms * 3)]
+        ) { reply in
+            if case .integer(let n) = reply, n > 0 { shared.instancesAlive.store(n, ordering: .relaxed) }
+        }
+    }
+
+    /// `PREFIX{policy|hash}`: the hash tag of one key's decision. The key is hashed, so a key
+    /// that is a credential (`key: header:X-Api-Key`) never reaches Redis as written.
+    private func tag(policy: String, key: String) -> String {
+        var digest = [UInt8](repeating: 0, count: Int(SHA256_DIGEST_LENGTH))
+        let bytes = Array(key.utf8)
+        _ = SHA256(bytes, bytes.count, &digest)
+        return settings.keyPrefix + "{" + policy + "|" + digest.prefix(12).map { String(format2: $0) }.joined() + "}"
+    }
+
+    /// The limits in a key's name: a change of limits starts a new schedule.
+    private static func digest(_ limits: [RateLimit]) -> String {
+        limits.map { "\($0.requests)-\($0.periodMilliseconds)-\($0.burst)" }.joined(separator: "_")
+    }
+
+    func close() {
+        if let heartbeatTimer {
+            event_del(heartbeatTimer)
+            event_free(heartbeatTimer)
+        }
+        heartbeatTimer = nil
+        client.close()
+    }
+}
+
+/// One worker's connection to the fleet's Redis, as `GET /fleet` shows it.
+struct FleetWorkerState: Sendable, Encodable {
+    let worker: Int
+    /// `ready` (connected and asked), `paused` (failures: not asked for a while),
+    /// `connecting` (no connection now), or `off` (no fleet).
+    let state: String
+    let consecutiveFailures: Int
+    /// Round trips of the last (up to 256) commands that answered, in ms.
+    let roundTripP50Ms: Double?
+    let roundTripP99Ms: Double?
+    let commands: Int
+
+    enum CodingKeys: String, CodingKey {
+        case worker, state, commands
+        case consecutiveFailures = "consecutive_failures"
+        case roundTripP50Ms = "round_trip_p50_ms"
+        case roundTripP99Ms = "round_trip_p99_ms"
+    }
+
+    init(worker: Int) {
+        self.worker = worker
+        state = "off"
+        consecutiveFailures = 0
+        roundTripP50Ms = nil
+        roundTripP99Ms = nil
+        commands = 0
+    }
+
+    init(worker: Int, _ client: RedisClient) {
+        self.worker = worker
+        let now = MonotonicClock.milliseconds()
+        state = !client.isConnected ? "connecting" : client.health.usable(now: now) ? "ready" : "paused"
+        consecutiveFailures = client.health.consecutiveFailures
+        let sorted = client.roundTrips.sorted()
+        func quantile(_ q: Double) -> Double? {
+            guard !sorted.isEmpty else { return nil }
+            return Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * q))]) / 1000
+        }
+        roundTripP50Ms = quantile(0.5)
+        roundTripP99Ms = quantile(0.99)
+        commands = client.answered
+    }
+}

@@ -1,0 +1,75 @@
+/// The Lua scripts the fleet runs in Redis (docs/fleet.md). Each touches the keys of one
+/// decision only, named with one hash tag (`{…}`), so they work in Redis Cluster too; the time
+/// in each comes from Redis (`TIME`), so the instances' clocks do not matter. Times are in µs
+/// (below 2^53, exact in Lua's numbers).
+enum FleetScripts {
+    /// GCRA for one key under several limits, and the origin's hold (`rate_limit`, scope
+    /// fleet). KEYS[1]: the key's TATs, space-separated; KEYS[2]: the hold's end. ARGV[1]:
+    /// how long the request may wait (µs); ARGV[2]: the number of limits; then per limit its
+    /// interval and tolerance (µs). Answers `{1, delay}` (go after `delay` µs; the place is
+    /// taken) or `{0, retry_after, limit}` (refused; `limit` 0 is the hold, else 1-based).
+    static let acquire = RedisScript(
+        """
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        local maxwait = tonumber(ARGV[1])
+        local n = tonumber(ARGV[2])
+        local tats = {}
+        local stored = redis.call('GET', KEYS[1])
+        if stored then
+          for v in string.gmatch(stored, '%S+') do tats[#tats + 1] = tonumber(v) end
+        end
+        if #tats ~= n then tats = {} end
+        local delay, binding = 0, -1
+        for i = 1, n do
+          local tat = tats[i]
+          if tat then
+            local d = tat - tonumber(ARGV[2 + 2 * i]) - now
+            if d > delay then delay, binding = d, i end
+          end
+        end
+        local hold = tonumber(redis.call('GET', KEYS[2]) or '0')
+        if hold - now > delay then delay, binding = hold - now, 0 end
+        if delay > maxwait then return {0, delay, binding} end
+        if n > 0 then
+          local at = now + delay
+          local out, last = {}, now
+          for i = 1, n do
+            local tat = tats[i]
+            if not tat or tat < at then tat = at end
+            tat = tat + tonumber(ARGV[1 + 2 * i])
+            out[i] = string.format('%.0f', tat)
+            if tat > last then last = tat end
+          end
+          redis.call('SET', KEYS[1], table.concat(out, ' '), 'PX', math.floor((last - now) / 1000) + 1000)
+        end
+        return {1, delay}
+        """)
+
+    /// The origin asked for no requests of a key for ARGV[1] ms: KEYS[1] holds the hold's end
+    /// (µs, Redis's clock) unless a later one is kept already. Answers the end kept.
+    static let hold = RedisScript(
+        """
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+        local ms = tonumber(ARGV[1])
+        local untilus = now + ms * 1000
+        local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+        if current >= untilus then return string.format('%.0f', current) end
+        redis.call('SET', KEYS[1], string.format('%.0f', untilus), 'PX', ms)
+        return string.format('%.0f', untilus)
+        """)
+
+    /// An instance's heartbeat: KEYS[1], a sorted set of instances by their last beat (ms);
+    /// ARGV[1] the instance, ARGV[2] how long a beat counts (ms). Answers the instances alive.
+    static let heartbeat = RedisScript(
+        """
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        local ttl = tonumber(ARGV[2])
+        redis.call('ZADD', KEYS[1], now, ARGV[1])
+        redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+        redis.call('PEXPIRE', KEYS[1], ttl * 2)
+        return redis.call('ZCARD', KEYS[1])
+        """)
+}

@@ -1,0 +1,342 @@
+import CHiredis
+import CLibEvent
+import COpenSSL
+import SluiceCore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A reply from Redis, as Swift values.
+enum RedisReply {
+    case integer(Int)
+    case string(String)
+    case array([RedisReply])
+    case null
+    case status(String)
+    case error(String)
+    /// No reply within `fleet.timeout`, the connection was lost, or none was open.
+    case failed(String)
+
+    init(_ reply: UnsafeMutablePointer<redisReply>) {
+        let r = reply.pointee
+        switch r.type {
+        case REDIS_REPLY_INTEGER: self = .integer(Int(r.integer))
+        case REDIS_REPLY_NIL: self = .null
+        case REDIS_REPLY_ARRAY:
+            var items: [RedisReply] = []
+            for i in 0..<r.elements {
+                if let element = r.element[i] { items.append(RedisReply(element)) }
+            }
+            self = .array(items)
+        default:
+            let text = r.str.map { String(decoding: UnsafeRawBufferPointer(start: $0, count: r.len), as: UTF8.self) } ?? ""
+            switch r.type {
+            case REDIS_REPLY_STATUS: self = .status(text)
+            case REDIS_REPLY_ERROR: self = .error(text)
+            default: self = .string(text)
+            }
+        }
+    }
+}
+
+/// A Lua script Sluice runs in Redis: its text and its SHA-1 (what `EVALSHA` names it by,
+/// computed here, so no `SCRIPT LOAD` round trip is needed; `NOSCRIPT` — a Redis that
+/// restarted or was flushed — is answered by sending the text once with `EVAL`).
+struct RedisScript: Sendable {
+    let text: String
+    let sha: String
+
+    init(_ text: String) {
+        self.text = text
+        var digest = [UInt8](repeating: 0, count: Int(SHA_DIGEST_LENGTH))
+        let bytes = Array(text.utf8)
+        _ = SHA1(bytes, bytes.count, &digest)
+        sha = digest.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    }
+}
+
+/// One worker's connection to the fleet's Redis (`fleet:`, docs/fleet.md): hiredis 0.14's
+/// asynchronous context on the worker's own `event_base` (its libevent adapter), so no thread
+/// is added and no call blocks. What hiredis 0.14 lacks is here: every command has its own
+/// timer (`fleet.timeout`: it then fails, and a late reply is dropped), a connection attempt
+/// has one too, and a lost connection is made again after a pause that grows to 5 s.
+/// `AUTH` and `SELECT` go first on every new connection. Failures feed `RedisHealth`: after a
+/// few, the worker stops asking for a while, and callers fall back at once.
+///
+/// Threading: one per worker, touched only on the worker's thread; hiredis calls back on it.
+/// The context's `data` is this object, unretained: the worker keeps it and `close()`s it
+/// before its loop ends.
+final class RedisClient {
+    typealias Completion = (RedisReply) -> Void
+
+    /// A command waiting for its reply: its timer's context (held by `pending` until the timer
+    /// is freed).
+    private final class Pending {
+        unowned(unsafe) let client: RedisClient
+        let id: UInt64
+        var timer: OpaquePointer?
+        let completion: Completion
+        let sent: Int
+        init(client: RedisClient, id: UInt64, completion: @escaping Completion) {
+            self.client = client
+            self.id = id
+            self.completion = completion
+            sent = Int(MonotonicClock.microseconds())
+        }
+    }
+
+    let settings: FleetSettings
+    private let base: OpaquePointer
+    private let workerIndex: Int
+    private var context: UnsafeMutablePointer<redisAsyncContext>?
+    private var connected = false
+    private var connectTimer: OpaquePointer!
+    private var reconnectTimer: OpaquePointer!
+    private var reconnectPause = 100
+    private var pending: [UInt64: Pending] = [:]
+    private var nextId: UInt64 = 0
+    private(set) var health = RedisHealth()
+    private var closed = false
+    private var lastRefusal: String?
+    /// Round trips of commands that answered in time, in µs (the last 256, for `/fleet`).
+    private(set) var roundTrips: [Int] = []
+    private var roundTripIndex = 0
+    /// Commands answered in time since the worker started.
+    private(set) var answered = 0
+    /// Told when an episode of failures starts (true) or ends (false).
+    var onEpisode: ((Bool) -> Void)?
+
+    /// Loaded on every new connection, right after AUTH and SELECT (so that no EVALSHA meets
+    /// NOSCRIPT and overtakes a command sent before it).
+    var scripts: [RedisScript] = []
+
+    init(base: OpaquePointer, settings: FleetSettings, workerIndex: Int) {
+        self.base = base
+        self.settings = settings
+        self.workerIndex = workerIndex
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        connectTimer = event_new(
+            base, -1, 0,
+            { _, _, arg in Unmanaged<RedisClient>.fromOpaque(arg!).takeUnretainedValue().connectTimedOut() }, me)
+        reconnectTimer = event_new(
+            base, -1, 0,
+            { _, _, arg in Unmanaged<RedisClient>.fromOpaque(arg!).takeUnretainedValue().connect() }, me)
+    }
+
+    /// Whether a command may be sent now (connected, and not paused after failures).
+    var isUsable: Bool { connected && health.usable(now: MonotonicClock.milliseconds()) }
+    var isConnected: Bool { connected }
+
+    func connect() {
+        guard !closed, context == nil else { return }
+        let ac: UnsafeMutablePointer<redisAsyncContext>?
+        switch settings.redis {
+        case .tcp(let host, let port): ac = redisAsyncConnect(host, Int32(port))
+        case .unix(let path): ac = redisAsyncConnectUnix(path)
+        }
+        guard let ac, ac.pointee.err == 0 else {
+            let why = ac.flatMap { $0.pointee.errstr.map { String(cString: $0) } } ?? "out of memory"
+            if let ac { redisAsyncFree(ac) }
+            return lost("cannot connect: \(why)")
+        }
+        ac.pointee.data = Unmanaged.passUnretained(self).toOpaque()
+        guard redisLibeventAttach(ac, base) == REDIS_OK else {
+            redisAsyncFree(ac)
+            return lost("cannot attach to the event loop")
+        }
+        context = ac
+        redisAsyncSetConnectCallback(ac) { ac, status in
+            guard let data = ac?.pointee.data else { return }
+            Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().connectEnded(status == REDIS_OK, ac)
+        }
+        redisAsyncSetDisconnectCallback(ac) { ac, status in
+            guard let data = ac?.pointee.data else { return }
+            let why = status == REDIS_OK ? "closed" : (ac?.pointee.errstr.map { String(cString: $0) } ?? "connection lost")
+            Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().disconnected(why)
+        }
+        var tv = timeval(tv_sec: 1, tv_usec: 0)
+        event_add(connectTimer, &tv)
+        // Queued now, written first once the connection is up.
+        if let password = settings.password?.value {
+            let args = settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password]
+            send(args) { [weak self] reply in
+                if case .error(let text) = reply { self?.refused("AUTH: \(text)") }
+            }
+        }
+        if settings.database != 0 {
+            send(["SELECT", String(settings.database)]) { [weak self] reply in
+                if case .error(let text) = reply { self?.refused("SELECT \(self?.settings.database ?? 0): \(text)") }
+            }
+        }
+        for script in scripts { send(["SCRIPT", "LOAD", script.text]) { _ in } }
+    }
+
+    private func connectEnded(_ ok: Bool, _ ac: UnsafePointer<redisAsyncContext>?) {
+        event_del(connectTimer)
+        guard ok else {
+            // hiredis frees the context after this callback.
+            let why = ac?.pointee.errstr.map { String(cString: $0) } ?? "refused"
+            context = nil
+            return lost("cannot connect to \(settings.redis): \(why)")
+        }
+        connected = true
+        reconnectPause = 100
+        Log.debug("worker \(workerIndex): fleet: connected to Redis at \(settings.redis)")
+    }
+
+    private func connectTimedOut() {
+        guard let ac = context, !connected else { return }
+        // Freeing a context calls every pending command back with no reply.
+        context = nil
+        ac.pointee.data = nil
+        redisAsyncFree(ac)
+        failAll("no connection within 1 s")
+        lost("cannot connect to \(settings.redis) within 1 s")
+    }
+
+    private func disconnected(_ why: String) {
+        // hiredis frees the context after this callback; the commands it held were called
+        // back with no reply already.
+        context = nil
+        connected = false
+        event_del(connectTimer)
+        failAll(why)
+        lost("connection to \(settings.redis) lost: \(why)")
+    }
+
+    /// Redis refused AUTH or SELECT: the connection is closed and made again later (logged once
+    /// until a command succeeds).
+    private func refused(_ why: String) {
+        if lastRefusal != why {
+            lastRefusal = why
+            Log.error("worker \(workerIndex): fleet: Redis at \(settings.redis) refused \(why); retrying")
+        }
+        guard let ac = context else { return }
+        redisAsyncDisconnect(ac)
+    }
+
+    private func lost(_ why: String) {
+        connected = false
+        guard !closed else { return }
+        noteFailure(why)
+        var tv = timeval(tv_sec: reconnectPause / 1000, tv_usec: (reconnectPause % 1000) * 1000)
+        event_add(reconnectTimer, &tv)
+        reconnectPause = min(reconnectPause * 2, RedisHealth.maxPause)
+    }
+
+    private func noteFailure(_ why: String) {
+        if health.failed(now: MonotonicClock.milliseconds()) {
+            Log.warning(
+                "worker \(workerIndex): fleet: Redis at \(settings.redis) is not answering (\(why)); limits fall back to on_redis_down: \(settings.onRedisDown.rawValue)"
+            )
+            onEpisode?(true)
+        }
+    }
+
+    private func noteSuccess(sent: Int) {
+        let rtt = max(0, Int(MonotonicClock.microseconds()) - sent)
+        answered += 1
+        lastRefusal = nil
+        if roundTrips.count < 256 {
+            roundTrips.append(rtt)
+        } else {
+            roundTrips[roundTripIndex] = rtt
+            roundTripIndex = (roundTripIndex + 1) % 256
+        }
+        if health.succeeded() {
+            Log.info("worker \(workerIndex): fleet: Redis at \(settings.redis) answers again; fleet limits apply")
+            onEpisode?(false)
+        }
+    }
+
+    private func failAll(_ why: String) {
+        let all = pending
+        pending.removeAll()
+        for (_, p) in all {
+            if let timer = p.timer { event_free(timer) }
+            p.completion(.failed(why))
+        }
+    }
+
+    /// Runs `script` (`EVALSHA`, or `EVAL` after `NOSCRIPT`); `completion` is called once,
+    /// on this thread, within `fleet.timeout` — with `.failed` when Redis is not usable now.
+    func eval(_ script: RedisScript, keys: [String], args: [String], completion: @escaping Completion) {
+        let tail = [String(keys.count)] + keys + args
+        send(["EVALSHA", script.sha] + tail) { [weak self] reply in
+            if case .error(let text) = reply, text.hasPrefix("NOSCRIPT") {
+                guard let self else { return completion(reply) }
+                self.send(["EVAL", script.text] + tail, completion)
+                return
+            }
+            completion(reply)
+        }
+    }
+
+    /// Sends one command; `completion` gets its reply, or `.failed` on a timeout, a lost
+    /// connection, or when there is none.
+    func send(_ args: [String], _ completion: @escaping Completion) {
+        guard let ac = context else { return completion(.failed("not connected")) }
+        nextId &+= 1
+        if nextId == 0 { nextId = 1 }
+        let id = nextId
+        let p = Pending(client: self, id: id, completion: completion)
+        p.timer = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                let p = Unmanaged<Pending>.fromOpaque(arg!).takeUnretainedValue()
+                p.client.commandTimedOut(p.id)
+            }, Unmanaged.passUnretained(p).toOpaque())
+        let ms = settings.timeout
+        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
+        event_add(p.timer, &tv)
+        pending[id] = p
+        let cStrings = args.map { strdup($0) }
+        defer { for s in cStrings { free(s) } }
+        var argv = cStrings.map { UnsafePointer<CChar>($0) }
+        var lengths = args.map { $0.utf8.count }
+        let status = redisAsyncCommandArgv(
+            ac,
+            { ac, reply, privdata in
+                guard let data = ac?.pointee.data else { return }
+                let id = UInt64(UInt(bitPattern: privdata))
+                let answer = reply.map { RedisReply($0.assumingMemoryBound(to: redisReply.self)) }
+                Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().answered(id, answer)
+            }, UnsafeMutableRawPointer(bitPattern: UInt(id)), Int32(args.count), &argv, &lengths)
+        if status != REDIS_OK { answered(id, nil) }
+    }
+
+    private func answered(_ id: UInt64, _ reply: RedisReply?) {
+        guard let p = pending.removeValue(forKey: id) else { return }  // timed out already
+        if let timer = p.timer { event_free(timer) }
+        if let reply {
+            noteSuccess(sent: p.sent)
+            p.completion(reply)
+        } else {
+            noteFailure("connection lost")
+            p.completion(.failed("connection lost"))
+        }
+    }
+
+    private func commandTimedOut(_ id: UInt64) {
+        guard let p = pending.removeValue(forKey: id) else { return }
+        if let timer = p.timer { event_free(timer) }
+        noteFailure("no answer within \(settings.timeout) ms")
+        p.completion(.failed("no answer within \(settings.timeout) ms"))
+    }
+
+    /// Disconnects and frees the events (the worker's loop has ended).
+    func close() {
+        closed = true
+        event_del(reconnectTimer)
+        event_del(connectTimer)
+        if let ac = context {
+            context = nil
+            ac.pointee.data = nil
+            redisAsyncFree(ac)
+        }
+        failAll("closing")
+        event_free(reconnectTimer)
+        event_free(connectTimer)
+    }
+}
