@@ -440,11 +440,11 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         let now = MonotonicClock.microseconds()
         let table = worker.rateLimits
         switch answer {
-        case .go(let delay) where delay < 1000:
+        case .go(let delay, _) where delay < 1000:
             table.count(policy: wait.policy, .allowed)
             if !exchange.summary.hasRateLimitRecord { exchange.summary.rateLimit = .allowed }
             startTry(waiter.request, exchange, from: RequestChain.afterQuota)
-        case .go(let delay):
+        case .go(let delay, _):
             table.noteWaiting(policy: wait.policy, 1)
             let limit = wait.settings.limits.map(\.description).joined(separator: " and ") + " (fleet)"
             waitForQuota(

@@ -35,8 +35,9 @@ extension String {
 
 /// The fleet's answer to one try's rate limits.
 enum FleetAnswer {
-    /// Go after `delay` µs (its place in the fleet's schedule is taken).
-    case go(delay: Int64)
+    /// Go after `delay` µs (its place in the fleet's schedule is taken; `places` − 1 more were
+    /// taken for the tries after it: a lease, `Fleet.takeLease`).
+    case go(delay: Int64, places: Int)
     /// Over a limit for longer than the try may wait: µs until it could go, and which limit
     /// (an index into the policy's limits; nil: the origin's hold).
     case refuse(retryAfter: Int64, limit: Int?)
@@ -79,30 +80,163 @@ final class Fleet {
         }
     }
 
+    /// The fixed part of an acquire for one set of limits: the schedule key's suffix, and the
+    /// limits' arguments encoded once.
+    private struct Prepared {
+        let suffix: String
+        let limitWords: [UInt8]
+        let count: Int
+    }
+    private var prepared: [[RateLimit]: Prepared] = [:]
+    /// Places the fleet gave this worker ahead (a lease), per schedule key: how many are left
+    /// and until when they may be used (µs); unused ones are lost.
+    private var leases: [String: (left: Int, until: Int64)] = [:]
+    /// How long a lease's places may be used.
+    static let leaseMicroseconds: Int64 = 50_000
+
+    /// How many places a try asks for at once under `limits`: a quarter of the smallest burst,
+    /// at most 32 (1 — no lease — for a burst under 8): a lease never takes more than the
+    /// limit would let go at once anyway.
+    static func leaseSize(_ limits: [RateLimit]) -> Int {
+        guard let burst = limits.map(\.burst).min() else { return 1 }
+        let size = min(32, burst / 4)
+        return size >= 2 ? size : 1
+    }
+
+    /// A place from this worker's lease for `key`, if one is left and still valid: the try goes
+    /// without a round trip.
+    func takeLease(policy: String, limits: [RateLimit], key: String, now: Int64) -> Bool {
+        guard !leases.isEmpty else { return false }
+        let scheduleKey = cachedTag(policy: policy, key: key) + prepare(limits).suffix
+        guard let lease = leases[scheduleKey] else { return false }
+        guard lease.until > now, lease.left > 0 else {
+            leases[scheduleKey] = nil
+            return false
+        }
+        leases[scheduleKey] = lease.left > 1 ? (lease.left - 1, lease.until) : nil
+        return true
+    }
+    /// Each policy's keys' hash tags (a SHA-256 per new key, not per request); bounded.
+    private var tags: [String: [String: String]] = [:]
+
     /// Asks the fleet's schedule of `key` under `limits` (and the origin's hold) for a try that
     /// may wait `maxWait` µs; `completion` is called once, on this thread.
     func acquire(
         policy: String, limits: [RateLimit], key: String, maxWait: Int64, completion: @escaping (FleetAnswer) -> Void
     ) {
-        let tag = tag(policy: policy, key: key)
-        var args = [String(maxWait), String(limits.count)]
-        for limit in limits {
-            args.append(String(limit.interval))
-            args.append(String(limit.tolerance))
-        }
-        let keys = [tag + ":rl:" + Self.digest(limits), tag + ":hold"]
-        client.eval(FleetScripts.acquire, keys: keys, args: args) { reply in
-            guard case .array(let items) = reply, items.count >= 2, case .integer(let ok) = items[0],
-                case .integer(let micros) = items[1]
-            else {
-                if case .failed(let why) = reply { return completion(.unavailable(why)) }
-                return completion(.unavailable("unexpected answer \(reply)"))
+        let tag = cachedTag(policy: policy, key: key)
+        let fixed = prepare(limits)
+        let scheduleKey = tag + fixed.suffix
+        let lease = Self.leaseSize(limits)
+        if lease > 1 {
+            // One round trip at a time per key: the tries that come meanwhile are served from
+            // the lease it brings back (the rest ask again).
+            if inFlight[scheduleKey] != nil {
+                inFlight[scheduleKey]!.append(
+                    Waiter(policy: policy, limits: limits, key: key, maxWait: maxWait, completion: completion))
+                return
             }
-            if ok == 1 { return completion(.go(delay: Int64(micros))) }
-            var limit: Int? = nil
-            if items.count >= 3, case .integer(let index) = items[2], index > 0 { limit = index - 1 }
-            completion(.refuse(retryAfter: Int64(micros), limit: limit))
+            inFlight[scheduleKey] = []
         }
+        let holdKey = tag + ":hold"
+        let build = { (verb: String, script: String) -> [UInt8] in
+            var command = RESPCommand(count: fixed.count)
+            command.append(verb)
+            command.append(script)
+            command.append(encoded: Self.two)
+            command.append(scheduleKey)
+            command.append(holdKey)
+            command.append(encoded: fixed.limitWords)
+            command.append(maxWait)
+            command.append(Int64(lease))
+            return command.bytes
+        }
+        client.eval(FleetScripts.acquire, build: build) { [weak self] reply in
+            let answer = Self.answer(reply)
+            guard let self else { return completion(answer) }
+            if case .go(let delay, let n) = answer, n > 1 {
+                self.leases[scheduleKey] = (n - 1, MonotonicClock.microseconds() + delay + Self.leaseMicroseconds)
+                if self.leases.count > 10_000 { self.leases = [:] }
+            }
+            completion(answer)
+            self.serveWaiters(scheduleKey, answer)
+        }
+    }
+
+    /// A try that came while its key's round trip was out.
+    private struct Waiter {
+        let policy: String
+        let limits: [RateLimit]
+        let key: String
+        let maxWait: Int64
+        let completion: (FleetAnswer) -> Void
+    }
+    private var inFlight: [String: [Waiter]] = [:]
+
+    /// The round trip for `scheduleKey` came back: the tries that waited for it go from its
+    /// lease while places last, share its refusal or its failure, or ask again.
+    private func serveWaiters(_ scheduleKey: String, _ answer: FleetAnswer) {
+        guard let waiters = inFlight.removeValue(forKey: scheduleKey) else { return }
+        let now = MonotonicClock.microseconds()
+        var again: [Waiter] = []
+        for waiter in waiters {
+            switch answer {
+            case .go:
+                if takeLease(policy: waiter.policy, limits: waiter.limits, key: waiter.key, now: now) {
+                    waiter.completion(.go(delay: 0, places: 1))
+                } else {
+                    again.append(waiter)
+                }
+            case .refuse, .unavailable:
+                waiter.completion(answer)
+            }
+        }
+        for waiter in again {
+            acquire(
+                policy: waiter.policy, limits: waiter.limits, key: waiter.key, maxWait: waiter.maxWait,
+                completion: waiter.completion)
+        }
+    }
+
+    private static func answer(_ reply: RedisReply) -> FleetAnswer {
+        guard case .array(let items) = reply, items.count >= 2, case .integer(let ok) = items[0],
+            case .integer(let micros) = items[1]
+        else {
+            if case .failed(let why) = reply { return .unavailable(why) }
+            return .unavailable("unexpected answer \(reply)")
+        }
+        if ok == 1 {
+            var places = 1
+            if items.count >= 3, case .integer(let n) = items[2], n > 1 { places = n }
+            return .go(delay: Int64(micros), places: places)
+        }
+        var limit: Int? = nil
+        if items.count >= 3, case .integer(let index) = items[2], index > 0 { limit = index - 1 }
+        return .refuse(retryAfter: Int64(micros), limit: limit)
+    }
+
+    private static let two = RESPCommand.word("2")
+
+    private func prepare(_ limits: [RateLimit]) -> Prepared {
+        if let p = prepared[limits] { return p }
+        var words = RESPCommand.word(String(limits.count))
+        for limit in limits {
+            words += RESPCommand.word(String(limit.interval))
+            words += RESPCommand.word(String(limit.tolerance))
+        }
+        // EVALSHA, the SHA, the key count, two keys, n, 2 per limit, the wait, the lease.
+        let p = Prepared(suffix: ":rl:" + Self.digest(limits), limitWords: words, count: 8 + 2 * limits.count)
+        if prepared.count > 64 { prepared.removeAll() }  // reloads that changed limits, many times
+        prepared[limits] = p
+        return p
+    }
+
+    private func cachedTag(policy: String, key: String) -> String {
+        if let tag = tags[policy]?[key] { return tag }
+        let tag = tag(policy: policy, key: key)
+        if tags[policy, default: [:]].count >= 10_000 { tags[policy] = [:] }
+        tags[policy, default: [:]][key] = tag
+        return tag
     }
 
     /// Tells the fleet that the origin asked for no requests of `key` for `milliseconds`.

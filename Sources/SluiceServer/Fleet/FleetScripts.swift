@@ -5,15 +5,18 @@
 enum FleetScripts {
     /// GCRA for one key under several limits, and the origin's hold (`rate_limit`, scope
     /// fleet). KEYS[1]: the key's TATs, space-separated; KEYS[2]: the hold's end. ARGV[1]:
-    /// how long the request may wait (µs); ARGV[2]: the number of limits; then per limit its
-    /// interval and tolerance (µs). Answers `{1, delay}` (go after `delay` µs; the place is
-    /// taken) or `{0, retry_after, limit}` (refused; `limit` 0 is the hold, else 1-based).
+    /// the number of limits n; then per limit its interval and tolerance (µs); then how long
+    /// the request may wait (µs); last, a lease k: when k places would all go now under every
+    /// limit (and no hold runs), all k are taken at once. Answers `{1, delay, places}` (go
+    /// after `delay` µs; `places` taken: 1, or k) or `{0, retry_after, limit}` (refused;
+    /// `limit` 0 is the hold, else 1-based).
     static let acquire = RedisScript(
         """
         local t = redis.call('TIME')
         local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-        local maxwait = tonumber(ARGV[1])
-        local n = tonumber(ARGV[2])
+        local n = tonumber(ARGV[1])
+        local maxwait = tonumber(ARGV[2 + 2 * n])
+        local lease = tonumber(ARGV[3 + 2 * n] or '1')
         local tats = {}
         local stored = redis.call('GET', KEYS[1])
         if stored then
@@ -24,12 +27,24 @@ enum FleetScripts {
         for i = 1, n do
           local tat = tats[i]
           if tat then
-            local d = tat - tonumber(ARGV[2 + 2 * i]) - now
+            local d = tat - tonumber(ARGV[1 + 2 * i]) - now
             if d > delay then delay, binding = d, i end
           end
         end
         local hold = tonumber(redis.call('GET', KEYS[2]) or '0')
         if hold - now > delay then delay, binding = hold - now, 0 end
+        if lease > 1 and delay == 0 and n > 0 then
+          -- Would the lease's last place go now too, under every limit?
+          local fits = true
+          for i = 1, n do
+            local tat = tats[i]
+            if not tat or tat < now then tat = now end
+            if tat + (lease - 1) * tonumber(ARGV[2 * i]) - tonumber(ARGV[1 + 2 * i]) > now then fits = false end
+          end
+          if not fits then lease = 1 end
+        else
+          lease = 1
+        end
         if delay > maxwait then return {0, delay, binding} end
         if n > 0 then
           local at = now + delay
@@ -37,13 +52,13 @@ enum FleetScripts {
           for i = 1, n do
             local tat = tats[i]
             if not tat or tat < at then tat = at end
-            tat = tat + tonumber(ARGV[1 + 2 * i])
+            tat = tat + lease * tonumber(ARGV[2 * i])
             out[i] = string.format('%.0f', tat)
             if tat > last then last = tat end
           end
           redis.call('SET', KEYS[1], table.concat(out, ' '), 'PX', math.floor((last - now) / 1000) + 1000)
         end
-        return {1, delay}
+        return {1, delay, lease}
         """)
 
     /// The origin asked for no requests of a key for ARGV[1] ms: KEYS[1] holds the hold's end

@@ -56,6 +56,59 @@ struct RedisScript: Sendable {
     }
 }
 
+/// A command in Redis's protocol (RESP): an array of bulk strings, built as bytes (no
+/// formatting by hiredis); fixed parts can be encoded once (`word`) and appended as they are.
+struct RESPCommand {
+    private(set) var bytes: [UInt8] = []
+
+    init(count: Int) {
+        bytes.reserveCapacity(160)
+        bytes.append(UInt8(ascii: "*"))
+        Self.appendDecimal(count, to: &bytes)
+        bytes += [13, 10]
+    }
+
+    mutating func append(_ word: String) {
+        var word = word
+        word.withUTF8 { Self.appendWord($0, to: &bytes) }
+    }
+
+    mutating func append(_ number: Int64) {
+        var digits: [UInt8] = []
+        digits.reserveCapacity(20)
+        Self.appendDecimal(Int(number), to: &digits)
+        digits.withUnsafeBufferPointer { Self.appendWord($0, to: &bytes) }
+    }
+
+    /// Words encoded by `word`, appended as they are.
+    mutating func append(encoded: [UInt8]) { bytes += encoded }
+
+    /// `word` as a bulk string, to append later with `append(encoded:)`.
+    static func word(_ word: String) -> [UInt8] {
+        var out: [UInt8] = []
+        var word = word
+        word.withUTF8 { appendWord($0, to: &out) }
+        return out
+    }
+
+    private static func appendWord(_ word: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) {
+        out.append(UInt8(ascii: "$"))
+        appendDecimal(word.count, to: &out)
+        out += [13, 10]
+        out.append(contentsOf: word)
+        out += [13, 10]
+    }
+
+    private static func appendDecimal(_ n: Int, to out: inout [UInt8]) {
+        if n < 0 {
+            out.append(UInt8(ascii: "-"))
+            return appendDecimal(-n, to: &out)
+        }
+        if n >= 10 { appendDecimal(n / 10, to: &out) }
+        out.append(UInt8(ascii: "0") + UInt8(n % 10))
+    }
+}
+
 /// One worker's connection to the fleet's Redis (`fleet:`, docs/fleet.md): hiredis 0.14's
 /// asynchronous context on the worker's own `event_base` (its libevent adapter), so no thread
 /// is added and no call blocks. What hiredis 0.14 lacks is here: every command has its own
@@ -70,20 +123,11 @@ struct RedisScript: Sendable {
 final class RedisClient {
     typealias Completion = (RedisReply) -> Void
 
-    /// A command waiting for its reply: its timer's context (held by `pending` until the timer
-    /// is freed).
-    private final class Pending {
-        unowned(unsafe) let client: RedisClient
-        let id: UInt64
-        var timer: OpaquePointer?
+    /// A command waiting for its reply, and when it times out (monotonic µs).
+    private struct Pending {
         let completion: Completion
         let sent: Int
-        init(client: RedisClient, id: UInt64, completion: @escaping Completion) {
-            self.client = client
-            self.id = id
-            self.completion = completion
-            sent = Int(MonotonicClock.microseconds())
-        }
+        let deadline: Int
     }
 
     let settings: FleetSettings
@@ -95,6 +139,13 @@ final class RedisClient {
     private var reconnectTimer: OpaquePointer!
     private var reconnectPause = 100
     private var pending: [UInt64: Pending] = [:]
+    /// Ids in the order they were sent (their deadlines are in the same order: one timeout for
+    /// all); ids already answered are skipped when the timer looks.
+    private var order: [UInt64] = []
+    private var orderHead = 0
+    /// One timer for the oldest command still waiting.
+    private var timeoutTimer: OpaquePointer!
+    private var timeoutArmed = false
     private var nextId: UInt64 = 0
     private(set) var health = RedisHealth()
     private var closed = false
@@ -122,6 +173,9 @@ final class RedisClient {
         reconnectTimer = event_new(
             base, -1, 0,
             { _, _, arg in Unmanaged<RedisClient>.fromOpaque(arg!).takeUnretainedValue().connect() }, me)
+        timeoutTimer = event_new(
+            base, -1, 0,
+            { _, _, arg in Unmanaged<RedisClient>.fromOpaque(arg!).takeUnretainedValue().expire() }, me)
     }
 
     /// Whether a command may be sent now (connected, and not paused after failures).
@@ -251,64 +305,129 @@ final class RedisClient {
     }
 
     private func failAll(_ why: String) {
-        let all = pending
+        let all = order[orderHead...].compactMap { pending[$0] }
         pending.removeAll()
-        for (_, p) in all {
-            if let timer = p.timer { event_free(timer) }
-            p.completion(.failed(why))
+        order.removeAll()
+        orderHead = 0
+        if timeoutArmed {
+            event_del(timeoutTimer)
+            timeoutArmed = false
         }
+        for p in all { p.completion(.failed(why)) }
     }
 
     /// Runs `script` (`EVALSHA`, or `EVAL` after `NOSCRIPT`); `completion` is called once,
     /// on this thread, within `fleet.timeout` — with `.failed` when Redis is not usable now.
-    func eval(_ script: RedisScript, keys: [String], args: [String], completion: @escaping Completion) {
-        let tail = [String(keys.count)] + keys + args
-        send(["EVALSHA", script.sha] + tail) { [weak self] reply in
-            if case .error(let text) = reply, text.hasPrefix("NOSCRIPT") {
-                guard let self else { return completion(reply) }
-                self.send(["EVAL", script.text] + tail, completion)
+    /// `build` encodes the command given its first two words (`EVALSHA` and the SHA, or `EVAL`
+    /// and the text).
+    func eval(
+        _ script: RedisScript, build: @escaping (_ verb: String, _ script: String) -> [UInt8],
+        completion: @escaping Completion
+    ) {
+        send(build("EVALSHA", script.sha)) { [weak self] reply in
+            if case .error(let text) = reply, text.hasPrefix("NOSCRIPT"), let self {
+                // Redis lost its scripts (a restart, SCRIPT FLUSH): the text goes once more.
+                self.send(build("EVAL", script.text), completion)
                 return
             }
             completion(reply)
         }
     }
 
-    /// Sends one command; `completion` gets its reply, or `.failed` on a timeout, a lost
-    /// connection, or when there is none.
+    /// `eval` with the keys and arguments as words.
+    func eval(_ script: RedisScript, keys: [String], args: [String], completion: @escaping Completion) {
+        eval(
+            script,
+            build: { verb, name in
+                var command = RESPCommand(count: 3 + keys.count + args.count)
+                for word in [verb, name, String(keys.count)] + keys + args { command.append(word) }
+                return command.bytes
+            }, completion: completion)
+    }
+
+    /// Sends one command given as its words.
     func send(_ args: [String], _ completion: @escaping Completion) {
+        var command = RESPCommand(count: args.count)
+        for arg in args { command.append(arg) }
+        send(command.bytes, completion)
+    }
+
+    /// Sends one command, encoded; `completion` gets its reply, or `.failed` on a timeout, a
+    /// lost connection, or when there is none.
+    func send(_ bytes: [UInt8], _ completion: @escaping Completion) {
         guard let ac = context else { return completion(.failed("not connected")) }
         nextId &+= 1
         if nextId == 0 { nextId = 1 }
         let id = nextId
-        let p = Pending(client: self, id: id, completion: completion)
-        p.timer = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                let p = Unmanaged<Pending>.fromOpaque(arg!).takeUnretainedValue()
-                p.client.commandTimedOut(p.id)
-            }, Unmanaged.passUnretained(p).toOpaque())
-        let ms = settings.timeout
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(p.timer, &tv)
-        pending[id] = p
-        let cStrings = args.map { strdup($0) }
-        defer { for s in cStrings { free(s) } }
-        var argv = cStrings.map { UnsafePointer<CChar>($0) }
-        var lengths = args.map { $0.utf8.count }
-        let status = redisAsyncCommandArgv(
-            ac,
-            { ac, reply, privdata in
-                guard let data = ac?.pointee.data else { return }
-                let id = UInt64(UInt(bitPattern: privdata))
-                let answer = reply.map { RedisReply($0.assumingMemoryBound(to: redisReply.self)) }
-                Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().answered(id, answer)
-            }, UnsafeMutableRawPointer(bitPattern: UInt(id)), Int32(args.count), &argv, &lengths)
+        let now = Int(MonotonicClock.microseconds())
+        pending[id] = Pending(completion: completion, sent: now, deadline: now + settings.timeout * 1000)
+        order.append(id)
+        if !timeoutArmed { arm(microseconds: settings.timeout * 1000) }
+        let status = bytes.withUnsafeBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) { chars in
+                redisAsyncFormattedCommand(
+                    ac,
+                    { ac, reply, privdata in
+                        guard let data = ac?.pointee.data else { return }
+                        let id = UInt64(UInt(bitPattern: privdata))
+                        let answer = reply.map { RedisReply($0.assumingMemoryBound(to: redisReply.self)) }
+                        Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().answered(id, answer)
+                    }, UnsafeMutableRawPointer(bitPattern: UInt(id)), chars.baseAddress, chars.count)
+            }
+        }
         if status != REDIS_OK { answered(id, nil) }
+    }
+
+    private func arm(microseconds: Int) {
+        var tv = timeval(tv_sec: microseconds / 1_000_000, tv_usec: microseconds % 1_000_000)
+        event_add(timeoutTimer, &tv)
+        timeoutArmed = true
+    }
+
+    /// The timer: every command past its deadline fails; the timer is armed again for the
+    /// oldest one still waiting.
+    private func expire() {
+        timeoutArmed = false
+        let now = Int(MonotonicClock.microseconds())
+        while orderHead < order.count {
+            let id = order[orderHead]
+            guard let p = pending[id] else {
+                orderHead += 1
+                continue
+            }
+            if p.deadline > now {
+                arm(microseconds: p.deadline - now)
+                break
+            }
+            orderHead += 1
+            pending[id] = nil
+            noteFailure("no answer within \(settings.timeout) ms")
+            p.completion(.failed("no answer within \(settings.timeout) ms"))
+        }
+        compactOrder()
+    }
+
+    private func compactOrder() {
+        if orderHead == order.count {
+            order.removeAll(keepingCapacity: true)
+            orderHead = 0
+        } else if orderHead > 1024 {
+            order.removeFirst(orderHead)
+            orderHead = 0
+        }
     }
 
     private func answered(_ id: UInt64, _ reply: RedisReply?) {
         guard let p = pending.removeValue(forKey: id) else { return }  // timed out already
-        if let timer = p.timer { event_free(timer) }
+        if pending.isEmpty {
+            // Nothing waits: the timer stops, and the order starts afresh.
+            order.removeAll(keepingCapacity: true)
+            orderHead = 0
+            if timeoutArmed {
+                event_del(timeoutTimer)
+                timeoutArmed = false
+            }
+        }
         if let reply {
             noteSuccess(sent: p.sent)
             p.completion(reply)
@@ -316,13 +435,6 @@ final class RedisClient {
             noteFailure("connection lost")
             p.completion(.failed("connection lost"))
         }
-    }
-
-    private func commandTimedOut(_ id: UInt64) {
-        guard let p = pending.removeValue(forKey: id) else { return }
-        if let timer = p.timer { event_free(timer) }
-        noteFailure("no answer within \(settings.timeout) ms")
-        p.completion(.failed("no answer within \(settings.timeout) ms"))
     }
 
     /// Disconnects and frees the events (the worker's loop has ended).
@@ -338,5 +450,6 @@ final class RedisClient {
         failAll("closing")
         event_free(reconnectTimer)
         event_free(connectTimer)
+        event_free(timeoutTimer)
     }
 }

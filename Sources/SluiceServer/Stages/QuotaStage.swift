@@ -66,6 +66,12 @@ enum QuotaStage: TryStage {
                 wait.scheduleAfter = true
                 return .wait(.quota(wait))
             }
+            if fleet.takeLease(policy: limiting.policy, limits: limiting.settings.limits, key: key, now: now) {
+                // A place the fleet gave this worker ahead: no round trip.
+                services.rateLimits.count(policy: limiting.policy, .allowed)
+                if !exchange.summary.hasRateLimitRecord { exchange.summary.rateLimit = .allowed }
+                return .proceed
+            }
             guard fleet.client.isUsable else {
                 return fallback(limiting, fleet, key: key, now: now, deadline: deadline, exchange, services)
             }
