@@ -73,6 +73,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     var phase: Phase = .idle
     /// The `max_concurrent` place the current try holds (`QuotaStage`), until the try ends.
     var quotaSlot: QuotaSlot?
+    /// The ticket of the fleet round trip the current try waits for (`Worker.fleetWaiters`).
+    private var fleetTicket: UInt64 = 0
 
     init(connection: ClientConnection, worker: Worker) {
         self.connection = connection
@@ -347,9 +349,16 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             guard let fleet = worker.fleet else { return goOn(.proceed, request, exchange!) }
             phase = .waitingForQuota(QuotaWaiter(timer: nil, request: request, wait: wait))
             let maxWait = max(0, wait.deadline - MonotonicClock.microseconds())
+            // The worker holds the waiting driver (not a weak reference: that would put a side
+            // table on every driver, and slow each retain of it); leaving takes it out.
+            worker.nextFleetTicket &+= 1
+            let ticket = worker.nextFleetTicket
+            worker.fleetWaiters[ticket] = self
+            fleetTicket = ticket
+            let worker = worker
             fleet.acquire(policy: wait.policy, limits: wait.settings.limits, key: wait.key, maxWait: maxWait) {
-                [weak self] answer in
-                self?.fleetAnswered(wait, answer)
+                [unowned(unsafe) worker] answer in
+                worker.fleetWaiters.removeValue(forKey: ticket)?.fleetAnswered(wait, answer)
             }
             return
         }
@@ -490,6 +499,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         switch wait.kind {
         case .fleet:
             // Its answer will find it gone; a place the fleet gives it stays taken.
+            worker.fleetWaiters[fleetTicket] = nil
             table.count(policy: wait.policy, .left)
             return
         case .timer(_, let reservation):

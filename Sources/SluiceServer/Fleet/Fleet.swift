@@ -90,7 +90,12 @@ final class Fleet {
     private var prepared: [[RateLimit]: Prepared] = [:]
     /// Places the fleet gave this worker ahead (a lease), per schedule key: how many are left
     /// and until when they may be used (µs); unused ones are lost.
-    private var leases: [String: (left: Int, until: Int64)] = [:]
+    private var leases: [String: [String: Lease]] = [:]
+    private struct Lease {
+        let limits: [RateLimit]
+        var left: Int
+        let until: Int64
+    }
     /// How long a lease's places may be used.
     static let leaseMicroseconds: Int64 = 50_000
 
@@ -106,16 +111,21 @@ final class Fleet {
     /// A place from this worker's lease for `key`, if one is left and still valid: the try goes
     /// without a round trip.
     func takeLease(policy: String, limits: [RateLimit], key: String, now: Int64) -> Bool {
-        guard !leases.isEmpty else { return false }
-        let scheduleKey = cachedTag(policy: policy, key: key) + prepare(limits).suffix
-        guard let lease = leases[scheduleKey] else { return false }
-        guard lease.until > now, lease.left > 0 else {
-            leases[scheduleKey] = nil
+        guard !leases.isEmpty, var lease = leases[policy]?[key] else { return false }
+        guard lease.until > now, lease.left > 0, lease.limits == limits else {
+            leases[policy]?[key] = nil
             return false
         }
-        leases[scheduleKey] = lease.left > 1 ? (lease.left - 1, lease.until) : nil
+        lease.left -= 1
+        leases[policy]![key] = lease.left > 0 ? lease : nil
         return true
     }
+
+    private func keepLease(policy: String, key: String, _ lease: Lease) {
+        if leases[policy, default: [:]].count >= 10_000 { leases[policy] = [:] }
+        leases[policy, default: [:]][key] = lease
+    }
+
     /// Each policy's keys' hash tags (a SHA-256 per new key, not per request); bounded.
     private var tags: [String: [String: String]] = [:]
 
@@ -151,12 +161,12 @@ final class Fleet {
             command.append(Int64(lease))
             return command.bytes
         }
-        client.eval(FleetScripts.acquire, build: build) { [weak self] reply in
+        // Unowned: the client calls back only while it is open, and the fleet closes it first.
+        client.eval(FleetScripts.acquire, build: build) { [unowned(unsafe) self] reply in
             let answer = Self.answer(reply)
-            guard let self else { return completion(answer) }
             if case .go(let delay, let n) = answer, n > 1 {
-                self.leases[scheduleKey] = (n - 1, MonotonicClock.microseconds() + delay + Self.leaseMicroseconds)
-                if self.leases.count > 10_000 { self.leases = [:] }
+                let until = MonotonicClock.microseconds() + delay + Self.leaseMicroseconds
+                self.keepLease(policy: policy, key: key, Lease(limits: limits, left: n - 1, until: until))
             }
             completion(answer)
             self.serveWaiters(scheduleKey, answer)

@@ -214,13 +214,13 @@ final class RedisClient {
         // Queued now, written first once the connection is up.
         if let password = settings.password?.value {
             let args = settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password]
-            send(args) { [weak self] reply in
-                if case .error(let text) = reply { self?.refused("AUTH: \(text)") }
+            send(args) { [unowned(unsafe) self] reply in
+                if case .error(let text) = reply { self.refused("AUTH: \(text)") }
             }
         }
         if settings.database != 0 {
-            send(["SELECT", String(settings.database)]) { [weak self] reply in
-                if case .error(let text) = reply { self?.refused("SELECT \(self?.settings.database ?? 0): \(text)") }
+            send(["SELECT", String(settings.database)]) { [unowned(unsafe) self] reply in
+                if case .error(let text) = reply { self.refused("SELECT \(self.settings.database): \(text)") }
             }
         }
         for script in scripts { send(["SCRIPT", "LOAD", script.text]) { _ in } }
@@ -324,8 +324,9 @@ final class RedisClient {
         _ script: RedisScript, build: @escaping (_ verb: String, _ script: String) -> [UInt8],
         completion: @escaping Completion
     ) {
-        send(build("EVALSHA", script.sha)) { [weak self] reply in
-            if case .error(let text) = reply, text.hasPrefix("NOSCRIPT"), let self {
+        send(build("EVALSHA", script.sha)) { [unowned(unsafe) self] reply in
+            // Unowned: a client calls back only while open (`close` fails what is pending).
+            if case .error(let text) = reply, text.hasPrefix("NOSCRIPT") {
                 // Redis lost its scripts (a restart, SCRIPT FLUSH): the text goes once more.
                 self.send(build("EVAL", script.text), completion)
                 return

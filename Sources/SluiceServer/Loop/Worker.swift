@@ -51,6 +51,9 @@ final class Worker {
     private var quotaEvent: OpaquePointer!
     /// Tries of this worker waiting for a `max_concurrent` place, by ticket.
     var quotaWaiters: [UInt64: ExchangeDriver] = [:]
+    /// Tries of this worker waiting for the fleet's Redis, by ticket.
+    var fleetWaiters: [UInt64: ExchangeDriver] = [:]
+    var nextFleetTicket: UInt64 = 0
     /// Hands a ticket given a place to this worker's loop (`RateLimitTable`; any thread).
     private(set) var quotaWake: @Sendable (UInt64) -> Bool = { _ in false }
     private let mailbox: Mailbox
