@@ -107,7 +107,7 @@ fuzz: deps
 # The benchmark (Benchmarks/, BENCHMARKS.md): a scenario of Benchmarks/scenarios.toml, one JSON
 # result file in Benchmarks/results/; the headline scenario (at most 10 minutes on 2 cores) also
 # regenerates BENCHMARKS.md's tables and chart from it. `make bench SLUICE_BIN=path` measures that
-# binary and builds nothing; BENCH_SCENARIO=cachehit|ratelimit|http2|soak|full|quick runs another scenario.
+# binary and builds nothing; BENCH_SCENARIO=cachehit|ratelimit|fleet|http2|soak|full|quick runs another scenario.
 BENCH_SCENARIO ?= headline
 bench: $(if $(SLUICE_BIN),,build) bench-deps
 	cd Benchmarks && python3 -m bench run $(BENCH_SCENARIO) --sluice $(abspath $(or $(SLUICE_BIN),$(BIN))) \

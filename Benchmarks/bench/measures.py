@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from . import clients, procfs, stats
-from .servers import SLUICE_TARGETS, sluice_yaml, wait_port
+from .servers import FLEET_TARGETS, SLUICE_TARGETS, port_open, redis_commandstats, sluice_yaml, wait_port
 
 LUA = Path(__file__).resolve().parent.parent / "absolute.lua"
 
@@ -111,9 +111,16 @@ def throughput(bench) -> list[dict]:
 
 
 def _throughput_round(bench, target: str, body: str, connections: int, rnd: int) -> dict | None:
+    """One wrk run. For a fleet target also its redis-server: the CPU it took (redis_cpu_us, apart
+    from the proxy's cpu_us) and the commands it ran, from `INFO commandstats` read right before
+    and right after the run (redis_calls; redis_round_trips = EVALSHA + EVAL calls / requests)."""
     watched = {"origin": bench.origin.pid}
     if target != "direct":
         watched["proxy"] = bench.procs[target].pid
+    redis = bench.lab.redis.get(target)
+    if redis:
+        watched["redis"] = redis.pid
+        before = _commandstats(bench, target)
     with procfs.LoadWindow(watched) as window:
         res, output = wrk(bench, target, connections, bench.scenario["duration"], body)
     if res is None:
@@ -128,11 +135,29 @@ def _throughput_round(bench, target: str, body: str, connections: int, rnd: int)
            "other_load_pct": window.other_pct}
     if bench.scenario["origin"] == "tls" and target != "direct":
         row["upstream_connections"] = _upstream_connections(bench, target)
+    redis_text = ""
+    if redis:
+        after = _commandstats(bench, target)
+        row["redis_cpu_us"] = stats.cpu_us_per_request(window.ticks["redis"], hz, res["requests"])
+        row["redis_calls"] = stats.redis_calls(before, after) if before is not None and after is not None else None
+        row["redis_round_trips"] = (round(stats.per_request(row["redis_calls"]["round_trips"], res["requests"]), 3)
+                                    if row["redis_calls"] and res["requests"] else None)
+        redis_text = (f"  redis cpu/req {row['redis_cpu_us'] or 0:.1f} us, {row['redis_round_trips']} "
+                      f"round trips/req")
     cpu = f"{row['cpu_us']:.1f}" if row["cpu_us"] is not None else "-"
     bench.log(f"{target:16} {body:>3} c={connections:<4} r{rnd} {row['rps']:>7} req/s  p50 {row['p50_us']:>6} us  "
               f"p99 {row['p99_us']:>7} us  cpu/req {cpu:>6} us  other load {row['other_load_pct']:>3}%"
-              f"{'  errors ' + str(row['errors']) if row['errors'] else ''}")
+              f"{redis_text}{'  errors ' + str(row['errors']) if row['errors'] else ''}")
     return row
+
+
+def _commandstats(bench, target: str) -> dict | None:
+    """The target's Redis's `INFO commandstats`, or None (with a warning) when it does not answer."""
+    try:
+        return redis_commandstats(bench.lab.port("redis"))
+    except (OSError, ValueError) as e:
+        bench.warn(f"{target}: INFO commandstats of its Redis failed: {e}")
+        return None
 
 
 def _upstream_connections(bench, target: str) -> int | None:
@@ -295,11 +320,24 @@ def callgrind(bench) -> dict:
     for t in wanted:
         if t not in bench.active():
             continue
+        # A fleet target's configuration names its redis-server, which runs from the target's start
+        # to the end of the run: Sluice under valgrind shares it with the target (same limit, far
+        # above the load).
+        if t in FLEET_TARGETS and not port_open(bench.lab.port("redis")):
+            out[t] = {"n1": p["n1"], "n2": p["n2"], "note": "n/a (its Redis is not running)"}
+            continue
         bench.log(f"callgrind: {t}, {p['n1']} and {p['n2']} requests (valgrind is slow)")
         (d / f"{t}.yaml").write_text(sluice_yaml(bench.lab, t, bench.lab.port("callgrind"), "1", d))
         row = {"n1": p["n1"], "n2": p["n2"]}
         for key, n in (("ir_n1", p["n1"]), ("ir_n2", p["n2"])):
+            before = _commandstats(bench, t) if t in FLEET_TARGETS else None
             ir, why = _callgrind_run(bench, binary, t, n, d)
+            if before is not None:
+                after = _commandstats(bench, t)
+                # Every round trip Redis answered during the run: the n requests', and the heartbeats
+                # of this Sluice and of the idle target.
+                row.setdefault("redis_round_trips_per_run", []).append(
+                    stats.redis_calls(before, after)["round_trips"] if after is not None else None)
             if ir is None:
                 row["note"] = f"n/a ({why})"
                 break

@@ -50,6 +50,59 @@ def throughput_ratio(result: dict, target: str, reference: str, body: str, conne
     return stats.ratio(a and a["rps"], b and b["rps"])
 
 
+def has_redis(result: dict) -> bool:
+    """Whether a target of the run had a redis-server of its own (a fleet target)."""
+    return any("redis_round_trips" in m for m in cells(result).values())
+
+
+def redis_summary(result: dict, target: str, body: str, connections: int) -> dict | None:
+    """A fleet target's Redis figures in one cell (its median round): round trips (EVALSHA + EVAL)
+    per request, Redis's CPU per request, and Sluice + Redis, with the difference to the first
+    reference's CPU per request (Sluice alone, or with its own Redis). None without Redis."""
+    m = cells(result).get((target, body, connections))
+    if not m or "redis_round_trips" not in m:
+        return None
+    total = None if m.get("cpu_us") is None else m["cpu_us"] + (m.get("redis_cpu_us") or 0)
+    out = {"round_trips": m["redis_round_trips"], "redis_cpu_us": m.get("redis_cpu_us"), "cpu_us": m.get("cpu_us"),
+           "total_cpu_us": total, "calls": m.get("redis_calls"), "reference": None, "added_cpu_us": None}
+    refs = references(result)
+    ref = cells(result).get((refs[0], body, connections)) if refs and refs[0] != target else None
+    if ref and ref.get("cpu_us") is not None and total is not None:
+        ref_total = ref["cpu_us"] + (ref.get("redis_cpu_us") or 0)
+        out.update(reference=refs[0], reference_cpu_us=ref_total, added_cpu_us=total - ref_total,
+                   added_pct=(total - ref_total) / ref_total * 100 if ref_total else None)
+    return out
+
+
+def f_trips(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def redis_notes(result: dict) -> list[str]:
+    """One sentence per fleet target at the summary's CPU cell: Redis round trips per request and
+    the CPU the fleet adds (Sluice + its Redis against the first reference)."""
+    body, c = cpu_cell(result)
+    notes = []
+    for t in measured_targets(result):
+        r = redis_summary(result, t, body, c)
+        if r is None:
+            continue
+        text = (f"{t} ({cell_name(body, c)}): Redis round trips per request: {f_trips(r['round_trips'])} "
+                f"(EVALSHA + EVAL calls / requests of the median run")
+        calls = r["calls"] or {}
+        if calls.get("eval"):
+            text += f"; {calls['evalsha']:,} EVALSHA, {calls['eval']:,} EVAL"
+        if calls.get("failed"):
+            text += f"; {calls['failed']:,} failed calls"
+        text += (f"); CPU per request {f_cpu(r['cpu_us'])} Sluice + {f_cpu(r['redis_cpu_us'])} Redis = "
+                 f"{f_cpu(r['total_cpu_us'])}")
+        if r["added_cpu_us"] is not None:
+            pct = f" ({r['added_pct']:+.0f} %)" if r.get("added_pct") is not None else ""
+            text += f", {r['added_cpu_us']:+.1f} µs{pct} over {r['reference']}'s {f_cpu(r['reference_cpu_us'])}"
+        notes.append(text + ".")
+    return notes
+
+
 # ---------------------------------------------------------------------------------------------
 # Formatting
 
@@ -110,7 +163,8 @@ def header_section(result: dict, source: str, chart: str | None) -> str:
     sc, m, v = result["scenario"], result["machine"], result["versions"]
     sluice = v["sluice"]
     tools = [f"{name} {_version_number(v.get(name))}" for name in
-             ("haproxy", "nginx", "squid", "trafficserver", "tinyproxy", "wrk", "curl", "valgrind") if v.get(name)]
+             ("haproxy", "nginx", "squid", "trafficserver", "tinyproxy", "redis", "wrk", "curl", "valgrind")
+             if v.get(name)]
     missing = [f"{t} ({info['reason']})" for t, info in result.get("targets", {}).items() if info["status"] != "ok"]
     dirty = " with uncommitted changes in Sources/" if result["commit"]["uncommitted_changes_in_sources"] else ""
     lines = [
@@ -160,6 +214,9 @@ def summary_section(result: dict) -> str | None:
     header = ["target"] + [cell_name(b, c) for b, c in loads(result)]
     header += [f"ratio to {r} ({cell_name(cpu_body, cpu_c)})" for r in refs[1:]]
     header.append(f"CPU/req {cell_name(cpu_body, cpu_c)}")
+    redis = has_redis(result)
+    if redis:
+        header += ["Redis CPU/req", "Redis round trips/req"]
     big, idle = result.get("big_download", {}), result.get("idle_clients", {})
     sys_, cg = result.get("syscalls", {}), result.get("callgrind", {})
     if big:
@@ -178,6 +235,9 @@ def summary_section(result: dict) -> str | None:
         row = [t] + [f_ratio(throughput_ratio(result, t, main, b, c)) for b, c in loads(result)]
         row += [f_ratio(throughput_ratio(result, t, r, cpu_body, cpu_c)) for r in refs[1:]]
         row.append(f_cpu((table_cells.get((t, cpu_body, cpu_c)) or {}).get("cpu_us")))
+        if redis:
+            r = redis_summary(result, t, cpu_body, cpu_c)
+            row += [f_cpu(r["redis_cpu_us"]), f_trips(r["round_trips"])] if r else ["–", "–"]
         if big:
             b = big.get(t, {})
             row += [f_ratio(stats.ratio(b.get("mb_s"), big.get(main, {}).get("mb_s"))), f_sha(b.get("sha256")),
@@ -192,6 +252,11 @@ def summary_section(result: dict) -> str | None:
         rows.append(row)
     notes = [f"Ratios: median req/s (or MB/s) over {main}'s in the same cell of the same run."]
     notes.append(f"CPU/req: utime+stime of the proxy's processes over the median run / requests completed.")
+    if redis:
+        notes.append("Redis CPU/req: the same for the target's own redis-server (not in CPU/req); Redis round "
+                     "trips/req: the EVALSHA and EVAL calls in Redis's `INFO commandstats` during the run / "
+                     "requests completed (the fleet heartbeats, every 2 s, included).")
+        notes += redis_notes(result)
     if idle:
         notes.append(f"Idle RSS: right after start and one request; +N idle clients: RSS growth with that many "
                      f"kept-alive connections, each after one 1 KiB response.")
@@ -209,6 +274,8 @@ def throughput_sections(result: dict) -> list[str]:
     for body in dict.fromkeys(b for b, _ in loads(result)):
         header = ["target", "connections", "req/s", "p50", "p99"] + [f"ratio to {r}" for r in refs]
         header += ["proxy CPU/req"] + (["origin CPU/req"] if origin != "plain" else [])
+        redis = has_redis(result)
+        header += ["Redis CPU/req", "Redis round trips/req"] if redis else []
         header += (["upstream connections"] if origin == "tls" else []) + ["other load", "errors", "req/s of each round"]
         rows = []
         for b, c in loads(result):
@@ -224,6 +291,9 @@ def throughput_sections(result: dict) -> list[str]:
                 row.append(f_cpu(m["cpu_us"]))
                 if origin != "plain":
                     row.append(f_cpu(m["origin_cpu_us"]))
+                if redis:
+                    row += ([f_cpu(m.get("redis_cpu_us")), f_trips(m.get("redis_round_trips"))]
+                            if "redis_round_trips" in m else ["–", "–"])
                 if origin == "tls":
                     row.append(str(m.get("upstream_connections", "n/a")))
                 row += [f"{m['other_load_pct']} %", f_errors(m["errors"]),
@@ -335,11 +405,15 @@ def callgrind_section(result: dict) -> str | None:
             row.append("–" if t == compare else f_delta(instruction_delta(result, t, compare)))
         row.append(", ".join(f"{name.split('(')[0][:60]} {ir:,}" for ir, name in r.get("top", [])[:3]))
         rows.append(row)
+    fleet = [f"{t} {' / '.join(f_int(n) for n in r['redis_round_trips_per_run'])}" for t, r in cg.items()
+             if r.get("redis_round_trips_per_run")]
+    fleet_note = (f" Redis round trips (EVALSHA + EVAL) during the {p['n1']}- and {p['n2']}-request runs, the "
+                  f"heartbeats of both Sluice processes on it included: " + ", ".join(fleet) + "." if fleet else "")
     return ("#### Instructions per request (callgrind)\n\n"
             + table(header, rows, ["l"] + ["r"] * (len(header) - 2) + ["l"])
             + f"\n\nSluice with `workers: 1` under `valgrind --tool=callgrind` (debug info stripped), {p['n1']} and "
               f"then {p['n2']} sequential 1 KiB GETs on one kept-alive connection; (Ir({p['n2']}) − Ir({p['n1']})) / "
-              f"{p['n2'] - p['n1']}, so start-up and shutdown cancel out.")
+              f"{p['n2'] - p['n1']}, so start-up and shutdown cancel out.{fleet_note}")
 
 
 def soak_section(result: dict) -> str | None:
@@ -405,13 +479,17 @@ def chart(result: dict, png: Path) -> None:
             ratios.append(stats.ratio(big.get(t, {}).get("mb_s"), big[main]["mb_s"]) or 0)
         left.bar([x + i * width for x in range(len(ratios))], ratios, width, label=t)
         cpu = [(table_cells.get((t, b, c)) or {}).get("cpu_us") or 0 for b, c in loads(result)]
-        right.bar([x + i * width for x in range(len(cpu))], cpu, width, label=t)
+        bars = right.bar([x + i * width for x in range(len(cpu))], cpu, width, label=t)
+        redis = [(table_cells.get((t, b, c)) or {}).get("redis_cpu_us") or 0 for b, c in loads(result)]
+        if any(redis):   # a fleet target's Redis, hatched on top of its proxy's CPU
+            right.bar([x + i * width for x in range(len(redis))], redis, width, bottom=cpu, hatch="//",
+                      color=bars.patches[0].get_facecolor(), alpha=0.5)
     left.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     left.set_xticks([x + width * (len(proxies) - 1) / 2 for x in range(len(names) + (1 if big else 0))],
                     names + (["1 GiB download"] if big else []))
     left.set_ylabel(f"throughput / {main}'s" if main else "throughput")
     right.set_xticks([x + width * (len(proxies) - 1) / 2 for x in range(len(names))], names)
-    right.set_ylabel("proxy CPU µs per request")
+    right.set_ylabel("proxy CPU µs per request" + (" (hatched: its Redis)" if has_redis(result) else ""))
     left.legend(fontsize="small")
     sc = result["scenario"]
     fig.suptitle(f"{sc['name']}: commit {result['commit']['id']}, {result['started_utc'][:10]}, "

@@ -18,8 +18,8 @@ import tomllib
 from pathlib import Path
 
 from . import measures, procfs
-from .servers import (ORIGIN_KINDS, PORT_OFFSETS, STARTERS, Lab, Unavailable, origin_requests, port_open,
-                      start_origin)
+from .servers import (FLEET_TARGETS, ORIGIN_KINDS, PORT_OFFSETS, STARTERS, Lab, Unavailable, origin_requests,
+                      port_open, start_origin)
 
 HERE = Path(__file__).resolve().parent.parent          # Benchmarks/
 REPO = HERE.parent
@@ -111,11 +111,17 @@ class Bench:
         return [t for t in self.active() if t != "direct"]
 
     def alive(self, target: str) -> bool:
-        if target == "direct" or self.procs[target].alive():
+        """The target, and a fleet target's redis-server, still run."""
+        if target == "direct":
+            return True
+        redis = self.lab.redis.get(target)
+        if self.procs[target].alive() and (redis is None or redis.alive()):
             return True
         if self.status.get(target) is None:
-            self.status[target] = "exited during the run"
-            self.warn(f"{target} exited during the run:\n{self.procs[target].tail()}")
+            gone = self.procs[target] if not self.procs[target].alive() else redis
+            what = "exited" if gone is self.procs[target] else "its redis-server exited"
+            self.status[target] = f"{what} during the run"
+            self.warn(f"{target}: {what} during the run:\n{gone.tail()}")
         return False
 
     def wait_quiet(self):
@@ -142,12 +148,16 @@ class Bench:
                 self.procs[t] = STARTERS[t](self.lab, t)
                 self._check(t)
                 self.status[t] = None
-                self.log(f"{t} on 127.0.0.1:{self.port(t)} (pid {self.procs[t].pid})")
+                redis = self.lab.redis.get(t)
+                helper = f", its redis-server on 127.0.0.1:{self.port('redis')} (pid {redis.pid})" if redis else ""
+                self.log(f"{t} on 127.0.0.1:{self.port(t)} (pid {self.procs[t].pid}){helper}")
             except Unavailable as e:
                 self.status[t] = str(e)
                 self.warn(f"{t}: n/a ({e})")
                 if t in self.procs:
                     self.procs[t].stop()
+                if t in self.lab.redis:
+                    self.lab.redis.pop(t).stop()
 
     def _check(self, target: str):
         """A real request through the proxy before anything is measured; with the caching origin,
@@ -210,7 +220,8 @@ def versions(sluice_bin: Path) -> dict:
         "wrk": ["wrk", "-v"], "nginx": ["nginx", "-v"], "haproxy": ["haproxy", "-v"], "squid": ["squid", "-v"],
         "trafficserver": ["traffic_server", "--version"], "tinyproxy": ["tinyproxy", "-v"],
         "curl": ["curl", "--version"], "valgrind": ["valgrind", "--version"], "strace": ["strace", "-V"],
-        "openssl": ["openssl", "version"], "python": [sys.executable, "--version"],
+        "openssl": ["openssl", "version"], "redis": ["redis-server", "--version"],
+        "python": [sys.executable, "--version"],
     }
     found = {name: _first_line(cmd) for name, cmd in tools.items()}
     sluice = {"binary": str(sluice_bin), "version": None, "sha256": None, "built_utc": None}
@@ -268,7 +279,8 @@ def run(scenario: dict, sluice_bin: Path, keep_logs: bool) -> Path:
     result = {"format": 1, "scenario": scenario, "started_utc": _utc(started), "commit": commit(),
               "machine": procfs.machine(), "open_files": nofile, "versions": versions(sluice_bin)}
     try:
-        busy = [t for t in ["direct", *scenario["targets"], "callgrind", "admin"] if port_open(lab.port(t))]
+        helpers = ["redis"] if FLEET_TARGETS & set(scenario["targets"]) else []
+        busy = [t for t in ["direct", *scenario["targets"], "callgrind", "admin", *helpers] if port_open(lab.port(t))]
         if busy:
             raise SystemExit(f"ports of {busy} are in use; choose another base port (--set base_port=N)")
         if "big_download" in scenario["measures"]:
@@ -298,7 +310,8 @@ def run(scenario: dict, sluice_bin: Path, keep_logs: bool) -> Path:
         result["targets"] = {
             t: {"status": "ok" if bench.status.get(t) is None else "n/a", "reason": bench.status.get(t),
                 "port": lab.port(t), "rss_idle_kib": rss_idle.get(t),
-                "rss_after_load_kib": rss_after_load.get(t)} for t in targets}
+                "rss_after_load_kib": rss_after_load.get(t),
+                **({"redis_port": lab.port("redis")} if t in lab.redis else {})} for t in targets}
         result["notes"] = bench.notes
     finally:
         lab.stop_all()

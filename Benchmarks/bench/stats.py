@@ -98,3 +98,35 @@ def growth_first_last(values: list[int]) -> tuple[int, int] | None:
     if len(values) < 6:
         return None
     return sorted(values[:3])[1], sorted(values[-3:])[1]
+
+
+def parse_commandstats(text: str) -> dict[str, dict[str, int]]:
+    """Redis's `INFO commandstats`: one line per command that ran,
+    "cmdstat_evalsha:calls=3,usec=120,usec_per_call=40.00,rejected_calls=0,failed_calls=0", as
+    {"evalsha": {"calls": 3, "usec": 120, "rejected_calls": 0, "failed_calls": 0}} (integers
+    only; subcommands such as "cmdstat_client|setname" keep their name)."""
+    commands = {}
+    for line in text.splitlines():
+        if not line.startswith("cmdstat_"):
+            continue
+        name, _, fields = line[len("cmdstat_"):].partition(":")
+        values = {}
+        for field in fields.strip().split(","):
+            key, _, value = field.partition("=")
+            if value.isdigit():
+                values[key] = int(value)
+        commands[name] = values
+    return commands
+
+
+def redis_calls(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, int]:
+    """The round trips Redis answered between two `INFO commandstats` readings: {"evalsha": N,
+    "eval": N (a script sent whole after NOSCRIPT), "script_load": N (on each new connection),
+    "round_trips": evalsha + eval, "failed": failed or rejected calls of any command}. Only these
+    count as round trips: commandstats also counts the commands the scripts call inside Redis
+    (TIME, GET, ZADD ...), and the INFO readings themselves are left out."""
+    def delta(name: str, key: str = "calls") -> int:
+        return after.get(name, {}).get(key, 0) - before.get(name, {}).get(key, 0)
+    evalsha, eval_ = delta("evalsha"), delta("eval")
+    return {"evalsha": evalsha, "eval": eval_, "script_load": delta("script|load"), "round_trips": evalsha + eval_,
+            "failed": sum(delta(n, "failed_calls") + delta(n, "rejected_calls") for n in after)}

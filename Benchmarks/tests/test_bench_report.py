@@ -88,3 +88,50 @@ def test_chart_is_a_png(result, tmp_path):
     png = tmp_path / "chart.png"
     report.chart(result, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def fleet_result() -> dict:
+    """The fleet scenario's shape: sluice-ratelimit, the reference, and sluice-fleet with the figures
+    of its Redis in every round."""
+    result = ratelimit_result()
+    targets = ["sluice-ratelimit", "sluice-fleet"]
+    result["scenario"].update(name="fleet", targets=targets, references=["sluice-ratelimit"],
+                              callgrind={"n1": 200, "n2": 2200, "targets": targets})
+    reference, fleet = result["throughput"]
+    reference["target"], fleet["target"] = targets
+    for r in fleet["rounds"]:
+        r.update(cpu_us=24.0, redis_cpu_us=6.5, redis_round_trips=1.002,
+                 redis_calls={"evalsha": 100200, "eval": 0, "script_load": 0, "round_trips": 100200, "failed": 0})
+    result["callgrind"] = {"sluice-ratelimit": {"n1": 200, "n2": 2200, "ir_n1": 1, "ir_n2": 2, "per_request": 81200},
+                           "sluice-fleet": {"n1": 200, "n2": 2200, "ir_n1": 1, "ir_n2": 2, "per_request": 90000,
+                                            "redis_round_trips_per_run": [214, 2230]}}
+    result["targets"] = {t: {"status": "ok", "rss_idle_kib": 10240} for t in targets}
+    return result
+
+
+def test_fleet_shows_the_redis_round_trips_and_the_added_cpu():
+    result = fleet_result()
+    assert report.has_redis(result) and not report.has_redis(ratelimit_result())
+    summary = report.summary_section(result)
+    assert "| CPU/req 1 KiB c64 | Redis CPU/req | Redis round trips/req | idle RSS | instructions/req |" in summary
+    assert "| sluice-fleet | 0.98 | 24.0 µs | 6.5 µs | 1.00 | 10.0 MiB | 90,000 |" in summary
+    assert ("sluice-fleet (1 KiB c64): Redis round trips per request: 1.00 (EVALSHA + EVAL calls / requests of the "
+            "median run); CPU per request 24.0 µs Sluice + 6.5 µs Redis = 30.5 µs, +10.5 µs (+52 %) over "
+            "sluice-ratelimit's 20.0 µs.") in summary
+    detail = report.throughput_sections(result)[0]
+    assert "| proxy CPU/req | Redis CPU/req | Redis round trips/req | other load |" in detail
+    assert "| sluice-fleet | 64 | 44100 | 900 µs | 3.10 ms | 0.98 | 24.0 µs | 6.5 µs | 1.00 | 0 % |" in detail
+    assert "| sluice-ratelimit | 64 | 45000 | 900 µs | 3.10 ms | 1.00 | 20.0 µs | – | – | 0 % |" in detail
+    assert "sluice-fleet 214 / 2,230." in report.callgrind_section(result)
+    # Without a fleet target nothing about Redis appears.
+    assert "Redis" not in report.summary_section(ratelimit_result())
+    assert "Redis" not in report.throughput_sections(ratelimit_result())[0]
+
+
+def test_fleet_chart(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = fleet_result()
+    result.update(commit={"id": "abc1234"}, started_utc="2025-01-01T00:00:00Z", machine={"cores": 2})
+    result["scenario"].update(rounds=5, duration=5)
+    report.chart(result, tmp_path / "fleet.png")
+    assert (tmp_path / "fleet.png").stat().st_size > 0

@@ -29,6 +29,20 @@ def test_ratelimit_compares_the_pipeline_with_and_without_a_limit():
     assert scenario["callgrind"] == {"n1": 200, "n2": 2200, "targets": ["sluice-pipeline", "sluice-ratelimit"]}
 
 
+def test_fleet_compares_the_limit_in_redis_with_the_limit_in_process():
+    scenario = runner.load_scenario("fleet", [])
+    assert scenario["targets"] == ["sluice-ratelimit", "sluice-fleet"]
+    assert scenario["references"] == ["sluice-ratelimit"]
+    assert scenario["measures"] == ["throughput", "callgrind"]
+    assert scenario["loads"] == [{"body": "1k", "connections": [64]}]
+    assert (scenario["rounds"], scenario["duration"], scenario["origin"]) == (5, 5, "plain")
+    assert set(scenario["callgrind"]["targets"]) == {"sluice-ratelimit", "sluice-fleet"}
+    assert scenario["description"] == "A fleet limit in Redis far above the load against the same limit in-process"
+    # The scenarios follow each other in the file: [fleet] right after [ratelimit].
+    names = list(runner.scenario_names())
+    assert names.index("fleet") == names.index("ratelimit") + 1
+
+
 def test_overrides():
     scenario = runner.load_scenario("headline", ["duration=2", "idle_clients.hold=3", 'targets=["direct", "nginx"]'])
     assert scenario["duration"] == 2

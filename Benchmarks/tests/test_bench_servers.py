@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from bench import servers
-from bench.servers import PORT_OFFSETS, RATE_LIMIT, SLUICE_TARGETS, STARTERS, Lab, sluice_yaml
+from bench.servers import FLEET_TARGETS, PORT_OFFSETS, RATE_LIMIT, SLUICE_TARGETS, STARTERS, Lab, sluice_yaml
 
 
 @pytest.fixture
@@ -15,12 +15,13 @@ def lab(tmp_path):
 
 def test_every_target_has_a_port_of_its_own():
     assert len(set(PORT_OFFSETS.values())) == len(PORT_OFFSETS)
-    assert set(STARTERS) | {"direct", "callgrind", "admin"} == set(PORT_OFFSETS)
+    assert set(STARTERS) | {"direct", "callgrind", "admin", "redis"} == set(PORT_OFFSETS)
 
 
 def test_sluice_targets():
-    assert {"sluice", "sluice-pipeline", "sluice-curl", "sluice-metrics", "sluice-ratelimit", "sluice-cache",
-            "sluice-h2", "sluice-http1"} == SLUICE_TARGETS
+    assert {"sluice", "sluice-pipeline", "sluice-curl", "sluice-metrics", "sluice-ratelimit", "sluice-fleet",
+            "sluice-cache", "sluice-h2", "sluice-http1"} == SLUICE_TARGETS
+    assert FLEET_TARGETS == {"sluice-fleet"}
 
 
 @pytest.mark.parametrize("name", sorted(SLUICE_TARGETS))
@@ -44,6 +45,40 @@ def test_ratelimit_is_the_pipeline_plus_a_limit_in_its_default_policy(lab, tmp_p
     assert a == b
 
 
+def test_fleet_is_the_ratelimit_plus_a_fleet_section(lab, tmp_path):
+    d = tmp_path / "d"
+    limited = sluice_yaml(lab, "sluice-ratelimit", 1, "auto", d)
+    fleet = sluice_yaml(lab, "sluice-fleet", 1, "auto", d)
+    section = 'fleet: { redis: "127.0.0.1:31099" }\n'      # base_port + the "redis" offset
+    assert servers.fleet_section(lab) == section and fleet.count(section) == 1
+    assert fleet.replace(section, "").replace("(sluice-fleet)", "(sluice-ratelimit)") == limited
+    yaml = pytest.importorskip("yaml")
+    a, b = yaml.safe_load(limited), yaml.safe_load(fleet)
+    assert b.pop("fleet") == {"redis": "127.0.0.1:31099"}
+    assert a == b
+
+
+def test_a_fleet_configuration_keeps_what_every_sluice_gets_appended(tmp_path):
+    lab = Lab(tmp=tmp_path, base_port=31080, sluice_bin=Path("/x"), nofile=4096, is_root=False,
+              sluice_yaml="timeouts: { client_idle: 30m }\n")
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load(sluice_yaml(lab, "sluice-fleet", 1, "auto", tmp_path))
+    assert config["fleet"] == {"redis": "127.0.0.1:31099"} and config["timeouts"] == {"client_idle": "30m"}
+
+
 def test_sluice_without_a_binary_is_unavailable(lab):
     with pytest.raises(servers.Unavailable):
         servers.start_sluice(lab, "sluice-ratelimit")
+    with pytest.raises(servers.Unavailable):
+        servers.start_sluice(lab, "sluice-fleet")
+    assert lab.procs == [] and lab.redis == {}          # no Redis is started for a missing binary
+
+
+def test_fleet_without_redis_is_unavailable(lab, tmp_path, monkeypatch):
+    binary = tmp_path / "sluice"
+    binary.write_text("")
+    lab.sluice_bin = binary
+    monkeypatch.setattr(servers.shutil, "which", lambda name: None)
+    with pytest.raises(servers.Unavailable, match="redis-server is not installed"):
+        servers.start_sluice(lab, "sluice-fleet")
+    assert lab.procs == []

@@ -71,3 +71,23 @@ def test_parse_callgrind_total():
 def test_growth_first_last():
     assert stats.growth_first_last([10, 30, 20, 50, 40, 60]) == (20, 50)
     assert stats.growth_first_last([1, 2, 3]) is None
+
+
+COMMANDSTATS = """# Commandstats\r
+cmdstat_evalsha:calls=1003,usec=40120,usec_per_call=40.00,rejected_calls=0,failed_calls=1\r
+cmdstat_script|load:calls=6,usec=300,usec_per_call=50.00,rejected_calls=0,failed_calls=0\r
+cmdstat_info:calls=2,usec=80,usec_per_call=40.00,rejected_calls=0,failed_calls=0\r
+"""
+
+
+def test_commandstats_and_the_calls_between_two_readings():
+    after = stats.parse_commandstats(COMMANDSTATS)
+    assert after["evalsha"] == {"calls": 1003, "usec": 40120, "rejected_calls": 0, "failed_calls": 1}
+    assert after["script|load"]["calls"] == 6
+    before = {"evalsha": {"calls": 3, "failed_calls": 0}, "script|load": {"calls": 6}, "info": {"calls": 1}}
+    assert stats.redis_calls(before, after) == {"evalsha": 1000, "eval": 0, "script_load": 0, "round_trips": 1000,
+                                                "failed": 1}
+    # The commands the scripts call inside Redis are no round trips; EVAL after NOSCRIPT is one.
+    after["time"], after["eval"] = {"calls": 1000}, {"calls": 2}
+    assert stats.redis_calls(before, after)["round_trips"] == 1002
+    assert stats.redis_calls({}, {}) == {"evalsha": 0, "eval": 0, "script_load": 0, "round_trips": 0, "failed": 0}
