@@ -237,3 +237,17 @@ def test_bad_fleet_settings_are_refused_at_check(tmp_path, address, phrase):
     path = write_yaml(tmp_path / "f.yaml", {"fleet": {"redis": address}})
     out = run_check(path)
     assert out.returncode != 0 and phrase in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_an_unreachable_redis_is_a_logged_fallback(sluice_factory, origin, closed_port):
+    """Nothing listens at the fleet's address: Sluice starts, says so once, and applies its
+    limits locally (`local_share`, one instance known): 1/min lets one request through."""
+    proxy = sluice_factory({"fleet": {"redis": f"127.0.0.1:{closed_port}"},
+                            "policies": {"default": {"rate_limit": {"rate": "1/min", "on_limit": "reject"}}}})
+    url = f"http://{HOST}:{origin.port}/n"
+    t = time.monotonic()
+    codes = [get(proxy, url).status_code for _ in range(3)]
+    assert time.monotonic() - t < 1.0 * TIME_SCALE, "no request waited for the missing Redis"
+    assert codes[0] == 200 and codes[1:] == [429, 429], codes
+    assert wait_until(lambda: "is not answering" in proxy.stderr(), 5), proxy.stderr()
+    assert proxy.stderr().count("is not answering") <= 2, "one line per worker and episode"
