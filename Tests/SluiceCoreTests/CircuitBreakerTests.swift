@@ -200,6 +200,26 @@ import Testing
         #expect(health.statuses().map(\.origin.name) == ["http://a.example:80", "https://a.example:443"])
     }
 
+    @Test func aCircuitOpenedElsewhereOpensAtTheOriginsNextTry() {
+        let health = UpstreamHealth()
+        // Never tried here: kept until the first try, which fails fast for the rest of it.
+        health.openedElsewhere(a.name, milliseconds: 5_000, now: 0)
+        let first = health.handle(.attempt, for: a, settings: settings, now: 1_000)
+        #expect(first.action == .failFast(retryAfter: 4) && first.state == .open)
+        #expect(first.change == nil, "not this instance's change (the subscriber logs it)")
+        #expect(health.handle(.attempt, for: b, settings: settings, now: 1_000).action == .allow, "other origins go")
+        // After it, one trial as usual.
+        #expect(health.handle(.attempt, for: a, settings: settings, now: 5_000).action == .allowTrial)
+        // News that ended before the next try changes nothing.
+        health.openedElsewhere(b.name, milliseconds: 100, now: 2_000)
+        #expect(health.handle(.attempt, for: b, settings: settings, now: 3_000).action == .allow)
+        // A circuit open here keeps the later end.
+        var breaker = CircuitBreaker(settings: settings)
+        _ = breaker.handle(.openedElsewhere(milliseconds: 3_000), now: 0)
+        _ = breaker.handle(.openedElsewhere(milliseconds: 1_000), now: 0)
+        #expect(breaker.handle(.attempt, now: 2_000) == .failFast(retryAfter: 1) && breaker.state == .open)
+    }
+
     @Test func changedSettingsStartClosedAndUnchangedOnesKeepTheirState() {
         let health = UpstreamHealth()
         _ = health.handle(.attempt, for: a, settings: settings, now: 0)

@@ -251,3 +251,29 @@ def test_an_unreachable_redis_is_a_logged_fallback(sluice_factory, origin, close
     assert codes[0] == 200 and codes[1:] == [429, 429], codes
     assert wait_until(lambda: "is not answering" in proxy.stderr(), 5), proxy.stderr()
     assert proxy.stderr().count("is not answering") <= 2, "one line per worker and episode"
+
+
+def test_a_circuit_opened_by_one_instance_is_open_on_all(sluice_factory, redis):
+    """An origin that fails (503) until instance A opens its circuit (3 failures in a row): B's
+    and C's requests then fail fast with 503 without reaching it, until the cooldown."""
+    failing = simple_response(503, b"down", reason="Service Unavailable")
+    origin = ArrivalOrigin(lambda req, n: failing)
+    try:
+        settings = {"redis": f"127.0.0.1:{redis.port}", "heartbeat": "300ms"}
+        policy = {"health": {"consecutive_failures": 3, "cooldown": "10s"}}
+        a, b, c = [sluice_factory({"workers": 2, "fleet": settings, "policies": {"default": policy}}, name=f"c{i}")
+                   for i in range(3)]
+        time.sleep(0.5)  # window: every instance's subscriber is connected before A's circuit opens
+        url = f"http://{HOST}:{origin.port}/c"
+        with requests.Session() as s:
+            assert [s.get(url, proxies={"http": a.url}, timeout=10).status_code for _ in range(3)] == [503] * 3
+        assert len(origin.times()) == 3
+        assert wait_until(lambda: "circuit opened by another instance" in b.stderr()
+                          and "circuit opened by another instance" in c.stderr(), 5), b.stderr()
+        for proxy in (b, c):
+            r = get(proxy, url)
+            assert r.status_code == 503 and "its circuit is open" in r.text, r.text
+            assert 1 <= int(r.headers["Retry-After"]) <= 10, r.headers
+        assert len(origin.times()) == 3, "B and C sent nothing to the origin"
+    finally:
+        origin.stop()

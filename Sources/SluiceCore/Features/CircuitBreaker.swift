@@ -46,6 +46,10 @@ public struct CircuitBreaker: Sendable, Equatable {
         case tick
         /// The probe `.startProbe` asked for answered (true: it succeeded).
         case probeEnded(success: Bool)
+        /// Another instance of the fleet opened its circuit to this origin for `milliseconds`
+        /// (`fleet:`): this one opens too, until then (a circuit already open keeps the later
+        /// end).
+        case openedElsewhere(milliseconds: Int)
     }
 
     public enum Action: Sendable, Equatable {
@@ -99,6 +103,13 @@ public struct CircuitBreaker: Sendable, Equatable {
             guard settings.probe != nil, state == .halfOpen, trialSince == nil else { return .none }
             trialSince = now
             return .startProbe
+        case .openedElsewhere(let milliseconds):
+            if state != .open || now + milliseconds > openUntil {
+                state = .open
+                openUntil = max(openUntil, now + milliseconds)
+                trialSince = nil
+            }
+            return .none
         case .probeEnded(let success):
             guard let probe = settings.probe, state == .halfOpen, trialSince != nil else { return .none }
             if success {

@@ -125,6 +125,27 @@ public final class UpstreamHealth: Sendable {
     }
 
     private let breakers = Mutex<[Origin: CircuitBreaker]>([:])
+    /// Circuits other instances of the fleet opened (`fleet:`), by origin name: until when
+    /// (monotonic ms). Applied to the origin's breaker at its next try (this instance may not
+    /// know the origin's settings before then); bounded like the table.
+    private let openedElsewhere = Mutex<[String: Int]>([:])
+
+    /// Another instance opened its circuit to the origin named `name` for `milliseconds`.
+    public func openedElsewhere(_ name: String, milliseconds: Int, now: Int) {
+        openedElsewhere.withLock { table in
+            if table.count >= Self.maxOrigins { table = table.filter { $0.value > now } }
+            guard table.count < Self.maxOrigins else { return }
+            table[name] = max(table[name] ?? 0, now + milliseconds)
+        }
+    }
+
+    /// The end of a circuit another instance opened to `origin`, taken once (nil: none).
+    private func takeOpenedElsewhere(_ origin: Origin, now: Int) -> Int? {
+        openedElsewhere.withLock { table in
+            guard !table.isEmpty, let until = table.removeValue(forKey: origin.name) else { return nil }
+            return until > now ? until : nil
+        }
+    }
 
     public init() {}
 
@@ -148,6 +169,10 @@ public final class UpstreamHealth: Sendable {
                 breaker = CircuitBreaker(settings: settings)
             }
             if existing == nil, table.count >= Self.maxOrigins { Self.shrink(&table) }
+            if case .attempt = event, let until = takeOpenedElsewhere(origin, now: now) {
+                // Not a change of this instance's (the subscriber logged it).
+                _ = breaker.handle(.openedElsewhere(milliseconds: until - now), now: now)
+            }
             let before = breaker.state
             let action = breaker.handle(event, now: now)
             table[origin] = breaker

@@ -626,7 +626,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// Reports how the current try ended to its origin's breaker (`CircuitStage`).
     func reportTryOutcome(_ outcome: @autoclosure () -> HealthOutcome) {
         guard let exchange, exchange.circuitTry != nil else { return }
-        CircuitStage.reportOutcome(outcome(), exchange, worker.health)
+        CircuitStage.reportOutcome(outcome(), exchange, worker.health, fleet: worker.fleet)
     }
 
     // MARK: UpstreamTransferDelegate

@@ -55,11 +55,25 @@ final class Fleet {
     let shared: FleetShared
     private var heartbeatTimer: OpaquePointer?
 
-    init(base: OpaquePointer, settings: FleetSettings, shared: FleetShared, workerIndex: Int) {
+    /// Worker 0's second connection, subscribed to the fleet's circuit news (`circuitOpened`).
+    private var subscriber: RedisClient?
+
+    init(
+        base: OpaquePointer, settings: FleetSettings, shared: FleetShared, workerIndex: Int,
+        health: UpstreamHealth? = nil
+    ) {
         self.settings = settings
         self.shared = shared
         client = RedisClient(base: base, settings: settings, workerIndex: workerIndex)
         client.scripts = [FleetScripts.acquire, FleetScripts.hold, FleetScripts.heartbeat]
+        if workerIndex == 0, let health {
+            let subscriber = RedisClient(base: base, settings: settings, workerIndex: workerIndex)
+            let instance = shared.instance
+            subscriber.subscribe(settings.keyPrefix + "circuits") { payload in
+                Self.circuitNews(payload, from: instance, health)
+            }
+            self.subscriber = subscriber
+        }
         if workerIndex == 0 {
             heartbeatTimer = event_new(
                 base, -1, Int16(EV_PERSIST),
@@ -73,6 +87,7 @@ final class Fleet {
 
     func start() {
         client.connect()
+        subscriber?.connect()
         if heartbeatTimer != nil {
             // The first beat as soon as the connection can carry it.
             var tv = timeval(tv_sec: 0, tv_usec: 50_000)
@@ -284,7 +299,25 @@ final class Fleet {
         limits.map { "\($0.requests)-\($0.periodMilliseconds)-\($0.burst)" }.joined(separator: "_")
     }
 
+    /// This instance opened its circuit to `origin` for `milliseconds`: the fleet's other
+    /// instances open theirs (worker 0 of each listens, `circuitNews`).
+    func circuitOpened(_ origin: String, milliseconds: Int) {
+        guard client.isUsable else { return }
+        client.send(["PUBLISH", settings.keyPrefix + "circuits", "\(milliseconds) \(shared.instance) \(origin)"]) { _ in }
+    }
+
+    /// `MS INSTANCE ORIGIN` from the circuit channel: another instance opened its circuit; this
+    /// one's opens at the origin's next try, until the same end.
+    static func circuitNews(_ payload: String, from me: String, _ health: UpstreamHealth) {
+        let parts = payload.split(separator: " ", maxSplits: 2).map(String.init)
+        guard parts.count == 3, let ms = Int(parts[0]), ms > 0, ms <= 86_400_000, parts[1] != me else { return }
+        health.openedElsewhere(parts[2], milliseconds: ms, now: MonotonicClock.milliseconds())
+        Log.warning(
+            "upstream \(parts[2]): circuit opened by another instance of the fleet; requests fail fast with 503 for \(ms) ms")
+    }
+
     func close() {
+        subscriber?.close()
         if let heartbeatTimer {
             event_del(heartbeatTimer)
             event_free(heartbeatTimer)

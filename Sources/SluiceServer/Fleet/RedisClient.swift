@@ -157,6 +157,9 @@ final class RedisClient {
     private(set) var answered = 0
     /// Told when an episode of failures starts (true) or ends (false).
     var onEpisode: ((Bool) -> Void)?
+    /// A subscriber's channel and what it is told of each message (`subscribe`); such a
+    /// client sends nothing else.
+    private var subscription: (channel: String, onMessage: (String) -> Void)?
 
     /// Loaded on every new connection, right after AUTH and SELECT (so that no EVALSHA meets
     /// NOSCRIPT and overtakes a command sent before it).
@@ -224,6 +227,39 @@ final class RedisClient {
             }
         }
         for script in scripts { send(["SCRIPT", "LOAD", script.text]) { _ in } }
+        if let subscription { sendSubscribe(ac, subscription.channel) }
+    }
+
+    /// Makes this client a subscriber of `channel` (again on every new connection): each
+    /// message's payload goes to `onMessage`, on this thread.
+    func subscribe(_ channel: String, onMessage: @escaping (String) -> Void) {
+        subscription = (channel, onMessage)
+        if let ac = context { sendSubscribe(ac, channel) }
+    }
+
+    private func sendSubscribe(_ ac: UnsafeMutablePointer<redisAsyncContext>, _ channel: String) {
+        var command = RESPCommand(count: 2)
+        command.append("SUBSCRIBE")
+        command.append(channel)
+        // hiredis keeps a subscription's callback for every message that follows.
+        _ = command.bytes.withUnsafeBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) { chars in
+                redisAsyncFormattedCommand(
+                    ac,
+                    { ac, reply, _ in
+                        guard let data = ac?.pointee.data, let reply else { return }
+                        let answer = RedisReply(reply.assumingMemoryBound(to: redisReply.self))
+                        Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().published(answer)
+                    }, nil, chars.baseAddress, chars.count)
+            }
+        }
+    }
+
+    private func published(_ reply: RedisReply) {
+        guard case .array(let items) = reply, items.count == 3, case .string("message") = items[0],
+            case .string(let payload) = items[2]
+        else { return }
+        subscription?.onMessage(payload)
     }
 
     private func connectEnded(_ ok: Bool, _ ac: UnsafePointer<redisAsyncContext>?) {

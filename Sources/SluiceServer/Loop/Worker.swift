@@ -191,7 +191,8 @@ final class Worker {
         cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil, fleetShared: FleetShared? = nil
     ) throws {
         self.index = index
-        self.health = health ?? UpstreamHealth()
+        let health = health ?? UpstreamHealth()
+        self.health = health
         self.rateLimits = rateLimits ?? RateLimitTable()
         self.cacheStore = cacheStore
         self.diskTier = diskTier
@@ -210,7 +211,7 @@ final class Worker {
         session = UpstreamSession(base: base, share: share, limits: configuration.server.upstream)
         nativePool = NativeUpstreamPool(base: base, spill: readSpill, limits: configuration.server.upstream)
         fleet = configuration.server.fleet.map {
-            Fleet(base: base, settings: $0, shared: fleetShared ?? FleetShared(), workerIndex: index)
+            Fleet(base: base, settings: $0, shared: fleetShared ?? FleetShared(), workerIndex: index, health: health)
         }
         resolver = Resolver(base: base)
         upstreamGate = UpstreamGate(

@@ -48,7 +48,9 @@ enum CircuitStage: TryStage {
 
     /// Reports how the exchange's current try ended to its breaker (nothing when none
     /// admitted it).
-    static func reportOutcome(_ outcome: HealthOutcome, _ exchange: Exchange, _ health: UpstreamHealth) {
+    static func reportOutcome(
+        _ outcome: HealthOutcome, _ exchange: Exchange, _ health: UpstreamHealth, fleet: Fleet? = nil
+    ) {
         guard let attempt = exchange.circuitTry else { return }
         exchange.circuitTry = nil
         let answer = health.handle(
@@ -56,6 +58,10 @@ enum CircuitStage: TryStage {
             settings: attempt.settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
         log(answer.change, probe: attempt.settings.probe != nil)
+        if let change = answer.change, change.to == .open, let fleet {
+            // The fleet's other instances open theirs too, for the same cooldown.
+            fleet.circuitOpened(change.origin.name, milliseconds: attempt.settings.cooldown)
+        }
     }
 
     /// A warning when a circuit opens (and the `opened` counter), a line when it closes; the
