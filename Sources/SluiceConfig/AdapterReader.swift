@@ -159,8 +159,9 @@ extension NodeReader {
         var refreshOn: Set<Int> = [401]
         let known = [
             "grant", "token_url", "client_id", "client_secret", "refresh_token", "scope", "audience",
-            "client_auth", "refresh_before_expiry", "refresh_window", "refresh_on",
+            "client_auth", "refresh_before_expiry", "refresh_window", "refresh_on", "share",
         ]
+        var share = true
         entries(options, in: "oauth2", known: known) { r, key, v in
             switch key {
             case "grant":
@@ -184,6 +185,8 @@ extension NodeReader {
                 } else {
                     r.fail(v, "client_auth must be basic or body")
                 }
+            case "share":
+                if let on = r.bool(v, key: key) { share = on }
             case "refresh_before_expiry":
                 if v.scalar?.string == "0" { before = 0 } else if let ms = r.duration(v, key: key) { before = ms }
             case "refresh_window":
@@ -218,10 +221,11 @@ extension NodeReader {
             fail(options, "the refresh_token grant needs refresh_token")
             return nil
         }
-        return OAuth2Authenticator(
-            settings: .init(
-                grant: grant, tokenURL: tokenURL, clientID: clientID, clientSecret: secret, refreshToken: refresh, scope: scope,
-                audience: audience, clientAuthentication: clientAuth, refreshBeforeExpiry: before, windowMax: windowMax,
-                windowMilliseconds: windowMs, refreshOn: refreshOn))
+        var settings = OAuth2Authenticator.Settings(
+            grant: grant, tokenURL: tokenURL, clientID: clientID, clientSecret: secret, refreshToken: refresh, scope: scope,
+            audience: audience, clientAuthentication: clientAuth, refreshBeforeExpiry: before, windowMax: windowMax,
+            windowMilliseconds: windowMs, refreshOn: refreshOn)
+        settings.share = share
+        return OAuth2Authenticator(settings: settings)
     }
 }

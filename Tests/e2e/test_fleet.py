@@ -277,3 +277,66 @@ def test_a_circuit_opened_by_one_instance_is_open_on_all(sluice_factory, redis):
         assert len(origin.times()) == 3, "B and C sent nothing to the origin"
     finally:
         origin.stop()
+
+
+# ------------------------------------------------------------------------------------------
+# OAuth 2 tokens: one per credential for the whole fleet
+# ------------------------------------------------------------------------------------------
+
+from resilience_support import bearer_factory, fetch, run_concurrently, start_proxy, token_server_factory  # noqa: E402,F401
+from test_oauth import CLIENT_ID, oauth2, oauth_env, token_in  # noqa: E402,F401
+
+
+def oauth_fleet(sluice_factory, tmp_path, redis, token_url: str, n: int = 3, **adapter_kw) -> list:
+    fleet = {"redis": f"127.0.0.1:{redis.port}", "timeout": "200ms"}
+    return [start_proxy(sluice_factory, tmp_path, {"adapters": [oauth2(token_url, **adapter_kw)]},
+                        extra={"workers": 2, "fleet": fleet}) for _ in range(n)]
+
+
+def test_one_token_fetch_for_the_whole_fleet(sluice_factory, tmp_path, redis, token_server_factory, bearer_factory,
+                                             oauth_env):
+    """3 instances x 50 concurrent clients and no token yet: the token endpoint is called
+    exactly once (one instance fetches under the fleet's lock; the others wait for it), and
+    every request carries that token. The token's key in Redis does not show the client id."""
+    ts = token_server_factory(client_id=CLIENT_ID, client_secret=oauth_env.secret, delay=0.5)
+    up = bearer_factory(ts)
+    proxies = oauth_fleet(sluice_factory, tmp_path, redis, ts.token_url)
+    res = run_concurrently(150, lambda i: fetch(proxies[i % 3], "GET", f"http://{HOST}:{up.port}/t?i={i}",
+                                                timeout=30)[0], timeout=60)
+    bad = [r for r in res if getattr(r, "status", None) != 200]
+    assert not bad, f"{len(bad)} of 150 failed, e.g. {bad[:3]}"
+    assert ts.grants() == 1, f"the token endpoint saw {ts.grants()} grants from the fleet"
+    assert {token_in(r) for r in res} == {ts.token(1)}
+    keys = redis.cli("KEYS", "sluice:{oauth|*")
+    assert ":token" in keys and CLIENT_ID not in keys, keys
+
+
+def test_a_401_refreshes_once_for_the_whole_fleet(sluice_factory, tmp_path, redis, token_server_factory,
+                                                  bearer_factory, oauth_env):
+    """The upstream revokes the fleet's token: requests through all three instances get a 401
+    once, and the fleet fetches exactly one new token (the refused one is deleted only while it
+    is still the one kept), which every later request carries."""
+    ts = token_server_factory(client_id=CLIENT_ID, client_secret=oauth_env.secret, delay=0.3)
+    up = bearer_factory(ts)
+    proxies = oauth_fleet(sluice_factory, tmp_path, redis, ts.token_url)
+    for p in proxies:
+        r, _ = fetch(p, "GET", f"http://{HOST}:{up.port}/first")
+        assert r.status == 200 and token_in(r) == ts.token(1), r
+    assert ts.grants() == 1
+    up.reject.add(ts.token(1))
+    res = run_concurrently(30, lambda i: fetch(proxies[i % 3], "GET", f"http://{HOST}:{up.port}/again?i={i}",
+                                               timeout=30)[0], timeout=60)
+    assert all(getattr(r, "status", None) == 200 for r in res), [getattr(r, "status", r) for r in res]
+    assert ts.grants() == 2, f"{ts.grants()} grants: one refresh for the fleet"
+    assert {token_in(r) for r in res} == {ts.token(2)}
+
+
+def test_share_false_keeps_a_credential_local(sluice_factory, tmp_path, redis, token_server_factory,
+                                              bearer_factory, oauth_env):
+    ts = token_server_factory(client_id=CLIENT_ID, client_secret=oauth_env.secret)
+    up = bearer_factory(ts)
+    proxies = oauth_fleet(sluice_factory, tmp_path, redis, ts.token_url, n=2, share=False)
+    for p in proxies:
+        assert fetch(p, "GET", f"http://{HOST}:{up.port}/local")[0].status == 200
+    assert ts.grants() == 2, "each instance fetched its own"
+    assert redis.cli("KEYS", "sluice:{oauth|*") == ""

@@ -18,6 +18,38 @@ public protocol SessionContext: AnyObject {
     func park(_ work: @escaping () -> Bool)
     var waker: any SessionWaker { get }
     var monitor: (any EventMonitor)? { get }
+    /// The fleet's token store (`fleet:`), when there is one: one token per credential for
+    /// every instance.
+    var sharedTokens: (any SharedTokenStore)? { get }
+}
+
+extension SessionContext {
+    public var sharedTokens: (any SharedTokenStore)? { nil }
+}
+
+/// Tokens shared by a fleet of instances (docs/fleet.md): each call answers once, on the
+/// worker's thread, within the store's timeout — `nil` / `.unavailable` when the store cannot
+/// answer (the caller then does what one instance alone would).
+public protocol SharedTokenStore: AnyObject {
+    /// The token kept for `key` and the milliseconds it has left.
+    func token(_ key: String, completion: @escaping (SharedToken) -> Void)
+    /// Takes the right to fetch `key`'s token (`true`), or finds another instance fetching it
+    /// (`false`: `awaitToken` then), or cannot tell (`nil`).
+    func lock(_ key: String, completion: @escaping (Bool?) -> Void)
+    /// Waits (bounded) for the instance that holds the lock to store the token.
+    func awaitToken(_ key: String, completion: @escaping (SharedToken) -> Void)
+    /// Keeps `token` for `milliseconds` and gives the lock back.
+    func store(_ key: String, token: String, milliseconds: Int)
+    /// Gives the lock back without a token (the fetch failed).
+    func unlock(_ key: String)
+    /// Forgets `token` if it is still the one kept (a newer one is never thrown away).
+    func invalidate(_ key: String, token: String)
+}
+
+public enum SharedToken: Sendable, Equatable {
+    case found(token: String, milliseconds: Int)
+    case none
+    case unavailable
 }
 
 /// Wakes a worker's parked work; safe from any thread.
@@ -55,6 +87,9 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
         public var windowMilliseconds: Int
         /// `[401]` by default.
         public var refreshOn: Set<Int>
+        /// With a `fleet:`, the token is shared by every instance (`share: false` keeps it in
+        /// this process).
+        public var share = true
 
         public init(
             grant: Grant, tokenURL: String, clientID: String, clientSecret: Secret?, refreshToken: Secret? = nil,
@@ -87,6 +122,8 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
         var generation = 0
         var refreshTimes: [Int] = []
         var wakers: [any SessionWaker] = []
+        /// A token an upstream refused (`refresh_on`): a shared copy of it is not taken again.
+        var refused: String?
     }
 
     public var name: String { "oauth2" }
@@ -167,12 +204,68 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
         }
         let used = request.headerFields[.authorization]
         state.withLock { s in
-            if let token = s.token, used == "Bearer " + token { s.token = nil }
+            if let token = s.token, used == "Bearer " + token {
+                s.token = nil
+                s.refused = token
+            }
         }
         completion(.retry)
     }
 
+    /// The fleet's key for this credential: a hash of the token URL, the client and the scope
+    /// (the client id is not in it as written).
+    public var sharedKey: String {
+        let identity = [settings.tokenURL, settings.clientID, settings.scope ?? "", settings.audience ?? ""]
+            .joined(separator: "\u{0}")
+        return CertificateFiles.sha256(Array(identity.utf8)).prefix(16).map { byte in
+            let hex = String(byte, radix: 16)
+            return hex.count == 1 ? "0" + hex : hex
+        }.joined()
+    }
+
+    /// A token is needed: from the fleet when one is kept there (or another instance is
+    /// fetching it), else from the token endpoint — with the fleet's lock, so that one instance
+    /// at a time fetches, and the token is kept for the others.
     private func fetch(on session: any SessionContext) {
+        guard settings.share, let shared = session.sharedTokens else { return fetchFromEndpoint(on: session, shared: nil) }
+        let key = sharedKey
+        let refused = state.withLock { $0.refused }
+        shared.token(key) { [self] found in
+            switch found {
+            case .found(let token, let ms) where token != refused && ms > settings.refreshBeforeExpiry:
+                finish(.token(token, ms / 1000, nil), monitor: nil)
+            case .unavailable:
+                fetchFromEndpoint(on: session, shared: nil)
+            case .found(let token, _):
+                // Refused upstream, or about to expire: replaced (if still the one kept).
+                if token == refused { shared.invalidate(key, token: token) }
+                lockThenFetch(on: session, shared, key)
+            case .none:
+                lockThenFetch(on: session, shared, key)
+            }
+        }
+    }
+
+    private func lockThenFetch(on session: any SessionContext, _ shared: any SharedTokenStore, _ key: String) {
+        shared.lock(key) { [self] acquired in
+            switch acquired {
+            case true?:
+                fetchFromEndpoint(on: session, shared: (shared, key))
+            case false?:
+                shared.awaitToken(key) { [self] found in
+                    if case .found(let token, let ms) = found, ms > 0 {
+                        finish(.token(token, ms / 1000, nil), monitor: nil)
+                    } else {
+                        fetchFromEndpoint(on: session, shared: nil)  // the other instance failed or is slow
+                    }
+                }
+            case nil:
+                fetchFromEndpoint(on: session, shared: nil)
+            }
+        }
+    }
+
+    private func fetchFromEndpoint(on session: any SessionContext, shared: (store: any SharedTokenStore, key: String)?) {
         var form: [(String, String)] = [("grant_type", settings.grant.rawValue)]
         let refresh = state.withLock { $0.refreshToken }
         if settings.grant == .refreshToken, let refresh { form.append(("refresh_token", refresh)) }
@@ -199,28 +292,42 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
             case .success(let response):
                 outcome = Self.parseToken(response.body)
             }
-            let wakers: [any SessionWaker] = state.withLock { s in
-                s.fetching = false
-                s.generation += 1
-                switch outcome {
-                case .token(let token, let expiresIn, let refreshToken):
-                    s.token = token
-                    s.failure = nil
-                    s.expiresAt = Self.now() + (expiresIn.map { $0 * 1000 } ?? 3_600_000)
-                    if let refreshToken { s.refreshToken = refreshToken }
-                case .failed(let why):
-                    s.token = nil
-                    s.failure = why
+            if let shared {
+                if case .token(let token, let expiresIn, _) = outcome {
+                    shared.store.store(shared.key, token: token, milliseconds: (expiresIn ?? 3600) * 1000)
+                } else {
+                    shared.store.unlock(shared.key)
                 }
-                defer { s.wakers = [] }
-                return s.wakers
             }
-            switch outcome {
-            case .token: monitor?.handle(.credentialRefreshed(source: settings.tokenURL))
-            case .failed(let why): monitor?.handle(.credentialRefreshFailed(source: settings.tokenURL, reason: why))
-            }
-            for waker in wakers { waker.wake() }
+            finish(outcome, monitor: monitor)
         }
+    }
+
+    /// A fetch ended (from the endpoint, or from the fleet's store: no event then): the token
+    /// (or the failure) is kept and the waiting requests are woken.
+    private func finish(_ outcome: FetchOutcome, monitor: (any EventMonitor)?) {
+        let wakers: [any SessionWaker] = state.withLock { s in
+            s.fetching = false
+            s.generation += 1
+            switch outcome {
+            case .token(let token, let expiresIn, let refreshToken):
+                s.token = token
+                s.failure = nil
+                s.refused = nil
+                s.expiresAt = Self.now() + (expiresIn.map { $0 * 1000 } ?? 3_600_000)
+                if let refreshToken { s.refreshToken = refreshToken }
+            case .failed(let why):
+                s.token = nil
+                s.failure = why
+            }
+            defer { s.wakers = [] }
+            return s.wakers
+        }
+        switch outcome {
+        case .token: monitor?.handle(.credentialRefreshed(source: settings.tokenURL))
+        case .failed(let why): monitor?.handle(.credentialRefreshFailed(source: settings.tokenURL, reason: why))
+        }
+        for waker in wakers { waker.wake() }
     }
 
     enum FetchOutcome {

@@ -55,6 +55,11 @@ final class Fleet {
     let shared: FleetShared
     private var heartbeatTimer: OpaquePointer?
 
+    private let base: OpaquePointer
+    /// The fetch locks this worker holds, by token key: the random value it set.
+    private var locks: [String: String] = [:]
+    private var lockCounter = 0
+
     /// Worker 0's second connection, subscribed to the fleet's circuit news (`circuitOpened`).
     private var subscriber: RedisClient?
 
@@ -65,7 +70,11 @@ final class Fleet {
         self.settings = settings
         self.shared = shared
         client = RedisClient(base: base, settings: settings, workerIndex: workerIndex)
-        client.scripts = [FleetScripts.acquire, FleetScripts.hold, FleetScripts.heartbeat]
+        client.scripts = [
+            FleetScripts.acquire, FleetScripts.hold, FleetScripts.heartbeat, FleetScripts.token, FleetScripts.store,
+            FleetScripts.compareAndDelete,
+        ]
+        self.base = base
         if workerIndex == 0, let health {
             let subscriber = RedisClient(base: base, settings: settings, workerIndex: workerIndex)
             let instance = shared.instance
@@ -324,6 +333,111 @@ final class Fleet {
         }
         heartbeatTimer = nil
         client.close()
+    }
+}
+
+// MARK: OAuth 2 tokens (oauth2, share: true)
+
+/// The fleet's token store: `PREFIX{oauth|HASH}:token` (the token, with the lifetime the token
+/// endpoint gave) and `…:lock` (who fetches now: `SET NX PX 10000` with a value of this
+/// instance's, given back with a compare-and-delete). HASH is `OAuth2Authenticator.sharedKey`:
+/// the client id is not in the key as written.
+extension Fleet: SharedTokenStore {
+    private func keys(_ key: String) -> (token: String, lock: String) {
+        let tag = settings.keyPrefix + "{oauth|" + key + "}"
+        return (tag + ":token", tag + ":lock")
+    }
+
+    func token(_ key: String, completion: @escaping (SharedToken) -> Void) {
+        guard client.isUsable else { return completion(.unavailable) }
+        let k = keys(key)
+        client.eval(FleetScripts.token, keys: [k.token, k.lock], args: []) { reply in
+            switch reply {
+            case .array(let items):
+                guard items.count == 2, case .string(let token) = items[0], case .integer(let ms) = items[1] else {
+                    return completion(.unavailable)
+                }
+                completion(ms > 0 ? .found(token: token, milliseconds: ms) : .none)
+            case .integer: completion(.none)
+            default: completion(.unavailable)
+            }
+        }
+    }
+
+    func lock(_ key: String, completion: @escaping (Bool?) -> Void) {
+        guard client.isUsable else { return completion(nil) }
+        lockCounter += 1
+        let value = shared.instance + "-" + String(lockCounter)
+        let lockKey = keys(key).lock
+        client.send(["SET", lockKey, value, "NX", "PX", "10000"]) { [unowned(unsafe) self] reply in
+            switch reply {
+            case .status("OK"):
+                self.locks[lockKey] = value
+                completion(true)
+            case .null: completion(false)
+            default: completion(nil)
+            }
+        }
+    }
+
+    /// Polls every 25 ms, for at most 5 s: the token, once stored; `.none` as soon as the lock
+    /// is given back without one; `.unavailable` when Redis stops answering.
+    func awaitToken(_ key: String, completion: @escaping (SharedToken) -> Void) {
+        let deadline = MonotonicClock.milliseconds() + 5000
+        poll(key, deadline: deadline, completion)
+    }
+
+    private func poll(_ key: String, deadline: Int, _ completion: @escaping (SharedToken) -> Void) {
+        let box = PollBox { [unowned(unsafe) self] in
+            self.token(key) { [unowned(unsafe) self] found in
+                switch found {
+                case .found, .unavailable: completion(found)
+                case .none:
+                    // Still locked (the other instance is fetching) or not: ask once more.
+                    if MonotonicClock.milliseconds() >= deadline { return completion(.none) }
+                    self.poll(key, deadline: deadline, completion)
+                }
+            }
+        }
+        box.start(base, milliseconds: 25)
+    }
+
+    func store(_ key: String, token: String, milliseconds: Int) {
+        let k = keys(key)
+        let value = locks.removeValue(forKey: k.lock) ?? ""
+        guard client.isUsable else { return }
+        client.eval(FleetScripts.store, keys: [k.token, k.lock], args: [token, String(max(1, milliseconds)), value]) { _ in }
+    }
+
+    func unlock(_ key: String) {
+        let k = keys(key)
+        guard let value = locks.removeValue(forKey: k.lock), client.isUsable else { return }
+        client.eval(FleetScripts.store, keys: [k.token, k.lock], args: ["", "1", value]) { _ in }
+    }
+
+    func invalidate(_ key: String, token: String) {
+        guard client.isUsable else { return }
+        client.eval(FleetScripts.compareAndDelete, keys: [keys(key).token], args: [token]) { _ in }
+    }
+}
+
+/// A one-shot timer that runs `work` once and frees itself.
+private final class PollBox {
+    let work: () -> Void
+    var event: OpaquePointer?
+    init(_ work: @escaping () -> Void) { self.work = work }
+
+    func start(_ base: OpaquePointer, milliseconds: Int) {
+        let me = Unmanaged.passRetained(self)
+        event = event_new(
+            base, -1, 0,
+            { _, _, arg in
+                let box = Unmanaged<PollBox>.fromOpaque(arg!).takeRetainedValue()
+                event_free(box.event)
+                box.work()
+            }, me.toOpaque())
+        var tv = timeval(tv_sec: 0, tv_usec: Int(milliseconds) * 1000)
+        event_add(event, &tv)
     }
 }
 

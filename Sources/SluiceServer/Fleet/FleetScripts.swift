@@ -75,6 +75,32 @@ enum FleetScripts {
         return string.format('%.0f', untilus)
         """)
 
+    /// The token kept under KEYS[1], with its milliseconds left; else whether KEYS[2] (the
+    /// fetch lock) is still held: `{token, pttl}`, or 1 / 0.
+    static let token = RedisScript(
+        """
+        local v = redis.call('GET', KEYS[1])
+        if v then return {v, redis.call('PTTL', KEYS[1])} end
+        return redis.call('EXISTS', KEYS[2])
+        """)
+
+    /// Keeps the token ARGV[1] under KEYS[1] for ARGV[2] ms, and deletes the lock KEYS[2] if it
+    /// still holds ARGV[3] (this instance's: a lock that expired and went to another is left).
+    static let store = RedisScript(
+        """
+        if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2])) end
+        if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+        return 1
+        """)
+
+    /// Deletes KEYS[1] if it still holds ARGV[1] (a token refused upstream: a newer one that
+    /// replaced it meanwhile is kept).
+    static let compareAndDelete = RedisScript(
+        """
+        if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+        return 0
+        """)
+
     /// An instance's heartbeat: KEYS[1], a sorted set of instances by their last beat (ms);
     /// ARGV[1] the instance, ARGV[2] how long a beat counts (ms). Answers the instances alive.
     static let heartbeat = RedisScript(

@@ -14,6 +14,7 @@ import SluiceCore
 final class WorkerSession: SessionContext {
     private unowned let worker: Worker
     private var parked: [() -> Bool] = []
+    var sharedTokens: (any SharedTokenStore)? { worker.fleet }
     let waker: any SessionWaker
     private var wakeEvent: OpaquePointer!
 
