@@ -210,9 +210,12 @@ import Testing
         #expect(health.handle(.attempt, for: b, settings: settings, now: 1_000).action == .allow, "other origins go")
         // After it, one trial as usual.
         #expect(health.handle(.attempt, for: a, settings: settings, now: 5_000).action == .allowTrial)
-        // News that ended before the next try changes nothing.
+        // News that ended before the next try leaves the circuit half-open: its trial next.
         health.openedElsewhere(b.name, milliseconds: 100, now: 2_000)
-        #expect(health.handle(.attempt, for: b, settings: settings, now: 3_000).action == .allow)
+        #expect(health.handle(.attempt, for: b, settings: settings, now: 3_000).action == .allowTrial)
+        // News of a closing closes it.
+        health.closedElsewhere(b.name)
+        #expect(health.handle(.attempt, for: b, settings: settings, now: 3_001).action == .allow)
         // A circuit open here keeps the later end.
         var breaker = CircuitBreaker(settings: settings)
         _ = breaker.handle(.openedElsewhere(milliseconds: 3_000), now: 0)

@@ -263,7 +263,8 @@ def test_a_circuit_opened_by_one_instance_is_open_on_all(sluice_factory, redis):
         policy = {"health": {"consecutive_failures": 3, "cooldown": "10s"}}
         a, b, c = [sluice_factory({"workers": 2, "fleet": settings, "policies": {"default": policy}}, name=f"c{i}")
                    for i in range(3)]
-        time.sleep(0.5)  # window: every instance's subscriber is connected before A's circuit opens
+        assert wait_until(lambda: redis.cli("PUBSUB", "NUMSUB", "sluice:circuits").split() == ["sluice:circuits", "3"],
+                          10), "every instance listens for circuit news"
         url = f"http://{HOST}:{origin.port}/c"
         with requests.Session() as s:
             assert [s.get(url, proxies={"http": a.url}, timeout=10).status_code for _ in range(3)] == [503] * 3
@@ -340,3 +341,42 @@ def test_share_false_keeps_a_credential_local(sluice_factory, tmp_path, redis, t
         assert fetch(p, "GET", f"http://{HOST}:{up.port}/local")[0].status == 200
     assert ts.grants() == 2, "each instance fetched its own"
     assert redis.cli("KEYS", "sluice:{oauth|*") == ""
+
+
+def test_one_trial_for_the_whole_fleet_after_the_cooldown(sluice_factory, redis):
+    """A's circuit opens (and B's and C's with it). After the cooldown the origin is well again
+    but slow (1 s): of 6 requests sent at once through the three instances, one is the fleet's
+    trial and reaches the origin; the other 5 fail fast. The trial's success closes every
+    instance's circuit: the next requests through all three go."""
+    state = {"well": False}
+
+    def answer(req, n):
+        if not state["well"]:
+            return simple_response(503, b"down", reason="Service Unavailable")
+        time.sleep(1.0)  # server behaviour: a slow answer, so the trial is out while the others ask
+        return simple_response(200, b"ok")
+
+    origin = ArrivalOrigin(answer)
+    try:
+        settings = {"redis": f"127.0.0.1:{redis.port}", "heartbeat": "300ms", "timeout": "200ms"}
+        policy = {"health": {"consecutive_failures": 3, "cooldown": "1s"}}
+        proxies = [sluice_factory({"workers": 2, "fleet": settings, "policies": {"default": policy}}, name=f"t{i}")
+                   for i in range(3)]
+        assert wait_until(lambda: redis.cli("PUBSUB", "NUMSUB", "sluice:circuits").split() == ["sluice:circuits", "3"],
+                          10), "every instance listens for circuit news"
+        url = f"http://{HOST}:{origin.port}/trial"
+        with requests.Session() as s:
+            assert [s.get(url, proxies={"http": proxies[0].url}, timeout=10).status_code for _ in range(3)] == [503] * 3
+        assert wait_until(lambda: all("opened by another instance" in p.stderr() for p in proxies[1:]), 5)
+        state["well"] = True
+        time.sleep(1.3)  # time passing: the cooldown (1 s) ends on every instance
+        before = len(origin.times())
+        with ThreadPoolExecutor(6) as pool:
+            codes = sorted(pool.map(lambda i: get(proxies[i % 3], f"{url}?i={i}").status_code, range(6)))
+        assert codes == [200, 503, 503, 503, 503, 503], codes
+        assert len(origin.times()) - before == 1, "one trial for the fleet"
+        # The trial's instance closed its circuit and told the other two.
+        assert wait_until(lambda: sum("closed by another instance" in p.stderr() for p in proxies) == 2, 5)
+        assert [get(p, url + "?after").status_code for p in proxies] == [200, 200, 200]
+    finally:
+        origin.stop()

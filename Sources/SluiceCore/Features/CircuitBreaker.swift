@@ -50,6 +50,9 @@ public struct CircuitBreaker: Sendable, Equatable {
         /// (`fleet:`): this one opens too, until then (a circuit already open keeps the later
         /// end).
         case openedElsewhere(milliseconds: Int)
+        /// Another instance's trial (or probe) found the origin well and closed its circuit:
+        /// this one closes too.
+        case closedElsewhere
     }
 
     public enum Action: Sendable, Equatable {
@@ -103,7 +106,11 @@ public struct CircuitBreaker: Sendable, Equatable {
             guard settings.probe != nil, state == .halfOpen, trialSince == nil else { return .none }
             trialSince = now
             return .startProbe
+        case .closedElsewhere:
+            if state != .closed { close() }
+            return .none
         case .openedElsewhere(let milliseconds):
+            // An opening that has ended already leaves the circuit half-open (its trial next).
             if state != .open || now + milliseconds > openUntil {
                 state = .open
                 openUntil = max(openUntil, now + milliseconds)

@@ -130,20 +130,34 @@ public final class UpstreamHealth: Sendable {
     /// know the origin's settings before then); bounded like the table.
     private let openedElsewhere = Mutex<[String: Int]>([:])
 
+    /// Another instance closed its circuit to the origin named `name` (its trial or probe
+    /// succeeded).
+    public func closedElsewhere(_ name: String) {
+        openedElsewhere.withLock { table in
+            guard table.count < Self.maxOrigins || table[name] != nil else { return }
+            table[name] = Self.closedNews
+        }
+    }
+
+    /// The news "closed" in `openedElsewhere`'s table.
+    static let closedNews = -1
+
     /// Another instance opened its circuit to the origin named `name` for `milliseconds`.
     public func openedElsewhere(_ name: String, milliseconds: Int, now: Int) {
         openedElsewhere.withLock { table in
             if table.count >= Self.maxOrigins { table = table.filter { $0.value > now } }
             guard table.count < Self.maxOrigins else { return }
-            table[name] = max(table[name] ?? 0, now + milliseconds)
+            table[name] = max(table[name] ?? 0, now + milliseconds)  // later news of opening wins over "closed"
         }
     }
 
-    /// The end of a circuit another instance opened to `origin`, taken once (nil: none).
+    /// The news of another instance for `origin`, taken once: the end of a circuit it opened
+    /// (past already, the circuit is half-open here: one trial for the fleet), `closedNews`,
+    /// or nil.
     private func takeOpenedElsewhere(_ origin: Origin, now: Int) -> Int? {
         openedElsewhere.withLock { table in
-            guard !table.isEmpty, let until = table.removeValue(forKey: origin.name) else { return nil }
-            return until > now ? until : nil
+            guard !table.isEmpty else { return nil }
+            return table.removeValue(forKey: origin.name)
         }
     }
 
@@ -171,7 +185,9 @@ public final class UpstreamHealth: Sendable {
             if existing == nil, table.count >= Self.maxOrigins { Self.shrink(&table) }
             if case .attempt = event, let until = takeOpenedElsewhere(origin, now: now) {
                 // Not a change of this instance's (the subscriber logged it).
-                _ = breaker.handle(.openedElsewhere(milliseconds: until - now), now: now)
+                let news: CircuitBreaker.Event =
+                    until == Self.closedNews ? .closedElsewhere : .openedElsewhere(milliseconds: max(0, until - now))
+                _ = breaker.handle(news, now: now)
             }
             let before = breaker.state
             let action = breaker.handle(event, now: now)

@@ -75,6 +75,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     var quotaSlot: QuotaSlot?
     /// The ticket of the fleet round trip the current try waits for (`Worker.fleetWaiters`).
     private var fleetTicket: UInt64 = 0
+    /// A trial waiting for the fleet's trial lock (`CircuitStage`), until it is answered.
+    private var trialRequest: UpstreamRequest?
 
     init(connection: ClientConnection, worker: Worker) {
         self.connection = connection
@@ -118,8 +120,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case .wait(.requestBody(.whole)):
             connection.sendContinueIfExpected(exchange.head)
             continueBuffering(exchange)
-        case .wait(.quota):
-            assertionFailure("a try waits for its quota in startTry")
+        case .wait(.quota), .wait(.fleetTrial):
+            assertionFailure("a try waits for its quota and its trial lock in startTry")
         case .tunnel(let target, intercept: true):
             do {
                 try connection.intercept(target, exchange)
@@ -331,8 +333,37 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         switch verdict {
         case .send(let route): send(request, route, exchange)
         case .wait(.quota(let wait)): waitForQuota(request, wait)
+        case .wait(.fleetTrial(let origin, let ms)): waitForTrialLock(request, origin: origin, milliseconds: ms)
         default: perform(verdict, exchange)
         }
+    }
+
+    /// A half-open circuit's trial asks the fleet for its trial lock; the connection holds
+    /// its input meanwhile (at most `fleet.timeout`).
+    private func waitForTrialLock(_ request: UpstreamRequest, origin: String, milliseconds: Int) {
+        guard let fleet = worker.fleet else { return }
+        worker.nextFleetTicket &+= 1
+        let ticket = worker.nextFleetTicket
+        worker.fleetWaiters[ticket] = self
+        fleetTicket = ticket
+        trialRequest = request
+        let worker = worker
+        fleet.lockTrial(origin, milliseconds: milliseconds) { [unowned(unsafe) worker] acquired in
+            worker.fleetWaiters.removeValue(forKey: ticket)?.trialLockAnswered(acquired)
+        }
+    }
+
+    /// The fleet's answer on the trial lock: this instance sends the trial (or Redis could not
+    /// tell: it does, as alone), or another instance does and this try fails fast.
+    private func trialLockAnswered(_ acquired: Bool?) {
+        guard let request = trialRequest, let exchange, !exchange.ended else { return }
+        trialRequest = nil
+        if acquired == false {
+            reportTryOutcome(.abandoned)
+            SluiceMetrics.shared.recordCircuitFailedFast(origin: request.target.authority)
+            return perform(.failTry(.upstreamCircuitOpen(host: request.target.authority, retryAfter: 1), kind: .other), exchange)
+        }
+        startTry(request, exchange, from: RequestChain.afterCircuit)
     }
 
     /// Holds the try until its rate-limit turn — on a timer, or in the `max_concurrent` line
@@ -1003,6 +1034,10 @@ extension ExchangeDriver {
         default: break
         }
         phase = .idle
+        if trialRequest != nil {
+            worker.fleetWaiters[fleetTicket] = nil
+            trialRequest = nil
+        }
         releaseUpstreamSlot()
         reportTryOutcome(.abandoned)
         if let exchange, !exchange.ended {

@@ -308,21 +308,42 @@ final class Fleet {
         limits.map { "\($0.requests)-\($0.periodMilliseconds)-\($0.burst)" }.joined(separator: "_")
     }
 
-    /// This instance opened its circuit to `origin` for `milliseconds`: the fleet's other
-    /// instances open theirs (worker 0 of each listens, `circuitNews`).
+    /// This instance opened its circuit to `origin` for `milliseconds` (0: closed it): the
+    /// fleet's other instances do the same (worker 0 of each listens, `circuitNews`).
     func circuitOpened(_ origin: String, milliseconds: Int) {
         guard client.isUsable else { return }
         client.send(["PUBLISH", settings.keyPrefix + "circuits", "\(milliseconds) \(shared.instance) \(origin)"]) { _ in }
     }
 
-    /// `MS INSTANCE ORIGIN` from the circuit channel: another instance opened its circuit; this
-    /// one's opens at the origin's next try, until the same end.
+    /// `MS INSTANCE ORIGIN` from the circuit channel: another instance opened its circuit (MS
+    /// above 0: this one's opens at the origin's next try, until the same end) or closed it
+    /// (0: its trial or probe found the origin well; this one's closes).
     static func circuitNews(_ payload: String, from me: String, _ health: UpstreamHealth) {
         let parts = payload.split(separator: " ", maxSplits: 2).map(String.init)
-        guard parts.count == 3, let ms = Int(parts[0]), ms > 0, ms <= 86_400_000, parts[1] != me else { return }
+        guard parts.count == 3, let ms = Int(parts[0]), ms >= 0, ms <= 86_400_000, parts[1] != me else { return }
+        if ms == 0 {
+            health.closedElsewhere(parts[2])
+            Log.info("upstream \(parts[2]): circuit closed by another instance of the fleet; the origin answers again")
+            return
+        }
         health.openedElsewhere(parts[2], milliseconds: ms, now: MonotonicClock.milliseconds())
         Log.warning(
             "upstream \(parts[2]): circuit opened by another instance of the fleet; requests fail fast with 503 for \(ms) ms")
+    }
+
+    /// Takes the fleet's lock on `origin`'s trial (or probe) for `milliseconds`: `true`, this
+    /// instance tries the origin; `false`, another does; `nil`, Redis cannot tell (this instance
+    /// tries, as alone).
+    func lockTrial(_ origin: String, milliseconds: Int, completion: @escaping (Bool?) -> Void) {
+        guard client.isUsable else { return completion(nil) }
+        let key = settings.keyPrefix + "{circuit|" + origin + "}:trial"
+        client.send(["SET", key, shared.instance, "NX", "PX", String(max(1, milliseconds))]) { reply in
+            switch reply {
+            case .status("OK"): completion(true)
+            case .null: completion(false)
+            default: completion(nil)
+            }
+        }
     }
 
     func close() {

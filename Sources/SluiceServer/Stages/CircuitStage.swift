@@ -40,6 +40,10 @@ enum CircuitStage: TryStage {
             return .failTry(.upstreamCircuitOpen(host: target.authority, retryAfter: seconds), kind: .other)
         case .allowTrial:
             exchange.circuitTry = Admitted(origin: origin, settings: settings, trial: true)
+            if let fleet = services.fleet, fleet.client.isUsable {
+                // One trial for the whole fleet: this try goes only if it takes the lock.
+                return .wait(.fleetTrial(origin: origin.name, milliseconds: settings.cooldown))
+            }
         default:
             exchange.circuitTry = Admitted(origin: origin, settings: settings, trial: false)
         }
@@ -58,9 +62,17 @@ enum CircuitStage: TryStage {
             settings: attempt.settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
         log(answer.change, probe: attempt.settings.probe != nil)
-        if let change = answer.change, change.to == .open, let fleet {
-            // The fleet's other instances open theirs too, for the same cooldown.
-            fleet.circuitOpened(change.origin.name, milliseconds: attempt.settings.cooldown)
+        if let change = answer.change { tellFleet(change, cooldown: attempt.settings.cooldown, fleet) }
+    }
+
+    /// The fleet's other instances open their circuit too when this one opens (for the same
+    /// cooldown), and close it when this one's trial or probe closed it.
+    static func tellFleet(_ change: UpstreamHealth.Change, cooldown: Int, _ fleet: Fleet?) {
+        guard let fleet else { return }
+        switch change.to {
+        case .open: fleet.circuitOpened(change.origin.name, milliseconds: cooldown)
+        case .closed where change.from != .closed: fleet.circuitOpened(change.origin.name, milliseconds: 0)
+        default: break
         }
     }
 

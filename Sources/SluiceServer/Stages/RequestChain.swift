@@ -31,6 +31,9 @@ enum RequestChain {
         UpstreamStage.self,  // upstream, upstream.engine
     ]
 
+    /// Where a trial that waited for the fleet's trial lock resumes.
+    static let afterCircuit = attempt.firstIndex { ObjectIdentifier($0) == ObjectIdentifier(CircuitStage.self) }! + 1
+
     /// Where a try that waited for its rate-limit turn resumes.
     static let afterQuota = attempt.firstIndex { ObjectIdentifier($0) == ObjectIdentifier(QuotaStage.self) }! + 1
 

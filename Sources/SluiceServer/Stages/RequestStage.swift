@@ -67,6 +67,9 @@ enum StageWait {
     /// A try over its policy's `rate_limit` goes when its turn comes (`QuotaStage`); the try
     /// stages after the quota resume then.
     case quota(QuotaWait)
+    /// A half-open circuit's trial waits for the fleet's trial lock (`fleet:`): it goes if this
+    /// instance takes it, else fails fast (another instance tries the origin).
+    case fleetTrial(origin: String, milliseconds: Int)
 }
 
 /// A try waiting for its turn under its policy's `rate_limit`: for its place in the schedule

@@ -52,13 +52,30 @@ final class HealthProbes {
         for due in worker.health.probesDue(now: MonotonicClock.milliseconds()) {
             CircuitStage.log(due.change, probe: true)
             guard let probe = due.settings.probe else { continue }
-            start(due.origin, probe.path, due.settings)
+            guard let fleet = worker.fleet else {
+                start(due.origin, probe.path, due.settings)
+                continue
+            }
+            // One probe for the whole fleet: the instance that takes the lock sends it; the
+            // others wait for its news (their probe counts as failed, for another interval).
+            let origin = due.origin
+            let settings = due.settings
+            fleet.lockTrial(origin.name, milliseconds: probe.interval) { [unowned(unsafe) self] acquired in
+                if acquired == false {
+                    let answer = self.worker.health.handle(
+                        .probeEnded(success: false), for: origin, settings: settings, now: MonotonicClock.milliseconds())
+                    CircuitStage.log(answer.change, probe: true)
+                    return
+                }
+                self.start(origin, probe.path, settings)
+            }
         }
     }
 
     private func start(_ origin: UpstreamHealth.Origin, _ path: String, _ settings: Health) {
         let policy = worker.pipeline.policies.match(host: origin.host)
         let health = worker.health
+        let fleet = worker.fleet
         let fetch = SideFetch(
             session: worker.session, config: worker.config, policy: policy, url: origin.name + path,
             headers: [("User-Agent", "sluice-health-probe"), ("Via", worker.via)], body: nil,
@@ -77,6 +94,9 @@ final class HealthProbes {
                 .probeEnded(success: success), for: origin, settings: settings,
                 now: MonotonicClock.milliseconds())
             CircuitStage.log(answer.change, probe: true)
+            if let change = answer.change {
+                CircuitStage.tellFleet(change, cooldown: settings.probe?.interval ?? settings.cooldown, fleet)
+            }
         }
         fetch.start()
     }
