@@ -461,6 +461,8 @@ def test_fleet_shows_each_workers_redis_and_the_instances(sluice_factory, httpbi
             assert session.get(httpbin.url + "/get", timeout=10).status_code == 200  # local_share
         status, data, _ = admin.call("GET", "/fleet")
         assert data["fallbacks"] >= 1 and "connecting" in [w["state"] for w in data["workers"]], data
+        # Reconnecting fails three times in a row within a second: an episode.
+        assert wait_until(lambda: admin.call("GET", "/fleet")[1]["fallback_episodes"] >= 1, 5), data
         metrics = admin.session.get(admin.base + "/metrics", timeout=10).text
         assert 'sluice_fleet_fallbacks_total{mode="local_share"}' in metrics, metrics
     finally:

@@ -380,3 +380,42 @@ def test_one_trial_for_the_whole_fleet_after_the_cooldown(sluice_factory, redis)
         assert [get(p, url + "?after").status_code for p in proxies] == [200, 200, 200]
     finally:
         origin.stop()
+
+
+def test_one_probe_for_the_whole_fleet(sluice_factory, redis):
+    """With `probe`, the fleet's lock picks one instance per round: three instances whose
+    circuits are open to an origin that keeps failing send it about one probe per interval
+    between them (not one each), and a recovered origin closes all three circuits."""
+    state = {"well": False}
+
+    def answer(req, n):
+        if state["well"]:
+            return simple_response(200, b"ok")
+        return simple_response(503, b"down", reason="Service Unavailable")
+
+    origin = ArrivalOrigin(answer)
+    try:
+        settings = {"redis": f"127.0.0.1:{redis.port}", "heartbeat": "300ms", "timeout": "200ms"}
+        policy = {"health": {"consecutive_failures": 2, "cooldown": "500ms",
+                             "probe": {"path": "/healthz", "interval": "500ms"}}}
+        proxies = [sluice_factory({"workers": 2, "fleet": settings, "policies": {"default": policy}}, name=f"p{i}")
+                   for i in range(3)]
+        assert wait_until(lambda: redis.cli("PUBSUB", "NUMSUB", "sluice:circuits").split() == ["sluice:circuits", "3"],
+                          10), "every instance listens for circuit news"
+        url = f"http://{HOST}:{origin.port}/p"
+        with requests.Session() as s:
+            assert [s.get(url, proxies={"http": proxies[0].url}, timeout=10).status_code for _ in range(2)] == [503] * 2
+        assert wait_until(lambda: all("opened by another instance" in p.stderr() for p in proxies[1:]), 5)
+        for p in proxies[1:]:
+            assert get(p, url + "?fast").status_code == 503  # their circuits open at this try
+        probes = lambda: sum(1 for r in origin.requests() if "/healthz" in r["target"])  # noqa: E731
+        start = probes()
+        time.sleep(3.0)  # time passing: six probe intervals (500 ms) while the origin keeps failing
+        sent = probes() - start
+        print(f"probes in 3 s from 3 instances: {sent}")
+        assert 2 <= sent <= 8, f"{sent} probes in 3 s: one instance per round, not three (would be ~18)"
+        state["well"] = True
+        assert wait_until(lambda: all(get(p, url + "?back").status_code == 200 for p in proxies), 5), \
+            "a successful probe closes every instance's circuit"
+    finally:
+        origin.stop()

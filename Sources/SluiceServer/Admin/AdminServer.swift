@@ -282,7 +282,8 @@ final class AdminServer: @unchecked Sendable {
             FleetView(
                 redis: settings.redis.description, instance: shared.instance,
                 instancesAlive: shared.instancesAlive.load(ordering: .relaxed), onRedisDown: settings.onRedisDown.rawValue,
-                timeoutMs: settings.timeout, fallbacks: shared.fallbacks.load(ordering: .relaxed), workers: workers))
+                timeoutMs: settings.timeout, fallbacks: shared.fallbacks.load(ordering: .relaxed),
+                episodes: shared.episodes.load(ordering: .relaxed), workers: workers))
     }
 
     private func metrics() -> AdminResponse {
@@ -456,9 +457,11 @@ private struct FleetView: Encodable {
     let onRedisDown: String
     let timeoutMs: Int
     let fallbacks: Int
+    let episodes: Int
     let workers: [FleetWorkerState]
     enum CodingKeys: String, CodingKey {
         case redis, instance, fallbacks, workers
+        case episodes = "fallback_episodes"
         case instancesAlive = "instances_alive"
         case onRedisDown = "on_redis_down"
         case timeoutMs = "timeout_ms"

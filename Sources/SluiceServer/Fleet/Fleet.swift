@@ -18,6 +18,8 @@ final class FleetShared: Sendable {
     let instancesAlive = Atomic<Int>(1)
     /// Decisions taken by `on_redis_down` while Redis did not answer.
     let fallbacks = Atomic<Int>(0)
+    /// Episodes of Redis not answering, over every worker (each logged once when it starts).
+    let episodes = Atomic<Int>(0)
 
     init() {
         var bytes = [UInt8](repeating: 0, count: 8)
@@ -70,6 +72,7 @@ final class Fleet {
         self.settings = settings
         self.shared = shared
         client = RedisClient(base: base, settings: settings, workerIndex: workerIndex)
+        client.onEpisode = { started in if started { shared.episodes.add(1, ordering: .relaxed) } }
         client.scripts = [
             FleetScripts.acquire, FleetScripts.hold, FleetScripts.heartbeat, FleetScripts.token, FleetScripts.store,
             FleetScripts.compareAndDelete,
