@@ -64,6 +64,9 @@ extension NodeReader {
                 }
             }
         }
+        if settings?.username != nil && settings?.password == nil {
+            fail(node, "fleet.username needs fleet.password (Redis's AUTH takes both)")
+        }
         return address == nil ? nil : settings
     }
 
@@ -85,7 +88,12 @@ extension NodeReader {
         var host = Substring(text)
         var portText: Substring = ""
         if host.hasPrefix("["), let close = host.firstIndex(of: "]") {
-            portText = host[host.index(after: close)...].dropFirst()
+            let rest = host[host.index(after: close)...]
+            guard rest.first == ":" else {
+                fail(node, "redis must be an IP:port such as [::1]:6379 (a colon after the bracket)")
+                return nil
+            }
+            portText = rest.dropFirst()
             host = host[host.index(after: host.startIndex)..<close]
         } else if let colon = host.lastIndex(of: ":") {
             portText = host[host.index(after: colon)...]

@@ -129,7 +129,11 @@ import Testing
         #expect(fleet.database == 2 && fleet.username == "sluice" && fleet.password?.value == "s3cret")
         #expect(fleet.keyPrefix == "gw:" && fleet.timeout == 5 && fleet.onRedisDown == .deny && fleet.heartbeat == 500)
         #expect(config.pipeline.policies.match(host: "x").rateLimit?.scope == .local)
-        #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: "fleet: { redis: \"::1:6379\" }\n", file: "f.yaml") }
+        for bad in [
+            "fleet: { redis: \"::1:6379\" }", "fleet: { redis: \"[::1]16379\" }", "fleet: { redis: 127.0.0.1:6379, username: u }",
+        ] {
+            #expect(throws: ConfigError.self) { try ConfigLoader.parse(yaml: bad + "\n", file: "f.yaml") }
+        }
         let unix = try ConfigLoader.parse(yaml: "fleet: { redis: unix:/run/redis/redis.sock }\n", file: "f.yaml")
         #expect(unix.server.fleet?.redis == .unix(path: "/run/redis/redis.sock"))
     }

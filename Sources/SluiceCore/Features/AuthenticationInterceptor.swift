@@ -232,8 +232,8 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
         let refused = state.withLock { $0.refused }
         shared.token(key) { [self] found in
             switch found {
-            case .found(let token, let ms) where token != refused && ms > settings.refreshBeforeExpiry:
-                finish(.token(token, ms / 1000, nil), monitor: nil)
+            case .found(let token, let ms) where token != refused && ms > settings.refreshBeforeExpiry + Self.sharedMargin:
+                finish(.token(token, ms, nil), monitor: nil)
             case .unavailable:
                 fetchFromEndpoint(on: session, shared: nil)
             case .found(let token, _):
@@ -253,8 +253,8 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
                 fetchFromEndpoint(on: session, shared: (shared, key))
             case false?:
                 shared.awaitToken(key) { [self] found in
-                    if case .found(let token, let ms) = found, ms > 0 {
-                        finish(.token(token, ms / 1000, nil), monitor: nil)
+                    if case .found(let token, let ms) = found, ms > settings.refreshBeforeExpiry + Self.sharedMargin {
+                        finish(.token(token, ms, nil), monitor: nil)
                     } else {
                         fetchFromEndpoint(on: session, shared: nil)  // the other instance failed or is slow
                     }
@@ -294,7 +294,7 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
             }
             if let shared {
                 if case .token(let token, let expiresIn, _) = outcome {
-                    shared.store.store(shared.key, token: token, milliseconds: (expiresIn ?? 3600) * 1000)
+                    shared.store.store(shared.key, token: token, milliseconds: expiresIn ?? 3_600_000)
                 } else {
                     shared.store.unlock(shared.key)
                 }
@@ -314,7 +314,7 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
                 s.token = token
                 s.failure = nil
                 s.refused = nil
-                s.expiresAt = Self.now() + (expiresIn.map { $0 * 1000 } ?? 3_600_000)
+                s.expiresAt = Self.now() + (expiresIn ?? 3_600_000)
                 if let refreshToken { s.refreshToken = refreshToken }
             case .failed(let why):
                 s.token = nil
@@ -330,8 +330,12 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
         for waker in wakers { waker.wake() }
     }
 
+    /// A token from the fleet must outlive the refresh point by this much (ms): one due for
+    /// refresh is fetched anew, not taken again and again.
+    static let sharedMargin = 5_000
+
     enum FetchOutcome {
-        /// access token, expires_in seconds, a new refresh token
+        /// access token, its lifetime in milliseconds (`expires_in` × 1000), a new refresh token
         case token(String, Int?, String?)
         case failed(String)
     }
@@ -341,7 +345,7 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
             let token = object["access_token"] as? String, !token.isEmpty
         else { return .failed("token endpoint sent no access_token") }
         let expires = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
-        return .token(token, expires, object["refresh_token"] as? String)
+        return .token(token, expires.map { min($0, 100_000_000) * 1000 }, object["refresh_token"] as? String)
     }
 
     /// application/x-www-form-urlencoded, also used for Basic client credentials (RFC 6749 §2.3.1).

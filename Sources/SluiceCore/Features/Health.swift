@@ -156,10 +156,16 @@ public final class UpstreamHealth: Sendable {
     /// or nil.
     private func takeOpenedElsewhere(_ origin: Origin, now: Int) -> Int? {
         openedElsewhere.withLock { table in
-            guard !table.isEmpty else { return nil }
-            return table.removeValue(forKey: origin.name)
+            guard !table.isEmpty, let until = table.removeValue(forKey: origin.name) else { return nil }
+            // News of an opening that ended long ago is stale: the circuit stays as it is here.
+            if until != Self.closedNews && now > until + Self.staleNews { return nil }
+            return until
         }
     }
+
+    /// How long after an opening elsewhere ended its news still makes the circuit half-open
+    /// here (its trial next), in ms.
+    static let staleNews = 30_000
 
     public init() {}
 

@@ -75,7 +75,7 @@ final class Fleet {
         client.onEpisode = { started in if started { shared.episodes.add(1, ordering: .relaxed) } }
         client.scripts = [
             FleetScripts.acquire, FleetScripts.hold, FleetScripts.heartbeat, FleetScripts.token, FleetScripts.store,
-            FleetScripts.compareAndDelete,
+            FleetScripts.compareAndDelete, FleetScripts.trial,
         ]
         self.base = base
         if workerIndex == 0, let health {
@@ -159,18 +159,20 @@ final class Fleet {
     /// Asks the fleet's schedule of `key` under `limits` (and the origin's hold) for a try that
     /// may wait `maxWait` µs; `completion` is called once, on this thread.
     func acquire(
-        policy: String, limits: [RateLimit], key: String, maxWait: Int64, completion: @escaping (FleetAnswer) -> Void
+        policy: String, limits: [RateLimit], key: String, maxWait: Int64, coalesce: Bool = true,
+        completion: @escaping (FleetAnswer) -> Void
     ) {
         let tag = cachedTag(policy: policy, key: key)
         let fixed = prepare(limits)
         let scheduleKey = tag + fixed.suffix
         let lease = Self.leaseSize(limits)
-        if lease > 1 {
+        if lease > 1 && coalesce {
             // One round trip at a time per key: the tries that come meanwhile are served from
             // the lease it brings back (the rest ask again).
             if inFlight[scheduleKey] != nil {
+                let deadline = MonotonicClock.microseconds() + maxWait
                 inFlight[scheduleKey]!.append(
-                    Waiter(policy: policy, limits: limits, key: key, maxWait: maxWait, completion: completion))
+                    Waiter(policy: policy, limits: limits, key: key, deadline: deadline, completion: completion))
                 return
             }
             inFlight[scheduleKey] = []
@@ -205,7 +207,8 @@ final class Fleet {
         let policy: String
         let limits: [RateLimit]
         let key: String
-        let maxWait: Int64
+        /// The latest it may go (monotonic µs): what is left of its wait when it asks again.
+        let deadline: Int64
         let completion: (FleetAnswer) -> Void
     }
     private var inFlight: [String: [Waiter]] = [:]
@@ -228,10 +231,12 @@ final class Fleet {
                 waiter.completion(answer)
             }
         }
+        // The round trip brought no place to spare (the limit is reached): each asks for
+        // itself now, at once, with what is left of its wait.
         for waiter in again {
             acquire(
-                policy: waiter.policy, limits: waiter.limits, key: waiter.key, maxWait: waiter.maxWait,
-                completion: waiter.completion)
+                policy: waiter.policy, limits: waiter.limits, key: waiter.key, maxWait: max(0, waiter.deadline - now),
+                coalesce: false, completion: waiter.completion)
         }
     }
 
@@ -340,10 +345,10 @@ final class Fleet {
     func lockTrial(_ origin: String, milliseconds: Int, completion: @escaping (Bool?) -> Void) {
         guard client.isUsable else { return completion(nil) }
         let key = settings.keyPrefix + "{circuit|" + origin + "}:trial"
-        client.send(["SET", key, shared.instance, "NX", "PX", String(max(1, milliseconds))]) { reply in
+        client.eval(FleetScripts.trial, keys: [key], args: [shared.instance, String(max(1, milliseconds))]) { reply in
             switch reply {
-            case .status("OK"): completion(true)
-            case .null: completion(false)
+            case .integer(1): completion(true)
+            case .integer(0): completion(false)
             default: completion(nil)
             }
         }
@@ -413,13 +418,20 @@ extension Fleet: SharedTokenStore {
 
     private func poll(_ key: String, deadline: Int, _ completion: @escaping (SharedToken) -> Void) {
         let box = PollBox { [unowned(unsafe) self] in
-            self.token(key) { [unowned(unsafe) self] found in
-                switch found {
-                case .found, .unavailable: completion(found)
-                case .none:
-                    // Still locked (the other instance is fetching) or not: ask once more.
-                    if MonotonicClock.milliseconds() >= deadline { return completion(.none) }
-                    self.poll(key, deadline: deadline, completion)
+            guard self.client.isUsable else { return completion(.unavailable) }
+            let k = self.keys(key)
+            self.client.eval(FleetScripts.token, keys: [k.token, k.lock], args: []) { [unowned(unsafe) self] reply in
+                switch reply {
+                case .array(let items):
+                    guard items.count == 2, case .string(let token) = items[0], case .integer(let ms) = items[1], ms > 0
+                    else { return completion(.none) }
+                    completion(.found(token: token, milliseconds: ms))
+                case .integer(1) where MonotonicClock.milliseconds() < deadline:
+                    self.poll(key, deadline: deadline, completion)  // still fetching elsewhere
+                case .integer:
+                    completion(.none)  // the lock was given back without a token, or the wait ran out
+                default:
+                    completion(.unavailable)
                 }
             }
         }

@@ -101,6 +101,17 @@ enum FleetScripts {
         return 0
         """)
 
+    /// The trial lock of an origin: KEYS[1] set to this instance (ARGV[1]) for ARGV[2] ms
+    /// unless another instance holds it; one this instance holds already (a trial it
+    /// abandoned) is taken again. Answers 1 (this instance tries) or 0.
+    static let trial = RedisScript(
+        """
+        local v = redis.call('GET', KEYS[1])
+        if v and v ~= ARGV[1] then return 0 end
+        redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+        return 1
+        """)
+
     /// An instance's heartbeat: KEYS[1], a sorted set of instances by their last beat (ms);
     /// ARGV[1] the instance, ARGV[2] how long a beat counts (ms). Answers the instances alive.
     static let heartbeat = RedisScript(

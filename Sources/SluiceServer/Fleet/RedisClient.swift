@@ -214,7 +214,10 @@ final class RedisClient {
         }
         var tv = timeval(tv_sec: 1, tv_usec: 0)
         event_add(connectTimer, &tv)
-        // Queued now, written first once the connection is up.
+    }
+
+    /// The first commands on a new connection (their deadlines start now that it is up).
+    private func setUp(_ ac: UnsafeMutablePointer<redisAsyncContext>) {
         if let password = settings.password?.value {
             let args = settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password]
             send(args) { [unowned(unsafe) self] reply in
@@ -234,7 +237,7 @@ final class RedisClient {
     /// message's payload goes to `onMessage`, on this thread.
     func subscribe(_ channel: String, onMessage: @escaping (String) -> Void) {
         subscription = (channel, onMessage)
-        if let ac = context { sendSubscribe(ac, channel) }
+        if connected, let ac = context { sendSubscribe(ac, channel) }
     }
 
     private func sendSubscribe(_ ac: UnsafeMutablePointer<redisAsyncContext>, _ channel: String) {
@@ -269,6 +272,12 @@ final class RedisClient {
             let why = ac?.pointee.errstr.map { String(cString: $0) } ?? "refused"
             context = nil
             return lost("cannot connect to \(settings.redis): \(why)")
+        }
+        if let ac = context {
+            // TCP keepalive: a peer gone without a reset is noticed (not for a Unix socket,
+            // where hiredis would mark the context failed).
+            if case .tcp = settings.redis { _ = redisEnableKeepAlive(&ac.pointee.c) }
+            setUp(ac)
         }
         connected = true
         reconnectPause = 100
@@ -466,7 +475,12 @@ final class RedisClient {
             }
         }
         if let reply {
-            noteSuccess(sent: p.sent)
+            if case .error(let text) = reply, !text.hasPrefix("NOSCRIPT") {
+                // An error answer (NOPERM, READONLY, OOM …) fails like a timeout, and is logged.
+                noteFailure("Redis answered \(text)")
+            } else {
+                noteSuccess(sent: p.sent)
+            }
             p.completion(reply)
         } else {
             noteFailure("connection lost")
@@ -477,6 +491,7 @@ final class RedisClient {
     /// Disconnects and frees the events (the worker's loop has ended).
     func close() {
         closed = true
+        connected = false
         event_del(reconnectTimer)
         event_del(connectTimer)
         if let ac = context {

@@ -614,11 +614,13 @@ final class Worker {
         event_free(flushEvent)
         event_free(heapTrimTimer)
         if let heartbeatTimer { event_free(heartbeatTimer) }
+        // The fleet first: what its pending answers start (a probe, a token fetch) still finds
+        // everything open.
+        fleet?.close()
         probes?.close()
         heartbeat.exited.store(true, ordering: .releasing)
         flushQueue.removeAll()
         upstreamGate.close()
-        fleet?.close()
         sessionContext.close()
         nativePool.shutdown()
         resolver.shutdown()
