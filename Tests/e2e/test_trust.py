@@ -1014,7 +1014,8 @@ def test_cached_https_entry_does_not_outlive_a_trust_change(tproxy, ts, tmp_path
     # a disk entry this process wrote under the current trust is a hit too (not validated)
     assert hit.header("cache-status").startswith("Sluice; hit"), hit.headers
     assert ("detail=disk" in hit.header("cache-status")) == (tier == "disk"), hit.headers
-    assert len(ts["self"].lines_for(t)) == 1
+    # nginx writes its access-log line after the response: wait for it (one request reached it)
+    assert wait_until(lambda: len(ts["self"].lines_for(t)) == 1, 5), ts["self"].lines_for(t)
     lines = log.wait_for(n=2)
     assert all(e.get("insecure") is True for e in lines), f"a hit under insecure trust is not marked: {lines}"
     # The reload makes the self-signed origin untrusted: the stored copy must not answer for it.
