@@ -29,6 +29,24 @@ import Testing
         return 0
     }
 
+    @Test func everyTypeLineHasItsHelpLine() {
+        MetricsMonitor().handle(.tunnelOpened(id: 1, client: "c", authority: "h:443"))
+        let text = String(decoding: SluiceMetrics.shared.exposition(), as: UTF8.self)
+        let lines = text.split(separator: "\n").map(String.init)
+        let types = lines.indices.filter { lines[$0].hasPrefix("# TYPE ") }
+        #expect(!types.isEmpty)
+        for i in types {
+            let name = lines[i].split(separator: " ")[2]
+            let help = SluiceMetrics.catalog.first { $0.name == name }?.help
+            #expect(i > 0 && lines[i - 1] == "# HELP \(name) \(help ?? "?")", "\(lines[i])")
+        }
+        let sample = Array("x 1\n# TYPE sluice_tunnels_total counter\nsluice_tunnels_total 1\n".utf8)
+        #expect(
+            String(decoding: SluiceMetrics.withHelp(sample), as: UTF8.self)
+                == "x 1\n# HELP sluice_tunnels_total CONNECT tunnels opened\n# TYPE sluice_tunnels_total counter\nsluice_tunnels_total 1\n"
+        )
+    }
+
     @Test func recordsFinishedExchangesRetriesTrustAndTimings() {
         let monitor = MetricsMonitor()
         let requests = #"sluice_requests_total{policy="metrics-test",method="other",status_class="5xx"}"#

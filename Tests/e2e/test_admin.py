@@ -281,6 +281,15 @@ def documented_metrics() -> dict[str, str]:
     return rows
 
 
+def documented_help() -> dict[str, str]:
+    rows = {}
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
+        if line.startswith("| `sluice_"):
+            cells = [c.strip() for c in line.split("|")]
+            rows[cells[1].strip("`")] = cells[4]
+    return rows
+
+
 def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, closed_port):
     proxy, admin = admin_proxy(sluice_factory, {"monitors": [{"metrics": {}}],
                                                 "policies": {"localhost": {"retry": {"limit": 1, "backoff": {"scale": "1ms"}}}}})
@@ -321,6 +330,13 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
     documented = documented_metrics()
     for name, kind in types.items():
         assert documented.get(name) == kind, f"{name} ({kind}) is served but docs/metrics.md says {documented.get(name)}"
+    # each # TYPE line follows its metric's # HELP line, with the help text docs/metrics.md gives
+    lines = r.text.splitlines()
+    helps = documented_help()
+    for i, line in enumerate(lines):
+        if line.startswith("# TYPE "):
+            name = line.split()[2]
+            assert i > 0 and lines[i - 1] == f"# HELP {name} {helps[name]}", (lines[i - 1], line)
     unseen = set(documented) - set(types)
     assert unseen <= {"sluice_retries_stopped_total", "sluice_trust_failures_total",
                       "sluice_credential_refreshes_total", "sluice_config_reloads_total",

@@ -6,10 +6,10 @@ import Synchronization
 /// help text (`docs/metrics.md` lists the same table; a test compares the two and the admin
 /// listener's `GET /metrics`). Recorded through swift-metrics (`CoreMetrics`) handles made
 /// by a `PrometheusMetricsFactory` on this process's own registry (not the global
-/// `MetricsSystem`, which a library user may have bootstrapped for their own metrics). The
-/// exposition has `# TYPE` lines but no `# HELP`: swift-prometheus takes help text only
-/// through its own API, and insists that every handle of a name agree on it; the help texts
-/// live in `docs/metrics.md`.
+/// `MetricsSystem`, which a library user may have bootstrapped for their own metrics).
+/// swift-prometheus takes help text only through its own API (and insists that every handle
+/// of a name agree on it), so `exposition` writes each metric's `# HELP` line from the
+/// catalog before its `# TYPE` line.
 ///
 /// Threading: the registry and every handle are thread-safe (atomics, or a lock per
 /// histogram); the catalog is immutable; `circuitOrigins` is behind its own lock.
@@ -301,7 +301,42 @@ public final class SluiceMetrics: Sendable {
 
     /// The Prometheus text exposition of every metric (`GET /metrics`).
     public func exposition() -> [UInt8] {
-        registry.emitToBuffer()
+        Self.withHelp(registry.emitToBuffer())
+    }
+
+    /// Each metric's help text as an exposition line, by name (escaped as the text format
+    /// asks: backslash and line feed).
+    private static let helpLines: [String: [UInt8]] = Dictionary(
+        uniqueKeysWithValues: catalog.map { metric in
+            var text = ""
+            for c in metric.help {
+                switch c {
+                case "\\": text += "\\\\"
+                case "\n": text += "\\n"
+                default: text.append(c)
+                }
+            }
+            return (metric.name, Array("# HELP \(metric.name) \(text)\n".utf8))
+        })
+
+    /// `# HELP` before every `# TYPE` line of a metric in the catalog.
+    static func withHelp(_ text: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(text.count + helpLines.count * 120)
+        let marker = Array("# TYPE ".utf8)
+        var start = 0
+        while start < text.count {
+            let end = text[start...].firstIndex(of: 10).map { $0 + 1 } ?? text.count
+            let line = text[start..<end]
+            if line.starts(with: marker) {
+                let rest = line.dropFirst(marker.count)
+                let name = String(decoding: rest.prefix { $0 != 32 }, as: UTF8.self)
+                if let help = helpLines[name] { out += help }
+            }
+            out += line
+            start = end
+        }
+        return out
     }
 }
 
