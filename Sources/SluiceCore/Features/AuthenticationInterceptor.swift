@@ -217,10 +217,7 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
     public var sharedKey: String {
         let identity = [settings.tokenURL, settings.clientID, settings.scope ?? "", settings.audience ?? ""]
             .joined(separator: "\u{0}")
-        return CertificateFiles.sha256(Array(identity.utf8)).prefix(16).map { byte in
-            let hex = String(byte, radix: 16)
-            return hex.count == 1 ? "0" + hex : hex
-        }.joined()
+        return Hex.lowercase(CertificateFiles.sha256(Array(identity.utf8)).prefix(16))
     }
 
     /// A token is needed: from the fleet when one is kept there (or another instance is

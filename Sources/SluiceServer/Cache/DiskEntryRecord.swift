@@ -1,4 +1,5 @@
 import COpenSSL
+import SluiceCore
 
 #if canImport(Glibc)
     import Glibc
@@ -35,14 +36,7 @@ struct Digest32: Equatable {
     }
 
     var hex: String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out = [UInt8]()
-        out.reserveCapacity(Self.size * 2)
-        for b in bytes {
-            out.append(digits[Int(b >> 4)])
-            out.append(digits[Int(b & 15)])
-        }
-        return String(decoding: out, as: UTF8.self)
+        Hex.lowercase(bytes)
     }
 }
 

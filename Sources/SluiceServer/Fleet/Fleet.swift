@@ -24,14 +24,7 @@ final class FleetShared: Sendable {
     init() {
         var bytes = [UInt8](repeating: 0, count: 8)
         _ = RAND_bytes(&bytes, Int32(bytes.count))
-        instance = bytes.map { String(format2: $0) }.joined()
-    }
-}
-
-extension String {
-    fileprivate init(format2 byte: UInt8) {
-        let s = String(byte, radix: 16)
-        self = s.count == 1 ? "0" + s : s
+        instance = Hex.lowercase(bytes)
     }
 }
 
@@ -308,7 +301,7 @@ final class Fleet {
         var digest = [UInt8](repeating: 0, count: Int(SHA256_DIGEST_LENGTH))
         let bytes = Array(key.utf8)
         _ = SHA256(bytes, bytes.count, &digest)
-        return settings.keyPrefix + "{" + policy + "|" + digest.prefix(12).map { String(format2: $0) }.joined() + "}"
+        return settings.keyPrefix + "{" + policy + "|" + Hex.lowercase(digest.prefix(12)) + "}"
     }
 
     /// The limits in a key's name: a change of limits starts a new schedule.

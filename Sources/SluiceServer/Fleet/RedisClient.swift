@@ -52,7 +52,7 @@ struct RedisScript: Sendable {
         var digest = [UInt8](repeating: 0, count: Int(SHA_DIGEST_LENGTH))
         let bytes = Array(text.utf8)
         _ = SHA1(bytes, bytes.count, &digest)
-        sha = digest.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+        sha = Hex.lowercase(digest)
     }
 }
 

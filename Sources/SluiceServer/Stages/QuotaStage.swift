@@ -108,15 +108,18 @@ enum QuotaStage: TryStage {
         }
     }
 
-    /// The fleet refused a try (or did a moment ago): 429 for the limit, or the origin's hold.
+    /// A try refused by the limit `index` (nil: the origin's hold) for `retryAfter` µs, by this
+    /// process's table or (`fleet`) by the fleet's Redis, now or a moment ago: 429.
     static func refused(
-        _ limiting: RateLimiting, key: String, retryAfter: Int64, limit index: Int?, _ exchange: Exchange,
-        _ services: any StageServices
+        _ limiting: RateLimiting, key: String, retryAfter: Int64, limit index: Int?, fleet: Bool = true,
+        _ exchange: Exchange, _ services: any StageServices
     ) -> StageVerdict {
         let seconds = max(1, Int((retryAfter + 999_999) / 1_000_000))
         let policy = limiting.policy
         guard let index, index < limiting.settings.limits.count else {
-            let hold = services.rateLimits.holdReason(policy: policy, key: key) ?? "the origin's limit, learned by the fleet"
+            let hold =
+                services.rateLimits.holdReason(policy: policy, key: key)
+                ?? (fleet ? "the origin's limit, learned by the fleet" : "the origin's limit")
             return refuse(
                 .originRateLimited(policy: policy, host: exchange.target.authority, retryAfter: seconds), hold, exchange,
                 services)
@@ -125,7 +128,7 @@ enum QuotaStage: TryStage {
         return refuse(
             .rateLimited(
                 policy: policy, requests: limit.requests, windowSeconds: max(1, limit.periodMilliseconds / 1000),
-                retryAfter: seconds), limit.description + " (fleet)", exchange, services)
+                retryAfter: seconds), limit.description + (fleet ? " (fleet)" : ""), exchange, services)
     }
 
     /// This process's table decides.
@@ -148,18 +151,7 @@ enum QuotaStage: TryStage {
                         .timer(milliseconds: Int((delay + 999) / 1000), reservation: reservation), limiting, key: key,
                         limit: limit, since: now, deadline: deadline)))
         case .refuse(let retryAfter, let index):
-            let seconds = max(1, Int((retryAfter + 999_999) / 1_000_000))
-            guard let index else {
-                let hold = table.holdReason(policy: policy, key: key) ?? "the origin's limit"
-                return refuse(
-                    .originRateLimited(policy: policy, host: exchange.target.authority, retryAfter: seconds), hold, exchange,
-                    services)
-            }
-            let limit = limiting.settings.limits[index]
-            return refuse(
-                .rateLimited(
-                    policy: policy, requests: limit.requests, windowSeconds: max(1, limit.periodMilliseconds / 1000),
-                    retryAfter: seconds), limit.description, exchange, services)
+            return refused(limiting, key: key, retryAfter: retryAfter, limit: index, fleet: false, exchange, services)
         }
     }
 
