@@ -21,7 +21,7 @@ INSTALL_VARS = DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' BINDIR='$(BINDIR)' SYSCON
 	UNITDIR='$(UNITDIR)' MANDIR='$(MANDIR)' DOCDIR='$(DOCDIR)' BASHCOMPDIR='$(BASHCOMPDIR)' \
 	ZSHCOMPDIR='$(ZSHCOMPDIR)' FISHCOMPDIR='$(FISHCOMPDIR)'
 
-.PHONY: run test build deps test-deps unit e2e e2e-curl bench bench-deps bench-unit clean man install uninstall deb image static fuzz sanitize \
+.PHONY: run test build deps test-deps unit e2e e2e-curl e2e-native-tls bench bench-deps bench-unit clean man install uninstall deb image static fuzz sanitize \
 	format lint
 
 run: deps build
@@ -40,7 +40,7 @@ test-deps:
 # testability), which also builds the `sluice` the e2e suite runs — a separate debug build
 # for the unit tests alone took as long as the release build. `make build` (and `make bench`)
 # build without testability.
-test: test-deps unit e2e e2e-curl bench-unit
+test: test-deps unit e2e e2e-curl e2e-native-tls bench-unit
 
 unit:
 	$(SWIFT) test -c release
@@ -59,6 +59,11 @@ E2E_CURL_MODULES := test_forward.py test_streaming.py test_retry.py test_faults.
 	test_upstream_framing.py test_overload.py test_redirects.py test_cache.py
 e2e-curl:
 	SLUICE_E2E_ENGINE=curl SLUICE_BIN=$(abspath $(BIN)) python3 -m pytest $(addprefix Tests/e2e/,$(E2E_CURL_MODULES)) -q -n $(E2E_JOBS) --dist loadgroup
+
+# The trust evaluators once more with every https try on the native transport (the default
+# run sends an origin's first https request through libcurl, which asks it for h2 by ALPN).
+e2e-native-tls:
+	SLUICE_E2E_ENGINE=native SLUICE_BIN=$(abspath $(BIN)) python3 -m pytest Tests/e2e/test_trust.py -q -n $(E2E_JOBS) --dist loadgroup
 
 # AddressSanitizer (with LeakSanitizer), then ThreadSanitizer: each builds sluice with it
 # (.build-asan, .build-tsan) and runs the e2e suite's core modules against it; fails on a test

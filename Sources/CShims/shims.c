@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <event2/bufferevent_ssl.h>
 #include <openssl/err.h>
@@ -172,6 +173,46 @@ void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx) {
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_num_tickets(ctx, 0);
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+}
+
+void sluice_ssl_ctx_client_defaults(SSL_CTX *ctx) {
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+    SSL_CTX_set_read_ahead(ctx, 1);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_RELEASE_BUFFERS);
+    // Sessions are not resumed: every connection's handshake runs the trust evaluator.
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+}
+
+int sluice_ssl_set_sni(SSL *ssl, const char *name) { return (int)SSL_set_tlsext_host_name(ssl, name); }
+
+static int passphrase_index = -1;
+static pthread_once_t passphrase_once = PTHREAD_ONCE_INIT;
+static void passphrase_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp) {
+    (void)parent; (void)ad; (void)idx; (void)argl; (void)argp;
+    if (ptr) { OPENSSL_cleanse(ptr, strlen(ptr)); free(ptr); }
+}
+static void passphrase_index_init(void) {
+    passphrase_index = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, passphrase_free);
+}
+static int passphrase_cb(char *buf, int size, int rwflag, void *userdata) {
+    (void)rwflag;
+    const char *pass = userdata;
+    if (!pass || size <= 0) return 0;
+    size_t n = strlen(pass);
+    if (n > (size_t)size) n = (size_t)size;
+    memcpy(buf, pass, n);
+    return (int)n;
+}
+int sluice_ssl_ctx_set_key_passphrase(SSL_CTX *ctx, const char *passphrase) {
+    if (!passphrase) return 1;
+    pthread_once(&passphrase_once, passphrase_index_init);
+    if (passphrase_index < 0) return 0;
+    char *copy = strdup(passphrase);
+    if (!copy || !SSL_CTX_set_ex_data(ctx, passphrase_index, copy)) { free(copy); return 0; }
+    SSL_CTX_set_default_passwd_cb(ctx, passphrase_cb);
+    SSL_CTX_set_default_passwd_cb_userdata(ctx, copy);
+    return 1;
 }
 
 void sluice_set_thread_name(const char *name) { pthread_setname_np(pthread_self(), name); }

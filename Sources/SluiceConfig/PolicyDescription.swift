@@ -87,14 +87,21 @@ public enum PolicyDescription {
 
     /// The engine a plain-http request to the host (not an upgrade) is sent with, and why:
     /// `UpstreamEngine.choose` with the policy's values. https when its `upstream` sends such
-    /// requests over TLS; the parent proxy counts whatever its `no_proxy` says (libcurl matches
-    /// it per request).
+    /// requests over TLS — then also what happens once the origin chose HTTP/1.1 by ALPN; the
+    /// parent proxy counts whatever its `no_proxy` says (libcurl matches it per request).
     static func describeEngine(_ policy: HostPolicy) -> String {
-        let choice = UpstreamEngine.choose(
-            https: policy.upstream?.scheme == .https, http2: policy.http2,
-            forced: policy.upstreamEngine, credentials: policy.credentials != nil,
-            parentProxy: policy.upstreamProxy != nil, upgrade: false)
-        return "\(choice.engine.rawValue) (\(choice.reason))"
+        let https = policy.upstream?.scheme == .https
+        func choice(originChoseHTTP1: Bool) -> UpstreamEngine.Choice {
+            UpstreamEngine.choose(
+                https: https, http2: policy.http2,
+                forced: policy.upstreamEngine, credentials: policy.credentials != nil,
+                parentProxy: policy.upstreamProxy != nil, upgrade: false,
+                requiresOCSP: https && policy.trust.requirements.requireOCSP, originChoseHTTP1: originChoseHTTP1)
+        }
+        let first = choice(originChoseHTTP1: false)
+        let learned = choice(originChoseHTTP1: true)
+        guard learned != first else { return "\(first.engine.rawValue) (\(first.reason))" }
+        return "\(first.engine.rawValue) (\(first.reason)), then \(learned.engine.rawValue) (\(learned.reason))"
     }
 
     /// `cache` (RFC 9111 shared cache, when a cache_store exists), `do_not_cache`, or the

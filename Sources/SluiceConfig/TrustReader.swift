@@ -242,24 +242,15 @@ extension NodeReader {
             fail(node, "upstream needs scheme (http or https), http2 or engine")
             return .inherit
         }
-        // The native engine speaks plain HTTP/1.1 only: a section that sends the host's
-        // requests over TLS or as h2c cannot also force it (UpstreamEngine.choose would
-        // silently pick curl).
-        if engine == .native, let engineNode {
-            if scheme == .https {
-                fail(
-                    engineNode,
-                    "engine: native speaks plain HTTP/1.1 only, so it cannot serve scheme: https; "
-                        + "remove engine (https origins use curl) or write engine: curl")
-                return .inherit
-            }
-            if http2 == .priorKnowledge {
-                fail(
-                    engineNode,
-                    "engine: native speaks plain HTTP/1.1 only, so it cannot serve http2: prior_knowledge (h2c); "
-                        + "remove engine (h2c uses curl) or write http2: auto or off")
-                return .inherit
-            }
+        // The native engine speaks HTTP/1.1 only (over TLS too): a section that sends the
+        // host's requests as h2c cannot also force it (UpstreamEngine.choose would silently
+        // pick curl).
+        if engine == .native, let engineNode, http2 == .priorKnowledge, scheme != .https {
+            fail(
+                engineNode,
+                "engine: native speaks HTTP/1.1 only, so it cannot serve http2: prior_knowledge (h2c); "
+                    + "remove engine (h2c uses curl) or write http2: auto or off")
+            return .inherit
         }
         guard valid else { return .inherit }
         return .on(UpstreamOverride(scheme: scheme, port: port, http2: http2, engine: engine))

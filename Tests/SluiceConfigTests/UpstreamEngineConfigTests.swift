@@ -68,14 +68,12 @@ import Testing
         #expect(typo?.line == 3 && typo?.message.contains("did you mean 'engine'") == true)
     }
 
-    @Test func nativeCannotServeHTTPSOrH2C() {
-        let https = issue("policies:\n  h.test:\n    upstream:\n      scheme: https\n      engine: native\n")
-        #expect(https?.line == 5 && https?.column == 15)
-        #expect(https?.message.contains("engine: native speaks plain HTTP/1.1 only") == true)
-        #expect(https?.message.contains("scheme: https") == true)
+    @Test func nativeServesHTTPSButNotH2C() {
+        // HTTP/1.1 over TLS is native's too.
+        #expect(issue("policies:\n  h.test:\n    upstream:\n      scheme: https\n      engine: native\n") == nil)
         let h2c = issue("policies:\n  h.test:\n    upstream: { engine: native, http2: prior_knowledge }\n")
         #expect(h2c?.line == 3)
-        #expect(h2c?.message.contains("engine: native speaks plain HTTP/1.1 only") == true)
+        #expect(h2c?.message.contains("engine: native speaks HTTP/1.1 only") == true)
         #expect(h2c?.message.contains("http2: prior_knowledge") == true)
         // Only in the same section: another entry's scheme is no conflict.
         #expect(
@@ -90,6 +88,7 @@ import Testing
               native.test: { upstream: { engine: native } }
               curl.test: { upstream: { engine: curl } }
               tls.test: { upstream: { scheme: https, port: 8443 } }
+              tls1.test: { upstream: { scheme: https, http2: "off" } }
               tlscurl.test: { upstream: { scheme: https, engine: curl } }
               h2c.test: { upstream: { http2: prior_knowledge } }
               auth.test: { credentials: { username: u, password: "p" } }
@@ -102,7 +101,11 @@ import Testing
         #expect(try engineLine("elsewhere.test") == "  upstream engine: native (plain http origin)")
         #expect(try engineLine("native.test") == "  upstream engine: native (upstream.engine: native)")
         #expect(try engineLine("curl.test") == "  upstream engine: curl (upstream.engine: curl)")
-        #expect(try engineLine("tls.test") == "  upstream engine: curl (https origin)")
+        #expect(
+            try engineLine("tls.test")
+                == "  upstream engine: curl (https origin, HTTP/2 offered by ALPN), then native (https origin that chose HTTP/1.1 by ALPN)"
+        )
+        #expect(try engineLine("tls1.test") == "  upstream engine: native (https origin, upstream.http2: off)")
         #expect(try engineLine("tlscurl.test") == "  upstream engine: curl (upstream.engine: curl)")
         #expect(try engineLine("h2c.test") == "  upstream engine: curl (upstream.http2: prior_knowledge)")
         #expect(try engineLine("auth.test") == "  upstream engine: curl (credentials (auth challenges))")

@@ -9,11 +9,13 @@ import Testing
     /// A plain-http origin reached directly, nothing forced: the baseline each case changes.
     private func choose(
         https: Bool = false, http2: HTTP2Mode = .auto, forced: UpstreamEngine? = nil,
-        credentials: Bool = false, parentProxy: Bool = false, upgrade: Bool = false
+        credentials: Bool = false, parentProxy: Bool = false, upgrade: Bool = false,
+        requiresOCSP: Bool = false, originChoseHTTP1: Bool = false
     ) -> UpstreamEngine.Choice {
         UpstreamEngine.choose(
             https: https, http2: http2, forced: forced, credentials: credentials,
-            parentProxy: parentProxy, upgrade: upgrade)
+            parentProxy: parentProxy, upgrade: upgrade, requiresOCSP: requiresOCSP,
+            originChoseHTTP1: originChoseHTTP1)
     }
 
     @Test func yamlNames() {
@@ -42,25 +44,61 @@ import Testing
                 == .init(engine: .curl, reason: "upstream.engine: curl"))
     }
 
-    @Test func httpsIsCurlEvenWhenNativeIsForced() {
-        #expect(choose(https: true) == .init(engine: .curl, reason: "https origin"))
-        #expect(choose(https: true, http2: .off) == .init(engine: .curl, reason: "https origin"))
+    @Test func httpsIsCurlUntilTheOriginChoseHTTP1() {
+        #expect(choose(https: true) == .init(engine: .curl, reason: "https origin, HTTP/2 offered by ALPN"))
+        #expect(
+            choose(https: true, originChoseHTTP1: true)
+                == .init(engine: .native, reason: "https origin that chose HTTP/1.1 by ALPN"))
+        // prior_knowledge means auto over TLS.
+        #expect(choose(https: true, http2: .priorKnowledge).engine == .curl)
+        #expect(choose(https: true, http2: .priorKnowledge, originChoseHTTP1: true).engine == .native)
+    }
+
+    @Test func httpsWithoutHTTP2OrForcedIsNative() {
+        #expect(choose(https: true, http2: .off) == .init(engine: .native, reason: "https origin, upstream.http2: off"))
         #expect(
             choose(https: true, forced: .native)
-                == .init(engine: .curl, reason: "https origin (upstream.engine: native is for http origins)"))
-        #expect(choose(https: true, http2: .priorKnowledge, credentials: true, parentProxy: true).reason == "https origin")
+                == .init(engine: .native, reason: "upstream.engine: native (HTTP/1.1 over TLS)"))
+    }
+
+    @Test func ocspStaplingIsCurl() {
+        #expect(choose(https: true, requiresOCSP: true) == .init(engine: .curl, reason: "OCSP stapling (trust)"))
+        #expect(choose(https: true, http2: .off, forced: .native, requiresOCSP: true, originChoseHTTP1: true).engine == .curl)
+        // Only over TLS.
+        #expect(choose(requiresOCSP: true).engine == .native)
+    }
+
+    @Test func memoryOfALPNAnswersExpires() {
+        var memory = TLSProtocolMemory()
+        #expect(!memory.choseHTTP1(host: "a.test", port: 443, now: 0))
+        memory.learn(host: "a.test", port: 443, spokeHTTP2: false, now: 1000)
+        #expect(memory.choseHTTP1(host: "a.test", port: 443, now: 1000))
+        #expect(!memory.choseHTTP1(host: "a.test", port: 8443, now: 1000))
+        #expect(memory.choseHTTP1(host: "a.test", port: 443, now: 1000 + TLSProtocolMemory.ttlMilliseconds - 1))
+        #expect(!memory.choseHTTP1(host: "a.test", port: 443, now: 1000 + TLSProtocolMemory.ttlMilliseconds))
+        // An origin that then chose h2 is forgotten at once.
+        memory.learn(host: "a.test", port: 443, spokeHTTP2: false, now: 2000)
+        memory.learn(host: "a.test", port: 443, spokeHTTP2: true, now: 2001)
+        #expect(!memory.choseHTTP1(host: "a.test", port: 443, now: 2002))
+        // Bounded: a full table starts over.
+        for i in 0..<TLSProtocolMemory.capacity { memory.learn(host: "h\(i).test", port: 443, spokeHTTP2: false, now: 0) }
+        #expect(memory.count == TLSProtocolMemory.capacity)
+        memory.learn(host: "one-more.test", port: 443, spokeHTTP2: false, now: 0)
+        #expect(memory.count == 1)
     }
 
     @Test func priorKnowledgeIsCurl() {
         #expect(choose(http2: .priorKnowledge) == .init(engine: .curl, reason: "upstream.http2: prior_knowledge"))
         #expect(choose(http2: .priorKnowledge, forced: .native).reason == "upstream.http2: prior_knowledge")
-        #expect(choose(http2: .priorKnowledge, credentials: true, parentProxy: true).reason == "upstream.http2: prior_knowledge")
+        // Credentials and a parent proxy come first.
+        #expect(choose(http2: .priorKnowledge, credentials: true).reason == "credentials (auth challenges)")
     }
 
     @Test func credentialsAreCurl() {
         #expect(choose(credentials: true) == .init(engine: .curl, reason: "credentials (auth challenges)"))
         #expect(choose(forced: .native, credentials: true).engine == .curl)
         #expect(choose(credentials: true, parentProxy: true).reason == "credentials (auth challenges)")
+        #expect(choose(https: true, http2: .off, credentials: true).reason == "credentials (auth challenges)")
     }
 
     @Test func parentProxyIsCurl() {
@@ -80,14 +118,18 @@ import Testing
                     for credentials in [false, true] {
                         for parentProxy in [false, true] {
                             for upgrade in [false, true] {
-                                let c = choose(
-                                    https: https, http2: http2, forced: forced, credentials: credentials,
-                                    parentProxy: parentProxy, upgrade: upgrade)
-                                let curlNeeded =
-                                    upgrade || forced == .curl || https || http2 == .priorKnowledge
-                                    || credentials || parentProxy
-                                #expect(c.engine == (curlNeeded ? .curl : .native))
-                                #expect(!c.reason.isEmpty)
+                                for (ocsp, learned) in [(false, false), (true, false), (false, true), (true, true)] {
+                                    let c = choose(
+                                        https: https, http2: http2, forced: forced, credentials: credentials,
+                                        parentProxy: parentProxy, upgrade: upgrade, requiresOCSP: ocsp,
+                                        originChoseHTTP1: learned)
+                                    let tlsNeedsCurl = ocsp || (forced != .native && http2 != .off && !learned)
+                                    let curlNeeded =
+                                        upgrade || forced == .curl || credentials || parentProxy
+                                        || (https ? tlsNeedsCurl : http2 == .priorKnowledge)
+                                    #expect(c.engine == (curlNeeded ? .curl : .native))
+                                    #expect(!c.reason.isEmpty)
+                                }
                             }
                         }
                     }

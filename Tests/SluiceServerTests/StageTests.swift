@@ -34,6 +34,8 @@ import Testing
             cacheStore = cache
         }
 
+        var http1Origins: Set<String> = []
+        func originChoseHTTP1(_ target: RequestTarget) -> Bool { http1Origins.contains(target.authority) }
         func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer { gate }
         func revalidateInBackground(
             _ object: CacheObject, _ cache: CacheExchange, token: UInt64, validators: [CacheLookup.Validator],

@@ -270,7 +270,7 @@ def with_engine(cfg: dict) -> dict:
     default policy are created when missing) and in every host policy's own `upstream` section
     (a host's `upstream` replaces the default's as a whole: docs/configuration.md, "Upstream
     engine"). An `engine` the test wrote itself is kept, and `native` is not written beside
-    `scheme: https` or `http2: prior_knowledge` (a config error; libcurl serves those anyway).
+    `http2: prior_knowledge` on plain http (h2c: a config error; libcurl serves it anyway).
     Unchanged when the variable is unset."""
     if not E2E_ENGINE:
         return cfg
@@ -280,7 +280,7 @@ def with_engine(cfg: dict) -> dict:
         if name == "default" or (isinstance(policy, dict) and isinstance(policy.get("upstream"), dict)):
             policy = dict(policy or {})
             section = dict(policy.get("upstream") or {})
-            if E2E_ENGINE == "native" and (section.get("scheme") == "https" or section.get("http2") == "prior_knowledge"):
+            if E2E_ENGINE == "native" and section.get("http2") == "prior_knowledge" and section.get("scheme") != "https":
                 continue
             policy["upstream"] = {"engine": E2E_ENGINE, **section}
             policies[name] = policy

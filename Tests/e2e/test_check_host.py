@@ -83,7 +83,8 @@ def test_check_host_fails_like_check_on_invalid_file(tmp_path):
 @pytest.mark.parametrize("host,line", [
     ("elsewhere.test", "upstream engine: native (plain http origin)"),
     ("legacy.example.com", "upstream engine: curl (upstream.engine: curl)"),
-    ("inventory.example.com", "upstream engine: curl (https origin)"),
+    ("inventory.example.com", "upstream engine: curl (https origin, HTTP/2 offered by ALPN), then native "
+                              "(https origin that chose HTTP/1.1 by ALPN)"),
     ("build.corp.internal", "upstream engine: curl (credentials (auth challenges))"),
 ])
 def test_check_host_shows_the_upstream_engine(secret_env, host, line):

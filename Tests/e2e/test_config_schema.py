@@ -303,6 +303,7 @@ ACCEPTED = {
     "upstream-engine-only": "policies:\n  h.test:\n    upstream: { engine: native }\n",
     "upstream-engine-curl-https": "policies:\n  h.test:\n    upstream: { scheme: https, http2: prior_knowledge, engine: curl }\n",
     "upstream-engine-native-http": "policies:\n  h.test:\n    upstream: { scheme: http, port: 8080, http2: \"off\", engine: native }\n",
+    "upstream-engine-native-https": "policies:\n  h.test:\n    upstream:\n      scheme: https\n      engine: native\n",
     "rate-limit-one": "policies:\n  h.test:\n    rate_limit: { rate: 100/s }\n",
     "rate-limit-full": ("policies:\n  default:\n    rate_limit:\n      limits: [{ rate: 10/s, burst: 10 }, { rate: 5000/h }]\n"
                         "      on_limit: reject\n      max_wait: 500ms\n      key: header:X-Api-Key\n"),
@@ -349,7 +350,6 @@ REJECTED = {
     "fleet-database-16": ('fleet:\n  redis: "127.0.0.1:6379"\n  database: 16\n', 3),
     "fleet-prefix-brace": ('fleet:\n  redis: "127.0.0.1:6379"\n  key_prefix: "a{b}"\n', 3),
     "fleet-unknown-key": ('fleet:\n  redis: "127.0.0.1:6379"\n  tls: true\n', 3),
-    "upstream-engine-native-https": ("policies:\n  h.test:\n    upstream:\n      scheme: https\n      engine: native\n", 5),
     "upstream-engine-native-h2c": ("policies:\n  h.test:\n    upstream: { http2: prior_knowledge, engine: native }\n", 3),
     "policy-unknown-key": ("policies:\n  h.test:\n    adaptors: []\n", 3),
     "unknown-adapter": ("policies:\n  h.test:\n    adapters:\n      - bearr: x\n", 4),

@@ -856,7 +856,10 @@ def test_tls_reuse_concurrent_clients(tproxy, counting_server):
     figs = handshake_figures(server.lines_for(t))
     print(f"\nTLS reuse, concurrent ({clients} client connections, workers: {workers}): {figs}, {elapsed:.1f} s")
     assert figs["requests"] == REUSE_N, figs
-    bound = 2 * workers + clients
+    # Each client connection needs at most one upstream connection at a time, per pool: the
+    # first burst to an origin goes through libcurl (which asks it for h2 by ALPN); once it
+    # chose HTTP/1.1 the native transport's pool takes over, with connections of its own.
+    bound = 2 * (workers + clients)
     assert figs["handshakes"] <= bound, f"more than {bound} upstream TLS handshakes: {figs}"
 
 

@@ -68,6 +68,15 @@ void sluice_bufferevent_ssl_shutdown(struct bufferevent *bev);
 
 /// SSL_CTX_set_options / SSL_CTX_set_min_proto_version (macros).
 void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx);
+/// The native transport's client context settings (macros): TLS 1.2 at least, no
+/// renegotiation or compression, read-ahead (one read per batch of records, not two per
+/// record), partial writes from a moving buffer (an evbuffer's chains), and buffers released
+/// while a connection is idle.
+void sluice_ssl_ctx_client_defaults(SSL_CTX *ctx);
+/// SSL_set_tlsext_host_name (a macro): the SNI name of a client `SSL`.
+int sluice_ssl_set_sni(SSL *ssl, const char *name);
+/// Makes `passphrase` the password callback's answer for `ctx`'s key files (copied; NULL: none).
+int sluice_ssl_ctx_set_key_passphrase(SSL_CTX *ctx, const char *passphrase);
 
 CURLcode sluice_easy_getinfo_long(CURL *h, CURLINFO info, long *out);
 CURLcode sluice_easy_getinfo_off(CURL *h, CURLINFO info, curl_off_t *out);

@@ -1,4 +1,5 @@
 import CLibEvent
+import COpenSSL
 
 #if canImport(Glibc)
     import Glibc
@@ -35,6 +36,12 @@ protocol ClientSocketOwner: AnyObject {
 /// the kernel's view of the connection is checked every `closedCheckMilliseconds`: a client
 /// that aborts an upload the upstream is slow to take (FIN or RST) is noticed then, not
 /// when its bytes are finally read.
+///
+/// An origin's socket may carry TLS (`tls`, set once its handshake is done): reads are then
+/// `SSL_read`s into the same extents (read-ahead: one `read` per batch of records), writes
+/// `SSL_write`s of `output`'s chains, and bytes OpenSSL holds decrypted but not yet taken
+/// (or a close it has seen) are handed on by activating the read event, since the kernel
+/// will not say the socket is readable for them.
 ///
 /// Threading: owned by one `ClientConnection`, on its worker's thread. The events' C context
 /// is this object, unretained: the connection keeps it until `close()` or `detach()`, which
@@ -86,8 +93,19 @@ final class ClientSocket {
     /// the client was slow to take it is not an abort, and its last bytes are still to read.
     private let watchesCloseWhilePaused: Bool
 
-    init(base: OpaquePointer, fd: Int32, spill: UnsafeMutableRawBufferPointer, watchesCloseWhilePaused: Bool = true) {
+    /// The TLS session over the socket (an origin's, after its handshake); freed with the
+    /// socket.
+    private let tls: OpaquePointer?
+    /// OpenSSL saw the session end (close_notify, the peer's close or an error) while reading
+    /// was stopped: reported when reading resumes, after the bytes before it.
+    private var tlsEnded = false
+
+    init(
+        base: OpaquePointer, fd: Int32, spill: UnsafeMutableRawBufferPointer, watchesCloseWhilePaused: Bool = true,
+        tls: OpaquePointer? = nil
+    ) {
         self.fd = fd
+        self.tls = tls
         self.watchesCloseWhilePaused = watchesCloseWhilePaused
         self.spill = spill
         maxDirectRead = watchesCloseWhilePaused ? Self.smallRead : Self.largeRead
@@ -125,7 +143,13 @@ final class ClientSocket {
         let want = open && wantsInput && evbuffer_get_length(input) < Self.inputHighWatermark
         guard want != readArmed else { return }
         readArmed = want
-        if want { event_add(readEvent, nil) } else { event_del(readEvent) }
+        if want {
+            event_add(readEvent, nil)
+            // Decrypted bytes (or an end) OpenSSL holds: the kernel has nothing more to say.
+            if let tls, tlsEnded || SSL_has_pending(tls) == 1 { event_active(readEvent, Int32(EV_READ), 0) }
+        } else {
+            event_del(readEvent)
+        }
         if watchesCloseWhilePaused { armClosedCheck(open && !want) }
     }
 
@@ -160,6 +184,7 @@ final class ClientSocket {
 
     private func readNow() {
         guard open else { return }
+        if let tls { return readTLS(tls) }
         var vectors = (iovec(), iovec(iov_base: spill.baseAddress, iov_len: spill.count))
         guard evbuffer_reserve_space(input, directRead, &vectors.0, 1) >= 1 else { return failed() }
         let direct = min(vectors.0.iov_len, directRead)
@@ -182,6 +207,44 @@ final class ClientSocket {
         }
     }
 
+    /// Reads decrypted bytes while OpenSSL holds some (read-ahead reads up to a record
+    /// buffer's worth per `read`) and `input` is under the watermark, then tells the owner; an end seen after some bytes is told on the next pass
+    /// (the owner may close the socket while it handles the bytes).
+    private func readTLS(_ tls: OpaquePointer) {
+        if tlsEnded { return failed() }
+        var total = 0
+        while evbuffer_get_length(input) < Self.inputHighWatermark {
+            var vector = iovec()
+            guard evbuffer_reserve_space(input, directRead, &vector, 1) >= 1 else { return failed() }
+            let n = SSL_read(tls, vector.iov_base, Int32(min(vector.iov_len, directRead)))
+            if n > 0 {
+                vector.iov_len = Int(n)
+                evbuffer_commit_space(input, &vector, 1)
+                total += Int(n)
+                // Nothing buffered in OpenSSL: the next `SSL_read` would be a `read` that
+                // most likely finds nothing. The event is level-triggered: bytes still in the
+                // kernel make it fire again.
+                if SSL_has_pending(tls) == 0 { break }
+                continue
+            }
+            let error = SSL_get_error(tls, n)
+            ERR_clear_error()
+            if error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE { break }
+            // SSL_ERROR_ZERO_RETURN is close_notify, a clean end; anything else (a close
+            // without close_notify included) may be a cut, never the end of a body.
+            if error != SSL_ERROR_ZERO_RETURN { endedWithError = true }
+            tlsEnded = true
+            break
+        }
+        if total == 0 {
+            if tlsEnded { failed() }
+            return
+        }
+        adaptDirectRead(total)
+        armRead()
+        owner?.socketReadable()
+    }
+
     /// An origin's socket that fills its direct extent is streaming a body: its reads grow
     /// (×4, up to `largeRead`) so that a large body moves in 64 KiB chains handed on without
     /// a copy, instead of 4 KiB ones plus a copy out of the spill buffer (a 1 GiB download
@@ -201,8 +264,9 @@ final class ClientSocket {
     @discardableResult
     func flush() -> Bool {
         guard open else { return false }
-        let pending = evbuffer_get_length(output)
-        if pending > 0 {
+        if let tls {
+            guard writeTLS(tls) else { return false }
+        } else if evbuffer_get_length(output) > 0 {
             let n = evbuffer_write(output, fd)
             if n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { return false }
         }
@@ -215,6 +279,24 @@ final class ClientSocket {
     }
 
     var pendingOutput: Int { evbuffer_get_length(output) }
+
+    /// `SSL_write`s `output`'s chains until it is empty or the kernel's buffer is full; false
+    /// when the session failed.
+    private func writeTLS(_ tls: OpaquePointer) -> Bool {
+        while evbuffer_get_length(output) > 0 {
+            var vector = iovec()
+            guard evbuffer_peek(output, -1, nil, &vector, 1) >= 1 else { return true }
+            let n = SSL_write(tls, vector.iov_base, Int32(min(vector.iov_len, Int(Int32.max))))
+            if n > 0 {
+                evbuffer_drain(output, Int(n))
+                continue
+            }
+            let error = SSL_get_error(tls, n)
+            ERR_clear_error()
+            return error == SSL_ERROR_WANT_WRITE || error == SSL_ERROR_WANT_READ
+        }
+        return true
+    }
 
     private func writeNow() {
         guard open else { return }
@@ -244,7 +326,14 @@ final class ClientSocket {
     /// Frees everything and closes the descriptor; `abortive`: with a reset (RST) instead of
     /// a FIN, for a response only the connection's end frames, cut short.
     func close(abortive: Bool = false) {
+        let open = self.open
         release()
+        if let tls {
+            // close_notify, best effort (one non-blocking write), unless the session failed.
+            if open, !abortive, !endedWithError { SSL_shutdown(tls) }
+            ERR_clear_error()
+            SSL_free(tls)
+        }
         if abortive {
             var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
             setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))

@@ -675,6 +675,15 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     func tryEnded(timings: TryTimings) {
         releaseQuotaSlot()
+        if timings.engine == .curl, let version = timings.httpVersion, case .forwarding(let transfer) = phase,
+            transfer.target.scheme == .https, let exchange, (exchange.tryPolicy ?? exchange.policy).http2 != .off
+        {
+            // What the origin chose when libcurl offered it h2 and http/1.1 by ALPN: the next
+            // tries to it go native while it speaks HTTP/1.1 (`UpstreamEngine.choose`).
+            worker.tlsProtocols.learn(
+                host: transfer.target.host, port: transfer.target.port, spokeHTTP2: version == .http2,
+                now: MonotonicClock.milliseconds())
+        }
         guard let exchange else { return }
         exchange.report(exchange.machine.handle(.tryEnded(timings)))
     }

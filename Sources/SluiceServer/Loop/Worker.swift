@@ -27,6 +27,8 @@ final class Worker {
     /// The native transport: this worker's HTTP/1.1 keep-alive pool and its DNS
     /// (docs/architecture.md, "Two transports").
     let nativePool: NativeUpstreamPool
+    /// What https origins chose by ALPN, for `UpstreamEngine.choose`.
+    var tlsProtocols = TLSProtocolMemory()
     let resolver: Resolver
     /// What adapters see of this worker (token fetches, parking); created after init.
     private(set) var sessionContext: WorkerSession!
@@ -397,6 +399,8 @@ final class Worker {
                 Log.error("reload: \(error)")
             }
         }
+        // The old trusts' TLS contexts: their connections keep theirs; new ones get new ones.
+        nativePool.tlsContexts.removeAll()
         pipeline.monitor?.handle(.configReloaded(success: true, message: "worker \(index) reloaded"))
     }
 
@@ -648,6 +652,10 @@ extension Worker: StageServices {
     var adapterSession: any SessionContext { sessionContext }
     var upstreamPerTryTimeout: Int { config.timeouts.upstreamPerTry }
     var totalTimeout: Int? { config.timeouts.total }
+
+    func originChoseHTTP1(_ target: RequestTarget) -> Bool {
+        tlsProtocols.choseHTTP1(host: target.host, port: target.port, now: MonotonicClock.milliseconds())
+    }
 
     func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer {
         upstreamGate.admit(waiter)

@@ -166,6 +166,8 @@ protocol StageServices: AnyObject {
     var diskTier: DiskCacheTier? { get }
     /// What adapters that must fetch something (OAuth 2) are given.
     var adapterSession: any SessionContext { get }
+    /// This worker saw the https origin choose HTTP/1.1 by ALPN lately (`TLSProtocolMemory`).
+    func originChoseHTTP1(_ target: RequestTarget) -> Bool
     /// Asks for a slot of `limits.max_in_flight_upstream` (`UpstreamGate`).
     func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer
     /// Starts a background revalidation of a stored response (stale-while-revalidate) under

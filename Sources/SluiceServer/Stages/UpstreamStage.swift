@@ -25,10 +25,13 @@ enum UpstreamStage: TryStage {
         }
         if let upgrade = exchange.upgrade { return .send(.upgrade(upgrade, perTryTimeout: perTryTimeout)) }
         let policy = exchange.tryPolicy ?? exchange.policy
+        let https = target.scheme == .https
         let engine = UpstreamEngine.choose(
-            https: target.scheme == .https, http2: policy.http2,
+            https: https, http2: policy.http2,
             forced: policy.upstreamEngine, credentials: request.credentials != nil,
-            parentProxy: request.parentProxy != nil, upgrade: false
+            parentProxy: request.parentProxy != nil, upgrade: false,
+            requiresOCSP: https && request.trust.requirements.requireOCSP,
+            originChoseHTTP1: https && policy.http2 != .off && services.originChoseHTTP1(target)
         ).engine
         switch engine {
         case .native: return .send(.native(perTryTimeout: perTryTimeout))

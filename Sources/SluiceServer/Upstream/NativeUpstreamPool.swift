@@ -27,11 +27,17 @@ final class UpstreamConnection: ClientSocketOwner {
     /// Its place in the pool's idle timer wheel: valid while idle.
     fileprivate var idleTimer: OpaquePointer?
     private(set) var isClosed = false
+    /// The TLS settings the connection was verified under (kept alive with it).
+    private let tlsContext: NativeTLSContext?
 
-    init(key: UpstreamAddressKey, fd: Int32, pool: NativeUpstreamPool) {
+    init(
+        key: UpstreamAddressKey, fd: Int32, pool: NativeUpstreamPool, tls: OpaquePointer? = nil,
+        tlsContext: NativeTLSContext? = nil
+    ) {
         self.key = key
         self.pool = pool
-        socket = ClientSocket(base: pool.base, fd: fd, spill: pool.spill, watchesCloseWhilePaused: false)
+        self.tlsContext = tlsContext
+        socket = ClientSocket(base: pool.base, fd: fd, spill: pool.spill, watchesCloseWhilePaused: false, tls: tls)
         socket.owner = self
     }
 
@@ -62,8 +68,10 @@ final class UpstreamConnection: ClientSocketOwner {
 /// class performs what it answers — parking a connection with its idle timer, closing one,
 /// waking a waiting try — and keeps the response parsers for reuse.
 ///
-/// Only plain-http origins use it (no TLS session, trust generation or parent proxy is part
-/// of a key: those tries go to libcurl). A connection goes back to the pool only when its
+/// Connections are keyed by origin, address and — for https — the TLS context they were
+/// verified under (`NativeTLSContext`: one per trust, so a reload's new trust never reuses
+/// a connection an old one verified). Parent proxies are not part of a key: those tries go
+/// to libcurl. A connection goes back to the pool only when its
 /// response said it may (`HTTPResponseParser.keepAlive`), its request was sent whole, and
 /// nothing else arrived after the response.
 ///
@@ -83,6 +91,8 @@ final class NativeUpstreamPool {
     private var isShutDown = false
     /// Response parsers kept for reuse, with their buffers' capacity.
     private var parsers: [HTTPResponseParser] = []
+    /// The worker's TLS client contexts for https origins.
+    let tlsContexts = NativeTLSContexts()
     private static let maxIdleParsers = 128
 
     init(base: OpaquePointer, spill: UnsafeMutableRawBufferPointer, limits: UpstreamPoolLimits) {
@@ -194,9 +204,12 @@ struct UpstreamAddressKey: Hashable {
     private let port: UInt16
     private let high: UInt64
     private let low: UInt64
+    /// The TLS context of an https connection (nil for plain http).
+    private let tls: ObjectIdentifier?
 
-    init(origin: UpstreamOrigin, address: sockaddr_storage) {
+    init(origin: UpstreamOrigin, address: sockaddr_storage, tls: ObjectIdentifier? = nil) {
         self.origin = origin
+        self.tls = tls
         var a = address
         family = a.ss_family
         switch Int32(a.ss_family) {
@@ -231,5 +244,6 @@ struct UpstreamAddressKey: Hashable {
         port = 0
         high = 0
         low = 0
+        tls = nil
     }
 }

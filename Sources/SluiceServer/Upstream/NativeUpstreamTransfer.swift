@@ -1,5 +1,6 @@
 import CCurl
 import CLibEvent
+import COpenSSL
 import SluiceCore
 
 #if canImport(Glibc)
@@ -18,6 +19,10 @@ import SluiceCore
 /// than `outputHighWatermark` (the socket's read event is off otherwise, and the origin's
 /// TCP window closes); the request body is pulled from the client only while the origin's
 /// socket buffer holds less than `uploadHighWatermark`.
+///
+/// An https origin is reached the same way over TLS (`NativeTLSContext`): the handshake runs
+/// on the loop after the TCP connect, within the connect timeout, offering HTTP/1.1 alone by
+/// ALPN; the connection then carries requests like a plain one.
 ///
 /// A connection that fails before any response byte — the origin closed a pooled
 /// connection just as it was reused — is the classic race of keep-alive: an idempotent
@@ -58,6 +63,11 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private let originKey: UpstreamOrigin
     /// `host:port`, the name errors carry (built only for them).
     private var origin: String { target.authority }
+    /// The TLS settings of an https try (nil for plain http).
+    private var tlsContext: NativeTLSContext?
+    /// The TLS session being set up over `connectingFD`.
+    private var handshaking: OpaquePointer?
+    private var defaultCAFile: String?
 
     /// The delegate's answer to `responseHeadArrived`, and what it makes of the body.
     private var disposition = ResponseDisposition()
@@ -123,6 +133,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         isHead = request.isHead
         self.clientMinorVersion = clientMinorVersion
         deny = config.access.deny
+        defaultCAFile = config.tls.caFile
         self.viaLine = viaLine
         connectTimeout = config.timeouts.upstreamConnect
         totalTimeout = config.timeouts.total
@@ -153,6 +164,21 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                 t.fail(.upstreamTimeout(host: t.origin, phase: .noResponseHead), kind: .timeout)
             }, me)
         Self.arm(tryTimer, milliseconds: perTryTimeout)
+        if target.scheme == .https {
+            switch pool.tlsContexts.context(
+                trust: request.trust, clientCertificate: request.clientCertificate, defaultCAFile: defaultCAFile)
+            {
+            case .success(let context):
+                tlsContext = context
+            case .failure(let failure):
+                let error: ProxyError =
+                    failure.isTrust
+                    ? .trustFailure(host: origin, evaluator: request.trust.evaluatorName, reason: failure.text)
+                    : .tlsFailure(host: origin, reason: failure.text)
+                fail(error, kind: .other)
+                return
+            }
+        }
         if let totalTimeout, totalTimeout > 0 {
             totalTimer = event_new(
                 base, -1, 0,
@@ -195,6 +221,10 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         if let connectEvent {
             event_free(connectEvent)
             self.connectEvent = nil
+            if let handshaking {
+                SSL_free(handshaking)
+                self.handshaking = nil
+            }
             Glibc.close(connectingFD)
             pool.release(nil, origin: originKey, reusable: false)
         }
@@ -253,7 +283,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func use(candidate index: Int) {
         candidateIndex = index
         address = candidates[index]
-        poolKey = UpstreamAddressKey(origin: originKey, address: address)
+        poolKey = UpstreamAddressKey(
+            origin: originKey, address: address, tls: tlsContext.map { ObjectIdentifier($0) })
     }
 
     /// A connect to the current address was refused: the next allowed address is tried (in
@@ -357,7 +388,117 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func connected(_ fd: Int32) {
         timings.connect = elapsed()
         timings.newConnection = true
-        let connection = UpstreamConnection(key: poolKey, fd: fd, pool: pool)
+        if let tlsContext {
+            guard let ssl = tlsContext.makeSSL(fd: fd, host: target.host) else {
+                Glibc.close(fd)
+                pool.release(nil, origin: originKey, reusable: false)
+                fail(.tlsFailure(host: origin, reason: NativeTLS.errorString()), kind: .tls)
+                return
+            }
+            connectingFD = fd
+            handshaking = ssl
+            continueHandshake()
+            return
+        }
+        established(fd, tls: nil)
+    }
+
+    /// Drives the TLS handshake one step: done, or waiting for the socket (within what is
+    /// left of the connect timeout), or failed — named by the trust evaluator when the
+    /// certificate was refused.
+    private func continueHandshake() {
+        guard let ssl = handshaking else { return }
+        let fd = connectingFD
+        let r = SSL_connect(ssl)
+        if r == 1 {
+            handshaking = nil
+            connectingFD = -1
+            timings.tls = elapsed()
+            if let tlsContext, tlsContext.checksHostAfterHandshake, !tlsContext.peerNames(ssl, host: target.host) {
+                handshakeFailed(
+                    ssl, fd,
+                    .trustFailure(host: origin, evaluator: request.trust.evaluatorName, reason: "hostname mismatch"),
+                    kind: .other)
+                return
+            }
+            established(fd, tls: ssl)
+            return
+        }
+        let error = SSL_get_error(ssl, r)
+        if error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE {
+            ERR_clear_error()
+            let left = connectTimeout - Int(elapsed() / 1000)
+            guard left > 0 else {
+                handshakeFailed(ssl, fd, .upstreamTimeout(host: origin, phase: .connect), kind: .timeout)
+                return
+            }
+            let what = Int16(error == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE)
+            if connectEvent == nil {
+                connectEvent = event_new(
+                    base, fd, what,
+                    { _, what, arg in
+                        Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue().handshakeReady(what)
+                    }, Unmanaged.passUnretained(self).toOpaque())
+            } else {
+                event_del(connectEvent)
+                event_assign(
+                    connectEvent, base, fd, what,
+                    { _, what, arg in
+                        Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue().handshakeReady(what)
+                    }, Unmanaged.passUnretained(self).toOpaque())
+            }
+            Self.arm(connectEvent, milliseconds: left)
+            return
+        }
+        let verify = Int32(SSL_get_verify_result(ssl))
+        let failure: ProxyError
+        let kind: TransportErrorKind
+        if verify != X509_V_OK {
+            ERR_clear_error()
+            failure = .trustFailure(
+                host: origin, evaluator: request.trust.evaluatorName,
+                reason: UpstreamTLS.verifyReason(verify, message: "", requirements: request.trust.requirements))
+            kind = .other
+        } else {
+            let detail =
+                error == SSL_ERROR_SYSCALL && ERR_peek_error() == 0
+                ? "connection lost during the TLS handshake" : NativeTLS.errorString()
+            ERR_clear_error()
+            failure = .tlsFailure(host: origin, reason: detail)
+            kind = .tls
+        }
+        handshakeFailed(ssl, fd, failure, kind: kind)
+    }
+
+    private func handshakeReady(_ what: Int16) {
+        if what & Int16(EV_TIMEOUT) != 0, let ssl = handshaking {
+            handshakeFailed(ssl, connectingFD, .upstreamTimeout(host: origin, phase: .connect), kind: .timeout)
+            return
+        }
+        continueHandshake()
+    }
+
+    private func handshakeFailed(_ ssl: OpaquePointer, _ fd: Int32, _ error: ProxyError, kind: TransportErrorKind) {
+        if let connectEvent {
+            event_free(connectEvent)
+            self.connectEvent = nil
+        }
+        handshaking = nil
+        connectingFD = -1
+        SSL_free(ssl)
+        Glibc.close(fd)
+        pool.release(nil, origin: originKey, reusable: false)
+        Log.debug("upstream \(origin): TLS handshake failed: \(error.message)")
+        fail(error, kind: kind)
+    }
+
+    /// The connection is ready for requests (after the TLS handshake for https).
+    private func established(_ fd: Int32, tls: OpaquePointer?) {
+        if let connectEvent {
+            event_free(connectEvent)
+            self.connectEvent = nil
+        }
+        let connection = UpstreamConnection(key: poolKey, fd: fd, pool: pool, tls: tls, tlsContext: tlsContext)
         connection.user = self
         self.connection = connection
         sendRequest()

@@ -163,7 +163,9 @@ enum UpstreamTLS {
         return .trustFailure(host: host, evaluator: trust.evaluatorName, reason: reason)
     }
 
-    private static func verifyReason(_ result: Int32, message: String, requirements r: TrustRequirements) -> String {
+    /// A failed verification's reason as the access log and the 502 name it, from OpenSSL's
+    /// verify result (both transports; `message` is libcurl's text, empty for the native one).
+    static func verifyReason(_ result: Int32, message: String, requirements r: TrustRequirements) -> String {
         // libcurl checks the name itself, after OpenSSL's verification, and leaves the verify
         // result at X509_V_ERR_UNSPECIFIED (or OK): its message is what says so.
         if message.contains("subject name") || message.contains("does not match target host") {
@@ -177,7 +179,7 @@ enum UpstreamTLS {
         case X509_V_ERR_CERT_REVOKED: return "certificate revoked"
         case X509_V_ERR_UNABLE_TO_GET_CRL: return "no CRL for the certificate's issuer"
         case X509_V_ERR_CRL_HAS_EXPIRED: return "the CRL has expired"
-        case X509_V_ERR_HOSTNAME_MISMATCH: return "hostname mismatch"
+        case X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH: return "hostname mismatch"
         case X509_V_ERR_APPLICATION_VERIFICATION:
             switch (r.certificatePins.isEmpty, r.publicKeyPins.isEmpty) {
             case (false, true): return "certificate pin mismatch"
