@@ -108,6 +108,9 @@ const char *sluice_curl_version(void) {
     return curl_version_info(CURLVERSION_NOW)->version;
 }
 
+const char *sluice_curl_cainfo(void) { return curl_version_info(CURLVERSION_NOW)->cainfo; }
+const char *sluice_curl_capath(void) { return curl_version_info(CURLVERSION_NOW)->capath; }
+
 long sluice_curlauth_basic_digest(void) { return (long)(CURLAUTH_BASIC | CURLAUTH_DIGEST); }
 
 CURLcode sluice_easy_setopt_ssl_ctx_cb(CURL *h, sluice_ssl_ctx_cb cb) { return curl_easy_setopt(h, CURLOPT_SSL_CTX_FUNCTION, cb); }
@@ -177,7 +180,8 @@ void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx) {
 
 void sluice_ssl_ctx_client_defaults(SSL_CTX *ctx) {
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+    // No tickets: sessions are never resumed (every handshake runs the trust evaluator).
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_NO_TICKET);
     SSL_CTX_set_read_ahead(ctx, 1);
     SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_RELEASE_BUFFERS);
     // Sessions are not resumed: every connection's handshake runs the trust evaluator.

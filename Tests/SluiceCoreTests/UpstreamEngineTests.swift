@@ -80,6 +80,10 @@ import Testing
         memory.learn(host: "a.test", port: 443, spokeHTTP2: false, now: 2000)
         memory.learn(host: "a.test", port: 443, spokeHTTP2: true, now: 2001)
         #expect(!memory.choseHTTP1(host: "a.test", port: 443, now: 2002))
+        // A native failure before the origin spoke: ask through libcurl again.
+        memory.learn(host: "a.test", port: 443, spokeHTTP2: false, now: 3000)
+        memory.forget(host: "a.test", port: 443)
+        #expect(!memory.choseHTTP1(host: "a.test", port: 443, now: 3001))
         // Bounded: a full table starts over.
         for i in 0..<TLSProtocolMemory.capacity { memory.learn(host: "h\(i).test", port: 443, spokeHTTP2: false, now: 0) }
         #expect(memory.count == TLSProtocolMemory.capacity)

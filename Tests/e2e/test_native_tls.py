@@ -33,11 +33,14 @@ class TLSEchoOrigin:
     connection is closed that many seconds after each response, though the response promised
     keep-alive (an origin's idle timeout). Counts connections and handshakes."""
 
-    def __init__(self, cert: str, key: str, close_after: float = 0.0):
+    def __init__(self, cert: str, key: str, close_after: float = 0.0, close_delimited: str = ""):
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(cert, key)
         self.ctx.set_alpn_protocols(["http/1.1"])
         self.close_after = close_after
+        # "notify" / "abrupt": every response is framed by the connection's end (no length),
+        # which closes with TLS close_notify / without it (a TCP close only).
+        self.close_delimited = close_delimited
         self.connections = 0
         self.requests = 0
         self.lock = threading.Lock()
@@ -106,6 +109,15 @@ class TLSEchoOrigin:
                 with self.lock:
                     self.requests += 1
                 body = f"{digest.hexdigest()} {n}\n".encode()
+                if self.close_delimited:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+                                 + body)
+                    if self.close_delimited == "notify":
+                        conn.unwrap().close()
+                    else:
+                        conn.shutdown(socket.SHUT_RDWR)
+                        conn.close()
+                    return
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
                              + str(len(body)).encode() + b"\r\n\r\n" + body)
                 if self.close_after:
@@ -248,13 +260,18 @@ def test_a_server_that_does_not_speak_tls_is_a_tls_failure(tlsproxy, nginx):
     assert "TLS failure" in failed["error"] and failed["upstream_engine"] in ("native", None), failed
 
 
-def test_a_reload_that_changes_the_trust_opens_new_connections(tlsproxy, nginx, pki):
+@pytest.mark.parametrize("change", [True, False], ids=["trust-changed", "same-config"])
+def test_a_reload_opens_new_tls_connections(tlsproxy, nginx, pki, change):
+    """Idle TLS connections are closed at a reload (their trust, or their CA file's contents,
+    may have changed), whether the policies changed or not."""
     proxy, log = tlsproxy({"default": {"upstream": {"http2": "off"}}})
     with RawConn(HOST, proxy.port, timeout=20) as c:
         assert get(c, nginx.tls_url("/1k?n=0")).status == 200
         assert get(c, nginx.tls_url("/1k?n=1")).status == 200
-    set_sections(proxy, policies={"default": {"upstream": {"http2": "off"}},
-                                  HOST: {"trust": {"default": True, "ca_file": str(pki.ca_pem)}}})
+    policies = {"default": {"upstream": {"http2": "off"}}}
+    if change:
+        policies[HOST] = {"trust": {"default": True, "ca_file": str(pki.ca_pem)}}
+    set_sections(proxy, policies=policies)
     sighup(proxy)
     assert wait_until(lambda: "reload: applied" in proxy.stderr(), 10), proxy.stderr()
     with RawConn(HOST, proxy.port, timeout=20) as c:
@@ -262,6 +279,22 @@ def test_a_reload_that_changes_the_trust_opens_new_connections(tlsproxy, nginx, 
         assert get(c, nginx.tls_url("/1k?n=3")).status == 200
     # The connection the old trust verified is not reused under the new one.
     assert [e[2] for e in engines(log, 4)] == ["new", "reused", "new", "reused"]
+
+
+def test_close_delimited_body_needs_close_notify(tlsproxy, echo):
+    """A body framed by the connection's end is complete only with the origin's close_notify:
+    a TCP close alone may be a cut (RFC 8446 §6.1), so the client's response is cut too."""
+    clean, abrupt = echo(close_delimited="notify"), echo(close_delimited="abrupt")
+    proxy, log = tlsproxy({"default": {"upstream": {"http2": "off"}}})
+    with RawConn(HOST, proxy.port, timeout=20) as c:
+        r = get(c, clean.url("/x"))
+        assert r.status == 200 and r.complete and r.body.endswith(b" 0\n"), r
+    with RawConn(HOST, proxy.port, timeout=20) as c:
+        c.send(request_bytes("GET", abrupt.url("/x")))
+        r = c.read_response(timeout=20, allow_truncated=True)
+        assert r is not None and r.status == 200 and not r.complete, r
+    cut = log.wait_for(lambda e: str(abrupt.port) in e.get("url", ""))[0]
+    assert cut["outcome"] == "upstream_aborted", cut
 
 
 def test_check_host_names_both_engines_for_an_https_upstream(tmp_path):

@@ -69,7 +69,7 @@ void sluice_bufferevent_ssl_shutdown(struct bufferevent *bev);
 /// SSL_CTX_set_options / SSL_CTX_set_min_proto_version (macros).
 void sluice_ssl_ctx_server_defaults(SSL_CTX *ctx);
 /// The native transport's client context settings (macros): TLS 1.2 at least, no
-/// renegotiation or compression, read-ahead (one read per batch of records, not two per
+/// renegotiation, compression or session tickets, read-ahead (one read per batch of records, not two per
 /// record), partial writes from a moving buffer (an evbuffer's chains), and buffers released
 /// while a connection is idle.
 void sluice_ssl_ctx_client_defaults(SSL_CTX *ctx);
@@ -103,6 +103,9 @@ int sluice_easy_speaks_h2(CURL *h);
 
 /// The libcurl version string, e.g. "7.88.1".
 const char *sluice_curl_version(void);
+/// libcurl's built-in CA bundle and directory (NULL when it has none).
+const char *sluice_curl_cainfo(void);
+const char *sluice_curl_capath(void);
 
 /// Names the calling thread (15 bytes at most; `ps -L`, `top -H`, /proc/self/task/*/comm).
 void sluice_set_thread_name(const char *name);

@@ -10,8 +10,9 @@ public protocol ServerTrustEvaluating: Sendable {
 }
 
 /// The demands of one or more evaluators on a TLS handshake. Every demand must be met
-/// (`composite` merges its members' requirements with `adding(_:)`).
-public struct TrustRequirements: Sendable, Equatable {
+/// (`composite` merges its members' requirements with `adding(_:)`). Hashable: the native
+/// transport keeps one TLS context per distinct set.
+public struct TrustRequirements: Sendable, Hashable {
     /// The server's chain must verify against `caFile` (or the process's CA bundle).
     public var validateChain = true
     /// The certificate must name the host.

@@ -115,6 +115,13 @@ public struct TLSProtocolMemory: Sendable {
         http1Until[origin] = now + Self.ttlMilliseconds
     }
 
+    /// A native try to the origin failed before it spoke (connect, handshake, trust): the next
+    /// try asks through libcurl again, so a failure of the native path alone does not persist.
+    public mutating func forget(host: String, port: Int) {
+        guard !http1Until.isEmpty else { return }
+        http1Until[Origin(host: host, port: port)] = nil
+    }
+
     /// The origin chose HTTP/1.1 within the last `ttlMilliseconds`.
     public func choseHTTP1(host: String, port: Int, now: Int) -> Bool {
         guard !http1Until.isEmpty, let until = http1Until[Origin(host: host, port: port)] else { return false }

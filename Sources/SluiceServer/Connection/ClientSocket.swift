@@ -96,9 +96,12 @@ final class ClientSocket {
     /// The TLS session over the socket (an origin's, after its handshake); freed with the
     /// socket.
     private let tls: OpaquePointer?
-    /// OpenSSL saw the session end (close_notify, the peer's close or an error) while reading
-    /// was stopped: reported when reading resumes, after the bytes before it.
-    private var tlsEnded = false
+    /// OpenSSL saw the session end (close_notify, the peer's close or an error): reported
+    /// after the bytes before it, on the read event's next pass (activated for it).
+    private(set) var tlsEnded = false
+    /// The TLS session ended without the peer's close_notify (a close at the TCP level, or an
+    /// error): for a body framed by the connection's end, possibly a cut.
+    private(set) var tlsEndedUncleanly = false
 
     init(
         base: OpaquePointer, fd: Int32, spill: UnsafeMutableRawBufferPointer, watchesCloseWhilePaused: Bool = true,
@@ -141,16 +144,13 @@ final class ClientSocket {
 
     private func armRead() {
         let want = open && wantsInput && evbuffer_get_length(input) < Self.inputHighWatermark
-        guard want != readArmed else { return }
-        readArmed = want
-        if want {
-            event_add(readEvent, nil)
-            // Decrypted bytes (or an end) OpenSSL holds: the kernel has nothing more to say.
-            if let tls, tlsEnded || SSL_has_pending(tls) == 1 { event_active(readEvent, Int32(EV_READ), 0) }
-        } else {
-            event_del(readEvent)
+        if want != readArmed {
+            readArmed = want
+            if want { event_add(readEvent, nil) } else { event_del(readEvent) }
+            if watchesCloseWhilePaused { armClosedCheck(open && !want) }
         }
-        if watchesCloseWhilePaused { armClosedCheck(open && !want) }
+        // Decrypted bytes or an end that OpenSSL holds: the kernel will not report them.
+        if want, let tls, tlsEnded || SSL_has_pending(tls) == 1 { event_active(readEvent, Int32(EV_READ), 0) }
     }
 
     private func armClosedCheck(_ on: Bool) {
@@ -208,14 +208,16 @@ final class ClientSocket {
     }
 
     /// Reads decrypted bytes while OpenSSL holds some (read-ahead reads up to a record
-    /// buffer's worth per `read`) and `input` is under the watermark, then tells the owner; an end seen after some bytes is told on the next pass
-    /// (the owner may close the socket while it handles the bytes).
+    /// buffer's worth per `read`) and `input` is under the watermark, then tells the owner. An
+    /// end seen after some bytes is told on the read event's next pass, which `armRead`
+    /// activates (the owner may close the socket while it handles the bytes).
     private func readTLS(_ tls: OpaquePointer) {
         if tlsEnded { return failed() }
         var total = 0
         while evbuffer_get_length(input) < Self.inputHighWatermark {
             var vector = iovec()
             guard evbuffer_reserve_space(input, directRead, &vector, 1) >= 1 else { return failed() }
+            ERR_clear_error()  // SSL_get_error reads the thread's queue (libcurl's leftovers too)
             let n = SSL_read(tls, vector.iov_base, Int32(min(vector.iov_len, directRead)))
             if n > 0 {
                 vector.iov_len = Int(n)
@@ -232,7 +234,10 @@ final class ClientSocket {
             if error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE { break }
             // SSL_ERROR_ZERO_RETURN is close_notify, a clean end; anything else (a close
             // without close_notify included) may be a cut, never the end of a body.
-            if error != SSL_ERROR_ZERO_RETURN { endedWithError = true }
+            if error != SSL_ERROR_ZERO_RETURN {
+                endedWithError = true
+                tlsEndedUncleanly = true
+            }
             tlsEnded = true
             break
         }
@@ -286,6 +291,7 @@ final class ClientSocket {
         while evbuffer_get_length(output) > 0 {
             var vector = iovec()
             guard evbuffer_peek(output, -1, nil, &vector, 1) >= 1 else { return true }
+            ERR_clear_error()
             let n = SSL_write(tls, vector.iov_base, Int32(min(vector.iov_len, Int(Int32.max))))
             if n > 0 {
                 evbuffer_drain(output, Int(n))
@@ -293,7 +299,10 @@ final class ClientSocket {
             }
             let error = SSL_get_error(tls, n)
             ERR_clear_error()
-            return error == SSL_ERROR_WANT_WRITE || error == SSL_ERROR_WANT_READ
+            // WANT_READ would mean a renegotiation, which the context refuses.
+            if error == SSL_ERROR_WANT_WRITE || error == SSL_ERROR_WANT_READ { return true }
+            endedWithError = true
+            return false
         }
         return true
     }
@@ -330,7 +339,10 @@ final class ClientSocket {
         release()
         if let tls {
             // close_notify, best effort (one non-blocking write), unless the session failed.
-            if open, !abortive, !endedWithError { SSL_shutdown(tls) }
+            if open, !abortive, !endedWithError {
+                ERR_clear_error()
+                SSL_shutdown(tls)
+            }
             ERR_clear_error()
             SSL_free(tls)
         }

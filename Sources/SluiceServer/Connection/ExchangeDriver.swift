@@ -683,6 +683,10 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             worker.tlsProtocols.learn(
                 host: transfer.target.host, port: transfer.target.port, spokeHTTP2: version == .http2,
                 now: MonotonicClock.milliseconds())
+        } else if timings.engine == .native, timings.httpVersion == nil, case .forwarding(let transfer) = phase,
+            transfer.target.scheme == .https
+        {
+            worker.tlsProtocols.forget(host: transfer.target.host, port: transfer.target.port)
         }
         guard let exchange else { return }
         exchange.report(exchange.machine.handle(.tryEnded(timings)))

@@ -399,8 +399,11 @@ final class Worker {
                 Log.error("reload: \(error)")
             }
         }
-        // The old trusts' TLS contexts: their connections keep theirs; new ones get new ones.
+        // Connections verified under the old trusts are not reused: new ones are made with new
+        // contexts (a connection still in use keeps its own, and is closed when it is done if
+        // its try started under the old configuration).
         nativePool.tlsContexts.removeAll()
+        nativePool.closeIdleTLSConnections()
         pipeline.monitor?.handle(.configReloaded(success: true, message: "worker \(index) reloaded"))
     }
 

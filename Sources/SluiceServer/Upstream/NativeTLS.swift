@@ -19,13 +19,16 @@ import SluiceCore
 ///
 /// Sessions are not resumed, so every connection's handshake runs the evaluator; connections
 /// are pooled per context (`UpstreamAddressKey`), so a connection verified under one trust is
-/// never reused under another (a reload makes new `ServerTrust`s, hence new contexts).
+/// never reused under another, and a reload closes the idle ones and makes new contexts
+/// (`NativeUpstreamPool.closeIdleTLSConnections`).
 ///
 /// Threading: a context is made and used on one worker's thread (`NativeTLSContexts`); the
 /// verify callback runs on that thread during a handshake, reading the immutable trust.
 final class NativeTLSContext {
     let context: OpaquePointer
     let trust: ServerTrust
+    /// `tls.ca_file` when the context was made (used when the trust names none).
+    let defaultCAFile: String?
     /// The host name is checked after the handshake (`validateHost` without `validateChain`:
     /// OpenSSL checks the name only as part of chain verification).
     let checksHostAfterHandshake: Bool
@@ -44,9 +47,15 @@ final class NativeTLSContext {
             let loaded: Int32
             if let ca = r.caFile ?? defaultCAFile {
                 loaded = SSL_CTX_load_verify_locations(ctx, ca, nil)
+            } else if sluice_curl_cainfo() != nil || sluice_curl_capath() != nil {
+                // The system's anchors as libcurl finds them (its built-in bundle and
+                // directory), so that both transports trust the same CAs.
+                loaded = SSL_CTX_load_verify_locations(ctx, sluice_curl_cainfo(), sluice_curl_capath())
             } else {
                 loaded = SSL_CTX_set_default_verify_paths(ctx)
             }
+            // As libcurl does by default: a trusted intermediate in the CA file is an anchor.
+            X509_VERIFY_PARAM_set_flags(SSL_CTX_get0_param(ctx), UInt(X509_V_FLAG_PARTIAL_CHAIN))
             if loaded != 1 {
                 let detail = NativeTLS.errorString()
                 SSL_CTX_free(ctx)
@@ -83,12 +92,15 @@ final class NativeTLSContext {
                 return .failure(.init("the client certificate could not be used (\(detail))"))
             }
         }
-        return .success(NativeTLSContext(ctx, trust: trust, checksHostAfterHandshake: r.validateHost && !r.validateChain))
+        return .success(
+            NativeTLSContext(
+                ctx, trust: trust, defaultCAFile: defaultCAFile, checksHostAfterHandshake: r.validateHost && !r.validateChain))
     }
 
-    private init(_ context: OpaquePointer, trust: ServerTrust, checksHostAfterHandshake: Bool) {
+    private init(_ context: OpaquePointer, trust: ServerTrust, defaultCAFile: String?, checksHostAfterHandshake: Bool) {
         self.context = context
         self.trust = trust
+        self.defaultCAFile = defaultCAFile
         self.checksHostAfterHandshake = checksHostAfterHandshake
     }
 
@@ -137,39 +149,58 @@ struct NativeTLSSetupFailure: Error {
     static func trust(_ text: String) -> NativeTLSSetupFailure { NativeTLSSetupFailure(trust: text) }
 }
 
-/// The worker's TLS contexts, one per (trust, client certificate, default CA file): made on a
-/// connection's first need, dropped at a reload (whose policies have new trusts) or all at
-/// once when more than `limit` pile up; a connection keeps its own context alive.
+/// The worker's TLS contexts, one per distinct trust (its requirements: every host whose
+/// policy has the same trust shares one), client certificate and default CA file: made on a
+/// connection's first need, dropped at a reload (the CA files may have new contents) or all
+/// at once when more than `limit` pile up; a connection keeps its own context alive.
 ///
 /// Threading: owned by one worker's thread.
 final class NativeTLSContexts {
     static let limit = 64
     private struct Key: Hashable {
-        let trust: ObjectIdentifier
+        let trust: TrustRequirements
         /// The client certificate's files and passphrase.
         let clientCertificate: [String]
         let defaultCAFile: String?
     }
     private var contexts: [Key: NativeTLSContext] = [:]
+    /// The context last found for a policy's trust object, so that a try does not hash the
+    /// requirements (CRLs and pins included): the entry keeps the trust alive, so its identity
+    /// is not reused while the entry exists.
+    private var byTrust: [ObjectIdentifier: (trust: ServerTrust, certificate: ClientCertificate?, context: NativeTLSContext)] =
+        [:]
 
     func context(
         trust: ServerTrust, clientCertificate: ClientCertificate?, defaultCAFile: String?
     ) -> Result<
         NativeTLSContext, NativeTLSSetupFailure
     > {
-        // The entry keeps `trust` alive, so its identity is not reused while the entry exists.
-        let certificate = clientCertificate.map { [$0.certificate, $0.key, $0.passphrase?.value ?? ""] } ?? []
-        let key = Key(trust: ObjectIdentifier(trust), clientCertificate: certificate, defaultCAFile: defaultCAFile)
-        if let found = contexts[key] { return .success(found) }
-        let made = NativeTLSContext.make(trust: trust, clientCertificate: clientCertificate, defaultCAFile: defaultCAFile)
-        if case .success(let context) = made {
-            if contexts.count >= Self.limit { contexts.removeAll() }
-            contexts[key] = context
+        if let found = byTrust[ObjectIdentifier(trust)], found.certificate == clientCertificate,
+            found.context.defaultCAFile == defaultCAFile
+        {
+            return .success(found.context)
         }
-        return made
+        let certificate = clientCertificate.map { [$0.certificate, $0.key, $0.passphrase?.value ?? ""] } ?? []
+        let key = Key(trust: trust.requirements, clientCertificate: certificate, defaultCAFile: defaultCAFile)
+        let context: NativeTLSContext
+        if let found = contexts[key] {
+            context = found
+        } else {
+            let made = NativeTLSContext.make(trust: trust, clientCertificate: clientCertificate, defaultCAFile: defaultCAFile)
+            guard case .success(let new) = made else { return made }
+            if contexts.count >= Self.limit { removeAll() }
+            contexts[key] = new
+            context = new
+        }
+        if byTrust.count >= 4 * Self.limit { byTrust.removeAll() }
+        byTrust[ObjectIdentifier(trust)] = (trust, clientCertificate, context)
+        return .success(context)
     }
 
-    func removeAll() { contexts.removeAll() }
+    func removeAll() {
+        contexts.removeAll()
+        byTrust.removeAll()
+    }
 }
 
 enum NativeTLS {

@@ -29,6 +29,7 @@ final class UpstreamConnection: ClientSocketOwner {
     private(set) var isClosed = false
     /// The TLS settings the connection was verified under (kept alive with it).
     private let tlsContext: NativeTLSContext?
+    var isTLS: Bool { tlsContext != nil }
 
     init(
         key: UpstreamAddressKey, fd: Int32, pool: NativeUpstreamPool, tls: OpaquePointer? = nil,
@@ -176,6 +177,12 @@ final class NativeUpstreamPool {
     func recycle(_ parser: inout HTTPResponseParser) {
         guard parsers.count < Self.maxIdleParsers else { return }
         parsers.append(parser)
+    }
+
+    /// Closes every idle TLS connection (a reload: its trust, or its CA file's contents, may
+    /// have changed), handing their places to tries waiting under the limit.
+    func closeIdleTLSConnections() {
+        for connection in state.idleConnections where connection.isTLS { idleConnectionChanged(connection) }
     }
 
     /// Idle connections now (for tests and reports).

@@ -67,6 +67,9 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var tlsContext: NativeTLSContext?
     /// The TLS session being set up over `connectingFD`.
     private var handshaking: OpaquePointer?
+    /// When the current connection attempt began (µs into the try): its TCP connect and TLS
+    /// handshake share `connectTimeout` from there.
+    private var connectStartedAt: Int64 = 0
     private var defaultCAFile: String?
 
     /// The delegate's answer to `responseHeadArrived`, and what it makes of the body.
@@ -330,6 +333,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     }
 
     private func openConnection() {
+        connectStartedAt = elapsed()
         let family = Int32(address.ss_family)
         let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else {
@@ -409,6 +413,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func continueHandshake() {
         guard let ssl = handshaking else { return }
         let fd = connectingFD
+        ERR_clear_error()  // SSL_get_error reads the thread's queue (libcurl's leftovers too)
         let r = SSL_connect(ssl)
         if r == 1 {
             handshaking = nil
@@ -427,7 +432,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         let error = SSL_get_error(ssl, r)
         if error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE {
             ERR_clear_error()
-            let left = connectTimeout - Int(elapsed() / 1000)
+            let left = connectTimeout - Int((elapsed() - connectStartedAt) / 1000)
             guard left > 0 else {
                 handshakeFailed(ssl, fd, .upstreamTimeout(host: origin, phase: .connect), kind: .timeout)
                 return
@@ -453,7 +458,9 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         let verify = Int32(SSL_get_verify_result(ssl))
         let failure: ProxyError
         let kind: TransportErrorKind
-        if verify != X509_V_OK {
+        // Under `disabled` (no verification) OpenSSL still records a verify result: it never
+        // explains a failure there.
+        if verify != X509_V_OK, !request.trust.requirements.insecure {
             ERR_clear_error()
             failure = .trustFailure(
                 host: origin, evaluator: request.trust.evaluatorName,
@@ -614,8 +621,12 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func connectionEnded() {
         guard !finished, let connection else { return }
         if connection.socket.endedWithError, parser.hasStarted {
-            // A reset is never the end of a close-delimited body.
-            fail(.upstreamProtocol(host: origin, reason: "connection reset during the response"), kind: .other)
+            // A reset — or a TLS session ended without close_notify, which may be a cut — is
+            // never the end of a close-delimited body.
+            let reason =
+                connection.socket.tlsEndedUncleanly
+                ? "TLS connection closed without close_notify during the response" : "connection reset during the response"
+            fail(.upstreamProtocol(host: origin, reason: reason), kind: .other)
             return
         }
         do {
@@ -668,7 +679,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                 evbuffer_drain(input, consumed)
                 responseEnded(
                     connectionReusable: parser.keepAlive && uploadDone && !uploadBroken
-                        && evbuffer_get_length(input) == 0)
+                        && evbuffer_get_length(input) == 0 && !connection.socket.tlsEnded
+                        && !(tlsContext != nil && request.reuse.forbidReuse))
                 return
             case .interim?, nil:
                 break

@@ -114,6 +114,9 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
     /// Keys held (for tests): at most twice the idle connections, plus 64.
     var keyCount: Int { idle.count }
 
+    /// Every idle connection, left in the pool.
+    var idleConnections: [Connection] { idle.values.flatMap { $0 } }
+
     /// Every idle connection, emptying the pool (shutdown).
     mutating func drainIdle() -> [Connection] {
         let all = idle.values.flatMap { $0 }

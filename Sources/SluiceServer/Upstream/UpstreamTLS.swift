@@ -25,7 +25,12 @@ enum UpstreamTLS {
         defaultCAFile: String?
     ) {
         let r = trust.requirements
-        if let ca = r.caFile ?? defaultCAFile { sluice_easy_setopt_str(h, CURLOPT_CAINFO, ca) }
+        if let ca = r.caFile ?? defaultCAFile {
+            // The file replaces the system's anchors: libcurl's built-in CA directory
+            // (/etc/ssl/certs on Debian) would otherwise still be trusted beside it.
+            sluice_easy_setopt_str(h, CURLOPT_CAINFO, ca)
+            sluice_easy_setopt_ptr(h, CURLOPT_CAPATH, nil)
+        }
         sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYPEER, r.validateChain ? 1 : 0)
         sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYHOST, r.validateHost ? 2 : 0)
         if r.requireOCSP { sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYSTATUS, 1) }
