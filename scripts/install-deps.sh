@@ -10,9 +10,11 @@ case "$what" in
   # buildah, podman, debootstrap: `make image` and Tests/e2e/test_docker.py build and run the
   # container image without a Docker engine; chromium: Tests/e2e/test_dashboard.py; squid: a
   # parent proxy in Tests/e2e/test_parent_proxy.py; redis-server:
-  # the fleet's Redis in Tests/e2e/test_fleet.py (the tests start their own, on loopback).
+  # the fleet's Redis in Tests/e2e/test_fleet.py (the tests start their own, on loopback);
+  # prometheus (with promtool): Tests/e2e/test_monitoring.py checks docs/monitoring/ and
+  # scrapes a running Sluice with its own Prometheus on loopback.
   test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver squid
-                    adduser binutils buildah podman debootstrap redis-server) ;;
+                    adduser binutils buildah podman debootstrap redis-server prometheus) ;;
   image) packages+=(buildah podman debootstrap binutils) ;;
   # The benchmark's peers and tools (Benchmarks/bench); Apache Traffic Server is measured where
   # it is installed, not installed here.

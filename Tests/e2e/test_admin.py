@@ -344,6 +344,8 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
                       "sluice_upstream_circuit_state", "sluice_upstream_circuit_opened_total",
                       "sluice_upstream_circuit_failed_fast_total",
                       "sluice_cache_total",
+                      # a disk tier that cannot write (test_cache_disk.py, on a full tmpfs)
+                      "sluice_cache_disk_write_failures_total",
                       # per policy with `rate_limit` (test_limits_lists_what_the_origin_asked_for)
                       "sluice_rate_limit_decisions_total", "sluice_rate_limit_waiting",
                       "sluice_rate_limit_learned_total", "sluice_rate_limit_keys_evicted_total",

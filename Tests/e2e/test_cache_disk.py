@@ -222,12 +222,19 @@ def tiny_tmpfs():
 
 
 def test_full_disk_keeps_serving_and_logs_once(sluice_factory, origin, tiny_tmpfs):
-    proxy = sluice_factory(store_config(tiny_tmpfs / "cache", size="64MiB", max_object="8MiB"))
+    admin = pick_port()
+    proxy = sluice_factory({**store_config(tiny_tmpfs / "cache", size="64MiB", max_object="8MiB"),
+                            "monitors": [{"metrics": {}}], "admin": {"listen": f"127.0.0.1:{admin}"}})
     bodies = [body_of(1536 * 1024, seed=20 + i) for i in range(4)]
     for i, body in enumerate(bodies):
         url = origin.set(f"/f{i}", headers={"Cache-Control": "max-age=600"}, body=body)
         for _ in range(2):
             assert sha(get(proxy, url).content) == sha(body)
+    # Every write that failed is counted (docs/metrics.md): f1, f2 and f3, twice each (each
+    # request was a miss that tried to store its response).
+    metrics = requests.get(f"http://127.0.0.1:{admin}/metrics", timeout=5).text
+    failed = [line for line in metrics.splitlines() if line.startswith("sluice_cache_disk_write_failures_total ")]
+    assert failed == ["sluice_cache_disk_write_failures_total 6"], failed
     proxy.expected_exit = True
     proxy.stop()  # flushes the log, and lets the tmpfs be unmounted
     log = proxy.err_path.read_text() + proxy.out_path.read_text()

@@ -190,8 +190,10 @@ public enum CacheEvent: Sendable, Equatable {
     case miss(reason: String)
     /// A response was stored whole (`bytes` of body).
     case stored(bytes: Int)
-    /// A stored response was validated with the origin: `304` updated it; another status
-    /// replaced (or dropped) it.
+    /// A conditional request (the stored response's validators) got the origin's answer:
+    /// `304` updated the stored response; another status replaced (or dropped) it. Not
+    /// reported for a stored response without validators fetched again whole, nor when the
+    /// try got no answer.
     case revalidated(status: Int)
     /// Storing evicted this many least recently used objects.
     case evicted(count: Int)

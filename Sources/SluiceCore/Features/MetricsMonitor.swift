@@ -106,6 +106,11 @@ public final class SluiceMetrics: Sendable {
         help:
             "Shared-cache steps (docs/caching.md), by event: lookup, hit, miss, stored, revalidated, evicted and invalidated (objects)"
     )
+    public static let cacheDiskWriteFailures = Metric(
+        name: "sluice_cache_disk_write_failures_total", kind: .counter, labels: [],
+        help:
+            "Disk cache writes that failed (disk full, quota, permissions): responses are served without the disk tier until a write succeeds"
+    )
 
     public static let rateLimitDecisions = Metric(
         name: "sluice_rate_limit_decisions_total", kind: .counter, labels: ["policy", "decision"],
@@ -140,7 +145,7 @@ public final class SluiceMetrics: Sendable {
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
-        rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
+        cacheDiskWriteFailures, rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
         fleetFallbacks, fleetInstances,
     ]
 
@@ -278,6 +283,11 @@ public final class SluiceMetrics: Sendable {
     /// A decision `fleet.on_redis_down` took (`mode`) while Redis did not answer.
     public func recordFleetFallback(mode: String) {
         counter(Self.fleetFallbacks, [("mode", mode)]).increment()
+    }
+
+    /// A write of the disk cache tier failed.
+    public func recordCacheDiskWriteFailure() {
+        counter(Self.cacheDiskWriteFailures).increment()
     }
 
     /// The instances alive at the fleet's last heartbeat, set just before `/metrics` is emitted.

@@ -1,3 +1,5 @@
+import SluiceCore
+
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -10,6 +12,7 @@
 extension DiskCacheTier {
     /// A write failed with `code`: the first failure of an episode is logged.
     func writeFailed(code: Int32, operation: String) {
+        SluiceMetrics.shared.recordCacheDiskWriteFailure()
         let first = index.withLock { index -> Bool in
             if index.failure != nil {
                 index.failure!.count += 1

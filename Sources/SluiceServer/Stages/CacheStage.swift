@@ -183,7 +183,9 @@ enum CacheStage: RequestStage {
             }
             if dropped > 0 { exchange.reportCache(.invalidated(count: dropped)) }
         } else if let stale = cache.revalidating {
-            exchange.reportCache(.revalidated(status: status))
+            // Counted only when the try was conditional: a stored response without validators
+            // (`fwd=stale` refetched whole) was not validated.
+            if !cache.validators.isEmpty { exchange.reportCache(.revalidated(status: status)) }
             if CacheLookup.errorStatuses.contains(status),
                 CacheLookup.mayServeStaleOnError(
                     stale.response, requestFields: cache.requestFields, now: now,
@@ -295,7 +297,7 @@ enum CacheStage: RequestStage {
                     modification: cache.modification)
             else { return nil }
         }
-        exchange.reportCache(.revalidated(status: error.status))
+        // No answer came from the origin: nothing was validated (the lookup counted a miss).
         exchange.summary.error = error.message
         let age = CacheFreshness.currentAge(of: stale.response, now: now)
         return StoredAnswer(
