@@ -42,7 +42,7 @@ OWN_PATHS = ["/usr/bin/sluice", "/lib/systemd/system/sluice.service", "/etc/slui
              "/etc/logrotate.d/sluice", "/usr/share/doc/sluice", "/var/lib/sluice",
              "/var/lib/private/sluice", "/var/log/sluice", "/var/log/private/sluice",
              "/etc/systemd/system/multi-user.target.wants/sluice.service"]
-SUBCOMMANDS = [["run"], ["check"], ["ca"], ["ca", "init"], ["ca", "export"]]
+SUBCOMMANDS = [["run"], ["check"], ["ca"], ["ca", "init"], ["ca", "export"], ["top"]]
 SLUICE_BIN = os.path.abspath(_SLUICE_BIN)  # make -C runs elsewhere
 
 
