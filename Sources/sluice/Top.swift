@@ -152,19 +152,31 @@ struct AdminClient {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         var list: UnsafeMutablePointer<addrinfo>?
-        guard getaddrinfo(address.host, String(address.port), &hints, &list) == 0, let info = list else {
+        guard getaddrinfo(address.host, String(address.port), &hints, &list) == 0, list != nil else {
             return .failure(.unreachable("cannot resolve \(address.host)"))
         }
         defer { freeaddrinfo(list) }
-        let fd = socket(info.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return .failure(.unreachable(String(cString: strerror(errno)))) }
-        defer { close(fd) }
-        var timeout = timeval(tv_sec: Int(Self.timeoutMilliseconds / 1000), tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        guard connect(fd, info.pointee.ai_addr, info.pointee.ai_addrlen) == 0 else {
-            return .failure(.unreachable(String(cString: strerror(errno))))
+        // Every address in turn (`localhost` may give ::1 first, the listener 127.0.0.1).
+        var fd: Int32 = -1
+        var why = "no address"
+        var next = list
+        while let info = next {
+            next = info.pointee.ai_next
+            let candidate = socket(info.pointee.ai_family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            guard candidate >= 0 else { continue }
+            var timeout = timeval(tv_sec: Int(Self.timeoutMilliseconds / 1000), tv_usec: 0)
+            setsockopt(candidate, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            setsockopt(candidate, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            if connect(candidate, info.pointee.ai_addr, info.pointee.ai_addrlen) == 0 {
+                fd = candidate
+                break
+            }
+            // A connect that timed out (SO_SNDTIMEO) reports EINPROGRESS.
+            why = errno == EINPROGRESS ? "no answer within 3 s" : String(cString: strerror(errno))
+            close(candidate)
         }
+        guard fd >= 0 else { return .failure(.unreachable(why)) }
+        defer { close(fd) }
         var request = "GET \(path) HTTP/1.1\r\nHost: \(address.host)\r\nConnection: close\r\nAccept: application/json\r\n"
         if let token, !token.isEmpty { request += "Authorization: Bearer \(token)\r\n" }
         request += "\r\n"
@@ -221,25 +233,51 @@ struct AdminClient {
 /// one without echo; `restore()` puts it back (also when stdout is not a terminal: then
 /// screens are printed one after another).
 final class Terminal {
-    private var saved = termios()
     private var raw = false
+    private var alternate = false
     private let isTTY = isatty(1) == 1
 
+    /// The settings to put back, for the signal handler too (it runs on this one thread's
+    /// behalf and only restores and exits).
+    nonisolated(unsafe) private static var saved = termios()
+    nonisolated(unsafe) private static var restoreOnSignal = false
+
     init() {
-        if isatty(0) == 1, tcgetattr(0, &saved) == 0 {
-            var t = saved
+        if isatty(0) == 1, tcgetattr(0, &Self.saved) == 0 {
+            var t = Self.saved
             t.c_lflag &= ~tcflag_t(ICANON | ECHO | ISIG)
             raw = tcsetattr(0, TCSANOW, &t) == 0
         }
-        if isTTY { write("\u{1B}[?1049h\u{1B}[?25l") }
+        if isTTY {
+            write("\u{1B}[?1049h\u{1B}[?25l")
+            alternate = true
+        }
+        // SIGTERM, SIGHUP, SIGQUIT, or SIGPIPE (`sluice top | head`): the terminal is given
+        // back before the process ends (tcsetattr and write are async-signal-safe).
+        Self.restoreOnSignal = raw || alternate
+        for signalNumber in [SIGTERM, SIGHUP, SIGQUIT, SIGPIPE] {
+            signal(signalNumber) { received in
+                if Terminal.restoreOnSignal {
+                    tcsetattr(0, TCSANOW, &Terminal.saved)
+                    let text: StaticString = "\u{1B}[?25h\u{1B}[?1049l"
+                    _ = Glibc.write(1, text.utf8Start, text.utf8CodeUnitCount)
+                }
+                _exit(128 + received)
+            }
+        }
     }
 
+    /// Gives the terminal back; safe to call more than once.
     func restore() {
         if raw {
-            tcsetattr(0, TCSANOW, &saved)
+            tcsetattr(0, TCSANOW, &Self.saved)
             raw = false
         }
-        if isTTY { write("\u{1B}[?25h\u{1B}[?1049l") }
+        if alternate {
+            write("\u{1B}[?25h\u{1B}[?1049l")
+            alternate = false
+        }
+        Self.restoreOnSignal = false
     }
 
     var columns: Int { size.columns }

@@ -26,6 +26,16 @@ import Testing
         #expect(screen.rows.map(\.rate) == [20, 5, 0.5])
     }
 
+    @Test func aHostNewToAFullListHasNoRate() {
+        // 50 hosts were sent before; a host that was 51st then has no known earlier total.
+        let earlier = (0..<TopScreen.hostRowsSent).map { Host(host: "h\($0)", requests: 1000) }
+        let first = sample(at: 0, requests: 50_000, hosts: earlier)
+        let second = sample(at: 1000, requests: 51_000, hosts: earlier + [Host(host: "newcomer", requests: 900)])
+        let screen = TopScreen(source: "x", sample: second, previous: first)
+        #expect(screen.rows.first { $0.host == "newcomer" }?.rate == nil)
+        #expect(screen.rows.last?.host == "newcomer")
+    }
+
     @Test func theFirstScreenHasNoRatesAndSortsByTotals() {
         let screen = TopScreen(
             source: "x", sample: sample(at: 1, requests: 3, hosts: [Host(host: "z", requests: 1), Host(host: "y", requests: 2)]),

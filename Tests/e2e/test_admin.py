@@ -387,6 +387,31 @@ def test_dashboard_page_data_and_events(sluice_factory, httpbin):
     assert 500 <= events[1]["time_ms"] - events[0]["time_ms"] <= 3000, events
 
 
+def test_dashboard_history_keeps_a_sample_a_second(sluice_factory, httpbin):
+    """The last 15 minutes at one sample a second, kept with no page open: the counters grow
+    with the traffic, the samples are a second apart, and the ring's size is stated."""
+    proxy, admin = admin_proxy(sluice_factory, {"monitors": [{"metrics": {}}]})
+    s = session_via(proxy.url)
+    for _ in range(3):
+        assert s.get(httpbin.url + "/bytes/100", timeout=10).status_code == 200
+
+    def sampled_after_traffic():
+        data = admin.call("GET", "/dashboard/history")[1]
+        return data if data["requests"] and data["requests"][-1] == 3 and len(data["time_ms"]) >= 3 else None
+    assert wait_until(sampled_after_traffic, 10), admin.call("GET", "/dashboard/history")[1]
+    data = sampled_after_traffic()
+    n = len(data["time_ms"])
+    assert all(len(data[k]) == n for k in ("requests", "errors", "retries", "bytes_out", "in_flight", "connections",
+                                           "p50_ms", "p99_ms")), data
+    steps = [b - a for a, b in zip(data["time_ms"], data["time_ms"][1:])]
+    assert all(500 <= d <= 2500 for d in steps), steps
+    assert data["requests"] == sorted(data["requests"]) and data["requests"][0] <= 3
+    assert data["bytes_out"][-1] == 300 and data["errors"][-1] == 0
+    assert data["p50_ms"][-1] is not None and data["p50_ms"][-1] > 0
+    assert data["capacity"] == 900 and data["interval_ms"] == 1000
+    assert 0 < data["memory_bytes"] <= 100_000, data["memory_bytes"]  # the ring, whatever the traffic
+
+
 def test_upstreams_lists_every_circuit(sluice_factory, closed_port):
     proxy, admin = admin_proxy(sluice_factory, {"policies": {"127.0.0.1": {"health": {"consecutive_failures": 1, "cooldown": "30s"}}}})
     status, data, _ = admin.call("GET", "/upstreams")

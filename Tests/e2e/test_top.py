@@ -27,8 +27,12 @@ TOKEN = "top-e2e-token-0123456789"
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 
+# A tmux server of the tests' own (-L), so that nothing of the user's sessions is touched.
+SOCKET = "sluice-e2e-top-" + uuid.uuid4().hex[:8]
+
+
 def tmux(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10, check=check)
+    return subprocess.run(["tmux", "-L", SOCKET, *args], capture_output=True, text=True, timeout=10, check=check)
 
 
 @pytest.fixture
@@ -36,6 +40,8 @@ def session():
     name = "sluice-top-" + uuid.uuid4().hex[:8]
     yield name
     tmux("kill-session", "-t", name, check=False)
+    if tmux("list-sessions", check=False).returncode != 0:
+        tmux("kill-server", check=False)
 
 
 def pane(name: str) -> str:
@@ -75,9 +81,12 @@ def test_top_shows_hosts_busiest_first_and_quits_on_q(sluice_factory, nginx, ses
     worker.start()
     try:
         def busy_first() -> bool:
-            rows = [line.split() for line in pane(session).splitlines()]
-            hosts = [r[0] for r in rows if r and r[0].startswith(("127.0.0.1", "localhost"))]
-            return len(hosts) == 2 and hosts[0].startswith("127.0.0.1") and float(rows[[r[0] if r else "" for r in rows].index(hosts[0])][1]) > 5
+            rows = [r for r in (line.split() for line in pane(session).splitlines())
+                    if r and r[0] in (HOST, "localhost")]
+            try:  # a pane caught mid-redraw is simply not it yet
+                return [r[0] for r in rows] == [HOST, "localhost"] and float(rows[0][1]) > 5
+            except (IndexError, ValueError):
+                return False
         assert wait_until(busy_first, 10), pane(session)
     finally:
         stop.set()

@@ -193,6 +193,10 @@ public final class SluiceMetrics: Sendable {
         for reason in ConnectionRefusal.allCases { _ = counter(Self.connectionsRefused, [("reason", reason.rawValue)]) }
         for reason in RequestRefusal.allCases { _ = counter(Self.requestsRefused, [("reason", reason.rawValue)]) }
         _ = counter(Self.requestsQueued)
+        // Likewise the failures an alert watches with increase(): a series that first appears
+        // at 1 would hide the first failure (docs/monitoring/sluice-alerts.yml).
+        for result in ["applied", "failed"] { _ = counter(Self.reloads, [("result", result)]) }
+        _ = counter(Self.cacheDiskWriteFailures)
     }
 
     func counter(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Counter {

@@ -86,6 +86,10 @@ public struct TopScreen: Sendable, Equatable {
         public var bytesOut: Int64
     }
 
+    /// The admin API sends the busiest this many hosts: a host missing from a full earlier
+    /// sample may have been just below them, so its rate is unknown (not its whole total).
+    public static let hostRowsSent = 50
+
     public let source: String
     public let sample: Sample
     /// Requests, errors and retries per second since the earlier sample (nil on the first).
@@ -110,10 +114,18 @@ public struct TopScreen: Sendable, Equatable {
             (rate, errorShare, retryRate) = (nil, nil, nil)
         }
         let before = Dictionary(earlier?.hosts.map { ($0.host, $0.requests) } ?? [], uniquingKeysWith: { a, _ in a })
+        let earlierFull = (earlier?.hosts.count ?? 0) >= Self.hostRowsSent
         rows = sample.hosts.map { h in
-            Row(
-                host: h.host,
-                rate: earlier.map { _ in max(0, Double(h.requests - (before[h.host] ?? 0)) / seconds) },
+            let rate: Double?
+            if earlier == nil {
+                rate = nil
+            } else if let was = before[h.host] {
+                rate = max(0, Double(h.requests - was) / seconds)
+            } else {
+                rate = earlierFull ? nil : Double(h.requests) / seconds
+            }
+            return Row(
+                host: h.host, rate: rate,
                 requests: h.requests, errors: h.errors, retries: h.retries, meanMilliseconds: h.meanMilliseconds,
                 bytesOut: h.bytesOut)
         }.sorted { a, b in

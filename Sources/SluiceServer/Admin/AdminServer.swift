@@ -79,7 +79,7 @@ final class AdminServer: @unchecked Sendable {
                 var grace = timeval(tv_sec: 0, tv_usec: AdminServer.stopGraceMicroseconds)
                 event_base_loopexit(admin.base, &grace)
             }, me)
-        dashboard = Dashboard(base: base) { [unowned self] in dashboardPayload() }
+        dashboard = Dashboard(base: base) { [unowned self] forPage in dashboardPayload(forPage: forPage) }
         event_add(stopEvent, nil)
     }
 
@@ -196,7 +196,9 @@ final class AdminServer: @unchecked Sendable {
         case "/fleet":
             return isGet ? fleet() : .methodNotAllowed("GET")
         case "/dashboard/data":
-            return isGet ? .encoded(200, dashboardPayload()) : .methodNotAllowed("GET")
+            return isGet ? .encoded(200, dashboardPayload(forPage: true)) : .methodNotAllowed("GET")
+        case "/dashboard/history":
+            return isGet ? .encoded(200, DashboardHistoryView(dashboard.history)) : .methodNotAllowed("GET")
         case "/", "/dashboard/events":
             return .methodNotAllowed("GET")
         default:
@@ -204,10 +206,23 @@ final class AdminServer: @unchecked Sendable {
         }
     }
 
-    private func askWorkers<T: Sendable>(_ make: (AdminGather<T>) -> Worker.AdminTask) -> (results: [T], complete: Bool) {
+    private func askWorkers<T: Sendable>(
+        milliseconds: Int = AdminServer.workerAnswerMilliseconds, _ make: (AdminGather<T>) -> Worker.AdminTask
+    ) -> (results: [T], complete: Bool) {
         let gather = AdminGather<T>(expected: workers.count)
         for worker in workers { Worker.requestAdmin(worker, make(gather)) }
-        return gather.wait(milliseconds: Self.workerAnswerMilliseconds)
+        return gather.wait(milliseconds: milliseconds)
+    }
+
+    /// The workers' counts for the history's sample each second: answers within 100 ms, and
+    /// the last known counts of a worker busy longer, so that a tick never holds the admin
+    /// thread (and the requests behind it) for long.
+    private var lastCounts: [Int: Worker.WorkerCounts] = [:]
+    private func dashboardCounts() -> [Worker.WorkerCounts] {
+        for counts in askWorkers(milliseconds: 100, { Worker.AdminTask.counts($0) }).results where counts.index >= 0 {
+            lastCounts[counts.index] = counts
+        }
+        return Array(lastCounts.values)
     }
 
     private func readiness() -> AdminResponse {
@@ -300,13 +315,16 @@ final class AdminServer: @unchecked Sendable {
             body: SluiceMetrics.shared.exposition())
     }
 
-    private func dashboardPayload() -> DashboardPayload {
-        let live = workerCounts()
+    /// `forPage`: every field (the page, `/dashboard/data`); else what the history keeps,
+    /// with the workers' counts asked for with a short deadline (`dashboardCounts`).
+    private func dashboardPayload(forPage: Bool) -> DashboardPayload {
+        let live = forPage ? workerCounts() : dashboardCounts()
         let recording = server.currentConfiguration.pipeline.monitors.contains { $0 is MetricsMonitorFactory }
         var payload = DashboardPayload(
             stats: DashboardStats.shared.snapshot(), generation: server.configurationGeneration,
             inFlight: live.reduce(0) { $0 + $1.exchangesInFlight },
             connections: live.reduce(0) { $0 + $1.clientConnections }, recording: recording)
+        guard forPage else { return payload }
         payload.limits = server.rateLimits.snapshot(now: MonotonicClock.microseconds()).map(DashboardPayload.Limit.init)
         if server.currentConfiguration.server.fleet != nil {
             let shared = server.fleetShared

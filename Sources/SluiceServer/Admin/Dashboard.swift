@@ -12,6 +12,9 @@ import SluiceCore
 /// `EventSource` cannot; the page takes the token from its URL's `#token=` fragment, which
 /// never leaves the browser, or asks for it). `GET /dashboard/data` answers one payload.
 ///
+/// Once a second, page open or not, the current payload is also kept in `history` (the last
+/// 15 minutes, `DashboardHistory`), which `GET /dashboard/history` answers.
+///
 /// Threading: owned by the `AdminServer`; every call runs on the admin thread. Lifetime
 /// across the C boundary: a stream's `evhttp_request` is used only until libevent reports
 /// its connection closed (`closed(_:)` removes it), or until `stop()` ends it.
@@ -19,10 +22,13 @@ final class Dashboard {
     private let base: OpaquePointer
     private var streams: [(request: OpaquePointer, connection: OpaquePointer)] = []
     private var timer: OpaquePointer!
-    /// Builds the current payload (the admin server asks the workers for their counts).
-    private let payload: () -> DashboardPayload
+    /// Builds the current payload (the admin server asks the workers for their counts);
+    /// `true`: for a page (every field), `false`: for the history alone (what it keeps).
+    private let payload: (_ forPage: Bool) -> DashboardPayload
+    /// One sample a second, the last 15 minutes.
+    private(set) var history = DashboardHistory()
 
-    init(base: OpaquePointer, payload: @escaping () -> DashboardPayload) {
+    init(base: OpaquePointer, payload: @escaping (_ forPage: Bool) -> DashboardPayload) {
         self.base = base
         self.payload = payload
         timer = event_new(
@@ -30,6 +36,10 @@ final class Dashboard {
             { _, _, arg in
                 Unmanaged<Dashboard>.fromOpaque(arg!).takeUnretainedValue().tick()
             }, Unmanaged.passUnretained(self).toOpaque())
+        // The first sample at the first tick: the workers do not run yet (they would not
+        // answer a sample taken now).
+        var second = timeval(tv_sec: 1, tv_usec: 0)
+        event_add(timer, &second)
     }
 
     deinit { event_free(timer) }
@@ -50,21 +60,27 @@ final class Dashboard {
                 Unmanaged<Dashboard>.fromOpaque(arg!).takeUnretainedValue().closed(connection)
             }, Unmanaged.passUnretained(self).toOpaque())
         streams.append((request, connection))
-        send(Self.event(payload()), to: [request])
-        if streams.count == 1 {
-            var second = timeval(tv_sec: 1, tv_usec: 0)
-            event_add(timer, &second)
-        }
+        send(Self.event(payload(true)), to: [request])
     }
 
     private func closed(_ connection: OpaquePointer) {
         streams.removeAll { $0.connection == connection }
-        if streams.isEmpty { event_del(timer) }
     }
 
+    /// Once a second: the history's sample, and the open streams' event.
     private func tick() {
+        let current = payload(!streams.isEmpty)
+        record(current)
         guard !streams.isEmpty else { return }
-        send(Self.event(payload()), to: streams.map(\.request))
+        send(Self.event(current), to: streams.map(\.request))
+    }
+
+    private func record(_ p: DashboardPayload) {
+        history.append(
+            DashboardHistory.Sample(
+                timeMilliseconds: p.timeMilliseconds, requests: p.requests, errors: p.errors, retries: p.retries,
+                bytesOut: p.totalBytesOut, inFlight: Int64(p.inFlight),
+                connections: Int64(p.connections), p50: p.p50, p99: p.p99))
     }
 
     private func send(_ event: [UInt8], to requests: [OpaquePointer]) {
@@ -85,6 +101,47 @@ final class Dashboard {
 
     static func event(_ payload: DashboardPayload) -> [UInt8] {
         Array("data: ".utf8) + AdminResponse.encoded(200, payload).body.dropLast() + Array("\n\n".utf8)
+    }
+}
+
+/// `GET /dashboard/history` (`docs/admin-api.yaml`, `DashboardHistory`): the samples kept,
+/// oldest first, as one array per field (compact, and what a chart takes).
+struct DashboardHistoryView: Encodable {
+    let intervalMilliseconds = 1000
+    let capacity = DashboardHistory.capacity
+    let memoryBytes = DashboardHistory.memoryBytes
+    let timeMilliseconds: [Int64]
+    let requests: [Int64]
+    let errors: [Int64]
+    let retries: [Int64]
+    let bytesOut: [Int64]
+    let inFlight: [Int64]
+    let connections: [Int64]
+    let p50: [Double?]
+    let p99: [Double?]
+
+    enum CodingKeys: String, CodingKey {
+        case capacity, requests, errors, retries, connections
+        case intervalMilliseconds = "interval_ms"
+        case memoryBytes = "memory_bytes"
+        case timeMilliseconds = "time_ms"
+        case bytesOut = "bytes_out"
+        case inFlight = "in_flight"
+        case p50 = "p50_ms"
+        case p99 = "p99_ms"
+    }
+
+    init(_ history: DashboardHistory) {
+        let samples = history.samples
+        timeMilliseconds = samples.map(\.timeMilliseconds)
+        requests = samples.map(\.requests)
+        errors = samples.map(\.errors)
+        retries = samples.map(\.retries)
+        bytesOut = samples.map(\.bytesOut)
+        inFlight = samples.map(\.inFlight)
+        connections = samples.map(\.connections)
+        p50 = samples.map(\.p50)
+        p99 = samples.map(\.p99)
     }
 }
 
@@ -118,6 +175,8 @@ struct DashboardPayload: Encodable {
     /// False when the `metrics` monitor is not configured (only the gauges move then).
     let recording: Bool
     let hosts: [Host]
+    /// Every host's bytes out together (`hosts` has the busiest 50); for the history, not sent.
+    let totalBytesOut: Int64
     /// Every policy with `rate_limit`: its line and the origins' holds (`GET /limits` has more).
     var limits: [Limit] = []
     /// The fleet (`fleet:`), when one is configured.
@@ -182,6 +241,7 @@ struct DashboardPayload: Encodable {
         p90 = stats.p90
         p99 = stats.p99
         self.recording = recording
+        totalBytesOut = stats.hosts.reduce(0) { $0 + $1.row.bytesOut }
         hosts = stats.hosts.prefix(Self.maxRows).map { row in
             Host(
                 host: row.host, requests: row.row.requests, errors: row.row.errors, retries: row.row.retries,
