@@ -83,6 +83,7 @@ Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $(du -sk --exclude=DEBIAN "$root" | cut -f1)
 Depends: $depends_line
+Recommends: libjs-chart.js
 Section: web
 Priority: optional
 Description: HTTP forward proxy daemon with a per-host interceptor pipeline

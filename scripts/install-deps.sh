@@ -12,9 +12,10 @@ case "$what" in
   # parent proxy in Tests/e2e/test_parent_proxy.py; redis-server:
   # the fleet's Redis in Tests/e2e/test_fleet.py (the tests start their own, on loopback);
   # prometheus (with promtool): Tests/e2e/test_monitoring.py checks docs/monitoring/ and
-  # scrapes a running Sluice with its own Prometheus on loopback.
+  # scrapes a running Sluice with its own Prometheus on loopback; libjs-chart.js: the
+  # dashboard's charts (served by the admin listener, Tests/e2e/test_dashboard.py).
   test)  packages+=(nginx-light curl openssl ca-certificates python3-pip systemd chromium chromium-driver squid
-                    adduser binutils buildah podman debootstrap redis-server prometheus) ;;
+                    adduser binutils buildah podman debootstrap redis-server prometheus libjs-chart.js) ;;
   image) packages+=(buildah podman debootstrap binutils) ;;
   # The benchmark's peers and tools (Benchmarks/bench); Apache Traffic Server is measured where
   # it is installed, not installed here.

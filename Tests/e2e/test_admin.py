@@ -366,6 +366,11 @@ def test_dashboard_page_data_and_events(sluice_factory, httpbin):
     assert r.status_code == 200 and r.headers["Content-Type"] == "text/html; charset=utf-8"
     assert "/dashboard/events" in r.text and "<script" in r.text
     SEEN.add(("/", "get", "200"))
+    # its charting library: same origin, no token, and page and library together under 300 KB
+    lib = admin.session.get(admin.base + "/dashboard/chart.js", timeout=10)
+    assert lib.status_code == 200 and lib.headers["Content-Type"].startswith("text/javascript"), lib.status_code
+    assert b"Chart" in lib.content[:2000] and len(r.content) + len(lib.content) < 300_000, len(lib.content)
+    SEEN.add(("/dashboard/chart.js", "get", "200"))
     assert session_via(proxy.url).get(httpbin.url + "/get", timeout=10).status_code == 200
     status, data, _ = admin.call("GET", "/dashboard/data")
     assert status == 200 and data["recording"] is True and data["requests"] >= 1, data

@@ -7,6 +7,7 @@ test-artifacts/dashboard.png. Without the token the page asks for it and shows n
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
@@ -62,6 +63,13 @@ def traffic(proxy_url: str, url: str, stop: threading.Event, seconds: float = 20
     return t
 
 
+CHARTS = ["c-rate", "c-errors", "c-latency", "c-retries", "c-load", "c-bytes"]
+CHART_POINTS = ("return %s.map(id => { const c = Chart.getChart(id); "
+                "return c ? Math.min(...c.data.datasets.map(d => d.data.filter(v => v !== null).length)) : -1; })" % CHARTS)
+BLANK_CANVASES = ("return %s.filter(id => { const c = document.getElementById(id); const b = document.createElement('canvas'); "
+                  "b.width = c.width; b.height = c.height; return c.toDataURL() === b.toDataURL(); })" % CHARTS)
+
+
 @pytest.mark.deadline(90)
 def test_dashboard_in_chromium_follows_traffic_with_the_token(sluice_factory, httpbin, browser):
     token = "dash-" + os.urandom(6).hex()
@@ -73,8 +81,9 @@ def test_dashboard_in_chromium_follows_traffic_with_the_token(sluice_factory, ht
     try:
         browser.get(f"http://{HOST}:{admin_port}/#token={token}")
         html = browser.page_source
-        assert "http://" not in html.split("<body>")[0] and "<link" not in html and "src=" not in html, \
-            "the page must not load anything from elsewhere"
+        assert "http://" not in html.split("<body>")[0] and "<link" not in html, html[:500]
+        # The one thing it loads is its charting library, from the admin listener itself.
+        assert re.findall(r'src="([^"]*)"', html) == ["/dashboard/chart.js"], re.findall(r'src="([^"]*)"', html)
         assert wait_until(lambda: text(browser, "status") == "live" and int(text(browser, "ticks")) >= 2, 15), \
             (text(browser, "status"), text(browser, "ticks"))
         assert "token" not in browser.current_url, "the token stays out of the address bar"
@@ -92,6 +101,9 @@ def test_dashboard_in_chromium_follows_traffic_with_the_token(sluice_factory, ht
         assert int(text(browser, "connections")) >= 1
         row = browser.find_element(By.CSS_SELECTOR, 'tr[data-host="localhost"]')
         assert int(row.find_elements(By.TAG_NAME, "td")[1].text) > 0
+        # Every chart has drawn points: its data has them, and its canvas differs from a blank one.
+        assert wait_until(lambda: min(browser.execute_script(CHART_POINTS)) >= 3, 10), browser.execute_script(CHART_POINTS)
+        assert browser.execute_script(BLANK_CANVASES) == [], "charts with nothing drawn"
         ARTIFACTS.mkdir(exist_ok=True)
         assert browser.save_screenshot(str(ARTIFACTS / "dashboard.png"))
     finally:

@@ -141,6 +141,9 @@ final class AdminServer: @unchecked Sendable {
             // The page holds no data (its stream asks for the token), so it is served to anyone
             // who reaches the listener.
             response = AdminResponse(status: 200, contentType: "text/html; charset=utf-8", body: Array(Dashboard.page.utf8))
+        } else if path == Dashboard.chartLibraryPath && isGet {
+            // Debian's Chart.js, a public library: no data, no token.
+            response = dashboard.chartLibrary()
         } else if !authorized(request) {
             response = .error(
                 401, "missing or wrong bearer token", headers: [("WWW-Authenticate", "Bearer realm=\"sluice admin\"")])

@@ -99,6 +99,35 @@ final class Dashboard {
         streams.removeAll()
     }
 
+    /// Where the page loads its charting library from: the admin listener itself, which serves
+    /// Debian's Chart.js (`libjs-chart.js`), so the page needs no network.
+    static let chartLibraryPath = "/dashboard/chart.js"
+    /// The files tried, in order (Debian's package; a copy next to a static install).
+    static let chartLibraryFiles = [
+        "/usr/share/javascript/chart.js/chart.min.js", "/usr/local/share/sluice/chart.min.js",
+    ]
+    private var chartLibraryBody: [UInt8]?
+
+    /// `GET /dashboard/chart.js`: Chart.js, read once; 404 with what to install when it is
+    /// missing (the page then shows its numbers without charts, and says why).
+    func chartLibrary() -> AdminResponse {
+        if chartLibraryBody == nil {
+            for path in Self.chartLibraryFiles {
+                if let data = FileManager.default.contents(atPath: path), !data.isEmpty {
+                    chartLibraryBody = Array(data)
+                    break
+                }
+            }
+        }
+        guard let body = chartLibraryBody else {
+            return .error(
+                404, "the dashboard's charts need Chart.js: apt install libjs-chart.js (\(Self.chartLibraryFiles[0]))")
+        }
+        return AdminResponse(
+            status: 200, contentType: "text/javascript; charset=utf-8", headers: [("Cache-Control", "max-age=86400")],
+            body: body)
+    }
+
     static func event(_ payload: DashboardPayload) -> [UInt8] {
         Array("data: ".utf8) + AdminResponse.encoded(200, payload).body.dropLast() + Array("\n\n".utf8)
     }
@@ -175,7 +204,7 @@ struct DashboardPayload: Encodable {
     /// False when the `metrics` monitor is not configured (only the gauges move then).
     let recording: Bool
     let hosts: [Host]
-    /// Every host's bytes out together (`hosts` has the busiest 50); for the history, not sent.
+    /// Every host's bytes out together (`hosts` has the busiest 50).
     let totalBytesOut: Int64
     /// Every policy with `rate_limit`: its line and the origins' holds (`GET /limits` has more).
     var limits: [Limit] = []
@@ -216,6 +245,7 @@ struct DashboardPayload: Encodable {
 
     enum CodingKeys: String, CodingKey {
         case requests, errors, retries, connections, recording, hosts, limits, fleet
+        case totalBytesOut = "bytes_out"
         case timeMilliseconds = "time_ms"
         case configurationGeneration = "configuration_generation"
         case inFlight = "in_flight"
@@ -274,7 +304,12 @@ extension Dashboard {
           th, td { text-align: right; padding: .3rem .6rem; border-bottom: 1px solid #8883; }
           th:first-child, td:first-child { text-align: left; }
           form { margin: 1rem 0; }
+          .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(22rem, 1fr)); gap: .75rem; margin-top: 1.25rem; }
+          .chart { border: 1px solid #8884; border-radius: .5rem; padding: .5rem .8rem; }
+          .chart h2 { font-size: .85rem; font-weight: normal; opacity: .75; margin: 0 0 .3rem; }
+          .chart div { position: relative; height: 10rem; }
         </style>
+        <script src="/dashboard/chart.js"></script>
         </head>
         <body>
         <h1>Sluice <span id="status">connecting…</span></h1>
@@ -292,6 +327,15 @@ extension Dashboard {
           <div class="card"><b id="total">–</b><span>requests since start</span></div>
           <div class="card"><b id="generation">–</b><span>configuration generation</span></div>
         </div>
+        <div class="charts" id="charts">
+          <div class="chart"><h2>requests/s</h2><div><canvas id="c-rate"></canvas></div></div>
+          <div class="chart"><h2>errors (5xx, failed), % of requests</h2><div><canvas id="c-errors"></canvas></div></div>
+          <div class="chart"><h2>upstream latency, ms</h2><div><canvas id="c-latency"></canvas></div></div>
+          <div class="chart"><h2>retries/s</h2><div><canvas id="c-retries"></canvas></div></div>
+          <div class="chart"><h2>connections and requests in flight</h2><div><canvas id="c-load"></canvas></div></div>
+          <div class="chart"><h2>response bytes/s to clients</h2><div><canvas id="c-bytes"></canvas></div></div>
+        </div>
+        <p id="nocharts" hidden>The charts need Chart.js on the gateway: <code>apt install libjs-chart.js</code>. The numbers above still update.</p>
         <p id="fleet" hidden>Fleet: <b id="instances">–</b> instances alive; <b id="fallbacks">–</b> rate-limit decisions taken without Redis.</p>
         <p id="norecording" hidden>The <code>metrics</code> monitor is not configured: only in-flight requests and connections move.</p>
         <table>
@@ -309,6 +353,64 @@ extension Dashboard {
         const fmt = (v, digits) => v === null || v === undefined ? "–" : Number(v).toFixed(digits);
         let previous = null;
         let previousHosts = new Map();
+
+        // The last 15 minutes: one point a second, from GET /dashboard/history at the start and
+        // then from each event. Counters become rates between consecutive samples.
+        const WINDOW = 900;
+        const series = { t: [], rate: [], errors: [], p50: [], p99: [], retries: [], connections: [], inflight: [], bytes: [] };
+        const charts = [];
+        let lastSample = null;
+        const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour12: false });
+
+        function makeCharts() {
+          if (!window.Chart) { $("nocharts").hidden = false; $("charts").hidden = true; return; }
+          const chart = (id, lines) => {
+            charts.push(new Chart($(id), {
+              type: "line",
+              data: { labels: series.t, datasets: lines.map(([label, key, color]) =>
+                ({ label, data: series[key], borderColor: color, backgroundColor: color, pointRadius: 0, borderWidth: 1.5, tension: 0, spanGaps: true })) },
+              options: { animation: false, responsive: true, maintainAspectRatio: false,
+                scales: { x: { ticks: { maxTicksLimit: 6, maxRotation: 0 } }, y: { beginAtZero: true } },
+                plugins: { legend: { display: lines.length > 1, labels: { boxWidth: 12 } } } },
+            }));
+          };
+          chart("c-rate", [["requests/s", "rate", "#3b82f6"]]);
+          chart("c-errors", [["errors %", "errors", "#ef4444"]]);
+          chart("c-latency", [["p50", "p50", "#10b981"], ["p99", "p99", "#f59e0b"]]);
+          chart("c-retries", [["retries/s", "retries", "#8b5cf6"]]);
+          chart("c-load", [["client connections", "connections", "#0ea5e9"], ["in flight", "inflight", "#f97316"]]);
+          chart("c-bytes", [["bytes/s", "bytes", "#64748b"]]);
+        }
+
+        function addSample(s) {
+          if (lastSample && s.time_ms > lastSample.time_ms) {
+            const dt = (s.time_ms - lastSample.time_ms) / 1000;
+            const req = Math.max(0, s.requests - lastSample.requests);
+            series.t.push(clock(s.time_ms));
+            series.rate.push(req / dt);
+            series.errors.push(req > 0 ? 100 * Math.max(0, s.errors - lastSample.errors) / req : 0);
+            series.retries.push(Math.max(0, s.retries - lastSample.retries) / dt);
+            series.bytes.push(Math.max(0, s.bytes_out - lastSample.bytes_out) / dt);
+            series.p50.push(s.p50_ms);
+            series.p99.push(s.p99_ms);
+            series.connections.push(s.connections);
+            series.inflight.push(s.in_flight);
+            for (const key in series) while (series[key].length > WINDOW) series[key].shift();
+          }
+          if (!lastSample || s.time_ms > lastSample.time_ms) lastSample = s;
+        }
+
+        async function loadHistory(headers) {
+          const response = await fetch("/dashboard/history", { headers, cache: "no-store" });
+          if (!response.ok) return;
+          const h = await response.json();
+          for (let i = 0; i < h.time_ms.length; i++) {
+            addSample({ time_ms: h.time_ms[i], requests: h.requests[i], errors: h.errors[i], retries: h.retries[i],
+              bytes_out: h.bytes_out[i], in_flight: h.in_flight[i], connections: h.connections[i],
+              p50_ms: h.p50_ms[i], p99_ms: h.p99_ms[i] });
+          }
+          for (const c of charts) c.update("none");
+        }
 
         function show(d) {
           const dt = previous ? (d.time_ms - previous.time_ms) / 1000 : 0;
@@ -360,6 +462,8 @@ extension Dashboard {
           if (d.fleet) { $("instances").textContent = d.fleet.instances_alive; $("fallbacks").textContent = d.fleet.fallbacks; }
           previousHosts = new Map(d.hosts.map((h) => [h.host, h.requests]));
           previous = d;
+          addSample(d);
+          for (const c of charts) c.update("none");
           $("ticks").textContent = Number($("ticks").textContent) + 1;
         }
 
@@ -371,6 +475,7 @@ extension Dashboard {
               if (response.status === 401) { $("status").textContent = "token needed"; $("login").hidden = false; return; }
               if (!response.ok) throw new Error("HTTP " + response.status);
               $("status").textContent = "live";
+              if (!lastSample) await loadHistory(headers).catch(() => {});
               const reader = response.body.getReader();
               const decoder = new TextDecoder();
               let text = "";
@@ -396,6 +501,7 @@ extension Dashboard {
         const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
         if (fromHash) history.replaceState(null, "", location.pathname);  // keep it out of the address bar
         $("login").addEventListener("submit", (e) => { e.preventDefault(); $("login").hidden = true; stream($("token").value); });
+        makeCharts();
         stream(fromHash);
         </script>
         </body>
