@@ -112,6 +112,30 @@ def test_dashboard_in_chromium_follows_traffic_with_the_token(sluice_factory, ht
             t.join(10)
 
 
+@pytest.mark.deadline(60)
+def test_dashboard_upstreams_panel_shows_an_open_circuit(sluice_factory, httpbin, closed_port, browser):
+    admin_port = pick_port()
+    proxy = sluice_factory({"admin": {"listen": f"{HOST}:{admin_port}"}, "monitors": [{"metrics": {}}],
+                            "policies": {HOST: {"health": {"consecutive_failures": 2, "cooldown": "60s"}}}})
+    browser.get(f"http://{HOST}:{admin_port}/")
+    assert wait_until(lambda: text(browser, "status") == "live", 10), text(browser, "status")
+    assert not browser.find_element(By.ID, "upstreamstable").is_displayed()
+    s = session_via(proxy.url)
+    assert s.get(httpbin.url + "/get", timeout=10).status_code == 200
+    for _ in range(2):
+        assert s.get(f"http://{HOST}:{closed_port}/", timeout=10).status_code == 502  # refused twice: it opens
+    assert s.get(f"http://{HOST}:{closed_port}/", timeout=10).status_code == 503      # then fails fast
+    down = f'tr[data-origin="http://{HOST}:{closed_port}"]'
+    assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, down), 10), \
+        browser.find_element(By.ID, "upstreams").get_attribute("outerHTML")
+    cells = [c.text for c in browser.find_element(By.CSS_SELECTOR, down).find_elements(By.TAG_NAME, "td")]
+    assert cells[1] == "open" and cells[2].endswith(" of 2") and cells[3].endswith("s ago") and cells[5] == "1", cells
+    healthy = f'tr[data-origin="http://{HOST}:{httpbin.port}"]'
+    assert browser.find_element(By.CSS_SELECTOR, healthy).find_elements(By.TAG_NAME, "td")[1].text == "closed"
+    ARTIFACTS.mkdir(exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "dashboard-upstreams.png"))
+
+
 def test_dashboard_without_the_token_asks_for_it(sluice_factory, browser):
     admin_port = pick_port()
     sluice_factory({"admin": {"listen": f"{HOST}:{admin_port}", "token": "${ADMIN_TOKEN}"}},

@@ -308,6 +308,8 @@ extension Dashboard {
           .chart { border: 1px solid #8884; border-radius: .5rem; padding: .5rem .8rem; }
           .chart h2 { font-size: .85rem; font-weight: normal; opacity: .75; margin: 0 0 .3rem; }
           .chart div { position: relative; height: 10rem; }
+          .circuit-open { color: #ef4444; font-weight: bold; }
+          .circuit-half_open { color: #f59e0b; font-weight: bold; }
         </style>
         <script src="/dashboard/chart.js"></script>
         </head>
@@ -341,6 +343,10 @@ extension Dashboard {
         <table>
           <thead><tr><th>host</th><th>requests</th><th>req/s</th><th>errors</th><th>retries</th><th>mean ms</th><th>bytes out</th></tr></thead>
           <tbody id="hosts"></tbody>
+        </table>
+        <table id="upstreamstable" hidden>
+          <thead><tr><th>origin (health)</th><th>circuit</th><th>failures in a row</th><th>opened</th><th>opens</th><th>failed fast</th></tr></thead>
+          <tbody id="upstreams"></tbody>
         </table>
         <table id="limitstable" hidden>
           <thead><tr><th>rate_limit policy</th><th>waiting</th><th>in flight</th><th>waited</th><th>refused (429)</th><th>origin holds</th></tr></thead>
@@ -398,6 +404,31 @@ extension Dashboard {
             for (const key in series) while (series[key].length > WINDOW) series[key].shift();
           }
           if (!lastSample || s.time_ms > lastSample.time_ms) lastSample = s;
+        }
+
+        // The origins with `health:` and their circuits (GET /upstreams), every 2 s.
+        async function pollUpstreams(headers) {
+          for (;;) {
+            try {
+              const response = await fetch("/upstreams", { headers, cache: "no-store" });
+              if (response.ok) {
+                const list = (await response.json()).upstreams;
+                const body = $("upstreams");
+                body.replaceChildren();
+                for (const u of list) {
+                  const row = body.insertRow();
+                  row.dataset.origin = u.origin;
+                  const opened = u.opened_ms_ago === null ? "never" : fmt(u.opened_ms_ago / 1000, 0) + " s ago";
+                  for (const v of [u.origin, u.state, `${u.consecutive_failures} of ${u.failure_threshold}`, opened, u.opens, u.failed_fast]) {
+                    row.insertCell().textContent = v;
+                  }
+                  row.cells[1].className = "circuit-" + u.state;
+                }
+                $("upstreamstable").hidden = list.length === 0;
+              }
+            } catch (e) { /* the stream's status line says when the listener is gone */ }
+            await new Promise((r) => setTimeout(r, 2000));
+          }
         }
 
         async function loadHistory(headers) {
@@ -475,7 +506,10 @@ extension Dashboard {
               if (response.status === 401) { $("status").textContent = "token needed"; $("login").hidden = false; return; }
               if (!response.ok) throw new Error("HTTP " + response.status);
               $("status").textContent = "live";
-              if (!lastSample) await loadHistory(headers).catch(() => {});
+              if (!lastSample) {
+                await loadHistory(headers).catch(() => {});
+                pollUpstreams(headers);
+              }
               const reader = response.body.getReader();
               const decoder = new TextDecoder();
               let text = "";
