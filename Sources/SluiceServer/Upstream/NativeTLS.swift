@@ -63,17 +63,8 @@ final class NativeTLSContext {
             }
         }
         if r.needsOwnCheck {
-            // As for libcurl: retained for the SSL_CTX's life, released by its ex_data free
-            // callback (a pooled connection may outlive the policy snapshot).
-            let retained = Unmanaged<ServerTrust>.passRetained(trust).toOpaque()
-            let ok = sluice_ssl_ctx_set_verifier(
-                ctx,
-                { store, arg in
-                    let trust = Unmanaged<ServerTrust>.fromOpaque(arg!).takeUnretainedValue()
-                    return UpstreamTLS.verify(store!, trust) ? 1 : 0
-                }, retained, { arg in Unmanaged<ServerTrust>.fromOpaque(arg!).release() })
-            if ok == 0 {
-                Unmanaged<ServerTrust>.fromOpaque(retained).release()
+            // The same check libcurl's handles get.
+            guard UpstreamTLS.installVerifier(on: ctx, trust) else {
                 SSL_CTX_free(ctx)
                 return .failure(.init("the certificate check could not be installed"))
             }

@@ -38,20 +38,8 @@ enum UpstreamTLS {
         if r.needsOwnCheck {
             sluice_easy_setopt_ptr(h, CURLOPT_SSL_CTX_DATA, Unmanaged.passUnretained(trust).toOpaque())
             sluice_easy_setopt_ssl_ctx_cb(h) { _, sslContext, userdata in
-                // Retained for the SSL_CTX's life (released by OpenSSL's ex_data free callback):
-                // a pooled connection may outlive the policy snapshot that opened it.
-                let retained = Unmanaged<ServerTrust>.fromOpaque(userdata!).retain().toOpaque()
-                let ok = sluice_ssl_ctx_set_verifier(
-                    OpaquePointer(sslContext),
-                    { store, arg in
-                        let trust = Unmanaged<ServerTrust>.fromOpaque(arg!).takeUnretainedValue()
-                        return UpstreamTLS.verify(store!, trust) ? 1 : 0
-                    }, retained, { arg in Unmanaged<ServerTrust>.fromOpaque(arg!).release() })
-                if ok == 0 {
-                    Unmanaged<ServerTrust>.fromOpaque(retained).release()
-                    return CURLE_SSL_CERTPROBLEM
-                }
-                return CURLE_OK
+                let trust = Unmanaged<ServerTrust>.fromOpaque(userdata!).takeUnretainedValue()
+                return UpstreamTLS.installVerifier(on: OpaquePointer(sslContext!), trust) ? CURLE_OK : CURLE_SSL_CERTPROBLEM
             }
         }
         if let cert = clientCertificate {
@@ -87,6 +75,24 @@ enum UpstreamTLS {
         let seconds = (MonotonicClock.milliseconds() - reloadedAt) / 1000
         if seconds < 2 { reuse.fresh = true } else { reuse.maxAgeSeconds = seconds - 1 }
         return reuse
+    }
+
+    /// Makes `verify` the certificate check of `context` for `trust` (and turns
+    /// `SSL_VERIFY_PEER` on): libcurl's handles (from `CURLOPT_SSL_CTX_FUNCTION`) and the
+    /// native transport's contexts (`NativeTLSContext`) both get it here. The trust is
+    /// retained for the context's life and released by OpenSSL's ex_data free callback: a
+    /// pooled connection may outlive the policy snapshot that opened it. False when OpenSSL
+    /// refused.
+    static func installVerifier(on context: OpaquePointer, _ trust: ServerTrust) -> Bool {
+        let retained = Unmanaged<ServerTrust>.passRetained(trust).toOpaque()
+        let ok = sluice_ssl_ctx_set_verifier(
+            context,
+            { store, arg in
+                let trust = Unmanaged<ServerTrust>.fromOpaque(arg!).takeUnretainedValue()
+                return UpstreamTLS.verify(store!, trust) ? 1 : 0
+            }, retained, { arg in Unmanaged<ServerTrust>.fromOpaque(arg!).release() })
+        if ok == 0 { Unmanaged<ServerTrust>.fromOpaque(retained).release() }
+        return ok != 0
     }
 
     /// The certificate-verify callback's work: CRLs (for the leaf), the chain when asked,
