@@ -272,21 +272,13 @@ def scrape(admin: Admin) -> dict[str, float]:
     return values
 
 
-def documented_metrics() -> dict[str, str]:
+def documented_column(index: int) -> dict[str, str]:
+    """docs/metrics.md's metric table: each metric's cell in column `index` (2: type, 4: help)."""
     rows = {}
     for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
         if line.startswith("| `sluice_"):
             cells = [c.strip() for c in line.split("|")]
-            rows[cells[1].strip("`")] = cells[2]
-    return rows
-
-
-def documented_help() -> dict[str, str]:
-    rows = {}
-    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
-        if line.startswith("| `sluice_"):
-            cells = [c.strip() for c in line.split("|")]
-            rows[cells[1].strip("`")] = cells[4]
+            rows[cells[1].strip("`")] = cells[index]
     return rows
 
 
@@ -327,12 +319,12 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
     # every documented metric is served (the labelled ones once they have a value), with its type
     r = admin.session.get(admin.base + "/metrics", timeout=10)
     types = dict(line.split()[2:4] for line in r.text.splitlines() if line.startswith("# TYPE "))
-    documented = documented_metrics()
+    documented = documented_column(2)
     for name, kind in types.items():
         assert documented.get(name) == kind, f"{name} ({kind}) is served but docs/metrics.md says {documented.get(name)}"
     # each # TYPE line follows its metric's # HELP line, with the help text docs/metrics.md gives
     lines = r.text.splitlines()
-    helps = documented_help()
+    helps = documented_column(4)
     for i, line in enumerate(lines):
         if line.startswith("# TYPE "):
             name = line.split()[2]

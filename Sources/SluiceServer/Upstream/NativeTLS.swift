@@ -204,14 +204,10 @@ enum NativeTLS {
         return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
     }
 
-    /// The oldest OpenSSL error queued on this thread, as text (the queue is cleared).
+    /// The oldest OpenSSL error queued on this thread, as text (`TLSObjects.lastError`), and
+    /// the rest of the queue cleared: the worker thread's next `SSL_*` call starts clean.
     static func errorString() -> String {
-        let code = ERR_get_error()
-        ERR_clear_error()
-        guard code != 0 else { return "unknown error" }
-        var buffer = [CChar](repeating: 0, count: 256)
-        ERR_error_string_n(code, &buffer, buffer.count)
-        let length = buffer.firstIndex(of: 0) ?? buffer.count
-        return String(decoding: buffer[..<length].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        defer { ERR_clear_error() }
+        return TLSObjects.lastError()
     }
 }
