@@ -43,7 +43,7 @@ import Testing
         let sample = Array("x 1\n# TYPE sluice_tunnels_total counter\nsluice_tunnels_total 1\n".utf8)
         #expect(
             String(decoding: SluiceMetrics.withHelp(sample), as: UTF8.self)
-                == "x 1\n# HELP sluice_tunnels_total CONNECT tunnels opened\n# TYPE sluice_tunnels_total counter\nsluice_tunnels_total 1\n"
+                == "x 1\n# HELP sluice_tunnels_total CONNECT tunnels and upgraded connections (101 Switching Protocols: WebSocket) opened\n# TYPE sluice_tunnels_total counter\nsluice_tunnels_total 1\n"
         )
     }
 

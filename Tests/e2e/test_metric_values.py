@@ -8,6 +8,7 @@ when a conditional request went out and the origin answered it.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import ssl
@@ -162,6 +163,7 @@ def test_retried_then_refused(sluice_factory, closed_port, workers):
     m = settled(admin, "sluice_requests_total", 1, policy="default", method="GET", status_class="5xx")
     assert value(m, "sluice_retries_total", reason="refused") == 2
     assert value(m, "sluice_retries_stopped_total", reason="limit") == 1
+    assert value(m, "sluice_own_responses_total", kind="upstream_refused") == 1
     assert value(m, "sluice_upstream_requests_total", protocol="HTTP/1.1", connection="new") == 0
 
 
@@ -183,10 +185,56 @@ def test_connections_refused_at_accept(sluice_factory, nginx, workers):
     assert wait_until(take_the_one_place, 5)
     try:
         before = value(scrape(admin), "sluice_connections_refused_total", reason="max_connections")
+        own = value(scrape(admin), "sluice_own_responses_total", kind="too_many_connections")
         for _ in range(2):
             extra = socket.create_connection((HOST, proxy.port), timeout=10)
             assert extra.recv(12).startswith(b"HTTP/1.1 503")
             extra.close()
         settled(admin, "sluice_connections_refused_total", before + 2, reason="max_connections")
+        settled(admin, "sluice_own_responses_total", own + 2, kind="too_many_connections")
     finally:
         held[0].close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_streamed_from_disk(sluice_factory, origin, tmp_path, workers):
+    """A body larger than the memory tier keeps (1/8 of `memory`) is stored on disk and its
+    hits are streamed from there: one miss, then hits, every byte counted once."""
+    proxy, admin = metrics_proxy(sluice_factory, workers, cache_store={
+        "memory": "1MiB", "disk": {"path": str(tmp_path / "cache"), "size": "64MiB"}, "max_object_size": "16MiB"})
+    body = os.urandom(512 * 1024)
+    url = origin.set("/big", headers={"Cache-Control": "max-age=60"}, body=body)
+    statuses = []
+    with requests.Session() as s:
+        for _ in range(3):
+            r = s.get(url, proxies={"http": proxy.url}, timeout=20)
+            assert r.status_code == 200 and r.content == body
+            statuses.append(r.headers.get("Cache-Status", ""))
+    assert "detail=disk" in statuses[1] and "detail=disk" in statuses[2], statuses
+    assert origin.count("/big") == 1
+    m = settled(admin, "sluice_cache_total", 2, event="hit")
+    assert {dict(k)["event"]: v for (n, k), v in m.items() if n == "sluice_cache_total" and v} == \
+        {"lookup": 3, "miss": 1, "stored": 1, "hit": 2}
+    assert value(m, "sluice_response_body_bytes_total") == 3 * len(body)
+    assert value(m, "sluice_requests_total", policy="default", method="GET", status_class="2xx") == 3
+    assert value(m, "sluice_upstream_total_seconds_count") == 1  # only the miss went upstream
+    assert value(m, "sluice_cache_disk_write_failures_total") == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_upgraded_websocket(sluice_factory, workers):
+    """A WebSocket upgrade is one exchange (status 101, counted when the tunnel closes) and one
+    tunnel; the bytes relayed after the handshake are the tunnel's, not a response body's."""
+    from test_websocket import EchoServer, echo_many, via_absolute_form
+    echo = EchoServer()
+    try:
+        proxy, admin = metrics_proxy(sluice_factory, workers)
+        with via_absolute_form(proxy.port, f"ws://{HOST}:{echo.port}/echo") as ws:
+            assert echo_many(ws, 20) == 20
+        assert len(echo.upgrades()) == 1
+        m = settled(admin, "sluice_requests_total", 1, policy="default", method="GET", status_class="1xx")
+        assert value(m, "sluice_tunnels_total") == 1
+        assert sum(v for (n, _), v in m.items() if n == "sluice_requests_total") == 1
+        assert value(m, "sluice_upstream_requests_total", protocol="HTTP/1.1", connection="new") == 0
+    finally:
+        echo.stop()

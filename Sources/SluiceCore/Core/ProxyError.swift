@@ -76,6 +76,87 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// `deny`: what a fleet-wide limit covers is refused; nothing was sent.
     case fleetUnavailable(policy: String)
 
+    /// The case without its details: a stable name for counting refusals (the dashboard's
+    /// refusals by case, a host's failed exchanges), listed in docs/errors.md. One byte, so an
+    /// exchange's summary carries it at no cost.
+    public enum Kind: String, Sendable, CaseIterable {
+        case malformedRequest = "malformed_request"
+        case notAbsoluteURL = "not_absolute_url"
+        case badURL = "bad_url"
+        case requestLineTooLong = "request_line_too_long"
+        case headerSectionTooLarge = "header_section_too_large"
+        case tooManyHeaders = "too_many_headers"
+        case bodyTooLarge = "body_too_large"
+        case unsupportedTransferCoding = "unsupported_transfer_coding"
+        case unsupportedVersion = "unsupported_version"
+        case headerTimeout = "header_timeout"
+        case connectPortNotAllowed = "connect_port_not_allowed"
+        case destinationDenied = "destination_denied"
+        case loopDetected = "loop_detected"
+        case upstreamRefused = "upstream_refused"
+        case dnsFailure = "dns_failure"
+        case tlsFailure = "tls_failure"
+        case trustFailure = "trust_failure"
+        case upstreamTimeout = "upstream_timeout"
+        case upstreamProtocol = "upstream_protocol"
+        case parentProxyFailed = "parent_proxy_failed"
+        case adapterFailed = "adapter_failed"
+        case notOriginForm = "not_origin_form"
+        case cancelledByOperator = "cancelled_by_operator"
+        case proxyAuthenticationRequired = "proxy_authentication_required"
+        case tooManyConnections = "too_many_connections"
+        case tooManyConnectionsFromClient = "too_many_connections_from_client"
+        case upstreamQueueFull = "upstream_queue_full"
+        case upstreamQueueTimeout = "upstream_queue_timeout"
+        case socketUnavailable = "socket_unavailable"
+        case upstreamCircuitOpen = "upstream_circuit_open"
+        case onlyIfCachedMiss = "only_if_cached_miss"
+        case rateLimited = "rate_limited"
+        case originRateLimited = "origin_rate_limited"
+        case concurrencyLimited = "concurrency_limited"
+        case fleetUnavailable = "fleet_unavailable"
+    }
+
+    public var kind: Kind {
+        switch self {
+        case .malformedRequest: return .malformedRequest
+        case .notAbsoluteURL: return .notAbsoluteURL
+        case .badURL: return .badURL
+        case .requestLineTooLong: return .requestLineTooLong
+        case .headerSectionTooLarge: return .headerSectionTooLarge
+        case .tooManyHeaders: return .tooManyHeaders
+        case .bodyTooLarge: return .bodyTooLarge
+        case .unsupportedTransferCoding: return .unsupportedTransferCoding
+        case .unsupportedVersion: return .unsupportedVersion
+        case .headerTimeout: return .headerTimeout
+        case .connectPortNotAllowed: return .connectPortNotAllowed
+        case .destinationDenied: return .destinationDenied
+        case .loopDetected: return .loopDetected
+        case .upstreamRefused: return .upstreamRefused
+        case .dnsFailure: return .dnsFailure
+        case .tlsFailure: return .tlsFailure
+        case .trustFailure: return .trustFailure
+        case .upstreamTimeout: return .upstreamTimeout
+        case .upstreamProtocol: return .upstreamProtocol
+        case .parentProxyFailed: return .parentProxyFailed
+        case .adapterFailed: return .adapterFailed
+        case .notOriginForm: return .notOriginForm
+        case .cancelledByOperator: return .cancelledByOperator
+        case .proxyAuthenticationRequired: return .proxyAuthenticationRequired
+        case .tooManyConnections: return .tooManyConnections
+        case .tooManyConnectionsFromClient: return .tooManyConnectionsFromClient
+        case .upstreamQueueFull: return .upstreamQueueFull
+        case .upstreamQueueTimeout: return .upstreamQueueTimeout
+        case .socketUnavailable: return .socketUnavailable
+        case .upstreamCircuitOpen: return .upstreamCircuitOpen
+        case .onlyIfCachedMiss: return .onlyIfCachedMiss
+        case .rateLimited: return .rateLimited
+        case .originRateLimited: return .originRateLimited
+        case .concurrencyLimited: return .concurrencyLimited
+        case .fleetUnavailable: return .fleetUnavailable
+        }
+    }
+
     public var status: Int {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm: return 400

@@ -28,10 +28,73 @@ public final class DashboardStats: Sendable {
         public var totalMicroseconds: Int64 = 0
     }
 
+    /// What each exchange came to, beyond its status: the page's error chart splits `errors`
+    /// into these, and the cache chart reads the rest. Totals since start.
+    public struct Outcomes: Sendable, Equatable {
+        /// Answers 5xx from the origin (the response was the origin's).
+        public var origin5xx: Int64 = 0
+        /// Sluice's own answers (`ProxyError`), by case; refusals at accept included.
+        public var refusals: [ProxyError.Kind: Int64] = [:]
+        /// Exchanges that ended without a whole response and without an answer of Sluice's
+        /// own: the origin's response broke after it started, or the client's connection did
+        /// not get it.
+        public var failures: Int64 = 0
+        /// Exchanges the shared cache looked at (`cache_store`), and those it answered from
+        /// the store (a hit, a 304 revalidation, stale on error).
+        public var cacheLookups: Int64 = 0
+        public var cacheServed: Int64 = 0
+        /// Response bytes to clients from the store, and from origins (everything else).
+        public var bytesFromCache: Int64 = 0
+        public var bytesFromOrigin: Int64 = 0
+        /// Exchanges whose tries waited for their turn under a `rate_limit`.
+        public var quotaWaits: Int64 = 0
+
+        public init() {}
+
+        public var refusalsTotal: Int64 { refusals.values.reduce(0, +) }
+
+        mutating func add(_ o: Outcomes) {
+            origin5xx += o.origin5xx
+            for (kind, n) in o.refusals { refusals[kind, default: 0] += n }
+            failures += o.failures
+            cacheLookups += o.cacheLookups
+            cacheServed += o.cacheServed
+            bytesFromCache += o.bytesFromCache
+            bytesFromOrigin += o.bytesFromOrigin
+            quotaWaits += o.quotaWaits
+        }
+    }
+
+    /// One of a host's recent failed exchanges (its page on the dashboard): a 5xx, a refusal
+    /// of Sluice's, or a response that broke. The URL keeps no query (it may carry secrets).
+    /// Encoded as `GET /dashboard/host` sends it (docs/admin-api.yaml, `DashboardHost`).
+    public struct FailedExchange: Sendable, Equatable, Encodable {
+        public var timeMilliseconds: Int64
+        public var method: String
+        public var url: String
+        public var status: Int
+        /// A `ProxyError.Kind` name, `origin_5xx`, or `broken` (no answer of Sluice's: the
+        /// response broke after it started, or never came).
+        public var kind: String
+        public var error: String?
+        public var attempts: Int
+
+        enum CodingKeys: String, CodingKey {
+            case method, url, status, kind, error, attempts
+            case timeMilliseconds = "time_ms"
+        }
+    }
+
+    /// A host's failed exchanges kept (per worker; the merge keeps the newest this many).
+    public static let failuresPerHost = 50
+    /// The longest URL a failed exchange keeps (longer ones end with `…`).
+    static let failedURLLimit = 200
+
     public struct Snapshot: Sendable, Equatable {
         public var requests: Int64
         public var errors: Int64
         public var retries: Int64
+        public var outcomes = Outcomes()
         /// Percentiles of the recent exchanges' upstream time, milliseconds (nil: none yet).
         public var p50: Double?
         public var p90: Double?
@@ -40,7 +103,8 @@ public final class DashboardStats: Sendable {
         public var hosts: [(host: String, row: HostRow)]
 
         public static func == (a: Snapshot, b: Snapshot) -> Bool {
-            a.requests == b.requests && a.errors == b.errors && a.retries == b.retries && a.p50 == b.p50
+            a.requests == b.requests && a.errors == b.errors && a.retries == b.retries && a.outcomes == b.outcomes
+                && a.p50 == b.p50
                 && a.p90 == b.p90 && a.p99 == b.p99 && a.hosts.map(\.host) == b.hosts.map(\.host)
                 && a.hosts.map(\.row) == b.hosts.map(\.row)
         }
@@ -50,7 +114,10 @@ public final class DashboardStats: Sendable {
         var requests: Int64 = 0
         var errors: Int64 = 0
         var retries: Int64 = 0
+        var outcomes = Outcomes()
         var hosts: [String: HostRow] = [:]
+        /// The last `failuresPerHost` failed exchanges per host, oldest first.
+        var failed: [String: [FailedExchange]] = [:]
         var latencies = [Int64](repeating: 0, count: DashboardStats.latencyWindow)
         var latencyCount = 0
         var latencyNext = 0
@@ -61,30 +128,60 @@ public final class DashboardStats: Sendable {
     public final class Shard: Sendable {
         fileprivate let state = Mutex(State())
 
-        /// One finished exchange: an error is a 5xx answer or none at all (a failure before
-        /// or during the response).
-        public func record(
-            host: String, status: Int, failed: Bool, retries: Int, bytesOut: Int64,
-            totalMicroseconds: Int64?
-        ) {
-            let isError = failed || status >= 500 || status == 0
-            state.withLock { s in
-                s.requests += 1
-                if isError { s.errors += 1 }
-                s.retries += Int64(retries)
-                let key = s.hosts[host] != nil || s.hosts.count < DashboardStats.maxHosts ? host : "other"
-                s.hosts[key, default: HostRow()].requests += 1
-                if isError { s.hosts[key]!.errors += 1 }
-                s.hosts[key]!.retries += Int64(retries)
-                s.hosts[key]!.bytesOut += bytesOut
-                if let t = totalMicroseconds, t > 0 {
-                    s.hosts[key]!.totalMicroseconds += t
-                    s.latencies[s.latencyNext] = t
-                    s.latencyNext = (s.latencyNext + 1) % DashboardStats.latencyWindow
-                    s.latencyCount = min(s.latencyCount + 1, DashboardStats.latencyWindow)
+        /// One finished exchange, as the `metrics` monitor sees it (`host`: its row's key). An
+        /// error is a 5xx answer or none at all (a failure before or during the response).
+        public func record(_ s: ExchangeSummary, host: String) {
+            let failed = s.outcome == .error || s.outcome == .upstreamAborted
+            let isError = failed || s.status >= 500 || s.status == 0
+            let retries = Int64(s.retries.count)
+            let total = s.timings?.total
+            let failure = isError ? DashboardStats.failedExchange(s) : nil
+            state.withLock { s2 in
+                s2.requests += 1
+                s2.retries += retries
+                if isError { s2.errors += 1 }
+                s2.outcomes.count(s)
+                let key = s2.hosts[host] != nil || s2.hosts.count < DashboardStats.maxHosts ? host : "other"
+                s2.hosts[key, default: HostRow()].requests += 1
+                if isError { s2.hosts[key]!.errors += 1 }
+                s2.hosts[key]!.retries += retries
+                s2.hosts[key]!.bytesOut += s.bytesOut
+                if let t = total, t > 0 {
+                    s2.hosts[key]!.totalMicroseconds += t
+                    s2.latencies[s2.latencyNext] = t
+                    s2.latencyNext = (s2.latencyNext + 1) % DashboardStats.latencyWindow
+                    s2.latencyCount = min(s2.latencyCount + 1, DashboardStats.latencyWindow)
+                }
+                if let failure {
+                    s2.failed[key, default: []].append(failure)
+                    if s2.failed[key]!.count > DashboardStats.failuresPerHost { s2.failed[key]!.removeFirst() }
                 }
             }
         }
+
+        /// A connection refused at accept (`limits.max_connections…`): no exchange, no host.
+        public func recordRefusal(_ kind: ProxyError.Kind) {
+            state.withLock { $0.outcomes.refusals[kind, default: 0] += 1 }
+        }
+    }
+
+    static func failedExchange(_ s: ExchangeSummary) -> FailedExchange {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        var url = String(s.url.prefix { $0 != "?" && $0 != "#" })
+        if url.utf8.count < s.url.utf8.count { url += "?…" }
+        if url.count > failedURLLimit { url = String(url.prefix(failedURLLimit)) + "…" }
+        let kind: String
+        if let k = s.errorKind {
+            kind = k.rawValue
+        } else if s.outcome == .error || s.outcome == .upstreamAborted || s.status == 0 {
+            kind = "broken"
+        } else {
+            kind = "origin_5xx"
+        }
+        return FailedExchange(
+            timeMilliseconds: Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000, method: s.method, url: url,
+            status: s.status, kind: kind, error: s.error, attempts: s.attempts)
     }
 
     /// The shards by the thread that records into them: a worker keeps its shard across
@@ -112,6 +209,7 @@ public final class DashboardStats: Sendable {
                 s.requests += part.requests
                 s.errors += part.errors
                 s.retries += part.retries
+                s.outcomes.add(part.outcomes)
                 for (host, row) in part.hosts {
                     s.hosts[host, default: HostRow()].requests += row.requests
                     s.hosts[host]!.errors += row.errors
@@ -132,8 +230,42 @@ public final class DashboardStats: Sendable {
             $0.value.requests != $1.value.requests ? $0.value.requests > $1.value.requests : $0.key < $1.key
         }
         return Snapshot(
-            requests: s.requests, errors: s.errors, retries: s.retries,
+            requests: s.requests, errors: s.errors, retries: s.retries, outcomes: s.outcomes,
             p50: percentile(0.5), p90: percentile(0.9), p99: percentile(0.99),
             hosts: hosts.map { ($0.key, $0.value) })
+    }
+}
+
+extension DashboardStats {
+    /// `host`'s last failed exchanges, every worker's together, oldest first (at most
+    /// `failuresPerHost`).
+    public func failedExchanges(host: String) -> [FailedExchange] {
+        var all: [FailedExchange] = []
+        for shard in shards.withLock({ Array($0.values) }) {
+            shard.state.withLock { all.append(contentsOf: $0.failed[host] ?? []) }
+        }
+        all.sort { $0.timeMilliseconds < $1.timeMilliseconds }
+        return Array(all.suffix(Self.failuresPerHost))
+    }
+}
+
+extension DashboardStats.Outcomes {
+    /// Counts what `s` came to.
+    mutating func count(_ s: ExchangeSummary) {
+        if let kind = s.errorKind {
+            refusals[kind, default: 0] += 1
+        } else if s.outcome == .error || s.outcome == .upstreamAborted || s.status == 0 {
+            failures += 1
+        } else if s.status >= 500 {
+            origin5xx += 1
+        }
+        if s.cache != nil { cacheLookups += 1 }
+        if s.servedFromStore {
+            cacheServed += 1
+            bytesFromCache += s.bytesOut
+        } else {
+            bytesFromOrigin += s.bytesOut
+        }
+        if s.hasRateLimitRecord, s.rateLimit?.decision == .waited { quotaWaits += 1 }
     }
 }

@@ -83,6 +83,12 @@ public struct ExchangeSummary: Sendable {
     private var rateLimitBox: Box<RateLimitRecord>?
     /// The request went to its origin over TLS without verification (`trust: disabled`).
     public var insecure = false
+    /// Which of Sluice's own answers ended the exchange (a `ProxyError`'s case); nil when the
+    /// response was the origin's or the cache's, or when it broke after it started.
+    public var errorKind: ProxyError.Kind?
+    /// The response (its body) came from the shared cache: a hit, or a stored response
+    /// revalidated (304) or served stale on an origin's error.
+    public var servedFromStore = false
     /// The state of the origin's circuit (`health:`) after the exchange's last try was asked
     /// or ended (`closed`, `open`, `half_open`); nil when the host has no `health:`.
     public var circuit: String?

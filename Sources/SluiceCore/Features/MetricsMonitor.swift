@@ -56,7 +56,7 @@ public final class SluiceMetrics: Sendable {
     public static let upstreamRequests = Metric(
         name: "sluice_upstream_requests_total", kind: .counter, labels: ["protocol", "connection"],
         help:
-            "Exchanges' last upstream try by HTTP version (HTTP/1.0, HTTP/1.1, HTTP/2) and connection (new: the try opened it; reused: pooled, or one more HTTP/2 stream)"
+            "Exchanges' last upstream try by HTTP version (HTTP/1.0, HTTP/1.1, HTTP/2) and connection (new: the try opened it; reused: pooled, or one more HTTP/2 stream); an upgrade's handshake, whose connection becomes its tunnel, is not one"
     )
     public static let bytesIn = Metric(
         name: "sluice_request_body_bytes_total", kind: .counter, labels: [],
@@ -66,7 +66,7 @@ public final class SluiceMetrics: Sendable {
         help: "Response body bytes sent to clients (tunnels: bytes to the client)")
     public static let tunnels = Metric(
         name: "sluice_tunnels_total", kind: .counter, labels: [],
-        help: "CONNECT tunnels opened")
+        help: "CONNECT tunnels and upgraded connections (101 Switching Protocols: WebSocket) opened")
     public static let exchangesInFlight = Metric(
         name: "sluice_exchanges_in_flight", kind: .gauge, labels: ["worker"],
         help: "Exchanges in flight per worker, read when /metrics is scraped")
@@ -87,6 +87,11 @@ public final class SluiceMetrics: Sendable {
         name: "sluice_requests_refused_total", kind: .counter, labels: ["reason"],
         help:
             "Requests answered 503 without going upstream because the worker's upstream slots were taken, by reason (queue_full, queue_timeout)"
+    )
+    public static let ownResponses = Metric(
+        name: "sluice_own_responses_total", kind: .counter, labels: ["kind"],
+        help:
+            "Responses Sluice produced itself instead of an origin's (docs/errors.md), by kind; connections refused at accept included"
     )
     public static let requestsQueued = Metric(
         name: "sluice_requests_queued_total", kind: .counter, labels: [],
@@ -144,7 +149,7 @@ public final class SluiceMetrics: Sendable {
         requests, retries, retriesStopped, trustFailures, credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
-        connectionsRefused, requestsRefused, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
+        connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
         cacheDiskWriteFailures, rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
         fleetFallbacks, fleetInstances,
     ]
@@ -219,6 +224,12 @@ public final class SluiceMetrics: Sendable {
     /// A request refused before it went upstream (recorded with or without the monitor).
     public func recordRefusal(_ reason: RequestRefusal) {
         counter(Self.requestsRefused, [("reason", reason.rawValue)]).increment()
+    }
+
+    /// A response Sluice produced itself at accept (recorded with or without the monitor; the
+    /// monitor records those of exchanges).
+    public func recordOwnResponse(_ kind: ProxyError.Kind) {
+        counter(Self.ownResponses, [("kind", kind.rawValue)]).increment()
     }
 
     /// A request that had to wait for an upstream slot.
@@ -392,6 +403,7 @@ public final class MetricsMonitor: EventMonitor {
     private var reasonCounters: [String: CoreMetrics.Counter] = [:]
     private var stoppedCounters: [RetryStopReason: CoreMetrics.Counter] = [:]
     private var evaluatorCounters: [String: CoreMetrics.Counter] = [:]
+    private var ownResponseCounters: [String: CoreMetrics.Counter] = [:]
     private var cacheCounters: [String: CoreMetrics.Counter] = [:]
     private let refreshedOK: CoreMetrics.Counter
     private let refreshFailed: CoreMetrics.Counter
@@ -495,6 +507,9 @@ public final class MetricsMonitor: EventMonitor {
             requestCounters[key] = counter
         }
         counter.increment()
+        if let kind = s.errorKind {
+            self.counter(&ownResponseCounters, kind.rawValue, SluiceMetrics.ownResponses, "kind").increment()
+        }
         if s.bytesIn > 0 { bytesIn.increment(by: s.bytesIn) }
         if s.bytesOut > 0 { bytesOut.increment(by: s.bytesOut) }
         // libcurl's times are microseconds since the try started; 0 means "did not happen".
@@ -520,10 +535,7 @@ public final class MetricsMonitor: EventMonitor {
         }
         let shard = dashboardShard ?? dashboard.shardForCurrentThread()
         dashboardShard = shard
-        shard.record(
-            host: s.host.isEmpty ? s.policy : s.host, status: s.status,
-            failed: s.outcome == .error || s.outcome == .upstreamAborted,
-            retries: s.retries.count, bytesOut: s.bytesOut, totalMicroseconds: s.timings?.total)
+        shard.record(s, host: s.host.isEmpty ? s.policy : s.host)
     }
 }
 

@@ -403,6 +403,7 @@ final class ClientConnection: ClientSocketOwner {
         Log.debug("\(peer): \(error.status) \(error.message)")
         if let exchange {
             exchange.summary.status = error.status
+            exchange.summary.errorKind = error.kind
             exchange.end(.error, error: error.message)
         } else if let monitor = worker.pipeline.monitor {
             // Rejected before a request existed (unparseable): still one access-log line.
@@ -412,6 +413,7 @@ final class ClientConnection: ClientSocketOwner {
             summary.status = error.status
             summary.outcome = .error
             summary.error = error.message
+            summary.errorKind = error.kind
             monitor.handle(.finished(summary))
         }
         if keep {

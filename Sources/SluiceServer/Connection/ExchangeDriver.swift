@@ -938,6 +938,7 @@ extension ExchangeDriver {
             range: exchange.cache.flatMap { CacheFields.value("range", in: $0.requestFields) },
             keepAlive: keepAlive, viaLine: worker.viaLine, into: output)
         exchange.summary.cache = answer.parameters
+        exchange.summary.servedFromStore = true
         if answer.object.onDisk, !response.body.isEmpty {
             let reader = exchange.cache?.diskReader ?? worker.diskTier?.open(key: exchange.target.url)
             exchange.cache?.diskReader = nil
