@@ -398,21 +398,60 @@ def test_dashboard_history_keeps_a_sample_a_second(sluice_factory, httpbin):
     assert wait_until(sampled_after_traffic, 10), admin.call("GET", "/dashboard/history")[1]
     data = sampled_after_traffic()
     n = len(data["time_ms"])
-    assert all(len(data[k]) == n for k in ("requests", "errors", "retries", "bytes_out", "in_flight", "connections",
+    assert all(len(data[k]) == n for k in ("requests", "errors", "origin_5xx", "refusals", "failures", "retries",
+                                           "quota_waits", "cache_lookups", "cache_served", "bytes_out",
+                                           "bytes_from_cache", "bytes_from_origin", "in_flight", "connections",
                                            "p50_ms", "p99_ms")), data
+    assert data["bytes_from_origin"][-1] == 300 and data["bytes_from_cache"][-1] == 0 and data["refusals"][-1] == 0
     steps = [b - a for a, b in zip(data["time_ms"], data["time_ms"][1:])]
     assert all(500 <= d <= 2500 for d in steps), steps
     assert data["requests"] == sorted(data["requests"]) and data["requests"][0] <= 3
     assert data["bytes_out"][-1] == 300 and data["errors"][-1] == 0
     assert data["p50_ms"][-1] is not None and data["p50_ms"][-1] > 0
     assert data["capacity"] == 900 and data["interval_ms"] == 1000
-    assert 0 < data["memory_bytes"] <= 100_000, data["memory_bytes"]  # the ring, whatever the traffic
+    # The ring and the one host's ring; at most the ring, every kind's column and 200 hosts' rings.
+    assert 100_000 < data["memory_bytes"] <= 200_000, data["memory_bytes"]
+    assert data["memory_bytes"] < data["maximum_bytes"] <= 3_500_000, data["maximum_bytes"]
+    assert data["refusals_by_kind"] == {}
+
+
+def test_dashboard_host_has_its_seconds_policy_and_failures(sluice_factory, httpbin, closed_port):
+    """GET /dashboard/host: a host's own seconds, its policy as `sluice check --host` prints
+    it, and its failed exchanges with their kind (the query left out)."""
+    proxy, admin = admin_proxy(sluice_factory, {"monitors": [{"metrics": {}}], "policies": {
+        "localhost": {"retry": {"limit": 1, "errors": ["refused"], "backoff": {"scale": "1ms"}}}}})
+    s = session_via(proxy.url)
+    assert s.get(httpbin.url + "/status/500", timeout=10).status_code == 500
+    assert s.get(f"http://localhost:{closed_port}/gone?key=s3cret", timeout=10).status_code == 502
+    assert s.get(httpbin.url + "/bytes/10", timeout=10).status_code == 200
+
+    def host(name: str):
+        return admin.call("GET", "/dashboard/host?host=" + name, spec_path="/dashboard/host")
+    assert wait_until(lambda: len(host("localhost")[1]["failures"]) == 1 and host(HOST)[1]["history"] is not None, 10)
+    status, local, _ = host("localhost")
+    assert status == 200 and local["host"] == "localhost"
+    assert local["policy"].startswith("policy for localhost: localhost") and "retry: limit 1" in local["policy"]
+    (f,) = local["failures"]
+    assert f["kind"] == "upstream_refused" and f["status"] == 502 and f["attempts"] == 2, f
+    assert f["url"] == f"http://localhost:{closed_port}/gone?…" and "refused" in f["error"], f
+    status, mine, _ = host(HOST)
+    (f,) = mine["failures"]
+    assert f["kind"] == "origin_5xx" and f["status"] == 500 and f["url"].endswith("/status/500") and "error" not in f
+    h = mine["history"]
+    assert sum(h["requests"]) == 2 and sum(h["errors"]) == 1 and sum(h["bytes_out"]) == 10, h
+    assert len(h["time_ms"]) == len(h["requests"]) == len(h["mean_ms"])
+    assert any(m is not None and m > 0 for m in h["mean_ms"]), h
+    # a host with no traffic: its policy, no history, no failures
+    status, quiet, _ = host("quiet.example")
+    assert status == 200 and quiet["history"] is None and quiet["failures"] == []
+    assert quiet["policy"].startswith("policy for quiet.example: default")
+    assert admin.call("GET", "/dashboard/host", spec_path="/dashboard/host")[0] == 400
 
 
 def test_upstreams_lists_every_circuit(sluice_factory, closed_port):
     proxy, admin = admin_proxy(sluice_factory, {"policies": {"127.0.0.1": {"health": {"consecutive_failures": 1, "cooldown": "30s"}}}})
     status, data, _ = admin.call("GET", "/upstreams")
-    assert status == 200 and data == {"upstreams": []}, data
+    assert status == 200 and data == {"upstreams": [], "pools": [], "complete": True}, data
     s = session_via(proxy.url)
     assert s.get(f"http://127.0.0.1:{closed_port}/", timeout=10).status_code == 502  # refused: opens it
     r = s.get(f"http://127.0.0.1:{closed_port}/", timeout=10)
@@ -423,6 +462,23 @@ def test_upstreams_lists_every_circuit(sluice_factory, closed_port):
     assert up["origin"] == f"http://127.0.0.1:{closed_port}" and up["state"] == "open", up
     assert up["opens"] == 1 and up["failed_fast"] == 1 and up["failure_threshold"] == 1 and up["cooldown_ms"] == 30000, up
     assert up["probe"] is None and 0 <= up["opened_ms_ago"] < 30000, up
+
+
+def test_upstreams_lists_the_pooled_connections(sluice_factory, nginx):
+    """The native transport's keep-alive pools by origin: a connection carried a request and
+    waits idle for the next; both workers' pools are counted."""
+    proxy, admin = admin_proxy(sluice_factory)
+    s = session_via(proxy.url)
+    for i in range(4):
+        assert s.get(nginx.url(f"/1k?i={i}"), timeout=10).status_code == 200
+    origin = f"http://{HOST}:{nginx.http_port}"
+
+    def pool():
+        data = admin.call("GET", "/upstreams")[1]
+        return next((p for p in data["pools"] if p["origin"] == origin), None)
+    assert wait_until(lambda: pool() is not None and pool()["idle"] >= 1, 5), admin.call("GET", "/upstreams")[1]
+    # One client connection: one worker, whose one upstream connection carried the four.
+    assert pool() == {"origin": origin, "open": 1, "idle": 1}, pool()
 
 
 def test_a_try_waiting_for_its_rate_limit_turn_is_listed_and_cancellable(sluice_factory, httpbin):

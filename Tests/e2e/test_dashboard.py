@@ -63,7 +63,7 @@ def traffic(proxy_url: str, url: str, stop: threading.Event, seconds: float = 20
     return t
 
 
-CHARTS = ["c-rate", "c-errors", "c-latency", "c-retries", "c-load", "c-bytes"]
+CHARTS = ["c-rate", "c-errors", "c-refusals", "c-latency", "c-cache", "c-bytes", "c-retries", "c-load"]
 CHART_POINTS = ("return %s.map(id => { const c = Chart.getChart(id); "
                 "return c ? Math.min(...c.data.datasets.map(d => d.data.filter(v => v !== null).length)) : -1; })" % CHARTS)
 BLANK_CANVASES = ("return %s.filter(id => { const c = document.getElementById(id); const b = document.createElement('canvas'); "
@@ -71,13 +71,16 @@ BLANK_CANVASES = ("return %s.filter(id => { const c = document.getElementById(id
 
 
 @pytest.mark.deadline(90)
-def test_dashboard_in_chromium_follows_traffic_with_the_token(sluice_factory, httpbin, browser):
+def test_dashboard_in_chromium_follows_traffic_with_the_token(sluice_factory, httpbin, closed_port, browser):
     token = "dash-" + os.urandom(6).hex()
     admin_port = pick_port()
     proxy = sluice_factory({"admin": {"listen": f"{HOST}:{admin_port}", "token": "${ADMIN_TOKEN}"},
-                            "monitors": [{"metrics": {}}], "workers": 2}, env={"ADMIN_TOKEN": token})
+                            "monitors": [{"metrics": {}}], "workers": 2, "cache_store": {"memory": "16MiB"}},
+                           env={"ADMIN_TOKEN": token})
     stop = threading.Event()
-    loads = [traffic(proxy.url, httpbin.url + "/get", stop)]
+    # Forwarded, cached (a hit after the first), refused by Sluice (502: the port is closed).
+    loads = [traffic(proxy.url, httpbin.url + "/get", stop), traffic(proxy.url, httpbin.url + "/cache/60", stop),
+             traffic(proxy.url, f"http://{HOST}:{closed_port}/", stop)]
     try:
         browser.get(f"http://{HOST}:{admin_port}/#token={token}")
         html = browser.page_source
@@ -104,6 +107,12 @@ def test_dashboard_in_chromium_follows_traffic_with_the_token(sluice_factory, ht
         # Every chart has drawn points: its data has them, and its canvas differs from a blank one.
         assert wait_until(lambda: min(browser.execute_script(CHART_POINTS)) >= 3, 10), browser.execute_script(CHART_POINTS)
         assert browser.execute_script(BLANK_CANVASES) == [], "charts with nothing drawn"
+        # What the lines say: the refusals chart has the case that happened, the cache hits.
+        kinds = browser.execute_script("return Chart.getChart('c-refusals').data.datasets.map(d => d.label)")
+        assert kinds == ["upstream_refused"], kinds
+        hits = browser.execute_script("return Chart.getChart('c-cache').data.datasets[0].data.filter(v => v !== null)")
+        assert hits and max(hits) > 0, hits
+        assert float(text(browser, "refusals")) > 0
         ARTIFACTS.mkdir(exist_ok=True)
         assert browser.save_screenshot(str(ARTIFACTS / "dashboard.png"))
     finally:
@@ -144,3 +153,65 @@ def test_dashboard_without_the_token_asks_for_it(sluice_factory, browser):
     assert wait_until(lambda: text(browser, "status") == "token needed", 10), text(browser, "status")
     assert browser.find_element(By.ID, "login").is_displayed()
     assert text(browser, "total") == "–" and text(browser, "ticks") == "0"
+
+
+HOST_CHARTS = ["c-host-rate", "c-host-latency", "c-host-bytes"]
+
+
+@pytest.mark.deadline(90)
+def test_dashboard_host_click_shows_that_host(sluice_factory, httpbin, browser):
+    """A click on a host's row opens its page: its charts, its policy as `sluice check --host`
+    describes it, and its failed exchanges with their case; another host's click shows that
+    one instead."""
+    admin_port = pick_port()
+    proxy = sluice_factory({"admin": {"listen": f"{HOST}:{admin_port}"}, "monitors": [{"metrics": {}}],
+                            "policies": {"localhost": {"adapters": [{"headers": {"set": {"X-Dashboard": "yes"}}}]}},
+                            "access": {"deny": ["127.0.0.9/32"]}})
+    stop = threading.Event()
+    loads = [traffic(proxy.url, httpbin.url + "/get", stop),
+             traffic(proxy.url, f"http://localhost:{httpbin.port}/status/503", stop)]
+    s = session_via(proxy.url)
+    for _ in range(3):
+        assert s.get("http://127.0.0.9/x?token=secret", timeout=10).status_code == 403  # access.deny: Sluice's own
+    try:
+        browser.get(f"http://{HOST}:{admin_port}/")
+        assert wait_until(lambda: text(browser, "status") == "live", 10), text(browser, "status")
+        row = 'tr[data-host="localhost"]'
+        assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, row), 10)
+        assert not browser.find_element(By.ID, "hostpanel").is_displayed()
+        browser.find_element(By.CSS_SELECTOR, row).click()
+        panel = browser.find_element(By.ID, "hostpanel")
+        assert wait_until(lambda: panel.get_attribute("data-loaded") == "localhost", 10)
+        assert text(browser, "hostname") == "localhost"
+        policy = text(browser, "hostpolicy")
+        assert policy.startswith("policy for localhost: localhost") and "X-Dashboard" in policy, policy
+        # Read in one script: the panel's rows are replaced every 2 s.
+        failures = lambda: browser.execute_script(  # noqa: E731
+            "return [...document.querySelectorAll('#hostfailures tr')].map(r => [...r.cells].map(c => c.textContent))")
+        assert wait_until(lambda: len(failures()) >= 2, 10), failures()
+        assert all(f[3] == "503" and f[4] == "origin_5xx" and f[2].endswith("/status/503") for f in failures()), failures()
+        # Its charts have the host's seconds: requests and errors in the last one drawn.
+        points = ("const c = Chart.getChart('c-host-rate'); "
+                  "return [c.data.labels.length, ...c.data.datasets.map(d => d.data.reduce((a, b) => a + b, 0))]")
+        assert wait_until(lambda: min(browser.execute_script(points)) > 0 and browser.execute_script(points)[0] >= 3, 10), \
+            browser.execute_script(points)
+        assert browser.execute_script(BLANK_CANVASES.replace(str(CHARTS), str(HOST_CHARTS))) == []
+        browser.execute_script("arguments[0].scrollIntoView()", panel)
+        ARTIFACTS.mkdir(exist_ok=True)
+        assert browser.save_screenshot(str(ARTIFACTS / "dashboard-host.png"))
+        # The denied destination's row: Sluice's own refusal, its case, the query left out.
+        denied = 'tr[data-host="127.0.0.9"]'
+        assert wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, denied), 10)
+        browser.find_element(By.CSS_SELECTOR, denied).click()
+        assert wait_until(lambda: panel.get_attribute("data-loaded") == "127.0.0.9", 10)
+        assert text(browser, "hostpolicy").startswith("policy for 127.0.0.9: default")
+        rows = failures()
+        assert len(rows) == 3 and all(r[3] == "403" and r[4] == "destination_denied" for r in rows), rows
+        assert all(r[2] == "http://127.0.0.9/x?…" and "secret" not in r[2] for r in rows), rows
+        assert "denied by access.deny" in rows[0][5]
+        browser.find_element(By.ID, "hostclose").click()
+        assert not panel.is_displayed()
+    finally:
+        stop.set()
+        for t in loads:
+            t.join(10)

@@ -3,15 +3,24 @@
 /// `DashboardStats` and the workers' live counts — so that a page opened now can draw what
 /// happened before it was opened (`GET /dashboard/history`, docs/admin-api.yaml).
 ///
+/// Beside the ring, aligned with its slots: the totals of each kind of refusal seen
+/// (`ProxyError.Kind`, a column made when the kind first occurs), and per host a ring of what
+/// that host's second held (`HostSample`), for the busiest `maxHostRings` hosts with traffic
+/// in the last 15 minutes (`GET /dashboard/host`).
+///
 /// Counters are totals since start (a rate is the difference of two samples over their time
-/// apart); gauges and percentiles are the values at the sample's second. Bounded by
-/// construction: `memoryBytes` is the ring's whole size (about 80 KB), whatever the traffic.
+/// apart); gauges and percentiles are the values at the sample's second; a host's samples are
+/// that second's own values. Bounded by construction: the ring is `ringBytes`, each refusal
+/// kind's column `capacity` × 8 bytes, each host's ring `hostRingBytes`; `memoryBytes` is
+/// what is held now, `maximumBytes` what it can ever reach, whatever the traffic.
 ///
 /// Threading: a value owned by the admin thread, which samples once a second and reads it
-/// for the endpoint.
+/// for the endpoints.
 public struct DashboardHistory: Sendable {
     /// 15 minutes at one sample a second.
     public static let capacity = 900
+    /// Hosts with a ring of their own at most (the busiest, as `DashboardStats` counts them).
+    public static let maxHostRings = DashboardStats.maxHosts
 
     public struct Sample: Sendable, Equatable {
         /// Wall-clock milliseconds.
@@ -26,10 +35,20 @@ public struct DashboardHistory: Sendable {
         /// Upstream time percentiles of the recent exchanges, milliseconds (nil: none yet).
         public var p50: Double?
         public var p99: Double?
+        /// `DashboardStats.Outcomes` at this second (its refusals as their total; the kinds
+        /// have columns of their own).
+        public var origin5xx: Int64 = 0
+        public var refusals: Int64 = 0
+        public var failures: Int64 = 0
+        public var cacheLookups: Int64 = 0
+        public var cacheServed: Int64 = 0
+        public var bytesFromCache: Int64 = 0
+        public var bytesFromOrigin: Int64 = 0
+        public var quotaWaits: Int64 = 0
 
         public init(
             timeMilliseconds: Int64, requests: Int64, errors: Int64, retries: Int64, bytesOut: Int64, inFlight: Int64,
-            connections: Int64, p50: Double?, p99: Double?
+            connections: Int64, p50: Double?, p99: Double?, outcomes: DashboardStats.Outcomes = .init()
         ) {
             self.timeMilliseconds = timeMilliseconds
             self.requests = requests
@@ -40,23 +59,98 @@ public struct DashboardHistory: Sendable {
             self.connections = connections
             self.p50 = p50
             self.p99 = p99
+            origin5xx = outcomes.origin5xx
+            refusals = outcomes.refusalsTotal
+            failures = outcomes.failures
+            cacheLookups = outcomes.cacheLookups
+            cacheServed = outcomes.cacheServed
+            bytesFromCache = outcomes.bytesFromCache
+            bytesFromOrigin = outcomes.bytesFromOrigin
+            quotaWaits = outcomes.quotaWaits
         }
+    }
+
+    /// One second of one host: its own counts in that second (not totals), compact.
+    public struct HostSample: Sendable, Equatable {
+        public var requests: UInt32 = 0
+        /// 5xx answers and failures, as the host's row counts them.
+        public var errors: UInt32 = 0
+        /// Response bytes to clients (at most 4 GiB in a second).
+        public var bytesOut: UInt32 = 0
+        /// The mean upstream time of the second's exchanges, milliseconds; NaN: none.
+        public var meanMilliseconds: Float = .nan
+
+        public init() {}
+    }
+
+    private struct HostRing {
+        var samples: [HostSample]
+        /// The sample number of the host's last second with a request.
+        var lastActive: Int
     }
 
     private var ring: [Sample] = []
     /// Where the next sample goes once the ring is full.
     private var next = 0
+    /// Samples appended since start.
+    private var appended = 0
+    private var kinds: [ProxyError.Kind: [Int64]] = [:]
+    private var hosts: [String: HostRing] = [:]
+    /// Each host's totals at the last sample (for the second's difference).
+    private var lastHostTotals: [String: DashboardStats.HostRow] = [:]
 
     public init() { ring.reserveCapacity(Self.capacity) }
 
-    /// Adds the sample of this second, replacing the oldest once 15 minutes are kept.
-    public mutating func append(_ sample: Sample) {
+    /// Adds the sample of this second, replacing the oldest once 15 minutes are kept, with the
+    /// refusals' totals by kind and the hosts' totals (the busiest first) at this second.
+    public mutating func append(
+        _ sample: Sample, refusals: [ProxyError.Kind: Int64] = [:],
+        hosts rows: [(host: String, row: DashboardStats.HostRow)] = []
+    ) {
+        let slot = ring.count < Self.capacity ? ring.count : next
         if ring.count < Self.capacity {
             ring.append(sample)
         } else {
             ring[next] = sample
             next = (next + 1) % Self.capacity
         }
+        for kind in refusals.keys where kinds[kind] == nil {
+            kinds[kind] = [Int64](repeating: 0, count: Self.capacity)
+        }
+        for kind in kinds.keys { kinds[kind]![slot] = refusals[kind] ?? 0 }
+        appendHosts(rows, slot: slot)
+        appended += 1
+    }
+
+    private mutating func appendHosts(_ rows: [(host: String, row: DashboardStats.HostRow)], slot: Int) {
+        // Every ring gets this slot (a quiet host's second is zero), then the hosts that moved.
+        for key in hosts.keys { hosts[key]!.samples[slot] = HostSample() }
+        for (i, entry) in rows.enumerated() {
+            let before = lastHostTotals[entry.host] ?? DashboardStats.HostRow()
+            lastHostTotals[entry.host] = entry.row
+            let requests = entry.row.requests - before.requests
+            guard requests > 0, i < Self.maxHostRings || hosts[entry.host] != nil else { continue }
+            if hosts[entry.host] == nil {
+                guard hosts.count < Self.maxHostRings else { continue }
+                hosts[entry.host] = HostRing(
+                    samples: [HostSample](repeating: HostSample(), count: Self.capacity), lastActive: appended)
+            }
+            var s = HostSample()
+            s.requests = UInt32(clamping: requests)
+            s.errors = UInt32(clamping: entry.row.errors - before.errors)
+            s.bytesOut = UInt32(clamping: entry.row.bytesOut - before.bytesOut)
+            let micros = entry.row.totalMicroseconds - before.totalMicroseconds
+            if micros > 0 { s.meanMilliseconds = Float(Double(micros) / Double(requests) / 1000) }
+            hosts[entry.host]!.samples[slot] = s
+            hosts[entry.host]!.lastActive = appended
+        }
+        // A host quiet for the whole window has nothing to show: its ring goes.
+        for (key, ring) in hosts where appended - ring.lastActive >= Self.capacity { hosts[key] = nil }
+    }
+
+    /// The slots in time order, oldest first.
+    private var order: [Int] {
+        ring.count < Self.capacity ? Array(0..<ring.count) : Array(next..<Self.capacity) + Array(0..<next)
     }
 
     /// The samples kept, oldest first.
@@ -64,8 +158,34 @@ public struct DashboardHistory: Sendable {
         ring.count < Self.capacity ? ring : Array(ring[next...] + ring[..<next])
     }
 
-    public var count: Int { ring.count }
+    /// Each refusal kind seen, with its totals at each kept sample (oldest first), by name.
+    public var refusalsByKind: [(kind: ProxyError.Kind, totals: [Int64])] {
+        let order = self.order
+        return kinds.sorted { $0.key.rawValue < $1.key.rawValue }.map { kind, column in
+            (kind, order.map { column[$0] })
+        }
+    }
 
-    /// The ring's memory once full: what the dashboard's history costs, whatever the traffic.
-    public static var memoryBytes: Int { capacity * MemoryLayout<Sample>.stride }
+    /// `host`'s seconds, aligned with `samples` (oldest first); nil when it has no ring (no
+    /// traffic in the window, or beyond the busiest `maxHostRings`).
+    public func host(_ host: String) -> [HostSample]? {
+        guard let ring = hosts[host] else { return nil }
+        return order.map { ring.samples[$0] }
+    }
+
+    public var count: Int { ring.count }
+    public var hostRingCount: Int { hosts.count }
+
+    /// The ring of samples once full.
+    public static var ringBytes: Int { capacity * MemoryLayout<Sample>.stride }
+    /// One host's ring.
+    public static var hostRingBytes: Int { capacity * MemoryLayout<HostSample>.stride }
+    /// What the history can ever hold: the ring, a column per refusal kind, every host ring.
+    public static var maximumBytes: Int {
+        ringBytes + ProxyError.Kind.allCases.count * capacity * 8 + maxHostRings * hostRingBytes
+    }
+    /// What it holds now (the arrays' payloads; the tables' own overhead aside).
+    public var memoryBytes: Int {
+        Self.ringBytes + kinds.count * Self.capacity * 8 + hosts.count * Self.hostRingBytes
+    }
 }

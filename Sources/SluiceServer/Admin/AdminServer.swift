@@ -151,7 +151,7 @@ final class AdminServer: @unchecked Sendable {
             dashboard.startStream(request)
             return
         } else {
-            response = route(method: method, path: path, body: body)
+            response = route(method: method, path: path, query: String(uri.dropFirst(path.count + 1)), body: body)
         }
         send(response, to: request)
     }
@@ -174,7 +174,7 @@ final class AdminServer: @unchecked Sendable {
         return difference == 0
     }
 
-    private func route(method: evhttp_cmd_type, path: String, body: [UInt8]) -> AdminResponse {
+    private func route(method: evhttp_cmd_type, path: String, query: String, body: [UInt8]) -> AdminResponse {
         let isGet = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD
         let isPost = method == EVHTTP_REQ_POST
         switch path {
@@ -202,6 +202,8 @@ final class AdminServer: @unchecked Sendable {
             return isGet ? .encoded(200, dashboardPayload(forPage: true)) : .methodNotAllowed("GET")
         case "/dashboard/history":
             return isGet ? .encoded(200, DashboardHistoryView(dashboard.history)) : .methodNotAllowed("GET")
+        case "/dashboard/host":
+            return isGet ? hostView(query) : .methodNotAllowed("GET")
         case "/", "/dashboard/events":
             return .methodNotAllowed("GET")
         default:
@@ -275,7 +277,20 @@ final class AdminServer: @unchecked Sendable {
     /// `GET /upstreams`: every origin a policy with `health:` sent tries to, and its circuit.
     private func upstreams() -> AdminResponse {
         let now = MonotonicClock.milliseconds()
-        return .encoded(200, UpstreamList(upstreams: server.health.statuses().map { UpstreamList.Upstream($0, now: now) }))
+        let answers = askWorkers { Worker.AdminTask.pools($0) }
+        var pools: [String: (open: Int, idle: Int)] = [:]
+        for count in answers.results.joined() {
+            pools[count.origin, default: (0, 0)].open += count.open
+            pools[count.origin]!.idle += count.idle
+        }
+        return .encoded(
+            200,
+            UpstreamList(
+                upstreams: server.health.statuses().map { UpstreamList.Upstream($0, now: now) },
+                pools: pools.sorted { $0.key < $1.key }.map {
+                    UpstreamList.Pool(origin: $0.key, open: $0.value.open, idle: $0.value.idle)
+                },
+                complete: answers.complete))
     }
 
     /// `GET /limits`: every policy's `rate_limit` as it stands — its keys, the tries waiting
@@ -316,6 +331,23 @@ final class AdminServer: @unchecked Sendable {
         return AdminResponse(
             status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8",
             body: SluiceMetrics.shared.exposition())
+    }
+
+    /// `GET /dashboard/host?host=NAME`: one host's page on the dashboard — its seconds of the
+    /// last 15 minutes, its policy as `sluice check --host` describes it, and its last failed
+    /// exchanges.
+    private func hostView(_ query: String) -> AdminResponse {
+        var host: String?
+        for pair in query.split(separator: "&") where pair.hasPrefix("host=") {
+            host = String(pair.dropFirst(5)).replacingOccurrences(of: "+", with: " ").removingPercentEncoding
+        }
+        guard let host, !host.isEmpty else { return .error(400, "name the host: GET /dashboard/host?host=NAME") }
+        let history = dashboard.history
+        return .encoded(
+            200,
+            DashboardHostView(
+                host: host, policy: PolicyDescription.describe(server.currentConfiguration.pipeline, host: host),
+                history: history, failures: DashboardStats.shared.failedExchanges(host: host)))
     }
 
     /// `forPage`: every field (the page, `/dashboard/data`); else what the history keeps,
@@ -597,7 +629,19 @@ private struct UpstreamList: Encodable {
             try c.encode(failedFast, forKey: .failedFast)
         }
     }
+    struct Pool: Encodable {
+        let origin: String
+        /// Connections open to it (carrying a request or idle), every worker's together.
+        let open: Int
+        /// Of those, the ones idle in the pools, ready for a request.
+        let idle: Int
+    }
     let upstreams: [Upstream]
+    /// The native transport's keep-alive pools, by origin (`upstream.engine: native`; tries
+    /// through libcurl are not counted).
+    let pools: [Pool]
+    /// Whether every worker answered in time (the pools of one that did not are missing).
+    let complete: Bool
 }
 
 private struct CancelResult: Encodable {

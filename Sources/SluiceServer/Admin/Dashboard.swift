@@ -80,7 +80,8 @@ final class Dashboard {
             DashboardHistory.Sample(
                 timeMilliseconds: p.timeMilliseconds, requests: p.requests, errors: p.errors, retries: p.retries,
                 bytesOut: p.totalBytesOut, inFlight: Int64(p.inFlight),
-                connections: Int64(p.connections), p50: p.p50, p99: p.p99))
+                connections: Int64(p.connections), p50: p.p50, p99: p.p99, outcomes: p.outcomes),
+            refusals: p.outcomes.refusals, hosts: p.allHosts)
     }
 
     private func send(_ event: [UInt8], to requests: [OpaquePointer]) {
@@ -138,23 +139,41 @@ final class Dashboard {
 struct DashboardHistoryView: Encodable {
     let intervalMilliseconds = 1000
     let capacity = DashboardHistory.capacity
-    let memoryBytes = DashboardHistory.memoryBytes
+    let memoryBytes: Int
+    let maximumBytes = DashboardHistory.maximumBytes
     let timeMilliseconds: [Int64]
     let requests: [Int64]
     let errors: [Int64]
+    let origin5xx: [Int64]
+    let refusals: [Int64]
+    let refusalsByKind: [String: [Int64]]
+    let failures: [Int64]
     let retries: [Int64]
+    let quotaWaits: [Int64]
+    let cacheLookups: [Int64]
+    let cacheServed: [Int64]
     let bytesOut: [Int64]
+    let bytesFromCache: [Int64]
+    let bytesFromOrigin: [Int64]
     let inFlight: [Int64]
     let connections: [Int64]
     let p50: [Double?]
     let p99: [Double?]
 
     enum CodingKeys: String, CodingKey {
-        case capacity, requests, errors, retries, connections
+        case capacity, requests, errors, refusals, failures, retries, connections
         case intervalMilliseconds = "interval_ms"
         case memoryBytes = "memory_bytes"
+        case maximumBytes = "maximum_bytes"
         case timeMilliseconds = "time_ms"
+        case origin5xx = "origin_5xx"
+        case refusalsByKind = "refusals_by_kind"
+        case quotaWaits = "quota_waits"
+        case cacheLookups = "cache_lookups"
+        case cacheServed = "cache_served"
         case bytesOut = "bytes_out"
+        case bytesFromCache = "bytes_from_cache"
+        case bytesFromOrigin = "bytes_from_origin"
         case inFlight = "in_flight"
         case p50 = "p50_ms"
         case p99 = "p99_ms"
@@ -162,15 +181,73 @@ struct DashboardHistoryView: Encodable {
 
     init(_ history: DashboardHistory) {
         let samples = history.samples
+        memoryBytes = history.memoryBytes
         timeMilliseconds = samples.map(\.timeMilliseconds)
         requests = samples.map(\.requests)
         errors = samples.map(\.errors)
+        origin5xx = samples.map(\.origin5xx)
+        refusals = samples.map(\.refusals)
+        refusalsByKind = Dictionary(uniqueKeysWithValues: history.refusalsByKind.map { ($0.kind.rawValue, $0.totals) })
+        failures = samples.map(\.failures)
         retries = samples.map(\.retries)
+        quotaWaits = samples.map(\.quotaWaits)
+        cacheLookups = samples.map(\.cacheLookups)
+        cacheServed = samples.map(\.cacheServed)
         bytesOut = samples.map(\.bytesOut)
+        bytesFromCache = samples.map(\.bytesFromCache)
+        bytesFromOrigin = samples.map(\.bytesFromOrigin)
         inFlight = samples.map(\.inFlight)
         connections = samples.map(\.connections)
         p50 = samples.map(\.p50)
         p99 = samples.map(\.p99)
+    }
+}
+
+/// `GET /dashboard/host?host=NAME` (`docs/admin-api.yaml`, `DashboardHost`): one host's
+/// seconds of the last 15 minutes (that second's own counts), its policy as `sluice check
+/// --host` prints it, and its last failed exchanges, oldest first.
+struct DashboardHostView: Encodable {
+    struct Seconds: Encodable {
+        let timeMilliseconds: [Int64]
+        let requests: [UInt32]
+        let errors: [UInt32]
+        let bytesOut: [UInt32]
+        let meanMilliseconds: [Float?]
+        enum CodingKeys: String, CodingKey {
+            case requests, errors
+            case timeMilliseconds = "time_ms"
+            case bytesOut = "bytes_out"
+            case meanMilliseconds = "mean_ms"
+        }
+    }
+    let host: String
+    let policy: String
+    /// nil: no history kept for the host (no traffic in the window, or not among the busiest).
+    let history: Seconds?
+    let failures: [DashboardStats.FailedExchange]
+
+    enum CodingKeys: String, CodingKey { case host, policy, history, failures }
+
+    func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(host, forKey: .host)
+        try c.encode(policy, forKey: .policy)
+        try c.encode(history, forKey: .history)  // null when none is kept, not left out
+        try c.encode(failures, forKey: .failures)
+    }
+
+    init(host: String, policy: String, history: DashboardHistory, failures: [DashboardStats.FailedExchange]) {
+        self.host = host
+        self.policy = policy
+        if let seconds = history.host(host) {
+            self.history = Seconds(
+                timeMilliseconds: history.samples.map(\.timeMilliseconds), requests: seconds.map(\.requests),
+                errors: seconds.map(\.errors), bytesOut: seconds.map(\.bytesOut),
+                meanMilliseconds: seconds.map { $0.meanMilliseconds.isNaN ? nil : $0.meanMilliseconds })
+        } else {
+            self.history = nil
+        }
+        self.failures = failures
     }
 }
 
@@ -206,6 +283,10 @@ struct DashboardPayload: Encodable {
     let hosts: [Host]
     /// Every host's bytes out together (`hosts` has the busiest 50).
     let totalBytesOut: Int64
+    /// What the exchanges came to: origin 5xx, refusals by kind, failures, cache, quota waits.
+    let outcomes: DashboardStats.Outcomes
+    /// Every host's totals (the history's host rings); not sent.
+    let allHosts: [(host: String, row: DashboardStats.HostRow)]
     /// Every policy with `rate_limit`: its line and the origins' holds (`GET /limits` has more).
     var limits: [Limit] = []
     /// The fleet (`fleet:`), when one is configured.
@@ -244,7 +325,14 @@ struct DashboardPayload: Encodable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case requests, errors, retries, connections, recording, hosts, limits, fleet
+        case requests, errors, retries, connections, recording, hosts, limits, fleet, refusals, failures
+        case origin5xx = "origin_5xx"
+        case refusalsByKind = "refusals_by_kind"
+        case quotaWaits = "quota_waits"
+        case cacheLookups = "cache_lookups"
+        case cacheServed = "cache_served"
+        case bytesFromCache = "bytes_from_cache"
+        case bytesFromOrigin = "bytes_from_origin"
         case totalBytesOut = "bytes_out"
         case timeMilliseconds = "time_ms"
         case configurationGeneration = "configuration_generation"
@@ -271,6 +359,8 @@ struct DashboardPayload: Encodable {
         p90 = stats.p90
         p99 = stats.p99
         self.recording = recording
+        outcomes = stats.outcomes
+        allHosts = stats.hosts
         totalBytesOut = stats.hosts.reduce(0) { $0 + $1.row.bytesOut }
         hosts = stats.hosts.prefix(Self.maxRows).map { row in
             Host(
@@ -279,6 +369,37 @@ struct DashboardPayload: Encodable {
                 meanMilliseconds: row.row.requests > 0 && row.row.totalMicroseconds > 0
                     ? Double(row.row.totalMicroseconds) / Double(row.row.requests) / 1000 : nil)
         }
+    }
+}
+
+extension DashboardPayload {
+    func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(timeMilliseconds, forKey: .timeMilliseconds)
+        try c.encode(configurationGeneration, forKey: .configurationGeneration)
+        try c.encode(requests, forKey: .requests)
+        try c.encode(errors, forKey: .errors)
+        try c.encode(outcomes.origin5xx, forKey: .origin5xx)
+        try c.encode(outcomes.refusalsTotal, forKey: .refusals)
+        try c.encode(
+            Dictionary(uniqueKeysWithValues: outcomes.refusals.map { ($0.key.rawValue, $0.value) }), forKey: .refusalsByKind)
+        try c.encode(outcomes.failures, forKey: .failures)
+        try c.encode(retries, forKey: .retries)
+        try c.encode(outcomes.quotaWaits, forKey: .quotaWaits)
+        try c.encode(outcomes.cacheLookups, forKey: .cacheLookups)
+        try c.encode(outcomes.cacheServed, forKey: .cacheServed)
+        try c.encode(totalBytesOut, forKey: .totalBytesOut)
+        try c.encode(outcomes.bytesFromCache, forKey: .bytesFromCache)
+        try c.encode(outcomes.bytesFromOrigin, forKey: .bytesFromOrigin)
+        try c.encode(inFlight, forKey: .inFlight)
+        try c.encode(connections, forKey: .connections)
+        try c.encodeIfPresent(p50, forKey: .p50)
+        try c.encodeIfPresent(p90, forKey: .p90)
+        try c.encodeIfPresent(p99, forKey: .p99)
+        try c.encode(recording, forKey: .recording)
+        try c.encode(hosts, forKey: .hosts)
+        try c.encode(limits, forKey: .limits)
+        try c.encodeIfPresent(fleet, forKey: .fleet)
     }
 }
 
@@ -308,6 +429,12 @@ extension Dashboard {
           .chart { border: 1px solid #8884; border-radius: .5rem; padding: .5rem .8rem; }
           .chart h2 { font-size: .85rem; font-weight: normal; opacity: .75; margin: 0 0 .3rem; }
           .chart div { position: relative; height: 10rem; }
+          #hosts tr { cursor: pointer; }
+          #hosts tr:hover { background: #8882; }
+          #hostpanel { border: 1px solid #8886; border-radius: .5rem; padding: .6rem .9rem; margin-top: 1.25rem; }
+          #hostpanel h2 { font-size: 1.1rem; margin: 0 0 .5rem; }
+          #hostpolicy { font-size: .8rem; white-space: pre-wrap; background: #8881; padding: .5rem; border-radius: .3rem; }
+          #hostfailurestable th, #hostfailurestable td { font-size: .85rem; text-align: left; }
           .circuit-open { color: #ef4444; font-weight: bold; }
           .circuit-half_open { color: #f59e0b; font-weight: bold; }
         </style>
@@ -320,6 +447,8 @@ extension Dashboard {
         <div class="cards">
           <div class="card"><b id="rate">–</b><span>requests/s</span></div>
           <div class="card"><b id="errors">–</b><span>errors (5xx, failed)</span></div>
+          <div class="card"><b id="refusals">–</b><span>Sluice's own answers/s</span></div>
+          <div class="card"><b id="hitratio">–</b><span>cache hit ratio</span></div>
           <div class="card"><b id="retries">–</b><span>retries/s</span></div>
           <div class="card"><b id="p50">–</b><span>p50 upstream ms</span></div>
           <div class="card"><b id="p90">–</b><span>p90 upstream ms</span></div>
@@ -331,21 +460,38 @@ extension Dashboard {
         </div>
         <div class="charts" id="charts">
           <div class="chart"><h2>requests/s</h2><div><canvas id="c-rate"></canvas></div></div>
-          <div class="chart"><h2>errors (5xx, failed), % of requests</h2><div><canvas id="c-errors"></canvas></div></div>
+          <div class="chart"><h2>errors, % of requests: origin 5xx, Sluice's own answers, broken responses</h2><div><canvas id="c-errors"></canvas></div></div>
+          <div class="chart"><h2>Sluice's own answers/s, by case (docs/errors.md)</h2><div><canvas id="c-refusals"></canvas></div></div>
           <div class="chart"><h2>upstream latency, ms</h2><div><canvas id="c-latency"></canvas></div></div>
-          <div class="chart"><h2>retries/s</h2><div><canvas id="c-retries"></canvas></div></div>
+          <div class="chart"><h2>cache hit ratio, % of lookups</h2><div><canvas id="c-cache"></canvas></div></div>
+          <div class="chart"><h2>response bytes/s to clients: from cache, from origins</h2><div><canvas id="c-bytes"></canvas></div></div>
+          <div class="chart"><h2>retries and rate-limit waits/s</h2><div><canvas id="c-retries"></canvas></div></div>
           <div class="chart"><h2>connections and requests in flight</h2><div><canvas id="c-load"></canvas></div></div>
-          <div class="chart"><h2>response bytes/s to clients</h2><div><canvas id="c-bytes"></canvas></div></div>
         </div>
         <p id="nocharts" hidden>The charts need Chart.js on the gateway: <code>apt install libjs-chart.js</code>. The numbers above still update.</p>
         <p id="fleet" hidden>Fleet: <b id="instances">–</b> instances alive; <b id="fallbacks">–</b> rate-limit decisions taken without Redis.</p>
         <p id="norecording" hidden>The <code>metrics</code> monitor is not configured: only in-flight requests and connections move.</p>
         <table>
-          <thead><tr><th>host</th><th>requests</th><th>req/s</th><th>errors</th><th>retries</th><th>mean ms</th><th>bytes out</th></tr></thead>
+          <thead><tr><th>host (click for its page)</th><th>requests</th><th>req/s</th><th>errors</th><th>retries</th><th>mean ms</th><th>bytes out</th></tr></thead>
           <tbody id="hosts"></tbody>
         </table>
+        <section id="hostpanel" hidden>
+          <h2><span id="hostname"></span> <button id="hostclose" type="button">close</button></h2>
+          <div class="charts">
+            <div class="chart"><h2>requests and errors/s</h2><div><canvas id="c-host-rate"></canvas></div></div>
+            <div class="chart"><h2>mean upstream time, ms</h2><div><canvas id="c-host-latency"></canvas></div></div>
+            <div class="chart"><h2>response bytes/s</h2><div><canvas id="c-host-bytes"></canvas></div></div>
+          </div>
+          <p id="hostnohistory" hidden>No history is kept for this host (no traffic in the last 15 minutes, or not among the busiest 200).</p>
+          <pre id="hostpolicy"></pre>
+          <table id="hostfailurestable">
+            <thead><tr><th>time</th><th>method</th><th>URL</th><th>status</th><th>case</th><th>error</th></tr></thead>
+            <tbody id="hostfailures"></tbody>
+          </table>
+          <p id="hostnofailures" hidden>No failed exchanges kept for this host.</p>
+        </section>
         <table id="upstreamstable" hidden>
-          <thead><tr><th>origin (health)</th><th>circuit</th><th>failures in a row</th><th>opened</th><th>opens</th><th>failed fast</th></tr></thead>
+          <thead><tr><th>origin</th><th>circuit (health)</th><th>failures in a row</th><th>opened</th><th>opens</th><th>failed fast</th><th>pooled: open (idle)</th></tr></thead>
           <tbody id="upstreams"></tbody>
         </table>
         <table id="limitstable" hidden>
@@ -363,82 +509,176 @@ extension Dashboard {
         // The last 15 minutes: one point a second, from GET /dashboard/history at the start and
         // then from each event. Counters become rates between consecutive samples.
         const WINDOW = 900;
-        const series = { t: [], rate: [], errors: [], p50: [], p99: [], retries: [], connections: [], inflight: [], bytes: [] };
+        const series = { t: [], rate: [], origin5xx: [], refusals: [], failures: [], p50: [], p99: [], retries: [], quota: [],
+          hitratio: [], bytescache: [], bytesorigin: [], connections: [], inflight: [] };
+        const kindSeries = new Map();  // refusal kind -> its points
         const charts = [];
+        let refusalChart = null;
         let lastSample = null;
+        const COLORS = ["#ef4444", "#f59e0b", "#8b5cf6", "#0ea5e9", "#10b981", "#ec4899", "#64748b", "#84cc16"];
         const clock = (ms) => new Date(ms).toLocaleTimeString([], { hour12: false });
+        const dataset = (label, data, color) =>
+          ({ label, data, borderColor: color, backgroundColor: color, pointRadius: 0, borderWidth: 1.5, tension: 0, spanGaps: true });
+
+        function lineChart(id, labels, lines) {
+          return new Chart($(id), {
+            type: "line",
+            data: { labels, datasets: lines.map(([label, data, color]) => dataset(label, data, color)) },
+            options: { animation: false, responsive: true, maintainAspectRatio: false,
+              scales: { x: { ticks: { maxTicksLimit: 6, maxRotation: 0 } }, y: { beginAtZero: true } },
+              plugins: { legend: { display: lines.length !== 1, labels: { boxWidth: 12 } } } },
+          });
+        }
 
         function makeCharts() {
           if (!window.Chart) { $("nocharts").hidden = false; $("charts").hidden = true; return; }
-          const chart = (id, lines) => {
-            charts.push(new Chart($(id), {
-              type: "line",
-              data: { labels: series.t, datasets: lines.map(([label, key, color]) =>
-                ({ label, data: series[key], borderColor: color, backgroundColor: color, pointRadius: 0, borderWidth: 1.5, tension: 0, spanGaps: true })) },
-              options: { animation: false, responsive: true, maintainAspectRatio: false,
-                scales: { x: { ticks: { maxTicksLimit: 6, maxRotation: 0 } }, y: { beginAtZero: true } },
-                plugins: { legend: { display: lines.length > 1, labels: { boxWidth: 12 } } } },
-            }));
-          };
+          const chart = (id, lines) => charts.push(lineChart(id, series.t, lines.map(([l, key, c]) => [l, series[key], c])));
           chart("c-rate", [["requests/s", "rate", "#3b82f6"]]);
-          chart("c-errors", [["errors %", "errors", "#ef4444"]]);
+          chart("c-errors", [["origin 5xx", "origin5xx", "#ef4444"], ["Sluice's answers", "refusals", "#f59e0b"], ["broken", "failures", "#8b5cf6"]]);
+          chart("c-refusals", []);
+          refusalChart = charts[charts.length - 1];
           chart("c-latency", [["p50", "p50", "#10b981"], ["p99", "p99", "#f59e0b"]]);
-          chart("c-retries", [["retries/s", "retries", "#8b5cf6"]]);
+          chart("c-cache", [["hit ratio %", "hitratio", "#10b981"]]);
+          chart("c-bytes", [["from cache", "bytescache", "#10b981"], ["from origins", "bytesorigin", "#64748b"]]);
+          chart("c-retries", [["retries/s", "retries", "#8b5cf6"], ["rate-limit waits/s", "quota", "#f97316"]]);
           chart("c-load", [["client connections", "connections", "#0ea5e9"], ["in flight", "inflight", "#f97316"]]);
-          chart("c-bytes", [["bytes/s", "bytes", "#64748b"]]);
+        }
+
+        // A refusal kind's line, made when the kind first appears (zeros before).
+        function kindLine(kind) {
+          let points = kindSeries.get(kind);
+          if (!points) {
+            points = new Array(series.t.length).fill(0);
+            kindSeries.set(kind, points);
+            if (refusalChart) {
+              refusalChart.data.datasets.push(dataset(kind, points, COLORS[(kindSeries.size - 1) % COLORS.length]));
+            }
+          }
+          return points;
         }
 
         function addSample(s) {
           if (lastSample && s.time_ms > lastSample.time_ms) {
             const dt = (s.time_ms - lastSample.time_ms) / 1000;
-            const req = Math.max(0, s.requests - lastSample.requests);
+            const delta = (key) => Math.max(0, (s[key] || 0) - (lastSample[key] || 0));
+            const req = delta("requests");
+            const share = (key) => req > 0 ? 100 * delta(key) / req : 0;
             series.t.push(clock(s.time_ms));
             series.rate.push(req / dt);
-            series.errors.push(req > 0 ? 100 * Math.max(0, s.errors - lastSample.errors) / req : 0);
-            series.retries.push(Math.max(0, s.retries - lastSample.retries) / dt);
-            series.bytes.push(Math.max(0, s.bytes_out - lastSample.bytes_out) / dt);
+            series.origin5xx.push(share("origin_5xx"));
+            series.refusals.push(share("refusals"));
+            series.failures.push(share("failures"));
+            const lookups = delta("cache_lookups");
+            series.hitratio.push(lookups > 0 ? 100 * delta("cache_served") / lookups : null);
+            series.bytescache.push(delta("bytes_from_cache") / dt);
+            series.bytesorigin.push(delta("bytes_from_origin") / dt);
+            series.retries.push(delta("retries") / dt);
+            series.quota.push(delta("quota_waits") / dt);
             series.p50.push(s.p50_ms);
             series.p99.push(s.p99_ms);
             series.connections.push(s.connections);
             series.inflight.push(s.in_flight);
+            const kinds = s.refusals_by_kind || {};
+            const before = lastSample.refusals_by_kind || {};
+            for (const kind of Object.keys(kinds)) kindLine(kind);
+            for (const [kind, points] of kindSeries) {
+              points.push(Math.max(0, (kinds[kind] || 0) - (before[kind] || 0)) / dt);
+            }
             for (const key in series) while (series[key].length > WINDOW) series[key].shift();
+            for (const points of kindSeries.values()) while (points.length > WINDOW) points.shift();
           }
           if (!lastSample || s.time_ms > lastSample.time_ms) lastSample = s;
         }
 
-        // The origins with `health:` and their circuits (GET /upstreams), every 2 s.
+        // The circuits of the origins with `health:` and every origin's pooled connections
+        // (GET /upstreams), every 2 s.
         async function pollUpstreams(headers) {
           for (;;) {
             try {
               const response = await fetch("/upstreams", { headers, cache: "no-store" });
               if (response.ok) {
-                const list = (await response.json()).upstreams;
+                const answer = await response.json();
+                const pools = new Map(answer.pools.map((p) => [p.origin, p]));
+                const origins = [...new Set([...answer.upstreams.map((u) => u.origin), ...pools.keys()])].sort();
+                const circuits = new Map(answer.upstreams.map((u) => [u.origin, u]));
                 const body = $("upstreams");
                 body.replaceChildren();
-                for (const u of list) {
+                for (const origin of origins) {
+                  const u = circuits.get(origin);
+                  const p = pools.get(origin);
                   const row = body.insertRow();
-                  row.dataset.origin = u.origin;
-                  const opened = u.opened_ms_ago === null ? "never" : fmt(u.opened_ms_ago / 1000, 0) + " s ago";
-                  for (const v of [u.origin, u.state, `${u.consecutive_failures} of ${u.failure_threshold}`, opened, u.opens, u.failed_fast]) {
-                    row.insertCell().textContent = v;
-                  }
-                  row.cells[1].className = "circuit-" + u.state;
+                  row.dataset.origin = origin;
+                  const opened = !u ? "–" : u.opened_ms_ago === null ? "never" : fmt(u.opened_ms_ago / 1000, 0) + " s ago";
+                  const cells = u ? [origin, u.state, `${u.consecutive_failures} of ${u.failure_threshold}`, opened, u.opens, u.failed_fast]
+                                  : [origin, "no health:", "–", "–", "–", "–"];
+                  for (const v of [...cells, p ? `${p.open} (${p.idle})` : "0"]) row.insertCell().textContent = v;
+                  if (u) row.cells[1].className = "circuit-" + u.state;
                 }
-                $("upstreamstable").hidden = list.length === 0;
+                $("upstreamstable").hidden = origins.length === 0;
               }
             } catch (e) { /* the stream's status line says when the listener is gone */ }
             await new Promise((r) => setTimeout(r, 2000));
           }
         }
 
+        // A host's page: its charts, its policy, its last failed exchanges; refreshed every
+        // 2 s while it is open.
+        let openHost = null;
+        const hostCharts = [];
+        async function showHost(host, headers) {
+          if (openHost === host) return;
+          openHost = host;
+          $("hostname").textContent = host;
+          $("hostpanel").hidden = false;
+          $("hostpanel").dataset.host = host;
+          while (openHost === host) {
+            try {
+              const response = await fetch("/dashboard/host?host=" + encodeURIComponent(host), { headers, cache: "no-store" });
+              if (response.ok && openHost === host) drawHost(await response.json());
+            } catch (e) { /* shown as stale; the stream's status line says when the listener is gone */ }
+            await new Promise((r) => setTimeout(r, 2000));
+          }
+        }
+
+        function drawHost(h) {
+          $("hostpolicy").textContent = h.policy;
+          const failures = $("hostfailures");
+          failures.replaceChildren();
+          for (const f of [...h.failures].reverse()) {
+            const row = failures.insertRow();
+            for (const v of [clock(f.time_ms), f.method, f.url, f.status, f.kind, f.error || ""]) row.insertCell().textContent = v;
+          }
+          $("hostnofailures").hidden = h.failures.length > 0;
+          $("hostnohistory").hidden = h.history !== null;
+          $("hostpanel").dataset.loaded = h.host;
+          if (!window.Chart) return;
+          const hist = h.history || { time_ms: [], requests: [], errors: [], bytes_out: [], mean_ms: [] };
+          const labels = hist.time_ms.map(clock);
+          const lines = [
+            ["c-host-rate", [["requests/s", hist.requests, "#3b82f6"], ["errors/s", hist.errors, "#ef4444"]]],
+            ["c-host-latency", [["mean ms", hist.mean_ms, "#10b981"]]],
+            ["c-host-bytes", [["bytes/s", hist.bytes_out, "#64748b"]]],
+          ];
+          lines.forEach(([id, data], i) => {
+            if (!hostCharts[i]) hostCharts[i] = lineChart(id, labels, data);
+            const c = hostCharts[i];
+            c.data.labels = labels;
+            data.forEach(([, points], j) => { c.data.datasets[j].data = points; });
+            c.update("none");
+          });
+        }
+
         async function loadHistory(headers) {
           const response = await fetch("/dashboard/history", { headers, cache: "no-store" });
           if (!response.ok) return;
           const h = await response.json();
+          const columns = ["requests", "errors", "origin_5xx", "refusals", "failures", "retries", "quota_waits", "cache_lookups",
+            "cache_served", "bytes_out", "bytes_from_cache", "bytes_from_origin", "in_flight", "connections", "p50_ms", "p99_ms"];
           for (let i = 0; i < h.time_ms.length; i++) {
-            addSample({ time_ms: h.time_ms[i], requests: h.requests[i], errors: h.errors[i], retries: h.retries[i],
-              bytes_out: h.bytes_out[i], in_flight: h.in_flight[i], connections: h.connections[i],
-              p50_ms: h.p50_ms[i], p99_ms: h.p99_ms[i] });
+            const s = { time_ms: h.time_ms[i], refusals_by_kind: {} };
+            for (const key of columns) s[key] = h[key][i];
+            for (const kind in h.refusals_by_kind) s.refusals_by_kind[kind] = h.refusals_by_kind[kind][i];
+            addSample(s);
           }
           for (const c of charts) c.update("none");
         }
@@ -450,6 +690,9 @@ extension Dashboard {
             $("rate").textContent = fmt(req / dt, 1);
             $("errors").textContent = req > 0 ? fmt(100 * (d.errors - previous.errors) / req, 1) + " %" : "0 %";
             $("retries").textContent = fmt((d.retries - previous.retries) / dt, 1);
+            $("refusals").textContent = fmt((d.refusals - previous.refusals) / dt, 1);
+            const lookups = d.cache_lookups - previous.cache_lookups;
+            $("hitratio").textContent = lookups > 0 ? fmt(100 * (d.cache_served - previous.cache_served) / lookups, 1) + " %" : "–";
           }
           $("p50").textContent = fmt(d.p50_ms, 2);
           $("p90").textContent = fmt(d.p90_ms, 2);
@@ -467,6 +710,7 @@ extension Dashboard {
             if (!row) {
               row = document.createElement("tr");
               row.dataset.host = h.host;
+              row.addEventListener("click", () => showHost(h.host, streamHeaders));
               for (let i = 0; i < 7; i++) row.appendChild(document.createElement("td"));
               row.cells[0].textContent = h.host;
               body.appendChild(row);
@@ -498,8 +742,10 @@ extension Dashboard {
           $("ticks").textContent = Number($("ticks").textContent) + 1;
         }
 
+        let streamHeaders = {};
         async function stream(token) {
           const headers = token ? { Authorization: "Bearer " + token } : {};
+          streamHeaders = headers;
           for (;;) {
             try {
               const response = await fetch("/dashboard/events", { headers, cache: "no-store" });
@@ -535,6 +781,7 @@ extension Dashboard {
         const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
         if (fromHash) history.replaceState(null, "", location.pathname);  // keep it out of the address bar
         $("login").addEventListener("submit", (e) => { e.preventDefault(); $("login").hidden = true; stream($("token").value); });
+        $("hostclose").addEventListener("click", () => { openHost = null; $("hostpanel").hidden = true; });
         makeCharts();
         stream(fromHash);
         </script>

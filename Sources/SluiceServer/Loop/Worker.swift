@@ -133,6 +133,8 @@ final class Worker {
         case counts(AdminGather<WorkerCounts>)
         /// `GET /fleet`: this worker's connection to the fleet's Redis.
         case fleet(AdminGather<FleetWorkerState>)
+        /// `GET /upstreams`: the connections of this worker's native pool, by origin.
+        case pools(AdminGather<[UpstreamPoolCount]>)
 
         /// The answer of a worker whose loop has ended: no exchanges, nothing cancelled, not
         /// ready.
@@ -143,6 +145,7 @@ final class Worker {
             case .ping(let gather): gather.deliver(false)
             case .counts(let gather): gather.deliver(WorkerCounts(index: -1, exchangesInFlight: 0, clientConnections: 0))
             case .fleet(let gather): gather.deliver(FleetWorkerState(worker: -1))
+            case .pools(let gather): gather.deliver([])
             }
         }
     }
@@ -332,6 +335,8 @@ final class Worker {
                 gather.deliver(!isDraining && session.isUsable)
             case .fleet(let gather):
                 gather.deliver(fleet.map { FleetWorkerState(worker: index, $0.client) } ?? FleetWorkerState(worker: index))
+            case .pools(let gather):
+                gather.deliver(nativePool.counts())
             case .counts(let gather):
                 gather.deliver(
                     WorkerCounts(

@@ -40,6 +40,7 @@ final class UpstreamConnection: ClientSocketOwner {
         self.tlsContext = tlsContext
         socket = ClientSocket(base: pool.base, fd: fd, spill: pool.spill, watchesCloseWhilePaused: false, tls: tls)
         socket.owner = self
+        pool.openConnections[NativeUpstreamPool.PoolOrigin(origin: key.origin, tls: tlsContext != nil), default: 0] += 1
     }
 
     func socketReadable() {
@@ -57,6 +58,9 @@ final class UpstreamConnection: ClientSocketOwner {
     fileprivate func close(abortive: Bool) {
         guard !isClosed else { return }
         isClosed = true
+        let counted = NativeUpstreamPool.PoolOrigin(origin: key.origin, tls: isTLS)
+        let left = pool.openConnections[counted, default: 1] - 1
+        pool.openConnections[counted] = left > 0 ? left : nil
         if let idleTimer { event_free(idleTimer) }
         idleTimer = nil
         socket.close(abortive: abortive)
@@ -188,12 +192,41 @@ final class NativeUpstreamPool {
     /// Idle connections now (for tests and reports).
     var idleConnections: Int { state.idleCount }
 
+    /// An origin and its scheme, as the admin API reports the pool.
+    struct PoolOrigin: Hashable {
+        let origin: UpstreamOrigin
+        let tls: Bool
+    }
+    /// Connections open (busy or idle) per origin and scheme.
+    fileprivate var openConnections: [PoolOrigin: Int] = [:]
+
+    /// Every origin with connections open: how many, and how many of them wait idle
+    /// (`GET /upstreams`).
+    func counts() -> [UpstreamPoolCount] {
+        var idle: [PoolOrigin: Int] = [:]
+        for c in state.idleConnections { idle[PoolOrigin(origin: c.origin, tls: c.isTLS), default: 0] += 1 }
+        return openConnections.map { key, open in
+            UpstreamPoolCount(
+                origin: UpstreamHealth.Origin(scheme: key.tls ? "https" : "http", host: key.origin.host, port: key.origin.port)
+                    .name,
+                open: open, idle: idle[key] ?? 0)
+        }
+    }
+
     /// Closes every idle connection; called once by the worker when its loop has ended
     /// (every transfer is detached by then).
     func shutdown() {
         isShutDown = true
         for connection in state.drainIdle() { connection.close(abortive: false) }
     }
+}
+
+/// One origin's connections in one worker's pool (`GET /upstreams`, `pools`).
+struct UpstreamPoolCount: Sendable {
+    /// `scheme://host:port`, as `health:` names an origin.
+    let origin: String
+    let open: Int
+    let idle: Int
 }
 
 /// An origin as the pool counts it: host (as written, without brackets) and port.
