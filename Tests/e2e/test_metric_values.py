@@ -1,6 +1,11 @@
 """Counters that say what happened (docs/metrics.md): scenarios driven through a running
 Sluice, each asserting the exact values the counters of /metrics must reach, next to what
-the origin saw (a counting origin records every request and its fields).
+the origin saw (a counting origin records every request and its fields), with 1 and 2
+workers: forwarded, cached, revalidated, refetched without validators, streamed from disk,
+tunnelled, upgraded, refused at accept, retried then refused, forwarded over Sluice's own TLS
+and refused by a pin, rate limited, a circuit opened then failing fast, the gauges and a
+reload, a credential refreshed. The last test keeps the list whole: every metric of
+docs/metrics.md is asserted here, or in the one scenario elsewhere that needs its own setup.
 
 `sluice_cache_total` first: each `event` as docs/metrics.md defines it — `revalidated` only
 when a conditional request went out and the origin answered it.
@@ -12,12 +17,17 @@ import os
 import re
 import socket
 import ssl
+import threading
+from pathlib import Path
 
 import pytest
 import requests
 
 from cache_origin import CountingOrigin
 from faultservers import pick_port
+from rawhttp import RawConn, request_bytes
+from resilience_support import bearer_factory, token_server_factory  # noqa: F401 (fixtures)
+from test_oauth import oauth_env  # noqa: F401 (a fixture)
 from support import HOST, connect_through, wait_until
 
 SERIES = re.compile(r'^([a-z_]+)(?:\{(.*)\})? (\S+)$')
@@ -238,3 +248,138 @@ def test_upgraded_websocket(sluice_factory, workers):
         assert value(m, "sluice_upstream_requests_total", protocol="HTTP/1.1", connection="new") == 0
     finally:
         echo.stop()
+
+
+def https_get(proxy, url: str):
+    """An absolute-form https request sent to the proxy in plain text: Sluice itself speaks
+    TLS to the origin (a client's own https would be a CONNECT tunnel)."""
+    with RawConn(HOST, proxy.port, timeout=20) as c:
+        c.send(request_bytes("GET", url))
+        return c.read_response(timeout=20)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_forwarded_over_tls_and_refused_by_a_pin(sluice_factory, nginx, pki, workers):
+    """Sluice's own TLS to an origin: each try's connect and handshake are timed once; a pin
+    that does not match is one trust failure, by evaluator, and one answer of Sluice's own."""
+    proxy, admin = metrics_proxy(sluice_factory, workers, tls={"ca_file": str(pki.ca_pem)}, policies={
+        "localhost": {"trust": {"pinned_certificates": [str(pki.dir / "wrong.pem")]}}})
+    for i in range(2):
+        r = https_get(proxy, nginx.tls_url(f"/1k?i={i}"))
+        assert r is not None and r.status == 200 and r.body == nginx.file_1k, r
+    r = https_get(proxy, f"https://localhost:{nginx.https_port}/1k")
+    assert r is not None and r.status == 502 and b"certificate pin mismatch" in r.body, r
+    m = settled(admin, "sluice_trust_failures_total", 1, evaluator="pinned_certificates")
+    assert value(m, "sluice_own_responses_total", kind="trust_failure") == 1
+    assert value(m, "sluice_requests_total", policy="default", method="GET", status_class="2xx") == 2
+    assert value(m, "sluice_requests_total", policy="localhost", method="GET", status_class="5xx") == 1
+    # Two answered tries on kept-alive connections per worker: each new connection was timed.
+    new = value(m, "sluice_upstream_requests_total", protocol="HTTP/1.1", connection="new")
+    reused = value(m, "sluice_upstream_requests_total", protocol="HTTP/1.1", connection="reused")
+    assert new + reused == 2 and new >= 1, (new, reused)
+    assert value(m, "sluice_upstream_tls_seconds_count") == new
+    assert value(m, "sluice_upstream_connect_seconds_count") == new
+    # The refused try lasted too (it connected, and its handshake ended in the pin's refusal).
+    assert value(m, "sluice_upstream_total_seconds_count") == 3
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rate_limited_waited_and_rejected(sluice_factory, nginx, workers):
+    """`rate_limit` 1 request per minute: the first goes, the second is refused (429), each
+    decision counted once; nobody is left waiting."""
+    proxy, admin = metrics_proxy(sluice_factory, workers, policies={
+        "default": {"rate_limit": {"rate": "1/min", "burst": 1, "on_limit": "reject"}}})
+    with requests.Session() as s:
+        assert s.get(nginx.url("/1k"), proxies={"http": proxy.url}, timeout=10).status_code == 200
+        assert s.get(nginx.url("/1k?again"), proxies={"http": proxy.url}, timeout=10).status_code == 429
+    m = settled(admin, "sluice_rate_limit_decisions_total", 1, policy="default", decision="rejected")
+    assert value(m, "sluice_rate_limit_decisions_total", policy="default", decision="allowed") == 1
+    assert value(m, "sluice_rate_limit_decisions_total", policy="default", decision="waited") == 0
+    assert value(m, "sluice_own_responses_total", kind="rate_limited") == 1
+    assert value(m, "sluice_rate_limit_waiting", policy="default") == 0
+    assert value(m, "sluice_rate_limit_wait_seconds_count") == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_circuit_opened_then_failed_fast(sluice_factory, closed_port, workers):
+    proxy, admin = metrics_proxy(sluice_factory, workers, policies={
+        HOST: {"health": {"consecutive_failures": 2, "cooldown": "60s"}}})
+    with requests.Session() as s:
+        for _ in range(2):
+            assert s.get(f"http://{HOST}:{closed_port}/", proxies={"http": proxy.url}, timeout=10).status_code == 502
+        assert s.get(f"http://{HOST}:{closed_port}/", proxies={"http": proxy.url}, timeout=10).status_code == 503
+    origin = f"http://{HOST}:{closed_port}"
+    m = settled(admin, "sluice_upstream_circuit_failed_fast_total", 1, origin=origin)
+    assert value(m, "sluice_upstream_circuit_opened_total", origin=origin) == 1
+    assert value(m, "sluice_upstream_circuit_state", origin=origin) == 1  # docs/metrics.md: 1 = open
+    assert value(m, "sluice_own_responses_total", kind="upstream_refused") == 2
+    assert value(m, "sluice_own_responses_total", kind="upstream_circuit_open") == 1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_gauges_and_a_reload(sluice_factory, httpbin, workers):
+    """In flight and connected while a slow request runs, none after; a reload moves the
+    generation and is counted once."""
+    proxy, admin = metrics_proxy(sluice_factory, workers)
+    out: dict = {}
+
+    def slow():
+        out["status"] = requests.get(httpbin.url + "/delay/2", proxies={"http": proxy.url}, timeout=10).status_code
+    t = threading.Thread(target=slow)
+    t.start()
+    assert wait_until(lambda: sum(v for (n, _), v in scrape(admin).items() if n == "sluice_exchanges_in_flight") == 1, 5)
+    during = scrape(admin)
+    assert sum(v for (n, _), v in during.items() if n == "sluice_client_connections") == 1
+    t.join(10)
+    assert out["status"] == 200
+    r = requests.post(f"http://{HOST}:{admin}/reload", timeout=10)
+    assert r.status_code == 200 and r.json()["applied"] is True
+    m = settled(admin, "sluice_config_generation", 2)
+    assert value(m, "sluice_config_reloads_total", result="applied") == 1
+    assert value(m, "sluice_config_reloads_total", result="failed") == 0
+    assert sum(v for (n, _), v in m.items() if n == "sluice_exchanges_in_flight") == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_credential_refreshed(sluice_factory, token_server_factory, bearer_factory, oauth_env, workers):
+    """An `oauth2` adapter's grant is one refresh; a token it still holds is not another; a
+    token endpoint with the wrong secret is a failed one (the request gets Sluice's 502)."""
+    from test_oauth import CLIENT_ID, oauth2
+    ts = token_server_factory(client_id=CLIENT_ID, client_secret=oauth_env.secret)
+    up = bearer_factory(ts)
+    bad = token_server_factory(client_id=CLIENT_ID, client_secret="not-" + oauth_env.secret)
+    proxy, admin = metrics_proxy(sluice_factory, workers, policies={
+        "127.0.0.1": {"adapters": [oauth2(ts.token_url)]},
+        "localhost": {"adapters": [oauth2(bad.token_url)]}})
+    with requests.Session() as s:  # one connection: one worker, one token
+        for i in range(2):
+            assert s.get(f"http://{HOST}:{up.port}/r{i}", proxies={"http": proxy.url}, timeout=10).status_code == 200
+        assert s.get(f"http://localhost:{up.port}/r", proxies={"http": proxy.url}, timeout=10).status_code == 502
+    m = settled(admin, "sluice_credential_refreshes_total", 1, result="failed")
+    assert value(m, "sluice_credential_refreshes_total", result="ok") == 1
+    assert ts.grants() == 1
+    assert value(m, "sluice_own_responses_total", kind="adapter_failed") == 1
+
+
+# The metrics whose scenario needs a setup of its own, and the test that asserts their values.
+ELSEWHERE = {
+    "sluice_requests_queued_total": ("test_overload.py", "def test_"),
+    "sluice_requests_refused_total": ("test_overload.py", "def test_"),
+    "sluice_rate_limit_learned_total": ("test_admin.py", "def test_limits_lists_what_the_origin_asked_for"),
+    "sluice_rate_limit_keys_evicted_total": ("test_rate_limit.py", "def test_ten_thousand_client_keys_keep_the_table_bounded"),
+    "sluice_fleet_instances": ("test_admin.py", "def test_fleet_shows_each_workers_redis_and_the_instances"),
+    "sluice_fleet_fallbacks_total": ("test_admin.py", "def test_fleet_shows_each_workers_redis_and_the_instances"),
+}
+
+
+def test_every_documented_metric_has_a_scenario():
+    here = Path(__file__).parent
+    documented = re.findall(r"^\| `(sluice_[a-z_]+)`", (here.parent.parent / "docs" / "metrics.md").read_text(), re.M)
+    source = Path(__file__).read_text().split("ELSEWHERE = {")[0]
+    for name in documented:
+        if f'"{name}' in source:
+            continue
+        assert name in ELSEWHERE, f"{name}: no scenario asserts its value"
+        file, test = ELSEWHERE[name]
+        text = (here / file).read_text()
+        assert test in text and name in text.split(test, 1)[1], f"{name}: not asserted in {file} after {test!r}"
