@@ -111,6 +111,19 @@ import Testing
             CacheFreshness.lifetime(of: stored([("Cache-Control", "max-age=60"), ("Expires", HTTPDate.format(t + 500))])) == 60)
         #expect(CacheFreshness.lifetime(of: stored([("Date", Self.date0), ("Expires", HTTPDate.format(t + 500))])) == 500)
         #expect(CacheFreshness.lifetime(of: stored([("Date", Self.date0), ("Expires", "0")])) == 0)
+        // Invalid means already expired (§5.3): a bad format, garbage, two field lines, empty.
+        let later = HTTPDate.format(t + 500)
+        for invalid: [F] in [
+            [("Expires", "2026-11-26T12:00:00Z")], [("Expires", "tomorrow")], [("Expires", "")],
+            [("Expires", later), ("Expires", later)],
+        ] {
+            #expect(CacheFreshness.lifetime(of: stored([("Date", Self.date0)] + invalid)) == 0, "\(invalid)")
+        }
+        // Each of the three date formats RFC 9110 §5.6.7 has recipients accept is a date.
+        let imf = HTTPDate.parse("Sun, 06 Nov 1994 08:49:37 GMT")
+        #expect(imf != nil && HTTPDate.parse("Sunday, 06-Nov-94 08:49:37 GMT") == imf)
+        #expect(HTTPDate.parse("Sun Nov  6 08:49:37 1994") == imf)
+        #expect(CacheFreshness.lifetime(of: stored([("Date", Self.date0), ("Expires", later)])) == 500)
         // Heuristic: 10 % of (Date − Last-Modified), capped at a day; not for a 302.
         let lm: [F] = [("Date", Self.date0), ("Last-Modified", HTTPDate.format(t - 1000))]
         #expect(CacheFreshness.lifetime(of: stored(lm)) == 100)

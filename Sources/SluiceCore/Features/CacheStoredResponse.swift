@@ -27,7 +27,8 @@ public struct CacheStoredResponse: Sendable, Equatable {
         public var date: Int64?
         public var age: Int64?
         public var lastModified: Int64?
-        /// `Expires`: absent (nil), or its time (`.some(nil)` when invalid: already expired).
+        /// `Expires`: absent (nil), or its time (`.some(nil)` when invalid — not an HTTP-date,
+        /// or more than one field line — which means already expired, RFC 9111 §5.3, §4.2.1).
         public var expires: Int64??
 
         init(_ fields: [Field]) {
@@ -35,7 +36,8 @@ public struct CacheStoredResponse: Sendable, Equatable {
             date = CacheFields.value("date", in: fields).flatMap(HTTPDate.parse)
             age = CacheFields.value("age", in: fields).flatMap { CacheControl.seconds($0) }
             lastModified = CacheFields.value("last-modified", in: fields).flatMap(HTTPDate.parse)
-            expires = CacheFields.value("expires", in: fields).map { HTTPDate.parse($0) }
+            // Combined, two field lines are two dates with a comma between: not a date.
+            expires = CacheFields.combined("expires", in: fields).map { HTTPDate.parse($0) }
         }
     }
 
