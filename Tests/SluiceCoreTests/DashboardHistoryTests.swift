@@ -17,6 +17,7 @@ import Testing
         r.errors = errors
         r.bytesOut = bytes
         r.totalMicroseconds = micros
+        r.timedRequests = micros > 0 ? requests : 0
         return r
     }
 
@@ -96,12 +97,32 @@ import Testing
         #expect(history.hostRingCount == 0)
     }
 
-    @Test func onlyTheBusiestHostsGetRings() {
+    @Test func whenEveryRingIsHeldTheBusiestOfTheSecondTakeTheQuietestOnes() throws {
         var history = DashboardHistory()
-        let rows = (0..<(DashboardHistory.maxHostRings + 5)).map { ("h\($0)", row(requests: 1)) }
-        history.append(sample(1), hosts: rows)
-        #expect(history.hostRingCount == DashboardHistory.maxHostRings)
-        #expect(history.host("h0") != nil && history.host("h\(DashboardHistory.maxHostRings)") == nil)
+        let n = DashboardHistory.maxHostRings
+        // More hosts than rings in one second: the busiest get them.
+        let first = (0..<(n + 5)).map { ("h\($0)", row(requests: Int64(n + 5 - $0))) }
+        history.append(sample(1), hosts: first)
+        #expect(history.hostRingCount == n)
+        #expect(history.host("h0") != nil && history.host("h\(n - 1)") != nil && history.host("h\(n)") == nil)
+        // Next second h0…h9 get traffic again, and two new hosts: they take the rings of two
+        // hosts quiet since, not of one active now.
+        var next = first.map { ($0.0, $0.1) }
+        for i in 0..<10 { next[i].1.requests += 1 }
+        next.append(("new-a", row(requests: 3)))
+        next.append(("new-b", row(requests: 1)))
+        history.append(sample(2), hosts: next)
+        #expect(history.hostRingCount == n)
+        #expect(try #require(history.host("new-a")).map(\.requests) == [0, 3])
+        #expect(try #require(history.host("new-b")).map(\.requests) == [0, 1])
+        #expect((0..<10).allSatisfy { history.host("h\($0)") != nil })
+        // A second where every ring's host is active: a newcomer waits.
+        var busy = next
+        for i in busy.indices { busy[i].1.requests += 1 }
+        busy.append(("late", row(requests: 1)))
+        let active = Set((0..<n).compactMap { i -> String? in history.host("h\(i)") != nil ? "h\(i)" : nil })
+        history.append(sample(3), hosts: busy.filter { active.contains($0.0) || $0.0.hasPrefix("new") || $0.0 == "late" })
+        #expect(history.host("late") == nil)
     }
 
     @Test func itsMemoryIsBoundedAndStated() {

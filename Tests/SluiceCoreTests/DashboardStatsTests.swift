@@ -73,9 +73,27 @@ import Testing
         let last = stats.failedExchanges(host: "a.test")
         #expect(last.count == DashboardStats.failuresPerHost)
         #expect(last.first?.url == "http://a.test/10" && last.last?.url == "http://a.test/59")
-        let long = summary("http://a.test/" + String(repeating: "p", count: 500), status: 500)
+        var long = summary("http://a.test/" + String(repeating: "p", count: 500), status: 500)
+        long.method = String(repeating: "M", count: 8000)  // a token of any length is a method
+        long.error = String(repeating: "e", count: 5000)
         shard.record(long, host: "a.test")
-        #expect(try #require(stats.failedExchanges(host: "a.test").last).url.count == DashboardStats.failedURLLimit + 1)
+        let kept = try #require(stats.failedExchanges(host: "a.test").last)
+        #expect(kept.url.count == DashboardStats.failedURLLimit + 1 && kept.method.count == 17)
+        #expect(kept.error?.count == DashboardStats.failedErrorLimit + 1)
+    }
+
+    @Test func aHostsMeanCountsOnlyTheExchangesThatWentUpstream() {
+        let stats = DashboardStats()
+        let shard = stats.shardForCurrentThread()
+        var upstream = summary()
+        upstream.timings = TryTimings()
+        upstream.timings?.total = 4000
+        shard.record(upstream, host: "a.test")
+        var hit = summary()
+        hit.servedFromStore = true
+        shard.record(hit, host: "a.test")
+        let row = stats.snapshot().hosts[0].row
+        #expect(row.requests == 2 && row.timedRequests == 1 && row.totalMicroseconds == 4000)
     }
 
     @Test func everyKindIsListedInTheErrorsDoc() throws {

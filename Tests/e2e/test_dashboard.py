@@ -110,6 +110,11 @@ def test_dashboard_in_chromium_follows_traffic_with_the_token(sluice_factory, ht
         # What the lines say: the refusals chart has the case that happened, the cache hits.
         kinds = browser.execute_script("return Chart.getChart('c-refusals').data.datasets.map(d => d.label)")
         assert kinds == ["upstream_refused"], kinds
+        # Each line has a point per label: a kind's first point sits under its own second.
+        lengths = browser.execute_script(
+            "return %s.map(id => { const c = Chart.getChart(id); "
+            "return [c.data.labels.length, ...c.data.datasets.map(d => d.data.length)]; })" % CHARTS)
+        assert all(len(set(l)) == 1 for l in lengths), dict(zip(CHARTS, lengths))
         hits = browser.execute_script("return Chart.getChart('c-cache').data.datasets[0].data.filter(v => v !== null)")
         assert hits and max(hits) > 0, hits
         assert float(text(browser, "refusals")) > 0

@@ -5,8 +5,9 @@
 ///
 /// Beside the ring, aligned with its slots: the totals of each kind of refusal seen
 /// (`ProxyError.Kind`, a column made when the kind first occurs), and per host a ring of what
-/// that host's second held (`HostSample`), for the busiest `maxHostRings` hosts with traffic
-/// in the last 15 minutes (`GET /dashboard/host`).
+/// that host's second held (`HostSample`), for at most `maxHostRings` hosts with traffic in
+/// the last 15 minutes: a host gets a ring when it has requests (the busiest of the second
+/// first), taking the ring of the host quiet longest once all are held (`GET /dashboard/host`).
 ///
 /// Counters are totals since start (a rate is the difference of two samples over their time
 /// apart); gauges and percentiles are the values at the sample's second; a host's samples are
@@ -19,7 +20,7 @@
 public struct DashboardHistory: Sendable {
     /// 15 minutes at one sample a second.
     public static let capacity = 900
-    /// Hosts with a ring of their own at most (the busiest, as `DashboardStats` counts them).
+    /// Hosts with a ring of their own at most.
     public static let maxHostRings = DashboardStats.maxHosts
 
     public struct Sample: Sendable, Equatable {
@@ -77,7 +78,8 @@ public struct DashboardHistory: Sendable {
         public var errors: UInt32 = 0
         /// Response bytes to clients (at most 4 GiB in a second).
         public var bytesOut: UInt32 = 0
-        /// The mean upstream time of the second's exchanges, milliseconds; NaN: none.
+        /// The mean upstream time of the second's exchanges that went upstream, milliseconds;
+        /// NaN: none did.
         public var meanMilliseconds: Float = .nan
 
         public init() {}
@@ -117,35 +119,60 @@ public struct DashboardHistory: Sendable {
         for kind in refusals.keys where kinds[kind] == nil {
             kinds[kind] = [Int64](repeating: 0, count: Self.capacity)
         }
-        for kind in kinds.keys { kinds[kind]![slot] = refusals[kind] ?? 0 }
+        var k = kinds.startIndex
+        while k != kinds.endIndex {  // by index: iterating the keys while writing would copy the columns
+            kinds.values[k][slot] = refusals[kinds.keys[k]] ?? 0
+            kinds.formIndex(after: &k)
+        }
         appendHosts(rows, slot: slot)
         appended += 1
     }
 
     private mutating func appendHosts(_ rows: [(host: String, row: DashboardStats.HostRow)], slot: Int) {
         // Every ring gets this slot (a quiet host's second is zero), then the hosts that moved.
-        for key in hosts.keys { hosts[key]!.samples[slot] = HostSample() }
-        for (i, entry) in rows.enumerated() {
+        // Walked by index: iterating the keys while writing would copy every ring.
+        var i = hosts.values.startIndex
+        while i != hosts.values.endIndex {
+            hosts.values[i].samples[slot] = HostSample()
+            hosts.values.formIndex(after: &i)
+        }
+        var waiting: [(host: String, sample: HostSample)] = []
+        for entry in rows {
             let before = lastHostTotals[entry.host] ?? DashboardStats.HostRow()
             lastHostTotals[entry.host] = entry.row
             let requests = entry.row.requests - before.requests
-            guard requests > 0, i < Self.maxHostRings || hosts[entry.host] != nil else { continue }
-            if hosts[entry.host] == nil {
-                guard hosts.count < Self.maxHostRings else { continue }
-                hosts[entry.host] = HostRing(
-                    samples: [HostSample](repeating: HostSample(), count: Self.capacity), lastActive: appended)
-            }
+            guard requests > 0 else { continue }
             var s = HostSample()
             s.requests = UInt32(clamping: requests)
             s.errors = UInt32(clamping: entry.row.errors - before.errors)
             s.bytesOut = UInt32(clamping: entry.row.bytesOut - before.bytesOut)
-            let micros = entry.row.totalMicroseconds - before.totalMicroseconds
-            if micros > 0 { s.meanMilliseconds = Float(Double(micros) / Double(requests) / 1000) }
-            hosts[entry.host]!.samples[slot] = s
-            hosts[entry.host]!.lastActive = appended
+            let timed = entry.row.timedRequests - before.timedRequests
+            if timed > 0 {
+                s.meanMilliseconds = Float(Double(entry.row.totalMicroseconds - before.totalMicroseconds) / Double(timed) / 1000)
+            }
+            if let index = hosts.index(forKey: entry.host) {
+                hosts.values[index].samples[slot] = s
+                hosts.values[index].lastActive = appended
+            } else {
+                waiting.append((entry.host, s))
+            }
+        }
+        // Hosts without a ring get one, the busiest of this second first: a free one, or the
+        // ring of the host quiet longest (not one active this second).
+        for (host, s) in waiting.sorted(by: { $0.sample.requests > $1.sample.requests }) {
+            if hosts.count >= Self.maxHostRings {
+                guard let quietest = hosts.min(by: { $0.value.lastActive < $1.value.lastActive }),
+                    quietest.value.lastActive < appended
+                else { break }
+                hosts[quietest.key] = nil
+            }
+            var ring = HostRing(samples: [HostSample](repeating: HostSample(), count: Self.capacity), lastActive: appended)
+            ring.samples[slot] = s
+            hosts[host] = ring
         }
         // A host quiet for the whole window has nothing to show: its ring goes.
-        for (key, ring) in hosts where appended - ring.lastActive >= Self.capacity { hosts[key] = nil }
+        let quiet = hosts.filter { appended - $0.value.lastActive >= Self.capacity }.keys
+        for key in quiet { hosts[key] = nil }
     }
 
     /// The slots in time order, oldest first.
@@ -180,11 +207,13 @@ public struct DashboardHistory: Sendable {
     public static var ringBytes: Int { capacity * MemoryLayout<Sample>.stride }
     /// One host's ring.
     public static var hostRingBytes: Int { capacity * MemoryLayout<HostSample>.stride }
-    /// What the history can ever hold: the ring, a column per refusal kind, every host ring.
+    /// What the history's arrays can ever hold: the ring, a column per refusal kind, every
+    /// host ring (the tables' overhead and the hosts' last totals aside).
     public static var maximumBytes: Int {
         ringBytes + ProxyError.Kind.allCases.count * capacity * 8 + maxHostRings * hostRingBytes
     }
-    /// What it holds now (the arrays' payloads; the tables' own overhead aside).
+    /// What it holds now: the arrays' payloads (the tables' own overhead and the hosts' last
+    /// totals, 48 bytes a host, aside).
     public var memoryBytes: Int {
         Self.ringBytes + kinds.count * Self.capacity * 8 + hosts.count * Self.hostRingBytes
     }

@@ -17,6 +17,11 @@ import Synchronization
 public final class DashboardStats: Sendable {
     public static let shared = DashboardStats()
     public static let maxHosts = 200
+    /// The row of exchanges refused before a host was known (a request that did not parse,
+    /// a 407, a CONNECT port not allowed).
+    public static let noHost = "(no host)"
+    /// The row of the hosts beyond `maxHosts`.
+    public static let otherHosts = "other"
     public static let latencyWindow = 4096
 
     public struct HostRow: Sendable, Equatable {
@@ -24,8 +29,10 @@ public final class DashboardStats: Sendable {
         public var errors: Int64 = 0
         public var retries: Int64 = 0
         public var bytesOut: Int64 = 0
-        /// Sum of the last tries' durations, microseconds (for the mean).
+        /// Sum of the last tries' durations, microseconds, and the exchanges that had one (the
+        /// mean's; cache hits and refusals did not go upstream).
         public var totalMicroseconds: Int64 = 0
+        public var timedRequests: Int64 = 0
     }
 
     /// What each exchange came to, beyond its status: the page's error chart splits `errors`
@@ -87,8 +94,9 @@ public final class DashboardStats: Sendable {
 
     /// A host's failed exchanges kept (per worker; the merge keeps the newest this many).
     public static let failuresPerHost = 50
-    /// The longest URL a failed exchange keeps (longer ones end with `…`).
+    /// The longest URL and error a failed exchange keeps (longer ones end with `…`).
     static let failedURLLimit = 200
+    static let failedErrorLimit = 300
 
     public struct Snapshot: Sendable, Equatable {
         public var requests: Int64
@@ -141,13 +149,14 @@ public final class DashboardStats: Sendable {
                 s2.retries += retries
                 if isError { s2.errors += 1 }
                 s2.outcomes.count(s)
-                let key = s2.hosts[host] != nil || s2.hosts.count < DashboardStats.maxHosts ? host : "other"
+                let key = s2.hosts[host] != nil || s2.hosts.count < DashboardStats.maxHosts ? host : DashboardStats.otherHosts
                 s2.hosts[key, default: HostRow()].requests += 1
                 if isError { s2.hosts[key]!.errors += 1 }
                 s2.hosts[key]!.retries += retries
                 s2.hosts[key]!.bytesOut += s.bytesOut
                 if let t = total, t > 0 {
                     s2.hosts[key]!.totalMicroseconds += t
+                    s2.hosts[key]!.timedRequests += 1
                     s2.latencies[s2.latencyNext] = t
                     s2.latencyNext = (s2.latencyNext + 1) % DashboardStats.latencyWindow
                     s2.latencyCount = min(s2.latencyCount + 1, DashboardStats.latencyWindow)
@@ -171,6 +180,9 @@ public final class DashboardStats: Sendable {
         var url = String(s.url.prefix { $0 != "?" && $0 != "#" })
         if url.utf8.count < s.url.utf8.count { url += "?…" }
         if url.count > failedURLLimit { url = String(url.prefix(failedURLLimit)) + "…" }
+        // A method is a client's token of any length; an error names hosts and reasons.
+        let method = s.method.count > 16 ? String(s.method.prefix(16)) + "…" : s.method
+        let error = s.error.map { $0.count > failedErrorLimit ? String($0.prefix(failedErrorLimit)) + "…" : $0 }
         let kind: String
         if let k = s.errorKind {
             kind = k.rawValue
@@ -180,8 +192,8 @@ public final class DashboardStats: Sendable {
             kind = "origin_5xx"
         }
         return FailedExchange(
-            timeMilliseconds: Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000, method: s.method, url: url,
-            status: s.status, kind: kind, error: s.error, attempts: s.attempts)
+            timeMilliseconds: Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000, method: method, url: url,
+            status: s.status, kind: kind, error: error, attempts: s.attempts)
     }
 
     /// The shards by the thread that records into them: a worker keeps its shard across
@@ -216,6 +228,7 @@ public final class DashboardStats: Sendable {
                     s.hosts[host]!.retries += row.retries
                     s.hosts[host]!.bytesOut += row.bytesOut
                     s.hosts[host]!.totalMicroseconds += row.totalMicroseconds
+                    s.hosts[host]!.timedRequests += row.timedRequests
                 }
                 recent.append(contentsOf: part.latencies.prefix(part.latencyCount))
             }

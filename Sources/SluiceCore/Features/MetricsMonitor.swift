@@ -535,7 +535,7 @@ public final class MetricsMonitor: EventMonitor {
         }
         let shard = dashboardShard ?? dashboard.shardForCurrentThread()
         dashboardShard = shard
-        shard.record(s, host: s.host.isEmpty ? s.policy : s.host)
+        shard.record(s, host: !s.host.isEmpty ? s.host : !s.policy.isEmpty ? s.policy : DashboardStats.noHost)
     }
 }
 

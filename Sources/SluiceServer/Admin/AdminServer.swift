@@ -342,12 +342,20 @@ final class AdminServer: @unchecked Sendable {
             host = String(pair.dropFirst(5)).replacingOccurrences(of: "+", with: " ").removingPercentEncoding
         }
         guard let host, !host.isEmpty else { return .error(400, "name the host: GET /dashboard/host?host=NAME") }
-        let history = dashboard.history
+        let policy: String
+        switch host {
+        case DashboardStats.noHost:
+            policy = "no policy: these requests were refused before a host was known (docs/errors.md)"
+        case DashboardStats.otherHosts:
+            policy = "no policy: the hosts beyond the \(DashboardStats.maxHosts) the dashboard counts one by one"
+        default:
+            policy = PolicyDescription.describe(server.currentConfiguration.pipeline, host: host)
+        }
         return .encoded(
             200,
             DashboardHostView(
-                host: host, policy: PolicyDescription.describe(server.currentConfiguration.pipeline, host: host),
-                history: history, failures: DashboardStats.shared.failedExchanges(host: host)))
+                host: host, policy: policy, history: dashboard.history,
+                failures: DashboardStats.shared.failedExchanges(host: host)))
     }
 
     /// `forPage`: every field (the page, `/dashboard/data`); else what the history keeps,

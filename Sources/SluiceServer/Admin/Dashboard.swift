@@ -366,8 +366,8 @@ struct DashboardPayload: Encodable {
             Host(
                 host: row.host, requests: row.row.requests, errors: row.row.errors, retries: row.row.retries,
                 bytesOut: row.row.bytesOut,
-                meanMilliseconds: row.row.requests > 0 && row.row.totalMicroseconds > 0
-                    ? Double(row.row.totalMicroseconds) / Double(row.row.requests) / 1000 : nil)
+                meanMilliseconds: row.row.timedRequests > 0
+                    ? Double(row.row.totalMicroseconds) / Double(row.row.timedRequests) / 1000 : nil)
         }
     }
 }
@@ -563,10 +563,15 @@ extension Dashboard {
             const delta = (key) => Math.max(0, (s[key] || 0) - (lastSample[key] || 0));
             const req = delta("requests");
             const share = (key) => req > 0 ? 100 * delta(key) / req : 0;
+            const kinds = s.refusals_by_kind || {};
+            const before = lastSample.refusals_by_kind || {};
+            for (const kind of Object.keys(kinds)) kindLine(kind);  // before this point's label: aligned
             series.t.push(clock(s.time_ms));
             series.rate.push(req / dt);
             series.origin5xx.push(share("origin_5xx"));
-            series.refusals.push(share("refusals"));
+            // Sluice's answers to requests: the errors that are neither the origin's 5xx nor broken
+            // (refusals at accept had no request: they are in the chart by case).
+            series.refusals.push(req > 0 ? 100 * Math.max(0, delta("errors") - delta("origin_5xx") - delta("failures")) / req : 0);
             series.failures.push(share("failures"));
             const lookups = delta("cache_lookups");
             series.hitratio.push(lookups > 0 ? 100 * delta("cache_served") / lookups : null);
@@ -578,9 +583,6 @@ extension Dashboard {
             series.p99.push(s.p99_ms);
             series.connections.push(s.connections);
             series.inflight.push(s.in_flight);
-            const kinds = s.refusals_by_kind || {};
-            const before = lastSample.refusals_by_kind || {};
-            for (const kind of Object.keys(kinds)) kindLine(kind);
             for (const [kind, points] of kindSeries) {
               points.push(Math.max(0, (kinds[kind] || 0) - (before[kind] || 0)) / dt);
             }
@@ -624,17 +626,24 @@ extension Dashboard {
         // A host's page: its charts, its policy, its last failed exchanges; refreshed every
         // 2 s while it is open.
         let openHost = null;
+        let hostGeneration = 0;  // one polling loop: a click or a close ends the one before
         const hostCharts = [];
         async function showHost(host, headers) {
-          if (openHost === host) return;
+          if (openHost === host && !$("hostpanel").hidden) return;
+          const generation = ++hostGeneration;
           openHost = host;
           $("hostname").textContent = host;
           $("hostpanel").hidden = false;
           $("hostpanel").dataset.host = host;
-          while (openHost === host) {
+          $("hostpanel").dataset.loaded = "";
+          $("hostpolicy").textContent = "loading…";
+          $("hostfailures").replaceChildren();
+          while (generation === hostGeneration) {
             try {
               const response = await fetch("/dashboard/host?host=" + encodeURIComponent(host), { headers, cache: "no-store" });
-              if (response.ok && openHost === host) drawHost(await response.json());
+              if (generation !== hostGeneration) break;
+              if (response.ok) drawHost(await response.json());
+              else $("hostpolicy").textContent = "HTTP " + response.status + ": " + (await response.text());
             } catch (e) { /* shown as stale; the stream's status line says when the listener is gone */ }
             await new Promise((r) => setTimeout(r, 2000));
           }
@@ -781,7 +790,7 @@ extension Dashboard {
         const fromHash = new URLSearchParams(location.hash.slice(1)).get("token");
         if (fromHash) history.replaceState(null, "", location.pathname);  // keep it out of the address bar
         $("login").addEventListener("submit", (e) => { e.preventDefault(); $("login").hidden = true; stream($("token").value); });
-        $("hostclose").addEventListener("click", () => { openHost = null; $("hostpanel").hidden = true; });
+        $("hostclose").addEventListener("click", () => { hostGeneration++; openHost = null; $("hostpanel").hidden = true; });
         makeCharts();
         stream(fromHash);
         </script>

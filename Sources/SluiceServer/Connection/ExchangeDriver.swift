@@ -977,6 +977,7 @@ extension ExchangeDriver {
     /// without completing it, and the access log says why.
     func abortDiskHit(_ exchange: Exchange, reason: String) {
         Log.warning("\(reason): \(exchange.target.url); response to \(connection.peer) aborted")
+        exchange.summary.servedFromStore = false  // it broke: a failure, not a hit
         exchange.end(.error, error: reason + "; response aborted")
         connection.abortiveClose = true
         connection.close()

@@ -182,7 +182,7 @@ extension Worker {
         _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }  // SIGPIPE is ignored process-wide
         shutdown(fd, Int32(SHUT_WR))
         Glibc.close(fd)
-        DashboardStats.shared.shardForCurrentThread().recordRefusal(error.kind)
+        dashboardShard.recordRefusal(error.kind)
         SluiceMetrics.shared.recordOwnResponse(error.kind)
     }
 }

@@ -150,6 +150,9 @@ final class Worker {
         }
     }
     private var connections: [ObjectIdentifier: ClientConnection] = [:]
+    /// This worker's part of the dashboard's numbers, for refusals at accept (taken on first
+    /// use, on the worker's thread: the shards' table lock is not taken per refusal).
+    lazy var dashboardShard = DashboardStats.shared.shardForCurrentThread()
     /// Where client reads beyond `ClientSocket.smallRead` land before they are copied into the
     /// connection's input (64 KiB; freed when the worker's loop ends).
     let readSpill = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
