@@ -164,7 +164,10 @@ import Testing
                     reason: .stale))
         #expect(decide([], [], now: Self.t0) == .forward(.uriMiss))
         #expect(decide([], [r], now: Self.t0, method: "POST") == .forward(.method))
-        #expect(decide([("If-Range", "\"v1\""), ("Range", "bytes=0-1")], [r], now: Self.t0) == .forward(.bypass))
+        // If-Range is answered from the store (the writer evaluates it: `ifRangeOfAStoredResponse`).
+        #expect(
+            decide([("If-Range", "\"v1\""), ("Range", "bytes=0-1")], [r], now: Self.t0)
+                == .serve(.init(variant: 0, age: 0, ttl: 60, notModified: false)))
         #expect(decide([("If-Match", "*")], [r], now: Self.t0) == .forward(.bypass))
     }
 
@@ -332,6 +335,23 @@ import Testing
     }
 
     // MARK: Range and stale-if-error
+
+    @Test func ifRangeOfAStoredResponse() {
+        let lm = Self.t0 - 10
+        let holds = { (value: String, etag: String?, date: Int64?) in
+            CacheRange.ifRangeHolds(value, etag: etag, lastModified: lm, date: date)
+        }
+        #expect(holds("\"v1\"", "\"v1\"", Self.t0))
+        #expect(!holds("\"v2\"", "\"v1\"", Self.t0))
+        #expect(!holds("W/\"v1\"", "W/\"v1\"", Self.t0), "weak tags never match")
+        #expect(!holds("\"v1\"", "W/\"v1\"", Self.t0), "strong comparison")
+        #expect(!holds("\"v1\"", nil, Self.t0))
+        #expect(holds(HTTPDate.format(lm), nil, Self.t0), "a date a second or more before Date is strong")
+        #expect(!holds(HTTPDate.format(lm), nil, lm), "Last-Modified equal to Date is weak")
+        #expect(!holds(HTTPDate.format(lm), nil, nil))
+        #expect(!holds(HTTPDate.format(lm + 1), nil, Self.t0), "another date")
+        #expect(!holds("yesterday", "\"v1\"", Self.t0))
+    }
 
     @Test func rangesOfAStoredResponse() {
         #expect(CacheRange.evaluate(nil, length: 100) == .full)

@@ -16,6 +16,8 @@ import Testing
         var bodies: [[UInt8]] = []
         /// Each final head as `status reason|field lines|keepAlive|minor`.
         var heads: [String] = []
+        /// Each interim head's end-to-end fields, as `name: value` lines joined by `|`.
+        var interims: [String] = []
         var failure: String?
         /// Bytes consumed in all (only without a failure: how far a failing run got depends on
         /// the split).
@@ -68,7 +70,9 @@ import Testing
         var start = 0
         func record(_ event: Parser.Event, _ parser: Parser) {
             switch event {
-            case .interim(let status): out.events.append("interim(\(status))@\(offset)")
+            case .interim(let status):
+                out.events.append("interim(\(status))@\(offset)")
+                out.interims.append(parser.head.endToEndFields().map { "\($0.name): \($0.value)" }.joined(separator: "|"))
             case .head(let framing):
                 out.events.append("head(\(framing))@\(offset)")
                 out.heads.append(describe(parser))
@@ -205,7 +209,7 @@ import Testing
 
     @Test func interimHeadsThenFinal() {
         let interim1 = "HTTP/1.1 100 Continue\r\n\r\n"
-        let interim2 = "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+        let interim2 = "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\nConnection: close\r\n\r\n"
         let final = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
         let text = interim1 + interim2 + final + "ok"
         let o = Self.everySplit(text)
@@ -214,6 +218,9 @@ import Testing
         let c = b + final.utf8.count
         #expect(o.events == ["interim(100)@\(a)", "interim(103)@\(b)", "head(length(2))@\(c)", "end@\(c + 2)"])
         #expect(o.heads == ["200 OK|Content-Length: 2|true|1"])  // nothing of the 1xx heads
+        // Each interim head's fields are there to forward when it is reported (hop-by-hop ones
+        // aside), whatever the split; its `Connection: close` says nothing of the final one.
+        #expect(o.interims == ["", "Link: </style.css>; rel=preload"])
         #expect(o.bodies == [Self.b("ok")])
     }
 

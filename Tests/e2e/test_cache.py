@@ -422,6 +422,27 @@ def test_range_is_answered_206_from_a_complete_entry(cached, origin):
     assert origin.count("/ranged") == 1
 
 
+def test_if_range_is_answered_from_the_entry(cached, origin):
+    """RFC 9110 §13.1.5: the range when the client's validator is the stored one (a strong
+    ETag, or a strong Last-Modified date), the whole 200 when it is another; the origin sees
+    none of them."""
+    body = os.urandom(5000)
+    modified = "Wed, 01 Jan 2025 00:00:00 GMT"
+    url = origin.set("/ifr", headers={"Cache-Control": "max-age=60", "ETag": '"v1"', "Last-Modified": modified},
+                     body=body)
+    assert get(cached, url).content == body
+    for validator in ('"v1"', modified):
+        r = get(cached, url, {"Range": "bytes=100-199", "If-Range": validator})
+        assert r.status_code == 206 and r.content == body[100:200], (validator, r.status_code)
+        assert r.headers["Content-Range"] == f"bytes 100-199/{len(body)}"
+    for other in ('"v0"', 'W/"v1"', "Thu, 02 Jan 2025 00:00:00 GMT", "not a validator"):
+        r = get(cached, url, {"Range": "bytes=100-199", "If-Range": other})
+        assert r.status_code == 200 and r.content == body and "Content-Range" not in r.headers, other
+    assert all(s.startswith("Sluice; hit") for s in [get(cached, url, {"Range": "bytes=0-0", "If-Range": '"v1"'})
+                                                      .headers["Cache-Status"]])
+    assert origin.count("/ifr") == 1
+
+
 def test_stale_if_error_serves_the_stored_response(sluice_factory, origin):
     proxy = sluice_factory(STORE)
     url = origin.set("/sie", headers={"Cache-Control": "max-age=0, stale-if-error=600"}, body=b"good", conditional=False)

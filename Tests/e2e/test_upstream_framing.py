@@ -406,3 +406,43 @@ def test_valid_upstream_response_is_relayed_correctly_framed(fproxy, origin, eng
         c.close()
         raise
     check_no_smuggling(engine, name, outcome, r, c, origin)
+
+
+# ------------------------------------------------------------------------------------------
+# Interim responses (RFC 9110 §15.2): forwarded to HTTP/1.1 clients, never stored
+# ------------------------------------------------------------------------------------------
+
+INTERIMS = (b"HTTP/1.1 102 Processing\r\n\r\n"
+            b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\nConnection: X-Hop\r\n"
+            b"X-Hop: dropped\r\n\r\n")
+FINAL = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nCache-Control: max-age=60\r\nContent-Length: 5\r\n\r\nhello"
+
+
+def test_interim_responses_reach_http11_clients_and_are_not_stored(sluice_factory, origin, engine):
+    proxy = sluice_factory({"policies": {"default": {"upstream": {"engine": engine}}},
+                            "cache_store": {"memory": "8MiB"}})
+    url = origin.script("/early", Answer(INTERIMS + FINAL))
+    c = RawConn(HOST, proxy.port, timeout=15)
+    c.send(request_bytes("GET", url))
+    r = c.read_response(timeout=15)
+    c.close()
+    assert r is not None and r.status == 200 and r.body == b"hello", r
+    assert [i.status for i in r.interim] == [102, 103], r.interim
+    early = r.interim[1]
+    assert early.header("link") == "</style.css>; rel=preload; as=style", early
+    assert early.header("x-hop") is None and early.header("connection") is None, "hop-by-hop fields are not forwarded"
+    assert r.header("link") is None, "the interim head's fields are not the final response's"
+    # The stored response is the final one alone: a hit has no interim head and no Link.
+    c = RawConn(HOST, proxy.port, timeout=15)
+    c.send(request_bytes("GET", url))
+    hit = c.read_response(timeout=15)
+    c.close()
+    assert hit.status == 200 and hit.body == b"hello" and hit.header("cache-status").startswith("Sluice; hit"), hit
+    assert hit.interim == [] and hit.header("link") is None, hit
+    # An HTTP/1.0 client never gets a 1xx (§15.2): a fresh URL, so the origin answers again.
+    url10 = origin.script("/early10", Answer(INTERIMS + FINAL))
+    c = RawConn(HOST, proxy.port, timeout=15)
+    c.send(request_bytes("GET", url10, version="HTTP/1.0"))
+    r10 = c.read_response(timeout=15)
+    c.close()
+    assert r10.status == 200 and r10.body == b"hello" and r10.interim == [], r10

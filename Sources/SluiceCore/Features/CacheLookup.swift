@@ -3,7 +3,7 @@
 /// out. Performed by the exchange; unit-tested without sockets.
 ///
 /// In order: a method other than `GET`/`HEAD`, or a request the cache does not answer in this
-/// version (`Range`, `If-Match`, `If-Unmodified-Since`, `If-Range`), is forwarded (`bypass`);
+/// version (`If-Match`, `If-Unmodified-Since`), is forwarded (`bypass`);
 /// `no-store` in the request is forwarded (`request`); no stored response for the URL is a
 /// `uri-miss`, none whose `Vary` matches a `vary-miss` (both `504` with `only-if-cached`);
 /// the selected response (the most recent matching one, §4.1) is served when fresh and
@@ -67,8 +67,8 @@ public enum CacheLookup {
     }
 
     /// Request fields that make a request one the cache does not answer in this version
-    /// (`Range` is answered, by `CacheRange`, unless `If-Range` comes with it).
-    public static let bypassingFields = ["if-match", "if-unmodified-since", "if-range"]
+    /// (`Range` is answered by `CacheRange`, with its `If-Range`).
+    public static let bypassingFields = ["if-match", "if-unmodified-since"]
 
     public static func decide(
         method: String, requestFields: [CacheFields.Field], candidates: [CacheStoredResponse],

@@ -2,8 +2,9 @@
 /// (`bytes=0-99`, `bytes=100-`, `bytes=-100`) is served `206` with `Content-Range`; a range
 /// that starts past the end is `416` with `Content-Range: bytes */LENGTH`. A syntactically
 /// invalid `Range`, another unit, or several ranges are ignored (the whole response is
-/// served `200`, which RFC 9110 allows). Applies only to a stored `200`, and not with
-/// `If-Range` (such requests are forwarded).
+/// served `200`, which RFC 9110 allows). Applies only to a stored `200`. With `If-Range`
+/// (§13.1.5) the range is served only when the validator matches the stored response
+/// (`ifRangeHolds`); otherwise the whole response is (the client's copy is another one).
 ///
 /// Threading: stateless; any thread.
 public enum CacheRange: Sendable, Equatable {
@@ -40,5 +41,20 @@ public enum CacheRange: Sendable, Equatable {
         }
         guard first < length else { return .unsatisfiable }
         return .partial(first: first, last: last)
+    }
+
+    /// Whether `If-Range: value` matches the stored response (RFC 9110 §13.1.5): an entity
+    /// tag by strong comparison (a weak tag never matches), or an HTTP-date equal to its
+    /// `Last-Modified` when that is a strong validator — its `Date` at least a second later
+    /// (§8.8.2.2). Anything else, an unparsable value included, does not match.
+    public static func ifRangeHolds(_ value: String, etag: String?, lastModified: Int64?, date: Int64?) -> Bool {
+        let v = CacheFields.trim(value)
+        if v.hasPrefix("\"") {
+            guard let etag = etag.map(CacheFields.trim), etag.hasPrefix("\"") else { return false }
+            return etag == v
+        }
+        if v.hasPrefix("W/") { return false }
+        guard let when = HTTPDate.parse(v), let lastModified, let date else { return false }
+        return when == lastModified && date - lastModified >= 1
     }
 }

@@ -27,15 +27,22 @@ enum StoredResponseWriter {
         "vary", "last-modified",
     ]
 
-    /// Writes the head of `answer` for a request (`isHead`: a HEAD; `range`: its `Range`
-    /// value); returns the status sent and the part of the body that follows it (empty: none).
+    /// Writes the head of `answer` for a request (`isHead`: a HEAD; `range` and `ifRange`: its
+    /// `Range` and `If-Range` values); returns the status sent and the part of the body that
+    /// follows it (empty: none).
     static func writeHead(
-        _ answer: StoredAnswer, isHead: Bool, range rangeValue: String?, keepAlive: Bool, viaLine: [UInt8],
-        into output: OpaquePointer
+        _ answer: StoredAnswer, isHead: Bool, range rangeValue: String?, ifRange: String? = nil, keepAlive: Bool,
+        viaLine: [UInt8], into output: OpaquePointer
     ) -> (status: Int, body: Range<Int>) {
         let object = answer.object
         var range = CacheRange.full
-        if !answer.notModified, !isHead, object.response.status == 200, let rangeValue {
+        if !answer.notModified, !isHead, object.response.status == 200, let rangeValue,
+            ifRange.map({
+                CacheRange.ifRangeHolds(
+                    $0, etag: object.response.etag, lastModified: object.response.parsed.lastModified,
+                    date: object.response.parsed.date)
+            }) ?? true
+        {
             range = CacheRange.evaluate(rangeValue, length: Int64(object.bodyLength))
         }
         let status: Int

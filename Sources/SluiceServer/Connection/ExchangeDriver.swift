@@ -17,6 +17,9 @@ import SluiceCore
 /// Threading: one per client connection, owned by it, on the worker's thread.
 final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, ExchangeOwner {
     /// What the exchange waits for, or which transfer carries it.
+    /// Interim responses forwarded to the client for the current exchange.
+    private var interimsForwarded = 0
+
     enum Phase {
         /// No exchange, or none of its I/O is pending (between two of its events).
         case idle
@@ -89,6 +92,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     func start(_ exchange: Exchange) {
         exchange.owner = self
         self.exchange = exchange
+        interimsForwarded = 0
         advance(exchange, from: 0)
     }
 
@@ -662,6 +666,20 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     // MARK: UpstreamTransferDelegate
 
+    /// An origin's interim response goes to an HTTP/1.1 client at once (RFC 9110 §15.2: a
+    /// proxy forwards 1xx; never to an HTTP/1.0 client). Not `100 Continue`: Sluice answers
+    /// the client's `Expect` itself. Never stored: the cache sees the final response only.
+    /// At most as many as the native parser takes before it calls it a flood (libcurl takes
+    /// any number): the rest are dropped.
+    func interimResponse(status: Int, fields: [(name: String, value: String)]) {
+        guard status != 100, status != 101, case .forwarding = phase, let exchange, exchange.head.minorVersion == 1,
+            interimsForwarded < HTTPResponseParser.Limits.default.interimResponses
+        else { return }
+        interimsForwarded += 1
+        ResponseEncoder.interim(status: status, fields: fields, into: connection.clientOutput)
+        connection.scheduleFlush()
+    }
+
     func responseStarted(status: Int) {
         connection.scheduleFlush()
         guard let exchange else { return }
@@ -936,6 +954,7 @@ extension ExchangeDriver {
         let response = StoredResponseWriter.writeHead(
             answer, isHead: exchange.head.methodIs("HEAD"),
             range: exchange.cache.flatMap { CacheFields.value("range", in: $0.requestFields) },
+            ifRange: exchange.cache.flatMap { CacheFields.value("if-range", in: $0.requestFields) },
             keepAlive: keepAlive, viaLine: worker.viaLine, into: output)
         exchange.summary.cache = answer.parameters
         exchange.summary.servedFromStore = true

@@ -18,7 +18,8 @@
 /// string (at most 18 digits), chunk sizes over 15 hex digits, chunk lines over 4 KiB, and
 /// chunk data not followed by CRLF. A refusal is thrown as a `Failure` and is final.
 ///
-/// Interim (1xx) heads are validated, reported as `.interim` and dropped. The framing of the
+/// Interim (1xx) heads are validated and reported as `.interim`, their fields in `head` until
+/// the next status line (the transfer forwards them to the client). The framing of the
 /// final head follows RFC 9112 §6.3: a response to HEAD, `204` and `304` have no body
 /// (`.none`); a `Transfer-Encoding` whose last coding is `chunked` is `.chunked`, any other
 /// `Transfer-Encoding` is `.close`; then `Content-Length` is `.length(n)`; else `.close`. The
@@ -64,7 +65,8 @@ struct HTTPResponseParser {
     }
 
     enum Event: Equatable {
-        /// A 1xx head (not 101) was read and dropped; parsing goes on with the next head.
+        /// A 1xx head (not 101) was read (its fields are in `head` until the next status
+        /// line); parsing goes on with the next head.
         case interim(status: Int)
         /// The final head is complete: read it from `head`, `keepAlive` and `minorVersion`.
         case head(BodyFraming)
@@ -323,7 +325,13 @@ struct HTTPResponseParser {
         if fieldCount > limits.headerCount {
             throw Failure(reason: "more than \(limits.headerCount) header fields")
         }
-        guard status >= 200 else { return nil }  // an interim head's fields are only validated
+        guard status >= 200 else {
+            // An interim head's fields are validated and kept for the transfer to forward; they
+            // say nothing about the final response's framing.
+            let kind = l.withUnsafeBufferPointer { ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: $0[name])) }
+            l.withUnsafeBytes { head.addValidated($0, name: name, value: value, kind: kind) }
+            return nil
+        }
         let kind = try interpret(l, name: name, value: value)
         l.withUnsafeBytes { head.addValidated($0, name: name, value: value, kind: kind) }
         return nil
@@ -355,10 +363,8 @@ struct HTTPResponseParser {
         statusSeen = true
         fieldCount = 0
         facts = FieldFacts()
-        if code >= 200 {
-            l.withUnsafeBytes {
-                head.beginValidated(status: code, reason: UnsafeRawBufferPointer(rebasing: $0[min(13, l.count)...]))
-            }
+        l.withUnsafeBytes {
+            head.beginValidated(status: code, reason: UnsafeRawBufferPointer(rebasing: $0[min(13, l.count)...]))
         }
     }
 

@@ -28,6 +28,16 @@ enum ResponseEncoder {
         evbuffer_add(output, "HTTP/1.1 100 Continue\r\n\r\n", 25)
     }
 
+    /// An origin's interim response (`102 Processing`, `103 Early Hints`, …) forwarded to an
+    /// HTTP/1.1 client before the final one (RFC 9110 §15.2): its end-to-end fields
+    /// (`ResponseHeadCollector.endToEndFields`: hop-by-hop ones left out, values cleaned).
+    static func interim(status: Int, fields: [(name: String, value: String)], into output: OpaquePointer) {
+        var text = "HTTP/1.1 \(status) \(reasonPhrase(status))\r\n"
+        for field in fields { text += field.name + ": " + field.value + "\r\n" }
+        text += "\r\n"
+        text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+    }
+
     /// The answer to a CONNECT whose tunnel is open (or that Sluice intercepts).
     static let connectEstablished: StaticString = "HTTP/1.1 200 Connection established\r\n\r\n"
 
@@ -388,6 +398,8 @@ enum ResponseEncoder {
 
     static func reasonPhrase(_ status: Int) -> String {
         switch status {
+        case 102: return "Processing"
+        case 103: return "Early Hints"
         case 200: return "OK"
         case 201: return "Created"
         case 202: return "Accepted"

@@ -376,7 +376,12 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         guard delegate != nil else { return 0 }
         responseSinceRequest = true
         // A complete final head stops the per-try timer; it is acted on lazily (see `headComplete`).
-        if head.add(line), let tryTimer { event_del(tryTimer) }
+        if head.add(line) {
+            if let tryTimer { event_del(tryTimer) }
+        } else if (100..<200).contains(head.status), line.allSatisfy({ $0 == 0x0D || $0 == 0x0A }) {
+            // The empty line after an interim head: forwarded before the final one comes.
+            delegate?.interimResponse(status: head.status, fields: head.endToEndFields())
+        }
         return line.count
     }
 

@@ -682,7 +682,9 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                         && evbuffer_get_length(input) == 0 && !connection.socket.tlsEnded
                         && !(tlsContext != nil && request.reuse.forbidReuse))
                 return
-            case .interim?, nil:
+            case .interim(let status)?:
+                delegate?.interimResponse(status: status, fields: parser.head.endToEndFields())
+            case nil:
                 break
             }
             if consumed > 0 {

@@ -117,6 +117,8 @@ protocol UpstreamTransferDelegate: AnyObject {
     /// client). The delegate answers on `transfer` before returning; with no answer the head
     /// is forwarded with a close.
     func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer)
+    /// An interim (1xx, not 101) head arrived before the final one, with its end-to-end fields.
+    func interimResponse(status: Int, fields: [(name: String, value: String)])
     /// The response head went to the client (`status`), or the body bytes did (`bytes`).
     func responseStarted(status: Int)
     func responseBodySent(bytes: Int)
