@@ -30,6 +30,9 @@ public struct CacheStoreSettings: Sendable, Equatable {
     public static let defaultMemory: Int64 = 256 << 20
     /// `8MiB` by default (a memory-only store keeps no object larger).
     public static let defaultMaxObjectSize: Int64 = 8 << 20
+    /// `1GiB` by default with a disk tier (bounded by `disk.size`): a gateway's cache on disk
+    /// is for downloads too, as Squid's and Traffic Server's are.
+    public static let defaultDiskMaxObjectSize: Int64 = 1 << 30
 
     public var memory: Int64
     public var maxObjectSize: Int64
