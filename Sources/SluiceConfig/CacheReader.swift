@@ -40,7 +40,7 @@ extension NodeReader {
                 if let disk = r.readCacheDisk(value) { settings.disk = disk } else { ok = false }
             }
         }
-        if maxObjectNode == nil, settings.disk != nil { settings.maxObjectSize = CacheStoreSettings.defaultDiskMaxObjectSize }
+        if maxObjectNode == nil { settings.maxObjectSize = CacheStoreSettings.defaultMaxObjectSize(disk: settings.disk) }
         let largest = settings.disk?.size ?? settings.memory
         if let maxObjectNode, ok, settings.maxObjectSize > largest {
             let tier = settings.disk == nil ? "cache_store.memory" : "cache_store.disk.size"

@@ -92,6 +92,14 @@ def test_prometheus_scrapes_sluice_and_answers_a_query(sluice_factory, nginx, tm
                  stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     try:
         wait_port(port, 30, proc)
+        # Prometheus listens before its storage is open, and answers 503 until then.
+
+        def ready() -> bool:
+            try:
+                return requests.get(f"http://{HOST}:{port}/-/ready", timeout=5).status_code == 200
+            except requests.RequestException:
+                return False
+        assert wait_until(ready, 30), (tmp_path / "prometheus.log").read_text()[-2000:]
         api = f"http://{HOST}:{port}/api/v1"
 
         def query(q: str) -> list:

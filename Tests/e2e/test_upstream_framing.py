@@ -431,6 +431,7 @@ def test_interim_responses_reach_http11_clients_and_are_not_stored(sluice_factor
     early = r.interim[1]
     assert early.header("link") == "</style.css>; rel=preload; as=style", early
     assert early.header("x-hop") is None and early.header("connection") is None, "hop-by-hop fields are not forwarded"
+    assert (early.header("via") or "").startswith("1.1 "), "a forwarded message carries Sluice's Via (RFC 9110 §7.6.3)"
     assert r.header("link") is None, "the interim head's fields are not the final response's"
     # The stored response is the final one alone: a hit has no interim head and no Link.
     c = RawConn(HOST, proxy.port, timeout=15)

@@ -30,9 +30,17 @@ public struct CacheStoreSettings: Sendable, Equatable {
     public static let defaultMemory: Int64 = 256 << 20
     /// `8MiB` by default (a memory-only store keeps no object larger).
     public static let defaultMaxObjectSize: Int64 = 8 << 20
-    /// `1GiB` by default with a disk tier (bounded by `disk.size`): a gateway's cache on disk
-    /// is for downloads too, as Squid's and Traffic Server's are.
+    /// With a disk tier, `1GiB` by default, or `disk.size / 8` when that is smaller (so that
+    /// one object cannot take the whole tier): an operator who gives Sluice a disk wants
+    /// downloads kept on it.
     public static let defaultDiskMaxObjectSize: Int64 = 1 << 30
+
+    /// The default `max_object_size` for these settings (`defaultDiskMaxObjectSize` bounded
+    /// by an eighth of the disk tier, or `defaultMaxObjectSize` without one).
+    public static func defaultMaxObjectSize(disk: Disk?) -> Int64 {
+        guard let disk else { return defaultMaxObjectSize }
+        return min(defaultDiskMaxObjectSize, max(1, disk.size / memoryShareDivisor))
+    }
 
     public var memory: Int64
     public var maxObjectSize: Int64

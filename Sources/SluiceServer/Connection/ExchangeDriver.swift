@@ -16,10 +16,10 @@ import SluiceCore
 ///
 /// Threading: one per client connection, owned by it, on the worker's thread.
 final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, ExchangeOwner {
-    /// What the exchange waits for, or which transfer carries it.
     /// Interim responses forwarded to the client for the current exchange.
     private var interimsForwarded = 0
 
+    /// What the exchange waits for, or which transfer carries it.
     enum Phase {
         /// No exchange, or none of its I/O is pending (between two of its events).
         case idle
@@ -676,7 +676,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             interimsForwarded < HTTPResponseParser.Limits.default.interimResponses
         else { return }
         interimsForwarded += 1
-        ResponseEncoder.interim(status: status, fields: fields, into: connection.clientOutput)
+        ResponseEncoder.interim(status: status, fields: fields, viaLine: worker.viaLine, into: connection.clientOutput)
         connection.scheduleFlush()
     }
 

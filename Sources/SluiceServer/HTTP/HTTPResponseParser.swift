@@ -368,7 +368,8 @@ struct HTTPResponseParser {
         }
     }
 
-    /// The empty line: an interim head is dropped; a final head decides the framing.
+    /// The empty line: an interim head is reported (its fields stay in `head` until the next
+    /// status line); a final head decides the framing.
     private mutating func endOfHead() throws(Failure) -> Event {
         if status < 200 {
             statusSeen = false

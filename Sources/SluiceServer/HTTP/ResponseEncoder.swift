@@ -31,11 +31,15 @@ enum ResponseEncoder {
     /// An origin's interim response (`102 Processing`, `103 Early Hints`, …) forwarded to an
     /// HTTP/1.1 client before the final one (RFC 9110 §15.2): its end-to-end fields
     /// (`ResponseHeadCollector.endToEndFields`: hop-by-hop ones left out, values cleaned).
-    static func interim(status: Int, fields: [(name: String, value: String)], into output: OpaquePointer) {
+    /// With Sluice's `Via` line, as every message it forwards (RFC 9110 §7.6.3).
+    static func interim(
+        status: Int, fields: [(name: String, value: String)], viaLine: [UInt8], into output: OpaquePointer
+    ) {
         var text = "HTTP/1.1 \(status) \(reasonPhrase(status))\r\n"
         for field in fields { text += field.name + ": " + field.value + "\r\n" }
-        text += "\r\n"
         text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        viaLine.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        evbuffer_add(output, "\r\n", 2)
     }
 
     /// The answer to a CONNECT whose tunnel is open (or that Sluice intercepts).
