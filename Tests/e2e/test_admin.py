@@ -23,7 +23,7 @@ import requests
 import yaml
 
 from conftest import REPO
-from faultservers import HOST, pick_port
+from faultservers import HOST, Reader, ThreadedServer, pick_port
 from policy_support import run_check, stderr_len, stderr_since, write_config_text
 from rawhttp import RawConn, request_bytes
 from support import port_open, session_via, wait_until
@@ -479,6 +479,32 @@ def test_upstreams_lists_the_pooled_connections(sluice_factory, nginx):
     assert wait_until(lambda: pool() is not None and pool()["idle"] >= 1, 5), admin.call("GET", "/upstreams")[1]
     # One client connection: one worker, whose one upstream connection carried the four.
     assert pool() == {"origin": origin, "open": 1, "idle": 1}, pool()
+
+
+class ClosesWhenIdle(ThreadedServer):
+    """Answers one request per connection with a keep-alive 200, then closes it a second
+    later, as an origin's short keep-alive timeout does."""
+
+    def handle(self, conn, rec):
+        Reader(conn, record=rec.data).read_head()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        time.sleep(1.0)  # server behaviour: the origin's keep-alive timeout
+
+
+def test_upstreams_pool_forgets_a_connection_the_origin_closed(sluice_factory):
+    """An idle pooled connection the origin closes leaves the pool and its count."""
+    origin_server = ClosesWhenIdle()
+    try:
+        proxy, admin = admin_proxy(sluice_factory)
+        assert session_via(proxy.url).get(origin_server.url + "/x", timeout=10).status_code == 200
+        origin = f"http://{HOST}:{origin_server.port}"
+
+        def pool():
+            return next((p for p in admin.call("GET", "/upstreams")[1]["pools"] if p["origin"] == origin), None)
+        assert pool() == {"origin": origin, "open": 1, "idle": 1}, pool()  # within the origin's second
+        assert wait_until(lambda: pool() is None, 5), pool()
+    finally:
+        origin_server.stop()
 
 
 def test_a_try_waiting_for_its_rate_limit_turn_is_listed_and_cancellable(sluice_factory, httpbin):
