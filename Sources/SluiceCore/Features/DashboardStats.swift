@@ -143,7 +143,7 @@ public final class DashboardStats: Sendable {
             let isError = failed || s.status >= 500 || s.status == 0
             let retries = Int64(s.retries.count)
             let total = s.timings?.total
-            let failure = isError ? DashboardStats.failedExchange(s) : nil
+            let failure = isError ? Failure(s).map { DashboardStats.failedExchange(s, $0) } : nil
             state.withLock { s2 in
                 s2.requests += 1
                 s2.retries += retries
@@ -174,26 +174,46 @@ public final class DashboardStats: Sendable {
         }
     }
 
-    static func failedExchange(_ s: ExchangeSummary) -> FailedExchange {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
+    /// What kind of error an exchange ended in, if it ended in one the dashboard splits out:
+    /// an answer of Sluice's own (its kind), a response that broke or never came, or the
+    /// origin's 5xx. One reading for the error chart (`Outcomes`) and a host's failures.
+    enum Failure: Equatable {
+        case refusal(ProxyError.Kind)
+        case broken
+        case origin5xx
+
+        init?(_ s: ExchangeSummary) {
+            if let kind = s.errorKind {
+                self = .refusal(kind)
+            } else if s.outcome == .error || s.outcome == .upstreamAborted || s.status == 0 {
+                self = .broken
+            } else if s.status >= 500 {
+                self = .origin5xx
+            } else {
+                return nil
+            }
+        }
+
+        /// Its name on a host's failed exchanges.
+        var name: String {
+            switch self {
+            case .refusal(let kind): return kind.rawValue
+            case .broken: return "broken"
+            case .origin5xx: return "origin_5xx"
+            }
+        }
+    }
+
+    static func failedExchange(_ s: ExchangeSummary, _ failure: Failure) -> FailedExchange {
         var url = String(s.url.prefix { $0 != "?" && $0 != "#" })
         if url.utf8.count < s.url.utf8.count { url += "?…" }
         if url.count > failedURLLimit { url = String(url.prefix(failedURLLimit)) + "…" }
         // A method is a client's token of any length; an error names hosts and reasons.
         let method = s.method.count > 16 ? String(s.method.prefix(16)) + "…" : s.method
         let error = s.error.map { $0.count > failedErrorLimit ? String($0.prefix(failedErrorLimit)) + "…" : $0 }
-        let kind: String
-        if let k = s.errorKind {
-            kind = k.rawValue
-        } else if s.outcome == .error || s.outcome == .upstreamAborted || s.status == 0 {
-            kind = "broken"
-        } else {
-            kind = "origin_5xx"
-        }
         return FailedExchange(
-            timeMilliseconds: Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000, method: method, url: url,
-            status: s.status, kind: kind, error: error, attempts: s.attempts)
+            timeMilliseconds: Int64(SystemClock().wallClockMilliseconds()), method: method, url: url,
+            status: s.status, kind: failure.name, error: error, attempts: s.attempts)
     }
 
     /// The shards by the thread that records into them: a worker keeps its shard across
@@ -265,12 +285,11 @@ extension DashboardStats {
 extension DashboardStats.Outcomes {
     /// Counts what `s` came to.
     mutating func count(_ s: ExchangeSummary) {
-        if let kind = s.errorKind {
-            refusals[kind, default: 0] += 1
-        } else if s.outcome == .error || s.outcome == .upstreamAborted || s.status == 0 {
-            failures += 1
-        } else if s.status >= 500 {
-            origin5xx += 1
+        switch DashboardStats.Failure(s) {
+        case .refusal(let kind)?: refusals[kind, default: 0] += 1
+        case .broken?: failures += 1
+        case .origin5xx?: origin5xx += 1
+        case nil: break
         }
         if s.cache != nil { cacheLookups += 1 }
         if s.servedFromStore {

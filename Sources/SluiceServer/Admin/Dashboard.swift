@@ -346,9 +346,7 @@ struct DashboardPayload: Encodable {
     static let maxRows = 50
 
     init(stats: DashboardStats.Snapshot, generation: Int, inFlight: Int, connections: Int, recording: Bool) {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        timeMilliseconds = Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+        timeMilliseconds = Int64(SystemClock().wallClockMilliseconds())
         configurationGeneration = generation
         requests = stats.requests
         errors = stats.errors
