@@ -59,29 +59,68 @@ import Testing
         return (CacheStoredResponse(bytes: reader.metadata), body)
     }
 
-    @Test func bodyOutgrowingTheMemoryShareSpillsToDisk() throws {
+    @Test func withADiskTierEveryBodyIsOnDiskAndSmallOnesInMemoryToo() throws {
         let scratch = DiskCacheTierTests.Scratch()
         defer { withExtendedLifetime(scratch) {} }
         let tier = try diskTier(scratch)
-        // memory 1 MiB with a disk tier: bodies up to 128 KiB stay in memory.
+        // memory 1 MiB with a disk tier: bodies up to 128 KiB are also kept in memory.
         let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 8 << 20, disk: .init(path: tier.directory, size: 64 << 20)))
         let body = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
         let unknown = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: nil)
         feed(unknown, body, blocks: 11)
-        #expect(unknown.complete() == 0 && unknown.storedOnDisk)
-        #expect(store.memory.variants(for: "u").isEmpty)
+        #expect(unknown.complete() == 0 && unknown.storedOnDisk && !unknown.storedInMemory)
+        #expect(store.memory.variants(for: "u").isEmpty && store.memory.stats.filling == 0)
         let (meta, stored) = diskBody(tier, "u")
         #expect(meta?.status == 200 && stored == body)
-        // A small body goes to memory and drops the URL's disk entry (one tier per object).
+        // A small body goes to both tiers.
         let small = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: 10)
         feed(small, Array(body[0..<10]), blocks: 1)
-        #expect(small.complete() == 0 && !small.storedOnDisk)
-        #expect(store.memory.variants(for: "u").count == 1 && tier.open(key: "u") == nil)
-        // A declared length over the share goes straight to disk and drops the memory copy.
+        #expect(small.complete() == 0 && small.storedOnDisk && small.storedInMemory)
+        #expect(store.memory.variants(for: "u").count == 1 && diskBody(tier, "u").1 == Array(body[0..<10]))
+        // A declared length over the share goes to disk only and drops the outdated memory copy.
         let known = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: Int64(body.count))
         feed(known, body, blocks: 3)
         #expect(known.complete() == 0 && known.storedOnDisk && store.memory.variants(for: "u").isEmpty)
         #expect(diskBody(tier, "u").1 == body)
+        #expect(store.memory.stats.filling == 0 && tier.usage.entries == 1)
+    }
+
+    @Test func varyVariantsAreSeparateDiskEntries() throws {
+        let scratch = DiskCacheTierTests.Scratch()
+        defer { withExtendedLifetime(scratch) {} }
+        let tier = try diskTier(scratch)
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 8 << 20, disk: .init(path: tier.directory, size: 64 << 20)))
+        for (i, language) in ["en", "fr", "de"].enumerated() {
+            let response = CacheStoredResponse(
+                status: 200, fields: [("Cache-Control", "max-age=60"), ("Vary", "Accept-Language")],
+                requestFields: [("Accept-Language", language)], requestTime: 0, responseTime: 0)
+            let fill = CacheFill(store: store, disk: tier, url: "u", response: response, contentLength: 3)
+            feed(fill, [UInt8(i), 1, 2], blocks: 1)
+            #expect(fill.complete() != nil && fill.storedOnDisk)
+        }
+        #expect(Set(tier.variants(of: "u")) == ["accept-language=en", "accept-language=fr", "accept-language=de"])
+        #expect(store.memory.variants(for: "u").count == 3)
+        guard let reader = tier.open(key: "u", variant: "accept-language=fr") else {
+            Issue.record("the fr variant is not on disk")
+            return
+        }
+        #expect(try reader.next() == [1, 1, 2])
+        #expect(CacheStoredResponse(bytes: reader.metadata)?.varyMatches([("Accept-Language", "fr")]) == true)
+        tier.remove(key: "u")  // an invalidation takes every variant
+        #expect(tier.variants(of: "u").isEmpty && tier.usage.entries == 0)
+    }
+
+    @Test func memoryCopyCountsAgainstTheTierWhileItFills() {
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 1 << 20))
+        let fill = CacheFill(store: store, url: "u", response: head, contentLength: 600_000)
+        feed(fill, [UInt8](repeating: 3, count: 300_000), blocks: 3)
+        #expect(store.memory.stats.filling == 600_000)  // the chunk the declared length sized
+        // An object that cannot fit beside the fill is not stored; the fill's bytes are kept.
+        let other = CacheObject(response: head, chunks: [CacheChunk([UInt8](repeating: 1, count: 500_000))])
+        #expect(store.memory.insert(other, for: "v") == nil)
+        feed(fill, [UInt8](repeating: 3, count: 300_000), blocks: 3)
+        #expect(fill.complete() == 0)
+        #expect(store.memory.stats.filling == 0 && store.memory.stats.bytes > 600_000)
     }
 
     @Test func diskFillPastTheLimitIsAbandonedWithoutAnEntry() throws {

@@ -71,6 +71,34 @@ import Testing
         return w.commit()
     }
 
+    @Test func variantsOfAKeyAreBoundedAndSurviveARestart() throws {
+        let s = Scratch()
+        do {
+            let t = try tier(s)
+            for i in 0..<(DiskCacheTier.maxVariants + 2) {
+                let w = t.beginWrite(key: "k", variant: "v\(i)", metadata: Array("m\(i)".utf8))
+                #expect(w?.append(Self.body(i, 5000)) == true && w?.commit() == true)
+                if i == DiskCacheTier.maxVariants - 1 { _ = t.open(key: "k", variant: "v0") }  // v1, v2 oldest
+            }
+            #expect(store(t, "plain", "p", [1, 2, 3]))
+            let kept = Set(t.variants(of: "k"))
+            #expect(kept.count == DiskCacheTier.maxVariants && kept.contains("v0"))
+            #expect(!kept.contains("v1") && !kept.contains("v2"))
+            #expect(t.usage.entries == DiskCacheTier.maxVariants + 1)
+        }
+        let again = try tier(s)
+        #expect(again.startScan.kept == DiskCacheTier.maxVariants + 1 && again.startScan.dropped == 0)
+        #expect(Set(again.variants(of: "k")).count == DiskCacheTier.maxVariants && again.variants(of: "plain") == [""])
+        let reader = again.open(key: "k", variant: "v9")
+        #expect(reader.map { String(decoding: $0.metadata, as: UTF8.self) } == "m9")
+        #expect(try reader?.next() == Array(Self.body(9, 5000).prefix(Self.block)))
+        #expect(again.open(key: "k") == nil && again.open(key: "k", variant: "v1") == nil)
+        again.remove(key: "k", variant: "v9")
+        #expect(again.variants(of: "k").count == DiskCacheTier.maxVariants - 1)
+        again.remove(key: "k")
+        #expect(again.variants(of: "k").isEmpty && again.usage.entries == 1)
+    }
+
     func readAll(_ t: DiskCacheTier, _ key: String) throws -> (metadata: String, body: [UInt8])? {
         guard let r = t.open(key: key) else { return nil }
         var out: [UInt8] = []

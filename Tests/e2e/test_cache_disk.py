@@ -103,8 +103,56 @@ def test_unknown_length_body_spills_to_disk(sluice_factory, origin, tmp_path):
     assert sha(hit.content) == sha(body) and "detail=disk" in hit.headers["Cache-Status"]
     small = origin.set("/small", headers={"Cache-Control": "max-age=600"}, body=b"x" * 1000)
     get(proxy, small)
-    assert "detail=disk" not in get(proxy, small).headers["Cache-Status"], "a small body should stay in memory"
+    assert "detail=memory" in get(proxy, small).headers["Cache-Status"], "a small body should be in memory too"
     assert origin.count("/chunked") == 1 and origin.count("/small") == 1
+
+
+def test_small_large_and_vary_entries_survive_restart_and_kill_9(sluice_factory, origin, tmp_path):
+    # The disk is the store: a 12-byte response, a 3 MiB one and two Vary variants of one URL
+    # are all written to disk; after a restart (SIGTERM, then kill -9) every one is a hit,
+    # `detail=disk` first, then `detail=memory` for the small ones once promoted.
+    directory = tmp_path / "disk"
+    config = {"cache_store": {"memory": "1MiB", "disk": {"path": str(directory), "size": "64MiB"}}}
+    tiny = origin.set("/tiny", headers={"Cache-Control": "max-age=300"}, body=b"twelve bytes")
+    big_body = body_of(3 * MiB, seed=21)
+    big = origin.set("/big", headers={"Cache-Control": "max-age=300"}, body=big_body)
+    lang = origin.url("/lang")
+    proxy = sluice_factory(config)
+    for language in ("en", "fr"):
+        origin.set("/lang", headers={"Cache-Control": "max-age=300", "Vary": "Accept-Language"},
+                   body=f"hello in {language}".encode())
+        assert get(proxy, lang, {"Accept-Language": language}).content == f"hello in {language}".encode()
+    assert get(proxy, tiny).content == b"twelve bytes"
+    assert sha(get(proxy, big).content) == sha(big_body)
+    hit = get(proxy, tiny)
+    assert "detail=memory" in hit.headers["Cache-Status"], hit.headers
+    assert "detail=disk" in get(proxy, big).headers["Cache-Status"]
+    counts = {p: origin.count(p) for p in ("/tiny", "/big", "/lang")}
+    assert counts == {"/tiny": 1, "/big": 1, "/lang": 2}, counts
+
+    def served_after(restarted):
+        first = get(restarted, tiny)
+        assert first.content == b"twelve bytes" and "detail=disk" in first.headers["Cache-Status"], first.headers
+        again = get(restarted, tiny)
+        assert again.content == b"twelve bytes" and "detail=memory" in again.headers["Cache-Status"], again.headers
+        for language in ("fr", "en"):
+            r = get(restarted, lang, {"Accept-Language": language})
+            assert r.content == f"hello in {language}".encode(), (language, r.content)
+            assert "detail=disk" in r.headers["Cache-Status"], r.headers
+            r = get(restarted, lang, {"Accept-Language": language})
+            assert "detail=memory" in r.headers["Cache-Status"], r.headers
+        large = get(restarted, big)
+        assert sha(large.content) == sha(big_body) and "detail=disk" in large.headers["Cache-Status"]
+        assert {p: origin.count(p) for p in counts} == counts, "an entry stored before the restart was refetched"
+
+    proxy.expected_exit = True
+    proxy.stop()
+    restarted = sluice_factory(config, name="restarted")
+    served_after(restarted)
+    restarted.expected_exit = True
+    os.kill(restarted.pid, signal.SIGKILL)
+    restarted.proc.wait(timeout=10)
+    served_after(sluice_factory(config, name="after-kill"))
 
 
 def test_kill_9_during_a_200_mib_store_leaves_a_whole_entry_or_a_miss(sluice_factory, origin, tmp_path):

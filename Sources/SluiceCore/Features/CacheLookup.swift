@@ -48,6 +48,25 @@ public enum CacheLookup {
         case forward(ForwardReason)
         /// `only-if-cached` and nothing usable: `504` (`ProxyError.onlyIfCachedMiss`).
         case onlyIfCachedMiss
+
+        /// Nothing stored answers or is validated: a URL or `Vary` miss, or `only-if-cached`'s
+        /// `504` (a tier holding only some of the store may then look at the next one).
+        public var missesTheStore: Bool {
+            switch self {
+            case .forward(let reason): return reason == .uriMiss || reason == .varyMiss
+            case .onlyIfCachedMiss: return true
+            default: return false
+            }
+        }
+
+        /// The candidate served or validated, if any.
+        public var variant: Int? {
+            switch self {
+            case .serve(let hit), .serveStale(let hit, _): return hit.variant
+            case .revalidate(let variant, _, _): return variant
+            case .forward, .onlyIfCachedMiss: return nil
+            }
+        }
     }
 
     public enum Validator: Sendable, Equatable {

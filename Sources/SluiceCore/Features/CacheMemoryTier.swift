@@ -27,8 +27,12 @@ public final class CacheChunk: @unchecked Sendable {
         bytes = UnsafeRawBufferPointer(start: storage.baseAddress, count: count)
     }
 
-    public convenience init(_ array: [UInt8]) {
-        self.init(copying: array.withUnsafeBytes { $0 })
+    public init(_ array: [UInt8]) {
+        let storage = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, array.count), alignment: 16)
+        array.withUnsafeBytes {
+            if let base = $0.baseAddress { storage.baseAddress!.copyMemory(from: base, byteCount: $0.count) }
+        }
+        bytes = UnsafeRawBufferPointer(start: storage.baseAddress, count: array.count)
     }
 
     public var count: Int { bytes.count }
@@ -100,7 +104,8 @@ public final class CacheObject: Sendable {
 
 /// The memory tier of the shared cache (`cache_store.memory`): objects by URL (each URL's
 /// variants together, selected by `CacheLookup`), bounded in bytes, evicting the least
-/// recently used URL first. Every worker uses the one instance; each call takes the lock
+/// recently used URL first. Bodies being filled count against the bound as they grow
+/// (`reserveFill`), so stored objects plus fills in progress never exceed it. Every worker uses the one instance; each call takes the lock
 /// once, for a dictionary lookup and a list splice (no I/O, no body copy under the lock).
 ///
 /// Threading: any thread (a `Mutex`); objects are immutable, so what a lookup returns stays
@@ -111,6 +116,8 @@ public final class CacheMemoryTier: Sendable {
         public var objects = 0
         public var bytes = 0
         public var evictions = 0
+        /// Bytes held by fills in progress (not yet objects).
+        public var filling = 0
     }
 
     private struct Entry {
@@ -126,10 +133,32 @@ public final class CacheMemoryTier: Sendable {
         var newest: String?
         var oldest: String?
         var stats = Stats()
-        /// The fills in progress per URL (`beginFill`); an invalidation removes a URL's, so
-        /// their `insert` stores nothing.
-        var fills: [String: Set<UInt64>] = [:]
+        /// The fills in progress per URL (`beginFill`) and the bytes each holds; an
+        /// invalidation removes a URL's, so their `insert` stores nothing.
+        var fills: [String: [UInt64: Int]] = [:]
         var nextFill: UInt64 = 1
+        /// The fills that promote a disk entry (`beginFill(_:promotion:)`).
+        var promotions: Set<UInt64> = []
+
+        /// Forgets fill `token` of `url`, releasing its bytes; false when it was not registered.
+        mutating func endFill(_ url: String, _ token: UInt64) -> Bool {
+            guard let held = fills[url]?.removeValue(forKey: token) else { return false }
+            stats.filling -= held
+            promotions.remove(token)
+            if fills[url]?.isEmpty == true { fills[url] = nil }
+            return true
+        }
+
+        /// Evicts least recently used URLs until `more` bytes fit beside what is stored and
+        /// being filled; returns how many objects went.
+        mutating func evict(toFit more: Int, capacity: Int) -> Int {
+            var evicted = 0
+            while stats.bytes + stats.filling + more > capacity, let victim = oldest {
+                evicted += remove(victim)?.variants.count ?? 0
+            }
+            stats.evictions += evicted
+            return evicted
+        }
 
         mutating func unlink(_ key: String) {
             guard let e = entries[key] else { return }
@@ -177,34 +206,41 @@ public final class CacheMemoryTier: Sendable {
         }
     }
 
-    /// Stores `object` for `url`, replacing the variant with the same secondary key; evicts
-    /// least recently used URLs until the tier fits. Returns how many objects were evicted;
-    /// an object larger than the whole tier is not stored (returns nil).
+    /// Stores `object` for `url`, replacing the variant with the same secondary key
+    /// (`CacheStoredResponse.varyKey`); evicts least recently used URLs until the tier fits.
+    /// Returns how many objects were evicted; an object larger than the whole tier, or than
+    /// what the fills in progress leave of it, is not stored (returns nil).
     ///
     /// With `fill`, the object is the body that fill kept: nothing is stored (nil) when an
     /// invalidation of `url` came after its `beginFill` (the body predates an unsafe method).
+    ///
+    /// With `ifAbsent`, nothing is stored (nil) when the URL already has this variant (a
+    /// promotion never replaces a copy stored meanwhile).
     @discardableResult
-    public func insert(_ object: CacheObject, for url: String, fill: UInt64? = nil) -> Int? {
+    public func insert(_ object: CacheObject, for url: String, fill: UInt64? = nil, ifAbsent: Bool = false) -> Int? {
         guard object.size <= capacity, !object.onDisk else {
             if let fill { endFill(url, fill) }
             return nil
         }
         return state.withLock { s -> Int? in
             if let fill {
-                guard s.fills[url]?.remove(fill) != nil else { return nil }
-                if s.fills[url]?.isEmpty == true { s.fills[url] = nil }
+                guard s.endFill(url, fill) else { return nil }
+            }
+            // What other fills hold counts: an object that cannot fit beside them is not kept.
+            guard object.size + s.stats.filling <= capacity else { return nil }
+            let varyKey = object.response.varyKey
+            if ifAbsent, s.entries[url]?.variants.contains(where: { $0.response.varyKey == varyKey }) == true {
+                return nil
             }
             var entry = s.remove(url) ?? Entry(variants: [], size: 0)
-            entry.variants.removeAll { $0.response.vary == object.response.vary }
+            entry.variants.removeAll { $0.response.varyKey == varyKey }
             entry.variants.append(object)
             entry.size = entry.variants.reduce(0) { $0 + $1.size }
-            var evicted = 0
-            while s.stats.bytes + entry.size > capacity, let victim = s.oldest {
-                evicted += s.remove(victim)?.variants.count ?? 0
-            }
-            if entry.size > capacity {
+            var evicted = s.evict(toFit: entry.size, capacity: capacity)
+            if entry.size + s.stats.filling > capacity {
                 // The URL's other variants alone no longer fit beside the new one: keep the new one.
                 evicted += entry.variants.count - 1
+                s.stats.evictions += entry.variants.count - 1
                 entry.variants = [object]
                 entry.size = object.size
             }
@@ -212,7 +248,6 @@ public final class CacheMemoryTier: Sendable {
             s.pushNewest(url)
             s.stats.bytes += entry.size
             s.stats.objects += entry.variants.count
-            s.stats.evictions += evicted
             return evicted
         }
     }
@@ -222,31 +257,65 @@ public final class CacheMemoryTier: Sendable {
     @discardableResult
     public func invalidate(_ url: String) -> Int {
         state.withLock { s in
-            s.fills[url] = nil
+            for (token, _) in s.fills[url] ?? [:] { _ = s.endFill(url, token) }
             return s.remove(url)?.variants.count ?? 0
+        }
+    }
+
+    /// Drops `url`'s variant with secondary key `varyKey` (a newer copy of it went to disk
+    /// only) and cancels the URL's promotions in progress (they copy an older entry), leaving
+    /// its other variants and its other fills alone.
+    public func dropVariant(_ url: String, varyKey: String) {
+        state.withLock { s in
+            for (token, _) in s.fills[url] ?? [:] where s.promotions.contains(token) { _ = s.endFill(url, token) }
+            guard var entry = s.remove(url) else { return }
+            entry.variants.removeAll { $0.response.varyKey == varyKey }
+            guard !entry.variants.isEmpty else { return }
+            entry.size = entry.variants.reduce(0) { $0 + $1.size }
+            s.entries[url] = entry
+            s.pushNewest(url)
+            s.stats.bytes += entry.size
+            s.stats.objects += entry.variants.count
         }
     }
 
     /// Registers a fill of `url` starting now: the token its `insert` passes. Ended by that
     /// `insert`, or by `endFill` when the fill stores nothing.
-    public func beginFill(_ url: String) -> UInt64 {
+    /// A `promotion` (a disk entry copied into memory) is also cancelled by `dropVariant`.
+    public func beginFill(_ url: String, promotion: Bool = false) -> UInt64 {
         state.withLock { s in
             let token = s.nextFill
             s.nextFill += 1
-            s.fills[url, default: []].insert(token)
+            s.fills[url, default: [:]][token] = 0
+            if promotion { s.promotions.insert(token) }
             return token
         }
+    }
+
+    /// Counts `bytes` more held by fill `token` of `url` against the tier's size, evicting
+    /// least recently used URLs to make room. False when the fill was cancelled (an
+    /// invalidation) or the bytes cannot fit even with nothing stored: the fill then keeps no
+    /// memory copy (and ends its registration with `endFill`).
+    public func reserveFill(_ url: String, _ token: UInt64, bytes: Int) -> Bool {
+        state.withLock { s in
+            guard s.fills[url]?[token] != nil, s.stats.filling + bytes <= capacity else { return false }
+            _ = s.evict(toFit: bytes, capacity: capacity)
+            s.fills[url]![token]! += bytes
+            s.stats.filling += bytes
+            return true
+        }
+    }
+
+    /// Whether fill `token` of `url` is still registered (no invalidation cancelled it).
+    public func fillIsLive(_ url: String, _ token: UInt64) -> Bool {
+        state.withLock { $0.fills[url]?[token] != nil }
     }
 
     /// Forgets the fill `token` of `url` (given up, or already inserted: then nothing happens).
     /// True when it was still registered (no invalidation cancelled it).
     @discardableResult
     public func endFill(_ url: String, _ token: UInt64) -> Bool {
-        state.withLock { s in
-            let live = s.fills[url]?.remove(token) != nil
-            if s.fills[url]?.isEmpty == true { s.fills[url] = nil }
-            return live
-        }
+        state.withLock { s in s.endFill(url, token) }
     }
 
     public var stats: Stats { state.withLock { $0.stats } }

@@ -101,6 +101,17 @@ public struct CacheStoredResponse: Sendable, Equatable {
         return true
     }
 
+    /// The secondary key as one string, the disk tier's variant: each field its `Vary` names
+    /// as `name=value` (the value normalized as `varyMatches` compares it; `name` alone when
+    /// the request had none), one per line; `""` without `Vary`, `"*"` for `Vary: *`. Two
+    /// requests `varyMatches` treats alike give the same string.
+    public var varyKey: String {
+        guard let vary else { return "*" }
+        return vary.map { field in
+            Self.normalized(field.value).map { field.name.lowercased() + "=" + $0 } ?? field.name.lowercased()
+        }.joined(separator: "\n")
+    }
+
     private static func normalized(_ value: String?) -> String? {
         value.map { CacheFields.listElements([$0]).joined(separator: ",") }
     }

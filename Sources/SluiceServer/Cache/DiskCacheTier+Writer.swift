@@ -20,7 +20,9 @@ extension DiskCacheTier {
 
         private let tier: DiskCacheTier
         private let name: String
-        private let key: [UInt8]
+        private let key: String
+        private let variant: String
+        private let fullKey: [UInt8]
         private let metadata: [UInt8]
         private let generation: UInt64
         private var fd: Int32
@@ -35,10 +37,15 @@ extension DiskCacheTier {
         /// Body bytes appended so far.
         public var bodyLength: UInt64 { length }
 
-        init(tier: DiskCacheTier, name: String, key: [UInt8], metadata: [UInt8], generation: UInt64, fd: Int32) {
+        init(
+            tier: DiskCacheTier, name: String, key: String, variant: String, fullKey: [UInt8], metadata: [UInt8],
+            generation: UInt64, fd: Int32
+        ) {
             self.tier = tier
             self.name = name
             self.key = key
+            self.variant = variant
+            self.fullKey = fullKey
             self.metadata = metadata
             self.generation = generation
             self.fd = fd
@@ -93,7 +100,7 @@ extension DiskCacheTier {
                 return fail(errno, "rename a body file")
             }
             let record = DiskEntryRecord(
-                key: key, metadata: metadata, bodyLength: length, blockSize: UInt32(tier.blockSize),
+                key: fullKey, metadata: metadata, bodyLength: length, blockSize: UInt32(tier.blockSize),
                 generation: generation, trailerDigest: Digest32(of: digests)
             ).encoded()
             guard reserveOrFail(UInt64(record.count), body: body) else { return false }
@@ -104,7 +111,7 @@ extension DiskCacheTier {
             let size = reserved
             var renameError: Int32 = 0
             enum Outcome {
-                case committed(replaced: UInt64?, recovered: String?)
+                case committed(replaced: UInt64?, evicted: [String], recovered: String?)
                 case cancelled, failed
             }
             let outcome = tier.index.withLock { index -> Outcome in
@@ -113,16 +120,26 @@ extension DiskCacheTier {
                     renameError = errno
                     return .failed
                 }
-                let replaced = index.entries[name]
-                if let replaced { index.committedBytes -= replaced.bytes }
-                index.entries[name] = Entry(generation: generation, bytes: size, recordBytes: UInt64(record.count))
-                index.order.touch(name)
+                let replaced = index.take(name)
+                index.insert(
+                    name,
+                    Entry(generation: generation, bytes: size, recordBytes: UInt64(record.count), key: key, variant: variant))
                 index.committedBytes += size
                 index.reservedBytes -= size
-                DiskCacheTier.forgetWriteLocked(name, generation, &index)
-                return .committed(replaced: replaced?.generation, recovered: tier.recoveredLocked(&index))
+                DiskCacheTier.forgetWriteLocked(key, generation, &index)
+                // Past `maxVariants`, the key's least recently used other variant goes.
+                var evicted: [String] = []
+                while let group = index.groups[key], group.count > DiskCacheTier.maxVariants,
+                    let victim = group.values.filter({ $0 != name }).min(by: {
+                        index.entries[$0]!.lastUse < index.entries[$1]!.lastUse
+                    }),
+                    let entry = tier.removeLocked(victim, &index)
+                {
+                    evicted.append(DiskEntryNames.body(victim, entry.generation))
+                }
+                return .committed(replaced: replaced?.generation, evicted: evicted, recovered: tier.recoveredLocked(&index))
             }
-            guard case .committed(let replaced, let recovered) = outcome else {
+            guard case .committed(let replaced, let evicted, let recovered) = outcome else {
                 unlinkat(tier.directoryFD, temporary, 0)
                 if case .failed = outcome { return fail(renameError, "rename a record", body: body) }
                 finish(body: body)
@@ -133,6 +150,7 @@ extension DiskCacheTier {
             if let replaced, replaced != generation {
                 unlinkat(tier.directoryFD, DiskEntryNames.body(name, replaced), 0)
             }
+            for body in evicted { unlinkat(tier.directoryFD, body, 0) }
             if let recovered { tier.log(recovered) }
             return true
         }
@@ -177,7 +195,7 @@ extension DiskCacheTier {
             }
             unlinkat(tier.directoryFD, DiskEntryNames.bodyTemporary(name, generation), 0)
             if let body { unlinkat(tier.directoryFD, body, 0) }
-            tier.writeEnded(name: name, generation: generation, reserved: reserved)
+            tier.writeEnded(key: key, generation: generation, reserved: reserved)
             reserved = 0
             digests = []
         }

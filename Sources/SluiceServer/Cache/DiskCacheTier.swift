@@ -11,17 +11,23 @@ import Synchronization
 /// It knows nothing of HTTP: the cache above it (RFC 9111 rules, memory tier) decides what to
 /// store and serializes its response head into `metadata`.
 ///
-/// API:
-/// - `beginWrite(key:metadata:)` → `Writer`; `append` the body as it streams, then `commit()`
+/// API (a `key` may have several entries, one per `variant` string — the cache's `Vary`
+/// variants of a URL; the default variant is `""`):
+/// - `beginWrite(key:variant:metadata:)` → `Writer`; `append` the body as it streams, then `commit()`
 ///   (the entry becomes visible atomically, replacing any older one: last commit wins) or
 ///   `abort()` (nothing becomes visible; also what dropping an uncommitted writer does).
-/// - `open(key:)` → `Reader` with `metadata`, `bodyLength` and `next()` (or, without an
+/// - `variants(of:)` lists a key's variants; `open(key:variant:)` → `Reader` with `metadata`, `bodyLength` and `next()` (or, without an
 ///   allocation per block, `withNextBlock`) giving the body in blocks, each verified before
 ///   it is returned. A reader opened before an eviction, removal
 ///   or replacement keeps reading the entry it opened (open descriptor, unlinked file).
-/// - `updateMetadata(key:_:)` replaces the metadata in place (a 304's updated head);
-///   `remove` invalidates the entry and the key's writes in progress (their commit fails);
-///   `usage` reports entries and bytes.
+/// - `updateMetadata(key:variant:_:)` replaces the metadata in place (a 304's updated head);
+///   `remove` invalidates every variant of the key and the key's writes in progress (their
+///   commit fails); `usage` reports entries and bytes.
+///
+/// Variants: an entry's full key is `key`, or `key` NUL `variant` (neither contains NUL), and
+/// its files are named after that full key. A key keeps at most `maxVariants` (8) entries: a
+/// commit beyond that evicts the key's least recently used variant, so a `Vary: User-Agent`
+/// URL cannot fill the tier with one URL's copies or make a lookup open hundreds of files.
 ///
 /// Files (all little-endian; `N` = SHA-256 of the key in hex, `G` = a random 64-bit generation
 /// per write, 16 hex digits):
@@ -94,11 +100,20 @@ public final class DiskCacheTier: Sendable {
     /// What the start-up scan found.
     public let startScan: ScanSummary
 
+    /// A key keeps at most this many variants (8).
+    public static let maxVariants = 8
+
     struct Entry {
         var generation: UInt64
         /// The record's and the body file's sizes together.
         var bytes: UInt64
         var recordBytes: UInt64
+        /// The key and variant the entry's full key is made of.
+        var key: String
+        var variant: String
+        /// The index's clock when the entry was last committed or opened (the key's least
+        /// recently used variant goes first past `maxVariants`).
+        var lastUse: UInt64 = 0
     }
     struct Failure {
         var code: Int32
@@ -106,14 +121,55 @@ public final class DiskCacheTier: Sendable {
     }
     struct Index {
         var entries: [String: Entry] = [:]
+        /// Each key's variants and their entries' names.
+        var groups: [String: [String: String]] = [:]
+        var clock: UInt64 = 0
         var order = LRUOrder<String>()
         var committedBytes: UInt64 = 0
         var reservedBytes: UInt64 = 0
         var failure: Failure?
-        /// Generations of the writes in progress, by entry name.
+        /// Generations of the writes in progress, by key (all variants together).
         var writing: [String: Set<UInt64>] = [:]
         /// Writes in progress whose key was removed meanwhile: their commit fails.
         var cancelled: Set<UInt64> = []
+
+        /// Adds (or replaces) `name`'s entry, indexed under its key's variants.
+        mutating func insert(_ name: String, _ entry: Entry) {
+            var entry = entry
+            clock += 1
+            entry.lastUse = clock
+            entries[name] = entry
+            groups[entry.key, default: [:]][entry.variant] = name
+            order.touch(name)
+        }
+
+        /// Marks `name`'s entry used now.
+        mutating func touch(_ name: String) {
+            clock += 1
+            entries[name]?.lastUse = clock
+            order.touch(name)
+        }
+
+        /// Takes `name`'s entry out of the index (not its files).
+        mutating func take(_ name: String) -> Entry? {
+            guard let entry = entries.removeValue(forKey: name) else { return nil }
+            order.remove(name)
+            committedBytes -= entry.bytes
+            groups[entry.key]?[entry.variant] = nil
+            if groups[entry.key]?.isEmpty == true { groups[entry.key] = nil }
+            return entry
+        }
+    }
+
+    /// The full key of `key`'s `variant` (what names its files and is kept in its record).
+    static func entryKey(_ key: String, variant: String) -> String {
+        variant.isEmpty ? key : key + "\u{0}" + variant
+    }
+
+    /// A full key's key and variant (split at the first NUL).
+    static func splitEntryKey(_ bytes: [UInt8]) -> (key: String, variant: String) {
+        guard let nul = bytes.firstIndex(of: 0) else { return (String(decoding: bytes, as: UTF8.self), "") }
+        return (String(decoding: bytes[..<nul], as: UTF8.self), String(decoding: bytes[(nul + 1)...], as: UTF8.self))
     }
     let index: Mutex<Index>
 
@@ -196,10 +252,11 @@ public final class DiskCacheTier: Sendable {
 
     /// Starts storing `key`'s body. Nil when the metadata or key is too large or the body file
     /// cannot be created (a failure episode, logged once).
-    public func beginWrite(key: String, metadata: [UInt8]) -> Writer? {
-        let keyBytes = Array(key.utf8)
+    public func beginWrite(key: String, variant: String = "", metadata: [UInt8]) -> Writer? {
+        let full = Self.entryKey(key, variant: variant)
+        let keyBytes = Array(full.utf8)
         guard metadata.count <= DiskEntryRecord.maxMetadata, keyBytes.count <= DiskEntryRecord.maxKey else { return nil }
-        let name = DiskEntryNames.name(forKey: key)
+        let name = DiskEntryNames.name(forKey: full)
         let generation = UInt64.random(in: 1...UInt64.max)
         let fd = openat(
             directoryFD, DiskEntryNames.bodyTemporary(name, generation),
@@ -208,14 +265,26 @@ public final class DiskCacheTier: Sendable {
             writeFailed(code: errno, operation: "create a body file")
             return nil
         }
-        index.withLock { _ = $0.writing[name, default: []].insert(generation) }
-        return Writer(tier: self, name: name, key: keyBytes, metadata: metadata, generation: generation, fd: fd)
+        index.withLock { _ = $0.writing[key, default: []].insert(generation) }
+        return Writer(
+            tier: self, name: name, key: key, variant: variant, fullKey: keyBytes, metadata: metadata,
+            generation: generation, fd: fd)
+    }
+
+    /// The variants `key` has entries for (`""` for the entry without one), most recently used
+    /// first. No file is touched.
+    public func variants(of key: String) -> [String] {
+        index.withLock { index in
+            guard let group = index.groups[key] else { return [] }
+            return group.sorted { index.entries[$0.value]!.lastUse > index.entries[$1.value]!.lastUse }.map(\.key)
+        }
     }
 
     /// Opens `key`'s entry for reading, making it the most recently used. Nil on a miss, and
     /// for an entry whose record or trailer fails verification (which is dropped).
-    public func open(key: String) -> Reader? {
-        let name = DiskEntryNames.name(forKey: key)
+    public func open(key: String, variant: String = "") -> Reader? {
+        let full = Self.entryKey(key, variant: variant)
+        let name = DiskEntryNames.name(forKey: full)
         var vanished: UInt64?
         let opened = index.withLock { index -> (record: Int32, body: Int32, generation: UInt64)? in
             guard let entry = index.entries[name] else { return nil }
@@ -228,7 +297,7 @@ public final class DiskCacheTier: Sendable {
                 vanished = entry.generation
                 return nil
             }
-            index.order.touch(name)
+            index.touch(name)
             return (record, body, entry.generation)
         }
         if let vanished { unlinkat(directoryFD, DiskEntryNames.body(name, vanished), 0) }
@@ -242,7 +311,7 @@ public final class DiskCacheTier: Sendable {
             drop(name: name, generation: opened.generation)
             return nil
         }
-        guard record.key == Array(key.utf8) else {
+        guard record.key == Array(full.utf8) else {
             close(opened.body)  // another key with the same SHA-256: a miss, not a fault
             return nil
         }
@@ -252,9 +321,10 @@ public final class DiskCacheTier: Sendable {
     /// Replaces `key`'s metadata, keeping its body (crash-safe: a new record renamed over the
     /// old). False on a miss, a failed write, or when a newer commit replaced the entry first.
     @discardableResult
-    public func updateMetadata(key: String, _ metadata: [UInt8]) -> Bool {
+    public func updateMetadata(key: String, variant: String = "", _ metadata: [UInt8]) -> Bool {
         guard metadata.count <= DiskEntryRecord.maxMetadata else { return false }
-        let name = DiskEntryNames.name(forKey: key)
+        let full = Self.entryKey(key, variant: variant)
+        let name = DiskEntryNames.name(forKey: full)
         let opened = index.withLock { index -> (fd: Int32, generation: UInt64)? in
             guard let entry = index.entries[name] else { return nil }
             let fd = openat(directoryFD, DiskEntryNames.record(name), O_RDONLY | O_CLOEXEC)
@@ -267,7 +337,7 @@ public final class DiskCacheTier: Sendable {
             drop(name: name, generation: opened.generation)
             return false
         }
-        guard record.key == Array(key.utf8) else { return false }
+        guard record.key == Array(full.utf8) else { return false }
         record.metadata = metadata
         let encoded = record.encoded()
         let temporary = DiskEntryNames.recordTemporary(name, UInt64.random(in: 1...UInt64.max))
@@ -290,18 +360,27 @@ public final class DiskCacheTier: Sendable {
         return done
     }
 
-    /// Invalidates `key`'s entry (readers that have it open keep reading it) and the writes of
-    /// `key` in progress: their `commit()` fails, so a response that was streaming in when its
-    /// key was invalidated is not stored.
+    /// Invalidates every variant of `key` (readers that have one open keep reading it) and the
+    /// writes of `key` in progress: their `commit()` fails, so a response that was streaming in
+    /// when its key was invalidated is not stored.
     public func remove(key: String) {
-        let name = DiskEntryNames.name(forKey: key)
-        let removed = index.withLock { index -> UInt64? in
-            if let writing = index.writing[name] { index.cancelled.formUnion(writing) }
-            guard let entry = index.entries[name] else { return nil }
-            removeLocked(name, &index)
-            return entry.generation
+        let removed = index.withLock { index -> [String] in
+            if let writing = index.writing[key] { index.cancelled.formUnion(writing) }
+            var bodies: [String] = []
+            for name in Array((index.groups[key] ?? [:]).values) {
+                if let entry = removeLocked(name, &index) { bodies.append(DiskEntryNames.body(name, entry.generation)) }
+            }
+            return bodies
         }
-        if let removed { unlinkat(directoryFD, DiskEntryNames.body(name, removed), 0) }
+        for body in removed { unlinkat(directoryFD, body, 0) }
+    }
+
+    /// Removes the one entry of `key`'s `variant` (its metadata cannot be decoded, say),
+    /// leaving the key's other variants and its writes in progress alone.
+    public func remove(key: String, variant: String) {
+        let name = DiskEntryNames.name(forKey: Self.entryKey(key, variant: variant))
+        let removed = index.withLock { removeLocked(name, &$0) }
+        if let removed { unlinkat(directoryFD, DiskEntryNames.body(name, removed.generation), 0) }
     }
 
     /// Drops an entry found corrupt, unless a newer commit already replaced it.
@@ -316,11 +395,11 @@ public final class DiskCacheTier: Sendable {
 
     /// Removes `name` from the index and unlinks its record (under the lock, so that a commit
     /// of the same name cannot slip in between); the caller unlinks the body afterwards.
-    private func removeLocked(_ name: String, _ index: inout Index) {
-        guard let entry = index.entries.removeValue(forKey: name) else { return }
-        index.order.remove(name)
-        index.committedBytes -= entry.bytes
+    @discardableResult
+    func removeLocked(_ name: String, _ index: inout Index) -> Entry? {
+        guard let entry = index.take(name) else { return nil }
         unlinkat(directoryFD, DiskEntryNames.record(name), 0)
+        return entry
     }
 
     /// Evicts least recently used entries until `bytes` more fit; returns the bodies to unlink
@@ -349,18 +428,18 @@ public final class DiskCacheTier: Sendable {
     }
 
     /// A write ended without committing: forgets it and releases its reservation.
-    func writeEnded(name: String, generation: UInt64, reserved bytes: UInt64) {
+    func writeEnded(key: String, generation: UInt64, reserved bytes: UInt64) {
         index.withLock { index in
             index.reservedBytes -= bytes
-            Self.forgetWriteLocked(name, generation, &index)
+            Self.forgetWriteLocked(key, generation, &index)
         }
     }
 
-    static func forgetWriteLocked(_ name: String, _ generation: UInt64, _ index: inout Index) {
+    static func forgetWriteLocked(_ key: String, _ generation: UInt64, _ index: inout Index) {
         index.cancelled.remove(generation)
-        guard var writing = index.writing[name] else { return }
+        guard var writing = index.writing[key] else { return }
         writing.remove(generation)
-        index.writing[name] = writing.isEmpty ? nil : writing
+        index.writing[key] = writing.isEmpty ? nil : writing
     }
 
     private static func makeDirectories(_ path: String) throws(OpenError) {

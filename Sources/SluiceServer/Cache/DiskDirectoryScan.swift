@@ -49,15 +49,15 @@ enum DiskDirectoryScan {
                 summary.dropped += 1
                 continue
             }
+            let parts = DiskCacheTier.splitEntryKey(record.key)
             let entry = DiskCacheTier.Entry(
                 generation: record.generation, bytes: UInt64(bytes.count) + record.bodyFileSize,
-                recordBytes: UInt64(bytes.count))
+                recordBytes: UInt64(bytes.count), key: parts.key, variant: parts.variant)
             kept.append((name, entry, st.st_mtim))
         }
         kept.sort { ($0.mtime.tv_sec, $0.mtime.tv_nsec) < ($1.mtime.tv_sec, $1.mtime.tv_nsec) }
         for k in kept {
-            index.entries[k.name] = k.entry
-            index.order.touch(k.name)
+            index.insert(k.name, k.entry)
             index.committedBytes += k.entry.bytes
         }
         for body in bodies where index.entries[body.name]?.generation != body.generation {
@@ -65,9 +65,7 @@ enum DiskDirectoryScan {
             summary.dropped += 1
         }
         while index.committedBytes > capacity, let oldest = index.order.oldest {
-            let entry = index.entries.removeValue(forKey: oldest)!
-            index.order.remove(oldest)
-            index.committedBytes -= entry.bytes
+            let entry = index.take(oldest)!
             unlinkat(directoryFD, DiskEntryNames.record(oldest), 0)
             unlinkat(directoryFD, DiskEntryNames.body(oldest, entry.generation), 0)
             summary.evicted += 1

@@ -122,6 +122,7 @@ enum StoredResponseWriter {
             let read: Int?
             do {
                 read = try hit.reader.withNextBlock { bytes -> Int in
+                    hit.promotion?.append(bytes)
                     let from = max(range.lowerBound, start)
                     let to = min(range.upperBound, start + bytes.count)
                     if from < to { evbuffer_add(output, bytes.baseAddress! + (from - start), to - from) }
@@ -134,13 +135,18 @@ enum StoredResponseWriter {
             hit.sent += min(range.upperBound, start + read) - max(range.lowerBound, start)
             hit.offset += read
         }
+        if hit.offset >= hit.range.upperBound, let promotion = hit.promotion {
+            hit.promotion = nil
+            promotion.complete()
+        }
         return nil
     }
 }
 
 /// A stored response whose body streams from the disk tier to one client: the entry's open
 /// reader (the entry may be evicted or replaced meanwhile; the reader keeps its file), the
-/// byte range sent, and how far it got.
+/// byte range sent, how far it got, and the copy that promotes a small entry to memory when
+/// the whole body is read (`CachePromotion`).
 ///
 /// Threading: owned by its connection's `ExchangeDriver` (its `.servingDisk` phase) on the
 /// worker's thread; the reader's descriptor is closed when the stream goes.
@@ -152,12 +158,18 @@ final class DiskHitStream {
     /// The body offset of the next block to read.
     var offset: Int
     var sent = 0
+    var promotion: CachePromotion?
 
-    init(reader: DiskCacheTier.Reader, exchange: Exchange, range: Range<Int>, keepAlive: Bool) {
+    init(
+        reader: DiskCacheTier.Reader, exchange: Exchange, range: Range<Int>, keepAlive: Bool,
+        promotion: CachePromotion? = nil
+    ) {
         self.reader = reader
         self.exchange = exchange
         self.range = range
         self.keepAlive = keepAlive
         offset = Int(reader.seek(toBlockContaining: UInt64(range.lowerBound)))
+        // Only a body read whole, from its first block to its last, is promoted.
+        self.promotion = offset == 0 && range.upperBound == Int(reader.bodyLength) ? promotion : nil
     }
 }

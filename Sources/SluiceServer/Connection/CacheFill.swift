@@ -1,20 +1,23 @@
 import SluiceCore
 
 /// The tee between a response streaming to its client and the shared cache: the transfer
-/// hands it each body block after the block went to the client's output, and it keeps a copy
-/// in chunks (one allocation per chunk: the size the `Content-Length` announces, up to 1 MiB,
-/// else 64 KiB at a time). Past `limit` bytes it gives up and frees what it kept: the
-/// response is still served whole, only not stored; so it does when the body overruns its
-/// declared length. `complete` publishes the object, unless an invalidation of the URL came
-/// after the fill began (`CacheMemoryTier.beginFill`).
+/// hands it each body block after the block went to the client's output, and it keeps a copy.
+/// Past `limit` bytes it gives up and frees what it kept: the response is still served whole,
+/// only not stored; so it does when the body overruns its declared length. `complete`
+/// publishes the object, unless an invalidation of the URL came after the fill began
+/// (`CacheMemoryTier.beginFill`).
 ///
-/// With a disk tier (docs/caching.md, "Tiers"): a body whose `Content-Length` exceeds the
-/// memory tier's share (`CacheStoreSettings.memoryObjectSize`) streams straight into a disk
-/// writer; one of unknown length starts in memory and, when it outgrows that share, spills:
-/// what was kept is written to a disk writer and freed, and the rest follows it there. A
-/// failed disk write (disk full, unwritable) abandons the fill (the tier logs it once per
-/// episode); the client's response is never affected. An object goes to one tier: storing it
-/// drops the URL from the other, so a lookup never sees two copies.
+/// The memory copy is kept in chunks (one allocation per chunk: the size the `Content-Length`
+/// announces, up to 1 MiB, else 64 KiB at a time), each counted against the memory tier as it
+/// is allocated (`CacheMemoryTier.reserveFill`, which evicts to make room).
+///
+/// With a disk tier (docs/caching.md, "Tiers") the disk is the store: every body is written
+/// behind the response into a disk writer under its URL and `Vary` variant, and a body up to
+/// the memory tier's share (`CacheStoreSettings.memoryObjectSize`) is also kept in memory, the
+/// hot layer. A body that outgrows the share (or announces more) keeps no memory copy; a body
+/// too large for `max_object_size` is abandoned in both. A failed disk write (disk full,
+/// unwritable) ends the disk copy (the tier logs it once per episode) and the memory copy is
+/// still stored; the client's response is never affected.
 ///
 /// Threading: owned by the exchange on its worker's thread; what `complete` publishes is
 /// immutable and shared. A disk writer's `append` blocks this thread for one `write` of the
@@ -30,12 +33,19 @@ final class CacheFill {
     let url: String
     let response: CacheStoredResponse
     let trustGeneration: UInt64?
+    /// The disk entry's variant (`CacheStoredResponse.varyKey`) and the key its trust is
+    /// recorded under.
+    let variant: String
+    var diskKey: String { DiskCacheTier.entryKey(url, variant: variant) }
     private let limit: Int
     private let memoryLimit: Int
-    /// The disk writer once the body goes to disk.
+    /// The disk writer (with a disk tier, until it fails).
     private var writer: DiskCacheTier.Writer?
+    /// Whether the body is still being kept in memory.
+    private var keepsMemoryCopy: Bool
     /// Where `complete` stored the object (for the access log / tests).
     private(set) var storedOnDisk = false
+    private(set) var storedInMemory = false
     private var remainingDeclared: Int?
     private let declared: Int?
     /// This fill's registration with the memory tier (an invalidation cancels it).
@@ -57,12 +67,15 @@ final class CacheFill {
         self.disk = disk
         self.url = url
         self.response = response
+        variant = response.varyKey
         limit = Int(disk == nil ? store.settings.memoryObjectSize : store.maxObjectSize)
         memoryLimit = disk == nil ? limit : Int(store.settings.memoryObjectSize)
         remainingDeclared = contentLength.map { Int($0) }
         declared = remainingDeclared
         token = store.memory.beginFill(url)
-        if disk != nil, let contentLength, contentLength > Int64(memoryLimit) { spill() }
+        keepsMemoryCopy = (contentLength ?? 0) <= Int64(memoryLimit)
+        writer = disk?.beginWrite(key: url, variant: variant, metadata: response.encode())
+        if writer == nil, !keepsMemoryCopy { abandon() }
     }
 
     deinit {
@@ -74,20 +87,22 @@ final class CacheFill {
         guard !abandoned, data.count > 0 else { return }
         guard total + data.count <= limit else { return abandon() }
         if let declared, total + data.count > declared { return abandon() }  // overruns its length
-        if writer == nil, total + data.count > memoryLimit {
-            guard disk != nil else { return abandon() }
-            spill()
-            if abandoned { return }
-        }
         total += data.count
-        if let writer {
-            if !writer.append(data) { abandon() }
-            return
+        if let writer, !writer.append(data) { self.writer = nil }
+        if keepsMemoryCopy {
+            if total > memoryLimit || !keep(data) { dropMemoryCopy() }
         }
+        if writer == nil && !keepsMemoryCopy { abandon() }
+    }
+
+    /// Copies `data` into the memory copy's chunks; false when the memory tier cannot hold
+    /// another chunk (or the fill was cancelled).
+    private func keep(_ data: UnsafeRawBufferPointer) -> Bool {
         var offset = 0
         while offset < data.count {
             if current == nil {
                 let wanted = remainingDeclared.map { max(1, min($0, Self.maxChunk)) } ?? Self.unknownLengthChunk
+                guard store.memory.reserveFill(url, token, bytes: wanted) else { return false }
                 current = .allocate(byteCount: wanted, alignment: 16)
                 used = 0
             }
@@ -99,6 +114,7 @@ final class CacheFill {
             if let r = remainingDeclared { remainingDeclared = max(0, r - n) }
             if used == current!.count { seal() }
         }
+        return true
     }
 
     /// Keeps the current chunk. A full one is adopted as it is; a partly filled one (the end
@@ -116,48 +132,56 @@ final class CacheFill {
         used = 0
     }
 
-    /// Moves the fill to a disk writer: what was kept so far is written there and freed.
-    private func spill() {
-        guard let disk, let writer = disk.beginWrite(key: url, metadata: response.encode()) else { return abandon() }
-        self.writer = writer
-        seal()
-        for chunk in chunks where !writer.append(chunk.bytes) { return abandon() }
+    /// Stops keeping the body in memory (it outgrew the share, or the tier had no room).
+    private func dropMemoryCopy() {
+        keepsMemoryCopy = false
         chunks = []
+        current?.deallocate()
+        current = nil
     }
 
     private func abandon() {
         abandoned = true
-        chunks = []
-        current?.deallocate()
-        current = nil
+        dropMemoryCopy()
         writer?.abort()
         writer = nil
     }
 
-    /// Stores the object (the response ended whole). Returns the evictions it caused (the
-    /// memory tier's; 0 for the disk tier, which evicts by itself), or nil when nothing was
-    /// stored (abandoned, larger than the memory tier, or the disk commit failed).
+    /// Stores the object (the response ended whole): in the disk tier when there is one, and
+    /// in memory when the copy was kept. Returns the evictions it caused (the memory tier's;
+    /// the disk tier evicts by itself), or nil when nothing was stored (abandoned, too large,
+    /// an invalidation came meanwhile, or the disk commit failed without a memory copy).
     func complete() -> Int? {
         guard !abandoned else { return nil }
         if let writer {
             self.writer = nil
-            guard store.memory.endFill(url, token) else {  // an invalidation came meanwhile
+            guard store.memory.fillIsLive(url, token) else {  // an invalidation came meanwhile
                 writer.abort()
                 return nil
             }
             // No record while the entry changes (a lookup in between validates), then this one.
-            store.recordDiskTrust(url, generation: nil)
-            guard writer.commit() else { return nil }
-            store.recordDiskTrust(url, generation: trustGeneration)
-            store.memory.invalidate(url)
-            storedOnDisk = true
-            return 0
+            store.recordDiskTrust(diskKey, generation: nil)
+            if writer.commit() {
+                store.recordDiskTrust(diskKey, generation: trustGeneration)
+                storedOnDisk = true
+            }
+        }
+        if let disk, !storedOnDisk, keepsMemoryCopy {
+            // The disk copy failed: an older disk entry of this URL must not outlive the memory one.
+            disk.remove(key: url)
+        }
+        guard keepsMemoryCopy else {
+            // Only on disk: a memory copy of this variant from before is outdated.
+            store.memory.endFill(url, token)
+            if storedOnDisk { store.memory.dropVariant(url, varyKey: variant) }
+            return storedOnDisk ? 0 : nil
         }
         seal()
         let evicted = store.memory.insert(
             CacheObject(response: response, chunks: chunks, trustGeneration: trustGeneration),
             for: url, fill: token)
-        if evicted != nil { disk?.remove(key: url) }
-        return evicted
+        storedInMemory = evicted != nil
+        if !storedInMemory, storedOnDisk { store.memory.dropVariant(url, varyKey: variant) }
+        return evicted ?? (storedOnDisk ? 0 : nil)
     }
 }

@@ -92,15 +92,8 @@ enum CacheRevalidation {
                 disk?.remove(key: url)
                 return
             }
-            let updated = object.withResponse(kept, trustGeneration: trustGeneration)
-            if updated.onDisk {
-                store.recordDiskTrust(url, generation: nil)  // none while it changes
-                if disk?.updateMetadata(key: url, updated.response.encode()) == true {
-                    store.recordDiskTrust(url, generation: trustGeneration)
-                }
-            } else {
-                _ = store.memory.insert(updated, for: url)
-            }
+            _ = CacheStage.storeValidated(
+                object.withResponse(kept, trustGeneration: trustGeneration), url: url, store: store, disk: disk)
             Log.debug("cache: \(url) revalidated in the background (304)")
             return
         }

@@ -959,13 +959,19 @@ extension ExchangeDriver {
         exchange.summary.cache = answer.parameters
         exchange.summary.servedFromStore = true
         if answer.object.onDisk, !response.body.isEmpty {
-            let reader = exchange.cache?.diskReader ?? worker.diskTier?.open(key: exchange.target.url)
+            let reader =
+                exchange.cache?.diskReader
+                ?? worker.diskTier?.open(key: exchange.target.url, variant: answer.object.response.varyKey)
             exchange.cache?.diskReader = nil
             exchange.report(exchange.machine.handle(.responseHeadSent(status: response.status)))
             guard let reader, UInt64(answer.object.bodyLength) == reader.bodyLength else {
                 return abortDiskHit(exchange, reason: "disk cache entry vanished")
             }
-            let hit = DiskHitStream(reader: reader, exchange: exchange, range: response.body, keepAlive: keepAlive)
+            let promotion = worker.cacheStore.flatMap {
+                CachePromotion(store: $0, url: exchange.target.url, object: answer.object)
+            }
+            let hit = DiskHitStream(
+                reader: reader, exchange: exchange, range: response.body, keepAlive: keepAlive, promotion: promotion)
             phase = .servingDisk(hit)
             return pumpDiskHit(hit)
         }

@@ -42,33 +42,17 @@ enum CacheStage: RequestStage {
         let method = head.method
         let cacheable = method == "GET" || method == "HEAD"
         var candidates = cacheable && !head.hasBody ? store.memory.variants(for: cache.url) : []
-        if candidates.isEmpty, cacheable, !head.hasBody, let disk = services.diskTier {
-            // An entry goes to one tier: the disk tier is looked at when memory has none. Its
-            // trust generation is read on both sides of the open: a store that changed the
-            // entry in between leaves none (the entry is then validated first).
-            let before = store.diskTrustGeneration(cache.url)
-            let reader = disk.open(key: cache.url)
-            let generation = store.diskTrustGeneration(cache.url) == before ? before : nil
-            if let reader, var response = CacheStoredResponse(bytes: reader.metadata) {
-                response.bodyLength = Int64(reader.bodyLength)
-                candidates = [CacheObject(response: response, diskLength: Int(reader.bodyLength), trustGeneration: generation)]
-                cache.diskReader = reader
-            } else if reader != nil {
-                disk.remove(key: cache.url)  // metadata of another version: dropped
+        var decision = decide(cache, method: method, fields: fields, hasBody: head.hasBody, candidates: candidates)
+        if cacheable, !head.hasBody, let disk = services.diskTier, decision.missesTheStore {
+            // The disk tier is the store, memory its hot layer: what memory lacks (an entry
+            // evicted from it, stored before a restart, or another variant) is looked up there.
+            let (found, readers) = diskCandidates(cache, store, disk)
+            if !found.isEmpty {
+                candidates = found
+                decision = Self.decide(cache, method: method, fields: fields, hasBody: false, candidates: candidates)
+                if let variant = decision.variant { cache.diskReader = readers[variant] }
             }
         }
-        // An https entry from another trust generation (or a disk entry with none recorded in
-        // this process: `CacheStore.recordDiskTrust`) is validated first.
-        var outdated = Set<Int>()
-        if let generation = cache.trustGeneration {
-            for (i, c) in candidates.enumerated() where c.trustGeneration != generation { outdated.insert(i) }
-        }
-        var decision =
-            cacheable && head.hasBody
-            ? .forward(.bypass)
-            : CacheLookup.decide(
-                method: method, requestFields: fields, candidates: candidates.map(\.response),
-                now: cache.requestTime, modification: cache.modification, outdated: outdated)
         if case .serveStale(let hit, let validators) = decision, cache.policyAuthenticates {
             // A background request would go without the policy's credentials and adapters:
             // this one revalidates, blocking, through the pipeline instead.
@@ -83,7 +67,9 @@ enum CacheStage: RequestStage {
             return .serveStored(
                 StoredAnswer(
                     object: object,
-                    parameters: "hit; ttl=\(hit.ttl)" + (object.onDisk ? "; detail=disk" : "") + (mayWait ? "" : "; collapsed"),
+                    parameters: "hit; ttl=\(hit.ttl)"
+                        + (object.onDisk ? "; detail=disk" : services.diskTier != nil ? "; detail=memory" : "")
+                        + (mayWait ? "" : "; collapsed"),
                     age: hit.age, notModified: hit.notModified))
         case .serveStale(let hit, let validators):
             // stale-while-revalidate: answered now; one background revalidation per URL.
@@ -124,6 +110,48 @@ enum CacheStage: RequestStage {
         }
         exchange.summary.cache = cache.parameters
         return .proceed
+    }
+
+    /// `CacheLookup.decide` over `candidates`. An https entry from another trust generation
+    /// (or a disk entry with none recorded in this process: `CacheStore.recordDiskTrust`) is
+    /// validated first.
+    static func decide(
+        _ cache: CacheExchange, method: String, fields: [CacheFields.Field], hasBody: Bool, candidates: [CacheObject]
+    ) -> CacheLookup.Decision {
+        if (method == "GET" || method == "HEAD") && hasBody { return .forward(.bypass) }
+        var outdated = Set<Int>()
+        if let generation = cache.trustGeneration {
+            for (i, c) in candidates.enumerated() where c.trustGeneration != generation { outdated.insert(i) }
+        }
+        return CacheLookup.decide(
+            method: method, requestFields: fields, candidates: candidates.map(\.response),
+            now: cache.requestTime, modification: cache.modification, outdated: outdated)
+    }
+
+    /// The disk tier's entries for the URL, every variant (at most `DiskCacheTier.maxVariants`),
+    /// each with the reader its lookup opened (two small reads per variant). Each entry's trust
+    /// generation is read on both sides of its open: a store that changed the entry in between
+    /// leaves none (the entry is then validated first). An entry whose stored head this
+    /// version cannot decode is dropped.
+    static func diskCandidates(
+        _ cache: CacheExchange, _ store: CacheStore, _ disk: DiskCacheTier
+    ) -> ([CacheObject], [DiskCacheTier.Reader]) {
+        var objects: [CacheObject] = []
+        var readers: [DiskCacheTier.Reader] = []
+        for variant in disk.variants(of: cache.url).prefix(DiskCacheTier.maxVariants) {
+            let key = DiskCacheTier.entryKey(cache.url, variant: variant)
+            let before = store.diskTrustGeneration(key)
+            guard let reader = disk.open(key: cache.url, variant: variant) else { continue }
+            let generation = store.diskTrustGeneration(key) == before ? before : nil
+            guard var response = CacheStoredResponse(bytes: reader.metadata) else {
+                disk.remove(key: cache.url, variant: variant)
+                continue
+            }
+            response.bodyLength = Int64(reader.bodyLength)
+            objects.append(CacheObject(response: response, diskLength: Int(reader.bodyLength), trustGeneration: generation))
+            readers.append(reader)
+        }
+        return (objects, readers)
     }
 
     /// A background revalidation is not sent to an origin whose circuit (`health`) is not
@@ -208,12 +236,9 @@ enum CacheStage: RequestStage {
                     requestTime: cache.requestTime, responseTime: now)
                 {
                     let updated = stale.withResponse(kept, trustGeneration: cache.trustGeneration)
-                    if updated.onDisk {
-                        cache.store.recordDiskTrust(cache.url, generation: nil)  // none while it changes
-                        if services.diskTier?.updateMetadata(key: cache.url, updated.response.encode()) == true {
-                            cache.store.recordDiskTrust(cache.url, generation: cache.trustGeneration)
-                        }
-                    } else if let evicted = cache.store.memory.insert(updated, for: cache.url), evicted > 0 {
+                    if let evicted = storeValidated(updated, url: cache.url, store: cache.store, disk: services.diskTier),
+                        evicted > 0
+                    {
                         exchange.reportCache(.evicted(count: evicted))
                     }
                 } else {
@@ -263,6 +288,22 @@ enum CacheStage: RequestStage {
         exchange.summary.cache = cache.parameters
         transfer.extraHeadLines = Array("Cache-Status: Sluice; \(cache.parameters)\r\n".utf8)
         return false
+    }
+
+    /// Stores a response a `304` validated: its new head goes to the disk entry (rewritten in
+    /// place, crash-safe) and, for a memory object, to the memory tier. The disk entry has no
+    /// trust record while it changes (a lookup in between validates), then `updated`'s.
+    /// Returns the memory tier's evictions (nil when nothing went to memory).
+    static func storeValidated(_ updated: CacheObject, url: String, store: CacheStore, disk: DiskCacheTier?) -> Int? {
+        if let disk {
+            let variant = updated.response.varyKey
+            let key = DiskCacheTier.entryKey(url, variant: variant)
+            store.recordDiskTrust(key, generation: nil)
+            if disk.updateMetadata(key: url, variant: variant, updated.response.encode()) {
+                store.recordDiskTrust(key, generation: updated.trustGeneration)
+            }
+        }
+        return updated.onDisk ? nil : store.memory.insert(updated, for: url)
     }
 
     /// A revalidation failed before a response (no connection, a timeout): the stored response
