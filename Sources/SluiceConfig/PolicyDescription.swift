@@ -80,6 +80,13 @@ public enum PolicyDescription {
                 ? "  upgrades: none"
                 : "  upgrades: \(upgrades.allowed.joined(separator: ", ")), idle timeout \(upgrades.idleTimeout) ms")
         lines.append("  cache: \(describe(policy.cache))")
+        if policy.resume {
+            let limit = policy.retryPolicy.map { "\($0.limit) (retry.limit)" } ?? "\(Resume.defaultLimit)"
+            lines.append(
+                "  resume: a GET cut mid-body with a strong validator is resumed (Range + If-Range), up to \(limit) times")
+        } else {
+            lines.append("  resume: false (a GET cut mid-body ends incomplete)")
+        }
         let monitors = pipeline.monitors.map(\.summary)
         lines.append("  monitors: \(monitors.isEmpty ? "none" : monitors.joined(separator: ", "))")
         return pipeline.redactor.scrub(lines.joined(separator: "\n"))

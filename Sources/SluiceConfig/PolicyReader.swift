@@ -20,7 +20,7 @@ extension NodeReader {
     static let policyKeys =
         [
             "adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
-            "upstream_proxy", "client_certificate", "health", "intercept", "upgrades", "cache",
+            "upstream_proxy", "client_certificate", "health", "intercept", "upgrades", "cache", "resume",
             "rate_limit",
         ] + reservedPolicyKeys
     static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
@@ -58,6 +58,7 @@ extension NodeReader {
                 case "client_certificate": entry.clientCertificate = r.readClientCertificate(section)
                 case "health": entry.health = r.readHealth(section)
                 case "intercept": entry.intercept = r.bool(section, key: "intercept")
+                case "resume": entry.resume = r.bool(section, key: "resume")
                 case "upgrades": entry.upgrades = r.readUpgrades(section)
                 case "cache": entry.cache = r.readCache(section)
                 case "rate_limit": entry.rateLimit = r.readRateLimit(section)

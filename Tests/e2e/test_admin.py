@@ -343,6 +343,8 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
                       "sluice_rate_limit_learned_total", "sluice_rate_limit_keys_evicted_total",
                       # with a fleet only (test_fleet_shows_each_workers_redis_and_the_instances)
                       "sluice_fleet_fallbacks_total", "sluice_fleet_instances",
+                      # only once a download broke (test_resume.py)
+                      "sluice_download_resumes_total",
                       }, unseen  # (no cache_store here: test_cache.py has it)
     # a reload is counted by result
     status, _, _ = admin.call("POST", "/reload")
@@ -399,7 +401,7 @@ def test_dashboard_history_keeps_a_sample_a_second(sluice_factory, httpbin):
     data = sampled_after_traffic()
     n = len(data["time_ms"])
     assert all(len(data[k]) == n for k in ("requests", "errors", "origin_5xx", "refusals", "failures", "retries",
-                                           "quota_waits", "cache_lookups", "cache_served", "bytes_out",
+                                           "quota_waits", "resumes", "cache_lookups", "cache_served", "bytes_out",
                                            "bytes_from_cache", "bytes_from_origin", "in_flight", "connections",
                                            "p50_ms", "p99_ms")), data
     assert data["bytes_from_origin"][-1] == 300 and data["bytes_from_cache"][-1] == 0 and data["refusals"][-1] == 0

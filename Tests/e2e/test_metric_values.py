@@ -369,6 +369,7 @@ ELSEWHERE = {
     "sluice_rate_limit_keys_evicted_total": ("test_rate_limit.py", "def test_ten_thousand_client_keys_keep_the_table_bounded"),
     "sluice_fleet_instances": ("test_admin.py", "def test_fleet_shows_each_workers_redis_and_the_instances"),
     "sluice_fleet_fallbacks_total": ("test_admin.py", "def test_fleet_shows_each_workers_redis_and_the_instances"),
+    "sluice_download_resumes_total": ("test_resume.py", "def test_the_resume_limit_is_the_policys_retry_limit"),
 }
 
 

@@ -30,6 +30,8 @@ public struct PolicyEntry: Sendable {
     public var upgrades: Upgrades?
     /// `cache:`; nil inherits the default's (`cache`).
     public var cache: CacheBehavior?
+    /// `resume:`; nil inherits the default's (on).
+    public var resume: Bool?
 
     public init(
         name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
@@ -103,6 +105,8 @@ public final class HostPolicy: Sendable {
     public let upgrades: Upgrades
     /// What the shared cache does for the host (`cache:`), when a `cache_store` exists.
     public let cache: CacheBehavior
+    /// A `GET` whose upstream breaks mid-body is resumed (`resume:`, `Resume`). On by default.
+    public let resume: Bool
     /// The adapters as one header edit, when each of them is a fixed header edit.
     public let headerEditPlan: HeaderEditPlan?
     /// The adapters' names, in order, for `.requestAdapted`.
@@ -114,8 +118,9 @@ public final class HostPolicy: Sendable {
         trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
         upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
         health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard,
-        cache: CacheBehavior = .defaultBehavior, rateLimit: RateLimitSettings? = nil
+        cache: CacheBehavior = .defaultBehavior, rateLimit: RateLimitSettings? = nil, resume: Bool = true
     ) {
+        self.resume = resume
         rateLimiting = rateLimit.map { RateLimiting(policy: name, settings: $0) }
         self.name = name
         self.upgrades = upgrades
@@ -170,7 +175,8 @@ public final class HostPolicy: Sendable {
             intercept: host?.intercept ?? base.intercept ?? false,
             upgrades: host?.upgrades ?? base.upgrades ?? .standard,
             cache: host?.cache ?? base.cache ?? .defaultBehavior,
-            rateLimit: pick(host?.rateLimit, base.rateLimit))
+            rateLimit: pick(host?.rateLimit, base.rateLimit),
+            resume: host?.resume ?? base.resume ?? true)
     }
 }
 

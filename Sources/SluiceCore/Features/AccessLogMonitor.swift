@@ -119,6 +119,10 @@ public final class AccessLogMonitor: LogMonitor {
             }
         }
         if s.insecure { json.raw("insecure", "true") }
+        if !s.resumedAt.isEmpty {
+            json.raw("resumed", String(s.resumedAt.count))
+            json.raw("resumed_at", "[" + s.resumedAt.map(String.init).joined(separator: ",") + "]")
+        }
         if let circuit = s.circuit { json.field("circuit", circuit) }
         if let cache = s.cache { json.field("cache", cache) }
         json.field("outcome", s.outcome.rawValue)

@@ -46,6 +46,7 @@ public struct DashboardHistory: Sendable {
         public var bytesFromCache: Int64 = 0
         public var bytesFromOrigin: Int64 = 0
         public var quotaWaits: Int64 = 0
+        public var resumes: Int64 = 0
 
         public init(
             timeMilliseconds: Int64, requests: Int64, errors: Int64, retries: Int64, bytesOut: Int64, inFlight: Int64,
@@ -68,6 +69,7 @@ public struct DashboardHistory: Sendable {
             bytesFromCache = outcomes.bytesFromCache
             bytesFromOrigin = outcomes.bytesFromOrigin
             quotaWaits = outcomes.quotaWaits
+            resumes = outcomes.resumes
         }
     }
 

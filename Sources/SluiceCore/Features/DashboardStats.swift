@@ -55,6 +55,8 @@ public final class DashboardStats: Sendable {
         public var bytesFromOrigin: Int64 = 0
         /// Exchanges whose tries waited for their turn under a `rate_limit`.
         public var quotaWaits: Int64 = 0
+        /// Resumes that carried a broken download on (`Resume`).
+        public var resumes: Int64 = 0
 
         public init() {}
 
@@ -69,6 +71,7 @@ public final class DashboardStats: Sendable {
             bytesFromCache += o.bytesFromCache
             bytesFromOrigin += o.bytesFromOrigin
             quotaWaits += o.quotaWaits
+            resumes += o.resumes
         }
     }
 
@@ -299,5 +302,6 @@ extension DashboardStats.Outcomes {
             bytesFromOrigin += s.bytesOut
         }
         if s.hasRateLimitRecord, s.rateLimit?.decision == .waited { quotaWaits += 1 }
+        resumes += Int64(s.resumedAt.count)
     }
 }

@@ -83,6 +83,8 @@ public struct ExchangeSummary: Sendable {
     private var rateLimitBox: Box<RateLimitRecord>?
     /// The request went to its origin over TLS without verification (`trust: disabled`).
     public var insecure = false
+    /// The body offsets at which a broken download was resumed and carried on (`Resume`).
+    public var resumedAt: [Int64] = []
     /// Which of Sluice's own answers ended the exchange (a `ProxyError`'s case); nil when the
     /// response was the origin's or the cache's, or when it broke after it started.
     public var errorKind: ProxyError.Kind?

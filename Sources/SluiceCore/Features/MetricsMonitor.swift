@@ -116,6 +116,11 @@ public final class SluiceMetrics: Sendable {
         help:
             "Disk cache writes that failed (disk full, quota, permissions): responses are served without the disk tier until a write succeeds"
     )
+    public static let resumes = Metric(
+        name: "sluice_download_resumes_total", kind: .counter, labels: ["outcome"],
+        help:
+            "Downloads whose upstream broke mid-body and were asked for the rest (docs/configuration.md, Resumable downloads), by outcome: resumed (the origin's 206 carried the body on), refused (its answer could not: another representation or range), failed (the resume's own request failed), exhausted (the limit was reached; the response ended incomplete)"
+    )
 
     public static let rateLimitDecisions = Metric(
         name: "sluice_rate_limit_decisions_total", kind: .counter, labels: ["policy", "decision"],
@@ -150,7 +155,7 @@ public final class SluiceMetrics: Sendable {
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
-        cacheDiskWriteFailures, rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
+        cacheDiskWriteFailures, resumes, rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
         fleetFallbacks, fleetInstances,
     ]
 
@@ -298,6 +303,15 @@ public final class SluiceMetrics: Sendable {
     /// A decision `fleet.on_redis_down` took (`mode`) while Redis did not answer.
     public func recordFleetFallback(mode: String) {
         counter(Self.fleetFallbacks, [("mode", mode)]).increment()
+    }
+
+    /// What became of a resume asked for a broken download (`sluice_download_resumes_total`).
+    public enum ResumeOutcome: String, Sendable, CaseIterable {
+        case resumed, refused, failed, exhausted
+    }
+
+    public func recordResume(_ outcome: ResumeOutcome) {
+        counter(Self.resumes, [("outcome", outcome.rawValue)]).increment()
     }
 
     /// A write of the disk cache tier failed.

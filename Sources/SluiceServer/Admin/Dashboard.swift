@@ -150,6 +150,7 @@ struct DashboardHistoryView: Encodable {
     let failures: [Int64]
     let retries: [Int64]
     let quotaWaits: [Int64]
+    let resumes: [Int64]
     let cacheLookups: [Int64]
     let cacheServed: [Int64]
     let bytesOut: [Int64]
@@ -161,7 +162,7 @@ struct DashboardHistoryView: Encodable {
     let p99: [Double?]
 
     enum CodingKeys: String, CodingKey {
-        case capacity, requests, errors, refusals, failures, retries, connections
+        case capacity, requests, errors, refusals, failures, retries, resumes, connections
         case intervalMilliseconds = "interval_ms"
         case memoryBytes = "memory_bytes"
         case maximumBytes = "maximum_bytes"
@@ -191,6 +192,7 @@ struct DashboardHistoryView: Encodable {
         failures = samples.map(\.failures)
         retries = samples.map(\.retries)
         quotaWaits = samples.map(\.quotaWaits)
+        resumes = samples.map(\.resumes)
         cacheLookups = samples.map(\.cacheLookups)
         cacheServed = samples.map(\.cacheServed)
         bytesOut = samples.map(\.bytesOut)
@@ -325,7 +327,7 @@ struct DashboardPayload: Encodable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case requests, errors, retries, connections, recording, hosts, limits, fleet, refusals, failures
+        case requests, errors, retries, resumes, connections, recording, hosts, limits, fleet, refusals, failures
         case origin5xx = "origin_5xx"
         case refusalsByKind = "refusals_by_kind"
         case quotaWaits = "quota_waits"
@@ -384,6 +386,7 @@ extension DashboardPayload {
         try c.encode(outcomes.failures, forKey: .failures)
         try c.encode(retries, forKey: .retries)
         try c.encode(outcomes.quotaWaits, forKey: .quotaWaits)
+        try c.encode(outcomes.resumes, forKey: .resumes)
         try c.encode(outcomes.cacheLookups, forKey: .cacheLookups)
         try c.encode(outcomes.cacheServed, forKey: .cacheServed)
         try c.encode(totalBytesOut, forKey: .totalBytesOut)
@@ -463,7 +466,7 @@ extension Dashboard {
           <div class="chart"><h2>upstream latency, ms</h2><div><canvas id="c-latency"></canvas></div></div>
           <div class="chart"><h2>cache hit ratio, % of lookups</h2><div><canvas id="c-cache"></canvas></div></div>
           <div class="chart"><h2>response bytes/s to clients: from cache, from origins</h2><div><canvas id="c-bytes"></canvas></div></div>
-          <div class="chart"><h2>retries and rate-limit waits/s</h2><div><canvas id="c-retries"></canvas></div></div>
+          <div class="chart"><h2>retries, rate-limit waits and resumes/s</h2><div><canvas id="c-retries"></canvas></div></div>
           <div class="chart"><h2>connections and requests in flight</h2><div><canvas id="c-load"></canvas></div></div>
         </div>
         <p id="nocharts" hidden>The charts need Chart.js on the gateway: <code>apt install libjs-chart.js</code>. The numbers above still update.</p>
@@ -507,7 +510,7 @@ extension Dashboard {
         // The last 15 minutes: one point a second, from GET /dashboard/history at the start and
         // then from each event. Counters become rates between consecutive samples.
         const WINDOW = 900;
-        const series = { t: [], rate: [], origin5xx: [], refusals: [], failures: [], p50: [], p99: [], retries: [], quota: [],
+        const series = { t: [], rate: [], origin5xx: [], refusals: [], failures: [], p50: [], p99: [], retries: [], quota: [], resumes: [],
           hitratio: [], bytescache: [], bytesorigin: [], connections: [], inflight: [] };
         const kindSeries = new Map();  // refusal kind -> its points
         const charts = [];
@@ -538,7 +541,8 @@ extension Dashboard {
           chart("c-latency", [["p50", "p50", "#10b981"], ["p99", "p99", "#f59e0b"]]);
           chart("c-cache", [["hit ratio %", "hitratio", "#10b981"]]);
           chart("c-bytes", [["from cache", "bytescache", "#10b981"], ["from origins", "bytesorigin", "#64748b"]]);
-          chart("c-retries", [["retries/s", "retries", "#8b5cf6"], ["rate-limit waits/s", "quota", "#f97316"]]);
+          chart("c-retries", [["retries/s", "retries", "#8b5cf6"], ["rate-limit waits/s", "quota", "#f97316"],
+            ["download resumes/s", "resumes", "#0ea5e9"]]);
           chart("c-load", [["client connections", "connections", "#0ea5e9"], ["in flight", "inflight", "#f97316"]]);
         }
 
@@ -577,6 +581,7 @@ extension Dashboard {
             series.bytesorigin.push(delta("bytes_from_origin") / dt);
             series.retries.push(delta("retries") / dt);
             series.quota.push(delta("quota_waits") / dt);
+            series.resumes.push(delta("resumes") / dt);
             series.p50.push(s.p50_ms);
             series.p99.push(s.p99_ms);
             series.connections.push(s.connections);
@@ -679,7 +684,7 @@ extension Dashboard {
           const response = await fetch("/dashboard/history", { headers, cache: "no-store" });
           if (!response.ok) return;
           const h = await response.json();
-          const columns = ["requests", "errors", "origin_5xx", "refusals", "failures", "retries", "quota_waits", "cache_lookups",
+          const columns = ["requests", "errors", "origin_5xx", "refusals", "failures", "retries", "quota_waits", "resumes", "cache_lookups",
             "cache_served", "bytes_out", "bytes_from_cache", "bytes_from_origin", "in_flight", "connections", "p50_ms", "p99_ms"];
           for (let i = 0; i < h.time_ms.length; i++) {
             const s = { time_ms: h.time_ms[i], refusals_by_kind: {} };

@@ -48,6 +48,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case servingDisk(DiskHitStream)
         /// A try waits for its turn under the policy's `rate_limit` (`QuotaStage`).
         case waitingForQuota(QuotaWaiter)
+        /// A download broke mid-body; its rest is asked for when the backoff timer fires.
+        case resuming(ResumeState)
     }
 
     /// A try held until its rate-limit turn: the timer, the try, and its place in the schedule
@@ -80,6 +82,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     private var fleetTicket: UInt64 = 0
     /// A trial waiting for the fleet's trial lock (`CircuitStage`), until it is answered.
     private var trialRequest: UpstreamRequest?
+    /// The request and route of the try sent last (a resume repeats them, `Resume`).
+    var lastTry: (request: UpstreamRequest, route: UpstreamRoute)?
 
     init(connection: ClientConnection, worker: Worker) {
         self.connection = connection
@@ -557,7 +561,15 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     }
 
     /// Hands a try the stages completed to its transport.
-    func send(_ request: UpstreamRequest, _ route: UpstreamRoute, _ exchange: Exchange) {
+    ///
+    /// `continuing` and `cacheFill`: a resume (`Resume`) carrying on the client's response in
+    /// that framing, and the cache's tee it goes on feeding.
+    func send(
+        _ request: UpstreamRequest, _ route: UpstreamRoute, _ exchange: Exchange,
+        continuing: ResponseEncoder.Framing? = nil, cacheFill: CacheFill? = nil
+    ) {
+        // Only a GET may be resumed: only its try is kept (a few retains).
+        if continuing == nil { lastTry = request.method == "GET" ? (request, route) : nil }
         let transfer: any UpstreamTransfer
         switch route {
         case .upgrade(let upgrade, let perTryTimeout):
@@ -573,6 +585,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
                 bodySource: self, output: connection.clientOutput, request: request,
                 clientMinorVersion: exchange.head.minorVersion,
                 config: worker.config, viaLine: worker.viaLine)
+            transfer.continuing = continuing
+            transfer.cacheFill = cacheFill
             phase = .forwarding(transfer)
             transfer.start(perTryTimeout: perTryTimeout)
         case .curl(let perTryTimeout):
@@ -581,6 +595,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
                 output: connection.clientOutput, request: request,
                 clientMinorVersion: exchange.head.minorVersion,
                 config: worker.config, viaLine: worker.viaLine)
+            transfer.continuing = continuing
+            transfer.cacheFill = cacheFill
             phase = .forwarding(transfer)
             transfer.start(perTryTimeout: perTryTimeout)
         }
@@ -796,12 +812,19 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     }
 
     func transferAborted() {
+        if case .forwarding(let transfer) = phase, let exchange, scheduleResume(transfer, exchange) {
+            connection.scheduleFlush()  // what arrived before the break goes on to the client
+            return
+        }
         // A body framed by the connection's end would read as complete after a FIN: the
         // client is reset instead, so that a cut is never mistaken for the end.
         if case .forwarding(let transfer) = phase, transfer.framedByClose { connection.abortiveClose = true }
         connection.scheduleFlush()
         reportTryOutcome(.abandoned)
-        exchange?.end(.upstreamAborted, error: "upstream failed after the response started")
+        exchange?.end(
+            .upstreamAborted,
+            error: "upstream failed after the response started"
+                + (exchange?.resume?.notResumed.map { "; not resumed: " + $0 } ?? ""))
         connection.closeAfterFlush()
     }
 }
@@ -1021,7 +1044,9 @@ extension ExchangeDriver {
         case .bufferingBody: if let exchange { continueBuffering(exchange) }
         case .tunnel(let tunnel): tunnel.clientReadable()
         case .upgrading(let transfer): transfer.clientReadable()
-        case .idle, .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .waitingForQuota: break
+        case .idle, .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .waitingForQuota,
+            .resuming:
+            break
         }
     }
 
@@ -1058,6 +1083,7 @@ extension ExchangeDriver {
         if case .waitingForQuota(let waiter) = phase { leaveQuota(waiter) }
         releaseUpstreamSlot()
         phase = .idle
+        lastTry = nil
     }
 
     /// The connection closes: whatever the exchange waits for or runs is cancelled, and its
@@ -1071,9 +1097,11 @@ extension ExchangeDriver {
         case .upgrading(let transfer): transfer.cancel()
         case .queued(let ticket): worker.upstreamGate.leave(ticket)
         case .waitingForQuota(let waiter): leaveQuota(waiter)
+        case .resuming(let resume): resume.stopTimer()
         default: break
         }
         phase = .idle
+        lastTry = nil
         if trialRequest != nil {
             worker.fleetWaiters[fleetTicket] = nil
             trialRequest = nil
@@ -1096,6 +1124,7 @@ extension ExchangeDriver {
         case .tunnel: state = "tunnel"
         case .awaitingBody, .bufferingBody: state = "reading_body"
         case .waitingForQuota: state = "rate_limited"
+        case .resuming: state = "resuming"
         default: state = exchange.inspect { $0.state.name }
         }
         return AdminExchange(exchange, state: state, worker: index)
@@ -1132,7 +1161,7 @@ extension ExchangeDriver {
                 return connection.close()
             }
             transfer.cancel()
-        case .servingDisk:
+        case .servingDisk, .resuming:
             exchange.end(.error, error: "cancelled by the proxy's operator after the response started")
             return connection.close()
         case .idle:

@@ -71,7 +71,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private var status: Int { head.status }
     private(set) var headSent = false
     /// Response bytes reached the client's output (a drained redirect or retry sends none).
-    var responseStarted: Bool { headSent && !disposition.drains && !invalidResponse }
+    var responseStarted: Bool { (headSent && !disposition.drains && !invalidResponse) || continuing != nil }
     private var framing: ResponseEncoder.Framing = .none
     /// The client's response is framed by the end of the connection (an HTTP/1.0 client and
     /// an upstream body without a length): only the kind of close tells a cut from the end.
@@ -95,6 +95,12 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// Field lines (each ending in CRLF) added to the forwarded head after `Via`: the
     /// cache's `Cache-Status`. Empty without a cache.
     var extraHeadLines: [UInt8] = []
+    var continuing: ResponseEncoder.Framing?
+    private(set) var bodyBytesSent: Int64 = 0
+    var clientFraming: ResponseEncoder.Framing { framing }
+    /// `CURLOPT_TIMEOUT_MS` is `timeouts.total`: libcurl's timeout is the deadline.
+    private(set) var deadlineExceeded = false
+    var forwardedHead: UpstreamResponseHead? { responseStarted ? UpstreamResponseHead(collected: head) : nil }
     /// The upstream's head was refused (see `ResponseEncoder.forwardedHead`).
     private var invalidResponse = false
     /// True once curlDone reported the try's timings (cancel must not report them again).
@@ -254,7 +260,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// curl callback.
     func cancel() {
         guard !finished else { return }
-        if let delegate, !inCompletion { delegate.tryEnded(timings: collectTimings()) }
+        if let delegate, !inCompletion, continuing == nil { delegate.tryEnded(timings: collectTimings()) }
         finished = true
         if let tryTimer {
             event_free(tryTimer)
@@ -378,7 +384,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         // A complete final head stops the per-try timer; it is acted on lazily (see `headComplete`).
         if head.add(line) {
             if let tryTimer { event_del(tryTimer) }
-        } else if (100..<200).contains(head.status), line.allSatisfy({ $0 == 0x0D || $0 == 0x0A }) {
+        } else if (100..<200).contains(head.status), continuing == nil, line.allSatisfy({ $0 == 0x0D || $0 == 0x0A }) {
             // The empty line after an interim head: forwarded before the final one comes.
             delegate?.interimResponse(status: head.status, fields: head.endToEndFields())
         }
@@ -404,6 +410,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
             evbuffer_add(output, data.baseAddress, data.count)
         }
         if let cacheFill, framing != .none { cacheFill.append(data) }
+        bodyBytesSent += Int64(data.count)
         delegate.responseBodySent(bytes: data.count)
         return data.count
     }
@@ -423,6 +430,15 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         }
         headSent = true
         if let tryTimer { event_del(tryTimer) }
+        if let continuing {
+            guard delegate.continuationArrived(UpstreamResponseHead(collected: head)) else {
+                invalidResponse = true  // curl is told to stop; the try aborts
+                pendingError = .upstreamProtocol(host: target.authority, reason: "the resume was refused")
+                return
+            }
+            framing = continuing
+            return
+        }
         disposition.answer = nil
         delegate.responseHeadArrived(UpstreamResponseHead(collected: head), on: self)
         guard let keepAlive = disposition.settle() else { return }
@@ -472,7 +488,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     override func curlDone(_ result: CURLcode) {
         guard !finished, let delegate else { return }
         inCompletion = true
-        delegate.tryEnded(timings: collectTimings())
+        if continuing == nil { delegate.tryEnded(timings: collectTimings()) }
         // A bodiless response is acted on here: it may still turn out to be a redirect to
         // follow or a response to discard for a retry. So is a complete head followed by a
         // failure — typically an origin that answered early and closed while Sluice was still
@@ -507,7 +523,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
             return
         }
         let failure = pendingError.map { (error: $0, kind: pendingKind) } ?? classify(result)
-        if headSent {
+        deadlineExceeded = result == CURLE_OPERATION_TIMEDOUT
+        if headSent || continuing != nil {
             Log.debug("upstream \(target.authority) failed mid-response: \(failure.error.message)")
             cancel()
             delegate.transferAborted()
@@ -521,8 +538,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private func fail(_ error: ProxyError) {
         guard !finished, let delegate else { return }
         inCompletion = true
-        delegate.tryEnded(timings: collectTimings())
-        let sent = headSent && !disposition.drains
+        if continuing == nil { delegate.tryEnded(timings: collectTimings()) }
+        let sent = (headSent && !disposition.drains) || continuing != nil
         disposition.redirectTo = nil
         cancel()
         if sent { delegate.transferAborted() } else { delegate.transferFailed(error, kind: .timeout) }

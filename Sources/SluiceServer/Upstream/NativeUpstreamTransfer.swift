@@ -106,7 +106,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var chunkScratch: UnsafeMutableRawPointer?
 
     private(set) var headSent = false
-    var responseStarted: Bool { headSent && !disposition.drains && !invalidResponse }
+    var responseStarted: Bool { (headSent && !disposition.drains && !invalidResponse) || continuing != nil }
     private var framing: ResponseEncoder.Framing = .none
     var framedByClose: Bool { framing == .close }
     private(set) var downloadPaused = false
@@ -115,6 +115,11 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var invalidResponse = false
     var cacheFill: CacheFill?
     var extraHeadLines: [UInt8] = []
+    var continuing: ResponseEncoder.Framing?
+    private(set) var bodyBytesSent: Int64 = 0
+    var clientFraming: ResponseEncoder.Framing { framing }
+    private(set) var deadlineExceeded = false
+    var forwardedHead: UpstreamResponseHead? { responseStarted ? UpstreamResponseHead(collected: parser.head) : nil }
 
     /// Microseconds on the monotonic clock: the try's start, and each phase's end.
     private var startedAt: Int64 = 0
@@ -187,6 +192,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                 base, -1, 0,
                 { _, _, arg in
                     let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
+                    t.deadlineExceeded = true
                     t.fail(.upstreamTimeout(host: t.origin, phase: t.connection == nil ? .connect : .transfer), kind: .timeout)
                 }, me)
             Self.arm(totalTimer, milliseconds: totalTimeout)
@@ -209,7 +215,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
 
     func cancel() {
         guard !finished else { return }
-        if let delegate, !inCompletion { delegate.tryEnded(timings: currentTimings()) }
+        if let delegate, !inCompletion, continuing == nil { delegate.tryEnded(timings: currentTimings()) }
         finished = true
         if let tryTimer {
             event_free(tryTimer)
@@ -683,10 +689,14 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                         && !(tlsContext != nil && request.reuse.forbidReuse))
                 return
             case .interim(let status)?:
-                delegate?.interimResponse(status: status, fields: parser.head.endToEndFields())
+                // Mid-body (a resumed download), an interim head has nowhere to go.
+                if continuing == nil { delegate?.interimResponse(status: status, fields: parser.head.endToEndFields()) }
             case nil:
                 break
             }
+            // The event may have ended the try (a head refused, a continuation refused): the
+            // connection and its buffers are gone.
+            guard !finished else { return }
             if consumed > 0 {
                 evbuffer_drain(input, consumed)
                 connection.socket.inputConsumed()
@@ -698,6 +708,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func responseHead() {
         guard !headSent, let delegate else { return }
         headSent = true
+        if let continuing {
+            guard delegate.continuationArrived(UpstreamResponseHead(collected: parser.head)) else {
+                return fail(.upstreamProtocol(host: origin, reason: "the resume was refused"), kind: .other)
+            }
+            framing = continuing
+            return
+        }
         disposition.answer = nil
         delegate.responseHeadArrived(UpstreamResponseHead(collected: parser.head), on: self)
         guard !finished else { return }
@@ -741,6 +758,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                 evbuffer_add(output, data.baseAddress, data.count)
             }
         }
+        bodyBytesSent += Int64(data.count)
         delegate.responseBodySent(bytes: data.count)
         if evbuffer_get_length(output) > Self.outputHighWatermark, let connection {
             downloadPaused = true
@@ -753,7 +771,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func responseEnded(connectionReusable: Bool) {
         guard !finished, let delegate else { return }
         inCompletion = true
-        delegate.tryEnded(timings: currentTimings())
+        if continuing == nil { delegate.tryEnded(timings: currentTimings()) }
         if let connection {
             self.connection = nil
             pool.release(connection, origin: originKey, reusable: connectionReusable)
@@ -805,8 +823,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func fail(_ error: ProxyError, kind: TransportErrorKind) {
         guard !finished, let delegate else { return }
         inCompletion = true
-        delegate.tryEnded(timings: currentTimings())
-        let sent = headSent && !disposition.drains && !invalidResponse
+        if continuing == nil { delegate.tryEnded(timings: currentTimings()) }
+        let sent = (headSent && !disposition.drains && !invalidResponse) || continuing != nil
         disposition.redirectTo = nil
         cancel()
         if sent {

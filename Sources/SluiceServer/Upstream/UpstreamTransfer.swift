@@ -30,6 +30,21 @@ protocol UpstreamTransfer: AnyObject {
     /// Field lines (each ending in CRLF) added to the forwarded head after `Via`: the
     /// cache's `Cache-Status`. Empty without a cache.
     var extraHeadLines: [UInt8] { get set }
+    /// Body bytes of this try that reached the client's output (before re-framing).
+    var bodyBytesSent: Int64 { get }
+    /// How the client's response is framed (once its head was written, or continued).
+    var clientFraming: ResponseEncoder.Framing { get }
+    /// The final response head the client's response was made from (nil before it, and for
+    /// a response that was not forwarded); valid until the transfer goes.
+    var forwardedHead: UpstreamResponseHead? { get }
+    /// The try ended because `timeouts.total` ran out (a download over its time is not resumed).
+    var deadlineExceeded: Bool { get }
+    /// Set before `start` on a try that carries on a response the client is already
+    /// receiving (a resumed download, `Resume`): its head is never forwarded but judged by
+    /// `UpstreamTransferDelegate.continuationArrived`, its body goes on in this framing, no
+    /// interim response is forwarded, it reports no try (`tryEnded`), and whatever ends it
+    /// early is `transferAborted` (the client has the head already).
+    var continuing: ResponseEncoder.Framing? { get set }
 
     /// Starts the try and its per-try timer (start → response head), in milliseconds.
     func start(perTryTimeout: Int)
@@ -136,8 +151,12 @@ protocol UpstreamTransferDelegate: AnyObject {
     /// The exchange failed before any response byte reached the client.
     func transferFailed(_ error: ProxyError, kind: TransportErrorKind)
     /// The exchange failed after response bytes reached the client: the connection must end
-    /// without completing the message.
+    /// without completing the message — unless the download is resumed (`Resume`).
     func transferAborted()
+    /// A continuing try's (`UpstreamTransfer.continuing`) final head arrived: true when it
+    /// carries the body on (its body then follows), false when it cannot (the transfer then
+    /// aborts, and the response ends incomplete).
+    func continuationArrived(_ head: UpstreamResponseHead) -> Bool
 }
 
 /// The request body a transfer uploads, read on its transport's demand: a stream, not an event

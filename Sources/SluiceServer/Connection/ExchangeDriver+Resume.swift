@@ -1,0 +1,149 @@
+import CLibEvent
+import SluiceCore
+
+/// A download that may be resumed (`Resume`, docs/configuration.md "Resumable downloads"):
+/// the response's `DownloadResumption`, the try it came from (resumes go to the same origin,
+/// over the same engine, with the same request plus `Range` and `If-Range`), and, while a
+/// resume waits for its backoff, the timer and what the next try carries on (the client's
+/// framing, the cache's tee). Boxed on the `Exchange`: rare, and an exchange stays small.
+///
+/// Threading: owned by its exchange, on the worker's thread.
+final class ResumeState {
+    var resumption: DownloadResumption
+    let request: UpstreamRequest
+    let route: UpstreamRoute
+    /// Why the last resume could not carry the body on.
+    var refusal: String?
+    /// Why the response ended incomplete after all (for the access log's error).
+    var notResumed: String?
+    /// The body offset the current try started at (0 for the first).
+    var base: Int64 = 0
+    /// A resume was sent and its head has not been judged yet.
+    var awaitingHead = false
+    /// While waiting for the backoff: the timer, the fields the resume sends, the framing to
+    /// keep, the cache's tee.
+    var timer: OpaquePointer?
+    var fields: [(name: String, value: String)] = []
+    var framing: ResponseEncoder.Framing = .none
+    var fill: CacheFill?
+
+    init(resumption: DownloadResumption, request: UpstreamRequest, route: UpstreamRoute) {
+        self.resumption = resumption
+        self.request = request
+        self.route = route
+    }
+
+    /// Frees the backoff timer (it fired, or the connection closed while it waited: its
+    /// callback's driver must not be called after that).
+    func stopTimer() {
+        if let timer { event_free(timer) }
+        timer = nil
+    }
+
+    deinit { stopTimer() }
+}
+
+/// Resumable downloads: when the upstream of a `200` to a `GET` breaks after the response
+/// started, and the response had a strong validator, the rest is asked for after a backoff
+/// (`Range: bytes=N-`, `If-Range`) and streamed on to the client in the framing its head
+/// announced; a `206` that is not the rest of the same representation ends the response
+/// incomplete. The client sees one response; the access log says `resumed` with the offsets.
+extension ExchangeDriver {
+    /// The request fields a resume does not repeat: the client's own range and conditionals
+    /// (the resume sends its own `Range` and `If-Range`).
+    static let resumeDroppedFields = [
+        "range", "if-range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since",
+    ]
+
+    /// The state of a response whose upstream just broke, made on its first break: nil when
+    /// it may not be resumed (not a `200` to a `GET`, no strong validator, `resume: false`).
+    /// Made only then, so that the plain path pays nothing for it.
+    func resumeState(_ transfer: any UpstreamTransfer, _ exchange: Exchange) -> ResumeState? {
+        if let resume = exchange.resume { return resume }
+        guard transfer.continuing == nil, let response = transfer.forwardedHead, response.status == 200,
+            exchange.summary.method == "GET", let (request, route) = lastTry, (exchange.tryPolicy ?? exchange.policy).resume,
+            let validator = Resume.validator(
+                etag: response.value("etag"), lastModified: response.value("last-modified"), date: response.value("date"))
+        else { return nil }
+        if case .upgrade = route { return nil }
+        let total =
+            response.value("transfer-encoding") == nil ? response.value("content-length").flatMap { Int64($0) } : nil
+        let resume = ResumeState(
+            resumption: DownloadResumption(
+                validator: validator, total: total, retry: (exchange.tryPolicy ?? exchange.policy).retryPolicy),
+            request: request, route: route)
+        exchange.resume = resume
+        return resume
+    }
+
+    /// The upstream broke after the response started: true when a resume was scheduled (the
+    /// exchange goes on), false when the response must end incomplete.
+    func scheduleResume(_ transfer: any UpstreamTransfer, _ exchange: Exchange) -> Bool {
+        guard !transfer.deadlineExceeded, let resume = resumeState(transfer, exchange) else { return false }
+        if resume.awaitingHead {
+            resume.awaitingHead = false
+            SluiceMetrics.shared.recordResume(.failed)  // the resume's own request failed before its head
+        }
+        if let refusal = resume.refusal {
+            resume.notResumed = refusal
+            return false
+        }
+        let offset = resume.base + transfer.bodyBytesSent
+        switch resume.resumption.broke(at: offset) {
+        case .giveUp(let reason):
+            if resume.resumption.offsets.count >= resume.resumption.limit { SluiceMetrics.shared.recordResume(.exhausted) }
+            resume.notResumed = reason
+            return false
+        case .resume(let delay, let fields):
+            resume.base = offset
+            resume.fields = fields
+            resume.framing = transfer.clientFraming
+            resume.fill = transfer.cacheFill
+            transfer.cacheFill = nil
+            Log.debug(
+                "upstream \(transfer.target.authority) broke at body byte \(offset) of \(exchange.target.url); resuming in \(delay) ms"
+            )
+            let timer = event_new(
+                worker.base, -1, 0,
+                { _, _, arg in
+                    Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().resumeTimerFired()
+                }, Unmanaged.passUnretained(self).toOpaque())!
+            resume.timer = timer
+            phase = .resuming(resume)
+            var tv = timeval(tv_sec: delay / 1000, tv_usec: (delay % 1000) * 1000)
+            event_add(timer, &tv)
+            return true
+        }
+    }
+
+    /// The backoff ended: the rest of the body is asked for.
+    func resumeTimerFired() {
+        guard case .resuming(let resume) = phase, let exchange else { return }
+        resume.stopTimer()
+        phase = .idle
+        var request = resume.request
+        request.headers = request.headers.replacing(Self.resumeDroppedFields, adding: resume.fields)
+        let fill = resume.fill
+        resume.fill = nil
+        resume.awaitingHead = true
+        send(request, resume.route, exchange, continuing: resume.framing, cacheFill: fill)
+    }
+
+    /// A resume's head: it carries the body on only as the rest of the same representation.
+    func continuationArrived(_ head: UpstreamResponseHead) -> Bool {
+        guard let exchange, let resume = exchange.resume else { return false }
+        resume.awaitingHead = false
+        if let refusal = resume.resumption.answered(
+            status: head.status, contentRange: head.value("content-range"), etag: head.value("etag"),
+            lastModified: head.value("last-modified"))
+        {
+            resume.refusal = refusal
+            SluiceMetrics.shared.recordResume(.refused)
+            Log.info("resume of \(exchange.target.url) refused: \(refusal); the response ends incomplete")
+            return false
+        }
+        SluiceMetrics.shared.recordResume(.resumed)
+        exchange.summary.resumedAt = resume.resumption.acceptedOffsets
+        return true
+    }
+}
