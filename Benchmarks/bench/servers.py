@@ -24,7 +24,7 @@ PORT_OFFSETS = {
     "sluice-pipeline": 6, "haproxy": 7, "trafficserver": 8, "callgrind": 9, "admin": 10,
     "sluice-curl": 11, "sluice-cache": 12, "nginx-cache": 13, "squid-cache": 14,
     "sluice-h2": 15, "sluice-http1": 16, "sluice-ratelimit": 17, "sluice-fleet": 18, "redis": 19,
-    "sluice-http1-curl": 20, "haproxy-tls": 21,
+    "sluice-http1-curl": 20, "haproxy-tls": 21, "sluice-disk": 22,
 }
 
 
@@ -181,7 +181,8 @@ ORIGIN_KINDS = ("plain", "caching", "tls")
 def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
     """The upstream every target fetches from, nginx on the base port:
     plain   -- /1k, /64k and /1g (the big file, from the page cache), all workers;
-    caching -- one 1 KiB object per target (/<target>/1k) with `Cache-Control: max-age=3600`,
+    caching -- a 1 KiB and a 64 KiB object per target (/<target>/1k, /<target>/64k) with
+               `Cache-Control: max-age=3600`,
                one worker, an access log of the paths (the requests that reached the origin);
     tls     -- /1k over TLS with HTTP/2 (a throwaway CA; lab.tmp/ca.pem), one worker."""
     www = lab.dir("www")
@@ -190,6 +191,7 @@ def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
     for t in targets:
         (www / t).mkdir(exist_ok=True)
         _write_random(www / t / "1k", 1024)
+        _write_random(www / t / "64k", 65536)
     d = lab.dir("origin")
     port = lab.origin_port
     if kind == "plain":
@@ -283,6 +285,10 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     sluice-fleet    -- sluice-ratelimit plus `fleet:` (fleet_section): the limit kept in a
                        redis-server of its own on loopback, one EVALSHA round trip per request;
     sluice-cache    -- the memory cache (`cache_store: { memory: 64MiB }`);
+    sluice-disk     -- the disk tier as the store (`memory: 256KiB`, so a body over 32 KiB is on
+                       disk only and every hit of the 64 KiB object reads the disk tier), started,
+                       filled, restarted (start_sluice): its hits come from the directory a
+                       previous process wrote;
     sluice-h2 / sluice-http1 -- the TLS origin with `upstream.http2` auto (ALPN h2) / off (so
                        HTTP/1.1 over TLS on the native transport);
     sluice-http1-curl -- sluice-http1 through libcurl (`upstream.engine: curl`)."""
@@ -302,6 +308,8 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
                 + f"admin: {{ listen: 127.0.0.1:{lab.port('admin')} }}\n")
     if name == "sluice-cache":
         return "cache_store: { memory: 64MiB }\n"
+    if name == "sluice-disk":
+        return f"cache_store: {{ memory: 256KiB, disk: {{ path: {d}/cache, size: 256MiB }} }}\n"
     if name in ("sluice-h2", "sluice-http1", "sluice-http1-curl"):
         mode = "auto" if name == "sluice-h2" else '"off"'
         engine = ", engine: curl" if name == "sluice-http1-curl" else ""
@@ -337,6 +345,33 @@ def start_sluice(lab: Lab, name: str) -> Proc:
         if redis:
             redis.stop()
         raise Unavailable(f"did not start: {_first_error(proc, d)}")
+    if name in RESTARTED_TARGETS:
+        proc = _fill_and_restart(lab, name, proc, d)
+    return proc
+
+
+# The Sluice targets measured after a restart: their objects are fetched once (stored), the
+# process stopped with SIGTERM and started again on the same directory.
+RESTARTED_TARGETS = {"sluice-disk"}
+
+
+def _fill_and_restart(lab: Lab, name: str, proc: Proc, d: Path) -> Proc:
+    proxy = f"http://127.0.0.1:{lab.port(name)}"
+    urls = [f"http://{lab.origin_host}/{name}/{body}" for body in ("1k", "64k")]
+    for url in urls:
+        subprocess.run(["curl", "-s", "-o", "/dev/null", "--max-time", "5", "-x", proxy, url], check=False)
+    proc.popen.send_signal(signal.SIGTERM)
+    proc.popen.wait(30)
+    proc.stop()
+    proc = lab.start(f"{name}-restarted", [str(lab.sluice_bin), "run", "--config", str(d / "sluice.yaml")])
+    if not wait_port(lab.port(name), proc, 15):
+        proc.stop()
+        raise Unavailable(f"did not start again: {_first_error(proc, d)}")
+    head = subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-", "--max-time", "5", "-x", proxy, urls[1]],
+                          capture_output=True, text=True).stdout
+    if "detail=disk" not in head:
+        proc.stop()
+        raise Unavailable(f"the 64 KiB object is not a disk hit after the restart: {head!r}")
     return proc
 
 
@@ -596,7 +631,7 @@ STARTERS = {
     "sluice": start_sluice, "sluice-pipeline": start_sluice, "sluice-curl": start_sluice,
     "sluice-metrics": start_sluice, "sluice-cache": start_sluice, "sluice-h2": start_sluice,
     "sluice-http1": start_sluice, "sluice-ratelimit": start_sluice, "sluice-fleet": start_sluice,
-    "sluice-http1-curl": start_sluice, "haproxy": start_haproxy, "haproxy-tls": start_haproxy,
+    "sluice-http1-curl": start_sluice, "sluice-disk": start_sluice, "haproxy": start_haproxy, "haproxy-tls": start_haproxy,
     "nginx": start_nginx_proxy, "nginx-cache": start_nginx_proxy, "squid": start_squid,
     "squid-cache": start_squid, "trafficserver": start_trafficserver, "tinyproxy": start_tinyproxy,
 }

@@ -20,7 +20,7 @@ def test_every_target_has_a_port_of_its_own():
 
 def test_sluice_targets():
     assert {"sluice", "sluice-pipeline", "sluice-curl", "sluice-metrics", "sluice-ratelimit", "sluice-fleet",
-            "sluice-cache", "sluice-h2", "sluice-http1", "sluice-http1-curl"} == SLUICE_TARGETS
+            "sluice-cache", "sluice-disk", "sluice-h2", "sluice-http1", "sluice-http1-curl"} == SLUICE_TARGETS
     assert FLEET_TARGETS == {"sluice-fleet"}
 
 
@@ -30,6 +30,13 @@ def test_every_sluice_configuration_is_yaml(lab, tmp_path, name):
     config = yaml.safe_load(sluice_yaml(lab, name, lab.port(name), "auto", tmp_path / name))
     assert config["listen"] == [f"127.0.0.1:{31080 + PORT_OFFSETS[name]}"]
     assert config["access"] == {"allow_clients": ["127.0.0.0/8"]}
+
+
+def test_the_disk_target_keeps_its_store_in_its_own_directory(lab, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load(sluice_yaml(lab, "sluice-disk", 1, "2", tmp_path / "d"))
+    # 256 KiB of memory: bodies over 32 KiB (the 64 KiB object) are on disk only.
+    assert config["cache_store"] == {"memory": "256KiB", "disk": {"path": f"{tmp_path}/d/cache", "size": "256MiB"}}
 
 
 def test_ratelimit_is_the_pipeline_plus_a_limit_in_its_default_policy(lab, tmp_path):

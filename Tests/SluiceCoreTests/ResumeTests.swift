@@ -42,9 +42,13 @@ import Testing
         var r = DownloadResumption(validator: "\"v1\"", total: 1000, retry: nil)
         #expect(
             r.broke(at: 100) == .resume(delay: 500, fields: [("Range", "bytes=100-"), ("If-Range", "\"v1\"")]))
-        #expect(r.answered(status: 206, contentRange: "bytes 100-999/1000", etag: "\"v1\"", lastModified: nil) == nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 100-999/1000", contentLength: "900", etag: "\"v1\"", lastModified: nil)
+                == nil)
         #expect(r.broke(at: 400) == .resume(delay: 1000, fields: [("Range", "bytes=400-"), ("If-Range", "\"v1\"")]))
-        #expect(r.answered(status: 206, contentRange: "bytes 400-999/1000", etag: nil, lastModified: nil) == nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 400-999/1000", contentLength: "600", etag: nil, lastModified: nil) == nil
+        )
         #expect(r.broke(at: 700) == .resume(delay: 2000, fields: [("Range", "bytes=700-"), ("If-Range", "\"v1\"")]))
         #expect(r.broke(at: 700) == .giveUp("resume limit (3) reached"))
         #expect(r.offsets == [100, 400, 700] && r.acceptedOffsets == [100, 400])
@@ -70,34 +74,65 @@ import Testing
             return r
         }
         var r = asked()
-        #expect(r.answered(status: 200, contentRange: nil, etag: "\"v2\"", lastModified: nil)?.contains("200") == true)
+        #expect(
+            r.answered(status: 200, contentRange: nil, contentLength: nil, etag: "\"v2\"", lastModified: nil)?.contains("200")
+                == true)
         r = asked()
-        #expect(r.answered(status: 206, contentRange: "bytes 0-999/1000", etag: "\"v1\"", lastModified: nil) != nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 0-999/1000", contentLength: "1000", etag: "\"v1\"", lastModified: nil)
+                != nil)
         r = asked()
-        #expect(r.answered(status: 206, contentRange: "bytes 300-899/1000", etag: "\"v1\"", lastModified: nil) != nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-899/1000", contentLength: "600", etag: "\"v1\"", lastModified: nil)
+                != nil)
         r = asked()
-        #expect(r.answered(status: 206, contentRange: "bytes 300-1199/1200", etag: "\"v1\"", lastModified: nil) != nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-1199/1200", contentLength: "900", etag: "\"v1\"", lastModified: nil)
+                != nil)
         r = asked()
-        #expect(r.answered(status: 206, contentRange: "bytes 300-999/1000", etag: "\"v2\"", lastModified: nil) != nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-999/1000", contentLength: "700", etag: "\"v2\"", lastModified: nil)
+                != nil)
         r = asked()
-        #expect(r.answered(status: 206, contentRange: nil, etag: "\"v1\"", lastModified: nil) != nil)
+        #expect(r.answered(status: 206, contentRange: nil, contentLength: nil, etag: "\"v1\"", lastModified: nil) != nil)
         r = asked()
-        #expect(r.answered(status: 412, contentRange: nil, etag: nil, lastModified: nil) != nil)
+        #expect(r.answered(status: 412, contentRange: nil, contentLength: nil, etag: nil, lastModified: nil) != nil)
         #expect(r.acceptedOffsets.isEmpty)
         // Unknown total (a chunked first response): the rest to its end, whatever its length.
         r = asked(total: nil)
-        #expect(r.answered(status: 206, contentRange: "bytes 300-4999/5000", etag: nil, lastModified: nil) == nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-4999/5000", contentLength: "4700", etag: nil, lastModified: nil)
+                == nil)
         r = asked(total: nil)
-        #expect(r.answered(status: 206, contentRange: "bytes 300-399/5000", etag: nil, lastModified: nil) != nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-399/5000", contentLength: "100", etag: nil, lastModified: nil) != nil
+        )
         // A date validator: the 206's Last-Modified must be the same when it has one.
         let date = "Mon, 23 Nov 2026 10:00:00 GMT"
         r = asked(validator: date)
-        #expect(r.answered(status: 206, contentRange: "bytes 300-999/1000", etag: nil, lastModified: date) == nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-999/1000", contentLength: "700", etag: nil, lastModified: date)
+                == nil)
         r = asked(validator: date)
         #expect(
             r.answered(
-                status: 206, contentRange: "bytes 300-999/1000", etag: nil, lastModified: "Tue, 24 Nov 2026 10:00:00 GMT")
+                status: 206, contentRange: "bytes 300-999/1000", contentLength: "700", etag: nil,
+                lastModified: "Tue, 24 Nov 2026 10:00:00 GMT")
                 != nil)
+    }
+
+    @Test func theRangesLengthMustBeAnnounced() {
+        var r = DownloadResumption(validator: "\"v1\"", total: 1000, retry: nil)
+        _ = r.broke(at: 300)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-999/1000", contentLength: nil, etag: nil, lastModified: nil)
+                == "the resume's 206 does not announce the range's length")
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-999/1000", contentLength: "5000", etag: nil, lastModified: nil)
+                != nil)
+        #expect(
+            r.answered(status: 206, contentRange: "bytes 300-999/1000", contentLength: "700", etag: nil, lastModified: nil)
+                == nil)
     }
 
     @Test func aBodyThatWasCompleteIsNotAskedFor() {

@@ -134,6 +134,41 @@ import Testing
         #expect(tier.open(key: "u") == nil && tier.usage.entries == 0 && tier.usage.bytes == 0)
     }
 
+    @Test func aBodyShorterThanItsDeclaredLengthIsNotStored() {
+        let store = CacheStore(.init(memory: 4 << 20, maxObjectSize: 4 << 20))
+        let fill = CacheFill(store: store, url: "u", response: head, contentLength: 10)
+        feed(fill, [1, 2, 3, 4, 5], blocks: 1)
+        #expect(fill.complete() == nil && store.memory.variants(for: "u").isEmpty && store.memory.stats.filling == 0)
+    }
+
+    @Test func aDroppedMemoryCopyGivesItsReservationBack() throws {
+        let scratch = DiskCacheTierTests.Scratch()
+        defer { withExtendedLifetime(scratch) {} }
+        let tier = try diskTier(scratch)
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 8 << 20, disk: .init(path: tier.directory, size: 64 << 20)))
+        let fill = CacheFill(store: store, disk: tier, url: "u", response: head, contentLength: nil)
+        feed(fill, [UInt8](repeating: 4, count: 100_000), blocks: 2)
+        #expect(store.memory.stats.filling > 0)
+        // Past the share (128 KiB) the body goes on to disk only: memory holds nothing for it.
+        feed(fill, [UInt8](repeating: 4, count: 100_000), blocks: 2)
+        #expect(store.memory.stats.filling == 0)
+        #expect(fill.complete() == 0 && fill.storedOnDisk && !fill.storedInMemory)
+    }
+
+    @Test func aStoredCopyCancelsAPromotionOfTheOlderOne() {
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 1 << 20))
+        let promotion = store.memory.beginFill("u", promotion: true)
+        let fill = CacheFill(store: store, url: "u", response: head, contentLength: 3)
+        feed(fill, [7, 8, 9], blocks: 1)
+        #expect(fill.complete() == 0)
+        // The newer copy was stored, then evicted: the older promotion must not come back.
+        let large = CacheObject(response: head, chunks: [CacheChunk([UInt8](repeating: 0, count: 1_048_193))])
+        #expect(store.memory.insert(large, for: "w") == 1 && store.memory.variants(for: "u").isEmpty)
+        let older = CacheObject(response: head, chunks: [CacheChunk([1, 2, 3])])
+        #expect(store.memory.insert(older, for: "u", fill: promotion, ifAbsent: true) == nil)
+        #expect(store.memory.variants(for: "u").isEmpty)
+    }
+
     @Test func aBodyOverrunningItsDeclaredLengthIsNotStored() {
         let store = CacheStore(.init(memory: 4 << 20, maxObjectSize: 4 << 20))
         let fill = CacheFill(store: store, url: "u", response: head, contentLength: 1)

@@ -71,6 +71,24 @@ import Testing
         return w.commit()
     }
 
+    @Test func aLookupOpensWithoutTouchingAndAHeadGoesOnlyToItsBody() throws {
+        let s = Scratch()
+        let t = try tier(s)
+        #expect(store(t, "a", "ma", [1]) && store(t, "b", "mb", [2]))
+        let a = t.open(key: "a", touch: false)
+        #expect(t.namesOldestFirst == [DiskEntryNames.name(forKey: "a"), DiskEntryNames.name(forKey: "b")])
+        t.touch(a!.name)
+        #expect(t.namesOldestFirst.last == DiskEntryNames.name(forKey: "a"))
+        // A 304's head for the body that was validated, not for a newer one stored since.
+        let validated = a!.generation
+        #expect(store(t, "a", "newer", [3]))
+        #expect(!t.updateMetadata(key: "a", expectedGeneration: validated, Array("head".utf8)))
+        #expect(try readAll(t, "a")?.metadata == "newer")
+        let current = t.open(key: "a")!.generation
+        #expect(t.updateMetadata(key: "a", expectedGeneration: current, Array("head".utf8)))
+        #expect(try readAll(t, "a")?.metadata == "head")
+    }
+
     @Test func variantsOfAKeyAreBoundedAndSurviveARestart() throws {
         let s = Scratch()
         do {

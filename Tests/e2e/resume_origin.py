@@ -6,7 +6,8 @@ the SHA-256. It answers `Range: bytes=N-` with `206` and `Content-Range` when `I
 matches its current validator (its `ETag`, or its `Last-Modified` when it sends no ETag), with
 the whole `200` otherwise (RFC 9110 §13.1.5), and it cuts responses where the test says:
 `cuts` is a list of absolute body offsets, one per response, at which that response's
-connection is reset (SO_LINGER 0) after the bytes before it were sent. `change_etag_after` makes
+connection is reset (SO_LINGER 0) after the bytes before it were sent (-1: reset before the
+head; None: not cut). `change_etag_after` makes
 the representation change (a new ETag, other bytes) after that many responses; `extra` header
 lines go on every response. Every request is recorded (method, range, if-range)."""
 
@@ -85,6 +86,10 @@ class ResumeOrigin(ThreadedServer):
                 cut = self.cuts[index] if index < len(self.cuts) else None
                 self.log.append({"method": method, "range": header(headers, "range"),
                                  "if_range": header(headers, "if-range")})
+            if cut == -1:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+                return
             start = 0
             rng, if_range = header(headers, "range"), header(headers, "if-range")
             validator = etag or self.last_modified

@@ -100,6 +100,38 @@ def test_resume_on_both_engines_and_framings(sluice_factory, access, engine, chu
         origin.stop()
 
 
+def test_a_resume_that_fails_before_its_head_is_followed_by_another(sluice_factory, access):
+    # The second request (the first resume) is reset before any byte of its answer: the next
+    # resume still carries the body on in the client's framing, byte-exact.
+    size = 12 * MiB
+    origin = ResumeOrigin(size, cuts=[4 * MiB, -1, None])
+    try:
+        proxy = sluice_factory(config(access))
+        rc, status, total, digest, _, _ = download(proxy, origin.url + "/twice")
+        assert (rc, status, total, digest) == (0, 200, size, origin.sha256()), (rc, status, total)
+        assert len(origin.log) == 3 and origin.log[1]["range"] == origin.log[2]["range"], origin.log
+        line = access.wait_for(lambda e: e.get("url", "").endswith("/twice"))[0]
+        assert line["resumed"] == 1 and line["outcome"] == "ok", line
+    finally:
+        origin.stop()
+
+
+def test_an_http_1_0_client_is_reset_when_a_resume_is_refused(sluice_factory, access):
+    # A close-delimited response to an HTTP/1.0 client: a FIN would read as its end, so a
+    # refused resume ends it with a reset (curl: "recv failure"), never a clean close.
+    size = 8 * MiB
+    origin = ResumeOrigin(size, cuts=[2 * MiB], change_etag_after=1, chunked=True)
+    try:
+        proxy = sluice_factory(config(access))
+        args = ["curl", "-s", "-0", "-o", "/dev/null", "-w", "%{http_code} %{size_download}", "--proxy", proxy.url,
+                origin.url + "/old"]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        code, got = done.stdout.split()
+        assert code == "200" and int(got) < size and done.returncode == 56, (done.returncode, done.stdout)
+    finally:
+        origin.stop()
+
+
 def test_a_last_modified_validator_resumes_too(sluice_factory, access):
     size = 8 * MiB
     origin = ResumeOrigin(size, cuts=[3 * MiB], etag=None, last_modified="Mon, 23 Nov 2026 10:00:00 GMT")

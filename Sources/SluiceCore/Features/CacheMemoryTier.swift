@@ -57,6 +57,20 @@ public final class CacheObject: Sendable {
     /// The body is in the disk tier (under the URL), not in `chunks`: a hit streams it from
     /// the reader its lookup opened. Such an object is never inserted in the memory tier.
     public let onDisk: Bool
+    /// The disk tier's entry holding the same response (with a disk tier): its name and the
+    /// generation of its body, so that a memory hit keeps the entry recently used on disk and a
+    /// `304` rewrites the head of this body and no other. nil without one.
+    public let diskEntry: DiskEntry?
+
+    public struct DiskEntry: Sendable, Equatable {
+        public let name: String
+        public let generation: UInt64
+        public init(name: String, generation: UInt64) {
+            self.name = name
+            self.generation = generation
+        }
+    }
+
     /// For an `https` URL, the `PolicyTable.generation` the response was fetched (or last
     /// validated) under: a hit under another one is validated first (the trust may have
     /// changed with a reload). nil for `http`, and for a disk entry this process has not
@@ -64,19 +78,28 @@ public final class CacheObject: Sendable {
     /// before it answers.
     public let trustGeneration: UInt64?
 
-    public convenience init(response: CacheStoredResponse, chunks: [CacheChunk], trustGeneration: UInt64? = nil) {
-        self.init(response: response, chunks: chunks, onDisk: false, diskLength: 0, trustGeneration: trustGeneration)
+    public convenience init(
+        response: CacheStoredResponse, chunks: [CacheChunk], trustGeneration: UInt64? = nil, diskEntry: DiskEntry? = nil
+    ) {
+        self.init(
+            response: response, chunks: chunks, onDisk: false, diskLength: 0, trustGeneration: trustGeneration,
+            diskEntry: diskEntry)
     }
 
     /// An object whose `diskLength`-byte body is in the disk tier.
-    public convenience init(response: CacheStoredResponse, diskLength: Int, trustGeneration: UInt64? = nil) {
-        self.init(response: response, chunks: [], onDisk: true, diskLength: diskLength, trustGeneration: trustGeneration)
+    public convenience init(
+        response: CacheStoredResponse, diskLength: Int, trustGeneration: UInt64? = nil, diskEntry: DiskEntry? = nil
+    ) {
+        self.init(
+            response: response, chunks: [], onDisk: true, diskLength: diskLength, trustGeneration: trustGeneration,
+            diskEntry: diskEntry)
     }
 
     private init(
         response: CacheStoredResponse, chunks: [CacheChunk], onDisk: Bool, diskLength: Int,
-        trustGeneration: UInt64?
+        trustGeneration: UInt64?, diskEntry: DiskEntry?
     ) {
+        self.diskEntry = diskEntry
         self.onDisk = onDisk
         self.trustGeneration = trustGeneration
         let length = onDisk ? diskLength : chunks.reduce(0) { $0 + $1.count }
@@ -98,7 +121,9 @@ public final class CacheObject: Sendable {
 
     /// The same body under an updated head (after a `304`), validated under `trustGeneration`.
     public func withResponse(_ response: CacheStoredResponse, trustGeneration: UInt64?) -> CacheObject {
-        CacheObject(response: response, chunks: chunks, onDisk: onDisk, diskLength: bodyLength, trustGeneration: trustGeneration)
+        CacheObject(
+            response: response, chunks: chunks, onDisk: onDisk, diskLength: bodyLength, trustGeneration: trustGeneration,
+            diskEntry: diskEntry)
     }
 }
 
@@ -147,6 +172,10 @@ public final class CacheMemoryTier: Sendable {
             promotions.remove(token)
             if fills[url]?.isEmpty == true { fills[url] = nil }
             return true
+        }
+
+        mutating func cancelPromotions(_ url: String) {
+            for (token, _) in fills[url] ?? [:] where promotions.contains(token) { _ = endFill(url, token) }
         }
 
         /// Evicts least recently used URLs until `more` bytes fit beside what is stored and
@@ -225,6 +254,8 @@ public final class CacheMemoryTier: Sendable {
         return state.withLock { s -> Int? in
             if let fill {
                 guard s.endFill(url, fill) else { return nil }
+                // A copy stored now is newer than any a promotion in progress read from disk.
+                if !ifAbsent { s.cancelPromotions(url) }
             }
             // What other fills hold counts: an object that cannot fit beside them is not kept.
             guard object.size + s.stats.filling <= capacity else { return nil }
@@ -267,7 +298,7 @@ public final class CacheMemoryTier: Sendable {
     /// its other variants and its other fills alone.
     public func dropVariant(_ url: String, varyKey: String) {
         state.withLock { s in
-            for (token, _) in s.fills[url] ?? [:] where s.promotions.contains(token) { _ = s.endFill(url, token) }
+            s.cancelPromotions(url)
             guard var entry = s.remove(url) else { return }
             entry.variants.removeAll { $0.response.varyKey == varyKey }
             guard !entry.variants.isEmpty else { return }
@@ -296,13 +327,25 @@ public final class CacheMemoryTier: Sendable {
     /// least recently used URLs to make room. False when the fill was cancelled (an
     /// invalidation) or the bytes cannot fit even with nothing stored: the fill then keeps no
     /// memory copy (and ends its registration with `endFill`).
-    public func reserveFill(_ url: String, _ token: UInt64, bytes: Int) -> Bool {
+    ///
+    /// Returns how many objects were evicted for it, or nil when refused.
+    public func reserveFill(_ url: String, _ token: UInt64, bytes: Int) -> Int? {
         state.withLock { s in
-            guard s.fills[url]?[token] != nil, s.stats.filling + bytes <= capacity else { return false }
-            _ = s.evict(toFit: bytes, capacity: capacity)
+            guard s.fills[url]?[token] != nil, s.stats.filling + bytes <= capacity else { return nil }
+            let evicted = s.evict(toFit: bytes, capacity: capacity)
             s.fills[url]![token]! += bytes
             s.stats.filling += bytes
-            return true
+            return evicted
+        }
+    }
+
+    /// Gives back what fill `token` of `url` reserved (it keeps no memory copy any more),
+    /// leaving it registered: its invalidation still cancels it.
+    public func releaseFill(_ url: String, _ token: UInt64) {
+        state.withLock { s in
+            guard let held = s.fills[url]?[token] else { return }
+            s.fills[url]![token] = 0
+            s.stats.filling -= held
         }
     }
 

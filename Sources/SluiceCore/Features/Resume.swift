@@ -107,8 +107,11 @@ public struct DownloadResumption: Sendable, Equatable {
 
     /// Judges a continuation's head: nil when it carries the body on from the last offset
     /// (a `206` for the rest of the same representation), else why it cannot.
+    /// `contentLength` is the 206's `Content-Length` (nil when it has none, or is chunked): it
+    /// must announce exactly the range, so that the body can neither run past the client's
+    /// length nor end short of it unnoticed.
     public mutating func answered(
-        status: Int, contentRange: String?, etag: String?, lastModified: String?
+        status: Int, contentRange: String?, contentLength: String?, etag: String?, lastModified: String?
     ) -> String? {
         guard let offset = offsets.last else { return "no resume was asked for" }
         guard status == 206 else {
@@ -120,6 +123,9 @@ public struct DownloadResumption: Sendable, Equatable {
             return "the resume's 206 has no valid Content-Range"
         }
         guard range.first == offset else { return "the resume's 206 starts at \(range.first), not \(offset)" }
+        guard contentLength.flatMap({ Int64(CacheFields.trim($0)) }) == range.last - range.first + 1 else {
+            return "the resume's 206 does not announce the range's length"
+        }
         if let total {
             guard range.total == total, range.last == total - 1 else {
                 return "the resume's 206 is not the rest of the \(total)-byte body"

@@ -14,8 +14,9 @@ extension DiskCacheTier {
     /// reads and hashes one block.
     public final class Reader {
         private let tier: DiskCacheTier
-        private let name: String
-        private let generation: UInt64
+        /// The entry's file name stem and its body's generation (`CacheObject.DiskEntry`).
+        public let name: String
+        public let generation: UInt64
         private let trailer: [UInt8]
         private let blockSize: Int
         private let fd: Int32

@@ -19,12 +19,13 @@ extension DiskCacheTier {
         private enum State { case open, failed, committed }
 
         private let tier: DiskCacheTier
-        private let name: String
+        /// The entry's file name stem and this body's generation (`CacheObject.DiskEntry`).
+        public let name: String
         private let key: String
         private let variant: String
         private let fullKey: [UInt8]
         private let metadata: [UInt8]
-        private let generation: UInt64
+        public let generation: UInt64
         private var fd: Int32
         private var state = State.open
         /// The SHA-256 of the block being written (`EVP_MD_CTX`, owned).

@@ -282,7 +282,10 @@ public final class DiskCacheTier: Sendable {
 
     /// Opens `key`'s entry for reading, making it the most recently used. Nil on a miss, and
     /// for an entry whose record or trailer fails verification (which is dropped).
-    public func open(key: String, variant: String = "") -> Reader? {
+    ///
+    /// `touch: false` leaves the LRU order alone (a lookup opening every variant touches only
+    /// the one it serves, `touch(_:)`).
+    public func open(key: String, variant: String = "", touch: Bool = true) -> Reader? {
         let full = Self.entryKey(key, variant: variant)
         let name = DiskEntryNames.name(forKey: full)
         var vanished: UInt64?
@@ -297,7 +300,7 @@ public final class DiskCacheTier: Sendable {
                 vanished = entry.generation
                 return nil
             }
-            index.touch(name)
+            if touch { index.touch(name) }
             return (record, body, entry.generation)
         }
         if let vanished { unlinkat(directoryFD, DiskEntryNames.body(name, vanished), 0) }
@@ -320,13 +323,19 @@ public final class DiskCacheTier: Sendable {
 
     /// Replaces `key`'s metadata, keeping its body (crash-safe: a new record renamed over the
     /// old). False on a miss, a failed write, or when a newer commit replaced the entry first.
+    /// With `expectedGeneration`, only that body's head is replaced (not the head of a newer
+    /// body a commit put there meanwhile).
     @discardableResult
-    public func updateMetadata(key: String, variant: String = "", _ metadata: [UInt8]) -> Bool {
+    public func updateMetadata(
+        key: String, variant: String = "", expectedGeneration: UInt64? = nil, _ metadata: [UInt8]
+    ) -> Bool {
         guard metadata.count <= DiskEntryRecord.maxMetadata else { return false }
         let full = Self.entryKey(key, variant: variant)
         let name = DiskEntryNames.name(forKey: full)
         let opened = index.withLock { index -> (fd: Int32, generation: UInt64)? in
-            guard let entry = index.entries[name] else { return nil }
+            guard let entry = index.entries[name], expectedGeneration.map({ $0 == entry.generation }) ?? true else {
+                return nil
+            }
             let fd = openat(directoryFD, DiskEntryNames.record(name), O_RDONLY | O_CLOEXEC)
             return fd >= 0 ? (fd, entry.generation) : nil
         }
@@ -373,6 +382,12 @@ public final class DiskCacheTier: Sendable {
             return bodies
         }
         for body in removed { unlinkat(directoryFD, body, 0) }
+    }
+
+    /// Makes the entry named `name` (`Reader.name`, `CacheObject.DiskEntry`) the most recently
+    /// used: one lock, no file.
+    public func touch(_ name: String) {
+        index.withLock { $0.touch(name) }
     }
 
     /// Removes the one entry of `key`'s `variant` (its metadata cannot be decoded, say),

@@ -138,6 +138,7 @@ enum StoredResponseWriter {
         if hit.offset >= hit.range.upperBound, let promotion = hit.promotion {
             hit.promotion = nil
             promotion.complete()
+            if promotion.evicted > 0 { hit.exchange.reportCache(.evicted(count: promotion.evicted)) }
         }
         return nil
     }

@@ -55,6 +55,8 @@ final class CacheFill {
     private var used = 0
     private(set) var total = 0
     private(set) var abandoned = false
+    /// Objects the memory tier evicted to make room for this fill's chunks.
+    private var evictedForRoom = 0
 
     /// - Parameter contentLength: the body's length as the client's framing uses it (nil
     ///   when the response is chunked, even with a `Content-Length`).
@@ -102,7 +104,8 @@ final class CacheFill {
         while offset < data.count {
             if current == nil {
                 let wanted = remainingDeclared.map { max(1, min($0, Self.maxChunk)) } ?? Self.unknownLengthChunk
-                guard store.memory.reserveFill(url, token, bytes: wanted) else { return false }
+                guard let evicted = store.memory.reserveFill(url, token, bytes: wanted) else { return false }
+                evictedForRoom += evicted
                 current = .allocate(byteCount: wanted, alignment: 16)
                 used = 0
             }
@@ -134,6 +137,7 @@ final class CacheFill {
 
     /// Stops keeping the body in memory (it outgrew the share, or the tier had no room).
     private func dropMemoryCopy() {
+        if keepsMemoryCopy { store.memory.releaseFill(url, token) }
         keepsMemoryCopy = false
         chunks = []
         current?.deallocate()
@@ -153,6 +157,11 @@ final class CacheFill {
     /// an invalidation came meanwhile, or the disk commit failed without a memory copy).
     func complete() -> Int? {
         guard !abandoned else { return nil }
+        if let declared, total != declared {
+            abandon()  // shorter than its length said: never stored
+            return nil
+        }
+        var diskEntry: CacheObject.DiskEntry?
         if let writer {
             self.writer = nil
             guard store.memory.fillIsLive(url, token) else {  // an invalidation came meanwhile
@@ -164,6 +173,7 @@ final class CacheFill {
             if writer.commit() {
                 store.recordDiskTrust(diskKey, generation: trustGeneration)
                 storedOnDisk = true
+                diskEntry = CacheObject.DiskEntry(name: writer.name, generation: writer.generation)
             }
         }
         if let disk, !storedOnDisk, keepsMemoryCopy {
@@ -174,14 +184,14 @@ final class CacheFill {
             // Only on disk: a memory copy of this variant from before is outdated.
             store.memory.endFill(url, token)
             if storedOnDisk { store.memory.dropVariant(url, varyKey: variant) }
-            return storedOnDisk ? 0 : nil
+            return storedOnDisk ? evictedForRoom : nil
         }
         seal()
         let evicted = store.memory.insert(
-            CacheObject(response: response, chunks: chunks, trustGeneration: trustGeneration),
+            CacheObject(response: response, chunks: chunks, trustGeneration: trustGeneration, diskEntry: diskEntry),
             for: url, fill: token)
         storedInMemory = evicted != nil
         if !storedInMemory, storedOnDisk { store.memory.dropVariant(url, varyKey: variant) }
-        return evicted ?? (storedOnDisk ? 0 : nil)
+        return evicted.map { $0 + evictedForRoom } ?? (storedOnDisk ? evictedForRoom : nil)
     }
 }

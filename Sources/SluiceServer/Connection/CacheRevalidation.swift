@@ -88,8 +88,8 @@ enum CacheRevalidation {
                     modification: modification, requestTime: requestTime,
                     responseTime: now)
             else {
-                store.memory.invalidate(url)
                 disk?.remove(key: url)
+                store.memory.invalidate(url)
                 return
             }
             _ = CacheStage.storeValidated(
@@ -104,8 +104,8 @@ enum CacheRevalidation {
             responseFields: fields, modification: modification,
             contentLength: contentLength, maxObjectSize: store.maxObjectSize)
         guard decision == .store else {
-            store.memory.invalidate(url)  // the origin's new answer may not be kept
             disk?.remove(key: url)
+            store.memory.invalidate(url)  // the origin's new answer may not be kept
             return
         }
         let stored = CacheStoredResponse(

@@ -123,6 +123,15 @@ extension ExchangeDriver {
         phase = .idle
         var request = resume.request
         request.headers = request.headers.replacing(Self.resumeDroppedFields, adding: resume.fields)
+        if let total = worker.config.timeouts.total {
+            // `timeouts.total` is the whole exchange's: a resume gets what is left of it.
+            let left = total - exchange.inspect { $0.elapsed }
+            guard left > 0 else {
+                resume.notResumed = "timeouts.total ran out"
+                return endIncomplete(framedByClose: resume.framing == .close)
+            }
+            request.totalTimeout = left
+        }
         let fill = resume.fill
         resume.fill = nil
         resume.awaitingHead = true
@@ -134,8 +143,9 @@ extension ExchangeDriver {
         guard let exchange, let resume = exchange.resume else { return false }
         resume.awaitingHead = false
         if let refusal = resume.resumption.answered(
-            status: head.status, contentRange: head.value("content-range"), etag: head.value("etag"),
-            lastModified: head.value("last-modified"))
+            status: head.status, contentRange: head.value("content-range"),
+            contentLength: head.value("transfer-encoding") == nil ? head.value("content-length") : nil,
+            etag: head.value("etag"), lastModified: head.value("last-modified"))
         {
             resume.refusal = refusal
             SluiceMetrics.shared.recordResume(.refused)

@@ -816,9 +816,17 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             connection.scheduleFlush()  // what arrived before the break goes on to the client
             return
         }
+        var framedByClose = false
+        if case .forwarding(let transfer) = phase { framedByClose = transfer.framedByClose }
+        endIncomplete(framedByClose: framedByClose)
+    }
+
+    /// The response started and cannot be completed: the connection ends without completing
+    /// the message, and the access log says why.
+    func endIncomplete(framedByClose: Bool) {
         // A body framed by the connection's end would read as complete after a FIN: the
         // client is reset instead, so that a cut is never mistaken for the end.
-        if case .forwarding(let transfer) = phase, transfer.framedByClose { connection.abortiveClose = true }
+        if framedByClose { connection.abortiveClose = true }
         connection.scheduleFlush()
         reportTryOutcome(.abandoned)
         exchange?.end(
@@ -990,8 +998,10 @@ extension ExchangeDriver {
             guard let reader, UInt64(answer.object.bodyLength) == reader.bodyLength else {
                 return abortDiskHit(exchange, reason: "disk cache entry vanished")
             }
-            let promotion = worker.cacheStore.flatMap {
-                CachePromotion(store: $0, url: exchange.target.url, object: answer.object)
+            var promotion: CachePromotion?
+            if let taken = exchange.cache?.takePromotionToken() {
+                promotion = CachePromotion(store: taken.store, url: taken.url, object: answer.object, token: taken.token)
+                if promotion == nil { taken.store.memory.endFill(taken.url, taken.token) }
             }
             let hit = DiskHitStream(
                 reader: reader, exchange: exchange, range: response.body, keepAlive: keepAlive, promotion: promotion)
@@ -1162,6 +1172,7 @@ extension ExchangeDriver {
             }
             transfer.cancel()
         case .servingDisk, .resuming:
+            if case .resuming(let resume) = phase, resume.framing == .close { connection.abortiveClose = true }
             exchange.end(.error, error: "cancelled by the proxy's operator after the response started")
             return connection.close()
         case .idle:

@@ -44,12 +44,25 @@ final class CacheExchange {
     /// pipeline: recorded with what it stores; a stored entry with another one is validated.
     let trustGeneration: UInt64?
 
+    /// The memory tier's registration for promoting the disk entry this lookup opens
+    /// (`CachePromotion`), taken before the open; ended here unless a promotion took it.
+    var promotionToken: UInt64?
+
+    func takePromotionToken() -> (store: CacheStore, url: String, token: UInt64)? {
+        guard let token = promotionToken else { return nil }
+        promotionToken = nil
+        return (store, url, token)
+    }
+
     func endFetch() {
         if let token = fetchToken { store.endFetch(url, token: token) }
         fetchToken = nil
     }
 
-    deinit { endFetch() }
+    deinit {
+        endFetch()
+        if let promotionToken { store.memory.endFill(url, promotionToken) }
+    }
 
     init(
         store: CacheStore, url: String, requestFields: [CacheFields.Field], modification: CacheModification?,

@@ -46,11 +46,16 @@ enum CacheStage: RequestStage {
         if cacheable, !head.hasBody, let disk = services.diskTier, decision.missesTheStore {
             // The disk tier is the store, memory its hot layer: what memory lacks (an entry
             // evicted from it, stored before a restart, or another variant) is looked up there.
+            // A promotion's registration comes before the open (see `CachePromotion`).
+            cache.promotionToken = store.memory.beginFill(cache.url, promotion: true)
             let (found, readers) = diskCandidates(cache, store, disk)
             if !found.isEmpty {
                 candidates = found
                 decision = Self.decide(cache, method: method, fields: fields, hasBody: false, candidates: candidates)
-                if let variant = decision.variant { cache.diskReader = readers[variant] }
+                if let variant = decision.variant {
+                    cache.diskReader = readers[variant]
+                    disk.touch(readers[variant].name)
+                }
             }
         }
         if case .serveStale(let hit, let validators) = decision, cache.policyAuthenticates {
@@ -61,6 +66,8 @@ enum CacheStage: RequestStage {
         switch decision {
         case .serve(let hit):
             let object = candidates[hit.variant]
+            // A memory hit keeps its disk entry recently used: the disk is the store.
+            if !object.onDisk, let entry = object.diskEntry { services.diskTier?.touch(entry.name) }
             // docs/trust.md: an answer for an https URL under `insecure` trust says so in the log.
             if cache.trustGeneration != nil, policy.trust.requirements.insecure { exchange.summary.insecure = true }
             exchange.reportCache(.hit(age: hit.age, notModified: hit.notModified))
@@ -141,14 +148,17 @@ enum CacheStage: RequestStage {
         for variant in disk.variants(of: cache.url).prefix(DiskCacheTier.maxVariants) {
             let key = DiskCacheTier.entryKey(cache.url, variant: variant)
             let before = store.diskTrustGeneration(key)
-            guard let reader = disk.open(key: cache.url, variant: variant) else { continue }
+            guard let reader = disk.open(key: cache.url, variant: variant, touch: false) else { continue }
             let generation = store.diskTrustGeneration(key) == before ? before : nil
             guard var response = CacheStoredResponse(bytes: reader.metadata) else {
                 disk.remove(key: cache.url, variant: variant)
                 continue
             }
             response.bodyLength = Int64(reader.bodyLength)
-            objects.append(CacheObject(response: response, diskLength: Int(reader.bodyLength), trustGeneration: generation))
+            objects.append(
+                CacheObject(
+                    response: response, diskLength: Int(reader.bodyLength), trustGeneration: generation,
+                    diskEntry: CacheObject.DiskEntry(name: reader.name, generation: reader.generation)))
             readers.append(reader)
         }
         return (objects, readers)
@@ -191,8 +201,8 @@ enum CacheStage: RequestStage {
         if cache.redirected {
             // A redirect was followed: this is another URL's response, not stored under this one.
             if cache.revalidating != nil {
-                cache.store.memory.invalidate(cache.url)
                 services.diskTier?.remove(key: cache.url)
+                cache.store.memory.invalidate(cache.url)
             }
             cache.endFetch()
             exchange.summary.cache = cache.parameters
@@ -206,8 +216,8 @@ enum CacheStage: RequestStage {
                 location: response.value("location"),
                 contentLocation: response.value("content-location"))
             {
-                dropped += cache.store.memory.invalidate(url)
                 services.diskTier?.remove(key: url)
+                dropped += cache.store.memory.invalidate(url)
             }
             if dropped > 0 { exchange.reportCache(.invalidated(count: dropped)) }
         } else if let stale = cache.revalidating {
@@ -242,8 +252,8 @@ enum CacheStage: RequestStage {
                         exchange.reportCache(.evicted(count: evicted))
                     }
                 } else {
-                    cache.store.memory.invalidate(cache.url)
                     services.diskTier?.remove(key: cache.url)
+                    cache.store.memory.invalidate(cache.url)
                 }
                 cache.validated = stale.withResponse(
                     stale.response.updated(
@@ -280,8 +290,8 @@ enum CacheStage: RequestStage {
             cache.parameters += "; stored"
         } else {
             if cache.revalidating != nil, method == "GET", status != 206 {
-                cache.store.memory.invalidate(cache.url)  // the origin's new answer may not be kept
                 services.diskTier?.remove(key: cache.url)
+                cache.store.memory.invalidate(cache.url)  // the origin's new answer may not be kept
             }
             cache.endFetch()  // nothing will be stored: the waiting requests go to the origin
         }
@@ -295,11 +305,14 @@ enum CacheStage: RequestStage {
     /// trust record while it changes (a lookup in between validates), then `updated`'s.
     /// Returns the memory tier's evictions (nil when nothing went to memory).
     static func storeValidated(_ updated: CacheObject, url: String, store: CacheStore, disk: DiskCacheTier?) -> Int? {
-        if let disk {
+        if let disk, let entry = updated.diskEntry {
+            // Only the body that was validated gets the new head (not a newer one stored since).
             let variant = updated.response.varyKey
             let key = DiskCacheTier.entryKey(url, variant: variant)
             store.recordDiskTrust(key, generation: nil)
-            if disk.updateMetadata(key: url, variant: variant, updated.response.encode()) {
+            if disk.updateMetadata(
+                key: url, variant: variant, expectedGeneration: entry.generation, updated.response.encode())
+            {
                 store.recordDiskTrust(key, generation: updated.trustGeneration)
             }
         }

@@ -75,7 +75,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private var framing: ResponseEncoder.Framing = .none
     /// The client's response is framed by the end of the connection (an HTTP/1.0 client and
     /// an upstream body without a length): only the kind of close tells a cut from the end.
-    var framedByClose: Bool { framing == .close }
+    var framedByClose: Bool { (continuing ?? framing) == .close }
     private(set) var downloadPaused = false
     private(set) var uploadPaused = false
     private var pendingError: ProxyError?
@@ -97,7 +97,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     var extraHeadLines: [UInt8] = []
     var continuing: ResponseEncoder.Framing?
     private(set) var bodyBytesSent: Int64 = 0
-    var clientFraming: ResponseEncoder.Framing { framing }
+    var clientFraming: ResponseEncoder.Framing { continuing ?? framing }
     /// `CURLOPT_TIMEOUT_MS` is `timeouts.total`: libcurl's timeout is the deadline.
     private(set) var deadlineExceeded = false
     var forwardedHead: UpstreamResponseHead? { responseStarted ? UpstreamResponseHead(collected: head) : nil }
@@ -151,7 +151,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         sluice_easy_setopt_ptr(h, CURLOPT_PRIVATE, me)
         sluice_easy_setopt_str(h, CURLOPT_URL, target.url)
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
-        sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, config.timeouts.total ?? 0)
+        sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, request.totalTimeout ?? config.timeouts.total ?? 0)
         sluice_easy_setopt_ptr(h, CURLOPT_HEADERDATA, me)
         sluice_easy_setopt_ptr(h, CURLOPT_WRITEDATA, me)
         sluice_easy_setopt_ptr(h, CURLOPT_OPENSOCKETDATA, me)

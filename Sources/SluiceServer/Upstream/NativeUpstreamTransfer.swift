@@ -108,7 +108,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private(set) var headSent = false
     var responseStarted: Bool { (headSent && !disposition.drains && !invalidResponse) || continuing != nil }
     private var framing: ResponseEncoder.Framing = .none
-    var framedByClose: Bool { framing == .close }
+    var framedByClose: Bool { (continuing ?? framing) == .close }
     private(set) var downloadPaused = false
     private var finished = false
     private var inCompletion = false
@@ -117,7 +117,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     var extraHeadLines: [UInt8] = []
     var continuing: ResponseEncoder.Framing?
     private(set) var bodyBytesSent: Int64 = 0
-    var clientFraming: ResponseEncoder.Framing { framing }
+    var clientFraming: ResponseEncoder.Framing { continuing ?? framing }
     private(set) var deadlineExceeded = false
     var forwardedHead: UpstreamResponseHead? { responseStarted ? UpstreamResponseHead(collected: parser.head) : nil }
 
@@ -144,7 +144,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         defaultCAFile = config.tls.caFile
         self.viaLine = viaLine
         connectTimeout = config.timeouts.upstreamConnect
-        totalTimeout = config.timeouts.total
+        totalTimeout = request.totalTimeout ?? config.timeouts.total
         resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
         originKey = UpstreamOrigin(host: request.target.host, port: request.target.port)
         parser = pool.takeParser()

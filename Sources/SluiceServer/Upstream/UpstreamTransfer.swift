@@ -209,6 +209,9 @@ struct UpstreamRequest {
     var parentProxy: UpstreamProxy?
     /// The target host's HTTP version policy (`upstream.http2`), set when the try starts.
     var http2 = HTTP2Mode.auto
+    /// What is left of `timeouts.total` for a try that carries on a response (a resume), in
+    /// ms; nil: the configured `timeouts.total`.
+    var totalTimeout: Int?
 
     var isHead: Bool { method == "HEAD" }
 }
