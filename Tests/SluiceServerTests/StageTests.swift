@@ -197,12 +197,13 @@ import Testing
             Issue.record("the first miss goes to the origin")
             return
         }
-        #expect(first.cache?.fetchToken != nil, "it holds the URL's fetch claim")
+        #expect(first.cache?.fetch != nil, "it holds the URL's fetch claim")
         let second = try exchange(get, services)
-        guard case .wait(.collapsedFetch) = CacheStage.enter(second, services) else {
+        guard case .wait(.collapsedFetch(let awaited)) = CacheStage.enter(second, services) else {
             Issue.record("a second miss waits for the first's fetch")
             return
         }
+        #expect(awaited === first.cache?.fetch, "it waits on the first's fetch")
         guard case .proceed = CacheStage.enter(second, services) else {
             Issue.record("after its wait, a miss goes to the origin itself")
             return
@@ -213,9 +214,12 @@ import Testing
             response: CacheStoredResponse(
                 status: 200, fields: [("Cache-Control", "max-age=60"), ("Content-Length", "2")],
                 requestTime: now, responseTime: now),
-            contentLength: 2)
+            contentLength: 2, fetch: first.cache?.fetch)
+        // The fill publishes its body to the waiters of the fetch as it is stored.
+        #expect(awaited.snapshot.phase == .streaming && awaited.snapshot.stream is FillStream)
         [UInt8]("ok".utf8).withUnsafeBytes { fill.append($0) }
         #expect(fill.complete() == 0)
+        #expect(awaited.snapshot.phase == .ended(complete: true) && awaited.snapshot.available == 2)
         first.cache?.endFetch()
         let third = try exchange(get, services)
         guard case .serveStored(let answer) = CacheStage.enter(third, services) else {

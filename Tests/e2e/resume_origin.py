@@ -9,7 +9,9 @@ the whole `200` otherwise (RFC 9110 §13.1.5), and it cuts responses where the t
 connection is reset (SO_LINGER 0) after the bytes before it were sent (-1: reset before the
 head; None: not cut). `change_etag_after` makes
 the representation change (a new ETag, other bytes) after that many responses; `extra` header
-lines go on every response. Every request is recorded (method, range, if-range)."""
+lines go on every response; `head_delay` holds each head back that long (so that concurrent
+requests overlap), `pace` sleeps that long after each 1 MiB of body (a slow origin). Every
+request is recorded (method, range, if-range)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import hashlib
 import random
 import socket
 import struct
+import time
 from email.utils import formatdate
 
 from faultservers import Reader, ThreadedServer, header
@@ -29,8 +32,11 @@ class ResumeOrigin(ThreadedServer):
 
     def __init__(self, size: int, cuts: list[int] | None = None, etag: str | None = '"v1"',
                  last_modified: str | None = None, change_etag_after: int | None = None,
-                 chunked: bool = False, extra: list[str] | None = None, seed: int = 7):
+                 chunked: bool = False, extra: list[str] | None = None, seed: int = 7,
+                 head_delay: float = 0.0, pace: float = 0.0):
         self.extra = list(extra or [])
+        self.head_delay = head_delay
+        self.pace = pace
         self.size = size
         self.cuts = list(cuts or [])
         self.etag = etag
@@ -104,6 +110,8 @@ class ResumeOrigin(ThreadedServer):
             lines += self.extra
             if start:
                 lines.append(f"Content-Range: bytes {start}-{self.size - 1}/{self.size}")
+            if self.head_delay:
+                time.sleep(self.head_delay)  # server behaviour: a slow answer, so that requests overlap
             chunked = self.chunked and not start
             lines.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {self.size - start}")
             conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
@@ -112,6 +120,8 @@ class ResumeOrigin(ThreadedServer):
             end = self.size if cut is None else max(start, min(cut, self.size))
             for piece in self.body_range(start, end, version):
                 conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                if self.pace:
+                    time.sleep(self.pace)  # server behaviour: the body arrives slowly
             if cut is not None and cut < self.size:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.close()

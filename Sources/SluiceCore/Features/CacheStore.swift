@@ -66,6 +66,122 @@ public struct CacheStoreSettings: Sendable, Equatable {
     }
 }
 
+/// One origin fetch of a URL that other requests for it wait on (collapsed forwarding,
+/// docs/caching.md "Shared fills"), and, once the response is being stored, read from while it
+/// arrives (Traffic Server's read-while-writer). Events in — `publish` (the response is being
+/// stored, here is how to read it), `progressed` (more of its body is there), `end` — wake the
+/// waiters: each registers a one-shot wake (`wait`) when it has nothing to do, and is woken by
+/// the next event, on its own worker (the wake posts to that worker's loop). No polling.
+///
+/// Threading: any thread (a `Mutex`); wakes are called outside it.
+public final class CacheFetch: Sendable {
+    public enum Phase: Sendable, Equatable {
+        /// The request is with the origin; nothing to read yet.
+        case fetching
+        /// The response is being stored: readers read `stream` up to `available` bytes.
+        case streaming
+        /// Over: `complete` when the whole body was stored (`available` is its length), else the
+        /// fetch stored nothing or broke (readers of a partial body end incomplete).
+        case ended(complete: Bool)
+    }
+
+    public struct Snapshot: Sendable {
+        public let phase: Phase
+        public let available: Int64
+        /// What the storing side published for readers (the server's fill stream).
+        public let stream: (any Sendable)?
+    }
+
+    private struct State {
+        var phase = Phase.fetching
+        var available: Int64 = 0
+        var stream: (any Sendable)?
+        /// Each waiter's wake and the `available` that wakes it (a phase change wakes all).
+        var waiters: [UInt64: (until: Int64, wake: @Sendable () -> Void)] = [:]
+        var nextWaiter: UInt64 = 1
+    }
+
+    public let url: String
+    /// The claim's token (`CacheStore.endFetch`).
+    public let token: UInt64
+    private let state = Mutex(State())
+
+    init(url: String, token: UInt64) {
+        self.url = url
+        self.token = token
+    }
+
+    public var snapshot: Snapshot {
+        state.withLock { Snapshot(phase: $0.phase, available: $0.available, stream: $0.stream) }
+    }
+
+    /// Registers `wake` for the next phase change, or for the body reaching `until` bytes
+    /// (a reader asks for a step at a time, not for every block: 100 readers of a body stored
+    /// 64 KiB at a time would otherwise be woken 100 times per block), unless one came since
+    /// `seen` (the phase moved on or more than `available` bytes are there): nil then, and the
+    /// caller looks again now.
+    public func wait(
+        seen phase: Phase, available: Int64, until: Int64 = .max, wake: @escaping @Sendable () -> Void
+    ) -> UInt64? {
+        state.withLock { s -> UInt64? in
+            guard s.phase == phase, s.available <= available else { return nil }
+            let id = s.nextWaiter
+            s.nextWaiter += 1
+            s.waiters[id] = (max(until, available + 1), wake)
+            return id
+        }
+    }
+
+    /// Forgets a registered wake (its request went away).
+    public func cancelWait(_ id: UInt64) {
+        _ = state.withLock { $0.waiters.removeValue(forKey: id) }
+    }
+
+    /// The response is being stored; readers read `stream`.
+    public func publish(_ stream: any Sendable) {
+        wakeAll { s in
+            guard s.phase == .fetching else { return false }
+            s.phase = .streaming
+            s.stream = stream
+            return true
+        }
+    }
+
+    /// `available` bytes of the body are stored (readable through the stream): wakes the
+    /// waiters whose step it reaches.
+    public func progressed(to available: Int64) {
+        let wakes = state.withLock { s -> [@Sendable () -> Void] in
+            guard available > s.available else { return [] }
+            s.available = available
+            var due: [@Sendable () -> Void] = []
+            for (id, waiter) in s.waiters where waiter.until <= available {
+                due.append(waiter.wake)
+                s.waiters[id] = nil
+            }
+            return due
+        }
+        for wake in wakes { wake() }
+    }
+
+    /// The fetch is over (see `Phase.ended`).
+    public func end(complete: Bool) {
+        wakeAll { s in
+            if case .ended = s.phase { return false }
+            s.phase = .ended(complete: complete && s.phase == .streaming)
+            return true
+        }
+    }
+
+    private func wakeAll(_ change: (inout State) -> Bool) {
+        let wakes = state.withLock { s -> [@Sendable () -> Void] in
+            guard change(&s), !s.waiters.isEmpty else { return [] }
+            defer { s.waiters.removeAll(keepingCapacity: true) }
+            return s.waiters.values.map(\.wake)
+        }
+        for wake in wakes { wake() }
+    }
+}
+
 /// The shared cache every worker of the process uses: the memory tier and its limits.
 /// Created at start from `cache_store` (a change needs a restart: the store outlives reloads).
 ///
@@ -73,17 +189,14 @@ public struct CacheStoreSettings: Sendable, Equatable {
 /// immutable).
 public final class CacheStore: Sendable {
     /// A request that finds another exchange fetching its URL waits this long at most (5 s)
-    /// for that response to be stored, then goes to the origin itself.
+    /// for that response's head, then goes to the origin itself; once the response is being
+    /// stored it reads it as it arrives, however long that takes.
     public static let collapsedWaitMilliseconds = 5000
-    /// How often a waiting request looks whether the fetch it waits for ended (5 ms).
-    public static let collapsedPollMilliseconds = 5
 
     public let settings: CacheStoreSettings
     public let memory: CacheMemoryTier
-    /// URLs being fetched by a miss that may store them (collapsed forwarding), with the
-    /// fetching exchange's token.
-    private let fetching = Mutex<(next: UInt64, urls: [String: UInt64])>((1, [:]))
-
+    /// URLs being fetched by a miss that may store them (collapsed forwarding).
+    private let fetching = Mutex<(next: UInt64, urls: [String: CacheFetch])>((1, [:]))
     /// For disk entries of `https` URLs written or validated by this process: the trust
     /// generation (`PolicyTable.generation`) they were fetched or validated under. The disk
     /// keeps none, so an entry from before a restart, or one this table no longer holds, is
@@ -115,23 +228,34 @@ public final class CacheStore: Sendable {
         diskTrust.withLock { $0[url] }
     }
 
-    /// Claims the fetch of `url`: a token when no other exchange is fetching it (the caller
-    /// then fetches, and ends the claim with `endFetch`), nil when one is (the caller may wait).
-    public func beginFetch(_ url: String) -> UInt64? {
+    /// Claims the fetch of `url`: `claimed` when no other exchange is fetching it (the caller
+    /// then fetches, and ends the claim with `endFetch`), else the fetch in flight (the caller
+    /// may wait on it).
+    public func claimFetch(_ url: String) -> (claimed: Bool, fetch: CacheFetch) {
         fetching.withLock { f in
-            guard f.urls[url] == nil else { return nil }
-            let token = f.next
+            if let fetch = f.urls[url] { return (false, fetch) }
+            let fetch = CacheFetch(url: url, token: f.next)
             f.next += 1
-            f.urls[url] = token
-            return token
+            f.urls[url] = fetch
+            return (true, fetch)
         }
     }
 
-    /// Ends the claim `token` made (a later claim of the same URL is left alone).
-    public func endFetch(_ url: String, token: UInt64) {
-        fetching.withLock { f in
-            if f.urls[url] == token { f.urls[url] = nil }
+    /// Claims the fetch of `url` when nobody fetches it: its token, else nil.
+    public func beginFetch(_ url: String) -> UInt64? {
+        let (claimed, fetch) = claimFetch(url)
+        return claimed ? fetch.token : nil
+    }
+
+    /// Ends the claim `token` made (a later claim of the same URL is left alone) and wakes the
+    /// requests waiting on it; `complete`: its whole body was stored.
+    public func endFetch(_ url: String, token: UInt64, complete: Bool = false) {
+        let ended = fetching.withLock { f -> CacheFetch? in
+            guard let fetch = f.urls[url], fetch.token == token else { return nil }
+            f.urls[url] = nil
+            return fetch
         }
+        ended?.end(complete: complete)
     }
 
     /// Whether some exchange is fetching `url` now.

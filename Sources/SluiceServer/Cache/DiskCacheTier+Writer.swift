@@ -37,6 +37,8 @@ extension DiskCacheTier {
 
         /// Body bytes appended so far.
         public var bodyLength: UInt64 { length }
+        /// The temporary body file's name in the tier's directory (until the commit renames it).
+        var temporaryName: String { DiskEntryNames.bodyTemporary(name, generation) }
 
         init(
             tier: DiskCacheTier, name: String, key: String, variant: String, fullKey: [UInt8], metadata: [UInt8],

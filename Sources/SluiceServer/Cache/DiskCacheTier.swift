@@ -384,6 +384,14 @@ public final class DiskCacheTier: Sendable {
         for body in removed { unlinkat(directoryFD, body, 0) }
     }
 
+    /// Opens a write's temporary body file for reading (`Writer.temporaryName`: a fill in
+    /// progress that others read, `FillStream`); nil once it was committed or abandoned. The
+    /// descriptor is the caller's; it reads what the writer wrote so far.
+    func openTemporary(_ name: String) -> Int32? {
+        let fd = openat(directoryFD, name, O_RDONLY | O_CLOEXEC)
+        return fd >= 0 ? fd : nil
+    }
+
     /// Makes the entry named `name` (`Reader.name`, `CacheObject.DiskEntry`) the most recently
     /// used: one lock, no file.
     public func touch(_ name: String) {

@@ -19,6 +19,12 @@ import SluiceCore
 /// unwritable) ends the disk copy (the tier logs it once per episode) and the memory copy is
 /// still stored; the client's response is never affected.
 ///
+/// Shared fills (docs/caching.md): with the fetch other requests wait on (`CacheFetch`), a
+/// body of known length is published to them as it is stored (`FillStream`): from the disk
+/// writer's temporary file (each block readable once written) or, without a disk tier, from
+/// the memory copy's sealed chunks; each step is told to the fetch (`progressed`), and the end
+/// too (`end`: complete only when every byte was kept).
+///
 /// Threading: owned by the exchange on its worker's thread; what `complete` publishes is
 /// immutable and shared. A disk writer's `append` blocks this thread for one `write` of the
 /// block (to the page cache) plus its SHA-256: bounded by the transfer's block size.
@@ -57,12 +63,17 @@ final class CacheFill {
     private(set) var abandoned = false
     /// Objects the memory tier evicted to make room for this fill's chunks.
     private var evictedForRoom = 0
+    /// The fetch others wait on, when this fill published its body to them, and the chunk list
+    /// of a memory source.
+    private var published: CacheFetch?
+    private var publishedChunks: FillChunks?
+    private var sealedBytes = 0
 
     /// - Parameter contentLength: the body's length as the client's framing uses it (nil
     ///   when the response is chunked, even with a `Content-Length`).
     init(
         store: CacheStore, disk: DiskCacheTier? = nil, url: String, response: CacheStoredResponse, contentLength: Int64?,
-        trustGeneration: UInt64? = nil
+        trustGeneration: UInt64? = nil, fetch: CacheFetch? = nil
     ) {
         self.trustGeneration = trustGeneration
         self.store = store
@@ -78,6 +89,21 @@ final class CacheFill {
         keepsMemoryCopy = (contentLength ?? 0) <= Int64(memoryLimit)
         writer = disk?.beginWrite(key: url, variant: variant, metadata: response.encode())
         if writer == nil, !keepsMemoryCopy { abandon() }
+        if let fetch, let contentLength, contentLength > 0, !abandoned {
+            // Readers need the length for their heads before the body is there.
+            if let writer {
+                fetch.publish(
+                    FillStream(
+                        response: response, contentLength: contentLength,
+                        source: .disk(disk!, temporary: writer.temporaryName)))
+                published = fetch
+            } else if keepsMemoryCopy {
+                let chunks = FillChunks()
+                fetch.publish(FillStream(response: response, contentLength: contentLength, source: .memory(chunks)))
+                published = fetch
+                publishedChunks = chunks
+            }
+        }
     }
 
     deinit {
@@ -95,6 +121,15 @@ final class CacheFill {
             if total > memoryLimit || !keep(data) { dropMemoryCopy() }
         }
         if writer == nil && !keepsMemoryCopy { abandon() }
+        if let published {
+            if publishedChunks == nil {
+                // A disk source: what the writer wrote is readable.
+                if writer == nil { return failPublished() }
+                published.progressed(to: Int64(total))
+            } else if !keepsMemoryCopy {
+                failPublished()
+            }
+        }
     }
 
     /// Copies `data` into the memory copy's chunks; false when the memory tier cannot hold
@@ -133,6 +168,20 @@ final class CacheFill {
         }
         current = nil
         used = 0
+        if let publishedChunks, let chunk = chunks.last, chunks.count > 0 {
+            // A memory source: the sealed chunk is readable.
+            publishedChunks.append(chunk)
+            sealedBytes += chunk.count
+            published?.progressed(to: Int64(sealedBytes))
+        }
+    }
+
+    /// The published source broke (the disk write failed, or the memory copy was dropped):
+    /// the readers' bodies cannot be completed.
+    private func failPublished() {
+        published?.end(complete: false)
+        published = nil
+        publishedChunks = nil
     }
 
     /// Stops keeping the body in memory (it outgrew the share, or the tier had no room).
@@ -145,6 +194,7 @@ final class CacheFill {
     }
 
     private func abandon() {
+        failPublished()
         abandoned = true
         dropMemoryCopy()
         writer?.abort()
@@ -160,6 +210,14 @@ final class CacheFill {
         if let declared, total != declared {
             abandon()  // shorter than its length said: never stored
             return nil
+        }
+        if let published {
+            // Every byte is readable, whatever storing does now: the disk write's file is the
+            // readers' (an open descriptor outlives a rename or an unlink), the memory
+            // source's last chunk is sealed here.
+            if publishedChunks != nil { seal() }
+            published.end(complete: true)
+            self.published = nil
         }
         var diskEntry: CacheObject.DiskEntry?
         if let writer {

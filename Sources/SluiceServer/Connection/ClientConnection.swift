@@ -272,7 +272,7 @@ final class ClientConnection: ClientSocketOwner {
         switch purpose {
         case .idle: ms = worker.config.timeouts.clientIdle
         case .header: ms = worker.config.timeouts.clientHeader
-        case .collapsed: ms = CacheStore.collapsedPollMilliseconds
+        case .collapsed: ms = CacheStore.collapsedWaitMilliseconds
         }
         var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
         event_add(timer, &tv)

@@ -39,9 +39,6 @@ final class Exchange {
     /// When the request began waiting for another exchange's fetch of its URL (monotonic ms;
     /// nil: it has not waited).
     var collapsedSince: Int?
-    /// The response streaming to the client may be resumed if its upstream breaks (`Resume`);
-    /// set when a `200` to a `GET` with a strong validator is forwarded. Boxed: rare.
-    var resume: ResumeState?
     /// The exchange holds one of the worker's upstream slots (`UpstreamSlotStage`) until it ends.
     /// (Declared here, with `stageIndex`, it takes the padding after `collapsedSince`: an
     /// exchange stays within malloc's per-thread cache, 1,032 bytes; the last field that

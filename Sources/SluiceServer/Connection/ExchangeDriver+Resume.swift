@@ -5,7 +5,7 @@ import SluiceCore
 /// the response's `DownloadResumption`, the try it came from (resumes go to the same origin,
 /// over the same engine, with the same request plus `Range` and `If-Range`), and, while a
 /// resume waits for its backoff, the timer and what the next try carries on (the client's
-/// framing, the cache's tee). Boxed on the `Exchange`: rare, and an exchange stays small.
+/// framing, the cache's tee). Held by the `ExchangeDriver` (the `Exchange` stays small).
 ///
 /// Threading: owned by its exchange, on the worker's thread.
 final class ResumeState {
@@ -59,7 +59,7 @@ extension ExchangeDriver {
     /// it may not be resumed (not a `200` to a `GET`, no strong validator, `resume: false`).
     /// Made only then, so that the plain path pays nothing for it.
     func resumeState(_ transfer: any UpstreamTransfer, _ exchange: Exchange) -> ResumeState? {
-        if let resume = exchange.resume { return resume }
+        if let resume = self.resume { return resume }
         guard transfer.continuing == nil, let response = transfer.forwardedHead, response.status == 200,
             exchange.summary.method == "GET", let (request, route) = lastTry, (exchange.tryPolicy ?? exchange.policy).resume,
             let validator = Resume.validator(
@@ -72,7 +72,7 @@ extension ExchangeDriver {
             resumption: DownloadResumption(
                 validator: validator, total: total, retry: (exchange.tryPolicy ?? exchange.policy).retryPolicy),
             request: request, route: route)
-        exchange.resume = resume
+        self.resume = resume
         return resume
     }
 
@@ -140,7 +140,7 @@ extension ExchangeDriver {
 
     /// A resume's head: it carries the body on only as the rest of the same representation.
     func continuationArrived(_ head: UpstreamResponseHead) -> Bool {
-        guard let exchange, let resume = exchange.resume else { return false }
+        guard let exchange, let resume = self.resume else { return false }
         resume.awaitingHead = false
         if let refusal = resume.resumption.answered(
             status: head.status, contentRange: head.value("content-range"),

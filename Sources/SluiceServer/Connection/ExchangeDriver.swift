@@ -41,9 +41,11 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case tunnel(Tunnel)
         /// An upgrade handshake, then (after `101`) the byte tunnel it became.
         case upgrading(UpgradeTransfer)
-        /// A cache miss waits for another exchange fetching the same URL to store it
-        /// (collapsed forwarding, since `Exchange.collapsedSince`); polled on the timer.
+        /// A cache miss waits on another exchange fetching the same URL (collapsed forwarding,
+        /// since `Exchange.collapsedSince`; `awaited`), woken by that fetch's events.
         case awaitingCollapsed
+        /// It reads that fetch's response while it is stored (shared fills, `FillReader`).
+        case readingFill(FillReader)
         /// A cache hit's body streams from the disk tier as the client drains.
         case servingDisk(DiskHitStream)
         /// A try waits for its turn under the policy's `rate_limit` (`QuotaStage`).
@@ -84,6 +86,12 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     private var trialRequest: UpstreamRequest?
     /// The request and route of the try sent last (a resume repeats them, `Resume`).
     var lastTry: (request: UpstreamRequest, route: UpstreamRoute)?
+    /// The current exchange's download resumption, made at its first break (`Resume`). Kept
+    /// here rather than on the `Exchange`, which must stay small (it is allocated per request).
+    var resume: ResumeState?
+    /// The fetch of another exchange the current one waits on or reads (`CacheFetch`), its
+    /// registered wake, and its reader once the body streams.
+    var awaited: FetchWait?
 
     init(connection: ClientConnection, worker: Worker) {
         self.connection = connection
@@ -120,9 +128,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             phase = .queued(ticket)
         case .wait(.adaptation(let request)):
             adapt(request, exchange)
-        case .wait(.collapsedFetch):
-            phase = .awaitingCollapsed
-            connection.armTimer(.collapsed)
+        case .wait(.collapsedFetch(let fetch)):
+            awaitFetch(fetch)
         case .wait(.requestBody(.start)):
             startWhenBodyIsValid(exchange)
         case .wait(.requestBody(.whole)):
@@ -194,20 +201,11 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         worker.upstreamGate.release()
     }
 
-    /// A collapsed miss looks again: the fetch it waited for ended (or the wait ran out), so
-    /// the lookup may hit now; otherwise the request goes to the origin itself.
+    /// A collapsed miss waited `CacheStore.collapsedWaitMilliseconds` without the fetch's
+    /// head: it looks again, and on a miss goes to the origin itself.
     func collapsedWaitTick() {
-        guard case .awaitingCollapsed = phase, let exchange, let since = exchange.collapsedSince,
-            let store = worker.cacheStore
-        else { return }
-        if store.isFetching(exchange.target.url),
-            MonotonicClock.milliseconds() - since < CacheStore.collapsedWaitMilliseconds
-        {
-            connection.armTimer(.collapsed)
-            return
-        }
-        phase = .idle
-        advance(exchange, from: exchange.stage)  // the cache stage again, without waiting this time
+        guard case .awaitingCollapsed = phase, let exchange else { return }
+        lookAgain(exchange)
     }
 
     // MARK: the request body
@@ -832,7 +830,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         exchange?.end(
             .upstreamAborted,
             error: "upstream failed after the response started"
-                + (exchange?.resume?.notResumed.map { "; not resumed: " + $0 } ?? ""))
+                + (resume?.notResumed.map { "; not resumed: " + $0 } ?? ""))
         connection.closeAfterFlush()
     }
 }
@@ -1055,7 +1053,7 @@ extension ExchangeDriver {
         case .tunnel(let tunnel): tunnel.clientReadable()
         case .upgrading(let transfer): transfer.clientReadable()
         case .idle, .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .waitingForQuota,
-            .resuming:
+            .resuming, .readingFill:
             break
         }
     }
@@ -1067,6 +1065,7 @@ extension ExchangeDriver {
         case .tunnel(let tunnel): tunnel.clientDrained()
         case .upgrading(let transfer): transfer.clientDrained()
         case .servingDisk(let hit): pumpDiskHit(hit)
+        case .readingFill: fetchMovedOn()
         default: break
         }
     }
@@ -1094,6 +1093,9 @@ extension ExchangeDriver {
         releaseUpstreamSlot()
         phase = .idle
         lastTry = nil
+        resume = nil
+        awaited?.cancel()
+        awaited = nil
     }
 
     /// The connection closes: whatever the exchange waits for or runs is cancelled, and its
@@ -1112,6 +1114,9 @@ extension ExchangeDriver {
         }
         phase = .idle
         lastTry = nil
+        resume = nil
+        awaited?.cancel()
+        awaited = nil
         if trialRequest != nil {
             worker.fleetWaiters[fleetTicket] = nil
             trialRequest = nil
@@ -1171,7 +1176,7 @@ extension ExchangeDriver {
                 return connection.close()
             }
             transfer.cancel()
-        case .servingDisk, .resuming:
+        case .servingDisk, .resuming, .readingFill:
             if case .resuming(let resume) = phase, resume.framing == .close { connection.abortiveClose = true }
             exchange.end(.error, error: "cancelled by the proxy's operator after the response started")
             return connection.close()

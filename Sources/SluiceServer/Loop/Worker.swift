@@ -53,6 +53,9 @@ final class Worker {
     private var quotaEvent: OpaquePointer!
     /// Tries of this worker waiting for a `max_concurrent` place, by ticket.
     var quotaWaiters: [UInt64: ExchangeDriver] = [:]
+    /// Requests of this worker waiting on another exchange's fetch (`CacheFetch`), by ticket.
+    var fillWaiters: [UInt64: ExchangeDriver] = [:]
+    var nextFillTicket: UInt64 = 0
     /// Tries of this worker waiting for the fleet's Redis, by ticket.
     var fleetWaiters: [UInt64: ExchangeDriver] = [:]
     var nextFleetTicket: UInt64 = 0
@@ -116,6 +119,8 @@ final class Worker {
             var admin: [AdminTask] = []
             /// `max_concurrent` tickets given a place (`RateLimitTable`'s wake).
             var quotaGrants: [UInt64] = []
+            /// Requests waiting on a fetch (`CacheFetch`) whose fetch moved on.
+            var fillWakes: [UInt64] = []
         }
         let contents = Mutex(Contents())
     }
@@ -294,13 +299,27 @@ final class Worker {
         }
     }
 
+    /// A fetch that request `ticket` waits on moved on (it may be another worker's): the wake
+    /// goes to this worker's loop (the same event as the quota grants).
+    static func wakeFillWaiter(_ handle: StopHandle, _ ticket: UInt64) {
+        handle.mailbox.contents.withLock { contents in
+            guard !contents.closed else { return }
+            contents.fillWakes.append(ticket)
+            event_active(handle.quotaEvent, Int32(EV_READ), 0)
+        }
+    }
+
     private func runQuotaGrants() {
-        let tickets = mailbox.contents.withLock { contents -> [UInt64] in
-            defer { contents.quotaGrants.removeAll() }
-            return contents.quotaGrants
+        let (tickets, fills) = mailbox.contents.withLock { contents -> ([UInt64], [UInt64]) in
+            defer {
+                contents.quotaGrants.removeAll()
+                contents.fillWakes.removeAll()
+            }
+            return (contents.quotaGrants, contents.fillWakes)
         }
         // A ticket whose try left (or took its place when its wait ran out) is not here.
         for ticket in tickets { quotaWaiters[ticket]?.quotaSlotGranted(ticket) }
+        for ticket in fills { fillWaiters.removeValue(forKey: ticket)?.fetchMovedOn() }
     }
 
     /// Hands `task` to the worker; it runs on the worker's thread at its next loop pass (a

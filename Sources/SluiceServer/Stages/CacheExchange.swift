@@ -31,7 +31,7 @@ final class CacheExchange {
     /// This exchange's claim on fetching `url` (collapsed forwarding): other misses for it
     /// wait until it ends. Ended when the response is stored or found not storable, and at
     /// the latest when the exchange goes (deinit), whatever ended it.
-    var fetchToken: UInt64?
+    var fetch: CacheFetch?
     /// The request waited for another exchange's fetch before this lookup.
     var collapsed = false
     /// The request has a body: it is neither looked up nor stored (its key would be the
@@ -54,9 +54,11 @@ final class CacheExchange {
         return (store, url, token)
     }
 
-    func endFetch() {
-        if let token = fetchToken { store.endFetch(url, token: token) }
-        fetchToken = nil
+    /// Ends the claim; `complete`: the whole body was stored (the fill told its readers so
+    /// already; this wakes the requests still waiting for the head, which look again).
+    func endFetch(complete: Bool = false) {
+        if let fetch { store.endFetch(url, token: fetch.token, complete: complete) }
+        fetch = nil
     }
 
     deinit {

@@ -98,13 +98,15 @@ enum CacheStage: RequestStage {
         case .forward(let reason):
             cache.parameters = "fwd=\(reason.rawValue)"
             if reason == .uriMiss || reason == .varyMiss, method == "GET", CacheFields.value("range", in: fields) == nil {
-                // Collapsed forwarding: one miss per URL fetches; the others wait for it.
-                if let token = store.beginFetch(cache.url) {
-                    cache.fetchToken = token
+                // Collapsed forwarding: one miss per URL fetches; the others wait for it, and
+                // read its response as it is stored (shared fills).
+                let (claimed, fetch) = store.claimFetch(cache.url)
+                if claimed {
+                    cache.fetch = fetch
                 } else if mayWait {
                     exchange.cache = nil
                     exchange.collapsedSince = MonotonicClock.milliseconds()
-                    return .wait(.collapsedFetch)
+                    return .wait(.collapsedFetch(fetch))
                 }
             }
             if !mayWait { cache.parameters += "; collapsed" }
@@ -284,7 +286,7 @@ enum CacheStage: RequestStage {
                 responseTime: now, extraKeyFields: cache.modification?.keyRequestHeaders ?? [])
             let fill = CacheFill(
                 store: cache.store, disk: services.diskTier, url: cache.url, response: stored,
-                contentLength: contentLength, trustGeneration: cache.trustGeneration)
+                contentLength: contentLength, trustGeneration: cache.trustGeneration, fetch: cache.fetch)
             transfer.cacheFill = fill
             cache.fill = fill
             cache.parameters += "; stored"

@@ -58,9 +58,10 @@ enum StageWait {
     /// when one must fetch something (a token), later; the answer resumes the request
     /// (`ExchangeOwner.adaptationAnswered`).
     case adaptation(ProxyRequest)
-    /// Another exchange fetches the same URL (collapsed forwarding): the lookup is tried again
-    /// when it ends or the wait runs out.
-    case collapsedFetch
+    /// Another exchange fetches the same URL (collapsed forwarding): the request waits on that
+    /// fetch, reads its response while it is stored (shared fills), or looks up again when it
+    /// ends without one or the wait for its head runs out.
+    case collapsedFetch(CacheFetch)
     /// The request body: a chunked body's first chunk-size line, validated before anything
     /// goes upstream (`.start`), or a body read whole so that every try can send it (`.whole`).
     case requestBody(RequestBodyWait)

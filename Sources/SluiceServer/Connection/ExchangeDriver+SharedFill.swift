@@ -1,0 +1,185 @@
+import CLibEvent
+import SluiceCore
+
+/// A request waiting on another exchange's fetch of its URL (`CacheFetch`): the fetch, the
+/// wake it registered (its ticket in `Worker.fillWaiters` and its id on the fetch), and, once
+/// the response is being stored, its reader.
+///
+/// Threading: owned by the `ExchangeDriver` on its worker's thread.
+final class FetchWait {
+    let fetch: CacheFetch
+    unowned(unsafe) let worker: Worker
+    var ticket: UInt64?
+    var waitID: UInt64?
+    var reader: FillReader?
+
+    init(fetch: CacheFetch, worker: Worker) {
+        self.fetch = fetch
+        self.worker = worker
+    }
+
+    /// Forgets the registered wake (the request went on, or away).
+    func cancel() {
+        if let waitID { fetch.cancelWait(waitID) }
+        if let ticket { worker.fillWaiters[ticket] = nil }
+        waitID = nil
+        ticket = nil
+    }
+}
+
+/// Shared fills (docs/caching.md): a miss that finds another exchange fetching its URL waits
+/// on that fetch without polling — woken when its head is published, its body progresses or
+/// it ends — and, when the response is being stored with a known length, is sent it while it
+/// arrives (read-while-writer): its head at once, its body from the fill's disk file or memory
+/// chunks as they are written, at its own client's pace. A fetch that ends without storing
+/// anything sends it to look up again (then, as before, to the origin itself); one that breaks
+/// after its body started ends this response incomplete, as it ends the fetching one.
+extension ExchangeDriver {
+    /// Waits on `fetch` (`.wait(.collapsedFetch)`): its head must come within
+    /// `CacheStore.collapsedWaitMilliseconds`.
+    func awaitFetch(_ fetch: CacheFetch) {
+        awaited?.cancel()
+        awaited = FetchWait(fetch: fetch, worker: worker)
+        phase = .awaitingCollapsed
+        connection.armTimer(.collapsed)
+        fetchMovedOn()
+    }
+
+    /// The fetch moved on (or the request just began waiting, or its client drained): acts on
+    /// what it is now, and registers for the next event when there is nothing to do.
+    func fetchMovedOn() {
+        while let wait = awaited, let exchange {
+            wait.ticket = nil
+            wait.waitID = nil
+            let snapshot = wait.fetch.snapshot
+            var seen: (phase: CacheFetch.Phase, available: Int64, until: Int64) = (.fetching, 0, .max)
+            switch phase {
+            case .awaitingCollapsed:
+                switch snapshot.phase {
+                case .fetching:
+                    seen = (.fetching, 0, .max)
+                case .streaming:
+                    if let stream = snapshot.stream as? FillStream, startReading(wait, stream, exchange) { continue }
+                    seen = (.streaming, .max, .max)  // unreadable (just committed): look again at its end
+                case .ended:
+                    return lookAgain(exchange)
+                }
+            case .readingFill(let reader):
+                guard let next = pumpFill(reader, snapshot, exchange) else { return }
+                seen = next
+            default:
+                return
+            }
+            let ticket = worker.nextFillTicket
+            worker.nextFillTicket += 1
+            let handle = worker.stopHandle
+            worker.fillWaiters[ticket] = self
+            if let id = wait.fetch.wait(
+                seen: seen.phase, available: seen.available, until: seen.until,
+                wake: { Worker.wakeFillWaiter(handle, ticket) })
+            {
+                wait.ticket = ticket
+                wait.waitID = id
+                return
+            }
+            worker.fillWaiters[ticket] = nil  // it moved on meanwhile: look again now
+        }
+    }
+
+    /// The head never came within the wait (the collapsed timer), or the fetch ended: the
+    /// lookup runs again, without waiting this time.
+    func lookAgain(_ exchange: Exchange) {
+        awaited?.cancel()
+        awaited = nil
+        phase = .idle
+        advance(exchange, from: exchange.stage)
+    }
+
+    /// The response is being stored: this request's head goes out now and its body follows
+    /// from the fill. False when the fill's source cannot be opened (the caller waits for the
+    /// fetch's end and looks up again).
+    private func startReading(_ wait: FetchWait, _ stream: FillStream, _ exchange: Exchange) -> Bool {
+        let keepAlive = connection.keepsAliveAfterResponse
+        guard let reader = FillReader(fetch: wait.fetch, stream: stream, exchange: exchange, keepAlive: keepAlive) else {
+            return false
+        }
+        connection.stopTimer()
+        let head = exchange.head
+        let fields = head.fields.map { (name: head.name($0), value: head.value($0)) }
+        let now = CacheStage.wallClockSeconds()
+        let answer = StoredAnswer(
+            object: CacheObject(response: stream.response, diskLength: Int(stream.contentLength)),
+            parameters: "fwd=uri-miss; collapsed; detail=shared-fill",
+            age: CacheFreshness.currentAge(of: stream.response, now: now),
+            notModified: CacheConditional.notModified(fields, stored: stream.response))
+        let sent = StoredResponseWriter.writeHead(
+            answer, isHead: false, range: nil, keepAlive: keepAlive, viaLine: worker.viaLine, into: connection.clientOutput)
+        exchange.summary.cache = answer.parameters
+        exchange.summary.servedFromStore = true
+        exchange.reportCache(.hit(age: answer.age, notModified: answer.notModified))
+        exchange.report(exchange.machine.handle(.responseHeadSent(status: sent.status)))
+        connection.scheduleFlush()
+        if sent.body.isEmpty {
+            // A 304 for the client's conditional: nothing of the body to wait for.
+            return finishFillRead(exchange, keepAlive: keepAlive)
+        }
+        wait.reader = reader
+        phase = .readingFill(reader)
+        return true
+    }
+
+    /// Sends what the fill holds beyond the reader's offset; returns what to wait for next
+    /// (nil: nothing — the response ended, or the client's output is full and its drain
+    /// calls again).
+    private func pumpFill(
+        _ reader: FillReader, _ snapshot: CacheFetch.Snapshot, _ exchange: Exchange
+    ) -> (phase: CacheFetch.Phase, available: Int64, until: Int64)? {
+        let available = min(snapshot.available, reader.stream.contentLength)
+        let output = connection.clientOutput
+        guard let moved = reader.pump(available: available, into: output, bound: StoredResponseWriter.diskOutputBound)
+        else {
+            abortFillRead(exchange, reason: "the shared fill's body could not be read")
+            return nil
+        }
+        if moved > 0 {
+            connection.scheduleFlush()
+            _ = exchange.machine.handle(.responseBodySent(bytes: moved))
+        }
+        if reader.offset >= reader.stream.contentLength {
+            finishFillRead(exchange, keepAlive: reader.keepAlive)
+            return nil
+        }
+        if reader.offset < available { return nil }  // the output is full: its drain calls again
+        if case .ended = snapshot.phase {
+            abortFillRead(exchange, reason: "the shared fill ended before its body was whole")
+            return nil
+        }
+        // Woken a step further on (or at the end), not for every block the fill stores.
+        return (.streaming, reader.offset, min(reader.offset + Self.fillReadStep, reader.stream.contentLength))
+    }
+
+    /// A reader that caught up with a fill is woken when this much more is stored (1 MiB).
+    static let fillReadStep: Int64 = 1 << 20
+
+    @discardableResult
+    private func finishFillRead(_ exchange: Exchange, keepAlive: Bool) -> Bool {
+        awaited?.cancel()
+        awaited = nil
+        exchange.end(.ok)
+        phase = .idle
+        connection.exchangeFinished(keepAlive: keepAlive)
+        return true
+    }
+
+    /// The fill broke after this response's head went out (its fetch failed, its source could
+    /// not be read): the connection is closed without completing the message.
+    private func abortFillRead(_ exchange: Exchange, reason: String) {
+        Log.debug("\(reason): \(exchange.target.url); response to \(connection.peer) aborted")
+        awaited?.cancel()
+        awaited = nil
+        exchange.summary.servedFromStore = false
+        exchange.end(.error, error: reason + "; response aborted")
+        connection.abortiveClose = true
+        connection.close()
+    }
+}

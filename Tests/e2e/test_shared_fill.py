@@ -1,0 +1,136 @@
+"""Shared fills (docs/caching.md, "Shared fills"; `CacheFetch`, `FillStream`): requests for a URL
+another request is fetching wait on that fetch without polling and are sent its response while
+it is still arriving (read-while-writer) — from the disk tier's file being written, or from the
+memory copy's chunks; one origin request for a hundred concurrent clients, every body
+sha256-exact; a fill that breaks mid-body ends its readers incomplete, never a short success.
+Real curl clients against the purpose-built origin of resume_origin.py."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import threading
+import time
+
+import pytest
+
+from policy_support import AccessLog, monitors
+from resume_origin import ResumeOrigin
+
+MiB = 1 << 20
+
+
+def fetch(proxy, url: str, out: dict, key, timeout: float = 120) -> None:
+    """curl through the proxy; out[key] = (exit code, status, bytes, sha256, Cache-Status,
+    seconds to the first body byte, seconds to the end)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(["curl", "-s", "-o", "-", "-D", "/dev/stderr", "--proxy", proxy.url,
+                             "--max-time", str(int(timeout)), url], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    h = hashlib.sha256()
+    total, first = 0, None
+    while True:
+        piece = proc.stdout.read1(1 << 20)
+        if not piece:
+            break
+        if first is None:
+            first = time.monotonic() - started
+        h.update(piece)
+        total += len(piece)
+    head = proc.stderr.read().decode("latin-1")
+    rc = proc.wait(timeout=timeout)
+    status = int(head.split(" ", 2)[1]) if head.startswith("HTTP/") else 0
+    cache_status = next((line.split(":", 1)[1].strip() for line in head.splitlines()
+                         if line.lower().startswith("cache-status:")), "")
+    out[key] = (rc, status, total, h.hexdigest(), cache_status, first, time.monotonic() - started)
+
+
+def run_clients(proxy, url: str, n: int, stagger: float = 0.0) -> dict:
+    out: dict = {}
+    threads = []
+    for i in range(n):
+        t = threading.Thread(target=fetch, args=(proxy, url, out, i), daemon=True)
+        t.start()
+        threads.append(t)
+        if stagger:
+            time.sleep(stagger)  # time passing: the next client arrives while the fill runs
+    for t in threads:
+        t.join(timeout=180)
+    return out
+
+
+@pytest.fixture
+def access(tmp_path):
+    return AccessLog(tmp_path / "access.log")
+
+
+def store(tmp_path, disk: bool) -> dict:
+    if disk:
+        return {"cache_store": {"memory": "8MiB", "disk": {"path": str(tmp_path / "cache"), "size": "1GiB"}}}
+    return {"cache_store": {"memory": "64MiB", "max_object_size": "32MiB"}}
+
+
+@pytest.mark.parametrize("disk", [True, False], ids=["disk", "memory"])
+def test_a_waiting_client_gets_the_body_while_it_is_still_arriving(sluice_factory, access, tmp_path, disk):
+    # 24 MiB at 1 MiB per 0.1 s: the fill takes about 2.4 s. A second client, arriving 0.5 s in,
+    # gets its first byte long before the fill ends, and the whole body right after it.
+    size = 24 * MiB
+    origin = ResumeOrigin(size, extra=["Cache-Control: max-age=600"], pace=0.1)
+    try:
+        proxy = sluice_factory({**store(tmp_path, disk), "workers": 2, "monitors": monitors(access.path)})
+        url = origin.url + "/slow"
+        out = run_clients(proxy, url, 2, stagger=0.5)
+        digest = origin.sha256()
+        for i in (0, 1):
+            rc, status, total, sha, _, _, _ = out[i]
+            assert (rc, status, total, sha) == (0, 200, size, digest), (i, out[i][:4])
+        assert len(origin.log) == 1, origin.log
+        first_done = out[0][6]
+        _, _, _, _, cache_status, first_byte, done = out[1]
+        assert "detail=shared-fill" in cache_status and "collapsed" in cache_status, cache_status
+        assert first_byte < 1.5, f"the reader's first byte came after {first_byte:.2f} s: not while the body arrived"
+        assert done + 0.5 < first_done + 1.0, (done, first_done)
+        line = access.wait_for(lambda e: "shared-fill" in (e.get("cache") or ""))[0]
+        assert line["outcome"] == "ok" and line["status"] == 200, line
+    finally:
+        origin.stop()
+
+
+@pytest.mark.parametrize("disk", [True, False], ids=["disk", "memory"])
+def test_a_hundred_clients_at_once_cause_one_origin_request(sluice_factory, tmp_path, disk):
+    size = 16 * MiB
+    origin = ResumeOrigin(size, extra=["Cache-Control: max-age=600"], head_delay=0.5)
+    try:
+        proxy = sluice_factory({**store(tmp_path, disk), "workers": 2})
+        out = run_clients(proxy, origin.url + "/popular", 100)
+        digest = origin.sha256()
+        bad = {i: r[:4] for i, r in out.items() if r[:4] != (0, 200, size, digest)}
+        assert len(out) == 100 and not bad, bad
+        assert len(origin.log) == 1, f"{len(origin.log)} requests reached the origin"
+        ends = sorted(r[6] for r in out.values())
+        assert sum("shared-fill" in r[4] for r in out.values()) >= 90, [r[4] for r in out.values()]
+        print(f"100 x {size >> 20} MiB: first done {ends[0]:.2f} s, last {ends[-1]:.2f} s")
+        assert ends[-1] < 3 * ends[0] + 5, ends
+    finally:
+        origin.stop()
+
+
+def test_a_fill_that_breaks_ends_its_readers_incomplete(sluice_factory, access, tmp_path):
+    # No validator, so no resume: the fetching client and the reader both end incomplete.
+    size = 16 * MiB
+    origin = ResumeOrigin(size, cuts=[6 * MiB], etag=None, extra=["Cache-Control: max-age=600"], pace=0.05,
+                          head_delay=0.3)
+    try:
+        proxy = sluice_factory({**store(tmp_path, True), "monitors": monitors(access.path)})
+        out = run_clients(proxy, origin.url + "/breaks", 2, stagger=0.1)
+        for i in (0, 1):
+            rc, status, total, _, _, _, _ = out[i]
+            assert status == 200 and rc != 0 and total < size, (i, out[i][:3])
+        assert len(origin.log) == 1, origin.log
+        lines = access.wait_for(lambda e: e.get("url", "").endswith("/breaks"), n=2)
+        assert {e["outcome"] for e in lines} <= {"upstream_aborted", "error"}, lines
+        # Nothing was stored: the next request goes to the origin.
+        rc, status, total, _, cache_status, _, _ = run_clients(proxy, origin.url + "/breaks", 1)[0]
+        assert (rc, status, total) == (0, 200, size) and "hit" not in cache_status.split(";")[1], cache_status
+        assert len(origin.log) == 2
+    finally:
+        origin.stop()
