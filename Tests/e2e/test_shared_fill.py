@@ -134,3 +134,62 @@ def test_a_fill_that_breaks_ends_its_readers_incomplete(sluice_factory, access, 
         assert len(origin.log) == 2
     finally:
         origin.stop()
+
+
+@pytest.mark.parametrize("engine", ["native", "curl"])
+def test_a_slow_or_vanished_first_client_slows_nobody_else(sluice_factory, access, tmp_path, engine):
+    # The first client reads at 2 MiB/s (its 48 MiB would take 24 s) and a second one quits
+    # early; the others, arriving while the origin's answer streams, finish at the origin's
+    # pace: the fill is no longer paced by the client that fetched it.
+    size = 48 * MiB
+    origin = ResumeOrigin(size, extra=["Cache-Control: max-age=600"], pace=0.02)
+    try:
+        cfg = {**store(tmp_path, True), "workers": 2, "monitors": monitors(access.path)}
+        cfg["policies"] = {"default": {"upstream": {"engine": engine}}}
+        proxy = sluice_factory(cfg)
+        url = origin.url + "/shared"
+        slow = subprocess.Popen(["curl", "-s", "-o", "/dev/null", "--limit-rate", "2M", "--proxy", proxy.url, url])
+        time.sleep(0.3)  # time passing: the slow client's fetch is under way
+        quitter = subprocess.Popen(["curl", "-s", "-o", "/dev/null", "--proxy", proxy.url, url])
+        time.sleep(0.2)  # time passing: the quitter reads a little of the fill
+        quitter.kill()
+        out = run_clients(proxy, url, 3, stagger=0.1)
+        digest = origin.sha256()
+        for i, r in out.items():
+            assert r[:4] == (0, 200, size, digest), (i, r[:4])
+            assert r[6] < 8, f"reader {i} took {r[6]:.1f} s: paced by the slow first client"
+        assert slow.poll() is None, "the slow first client should still be reading"
+        slow.kill()
+        assert len(origin.log) == 1, origin.log
+        # The fill went on without its client: the next request is a hit, whole.
+        r = run_clients(proxy, url, 1)[0]
+        assert r[:4] == (0, 200, size, digest) and r[4].startswith("Sluice; hit"), r
+        assert len(origin.log) == 1
+    finally:
+        origin.stop()
+
+
+def test_the_fill_goes_on_when_its_fetching_client_vanishes(sluice_factory, access, tmp_path):
+    size = 32 * MiB
+    origin = ResumeOrigin(size, extra=["Cache-Control: max-age=600"], pace=0.03)
+    try:
+        proxy = sluice_factory({**store(tmp_path, True), "monitors": monitors(access.path)})
+        url = origin.url + "/orphan"
+        first = subprocess.Popen(["curl", "-s", "-o", "/dev/null", "--proxy", proxy.url, url])
+        time.sleep(0.3)  # time passing: the fetch is under way, a few MiB in
+        readers = threading.Thread(target=lambda: out.update(run_clients(proxy, url, 2)), daemon=True)
+        out: dict = {}
+        readers.start()
+        time.sleep(0.2)  # time passing: the readers wait on the fetch
+        first.kill()
+        first.wait(timeout=5)
+        readers.join(timeout=60)
+        digest = origin.sha256()
+        assert len(out) == 2 and all(r[:4] == (0, 200, size, digest) for r in out.values()), out
+        assert len(origin.log) == 1, origin.log
+        line = access.wait_for(lambda e: e.get("url", "").endswith("/orphan") and e["outcome"] == "client_aborted")[0]
+        assert line["cache"].startswith("fwd=uri-miss"), line
+        r = run_clients(proxy, url, 1)[0]
+        assert r[:4] == (0, 200, size, digest) and r[4].startswith("Sluice; hit"), r
+    finally:
+        origin.stop()

@@ -69,7 +69,8 @@ final class FillReader {
 
     /// A reader of `stream`, or nil when its source cannot be opened (the disk write was just
     /// committed or abandoned: the caller looks the URL up again once the fetch ends).
-    init?(fetch: CacheFetch, stream: FillStream, exchange: Exchange, keepAlive: Bool) {
+    /// `offset`: body bytes the client has already (a fetching client that fell behind).
+    init?(fetch: CacheFetch, stream: FillStream, exchange: Exchange, keepAlive: Bool, offset: Int64 = 0) {
         switch stream.source {
         case .disk(let tier, let temporary):
             guard let fd = tier.openTemporary(temporary) else { return nil }
@@ -81,6 +82,15 @@ final class FillReader {
         self.stream = stream
         self.exchange = exchange
         self.keepAlive = keepAlive
+        self.offset = offset
+        if case .memory(let chunks) = stream.source {
+            // Skip the chunks the client has already.
+            for chunk in chunks.chunks(from: 0) {
+                guard chunkStart + Int64(chunk.count) <= offset else { break }
+                chunkStart += Int64(chunk.count)
+                chunkIndex += 1
+            }
+        }
     }
 
     deinit { if fd >= 0 { close(fd) } }

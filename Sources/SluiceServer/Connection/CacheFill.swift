@@ -184,6 +184,12 @@ final class CacheFill {
         publishedChunks = nil
     }
 
+    /// The body is published to the fetch's waiters (a shared fill) and still intact.
+    var sharesItsBody: Bool { published != nil && !abandoned }
+
+    /// The fetch this fill publishes to (nil when it does not).
+    var publishedFetch: CacheFetch? { published }
+
     /// Stops keeping the body in memory (it outgrew the share, or the tier had no room).
     private func dropMemoryCopy() {
         if keepsMemoryCopy { store.memory.releaseFill(url, token) }

@@ -183,3 +183,79 @@ extension ExchangeDriver {
         connection.close()
     }
 }
+
+/// The rest of a shared fill's origin transfer once its own client no longer takes it
+/// directly: the client fell behind (it reads the fill like the other readers now) or went
+/// away. It keeps the exchange's cache part (the fill and the fetch claim) and finishes the fill
+/// at the origin's pace: a complete response is stored and its readers told; a broken one ends
+/// them incomplete. Held by its worker (`Worker.fillProducers`) until the transfer ends.
+///
+/// Threading: the worker's thread (its transfer's events).
+final class FillProducer: UpstreamTransferDelegate {
+    let transfer: any UpstreamTransfer
+    let cache: CacheExchange
+    unowned(unsafe) let worker: Worker
+
+    init(transfer: any UpstreamTransfer, cache: CacheExchange, worker: Worker) {
+        self.transfer = transfer
+        self.cache = cache
+        self.worker = worker
+    }
+
+    private func finish(complete: Bool) {
+        if let fill = cache.fill {
+            cache.fill = nil
+            if complete { _ = fill.complete() }
+        }
+        cache.endFetch(complete: complete)
+        worker.fillProducers[ObjectIdentifier(self)] = nil
+    }
+
+    func transferFinished(reusable: Bool) { finish(complete: true) }
+    func transferAborted() { finish(complete: false) }
+    func transferFailed(_ error: ProxyError, kind: TransportErrorKind) { finish(complete: false) }
+    func transferRedirected(to next: UpstreamRequest) { finish(complete: false) }
+    func transferDiscarded() { finish(complete: false) }
+    func transferAbsorbed() { finish(complete: false) }
+    func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
+        transfer.forward(keepAlive: false)
+    }
+    func interimResponse(status: Int, fields: [(name: String, value: String)]) {}
+    func responseStarted(status: Int) {}
+    func responseBodySent(bytes: Int) {}
+    func tryEnded(timings: TryTimings) {}
+    func clientFellBehind(_ transfer: any UpstreamTransfer) -> Bool { true }
+    func continuationArrived(_ head: UpstreamResponseHead) -> Bool { false }
+}
+
+extension ExchangeDriver {
+    /// Hands the transfer of a shared fill to a `FillProducer` (the fill goes on without this
+    /// connection); false when the transfer's body is not a shared fill.
+    func handOverFill(_ transfer: any UpstreamTransfer) -> Bool {
+        guard let cache = exchange?.cache, let fill = cache.fill, fill.sharesItsBody, transfer.cacheFill === fill else {
+            return false
+        }
+        let producer = FillProducer(transfer: transfer, cache: cache, worker: worker)
+        worker.fillProducers[ObjectIdentifier(producer)] = producer
+        transfer.detach(to: producer)
+        return true
+    }
+
+    /// The fetching client fell behind its own shared fill: it becomes one of the fill's
+    /// readers from the bytes it has, and the transfer goes on at the origin's pace for every
+    /// reader (a slow first client slows nobody else).
+    func clientFellBehind(_ transfer: any UpstreamTransfer) -> Bool {
+        guard let exchange, let fetch = exchange.cache?.fill?.publishedFetch,
+            let stream = fetch.snapshot.stream as? FillStream,
+            let reader = FillReader(
+                fetch: fetch, stream: stream, exchange: exchange, keepAlive: connection.keepsAliveAfterResponse,
+                offset: transfer.bodyBytesSent)
+        else { return false }
+        guard handOverFill(transfer) else { return false }
+        let wait = FetchWait(fetch: fetch, worker: worker)
+        wait.reader = reader
+        awaited = wait
+        phase = .readingFill(reader)
+        return true
+    }
+}

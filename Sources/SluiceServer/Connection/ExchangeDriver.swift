@@ -1102,7 +1102,9 @@ extension ExchangeDriver {
     /// access-log line says how it ended.
     func cancel() {
         switch phase {
-        case .forwarding(let transfer): transfer.cancel()
+        case .forwarding(let transfer):
+            // A shared fill goes on for its readers without this connection.
+            if !handOverFill(transfer) { transfer.cancel() }
         case .dialing(let dialer): dialer.cancel()
         case .waitingToRetry(let timer): event_free(timer)
         case .tunnel(let tunnel): tunnel.shutdown()

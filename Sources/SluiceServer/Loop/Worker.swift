@@ -53,6 +53,8 @@ final class Worker {
     private var quotaEvent: OpaquePointer!
     /// Tries of this worker waiting for a `max_concurrent` place, by ticket.
     var quotaWaiters: [UInt64: ExchangeDriver] = [:]
+    /// Shared fills whose transfer goes on without its client (`FillProducer`).
+    var fillProducers: [ObjectIdentifier: FillProducer] = [:]
     /// Requests of this worker waiting on another exchange's fetch (`CacheFetch`), by ticket.
     var fillWaiters: [UInt64: ExchangeDriver] = [:]
     var nextFillTicket: UInt64 = 0
@@ -630,6 +632,8 @@ final class Worker {
         fleet?.start()
         event_base_dispatch(base)
         for connection in Array(connections.values) { connection.close() }
+        for producer in Array(fillProducers.values) { producer.transfer.cancel() }
+        fillProducers.removeAll()
         closeListeners()
         if let drainTimer { event_free(drainTimer) }
         if let acceptRetryTimer { event_free(acceptRetryTimer) }

@@ -100,6 +100,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     var clientFraming: ResponseEncoder.Framing { continuing ?? framing }
     /// `CURLOPT_TIMEOUT_MS` is `timeouts.total`: libcurl's timeout is the deadline.
     private(set) var deadlineExceeded = false
+    /// The response goes on into the cache's tee only (`detach`).
+    private var detached = false
     var forwardedHead: UpstreamResponseHead? { responseStarted ? UpstreamResponseHead(collected: head) : nil }
     /// The upstream's head was refused (see `ResponseEncoder.forwardedHead`).
     private var invalidResponse = false
@@ -290,6 +292,12 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// validated a stored response), then `transferAbsorbed`.
     func absorb() { disposition.answer = .absorb }
 
+    func detach(to delegate: any UpstreamTransferDelegate) {
+        self.delegate = delegate
+        detached = true
+        resumeDownload()
+    }
+
     /// The client drained its output below the low watermark.
     func resumeDownload() {
         guard downloadPaused, !finished else { return }
@@ -396,9 +404,17 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         if !headSent { sendResponseHead() }
         if invalidResponse { return 0 }
         if disposition.drains { return data.count }
-        if evbuffer_get_length(output) > Self.outputHighWatermark {
+        if !detached, evbuffer_get_length(output) > Self.outputHighWatermark,
+            cacheFill?.sharesItsBody != true || !delegate.clientFellBehind(self)
+        {
             downloadPaused = true
             return Int(CURL_WRITEFUNC_PAUSE)
+        }
+        if detached {
+            // The client reads the fill (or left): the body goes to the tee alone.
+            cacheFill?.append(data)
+            bodyBytesSent += Int64(data.count)
+            return data.count
         }
         guard data.count > 0 else { return 0 }
         switch framing {
@@ -516,7 +532,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
                 delegate.transferFailed(pendingError!, kind: .other)
                 return
             }
-            if framing == .chunked { ResponseEncoder.lastChunk(into: output) }
+            if framing == .chunked, !detached { ResponseEncoder.lastChunk(into: output) }
             let reusable = framing != .close
             cancel()
             delegate.transferFinished(reusable: reusable)

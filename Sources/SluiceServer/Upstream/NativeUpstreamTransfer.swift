@@ -119,6 +119,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private(set) var bodyBytesSent: Int64 = 0
     var clientFraming: ResponseEncoder.Framing { continuing ?? framing }
     private(set) var deadlineExceeded = false
+    /// The response goes on into the cache's tee only (`detach`).
+    private var detached = false
     var forwardedHead: UpstreamResponseHead? { responseStarted ? UpstreamResponseHead(collected: parser.head) : nil }
 
     /// Microseconds on the monotonic clock: the try's start, and each phase's end.
@@ -253,6 +255,12 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     func follow(_ next: UpstreamRequest) { disposition.answer = .follow(next) }
     func discard() { disposition.answer = .discard }
     func absorb() { disposition.answer = .absorb }
+
+    func detach(to delegate: any UpstreamTransferDelegate) {
+        self.delegate = delegate
+        detached = true
+        resumeDownload()
+    }
 
     func resumeDownload() {
         guard downloadPaused, !finished, let connection else { return }
@@ -737,6 +745,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     /// buffer, and (for a body the client gets as it comes: `.length`, `.close`) is moved from
     /// it instead of copied; the caller then must not drain it.
     private func deliver(_ data: UnsafeRawBufferPointer, movingFrom source: OpaquePointer? = nil) {
+        if detached {
+            // The client reads the fill (or left): the body goes to the tee alone.
+            cacheFill?.append(data)
+            if let source { evbuffer_drain(source, data.count) }
+            bodyBytesSent += Int64(data.count)
+            return
+        }
         guard let delegate, !disposition.drains, data.count > 0 else {
             if let source { evbuffer_drain(source, data.count) }
             return
@@ -761,6 +776,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         bodyBytesSent += Int64(data.count)
         delegate.responseBodySent(bytes: data.count)
         if evbuffer_get_length(output) > Self.outputHighWatermark, let connection {
+            if cacheFill?.sharesItsBody == true, delegate.clientFellBehind(self) { return }
             downloadPaused = true
             connection.socket.wantsInput = false
         }
@@ -787,7 +803,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             if disposition.absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
             return
         }
-        if framing == .chunked { ResponseEncoder.lastChunk(into: output) }
+        if framing == .chunked, !detached { ResponseEncoder.lastChunk(into: output) }
         let reusable = framing != .close
         cancel()
         delegate.transferFinished(reusable: reusable)

@@ -65,6 +65,11 @@ protocol UpstreamTransfer: AnyObject {
     /// then `transferAbsorbed`.
     func absorb()
 
+    /// Hands the rest of the response to `delegate` (a `FillProducer`): the body goes on into
+    /// the cache's tee only, at the origin's pace, and nothing more is written to the client's
+    /// output (its exchange reads the fill instead, or has gone). A paused download resumes.
+    func detach(to delegate: any UpstreamTransferDelegate)
+
     /// The client drained its output below the low watermark.
     func resumeDownload()
     /// The client sent more request body.
@@ -153,6 +158,10 @@ protocol UpstreamTransferDelegate: AnyObject {
     /// The exchange failed after response bytes reached the client: the connection must end
     /// without completing the message — unless the download is resumed (`Resume`).
     func transferAborted()
+    /// The client's output passed the high watermark while the response's body is published
+    /// to others (a shared fill): true when the delegate detached the transfer (`detach`), so
+    /// that the fill goes on at the origin's pace instead of the client's; false: pause.
+    func clientFellBehind(_ transfer: any UpstreamTransfer) -> Bool
     /// A continuing try's (`UpstreamTransfer.continuing`) final head arrived: true when it
     /// carries the body on (its body then follows), false when it cannot (the transfer then
     /// aborts, and the response ends incomplete).
