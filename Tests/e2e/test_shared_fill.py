@@ -193,3 +193,25 @@ def test_the_fill_goes_on_when_its_fetching_client_vanishes(sluice_factory, acce
         assert r[:4] == (0, 200, size, digest) and r[4].startswith("Sluice; hit"), r
     finally:
         origin.stop()
+
+
+def test_a_waiter_of_another_vary_variant_is_not_sent_the_fill(sluice_factory, tmp_path):
+    size = 8 * MiB
+    origin = ResumeOrigin(size, extra=["Cache-Control: max-age=600", "Vary: Accept-Language"], pace=0.05,
+                          head_delay=0.3)
+    try:
+        proxy = sluice_factory(store(tmp_path, True))
+        url = origin.url + "/varied"
+        out: dict = {}
+        en = threading.Thread(target=lambda: out.update(
+            {"en": subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-", "-H", "Accept-Language: en",
+                                   "--proxy", proxy.url, url], capture_output=True, text=True).stdout}))
+        en.start()
+        time.sleep(0.1)  # time passing: the en request's fetch is under way
+        fr = subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-", "-H", "Accept-Language: fr",
+                             "--proxy", proxy.url, url], capture_output=True, text=True).stdout
+        en.join(timeout=30)
+        assert "shared-fill" not in fr and "shared-fill" not in out["en"], (fr, out)
+        assert [e["method"] for e in origin.log] == ["GET", "GET"], origin.log  # each variant fetched
+    finally:
+        origin.stop()

@@ -59,7 +59,12 @@ extension ExchangeDriver {
                 case .fetching:
                     seen = (.fetching, 0, .max)
                 case .streaming:
-                    if let stream = snapshot.stream as? FillStream, startReading(wait, stream, exchange) { continue }
+                    guard let stream = snapshot.stream as? FillStream, Self.mayRead(stream, exchange) else {
+                        // Not an answer for this request (another Vary variant, a response
+                        // that must be validated first): it goes on by itself.
+                        return lookAgain(exchange)
+                    }
+                    if startReading(wait, stream, exchange) { continue }
                     seen = (.streaming, .max, .max)  // unreadable (just committed): look again at its end
                 case .ended:
                     return lookAgain(exchange)
@@ -93,6 +98,18 @@ extension ExchangeDriver {
         awaited = nil
         phase = .idle
         advance(exchange, from: exchange.stage)
+    }
+
+    /// Whether the response being stored may answer this request as a stored response would
+    /// (`CacheLookup`: its `Vary` fields match, it is fresh, nothing asks for validation).
+    static func mayRead(_ stream: FillStream, _ exchange: Exchange) -> Bool {
+        let head = exchange.head
+        let fields = head.fields.map { (name: head.name($0), value: head.value($0)) }
+        let decision = CacheLookup.decide(
+            method: "GET", requestFields: fields, candidates: [stream.response], now: CacheStage.wallClockSeconds(),
+            modification: exchange.policy.cache.modification)
+        if case .serve = decision { return true }
+        return false
     }
 
     /// The response is being stored: this request's head goes out now and its body follows
