@@ -37,6 +37,23 @@ import Testing
         #expect(!store.isFetching("u") && store.claimFetch("u").claimed)
     }
 
+    @Test func aSecondPublishChangesNothingAndWaitingPastEverythingIsAllowed() {
+        let store = CacheStore(.init())
+        let (_, fetch) = store.claimFetch("u")
+        #expect(fetch.publish("first") && !fetch.publish("second"))
+        #expect(fetch.snapshot.stream as? String == "first")
+        let woken = Woken()
+        // A waiter for the end only (a reader that cannot open the source yet).
+        #expect(fetch.wait(seen: .streaming, available: .max, wake: woken.wake("end")) != nil)
+        fetch.progressed(to: 1 << 40)
+        #expect(woken.all.isEmpty)
+        fetch.readerStarted()
+        #expect(fetch.readers == 1)
+        fetch.readerEnded()
+        fetch.end(complete: false)
+        #expect(woken.all == ["end"] && fetch.snapshot.phase == .ended(complete: false))
+    }
+
     @Test func aFetchThatNeverStreamedEndsIncomplete() {
         let store = CacheStore(.init())
         let (_, fetch) = store.claimFetch("u")

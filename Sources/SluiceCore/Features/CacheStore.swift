@@ -99,6 +99,7 @@ public final class CacheFetch: Sendable {
         /// Each waiter's wake and the `available` that wakes it (a phase change wakes all).
         var waiters: [UInt64: (until: Int64, wake: @Sendable () -> Void)] = [:]
         var nextWaiter: UInt64 = 1
+        var readers = 0
     }
 
     public let url: String
@@ -127,7 +128,7 @@ public final class CacheFetch: Sendable {
             guard s.phase == phase, s.available <= available else { return nil }
             let id = s.nextWaiter
             s.nextWaiter += 1
-            s.waiters[id] = (max(until, available + 1), wake)
+            s.waiters[id] = (max(until, available == .max ? .max : available + 1), wake)
             return id
         }
     }
@@ -137,15 +138,26 @@ public final class CacheFetch: Sendable {
         _ = state.withLock { $0.waiters.removeValue(forKey: id) }
     }
 
-    /// The response is being stored; readers read `stream`.
-    public func publish(_ stream: any Sendable) {
+    /// The response is being stored; readers read `stream`. False when the fetch is past
+    /// that (an earlier response of the same fetch published, or it ended): nothing changes.
+    @discardableResult
+    public func publish(_ stream: any Sendable) -> Bool {
+        var published = false
         wakeAll { s in
             guard s.phase == .fetching else { return false }
             s.phase = .streaming
             s.stream = stream
+            published = true
             return true
         }
+        return published
     }
+
+    /// Requests reading the published stream now (`readerStarted`, `readerEnded`): the
+    /// fetching side hands its transfer over only when someone else reads it.
+    public var readers: Int { state.withLock { $0.readers } }
+    public func readerStarted() { state.withLock { $0.readers += 1 } }
+    public func readerEnded() { state.withLock { $0.readers -= 1 } }
 
     /// `available` bytes of the body are stored (readable through the stream): wakes the
     /// waiters whose step it reaches.

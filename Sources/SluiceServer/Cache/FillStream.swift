@@ -93,7 +93,19 @@ final class FillReader {
         }
     }
 
-    deinit { if fd >= 0 { close(fd) } }
+    private var counted = false
+
+    /// Counts this reader on its fetch (`CacheFetch.readers`) until it goes.
+    func started() {
+        guard !counted else { return }
+        counted = true
+        fetch.readerStarted()
+    }
+
+    deinit {
+        if fd >= 0 { close(fd) }
+        if counted { fetch.readerEnded() }
+    }
 
     /// Moves what is stored beyond `offset` (up to `available`) into `output` while it holds
     /// less than `bound` bytes; returns the bytes moved, or nil when the file cannot be read.

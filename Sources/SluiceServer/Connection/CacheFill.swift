@@ -92,16 +92,19 @@ final class CacheFill {
         if let fetch, let contentLength, contentLength > 0, !abandoned {
             // Readers need the length for their heads before the body is there.
             if let writer {
-                fetch.publish(
+                if fetch.publish(
                     FillStream(
                         response: response, contentLength: contentLength,
                         source: .disk(disk!, temporary: writer.temporaryName)))
-                published = fetch
+                {
+                    published = fetch
+                }
             } else if keepsMemoryCopy {
                 let chunks = FillChunks()
-                fetch.publish(FillStream(response: response, contentLength: contentLength, source: .memory(chunks)))
-                published = fetch
-                publishedChunks = chunks
+                if fetch.publish(FillStream(response: response, contentLength: contentLength, source: .memory(chunks))) {
+                    published = fetch
+                    publishedChunks = chunks
+                }
             }
         }
     }
@@ -109,6 +112,7 @@ final class CacheFill {
     deinit {
         current?.deallocate()
         store.memory.endFill(url, token)
+        published?.end(complete: false)  // dropped before its end (a retry, a failed head)
     }
 
     func append(_ data: UnsafeRawBufferPointer) {
@@ -184,8 +188,14 @@ final class CacheFill {
         publishedChunks = nil
     }
 
-    /// The body is published to the fetch's waiters (a shared fill) and still intact.
-    var sharesItsBody: Bool { published != nil && !abandoned }
+    /// The body is published to the fetch's waiters (a shared fill) from a disk file (a memory
+    /// copy may yet be dropped) and still intact: its client may fall behind and read it
+    /// (`FillProducer`), so that readers arriving later are not paced by that client.
+    var sharesItsBody: Bool { published != nil && !abandoned && publishedChunks == nil }
+
+    /// `sharesItsBody`, and someone else reads it now: only then does the transfer go on when
+    /// its client goes away (it would otherwise hold no upstream slot for nobody).
+    var othersReadItsBody: Bool { sharesItsBody && (published?.readers ?? 0) > 0 }
 
     /// The fetch this fill publishes to (nil when it does not).
     var publishedFetch: CacheFetch? { published }
@@ -217,13 +227,14 @@ final class CacheFill {
             abandon()  // shorter than its length said: never stored
             return nil
         }
-        if let published {
-            // Every byte is readable, whatever storing does now: the disk write's file is the
-            // readers' (an open descriptor outlives a rename or an unlink), the memory
-            // source's last chunk is sealed here.
-            if publishedChunks != nil { seal() }
-            published.end(complete: true)
-            self.published = nil
+        // Every byte is readable, whatever storing does now: the disk write's file is the
+        // readers' (an open descriptor outlives a rename or an unlink), the memory source's last
+        // chunk is sealed here. The fetch is told it ended once the store is done, so that a
+        // request woken by it finds the stored response.
+        if publishedChunks != nil { seal() }
+        defer {
+            published?.end(complete: true)
+            published = nil
         }
         var diskEntry: CacheObject.DiskEntry?
         if let writer {

@@ -61,7 +61,8 @@ extension ExchangeDriver {
     func resumeState(_ transfer: any UpstreamTransfer, _ exchange: Exchange) -> ResumeState? {
         if let resume = self.resume { return resume }
         guard transfer.continuing == nil, let response = transfer.forwardedHead, response.status == 200,
-            exchange.summary.method == "GET", let (request, route) = lastTry, (exchange.tryPolicy ?? exchange.policy).resume,
+            exchange.summary.method == "GET", let (request, route) = transfer.resumableTry,
+            (exchange.tryPolicy ?? exchange.policy).resume,
             let validator = Resume.validator(
                 etag: response.value("etag"), lastModified: response.value("last-modified"), date: response.value("date"))
         else { return nil }

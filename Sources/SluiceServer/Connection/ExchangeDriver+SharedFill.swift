@@ -49,8 +49,7 @@ extension ExchangeDriver {
     /// what it is now, and registers for the next event when there is nothing to do.
     func fetchMovedOn() {
         while let wait = awaited, let exchange {
-            wait.ticket = nil
-            wait.waitID = nil
+            wait.cancel()  // one registration at a time: a drain may call before the wake
             let snapshot = wait.fetch.snapshot
             var seen: (phase: CacheFetch.Phase, available: Int64, until: Int64) = (.fetching, 0, .max)
             switch phase {
@@ -126,7 +125,7 @@ extension ExchangeDriver {
         let now = CacheStage.wallClockSeconds()
         let answer = StoredAnswer(
             object: CacheObject(response: stream.response, diskLength: Int(stream.contentLength)),
-            parameters: "fwd=uri-miss; collapsed; detail=shared-fill",
+            parameters: "hit; collapsed; detail=shared-fill",
             age: CacheFreshness.currentAge(of: stream.response, now: now),
             notModified: CacheConditional.notModified(fields, stored: stream.response))
         let sent = StoredResponseWriter.writeHead(
@@ -141,6 +140,7 @@ extension ExchangeDriver {
             return finishFillRead(exchange, keepAlive: keepAlive)
         }
         wait.reader = reader
+        reader.started()
         phase = .readingFill(reader)
         return true
     }
@@ -247,11 +247,12 @@ final class FillProducer: UpstreamTransferDelegate {
 
 extension ExchangeDriver {
     /// Hands the transfer of a shared fill to a `FillProducer` (the fill goes on without this
-    /// connection); false when the transfer's body is not a shared fill.
-    func handOverFill(_ transfer: any UpstreamTransfer) -> Bool {
-        guard let cache = exchange?.cache, let fill = cache.fill, fill.sharesItsBody, transfer.cacheFill === fill else {
-            return false
-        }
+    /// connection); false when the transfer's body is not a shared fill (`onlyIfRead`: or
+    /// nobody else reads it).
+    func handOverFill(_ transfer: any UpstreamTransfer, onlyIfRead: Bool = false) -> Bool {
+        guard let cache = exchange?.cache, let fill = cache.fill, transfer.cacheFill === fill,
+            onlyIfRead ? fill.othersReadItsBody : fill.sharesItsBody
+        else { return false }
         let producer = FillProducer(transfer: transfer, cache: cache, worker: worker)
         worker.fillProducers[ObjectIdentifier(producer)] = producer
         transfer.detach(to: producer)
@@ -266,11 +267,13 @@ extension ExchangeDriver {
             let stream = fetch.snapshot.stream as? FillStream,
             let reader = FillReader(
                 fetch: fetch, stream: stream, exchange: exchange, keepAlive: connection.keepsAliveAfterResponse,
-                offset: transfer.bodyBytesSent)
+                // What the client has: a resumed download's earlier tries' bytes too.
+                offset: (resume?.base ?? 0) + transfer.bodyBytesSent)
         else { return false }
         guard handOverFill(transfer) else { return false }
         let wait = FetchWait(fetch: fetch, worker: worker)
         wait.reader = reader
+        reader.started()
         awaited = wait
         phase = .readingFill(reader)
         return true

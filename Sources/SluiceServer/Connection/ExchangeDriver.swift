@@ -84,8 +84,6 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     private var fleetTicket: UInt64 = 0
     /// A trial waiting for the fleet's trial lock (`CircuitStage`), until it is answered.
     private var trialRequest: UpstreamRequest?
-    /// The request and route of the try sent last (a resume repeats them, `Resume`).
-    var lastTry: (request: UpstreamRequest, route: UpstreamRoute)?
     /// The current exchange's download resumption, made at its first break (`Resume`). Kept
     /// here rather than on the `Exchange`, which must stay small (it is allocated per request).
     var resume: ResumeState?
@@ -566,8 +564,6 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         _ request: UpstreamRequest, _ route: UpstreamRoute, _ exchange: Exchange,
         continuing: ResponseEncoder.Framing? = nil, cacheFill: CacheFill? = nil
     ) {
-        // Only a GET may be resumed: only its try is kept (a few retains).
-        if continuing == nil { lastTry = request.method == "GET" ? (request, route) : nil }
         let transfer: any UpstreamTransfer
         switch route {
         case .upgrade(let upgrade, let perTryTimeout):
@@ -1092,7 +1088,6 @@ extension ExchangeDriver {
         if case .waitingForQuota(let waiter) = phase { leaveQuota(waiter) }
         releaseUpstreamSlot()
         phase = .idle
-        lastTry = nil
         resume = nil
         awaited?.cancel()
         awaited = nil
@@ -1104,7 +1099,7 @@ extension ExchangeDriver {
         switch phase {
         case .forwarding(let transfer):
             // A shared fill goes on for its readers without this connection.
-            if !handOverFill(transfer) { transfer.cancel() }
+            if !handOverFill(transfer, onlyIfRead: true) { transfer.cancel() }
         case .dialing(let dialer): dialer.cancel()
         case .waitingToRetry(let timer): event_free(timer)
         case .tunnel(let tunnel): tunnel.shutdown()
@@ -1115,7 +1110,6 @@ extension ExchangeDriver {
         default: break
         }
         phase = .idle
-        lastTry = nil
         resume = nil
         awaited?.cancel()
         awaited = nil

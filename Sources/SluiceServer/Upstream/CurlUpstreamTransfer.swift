@@ -100,6 +100,12 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     var clientFraming: ResponseEncoder.Framing { continuing ?? framing }
     /// `CURLOPT_TIMEOUT_MS` is `timeouts.total`: libcurl's timeout is the deadline.
     private(set) var deadlineExceeded = false
+    /// A `GET`'s request, kept for a resume (`resumableTry`).
+    private var getRequest: UpstreamRequest?
+    private var perTryTimeout = 0
+    var resumableTry: (request: UpstreamRequest, route: UpstreamRoute)? {
+        getRequest.map { ($0, .curl(perTryTimeout: perTryTimeout)) }
+    }
     /// The response goes on into the cache's tee only (`detach`).
     private var detached = false
     var forwardedHead: UpstreamResponseHead? { responseStarted ? UpstreamResponseHead(collected: head) : nil }
@@ -136,6 +142,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
         errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
         super.init()
+        if request.method == "GET" { getRequest = request }
         configure(request, config: config)
     }
 
@@ -246,6 +253,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
 
     /// Starts the transfer and its per-try timer (start → response head).
     func start(perTryTimeout: Int) {
+        self.perTryTimeout = perTryTimeout
         let me = Unmanaged.passUnretained(self).toOpaque()
         tryTimer = event_new(
             session.base, -1, 0,

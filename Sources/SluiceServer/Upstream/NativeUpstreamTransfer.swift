@@ -119,6 +119,10 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private(set) var bodyBytesSent: Int64 = 0
     var clientFraming: ResponseEncoder.Framing { continuing ?? framing }
     private(set) var deadlineExceeded = false
+    private var perTryTimeout = 0
+    var resumableTry: (request: UpstreamRequest, route: UpstreamRoute)? {
+        request.method == "GET" ? (request, .native(perTryTimeout: perTryTimeout)) : nil
+    }
     /// The response goes on into the cache's tee only (`detach`).
     private var detached = false
     var forwardedHead: UpstreamResponseHead? { responseStarted ? UpstreamResponseHead(collected: parser.head) : nil }
@@ -165,6 +169,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     // MARK: UpstreamTransfer
 
     func start(perTryTimeout: Int) {
+        self.perTryTimeout = perTryTimeout
         startedAt = Self.microseconds()
         let me = Unmanaged.passUnretained(self).toOpaque()
         tryTimer = event_new(

@@ -37,6 +37,9 @@ protocol UpstreamTransfer: AnyObject {
     /// The final response head the client's response was made from (nil before it, and for
     /// a response that was not forwarded); valid until the transfer goes.
     var forwardedHead: UpstreamResponseHead? { get }
+    /// The request this try sent and the route it took, for a `GET` (a resume repeats them,
+    /// `Resume`); nil for other methods.
+    var resumableTry: (request: UpstreamRequest, route: UpstreamRoute)? { get }
     /// The try ended because `timeouts.total` ran out (a download over its time is not resumed).
     var deadlineExceeded: Bool { get }
     /// Set before `start` on a try that carries on a response the client is already
