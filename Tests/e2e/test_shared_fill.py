@@ -136,15 +136,16 @@ def test_a_fill_that_breaks_ends_its_readers_incomplete(sluice_factory, access, 
         origin.stop()
 
 
-@pytest.mark.parametrize("engine", ["native", "curl"])
-def test_a_slow_or_vanished_first_client_slows_nobody_else(sluice_factory, access, tmp_path, engine):
-    # The first client reads at 2 MiB/s (its 48 MiB would take 24 s) and a second one quits
-    # early; the others, arriving while the origin's answer streams, finish at the origin's
-    # pace: the fill is no longer paced by the client that fetched it.
-    size = 48 * MiB
+@pytest.mark.parametrize("engine,disk", [("native", True), ("curl", True), ("native", False)],
+                         ids=["native-disk", "curl-disk", "native-memory"])
+def test_a_slow_or_vanished_first_client_slows_nobody_else(sluice_factory, access, tmp_path, engine, disk):
+    # The first client reads at 2 MiB/s (its 24-48 MiB would take 12-24 s) and a second one
+    # quits early; the others, arriving while the origin's answer streams, finish at the
+    # origin's pace: the fill is no longer paced by the client that fetched it.
+    size = (48 if disk else 24) * MiB
     origin = ResumeOrigin(size, extra=["Cache-Control: max-age=600"], pace=0.02)
     try:
-        cfg = {**store(tmp_path, True), "workers": 2, "monitors": monitors(access.path)}
+        cfg = {**store(tmp_path, disk), "workers": 2, "monitors": monitors(access.path)}
         cfg["policies"] = {"default": {"upstream": {"engine": engine}}}
         proxy = sluice_factory(cfg)
         url = origin.url + "/shared"
@@ -213,5 +214,35 @@ def test_a_waiter_of_another_vary_variant_is_not_sent_the_fill(sluice_factory, t
         en.join(timeout=30)
         assert "shared-fill" not in fr and "shared-fill" not in out["en"], (fr, out)
         assert [e["method"] for e in origin.log] == ["GET", "GET"], origin.log  # each variant fetched
+    finally:
+        origin.stop()
+
+
+def test_a_chunked_response_is_shared_while_it_arrives_with_a_disk_tier(sluice_factory, access, tmp_path):
+    # The origin's length is unknown (chunked): with a disk tier the fill is read as it is
+    # written, chunked to an HTTP/1.1 reader, up to the close to an HTTP/1.0 one.
+    size = 12 * MiB
+    origin = ResumeOrigin(size, extra=["Cache-Control: max-age=600"], chunked=True, pace=0.1)
+    try:
+        proxy = sluice_factory({**store(tmp_path, True), "monitors": monitors(access.path)})
+        url = origin.url + "/chunks"
+        out: dict = {}
+        first = threading.Thread(target=fetch, args=(proxy, url, out, "first"), daemon=True)
+        first.start()
+        time.sleep(0.4)  # time passing: the fill is under way
+        old = subprocess.Popen(["curl", "-s", "-0", "-o", "-", "-D", "/dev/stderr", "--proxy", proxy.url, url],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        fetch(proxy, url, out, "reader")
+        body, head = old.communicate(timeout=60)
+        first.join(timeout=60)
+        digest = origin.sha256()
+        for key in ("first", "reader"):
+            assert out[key][:4] == (0, 200, size, digest), (key, out[key][:4])
+        assert "shared-fill" in out["reader"][4], out["reader"]
+        assert out["reader"][5] < 1.0, f"first byte after {out['reader'][5]:.2f} s: not while the body arrived"
+        assert old.returncode == 0 and hashlib.sha256(body).hexdigest() == digest, old.returncode
+        head = head.decode("latin-1").lower()
+        assert "shared-fill" in head and "content-length" not in head and "transfer-encoding" not in head, head
+        assert len(origin.log) == 1, origin.log
     finally:
         origin.stop()

@@ -10,8 +10,9 @@ import Synchronization
 /// docs/caching.md): the stored head, the body's announced length, and where its bytes are —
 /// the disk writer's temporary body file (with a disk tier: every byte is readable as soon as
 /// the writer's `write` returned), or the memory copy's sealed chunks (without one). Published
-/// on the fetch (`CacheFetch.publish`) by the `CacheFill` that stores the response, only for a
-/// body of known length (a reader's `Content-Length` must be right before the body is there).
+/// on the fetch (`CacheFetch.publish`) by the `CacheFill` that stores the response: a body of
+/// known length (readers announce it), or with a disk tier one of unknown length (readers send
+/// it chunked, and end it when the fetch ends complete).
 ///
 /// Threading: immutable but for the chunk list, which a `Mutex` guards; shared by the filling
 /// worker and every reader's worker.
@@ -23,10 +24,11 @@ final class FillStream: Sendable {
     }
 
     let response: CacheStoredResponse
-    let contentLength: Int64
+    /// nil: unknown until the fill ends.
+    let contentLength: Int64?
     let source: Source
 
-    init(response: CacheStoredResponse, contentLength: Int64, source: Source) {
+    init(response: CacheStoredResponse, contentLength: Int64?, source: Source) {
         self.response = response
         self.contentLength = contentLength
         self.source = source
@@ -59,6 +61,8 @@ final class FillReader {
     let stream: FillStream
     let exchange: Exchange
     let keepAlive: Bool
+    /// How the client's response is framed: its length announced, chunked, or by the close.
+    let framing: ResponseEncoder.Framing
     /// The temporary file, read with `pread` (nil for a memory source).
     private let fd: Int32
     /// Body bytes written to the client so far.
@@ -70,7 +74,10 @@ final class FillReader {
     /// A reader of `stream`, or nil when its source cannot be opened (the disk write was just
     /// committed or abandoned: the caller looks the URL up again once the fetch ends).
     /// `offset`: body bytes the client has already (a fetching client that fell behind).
-    init?(fetch: CacheFetch, stream: FillStream, exchange: Exchange, keepAlive: Bool, offset: Int64 = 0) {
+    init?(
+        fetch: CacheFetch, stream: FillStream, exchange: Exchange, keepAlive: Bool, framing: ResponseEncoder.Framing,
+        offset: Int64 = 0
+    ) {
         switch stream.source {
         case .disk(let tier, let temporary):
             guard let fd = tier.openTemporary(temporary) else { return nil }
@@ -82,6 +89,7 @@ final class FillReader {
         self.stream = stream
         self.exchange = exchange
         self.keepAlive = keepAlive
+        self.framing = framing
         self.offset = offset
         if case .memory(let chunks) = stream.source {
             // Skip the chunks the client has already.
@@ -115,6 +123,7 @@ final class FillReader {
             switch stream.source {
             case .disk:
                 let want = Int(min(available - offset, 64 << 10))
+                if framing == .chunked { ResponseEncoder.chunkSizeLine(want, into: output) }
                 var vec = iovec()
                 guard evbuffer_reserve_space(output, want, &vec, 1) >= 1 else { return nil }
                 let n = pread(fd, vec.iov_base, min(want, vec.iov_len), off_t(offset))
@@ -125,6 +134,10 @@ final class FillReader {
                 }
                 vec.iov_len = n
                 evbuffer_commit_space(output, &vec, 1)
+                if framing == .chunked {
+                    guard n == want else { return nil }  // the size line promised `want`
+                    evbuffer_add(output, "\r\n", 2)
+                }
                 offset += Int64(n)
                 moved += n
             case .memory(let chunks):
@@ -132,9 +145,11 @@ final class FillReader {
                 let from = Int(offset - chunkStart)
                 let count = min(chunk.count - from, Int(available - offset))
                 let retained = Unmanaged.passRetained(chunk).toOpaque()
+                if framing == .chunked { ResponseEncoder.chunkSizeLine(count, into: output) }
                 evbuffer_add_reference(
                     output, chunk.bytes.baseAddress! + from, count,
                     { _, _, extra in Unmanaged<CacheChunk>.fromOpaque(extra!).release() }, retained)
+                if framing == .chunked { evbuffer_add(output, "\r\n", 2) }
                 offset += Int64(count)
                 moved += count
                 if offset == chunkStart + Int64(chunk.count) {

@@ -30,13 +30,17 @@ enum StoredResponseWriter {
     /// Writes the head of `answer` for a request (`isHead`: a HEAD; `range` and `ifRange`: its
     /// `Range` and `If-Range` values); returns the status sent and the part of the body that
     /// follows it (empty: none).
+    ///
+    /// `unknownLength`: the body's length is not known yet (a shared fill of a chunked
+    /// response): it is sent chunked (`.chunked`) or up to the close (`.close`, for an HTTP/1.0
+    /// client), and the returned range is `0..<Int.max`.
     static func writeHead(
         _ answer: StoredAnswer, isHead: Bool, range rangeValue: String?, ifRange: String? = nil, keepAlive: Bool,
-        viaLine: [UInt8], into output: OpaquePointer
+        viaLine: [UInt8], unknownLength: ResponseEncoder.Framing? = nil, into output: OpaquePointer
     ) -> (status: Int, body: Range<Int>) {
         let object = answer.object
         var range = CacheRange.full
-        if !answer.notModified, !isHead, object.response.status == 200, let rangeValue,
+        if !answer.notModified, !isHead, object.response.status == 200, unknownLength == nil, let rangeValue,
             ifRange.map({
                 CacheRange.ifRangeHolds(
                     $0, etag: object.response.etag, lastModified: object.response.parsed.lastModified,
@@ -77,7 +81,14 @@ enum StoredResponseWriter {
         if let contentRange { text += "Content-Range: \(contentRange)\r\n" }
         viaLine.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         text += "Cache-Status: Sluice; \(answer.parameters)\r\n"
-        if !bodiless { text += "Content-Length: \(bodyRange.count)\r\n" }
+        if !bodiless {
+            switch unknownLength {
+            case nil: text += "Content-Length: \(bodyRange.count)\r\n"
+            case .chunked?: text += "Transfer-Encoding: chunked\r\n"
+            default: break  // up to the close
+            }
+            if unknownLength != nil { bodyRange = 0..<Int.max }
+        }
         if !keepAlive { text += "Connection: close\r\n" }
         text += "\r\n"
         text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }

@@ -68,6 +68,9 @@ final class CacheFill {
     private var published: CacheFetch?
     private var publishedChunks: FillChunks?
     private var sealedBytes = 0
+    /// A published memory copy reserved its whole length at once: it is never dropped midway
+    /// (its readers, the fetching client among them, depend on it).
+    private var reservedWhole = false
 
     /// - Parameter contentLength: the body's length as the client's framing uses it (nil
     ///   when the response is chunked, even with a `Content-Length`).
@@ -89,8 +92,9 @@ final class CacheFill {
         keepsMemoryCopy = (contentLength ?? 0) <= Int64(memoryLimit)
         writer = disk?.beginWrite(key: url, variant: variant, metadata: response.encode())
         if writer == nil, !keepsMemoryCopy { abandon() }
-        if let fetch, let contentLength, contentLength > 0, !abandoned {
-            // Readers need the length for their heads before the body is there.
+        if let fetch, contentLength.map({ $0 > 0 }) ?? (writer != nil), !abandoned {
+            // Readers announce a known length; an unknown one is read only from a disk write
+            // (a memory copy of unknown length may outgrow its share and be dropped midway).
             if let writer {
                 if fetch.publish(
                     FillStream(
@@ -99,7 +103,11 @@ final class CacheFill {
                 {
                     published = fetch
                 }
-            } else if keepsMemoryCopy {
+            } else if keepsMemoryCopy, let length = contentLength,
+                let evicted = store.memory.reserveFill(url, token, bytes: Int(length))
+            {
+                evictedForRoom += evicted
+                reservedWhole = true
                 let chunks = FillChunks()
                 if fetch.publish(FillStream(response: response, contentLength: contentLength, source: .memory(chunks))) {
                     published = fetch
@@ -143,8 +151,10 @@ final class CacheFill {
         while offset < data.count {
             if current == nil {
                 let wanted = remainingDeclared.map { max(1, min($0, Self.maxChunk)) } ?? Self.unknownLengthChunk
-                guard let evicted = store.memory.reserveFill(url, token, bytes: wanted) else { return false }
-                evictedForRoom += evicted
+                if !reservedWhole {
+                    guard let evicted = store.memory.reserveFill(url, token, bytes: wanted) else { return false }
+                    evictedForRoom += evicted
+                }
                 current = .allocate(byteCount: wanted, alignment: 16)
                 used = 0
             }
@@ -188,10 +198,10 @@ final class CacheFill {
         publishedChunks = nil
     }
 
-    /// The body is published to the fetch's waiters (a shared fill) from a disk file (a memory
-    /// copy may yet be dropped) and still intact: its client may fall behind and read it
+    /// The body is published to the fetch's waiters (a shared fill: a disk file, or a memory
+    /// copy reserved whole) and still intact: its client may fall behind and read it
     /// (`FillProducer`), so that readers arriving later are not paced by that client.
-    var sharesItsBody: Bool { published != nil && !abandoned && publishedChunks == nil }
+    var sharesItsBody: Bool { published != nil && !abandoned }
 
     /// `sharesItsBody`, and someone else reads it now: only then does the transfer go on when
     /// its client goes away (it would otherwise hold no upstream slot for nobody).

@@ -115,8 +115,14 @@ extension ExchangeDriver {
     /// from the fill. False when the fill's source cannot be opened (the caller waits for the
     /// fetch's end and looks up again).
     private func startReading(_ wait: FetchWait, _ stream: FillStream, _ exchange: Exchange) -> Bool {
-        let keepAlive = connection.keepsAliveAfterResponse
-        guard let reader = FillReader(fetch: wait.fetch, stream: stream, exchange: exchange, keepAlive: keepAlive) else {
+        // A length not known yet: chunked to an HTTP/1.1 client, up to the close to HTTP/1.0.
+        let framing: ResponseEncoder.Framing =
+            stream.contentLength != nil ? .length : exchange.head.minorVersion >= 1 ? .chunked : .close
+        let keepAlive = framing != .close && connection.keepsAliveAfterResponse
+        guard
+            let reader = FillReader(
+                fetch: wait.fetch, stream: stream, exchange: exchange, keepAlive: keepAlive, framing: framing)
+        else {
             return false
         }
         connection.stopTimer()
@@ -124,12 +130,13 @@ extension ExchangeDriver {
         let fields = head.fields.map { (name: head.name($0), value: head.value($0)) }
         let now = CacheStage.wallClockSeconds()
         let answer = StoredAnswer(
-            object: CacheObject(response: stream.response, diskLength: Int(stream.contentLength)),
+            object: CacheObject(response: stream.response, diskLength: Int(stream.contentLength ?? 0)),
             parameters: "hit; collapsed; detail=shared-fill",
             age: CacheFreshness.currentAge(of: stream.response, now: now),
             notModified: CacheConditional.notModified(fields, stored: stream.response))
         let sent = StoredResponseWriter.writeHead(
-            answer, isHead: false, range: nil, keepAlive: keepAlive, viaLine: worker.viaLine, into: connection.clientOutput)
+            answer, isHead: false, range: nil, keepAlive: keepAlive, viaLine: worker.viaLine,
+            unknownLength: framing == .length ? nil : framing, into: connection.clientOutput)
         exchange.summary.cache = answer.parameters
         exchange.summary.servedFromStore = true
         exchange.reportCache(.hit(age: answer.age, notModified: answer.notModified))
@@ -151,7 +158,8 @@ extension ExchangeDriver {
     private func pumpFill(
         _ reader: FillReader, _ snapshot: CacheFetch.Snapshot, _ exchange: Exchange
     ) -> (phase: CacheFetch.Phase, available: Int64, until: Int64)? {
-        let available = min(snapshot.available, reader.stream.contentLength)
+        let length = reader.stream.contentLength ?? .max
+        let available = min(snapshot.available, length)
         let output = connection.clientOutput
         guard let moved = reader.pump(available: available, into: output, bound: StoredResponseWriter.diskOutputBound)
         else {
@@ -162,17 +170,24 @@ extension ExchangeDriver {
             connection.scheduleFlush()
             _ = exchange.machine.handle(.responseBodySent(bytes: moved))
         }
-        if reader.offset >= reader.stream.contentLength {
+        if reader.offset >= length {
             finishFillRead(exchange, keepAlive: reader.keepAlive)
             return nil
         }
         if reader.offset < available { return nil }  // the output is full: its drain calls again
-        if case .ended = snapshot.phase {
-            abortFillRead(exchange, reason: "the shared fill ended before its body was whole")
+        if case .ended(let complete) = snapshot.phase {
+            guard complete, reader.stream.contentLength == nil else {
+                abortFillRead(exchange, reason: "the shared fill ended before its body was whole")
+                return nil
+            }
+            // A body of unknown length ends with its fill.
+            if reader.framing == .chunked { ResponseEncoder.lastChunk(into: output) }
+            connection.scheduleFlush()
+            finishFillRead(exchange, keepAlive: reader.keepAlive)
             return nil
         }
         // Woken a step further on (or at the end), not for every block the fill stores.
-        return (.streaming, reader.offset, min(reader.offset + Self.fillReadStep, reader.stream.contentLength))
+        return (.streaming, reader.offset, min(reader.offset + Self.fillReadStep, length))
     }
 
     /// A reader that caught up with a fill is woken when this much more is stored (1 MiB).
@@ -266,7 +281,9 @@ extension ExchangeDriver {
         guard let exchange, let fetch = exchange.cache?.fill?.publishedFetch,
             let stream = fetch.snapshot.stream as? FillStream,
             let reader = FillReader(
-                fetch: fetch, stream: stream, exchange: exchange, keepAlive: connection.keepsAliveAfterResponse,
+                fetch: fetch, stream: stream, exchange: exchange,
+                keepAlive: transfer.clientFraming != .close && connection.keepsAliveAfterResponse,
+                framing: transfer.clientFraming,
                 // What the client has: a resumed download's earlier tries' bytes too.
                 offset: (resume?.base ?? 0) + transfer.bodyBytesSent)
         else { return false }

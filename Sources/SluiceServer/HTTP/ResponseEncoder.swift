@@ -51,15 +51,22 @@ enum ResponseEncoder {
 
     /// One chunk of a re-chunked body: size line, data, CRLF.
     static func chunk(_ data: UnsafeRawBufferPointer, into output: OpaquePointer) {
+        chunkSizeLine(data.count, into: output)
+        evbuffer_add(output, data.baseAddress, data.count)
+        evbuffer_add(output, "\r\n", 2)
+    }
+
+    /// A chunk's size line (hex, CRLF): the caller adds its `size` bytes and a CRLF.
+    static func chunkSizeLine(_ size: Int, into output: OpaquePointer) {
         var line: (UInt64, UInt64, UInt64) = (0, 0, 0)  // up to 16 hex digits + CRLF
         let count = withUnsafeMutableBytes(of: &line) { raw -> Int in
-            var n = data.count
+            var n = size
             var digits = 0
             repeat {
                 digits += 1
                 n >>= 4
             } while n > 0
-            n = data.count
+            n = size
             for i in stride(from: digits - 1, through: 0, by: -1) {
                 raw[i] = hexDigits[n & 0xF]
                 n >>= 4
@@ -69,8 +76,6 @@ enum ResponseEncoder {
             return digits + 2
         }
         withUnsafeBytes(of: &line) { _ = evbuffer_add(output, $0.baseAddress, count) }
-        evbuffer_add(output, data.baseAddress, data.count)
-        evbuffer_add(output, "\r\n", 2)
     }
 
     /// The last chunk of a re-chunked body (no trailers).
