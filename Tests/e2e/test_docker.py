@@ -40,8 +40,11 @@ from conftest import REPO, spawn, wait_port
 from faultservers import HOST, pick_port
 from support import clean_env, tail, wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("buildah") is None,
-                                reason="buildah is not installed (scripts/install-deps.sh test)")
+# One worker runs the module: its image fixture is per module and per worker, and two
+# `make image` at once race in buildah's layer cache ("layer not known").
+pytestmark = [pytest.mark.skipif(shutil.which("buildah") is None,
+                                 reason="buildah is not installed (scripts/install-deps.sh test)"),
+              pytest.mark.xdist_group("docker-image")]
 
 IMAGE = "localhost/sluice:e2e"
 SHIPPED_CONFIG = REPO / "docker" / "sluice.yaml"
