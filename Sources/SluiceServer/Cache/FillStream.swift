@@ -144,11 +144,8 @@ final class FillReader {
                 guard let chunk = chunks.chunks(from: chunkIndex).first else { return moved }
                 let from = Int(offset - chunkStart)
                 let count = min(chunk.count - from, Int(available - offset))
-                let retained = Unmanaged.passRetained(chunk).toOpaque()
                 if framing == .chunked { ResponseEncoder.chunkSizeLine(count, into: output) }
-                evbuffer_add_reference(
-                    output, chunk.bytes.baseAddress! + from, count,
-                    { _, _, extra in Unmanaged<CacheChunk>.fromOpaque(extra!).release() }, retained)
+                StoredResponseWriter.addReference(chunk, chunk.bytes.baseAddress! + from, count, into: output)
                 if framing == .chunked { evbuffer_add(output, "\r\n", 2) }
                 offset += Int64(count)
                 moved += count

@@ -109,18 +109,26 @@ enum StoredResponseWriter {
             let start = chunk.bytes.baseAddress! + (from - offset)
             let count = to - from
             if count >= referenceThreshold {
-                let retained = Unmanaged.passRetained(chunk).toOpaque()
-                evbuffer_add_reference(
-                    output, start, count,
-                    { _, _, extra in
-                        Unmanaged<CacheChunk>.fromOpaque(extra!).release()
-                    }, retained)
+                addReference(chunk, start, count, into: output)
             } else {
                 evbuffer_add(output, start, count)
             }
             sent += count
         }
         return sent
+    }
+
+    /// Adds `count` bytes of `chunk` from `start` to `output` by reference: the chunk is
+    /// retained until libevent has sent them or freed the buffer (see the type's note).
+    static func addReference(
+        _ chunk: CacheChunk, _ start: UnsafeRawPointer, _ count: Int, into output: OpaquePointer
+    ) {
+        let retained = Unmanaged.passRetained(chunk).toOpaque()
+        evbuffer_add_reference(
+            output, start, count,
+            { _, _, extra in
+                Unmanaged<CacheChunk>.fromOpaque(extra!).release()
+            }, retained)
     }
 
     /// Sends a disk hit's next blocks while the client's output is below `diskOutputBound`.

@@ -163,7 +163,7 @@ extension ExchangeDriver {
         let output = connection.clientOutput
         guard let moved = reader.pump(available: available, into: output, bound: StoredResponseWriter.diskOutputBound)
         else {
-            abortFillRead(exchange, reason: "the shared fill's body could not be read")
+            abortStoredBody(exchange, reason: "the shared fill's body could not be read", warning: false)
             return nil
         }
         if moved > 0 {
@@ -177,7 +177,7 @@ extension ExchangeDriver {
         if reader.offset < available { return nil }  // the output is full: its drain calls again
         if case .ended(let complete) = snapshot.phase {
             guard complete, reader.stream.contentLength == nil else {
-                abortFillRead(exchange, reason: "the shared fill ended before its body was whole")
+                abortStoredBody(exchange, reason: "the shared fill ended before its body was whole", warning: false)
                 return nil
             }
             // A body of unknown length ends with its fill.
@@ -203,17 +203,6 @@ extension ExchangeDriver {
         return true
     }
 
-    /// The fill broke after this response's head went out (its fetch failed, its source could
-    /// not be read): the connection is closed without completing the message.
-    private func abortFillRead(_ exchange: Exchange, reason: String) {
-        Log.debug("\(reason): \(exchange.target.url); response to \(connection.peer) aborted")
-        awaited?.cancel()
-        awaited = nil
-        exchange.summary.servedFromStore = false
-        exchange.end(.error, error: reason + "; response aborted")
-        connection.abortiveClose = true
-        connection.close()
-    }
 }
 
 /// The rest of a shared fill's origin transfer once its own client no longer takes it

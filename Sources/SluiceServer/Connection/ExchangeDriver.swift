@@ -990,7 +990,7 @@ extension ExchangeDriver {
             exchange.cache?.diskReader = nil
             exchange.report(exchange.machine.handle(.responseHeadSent(status: response.status)))
             guard let reader, UInt64(answer.object.bodyLength) == reader.bodyLength else {
-                return abortDiskHit(exchange, reason: "disk cache entry vanished")
+                return abortStoredBody(exchange, reason: "disk cache entry vanished")
             }
             var promotion: CachePromotion?
             if let taken = exchange.cache?.takePromotionToken() {
@@ -1015,7 +1015,7 @@ extension ExchangeDriver {
     func pumpDiskHit(_ hit: DiskHitStream) {
         let failure = StoredResponseWriter.pump(hit, into: connection.clientOutput)
         connection.scheduleFlush()
-        if let failure { return abortDiskHit(hit.exchange, reason: failure) }
+        if let failure { return abortStoredBody(hit.exchange, reason: failure) }
         guard hit.offset >= hit.range.upperBound else { return }
         let exchange = hit.exchange
         _ = exchange.machine.handle(.responseBodySent(bytes: hit.sent))
@@ -1024,11 +1024,14 @@ extension ExchangeDriver {
         connection.exchangeFinished(keepAlive: hit.keepAlive)
     }
 
-    /// A disk hit's body cannot be completed (a block failed its digest; the entry was
-    /// dropped): the response already announced its length, so the connection is closed
-    /// without completing it, and the access log says why.
-    func abortDiskHit(_ exchange: Exchange, reason: String) {
-        Log.warning("\(reason): \(exchange.target.url); response to \(connection.peer) aborted")
+    /// A stored response's body cannot be completed (a disk block failed its digest and the
+    /// entry was dropped; a shared fill broke or could not be read): the response already
+    /// announced its length, so the connection is closed without completing it, and the
+    /// access log says why. `warning`: logged as one (damage on disk), else at debug level
+    /// (a shared fill's break was logged where it broke).
+    func abortStoredBody(_ exchange: Exchange, reason: String, warning: Bool = true) {
+        let line = "\(reason): \(exchange.target.url); response to \(connection.peer) aborted"
+        if warning { Log.warning(line) } else { Log.debug(line) }
         exchange.summary.servedFromStore = false  // it broke: a failure, not a hit
         exchange.end(.error, error: reason + "; response aborted")
         connection.abortiveClose = true
