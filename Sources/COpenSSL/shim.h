@@ -6,6 +6,7 @@
 #include <openssl/pem.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
+#include <openssl/hmac.h>
 #include <openssl/bn.h>
 #include <openssl/rand.h>
 #include <openssl/ec.h>

@@ -1,3 +1,4 @@
+import HTTPTypes
 import SluiceCore
 import Testing
 
@@ -48,6 +49,10 @@ import Testing
             return ids
         }
         func makeRequestId(_ id: UInt64) -> String { "test-\(id)" }
+        func headerList(for fields: HTTPFields) -> HeaderList {
+            var builder = HeaderList.Builder()
+            return ForwardedHeaders.requestList(for: fields, viaLine: Array("Via: 1.1 sluice-test".utf8), builder: &builder)
+        }
     }
 
     /// Adapters here fetch nothing: a session that is never used.
@@ -109,7 +114,7 @@ import Testing
             RequestChain.request.map { $0.name } == [
                 "proxy_auth", "tunnel", "cache", "upstream_slot", "adapters", "request_body",
             ])
-        #expect(RequestChain.attempt.map { $0.name } == ["trust", "health", "rate_limit", "upstream"])
+        #expect(RequestChain.attempt.map { $0.name } == ["trust", "health", "rate_limit", "try_adapters", "upstream"])
     }
 
     @Test func aPlainGetPassesEveryRequestStage() throws {
@@ -452,6 +457,81 @@ import Testing
                 try exchange("GET https://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services)
         else {
             Issue.record("an https host no evaluator covers is refused")
+            return
+        }
+    }
+
+    /// An adapter that runs on every try: what it was given, and a stamp of the try.
+    struct TryStamp: RequestAdapter {
+        var name: String { "try_stamp" }
+        var timing: AdapterTiming { .everyTry }
+        var readsBody: Bool { true }
+        func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+            completion(.failure(AdaptationError(adapter: name, reason: "runs on tries only")))
+        }
+        func adaptTry(_ request: inout ProxyRequest, _ context: TryContext) throws(AdaptationError) {
+            let body = context.body.map { String(decoding: $0, as: UTF8.self) } ?? "none"
+            request.headerFields[HTTPField.Name("X-Try")!] = "\(context.attempt) \(context.wallClockMilliseconds) \(body)"
+        }
+    }
+
+    /// Every-try adapters run in the try stages, after the once-per-exchange ones, on the
+    /// request as those left it: the header list the transport sends is made again, with the
+    /// body's length, and every try is adapted afresh.
+    @Test func adaptersForEveryTryRunOnEachTry() throws {
+        let services = Services([
+            PolicyEntry(name: "default", adapters: [HeaderAdapter(set: [(HTTPField.Name("X-Once")!, "1")]), TryStamp()])
+        ])
+        let exchange = try exchange(
+            "POST http://a/p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nX-Try: client\r\n\r\n", services)
+        #expect(exchange.policy.tryAdapters.map(\.name) == ["try_stamp"])
+        #expect(exchange.policy.interceptor.adapters.map(\.name) == ["headers"])
+        guard case .wait(.requestBody(.whole)) = RequestBodyStage.enter(exchange, services) else {
+            Issue.record("an adapter that reads the body has it read whole")
+            return
+        }
+        var model = ProxyRequest(id: 1, method: "POST", url: "http://a/p", headerFields: [:], body: .length(5))
+        model.headerFields[HTTPField.Name("X-Once")!] = "1"
+        model.headerFields[HTTPField.Name("X-Try")!] = "client"
+        // The body as the connection kept it: read whole.
+        let scratch = UnsafeMutableRawPointer.allocate(byteCount: 8, alignment: 1)
+        defer { scratch.deallocate() }
+        var given = false
+        while try exchange.body.read(
+            into: scratch, capacity: 8,
+            readClient: { buffer, _ in
+                defer { given = true }
+                if given { return 0 }
+                Array("hello".utf8).withUnsafeBytes { buffer.copyMemory(from: $0.baseAddress!, byteCount: 5) }
+                return 5
+            }) != 0
+        {}
+        for _ in 1...2 {
+            var request = UpstreamRequest(
+                method: "POST", target: exchange.target, headers: HeaderList.Builder().makeList(), body: .streamed,
+                model: model)
+            guard case .proceed = TryAdaptersStage.enter(&request, exchange, services) else {
+                Issue.record("the try adapters let the try go")
+                return
+            }
+            let lines = request.headers.lines
+            #expect(lines.contains("X-Once: 1"))
+            #expect(lines.filter { $0.hasPrefix("X-Try:") }.count == 1, "the client's value replaced, not added to")
+            #expect(lines.contains { $0.hasPrefix("X-Try: 1 ") && $0.hasSuffix(" hello") }, "\(lines)")
+            #expect(request.body == .length(5))
+            #expect(request.model?.headerFields[.contentLength] == "5")
+        }
+    }
+
+    /// A declared body over `max_body` is refused before a byte is read: 413, nothing sent.
+    @Test func aBodyOverMaxBodyIsRefusedForASigner() throws {
+        var entry = PolicyEntry(name: "default", adapters: [TryStamp()])
+        entry.maxBody = 4
+        let services = Services([entry])
+        let exchange = try exchange("PUT http://a/p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n", services)
+        guard case .respond(.bodyTooLargeForAdapter(adapter: "try_stamp", limit: 4)) = RequestBodyStage.enter(exchange, services)
+        else {
+            Issue.record("413 for a body over max_body")
             return
         }
     }

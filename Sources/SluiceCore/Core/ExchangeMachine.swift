@@ -171,6 +171,8 @@ public struct ExchangeMachine {
     /// policy's `buffer_limit`, else `defaultReplayLimit` when a redirect, a credentials
     /// challenge or an OAuth refresh may resend it.
     public static func replayLimit(for policy: HostPolicy) -> Int {
+        // An adapter that reads the body (a signer) is given the copy every try sends.
+        if policy.bodyReader != nil { return Int(policy.maxBody) }
         if let retry = policy.retryPolicy { return retry.bufferLimit }
         let mayResend = policy.redirector.follows || policy.credentials != nil || !policy.refreshStatuses.isEmpty
         return mayResend ? defaultReplayLimit : 0
@@ -196,7 +198,8 @@ public struct ExchangeMachine {
     /// The delay of the retry decided last.
     var pendingDelay = 0
     private let startedAt: Int
-    let clock: any ExchangeClock
+    /// The exchange's clock (also a try's `TryContext.wallClockMilliseconds`).
+    public let clock: any ExchangeClock
     /// Jitter's random numbers (the retriers draw from it).
     var random: any RandomNumberGenerator
 
@@ -242,6 +245,7 @@ public struct ExchangeMachine {
     /// policy may resend it.
     public func readsBodyWhole(length: Int64) -> Bool {
         guard length > 0, length <= Int64(Self.replayLimit(for: policy)) else { return false }
+        if policy.bodyReader != nil { return true }
         if let retry = policy.retryPolicy, retry.methods.contains(model?.method ?? summary.method) { return true }
         return policy.credentials != nil || !policy.refreshStatuses.isEmpty || policy.redirector.follows
     }
@@ -338,7 +342,8 @@ public struct ExchangeMachine {
             }
             return
         }
-        if policy.adapters.isEmpty {
+        if policy.interceptor.adapters.isEmpty {
+            // None runs once (there may be adapters for every try: they run in the try stages).
             self.model = model
             state = .startingTry
             actions.append(.forward(headerEdits: nil))

@@ -32,6 +32,8 @@ public struct PolicyEntry: Sendable {
     public var cache: CacheBehavior?
     /// `resume:`; nil inherits the default's (on).
     public var resume: Bool?
+    /// `max_body:` (bytes); nil inherits the default's (`HostPolicy.defaultMaxBody`).
+    public var maxBody: Int64?
 
     public init(
         name: String, adapters: [any RequestAdapter] = [], redirect: Redirector? = nil,
@@ -111,6 +113,18 @@ public final class HostPolicy: Sendable {
     public let headerEditPlan: HeaderEditPlan?
     /// The adapters' names, in order, for `.requestAdapted`.
     public let adapterNames: [String]
+    /// The adapters that run on every try (`AdapterTiming.everyTry`: signers), in order; they
+    /// run after the others (`interceptor.adapters`), in the try stages.
+    public let tryAdapters: [any RequestAdapter]
+    /// The first adapter that reads the request body whole (`readsBody`), if any: the body is
+    /// then read before the first try, up to `maxBody`.
+    public let bodyReader: String?
+    /// The largest request body an adapter that reads it (`bodyReader`) is given (`max_body`);
+    /// a larger one is refused with `413`.
+    public let maxBody: Int64
+
+    /// `max_body` when no policy sets it: `8 MiB`.
+    public static let defaultMaxBody: Int64 = 8 << 20
 
     public init(
         name: String, adapters: [SourcedAdapter], redirector: Redirector, retryPolicy: RetryPolicy? = nil,
@@ -118,9 +132,11 @@ public final class HostPolicy: Sendable {
         trust: ServerTrust = .builtInDefault, upstream: UpstreamOverride? = nil,
         upstreamProxy: UpstreamProxy? = nil, clientCertificate: ClientCertificate? = nil,
         health: Health? = nil, intercept: Bool = false, upgrades: Upgrades = .standard,
-        cache: CacheBehavior = .defaultBehavior, rateLimit: RateLimitSettings? = nil, resume: Bool = true
+        cache: CacheBehavior = .defaultBehavior, rateLimit: RateLimitSettings? = nil, resume: Bool = true,
+        maxBody: Int64 = HostPolicy.defaultMaxBody
     ) {
         self.resume = resume
+        self.maxBody = maxBody
         rateLimiting = rateLimit.map { RateLimiting(policy: name, settings: $0) }
         self.name = name
         self.upgrades = upgrades
@@ -142,7 +158,10 @@ public final class HostPolicy: Sendable {
         let retriers: [any RequestRetrier] =
             adapters.compactMap { $0.adapter as? any RequestRetrier }
             + (retryPolicy.map { [$0] } ?? [])
-        interceptor = Interceptor(adapters: adapters.map(\.adapter), retriers: retriers)
+        let onEveryTry = adapters.map(\.adapter).filter { $0.timing == .everyTry }
+        tryAdapters = onEveryTry
+        bodyReader = onEveryTry.first { $0.readsBody }?.name
+        interceptor = Interceptor(adapters: adapters.map(\.adapter).filter { $0.timing != .everyTry }, retriers: retriers)
         refreshStatuses = adapters.reduce(into: []) { set, sourced in
             if let oauth = sourced.adapter as? OAuth2Authenticator { set.formUnion(oauth.settings.refreshOn) }
         }
@@ -176,7 +195,8 @@ public final class HostPolicy: Sendable {
             upgrades: host?.upgrades ?? base.upgrades ?? .standard,
             cache: host?.cache ?? base.cache ?? .defaultBehavior,
             rateLimit: pick(host?.rateLimit, base.rateLimit),
-            resume: host?.resume ?? base.resume ?? true)
+            resume: host?.resume ?? base.resume ?? true,
+            maxBody: host?.maxBody ?? base.maxBody ?? HostPolicy.defaultMaxBody)
     }
 }
 
@@ -261,6 +281,9 @@ public struct Pipeline: Sendable {
     public var redactor: Redactor
     /// nil: forward-proxy clients need no credentials (the default).
     public var proxyAuthentication: ProxyAuthentication?
+    /// An adapter as `sluice check --host` and `GET /config` show it (secrets redacted): set
+    /// by the loader from the kind that read it; the adapter's name otherwise.
+    public var describeAdapter: @Sendable (any RequestAdapter) -> String = { $0.name }
 
     public init(
         policies: PolicyTable = .empty, monitors: [any EventMonitorFactory] = [],

@@ -13,6 +13,9 @@ public enum ProxyError: Error, Sendable, Equatable {
     case headerSectionTooLarge(limit: Int)
     case tooManyHeaders(limit: Int)
     case bodyTooLarge(limit: Int64)
+    /// An adapter of the policy reads the request body whole (a signer, `readsBody`) and the
+    /// body is larger than the policy's `max_body`: nothing is sent.
+    case bodyTooLargeForAdapter(adapter: String, limit: Int64)
     case unsupportedTransferCoding(String)
     case unsupportedVersion
     case headerTimeout(milliseconds: Int)
@@ -87,6 +90,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case headerSectionTooLarge = "header_section_too_large"
         case tooManyHeaders = "too_many_headers"
         case bodyTooLarge = "body_too_large"
+        case bodyTooLargeForAdapter = "body_too_large_for_adapter"
         case unsupportedTransferCoding = "unsupported_transfer_coding"
         case unsupportedVersion = "unsupported_version"
         case headerTimeout = "header_timeout"
@@ -126,6 +130,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .headerSectionTooLarge: return .headerSectionTooLarge
         case .tooManyHeaders: return .tooManyHeaders
         case .bodyTooLarge: return .bodyTooLarge
+        case .bodyTooLargeForAdapter: return .bodyTooLargeForAdapter
         case .unsupportedTransferCoding: return .unsupportedTransferCoding
         case .unsupportedVersion: return .unsupportedVersion
         case .headerTimeout: return .headerTimeout
@@ -164,7 +169,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .proxyAuthenticationRequired: return 407
         case .rateLimited, .originRateLimited, .concurrencyLimited: return 429
         case .headerTimeout: return 408
-        case .bodyTooLarge: return 413
+        case .bodyTooLarge, .bodyTooLargeForAdapter: return 413
         case .requestLineTooLong: return 414
         case .headerSectionTooLarge, .tooManyHeaders: return 431
         case .unsupportedTransferCoding: return 501
@@ -185,7 +190,8 @@ public enum ProxyError: Error, Sendable, Equatable {
     public var closesConnection: Bool {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm, .requestLineTooLong, .headerSectionTooLarge,
-            .tooManyHeaders, .bodyTooLarge, .unsupportedTransferCoding, .unsupportedVersion, .headerTimeout,
+            .tooManyHeaders, .bodyTooLarge, .bodyTooLargeForAdapter, .unsupportedTransferCoding, .unsupportedVersion,
+            .headerTimeout,
             .loopDetected, .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .socketUnavailable:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
@@ -221,6 +227,8 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .headerSectionTooLarge(let limit): return "request header section too large (limit \(limit) bytes)"
         case .tooManyHeaders(let limit): return "request header section too large (more than \(limit) fields)"
         case .bodyTooLarge(let limit): return "request body too large (limit \(limit) bytes)"
+        case .bodyTooLargeForAdapter(let adapter, let limit):
+            return "request body too large for adapter \(adapter), which reads it whole (limit \(limit) bytes, max_body)"
         case .unsupportedTransferCoding(let coding): return "unsupported transfer coding: \(coding)"
         case .unsupportedVersion: return "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)"
         case .headerTimeout(let ms): return "timeout: request head not received within \(ms) ms"

@@ -28,10 +28,58 @@ public protocol RequestAdapter: Sendable {
     /// of them copies the request once, not once per adapter. Returns false when the adapter
     /// must be called through the completion form instead (the default).
     func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool
+    /// When the adapter runs: with the exchange's first try (and again before a retry, as
+    /// Alamofire does: `.oncePerExchange`, the default), or on every try — each retry and each
+    /// followed redirect — after every other adapter (`.everyTry`: signers, whose date and
+    /// signature must be fresh and cover the request exactly as it is sent).
+    var timing: AdapterTiming { get }
+    /// Whether the adapter reads the request body (`TryContext.body`): the body is then read
+    /// whole before the first try, up to the policy's `max_body` (a larger one is refused
+    /// with `413`, `ProxyError.bodyTooLargeForAdapter`), and that copy is what every try
+    /// sends. Only `.everyTry` adapters are given the body. `false` by default.
+    var readsBody: Bool { get }
+    /// The `.everyTry` form: edits the try's request in place, synchronously (a try does not
+    /// wait for an adapter). By default it calls `adaptInPlace`, and fails when that form is
+    /// not implemented.
+    func adaptTry(_ request: inout ProxyRequest, _ context: TryContext) throws(AdaptationError)
+}
+
+/// When an adapter runs (`RequestAdapter.timing`).
+public enum AdapterTiming: Sendable, Equatable {
+    /// Before the first try, on the request as the client sent it (and again before a retry).
+    case oncePerExchange
+    /// Before each try — the first, each retry, each followed redirect — after every
+    /// `.oncePerExchange` adapter, in the policy's order.
+    case everyTry
+}
+
+/// What an `.everyTry` adapter is told about the try it adapts.
+public struct TryContext: Sendable {
+    /// The request body as the try sends it (after any encoder, such as `deflate`), when an
+    /// adapter of the policy reads the body (`readsBody`) and the request has one; else nil.
+    public var body: [UInt8]?
+    /// The wall clock at the try's start, in milliseconds since the Unix epoch (a signer's
+    /// date). Injected through the exchange's clock, so a test fixes it.
+    public var wallClockMilliseconds: Int
+    /// The try's number, from 1.
+    public var attempt: Int
+
+    public init(body: [UInt8]?, wallClockMilliseconds: Int, attempt: Int) {
+        self.body = body
+        self.wallClockMilliseconds = wallClockMilliseconds
+        self.attempt = attempt
+    }
 }
 
 extension RequestAdapter {
     public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool { false }
+    public var timing: AdapterTiming { .oncePerExchange }
+    public var readsBody: Bool { false }
+    public func adaptTry(_ request: inout ProxyRequest, _ context: TryContext) throws(AdaptationError) {
+        guard try adaptInPlace(&request) else {
+            throw AdaptationError(adapter: name, reason: "runs on every try but cannot adapt without waiting")
+        }
+    }
 }
 
 /// A synchronous adapter: implement `adaptInPlace` only; the completion form follows from it.

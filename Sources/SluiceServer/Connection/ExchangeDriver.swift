@@ -247,6 +247,10 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
                 return
             }
             if n == 0 { break }
+            if let reader = exchange.policy.bodyReader, exchange.body.replay == nil {
+                // Past `max_body`: the adapter that must read the body cannot have it.
+                return connection.respondError(.bodyTooLargeForAdapter(adapter: reader, limit: exchange.policy.maxBody))
+            }
         }
         exchange.body.rewindForReplay()
         phase = .idle

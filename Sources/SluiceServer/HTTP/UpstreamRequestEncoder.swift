@@ -47,8 +47,8 @@ enum UpstreamRequestEncoder {
             let count = strlen(n.pointee.data)
             guard count > 0 else { continue }
             let bytes = UnsafeBufferPointer(start: text, count: count)
-            if bytes[count - 1] == 0x3A {
-                continue  // `Name:` — curl's "do not add this field"
+            if bytes[count - 1] == 0x3A, memchr(text, 0x3A, count) == UnsafeRawPointer(text + count - 1) {
+                continue  // `Name:` — curl's "do not add this field" (not a value that ends in `:`)
             }
             if bytes[count - 1] == 0x3B, memchr(text, 0x3A, count) == nil {
                 w.put(UnsafeBufferPointer(start: text, count: count - 1))  // `Name;` — an empty value

@@ -1,5 +1,6 @@
 import CLibEvent
 import CShims
+import HTTPTypes
 import SluiceCore
 import Synchronization
 
@@ -686,6 +687,10 @@ extension Worker: StageServices {
     var adapterSession: any SessionContext { sessionContext }
     var upstreamPerTryTimeout: Int { config.timeouts.upstreamPerTry }
     var totalTimeout: Int? { config.timeouts.total }
+
+    func headerList(for fields: HTTPFields) -> HeaderList {
+        ForwardedHeaders.requestList(for: fields, viaLine: viaRequestLine, builder: &headerBuilder)
+    }
 
     func originChoseHTTP1(_ target: RequestTarget) -> Bool {
         tlsProtocols.choseHTTP1(host: target.host, port: target.port, now: MonotonicClock.milliseconds())

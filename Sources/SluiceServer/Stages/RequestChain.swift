@@ -28,6 +28,7 @@ enum RequestChain {
         TrustStage.self,  // trust, upstream_proxy, client_certificate
         CircuitStage.self,  // health
         QuotaStage.self,  // rate_limit
+        TryAdaptersStage.self,  // adapters that run on every try (signers)
         UpstreamStage.self,  // upstream, upstream.engine
     ]
 

@@ -1,0 +1,56 @@
+import SluiceCore
+
+/// `adapters` that run on every try (`AdapterTiming.everyTry`: `aws_sigv4`, `http_signature`,
+/// docs/configuration.md, "Adapters"): after the circuit and the rate limit gave the try its
+/// turn — so that a signer's date is the moment the try leaves, even after a wait — the
+/// try's request model is adapted by each of them in the policy's order, and the header list
+/// the transport sends is built again from it. Each try (a retry, a followed redirect) starts
+/// from the request as the once-per-exchange adapters left it, so a signature never covers an
+/// earlier try's edits.
+///
+/// An adapter that reads the body (`readsBody`) is given the copy `RequestBodyStage` read
+/// whole, which is also what every try sends; the try then goes with that body's length
+/// (`Content-Length`, which the adapter sees in the fields) rather than chunked.
+enum TryAdaptersStage: TryStage {
+    static var name: String { "try_adapters" }
+
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        let policy = exchange.tryPolicy ?? exchange.policy
+        let adapters = policy.tryAdapters
+        guard !adapters.isEmpty else { return .proceed }
+        guard var model = request.model else {
+            return .respond(.adapterFailed(name: adapters[0].name, reason: "the request was not built for adapters"))
+        }
+        var body: [UInt8]?
+        if policy.bodyReader != nil, request.body != .none {
+            guard let kept = exchange.body.replay, exchange.body.canReplay(clientBodyDone: true) else {
+                let name = policy.bodyReader ?? adapters[0].name
+                return .respond(.adapterFailed(name: name, reason: "the request body was not read whole"))
+            }
+            body = kept
+            request.body = .length(Int64(kept.count))
+            model.body = .length(Int64(kept.count))
+            model.headerFields[.contentLength] = String(kept.count)
+        }
+        let context = TryContext(
+            body: body, wallClockMilliseconds: exchange.inspect { $0.clock.wallClockMilliseconds() },
+            attempt: exchange.summary.attempts + 1)
+        for adapter in adapters {
+            do throws(AdaptationError) {
+                try adapter.adaptTry(&model, context)
+            } catch {
+                return .respond(.adapterFailed(name: error.adapter, reason: error.reason))
+            }
+        }
+        if model.url != request.target.url {
+            do throws(ProxyError) {
+                request.target = try RequestTarget.absolute(model.url)
+            } catch {
+                return .respond(error)
+            }
+        }
+        request.headers = services.headerList(for: model.headerFields)
+        request.model = model
+        return .proceed
+    }
+}
