@@ -27,7 +27,9 @@ public enum ConfigLoader {
     public static let embeddedDefault = String(decoding: PackageResources.default_yaml, as: UTF8.self)
     public static let embeddedDefaultName = "<embedded default>"
 
-    public static func load(path: String) throws -> SluiceConfiguration {
+    /// `kinds`: the interceptor kinds `adapters:` may name (an embedding program adds its own,
+    /// docs/library.md).
+    public static func load(path: String, kinds: InterceptorRegistry = .builtIn) throws -> SluiceConfiguration {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw ConfigError(issues: [
                 ConfigIssue(
@@ -38,11 +40,11 @@ public enum ConfigLoader {
         guard let text = String(data: data, encoding: .utf8) else {
             throw ConfigError(issues: [ConfigIssue(file: path, line: 0, column: 0, message: "file is not UTF-8")])
         }
-        return try parse(yaml: text, file: path)
+        return try parse(yaml: text, file: path, kinds: kinds)
     }
 
-    public static func parse(yaml: String, file: String) throws -> SluiceConfiguration {
-        try parse(yaml: yaml, file: file, logSinks: .open)
+    public static func parse(yaml: String, file: String, kinds: InterceptorRegistry = .builtIn) throws -> SluiceConfiguration {
+        try parse(yaml: yaml, file: file, logSinks: .open, kinds: kinds)
     }
 
     /// Whether loading opens the monitors' log files.
@@ -54,8 +56,10 @@ public enum ConfigLoader {
         case skip
     }
 
-    static func parse(yaml: String, file: String, logSinks: LogSinkOpening) throws -> SluiceConfiguration {
-        var reader = NodeReader(file: file, logSinks: logSinks)
+    static func parse(
+        yaml: String, file: String, logSinks: LogSinkOpening, kinds: InterceptorRegistry = .builtIn
+    ) throws -> SluiceConfiguration {
+        var reader = NodeReader(file: file, logSinks: logSinks, kinds: kinds)
         let root: Node?
         do {
             // No tag resolution: every value is read as the string it is (`NodeReader` parses
@@ -74,10 +78,19 @@ public enum ConfigLoader {
 }
 
 /// Walks the composed YAML tree, collecting issues instead of stopping at the first.
-struct NodeReader {
+///
+/// An interceptor kind (`InterceptorKind`) reads its settings with the public methods below:
+/// each reports a problem at the node it is about (file, line, column) and answers nil, so
+/// that loading goes on and reports every problem at once.
+public struct NodeReader {
     let file: String
     var logSinks: ConfigLoader.LogSinkOpening = .open
+    /// The kinds `adapters:` may name.
+    var kinds: InterceptorRegistry = .builtIn
     var issues: [ConfigIssue] = []
+    /// Query parameters whose values are redacted in logs (`redact_query`, and those a kind
+    /// puts its secrets in).
+    var redactedQueryParameters: Set<String> = []
     /// Every secret read so far, for the redactor.
     var secrets: [Secret] = []
     /// Every listen address (forward and routes) with its node, to refuse duplicates.
@@ -85,7 +98,13 @@ struct NodeReader {
     /// `access.proxy_auth`, with its users file read (ProxyAuthReader).
     var proxyAuthentication: ProxyAuthentication?
 
-    mutating func fail(_ node: Node?, _ message: String) {
+    /// Values of the query parameter `name` are secrets: logs show them redacted (an
+    /// adapter that puts a key in the query, as `api_key` can).
+    public mutating func redactQueryParameter(_ name: String) {
+        redactedQueryParameters.insert(name)
+    }
+
+    public mutating func fail(_ node: Node?, _ message: String) {
         let mark = node?.mark
         issues.append(ConfigIssue(file: file, line: mark?.line ?? 0, column: mark?.column ?? 0, message: message))
     }
@@ -127,7 +146,7 @@ struct NodeReader {
 
     /// Iterates a mapping's entries, reporting keys that are not in `known` (with the closest
     /// known key as a suggestion) and keys that are not plain strings.
-    mutating func entries(
+    public mutating func entries(
         _ node: Node, in section: String, known: [String],
         _ body: (inout NodeReader, String, Node) -> Void
     ) {
@@ -163,7 +182,6 @@ struct NodeReader {
         ]
         var policyEntries: [PolicyEntry] = []
         var monitorSpecs: [(MonitorSpec, Node)] = []
-        var redactQuery: Set<String> = []
         entries(root, in: "the top level", known: known) { r, key, value in
             switch key {
             case "listen": r.readListen(value, into: &config.server.listen)
@@ -182,7 +200,7 @@ struct NodeReader {
             case "cache_store": config.server.cacheStore = r.readCacheStore(value)
             case "fleet": config.server.fleet = r.readFleet(value)
             default:
-                for (name, _) in r.strings(value, what: key) ?? [] { redactQuery.insert(name) }
+                for (name, _) in r.strings(value, what: key) ?? [] { r.redactedQueryParameters.insert(name) }
             }
         }
         var seen: Set<String> = []
@@ -190,12 +208,7 @@ struct NodeReader {
             fail(node, "listen address \(address) is used twice (listen and routes each need their own)")
         }
         checkExposedListeners(config.server)
-        for entry in policyEntries {
-            for adapter in entry.adapters {
-                if let key = adapter as? APIKeyAdapter, case .query(let name) = key.placement { redactQuery.insert(name) }
-            }
-        }
-        let redactor = Redactor(secretValues: secrets.map(\.value), queryParameters: redactQuery)
+        let redactor = Redactor(secretValues: secrets.map(\.value), queryParameters: redactedQueryParameters)
         var monitors: [any EventMonitorFactory] = []
         for (spec, node) in monitorSpecs {
             if spec.kind == .metrics {
@@ -218,6 +231,8 @@ struct NodeReader {
             policies: PolicyTable(entries: policyEntries, allHostsMustBeEvaluated: config.server.tls.allHostsMustBeEvaluated),
             monitors: monitors, redactor: redactor)
         config.pipeline.proxyAuthentication = proxyAuthentication
+        let kinds = kinds
+        config.pipeline.describeAdapter = { kinds.describe($0) }
     }
 
     mutating func readListen(_ node: Node, into listen: inout [String]) {
@@ -373,7 +388,7 @@ struct NodeReader {
         return networks
     }
 
-    mutating func strings(_ node: Node, what: String) -> [(String, Node)]? {
+    public mutating func strings(_ node: Node, what: String) -> [(String, Node)]? {
         switch node {
         case .scalar(let s): return [(s.string, node)]
         case .sequence(let seq):
@@ -394,14 +409,14 @@ struct NodeReader {
 
     /// A whole number from `min` to 10,000,000 (or the `word` that stands for no number, named
     /// in the error); anything else is an error at the node.
-    mutating func count(_ node: Node, key: String, min: Int, word: String? = nil) -> Int? {
+    public mutating func count(_ node: Node, key: String, min: Int, word: String? = nil) -> Int? {
         if let n = node.scalar.flatMap({ Int($0.string) }), n >= min, n <= 10_000_000 { return n }
         fail(node, "\(key) must be \(word.map { "'\($0)' or " } ?? "")a number from \(min) to 10000000")
         return nil
     }
 
     /// `true` or `false`; anything else is an error at the node.
-    mutating func bool(_ node: Node, key: String) -> Bool? {
+    public mutating func bool(_ node: Node, key: String) -> Bool? {
         switch node.scalar?.string {
         case "true": return true
         case "false": return false
@@ -411,7 +426,7 @@ struct NodeReader {
         }
     }
 
-    mutating func size(_ node: Node, key: String, min: Int64) -> Int64? {
+    public mutating func size(_ node: Node, key: String, min: Int64) -> Int64? {
         guard let text = node.scalar?.string, let n = Units.bytes(text) else {
             fail(node, "\(key) must be a size such as 8KiB, 10MiB or 1048576")
             return nil
@@ -423,7 +438,7 @@ struct NodeReader {
         return n
     }
 
-    mutating func duration(_ node: Node, key: String) -> Int? {
+    public mutating func duration(_ node: Node, key: String) -> Int? {
         guard let text = node.scalar?.string, let ms = Units.milliseconds(text) else {
             fail(node, "\(key) must be a duration such as 500ms, 30s or 5m")
             return nil

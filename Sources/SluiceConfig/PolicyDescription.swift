@@ -11,8 +11,12 @@ public enum PolicyDescription {
         } else {
             lines.append("  adapters (in order):")
             for (i, sourced) in policy.adapters.enumerated() {
-                lines.append("    \(i + 1). \(describe(sourced.adapter))  [from \(sourced.entry)]")
+                let timing = sourced.adapter.timing == .everyTry ? " (every try)" : ""
+                lines.append("    \(i + 1). \(pipeline.describeAdapter(sourced.adapter))\(timing)  [from \(sourced.entry)]")
             }
+        }
+        if let reader = policy.bodyReader {
+            lines.append("  max_body: \(policy.maxBody) bytes (the request body is read whole for \(reader))")
         }
         lines.append("  redirect: \(describe(policy.redirector))")
         if let retry = policy.retryPolicy {
@@ -127,34 +131,6 @@ public enum PolicyDescription {
             if !m.dropResponseHeaders.isEmpty { parts.append("drops " + m.dropResponseHeaders.joined(separator: ", ")) }
             if !m.keyRequestHeaders.isEmpty { parts.append("keys on " + m.keyRequestHeaders.joined(separator: ", ")) }
             return "modify" + (parts.isEmpty ? "" : ": " + parts.joined(separator: "; "))
-        }
-    }
-
-    static func describe(_ adapter: any RequestAdapter) -> String {
-        switch adapter {
-        case let a as HeaderAdapter:
-            var parts: [String] = []
-            if !a.remove.isEmpty { parts.append("remove " + a.remove.map(\.rawName).joined(separator: ", ")) }
-            if !a.set.isEmpty { parts.append("set " + a.set.map { "\($0.0.rawName): \($0.1)" }.joined(separator: ", ")) }
-            if !a.add.isEmpty { parts.append("add " + a.add.map { "\($0.0.rawName): \($0.1)" }.joined(separator: ", ")) }
-            return "headers: " + parts.joined(separator: "; ")
-        case let a as BearerAdapter:
-            return "bearer: \(a.token) (\(a.token.source))"
-        case let a as BasicAuthAdapter:
-            return "basic: username \(a.username), password \(a.password) (\(a.password.source))"
-        case let a as APIKeyAdapter:
-            switch a.placement {
-            case .header(let h): return "api_key: header \(h) = \(a.value) (\(a.value.source))"
-            case .query(let q): return "api_key: query \(q) = \(a.value) (\(a.value.source))"
-            }
-        case let a as OAuth2Authenticator:
-            let st = a.settings
-            return "oauth2: \(st.grant.rawValue) at \(st.tokenURL), client_id \(st.clientID), client_secret "
-                + "\(st.clientSecret.map { "\($0) (\($0.source))" } ?? "none"), client_auth \(st.clientAuthentication.rawValue)"
-        case let a as DeflateRequestCompressor:
-            return "deflate: min_bytes \(a.minBytes), duplicate_header \(a.duplicateHeaderBehavior.rawValue)"
-        default:
-            return adapter.name
         }
     }
 

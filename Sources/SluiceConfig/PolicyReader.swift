@@ -21,9 +21,8 @@ extension NodeReader {
         [
             "adapters", "redirect", "retry", "validate", "credentials", "trust", "upstream",
             "upstream_proxy", "client_certificate", "health", "intercept", "upgrades", "cache", "resume",
-            "rate_limit",
+            "rate_limit", "max_body",
         ] + reservedPolicyKeys
-    static let adapterNames = ["headers", "bearer", "basic", "api_key", "deflate", "oauth2"]
 
     mutating func readPolicies(_ node: Node) -> [PolicyEntry] {
         guard case .mapping(let mapping) = node else {
@@ -62,6 +61,7 @@ extension NodeReader {
                 case "upgrades": entry.upgrades = r.readUpgrades(section)
                 case "cache": entry.cache = r.readCache(section)
                 case "rate_limit": entry.rateLimit = r.readRateLimit(section)
+                case "max_body": entry.maxBody = r.size(section, key: "max_body", min: 1)
                 default: r.fail(section, "'\(key)' policies are not supported by this version of Sluice yet")
                 }
             }
@@ -362,7 +362,7 @@ extension NodeReader {
 
     // MARK: values
 
-    mutating func fieldName(_ text: String, at node: Node) -> HTTPField.Name? {
+    public mutating func fieldName(_ text: String, at node: Node) -> HTTPField.Name? {
         guard let name = HTTPField.Name(text) else {
             fail(node, "invalid header field name '\(text)'")
             return nil
@@ -371,7 +371,7 @@ extension NodeReader {
     }
 
     /// A plain string, or the value of a secret reference (which is then redacted in logs).
-    mutating func secretOrString(_ node: Node, what: String) -> String? {
+    public mutating func secretOrString(_ node: Node, what: String) -> String? {
         guard let text = node.scalar?.string else {
             fail(node, "\(what) must be a string")
             return nil
@@ -381,7 +381,7 @@ extension NodeReader {
     }
 
     /// A secret: `${ENV}`, `file:/path`, or an inline value (also redacted everywhere).
-    mutating func secret(_ node: Node, what: String) -> Secret? {
+    public mutating func secret(_ node: Node, what: String) -> Secret? {
         guard let text = node.scalar?.string, !text.isEmpty else {
             fail(node, "\(what) must be a string or a secret reference (${ENV_VAR} or file:/path)")
             return nil

@@ -22,6 +22,9 @@ public final class ProxyServer: @unchecked Sendable {
     public var config: ServerConfiguration { configuration.server }
     /// The file `reload()` re-reads; nil for an in-process server built from values.
     public let configPath: String?
+    /// The interceptor kinds a reload of `configPath` may name (an embedding program's own
+    /// kinds with the built-in ones, docs/library.md).
+    public let kinds: InterceptorRegistry
     private var threads: [pthread_t] = []
     private var stopHandles: [Worker.StopHandle] = []
     private var started = false
@@ -68,9 +71,10 @@ public final class ProxyServer: @unchecked Sendable {
         curl_global_init(Int(CURL_GLOBAL_ALL))
     }()
 
-    public init(configuration: SluiceConfiguration, configPath: String? = nil) {
+    public init(configuration: SluiceConfiguration, configPath: String? = nil, kinds: InterceptorRegistry = .builtIn) {
         self.configuration = configuration
         self.configPath = configPath
+        self.kinds = kinds
         current = Mutex(configuration)
         connectionLimits = ConnectionLimits(configuration.server.limits)
         rateLimits = RateLimitTable(capacity: configuration.server.limits.rateLimitKeys)
@@ -338,7 +342,7 @@ public final class ProxyServer: @unchecked Sendable {
             return ["running the embedded default (no --config): nothing to re-read"]
         }
         do {
-            let new = try ConfigLoader.load(path: configPath)
+            let new = try ConfigLoader.load(path: configPath, kinds: kinds)
             if let error = apply(new) { return [error] }
             Log.info("reload: applied \(configPath)")
             return []
