@@ -40,6 +40,10 @@ def adapter_lines(out: str, names: list[str]) -> list[str]:
      [("headers", "default"), ("api_key", "search.example.com"), ("deflate", "search.example.com")], "modify"),
     ("reports.example.com", "reports.example.com",
      [("headers", "default"), ("oauth2", "reports.example.com")], "do_not_follow"),
+    ("s3.eu-west-1.amazonaws.com", "s3.eu-west-1.amazonaws.com",
+     [("headers", "default"), ("aws_sigv4", "s3.eu-west-1.amazonaws.com")], "do_not_follow"),
+    ("payments.example.com", "payments.example.com",
+     [("headers", "default"), ("http_signature", "payments.example.com")], "do_not_follow"),
     ("build.corp.internal", "*.corp.internal", [("headers", "default")], "modify"),
     ("elsewhere.test", "default", [("headers", "default")], "do_not_follow"),
 ])
@@ -50,7 +54,8 @@ def test_check_host_prints_effective_policy(secret_env, host, entry, adapters, r
     assert entry in out, f"matched entry {entry!r} not named:\n{out}"
     for line, (name, origin) in zip(adapter_lines(out, [a for a, _ in adapters]), adapters):
         assert origin in line, f"adapter {name} should be shown as coming from {origin!r}: {line!r}\n{out}"
-    for absent in {"bearer", "basic", "api_key", "deflate", "oauth2"} - {a for a, _ in adapters}:
+    for absent in {"bearer", "basic", "api_key", "deflate", "oauth2", "aws_sigv4", "http_signature"} - {
+            a for a, _ in adapters}:
         assert not re.search(rf"\b{absent}\b", out), f"{host}: adapter {absent} should not apply:\n{out}"
     assert redirect in out, f"redirect behaviour {redirect!r} not shown:\n{out}"
     assert "access_log" in out and "debug" in out, f"monitors not shown:\n{out}"
@@ -64,10 +69,12 @@ def test_check_host_redacts_secrets(secret_env, monkeypatch):
     for var in EXAMPLE_SECRET_VARS:
         assert os.environ[var] not in r.stdout + r.stderr, f"{var}'s value printed:\n{r.stdout}"
     # the api_key in a query, the oauth2 client secret and refresh token, the credentials password
-    for host in ("search.example.com", "reports.example.com", "build.corp.internal"):
+    # ... and the signers' secret access key and HMAC key
+    for host in ("search.example.com", "reports.example.com", "build.corp.internal", "s3.eu-west-1.amazonaws.com",
+                 "payments.example.com"):
         r = run_check(EXAMPLE, host)
         assert r.returncode == 0 and "<redacted>" in r.stdout, r.stdout
-        for var in EXAMPLE_SECRET_VARS:
+        for var in EXAMPLE_SECRET_VARS + ("SLUICE_SIGNING_KEY",):
             assert os.environ[var] not in r.stdout + r.stderr, f"{host}: {var}'s value printed:\n{r.stdout}"
 
 
