@@ -536,5 +536,105 @@ import Testing
         }
     }
 
+    // MARK: the response's way back
+
+    /// A transfer the response stages are handed but, without a cache, never touch.
+    final class InertTransfer: UpstreamTransfer {
+        let target: RequestTarget
+        init(_ target: RequestTarget) { self.target = target }
+        var responseStarted: Bool { false }
+        var framedByClose: Bool { false }
+        var cacheFill: CacheFill?
+        var extraHeadLines: [UInt8] = []
+        var bodyBytesSent: Int64 { 0 }
+        var clientFraming: ResponseEncoder.Framing { .close }
+        var forwardedHead: UpstreamResponseHead? { nil }
+        var resumableTry: (request: UpstreamRequest, route: UpstreamRoute)? { nil }
+        var deadlineExceeded: Bool { false }
+        var continuing: ResponseEncoder.Framing?
+        func start(perTryTimeout: Int) {}
+        func cancel() {}
+        func forward(keepAlive: Bool) { Issue.record("a response stage forwarded") }
+        func follow(_ next: UpstreamRequest) { Issue.record("a response stage followed") }
+        func discard() { Issue.record("a response stage discarded") }
+        func absorb() { Issue.record("a response stage absorbed") }
+        func detach(to delegate: any UpstreamTransferDelegate) {}
+        func resumeDownload() {}
+        func resumeUpload() {}
+    }
+
+    static func responseHead(_ lines: [String]) -> UpstreamResponseHead {
+        var head = ResponseHeadCollector()
+        for line in lines + [""] { _ = Array((line + "\r\n").utf8).withUnsafeBytes { head.add($0) } }
+        return UpstreamResponseHead(collected: head)
+    }
+
+    /// Runs the head stages on `lines` for the first try of `exchange`.
+    func respond(_ exchange: Exchange, _ services: Services, _ lines: [String]) -> (ResponseVerdict, ResponseHeadContext) {
+        guard case .send = runTry(exchange, services) else {
+            Issue.record("the try did not go")
+            return (
+                .proceed,
+                ResponseHeadContext(
+                    response: Self.responseHead(lines), transfer: InertTransfer(exchange.target), canResendBody: true)
+            )
+        }
+        var context = ResponseHeadContext(
+            response: Self.responseHead(lines), transfer: InertTransfer(exchange.target), canResendBody: true)
+        return (ResponseChain.runHead(&context, exchange, services), context)
+    }
+
+    @Test func theResponseChainIsTheTryStagesInReverse() {
+        #expect(ResponseChain.head.map { $0.name } == ["rate_limit", "health", "decision", "cache"])
+        #expect(ResponseChain.end.map { $0.name } == ["rate_limit", "health", "cache"])
+    }
+
+    /// The head's verdicts: a 200 passes; a status the retry policy retries is drained; a 429
+    /// whose pause `rate_limit.learn` waits for is held (and drained for the next try).
+    @Test func theResponseStagesDecideAboutAHead() throws {
+        var entry = PolicyEntry(name: "default")
+        entry.retry = .on(RetryPolicy(limit: 2, budget: nil))
+        entry.rateLimit = .on(RateLimitSettings(limits: [RateLimit(requests: 1000, periodMilliseconds: 1000, burst: 100)]))
+        let services = Services([entry])
+        let (ok, _) = respond(try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services, ["HTTP/1.1 200 OK"])
+        guard case .proceed = ok else {
+            Issue.record("a 200 goes to the client")
+            return
+        }
+        let (retried, _) = respond(
+            try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services), services, ["HTTP/1.1 503 Busy"])
+        guard case .discard = retried else {
+            Issue.record("a 503 the policy retries is drained")
+            return
+        }
+        let (held, context) = respond(
+            try exchange("GET http://a/x HTTP/1.1\r\nHost: a\r\n\r\n", services), services,
+            ["HTTP/1.1 429 Slow down", "Retry-After: 2"])
+        #expect(context.heldByOrigin, "the origin's pause is learned")
+        guard case .discard = held else {
+            Issue.record("a held 429 is drained and tried again after the pause")
+            return
+        }
+    }
+
+    /// The end of a try gives its `max_concurrent` place back.
+    @Test func theEndOfATryGivesItsPlaceBack() throws {
+        var entry = PolicyEntry(name: "default")
+        entry.rateLimit = .on(RateLimitSettings(limits: [], maxConcurrent: 1))
+        let services = Services([entry])
+        let first = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
+        guard case .send = runTry(first, services), owner.quotaSlot != nil else {
+            Issue.record("the first try goes")
+            return
+        }
+        ResponseChain.runEnd(.complete, first, services)
+        #expect(owner.quotaSlot == nil)
+        let second = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", services)
+        guard case .send = runTry(second, services) else {
+            Issue.record("the place was given back")
+            return
+        }
+    }
+
     static let sha256Hash = "$5$saltsalt$/B/a8TyziOAL7A5QHAhQtwjk3lO8brshalLojtxVb.8"
 }

@@ -170,6 +170,39 @@ def test_a_slow_or_vanished_first_client_slows_nobody_else(sluice_factory, acces
         origin.stop()
 
 
+@pytest.mark.parametrize("engine,disk", [("native", True), ("curl", True), ("native", False)],
+                         ids=["native-disk", "curl-disk", "native-memory"])
+def test_a_fill_its_slow_client_handed_on_resumes_after_a_cut(sluice_factory, access, tmp_path, engine, disk):
+    # The first client reads at 2 MiB/s: it falls behind its own fill at once and reads it like
+    # the other readers, and the transfer goes on at the origin's pace without it
+    # (FillProducer). The origin cuts at 9 MiB: the producer asks for the rest (Range, If-Range)
+    # after the backoff, and the fill carries on — every reader gets the whole body, nothing
+    # ends short, and the next request is a hit.
+    size = 16 * MiB
+    origin = ResumeOrigin(size, cuts=[9 * MiB], extra=["Cache-Control: max-age=600"], pace=0.01)
+    try:
+        cfg = {**store(tmp_path, disk), "workers": 2, "monitors": monitors(access.path)}
+        cfg["policies"] = {"default": {"upstream": {"engine": engine}}}
+        proxy = sluice_factory(cfg)
+        url = origin.url + "/cut"
+        slow = subprocess.Popen(["curl", "-s", "-o", "/dev/null", "--limit-rate", "2M", "--proxy", proxy.url, url])
+        try:
+            time.sleep(0.3)  # time passing: the slow client's fetch is under way
+            out = run_clients(proxy, url, 2, stagger=0.1)
+            digest = origin.sha256()
+            for i, r in out.items():
+                assert r[:4] == (0, 200, size, digest), (i, r[:4])
+            assert [e["range"] for e in origin.log] == [None, f"bytes={9 * MiB}-"], origin.log
+        finally:
+            slow.kill()
+            slow.wait(timeout=5)
+        r = run_clients(proxy, url, 1)[0]
+        assert r[:4] == (0, 200, size, digest) and r[4].startswith("Sluice; hit"), r
+        assert len(origin.log) == 2, origin.log
+    finally:
+        origin.stop()
+
+
 def test_the_fill_goes_on_when_its_fetching_client_vanishes(sluice_factory, access, tmp_path):
     size = 32 * MiB
     origin = ResumeOrigin(size, extra=["Cache-Control: max-age=600"], pace=0.03)

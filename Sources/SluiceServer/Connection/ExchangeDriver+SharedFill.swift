@@ -163,7 +163,7 @@ extension ExchangeDriver {
         let output = connection.clientOutput
         guard let moved = reader.pump(available: available, into: output, bound: StoredResponseWriter.diskOutputBound)
         else {
-            abortStoredBody(exchange, reason: "the shared fill's body could not be read", warning: false)
+            stored.abort(exchange, reason: "the shared fill's body could not be read", warning: false)
             return nil
         }
         if moved > 0 {
@@ -177,7 +177,7 @@ extension ExchangeDriver {
         if reader.offset < available { return nil }  // the output is full: its drain calls again
         if case .ended(let complete) = snapshot.phase {
             guard complete, reader.stream.contentLength == nil else {
-                abortStoredBody(exchange, reason: "the shared fill ended before its body was whole", warning: false)
+                stored.abort(exchange, reason: "the shared fill ended before its body was whole", warning: false)
                 return nil
             }
             // A body of unknown length ends with its fill.
@@ -208,22 +208,37 @@ extension ExchangeDriver {
 /// The rest of a shared fill's origin transfer once its own client no longer takes it
 /// directly: the client fell behind (it reads the fill like the other readers now) or went
 /// away. It keeps the exchange's cache part (the fill and the fetch claim) and finishes the fill
-/// at the origin's pace: a complete response is stored and its readers told; a broken one ends
-/// them incomplete. Held by its worker (`Worker.fillProducers`) until the transfer ends.
+/// at the origin's pace: a complete response is stored and its readers told. An origin that
+/// breaks mid-body is asked for the rest, as the client's own exchange would have
+/// (`Resume`, `ResumeState`): after the backoff a continuing try (`Range`, `If-Range`) goes on
+/// into the fill; one that cannot carry the body on ends the readers incomplete. Held by its
+/// worker (`Worker.fillProducers`) until the transfer ends.
 ///
 /// Threading: the worker's thread (its transfer's events).
-final class FillProducer: UpstreamTransferDelegate {
-    let transfer: any UpstreamTransfer
+final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
+    private(set) var transfer: any UpstreamTransfer
     let cache: CacheExchange
     unowned(unsafe) let worker: Worker
+    /// The download's resumption, when the response may be resumed (nil: a break ends it).
+    private let resume: ResumeState?
+    /// What a continuing try writes besides the fill: nothing (it is detached), but a transfer
+    /// needs an output; made on the first resume.
+    private var scratch: OpaquePointer?
 
-    init(transfer: any UpstreamTransfer, cache: CacheExchange, worker: Worker) {
+    init(transfer: any UpstreamTransfer, cache: CacheExchange, worker: Worker, resume: ResumeState?) {
         self.transfer = transfer
         self.cache = cache
         self.worker = worker
+        self.resume = resume
+    }
+
+    deinit {
+        resume?.stopTimer()
+        if let scratch { evbuffer_free(scratch) }
     }
 
     private func finish(complete: Bool) {
+        resume?.stopTimer()
         if let fill = cache.fill {
             cache.fill = nil
             if complete { _ = fill.complete() }
@@ -232,9 +247,21 @@ final class FillProducer: UpstreamTransferDelegate {
         worker.fillProducers[ObjectIdentifier(self)] = nil
     }
 
+    /// Stops the transfer, or the resume waiting for its backoff (the worker stops).
+    func cancel() {
+        resume?.stopTimer()
+        transfer.cancel()
+    }
+
     func transferFinished(reusable: Bool) { finish(complete: true) }
-    func transferAborted() { finish(complete: false) }
-    func transferFailed(_ error: ProxyError, kind: TransportErrorKind) { finish(complete: false) }
+    func transferAborted() {
+        if !scheduleResume() { finish(complete: false) }
+    }
+    func transferFailed(_ error: ProxyError, kind: TransportErrorKind) {
+        // A resume's own request failed before its head: it may be tried again.
+        if resume?.awaitingHead == true, scheduleResume() { return }
+        finish(complete: false)
+    }
     func transferRedirected(to next: UpstreamRequest) { finish(complete: false) }
     func transferDiscarded() { finish(complete: false) }
     func transferAbsorbed() { finish(complete: false) }
@@ -246,7 +273,92 @@ final class FillProducer: UpstreamTransferDelegate {
     func responseBodySent(bytes: Int) {}
     func tryEnded(timings: TryTimings) {}
     func clientFellBehind(_ transfer: any UpstreamTransfer) -> Bool { true }
-    func continuationArrived(_ head: UpstreamResponseHead) -> Bool { false }
+
+    /// A resume's head carries the fill on only as the rest of the same representation.
+    func continuationArrived(_ head: UpstreamResponseHead) -> Bool {
+        guard let resume else { return false }
+        resume.awaitingHead = false
+        if let refusal = resume.resumption.answered(
+            status: head.status, contentRange: head.value("content-range"),
+            contentLength: head.value("transfer-encoding") == nil ? head.value("content-length") : nil,
+            etag: head.value("etag"), lastModified: head.value("last-modified"))
+        {
+            resume.refusal = refusal
+            SluiceMetrics.shared.recordResume(.refused)
+            Log.info("resume of the shared fill of \(cache.url) refused: \(refusal); its readers end incomplete")
+            return false
+        }
+        SluiceMetrics.shared.recordResume(.resumed)
+        return true
+    }
+
+    // A continuing try is a GET: no body.
+    func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? { 0 }
+    func rewindRequestBody() -> Bool { true }
+
+    /// The origin broke: true when the rest was scheduled (after the backoff).
+    private func scheduleResume() -> Bool {
+        guard let resume, !transfer.deadlineExceeded, resume.refusal == nil else { return false }
+        if resume.awaitingHead {
+            resume.awaitingHead = false
+            SluiceMetrics.shared.recordResume(.failed)
+        }
+        let offset = resume.base + transfer.bodyBytesSent
+        switch resume.resumption.broke(at: offset) {
+        case .giveUp:
+            if resume.resumption.offsets.count >= resume.resumption.limit { SluiceMetrics.shared.recordResume(.exhausted) }
+            return false
+        case .resume(let delay, let fields):
+            resume.base = offset
+            resume.fields = fields
+            resume.framing = transfer.clientFraming
+            resume.fill = transfer.cacheFill
+            transfer.cacheFill = nil
+            Log.debug("the shared fill of \(cache.url) broke at body byte \(offset); resuming in \(delay) ms")
+            let timer = event_new(
+                worker.base, -1, 0,
+                { _, _, arg in
+                    Unmanaged<FillProducer>.fromOpaque(arg!).takeUnretainedValue().resumeTimerFired()
+                }, Unmanaged.passUnretained(self).toOpaque())!
+            resume.timer = timer
+            var tv = timeval(tv_sec: delay / 1000, tv_usec: (delay % 1000) * 1000)
+            event_add(timer, &tv)
+            return true
+        }
+    }
+
+    /// The backoff ended: the rest of the body is asked for, into the fill alone.
+    private func resumeTimerFired() {
+        guard let resume else { return }
+        resume.stopTimer()
+        var request = resume.request
+        request.headers = request.headers.replacing(ExchangeDriver.resumeDroppedFields, adding: resume.fields)
+        let output = scratch ?? evbuffer_new()!
+        scratch = output
+        let next: any UpstreamTransfer
+        let perTryTimeout: Int
+        switch resume.route {
+        case .native(let timeout):
+            perTryTimeout = timeout
+            next = NativeUpstreamTransfer(
+                pool: worker.nativePool, resolver: worker.resolver, delegate: self, bodySource: self, output: output,
+                request: request, clientMinorVersion: 1, config: worker.config, viaLine: worker.viaLine)
+        case .curl(let timeout):
+            perTryTimeout = timeout
+            next = CurlUpstreamTransfer(
+                session: worker.session, delegate: self, bodySource: self, output: output, request: request,
+                clientMinorVersion: 1, config: worker.config, viaLine: worker.viaLine)
+        case .upgrade:
+            return finish(complete: false)
+        }
+        next.continuing = resume.framing
+        next.cacheFill = resume.fill
+        resume.fill = nil
+        next.detach(to: self)
+        resume.awaitingHead = true
+        transfer = next
+        next.start(perTryTimeout: perTryTimeout)
+    }
 }
 
 extension ExchangeDriver {
@@ -257,7 +369,10 @@ extension ExchangeDriver {
         guard let cache = exchange?.cache, let fill = cache.fill, transfer.cacheFill === fill,
             onlyIfRead ? fill.othersReadItsBody : fill.sharesItsBody
         else { return false }
-        let producer = FillProducer(transfer: transfer, cache: cache, worker: worker)
+        // The download may be resumed by the producer if its origin breaks (a resume that
+        // already happened carries its state over).
+        let resumable = exchange.flatMap { resumeState(transfer, $0) }
+        let producer = FillProducer(transfer: transfer, cache: cache, worker: worker, resume: resumable)
         worker.fillProducers[ObjectIdentifier(producer)] = producer
         transfer.detach(to: producer)
         return true

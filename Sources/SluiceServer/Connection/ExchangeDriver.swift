@@ -48,24 +48,11 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case readingFill(FillReader)
         /// A cache hit's body streams from the disk tier as the client drains.
         case servingDisk(DiskHitStream)
-        /// A try waits for its turn under the policy's `rate_limit` (`QuotaStage`).
-        case waitingForQuota(QuotaWaiter)
+        /// A try waits for its turn under the policy's `rate_limit` (`QuotaStage`), or for the
+        /// fleet's trial lock of a half-open circuit (`CircuitStage`).
+        case holding(TryHold)
         /// A download broke mid-body; its rest is asked for when the backoff timer fires.
         case resuming(ResumeState)
-    }
-
-    /// A try held until its rate-limit turn: the timer, the try, and its place in the schedule
-    /// (given back if the request leaves first). Boxed: rare, and the phase stays small.
-    final class QuotaWaiter {
-        /// nil while the fleet's Redis decides (its command has a timer of its own).
-        let timer: OpaquePointer?
-        let request: UpstreamRequest
-        let wait: QuotaWait
-        init(timer: OpaquePointer?, request: UpstreamRequest, wait: QuotaWait) {
-            self.timer = timer
-            self.request = request
-            self.wait = wait
-        }
     }
 
     // Unowned without a check (each checked access costs a retain and a release): the
@@ -80,16 +67,17 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     var phase: Phase = .idle
     /// The `max_concurrent` place the current try holds (`QuotaStage`), until the try ends.
     var quotaSlot: QuotaSlot?
-    /// The ticket of the fleet round trip the current try waits for (`Worker.fleetWaiters`).
-    private var fleetTicket: UInt64 = 0
-    /// A trial waiting for the fleet's trial lock (`CircuitStage`), until it is answered.
-    private var trialRequest: UpstreamRequest?
     /// The current exchange's download resumption, made at its first break (`Resume`). Kept
     /// here rather than on the `Exchange`, which must stay small (it is allocated per request).
     var resume: ResumeState?
     /// The fetch of another exchange the current one waits on or reads (`CacheFetch`), its
     /// registered wake, and its reader once the body streams.
     var awaited: FetchWait?
+
+    /// The exchange's upgrade handshake, tunnel and stored answers, each a type of its own.
+    var upgrades: UpgradeExchange { UpgradeExchange(driver: self) }
+    var tunnels: TunnelExchange { TunnelExchange(driver: self) }
+    var stored: StoredResponses { StoredResponses(driver: self) }
 
     init(connection: ClientConnection, worker: Worker) {
         self.connection = connection
@@ -121,7 +109,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case .failTry(let error, let kind):
             transferFailed(error, kind: kind)
         case .serveStored(let answer):
-            serveStored(answer, exchange)
+            stored.serve(answer, exchange)
         case .wait(.upstreamSlot(let ticket)):
             phase = .queued(ticket)
         case .wait(.adaptation(let request)):
@@ -155,7 +143,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     func fail(_ error: ProxyError, _ exchange: Exchange) {
         if exchange.cache?.revalidating != nil, let answer = CacheStage.staleAnswer(on: error, exchange) {
             phase = .idle
-            return serveStored(answer, exchange)
+            return stored.serve(answer, exchange)
         }
         connection.respondError(error)
     }
@@ -340,217 +328,34 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         let verdict = RequestChain.runTry(&request, exchange, worker, from: index)
         switch verdict {
         case .send(let route): send(request, route, exchange)
-        case .wait(.quota(let wait)): waitForQuota(request, wait)
-        case .wait(.fleetTrial(let origin, let ms)): waitForTrialLock(request, origin: origin, milliseconds: ms)
+        case .wait(.quota(let wait)): hold(.quota(wait), request, exchange)
+        case .wait(.fleetTrial(let origin, let ms)): hold(.trialLock(origin: origin, milliseconds: ms), request, exchange)
         default: perform(verdict, exchange)
         }
     }
 
-    /// A half-open circuit's trial asks the fleet for its trial lock; the connection holds
-    /// its input meanwhile (at most `fleet.timeout`).
-    private func waitForTrialLock(_ request: UpstreamRequest, origin: String, milliseconds: Int) {
-        guard let fleet = worker.fleet else { return }
-        worker.nextFleetTicket &+= 1
-        let ticket = worker.nextFleetTicket
-        worker.fleetWaiters[ticket] = self
-        fleetTicket = ticket
-        trialRequest = request
-        let worker = worker
-        fleet.lockTrial(origin, milliseconds: milliseconds) { [unowned(unsafe) worker] acquired in
-            worker.fleetWaiters.removeValue(forKey: ticket)?.trialLockAnswered(acquired)
-        }
+    /// Holds the try until its wait ends (`TryHold`); the connection holds its input meanwhile.
+    private func hold(_ kind: TryHold.Kind, _ request: UpstreamRequest, _ exchange: Exchange) {
+        let hold = TryHold(kind, request: request, exchange: exchange, driver: self, worker: worker)
+        phase = .holding(hold)
+        hold.start()
     }
 
-    /// The fleet's answer on the trial lock: this instance sends the trial (or Redis could not
-    /// tell: it does, as alone), or another instance does and this try fails fast.
-    private func trialLockAnswered(_ acquired: Bool?) {
-        guard let request = trialRequest, let exchange, !exchange.ended else { return }
-        trialRequest = nil
-        if acquired == false {
-            reportTryOutcome(.abandoned)
-            SluiceMetrics.shared.recordCircuitFailedFast(origin: request.target.authority)
-            return perform(.failTry(.upstreamCircuitOpen(host: request.target.authority, retryAfter: 1), kind: .other), exchange)
-        }
-        startTry(request, exchange, from: RequestChain.afterCircuit)
-    }
-
-    /// Holds the try until its rate-limit turn — on a timer, or in the `max_concurrent` line
-    /// (with a timer for `max_wait`); the connection holds its input meanwhile.
-    private func waitForQuota(_ request: UpstreamRequest, _ wait: QuotaWait) {
-        let ms: Int
-        switch wait.kind {
-        case .timer(let delay, _):
-            ms = delay
-        case .slot(let ticket):
-            worker.quotaWaiters[ticket] = self
-            ms = Int(max(0, wait.deadline - MonotonicClock.microseconds()) / 1000)
-        case .fleet:
-            guard let fleet = worker.fleet else { return goOn(.proceed, request, exchange!) }
-            phase = .waitingForQuota(QuotaWaiter(timer: nil, request: request, wait: wait))
-            let maxWait = max(0, wait.deadline - MonotonicClock.microseconds())
-            // The worker holds the waiting driver (not a weak reference: that would put a side
-            // table on every driver, and slow each retain of it); leaving takes it out.
-            worker.nextFleetTicket &+= 1
-            let ticket = worker.nextFleetTicket
-            worker.fleetWaiters[ticket] = self
-            fleetTicket = ticket
-            let worker = worker
-            fleet.acquire(policy: wait.policy, limits: wait.settings.limits, key: wait.key, maxWait: maxWait) {
-                [unowned(unsafe) worker] answer in
-                worker.fleetWaiters.removeValue(forKey: ticket)?.fleetAnswered(wait, answer)
-            }
-            return
-        }
-        let timer = event_new(
-            worker.base, -1, 0,
-            { _, _, arg in
-                Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().quotaTimerFired()
-            }, Unmanaged.passUnretained(self).toOpaque())!
-        phase = .waitingForQuota(QuotaWaiter(timer: timer, request: request, wait: wait))
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(timer, &tv)
-    }
-
-    /// A timer of a waiting try: its turn came, or its wait for a `max_concurrent` place ran out.
-    private func quotaTimerFired() {
-        guard case .waitingForQuota(let waiter) = phase, let exchange, let timer = waiter.timer else { return }
-        let wait = waiter.wait
-        switch wait.kind {
-        case .fleet:
-            return
-        case .timer:
-            event_free(timer)
-            phase = .idle
-            let now = MonotonicClock.microseconds()
-            // The origin may have asked for a pause while this try waited: it waits for that
-            // too, keeping the place it has (a timer that fires a little early is not a pause).
-            let table = worker.rateLimits
-            let held = wait.settings.learn ? table.holdRemaining(policy: wait.policy, key: wait.key, now: now) : 0
-            if held > 5_000 {
-                let reason = table.holdReason(policy: wait.policy, key: wait.key) ?? wait.limit
-                guard now + held <= wait.deadline else {
-                    table.noteWaiting(policy: wait.policy, -1)
-                    let seconds = max(1, Int((held + 999_999) / 1_000_000))
-                    let error = ProxyError.originRateLimited(
-                        policy: wait.policy, host: exchange.target.authority, retryAfter: seconds)
-                    return perform(QuotaStage.refuse(error, reason, exchange, worker), exchange)
-                }
-                let again = QuotaWait(
-                    .timer(milliseconds: Int((held + 999) / 1000), reservation: nil), wait.limiting, key: wait.key,
-                    limit: reason, since: wait.since, deadline: wait.deadline)
-                return waitForQuota(waiter.request, again)
-            }
-            QuotaStage.waited(wait, now: now, exchange, worker)
-            guard wait.scheduleAfter else { return startTry(waiter.request, exchange, from: RequestChain.afterQuota) }
-            goOn(
-                QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
-                waiter.request, exchange)
-        case .slot(let ticket):
-            if worker.rateLimits.leaveSlot(policy: wait.policy, key: wait.key, ticket: ticket) {
-                worker.quotaWaiters[ticket] = nil
-                event_free(timer)
-                phase = .idle
-                worker.rateLimits.noteWaiting(policy: wait.policy, -1)
-                let limit = wait.settings.maxConcurrent ?? 0
-                perform(
-                    QuotaStage.refuse(.concurrencyLimited(policy: wait.policy, limit: limit), wait.limit, exchange, worker),
-                    exchange)
-            } else {
-                // A place was given to it meanwhile: it holds it now (the wake is ignored).
-                quotaSlotGranted(ticket)
-            }
-        }
-    }
-
-    /// A `max_concurrent` place was given to the try waiting as `ticket` (in a loop pass of
-    /// the worker's own): it holds it, and goes on to the schedule of the rates.
-    func quotaSlotGranted(_ ticket: UInt64) {
-        worker.quotaWaiters[ticket] = nil
-        guard case .waitingForQuota(let waiter) = phase, case .slot(ticket) = waiter.wait.kind, let exchange else {
-            return
-        }
-        let wait = waiter.wait
-        if let timer = waiter.timer { event_free(timer) }
+    /// A held try may go: the try stages resume at `index`.
+    func holdReleased(_ hold: TryHold, _ request: UpstreamRequest, from index: Int) {
         phase = .idle
-        quotaSlot = QuotaSlot(policy: wait.policy, key: wait.key, limit: wait.settings.maxConcurrent ?? 1)
-        let now = MonotonicClock.microseconds()
-        QuotaStage.waited(wait, now: now, exchange, worker)
-        goOn(
-            QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
-            waiter.request, exchange)
+        startTry(request, hold.exchange, from: index)
     }
 
-    /// The fleet's Redis decided for the try waiting with `wait` (or did not answer in time:
-    /// `fleet.on_redis_down` decides then). A try that left meanwhile is not told.
-    private func fleetAnswered(_ wait: QuotaWait, _ answer: FleetAnswer) {
-        guard case .waitingForQuota(let waiter) = phase, waiter.wait === wait, let exchange else { return }
+    /// A held try waits again, for `wait` (its turn moved, or the origin asked for a pause).
+    func holdAgain(_ hold: TryHold, _ wait: QuotaWait) {
+        self.hold(.quota(wait), hold.request, hold.exchange)
+    }
+
+    /// A held try may not go: the stage's answer is performed.
+    func holdEnded(_ hold: TryHold, _ verdict: StageVerdict) {
         phase = .idle
-        let now = MonotonicClock.microseconds()
-        let table = worker.rateLimits
-        switch answer {
-        case .go(let delay, _) where delay < 1000:
-            table.count(policy: wait.policy, .allowed)
-            if !exchange.summary.hasRateLimitRecord { exchange.summary.rateLimit = .allowed }
-            startTry(waiter.request, exchange, from: RequestChain.afterQuota)
-        case .go(let delay, _):
-            table.noteWaiting(policy: wait.policy, 1)
-            let limit = wait.settings.limits.map(\.description).joined(separator: " and ") + " (fleet)"
-            waitForQuota(
-                waiter.request,
-                QuotaWait(
-                    .timer(milliseconds: Int((delay + 999) / 1000), reservation: nil), wait.limiting, key: wait.key,
-                    limit: table.holdReason(policy: wait.policy, key: wait.key) ?? limit, since: now,
-                    deadline: wait.deadline))
-        case .refuse(let retryAfter, let limit):
-            // Later tries of the key are refused here until they could go.
-            let maxWait = wait.deadline - wait.since
-            if retryAfter > maxWait {
-                table.rememberFleetDenial(
-                    policy: wait.policy, key: wait.key, until: now + retryAfter - maxWait, limit: limit, now: now)
-            }
-            perform(
-                QuotaStage.refused(wait.limiting, key: wait.key, retryAfter: retryAfter, limit: limit, exchange, worker), exchange
-            )
-        case .unavailable:
-            guard let fleet = worker.fleet else { return }
-            goOn(
-                QuotaStage.fallback(wait.limiting, fleet, key: wait.key, now: now, deadline: wait.deadline, exchange, worker),
-                waiter.request, exchange)
-        }
-    }
-
-    /// Performs the schedule's answer for a try that had waited.
-    private func goOn(_ verdict: StageVerdict, _ request: UpstreamRequest, _ exchange: Exchange) {
-        switch verdict {
-        case .proceed: startTry(request, exchange, from: RequestChain.afterQuota)
-        case .wait(.quota(let wait)): waitForQuota(request, wait)
-        default: perform(verdict, exchange)
-        }
-    }
-
-    /// A waiting try leaves (the client went, or the operator cancelled it): its timer goes,
-    /// its place in the schedule is given back, and a `max_concurrent` place it was given
-    /// meanwhile is released.
-    private func leaveQuota(_ waiter: QuotaWaiter) {
-        if let timer = waiter.timer { event_free(timer) }
-        let wait = waiter.wait
-        let table = worker.rateLimits
-        switch wait.kind {
-        case .fleet:
-            // Its answer will find it gone; a place the fleet gives it stays taken.
-            worker.fleetWaiters[fleetTicket] = nil
-            table.count(policy: wait.policy, .left)
-            return
-        case .timer(_, let reservation):
-            table.cancel(policy: wait.policy, wait.settings, reservation)
-        case .slot(let ticket):
-            worker.quotaWaiters[ticket] = nil
-            if !table.leaveSlot(policy: wait.policy, key: wait.key, ticket: ticket) {
-                table.releaseSlot(policy: wait.policy, key: wait.key, limit: wait.settings.maxConcurrent ?? 1)
-            }
-        }
-        table.noteWaiting(policy: wait.policy, -1)
-        table.count(policy: wait.policy, .left)
+        perform(verdict, hold.exchange)
     }
 
     /// The try's `max_concurrent` place goes to the next in line (the try ended).
@@ -724,37 +529,17 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         exchange.report(exchange.machine.handle(.tryEnded(timings)))
     }
 
-    /// Sends the head (the plain path), drains it for a retry, or follows a redirect, as the
-    /// machine decides (the answer goes to `transfer`); the machine asks only for the fields
-    /// its decision needs. The cache then decides what it keeps.
+    /// Runs the response stages on the head (`ResponseChain`), then performs their verdict:
+    /// forward it, drain it for a retry, or follow a redirect.
     func responseHeadArrived(_ response: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         guard let exchange else { return transfer.forward(keepAlive: connection.keepsAliveAfterResponse) }
-        reportTryOutcome(HealthOutcome(status: response.status))
-        let head = Self.machineHead(response.collected, exchange)
-        let held = exchange.tryPolicy?.rateLimiting != nil && QuotaStage.learn(response, exchange, worker)
-        let actions = exchange.machine.handle(
-            held
-                ? .heldByOrigin(head, canResendBody: canResendBody(exchange))
-                : .responseHead(head, canResendBody: canResendBody(exchange)))
-        exchange.report(actions)
-        switch actions.command {
-        case .discardResponse?: transfer.discard()
-        case .checkRedirect(let next)?: follow(next, exchange, transfer)
-        default:
-            if let cache = exchange.cache, CacheStage.responseHead(response, transfer, exchange, cache, worker) { return }
-            transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
+        var context = ResponseHeadContext(response: response, transfer: transfer, canResendBody: canResendBody(exchange))
+        switch ResponseChain.runHead(&context, exchange, worker) {
+        case .proceed: transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
+        case .discard: transfer.discard()
+        case .follow(let next): follow(next, exchange, transfer)
+        case .handled: return
         }
-    }
-
-    /// A final response head as the machine sees it: the status, and only the fields its
-    /// decision for that status reads.
-    static func machineHead(_ head: ResponseHeadCollector, _ exchange: Exchange) -> ExchangeMachine.ResponseHead {
-        let fields = exchange.inspect { $0.responseFields(for: head.status) }
-        return ExchangeMachine.ResponseHead(
-            status: head.status,
-            retryAfter: fields.contains(.retryAfter) ? head.value("retry-after") : nil,
-            contentType: fields.contains(.contentType) ? head.value("content-type") : nil,
-            location: fields.contains(.location) ? head.value("location") : nil)
     }
 
     /// Follows a redirect the machine accepts, or forwards the 3xx to the client when its
@@ -790,13 +575,12 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             return connection.respondError(
                 .upstreamProtocol(host: exchange?.target.authority ?? "", reason: "unexpected 304"))
         }
-        serveStored(answer, exchange)
+        stored.serve(answer, exchange)
     }
 
     func transferFinished(reusable: Bool) {
         connection.scheduleFlush()
-        reportTryOutcome(.abandoned)
-        if let exchange, exchange.cache != nil { CacheStage.responseFinished(exchange) }
+        if let exchange { ResponseChain.runEnd(.complete, exchange, worker) }
         exchange?.end(.ok)
         connection.exchangeFinished(keepAlive: reusable)
     }
@@ -805,7 +589,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         phase = .idle
         releaseQuotaSlot()
         guard let exchange else { return connection.respondError(error) }
-        reportTryOutcome(HealthOutcome(error: error))
+        ResponseChain.runEnd(.failed(error), exchange, worker)
         feed(.tryFailed(error, kind: kind, canResendBody: canResendBody(exchange)), exchange)
     }
 
@@ -826,220 +610,12 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         // client is reset instead, so that a cut is never mistaken for the end.
         if framedByClose { connection.abortiveClose = true }
         connection.scheduleFlush()
-        reportTryOutcome(.abandoned)
+        if let exchange { ResponseChain.runEnd(.abandoned, exchange, worker) }
         exchange?.end(
             .upstreamAborted,
             error: "upstream failed after the response started"
                 + (resume?.notResumed.map { "; not resumed: " + $0 } ?? ""))
         connection.closeAfterFlush()
-    }
-}
-
-// MARK: upgrades, tunnels and stored responses
-
-/// Upgrades (`upgrades:`): the handshake is an exchange like any other — adapters, the
-/// machine's decisions on the answer's head (a retry, a redirect that is not followed),
-/// circuit breaking (the answer's status or the failure is the try's outcome), the
-/// access-log line — whose `101` turns the client connection into a byte tunnel; its line is
-/// written when the tunnel ends, with status 101 and the bytes both ways. CONNECT: the
-/// dialler's and the tunnel's reports. Stored responses: the cache's answers written out.
-extension ExchangeDriver {
-    /// The machine's view of an upgrade's answer: false when it asks for a retry (the transfer
-    /// is then cancelled and the exchange goes on), else true: relay it.
-    private func decide(_ head: ResponseHeadCollector, _ transfer: UpgradeTransfer, _ exchange: Exchange) -> Bool {
-        reportTryOutcome(HealthOutcome(status: head.status))
-        let actions = exchange.machine.handle(.responseHead(Self.machineHead(head, exchange), canResendBody: true))
-        exchange.report(actions)
-        switch actions.command {
-        case .discardResponse?:
-            let timings = transfer.timings()
-            transfer.cancel()
-            exchange.report(exchange.machine.handle(.tryEnded(timings)))
-            phase = .idle
-            feed(.discardedDrained, exchange)
-            return false
-        case .checkRedirect?:
-            // An upgrade's redirect is the client's to follow.
-            exchange.report(exchange.machine.handle(.redirectTarget(usable: false)))
-            return true
-        default:
-            return true
-        }
-    }
-
-    /// `101`: its head goes to the client and the tunnel opens. False when the try ended instead.
-    func upgradeSwitched(_ head: ResponseHeadCollector, on transfer: UpgradeTransfer) -> Bool {
-        guard let exchange else { return false }
-        guard decide(head, transfer, exchange) else { return false }
-        do {
-            try ResponseEncoder.switchingProtocols(head, viaLine: worker.viaLine, into: connection.clientOutput)
-        } catch {
-            upgradeFailed(
-                .upstreamProtocol(host: transfer.target.authority, reason: "invalid 101: \(error.reason)"),
-                kind: .other, timings: transfer.timings(), cancelling: transfer)
-            return false
-        }
-        exchange.report(exchange.machine.handle(.tryEnded(transfer.timings())))
-        exchange.report(exchange.machine.handle(.responseHeadSent(status: 101)))
-        exchange.monitor?.handle(
-            .tunnelOpened(id: exchange.id, client: connection.peer, authority: transfer.target.authority))
-        connection.wantsKeepAlive = false
-        // A tunnel holds no upstream slot (`limits.max_in_flight_upstream`), as a CONNECT's
-        // does not: a long-lived WebSocket must not starve the requests.
-        releaseUpstreamSlot()
-        connection.scheduleFlush()
-        connection.setReading(true)
-        return true
-    }
-
-    /// A final answer other than `101`: its head goes to the client (which the connection
-    /// closes after the answer), with the framing chosen for it; nil when the try ended instead.
-    func upgradeAnswered(_ head: ResponseHeadCollector, on transfer: UpgradeTransfer) -> ResponseEncoder.Framing? {
-        guard let exchange else { return nil }
-        guard decide(head, transfer, exchange) else { return nil }
-        let framing: ResponseEncoder.Framing
-        do {
-            framing = try ResponseEncoder.forwardedHead(
-                head, isHeadRequest: false, clientMinorVersion: 1, keepAlive: false,
-                viaLine: worker.viaLine, into: connection.clientOutput)
-        } catch {
-            upgradeFailed(
-                .upstreamProtocol(host: transfer.target.authority, reason: "invalid response head: \(error.reason)"),
-                kind: .other, timings: transfer.timings(), cancelling: transfer)
-            return nil
-        }
-        exchange.report(exchange.machine.handle(.tryEnded(transfer.timings())))
-        exchange.report(exchange.machine.handle(.responseHeadSent(status: head.status)))
-        connection.wantsKeepAlive = false
-        connection.scheduleFlush()
-        return framing
-    }
-
-    /// The non-101 answer was relayed whole.
-    func upgradeAnswerFinished() {
-        exchange?.end(.ok)
-        connection.closeAfterFlush()
-    }
-
-    /// The non-101 answer broke off after its head reached the client.
-    func upgradeAborted(reason: String) {
-        exchange?.end(.upstreamAborted, error: reason)
-        connection.closeAfterFlush()
-    }
-
-    /// The tunnel ended: the origin closed (`error` nil), failed, or sat idle.
-    func upgradeEnded(error: String?) {
-        exchange?.end(.tunnel, error: error)
-        connection.closeAfterFlush()
-    }
-
-    /// The try failed before any byte reached the client: the machine decides (a retry, or
-    /// Sluice's error response).
-    func upgradeFailed(
-        _ error: ProxyError, kind: TransportErrorKind, timings: TryTimings,
-        cancelling transfer: UpgradeTransfer? = nil
-    ) {
-        transfer?.cancel()
-        phase = .idle
-        guard let exchange else { return connection.respondError(error) }
-        reportTryOutcome(HealthOutcome(error: error))
-        exchange.report(exchange.machine.handle(.tryEnded(timings)))
-        feed(.tryFailed(error, kind: kind, canResendBody: true), exchange)
-    }
-
-    /// The CONNECT destination answered: tell the client and start relaying.
-    func tunnelEstablished(fd: Int32) {
-        let tunnel = Tunnel(connection: connection, upstreamFD: fd)
-        phase = .tunnel(tunnel)
-        if let exchange {
-            exchange.summary.status = 200
-            exchange.summary.attempts = 1
-            exchange.monitor?.handle(
-                .tunnelOpened(id: exchange.id, client: connection.peer, authority: exchange.target.authority))
-        }
-        ResponseEncoder.connectEstablished(into: connection.clientOutput)
-        connection.scheduleFlush()
-        connection.setReading(true)
-        tunnel.clientReadable()  // bytes the client sent early (a TLS ClientHello) go first
-    }
-
-    /// Byte accounting for the access log's tunnel line (a CONNECT's or an upgrade's).
-    func tunnelMoved(up: Int, down: Int) {
-        guard let exchange else { return }
-        exchange.summary.bytesIn += Int64(up)
-        exchange.summary.bytesOut += Int64(down)
-    }
-
-    func tunnelFailed(_ error: ProxyError) {
-        phase = .idle
-        connection.respondError(error)
-    }
-
-    /// Writes a stored response (`StoredResponseWriter`) and ends the exchange, or streams its
-    /// body from the disk tier as the client drains.
-    func serveStored(_ answer: StoredAnswer, _ exchange: Exchange) {
-        let keepAlive = connection.keepsAliveAfterResponse
-        let output = connection.clientOutput
-        let response = StoredResponseWriter.writeHead(
-            answer, isHead: exchange.head.methodIs("HEAD"),
-            range: exchange.cache.flatMap { CacheFields.value("range", in: $0.requestFields) },
-            ifRange: exchange.cache.flatMap { CacheFields.value("if-range", in: $0.requestFields) },
-            keepAlive: keepAlive, viaLine: worker.viaLine, into: output)
-        exchange.summary.cache = answer.parameters
-        exchange.summary.servedFromStore = true
-        if answer.object.onDisk, !response.body.isEmpty {
-            let reader =
-                exchange.cache?.diskReader
-                ?? worker.diskTier?.open(key: exchange.target.url, variant: answer.object.response.varyKey)
-            exchange.cache?.diskReader = nil
-            exchange.report(exchange.machine.handle(.responseHeadSent(status: response.status)))
-            guard let reader, UInt64(answer.object.bodyLength) == reader.bodyLength else {
-                return abortStoredBody(exchange, reason: "disk cache entry vanished")
-            }
-            var promotion: CachePromotion?
-            if let taken = exchange.cache?.takePromotionToken() {
-                promotion = CachePromotion(store: taken.store, url: taken.url, object: answer.object, token: taken.token)
-                if promotion == nil { taken.store.memory.endFill(taken.url, taken.token) }
-            }
-            let hit = DiskHitStream(
-                reader: reader, exchange: exchange, range: response.body, keepAlive: keepAlive, promotion: promotion)
-            phase = .servingDisk(hit)
-            return pumpDiskHit(hit)
-        }
-        let sent = StoredResponseWriter.writeBody(answer.object, response.body, into: output)
-        connection.scheduleFlush()
-        exchange.report(exchange.machine.handle(.responseHeadSent(status: response.status)))
-        _ = exchange.machine.handle(.responseBodySent(bytes: sent))
-        exchange.end(.ok)
-        connection.exchangeFinished(keepAlive: keepAlive)
-    }
-
-    /// Sends the disk hit's next blocks (`StoredResponseWriter.pump`), and ends the exchange
-    /// after the last. Called when the head is written and whenever the output drains.
-    func pumpDiskHit(_ hit: DiskHitStream) {
-        let failure = StoredResponseWriter.pump(hit, into: connection.clientOutput)
-        connection.scheduleFlush()
-        if let failure { return abortStoredBody(hit.exchange, reason: failure) }
-        guard hit.offset >= hit.range.upperBound else { return }
-        let exchange = hit.exchange
-        _ = exchange.machine.handle(.responseBodySent(bytes: hit.sent))
-        exchange.end(.ok)
-        phase = .idle
-        connection.exchangeFinished(keepAlive: hit.keepAlive)
-    }
-
-    /// A stored response's body cannot be completed (a disk block failed its digest and the
-    /// entry was dropped; a shared fill broke or could not be read): the response already
-    /// announced its length, so the connection is closed without completing it, and the
-    /// access log says why. `warning`: logged as one (damage on disk), else at debug level
-    /// (a shared fill's break was logged where it broke).
-    func abortStoredBody(_ exchange: Exchange, reason: String, warning: Bool = true) {
-        let line = "\(reason): \(exchange.target.url); response to \(connection.peer) aborted"
-        if warning { Log.warning(line) } else { Log.debug(line) }
-        exchange.summary.servedFromStore = false  // it broke: a failure, not a hit
-        exchange.end(.error, error: reason + "; response aborted")
-        connection.abortiveClose = true
-        connection.close()
     }
 }
 
@@ -1055,7 +631,7 @@ extension ExchangeDriver {
         case .bufferingBody: if let exchange { continueBuffering(exchange) }
         case .tunnel(let tunnel): tunnel.clientReadable()
         case .upgrading(let transfer): transfer.clientReadable()
-        case .idle, .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .waitingForQuota,
+        case .idle, .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .holding,
             .resuming, .readingFill:
             break
         }
@@ -1067,7 +643,7 @@ extension ExchangeDriver {
         case .forwarding(let transfer): transfer.resumeDownload()
         case .tunnel(let tunnel): tunnel.clientDrained()
         case .upgrading(let transfer): transfer.clientDrained()
-        case .servingDisk(let hit): pumpDiskHit(hit)
+        case .servingDisk(let hit): stored.pump(hit)
         case .readingFill: fetchMovedOn()
         default: break
         }
@@ -1092,7 +668,7 @@ extension ExchangeDriver {
     /// The connection lets the exchange go without cancelling anything: its response was
     /// written (`exchangeFinished`, `closeAfterFlush`).
     func release() {
-        if case .waitingForQuota(let waiter) = phase { leaveQuota(waiter) }
+        if case .holding(let hold) = phase { hold.leave() }
         releaseUpstreamSlot()
         phase = .idle
         resume = nil
@@ -1112,7 +688,7 @@ extension ExchangeDriver {
         case .tunnel(let tunnel): tunnel.shutdown()
         case .upgrading(let transfer): transfer.cancel()
         case .queued(let ticket): worker.upstreamGate.leave(ticket)
-        case .waitingForQuota(let waiter): leaveQuota(waiter)
+        case .holding(let hold): hold.leave()
         case .resuming(let resume): resume.stopTimer()
         default: break
         }
@@ -1120,10 +696,6 @@ extension ExchangeDriver {
         resume = nil
         awaited?.cancel()
         awaited = nil
-        if trialRequest != nil {
-            worker.fleetWaiters[fleetTicket] = nil
-            trialRequest = nil
-        }
         releaseUpstreamSlot()
         reportTryOutcome(.abandoned)
         if let exchange, !exchange.ended {
@@ -1141,7 +713,7 @@ extension ExchangeDriver {
         case .dialing: state = "connecting"
         case .tunnel: state = "tunnel"
         case .awaitingBody, .bufferingBody: state = "reading_body"
-        case .waitingForQuota: state = "rate_limited"
+        case .holding(let hold) where hold.quotaWait != nil: state = "rate_limited"
         case .resuming: state = "resuming"
         default: state = exchange.inspect { $0.state.name }
         }
@@ -1167,8 +739,8 @@ extension ExchangeDriver {
             event_free(timer)
         case .queued(let ticket):
             worker.upstreamGate.leave(ticket)
-        case .waitingForQuota(let waiter):
-            leaveQuota(waiter)
+        case .holding(let hold):
+            hold.leave()
             reportTryOutcome(.abandoned)
         case .tunnel:
             exchange.end(.tunnel, error: "cancelled by the proxy's operator")

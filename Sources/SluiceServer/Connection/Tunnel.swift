@@ -79,11 +79,11 @@ final class TunnelDialer: CurlTransfer {
                     purpose: .tunnel, trust: nil, parent: parent)
         cancel()  // the handle is gone after this
         if let error {
-            connection.driver.tunnelFailed(error)
+            connection.driver.tunnels.failed(error)
             return
         }
         evutil_make_socket_nonblocking(owned)
-        connection.driver.tunnelEstablished(fd: owned)
+        connection.driver.tunnels.established(fd: owned)
     }
 }
 
@@ -120,7 +120,7 @@ final class Tunnel {
     func clientReadable() {
         guard let upstream else { return }
         let out = bufferevent_get_output(upstream)
-        connection.driver.tunnelMoved(up: evbuffer_get_length(connection.clientInput), down: 0)
+        connection.driver.tunnels.moved(up: evbuffer_get_length(connection.clientInput), down: 0)
         evbuffer_add_buffer(out, connection.clientInput)
         connection.inputConsumed()
         if evbuffer_get_length(out) >= Self.highWatermark { connection.setReading(false) }
@@ -137,7 +137,7 @@ final class Tunnel {
     private func upstreamReadable() {
         guard let upstream else { return }
         let out = connection.clientOutput
-        connection.driver.tunnelMoved(up: 0, down: evbuffer_get_length(bufferevent_get_input(upstream)))
+        connection.driver.tunnels.moved(up: 0, down: evbuffer_get_length(bufferevent_get_input(upstream)))
         evbuffer_add_buffer(out, bufferevent_get_input(upstream))
         connection.scheduleFlush()
         if evbuffer_get_length(out) >= Self.highWatermark { bufferevent_disable(upstream, Int16(EV_READ)) }
@@ -150,7 +150,7 @@ final class Tunnel {
     private func upstreamEvent(_ what: Int16) {
         guard what & Int16(BEV_EVENT_EOF | BEV_EVENT_ERROR) != 0, let upstream else { return }
         // Deliver what the destination sent before it closed, then end the client side.
-        connection.driver.tunnelMoved(up: 0, down: evbuffer_get_length(bufferevent_get_input(upstream)))
+        connection.driver.tunnels.moved(up: 0, down: evbuffer_get_length(bufferevent_get_input(upstream)))
         evbuffer_add_buffer(connection.clientOutput, bufferevent_get_input(upstream))
         connection.scheduleFlush()
         shutdown()

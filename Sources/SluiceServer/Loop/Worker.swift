@@ -53,14 +53,14 @@ final class Worker {
     private var adminEvent: OpaquePointer!
     private var quotaEvent: OpaquePointer!
     /// Tries of this worker waiting for a `max_concurrent` place, by ticket.
-    var quotaWaiters: [UInt64: ExchangeDriver] = [:]
+    var quotaWaiters: [UInt64: TryHold] = [:]
     /// Shared fills whose transfer goes on without its client (`FillProducer`).
     var fillProducers: [ObjectIdentifier: FillProducer] = [:]
     /// Requests of this worker waiting on another exchange's fetch (`CacheFetch`), by ticket.
     var fillWaiters: [UInt64: ExchangeDriver] = [:]
     var nextFillTicket: UInt64 = 0
     /// Tries of this worker waiting for the fleet's Redis, by ticket.
-    var fleetWaiters: [UInt64: ExchangeDriver] = [:]
+    var fleetWaiters: [UInt64: TryHold] = [:]
     var nextFleetTicket: UInt64 = 0
     /// Hands a ticket given a place to this worker's loop (`RateLimitTable`; any thread).
     private(set) var quotaWake: @Sendable (UInt64) -> Bool = { _ in false }
@@ -321,7 +321,7 @@ final class Worker {
             return (contents.quotaGrants, contents.fillWakes)
         }
         // A ticket whose try left (or took its place when its wait ran out) is not here.
-        for ticket in tickets { quotaWaiters[ticket]?.quotaSlotGranted(ticket) }
+        for ticket in tickets { quotaWaiters[ticket]?.slotGranted(ticket) }
         for ticket in fills { fillWaiters.removeValue(forKey: ticket)?.fetchMovedOn() }
     }
 
@@ -633,7 +633,7 @@ final class Worker {
         fleet?.start()
         event_base_dispatch(base)
         for connection in Array(connections.values) { connection.close() }
-        for producer in Array(fillProducers.values) { producer.transfer.cancel() }
+        for producer in Array(fillProducers.values) { producer.cancel() }
         fillProducers.removeAll()
         closeListeners()
         if let drainTimer { event_free(drainTimer) }

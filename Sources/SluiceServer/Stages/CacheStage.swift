@@ -10,7 +10,7 @@ import SluiceCore
 /// `CacheInvalidation` (SluiceCore); `StoredResponseWriter` writes the answers. With a disk
 /// tier this thread does the tier's bounded file IO: a lookup that misses memory opens the
 /// URL's entry (two small reads), a `304` rewrites its record.
-enum CacheStage: RequestStage {
+enum CacheStage: RequestStage, ResponseStage {
     static var name: String { "cache" }
 
     static func enter(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
@@ -185,6 +185,19 @@ enum CacheStage: RequestStage {
     }
 
     // MARK: the response's way back
+
+    static func head(
+        _ response: inout ResponseHeadContext, _ exchange: Exchange, _ services: any StageServices
+    )
+        -> ResponseVerdict
+    {
+        guard let cache = exchange.cache else { return .proceed }
+        return responseHead(response.response, response.transfer, exchange, cache, services) ? .handled : .proceed
+    }
+
+    static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {
+        if case .complete = ending { responseFinished(exchange) }
+    }
 
     /// Decides what the cache does with a final response head about to be forwarded: a `304`
     /// that validated the stored response is absorbed (true: the transfer was told); a

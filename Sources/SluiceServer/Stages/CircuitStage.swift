@@ -8,8 +8,23 @@ import SluiceCore
 /// instead of reaching the origin, and a redirect hop asks the breaker of the origin it goes to.
 ///
 /// Threading: the worker's thread; `UpstreamHealth` takes its own lock.
-enum CircuitStage: TryStage {
+enum CircuitStage: TryStage, ResponseStage {
     static var name: String { "health" }
+
+    /// The try's outcome by its response's status (a 5xx counts against the origin).
+    static func head(
+        _ response: inout ResponseHeadContext, _ exchange: Exchange, _ services: any StageServices
+    )
+        -> ResponseVerdict
+    {
+        reportOutcome(HealthOutcome(status: response.response.status), exchange, services.health, fleet: services.fleet)
+        return .proceed
+    }
+
+    /// A try that ended without a head reports its failure (or nothing, abandoned).
+    static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {
+        reportOutcome(ending.healthOutcome, exchange, services.health, fleet: services.fleet)
+    }
 
     /// One try admitted by a breaker, until its outcome is reported (boxed: only policies with
     /// `health:` have one, and an exchange's size is watched).

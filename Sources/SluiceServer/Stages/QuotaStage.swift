@@ -9,8 +9,28 @@ import SluiceCore
 /// schedule of the rates (GCRA, `RateLimiter`) and the hold the origin asked for
 /// (`rate_limit.learn`, `learn` below). It comes after the circuit (a try that fails fast
 /// takes no place).
-enum QuotaStage: TryStage {
+enum QuotaStage: TryStage, ResponseStage {
     static var name: String { "rate_limit" }
+
+    /// `rate_limit.learn`: a 429 or 503 whose pause the policy waits for holds the key's next
+    /// tries, and this exchange tries again after it (`ResponseHeadContext.heldByOrigin`).
+    static func head(
+        _ response: inout ResponseHeadContext, _ exchange: Exchange, _ services: any StageServices
+    )
+        -> ResponseVerdict
+    {
+        if exchange.tryPolicy?.rateLimiting != nil, learn(response.response, exchange, services) {
+            response.heldByOrigin = true
+        }
+        return .proceed
+    }
+
+    /// The try's `max_concurrent` place goes to the next in line.
+    static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {
+        guard let owner = exchange.owner, let slot = owner.quotaSlot else { return }
+        owner.quotaSlot = nil
+        services.rateLimits.releaseSlot(policy: slot.policy, key: slot.key, limit: slot.limit)
+    }
 
     static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
         guard let limiting = exchange.tryPolicy?.rateLimiting else { return .proceed }

@@ -10,8 +10,8 @@ import SluiceCore
 ///    tunnel, a try handed to a transport).
 /// 3. `attempt`: the stages every try passes — the first, each retry the `ExchangeMachine`
 ///    decides (`retry`) and each redirect it follows (`redirects`). The last hands the try to
-///    a transport; the response's way back (the machine's decisions on its head, the cache's
-///    storing, the circuit's outcome) is the connection's `UpstreamTransferDelegate`.
+///    a transport; the response's way back is `ResponseChain`'s (the try stages' other halves,
+///    in reverse).
 ///
 /// Threading: stateless; run on the exchange's worker thread.
 enum RequestChain {

@@ -253,7 +253,7 @@ final class UpgradeTransfer: CurlTransfer {
             evbuffer_drain(source, sent)
             if fromClient {
                 touch()
-                connection.driver.tunnelMoved(up: sent, down: 0)
+                connection.driver.tunnels.moved(up: sent, down: 0)
                 connection.inputConsumed()
             }
         }
@@ -306,14 +306,14 @@ final class UpgradeTransfer: CurlTransfer {
                 offset += result.consumed
                 switch result.event {
                 case .switched?:
-                    guard connection.driver.upgradeSwitched(reader.head, on: self) else { return }
+                    guard connection.driver.upgrades.switched(reader.head, on: self) else { return }
                     phase = .switched
                     reader = UpgradeResponseReader()  // its buffers are not needed any more
                     event_del(timer)
                     arm(timeout: idleTimeout)
                     sendToOrigin()  // what the client sent after its handshake
                 case .answered(let framing)?:
-                    guard let relayed = connection.driver.upgradeAnswered(reader.head, on: self) else { return }
+                    guard let relayed = connection.driver.upgrades.answered(reader.head, on: self) else { return }
                     clientFraming = relayed
                     if framing == .none || framing == .length(0) { return answerComplete() }
                     phase = .relayingAnswer(framing)
@@ -351,7 +351,7 @@ final class UpgradeTransfer: CurlTransfer {
         } else {
             evbuffer_add(connection.clientOutput, bytes.baseAddress, bytes.count)
         }
-        connection.driver.tunnelMoved(up: 0, down: bytes.count)
+        connection.driver.tunnels.moved(up: 0, down: bytes.count)
         connection.scheduleFlush()
     }
 
@@ -359,7 +359,7 @@ final class UpgradeTransfer: CurlTransfer {
         switch phase {
         case .switched:
             finish()
-            connection.driver.upgradeEnded(error: nil)
+            connection.driver.upgrades.ended(error: nil)
         case .relayingAnswer(.close):
             if clientFraming == .chunked { ResponseEncoder.lastChunk(into: connection.clientOutput) }
             answerComplete()
@@ -375,7 +375,7 @@ final class UpgradeTransfer: CurlTransfer {
         switch phase {
         case .switched:
             finish()
-            connection.driver.upgradeEnded(error: "upgraded connection to \(target.authority): \(reason)")
+            connection.driver.upgrades.ended(error: "upgraded connection to \(target.authority): \(reason)")
         case .relayingAnswer:
             aborted(reason)
         default:
@@ -386,18 +386,18 @@ final class UpgradeTransfer: CurlTransfer {
     private func answerComplete() {
         finish()
         connection.scheduleFlush()
-        connection.driver.upgradeAnswerFinished()
+        connection.driver.upgrades.answerFinished()
     }
 
     private func aborted(_ reason: String) {
         finish()
-        connection.driver.upgradeAborted(reason: "upstream \(target.authority): \(reason)")
+        connection.driver.upgrades.aborted(reason: "upstream \(target.authority): \(reason)")
     }
 
     private func failBeforeAnswer(_ error: ProxyError, kind: TransportErrorKind) {
         let timings = timings()
         finish()
-        connection.driver.upgradeFailed(error, kind: kind, timings: timings)
+        connection.driver.upgrades.failed(error, kind: kind, timings: timings)
     }
 
     // MARK: timer
@@ -421,7 +421,7 @@ final class UpgradeTransfer: CurlTransfer {
             failBeforeAnswer(.upstreamTimeout(host: target.authority, phase: .noResponseHead), kind: .timeout)
         case .switched:
             finish()
-            connection.driver.upgradeEnded(error: "upgraded connection idle for \(idleTimeout) ms")
+            connection.driver.upgrades.ended(error: "upgraded connection idle for \(idleTimeout) ms")
         case .relayingAnswer:
             aborted("answer body idle for \(idleTimeout) ms")
         case .finished:

@@ -1,0 +1,106 @@
+import SluiceCore
+
+/// A try's response on its way back, in order: the one place that order is written, beside
+/// `RequestChain` (docs/architecture.md draws both). It runs the try stages' response sides
+/// in reverse (Envoy's `encodeHeaders` on the same filters as `decodeHeaders`): what the
+/// origin said about its limit, how the try went for the circuit, the exchange's decision on
+/// the head (validation, a retry, a redirect), and what the cache keeps.
+///
+/// `head` runs when a try's final response head arrives, until a stage answers anything but
+/// `.proceed`; `end` runs when the try ends — its response complete, failed before a byte
+/// reached the client, or abandoned — every stage in order.
+///
+/// Threading: stateless; run on the exchange's worker thread.
+enum ResponseChain {
+    static let head: [any ResponseStage.Type] = [
+        QuotaStage.self,  // rate_limit.learn: a pause the origin asked for
+        CircuitStage.self,  // health: the try's outcome by its status
+        ResponseDecisionStage.self,  // validate, retry, redirect, credentials: the machine decides
+        CacheStage.self,  // cache: a 304 merged, a tee that stores, an invalidation
+    ]
+
+    static let end: [any ResponseStage.Type] = [
+        QuotaStage.self,  // rate_limit.max_concurrent: the try's place is given back
+        CircuitStage.self,  // health: a try that ended without a head is an outcome too
+        CacheStage.self,  // cache: the tee's object is published
+    ]
+
+    /// Runs `head` on `response`; `.proceed` when every stage let it pass (it goes to the
+    /// client as it is).
+    static func runHead(
+        _ response: inout ResponseHeadContext, _ exchange: Exchange, _ services: any StageServices
+    )
+        -> ResponseVerdict
+    {
+        for stage in head {
+            let verdict = stage.head(&response, exchange, services)
+            guard case .proceed = verdict else { return verdict }
+        }
+        return .proceed
+    }
+
+    static func runEnd(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {
+        for stage in end { stage.end(ending, exchange, services) }
+    }
+}
+
+/// A step of a response's way back (`ResponseChain`): a try stage's other half. Each entry
+/// has a default that does nothing, so a stage implements the side it has.
+protocol ResponseStage: SendableMetatype {
+    static var name: String { get }
+    /// A try's final response head arrived (not an upgrade's `101`).
+    static func head(
+        _ response: inout ResponseHeadContext, _ exchange: Exchange, _ services: any StageServices
+    )
+        -> ResponseVerdict
+    /// The try ended.
+    static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices)
+}
+
+extension ResponseStage {
+    static func head(
+        _ response: inout ResponseHeadContext, _ exchange: Exchange, _ services: any StageServices
+    )
+        -> ResponseVerdict
+    { .proceed }
+    static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {}
+}
+
+/// A response head as the response stages see it, with what they learn about it.
+struct ResponseHeadContext {
+    let response: UpstreamResponseHead
+    let transfer: any UpstreamTransfer
+    /// The request body could be sent again (none, or kept whole): a retry or redirect may.
+    let canResendBody: Bool
+    /// The origin asked for a pause its policy's `rate_limit` learned and waits for
+    /// (`QuotaStage`): the exchange tries again after it when it may.
+    var heldByOrigin = false
+}
+
+/// A response stage's answer about a head.
+enum ResponseVerdict {
+    /// The next stage takes it; after the last, the head goes to the client.
+    case proceed
+    /// The response is drained, never sent: the exchange tries again.
+    case discard
+    /// The response is a redirect the policy follows to this request.
+    case follow(ProxyRequest)
+    /// A stage answered the transfer itself (the cache absorbed a `304`, or forwarded the
+    /// head with its tee).
+    case handled
+}
+
+/// How a try ended, for the response stages' `end`.
+enum TryEnding {
+    /// Its response reached the client whole.
+    case complete
+    /// It failed before any response byte reached the client.
+    case failed(ProxyError)
+    /// It stopped without an outcome of its own (the client left, the response was cut).
+    case abandoned
+
+    var healthOutcome: HealthOutcome {
+        if case .failed(let error) = self { return HealthOutcome(error: error) }
+        return .abandoned
+    }
+}
