@@ -172,7 +172,7 @@ extension NodeReader {
 
     /// A plain path, or the value of `${ENV}` (resolved as secret references are, with their
     /// errors; the path itself is not a secret).
-    mutating func pathOrReference(_ text: String, at node: Node) -> String? {
+    public mutating func pathOrReference(_ text: String, at node: Node) -> String? {
         guard text.hasPrefix("${") else { return text }
         switch SecretReference.resolve(text) {
         case .success(let resolved): return resolved.value

