@@ -16,6 +16,16 @@
 local path = os.getenv("BENCH_PATH")
 local host = os.getenv("BENCH_HOST")
 local delay_ms = tonumber(os.getenv("BENCH_DELAY_MS") or "")
+-- BENCH_METHOD and BENCH_BODY_BYTES, when set: every request is that method with a body of
+-- that many bytes (an upload).
+local method = os.getenv("BENCH_METHOD")
+local body_bytes = tonumber(os.getenv("BENCH_BODY_BYTES") or "")
+if method and method ~= "" then
+   wrk.method = method
+end
+if body_bytes then
+   wrk.body = string.rep("x", body_bytes)
+end
 
 if path and path ~= "" then
    wrk.path = path

@@ -20,11 +20,14 @@ LUA = Path(__file__).resolve().parent.parent / "absolute.lua"
 
 
 def wrk(bench, target: str, connections: int, seconds: float, body: str) -> tuple[dict | None, str]:
-    """One wrk run of GETs for `body` against a target (the origin itself for direct) on
+    """One wrk run of GETs for `body` (PUTs for `put…`) against a target (the origin itself for direct) on
     `connections` kept-alive connections: (parsed BENCH_RESULT or None, wrk's output)."""
     sc = bench.scenario
     threads = min(sc["threads"], connections)
     env = {**os.environ, "BENCH_PATH": bench.request_target(target, body), "BENCH_HOST": bench.lab.origin_host}
+    if body.startswith("put"):
+        # `put64k`: PUTs of a 64 KiB body (the plain origin's /put answers 204)
+        env.update(BENCH_METHOD="PUT", BENCH_BODY_BYTES=str(int(body[3:].rstrip("k")) * 1024))
     cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", sc["wrk_timeout"],
            "--latency", "-s", str(LUA), f"http://127.0.0.1:{bench.port(target)}/"]
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import stats
 
-BODY_NAMES = {"1k": "1 KiB", "64k": "64 KiB"}
+BODY_NAMES = {"1k": "1 KiB", "64k": "64 KiB", "put64k": "64 KiB PUT"}
 
 
 def load(path: Path) -> dict:

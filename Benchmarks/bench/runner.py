@@ -98,7 +98,10 @@ class Bench:
     def request_target(self, target: str, body: str) -> str:
         """The request line's target: origin-form for direct, absolute-form through a proxy; with the
         caching origin every target has its own object (/<target>/1k)."""
-        path = f"/{target}/{body}" if self.scenario["origin"] == "caching" else f"/{body}"
+        if body.startswith("put"):
+            path = "/put"  # an upload (`put64k`: a 64 KiB PUT body, measures.wrk)
+        else:
+            path = f"/{target}/{body}" if self.scenario["origin"] == "caching" else f"/{body}"
         return path if target == "direct" else f"http://{self.lab.origin_host}{path}"
 
     def bodies(self) -> list[str]:

@@ -24,7 +24,7 @@ PORT_OFFSETS = {
     "sluice-pipeline": 6, "haproxy": 7, "trafficserver": 8, "callgrind": 9, "admin": 10,
     "sluice-curl": 11, "sluice-cache": 12, "nginx-cache": 13, "squid-cache": 14,
     "sluice-h2": 15, "sluice-http1": 16, "sluice-ratelimit": 17, "sluice-fleet": 18, "redis": 19,
-    "sluice-http1-curl": 20, "haproxy-tls": 21, "sluice-disk": 22,
+    "sluice-http1-curl": 20, "haproxy-tls": 21, "sluice-disk": 22, "sluice-sigv4": 23,
 }
 
 
@@ -196,9 +196,12 @@ def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
     port = lab.origin_port
     if kind == "plain":
         big = f"location = /1g {{ alias {lab.big_file}; }}" if lab.big_file else ""
+        # /put answers any method at once (204), its body read and dropped: the uploads'
+        # target (loads whose body is `put…`).
         body = f"""    sendfile on;
     tcp_nopush on;
-    server {{ listen 127.0.0.1:{port} backlog=4096; root {www}; {big} }}"""
+    server {{ listen 127.0.0.1:{port} backlog=4096; root {www}; client_max_body_size 16m;
+              location = /put {{ return 204; }} {big} }}"""
         return _start_nginx(lab, "origin", "auto", body, port)
     if kind == "caching":
         body = f"""    log_format path '$uri';
@@ -269,6 +272,10 @@ policies:
       - api_key: {{ header: X-Api-Key, value: bench-key-0123456789 }}
 """
 
+# AWS Signature Version 4 on every try (the `signing` scenario): fixed keys, the body hashed.
+SIGV4 = ("      - aws_sigv4: { service: s3, region: eu-west-1, credentials: "
+         "{ access_key_id: AKIDEXAMPLE, secret_access_key: bench-secret-0123456789 } }\n")
+
 # A limit no load of the harness comes near (the most a rate may be, a burst of 100,000): what a
 # limit costs a request that never waits.
 RATE_LIMIT = "    rate_limit: { rate: 1000000/s, burst: 100000 }\n"
@@ -280,6 +287,7 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     sluice-pipeline -- three header adapters and the JSON access log written to a file;
     sluice-curl     -- the same through the libcurl upstream transport (`engine: curl`);
     sluice-metrics  -- sluice-pipeline plus the metrics monitor and an admin listener;
+    sluice-sigv4    -- sluice-pipeline plus `aws_sigv4` (SIGV4): every try signed, a body hashed;
     sluice-ratelimit -- sluice-pipeline plus a `rate_limit` in its default policy far above any
                         load here (RATE_LIMIT): the cost of a limit that never holds a request back;
     sluice-fleet    -- sluice-ratelimit plus `fleet:` (fleet_section): the limit kept in a
@@ -299,6 +307,8 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
         return pipeline
     if name == "sluice-curl":
         return pipeline.replace("  default:\n", "  default:\n    upstream: { engine: curl }\n")
+    if name == "sluice-sigv4":
+        return pipeline + SIGV4
     if name == "sluice-ratelimit":
         return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT)
     if name == "sluice-fleet":
@@ -631,7 +641,7 @@ STARTERS = {
     "sluice": start_sluice, "sluice-pipeline": start_sluice, "sluice-curl": start_sluice,
     "sluice-metrics": start_sluice, "sluice-cache": start_sluice, "sluice-h2": start_sluice,
     "sluice-http1": start_sluice, "sluice-ratelimit": start_sluice, "sluice-fleet": start_sluice,
-    "sluice-http1-curl": start_sluice, "sluice-disk": start_sluice, "haproxy": start_haproxy, "haproxy-tls": start_haproxy,
+    "sluice-http1-curl": start_sluice, "sluice-disk": start_sluice, "sluice-sigv4": start_sluice, "haproxy": start_haproxy, "haproxy-tls": start_haproxy,
     "nginx": start_nginx_proxy, "nginx-cache": start_nginx_proxy, "squid": start_squid,
     "squid-cache": start_squid, "trafficserver": start_trafficserver, "tinyproxy": start_tinyproxy,
 }

@@ -20,7 +20,7 @@ def test_every_target_has_a_port_of_its_own():
 
 def test_sluice_targets():
     assert {"sluice", "sluice-pipeline", "sluice-curl", "sluice-metrics", "sluice-ratelimit", "sluice-fleet",
-            "sluice-cache", "sluice-disk", "sluice-h2", "sluice-http1", "sluice-http1-curl"} == SLUICE_TARGETS
+            "sluice-cache", "sluice-disk", "sluice-h2", "sluice-http1", "sluice-http1-curl", "sluice-sigv4"} == SLUICE_TARGETS
     assert FLEET_TARGETS == {"sluice-fleet"}
 
 
