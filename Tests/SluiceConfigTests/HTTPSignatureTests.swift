@@ -51,7 +51,9 @@ import Testing
         let keyID: String
         switch algorithm {
         case .hmacSHA256:
-            key = .hmac(Base64.decode(try file("test-shared-secret.b64").trimmingCharacters(in: .whitespacesAndNewlines))!)
+            key = .hmac(
+                Crypto.HMACKey(Base64.decode(try file("test-shared-secret.b64").trimmingCharacters(in: .whitespacesAndNewlines))!)
+            )
             keyID = "test-shared-secret"
         case .ed25519:
             key = .ed25519(Crypto.Ed25519Key(pem: try file("test-key-ed25519.pem"))!)
@@ -92,7 +94,7 @@ import Testing
     @Test func aBodyIsDigestedAndCovered() throws {
         var (request, body) = try Self.request()
         let signer = HTTPMessageSigner(
-            keyID: "k", algorithm: .hmacSHA256, key: .hmac(Array(repeating: 7, count: 32)), keySource: "test",
+            keyID: "k", algorithm: .hmacSHA256, key: .hmac(Crypto.HMACKey(Array(repeating: 7, count: 32))), keySource: "test",
             components: nil, created: true, expiresAfter: 300, nonce: true, label: "sig1", tag: nil)
         try signer.adaptTry(&request, TryContext(body: body, wallClockMilliseconds: Self.created, attempt: 1))
         #expect(

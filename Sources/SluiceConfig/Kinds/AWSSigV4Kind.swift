@@ -277,38 +277,77 @@ struct AWSSigV4Signer: RequestAdapter {
         }
     }
 
+    /// The day's signing key, derived once per day and key (four HMACs) instead of per try.
+    let keys = SigningKeys()
+
+    /// Threading: any worker; one lock, held to read or replace the key.
+    final class SigningKeys: Sendable {
+        private struct Key: Sendable {
+            let day: String
+            let accessKeyID: String
+            let secret: String
+            let key: Crypto.HMACKey
+        }
+        private let current = Mutex<Key?>(nil)
+
+        func key(day: String, _ credentials: AWSCredentials, region: String, service: String) -> Crypto.HMACKey {
+            if let known = current.withLock({ $0 }), known.day == day, known.accessKeyID == credentials.accessKeyID,
+                known.secret == credentials.secret.value
+            {
+                return known.key
+            }
+            let key = AWSSignatureV4.signingKey(secret: credentials.secret.value, day: day, region: region, service: service)
+            current.withLock {
+                $0 = Key(day: day, accessKeyID: credentials.accessKeyID, secret: credentials.secret.value, key: key)
+            }
+            return key
+        }
+    }
+
+    /// The fields the signer sets (a client's are replaced).
+    private static let amzDate = HTTPField.Name("X-Amz-Date")!
+    private static let amzContentSHA256 = HTTPField.Name("X-Amz-Content-SHA256")!
+    private static let amzSecurityToken = HTTPField.Name("X-Amz-Security-Token")!
+    /// SHA-256 of no bytes: a request without a body.
+    private static let emptyPayloadHash = Hex.lowercase(Crypto.sha256([]))
+
     func adaptTry(_ request: inout ProxyRequest, _ context: TryContext) throws(AdaptationError) {
-        let keys: AWSCredentials
-        switch credentials {
-        case .environment(let c), .fixed(let c): keys = c
+        let credentials: AWSCredentials
+        switch self.credentials {
+        case .environment(let c), .fixed(let c): credentials = c
         case .file(let file):
             switch file.current() {
-            case .success(let c): keys = c
+            case .success(let c): credentials = c
             case .failure(let problem): throw AdaptationError(adapter: name, reason: "credentials: \(problem)")
             }
         }
-        for field in ["authorization", "x-amz-date", "x-amz-content-sha256", "x-amz-security-token"] {
-            request.headerFields[HTTPField.Name(field)!] = nil
-        }
+        request.headerFields[.authorization] = nil
+        request.headerFields[Self.amzSecurityToken] = nil
         let date = AWSSignatureV4.timestamp(wallClockMilliseconds: context.wallClockMilliseconds)
         let payloadHash: String
         switch payload {
-        case .signed: payloadHash = Hex.lowercase(Crypto.sha256(context.body ?? []))
+        case .signed:
+            if let body = context.body, !body.isEmpty {
+                payloadHash = Hex.lowercase(Crypto.sha256(body))
+            } else {
+                payloadHash = Self.emptyPayloadHash
+            }
         case .unsigned: payloadHash = "UNSIGNED-PAYLOAD"
         }
-        request.headerFields[HTTPField.Name("X-Amz-Date")!] = date
-        request.headerFields[HTTPField.Name("X-Amz-Content-SHA256")!] = payloadHash
-        if let token = keys.sessionToken { request.headerFields[HTTPField.Name("X-Amz-Security-Token")!] = token.value }
+        request.headerFields[Self.amzDate] = date
+        request.headerFields[Self.amzContentSHA256] = payloadHash
+        if let token = credentials.sessionToken { request.headerFields[Self.amzSecurityToken] = token.value }
         let url = AWSSignatureV4.URLComponents(request.url)
         var headers: [(String, String)] = [("host", url.host)]
         for field in request.headerFields where !excludedHeaders.contains(field.name.canonicalName) {
             headers.append((field.name.canonicalName, field.value))
         }
         let signer = AWSSignatureV4(
-            accessKeyID: keys.accessKeyID, secret: keys.secret.value, region: region, service: service)
+            accessKeyID: credentials.accessKeyID, secret: credentials.secret.value, region: region, service: service)
         let signed = signer.sign(
             method: request.method, path: url.path, query: url.query, headers: headers, payloadHash: payloadHash,
-            timestamp: date, normalizePath: service != "s3", encodePath: service != "s3")
+            timestamp: date, normalizePath: service != "s3", encodePath: service != "s3",
+            key: keys.key(day: String(date.prefix(8)), credentials, region: region, service: service))
         request.headerFields[.authorization] = signed.authorization
     }
 }
@@ -373,43 +412,67 @@ struct AWSSignatureV4: Sendable {
     /// Signs a request. `headers`: lower-case names with their values, in the message's order
     /// (several with one name are joined with `,`); `host` among them. `normalizePath`: remove
     /// dot segments and empty segments (every service but S3); `encodePath`: percent-encode the
-    /// path once more (every service but S3, whose path is signed as sent).
+    /// path once more (every service but S3, whose path is signed as sent). `key`: the day's
+    /// signing key when the caller keeps it (`SigningKeys`), else it is derived here.
     func sign(
         method: String, path: Substring, query: Substring, headers: [(String, String)], payloadHash: String,
-        timestamp: String, normalizePath: Bool, encodePath: Bool
+        timestamp: String, normalizePath: Bool, encodePath: Bool, key: Crypto.HMACKey? = nil
     ) -> Signed {
         var canonicalPath = String(path)
         if normalizePath { canonicalPath = Self.removeDotSegments(canonicalPath) }
         if encodePath { canonicalPath = Self.percentEncode(canonicalPath, keepSlash: true) }
-        var merged: [String: String] = [:]
-        var names: [String] = []
-        for (name, value) in headers {
-            let trimmed = Self.trimAndCollapse(value)
-            if let existing = merged[name] {
-                merged[name] = existing + "," + trimmed
-            } else {
-                merged[name] = trimmed
-                names.append(name)
-            }
+        // Sorted by name, the message's order kept among equal names (then joined with `,`).
+        let order = headers.indices.sorted {
+            headers[$0].0 == headers[$1].0 ? $0 < $1 : headers[$0].0 < headers[$1].0
         }
-        names.sort { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }
-        let signedHeaders = names.joined(separator: ";")
-        var canonical = method + "\n" + canonicalPath + "\n" + Self.canonicalQuery(query) + "\n"
-        for name in names { canonical += name + ":" + merged[name]! + "\n" }
-        canonical += "\n" + signedHeaders + "\n" + payloadHash
-        let day = String(timestamp.prefix(8))
+        var canonical: [UInt8] = []
+        canonical.reserveCapacity(512)
+        canonical += method.utf8
+        canonical.append(0x0A)
+        canonical += canonicalPath.utf8
+        canonical.append(0x0A)
+        canonical += Self.canonicalQuery(query).utf8
+        canonical.append(0x0A)
+        var signedHeaders: [UInt8] = []
+        var previous: String?
+        for i in order {
+            let (name, value) = headers[i]
+            if name == previous {
+                canonical[canonical.count - 1] = UInt8(ascii: ",")
+            } else {
+                if previous != nil { signedHeaders.append(UInt8(ascii: ";")) }
+                signedHeaders += name.utf8
+                canonical += name.utf8
+                canonical.append(UInt8(ascii: ":"))
+                previous = name
+            }
+            Self.appendTrimmedAndCollapsed(value, to: &canonical)
+            canonical.append(0x0A)
+        }
+        canonical.append(0x0A)
+        canonical += signedHeaders
+        canonical.append(0x0A)
+        canonical += payloadHash.utf8
+        let day = timestamp.prefix(8)
         let scope = "\(day)/\(region)/\(service)/aws4_request"
-        let stringToSign =
-            "AWS4-HMAC-SHA256\n\(timestamp)\n\(scope)\n" + Hex.lowercase(Crypto.sha256(Array(canonical.utf8)))
+        let stringToSign = "AWS4-HMAC-SHA256\n\(timestamp)\n\(scope)\n" + Hex.lowercase(Crypto.sha256(canonical))
+        let signingKey = key ?? Self.signingKey(secret: secret, day: String(day), region: region, service: service)
+        let signature = Hex.lowercase(signingKey.mac(Array(stringToSign.utf8)))
+        let signed = String(decoding: signedHeaders, as: UTF8.self)
+        return Signed(
+            canonicalRequest: String(decoding: canonical, as: UTF8.self), stringToSign: stringToSign,
+            signature: signature, signedHeaders: signed,
+            authorization: "AWS4-HMAC-SHA256 Credential=\(accessKeyID)/\(scope), SignedHeaders=\(signed), Signature=\(signature)")
+    }
+
+    /// The signing key of a day (`YYYYMMDD`): HMACs of the date, region, service and
+    /// `aws4_request` under `AWS4` + the secret.
+    static func signingKey(secret: String, day: String, region: String, service: String) -> Crypto.HMACKey {
         var key = Crypto.hmacSHA256(key: Array("AWS4\(secret)".utf8), Array(day.utf8))
         key = Crypto.hmacSHA256(key: key, Array(region.utf8))
         key = Crypto.hmacSHA256(key: key, Array(service.utf8))
         key = Crypto.hmacSHA256(key: key, Array("aws4_request".utf8))
-        let signature = Hex.lowercase(Crypto.hmacSHA256(key: key, Array(stringToSign.utf8)))
-        return Signed(
-            canonicalRequest: canonical, stringToSign: stringToSign, signature: signature, signedHeaders: signedHeaders,
-            authorization:
-                "AWS4-HMAC-SHA256 Credential=\(accessKeyID)/\(scope), SignedHeaders=\(signedHeaders), Signature=\(signature)")
+        return Crypto.HMACKey(key)
     }
 
     /// The query's parameters, each name and value percent-encoded (an escape already there is
@@ -494,18 +557,18 @@ struct AWSSignatureV4: Sendable {
 
     /// A field value as the canonical request has it: without leading and trailing white
     /// space, every run of spaces inside it one space.
-    static func trimAndCollapse(_ value: String) -> String {
-        var out = ""
+    static func appendTrimmedAndCollapsed(_ value: String, to out: inout [UInt8]) {
         var pendingSpace = false
-        for c in value {
-            if c == " " || c == "\t" || c == "\n" || c == "\r" {
-                pendingSpace = !out.isEmpty
+        var started = false
+        for b in value.utf8 {
+            if b == 0x20 || b == 0x09 || b == 0x0A || b == 0x0D {
+                pendingSpace = started
                 continue
             }
-            if pendingSpace { out.append(" ") }
+            if pendingSpace { out.append(0x20) }
             pendingSpace = false
-            out.append(c)
+            started = true
+            out.append(b)
         }
-        return out
     }
 }

@@ -83,7 +83,7 @@ enum HTTPSignatureKind: InterceptorKind {
                 reader.fail(keyNode, "an hmac-sha256 key is the shared secret in base64, at least 16 bytes")
                 return nil
             }
-            key = .hmac(bytes)
+            key = .hmac(Crypto.HMACKey(bytes))
         case .ed25519:
             guard let signing = Crypto.Ed25519Key(pem: secret.value) else {
                 reader.fail(keyNode, "an ed25519 key is a PEM private key (PKCS #8, 'BEGIN PRIVATE KEY')")
@@ -123,7 +123,8 @@ struct HTTPMessageSigner: RequestAdapter {
     }
 
     enum Key: Sendable {
-        case hmac([UInt8])
+        /// The shared secret, its HMAC states computed once.
+        case hmac(Crypto.HMACKey)
         case ed25519(Crypto.Ed25519Key)
     }
 
@@ -190,7 +191,7 @@ struct HTTPMessageSigner: RequestAdapter {
         let base = HTTPMessageSignature.base(of: request, covering: covered, parameters: parameters)
         let signature: [UInt8]?
         switch key {
-        case .hmac(let secret): signature = Crypto.hmacSHA256(key: secret, Array(base.base.utf8))
+        case .hmac(let secret): signature = secret.mac(Array(base.base.utf8))
         case .ed25519(let signing): signature = signing.sign(Array(base.base.utf8))
         }
         guard let signature else { throw AdaptationError(adapter: name, reason: "signing failed") }

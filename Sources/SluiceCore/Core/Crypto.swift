@@ -3,27 +3,77 @@ import COpenSSL
 /// The digests and signatures Sluice's own code computes (signers, `sluice.hmac_sha256`),
 /// each one OpenSSL call: nothing here keeps state between calls, so any thread may use it.
 public enum Crypto {
+    /// OpenSSL 3's SHA-256, fetched once: the one-shot `SHA256()` and `HMAC()` look the
+    /// algorithm up by name on every call, which cost a signer more than the hashing itself.
+    private final class Digest: @unchecked Sendable {
+        // Immutable after init; OpenSSL's fetched methods are shared read-only across threads.
+        let md: OpaquePointer
+        init() { md = EVP_MD_fetch(nil, "SHA256", nil) }
+    }
+    private static let digest = Digest()
+
     /// SHA-256 of `bytes` (32 bytes).
     public static func sha256(_ bytes: [UInt8]) -> [UInt8] {
-        var digest = [UInt8](repeating: 0, count: Int(SHA256_DIGEST_LENGTH))
-        bytes.withUnsafeBytes { raw in
-            _ = SHA256(raw.baseAddress?.assumingMemoryBound(to: UInt8.self), raw.count, &digest)
-        }
-        return digest
+        bytes.withUnsafeBytes { sha256($0) }
     }
 
-    /// HMAC-SHA256 of `data` under `key` (32 bytes).
-    public static func hmacSHA256(key: [UInt8], _ data: [UInt8]) -> [UInt8] {
-        var digest = [UInt8](repeating: 0, count: Int(EVP_MAX_MD_SIZE))
+    public static func sha256(_ bytes: UnsafeRawBufferPointer) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: 32)
         var length: UInt32 = 0
-        key.withUnsafeBytes { k in
-            data.withUnsafeBytes { d in
-                _ = HMAC(
-                    EVP_sha256(), k.baseAddress, Int32(k.count), d.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                    d.count, &digest, &length)
-            }
+        _ = EVP_Digest(bytes.baseAddress, bytes.count, &out, &length, digest.md, nil)
+        return out
+    }
+
+    /// HMAC-SHA256 of `data` under `key` (32 bytes). For a key used many times, make an
+    /// `HMACKey` once.
+    public static func hmacSHA256(key: [UInt8], _ data: [UInt8]) -> [UInt8] {
+        HMACKey(key).mac(data)
+    }
+
+    /// An HMAC-SHA256 key with its inner and outer hash states computed once (RFC 2104): each
+    /// MAC then costs the message's blocks and two more, with no key setup.
+    ///
+    /// Threading: immutable after init; `mac` copies the states into a context of its own, so
+    /// any thread may use one key.
+    public final class HMACKey: @unchecked Sendable {
+        private let inner: OpaquePointer
+        private let outer: OpaquePointer
+
+        public init(_ key: [UInt8]) {
+            var block = key.count > 64 ? Crypto.sha256(key) : key
+            block += [UInt8](repeating: 0, count: 64 - block.count)
+            inner = EVP_MD_CTX_new()
+            outer = EVP_MD_CTX_new()
+            _ = EVP_DigestInit_ex(inner, Crypto.digest.md, nil)
+            _ = EVP_DigestInit_ex(outer, Crypto.digest.md, nil)
+            let ipad = block.map { $0 ^ 0x36 }
+            let opad = block.map { $0 ^ 0x5c }
+            _ = EVP_DigestUpdate(inner, ipad, 64)
+            _ = EVP_DigestUpdate(outer, opad, 64)
         }
-        return Array(digest.prefix(Int(length)))
+
+        deinit {
+            EVP_MD_CTX_free(inner)
+            EVP_MD_CTX_free(outer)
+        }
+
+        public func mac(_ data: [UInt8]) -> [UInt8] {
+            data.withUnsafeBytes { mac($0) }
+        }
+
+        public func mac(_ data: UnsafeRawBufferPointer) -> [UInt8] {
+            let context = EVP_MD_CTX_new()
+            defer { EVP_MD_CTX_free(context) }
+            var out = [UInt8](repeating: 0, count: 32)
+            var length: UInt32 = 0
+            _ = EVP_MD_CTX_copy_ex(context, inner)
+            _ = EVP_DigestUpdate(context, data.baseAddress, data.count)
+            _ = EVP_DigestFinal_ex(context, &out, &length)
+            _ = EVP_MD_CTX_copy_ex(context, outer)
+            _ = EVP_DigestUpdate(context, out, 32)
+            _ = EVP_DigestFinal_ex(context, &out, &length)
+            return out
+        }
     }
 
     /// An Ed25519 private key (RFC 8032), read once from PEM (PKCS #8); signs on any thread.
