@@ -300,7 +300,8 @@ def throughput_sections(result: dict) -> list[str]:
                         " / ".join(str(r["rps"]) for r in raw[(t, b, c)])]
                 rows.append(row)
         align = ["l"] + ["r"] * (len(header) - 3) + ["l", "l"]
-        sections.append(f"#### {BODY_NAMES.get(body, body)} GET (wrk)\n\n" + table(header, rows, align))
+        what = BODY_NAMES.get(body, body) + ("" if body.startswith("put") else " GET")
+        sections.append(f"#### {what} (wrk)\n\n" + table(header, rows, align))
     if origin == "caching":
         sections.append(cache_section(result))
     return sections
