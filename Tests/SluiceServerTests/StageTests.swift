@@ -462,13 +462,9 @@ import Testing
     }
 
     /// An adapter that runs on every try: what it was given, and a stamp of the try.
-    struct TryStamp: RequestAdapter {
+    struct TryStamp: EveryTryAdapter {
         var name: String { "try_stamp" }
-        var timing: AdapterTiming { .everyTry }
         var readsBody: Bool { true }
-        func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-            completion(.failure(AdaptationError(adapter: name, reason: "runs on tries only")))
-        }
         func adaptTry(_ request: inout ProxyRequest, _ context: TryContext) throws(AdaptationError) {
             let body = context.body.map { String(decoding: $0, as: UTF8.self) } ?? "none"
             request.headerFields[HTTPField.Name("X-Try")!] = "\(context.attempt) \(context.wallClockMilliseconds) \(body)"

@@ -236,7 +236,7 @@ extension StringProtocol {
 /// (`AWSSignatureV4`), signed with a key derived for the day, region and service; sets
 /// `X-Amz-Date`, `X-Amz-Content-SHA256`, `X-Amz-Security-Token` (with a session token) and
 /// `Authorization`, replacing any the client sent.
-struct AWSSigV4Signer: RequestAdapter {
+struct AWSSigV4Signer: EveryTryAdapter {
     enum Payload: String, Sendable {
         /// The body's SHA-256 (the body is read whole first, up to `max_body`).
         case signed
@@ -258,24 +258,12 @@ struct AWSSigV4Signer: RequestAdapter {
     ]
 
     var name: String { "aws_sigv4" }
-    var timing: AdapterTiming { .everyTry }
     var readsBody: Bool { payload == .signed }
     let service: String
     let region: String
     let credentials: CredentialSource
     let payload: Payload
     let excludedHeaders: Set<String>
-
-    func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-        var request = request
-        do throws(AdaptationError) {
-            try adaptTry(
-                &request, TryContext(body: nil, wallClockMilliseconds: SystemClock().wallClockMilliseconds(), attempt: 1))
-            completion(.success(request))
-        } catch {
-            completion(.failure(error))
-        }
-    }
 
     /// The day's signing key, derived once per day and key (four HMACs) instead of per try.
     let keys = SigningKeys()

@@ -116,7 +116,7 @@ enum HTTPSignatureKind: InterceptorKind {
 /// in `Signature-Input` and `Signature` under the label (any the client sent are replaced).
 /// A named field the request does not have is left out (the `Signature-Input` lists what is
 /// covered); `content-digest` is computed from the body (`sha-256`, RFC 9530) when covered.
-struct HTTPMessageSigner: RequestAdapter {
+struct HTTPMessageSigner: EveryTryAdapter {
     enum Algorithm: String, Sendable {
         case hmacSHA256 = "hmac-sha256"
         case ed25519
@@ -136,7 +136,6 @@ struct HTTPMessageSigner: RequestAdapter {
     ]
 
     var name: String { "http_signature" }
-    var timing: AdapterTiming { .everyTry }
     var readsBody: Bool { components?.contains("content-digest") ?? true }
     let keyID: String
     let algorithm: Algorithm
@@ -156,17 +155,6 @@ struct HTTPMessageSigner: RequestAdapter {
         return text.utf8.allSatisfy {
             (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0)
                 || $0 == UInt8(ascii: "_") || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "*")
-        }
-    }
-
-    func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
-        var request = request
-        do throws(AdaptationError) {
-            try adaptTry(
-                &request, TryContext(body: nil, wallClockMilliseconds: SystemClock().wallClockMilliseconds(), attempt: 1))
-            completion(.success(request))
-        } catch {
-            completion(.failure(error))
         }
     }
 

@@ -82,6 +82,26 @@ extension RequestAdapter {
     }
 }
 
+/// An adapter that runs on every try (a signer): implement `adaptTry` (and `readsBody` when
+/// it reads the body). The completion form — for a program that calls the adapter itself —
+/// adapts the request at the wall clock's time, without a body.
+public protocol EveryTryAdapter: RequestAdapter {}
+
+extension EveryTryAdapter {
+    public var timing: AdapterTiming { .everyTry }
+
+    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        var request = request
+        do throws(AdaptationError) {
+            let now = SystemClock().wallClockMilliseconds()
+            try adaptTry(&request, TryContext(body: nil, wallClockMilliseconds: now, attempt: 1))
+            completion(.success(request))
+        } catch {
+            completion(.failure(error))
+        }
+    }
+}
+
 /// A synchronous adapter: implement `adaptInPlace` only; the completion form follows from it.
 public protocol SynchronousRequestAdapter: RequestAdapter {}
 

@@ -41,6 +41,73 @@ final class ResumeState {
     }
 
     deinit { stopTimer() }
+
+    /// The upstream of `transfer` broke: the delay before the rest is asked for, with the
+    /// state the next try needs (its offset, fields, framing, the cache's tee taken from the
+    /// broken transfer); nil when it may not be (`notResumed` says why).
+    func broke(_ transfer: any UpstreamTransfer) -> Int? {
+        guard !transfer.deadlineExceeded else { return nil }
+        if awaitingHead {
+            awaitingHead = false
+            SluiceMetrics.shared.recordResume(.failed)  // the resume's own request failed before its head
+        }
+        if let refusal {
+            notResumed = refusal
+            return nil
+        }
+        let offset = base + transfer.bodyBytesSent
+        switch resumption.broke(at: offset) {
+        case .giveUp(let reason):
+            if resumption.offsets.count >= resumption.limit { SluiceMetrics.shared.recordResume(.exhausted) }
+            notResumed = reason
+            return nil
+        case .resume(let delay, let fields):
+            base = offset
+            self.fields = fields
+            framing = transfer.clientFraming
+            fill = transfer.cacheFill
+            transfer.cacheFill = nil
+            Log.debug(
+                "upstream \(transfer.target.authority) broke at body byte \(offset) of \(request.target.url); resuming in \(delay) ms"
+            )
+            return delay
+        }
+    }
+
+    /// Arms the backoff timer: `fired` (an object's method, recovered from the context) runs
+    /// when it ends.
+    func arm(_ delay: Int, on base: OpaquePointer, context: UnsafeMutableRawPointer, fired: event_callback_fn) {
+        let timer = event_new(base, -1, 0, fired, context)!
+        self.timer = timer
+        var tv = timeval(tv_sec: delay / 1000, tv_usec: (delay % 1000) * 1000)
+        event_add(timer, &tv)
+    }
+
+    /// The next try: the same request with its own `Range` and `If-Range` (the client's range
+    /// and conditionals dropped).
+    func continuingRequest() -> UpstreamRequest {
+        var next = request
+        next.headers = next.headers.replacing(ExchangeDriver.resumeDroppedFields, adding: fields)
+        return next
+    }
+
+    /// A resume's head: true when it carries the body on as the rest of the same
+    /// representation; else the refusal is kept and the response (or fill) ends incomplete.
+    func answered(_ head: UpstreamResponseHead) -> Bool {
+        awaitingHead = false
+        if let refusal = resumption.answered(
+            status: head.status, contentRange: head.value("content-range"),
+            contentLength: head.value("transfer-encoding") == nil ? head.value("content-length") : nil,
+            etag: head.value("etag"), lastModified: head.value("last-modified"))
+        {
+            self.refusal = refusal
+            SluiceMetrics.shared.recordResume(.refused)
+            Log.info("resume of \(request.target.url) refused: \(refusal); the response ends incomplete")
+            return false
+        }
+        SluiceMetrics.shared.recordResume(.resumed)
+        return true
+    }
 }
 
 /// Resumable downloads: when the upstream of a `200` to a `GET` breaks after the response
@@ -80,41 +147,12 @@ extension ExchangeDriver {
     /// The upstream broke after the response started: true when a resume was scheduled (the
     /// exchange goes on), false when the response must end incomplete.
     func scheduleResume(_ transfer: any UpstreamTransfer, _ exchange: Exchange) -> Bool {
-        guard !transfer.deadlineExceeded, let resume = resumeState(transfer, exchange) else { return false }
-        if resume.awaitingHead {
-            resume.awaitingHead = false
-            SluiceMetrics.shared.recordResume(.failed)  // the resume's own request failed before its head
+        guard let resume = resumeState(transfer, exchange), let delay = resume.broke(transfer) else { return false }
+        phase = .resuming(resume)
+        resume.arm(delay, on: worker.base, context: Unmanaged.passUnretained(self).toOpaque()) { _, _, arg in
+            Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().resumeTimerFired()
         }
-        if let refusal = resume.refusal {
-            resume.notResumed = refusal
-            return false
-        }
-        let offset = resume.base + transfer.bodyBytesSent
-        switch resume.resumption.broke(at: offset) {
-        case .giveUp(let reason):
-            if resume.resumption.offsets.count >= resume.resumption.limit { SluiceMetrics.shared.recordResume(.exhausted) }
-            resume.notResumed = reason
-            return false
-        case .resume(let delay, let fields):
-            resume.base = offset
-            resume.fields = fields
-            resume.framing = transfer.clientFraming
-            resume.fill = transfer.cacheFill
-            transfer.cacheFill = nil
-            Log.debug(
-                "upstream \(transfer.target.authority) broke at body byte \(offset) of \(exchange.target.url); resuming in \(delay) ms"
-            )
-            let timer = event_new(
-                worker.base, -1, 0,
-                { _, _, arg in
-                    Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().resumeTimerFired()
-                }, Unmanaged.passUnretained(self).toOpaque())!
-            resume.timer = timer
-            phase = .resuming(resume)
-            var tv = timeval(tv_sec: delay / 1000, tv_usec: (delay % 1000) * 1000)
-            event_add(timer, &tv)
-            return true
-        }
+        return true
     }
 
     /// The backoff ended: the rest of the body is asked for.
@@ -122,8 +160,7 @@ extension ExchangeDriver {
         guard case .resuming(let resume) = phase, let exchange else { return }
         resume.stopTimer()
         phase = .idle
-        var request = resume.request
-        request.headers = request.headers.replacing(Self.resumeDroppedFields, adding: resume.fields)
+        var request = resume.continuingRequest()
         if let total = worker.config.timeouts.total {
             // `timeouts.total` is the whole exchange's: a resume gets what is left of it.
             let left = total - exchange.inspect { $0.elapsed }
@@ -142,18 +179,7 @@ extension ExchangeDriver {
     /// A resume's head: it carries the body on only as the rest of the same representation.
     func continuationArrived(_ head: UpstreamResponseHead) -> Bool {
         guard let exchange, let resume = self.resume else { return false }
-        resume.awaitingHead = false
-        if let refusal = resume.resumption.answered(
-            status: head.status, contentRange: head.value("content-range"),
-            contentLength: head.value("transfer-encoding") == nil ? head.value("content-length") : nil,
-            etag: head.value("etag"), lastModified: head.value("last-modified"))
-        {
-            resume.refusal = refusal
-            SluiceMetrics.shared.recordResume(.refused)
-            Log.info("resume of \(exchange.target.url) refused: \(refusal); the response ends incomplete")
-            return false
-        }
-        SluiceMetrics.shared.recordResume(.resumed)
+        guard resume.answered(head) else { return false }
         exchange.summary.resumedAt = resume.resumption.acceptedOffsets
         return true
     }

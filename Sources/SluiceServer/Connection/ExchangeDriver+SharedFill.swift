@@ -275,22 +275,7 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
     func clientFellBehind(_ transfer: any UpstreamTransfer) -> Bool { true }
 
     /// A resume's head carries the fill on only as the rest of the same representation.
-    func continuationArrived(_ head: UpstreamResponseHead) -> Bool {
-        guard let resume else { return false }
-        resume.awaitingHead = false
-        if let refusal = resume.resumption.answered(
-            status: head.status, contentRange: head.value("content-range"),
-            contentLength: head.value("transfer-encoding") == nil ? head.value("content-length") : nil,
-            etag: head.value("etag"), lastModified: head.value("last-modified"))
-        {
-            resume.refusal = refusal
-            SluiceMetrics.shared.recordResume(.refused)
-            Log.info("resume of the shared fill of \(cache.url) refused: \(refusal); its readers end incomplete")
-            return false
-        }
-        SluiceMetrics.shared.recordResume(.resumed)
-        return true
-    }
+    func continuationArrived(_ head: UpstreamResponseHead) -> Bool { resume?.answered(head) ?? false }
 
     // A continuing try is a GET: no body.
     func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? { 0 }
@@ -298,41 +283,18 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
 
     /// The origin broke: true when the rest was scheduled (after the backoff).
     private func scheduleResume() -> Bool {
-        guard let resume, !transfer.deadlineExceeded, resume.refusal == nil else { return false }
-        if resume.awaitingHead {
-            resume.awaitingHead = false
-            SluiceMetrics.shared.recordResume(.failed)
+        guard let resume, let delay = resume.broke(transfer) else { return false }
+        resume.arm(delay, on: worker.base, context: Unmanaged.passUnretained(self).toOpaque()) { _, _, arg in
+            Unmanaged<FillProducer>.fromOpaque(arg!).takeUnretainedValue().resumeTimerFired()
         }
-        let offset = resume.base + transfer.bodyBytesSent
-        switch resume.resumption.broke(at: offset) {
-        case .giveUp:
-            if resume.resumption.offsets.count >= resume.resumption.limit { SluiceMetrics.shared.recordResume(.exhausted) }
-            return false
-        case .resume(let delay, let fields):
-            resume.base = offset
-            resume.fields = fields
-            resume.framing = transfer.clientFraming
-            resume.fill = transfer.cacheFill
-            transfer.cacheFill = nil
-            Log.debug("the shared fill of \(cache.url) broke at body byte \(offset); resuming in \(delay) ms")
-            let timer = event_new(
-                worker.base, -1, 0,
-                { _, _, arg in
-                    Unmanaged<FillProducer>.fromOpaque(arg!).takeUnretainedValue().resumeTimerFired()
-                }, Unmanaged.passUnretained(self).toOpaque())!
-            resume.timer = timer
-            var tv = timeval(tv_sec: delay / 1000, tv_usec: (delay % 1000) * 1000)
-            event_add(timer, &tv)
-            return true
-        }
+        return true
     }
 
     /// The backoff ended: the rest of the body is asked for, into the fill alone.
     private func resumeTimerFired() {
         guard let resume else { return }
         resume.stopTimer()
-        var request = resume.request
-        request.headers = request.headers.replacing(ExchangeDriver.resumeDroppedFields, adding: resume.fields)
+        let request = resume.continuingRequest()
         let output = scratch ?? evbuffer_new()!
         scratch = output
         let next: any UpstreamTransfer
