@@ -156,6 +156,9 @@ public final class CacheFetch: Sendable {
     /// Requests reading the published stream now (`readerStarted`, `readerEnded`): the
     /// fetching side hands its transfer over only when someone else reads it.
     public var readers: Int { state.withLock { $0.readers } }
+    /// Requests reading the stream, or waiting for it (registered wakes): someone besides the
+    /// fetching client wants the body.
+    public var wanted: Bool { state.withLock { $0.readers > 0 || !$0.waiters.isEmpty } }
     public func readerStarted() { state.withLock { $0.readers += 1 } }
     public func readerEnded() { state.withLock { $0.readers -= 1 } }
 

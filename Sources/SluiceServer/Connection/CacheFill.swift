@@ -203,9 +203,10 @@ final class CacheFill {
     /// (`FillProducer`), so that readers arriving later are not paced by that client.
     var sharesItsBody: Bool { published != nil && !abandoned }
 
-    /// `sharesItsBody`, and someone else reads it now: only then does the transfer go on when
-    /// its client goes away (it would otherwise hold no upstream slot for nobody).
-    var othersReadItsBody: Bool { sharesItsBody && (published?.readers ?? 0) > 0 }
+    /// `sharesItsBody`, and someone else reads it or waits for it now: only then does the
+    /// transfer go on when its client goes away (it would otherwise hold no upstream slot for
+    /// nobody). A waiter counts: cut off, it would fetch the same response again itself.
+    var othersWantItsBody: Bool { sharesItsBody && published?.wanted == true }
 
     /// The fetch this fill publishes to (nil when it does not).
     var publishedFetch: CacheFetch? { published }

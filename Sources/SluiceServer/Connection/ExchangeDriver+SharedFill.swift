@@ -329,7 +329,7 @@ extension ExchangeDriver {
     /// nobody else reads it).
     func handOverFill(_ transfer: any UpstreamTransfer, onlyIfRead: Bool = false) -> Bool {
         guard let cache = exchange?.cache, let fill = cache.fill, transfer.cacheFill === fill,
-            onlyIfRead ? fill.othersReadItsBody : fill.sharesItsBody
+            onlyIfRead ? fill.othersWantItsBody : fill.sharesItsBody
         else { return false }
         // The download may be resumed by the producer if its origin breaks (a resume that
         // already happened carries its state over).
