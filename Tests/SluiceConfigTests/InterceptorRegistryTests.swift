@@ -79,6 +79,27 @@ import Yams
         }
     }
 
+    /// What ends up inside `Signature-Input`'s quoted strings cannot break out of them.
+    @Test func aSignatureParameterCannotInjectIntoTheField() {
+        setenv("SLUICE_TEST_HMAC", "c2x1aWNlLXRlc3Qtc2hhcmVkLXNlY3JldA==", 1)
+        for (key, settings) in [
+            ("tag", #"key_id: k, tag: "a\"b""#), ("key_id", #"key_id: "k\"1""#),
+        ] {
+            let yaml = """
+                policies:
+                  h.test:
+                    adapters:
+                      - http_signature: { \(settings), algorithm: hmac-sha256, key: "${SLUICE_TEST_HMAC}" }
+                """
+            #expect {
+                _ = try ConfigLoader.parse(yaml: yaml, file: "t.yaml")
+            } throws: { error in
+                (error as? ConfigError)?.issues.contains { $0.line == 4 && $0.message.contains("\(key) must be printable ASCII") }
+                    ?? false
+            }
+        }
+    }
+
     // MARK: a program's own kind (docs/library.md, "Your own interceptor kind")
 
     struct StampAdapter: SynchronousRequestAdapter {

@@ -31,9 +31,9 @@ enum HTTPSignatureKind: InterceptorKind {
             switch key {
             case "key_id":
                 keyID = value.scalar?.string.isEmpty == false ? value.scalar?.string : nil
-                if keyID == nil || keyID!.contains("\"") || keyID!.contains("\\") {
+                if keyID == nil || !keyID!.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F && $0 != 0x22 && $0 != 0x5C }) {
                     keyID = nil
-                    r.fail(value, "key_id must be a name without quotes or backslashes")
+                    r.fail(value, "key_id must be printable ASCII without quotes or backslashes")
                 }
             case "algorithm":
                 algorithm = value.scalar.flatMap { HTTPMessageSigner.Algorithm(rawValue: $0.string) }
@@ -64,10 +64,17 @@ enum HTTPSignatureKind: InterceptorKind {
                 if let ms = r.duration(value, key: key) { expires = max(1, ms / 1000) }
             case "nonce":
                 if let on = r.bool(value, key: key) { nonce = on }
-            case "label", "tag":
-                guard let text = value.scalar?.string, HTTPMessageSigner.isLabel(text) || (key == "tag" && !text.isEmpty)
-                else { return r.fail(value, "\(key) must be a lower-case key such as sig1") }
-                if key == "label" { label = text } else { tag = text }
+            case "label":
+                guard let text = value.scalar?.string, HTTPMessageSigner.isLabel(text) else {
+                    return r.fail(value, "label must be a lower-case key such as sig1")
+                }
+                label = text
+            case "tag":
+                // A structured-field string: printable ASCII without `"` or `\`.
+                guard let text = value.scalar?.string, !text.isEmpty,
+                    text.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F && $0 != 0x22 && $0 != 0x5C })
+                else { return r.fail(value, "tag must be printable ASCII without quotes or backslashes") }
+                tag = text
             default: break
             }
         }
