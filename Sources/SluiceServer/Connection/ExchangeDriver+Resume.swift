@@ -22,7 +22,7 @@ final class ResumeState {
     var awaitingHead = false
     /// While waiting for the backoff: the timer, the fields the resume sends, the framing to
     /// keep, the cache's tee.
-    var timer: OpaquePointer?
+    var timer: LoopTimer?
     var fields: [(name: String, value: String)] = []
     var framing: ResponseEncoder.Framing = .none
     var fill: CacheFill?
@@ -36,7 +36,7 @@ final class ResumeState {
     /// Frees the backoff timer (it fired, or the connection closed while it waited: its
     /// callback's driver must not be called after that).
     func stopTimer() {
-        if let timer { event_free(timer) }
+        timer?.stop()
         timer = nil
     }
 
@@ -74,13 +74,11 @@ final class ResumeState {
         }
     }
 
-    /// Arms the backoff timer: `fired` (an object's method, recovered from the context) runs
-    /// when it ends.
-    func arm(_ delay: Int, on base: OpaquePointer, context: UnsafeMutableRawPointer, fired: event_callback_fn) {
-        let timer = event_new(base, -1, 0, fired, context)!
+    /// Arms the backoff timer on `base`: `fired` runs when it ends.
+    func arm(_ delay: Int, on base: OpaquePointer, fired: @escaping () -> Void) {
+        let timer = LoopTimer(on: base, fired)
         self.timer = timer
-        var tv = timeval(tv_sec: delay / 1000, tv_usec: (delay % 1000) * 1000)
-        event_add(timer, &tv)
+        timer.arm(milliseconds: delay)
     }
 
     /// The next try: the same request with its own `Range` and `If-Range` (the client's range
@@ -149,9 +147,7 @@ extension ExchangeDriver {
     func scheduleResume(_ transfer: any UpstreamTransfer, _ exchange: Exchange) -> Bool {
         guard let resume = resumeState(transfer, exchange), let delay = resume.broke(transfer) else { return false }
         phase = .resuming(resume)
-        resume.arm(delay, on: worker.base, context: Unmanaged.passUnretained(self).toOpaque()) { _, _, arg in
-            Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().resumeTimerFired()
-        }
+        resume.arm(delay, on: worker.base) { [unowned(unsafe) self] in self.resumeTimerFired() }
         return true
     }
 

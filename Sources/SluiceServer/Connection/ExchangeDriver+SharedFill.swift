@@ -284,9 +284,7 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
     /// The origin broke: true when the rest was scheduled (after the backoff).
     private func scheduleResume() -> Bool {
         guard let resume, let delay = resume.broke(transfer) else { return false }
-        resume.arm(delay, on: worker.base, context: Unmanaged.passUnretained(self).toOpaque()) { _, _, arg in
-            Unmanaged<FillProducer>.fromOpaque(arg!).takeUnretainedValue().resumeTimerFired()
-        }
+        resume.arm(delay, on: worker.base) { [unowned(unsafe) self] in self.resumeTimerFired() }
         return true
     }
 

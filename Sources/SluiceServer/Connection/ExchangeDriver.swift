@@ -33,7 +33,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         /// A retryable request's body is being read whole, so that it can be replayed.
         case bufferingBody
         /// A try failed; the next one starts when the backoff timer fires.
-        case waitingToRetry(OpaquePointer)
+        case waitingToRetry(LoopTimer)
         /// A request is being forwarded; its body (if any) is read on its transport's demand.
         case forwarding(any UpstreamTransfer)
         /// Resolving and connecting the CONNECT destination.
@@ -460,19 +460,13 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     /// Waits `ms` before the retry the machine scheduled; the connection holds its input meanwhile.
     func startRetryTimer(_ ms: Int) {
-        let timer = event_new(
-            worker.base, -1, 0,
-            { _, _, arg in
-                Unmanaged<ExchangeDriver>.fromOpaque(arg!).takeUnretainedValue().retryTimerFired()
-            }, Unmanaged.passUnretained(self).toOpaque())!
+        let timer = LoopTimer(on: worker.base) { [unowned(unsafe) self] in self.retryTimerFired() }
         phase = .waitingToRetry(timer)
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(timer, &tv)
+        timer.arm(milliseconds: ms)
     }
 
     private func retryTimerFired() {
-        guard case .waitingToRetry(let timer) = phase, let exchange else { return }
-        event_free(timer)
+        guard case .waitingToRetry = phase, let exchange else { return }
         phase = .idle
         feed(.retryTimerFired, exchange)
     }
@@ -684,7 +678,7 @@ extension ExchangeDriver {
             // A shared fill goes on for its readers without this connection.
             if !handOverFill(transfer, onlyIfRead: true) { transfer.cancel() }
         case .dialing(let dialer): dialer.cancel()
-        case .waitingToRetry(let timer): event_free(timer)
+        case .waitingToRetry(let timer): timer.stop()
         case .tunnel(let tunnel): tunnel.shutdown()
         case .upgrading(let transfer): transfer.cancel()
         case .queued(let ticket): worker.upstreamGate.leave(ticket)
@@ -736,7 +730,7 @@ extension ExchangeDriver {
         case .dialing(let dialer):
             dialer.cancel()
         case .waitingToRetry(let timer):
-            event_free(timer)
+            timer.stop()
         case .queued(let ticket):
             worker.upstreamGate.leave(ticket)
         case .holding(let hold):

@@ -30,7 +30,7 @@ final class TryHold {
     let exchange: Exchange
     let request: UpstreamRequest
     let kind: Kind
-    private var timer: OpaquePointer?
+    private var timer: LoopTimer?
     /// The ticket of the fleet's answer this hold waits for (0: none).
     private var fleetTicket: UInt64 = 0
 
@@ -116,18 +116,13 @@ final class TryHold {
             }
             return
         }
-        let timer = event_new(
-            worker.base, -1, 0,
-            { _, _, arg in
-                Unmanaged<TryHold>.fromOpaque(arg!).takeUnretainedValue().timerFired()
-            }, Unmanaged.passUnretained(self).toOpaque())!
+        let timer = LoopTimer(on: worker.base) { [unowned(unsafe) self] in self.timerFired() }
         self.timer = timer
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(timer, &tv)
+        timer.arm(milliseconds: ms)
     }
 
     private func stopTimer() {
-        if let timer { event_free(timer) }
+        timer?.stop()
         timer = nil
     }
 
