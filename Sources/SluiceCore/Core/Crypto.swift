@@ -19,9 +19,15 @@ public enum Crypto {
 
     public static func sha256(_ bytes: UnsafeRawBufferPointer) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: 32)
-        var length: UInt32 = 0
-        _ = EVP_Digest(bytes.baseAddress, bytes.count, &out, &length, digest.md, nil)
+        out.withUnsafeMutableBytes { sha256(bytes, into: $0.baseAddress!) }
         return out
+    }
+
+    /// SHA-256 of `bytes` written to the 32 bytes at `out` (no allocation: the disk tier checks
+    /// every block it reads with it).
+    public static func sha256(_ bytes: UnsafeRawBufferPointer, into out: UnsafeMutableRawPointer) {
+        var length: UInt32 = 0
+        _ = EVP_Digest(bytes.baseAddress, bytes.count, out.assumingMemoryBound(to: UInt8.self), &length, digest.md, nil)
     }
 
     /// HMAC-SHA256 of `data` under `key` (32 bytes). For a key used many times, make an

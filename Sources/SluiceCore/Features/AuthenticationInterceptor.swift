@@ -217,7 +217,7 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
     public var sharedKey: String {
         let identity = [settings.tokenURL, settings.clientID, settings.scope ?? "", settings.audience ?? ""]
             .joined(separator: "\u{0}")
-        return Hex.lowercase(CertificateFiles.sha256(Array(identity.utf8)).prefix(16))
+        return Hex.lowercase(Crypto.sha256(Array(identity.utf8)).prefix(16))
     }
 
     /// A token is needed: from the fleet when one is kept there (or another instance is

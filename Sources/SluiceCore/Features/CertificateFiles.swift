@@ -47,7 +47,7 @@ public enum CertificateFiles {
         guard !keys.isEmpty else {
             throw Problem(message: "\(path) holds no certificate or key (PEM or DER expected; encrypted keys are not read here)")
         }
-        return keys.map(sha256)
+        return keys.map { Crypto.sha256($0) }
     }
 
     /// SHA-256 of a DER certificate's SubjectPublicKeyInfo.
@@ -67,7 +67,7 @@ public enum CertificateFiles {
         let n = i2d_X509_PUBKEY(spki, &out)
         guard n > 0, let out else { return nil }
         defer { CRYPTO_free(out, #fileID, #line) }
-        return sha256(Array(UnsafeBufferPointer(start: out, count: Int(n))))
+        return Crypto.sha256(UnsafeRawBufferPointer(start: out, count: Int(n)))
     }
 
     /// A live certificate's DER encoding.
@@ -77,12 +77,6 @@ public enum CertificateFiles {
         guard n > 0, let out else { return nil }
         defer { CRYPTO_free(out, #fileID, #line) }
         return Array(UnsafeBufferPointer(start: out, count: Int(n)))
-    }
-
-    public static func sha256(_ bytes: [UInt8]) -> [UInt8] {
-        var md = [UInt8](repeating: 0, count: 32)
-        bytes.withUnsafeBufferPointer { _ = SHA256($0.baseAddress, $0.count, &md) }
-        return md
     }
 
     /// A pin as written in YAML: `sha256/BASE64` (or curl's `sha256//BASE64`) of 32 bytes.

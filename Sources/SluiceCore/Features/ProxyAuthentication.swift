@@ -294,10 +294,7 @@ public final class ProxyAuthVerifier {
     }
 
     static func digest(_ value: UnsafeRawBufferPointer) -> Digest {
-        var out = [UInt8](repeating: 0, count: 32)
-        _ = out.withUnsafeMutableBufferPointer {
-            SHA256(value.baseAddress?.assumingMemoryBound(to: UInt8.self), value.count, $0.baseAddress)
-        }
+        let out = Crypto.sha256(value)
         return out.withUnsafeBytes {
             Digest(
                 a: $0.loadUnaligned(fromByteOffset: 0, as: UInt64.self), b: $0.loadUnaligned(fromByteOffset: 8, as: UInt64.self),

@@ -1,4 +1,4 @@
-import COpenSSL
+import SluiceCore
 
 #if canImport(Glibc)
     import Glibc
@@ -96,9 +96,7 @@ extension Digest32 {
     static func matches(_ data: UnsafeRawBufferPointer, expected: UnsafeRawBufferPointer) -> Bool {
         var md = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
         return withUnsafeMutableBytes(of: &md) { out -> Bool in
-            _ = SHA256(
-                data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
-                out.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            Crypto.sha256(data, into: out.baseAddress!)
             return memcmp(expected.baseAddress!, out.baseAddress!, size) == 0
         }
     }

@@ -1,4 +1,3 @@
-import COpenSSL
 import SluiceCore
 
 #if canImport(Glibc)
@@ -13,11 +12,7 @@ struct Digest32: Equatable {
     init(bytes: [UInt8]) { self.bytes = bytes }
 
     init(of data: UnsafeRawBufferPointer) {
-        var md = [UInt8](repeating: 0, count: Self.size)
-        md.withUnsafeMutableBufferPointer {
-            _ = SHA256(data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count, $0.baseAddress)
-        }
-        bytes = md
+        bytes = Crypto.sha256(data)
     }
 
     init(of data: [UInt8]) {
@@ -28,9 +23,7 @@ struct Digest32: Equatable {
     func matches(_ data: UnsafeRawBufferPointer) -> Bool {
         var md = (UInt64(0), UInt64(0), UInt64(0), UInt64(0))
         return withUnsafeMutableBytes(of: &md) { out -> Bool in
-            _ = SHA256(
-                data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count,
-                out.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            Crypto.sha256(data, into: out.baseAddress!)
             return bytes.withUnsafeBytes { memcmp($0.baseAddress!, out.baseAddress!, Self.size) == 0 }
         }
     }

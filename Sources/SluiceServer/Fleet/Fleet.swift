@@ -1,5 +1,4 @@
 import CLibEvent
-import COpenSSL
 import SluiceCore
 import Synchronization
 
@@ -22,9 +21,7 @@ final class FleetShared: Sendable {
     let episodes = Atomic<Int>(0)
 
     init() {
-        var bytes = [UInt8](repeating: 0, count: 8)
-        _ = RAND_bytes(&bytes, Int32(bytes.count))
-        instance = Hex.lowercase(bytes)
+        instance = Hex.lowercase(Crypto.randomBytes(8))
     }
 }
 
@@ -298,9 +295,7 @@ final class Fleet {
     /// `PREFIX{policy|hash}`: the hash tag of one key's decision. The key is hashed, so a key
     /// that is a credential (`key: header:X-Api-Key`) never reaches Redis as written.
     private func tag(policy: String, key: String) -> String {
-        var digest = [UInt8](repeating: 0, count: Int(SHA256_DIGEST_LENGTH))
-        let bytes = Array(key.utf8)
-        _ = SHA256(bytes, bytes.count, &digest)
+        let digest = Crypto.sha256(Array(key.utf8))
         return settings.keyPrefix + "{" + policy + "|" + Hex.lowercase(digest.prefix(12)) + "}"
     }
 

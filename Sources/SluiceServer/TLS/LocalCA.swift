@@ -248,8 +248,7 @@ enum TLSObjects {
     ) -> OpaquePointer? {
         guard let x = X509_new() else { return nil }
         var ok = X509_set_version(x, 2) == 1
-        var serial = [UInt8](repeating: 0, count: 16)
-        RAND_bytes(&serial, Int32(serial.count))
+        var serial = Crypto.randomBytes(16)
         serial[0] &= 0x7F
         if let bn = BN_bin2bn(serial, Int32(serial.count), nil) {
             ok = ok && BN_to_ASN1_INTEGER(bn, X509_get_serialNumber(x)) != nil
