@@ -1,3 +1,4 @@
+import Foundation
 import HTTPTypes
 import SluiceCore
 import Synchronization
@@ -104,25 +105,18 @@ enum AWSSigV4Kind: InterceptorKind {
     /// The default: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` of
     /// Sluice's own environment, read when the configuration is (a reload reads them again).
     private static func environmentCredentials(at node: Node, _ r: inout NodeReader) -> AWSSigV4Signer.CredentialSource? {
-        func variable(_ name: String) -> String? {
-            guard let value = getenv(name) else { return nil }
-            let text = String(cString: value)
-            return text.isEmpty ? nil : text
-        }
-        guard let keyID = variable("AWS_ACCESS_KEY_ID"), let secret = variable("AWS_SECRET_ACCESS_KEY") else {
+        // As a `${NAME}` reference resolves: unset or empty is none.
+        func variable(_ name: String) -> Secret? { try? SecretReference.resolve("${\(name)}").get() }
+        guard let keyID = variable("AWS_ACCESS_KEY_ID")?.value, let secretValue = variable("AWS_SECRET_ACCESS_KEY") else {
             r.fail(
                 node,
                 "aws_sigv4 has no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in Sluice's environment, "
                     + "or credentials: { file, profile } or { access_key_id, secret_access_key }")
             return nil
         }
-        let secretValue = Secret(secret, source: "${AWS_SECRET_ACCESS_KEY}")
         r.secrets.append(secretValue)
-        var token: Secret?
-        if let text = variable("AWS_SESSION_TOKEN") {
-            token = Secret(text, source: "${AWS_SESSION_TOKEN}")
-            r.secrets.append(token!)
-        }
+        let token = variable("AWS_SESSION_TOKEN")
+        if let token { r.secrets.append(token) }
         return .environment(AWSCredentials(accessKeyID: keyID, secret: secretValue, sessionToken: token))
     }
 
@@ -190,28 +184,22 @@ final class AWSCredentialsFile: Sendable {
     }
 
     private func read() -> Result<AWSCredentials, Problem> {
-        guard let file = fopen(path, "r") else { return .failure(Problem(description: "cannot read \(path)")) }
-        defer { fclose(file) }
-        var text: [UInt8] = []
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while true {
-            let n = fread(&buffer, 1, buffer.count, file)
-            if n <= 0 { break }
-            text += buffer[0..<n]
-            if text.count > 1 << 20 { return .failure(Problem(description: "\(path) is larger than 1 MiB")) }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            return .failure(Problem(description: "cannot read \(path)"))
         }
+        guard data.count <= 1 << 20 else { return .failure(Problem(description: "\(path) is larger than 1 MiB")) }
         var section = ""
         var values: [String: String] = [:]
-        for raw in String(decoding: text, as: UTF8.self).split(whereSeparator: { $0 == "\n" || $0 == "\r" }) {
-            let line = raw.trimmingCharacters(in: " \t")
+        for raw in String(decoding: data, as: UTF8.self).split(whereSeparator: { $0 == "\n" || $0 == "\r" }) {
+            let line = raw.trimmingCharacters(in: .whitespaces)
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
             if line.hasPrefix("["), line.hasSuffix("]") {
-                section = String(line.dropFirst().dropLast()).trimmingCharacters(in: " \t")
+                section = line.dropFirst().dropLast().trimmingCharacters(in: .whitespaces)
                 continue
             }
             guard section == profile, let equals = line.firstIndex(of: "=") else { continue }
-            let key = line[..<equals].trimmingCharacters(in: " \t").lowercased()
-            values[key] = line[line.index(after: equals)...].trimmingCharacters(in: " \t")
+            let key = line[..<equals].trimmingCharacters(in: .whitespaces).lowercased()
+            values[key] = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
         }
         guard let keyID = values["aws_access_key_id"], let secret = values["aws_secret_access_key"] else {
             return .failure(
@@ -220,15 +208,6 @@ final class AWSCredentialsFile: Sendable {
         let token = values["aws_session_token"].map { Secret($0, source: "file:\(path)") }
         return .success(
             AWSCredentials(accessKeyID: keyID, secret: Secret(secret, source: "file:\(path)"), sessionToken: token))
-    }
-}
-
-extension StringProtocol {
-    fileprivate func trimmingCharacters(in set: String) -> String {
-        var s = Substring(self)
-        while let c = s.first, set.contains(c) { s = s.dropFirst() }
-        while let c = s.last, set.contains(c) { s = s.dropLast() }
-        return String(s)
     }
 }
 

@@ -158,10 +158,10 @@ public final class HostPolicy: Sendable {
         let retriers: [any RequestRetrier] =
             adapters.compactMap { $0.adapter as? any RequestRetrier }
             + (retryPolicy.map { [$0] } ?? [])
-        let onEveryTry = adapters.map(\.adapter).filter { $0.timing == .everyTry }
-        tryAdapters = onEveryTry
-        bodyReader = onEveryTry.first { $0.readsBody }?.name
-        interceptor = Interceptor(adapters: adapters.map(\.adapter).filter { $0.timing != .everyTry }, retriers: retriers)
+        let all = adapters.map(\.adapter)
+        tryAdapters = all.filter { $0.timing == .everyTry }
+        bodyReader = tryAdapters.first { $0.readsBody }?.name
+        interceptor = Interceptor(adapters: all.filter { $0.timing != .everyTry }, retriers: retriers)
         refreshStatuses = adapters.reduce(into: []) { set, sourced in
             if let oauth = sourced.adapter as? OAuth2Authenticator { set.formUnion(oauth.settings.refreshOn) }
         }
