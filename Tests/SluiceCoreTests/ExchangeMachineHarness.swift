@@ -34,6 +34,144 @@ struct SeededRandom: RandomNumberGenerator {
     }
 }
 
+/// The events the harness feeds, one case per method of the machine, so that a test row reads
+/// as a sequence; `ExchangeMachine.handle` calls the method and flattens its typed answer.
+extension ExchangeMachine {
+    enum Event {
+        case received
+        case prepare(model: ProxyRequest?)
+        case adapted(Result<ProxyRequest, AdaptationError>)
+        case adaptationSuspended
+        case tryStarting(Target)
+        case responseHead(ResponseHead, canResendBody: Bool)
+        case heldByOrigin(ResponseHead, canResendBody: Bool)
+        case redirectTarget(usable: Bool)
+        case responseHeadSent(status: Int)
+        case requestBodyRead(bytes: Int)
+        case responseBodySent(bytes: Int)
+        case tryEnded(TryTimings)
+        case tryFailed(ProxyError, kind: TransportErrorKind, canResendBody: Bool)
+        case discardedDrained
+        case retryTimerFired
+        case ended(Outcome, error: String?)
+    }
+
+    /// Every command any event answers, and the reports, as one list per event.
+    enum Action {
+        case report(ProxyEvent)
+        case adapt(ProxyRequest)
+        case forward(headerEdits: HeaderEditPlan?)
+        case buildRetry
+        case beginTry(perTryTimeout: Int)
+        case sendResponse
+        case discardResponse
+        case checkRedirect(ProxyRequest)
+        case followRedirect(keepCredentials: Bool)
+        case scheduleRetry(after: Int)
+        case fail(ProxyError)
+
+        var isReport: Bool {
+            if case .report = self { return true } else { return false }
+        }
+    }
+
+    struct Actions: RandomAccessCollection {
+        /// The most one event answers: its reports and its command.
+        static let capacity = Reports.capacity + 1
+        var items: [Action] = []
+        var startIndex: Int { 0 }
+        var endIndex: Int { items.count }
+        subscript(position: Int) -> Action { items[position] }
+        /// The action other than a report, if any (it comes after the reports).
+        var command: Action? { items.last.flatMap { $0.isReport ? nil : $0 } }
+
+        init(_ reports: Reports = Reports(), _ command: Action? = nil) {
+            items = reports.map { .report($0) }
+            if let command { items.append(command) }
+        }
+    }
+
+    /// Calls the event's method and flattens its answer.
+    mutating func handle(_ event: Event) -> Actions {
+        switch event {
+        case .received:
+            return Actions(received())
+        case .prepare(let model):
+            let a = prepare(model: model)
+            switch a.command {
+            case .adapt(let request)?: return Actions(a.reports, .adapt(request))
+            case .forward(let edits)?: return Actions(a.reports, .forward(headerEdits: edits))
+            case nil: return Actions(a.reports)
+            }
+        case .adapted(let result):
+            let a = adapted(result)
+            switch a.command {
+            case .forward?: return Actions(a.reports, .forward(headerEdits: nil))
+            case .buildRetry?: return Actions(a.reports, .buildRetry)
+            case .fail(let error)?: return Actions(a.reports, .fail(error))
+            case nil: return Actions(a.reports)
+            }
+        case .adaptationSuspended:
+            adaptationSuspended()
+            return Actions()
+        case .tryStarting(let target):
+            let a = tryStarting(target)
+            switch a.command {
+            case .beginTry(let timeout)?: return Actions(a.reports, .beginTry(perTryTimeout: timeout))
+            case .fail(let error)?: return Actions(a.reports, .fail(error))
+            case nil: return Actions(a.reports)
+            }
+        case .responseHead(let head, let canResendBody):
+            return Self.flatten(responseHead(head, canResendBody: canResendBody))
+        case .heldByOrigin(let head, let canResendBody):
+            return Self.flatten(heldByOrigin(head, canResendBody: canResendBody))
+        case .redirectTarget(let usable):
+            let a = redirectTarget(usable: usable)
+            switch a.command {
+            case .sendResponse?: return Actions(a.reports, .sendResponse)
+            case .followRedirect(let keep)?: return Actions(a.reports, .followRedirect(keepCredentials: keep))
+            case nil: return Actions(a.reports)
+            }
+        case .responseHeadSent(let status):
+            return Actions(responseHeadSent(status: status))
+        case .requestBodyRead(let bytes):
+            requestBodyRead(bytes: bytes)
+            return Actions()
+        case .responseBodySent(let bytes):
+            responseBodySent(bytes: bytes)
+            return Actions()
+        case .tryEnded(let timings):
+            return Actions(tryEnded(timings))
+        case .tryFailed(let error, let kind, let canResendBody):
+            let a = tryFailed(error, kind: kind, canResendBody: canResendBody)
+            switch a.command {
+            case .scheduleRetry(let after)?: return Actions(a.reports, .scheduleRetry(after: after))
+            case .fail(let error)?: return Actions(a.reports, .fail(error))
+            case nil: return Actions(a.reports)
+            }
+        case .discardedDrained:
+            return Actions(Reports(), discardedDrained().map { .scheduleRetry(after: $0.after) })
+        case .retryTimerFired:
+            switch retryTimerFired() {
+            case .adapt(let request)?: return Actions(Reports(), .adapt(request))
+            case .buildRetry?: return Actions(Reports(), .buildRetry)
+            case nil: return Actions()
+            }
+        case .ended(let outcome, let error):
+            return Actions(ended(outcome, error: error))
+        }
+    }
+
+    private static func flatten(_ a: Answer<ResponseHeadAction>) -> Actions {
+        switch a.command {
+        case .sendResponse?: return Actions(a.reports, .sendResponse)
+        case .discardResponse?: return Actions(a.reports, .discardResponse)
+        case .checkRedirect(let next)?: return Actions(a.reports, .checkRedirect(next))
+        case nil: return Actions(a.reports)
+        }
+    }
+}
+
 /// One line per action, so a test compares whole sequences.
 func describe(_ action: ExchangeMachine.Action) -> String {
     switch action {

@@ -40,9 +40,10 @@ import Testing
         func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer { gate }
         func revalidateInBackground(
             _ object: CacheObject, _ cache: CacheExchange, token: UInt64, validators: [CacheLookup.Validator],
-            hostHeader: String?
+            hostHeader: String?, as admitted: BackgroundTry
         ) {
             revalidations += 1
+            admitted.finish(.success)
         }
         func nextRequestID() -> UInt64 {
             ids += 1
@@ -72,9 +73,9 @@ import Testing
 
     /// What a connection is told: adapters' late answers and upstream slots.
     final class Owner: ExchangeOwner {
-        var answers: [ExchangeMachine.Action?] = []
+        var answers: [ExchangeMachine.AdaptedAction?] = []
         var quotaSlot: QuotaSlot?
-        func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.Action?) { answers.append(command) }
+        func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.AdaptedAction?) { answers.append(command) }
         func upstreamSlotGranted(_ ticket: UInt64) -> Bool { true }
         func upstreamSlotRefused(_ ticket: UInt64, _ error: ProxyError) {}
     }
@@ -275,9 +276,9 @@ import Testing
             #expect(exchange.inspect { $0.state.name } == "awaiting_credential")
             late.answer?(succeeds ? .success(request) : .failure(AdaptationError(adapter: "late", reason: "no token")))
             #expect(owner.answers.count == 1)
-            switch AdaptersStage.verdict(for: owner.answers.last ?? nil, exchange) {
-            case .proceed: #expect(succeeds)
-            case .respond(.adapterFailed(name: "late", reason: "no token")): #expect(!succeeds)
+            switch owner.answers.last ?? nil {
+            case .forward?: #expect(succeeds)
+            case .fail(.adapterFailed(name: "late", reason: "no token"))?: #expect(!succeeds)
             default: Issue.record("the adapter's answer must go on or fail the request")
             }
             owner.answers.removeAll()
@@ -325,8 +326,8 @@ import Testing
     }
 
     /// The try stages of `exchange`'s first try (no adapters: straight from its target).
-    func runTry(_ exchange: Exchange, _ services: Services) -> StageVerdict {
-        _ = exchange.machine.handle(.prepare(model: nil))
+    func runTry(_ exchange: Exchange, _ services: Services) -> TryVerdict {
+        _ = exchange.machine.prepare(model: nil)
         var request = UpstreamRequest(
             method: exchange.head.method, target: exchange.target, headers: HeaderList.Builder().makeList(), body: .none,
             model: nil)

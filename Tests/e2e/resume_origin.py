@@ -91,7 +91,7 @@ class ResumeOrigin(ThreadedServer):
                 etag = self.current_etag()
                 cut = self.cuts[index] if index < len(self.cuts) else None
                 self.log.append({"method": method, "range": header(headers, "range"),
-                                 "if_range": header(headers, "if-range")})
+                                 "if_range": header(headers, "if-range"), "at": time.monotonic()})
             if cut == -1:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.close()

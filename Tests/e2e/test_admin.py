@@ -311,6 +311,8 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
     assert delta("sluice_request_body_bytes_total") == 300
     assert delta("sluice_response_body_bytes_total") >= 5000
     assert delta("sluice_upstream_total_seconds_count") == 9  # 7 answered, the refused try, the 503's second try
+    # Every try is counted, the 503's first one too.
+    assert delta('sluice_upstream_tries_total{kind="request"}') == 10
     assert delta("sluice_upstream_first_byte_seconds_count") >= 8
     assert sum(v for k, v in during.items() if k.startswith("sluice_exchanges_in_flight{")) == 1, during
     assert sum(v for k, v in during.items() if k.startswith("sluice_client_connections{")) >= 1, during

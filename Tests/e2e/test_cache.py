@@ -650,6 +650,29 @@ def test_stale_while_revalidate_replaces_the_entry_after_the_client_left(sluice_
     assert origin.count("/swr-new") == 2
 
 
+def test_a_background_revalidation_is_a_try_that_takes_its_rate_limit_turn(sluice_factory, origin):
+    # `rate: 2/h`: the fill takes the first turn, the first background revalidation the
+    # second (counted as a try of its own); the next stale hit finds no turn left, so no
+    # background request goes out — the stale answer is still served at once.
+    from test_metric_values import scrape, value
+    admin = pick_port()
+    proxy = sluice_factory({**STORE, "admin": {"listen": f"{HOST}:{admin}"}, "monitors": [{"metrics": {}}],
+                            "policies": {HOST: {"rate_limit": {"rate": "2/h", "burst": 2}}}})
+    headers = {"Cache-Control": "max-age=1, stale-while-revalidate=600", "ETag": '"r1"'}
+    url = origin.set("/swr-turn", headers=headers, body=b"turn")
+    assert get(proxy, url).content == b"turn"
+    for expected in (2, 2):
+        time.sleep(2.2)  # time passing: max-age=1 runs out; stale inside the window
+        r = get(proxy, url)
+        assert r.status_code == 200 and "detail=stale-while-revalidate" in status_of(r), r.headers
+        assert wait_until(lambda: origin.count("/swr-turn") == expected, 5), origin.count("/swr-turn")
+    time.sleep(0.5)  # window: a revalidation without a turn must not reach the origin
+    assert origin.count("/swr-turn") == 2
+    samples = scrape(admin)
+    assert value(samples, "sluice_upstream_tries_total", kind="revalidation") == 1
+    assert value(samples, "sluice_rate_limit_decisions_total", policy=HOST, decision="allowed") == 2
+
+
 def test_stale_while_revalidate_is_not_used_when_forbidden(cached, origin):
     url = origin.set("/swr-mr", headers={"Cache-Control": "max-age=1, stale-while-revalidate=600, must-revalidate",
                                          "ETag": '"m"'}, body=b"m")

@@ -211,6 +211,49 @@ def test_the_resume_limit_is_the_policys_retry_limit(sluice_factory, access):
         changed.stop()
 
 
+def test_a_resume_takes_its_rate_limit_turn_and_is_counted_as_a_try(sluice_factory, access):
+    # A resume is a try like any other (RequestChain.attempt): under `rate: 1/s` the resume
+    # that follows a break 100 ms into the body waits for its turn, a second after the first
+    # request, and the metrics count it.
+    size = 8 * MiB
+    origin = ResumeOrigin(size, cuts=[2 * MiB])
+    admin = pick_port()
+    try:
+        cfg = config(access, rate_limit={"rate": "1/s", "max_wait": "10s"}, retry={"backoff": {"scale": "50ms"}})
+        cfg["monitors"].append({"metrics": {}})
+        proxy = sluice_factory({**cfg, "admin": {"listen": f"{HOST}:{admin}"}})
+        rc, status, total, digest, _, _ = download(proxy, origin.url + "/turn")
+        assert (rc, status, total, digest) == (0, 200, size, origin.sha256()), (rc, status, total)
+        assert len(origin.log) == 2 and origin.log[1]["range"] is not None, origin.log
+        assert origin.log[1]["at"] - origin.log[0]["at"] >= 0.9, origin.log  # its turn, not the backoff
+        line = access.wait_for(lambda e: e.get("url", "").endswith("/turn"))[0]
+        assert line["resumed"] == 1 and line["rate_limit"]["decision"] == "waited", line
+        samples = scrape(admin)
+        tries = {k: value(samples, "sluice_upstream_tries_total", kind=k) for k in ("request", "resume")}
+        assert tries == {"request": 1, "resume": 1}, tries
+        assert value(samples, "sluice_rate_limit_decisions_total", policy="default", decision="waited") == 1
+    finally:
+        origin.stop()
+
+
+def test_a_resume_counts_toward_the_circuit_and_an_open_circuit_stops_the_next(sluice_factory, access):
+    # The first resume is reset before its head: a failure its origin's breaker hears
+    # (`consecutive_failures: 1` opens the circuit); the next resume then fails fast instead of
+    # reaching the origin, and the response ends incomplete, saying why.
+    size = 12 * MiB
+    origin = ResumeOrigin(size, cuts=[4 * MiB, -1, None])
+    try:
+        cfg = config(access, health={"consecutive_failures": 1, "cooldown": "30s"}, retry={"backoff": {"scale": "50ms"}})
+        proxy = sluice_factory(cfg)
+        rc, status, total, _, _, _ = download(proxy, origin.url + "/circuit")
+        assert status == 200 and rc != 0 and total < size, (rc, status, total)
+        assert len(origin.log) == 2, origin.log  # the first request and the resume that was reset
+        line = access.wait_for(lambda e: e.get("url", "").endswith("/circuit"))[0]
+        assert line["outcome"] == "upstream_aborted" and "circuit" in line["error"], line
+    finally:
+        origin.stop()
+
+
 def test_a_cache_fill_resumes_and_the_stored_copy_is_whole(sluice_factory, access, tmp_path):
     size = 24 * MiB
     origin = ResumeOrigin(size, cuts=[9 * MiB], extra=["Cache-Control: max-age=600"])

@@ -15,7 +15,10 @@ import time
 import pytest
 
 from policy_support import AccessLog, monitors
+from faultservers import pick_port
 from resume_origin import ResumeOrigin
+from support import HOST
+from test_metric_values import scrape, value
 
 MiB = 1 << 20
 
@@ -183,8 +186,11 @@ def test_a_fill_its_slow_client_handed_on_resumes_after_a_cut(sluice_factory, ac
     size = 16 * MiB
     origin = ResumeOrigin(size, cuts=[9 * MiB], extra=["Cache-Control: max-age=600"], pace=0.01)
     try:
-        cfg = {**store(tmp_path, disk), "workers": 2, "monitors": monitors(access.path)}
-        cfg["policies"] = {"default": {"upstream": {"engine": engine}}}
+        admin = pick_port()
+        cfg = {**store(tmp_path, disk), "workers": 2, "monitors": monitors(access.path) + [{"metrics": {}}],
+               "admin": {"listen": f"{HOST}:{admin}"}}
+        # The producer's resume is a try like any other: it takes a `rate_limit` turn too.
+        cfg["policies"] = {"default": {"upstream": {"engine": engine}, "rate_limit": {"rate": "100/s"}}}
         proxy = sluice_factory(cfg)
         url = origin.url + "/cut"
         slow = subprocess.Popen(["curl", "-s", "-o", "/dev/null", "--limit-rate", "2M", "--proxy", proxy.url, url])
@@ -205,6 +211,12 @@ def test_a_fill_its_slow_client_handed_on_resumes_after_a_cut(sluice_factory, ac
         r = run_clients(proxy, url, 1)[0]
         assert r[:4] == (0, 200, size, digest) and r[4].startswith("Sluice; hit"), r
         assert len(origin.log) == 2, origin.log
+        samples = scrape(admin)
+        tries = {k: value(samples, "sluice_upstream_tries_total", kind=k) for k in ("request", "resume", "fill_resume")}
+        # The producer resumes, or — when the cut comes before the client falls behind — the
+        # client's own exchange does: one resume either way, a try with its turn.
+        assert tries["resume"] + tries["fill_resume"] == 1 and tries["request"] == 1, tries
+        assert value(samples, "sluice_rate_limit_decisions_total", policy="default", decision="allowed") == 2
     finally:
         origin.stop()
 
@@ -233,6 +245,38 @@ def test_the_fill_goes_on_when_its_fetching_client_vanishes(sluice_factory, acce
         assert line["cache"].startswith("fwd=uri-miss"), line
         r = run_clients(proxy, url, 1)[0]
         assert r[:4] == (0, 200, size, digest) and r[4].startswith("Sluice; hit"), r
+    finally:
+        origin.stop()
+
+
+def test_the_fill_of_a_vanished_client_resumes_as_a_try_with_its_turn(sluice_factory, access, tmp_path):
+    # As above, and the origin cuts at 28 MiB, well after the first client went (about 15 MiB
+    # in): the producer asks for the rest by a try that passes the try stages — its
+    # `rate_limit` turn taken and counted — and the readers get the whole body.
+    size = 32 * MiB
+    origin = ResumeOrigin(size, cuts=[28 * MiB], extra=["Cache-Control: max-age=600"], pace=0.06)
+    admin = pick_port()
+    try:
+        proxy = sluice_factory({**store(tmp_path, True), "monitors": monitors(access.path) + [{"metrics": {}}],
+                                "admin": {"listen": f"{HOST}:{admin}"},
+                                "policies": {"default": {"rate_limit": {"rate": "100/s"}}}})
+        url = origin.url + "/orphan-cut"
+        first = subprocess.Popen(["curl", "-s", "-o", "/dev/null", "--proxy", proxy.url, url])
+        time.sleep(0.3)  # time passing: the fetch is under way, a few MiB in
+        out: dict = {}
+        readers = threading.Thread(target=lambda: out.update(run_clients(proxy, url, 2)), daemon=True)
+        readers.start()
+        time.sleep(0.6)  # time passing: the readers wait on the fetch (or read it)
+        first.kill()
+        first.wait(timeout=5)
+        readers.join(timeout=60)
+        digest = origin.sha256()
+        assert len(out) == 2 and all(r[:4] == (0, 200, size, digest) for r in out.values()), out
+        assert len(origin.log) == 2 and origin.log[1]["range"].startswith("bytes="), origin.log
+        samples = scrape(admin)
+        tries = {k: value(samples, "sluice_upstream_tries_total", kind=k) for k in ("request", "resume", "fill_resume")}
+        assert tries == {"request": 1, "resume": 0, "fill_resume": 1}, tries
+        assert value(samples, "sluice_rate_limit_decisions_total", policy="default", decision="allowed") == 2
     finally:
         origin.stop()
 

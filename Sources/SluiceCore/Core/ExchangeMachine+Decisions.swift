@@ -4,7 +4,7 @@
 /// response byte reaches the client (DESIGN §2): a response that is retried or followed is
 /// drained, never forwarded.
 extension ExchangeMachine {
-    /// The response fields `.responseHead` needs for `status`: `Retry-After` for a status the
+    /// The response fields `responseHead` needs for `status`: `Retry-After` for a status the
     /// retry policy retries, `Content-Type` when the policy validates, `Location` for a 3xx
     /// the policy may follow. None for a plain request (no header lookups on that path).
     public func responseFields(for status: Int) -> ResponseFields {
@@ -32,12 +32,11 @@ extension ExchangeMachine {
     /// validation failure), followed (a 3xx the policy follows), or passed on unchanged.
     /// A `101` (an upgrade the policy carries, `upgrades:`) is its handshake's success: it is
     /// passed on, never validated or retried.
-    mutating func decide(_ head: ResponseHead, canResendBody: Bool, into actions: inout Actions) {
+    mutating func decide(_ head: ResponseHead, canResendBody: Bool, reporting reports: inout Reports) -> ResponseHeadAction {
         let status = head.status
         if status == 101 {
             state = .streaming
-            actions.append(.sendResponse)
-            return
+            return .sendResponse
         }
         var failure: TryFailure?
         if let retry = policy.retryPolicy, retry.statuses.contains(status) {
@@ -51,20 +50,18 @@ extension ExchangeMachine {
             summary.validation = why
             if let why, failure == nil { failure = .validation(status: status, reason: why) }
         }
-        if let failure, decideRetry(failure, canResendBody: canResendBody, into: &actions) {
+        if let failure, decideRetry(failure, canResendBody: canResendBody, reporting: &reports) {
             state = .drainingDiscarded
-            actions.append(.discardResponse)
-            return
+            return .discardResponse
         }
         if (300..<400).contains(status), let location = head.location,
             let next = redirect(status: status, location: location, canResendBody: canResendBody)
         {
             state = .checkingRedirect(next: next, status: status)
-            actions.append(.checkRedirect(next))
-            return
+            return .checkRedirect(next)
         }
         state = .streaming
-        actions.append(.sendResponse)
+        return .sendResponse
     }
 
     private func retryAfterMilliseconds(_ value: String?) -> Int? {
@@ -85,12 +82,14 @@ extension ExchangeMachine {
         return next
     }
 
-    mutating func redirectTarget(usable: Bool, into actions: inout Actions) {
-        guard case .checkingRedirect(let next, let status) = state else { return }
+    /// The answer to `checkRedirect`: whether its target can be requested.
+    public mutating func redirectTarget(usable: Bool) -> Answer<RedirectTargetAction> {
+        var answer = Answer<RedirectTargetAction>()
+        guard case .checkingRedirect(let next, let status) = state else { return answer }
         guard usable else {
             state = .streaming
-            actions.append(.sendResponse)
-            return
+            answer.command = .sendResponse
+            return answer
         }
         // Credentials go only to the host they were configured for.
         let keepCredentials = URLParts(next.url).host == target.host
@@ -98,9 +97,10 @@ extension ExchangeMachine {
         model = next
         state = .drainingRedirect
         if wants(.redirectFollowed) {
-            actions.append(.report(.redirectFollowed(id: id, status: status, location: next.url, hop: summary.redirects)))
+            answer.reports.append(.redirectFollowed(id: id, status: status, location: next.url, hop: summary.redirects))
         }
-        actions.append(.followRedirect(keepCredentials: keepCredentials))
+        answer.command = .followRedirect(keepCredentials: keepCredentials)
+        return answer
     }
 
     // MARK: retries
@@ -109,7 +109,7 @@ extension ExchangeMachine {
     /// `.doNotRetry`), then checks what only the engine knows: the body can be sent again,
     /// the delay ends before the deadline, the host's budget has a retry left. On yes, the
     /// retry is recorded (`summary.retries`, `.retrying`) and its delay kept for the backoff.
-    mutating func decideRetry(_ failure: TryFailure, canResendBody: Bool, into actions: inout Actions) -> Bool {
+    mutating func decideRetry(_ failure: TryFailure, canResendBody: Bool, reporting reports: inout Reports) -> Bool {
         guard !policy.interceptor.retriers.isEmpty else { return false }
         let request = model ?? ProxyRequest(id: id, method: summary.method, url: target.url, headerFields: [:], body: .none)
         var answer: RetryResult?
@@ -119,38 +119,38 @@ extension ExchangeMachine {
         case .retry?: delay = 0
         case .retryWithDelay(let ms)?: delay = ms
         case .doNotRetryWithError(let reason)?:
-            stopRetrying(reason, into: &actions)
+            stopRetrying(reason, reporting: &reports)
             return false
         case .doNotRetry?, nil:
             return false
         }
         guard canResendBody else {
-            stopRetrying(.bufferLimit, into: &actions)
+            stopRetrying(.bufferLimit, reporting: &reports)
             return false
         }
         if let deadline = policy.retryPolicy?.deadline, elapsed + delay >= deadline {
-            stopRetrying(.deadline, into: &actions)
+            stopRetrying(.deadline, reporting: &reports)
             return false
         }
         if let budgets = policy.retryBudgets,
             !budgets.budget(for: target.host).tryAcquireRetry(now: clock.monotonicMilliseconds())
         {
-            stopRetrying(.budget, into: &actions)
+            stopRetrying(.budget, reporting: &reports)
             return false
         }
         let record = RetryRecord(attempt: summary.retries.count + 1, delayMilliseconds: delay, reason: failure.reason)
         summary.retries.append(record)
         pendingDelay = delay
-        if wants(.retrying) { actions.append(.report(.retrying(id: id, record: record))) }
+        if wants(.retrying) { reports.append(.retrying(id: id, record: record)) }
         return true
     }
 
     /// The origin answered 429 (or 503, for a method that may be repeated) and asked for a
-    /// pause the policy's `rate_limit` learned and waits for (`.heldByOrigin`): the request is
+    /// pause the policy's `rate_limit` learned and waits for (`heldByOrigin`): the request is
     /// tried again (its next try waits in `QuotaStage` for the hold to end), so the client
     /// never sees that answer — at most `maxLearnedRetries` times, when the body can be sent
     /// again. Not a failure: no retrier is asked and no budget is spent.
-    mutating func retryAfterLearnedHold(status: Int, canResendBody: Bool, into actions: inout Actions) -> Bool {
+    mutating func retryAfterLearnedHold(status: Int, canResendBody: Bool, reporting reports: inout Reports) -> Bool {
         guard canResendBody, status == 429 || Self.repeatable(summary.method) else { return false }
         let reason = "rate_limit \(status)"
         let earlier = summary.retries.lazy.filter { $0.reason.hasPrefix("rate_limit ") }.count
@@ -158,7 +158,7 @@ extension ExchangeMachine {
         let record = RetryRecord(attempt: summary.retries.count + 1, delayMilliseconds: 0, reason: reason)
         summary.retries.append(record)
         pendingDelay = 0
-        if wants(.retrying) { actions.append(.report(.retrying(id: id, record: record))) }
+        if wants(.retrying) { reports.append(.retrying(id: id, record: record)) }
         return true
     }
 
@@ -170,8 +170,8 @@ extension ExchangeMachine {
         ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"].contains(method)
     }
 
-    private mutating func stopRetrying(_ reason: RetryStopReason, into actions: inout Actions) {
+    private mutating func stopRetrying(_ reason: RetryStopReason, reporting reports: inout Reports) {
         summary.retryStopped = reason
-        if wants(.retryStopped) { actions.append(.report(.retryStopped(id: id, reason: reason))) }
+        if wants(.retryStopped) { reports.append(.retryStopped(id: id, reason: reason)) }
     }
 }

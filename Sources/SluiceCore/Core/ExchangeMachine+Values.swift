@@ -1,5 +1,5 @@
 /// The values an `ExchangeMachine` exchanges with the I/O around it: where a try goes, the
-/// facts of a response head, and the fixed-size list of actions one event returns.
+/// facts of a response head, and the fixed-size answer one event returns.
 extension ExchangeMachine {
     /// Where a try goes, as the I/O parsed it (`RequestTarget`).
     public struct Target: Sendable, Equatable {
@@ -40,63 +40,56 @@ extension ExchangeMachine {
         public static let location = ResponseFields(rawValue: 4)
     }
 
-    /// What one event asks for, in order; a fixed-size value (no allocation).
-    public struct Actions: RandomAccessCollection {
-        public static let capacity = 4
-        // Four stored properties rather than a tuple: the compiler copies and destroys a
-        // struct's fields with direct code, a tuple of enums through the runtime's generic
-        // tuple witnesses (measured: 2.2k instructions a request more).
-        private var a0: Action?
-        private var a1: Action?
-        private var a2: Action?
-        private var a3: Action?
+    /// The monitor events one event reports, in order; a fixed-size value (no allocation).
+    public struct Reports: RandomAccessCollection {
+        /// The most one event reports: a trust failure's event and the retry's.
+        public static let capacity = 3
+        // Stored properties rather than a tuple: the compiler copies and destroys a struct's
+        // fields with direct code, a tuple of enums through the runtime's generic tuple
+        // witnesses (measured: 2.2k instructions a request more).
+        private var r0: ProxyEvent?
+        private var r1: ProxyEvent?
+        private var r2: ProxyEvent?
         public private(set) var endIndex = 0
         public var startIndex: Int { 0 }
 
         public init() {}
 
-        public subscript(position: Int) -> Action {
-            precondition(position >= 0 && position < endIndex, "action index out of range")
+        public subscript(position: Int) -> ProxyEvent {
+            precondition(position >= 0 && position < endIndex, "report index out of range")
             switch position {
-            case 0: return a0!
-            case 1: return a1!
-            case 2: return a2!
-            default: return a3!
+            case 0: return r0!
+            case 1: return r1!
+            default: return r2!
             }
         }
 
-        mutating func append(_ action: Action) {
+        mutating func append(_ event: ProxyEvent) {
             switch endIndex {
-            case 0: a0 = action
-            case 1: a1 = action
-            case 2: a2 = action
-            case 3: a3 = action
-            default: preconditionFailure("more than \(Self.capacity) actions for one event")
+            case 0: r0 = event
+            case 1: r1 = event
+            case 2: r2 = event
+            default: preconditionFailure("more than \(Self.capacity) reports for one event")
             }
             endIndex += 1
         }
 
-        /// Calls `body` with each reported event, in order (no iterator or copy of the
-        /// other actions: this runs for every exchange a monitor watches).
-        public func forEachReport(_ body: (ProxyEvent) -> Void) {
-            if case .report(let event)? = a0 { body(event) } else { return }
-            if case .report(let event)? = a1 { body(event) } else { return }
-            if case .report(let event)? = a2 { body(event) } else { return }
-            if case .report(let event)? = a3 { body(event) }
+        /// Calls `body` with each event, in order (no iterator: this runs for every exchange
+        /// a monitor watches).
+        public func forEachEvent(_ body: (ProxyEvent) -> Void) {
+            guard let r0 else { return }
+            body(r0)
+            guard let r1 else { return }
+            body(r1)
+            if let r2 { body(r2) }
         }
+    }
 
-        /// The action other than a report, if any (it comes after the reports).
-        public var command: Action? {
-            let last: Action?
-            switch endIndex {
-            case 0: return nil
-            case 1: last = a0
-            case 2: last = a1
-            case 3: last = a2
-            default: last = a3
-            }
-            guard let last, !last.isReport else { return nil }
-            return last
-        }
+    /// What one event answers: its reports, then at most one command of the event's own type
+    /// (nil: nothing to do, as for an event out of turn).
+    public struct Answer<Command> {
+        public internal(set) var reports = Reports()
+        public internal(set) var command: Command?
+        init() {}
     }
 }

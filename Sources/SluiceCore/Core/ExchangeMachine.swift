@@ -30,13 +30,14 @@
 ///                                                                                                 │    ─tryStarting─► trying
 ///                                                                                                 └─ not ─► streaming
 ///  an adapter failed, the retry deadline passed at tryStarting ─► failing ─ended(.error)─► done
-///  any state ─ended─► done: `.finished` is reported once (`.ended(.clientAborted)`: the client
+///  any state ─ended─► done: `.finished` is reported once (`ended(.clientAborted)`: the client
 ///  went away, so a later timer or try event does nothing)
 /// ```
 ///
-/// Every `handle` returns at most `Actions.capacity` actions, in order: `.report`s first, then
-/// at most one command. Nothing on the path of a plain request allocates: the actions come
-/// back in a fixed-size value, and monitor events are built only when a monitor listens.
+/// Each event is a method that returns its own answer: the monitor events it reports (at most
+/// `Reports.capacity`, in order), then at most one command of a type that lists only what that
+/// event can ask for. Nothing on the path of a plain request allocates: the reports come back
+/// in a fixed-size value, and monitor events are built only when a monitor listens.
 public struct ExchangeMachine {
     /// What the monitors want: nothing (no events are built), the events, or the events with
     /// the request as sent in `.tryStarted` (a monitor's `wantsRequestDetails`).
@@ -91,76 +92,78 @@ public struct ExchangeMachine {
         }
     }
 
-    public enum Event {
-        /// The request head arrived and matched the policy (every exchange, CONNECT included).
-        case received
-        /// The pipeline may run: `model` is the request as adapters see it, built by the I/O
-        /// when `needsRequestModel` (nil otherwise).
-        case prepare(model: ProxyRequest?)
-        /// The adapters answered.
-        case adapted(Result<ProxyRequest, AdaptationError>)
-        /// The adapters did not answer synchronously: one waits for a credential.
-        case adaptationSuspended
-        /// The I/O built the next try to `target` (its TLS trust allows it).
-        case tryStarting(Target)
-        /// The try's final response head arrived. `canResendBody`: the request has no body, or
-        /// all of it is kept for replay.
-        case responseHead(ResponseHead, canResendBody: Bool)
-        /// The try's final response head is a 429 (or 503) whose pause the policy's
-        /// `rate_limit` learned and will wait for (`rate_limit.learn`, `on_limit: wait`; within
-        /// `max_wait` and the retry deadline): the request is tried again after it when it may
-        /// be, else the head is decided as `.responseHead`.
-        case heldByOrigin(ResponseHead, canResendBody: Bool)
-        /// The answer to `.checkRedirect`: whether its target can be requested.
-        case redirectTarget(usable: Bool)
-        /// The response head reached the client's output.
-        case responseHeadSent(status: Int)
-        /// Request body bytes read from the client, and response body bytes sent to it.
-        case requestBodyRead(bytes: Int)
-        case responseBodySent(bytes: Int)
-        /// A try ended (any way); libcurl's timings.
-        case tryEnded(TryTimings)
-        /// The try failed before any response byte reached the client (or its TLS trust
-        /// refused the origin before it started).
-        case tryFailed(ProxyError, kind: TransportErrorKind, canResendBody: Bool)
-        /// The body of a response that is retried was drained.
-        case discardedDrained
-        /// The retry timer fired.
-        case retryTimerFired
-        /// The exchange is over: the response completed (`.ok`), an error was answered,
-        /// the upstream failed mid-body, the client went away (`.clientAborted`), a tunnel closed.
-        case ended(Outcome, error: String?)
-    }
+    // Each event is a method of its own and returns its own answer (swift-nio's
+    // `NIOTypedHTTPServerUpgraderStateMachine`): the monitor events it reports, in order, then
+    // at most one command of a type that lists exactly what that event can ask for. An event out
+    // of turn answers nothing.
 
-    public enum Action {
-        /// Hand `event` to the monitors.
-        case report(ProxyEvent)
-        /// Run the policy's adapters on `request`; answer with `.adapted`.
+    /// `prepare`'s command: run the adapters, or go on to the first try.
+    public enum PrepareAction {
+        /// Run the policy's adapters on `request`; answer with `adapted`.
         case adapt(ProxyRequest)
         /// The request is ready: read or check what its body needs, build the first try
-        /// (applying `headerEdits` to the header list when given), then `.tryStarting`.
+        /// (applying `headerEdits` to the header list when given), then `tryStarting`.
         case forward(headerEdits: HeaderEditPlan?)
-        /// Build a retry of the current request (its body from the first byte), then `.tryStarting`.
+    }
+
+    /// `adapted`'s command.
+    public enum AdaptedAction {
+        /// The first try's adapters answered: build the first try, then `tryStarting`.
+        case forward
+        /// A retry's adapters answered: build the retry (its body from the first byte), then
+        /// `tryStarting`.
         case buildRetry
+        /// An adapter failed: answer the client with `error`; then `ended`.
+        case fail(ProxyError)
+    }
+
+    /// `tryStarting`'s command.
+    public enum TryStartingAction {
         /// Start the try just built; `perTryTimeout` ms from its start to a response head.
         case beginTry(perTryTimeout: Int)
+        /// The retry deadline passed: answer the client with `error`; then `ended`.
+        case fail(ProxyError)
+    }
+
+    /// `responseHead`'s and `heldByOrigin`'s command.
+    public enum ResponseHeadAction {
         /// Send the response head to the client, then its body.
         case sendResponse
-        /// Drain the response without sending it, then `.discardedDrained`.
+        /// Drain the response without sending it, then `discardedDrained`.
         case discardResponse
-        /// Check that `next` can be requested; answer with `.redirectTarget`.
+        /// Check that `next` can be requested; answer with `redirectTarget`.
         case checkRedirect(ProxyRequest)
+    }
+
+    /// `redirectTarget`'s command.
+    public enum RedirectTargetAction {
+        /// The target cannot be requested: send the 3xx to the client as it is.
+        case sendResponse
         /// Drain the 3xx, then start a try of the request just checked; `keepCredentials`:
         /// the policy's `credentials` still apply (same host).
         case followRedirect(keepCredentials: Bool)
-        /// Wait `after` ms, then `.retryTimerFired`.
-        case scheduleRetry(after: Int)
-        /// Answer the client with `error`; then `.ended`.
-        case fail(ProxyError)
+    }
 
-        public var isReport: Bool {
-            if case .report = self { return true } else { return false }
-        }
+    /// `tryFailed`'s command.
+    public enum TryFailedAction {
+        /// Wait `after` ms, then `retryTimerFired`.
+        case scheduleRetry(after: Int)
+        /// Answer the client with `error`; then `ended`.
+        case fail(ProxyError)
+    }
+
+    /// `discardedDrained`'s command: wait this long, then `retryTimerFired`.
+    public struct ScheduleRetry: Equatable {
+        public let after: Int
+    }
+
+    /// `retryTimerFired`'s command.
+    public enum RetryTimerAction {
+        /// Run the policy's adapters again on the request as it was before adaptation (a
+        /// refreshed token); answer with `adapted`.
+        case adapt(ProxyRequest)
+        /// Build the retry (its body from the first byte), then `tryStarting`.
+        case buildRetry
     }
 
     /// Request bodies up to this are kept to follow a 307/308 or answer an auth challenge
@@ -250,179 +253,217 @@ public struct ExchangeMachine {
         return policy.credentials != nil || !policy.refreshStatuses.isEmpty || policy.redirector.follows
     }
 
-    public mutating func handle(_ event: Event) -> Actions {
-        var actions = Actions()
-        switch event {
-        case .received:
-            policy.retryBudgets?.budget(for: target.host).recordRequest(now: clock.monotonicMilliseconds())
-            if wants(.requestReceived) {
-                actions.append(
-                    .report(
-                        .requestReceived(
-                            id: id, client: summary.client, method: summary.method,
-                            url: summary.url, policy: summary.policy)))
-            }
-        case .prepare(let model):
-            prepare(model, into: &actions)
-        case .adapted(let result):
-            adapted(result, into: &actions)
-        case .adaptationSuspended:
-            if case .adapting(let retry) = state { state = .awaitingCredential(retry: retry) }
-        case .tryStarting(let target):
-            tryStarting(target, into: &actions)
-        case .responseHead(let head, let canResendBody):
-            guard case .trying = state else { break }
-            decide(head, canResendBody: canResendBody, into: &actions)
-        case .heldByOrigin(let head, let canResendBody):
-            guard case .trying = state else { break }
-            if retryAfterLearnedHold(status: head.status, canResendBody: canResendBody, into: &actions) {
-                state = .drainingDiscarded
-                actions.append(.discardResponse)
-            } else {
-                decide(head, canResendBody: canResendBody, into: &actions)
-            }
-        case .redirectTarget(let usable):
-            redirectTarget(usable: usable, into: &actions)
-        case .responseHeadSent(let status):
-            summary.status = status
-            if wants(.responseReceived) {
-                actions.append(.report(.responseReceived(id: id, attempt: summary.attempts, status: status)))
-            }
-        case .requestBodyRead(let bytes):
-            summary.bytesIn += Int64(bytes)
-        case .responseBodySent(let bytes):
-            summary.bytesOut += Int64(bytes)
-        case .tryEnded(let timings):
-            summary.timings = timings
-            if wants(.metricsCollected) {
-                actions.append(.report(.metricsCollected(id: id, attempt: summary.attempts, timings: timings)))
-            }
-        case .tryFailed(let error, let kind, let canResendBody):
-            tryFailed(error, kind: kind, canResendBody: canResendBody, into: &actions)
-        case .discardedDrained:
-            guard case .drainingDiscarded = state else { break }
-            backOff(into: &actions)
-        case .retryTimerFired:
-            guard case .backingOff = state else { break }
-            if let originalModel {
-                // Like Alamofire, a retried request is adapted again (a refreshed token, a new stamp).
-                state = .adapting(retry: true)
-                actions.append(.adapt(originalModel))
-            } else {
-                state = .startingTry
-                actions.append(.buildRetry)
-            }
-        case .ended(let outcome, let error):
-            // Stored fields read directly: through `isFinished` and `wants` the compiler
-            // copied the whole machine (700 bytes, a retain per field) to read one of them.
-            if case .done = state { break }
-            let reported = built.contains(outcome == .tunnel ? .tunnelClosed : .finished)
-            summary.outcome = outcome
-            if let error { summary.error = error }
-            state = .done(outcome)
-            if reported {
-                actions.append(.report(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary)))
-            }
+    /// The request head arrived and matched the policy (every exchange, CONNECT included).
+    public mutating func received() -> Reports {
+        var reports = Reports()
+        policy.retryBudgets?.budget(for: target.host).recordRequest(now: clock.monotonicMilliseconds())
+        if wants(.requestReceived) {
+            reports.append(
+                .requestReceived(id: id, client: summary.client, method: summary.method, url: summary.url, policy: summary.policy)
+            )
         }
-        return actions
+        return reports
     }
 
-    // MARK: before the first try
-
-    private mutating func prepare(_ model: ProxyRequest?, into actions: inout Actions) {
-        guard case .received = state else { return }
+    /// The pipeline may run: `model` is the request as adapters see it, built by the I/O when
+    /// `needsRequestModel` (nil otherwise).
+    public mutating func prepare(model: ProxyRequest?) -> Answer<PrepareAction> {
+        var answer = Answer<PrepareAction>()
+        guard case .received = state else { return answer }
         guard let model else {
             state = .startingTry
             if let plan = policy.headerEditPlan, !policy.redirector.follows, monitoring != .detailedEvents {
                 // Adapters that only edit header fields: applied as the header list is built.
-                if wants(.requestAdapted) { actions.append(.report(.requestAdapted(id: id, adapters: policy.adapterNames))) }
-                actions.append(.forward(headerEdits: plan))
+                if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
+                answer.command = .forward(headerEdits: plan)
             } else {
-                actions.append(.forward(headerEdits: nil))
+                answer.command = .forward(headerEdits: nil)
             }
-            return
+            return answer
         }
         if policy.interceptor.adapters.isEmpty {
             // None runs once (there may be adapters for every try: they run in the try stages).
             self.model = model
             state = .startingTry
-            actions.append(.forward(headerEdits: nil))
-            return
+            answer.command = .forward(headerEdits: nil)
+            return answer
         }
         originalModel = model
         state = .adapting(retry: false)
-        actions.append(.adapt(model))
+        answer.command = .adapt(model)
+        return answer
     }
 
-    private mutating func adapted(_ result: Result<ProxyRequest, AdaptationError>, into actions: inout Actions) {
+    /// The adapters answered.
+    public mutating func adapted(_ result: Result<ProxyRequest, AdaptationError>) -> Answer<AdaptedAction> {
+        var answer = Answer<AdaptedAction>()
         let retry: Bool
         switch state {
         case .adapting(let r), .awaitingCredential(let r): retry = r
-        default: return
+        default: return answer
         }
         switch result {
         case .success(let adapted):
             model = adapted
             state = .startingTry
             if retry {
-                actions.append(.buildRetry)
+                answer.command = .buildRetry
             } else {
-                if wants(.requestAdapted) { actions.append(.report(.requestAdapted(id: id, adapters: policy.adapterNames))) }
-                actions.append(.forward(headerEdits: nil))
+                if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
+                answer.command = .forward
             }
         case .failure(let error):
             state = .failing
-            if wants(.adaptationFailed) { actions.append(.report(.adaptationFailed(id: id, error: error))) }
-            actions.append(.fail(.adapterFailed(name: error.adapter, reason: error.reason)))
+            if wants(.adaptationFailed) { answer.reports.append(.adaptationFailed(id: id, error: error)) }
+            answer.command = .fail(.adapterFailed(name: error.adapter, reason: error.reason))
         }
+        return answer
     }
 
-    // MARK: tries
+    /// The adapters did not answer synchronously: one waits for a credential.
+    public mutating func adaptationSuspended() {
+        if case .adapting(let retry) = state { state = .awaitingCredential(retry: retry) }
+    }
 
-    private mutating func tryStarting(_ target: Target, into actions: inout Actions) {
+    /// The I/O built the next try to `target` (its TLS trust allows it).
+    public mutating func tryStarting(_ target: Target) -> Answer<TryStartingAction> {
+        var answer = Answer<TryStartingAction>()
         switch state {
         case .startingTry, .drainingRedirect: break
-        default: return
+        default: return answer
         }
         self.target = target
         guard let timeout = perTryTimeout() else {
             state = .failing
-            actions.append(.fail(.upstreamTimeout(host: target.authority, phase: .retryDeadlinePassed)))
-            return
+            answer.command = .fail(.upstreamTimeout(host: target.authority, phase: .retryDeadlinePassed))
+            return answer
         }
         summary.attempts += 1
         state = .trying
         if wants(.tryStarted), let model {
-            actions.append(.report(.tryStarted(id: id, attempt: summary.attempts, request: model)))
+            answer.reports.append(.tryStarted(id: id, attempt: summary.attempts, request: model))
         }
-        actions.append(.beginTry(perTryTimeout: timeout))
+        answer.command = .beginTry(perTryTimeout: timeout)
+        return answer
     }
 
-    private mutating func tryFailed(
-        _ error: ProxyError, kind: TransportErrorKind, canResendBody: Bool,
-        into actions: inout Actions
-    ) {
+    /// The try's final response head arrived. `canResendBody`: the request has no body, or all
+    /// of it is kept for replay.
+    public mutating func responseHead(_ head: ResponseHead, canResendBody: Bool) -> Answer<ResponseHeadAction> {
+        var answer = Answer<ResponseHeadAction>()
+        guard case .trying = state else { return answer }
+        answer.command = decide(head, canResendBody: canResendBody, reporting: &answer.reports)
+        return answer
+    }
+
+    /// The try's final response head is a 429 (or 503) whose pause the policy's `rate_limit`
+    /// learned and will wait for (`rate_limit.learn`, `on_limit: wait`; within `max_wait` and
+    /// the retry deadline): the request is tried again after it when it may be, else the head
+    /// is decided as by `responseHead`.
+    public mutating func heldByOrigin(_ head: ResponseHead, canResendBody: Bool) -> Answer<ResponseHeadAction> {
+        var answer = Answer<ResponseHeadAction>()
+        guard case .trying = state else { return answer }
+        if retryAfterLearnedHold(status: head.status, canResendBody: canResendBody, reporting: &answer.reports) {
+            state = .drainingDiscarded
+            answer.command = .discardResponse
+        } else {
+            answer.command = decide(head, canResendBody: canResendBody, reporting: &answer.reports)
+        }
+        return answer
+    }
+
+    /// The response head reached the client's output.
+    public mutating func responseHeadSent(status: Int) -> Reports {
+        var reports = Reports()
+        summary.status = status
+        if wants(.responseReceived) {
+            reports.append(.responseReceived(id: id, attempt: summary.attempts, status: status))
+        }
+        return reports
+    }
+
+    /// Request body bytes read from the client.
+    public mutating func requestBodyRead(bytes: Int) {
+        summary.bytesIn += Int64(bytes)
+    }
+
+    /// Response body bytes sent to the client.
+    public mutating func responseBodySent(bytes: Int) {
+        summary.bytesOut += Int64(bytes)
+    }
+
+    /// A try ended (any way); its timings.
+    public mutating func tryEnded(_ timings: TryTimings) -> Reports {
+        var reports = Reports()
+        summary.timings = timings
+        if wants(.metricsCollected) {
+            reports.append(.metricsCollected(id: id, attempt: summary.attempts, timings: timings))
+        }
+        return reports
+    }
+
+    /// The try failed before any response byte reached the client (or its TLS trust refused
+    /// the origin before it started).
+    public mutating func tryFailed(
+        _ error: ProxyError, kind: TransportErrorKind, canResendBody: Bool
+    ) -> Answer<TryFailedAction> {
+        var answer = Answer<TryFailedAction>()
         switch state {
         case .startingTry, .trying, .streaming, .checkingRedirect, .drainingRedirect, .drainingDiscarded: break
-        default: return
+        default: return answer
         }
         if case .trustFailure(let host, let evaluator, let reason) = error {
             summary.trustFailure = (evaluator, reason)
             if wants(.trustFailed) {
-                actions.append(.report(.trustFailed(id: id, host: host, evaluator: evaluator, reason: reason)))
+                answer.reports.append(.trustFailed(id: id, host: host, evaluator: evaluator, reason: reason))
             }
         }
-        if decideRetry(.transport(kind, error), canResendBody: canResendBody, into: &actions) {
-            backOff(into: &actions)
+        if decideRetry(.transport(kind, error), canResendBody: canResendBody, reporting: &answer.reports) {
+            answer.command = .scheduleRetry(after: backOff())
         } else {
             state = .failing
-            actions.append(.fail(error))
+            answer.command = .fail(error)
         }
+        return answer
     }
 
-    private mutating func backOff(into actions: inout Actions) {
+    /// The body of a response that is retried was drained.
+    public mutating func discardedDrained() -> ScheduleRetry? {
+        guard case .drainingDiscarded = state else { return nil }
+        return ScheduleRetry(after: backOff())
+    }
+
+    /// The retry timer fired.
+    public mutating func retryTimerFired() -> RetryTimerAction? {
+        guard case .backingOff = state else { return nil }
+        if let originalModel {
+            // Like Alamofire, a retried request is adapted again (a refreshed token, a new stamp).
+            state = .adapting(retry: true)
+            return .adapt(originalModel)
+        }
+        state = .startingTry
+        return .buildRetry
+    }
+
+    /// The exchange is over: the response completed (`.ok`), an error was answered, the
+    /// upstream failed mid-body, the client went away (`.clientAborted`), a tunnel closed.
+    public mutating func ended(_ outcome: Outcome, error: String?) -> Reports {
+        var reports = Reports()
+        // Stored fields read directly: through `isFinished` and `wants` the compiler copied
+        // the whole machine (700 bytes, a retain per field) to read one of them.
+        if case .done = state { return reports }
+        let reported = built.contains(outcome == .tunnel ? .tunnelClosed : .finished)
+        summary.outcome = outcome
+        if let error { summary.error = error }
+        state = .done(outcome)
+        if reported { reports.append(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary)) }
+        return reports
+    }
+
+    /// Enters `backingOff` for the delay the retry decided; returns that delay.
+    private mutating func backOff() -> Int {
         state = .backingOff(until: clock.monotonicMilliseconds() + pendingDelay)
-        actions.append(.scheduleRetry(after: pendingDelay))
+        return pendingDelay
     }
 
     /// Whether a monitor reads events of `kind`: an event is built only then. (A test at the

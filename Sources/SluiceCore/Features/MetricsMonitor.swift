@@ -122,6 +122,12 @@ public final class SluiceMetrics: Sendable {
             "Downloads whose upstream broke mid-body and were asked for the rest (docs/configuration.md, Resumable downloads), by outcome: resumed (the origin's 206 carried the body on), refused (its answer could not: another representation or range), failed (the resume's own request failed), exhausted (the limit was reached; the response ended incomplete)"
     )
 
+    public static let upstreamTries = Metric(
+        name: "sluice_upstream_tries_total", kind: .counter, labels: ["kind"],
+        help:
+            "Requests Sluice sent upstream, each a try that passed the try stages (its circuit, its rate_limit turn, the adapters of every try), by kind: request (an exchange's tries: the first, its retries and redirect hops, counted when the exchange ends), resume (the rest of a broken download), fill_resume (the same for a shared fill whose client left), revalidation (a background stale-while-revalidate request)"
+    )
+
     public static let rateLimitDecisions = Metric(
         name: "sluice_rate_limit_decisions_total", kind: .counter, labels: ["policy", "decision"],
         help:
@@ -152,7 +158,7 @@ public final class SluiceMetrics: Sendable {
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
         requests, retries, retriesStopped, trustFailures, credentialRefreshes,
-        upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests,
+        upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests, upstreamTries,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
         cacheDiskWriteFailures, resumes, rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
@@ -314,6 +320,16 @@ public final class SluiceMetrics: Sendable {
         counter(Self.resumes, [("outcome", outcome.rawValue)]).increment()
     }
 
+    /// Kinds of requests Sluice sends upstream (`sluice_upstream_tries_total`). An exchange's
+    /// own tries are counted by the metrics monitor from its record (`attempts`).
+    public enum TryKind: String, Sendable, CaseIterable {
+        case request, resume, fillResume = "fill_resume", revalidation
+    }
+
+    public func recordTry(_ kind: TryKind, count: Int = 1) {
+        counter(Self.upstreamTries, [("kind", kind.rawValue)]).increment(by: Int64(count))
+    }
+
     /// A write of the disk cache tier failed.
     public func recordCacheDiskWriteFailure() {
         counter(Self.cacheDiskWriteFailures).increment()
@@ -428,6 +444,8 @@ public final class MetricsMonitor: EventMonitor {
     private let bytesIn: CoreMetrics.Counter
     private let bytesOut: CoreMetrics.Counter
     private let tunnels: CoreMetrics.Counter
+    /// `sluice_upstream_tries_total{kind="request"}`: an exchange's tries, from its record.
+    private let requestTries: CoreMetrics.Counter
     /// `sluice_upstream_requests_total` by version and new connection (bounded: 3 × 2).
     private var protocolCounters: [ProtocolKey: CoreMetrics.Counter] = [:]
     private struct ProtocolKey: Hashable {
@@ -447,6 +465,7 @@ public final class MetricsMonitor: EventMonitor {
         bytesIn = metrics.counter(SluiceMetrics.bytesIn)
         bytesOut = metrics.counter(SluiceMetrics.bytesOut)
         tunnels = metrics.counter(SluiceMetrics.tunnels)
+        requestTries = metrics.counter(SluiceMetrics.upstreamTries, [("kind", SluiceMetrics.TryKind.request.rawValue)])
     }
 
     public var events: ProxyEvent.Kinds {
@@ -524,6 +543,7 @@ public final class MetricsMonitor: EventMonitor {
         if let kind = s.errorKind {
             self.counter(&ownResponseCounters, kind.rawValue, SluiceMetrics.ownResponses, "kind").increment()
         }
+        if s.attempts > 0 { requestTries.increment(by: Int64(s.attempts)) }
         if s.bytesIn > 0 { bytesIn.increment(by: s.bytesIn) }
         if s.bytesOut > 0 { bytesOut.increment(by: s.bytesOut) }
         // libcurl's times are microseconds since the try started; 0 means "did not happen".

@@ -5,7 +5,8 @@ import SluiceCore
 /// the stored validators, made as a `SideFetch` on the worker's libcurl multi — so it is not
 /// tied to the client connection that triggered it, which has its answer already and may
 /// leave. It goes with the policy's trust, parent proxy, `upstream:` override and the
-/// `access.deny` check, like every request Sluice makes for itself. One runs per URL at a
+/// `access.deny` check, like every request Sluice makes for itself, and as a try of its own
+/// (`BackgroundTry`: its circuit, its `rate_limit` turn, the metrics). One runs per URL at a
 /// time across workers: it holds the store's fetch claim (`CacheStore.beginFetch`) until it
 /// ends, and a lookup that finds the URL being fetched serves stale without starting another.
 ///
@@ -34,7 +35,7 @@ enum CacheRevalidation {
     static func start(
         _ object: CacheObject, url: String, token: UInt64, validators: [CacheLookup.Validator],
         requestFields: [CacheFields.Field], hostHeader: String?, modification: CacheModification?,
-        store: CacheStore, worker: Worker
+        store: CacheStore, worker: Worker, as admitted: BackgroundTry
     ) {
         let policy = worker.pipeline.policies.match(host: URLParts(url).host)
         let disk = worker.diskTier
@@ -52,6 +53,10 @@ enum CacheRevalidation {
             body: nil, reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil),
             completion: { result in
                 defer { store.endFetch(url, token: token) }
+                switch result {
+                case .success(let response): admitted.finish(HealthOutcome(status: response.status))
+                case .failure(let error): admitted.finish(HealthOutcome(error: error))
+                }
                 guard case .success(let response) = result else {
                     Log.debug("cache: background revalidation of \(url) failed; the stale response stays")
                     return

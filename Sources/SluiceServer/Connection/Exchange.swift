@@ -102,13 +102,13 @@ final class Exchange {
 
     /// Sends `.finished` (once) with the outcome.
     func end(_ outcome: Outcome, error: String? = nil) {
-        report(machine.handle(.ended(outcome, error: error)))
+        report(machine.ended(outcome, error: error))
     }
 
     /// Hands the machine's reports to the monitors.
-    func report(_ actions: ExchangeMachine.Actions) {
+    func report(_ reports: ExchangeMachine.Reports) {
         guard let monitor else { return }
-        actions.forEachReport { monitor.handle($0) }
+        reports.forEachEvent { monitor.handle($0) }
     }
 }
 
@@ -120,7 +120,7 @@ protocol ExchangeOwner: UpstreamSlotWaiter {
     /// ends.
     var quotaSlot: QuotaSlot? { get set }
     /// The adapters answered (at once, or after a wait): `command` is the machine's answer.
-    func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.Action?)
+    func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.AdaptedAction?)
 }
 
 extension ExchangeMachine.Target {

@@ -1,4 +1,5 @@
 import CLibEvent
+import HTTPTypes
 import SluiceCore
 
 /// A download that may be resumed (`Resume`, docs/configuration.md "Resumable downloads"):
@@ -74,6 +75,12 @@ final class ResumeState {
         }
     }
 
+    /// The cache's tee the next try goes on feeding (taken once).
+    func takeFill() -> CacheFill? {
+        defer { fill = nil }
+        return fill
+    }
+
     /// Arms the backoff timer on `base`: `fired` runs when it ends.
     func arm(_ delay: Int, on base: OpaquePointer, fired: @escaping () -> Void) {
         let timer = LoopTimer(on: base, fired)
@@ -82,12 +89,25 @@ final class ResumeState {
     }
 
     /// The next try: the same request with its own `Range` and `If-Range` (the client's range
-    /// and conditionals dropped).
+    /// and conditionals dropped), to the same origin over the same engine (`resumes`). Its
+    /// model gets the same fields, so that adapters that run on every try (a signer) cover them.
     func continuingRequest() -> UpstreamRequest {
         var next = request
-        next.headers = next.headers.replacing(ExchangeDriver.resumeDroppedFields, adding: fields)
+        next.headers = next.headers.replacing(ResumeState.droppedFields, adding: fields)
+        next.resumes = route
+        if var model = next.model {
+            for name in ResumeState.droppedFields { model.headerFields[HTTPField.Name(name)!] = nil }
+            for (name, value) in fields { model.headerFields.append(HTTPField(name: HTTPField.Name(name)!, value: value)) }
+            next.model = model
+        }
         return next
     }
+
+    /// The request fields a resume does not repeat: the client's own range and conditionals
+    /// (the resume sends its own `Range` and `If-Range`).
+    static let droppedFields = [
+        "range", "if-range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since",
+    ]
 
     /// A resume's head: true when it carries the body on as the rest of the same
     /// representation; else the refusal is kept and the response (or fill) ends incomplete.
@@ -114,12 +134,6 @@ final class ResumeState {
 /// announced; a `206` that is not the rest of the same representation ends the response
 /// incomplete. The client sees one response; the access log says `resumed` with the offsets.
 extension ExchangeDriver {
-    /// The request fields a resume does not repeat: the client's own range and conditionals
-    /// (the resume sends its own `Range` and `If-Range`).
-    static let resumeDroppedFields = [
-        "range", "if-range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since",
-    ]
-
     /// The state of a response whose upstream just broke, made on its first break: nil when
     /// it may not be resumed (not a `200` to a `GET`, no strong validator, `resume: false`).
     /// Made only then, so that the plain path pays nothing for it.
@@ -151,7 +165,8 @@ extension ExchangeDriver {
         return true
     }
 
-    /// The backoff ended: the rest of the body is asked for.
+    /// The backoff ended: the rest of the body is asked for, by a try that passes the try
+    /// stages like any other (its circuit, its `rate_limit` turn, the adapters of every try).
     func resumeTimerFired() {
         guard case .resuming(let resume) = phase, let exchange else { return }
         resume.stopTimer()
@@ -166,17 +181,25 @@ extension ExchangeDriver {
             }
             request.totalTimeout = left
         }
-        let fill = resume.fill
-        resume.fill = nil
-        resume.awaitingHead = true
-        send(request, resume.route, exchange, continuing: resume.framing, cacheFill: fill)
+        SluiceMetrics.shared.recordTry(.resume)
+        startTry(request, exchange)
     }
 
     /// A resume's head: it carries the body on only as the rest of the same representation.
+    /// The response stages of a continuation hear it first (its status is its try's outcome).
     func continuationArrived(_ head: UpstreamResponseHead) -> Bool {
-        guard let exchange, let resume = self.resume else { return false }
+        guard let exchange, let resume = self.resume, case .forwarding(let transfer) = phase else { return false }
+        var context = ResponseHeadContext(response: head, transfer: transfer, canResendBody: true)
+        ResponseChain.runContinuation(&context, exchange, worker)
         guard resume.answered(head) else { return false }
         exchange.summary.resumedAt = resume.resumption.acceptedOffsets
         return true
+    }
+}
+
+extension ProxyError {
+    /// What a resume that broke before its head tells its origin's circuit (a failed try).
+    static func resumeBroke(_ transfer: any UpstreamTransfer) -> ProxyError {
+        .upstreamProtocol(host: transfer.target.authority, reason: "the resume broke before its head")
     }
 }

@@ -140,7 +140,7 @@ extension ExchangeDriver {
         exchange.summary.cache = answer.parameters
         exchange.summary.servedFromStore = true
         exchange.reportCache(.hit(age: answer.age, notModified: answer.notModified))
-        exchange.report(exchange.machine.handle(.responseHeadSent(status: sent.status)))
+        exchange.report(exchange.machine.responseHeadSent(status: sent.status))
         connection.scheduleFlush()
         if sent.body.isEmpty {
             // A 304 for the client's conditional: nothing of the body to wait for.
@@ -168,7 +168,7 @@ extension ExchangeDriver {
         }
         if moved > 0 {
             connection.scheduleFlush()
-            _ = exchange.machine.handle(.responseBodySent(bytes: moved))
+            exchange.machine.responseBodySent(bytes: moved)
         }
         if reader.offset >= length {
             finishFillRead(exchange, keepAlive: reader.keepAlive)
@@ -215,8 +215,12 @@ extension ExchangeDriver {
 /// worker (`Worker.fillProducers`) until the transfer ends.
 ///
 /// Threading: the worker's thread (its transfer's events).
-final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
+final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder {
     private(set) var transfer: any UpstreamTransfer
+    /// The exchange whose client left (its record ended): its cache part (the fill and the
+    /// fetch claim), and what its resumes' try stages read (the policy, the circuit's and the
+    /// rate limit's state). The producer becomes its owner for its resumes' waits and places.
+    let exchange: Exchange
     let cache: CacheExchange
     unowned(unsafe) let worker: Worker
     /// The download's resumption, when the response may be resumed (nil: a break ends it).
@@ -224,9 +228,14 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
     /// What a continuing try writes besides the fill: nothing (it is detached), but a transfer
     /// needs an output; made on the first resume.
     private var scratch: OpaquePointer?
+    /// A resume waiting for its turn (`rate_limit`, the fleet's trial lock).
+    private var hold: TryHold?
+    /// The `max_concurrent` place a resume holds until it ends.
+    var quotaSlot: QuotaSlot?
 
-    init(transfer: any UpstreamTransfer, cache: CacheExchange, worker: Worker, resume: ResumeState?) {
+    init(transfer: any UpstreamTransfer, exchange: Exchange, cache: CacheExchange, worker: Worker, resume: ResumeState?) {
         self.transfer = transfer
+        self.exchange = exchange
         self.cache = cache
         self.worker = worker
         self.resume = resume
@@ -237,28 +246,44 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
         if let scratch { evbuffer_free(scratch) }
     }
 
-    private func finish(complete: Bool) {
+    /// The fill ends: complete (stored, its readers told) or not; the try's place and circuit
+    /// outcome are settled (`ending`), and the exchange is let go.
+    private func finish(complete: Bool, _ ending: TryEnding = .abandoned) {
         resume?.stopTimer()
+        hold?.leave()
+        hold = nil
         if let fill = cache.fill {
             cache.fill = nil
             if complete { _ = fill.complete() }
         }
         cache.endFetch(complete: complete)
+        if exchange.owner === self {
+            ResponseChain.runEnd(ending, exchange, worker)
+            exchange.owner = nil
+        }
         worker.fillProducers[ObjectIdentifier(self)] = nil
     }
 
-    /// Stops the transfer, or the resume waiting for its backoff (the worker stops).
+    /// Stops the transfer, or the resume waiting for its backoff or its turn (the worker stops).
     func cancel() {
         resume?.stopTimer()
+        hold?.leave()
+        hold = nil
         transfer.cancel()
     }
 
     func transferFinished(reusable: Bool) { finish(complete: true) }
     func transferAborted() {
+        // A resume that broke before its head is a failed try for its origin's circuit.
+        if resume?.awaitingHead == true, exchange.owner === self {
+            ResponseChain.runEnd(.failed(.resumeBroke(transfer)), exchange, worker)
+        }
         if !scheduleResume() { finish(complete: false) }
     }
     func transferFailed(_ error: ProxyError, kind: TransportErrorKind) {
-        // A resume's own request failed before its head: it may be tried again.
+        // A resume's own request failed before its head: its circuit hears it, and it may be
+        // tried again.
+        if exchange.owner === self { ResponseChain.runEnd(.failed(error), exchange, worker) }
         if resume?.awaitingHead == true, scheduleResume() { return }
         finish(complete: false)
     }
@@ -274,8 +299,13 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
     func tryEnded(timings: TryTimings) {}
     func clientFellBehind(_ transfer: any UpstreamTransfer) -> Bool { true }
 
-    /// A resume's head carries the fill on only as the rest of the same representation.
-    func continuationArrived(_ head: UpstreamResponseHead) -> Bool { resume?.answered(head) ?? false }
+    /// A resume's head carries the fill on only as the rest of the same representation; the
+    /// response stages of a continuation hear it first (its status is its try's outcome).
+    func continuationArrived(_ head: UpstreamResponseHead) -> Bool {
+        var context = ResponseHeadContext(response: head, transfer: transfer, canResendBody: true)
+        if exchange.owner === self { ResponseChain.runContinuation(&context, exchange, worker) }
+        return resume?.answered(head) ?? false
+    }
 
     // A continuing try is a GET: no body.
     func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? { 0 }
@@ -292,33 +322,73 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource {
     private func resumeTimerFired() {
         guard let resume else { return }
         resume.stopTimer()
-        let request = resume.continuingRequest()
+        SluiceMetrics.shared.recordTry(.fillResume)
+        // The producer owns the exchange for its resumes (their waits, their places); its
+        // client's driver, which may still read the fill, performs nothing of theirs.
+        exchange.owner = self
+        startTry(resume.continuingRequest())
+    }
+
+    /// Runs a resume through the try stages (`RequestChain.attempt`) from the one at `index`,
+    /// as the exchange's own tries run (its circuit, its `rate_limit` turn, the adapters of every
+    /// try), then performs their answer.
+    private func startTry(_ request: UpstreamRequest, from index: Int = 0) {
+        var request = request
+        perform(RequestChain.runTry(&request, exchange, worker, from: index), request)
+    }
+
+    private func perform(_ verdict: TryVerdict, _ request: UpstreamRequest) {
+        switch verdict {
+        case .send(let route):
+            send(request, route)
+        case .wait(let wait):
+            let hold = TryHold(wait, request: request, exchange: exchange, holder: self, worker: worker)
+            self.hold = hold
+            hold.start()
+        case .respond(let error), .failTry(let error, _):
+            // The circuit or the rate limit keeps the resume back: the readers end incomplete.
+            resume?.notResumed = error.message
+            finish(complete: false)
+        case .proceed:
+            finish(complete: false)
+        }
+    }
+
+    /// Hands the resume to its transport; it writes into the fill alone.
+    private func send(_ request: UpstreamRequest, _ route: UpstreamRoute) {
+        guard let resume else { return finish(complete: false) }
         let output = scratch ?? evbuffer_new()!
         scratch = output
-        let next: any UpstreamTransfer
-        let perTryTimeout: Int
-        switch resume.route {
-        case .native(let timeout):
-            perTryTimeout = timeout
-            next = NativeUpstreamTransfer(
-                pool: worker.nativePool, resolver: worker.resolver, delegate: self, bodySource: self, output: output,
-                request: request, clientMinorVersion: 1, config: worker.config, viaLine: worker.viaLine)
-        case .curl(let timeout):
-            perTryTimeout = timeout
-            next = CurlUpstreamTransfer(
-                session: worker.session, delegate: self, bodySource: self, output: output, request: request,
-                clientMinorVersion: 1, config: worker.config, viaLine: worker.viaLine)
-        case .upgrade:
-            return finish(complete: false)
-        }
+        guard
+            let (next, perTryTimeout) = TryBuilder(worker: worker).transfer(
+                request, route: route, delegate: self, bodySource: self, output: output, clientMinorVersion: 1)
+        else { return finish(complete: false) }
         next.continuing = resume.framing
-        next.cacheFill = resume.fill
-        resume.fill = nil
+        next.cacheFill = resume.takeFill()
         next.detach(to: self)
         resume.awaitingHead = true
         transfer = next
         next.start(perTryTimeout: perTryTimeout)
     }
+
+    // MARK: `TryHolder` (a resume waiting for its turn)
+
+    func isHolding(_ hold: TryHold) -> Bool { self.hold === hold }
+
+    func holdReleased(_ hold: TryHold, _ request: UpstreamRequest, from index: Int) {
+        self.hold = nil
+        startTry(request, from: index)
+    }
+
+    func holdEnded(_ hold: TryHold, _ verdict: TryVerdict) {
+        self.hold = nil
+        perform(verdict, hold.request)
+    }
+
+    // The producer's tries pass the try stages only: the request stages' waits are not theirs.
+    func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.AdaptedAction?) {}
+    func upstreamSlotGranted(_ ticket: UInt64) -> Bool { false }
+    func upstreamSlotRefused(_ ticket: UInt64, _ error: ProxyError) {}
 }
 
 extension ExchangeDriver {
@@ -332,7 +402,8 @@ extension ExchangeDriver {
         // The download may be resumed by the producer if its origin breaks (a resume that
         // already happened carries its state over).
         let resumable = exchange.flatMap { resumeState(transfer, $0) }
-        let producer = FillProducer(transfer: transfer, cache: cache, worker: worker, resume: resumable)
+        guard let exchange else { return false }
+        let producer = FillProducer(transfer: transfer, exchange: exchange, cache: cache, worker: worker, resume: resumable)
         worker.fillProducers[ObjectIdentifier(producer)] = producer
         transfer.detach(to: producer)
         return true

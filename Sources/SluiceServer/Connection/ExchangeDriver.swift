@@ -5,17 +5,20 @@ import SluiceCore
     import Glibc
 #endif
 
-/// Performs what a client connection's current exchange is told — by its stages
-/// (`RequestChain`) and by its `ExchangeMachine` — and hears what its transports report: the
-/// session core's side of one client connection. It runs the request stages and performs
-/// their answers (an error response, a stored response, a wait, a tunnel), builds each try
-/// and runs it through the try stages to a transport, is that transport's delegate (the
-/// response head's decisions, the cache's storing, the circuit's outcome, how the try ended)
-/// and its request-body source, and keeps the timers and waits the exchange needs. Reading,
-/// writing and the connection's own timers are `ClientConnection`'s.
+/// Carries the verdicts of a client connection's current exchange — of its stages
+/// (`RequestChain`, `ResponseChain`) and of its `ExchangeMachine` — to what performs them, and
+/// hears what its transports report: the session core's side of one client connection. It
+/// names no stage: it runs the chains, performs their answers (an error response, a stored
+/// response, a wait, a tunnel, a try handed to a transport), is each transport's delegate and
+/// request-body source, and keeps the exchange's phase (what it waits for, or which transfer
+/// carries it). Its parts with state or I/O of their own are types beside it: `TryHold` (a
+/// try's rate-limit and trial-lock waits), `TryBuilder` (requests and transfers),
+/// `RequestBodyExchange`, `UpgradeExchange`, `TunnelExchange`, `StoredResponses`,
+/// `ResumeState` and `FillProducer`, `ExchangeAdmin`. Reading, writing and the connection's
+/// own timers are `ClientConnection`'s.
 ///
 /// Threading: one per client connection, owned by it, on the worker's thread.
-final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, ExchangeOwner {
+final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, ExchangeOwner, TryHolder {
     /// Interim responses forwarded to the client for the current exchange.
     private var interimsForwarded = 0
 
@@ -60,9 +63,10 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     // (`cancel`); the worker outlives its connections.
     unowned(unsafe) let connection: ClientConnection
     unowned(unsafe) let worker: Worker
-    /// The current request's exchange, from its admission until it ends.
+    /// The current request's exchange, from its admission until it ends; this driver is its
+    /// owner, unless a shared fill's producer took it over for its resumes (`FillProducer`).
     var exchange: Exchange? {
-        didSet { if oldValue !== exchange { oldValue?.owner = nil } }
+        didSet { if oldValue !== exchange, oldValue?.owner === self { oldValue?.owner = nil } }
     }
     var phase: Phase = .idle
     /// The `max_concurrent` place the current try holds (`QuotaStage`), until the try ends.
@@ -78,6 +82,9 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     var upgrades: UpgradeExchange { UpgradeExchange(driver: self) }
     var tunnels: TunnelExchange { TunnelExchange(driver: self) }
     var stored: StoredResponses { StoredResponses(driver: self) }
+    var bodies: RequestBodyExchange { RequestBodyExchange(driver: self) }
+    var admin: ExchangeAdmin { ExchangeAdmin(driver: self) }
+    var tries: TryBuilder { TryBuilder(worker: worker) }
 
     init(connection: ClientConnection, worker: Worker) {
         self.connection = connection
@@ -99,15 +106,13 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         perform(RequestChain.run(exchange, from: index, worker), exchange)
     }
 
-    /// Performs a stage's answer (`StageVerdict`).
+    /// Performs a request stage's answer (`StageVerdict`).
     func perform(_ verdict: StageVerdict, _ exchange: Exchange) {
         switch verdict {
         case .proceed:
             startFirstTry(exchange)
         case .respond(let error):
             fail(error, exchange)
-        case .failTry(let error, let kind):
-            transferFailed(error, kind: kind)
         case .serveStored(let answer):
             stored.serve(answer, exchange)
         case .wait(.upstreamSlot(let ticket)):
@@ -117,12 +122,10 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         case .wait(.collapsedFetch(let fetch)):
             awaitFetch(fetch)
         case .wait(.requestBody(.start)):
-            startWhenBodyIsValid(exchange)
+            bodies.startWhenValid(exchange)
         case .wait(.requestBody(.whole)):
             connection.sendContinueIfExpected(exchange.head)
-            continueBuffering(exchange)
-        case .wait(.quota), .wait(.fleetTrial):
-            assertionFailure("a try waits for its quota and its trial lock in startTry")
+            bodies.continueBuffering(exchange)
         case .tunnel(let target, intercept: true):
             do {
                 try connection.intercept(target, exchange)
@@ -133,15 +136,13 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             let dialer = TunnelDialer(connection: connection, target: target, parent: exchange.policy.upstreamProxy)
             phase = .dialing(dialer)
             dialer.start()
-        case .send:
-            assertionFailure("a try is sent by startTry")
         }
     }
 
     /// Answers the client with `error`, unless a revalidation's stored response may answer
     /// instead (`stale-if-error`, or the origin's circuit is open).
     func fail(_ error: ProxyError, _ exchange: Exchange) {
-        if exchange.cache?.revalidating != nil, let answer = CacheStage.staleAnswer(on: error, exchange) {
+        if let answer = ResponseChain.storedAnswer(replacing: error, exchange) {
             phase = .idle
             return stored.serve(answer, exchange)
         }
@@ -151,14 +152,20 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// Runs the adapters; the connection holds its input until they answer.
     private func adapt(_ request: ProxyRequest, _ exchange: Exchange) {
         phase = .adapting
-        AdaptersStage.run(request, exchange, worker)
+        RequestChain.adapt(request, exchange, worker)
     }
 
-    /// The adapters answered (`AdaptersStage.run`).
-    func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.Action?) {
+    /// The adapters answered (`RequestChain.adapt`): the first try's request stages go on after
+    /// them, a retry is built, or the client is answered.
+    func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.AdaptedAction?) {
         guard self.exchange === exchange, case .adapting = phase else { return }
         phase = .idle
-        perform(command: command, exchange)
+        switch command {
+        case .forward?: advance(exchange, from: exchange.stage + 1)
+        case .buildRetry?: buildRetry(exchange)
+        case .fail(let error)?: fail(error, exchange)
+        case nil: break
+        }
     }
 
     /// A slot freed for the request waiting with `ticket` (`UpstreamSlotStage`); false when the
@@ -194,63 +201,14 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         lookAgain(exchange)
     }
 
-    // MARK: the request body
-
-    /// Starts forwarding a chunked request once the bytes buffered so far prove its body
-    /// starts validly (a first chunk, or the last chunk); until then it waits, under the
-    /// header timeout. A client that promised `Expect: 100-continue` is told to go on first.
-    func startWhenBodyIsValid(_ exchange: Exchange) {
-        do {
-            if try connection.probeBufferedBody() {
-                phase = .idle
-                advance(exchange, from: exchange.stage + 1)
-                return
-            }
-        } catch {
-            connection.respondError(error)
-            return
-        }
-        if case .awaitingBody = phase { return }
-        phase = .awaitingBody
-        connection.armTimer(.header)
-        connection.sendContinueIfExpected(exchange.head)
-    }
-
-    /// Reads the body into the replay buffer; the request stages go on once it is complete.
-    func continueBuffering(_ exchange: Exchange) {
-        var scratch = [UInt8](repeating: 0, count: 64 * 1024)
-        while true {
-            let n: Int?
-            do {
-                n = try scratch.withUnsafeMutableBytes { raw in
-                    try readRequestBody(into: raw.baseAddress!, capacity: raw.count)
-                }
-            } catch let error as ProxyError {
-                return connection.respondError(error)
-            } catch {
-                return connection.respondError(.malformedRequest("\(error)"))
-            }
-            guard let n else {
-                phase = .bufferingBody
-                return
-            }
-            if n == 0 { break }
-            if let reader = exchange.policy.bodyReader, exchange.body.replay == nil {
-                // Past `max_body`: the adapter that must read the body cannot have it.
-                return connection.respondError(.bodyTooLargeForAdapter(adapter: reader, limit: exchange.policy.maxBody))
-            }
-        }
-        exchange.body.rewindForReplay()
-        phase = .idle
-        advance(exchange, from: exchange.stage + 1)
-    }
+    // MARK: the request body (`RequestBodySource`; its waits are `RequestBodyExchange`'s)
 
     func readRequestBody(into buffer: UnsafeMutableRawPointer, capacity: Int) throws(ProxyError) -> Int? {
         guard let exchange else { return 0 }
         let connection = connection
         return try exchange.body.read(into: buffer, capacity: capacity) { (dest, max) throws(ProxyError) -> Int? in
             let n = try connection.readClientBody(into: dest, capacity: max)
-            if let n { _ = exchange.machine.handle(.requestBodyRead(bytes: n)) }
+            if let n { exchange.machine.requestBodyRead(bytes: n) }
             return n
         }
     }
@@ -267,95 +225,95 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         !exchange.head.hasBody || exchange.body.canReplay(clientBodyDone: connection.requestBodyDone)
     }
 
-    // MARK: tries
+    // MARK: between tries: the machine's answers
 
-    /// Hands `event` to the exchange's machine, then performs its answer: the reports go to
-    /// the monitors, then the command runs. (Commands that answer an event fed elsewhere —
-    /// a try's start, a response head's disposition — are performed where it is fed.)
-    func feed(_ event: ExchangeMachine.Event, _ exchange: Exchange) {
-        let actions = exchange.machine.handle(event)
-        exchange.report(actions)
-        perform(command: actions.command, exchange)
-    }
-
-    /// Performs the machine's command between tries: adapt again, retry now or after a
-    /// backoff, or answer the client.
-    func perform(command: ExchangeMachine.Action?, _ exchange: Exchange) {
-        guard let command else { return }
-        switch command {
-        case .adapt(let request):
-            // A retry adapts the request again (a refreshed token).
-            adapt(request, exchange)
-        case .forward:
-            // The adapters of the first try answered: the request stages go on after them.
-            let verdict = AdaptersStage.verdict(for: command, exchange)
-            if case .proceed = verdict {
-                advance(exchange, from: exchange.stage + 1)
-            } else {
-                perform(verdict, exchange)
-            }
-        case .buildRetry:
-            if exchange.head.hasBody { exchange.body.rewindForReplay() }
-            do {
-                startTry(try upstreamRequest(exchange), exchange)
-            } catch {
-                connection.respondError(error)
-            }
-        case .scheduleRetry(let delay):
-            startRetryTimer(delay)
-        case .fail(let error):
-            fail(error, exchange)
-        case .report, .beginTry, .sendResponse, .discardResponse, .checkRedirect, .followRedirect:
-            assertionFailure("\(command) is performed where its event is fed")
+    /// A try failed before any response byte reached the client: the machine retries it after
+    /// a backoff, or the client is answered.
+    func tryFailed(_ error: ProxyError, kind: TransportErrorKind, canResendBody: Bool, _ exchange: Exchange) {
+        let answer = exchange.machine.tryFailed(error, kind: kind, canResendBody: canResendBody)
+        exchange.report(answer.reports)
+        switch answer.command {
+        case .scheduleRetry(let delay)?: startRetryTimer(delay)
+        case .fail(let error)?: fail(error, exchange)
+        case nil: break
         }
     }
+
+    /// A response the machine retries was drained: the retry waits for its backoff.
+    func discardedDrained(_ exchange: Exchange) {
+        if let retry = exchange.machine.discardedDrained() { startRetryTimer(retry.after) }
+    }
+
+    /// Waits `ms` before the retry the machine scheduled; the connection holds its input meanwhile.
+    private func startRetryTimer(_ ms: Int) {
+        let timer = LoopTimer(on: worker.base) { [unowned(unsafe) self] in self.retryTimerFired() }
+        phase = .waitingToRetry(timer)
+        timer.arm(milliseconds: ms)
+    }
+
+    /// The backoff ended: the request is adapted again (a refreshed token), or the retry built.
+    private func retryTimerFired() {
+        guard case .waitingToRetry = phase, let exchange else { return }
+        phase = .idle
+        switch exchange.machine.retryTimerFired() {
+        case .adapt(let request)?: adapt(request, exchange)
+        case .buildRetry?: buildRetry(exchange)
+        case nil: break
+        }
+    }
+
+    /// Builds a retry of the request (its body from the first byte) and runs it through the
+    /// try stages.
+    private func buildRetry(_ exchange: Exchange) {
+        if exchange.head.hasBody { exchange.body.rewindForReplay() }
+        do {
+            startTry(try tries.request(exchange, canResendBody: canResendBody(exchange)), exchange)
+        } catch {
+            connection.respondError(error)
+        }
+    }
+
+    // MARK: tries
 
     /// The request passed the request stages: its first try is built and runs the try stages.
     func startFirstTry(_ exchange: Exchange) {
         connection.stopTimer()
         connection.sendContinueIfExpected(exchange.head)
         do {
-            startTry(try upstreamRequest(exchange), exchange)
+            startTry(try tries.request(exchange, canResendBody: canResendBody(exchange)), exchange)
         } catch {
             connection.respondError(error)
         }
     }
 
-    /// Runs a try through the try stages (`RequestChain.attempt`) from the one at `index`; the
-    /// last hands it to its transport.
+    /// Runs a try through the try stages (`RequestChain.attempt`) from the one at `index`, then
+    /// performs their answer: the last hands it to its transport.
     func startTry(_ request: UpstreamRequest, _ exchange: Exchange, from index: Int = 0) {
         var request = request
-        let verdict = RequestChain.runTry(&request, exchange, worker, from: index)
+        perform(RequestChain.runTry(&request, exchange, worker, from: index), request, exchange)
+    }
+
+    /// Performs a try stage's answer (`TryVerdict`) for `request`.
+    private func perform(_ verdict: TryVerdict, _ request: UpstreamRequest, _ exchange: Exchange) {
         switch verdict {
-        case .send(let route): send(request, route, exchange)
-        case .wait(.quota(let wait)): hold(.quota(wait), request, exchange)
-        case .wait(.fleetTrial(let origin, let ms)): hold(.trialLock(origin: origin, milliseconds: ms), request, exchange)
-        default: perform(verdict, exchange)
+        case .send(let route):
+            send(request, route, exchange)
+        case .wait(let wait):
+            let hold = TryHold(wait, request: request, exchange: exchange, holder: self, worker: worker)
+            phase = .holding(hold)
+            hold.start()
+        case .respond(let error) where request.resumes != nil, .failTry(let error, _) where request.resumes != nil:
+            // A resume that may not go (its circuit, its rate limit): the response ends
+            // incomplete, as when a resume is refused.
+            resume?.notResumed = error.message
+            endIncomplete(framedByClose: resume?.framing == .close)
+        case .respond(let error):
+            fail(error, exchange)
+        case .failTry(let error, let kind):
+            transferFailed(error, kind: kind)
+        case .proceed:
+            fail(.malformedRequest("no transport took the request"), exchange)
         }
-    }
-
-    /// Holds the try until its wait ends (`TryHold`); the connection holds its input meanwhile.
-    private func hold(_ kind: TryHold.Kind, _ request: UpstreamRequest, _ exchange: Exchange) {
-        let hold = TryHold(kind, request: request, exchange: exchange, driver: self, worker: worker)
-        phase = .holding(hold)
-        hold.start()
-    }
-
-    /// A held try may go: the try stages resume at `index`.
-    func holdReleased(_ hold: TryHold, _ request: UpstreamRequest, from index: Int) {
-        phase = .idle
-        startTry(request, hold.exchange, from: index)
-    }
-
-    /// A held try waits again, for `wait` (its turn moved, or the origin asked for a pause).
-    func holdAgain(_ hold: TryHold, _ wait: QuotaWait) {
-        self.hold(.quota(wait), hold.request, hold.exchange)
-    }
-
-    /// A held try may not go: the stage's answer is performed.
-    func holdEnded(_ hold: TryHold, _ verdict: StageVerdict) {
-        phase = .idle
-        perform(verdict, hold.exchange)
     }
 
     /// The try's `max_concurrent` place goes to the next in line (the try ended).
@@ -365,116 +323,55 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         worker.rateLimits.releaseSlot(policy: slot.policy, key: slot.key, limit: slot.limit)
     }
 
-    /// Hands a try the stages completed to its transport.
-    ///
-    /// `continuing` and `cacheFill`: a resume (`Resume`) carrying on the client's response in
-    /// that framing, and the cache's tee it goes on feeding.
-    func send(
-        _ request: UpstreamRequest, _ route: UpstreamRoute, _ exchange: Exchange,
-        continuing: ResponseEncoder.Framing? = nil, cacheFill: CacheFill? = nil
-    ) {
-        let transfer: any UpstreamTransfer
-        switch route {
-        case .upgrade(let upgrade, let perTryTimeout):
+    /// Hands a try the stages completed to its transport. A resume (`request.resumes`) carries
+    /// on the client's response in its framing, and the cache's tee it goes on feeding.
+    private func send(_ request: UpstreamRequest, _ route: UpstreamRoute, _ exchange: Exchange) {
+        if case .upgrade(let upgrade, let perTryTimeout) = route {
             let transfer = UpgradeTransfer(
                 connection: connection, request: request, upgrade: upgrade,
                 idleTimeout: exchange.policy.upgrades.idleTimeout, config: worker.config)
             phase = .upgrading(transfer)
-            transfer.start(perTryTimeout: perTryTimeout)
-            return
-        case .native(let perTryTimeout):
-            transfer = NativeUpstreamTransfer(
-                pool: worker.nativePool, resolver: worker.resolver, delegate: self,
-                bodySource: self, output: connection.clientOutput, request: request,
-                clientMinorVersion: exchange.head.minorVersion,
-                config: worker.config, viaLine: worker.viaLine)
-            transfer.continuing = continuing
-            transfer.cacheFill = cacheFill
-            phase = .forwarding(transfer)
-            transfer.start(perTryTimeout: perTryTimeout)
-        case .curl(let perTryTimeout):
-            transfer = CurlUpstreamTransfer(
-                session: worker.session, delegate: self, bodySource: self,
-                output: connection.clientOutput, request: request,
-                clientMinorVersion: exchange.head.minorVersion,
-                config: worker.config, viaLine: worker.viaLine)
-            transfer.continuing = continuing
-            transfer.cacheFill = cacheFill
-            phase = .forwarding(transfer)
-            transfer.start(perTryTimeout: perTryTimeout)
+            return transfer.start(perTryTimeout: perTryTimeout)
         }
-    }
-
-    /// The request for the session core: from the adapted model when there is one, else
-    /// straight from the head's bytes (the fast path: no per-field strings).
-    func upstreamRequest(_ exchange: Exchange) throws(ProxyError) -> UpstreamRequest {
-        let head = exchange.head
-        guard let model = exchange.model else {
-            let body: UpstreamRequest.Body
-            switch head.framing {
-            case .none: body = .none
-            case .length(let n): body = .length(n)
-            case .chunked: body = .streamed
-            }
-            return UpstreamRequest(
-                method: head.method, target: exchange.target,
-                headers: ForwardedHeaders.requestList(
-                    for: head, viaLine: worker.viaRequestLine,
-                    edits: exchange.headerEdits,
-                    requestId: exchange.generatedRequestId,
-                    forwarding: exchange.client.forwarding,
-                    builder: &worker.headerBuilder),
-                body: body, model: nil,
-                credentials: challengeCredentials(exchange))
+        guard
+            let (transfer, perTryTimeout) = tries.transfer(
+                request, route: route, delegate: self, bodySource: self, output: connection.clientOutput,
+                clientMinorVersion: exchange.head.minorVersion)
+        else { return }
+        if request.resumes != nil, let resume {
+            transfer.continuing = resume.framing
+            transfer.cacheFill = resume.takeFill()
+            resume.awaitingHead = true
         }
-        // Adapters rarely change the URL: the target parsed from the head is reused then.
-        var request = try upstreamRequest(for: model, target: model.url == exchange.target.url ? exchange.target : nil)
-        request.credentials = challengeCredentials(exchange)
-        return request
+        phase = .forwarding(transfer)
+        transfer.start(perTryTimeout: perTryTimeout)
     }
 
-    /// The policy's credentials, when a challenge could be answered: answering means sending
-    /// the body again, so a body must have been read whole first (within the replay limit).
-    /// Otherwise the 401 goes to the client unchanged.
-    func challengeCredentials(_ exchange: Exchange) -> Credentials? {
-        guard let credentials = exchange.policy.credentials, canResendBody(exchange) else { return nil }
-        return credentials
+    /// The current try ended outside a transfer's own report (an upgrade's answer or failure,
+    /// a hold or an exchange left behind): the response stages' `end` hear how.
+    func endTry(_ ending: TryEnding) {
+        guard let exchange else { return }
+        ResponseChain.runEnd(ending, exchange, worker)
     }
 
-    func upstreamRequest(for model: ProxyRequest, target parsed: RequestTarget? = nil) throws(ProxyError) -> UpstreamRequest {
-        let target: RequestTarget
-        if let parsed { target = parsed } else { target = try RequestTarget.absolute(model.url) }
-        let body: UpstreamRequest.Body
-        switch model.body {
-        case .none: body = .none
-        case .length(let n): body = model.bodyEncoders.isEmpty ? .length(n) : .streamed
-        case .streamed: body = .streamed
-        }
-        return UpstreamRequest(
-            method: model.method, target: target,
-            headers: ForwardedHeaders.requestList(
-                for: model.headerFields, viaLine: worker.viaRequestLine,
-                builder: &worker.headerBuilder),
-            body: body, model: model)
+    // MARK: held tries (`TryHolder`)
+
+    /// Whether `hold` is this driver's wait for its current exchange.
+    func isHolding(_ hold: TryHold) -> Bool {
+        guard exchange === hold.exchange, !hold.exchange.ended, case .holding(let current) = phase else { return false }
+        return current === hold
     }
 
-    /// Waits `ms` before the retry the machine scheduled; the connection holds its input meanwhile.
-    func startRetryTimer(_ ms: Int) {
-        let timer = LoopTimer(on: worker.base) { [unowned(unsafe) self] in self.retryTimerFired() }
-        phase = .waitingToRetry(timer)
-        timer.arm(milliseconds: ms)
-    }
-
-    private func retryTimerFired() {
-        guard case .waitingToRetry = phase, let exchange else { return }
+    /// A held try may go: the try stages resume at `index`.
+    func holdReleased(_ hold: TryHold, _ request: UpstreamRequest, from index: Int) {
         phase = .idle
-        feed(.retryTimerFired, exchange)
+        startTry(request, hold.exchange, from: index)
     }
 
-    /// Reports how the current try ended to its origin's breaker (`CircuitStage`).
-    func reportTryOutcome(_ outcome: @autoclosure () -> HealthOutcome) {
-        guard let exchange, exchange.circuitTry != nil else { return }
-        CircuitStage.reportOutcome(outcome(), exchange, worker.health, fleet: worker.fleet)
+    /// A held try may not go (or waits again): the stage's answer is performed.
+    func holdEnded(_ hold: TryHold, _ verdict: TryVerdict) {
+        phase = .idle
+        perform(verdict, hold.request, hold.exchange)
     }
 
     // MARK: UpstreamTransferDelegate
@@ -496,31 +393,22 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     func responseStarted(status: Int) {
         connection.scheduleFlush()
         guard let exchange else { return }
-        exchange.report(exchange.machine.handle(.responseHeadSent(status: status)))
+        exchange.report(exchange.machine.responseHeadSent(status: status))
     }
 
     func responseBodySent(bytes: Int) {
         connection.scheduleFlush()
-        _ = exchange?.machine.handle(.responseBodySent(bytes: bytes))
+        exchange?.machine.responseBodySent(bytes: bytes)
     }
 
     func tryEnded(timings: TryTimings) {
         releaseQuotaSlot()
-        if timings.engine == .curl, let version = timings.httpVersion, case .forwarding(let transfer) = phase,
-            transfer.target.scheme == .https, let exchange, (exchange.tryPolicy ?? exchange.policy).http2 != .off
-        {
-            // What the origin chose when libcurl offered it h2 and http/1.1 by ALPN: the next
-            // tries to it go native while it speaks HTTP/1.1 (`UpstreamEngine.choose`).
-            worker.tlsProtocols.learn(
-                host: transfer.target.host, port: transfer.target.port, spokeHTTP2: version == .http2,
-                now: MonotonicClock.milliseconds())
-        } else if timings.engine == .native, timings.httpVersion == nil, case .forwarding(let transfer) = phase,
-            transfer.target.scheme == .https
-        {
-            worker.tlsProtocols.forget(host: transfer.target.host, port: transfer.target.port)
-        }
         guard let exchange else { return }
-        exchange.report(exchange.machine.handle(.tryEnded(timings)))
+        if case .forwarding(let transfer) = phase, transfer.target.scheme == .https {
+            worker.tlsProtocols.learn(
+                from: timings, target: transfer.target, http2: (exchange.tryPolicy ?? exchange.policy).http2)
+        }
+        exchange.report(exchange.machine.tryEnded(timings))
     }
 
     /// Runs the response stages on the head (`ResponseChain`), then performs their verdict:
@@ -539,15 +427,20 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// Follows a redirect the machine accepts, or forwards the 3xx to the client when its
     /// target cannot be requested.
     private func follow(_ next: ProxyRequest, _ exchange: Exchange, _ transfer: any UpstreamTransfer) {
-        guard var request = try? upstreamRequest(for: next) else {
-            exchange.report(exchange.machine.handle(.redirectTarget(usable: false)))
+        guard var request = try? tries.request(for: next) else {
+            exchange.report(exchange.machine.redirectTarget(usable: false).reports)
             return transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
         }
-        let actions = exchange.machine.handle(.redirectTarget(usable: true))
-        exchange.report(actions)
-        if case .followRedirect(keepCredentials: true)? = actions.command { request.credentials = exchange.policy.credentials }
-        exchange.cache?.redirected = true
-        transfer.follow(request)
+        let answer = exchange.machine.redirectTarget(usable: true)
+        exchange.report(answer.reports)
+        switch answer.command {
+        case .followRedirect(let keepCredentials)?:
+            if keepCredentials { request.credentials = exchange.policy.credentials }
+            exchange.cache?.redirected = true
+            transfer.follow(request)
+        case .sendResponse?, nil:
+            transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
+        }
     }
 
     func transferRedirected(to next: UpstreamRequest) {
@@ -559,13 +452,13 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     func transferDiscarded() {
         guard let exchange else { return }
         phase = .idle
-        feed(.discardedDrained, exchange)
+        discardedDrained(exchange)
     }
 
     /// A `304` validated the stored response: the client is answered from its update.
     func transferAbsorbed() {
         phase = .idle
-        guard let exchange, let answer = CacheStage.validatedAnswer(exchange) else {
+        guard let exchange, let answer = ResponseChain.storedAnswer(replacing: nil, exchange) else {
             return connection.respondError(
                 .upstreamProtocol(host: exchange?.target.authority ?? "", reason: "unexpected 304"))
         }
@@ -584,10 +477,14 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         releaseQuotaSlot()
         guard let exchange else { return connection.respondError(error) }
         ResponseChain.runEnd(.failed(error), exchange, worker)
-        feed(.tryFailed(error, kind: kind, canResendBody: canResendBody(exchange)), exchange)
+        tryFailed(error, kind: kind, canResendBody: canResendBody(exchange), exchange)
     }
 
     func transferAborted() {
+        if case .forwarding(let transfer) = phase, let exchange, resume?.awaitingHead == true {
+            // A resume broke before its head: a failed try for its origin's circuit.
+            ResponseChain.runEnd(.failed(.resumeBroke(transfer)), exchange, worker)
+        }
         if case .forwarding(let transfer) = phase, let exchange, scheduleResume(transfer, exchange) {
             connection.scheduleFlush()  // what arrived before the break goes on to the client
             return
@@ -621,8 +518,8 @@ extension ExchangeDriver {
     func clientReadable() {
         switch phase {
         case .forwarding(let transfer): transfer.resumeUpload()
-        case .awaitingBody: if let exchange { startWhenBodyIsValid(exchange) }
-        case .bufferingBody: if let exchange { continueBuffering(exchange) }
+        case .awaitingBody: if let exchange { bodies.startWhenValid(exchange) }
+        case .bufferingBody: if let exchange { bodies.continueBuffering(exchange) }
         case .tunnel(let tunnel): tunnel.clientReadable()
         case .upgrading(let transfer): transfer.clientReadable()
         case .idle, .adapting, .queued, .waitingToRetry, .dialing, .awaitingCollapsed, .servingDisk, .holding,
@@ -691,70 +588,11 @@ extension ExchangeDriver {
         awaited?.cancel()
         awaited = nil
         releaseUpstreamSlot()
-        reportTryOutcome(.abandoned)
+        endTry(.abandoned)
         if let exchange, !exchange.ended {
             let tunnelled = exchange.summary.method == "CONNECT" ? exchange.summary.status == 200 : exchange.summary.status == 101
             exchange.end(tunnelled ? .tunnel : .clientAborted)
         }
         exchange = nil
-    }
-
-    /// The exchange in flight, as `GET /requests` lists it; nil when there is none.
-    func adminSnapshot(worker index: Int) -> AdminExchange? {
-        guard let exchange, !exchange.ended else { return nil }
-        let state: String
-        switch phase {
-        case .dialing: state = "connecting"
-        case .tunnel: state = "tunnel"
-        case .awaitingBody, .bufferingBody: state = "reading_body"
-        case .holding(let hold) where hold.quotaWait != nil: state = "rate_limited"
-        case .resuming: state = "resuming"
-        default: state = exchange.inspect { $0.state.name }
-        }
-        return AdminExchange(exchange, state: state, worker: index)
-    }
-
-    /// `POST /requests/cancel`: the client is told (503 `request cancelled by the proxy's
-    /// operator`, then the connection closes) and the upstream transfer stops. A response
-    /// that already started is cut off by closing the connection (the client sees a
-    /// truncated message); a tunnel is closed.
-    func cancelByOperator() {
-        guard let exchange, !exchange.ended else { return }
-        switch phase {
-        case .forwarding(let transfer):
-            if transfer.responseStarted {
-                exchange.end(.error, error: "cancelled by the proxy's operator after the response started")
-                return connection.close()
-            }
-            transfer.cancel()
-        case .dialing(let dialer):
-            dialer.cancel()
-        case .waitingToRetry(let timer):
-            timer.stop()
-        case .queued(let ticket):
-            worker.upstreamGate.leave(ticket)
-        case .holding(let hold):
-            hold.leave()
-            reportTryOutcome(.abandoned)
-        case .tunnel:
-            exchange.end(.tunnel, error: "cancelled by the proxy's operator")
-            return connection.close()
-        case .upgrading(let transfer):
-            if transfer.phase != .awaitingAnswer && transfer.phase != .connecting {
-                exchange.end(exchange.summary.status == 101 ? .tunnel : .error, error: "cancelled by the proxy's operator")
-                return connection.close()
-            }
-            transfer.cancel()
-        case .servingDisk, .resuming, .readingFill:
-            if case .resuming(let resume) = phase, resume.framing == .close { connection.abortiveClose = true }
-            exchange.end(.error, error: "cancelled by the proxy's operator after the response started")
-            return connection.close()
-        case .idle:
-            return
-        case .adapting, .awaitingBody, .bufferingBody, .awaitingCollapsed:
-            break
-        }
-        phase = .idle
-        connection.respondError(.cancelledByOperator)
     }
 }

@@ -26,7 +26,7 @@ struct StoredResponses {
                 exchange.cache?.diskReader
                 ?? driver.worker.diskTier?.open(key: exchange.target.url, variant: answer.object.response.varyKey)
             exchange.cache?.diskReader = nil
-            exchange.report(exchange.machine.handle(.responseHeadSent(status: response.status)))
+            exchange.report(exchange.machine.responseHeadSent(status: response.status))
             guard let reader, UInt64(answer.object.bodyLength) == reader.bodyLength else {
                 return abort(exchange, reason: "disk cache entry vanished")
             }
@@ -42,8 +42,8 @@ struct StoredResponses {
         }
         let sent = StoredResponseWriter.writeBody(answer.object, response.body, into: output)
         driver.connection.scheduleFlush()
-        exchange.report(exchange.machine.handle(.responseHeadSent(status: response.status)))
-        _ = exchange.machine.handle(.responseBodySent(bytes: sent))
+        exchange.report(exchange.machine.responseHeadSent(status: response.status))
+        exchange.machine.responseBodySent(bytes: sent)
         exchange.end(.ok)
         driver.connection.exchangeFinished(keepAlive: keepAlive)
     }
@@ -56,7 +56,7 @@ struct StoredResponses {
         if let failure { return abort(hit.exchange, reason: failure) }
         guard hit.offset >= hit.range.upperBound else { return }
         let exchange = hit.exchange
-        _ = exchange.machine.handle(.responseBodySent(bytes: hit.sent))
+        exchange.machine.responseBodySent(bytes: hit.sent)
         exchange.end(.ok)
         driver.phase = .idle
         driver.connection.exchangeFinished(keepAlive: hit.keepAlive)

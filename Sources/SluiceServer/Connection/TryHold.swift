@@ -9,36 +9,28 @@ import SluiceCore
 /// its turn under its policy's `rate_limit` — on the worker's timer, in the `max_concurrent`
 /// line, or while the fleet's Redis decides (`QuotaStage`) — or for the fleet's trial lock of
 /// a half-open circuit (`CircuitStage`). It keeps the try, the timer and the ticket, asks the
-/// stage again when the wait ends, and hands the try back to its driver when it may go (the
+/// stage again when the wait ends, and hands the try back to its holder when it may go (the
 /// try stages resume after the one that held it), or the stage's answer when it may not.
 ///
-/// Threading: the worker's thread. Held by its driver's phase (`.holding`), and by the
-/// worker's tables (`quotaWaiters`, `fleetWaiters`) while a ticket is out; `leave` takes it
-/// out of both.
+/// Threading: the worker's thread. Held by its holder (a driver's phase `.holding`, a shared
+/// fill's producer), and by the worker's tables (`quotaWaiters`, `fleetWaiters`) while a
+/// ticket is out; `leave` takes it out of both.
 final class TryHold {
-    enum Kind {
-        /// A rate limit's turn.
-        case quota(QuotaWait)
-        /// A half-open circuit's trial, waiting for the fleet's lock on `origin` (held for
-        /// `milliseconds`).
-        case trialLock(origin: String, milliseconds: Int)
-    }
-
-    // The driver owns its phase, which owns this hold; the worker outlives both.
-    unowned(unsafe) let driver: ExchangeDriver
+    // The holder owns this hold; the worker outlives both.
+    unowned(unsafe) let holder: any TryHolder
     unowned(unsafe) let worker: Worker
     let exchange: Exchange
     let request: UpstreamRequest
-    let kind: Kind
+    let kind: TryWait
     private var timer: LoopTimer?
     /// The ticket of the fleet's answer this hold waits for (0: none).
     private var fleetTicket: UInt64 = 0
 
-    init(_ kind: Kind, request: UpstreamRequest, exchange: Exchange, driver: ExchangeDriver, worker: Worker) {
+    init(_ kind: TryWait, request: UpstreamRequest, exchange: Exchange, holder: any TryHolder, worker: Worker) {
         self.kind = kind
         self.request = request
         self.exchange = exchange
-        self.driver = driver
+        self.holder = holder
         self.worker = worker
     }
 
@@ -47,17 +39,17 @@ final class TryHold {
         return nil
     }
 
-    /// Starts the wait. The driver has made this hold its phase.
+    /// Starts the wait. The holder holds this hold already.
     func start() {
         switch kind {
-        case .trialLock(let origin, let milliseconds): startTrialLock(origin, milliseconds: milliseconds)
+        case .fleetTrial(let origin, let milliseconds): startTrialLock(origin, milliseconds: milliseconds)
         case .quota(let wait): startQuota(wait)
         }
     }
 
     /// A half-open circuit's trial asks the fleet for its trial lock (at most `fleet.timeout`).
     private func startTrialLock(_ origin: String, milliseconds: Int) {
-        guard let fleet = worker.fleet else { return driver.holdReleased(self, request, from: RequestChain.afterCircuit) }
+        guard let fleet = worker.fleet else { return holder.holdReleased(self, request, from: RequestChain.afterCircuit) }
         let ticket = takeFleetTicket()
         let worker = worker
         fleet.lockTrial(origin, milliseconds: milliseconds) { [unowned(unsafe) worker] acquired in
@@ -81,19 +73,16 @@ final class TryHold {
         fleetTicket = 0
         guard isCurrent else { return }
         if acquired == false {
-            driver.reportTryOutcome(.abandoned)
+            ResponseChain.runEnd(.abandoned, exchange, worker)
             SluiceMetrics.shared.recordCircuitFailedFast(origin: request.target.authority)
-            return driver.holdEnded(
+            return holder.holdEnded(
                 self, .failTry(.upstreamCircuitOpen(host: request.target.authority, retryAfter: 1), kind: .other))
         }
-        driver.holdReleased(self, request, from: RequestChain.afterCircuit)
+        holder.holdReleased(self, request, from: RequestChain.afterCircuit)
     }
 
-    /// Whether this hold is still its driver's wait for its exchange.
-    private var isCurrent: Bool {
-        guard driver.exchange === exchange, !exchange.ended, case .holding(let hold) = driver.phase else { return false }
-        return hold === self
-    }
+    /// Whether this hold is still its holder's wait.
+    private var isCurrent: Bool { holder.isHolding(self) }
 
     // MARK: rate limits
 
@@ -106,7 +95,7 @@ final class TryHold {
             worker.quotaWaiters[ticket] = self
             ms = Int(max(0, wait.deadline - MonotonicClock.microseconds()) / 1000)
         case .fleet:
-            guard let fleet = worker.fleet else { return driver.holdReleased(self, request, from: RequestChain.afterQuota) }
+            guard let fleet = worker.fleet else { return holder.holdReleased(self, request, from: RequestChain.afterQuota) }
             let maxWait = max(0, wait.deadline - MonotonicClock.microseconds())
             let ticket = takeFleetTicket()
             let worker = worker
@@ -146,15 +135,15 @@ final class TryHold {
                     let seconds = max(1, Int((held + 999_999) / 1_000_000))
                     let error = ProxyError.originRateLimited(
                         policy: wait.policy, host: exchange.target.authority, retryAfter: seconds)
-                    return driver.holdEnded(self, QuotaStage.refuse(error, reason, exchange, worker))
+                    return holder.holdEnded(self, QuotaStage.refuse(error, reason, exchange, worker))
                 }
                 let again = QuotaWait(
                     .timer(milliseconds: Int((held + 999) / 1000), reservation: nil), wait.limiting, key: wait.key,
                     limit: reason, since: wait.since, deadline: wait.deadline)
-                return driver.holdAgain(self, again)
+                return holder.holdEnded(self, .wait(.quota(again)))
             }
             QuotaStage.waited(wait, now: now, exchange, worker)
-            guard wait.scheduleAfter else { return driver.holdReleased(self, request, from: RequestChain.afterQuota) }
+            guard wait.scheduleAfter else { return holder.holdReleased(self, request, from: RequestChain.afterQuota) }
             goOn(QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker))
         case .slot(let ticket):
             if worker.rateLimits.leaveSlot(policy: wait.policy, key: wait.key, ticket: ticket) {
@@ -162,7 +151,7 @@ final class TryHold {
                 stopTimer()
                 worker.rateLimits.noteWaiting(policy: wait.policy, -1)
                 let limit = wait.settings.maxConcurrent ?? 0
-                driver.holdEnded(
+                holder.holdEnded(
                     self, QuotaStage.refuse(.concurrencyLimited(policy: wait.policy, limit: limit), wait.limit, exchange, worker))
             } else {
                 // A place was given to it meanwhile: it holds it now (the wake is ignored).
@@ -177,7 +166,7 @@ final class TryHold {
         worker.quotaWaiters[ticket] = nil
         guard let wait = quotaWait, case .slot(ticket) = wait.kind, isCurrent else { return }
         stopTimer()
-        driver.quotaSlot = QuotaSlot(policy: wait.policy, key: wait.key, limit: wait.settings.maxConcurrent ?? 1)
+        holder.quotaSlot = QuotaSlot(policy: wait.policy, key: wait.key, limit: wait.settings.maxConcurrent ?? 1)
         let now = MonotonicClock.microseconds()
         QuotaStage.waited(wait, now: now, exchange, worker)
         goOn(QuotaStage.schedule(wait.limiting, key: wait.key, now: now, deadline: wait.deadline, exchange, worker))
@@ -194,16 +183,18 @@ final class TryHold {
         case .go(let delay, _) where delay < 1000:
             table.count(policy: wait.policy, .allowed)
             if !exchange.summary.hasRateLimitRecord { exchange.summary.rateLimit = .allowed }
-            driver.holdReleased(self, request, from: RequestChain.afterQuota)
+            holder.holdReleased(self, request, from: RequestChain.afterQuota)
         case .go(let delay, _):
             table.noteWaiting(policy: wait.policy, 1)
             let limit = wait.settings.limits.map(\.description).joined(separator: " and ") + " (fleet)"
-            driver.holdAgain(
+            holder.holdEnded(
                 self,
-                QuotaWait(
-                    .timer(milliseconds: Int((delay + 999) / 1000), reservation: nil), wait.limiting, key: wait.key,
-                    limit: table.holdReason(policy: wait.policy, key: wait.key) ?? limit, since: now,
-                    deadline: wait.deadline))
+                .wait(
+                    .quota(
+                        QuotaWait(
+                            .timer(milliseconds: Int((delay + 999) / 1000), reservation: nil), wait.limiting, key: wait.key,
+                            limit: table.holdReason(policy: wait.policy, key: wait.key) ?? limit, since: now,
+                            deadline: wait.deadline))))
         case .refuse(let retryAfter, let limit):
             // Later tries of the key are refused here until they could go.
             let maxWait = wait.deadline - wait.since
@@ -211,7 +202,7 @@ final class TryHold {
                 table.rememberFleetDenial(
                     policy: wait.policy, key: wait.key, until: now + retryAfter - maxWait, limit: limit, now: now)
             }
-            driver.holdEnded(
+            holder.holdEnded(
                 self, QuotaStage.refused(wait.limiting, key: wait.key, retryAfter: retryAfter, limit: limit, exchange, worker))
         case .unavailable:
             guard let fleet = worker.fleet else { return }
@@ -220,11 +211,10 @@ final class TryHold {
     }
 
     /// Performs the schedule's answer for a try that had waited.
-    private func goOn(_ verdict: StageVerdict) {
+    private func goOn(_ verdict: TryVerdict) {
         switch verdict {
-        case .proceed: driver.holdReleased(self, request, from: RequestChain.afterQuota)
-        case .wait(.quota(let wait)): driver.holdAgain(self, wait)
-        default: driver.holdEnded(self, verdict)
+        case .proceed: holder.holdReleased(self, request, from: RequestChain.afterQuota)
+        default: holder.holdEnded(self, verdict)
         }
     }
 
@@ -255,4 +245,17 @@ final class TryHold {
         table.noteWaiting(policy: wait.policy, -1)
         table.count(policy: wait.policy, .left)
     }
+}
+
+/// What holds a try while it waits (`TryHold`) and takes it back: the exchange's driver, or a
+/// shared fill's producer (`FillProducer`) for the resumes it sends.
+///
+/// Threading: the worker's thread.
+protocol TryHolder: ExchangeOwner {
+    /// Whether `hold` is still this holder's wait (a hold that was left is not told).
+    func isHolding(_ hold: TryHold) -> Bool
+    /// The held try may go: the try stages resume at `index`.
+    func holdReleased(_ hold: TryHold, _ request: UpstreamRequest, from index: Int)
+    /// The held try may not go, or waits again: `verdict` is the stage's answer.
+    func holdEnded(_ hold: TryHold, _ verdict: TryVerdict)
 }

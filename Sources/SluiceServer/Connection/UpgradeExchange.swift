@@ -15,23 +15,23 @@ struct UpgradeExchange {
     /// The machine's view of an upgrade's answer: false when it asks for a retry (the transfer
     /// is then cancelled and the exchange goes on), else true: relay it.
     private func decide(_ head: ResponseHeadCollector, _ transfer: UpgradeTransfer, _ exchange: Exchange) -> Bool {
-        driver.reportTryOutcome(HealthOutcome(status: head.status))
-        let actions = exchange.machine.handle(
-            .responseHead(ResponseDecisionStage.machineHead(head, exchange), canResendBody: true))
-        exchange.report(actions)
-        switch actions.command {
+        driver.endTry(.answered(status: head.status))
+        let answer = exchange.machine.responseHead(
+            ResponseDecisionStage.machineHead(head, exchange), canResendBody: true)
+        exchange.report(answer.reports)
+        switch answer.command {
         case .discardResponse?:
             let timings = transfer.timings()
             transfer.cancel()
-            exchange.report(exchange.machine.handle(.tryEnded(timings)))
+            exchange.report(exchange.machine.tryEnded(timings))
             driver.phase = .idle
-            driver.feed(.discardedDrained, exchange)
+            driver.discardedDrained(exchange)
             return false
         case .checkRedirect?:
             // An upgrade's redirect is the client's to follow.
-            exchange.report(exchange.machine.handle(.redirectTarget(usable: false)))
+            exchange.report(exchange.machine.redirectTarget(usable: false).reports)
             return true
-        default:
+        case .sendResponse?, nil:
             return true
         }
     }
@@ -48,8 +48,8 @@ struct UpgradeExchange {
                 kind: .other, timings: transfer.timings(), cancelling: transfer)
             return false
         }
-        exchange.report(exchange.machine.handle(.tryEnded(transfer.timings())))
-        exchange.report(exchange.machine.handle(.responseHeadSent(status: 101)))
+        exchange.report(exchange.machine.tryEnded(transfer.timings()))
+        exchange.report(exchange.machine.responseHeadSent(status: 101))
         exchange.monitor?.handle(
             .tunnelOpened(id: exchange.id, client: driver.connection.peer, authority: transfer.target.authority))
         driver.connection.wantsKeepAlive = false
@@ -77,8 +77,8 @@ struct UpgradeExchange {
                 kind: .other, timings: transfer.timings(), cancelling: transfer)
             return nil
         }
-        exchange.report(exchange.machine.handle(.tryEnded(transfer.timings())))
-        exchange.report(exchange.machine.handle(.responseHeadSent(status: head.status)))
+        exchange.report(exchange.machine.tryEnded(transfer.timings()))
+        exchange.report(exchange.machine.responseHeadSent(status: head.status))
         driver.connection.wantsKeepAlive = false
         driver.connection.scheduleFlush()
         return framing
@@ -111,9 +111,9 @@ struct UpgradeExchange {
         transfer?.cancel()
         driver.phase = .idle
         guard let exchange = driver.exchange else { return driver.connection.respondError(error) }
-        driver.reportTryOutcome(HealthOutcome(error: error))
-        exchange.report(exchange.machine.handle(.tryEnded(timings)))
-        driver.feed(.tryFailed(error, kind: kind, canResendBody: true), exchange)
+        driver.endTry(.failed(error))
+        exchange.report(exchange.machine.tryEnded(timings))
+        driver.tryFailed(error, kind: kind, canResendBody: true, exchange)
     }
 }
 

@@ -345,14 +345,14 @@ final class Worker {
         for task in tasks {
             switch task {
             case .list(let gather):
-                gather.deliver(connections.values.compactMap { $0.driver.adminSnapshot(worker: index) })
+                gather.deliver(connections.values.compactMap { $0.driver.admin.snapshot(worker: index) })
             case .cancel(let filter, let gather):
                 var count = 0
                 for connection in Array(connections.values) {
-                    guard let exchange = connection.driver.adminSnapshot(worker: index), filter.matches(exchange) else {
+                    guard let exchange = connection.driver.admin.snapshot(worker: index), filter.matches(exchange) else {
                         continue
                     }
-                    connection.driver.cancelByOperator()
+                    connection.driver.admin.cancel()
                     count += 1
                 }
                 gather.deliver(count)
@@ -702,11 +702,11 @@ extension Worker: StageServices {
 
     func revalidateInBackground(
         _ object: CacheObject, _ cache: CacheExchange, token: UInt64, validators: [CacheLookup.Validator],
-        hostHeader: String?
+        hostHeader: String?, as admitted: BackgroundTry
     ) {
         CacheRevalidation.start(
             object, url: cache.url, token: token, validators: validators,
             requestFields: cache.requestFields, hostHeader: hostHeader,
-            modification: cache.modification, store: cache.store, worker: self)
+            modification: cache.modification, store: cache.store, worker: self, as: admitted)
     }
 }

@@ -19,22 +19,17 @@ enum AdaptersStage: RequestStage {
                 id: exchange.id, method: head.method, url: exchange.target.url,
                 headerFields: fields, body: Self.bodyMode(head))
         }
-        let actions = exchange.machine.handle(.prepare(model: model))
-        exchange.report(actions)
-        if case .adapt(let request)? = actions.command { return .wait(.adaptation(request)) }
-        return verdict(for: actions.command, exchange)
-    }
-
-    /// What the machine's answer to the adapters means for the chain.
-    static func verdict(for command: ExchangeMachine.Action?, _ exchange: Exchange) -> StageVerdict {
-        switch command {
+        let answer = exchange.machine.prepare(model: model)
+        exchange.report(answer.reports)
+        switch answer.command {
+        case .adapt(let request)?:
+            return .wait(.adaptation(request))
         case .forward(let edits)?:
             if let edits { exchange.headerEdits = edits }
             return .proceed
-        case .fail(let error)?:
-            return .respond(error)
-        default:
-            return .respond(.malformedRequest("the request's adaptation ended without an answer"))
+        case nil:
+            // The pipeline runs once per exchange: a second run is a bug, never a request.
+            return .respond(.malformedRequest("the request's pipeline ran twice"))
         }
     }
 
@@ -44,12 +39,12 @@ enum AdaptersStage: RequestStage {
     /// (which the machine is told).
     static func run(_ request: ProxyRequest, _ exchange: Exchange, _ services: any StageServices) {
         exchange.policy.interceptor.adapt(request, for: services.adapterSession) { result in
-            let actions = exchange.machine.handle(.adapted(result))
-            exchange.report(actions)
-            exchange.owner?.adaptationAnswered(exchange, actions.command)
+            let answer = exchange.machine.adapted(result)
+            exchange.report(answer.reports)
+            exchange.owner?.adaptationAnswered(exchange, answer.command)
         }
         if case .adapting = exchange.inspect({ $0.state }) {
-            exchange.report(exchange.machine.handle(.adaptationSuspended))
+            exchange.machine.adaptationSuspended()
         }
     }
 

@@ -87,7 +87,7 @@ enum Admission {
             target: target, body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
         exchange.hostHeader = hostHeader
         exchange.generatedRequestId = generatedRequestId
-        exchange.report(exchange.machine.handle(.received))
+        exchange.report(exchange.machine.received())
         return exchange
     }
 }

@@ -81,9 +81,14 @@ enum CacheStage: RequestStage, ResponseStage {
         case .serveStale(let hit, let validators):
             // stale-while-revalidate: answered now; one background revalidation per URL.
             let object = candidates[hit.variant]
-            if circuitAllowsBackgroundFetch(exchange, services), let token = store.beginFetch(cache.url) {
-                services.revalidateInBackground(
-                    object, cache, token: token, validators: validators, hostHeader: exchange.hostHeader?.value)
+            if let token = store.beginFetch(cache.url) {
+                if let admitted = BackgroundTry.admit(exchange, services) {
+                    services.revalidateInBackground(
+                        object, cache, token: token, validators: validators, hostHeader: exchange.hostHeader?.value,
+                        as: admitted)
+                } else {
+                    store.endFetch(cache.url, token: token)
+                }
             }
             exchange.reportCache(.hit(age: hit.age, notModified: hit.notModified))
             return .serveStored(
@@ -166,16 +171,6 @@ enum CacheStage: RequestStage, ResponseStage {
         return (objects, readers)
     }
 
-    /// A background revalidation is not sent to an origin whose circuit (`health`) is not
-    /// closed: it would neither be admitted as a trial nor tell the breaker anything.
-    static func circuitAllowsBackgroundFetch(_ exchange: Exchange, _ services: any StageServices) -> Bool {
-        guard exchange.policy.health != nil else { return true }
-        let target = exchange.target
-        let origin = UpstreamHealth.Origin(
-            scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
-        return (services.health.state(of: origin) ?? .closed) == .closed
-    }
-
     /// A revalidation's try sends the stored response's validators instead of the client's.
     static func applyValidators(_ request: inout UpstreamRequest, _ exchange: Exchange) {
         guard let cache = exchange.cache, cache.revalidating != nil, request.target.url == cache.url else { return }
@@ -197,6 +192,14 @@ enum CacheStage: RequestStage, ResponseStage {
 
     static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {
         if case .complete = ending { responseFinished(exchange) }
+    }
+
+    /// After a `304` this stage absorbed (`error` nil): the stored response's update. Instead
+    /// of Sluice's `error` while a stored response was being revalidated: that response, when
+    /// `stale-if-error` (or an open circuit) allows it.
+    static func storedAnswer(replacing error: ProxyError?, _ exchange: Exchange) -> StoredAnswer? {
+        guard let error else { return validatedAnswer(exchange) }
+        return exchange.cache?.revalidating == nil ? nil : staleAnswer(on: error, exchange)
     }
 
     /// Decides what the cache does with a final response head about to be forwarded: a `304`

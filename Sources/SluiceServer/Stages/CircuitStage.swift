@@ -41,7 +41,7 @@ enum CircuitStage: TryStage, ResponseStage {
         }
     }
 
-    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> TryVerdict {
         guard let settings = exchange.tryPolicy?.health else { return .proceed }
         let target = request.target
         let origin = UpstreamHealth.Origin(
@@ -72,12 +72,38 @@ enum CircuitStage: TryStage, ResponseStage {
     ) {
         guard let attempt = exchange.circuitTry else { return }
         exchange.circuitTry = nil
+        exchange.summary.circuit = report(outcome, attempt, health, fleet: fleet).rawValue
+    }
+
+    /// Reports how a try `attempt` admitted ended to its breaker; returns the circuit's state.
+    @discardableResult
+    static func report(
+        _ outcome: HealthOutcome, _ attempt: Admitted, _ health: UpstreamHealth, fleet: Fleet?
+    ) -> CircuitBreaker.State {
         let answer = health.handle(
             .ended(outcome, trial: attempt.trial), for: attempt.origin,
             settings: attempt.settings, now: MonotonicClock.milliseconds())
-        exchange.summary.circuit = answer.state.rawValue
         log(answer.change, probe: attempt.settings.probe != nil)
         if let change = answer.change { tellFleet(change, cooldown: attempt.settings.cooldown, fleet) }
+        return answer.state
+    }
+
+    /// Admits a try that cannot wait (`BackgroundTry`) to `target`: only while its circuit is
+    /// closed (it must not take a half-open circuit's one trial); nil otherwise.
+    static func admitWithoutWaiting(
+        _ target: RequestTarget, _ settings: Health, _ services: any StageServices
+    ) -> Admitted? {
+        let origin = UpstreamHealth.Origin(
+            scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
+        guard (services.health.state(of: origin) ?? .closed) == .closed else { return nil }
+        let answer = services.health.handle(.attempt, for: origin, settings: settings, now: MonotonicClock.milliseconds())
+        switch answer.action {
+        case .failFast, .allowTrial:
+            // Changed meanwhile (another thread's outcome): a trial stays the next request's.
+            return nil
+        default:
+            return Admitted(origin: origin, settings: settings, trial: false)
+        }
     }
 
     /// The fleet's other instances open their circuit too when this one opens (for the same

@@ -32,7 +32,7 @@ enum QuotaStage: TryStage, ResponseStage {
         services.rateLimits.releaseSlot(policy: slot.policy, key: slot.key, limit: slot.limit)
     }
 
-    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> TryVerdict {
         guard let limiting = exchange.tryPolicy?.rateLimiting else { return .proceed }
         let key = key(limiting.settings.key, request.target, exchange)
         let now = MonotonicClock.microseconds()
@@ -58,13 +58,46 @@ enum QuotaStage: TryStage, ResponseStage {
         return schedule(limiting, key: key, now: now, deadline: now + maxWait, exchange, services)
     }
 
+    /// A turn for a try that cannot wait (`BackgroundTry`): now, or nil. Its `max_concurrent`
+    /// place (if the policy has one) is taken without queueing; in the fleet's scope it goes
+    /// only on a lease this worker holds (no round trip, and never a place a waiting request
+    /// would have had).
+    static func turnWithoutWaiting(
+        _ limiting: RateLimiting, _ target: RequestTarget, _ exchange: Exchange, _ services: any StageServices
+    ) -> QuotaTurn? {
+        let table = services.rateLimits
+        let policy = limiting.policy
+        let key = key(limiting.settings.key, target, exchange)
+        let now = MonotonicClock.microseconds()
+        var slot: QuotaSlot?
+        if let limit = limiting.settings.maxConcurrent {
+            guard case .go? = table.acquireSlot(policy: policy, key: key, limit: limit, queue: false, wake: services.quotaWake)
+            else { return nil }
+            slot = QuotaSlot(policy: policy, key: key, limit: limit)
+        }
+        let allowed: Bool
+        if limiting.settings.scope == .fleet, let fleet = services.fleet {
+            allowed = fleet.takeLease(policy: policy, limits: limiting.settings.limits, key: key, now: now)
+            if allowed { table.count(policy: policy, .allowed) }
+        } else if case .go = table.acquire(policy: policy, limiting.settings, key: key, now: now, maxWait: 0) {
+            allowed = true  // at once (no wait is allowed), counted by the table
+        } else {
+            allowed = false
+        }
+        guard allowed else {
+            if let slot { table.releaseSlot(policy: policy, key: key, limit: slot.limit) }
+            return nil
+        }
+        return QuotaTurn(slot: slot)
+    }
+
     /// The rates' and the origin's part: go, wait on the timer until `deadline` at most, or 429
     /// — decided by the fleet's Redis when the policy's scope is the fleet (a round trip the
     /// driver waits for: `QuotaWait.Kind.fleet`), else by this process's table.
     static func schedule(
         _ limiting: RateLimiting, key: String, now: Int64, deadline: Int64, _ exchange: Exchange,
         _ services: any StageServices
-    ) -> StageVerdict {
+    ) -> TryVerdict {
         if limiting.settings.scope == .fleet, let fleet = services.fleet {
             if let denial = services.rateLimits.fleetDenial(policy: limiting.policy, key: key, now: now) {
                 // Refused by the fleet a moment ago: no round trip until then.
@@ -106,7 +139,7 @@ enum QuotaStage: TryStage, ResponseStage {
     static func fallback(
         _ limiting: RateLimiting, _ fleet: Fleet, key: String, now: Int64, deadline: Int64, _ exchange: Exchange,
         _ services: any StageServices
-    ) -> StageVerdict {
+    ) -> TryVerdict {
         let mode = fleet.settings.onRedisDown
         fleet.shared.fallbacks.add(1, ordering: .relaxed)
         SluiceMetrics.shared.recordFleetFallback(mode: mode.rawValue)
@@ -133,7 +166,7 @@ enum QuotaStage: TryStage, ResponseStage {
     static func refused(
         _ limiting: RateLimiting, key: String, retryAfter: Int64, limit index: Int?, fleet: Bool = true,
         _ exchange: Exchange, _ services: any StageServices
-    ) -> StageVerdict {
+    ) -> TryVerdict {
         let seconds = max(1, Int((retryAfter + 999_999) / 1_000_000))
         let policy = limiting.policy
         guard let index, index < limiting.settings.limits.count else {
@@ -155,7 +188,7 @@ enum QuotaStage: TryStage, ResponseStage {
     static func local(
         _ limiting: RateLimiting, key: String, now: Int64, deadline: Int64, _ exchange: Exchange,
         _ services: any StageServices
-    ) -> StageVerdict {
+    ) -> TryVerdict {
         let table = services.rateLimits
         let policy = limiting.policy
         switch table.acquire(policy: policy, limiting.settings, key: key, now: now, maxWait: max(0, deadline - now)) {
@@ -180,7 +213,7 @@ enum QuotaStage: TryStage, ResponseStage {
     static func refuse(
         _ error: ProxyError, _ limit: String, _ exchange: Exchange, _ services: any StageServices
     )
-        -> StageVerdict
+        -> TryVerdict
     {
         CircuitStage.reportOutcome(.abandoned, exchange, services.health)
         if let policy = exchange.tryPolicy { services.rateLimits.count(policy: policy.name, .rejected) }

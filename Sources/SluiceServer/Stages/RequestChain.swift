@@ -55,11 +55,18 @@ enum RequestChain {
         return .proceed
     }
 
+    /// Runs the policy's adapters on `request` — the first try's (`StageWait.adaptation`), or a
+    /// retry's that adapts again — for the stage that waits for them; their answer goes to the
+    /// exchange's owner (`ExchangeOwner.adaptationAnswered`).
+    static func adapt(_ request: ProxyRequest, _ exchange: Exchange, _ services: any StageServices) {
+        AdaptersStage.run(request, exchange, services)
+    }
+
     /// Runs `attempt` for `request`: ends in `.send`, or in the answer of the stage that
     /// stopped the try.
     static func runTry(
         _ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices, from index: Int = 0
-    ) -> StageVerdict {
+    ) -> TryVerdict {
         var index = index
         while index < attempt.count {
             let verdict = attempt[index].enter(&request, exchange, services)

@@ -23,22 +23,19 @@ protocol RequestStage: SendableMetatype {
 }
 
 /// A step every try passes (`RequestChain.attempt`): like a `RequestStage`, and it completes
-/// the try's request in place (a copy of one costs a few hundred bytes). It does not wait:
-/// it answers go on, fail this try, answer the client, or (the last) send.
+/// the try's request in place (a copy of one costs a few hundred bytes). It answers go on,
+/// fail this try, answer the client, wait for its turn (`TryHold`), or (the last) send.
 protocol TryStage: SendableMetatype {
     static var name: String { get }
-    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> TryVerdict
 }
 
-/// A stage's answer.
+/// A request stage's answer.
 enum StageVerdict {
     /// The next stage takes the request.
     case proceed
     /// Sluice answers the client with `error` (`ProxyError`, docs/errors.md); the exchange ends.
     case respond(ProxyError)
-    /// A try stage: this try fails before it starts (`error`); the exchange's machine decides
-    /// whether another try follows (as after a failed connection) or the client is answered.
-    case failTry(ProxyError, kind: TransportErrorKind)
     /// The shared cache answers from a stored response.
     case serveStored(StoredAnswer)
     /// The request waits; the event named resumes the chain at the stage after this one.
@@ -46,8 +43,30 @@ enum StageVerdict {
     /// CONNECT: the chain ends in a byte tunnel to `target` (or, with `intercept`, in Sluice's
     /// TLS server, whose requests start the chain again).
     case tunnel(RequestTarget, intercept: Bool)
+}
+
+/// A try stage's answer.
+enum TryVerdict {
+    /// The next try stage takes the try.
+    case proceed
+    /// Sluice answers the client with `error`; the exchange ends.
+    case respond(ProxyError)
+    /// This try fails before it starts (`error`); the exchange's machine decides whether
+    /// another try follows (as after a failed connection) or the client is answered.
+    case failTry(ProxyError, kind: TransportErrorKind)
+    /// The try waits (`TryHold`); the try stages after this one resume when it may go.
+    case wait(TryWait)
     /// The try goes out: the last try stage hands its request to a transport.
     case send(UpstreamRoute)
+}
+
+/// What a waiting try waits for.
+enum TryWait {
+    /// A try over its policy's `rate_limit` goes when its turn comes (`QuotaStage`).
+    case quota(QuotaWait)
+    /// A half-open circuit's trial waits for the fleet's trial lock (`fleet:`): it goes if this
+    /// instance takes it, else fails fast (another instance tries the origin).
+    case fleetTrial(origin: String, milliseconds: Int)
 }
 
 /// What a waiting request waits for.
@@ -66,12 +85,6 @@ enum StageWait {
     /// The request body: a chunked body's first chunk-size line, validated before anything
     /// goes upstream (`.start`), or a body read whole so that every try can send it (`.whole`).
     case requestBody(RequestBodyWait)
-    /// A try over its policy's `rate_limit` goes when its turn comes (`QuotaStage`); the try
-    /// stages after the quota resume then.
-    case quota(QuotaWait)
-    /// A half-open circuit's trial waits for the fleet's trial lock (`fleet:`): it goes if this
-    /// instance takes it, else fails fast (another instance tries the origin).
-    case fleetTrial(origin: String, milliseconds: Int)
 }
 
 /// A try waiting for its turn under its policy's `rate_limit`: for its place in the schedule
@@ -118,6 +131,12 @@ struct QuotaSlot {
     let policy: String
     let key: String
     let limit: Int
+}
+
+/// A turn given to a try that cannot wait (`QuotaStage.turnWithoutWaiting`), with the
+/// `max_concurrent` place it holds until it ends (nil: the policy has none).
+struct QuotaTurn {
+    let slot: QuotaSlot?
 }
 
 enum RequestBodyWait {
@@ -175,9 +194,10 @@ protocol StageServices: AnyObject {
     /// Asks for a slot of `limits.max_in_flight_upstream` (`UpstreamGate`).
     func admitUpstream(_ waiter: any UpstreamSlotWaiter) -> UpstreamGate.Answer
     /// Starts a background revalidation of a stored response (stale-while-revalidate) under
-    /// the fetch claim `token`.
+    /// the fetch claim `token`, as the try `admitted` (finished when it ends).
     func revalidateInBackground(
-        _ object: CacheObject, _ cache: CacheExchange, token: UInt64, validators: [CacheLookup.Validator], hostHeader: String?)
+        _ object: CacheObject, _ cache: CacheExchange, token: UInt64, validators: [CacheLookup.Validator], hostHeader: String?,
+        as admitted: BackgroundTry)
     /// A new request's id, and the `X-Request-Id` value made from it.
     func nextRequestID() -> UInt64
     func makeRequestId(_ id: UInt64) -> String

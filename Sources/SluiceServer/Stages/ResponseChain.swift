@@ -8,7 +8,10 @@ import SluiceCore
 ///
 /// `head` runs when a try's final response head arrives, until a stage answers anything but
 /// `.proceed`; `end` runs when the try ends — its response complete, failed before a byte
-/// reached the client, or abandoned — every stage in order.
+/// reached the client, answered by an upgrade's handshake, or abandoned — every stage in
+/// order. A resume's head (the rest of a broken download, judged by `ResumeState`) passes
+/// `continuation` only; `answers` may answer from a stored response instead of the try's
+/// (after a `304` a stage absorbed) or of Sluice's error (stale-if-error).
 ///
 /// Threading: stateless; run on the exchange's worker thread.
 enum ResponseChain {
@@ -23,6 +26,14 @@ enum ResponseChain {
         QuotaStage.self,  // rate_limit.max_concurrent: the try's place is given back
         CircuitStage.self,  // health: a try that ended without a head is an outcome too
         CacheStage.self,  // cache: the tee's object is published
+    ]
+
+    static let continuation: [any ResponseStage.Type] = [
+        CircuitStage.self  // health: the resume's status is its try's outcome
+    ]
+
+    static let answers: [any ResponseStage.Type] = [
+        CacheStage.self  // cache: a validated update, or stale-if-error
     ]
 
     /// Runs `head` on `response`; `.proceed` when every stage let it pass (it goes to the
@@ -42,6 +53,23 @@ enum ResponseChain {
     static func runEnd(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {
         for stage in end { stage.end(ending, exchange, services) }
     }
+
+    /// Runs `continuation` on a resume's head (its verdicts are the resume's own: it carries
+    /// the body on or ends the response incomplete).
+    static func runContinuation(
+        _ response: inout ResponseHeadContext, _ exchange: Exchange, _ services: any StageServices
+    ) {
+        for stage in continuation { _ = stage.head(&response, exchange, services) }
+    }
+
+    /// The stored response that answers instead of the try's (`error` nil: a stage absorbed
+    /// its `304`) or of Sluice's `error`; nil when none does.
+    static func storedAnswer(replacing error: ProxyError?, _ exchange: Exchange) -> StoredAnswer? {
+        for stage in answers {
+            if let answer = stage.storedAnswer(replacing: error, exchange) { return answer }
+        }
+        return nil
+    }
 }
 
 /// A step of a response's way back (`ResponseChain`): a try stage's other half. Each entry
@@ -55,6 +83,8 @@ protocol ResponseStage: SendableMetatype {
         -> ResponseVerdict
     /// The try ended.
     static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices)
+    /// A stored response that answers instead (`ResponseChain.answers`).
+    static func storedAnswer(replacing error: ProxyError?, _ exchange: Exchange) -> StoredAnswer?
 }
 
 extension ResponseStage {
@@ -64,6 +94,7 @@ extension ResponseStage {
         -> ResponseVerdict
     { .proceed }
     static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {}
+    static func storedAnswer(replacing error: ProxyError?, _ exchange: Exchange) -> StoredAnswer? { nil }
 }
 
 /// A response head as the response stages see it, with what they learn about it.
@@ -96,11 +127,17 @@ enum TryEnding {
     case complete
     /// It failed before any response byte reached the client.
     case failed(ProxyError)
+    /// An upgrade's handshake was answered with this status (its head goes to the client
+    /// outside `head`: a `101` becomes a tunnel).
+    case answered(status: Int)
     /// It stopped without an outcome of its own (the client left, the response was cut).
     case abandoned
 
     var healthOutcome: HealthOutcome {
-        if case .failed(let error) = self { return HealthOutcome(error: error) }
-        return .abandoned
+        switch self {
+        case .failed(let error): return HealthOutcome(error: error)
+        case .answered(let status): return HealthOutcome(status: status)
+        case .complete, .abandoned: return .abandoned
+        }
     }
 }

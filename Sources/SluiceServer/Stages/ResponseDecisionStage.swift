@@ -14,15 +14,15 @@ enum ResponseDecisionStage: ResponseStage {
         -> ResponseVerdict
     {
         let head = machineHead(response.response.collected, exchange)
-        let actions = exchange.machine.handle(
+        let answer =
             response.heldByOrigin
-                ? .heldByOrigin(head, canResendBody: response.canResendBody)
-                : .responseHead(head, canResendBody: response.canResendBody))
-        exchange.report(actions)
-        switch actions.command {
+            ? exchange.machine.heldByOrigin(head, canResendBody: response.canResendBody)
+            : exchange.machine.responseHead(head, canResendBody: response.canResendBody)
+        exchange.report(answer.reports)
+        switch answer.command {
         case .discardResponse?: return .discard
         case .checkRedirect(let next)?: return .follow(next)
-        default: return .proceed
+        case .sendResponse?, nil: return .proceed
         }
     }
 

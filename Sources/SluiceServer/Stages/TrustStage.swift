@@ -8,7 +8,7 @@ import SluiceCore
 enum TrustStage: TryStage {
     static var name: String { "trust" }
 
-    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> TryVerdict {
         let target = request.target
         exchange.target = target
         let policy =

@@ -14,7 +14,7 @@ import SluiceCore
 enum TryAdaptersStage: TryStage {
     static var name: String { "try_adapters" }
 
-    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> TryVerdict {
         let policy = exchange.tryPolicy ?? exchange.policy
         let adapters = policy.tryAdapters
         guard !adapters.isEmpty else { return .proceed }

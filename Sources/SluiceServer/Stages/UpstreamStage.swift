@@ -10,17 +10,26 @@ import SluiceCore
 enum UpstreamStage: TryStage {
     static var name: String { "upstream" }
 
-    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+    static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> TryVerdict {
+        // A resume goes by its broken try's route with that try's header list (its `Host`
+        // included) and no validators: it asks for the rest of the same representation.
+        if let route = request.resumes { return .send(route) }
         let target = request.target
         if let host = exchange.hostHeader, target == host.target {
             request.headers = request.headers.appending(name: "Host", value: host.value)
         }
         if exchange.cache != nil { CacheStage.applyValidators(&request, exchange) }
-        let actions = exchange.machine.handle(.tryStarting(.init(target)))
-        exchange.report(actions)
-        guard case .beginTry(let perTryTimeout)? = actions.command else {
+        let answer = exchange.machine.tryStarting(.init(target))
+        exchange.report(answer.reports)
+        let perTryTimeout: Int
+        switch answer.command {
+        case .beginTry(let timeout)?:
+            perTryTimeout = timeout
+        case .fail(let error)?:
             CircuitStage.reportOutcome(.abandoned, exchange, services.health)
-            if case .fail(let error)? = actions.command { return .respond(error) }
+            return .respond(error)
+        case nil:
+            CircuitStage.reportOutcome(.abandoned, exchange, services.health)
             return .respond(.upstreamTimeout(host: target.authority, phase: .retryDeadlinePassed))
         }
         if let upgrade = exchange.upgrade { return .send(.upgrade(upgrade, perTryTimeout: perTryTimeout)) }

@@ -202,3 +202,17 @@ enum UpstreamTLS {
         }
     }
 }
+
+extension TLSProtocolMemory {
+    /// What an https try to `target` tells about its origin's protocols: the one it chose when
+    /// libcurl offered h2 and http/1.1 by ALPN (the next tries go native while it speaks
+    /// HTTP/1.1, `UpstreamEngine.choose`), or, when the native client's try ended without a
+    /// version (it failed), that the choice is to be learned again.
+    mutating func learn(from timings: TryTimings, target: RequestTarget, http2: HTTP2Mode) {
+        if timings.engine == .curl, let version = timings.httpVersion, http2 != .off {
+            learn(host: target.host, port: target.port, spokeHTTP2: version == .http2, now: MonotonicClock.milliseconds())
+        } else if timings.engine == .native, timings.httpVersion == nil {
+            forget(host: target.host, port: target.port)
+        }
+    }
+}

@@ -224,6 +224,10 @@ struct UpstreamRequest {
     /// What is left of `timeouts.total` for a try that carries on a response (a resume), in
     /// ms; nil: the configured `timeouts.total`.
     var totalTimeout: Int?
+    /// A resume (`ResumeState`): the try carries on a response whose upstream broke, by the
+    /// broken try's route (the same origin over the same engine). The exchange's machine is not
+    /// asked: its try is the one being carried on.
+    var resumes: UpstreamRoute?
 
     var isHead: Bool { method == "HEAD" }
 }
