@@ -418,7 +418,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             }
             return UpstreamRequest(
                 method: head.method, target: exchange.target,
-                headers: ForwardedHeaders.requestList(
+                headers: ForwardedHeaders.requestLines(
                     for: head, viaLine: worker.viaRequestLine,
                     edits: exchange.headerEdits,
                     requestId: exchange.generatedRequestId,
@@ -452,7 +452,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         }
         return UpstreamRequest(
             method: model.method, target: target,
-            headers: ForwardedHeaders.requestList(
+            headers: ForwardedHeaders.requestLines(
                 for: model.headerFields, viaLine: worker.viaRequestLine,
                 builder: &worker.headerBuilder),
             body: body, model: model)
