@@ -137,6 +137,9 @@ struct ChunkedDecoder: Sendable {
     /// Consumes bytes of `input` up to the first chunk data (returned as `.data`, consumed up
     /// to its end) or the end of the body (`.end`, consumed up to the trailer section's final
     /// LF), or all of it (no event). Once the body is complete it consumes nothing.
+    /// Inlined into each parser: a call per event cost 5–7 % on bodies of small chunks
+    /// against the parsers' former built-in states; inlined, it is a little faster than those.
+    @inline(__always)
     mutating func decode(_ input: UnsafeRawBufferPointer) throws(Failure) -> (consumed: Int, event: Event?) {
         var i = 0
         while i < input.count {
@@ -202,6 +205,7 @@ struct ChunkedDecoder: Sendable {
     }
 
     /// One byte of a chunk-size line other than its CR.
+    @inline(__always)
     private mutating func sizeLineByte(_ b: UInt8) throws(Failure) {
         switch state {
         case .sizeDigits:
