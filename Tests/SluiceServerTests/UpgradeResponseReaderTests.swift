@@ -64,6 +64,22 @@ struct UpgradeResponseReaderTests {
         }
     }
 
+    /// The body is relayed raw, so it is framed as strictly as any response: a client must
+    /// find its end where Sluice did (`ChunkedDecoder`).
+    @Test func chunkedAnswersAreFramedStrictly() {
+        let head = "HTTP/1.1 426 Upgrade Required\r\nTransfer-Encoding: chunked\r\n\r\n"
+        for (body, reason) in [
+            ("5 xyz\r\nhello\r\n0\r\n\r\n", "invalid chunk size"),
+            ("5;x\u{1}\r\nhello\r\n0\r\n\r\n", "invalid chunk extension"),
+            ("5\r\nhello\r\n0\r\nX-T: 1\nY: 2\r\n\r\n", "bare LF in the trailer section"),
+            ("5\r\nhello\r\n0\r\nGET / HTTP/1.1\r\n\r\n", "whitespace between a trailer field name and the colon"),
+        ] {
+            #expect(throws: UpgradeResponseReader.Failure.malformed(reason)) { try run(head + body, step: 7) }
+        }
+        let huge = head + "0\r\nX: " + String(repeating: "a", count: UpgradeResponseReader.maxHeadBytes) + "\r\n\r\n"
+        #expect(throws: UpgradeResponseReader.Failure.headTooLarge) { try run(huge, step: 4096) }
+    }
+
     @Test func bodilessAndCloseDelimitedAnswers() throws {
         let (events, _) = try run("HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", step: 1000)
         #expect(events.map(\.0) == [.answered(.none)])

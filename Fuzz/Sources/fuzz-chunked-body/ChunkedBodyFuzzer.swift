@@ -1,16 +1,20 @@
 import FuzzSupport
 import SluiceCore
-import SluiceServer
 
-/// Fuzz target: `HTTPRequestParser`'s chunked body decoder (chunk sizes, extensions, data
-/// CRLFs, trailers, the body limit). The input is what follows a fixed
+@testable import SluiceServer
+
+/// Fuzz target: `ChunkedDecoder`, the chunked body decoder both HTTP/1.1 parsers share (chunk
+/// sizes, extensions, data CRLFs, trailers, the body limit): through `HTTPRequestParser`, and
+/// alone with the response parser's rules. The input is what follows a fixed
 /// `Transfer-Encoding: chunked` head; its first byte picks the body limit.
 ///
 /// Checks, beyond "no crash, no hang": the same events whether the body arrives at once or in
 /// pieces of 1–16 bytes; never more body bytes than the limit; every decoded body equals what
 /// a plain reference decoder makes of the same bytes; and where the parser says a body ended,
 /// what follows parses exactly as it does for a fresh parser — the decoder consumed the
-/// body's bytes and no more (the property request smuggling breaks).
+/// body's bytes and no more (the property request smuggling breaks). The decoder alone, with
+/// the response's rules, must meet the same checks: split-independent, and a body it ends is
+/// the reference's body, ending where the reference's does.
 @main
 enum ChunkedBodyFuzzer {
     static let head = Array("POST http://fuzz.test/ HTTP/1.1\r\nHost: fuzz.test\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
@@ -53,7 +57,68 @@ enum ChunkedBodyFuzzer {
                     "what follows the body parses differently for a fresh parser")
             }
         }
+        let body = Array(raw.dropFirst())
+        body.withUnsafeBytes { body in
+            let whole = DecoderRun.run(body, rules: responseRules) { _ in body.count }
+            var random = SplitMix(seed: UInt64(body.count) &* 7 &+ UInt64(selector))
+            let cut = DecoderRun.run(body, rules: responseRules) { _ in Int(random.next() % 16) + 1 }
+            fuzzCheck(whole == cut, "the decoder alone differs whole and cut:\n\(whole)\n\(cut)")
+            if let end = whole.end {
+                let reference = Reference.decode(body)
+                fuzzCheck(
+                    reference?.body == whole.body && reference?.length == end,
+                    "the decoder alone ended a body at \(end) the reference reads as \(String(describing: reference))")
+            }
+        }
         return 0
+    }
+
+    /// `HTTPResponseParser`'s rules for the same limits as `limits(_:)`.
+    static let responseRules = ChunkedDecoder.Rules(sizeDigits: 15, body: nil, trailerSection: 2048, trailerFields: 24)
+}
+
+/// `ChunkedDecoder` fed in pieces, calling `decode` again while a call returns an event.
+enum DecoderRun {
+    struct Outcome: Equatable {
+        var body: [UInt8] = []
+        var end: Int?
+        var failure: ChunkedDecoder.Failure?
+    }
+
+    /// `piece(offset)`: the length of the piece that starts at `offset`.
+    static func run(_ input: UnsafeRawBufferPointer, rules: ChunkedDecoder.Rules, piece: (Int) -> Int) -> Outcome {
+        var decoder = ChunkedDecoder(rules: rules)
+        var out = Outcome()
+        var start = 0
+        while start < input.count {
+            let stop = min(input.count, start + max(1, piece(start)))
+            var at = start
+            while true {
+                let result: (consumed: Int, event: ChunkedDecoder.Event?)
+                do throws(ChunkedDecoder.Failure) {
+                    result = try decoder.decode(UnsafeRawBufferPointer(rebasing: input[at..<stop]))
+                } catch {
+                    out.failure = error
+                    return out
+                }
+                let base = at
+                at += result.consumed
+                if case .data(let range)? = result.event {
+                    fuzzCheck(!range.isEmpty && range.upperBound == result.consumed, "data range \(range) of \(result)")
+                    out.body += input[(base + range.lowerBound)..<(base + range.upperBound)]
+                    continue
+                }
+                if result.event == .end {
+                    out.end = at
+                } else {
+                    fuzzCheck(at == stop || decoder.isComplete, "a call without an event left bytes unread")
+                    fuzzCheck(!decoder.isComplete || result.consumed == 0, "consumed bytes after the end")
+                }
+                break
+            }
+            start = stop
+        }
+        return out
     }
 }
 

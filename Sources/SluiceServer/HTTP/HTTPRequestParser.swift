@@ -5,8 +5,10 @@ import SluiceCore
 /// This is Sluice's security boundary, so it is strict: it rejects bare CR and bare LF,
 /// NUL and other control bytes, obs-fold, whitespace before the colon, `Content-Length`
 /// together with `Transfer-Encoding`, differing `Content-Length`s, transfer codings other than
-/// a lone `chunked`, bad chunk sizes, and oversized lines and sections. A rejected request is
-/// reported as a `ProxyError` and nothing of it is ever forwarded.
+/// a lone `chunked`, and oversized lines and sections. A chunked body is read by
+/// `ChunkedDecoder`, the decoder `HTTPResponseParser` uses too: sizes of up to 16 hex digits
+/// checked against the body limit, extensions and trailer fields validated and dropped. A
+/// rejected request is reported as a `ProxyError` and nothing of it is ever forwarded.
 ///
 /// Feed it whatever bytes have arrived — any split, down to one byte at a time — and it
 /// returns how many it consumed and at most one event. Body events are ranges of the input
@@ -51,18 +53,12 @@ public struct HTTPRequestParser: Sendable {
     enum State: Sendable {
         case head
         case fixedBody(remaining: Int64)
-        case chunkSize(value: UInt64, digits: Int, inExtension: Bool, lineBytes: Int)
-        case chunkSizeLF(value: UInt64)
-        case chunkData(remaining: UInt64)
-        case chunkDataCR
-        case chunkDataLF
-        case trailer(lineBytes: Int, sawCR: Bool)
+        /// A chunked body, read by `chunked`.
+        case chunked
         case end
         case failed(ProxyError)
     }
 
-    /// The longest chunk-size line (size and extensions) accepted.
-    static let maxChunkLine = 4096
     /// Empty lines tolerated before a request line (RFC 9112 §2.2 asks for at least one).
     static let maxLeadingEmptyLines = 8
 
@@ -73,11 +69,19 @@ public struct HTTPRequestParser: Sendable {
     var terminatorMatch = 0
     var requestLineLength: Int? = nil
     var leadingEmptyLines = 0
-    var bodyBytesSeen: Int64 = 0
-    var trailerBytes = 0
+    /// The current request's chunked body, fresh for each one (`State.chunked`).
+    var chunked: ChunkedDecoder
 
     public init(limits: Limits) {
         self.limits = limits
+        chunked = ChunkedDecoder(rules: Self.chunkedRules(limits))
+    }
+
+    /// A request's chunked body: sizes of up to 16 hex digits, each compared with the room
+    /// left under `limits.body`; a trailer section bounded like the head (`headerSection`
+    /// bytes), any number of trailer fields within it.
+    static func chunkedRules(_ limits: Limits) -> ChunkedDecoder.Rules {
+        ChunkedDecoder.Rules(sizeDigits: 16, body: limits.body, trailerSection: limits.headerSection, trailerFields: nil)
     }
 
     /// True between `.end` and the first byte of the next request's head.
@@ -120,8 +124,6 @@ public struct HTTPRequestParser: Sendable {
         terminatorMatch = 0
         requestLineLength = nil
         leadingEmptyLines = 0
-        bodyBytesSeen = 0
-        trailerBytes = 0
     }
 
     // MARK: head
@@ -177,7 +179,9 @@ public struct HTTPRequestParser: Sendable {
                 switch head.framing {
                 case .none: resetHead()
                 case .length(let n): if n == 0 { resetHead() } else { state = .fixedBody(remaining: n) }
-                case .chunked: state = .chunkSize(value: 0, digits: 0, inExtension: false, lineBytes: 0)
+                case .chunked:
+                    chunked = ChunkedDecoder(rules: Self.chunkedRules(limits))
+                    state = .chunked
                 }
                 terminatorMatch = 0
                 return (i, .head(head))
@@ -340,99 +344,50 @@ public struct HTTPRequestParser: Sendable {
 
     // MARK: body
 
-    private mutating func countBody(_ n: Int) throws(ProxyError) {
-        bodyBytesSeen += Int64(n)
-        if let max = limits.body, bodyBytesSeen > max { throw .bodyTooLarge(limit: max) }
-    }
-
     private mutating func parseBody(_ input: UnsafeRawBufferPointer) throws(ProxyError) -> (Int, Event?) {
         guard !input.isEmpty else { return (0, nil) }
-        var i = 0
-        while i < input.count {
-            switch state {
-            case .fixedBody(let remaining):
-                let n = Int(min(Int64(input.count - i), remaining))
-                state = remaining - Int64(n) == 0 ? .end : .fixedBody(remaining: remaining - Int64(n))
-                return (i + n, .body(i..<(i + n)))
-
-            case .chunkData(let remaining):
-                let n = Int(min(UInt64(input.count - i), remaining))
-                try countBody(n)
-                state = remaining - UInt64(n) == 0 ? .chunkDataCR : .chunkData(remaining: remaining - UInt64(n))
-                return (i + n, .body(i..<(i + n)))
-
-            case .chunkSize(let value, let digits, let inExtension, let lineBytes):
-                let b = input[i]
-                i += 1
-                if lineBytes + 1 > Self.maxChunkLine { throw .malformedRequest("chunk-size line too long") }
-                if b == 0x0D {
-                    guard digits > 0 else { throw .malformedRequest("invalid chunk size") }
-                    state = .chunkSizeLF(value: value)
-                } else if inExtension {
-                    guard ASCII.isFieldValueByte(b) else { throw .malformedRequest("invalid chunk extension") }
-                    state = .chunkSize(value: value, digits: digits, inExtension: true, lineBytes: lineBytes + 1)
-                } else if let h = ASCII.hexValue(b), digits < 16 {
-                    state = .chunkSize(
-                        value: value << 4 | h, digits: digits + 1, inExtension: false,
-                        lineBytes: lineBytes + 1)
-                } else if (b == 0x3B || b == 0x20 || b == 0x09) && digits > 0 {
-                    // chunk-ext, possibly after BWS; its contents are ignored.
-                    state = .chunkSize(value: value, digits: digits, inExtension: true, lineBytes: lineBytes + 1)
-                } else {
-                    throw .malformedRequest("invalid chunk size")
+        switch state {
+        case .fixedBody(let remaining):
+            let n = Int(min(Int64(input.count), remaining))
+            state = remaining - Int64(n) == 0 ? .end : .fixedBody(remaining: remaining - Int64(n))
+            return (n, .body(0..<n))
+        case .chunked:
+            do throws(ChunkedDecoder.Failure) {
+                switch try chunked.decode(input) {
+                case (let n, .data(let range)?):
+                    return (n, .body(range))
+                case (let n, .end?):
+                    // `.end` comes from the next call, which consumes nothing.
+                    state = .end
+                    return (n, nil)
+                case (let n, nil):
+                    return (n, nil)
                 }
-
-            case .chunkSizeLF(let value):
-                guard input[i] == 0x0A else { throw .malformedRequest("bare CR in chunk-size line") }
-                i += 1
-                if value == 0 {
-                    state = .trailer(lineBytes: 0, sawCR: false)
-                } else {
-                    // Compared with the room left, never summed: a size near 2^64 after a first
-                    // chunk would overflow the sum (found by the chunked-body fuzz target).
-                    if let max = limits.body, value > UInt64(clamping: max - bodyBytesSeen) {
-                        throw .bodyTooLarge(limit: max)
-                    }
-                    state = .chunkData(remaining: value)
-                }
-
-            case .chunkDataCR:
-                guard input[i] == 0x0D else { throw .malformedRequest("missing CRLF after chunk data") }
-                i += 1
-                state = .chunkDataLF
-
-            case .chunkDataLF:
-                guard input[i] == 0x0A else { throw .malformedRequest("missing CRLF after chunk data") }
-                i += 1
-                state = .chunkSize(value: 0, digits: 0, inExtension: false, lineBytes: 0)
-
-            case .trailer(let lineBytes, let sawCR):
-                // Trailer fields are consumed and dropped (never merged into the head).
-                let b = input[i]
-                i += 1
-                trailerBytes += 1
-                if trailerBytes > limits.headerSection { throw .headerSectionTooLarge(limit: limits.headerSection) }
-                if sawCR {
-                    guard b == 0x0A else { throw .malformedRequest("bare CR in trailer") }
-                    if lineBytes == 0 {
-                        state = .end
-                        return (i, nil)
-                    }
-                    state = .trailer(lineBytes: 0, sawCR: false)
-                } else if b == 0x0D {
-                    state = .trailer(lineBytes: lineBytes, sawCR: true)
-                } else {
-                    guard ASCII.isFieldValueByte(b) || b == 0x3A else { throw .malformedRequest("invalid trailer") }
-                    if lineBytes == 0 && (b == 0x20 || b == 0x09) {
-                        throw .malformedRequest("obsolete line folding in trailer")
-                    }
-                    state = .trailer(lineBytes: lineBytes + 1, sawCR: false)
-                }
-
-            case .end, .head, .failed:
-                return (i, nil)
+            } catch {
+                throw requestError(error)
             }
+        case .head, .end, .failed:
+            return (0, nil)
         }
-        return (i, nil)
+    }
+
+    /// A refused chunked body as the `ProxyError` the client is answered with, worded as this
+    /// parser always worded it: the limits map to their own statuses (413, 431), and every
+    /// malformed trailer line is "invalid trailer".
+    private func requestError(_ failure: ChunkedDecoder.Failure) -> ProxyError {
+        switch failure {
+        case .bodyTooLarge(let limit): return .bodyTooLarge(limit: limit)
+        case .trailerSectionTooLarge(let limit): return .headerSectionTooLarge(limit: limit)
+        case .tooManyTrailerFields(let limit): return .tooManyHeaders(limit: limit)
+        case .sizeTooLarge: return .malformedRequest("invalid chunk size")
+        case .bareCRInSizeLine: return .malformedRequest("bare CR in chunk-size line")
+        case .bareCRInTrailer: return .malformedRequest("bare CR in trailer")
+        case .trailerLineFolding: return .malformedRequest("obsolete line folding in trailer")
+        case .bareLFInTrailer, .trailerFieldWithoutColon, .trailerWhitespaceBeforeColon, .trailerInvalidNameCharacter,
+            .trailerEmptyName, .trailerControlCharacter:
+            return .malformedRequest("invalid trailer")
+        case .invalidSize, .sizeLineTooLong, .invalidExtension, .missingCRLFAfterData:
+            return .malformedRequest(failure.reason)
+        }
     }
 }

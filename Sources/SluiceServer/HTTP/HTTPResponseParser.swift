@@ -14,9 +14,10 @@
 /// `limits.headerSection` bytes or `limits.headerCount` fields, more than
 /// `limits.interimResponses` 1xx heads, `101` (upgrades go through `UpgradeTransfer`),
 /// `Content-Length` together with `Transfer-Encoding`, `Transfer-Encoding` in an HTTP/1.0
-/// response, `chunked` twice or not last, `Content-Length`s that are not all the same digit
-/// string (at most 18 digits), chunk sizes over 15 hex digits, chunk lines over 4 KiB, and
-/// chunk data not followed by CRLF. A refusal is thrown as a `Failure` and is final.
+/// response, `chunked` twice or not last, and `Content-Length`s that are not all the same
+/// digit string (at most 18 digits). A chunked body is read by `ChunkedDecoder`, the decoder
+/// `HTTPRequestParser` uses too, with chunk sizes of at most 15 hex digits. A refusal is
+/// thrown as a `Failure` and is final.
 ///
 /// Interim (1xx) heads are validated and reported as `.interim`, their fields in `head` until
 /// the next status line (the transfer forwards them to the client). The framing of the
@@ -24,7 +25,8 @@
 /// (`.none`); a `Transfer-Encoding` whose last coding is `chunked` is `.chunked`, any other
 /// `Transfer-Encoding` is `.close`; then `Content-Length` is `.length(n)`; else `.close`. The
 /// framing checks apply to every final head, bodiless ones included. Chunked trailer fields
-/// are validated like header fields, bounded by the same limits, and dropped.
+/// are validated like header fields, bounded by the same limits, and dropped (a malformed
+/// trailer line is refused at its first offending byte).
 ///
 /// The event contract, for `parse`:
 /// - A call returns at most one event. A call that returns no event has consumed its whole
@@ -93,25 +95,13 @@ struct HTTPResponseParser {
         case head
         case fixedBody(remaining: Int64)
         case closeBody
-        case chunkSize(value: UInt64, digits: Int, phase: ChunkLinePhase, lineBytes: Int)
-        case chunkSizeLF(value: UInt64)
-        case chunkData(remaining: UInt64)
-        case chunkDataCR
-        case chunkDataLF
-        /// Trailer field lines after the last chunk, up to the empty line.
-        case trailer
+        /// A chunked body, trailer section included, read by `chunked`.
+        case chunked
         /// The response is complete; the next `parse` returns `.end`.
         case endPending
         /// `.end` was delivered; nothing more until `expectResponse`.
         case done
         case failed(Failure)
-    }
-
-    private enum ChunkLinePhase {
-        case digits
-        /// Whitespace after the size (BWS), before `;` or the CR.
-        case whitespace
-        case chunkExtension
     }
 
     /// What the final head's fields say about framing and persistence.
@@ -124,11 +114,6 @@ struct HTTPResponseParser {
         var connectionClose = false
         var connectionKeepAlive = false
     }
-
-    /// The longest chunk-size line (size and extensions, without the CRLF) accepted.
-    static let maxChunkLine = 4096
-    /// The most hex digits of a chunk size: 15 keep every size far from overflow.
-    static let maxChunkSizeDigits = 15
 
     let limits: Limits
 
@@ -143,16 +128,18 @@ struct HTTPResponseParser {
     private(set) var minorVersion = 1
 
     private var state = State.head
+    /// The current response's chunked body, fresh for each one (`State.chunked`).
+    private var chunked: ChunkedDecoder
     private var headRequest = false
     private var started = false
 
-    /// The current head or trailer line so far (without its CRLF once complete).
+    /// The current head line so far (without its CRLF once complete).
     private var line: [UInt8] = []
     /// The last byte scanned was a CR (the line's end needs its LF next).
     private var lineSawCR = false
-    /// Bytes of the current head (or trailer section) so far, CRLFs included.
+    /// Bytes of the current head so far, CRLFs included.
     private var sectionBytes = 0
-    /// Field lines of the current head (or trailer section).
+    /// Field lines of the current head.
     private var fieldCount = 0
     /// The current head's status line was read.
     private var statusSeen = false
@@ -163,7 +150,15 @@ struct HTTPResponseParser {
 
     init(limits: Limits = .default) {
         self.limits = limits
+        chunked = ChunkedDecoder(rules: Self.chunkedRules(limits))
         line.reserveCapacity(256)
+    }
+
+    /// A response's chunked body: sizes of at most 15 hex digits (there is no body limit, and
+    /// 15 keep every size far from overflow); a trailer section bounded like a head.
+    static func chunkedRules(_ limits: Limits) -> ChunkedDecoder.Rules {
+        ChunkedDecoder.Rules(
+            sizeDigits: 15, body: nil, trailerSection: limits.headerSection, trailerFields: limits.headerCount)
     }
 
     /// True once any byte of the current response was consumed (or refused): a failure with
@@ -211,7 +206,7 @@ struct HTTPResponseParser {
         if input.isEmpty { return (0, nil) }
         started = true
         do throws(Failure) {
-            if case .head = state { return try scanLines(input, trailer: false) }
+            if case .head = state { return try scanLines(input) }
             return try parseBody(input)
         } catch {
             state = .failed(error)
@@ -241,49 +236,47 @@ struct HTTPResponseParser {
             failure = Failure(reason: "connection closed inside the response head")
         case .fixedBody:
             failure = Failure(reason: "connection closed before the response ended")
-        case .chunkSize, .chunkSizeLF, .chunkData, .chunkDataCR, .chunkDataLF, .trailer:
+        case .chunked:
             failure = Failure(reason: "truncated chunked body")
         }
         state = .failed(failure)
         throw failure
     }
 
-    // MARK: lines (heads and trailers)
+    // MARK: head lines
 
     /// Splits `input` into CRLF-ended lines (refusing bare CR and bare LF), bounded by
-    /// `limits.headerSection`, and hands each complete line to the head or trailer logic.
+    /// `limits.headerSection`, and hands each complete line to the head logic.
     /// Lines are found with `memchr` (a head is scanned at memory speed, not byte by byte);
     /// whatever the split, the first offending byte decides the failure, as a byte-by-byte
     /// scan would: the byte past the limit, a bare LF, or a CR not followed by LF.
-    private mutating func scanLines(_ input: UnsafeRawBufferPointer, trailer: Bool) throws(Failure) -> (Int, Event?) {
+    private mutating func scanLines(_ input: UnsafeRawBufferPointer) throws(Failure) -> (Int, Event?) {
         guard let base = input.baseAddress, input.count > 0 else { return (0, nil) }
         var i = 0
         while i < input.count {
             if lineSawCR {
                 // The last segment ended with a CR: this byte must be its LF.
-                try count(1, trailer: trailer)
-                guard input[i] == 0x0A else {
-                    throw Failure(reason: trailer ? "bare CR in the trailer section" : "bare CR in the response head")
-                }
+                try count(1)
+                guard input[i] == 0x0A else { throw Failure(reason: "bare CR in the response head") }
                 i += 1
                 lineSawCR = false
                 line.removeLast()  // the CR
-                if let event = try completeLine(trailer: trailer) { return (i, event) }
+                if let event = try completeLine() { return (i, event) }
                 continue
             }
             let cr = memchr(base + i, 0x0D, input.count - i).map { UnsafeRawPointer($0) - base } ?? input.count
             // Bytes i..<cr hold no CR; the first LF among them, if any, is a bare LF.
             if let lf = memchr(base + i, 0x0A, cr - i).map({ UnsafeRawPointer($0) - base }) {
-                try count(lf - i, trailer: trailer)
-                try count(1, trailer: trailer)
-                throw Failure(reason: trailer ? "bare LF in the trailer section" : "bare LF in the response head")
+                try count(lf - i)
+                try count(1)
+                throw Failure(reason: "bare LF in the response head")
             }
             if cr == input.count {
-                try count(cr - i, trailer: trailer)
+                try count(cr - i)
                 line.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[i..<cr]))
                 return (cr, nil)
             }
-            try count(cr - i + 1, trailer: trailer)  // the segment and its CR
+            try count(cr - i + 1)  // the segment and its CR
             line.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[i...cr]))
             lineSawCR = true
             i = cr + 1
@@ -291,27 +284,24 @@ struct HTTPResponseParser {
         return (i, nil)
     }
 
-    /// Counts `n` more bytes of the head or trailer section against the limit.
-    private mutating func count(_ n: Int, trailer: Bool) throws(Failure) {
+    /// Counts `n` more bytes of the head against the limit.
+    private mutating func count(_ n: Int) throws(Failure) {
         sectionBytes += n
         if sectionBytes > limits.headerSection {
-            throw Failure(
-                reason: trailer
-                    ? "trailer section larger than \(limits.headerSection) bytes"
-                    : "response head larger than \(limits.headerSection) bytes")
+            throw Failure(reason: "response head larger than \(limits.headerSection) bytes")
         }
     }
 
-    /// Hands the line collected in `line` (without its CRLF) to the head or trailer logic,
-    /// by value without a copy, and takes its storage back.
-    private mutating func completeLine(trailer: Bool) throws(Failure) -> Event? {
+    /// Hands the line collected in `line` (without its CRLF) to the head logic, by value
+    /// without a copy, and takes its storage back.
+    private mutating func completeLine() throws(Failure) -> Event? {
         var complete: [UInt8] = []
         swap(&complete, &line)
         defer {
             complete.removeAll(keepingCapacity: true)
             swap(&complete, &line)
         }
-        return try trailer ? trailerLine(complete) : headLine(complete)
+        return try headLine(complete)
     }
 
     private mutating func headLine(_ l: [UInt8]) throws(Failure) -> Event? {
@@ -320,7 +310,7 @@ struct HTTPResponseParser {
             return nil
         }
         if l.isEmpty { return try endOfHead() }
-        let (name, value) = try Self.fieldLine(l, trailer: false)
+        let (name, value) = try Self.fieldLine(l)
         fieldCount += 1
         if fieldCount > limits.headerCount {
             throw Failure(reason: "more than \(limits.headerCount) header fields")
@@ -400,7 +390,9 @@ struct HTTPResponseParser {
         switch framing {
         case .none, .length(0): state = .endPending
         case .length(let n): state = .fixedBody(remaining: n)
-        case .chunked: state = .chunkSize(value: 0, digits: 0, phase: .digits, lineBytes: 0)
+        case .chunked:
+            chunked = ChunkedDecoder(rules: Self.chunkedRules(limits))
+            state = .chunked
         case .close: state = .closeBody
         }
         return .head(framing)
@@ -408,7 +400,7 @@ struct HTTPResponseParser {
 
     /// Validates a field line: `token ":" OWS value OWS` with value bytes HTAB, SP, VCHAR and
     /// obs-text. Returns the name and the trimmed value.
-    private static func fieldLine(_ line: [UInt8], trailer: Bool) throws(Failure) -> (name: Range<Int>, value: Range<Int>) {
+    private static func fieldLine(_ line: [UInt8]) throws(Failure) -> (name: Range<Int>, value: Range<Int>) {
         // On the buffer, without bounds checks: every field byte of every response passes here.
         let scan = line.withUnsafeBufferPointer { l -> (name: Int, valueStart: Int, bad: Int?) in
             var i = 0
@@ -425,16 +417,15 @@ struct HTTPResponseParser {
             }
             return (name, valueStart, nil)
         }
-        let what = trailer ? "trailer" : "header"
         let l = line
-        if l[0] == 0x20 || l[0] == 0x09 { throw Failure(reason: "obsolete line folding in a \(what) field") }
+        if l[0] == 0x20 || l[0] == 0x09 { throw Failure(reason: "obsolete line folding in a header field") }
         var i = scan.name
-        guard i < l.count else { throw Failure(reason: "\(what) field line without a colon") }
-        if l[i] == 0x20 || l[i] == 0x09 { throw Failure(reason: "whitespace between a \(what) field name and the colon") }
-        guard l[i] == 0x3A else { throw Failure(reason: "invalid character in a \(what) field name") }
-        guard i > 0 else { throw Failure(reason: "empty \(what) field name") }
+        guard i < l.count else { throw Failure(reason: "header field line without a colon") }
+        if l[i] == 0x20 || l[i] == 0x09 { throw Failure(reason: "whitespace between a header field name and the colon") }
+        guard l[i] == 0x3A else { throw Failure(reason: "invalid character in a header field name") }
+        guard i > 0 else { throw Failure(reason: "empty header field name") }
         let name = 0..<i
-        if scan.bad != nil { throw Failure(reason: "NUL or control character in a \(what) field value") }
+        if scan.bad != nil { throw Failure(reason: "NUL or control character in a header field value") }
         i = scan.valueStart
         var valueEnd = l.count
         while valueEnd > i, l[valueEnd - 1] == 0x20 || l[valueEnd - 1] == 0x09 { valueEnd -= 1 }
@@ -498,104 +489,36 @@ struct HTTPResponseParser {
         return kind
     }
 
-    /// Trailer fields are validated, counted and dropped; the empty line ends the response.
-    private mutating func trailerLine(_ l: [UInt8]) throws(Failure) -> Event? {
-        if l.isEmpty {
-            state = .done
-            return .end
-        }
-        _ = try Self.fieldLine(l, trailer: true)
-        fieldCount += 1
-        if fieldCount > limits.headerCount {
-            throw Failure(reason: "more than \(limits.headerCount) trailer fields")
-        }
-        return nil
-    }
-
     // MARK: body
 
     private mutating func parseBody(_ input: UnsafeRawBufferPointer) throws(Failure) -> (Int, Event?) {
-        var i = 0
-        while i < input.count {
-            switch state {
-            case .fixedBody(let remaining):
-                let n = Int(min(Int64(input.count - i), remaining))
-                state = remaining == Int64(n) ? .endPending : .fixedBody(remaining: remaining - Int64(n))
-                return (i + n, .body(i..<(i + n)))
+        switch state {
+        case .fixedBody(let remaining):
+            let n = Int(min(Int64(input.count), remaining))
+            state = remaining == Int64(n) ? .endPending : .fixedBody(remaining: remaining - Int64(n))
+            return (n, .body(0..<n))
 
-            case .closeBody:
-                return (input.count, .body(i..<input.count))
+        case .closeBody:
+            return (input.count, .body(0..<input.count))
 
-            case .chunkData(let remaining):
-                let n = Int(min(UInt64(input.count - i), remaining))
-                state = remaining == UInt64(n) ? .chunkDataCR : .chunkData(remaining: remaining - UInt64(n))
-                return (i + n, .body(i..<(i + n)))
-
-            case .chunkSize(let value, let digits, let phase, let lineBytes):
-                let b = input[i]
-                i += 1
-                if b == 0x0D {
-                    guard digits > 0 else { throw Failure(reason: "invalid chunk size") }
-                    state = .chunkSizeLF(value: value)
-                    continue
+        case .chunked:
+            do throws(ChunkedDecoder.Failure) {
+                switch try chunked.decode(input) {
+                case (let n, .data(let range)?):
+                    return (n, .body(range))
+                case (let n, .end?):
+                    state = .done
+                    return (n, .end)
+                case (let n, nil):
+                    return (n, nil)
                 }
-                if lineBytes + 1 > Self.maxChunkLine { throw Failure(reason: "chunk-size line too long") }
-                switch phase {
-                case .digits:
-                    if let h = ASCII.hexValue(b) {
-                        guard digits < Self.maxChunkSizeDigits else { throw Failure(reason: "chunk size too large") }
-                        state = .chunkSize(value: value << 4 | h, digits: digits + 1, phase: .digits, lineBytes: lineBytes + 1)
-                    } else if digits > 0 && (b == 0x20 || b == 0x09) {
-                        state = .chunkSize(value: value, digits: digits, phase: .whitespace, lineBytes: lineBytes + 1)
-                    } else if digits > 0 && b == 0x3B {
-                        state = .chunkSize(value: value, digits: digits, phase: .chunkExtension, lineBytes: lineBytes + 1)
-                    } else {
-                        throw Failure(reason: "invalid chunk size")
-                    }
-                case .whitespace:
-                    if b == 0x20 || b == 0x09 || b == 0x3B {
-                        state = .chunkSize(
-                            value: value, digits: digits, phase: b == 0x3B ? .chunkExtension : .whitespace,
-                            lineBytes: lineBytes + 1)
-                    } else {
-                        throw Failure(reason: "invalid chunk size")
-                    }
-                case .chunkExtension:
-                    // Its contents are ignored; only their bytes are checked.
-                    guard ASCII.isFieldValueByte(b) else { throw Failure(reason: "invalid chunk extension") }
-                    state = .chunkSize(value: value, digits: digits, phase: .chunkExtension, lineBytes: lineBytes + 1)
-                }
-
-            case .chunkSizeLF(let value):
-                guard input[i] == 0x0A else { throw Failure(reason: "bare CR in a chunk-size line") }
-                i += 1
-                if value == 0 {
-                    state = .trailer
-                    sectionBytes = 0
-                    fieldCount = 0
-                } else {
-                    state = .chunkData(remaining: value)
-                }
-
-            case .chunkDataCR:
-                guard input[i] == 0x0D else { throw Failure(reason: "missing CRLF after chunk data") }
-                i += 1
-                state = .chunkDataLF
-
-            case .chunkDataLF:
-                guard input[i] == 0x0A else { throw Failure(reason: "missing CRLF after chunk data") }
-                i += 1
-                state = .chunkSize(value: 0, digits: 0, phase: .digits, lineBytes: 0)
-
-            case .trailer:
-                let (n, event) = try scanLines(UnsafeRawBufferPointer(rebasing: input[i...]), trailer: true)
-                return (i + n, event)
-
-            case .head, .endPending, .done, .failed:
-                return (i, nil)
+            } catch {
+                throw Failure(reason: error.reason)
             }
+
+        case .head, .endPending, .done, .failed:
+            return (0, nil)
         }
-        return (i, nil)
     }
 
     // MARK: bytes

@@ -2,7 +2,9 @@
 /// Sluice speaks on itself (`UpgradeTransfer`): the response head, line by line through a
 /// `ResponseHeadCollector` (the same one every forwarded response goes through), then — for
 /// an answer other than `101` — where its body ends, so that the answer is relayed as a
-/// complete response and the connection closed after it.
+/// complete response and the connection closed after it. A chunked body is framed by
+/// `ChunkedDecoder`, the decoder both HTTP/1.1 parsers use, so a relayed body ends where a
+/// strict client finds its end.
 ///
 /// A value type fed bytes: `read` says how many it consumed and what they completed; tested
 /// with input split at every byte (`UpgradeResponseReaderTests`).
@@ -38,19 +40,17 @@ struct UpgradeResponseReader {
     private enum State {
         case head
         case body(BodyFraming)
-        case chunkSize(value: UInt64, digits: Int, inExtension: Bool)
-        case chunkSizeLF(UInt64)
-        case chunkData(UInt64)
-        case chunkDataCR
-        case chunkDataLF
-        /// Trailer lines after the last chunk; `lineBytes` of the current one seen so far.
-        case trailer(lineBytes: Int)
-        case trailerLF(empty: Bool)
+        /// A chunked body, read by `chunked`.
+        case chunked
         case done
     }
 
     private(set) var head = ResponseHeadCollector()
     private var state = State.head
+    /// Sizes of up to 16 hex digits; a trailer section as large as a head, any number of
+    /// fields within it.
+    private var chunked = ChunkedDecoder(
+        rules: ChunkedDecoder.Rules(sizeDigits: 16, body: nil, trailerSection: maxHeadBytes, trailerFields: nil))
     private var line: [UInt8] = []
     private var headBytes = 0
     /// Where a `.length` body stands.
@@ -89,7 +89,7 @@ struct UpgradeResponseReader {
                     case .length(let n):
                         remaining = n
                         state = n == 0 ? .done : .body(framing)
-                    case .chunked: state = .chunkSize(value: 0, digits: 0, inExtension: false)
+                    case .chunked: state = .chunked
                     case .close: state = .body(.close)
                     }
                     return (i, .answered(framing))
@@ -104,54 +104,19 @@ struct UpgradeResponseReader {
                 }
             case .body:
                 return (bytes.count, nil)  // close-delimited: everything is body
-            case .chunkSize(let value, let digits, let inExtension):
-                let b = bytes[i]
-                i += 1
-                if b == 0x0D {
-                    guard digits > 0 else { throw .malformed("invalid chunk size") }
-                    state = .chunkSizeLF(value)
-                } else if inExtension {
-                    continue
-                } else if let h = ASCII.hexValue(b), digits < 16 {
-                    state = .chunkSize(value: value << 4 | h, digits: digits + 1, inExtension: false)
-                } else if b == 0x3B || b == 0x20 || b == 0x09, digits > 0 {
-                    state = .chunkSize(value: value, digits: digits, inExtension: true)
-                } else {
-                    throw .malformed("invalid chunk size")
+            case .chunked:
+                do throws(ChunkedDecoder.Failure) {
+                    // Data needs no event: the caller relays every consumed byte itself.
+                    let (n, event) = try chunked.decode(UnsafeRawBufferPointer(rebasing: bytes[i...]))
+                    i += n
+                    if event == .end {
+                        state = .done
+                        return (i, .bodyEnded)
+                    }
+                } catch {
+                    if case .trailerSectionTooLarge = error { throw .headTooLarge }
+                    throw .malformed(error.reason)
                 }
-            case .chunkSizeLF(let value):
-                guard bytes[i] == 0x0A else { throw .malformed("bare CR in chunk-size line") }
-                i += 1
-                state = value == 0 ? .trailer(lineBytes: 0) : .chunkData(value)
-            case .chunkData(let left):
-                let n = min(UInt64(bytes.count - i), left)
-                i += Int(n)
-                state = left - n == 0 ? .chunkDataCR : .chunkData(left - n)
-            case .chunkDataCR:
-                guard bytes[i] == 0x0D else { throw .malformed("missing CRLF after chunk data") }
-                i += 1
-                state = .chunkDataLF
-            case .chunkDataLF:
-                guard bytes[i] == 0x0A else { throw .malformed("missing CRLF after chunk data") }
-                i += 1
-                state = .chunkSize(value: 0, digits: 0, inExtension: false)
-            case .trailer(let lineBytes):
-                let b = bytes[i]
-                i += 1
-                if b == 0x0D {
-                    state = .trailerLF(empty: lineBytes == 0)
-                } else {
-                    guard lineBytes < Self.maxHeadBytes else { throw .headTooLarge }
-                    state = .trailer(lineBytes: lineBytes + 1)
-                }
-            case .trailerLF(let empty):
-                guard bytes[i] == 0x0A else { throw .malformed("bare CR in trailer section") }
-                i += 1
-                if empty {
-                    state = .done
-                    return (i, .bodyEnded)
-                }
-                state = .trailer(lineBytes: 0)
             case .done:
                 return (i, nil)
             }
