@@ -21,15 +21,17 @@ import SluiceCore
 /// thread. It reads the `ProxyServer`'s thread-safe state and asks workers through their
 /// mailboxes (`Worker.requestAdmin`), waiting at most `workerAnswerMilliseconds` for them.
 final class AdminServer: @unchecked Sendable {
-    // @unchecked: `base` and `http` are used by the admin thread only once it runs;
-    // `stopEvent` is activated through libevent's thread-safe `event_active`.
+    // @unchecked: `base`, `http` and `stopEvent` are used by the admin thread only once it
+    // runs; other threads only activate `stopEvent` through its handle, which lives until
+    // this object does (the server joins the admin thread before it drops it).
     private unowned let server: ProxyServer
     private let workers: [Worker.StopHandle]
     private let token: Secret?
     let address: String
     private let base: OpaquePointer
     private let http: OpaquePointer
-    private var stopEvent: OpaquePointer!
+    private var stopEvent: LoopWake<AdminServer>!
+    private var stopHandle: LoopWake<AdminServer>.Handle!
     private var thread: pthread_t?
     /// The live dashboard and its event streams.
     private var dashboard: Dashboard!
@@ -69,18 +71,15 @@ final class AdminServer: @unchecked Sendable {
                 guard let request else { return }
                 Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue().serve(request)
             }, me)
-        stopEvent = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                let admin = Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue()
-                admin.dashboard.stop()
-                // A grace period for answers still being written: the request that made the
-                // server stop (a cancel that ended the last exchange of a drain) gets its reply.
-                var grace = timeval(tv_sec: 0, tv_usec: AdminServer.stopGraceMicroseconds)
-                event_base_loopexit(admin.base, &grace)
-            }, me)
+        stopEvent = LoopWake(on: base, owner: self) { admin in
+            admin.dashboard.stop()
+            // A grace period for answers still being written: the request that made the
+            // server stop (a cancel that ended the last exchange of a drain) gets its reply.
+            var grace = timeval(tv_sec: 0, tv_usec: AdminServer.stopGraceMicroseconds)
+            event_base_loopexit(admin.base, &grace)
+        }
+        stopHandle = stopEvent.handle
         dashboard = Dashboard(base: base) { [unowned self] forPage in dashboardPayload(forPage: forPage) }
-        event_add(stopEvent, nil)
     }
 
     deinit {
@@ -88,7 +87,7 @@ final class AdminServer: @unchecked Sendable {
         // still reach the dashboard.
         evhttp_free(http)
         dashboard = nil
-        event_free(stopEvent)
+        stopEvent = nil
         event_base_free(base)
     }
 
@@ -115,7 +114,7 @@ final class AdminServer: @unchecked Sendable {
 
     /// Ends the admin loop after `stopGraceMicroseconds` (replies being written leave first).
     /// Safe from any thread.
-    func stop() { event_active(stopEvent, Int32(EV_READ), 0) }
+    func stop() { stopHandle.activate() }
 
     func join() {
         if let thread { pthread_join(thread, nil) }

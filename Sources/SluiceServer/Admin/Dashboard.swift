@@ -21,7 +21,7 @@ import SluiceCore
 final class Dashboard {
     private let base: OpaquePointer
     private var streams: [(request: OpaquePointer, connection: OpaquePointer)] = []
-    private var timer: OpaquePointer!
+    private var timer: LoopTimer<Dashboard>!
     /// Builds the current payload (the admin server asks the workers for their counts);
     /// `true`: for a page (every field), `false`: for the history alone (what it keeps).
     private let payload: (_ forPage: Bool) -> DashboardPayload
@@ -31,18 +31,11 @@ final class Dashboard {
     init(base: OpaquePointer, payload: @escaping (_ forPage: Bool) -> DashboardPayload) {
         self.base = base
         self.payload = payload
-        timer = event_new(
-            base, -1, Int16(EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<Dashboard>.fromOpaque(arg!).takeUnretainedValue().tick()
-            }, Unmanaged.passUnretained(self).toOpaque())
+        timer = LoopTimer(on: base, owner: self, repeating: true) { $0.tick() }
         // The first sample at the first tick: the workers do not run yet (they would not
         // answer a sample taken now).
-        var second = timeval(tv_sec: 1, tv_usec: 0)
-        event_add(timer, &second)
+        timer.arm(milliseconds: 1000)
     }
-
-    deinit { event_free(timer) }
 
     /// Starts an event stream on `request` (already authorized): the first event now, then
     /// one a second.
@@ -95,7 +88,7 @@ final class Dashboard {
 
     /// Ends every stream (the admin loop is stopping).
     func stop() {
-        event_del(timer)
+        timer.stop()
         for stream in streams { evhttp_send_reply_end(stream.request) }
         streams.removeAll()
     }

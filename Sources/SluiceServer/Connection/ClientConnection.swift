@@ -59,8 +59,8 @@ final class ClientConnection: ClientSocketOwner {
     var peer: String { client.peer }
     private(set) var state: State = .awaitingHead
     private var parser: HTTPRequestParser
-    /// The idle/header timer (one event, re-armed with a purpose).
-    private var timer: OpaquePointer!
+    /// The idle/header timer (one event, re-armed with a purpose); dropped at the close.
+    private var timer: LoopTimer<ClientConnection>?
     private var timerPurpose: TimerPurpose = .idle
     /// Whether the request's body has been read to its end, and whether the client asked for
     /// the connection to end after it.
@@ -90,12 +90,7 @@ final class ClientConnection: ClientSocketOwner {
         clientOutput = socket.output
         driver = ExchangeDriver(connection: self, worker: worker)
         socket.owner = self
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        timer = event_new(
-            worker.base, -1, 0,
-            { _, _, arg in
-                Unmanaged<ClientConnection>.fromOpaque(arg!).takeUnretainedValue().timerFired()
-            }, me)
+        timer = LoopTimer(on: worker.base, owner: self) { $0.timerFired() }
         armTimer(.idle)
     }
 
@@ -274,11 +269,10 @@ final class ClientConnection: ClientSocketOwner {
         case .header: ms = worker.config.timeouts.clientHeader
         case .collapsed: ms = CacheStore.collapsedWaitMilliseconds
         }
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(timer, &tv)
+        timer?.arm(milliseconds: ms)
     }
 
-    func stopTimer() { event_del(timer) }
+    func stopTimer() { timer?.stop() }
 
     // MARK: requests
 
@@ -306,7 +300,7 @@ final class ClientConnection: ClientSocketOwner {
             evbuffer_drain(input, result.consumed)
             inputConsumed()
             if case .head(let head)? = result.event {
-                event_del(timer)
+                timer?.stop()
                 handle(head)
             }
         }
@@ -450,7 +444,7 @@ final class ClientConnection: ClientSocketOwner {
     func closeAfterFlush() {
         driver.release()
         state = .closing
-        event_del(timer)
+        timer?.stop()
         setReading(false)
         if evbuffer_get_length(clientOutput) == 0 { close() } else { scheduleFlush() }
     }
@@ -460,7 +454,7 @@ final class ClientConnection: ClientSocketOwner {
         if case .closed = state { return }
         driver.cancel()
         state = .closed
-        event_free(timer)
+        timer = nil
         switch transport {
         case .socket(let socket):
             socket.close(abortive: abortiveClose)
@@ -475,7 +469,7 @@ final class ClientConnection: ClientSocketOwner {
     private func abandon() {
         driver.exchange = nil
         state = .closed
-        event_free(timer)
+        timer = nil
         worker.connectionClosed(self)
     }
 

@@ -43,9 +43,8 @@ protocol ClientSocketOwner: AnyObject {
 /// (or a close it has seen) are handed on by activating the read event, since the kernel
 /// will not say the socket is readable for them.
 ///
-/// Threading: owned by one `ClientConnection`, on its worker's thread. The events' C context
-/// is this object, unretained: the connection keeps it until `close()` or `detach()`, which
-/// free the events first.
+/// Threading: owned by one `ClientConnection`, on its worker's thread. Its events hold it
+/// unretained (`LoopEvent`): `close()` and `detach()` drop them first.
 final class ClientSocket {
     /// Stop reading from a client once this many unprocessed bytes wait (256 KiB): the
     /// upload's backpressure, and the bound on pipelined requests held in memory.
@@ -70,11 +69,12 @@ final class ClientSocket {
     let output: OpaquePointer
     /// Set by the connection right after creating the socket (before the loop runs again).
     unowned(unsafe) var owner: (any ClientSocketOwner)?
-    private var readEvent: OpaquePointer!
+    private let base: OpaquePointer
+    private var readEvent: SocketEvent<ClientSocket>!
     /// Made on first need (`makeWriteEvent`).
-    private var writeEvent: OpaquePointer?
+    private var writeEvent: SocketEvent<ClientSocket>?
     /// Checks for the peer's close while reading is stopped (made on first need).
-    private var closedCheck: OpaquePointer?
+    private var closedCheck: LoopTimer<ClientSocket>?
     private var closedCheckArmed = false
     static let closedCheckMilliseconds = 200
     private var readArmed = false
@@ -107,6 +107,7 @@ final class ClientSocket {
         base: OpaquePointer, fd: Int32, spill: UnsafeMutableRawBufferPointer, watchesCloseWhilePaused: Bool = true,
         tls: OpaquePointer? = nil
     ) {
+        self.base = base
         self.fd = fd
         self.tls = tls
         self.watchesCloseWhilePaused = watchesCloseWhilePaused
@@ -114,27 +115,18 @@ final class ClientSocket {
         maxDirectRead = watchesCloseWhilePaused ? Self.smallRead : Self.largeRead
         input = evbuffer_new()
         output = evbuffer_new()
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        readEvent = event_new(
-            base, fd, Int16(EV_READ | EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().readNow()
-            }, me)
+        readEvent = SocketEvent(on: base, fd: fd, .read, owner: self) { socket, _ in socket.readNow() }
         armRead()
     }
 
     /// The write event, made the first time the kernel's buffer is full: most connections
     /// never need it (a response leaves in one `writev`), and an idle one holds no event it
     /// does not use.
-    private func makeWriteEvent() -> OpaquePointer? {
-        if writeEvent == nil {
-            writeEvent = event_new(
-                event_get_base(readEvent), fd, Int16(EV_WRITE | EV_PERSIST),
-                { _, _, arg in
-                    Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().writeNow()
-                }, Unmanaged.passUnretained(self).toOpaque())
-        }
-        return writeEvent
+    private func makeWriteEvent() -> SocketEvent<ClientSocket> {
+        if let writeEvent { return writeEvent }
+        let event = SocketEvent(on: base, fd: fd, .write, owner: self) { socket, _ in socket.writeNow() }
+        writeEvent = event
+        return event
     }
 
     /// The connection consumed input: reading resumes if the watermark had stopped it.
@@ -146,30 +138,22 @@ final class ClientSocket {
         let want = open && wantsInput && evbuffer_get_length(input) < Self.inputHighWatermark
         if want != readArmed {
             readArmed = want
-            if want { event_add(readEvent, nil) } else { event_del(readEvent) }
+            if want { readEvent.arm() } else { readEvent.stop() }
             if watchesCloseWhilePaused { armClosedCheck(open && !want) }
         }
         // Decrypted bytes or an end that OpenSSL holds: the kernel will not report them.
-        if want, let tls, tlsEnded || SSL_has_pending(tls) == 1 { event_active(readEvent, Int32(EV_READ), 0) }
+        if want, let tls, tlsEnded || SSL_has_pending(tls) == 1 { readEvent.activate() }
     }
 
     private func armClosedCheck(_ on: Bool) {
         guard on != closedCheckArmed, readEvent != nil else { return }
         closedCheckArmed = on
         if !on {
-            if let closedCheck { event_del(closedCheck) }
+            closedCheck?.stop()
             return
         }
-        if closedCheck == nil {
-            closedCheck = event_new(
-                event_get_base(readEvent), -1, Int16(EV_PERSIST),
-                { _, _, arg in
-                    Unmanaged<ClientSocket>.fromOpaque(arg!).takeUnretainedValue().checkClosed()
-                }, Unmanaged.passUnretained(self).toOpaque())
-        }
-        let ms = Self.closedCheckMilliseconds
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(closedCheck, &tv)
+        if closedCheck == nil { closedCheck = LoopTimer(on: base, owner: self, repeating: true) { $0.checkClosed() } }
+        closedCheck?.arm(milliseconds: Self.closedCheckMilliseconds)
     }
 
     /// Reading is stopped: the peer is gone if the kernel says the connection is no longer
@@ -278,7 +262,7 @@ final class ClientSocket {
         let left = evbuffer_get_length(output)
         if (left > 0) != writeArmed {
             writeArmed = left > 0
-            if writeArmed { event_add(makeWriteEvent(), nil) } else { event_del(writeEvent) }
+            if writeArmed { makeWriteEvent().arm() } else { writeEvent?.stop() }
         }
         return true
     }
@@ -323,9 +307,9 @@ final class ClientSocket {
     }
 
     private func stopEvents() {
-        if readArmed { event_del(readEvent) }
-        if writeArmed, let writeEvent { event_del(writeEvent) }
-        if closedCheckArmed, let closedCheck { event_del(closedCheck) }
+        if readArmed { readEvent.stop() }
+        if writeArmed { writeEvent?.stop() }
+        if closedCheckArmed { closedCheck?.stop() }
         closedCheckArmed = false
         readArmed = false
         writeArmed = false
@@ -363,11 +347,10 @@ final class ClientSocket {
     private func release() {
         guard readEvent != nil else { return }
         open = false
-        if let closedCheck { event_free(closedCheck) }
+        // The events before the descriptor and the buffers (they may be dropped from within
+        // their own callbacks: each lives until its callback returns).
         closedCheck = nil
         closedCheckArmed = false
-        event_free(readEvent)
-        if let writeEvent { event_free(writeEvent) }
         readEvent = nil
         writeEvent = nil
         evbuffer_free(input)

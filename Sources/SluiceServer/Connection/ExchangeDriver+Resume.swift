@@ -23,7 +23,7 @@ final class ResumeState {
     var awaitingHead = false
     /// While waiting for the backoff: the timer, the fields the resume sends, the framing to
     /// keep, the cache's tee.
-    var timer: LoopTimer?
+    var timer: LoopEvent?
     var fields: [(name: String, value: String)] = []
     var framing: ResponseEncoder.Framing = .none
     var fill: CacheFill?
@@ -81,9 +81,12 @@ final class ResumeState {
         return fill
     }
 
-    /// Arms the backoff timer on `base`: `fired` runs when it ends.
-    func arm(_ delay: Int, on base: OpaquePointer, fired: @escaping () -> Void) {
-        let timer = LoopTimer(on: base, fired)
+    /// Arms the backoff timer on `base`: `fired` runs when it ends, given `owner` (which holds
+    /// this state).
+    func arm<Owner: AnyObject>(
+        _ delay: Int, on base: OpaquePointer, owner: Owner, _ fired: @escaping (Owner) -> Void
+    ) {
+        let timer = LoopTimer(on: base, owner: owner, fired)
         self.timer = timer
         timer.arm(milliseconds: delay)
     }
@@ -161,7 +164,7 @@ extension ExchangeDriver {
     func scheduleResume(_ transfer: any UpstreamTransfer, _ exchange: Exchange) -> Bool {
         guard let resume = resumeState(transfer, exchange), let delay = resume.broke(transfer) else { return false }
         phase = .resuming(resume)
-        resume.arm(delay, on: worker.base) { [unowned(unsafe) self] in self.resumeTimerFired() }
+        resume.arm(delay, on: worker.base, owner: self) { $0.resumeTimerFired() }
         return true
     }
 

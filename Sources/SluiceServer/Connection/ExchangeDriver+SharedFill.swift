@@ -314,7 +314,7 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder
     /// The origin broke: true when the rest was scheduled (after the backoff).
     private func scheduleResume() -> Bool {
         guard let resume, let delay = resume.broke(transfer) else { return false }
-        resume.arm(delay, on: worker.base) { [unowned(unsafe) self] in self.resumeTimerFired() }
+        resume.arm(delay, on: worker.base, owner: self) { $0.resumeTimerFired() }
         return true
     }
 

@@ -36,7 +36,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         /// A retryable request's body is being read whole, so that it can be replayed.
         case bufferingBody
         /// A try failed; the next one starts when the backoff timer fires.
-        case waitingToRetry(LoopTimer)
+        case waitingToRetry(LoopTimer<ExchangeDriver>)
         /// A request is being forwarded; its body (if any) is read on its transport's demand.
         case forwarding(any UpstreamTransfer)
         /// Resolving and connecting the CONNECT destination.
@@ -246,7 +246,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     /// Waits `ms` before the retry the machine scheduled; the connection holds its input meanwhile.
     private func startRetryTimer(_ ms: Int) {
-        let timer = LoopTimer(on: worker.base) { [unowned(unsafe) self] in self.retryTimerFired() }
+        let timer = LoopTimer(on: worker.base, owner: self) { $0.retryTimerFired() }
         phase = .waitingToRetry(timer)
         timer.arm(milliseconds: ms)
     }

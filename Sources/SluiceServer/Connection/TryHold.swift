@@ -22,7 +22,7 @@ final class TryHold {
     let exchange: Exchange
     let request: UpstreamRequest
     let kind: TryWait
-    private var timer: LoopTimer?
+    private var timer: LoopTimer<TryHold>?
     /// The ticket of the fleet's answer this hold waits for (0: none).
     private var fleetTicket: UInt64 = 0
 
@@ -105,7 +105,7 @@ final class TryHold {
             }
             return
         }
-        let timer = LoopTimer(on: worker.base) { [unowned(unsafe) self] in self.timerFired() }
+        let timer = LoopTimer(on: worker.base, owner: self) { $0.timerFired() }
         self.timer = timer
         timer.arm(milliseconds: ms)
     }

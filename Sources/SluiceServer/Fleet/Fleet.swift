@@ -45,7 +45,10 @@ final class Fleet {
     let settings: FleetSettings
     let client: RedisClient
     let shared: FleetShared
-    private var heartbeatTimer: OpaquePointer?
+    private var heartbeatTimer: LoopTimer<Fleet>?
+    /// The token polls waiting for their next try (`awaitToken`), by number; dropped at close.
+    private var polls: [UInt64: TokenPoll] = [:]
+    private var nextPoll: UInt64 = 0
 
     private let base: OpaquePointer
     /// The fetch locks this worker holds, by token key: the random value it set.
@@ -77,24 +80,17 @@ final class Fleet {
             self.subscriber = subscriber
         }
         if workerIndex == 0 {
-            heartbeatTimer = event_new(
-                base, -1, Int16(EV_PERSIST),
-                { _, _, arg in Unmanaged<Fleet>.fromOpaque(arg!).takeUnretainedValue().beat() },
-                Unmanaged.passUnretained(self).toOpaque())
-            let ms = settings.heartbeat
-            var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-            event_add(heartbeatTimer, &tv)
+            let timer = LoopTimer(on: base, owner: self) { $0.beat() }
+            timer.arm(milliseconds: settings.heartbeat)
+            heartbeatTimer = timer
         }
     }
 
     func start() {
         client.connect()
         subscriber?.connect()
-        if heartbeatTimer != nil {
-            // The first beat as soon as the connection can carry it.
-            var tv = timeval(tv_sec: 0, tv_usec: 50_000)
-            event_add(heartbeatTimer, &tv)
-        }
+        // The first beat as soon as the connection can carry it.
+        heartbeatTimer?.arm(milliseconds: 50)
     }
 
     /// The fixed part of an acquire for one set of limits: the schedule key's suffix, and the
@@ -281,8 +277,7 @@ final class Fleet {
 
     private func beat() {
         let ms = settings.heartbeat
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(heartbeatTimer, &tv)
+        heartbeatTimer?.arm(milliseconds: ms)
         guard client.isConnected else { return }
         let shared = shared
         client.eval(
@@ -344,11 +339,8 @@ final class Fleet {
 
     func close() {
         subscriber?.close()
-        if let heartbeatTimer {
-            event_del(heartbeatTimer)
-            event_free(heartbeatTimer)
-        }
         heartbeatTimer = nil
+        polls.removeAll()
         client.close()
     }
 }
@@ -405,25 +397,32 @@ extension Fleet: SharedTokenStore {
     }
 
     private func poll(_ key: String, deadline: Int, _ completion: @escaping (SharedToken) -> Void) {
-        let box = PollBox { [unowned(unsafe) self] in
-            guard self.client.isUsable else { return completion(.unavailable) }
-            let k = self.keys(key)
-            self.client.eval(FleetScripts.token, keys: [k.token, k.lock], args: []) { [unowned(unsafe) self] reply in
-                switch reply {
-                case .array(let items):
-                    guard items.count == 2, case .string(let token) = items[0], case .integer(let ms) = items[1], ms > 0
-                    else { return completion(.none) }
-                    completion(.found(token: token, milliseconds: ms))
-                case .integer(1) where MonotonicClock.milliseconds() < deadline:
-                    self.poll(key, deadline: deadline, completion)  // still fetching elsewhere
-                case .integer:
-                    completion(.none)  // the lock was given back without a token, or the wait ran out
-                default:
-                    completion(.unavailable)
-                }
+        nextPoll += 1
+        let poll = TokenPoll(fleet: self, number: nextPoll, key: key, deadline: deadline, completion: completion)
+        poll.timer = LoopTimer(on: base, owner: poll) { $0.fleet.pollFired($0) }
+        poll.timer?.arm(milliseconds: 25)
+        polls[poll.number] = poll
+    }
+
+    private func pollFired(_ poll: TokenPoll) {
+        polls[poll.number] = nil
+        let (key, deadline, completion) = (poll.key, poll.deadline, poll.completion)
+        guard client.isUsable else { return completion(.unavailable) }
+        let k = keys(key)
+        client.eval(FleetScripts.token, keys: [k.token, k.lock], args: []) { [unowned(unsafe) self] reply in
+            switch reply {
+            case .array(let items):
+                guard items.count == 2, case .string(let token) = items[0], case .integer(let ms) = items[1], ms > 0
+                else { return completion(.none) }
+                completion(.found(token: token, milliseconds: ms))
+            case .integer(1) where MonotonicClock.milliseconds() < deadline:
+                self.poll(key, deadline: deadline, completion)  // still fetching elsewhere
+            case .integer:
+                completion(.none)  // the lock was given back without a token, or the wait ran out
+            default:
+                completion(.unavailable)
             }
         }
-        box.start(base, milliseconds: 25)
     }
 
     func store(_ key: String, token: String, milliseconds: Int) {
@@ -442,26 +441,6 @@ extension Fleet: SharedTokenStore {
     func invalidate(_ key: String, token: String) {
         guard client.isUsable else { return }
         client.eval(FleetScripts.compareAndDelete, keys: [keys(key).token], args: [token]) { _ in }
-    }
-}
-
-/// A one-shot timer that runs `work` once and frees itself.
-private final class PollBox {
-    let work: () -> Void
-    var event: OpaquePointer?
-    init(_ work: @escaping () -> Void) { self.work = work }
-
-    func start(_ base: OpaquePointer, milliseconds: Int) {
-        let me = Unmanaged.passRetained(self)
-        event = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                let box = Unmanaged<PollBox>.fromOpaque(arg!).takeRetainedValue()
-                event_free(box.event)
-                box.work()
-            }, me.toOpaque())
-        var tv = timeval(tv_sec: 0, tv_usec: Int(milliseconds) * 1000)
-        event_add(event, &tv)
     }
 }
 
@@ -506,5 +485,26 @@ struct FleetWorkerState: Sendable, Encodable {
         roundTripP50Ms = quantile(0.5)
         roundTripP99Ms = quantile(0.99)
         commands = client.answered
+    }
+}
+
+/// A token poll waiting for its next try (`Fleet.awaitToken`): what the try needs, and the
+/// timer that starts it. Held by its fleet's `polls` until the timer fires or the fleet closes.
+///
+/// Threading: its worker's thread only.
+private final class TokenPoll {
+    let number: UInt64
+    let key: String
+    let deadline: Int
+    let completion: (SharedToken) -> Void
+    unowned(unsafe) let fleet: Fleet
+    var timer: LoopTimer<TokenPoll>?
+
+    init(fleet: Fleet, number: UInt64, key: String, deadline: Int, completion: @escaping (SharedToken) -> Void) {
+        self.fleet = fleet
+        self.number = number
+        self.key = key
+        self.deadline = deadline
+        self.completion = completion
     }
 }

@@ -135,8 +135,9 @@ final class RedisClient {
     private let workerIndex: Int
     private var context: UnsafeMutablePointer<redisAsyncContext>?
     private var connected = false
-    private var connectTimer: OpaquePointer!
-    private var reconnectTimer: OpaquePointer!
+    /// The timers, dropped by `close()`.
+    private var connectTimer: LoopTimer<RedisClient>?
+    private var reconnectTimer: LoopTimer<RedisClient>?
     private var reconnectPause = 100
     private var pending: [UInt64: Pending] = [:]
     /// Ids in the order they were sent (their deadlines are in the same order: one timeout for
@@ -144,7 +145,7 @@ final class RedisClient {
     private var order: [UInt64] = []
     private var orderHead = 0
     /// One timer for the oldest command still waiting.
-    private var timeoutTimer: OpaquePointer!
+    private var timeoutTimer: LoopTimer<RedisClient>?
     private var timeoutArmed = false
     private var nextId: UInt64 = 0
     private(set) var health = RedisHealth()
@@ -169,16 +170,9 @@ final class RedisClient {
         self.base = base
         self.settings = settings
         self.workerIndex = workerIndex
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        connectTimer = event_new(
-            base, -1, 0,
-            { _, _, arg in Unmanaged<RedisClient>.fromOpaque(arg!).takeUnretainedValue().connectTimedOut() }, me)
-        reconnectTimer = event_new(
-            base, -1, 0,
-            { _, _, arg in Unmanaged<RedisClient>.fromOpaque(arg!).takeUnretainedValue().connect() }, me)
-        timeoutTimer = event_new(
-            base, -1, 0,
-            { _, _, arg in Unmanaged<RedisClient>.fromOpaque(arg!).takeUnretainedValue().expire() }, me)
+        connectTimer = LoopTimer(on: base, owner: self) { $0.connectTimedOut() }
+        reconnectTimer = LoopTimer(on: base, owner: self) { $0.connect() }
+        timeoutTimer = LoopTimer(on: base, owner: self) { $0.expire() }
     }
 
     /// Whether a command may be sent now (connected, and not paused after failures).
@@ -212,8 +206,7 @@ final class RedisClient {
             let why = status == REDIS_OK ? "closed" : (ac?.pointee.errstr.map { String(cString: $0) } ?? "connection lost")
             Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().disconnected(why)
         }
-        var tv = timeval(tv_sec: 1, tv_usec: 0)
-        event_add(connectTimer, &tv)
+        connectTimer?.arm(milliseconds: 1000)
     }
 
     /// The first commands on a new connection (their deadlines start now that it is up).
@@ -266,7 +259,7 @@ final class RedisClient {
     }
 
     private func connectEnded(_ ok: Bool, _ ac: UnsafePointer<redisAsyncContext>?) {
-        event_del(connectTimer)
+        connectTimer?.stop()
         guard ok else {
             // hiredis frees the context after this callback.
             let why = ac?.pointee.errstr.map { String(cString: $0) } ?? "refused"
@@ -299,7 +292,7 @@ final class RedisClient {
         // back with no reply already.
         context = nil
         connected = false
-        event_del(connectTimer)
+        connectTimer?.stop()
         failAll(why)
         lost("connection to \(settings.redis) lost: \(why)")
     }
@@ -319,8 +312,7 @@ final class RedisClient {
         connected = false
         guard !closed else { return }
         noteFailure(why)
-        var tv = timeval(tv_sec: reconnectPause / 1000, tv_usec: (reconnectPause % 1000) * 1000)
-        event_add(reconnectTimer, &tv)
+        reconnectTimer?.arm(milliseconds: reconnectPause)
         reconnectPause = min(reconnectPause * 2, RedisHealth.maxPause)
     }
 
@@ -355,7 +347,7 @@ final class RedisClient {
         order.removeAll()
         orderHead = 0
         if timeoutArmed {
-            event_del(timeoutTimer)
+            timeoutTimer?.stop()
             timeoutArmed = false
         }
         for p in all { p.completion(.failed(why)) }
@@ -425,8 +417,7 @@ final class RedisClient {
     }
 
     private func arm(microseconds: Int) {
-        var tv = timeval(tv_sec: microseconds / 1_000_000, tv_usec: microseconds % 1_000_000)
-        event_add(timeoutTimer, &tv)
+        timeoutTimer?.arm(microseconds: microseconds)
         timeoutArmed = true
     }
 
@@ -470,7 +461,7 @@ final class RedisClient {
             order.removeAll(keepingCapacity: true)
             orderHead = 0
             if timeoutArmed {
-                event_del(timeoutTimer)
+                timeoutTimer?.stop()
                 timeoutArmed = false
             }
         }
@@ -488,20 +479,20 @@ final class RedisClient {
         }
     }
 
-    /// Disconnects and frees the events (the worker's loop has ended).
+    /// Disconnects and drops the timers (the worker's loop has ended).
     func close() {
         closed = true
         connected = false
-        event_del(reconnectTimer)
-        event_del(connectTimer)
+        reconnectTimer?.stop()
+        connectTimer?.stop()
         if let ac = context {
             context = nil
             ac.pointee.data = nil
             redisAsyncFree(ac)
         }
         failAll("closing")
-        event_free(reconnectTimer)
-        event_free(connectTimer)
-        event_free(timeoutTimer)
+        reconnectTimer = nil
+        connectTimer = nil
+        timeoutTimer = nil
     }
 }

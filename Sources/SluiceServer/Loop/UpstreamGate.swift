@@ -13,9 +13,8 @@ import SluiceCore
 /// refused) in a loop pass of their own, never inside the callback that freed the slot
 /// (which may be libcurl's).
 ///
-/// Threading: one per worker, touched only on that worker's thread. The timer's and the
-/// event's C context is this object, unretained: the worker keeps it and frees both events
-/// (`close()`) before its loop ends.
+/// Threading: one per worker, touched only on that worker's thread. Its timer and wake hold
+/// it unretained: the worker keeps it and drops both (`close()`) before it frees its loop.
 final class UpstreamGate {
     enum Answer {
         /// Go upstream now; the connection holds a slot until it calls `release()`.
@@ -29,8 +28,8 @@ final class UpstreamGate {
     private var admission: UpstreamAdmission
     private let base: OpaquePointer
     private let workerIndex: Int
-    private var timer: OpaquePointer!
-    private var runEvent: OpaquePointer!
+    private var timer: LoopTimer<UpstreamGate>!
+    private var runEvent: LoopWake<UpstreamGate>!
     private var nextTicket: UInt64 = 0
     /// Connections waiting, by ticket.
     private var waiting: [UInt64: any UpstreamSlotWaiter] = [:]
@@ -43,18 +42,10 @@ final class UpstreamGate {
         self.base = base
         self.workerIndex = workerIndex
         admission = UpstreamAdmission(Self.settings(limits, timeouts))
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        timer = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                let gate = Unmanaged<UpstreamGate>.fromOpaque(arg!).takeUnretainedValue()
-                gate.perform(gate.admission.handle(.timer, now: MonotonicClock.milliseconds()))
-            }, me)
-        runEvent = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                Unmanaged<UpstreamGate>.fromOpaque(arg!).takeUnretainedValue().runDecided()
-            }, me)
+        timer = LoopTimer(on: base, owner: self) { gate in
+            gate.perform(gate.admission.handle(.timer, now: MonotonicClock.milliseconds()))
+        }
+        runEvent = LoopWake(on: base, owner: self) { $0.runDecided() }
     }
 
     static func settings(
@@ -149,14 +140,11 @@ final class UpstreamGate {
                 decided.append((connection, refused.ticket, error))
             }
         }
-        if !decided.isEmpty { event_active(runEvent, 0, 0) }
+        if !decided.isEmpty { runEvent.activate() }
         switch actions.timer {
         case .keep: break
-        case .cancel: event_del(timer)
-        case .arm(let at):
-            let ms = max(0, at - MonotonicClock.milliseconds())
-            var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-            event_add(timer, &tv)
+        case .cancel: timer.stop()
+        case .arm(let at): timer.arm(milliseconds: max(0, at - MonotonicClock.milliseconds()))
         }
     }
 
@@ -172,10 +160,10 @@ final class UpstreamGate {
         }
     }
 
-    /// Frees the events (the worker's loop has ended).
+    /// Drops the events (the worker's loop has ended).
     func close() {
-        event_free(timer)
-        event_free(runEvent)
+        timer = nil
+        runEvent = nil
         waiting.removeAll()
         decided.removeAll()
     }

@@ -13,8 +13,8 @@ import Synchronization
 /// connection pool, and every client connection it accepted.
 ///
 /// Threading: built on the main thread (so bind errors surface before anything runs), then
-/// handed to its thread, which alone touches it from then on. The main thread only calls
-/// `requestStop(_:)`, through libevent's thread-safe `event_active`.
+/// handed to its thread, which alone touches it from then on. Other threads reach it only
+/// through its `StopHandle`: its mailbox, and the `LoopWake`s that wake the loop for it.
 final class Worker {
     let index: Int
     /// Limits, timeouts, access rules and TLS: fixed for the process's life.
@@ -49,9 +49,9 @@ final class Worker {
     /// Open listeners by address. A reload that changes only what an address serves (a
     /// route's upstream) keeps the socket: nothing queued on it is dropped.
     private var listeners: [String: Listener] = [:]
-    private var reloadEvent: OpaquePointer!
-    private var adminEvent: OpaquePointer!
-    private var quotaEvent: OpaquePointer!
+    private var reloadEvent: LoopWake<Worker>!
+    private var adminEvent: LoopWake<Worker>!
+    private var quotaEvent: LoopWake<Worker>!
     /// Tries of this worker waiting for a `max_concurrent` place, by ticket.
     var quotaWaiters: [UInt64: TryHold] = [:]
     /// Shared fills whose transfer goes on without its client (`FillProducer`).
@@ -67,7 +67,7 @@ final class Worker {
     private let mailbox: Mailbox
     let heartbeat = Heartbeat()
     /// Beats `heartbeat`; only when a service manager watches (`ServiceNotifier`).
-    private var heartbeatTimer: OpaquePointer?
+    private var heartbeatTimer: LoopTimer<Worker>?
     /// `limits.max_connections` and `max_connections_per_client`, shared by every worker.
     let connectionLimits: ConnectionLimits
     /// The process's shared cache (`cache_store`), nil without one: then no request is
@@ -112,12 +112,14 @@ final class Worker {
     }
 
     /// Where other threads leave work for this worker (a new configuration, admin tasks) and
-    /// wake it. Its lock is held while an event of the worker is activated, and the worker
-    /// marks it `closed` before it frees those events: nothing is activated after that (a
+    /// wake it. Its lock is held while a `LoopWake` of the worker is activated, and the worker
+    /// marks it `closed` before it drops those events: nothing is activated after that (a
     /// second SIGTERM, a SIGHUP or an admin request that arrives after this worker drained).
     final class Mailbox: Sendable {
         struct Contents {
             var closed = false
+            /// A stop was asked for that exits at once (a second SIGTERM), not a drain.
+            var forceStop = false
             var pending: SluiceConfiguration?
             var admin: [AdminTask] = []
             /// `max_concurrent` tickets given a place (`RateLimitTable`'s wake).
@@ -166,18 +168,18 @@ final class Worker {
     let readSpill = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
     /// Connections with output to write in this loop pass (`scheduleFlush`).
     private var flushQueue: [ClientConnection] = []
-    private var flushEvent: OpaquePointer!
+    private var flushEvent: LoopWake<Worker>!
     /// Gives a burst's freed heap back to the kernel once the worker is quiet.
     private var heapTrim = HeapTrimSchedule()
-    private var heapTrimTimer: OpaquePointer!
-    private var stopEvent: OpaquePointer!
-    private var drainTimer: OpaquePointer?
+    private var heapTrimTimer: LoopTimer<Worker>!
+    private var stopEvent: LoopWake<Worker>!
+    private var drainTimer: LoopTimer<Worker>?
     private(set) var isDraining = false
     /// Listeners switched off after accept() failed for want of descriptors (`acceptFailed`),
     /// the timer that switches them on again, and whether this worker's accepts have failed
     /// since the process-wide episode (`AcceptFailures`) last ended.
     private var acceptPaused: [Listener] = []
-    private var acceptRetryTimer: OpaquePointer?
+    private var acceptRetryTimer: LoopTimer<Worker>?
     private var acceptTroubled = false
 
     /// A worker's counts for `GET /metrics` (`index` -1: a worker whose loop has ended).
@@ -187,15 +189,14 @@ final class Worker {
         let clientConnections: Int
     }
 
-    /// What other threads may hold of a worker: the events that wake it and its mailbox.
-    struct StopHandle: @unchecked Sendable {
-        // libevent was set up with evthread_use_pthreads(), which makes event_active safe
-        // from any thread; the events are activated only under the mailbox's lock while it is
-        // open (they are freed after it closes); nothing else is reachable through them.
-        let event: OpaquePointer
-        let reloadEvent: OpaquePointer
-        let adminEvent: OpaquePointer
-        let quotaEvent: OpaquePointer
+    /// What other threads may hold of a worker: the events that wake it and its mailbox. The
+    /// events are activated only under the mailbox's lock while it is open (the worker drops
+    /// them after it closes).
+    struct StopHandle: Sendable {
+        let event: LoopWake<Worker>.Handle
+        let reloadEvent: LoopWake<Worker>.Handle
+        let adminEvent: LoopWake<Worker>.Handle
+        let quotaEvent: LoopWake<Worker>.Handle
         let mailbox: Mailbox
     }
 
@@ -233,49 +234,18 @@ final class Worker {
         upstreamGate = UpstreamGate(
             base: base, workerIndex: index, limits: configuration.server.limits,
             timeouts: configuration.server.timeouts)
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        stopEvent = event_new(
-            base, -1, Int16(EV_PERSIST),
-            { _, what, arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beginDrain(force: what & Int16(EV_SIGNAL) != 0)
-            }, me)
-        event_add(stopEvent, nil)
-        reloadEvent = event_new(
-            base, -1, Int16(EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().applyPendingReload()
-            }, me)
-        event_add(reloadEvent, nil)
-        adminEvent = event_new(
-            base, -1, Int16(EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().runAdminTasks()
-            }, me)
-        event_add(adminEvent, nil)
-        quotaEvent = event_new(
-            base, -1, Int16(EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().runQuotaGrants()
-            }, me)
-        event_add(quotaEvent, nil)
-        flushEvent = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().flushPass()
-            }, me)
-        heapTrimTimer = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().heapTrimCheck()
-            }, me)
+        stopEvent = LoopWake(on: base, owner: self) { worker in
+            worker.beginDrain(force: worker.mailbox.contents.withLock { $0.forceStop })
+        }
+        reloadEvent = LoopWake(on: base, owner: self) { $0.applyPendingReload() }
+        adminEvent = LoopWake(on: base, owner: self) { $0.runAdminTasks() }
+        quotaEvent = LoopWake(on: base, owner: self) { $0.runQuotaGrants() }
+        flushEvent = LoopWake(on: base, owner: self) { $0.flushPass() }
+        heapTrimTimer = LoopTimer(on: base, owner: self) { $0.heapTrimCheck() }
         if let ms = heartbeatMilliseconds {
-            heartbeatTimer = event_new(
-                base, -1, Int16(EV_PERSIST),
-                { _, _, arg in
-                    Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().beat()
-                }, me)
-            var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-            event_add(heartbeatTimer, &tv)
+            let timer = LoopTimer(on: base, owner: self, repeating: true) { $0.beat() }
+            timer.arm(milliseconds: ms)
+            heartbeatTimer = timer
         }
         for (key, mode, address) in Self.listenerSpecs(configuration.server) {
             try listen(key: key, mode: mode, on: address)
@@ -288,7 +258,8 @@ final class Worker {
 
     var stopHandle: StopHandle {
         StopHandle(
-            event: stopEvent, reloadEvent: reloadEvent, adminEvent: adminEvent, quotaEvent: quotaEvent, mailbox: mailbox)
+            event: stopEvent.handle, reloadEvent: reloadEvent.handle, adminEvent: adminEvent.handle,
+            quotaEvent: quotaEvent.handle, mailbox: mailbox)
     }
 
     /// A `max_concurrent` ticket was given a place: it goes to this worker's loop (false when
@@ -297,7 +268,7 @@ final class Worker {
         handle.mailbox.contents.withLock { contents in
             guard !contents.closed else { return false }
             contents.quotaGrants.append(ticket)
-            event_active(handle.quotaEvent, Int32(EV_READ), 0)
+            handle.quotaEvent.activate()
             return true
         }
     }
@@ -308,7 +279,7 @@ final class Worker {
         handle.mailbox.contents.withLock { contents in
             guard !contents.closed else { return }
             contents.fillWakes.append(ticket)
-            event_active(handle.quotaEvent, Int32(EV_READ), 0)
+            handle.quotaEvent.activate()
         }
     }
 
@@ -331,7 +302,7 @@ final class Worker {
         let queued = handle.mailbox.contents.withLock { contents -> Bool in
             guard !contents.closed else { return false }
             contents.admin.append(task)
-            event_active(handle.adminEvent, Int32(EV_READ), 0)
+            handle.adminEvent.activate()
             return true
         }
         if !queued { task.answerUnavailable() }
@@ -376,7 +347,7 @@ final class Worker {
         handle.mailbox.contents.withLock { contents in
             guard !contents.closed else { return }
             contents.pending = configuration
-            event_active(handle.reloadEvent, Int32(EV_READ), 0)
+            handle.reloadEvent.activate()
         }
     }
 
@@ -454,7 +425,8 @@ final class Worker {
     static func requestStop(_ handle: StopHandle, force: Bool) {
         handle.mailbox.contents.withLock { contents in
             guard !contents.closed else { return }
-            event_active(handle.event, force ? Int32(EV_SIGNAL) : Int32(EV_READ), 0)
+            if force { contents.forceStop = true }
+            handle.event.activate()
         }
     }
 
@@ -523,9 +495,7 @@ final class Worker {
         switch action {
         case .none: break
         case .arm:
-            let ms = HeapTrimSchedule.quietMilliseconds
-            var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-            event_add(heapTrimTimer, &tv)
+            heapTrimTimer.arm(milliseconds: HeapTrimSchedule.quietMilliseconds)
         case .trim:
             _ = sluice_heap_trim()
         }
@@ -536,7 +506,7 @@ final class Worker {
     /// is never inside the call stack of a write that fails and closes a connection.
     func scheduleFlush(_ connection: ClientConnection) {
         flushQueue.append(connection)
-        if flushQueue.count == 1 { event_active(flushEvent, 0, 0) }
+        if flushQueue.count == 1 { flushEvent.activate() }
     }
 
     private func flushPass() {
@@ -564,23 +534,15 @@ final class Worker {
         guard let ev = listener.evListener, !acceptPaused.contains(where: { $0 === listener }) else { return }
         evconnlistener_disable(ev)
         acceptPaused.append(listener)
-        if acceptRetryTimer == nil {
-            acceptRetryTimer = event_new(
-                base, -1, 0,
-                { _, _, arg in
-                    Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue().resumeAccepting()
-                }, Unmanaged.passUnretained(self).toOpaque())
-        }
-        let ms = AcceptFailures.retryMilliseconds
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(acceptRetryTimer, &tv)
+        if acceptRetryTimer == nil { acceptRetryTimer = LoopTimer(on: base, owner: self) { $0.resumeAccepting() } }
+        acceptRetryTimer?.arm(milliseconds: AcceptFailures.retryMilliseconds)
     }
 
     /// Switches the listeners `acceptFailed` paused on again (those still open).
     private func resumeAccepting() {
         let paused = acceptPaused
         acceptPaused.removeAll()
-        if let acceptRetryTimer { event_del(acceptRetryTimer) }
+        acceptRetryTimer?.stop()
         guard !isDraining else { return }
         for listener in paused where listeners.values.contains(where: { $0 === listener }) {
             if let ev = listener.evListener { evconnlistener_enable(ev) }
@@ -610,16 +572,12 @@ final class Worker {
             event_base_loopexit(base, nil)
             return
         }
-        let ms = config.timeouts.drain
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        drainTimer = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                let worker = Unmanaged<Worker>.fromOpaque(arg!).takeUnretainedValue()
-                Log.warning("worker \(worker.index): drain timeout, closing \(worker.connections.count) connection(s)")
-                event_base_loopbreak(worker.base)
-            }, Unmanaged.passUnretained(self).toOpaque())
-        event_add(drainTimer, &tv)
+        let timer = LoopTimer(on: base, owner: self) { worker in
+            Log.warning("worker \(worker.index): drain timeout, closing \(worker.connections.count) connection(s)")
+            event_base_loopbreak(worker.base)
+        }
+        timer.arm(milliseconds: config.timeouts.drain)
+        drainTimer = timer
     }
 
     private func closeListeners() {
@@ -636,8 +594,8 @@ final class Worker {
         for producer in Array(fillProducers.values) { producer.cancel() }
         fillProducers.removeAll()
         closeListeners()
-        if let drainTimer { event_free(drainTimer) }
-        if let acceptRetryTimer { event_free(acceptRetryTimer) }
+        drainTimer = nil
+        acceptRetryTimer = nil
         // From here on no thread activates this worker's events (see `Mailbox`); admin tasks
         // that arrived too late are answered as a stopped worker's.
         let late = mailbox.contents.withLock { contents -> [AdminTask] in
@@ -646,13 +604,6 @@ final class Worker {
             return contents.admin
         }
         for task in late { task.answerUnavailable() }
-        event_free(stopEvent)
-        event_free(reloadEvent)
-        event_free(adminEvent)
-        event_free(quotaEvent)
-        event_free(flushEvent)
-        event_free(heapTrimTimer)
-        if let heartbeatTimer { event_free(heartbeatTimer) }
         // The fleet first: what its pending answers start (a probe, a token fetch) still finds
         // everything open.
         fleet?.close()
@@ -665,7 +616,15 @@ final class Worker {
         resolver.shutdown()
         session.shutdown()
         readSpill.deallocate()
-        // Last: every event of this loop has been freed above (the session's with its sockets).
+        // Last: every event of this loop is freed (the session's went with its sockets); the
+        // worker's own go now.
+        stopEvent = nil
+        reloadEvent = nil
+        adminEvent = nil
+        quotaEvent = nil
+        flushEvent = nil
+        heapTrimTimer = nil
+        heartbeatTimer = nil
         event_base_free(base)
     }
 }

@@ -52,7 +52,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// curl and kept while libcurl may read them (until `cancel()`).
     private var requestHeaders: CurlHeaderList?
     private let errorBuffer: UnsafeMutablePointer<CChar>
-    private var tryTimer: OpaquePointer?
+    private var tryTimer: LoopTimer<CurlUpstreamTransfer>?
     let target: RequestTarget
     private let isHead: Bool
     private let clientMinorVersion: Int
@@ -256,15 +256,11 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// Starts the transfer and its per-try timer (start → response head).
     func start(perTryTimeout: Int) {
         self.perTryTimeout = perTryTimeout
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        tryTimer = event_new(
-            session.base, -1, 0,
-            { _, _, arg in
-                let t = Unmanaged<CurlUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
-                t.fail(.upstreamTimeout(host: t.target.authority, phase: .noResponseHead))
-            }, me)
-        var tv = timeval(tv_sec: perTryTimeout / 1000, tv_usec: (perTryTimeout % 1000) * 1000)
-        event_add(tryTimer, &tv)
+        let timer = LoopTimer(on: session.base, owner: self) { t in
+            t.fail(.upstreamTimeout(host: t.target.authority, phase: .noResponseHead))
+        }
+        timer.arm(milliseconds: perTryTimeout)
+        tryTimer = timer
         session.start(handle)
     }
 
@@ -274,10 +270,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         guard !finished else { return }
         if let delegate, !inCompletion, continuing == nil { delegate.tryEnded(timings: collectTimings()) }
         finished = true
-        if let tryTimer {
-            event_free(tryTimer)
-            self.tryTimer = nil
-        }
+        tryTimer = nil
         // Abandoned midway (the client left, an operator cancelled): the origin is told by a
         // reset, whatever it was doing.
         if !inCompletion { session.abortConnection(of: handle, multiplexed: priorKnowledge) }
@@ -401,7 +394,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         responseSinceRequest = true
         // A complete final head stops the per-try timer; it is acted on lazily (see `headComplete`).
         if head.add(line) {
-            if let tryTimer { event_del(tryTimer) }
+            tryTimer?.stop()
         } else if (100..<200).contains(head.status), continuing == nil, line.allSatisfy({ $0 == 0x0D || $0 == 0x0A }) {
             // The empty line after an interim head: forwarded before the final one comes.
             delegate?.interimResponse(status: head.status, fields: head.endToEndFields())
@@ -455,7 +448,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
             return
         }
         headSent = true
-        if let tryTimer { event_del(tryTimer) }
+        tryTimer?.stop()
         if let continuing {
             guard delegate.continuationArrived(UpstreamResponseHead(collected: head)) else {
                 invalidResponse = true  // curl is told to stop; the try aborts

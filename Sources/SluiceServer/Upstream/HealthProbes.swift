@@ -12,24 +12,20 @@ import SluiceCore
 /// probes are due; it runs only while some policy has a probe.
 ///
 /// Threading: one, on worker 0 (so each origin gets one probe per interval however many
-/// workers run), touched only on that worker's thread. The timer's C context is this object,
-/// unretained: the worker keeps it and frees the timer (`close()`) before its loop ends. A
+/// workers run), touched only on that worker's thread. Its timer holds it
+/// unretained: the worker keeps it and drops the timer (`close()`) before its loop ends. A
 /// probe in flight keeps itself alive (`SideFetch`) and captures the worker's shared
 /// `UpstreamHealth`, not the worker.
 final class HealthProbes {
     /// How often due probes are looked for (ms): a probe starts at most this late.
     static let tick = 250
     private unowned let worker: Worker
-    private var timer: OpaquePointer!
+    private var timer: LoopTimer<HealthProbes>?
     private var armed = false
 
     init(worker: Worker) {
         self.worker = worker
-        timer = event_new(
-            worker.base, -1, Int16(EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<HealthProbes>.fromOpaque(arg!).takeUnretainedValue().startDue()
-            }, Unmanaged.passUnretained(self).toOpaque())
+        timer = LoopTimer(on: worker.base, owner: self, repeating: true) { $0.startDue() }
         update()
     }
 
@@ -38,15 +34,10 @@ final class HealthProbes {
         let wanted = worker.pipeline.policies.probes
         guard wanted != armed else { return }
         armed = wanted
-        if wanted {
-            var tv = timeval(tv_sec: 0, tv_usec: Self.tick * 1000)
-            event_add(timer, &tv)
-        } else {
-            event_del(timer)
-        }
+        if wanted { timer?.arm(milliseconds: Self.tick) } else { timer?.stop() }
     }
 
-    func close() { event_free(timer) }
+    func close() { timer = nil }
 
     private func startDue() {
         for due in worker.health.probesDue(now: MonotonicClock.milliseconds()) {

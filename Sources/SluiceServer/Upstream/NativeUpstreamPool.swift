@@ -24,8 +24,9 @@ final class UpstreamConnection: ClientSocketOwner {
     unowned(unsafe) var user: NativeUpstreamTransfer?
     /// Requests this connection has carried to their end.
     var completedRequests = 0
-    /// Its place in the pool's idle timer wheel: valid while idle.
-    fileprivate var idleTimer: OpaquePointer?
+    /// Closes it once it has been idle in the pool for `idleTimeoutMilliseconds` (armed while
+    /// idle).
+    fileprivate var idleTimer: LoopTimer<UpstreamConnection>?
     private(set) var isClosed = false
     /// The TLS settings the connection was verified under (kept alive with it).
     private let tlsContext: NativeTLSContext?
@@ -61,7 +62,6 @@ final class UpstreamConnection: ClientSocketOwner {
         let counted = NativeUpstreamPool.PoolOrigin(origin: key.origin, tls: isTLS)
         let left = pool.openConnections[counted, default: 1] - 1
         pool.openConnections[counted] = left > 0 ? left : nil
-        if let idleTimer { event_free(idleTimer) }
         idleTimer = nil
         socket.close(abortive: abortive)
     }
@@ -113,7 +113,7 @@ final class NativeUpstreamPool {
     func acquire(origin: UpstreamOrigin, key: UpstreamAddressKey, for transfer: NativeUpstreamTransfer) -> Grant {
         let grant = state.acquire(origin: origin, key: key, for: transfer)
         if case .reuse(let connection) = grant {
-            if let timer = connection.idleTimer { event_del(timer) }
+            connection.idleTimer?.stop()
             connection.user = transfer
         }
         return grant
@@ -153,16 +153,9 @@ final class NativeUpstreamPool {
         connection.completedRequests += 1
         connection.socket.wantsInput = true
         if connection.idleTimer == nil {
-            connection.idleTimer = event_new(
-                base, -1, 0,
-                { _, _, arg in
-                    let c = Unmanaged<UpstreamConnection>.fromOpaque(arg!).takeUnretainedValue()
-                    c.socketClosed()  // idle: the pool closes it
-                }, Unmanaged.passUnretained(connection).toOpaque())
+            connection.idleTimer = LoopTimer(on: base, owner: connection) { $0.socketClosed() }  // idle: the pool closes it
         }
-        let ms = Self.idleTimeoutMilliseconds
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(connection.idleTimer, &tv)
+        connection.idleTimer?.arm(milliseconds: Self.idleTimeoutMilliseconds)
     }
 
     /// An idle connection's socket had an event: the origin closed it, or sent bytes nobody

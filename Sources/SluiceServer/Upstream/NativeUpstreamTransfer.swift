@@ -30,8 +30,8 @@ import SluiceCore
 /// haproxy do); any other is not (RFC 9110 §9.2.2), and the try fails as a reset, which
 /// `retry.methods` decides about.
 ///
-/// Threading: created, driven and finished on its worker's thread only. Its timers' and
-/// connect event's C context is this object, unretained: `cancel()` frees them first.
+/// Threading: created, driven and finished on its worker's thread only. Its timers and
+/// connect event hold it unretained: `cancel()` drops them first.
 final class NativeUpstreamTransfer: UpstreamTransfer {
     /// Pause reading the origin when this many response bytes wait for the client (1 MiB,
     /// as for libcurl).
@@ -83,15 +83,15 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var address = sockaddr_storage()
     private var poolKey: UpstreamAddressKey
     private var waitingForConnection = false
-    private var connectEvent: OpaquePointer?
+    private var connectEvent: SocketEvent<NativeUpstreamTransfer>?
     private var connectingFD: Int32 = -1
     private var connection: UpstreamConnection?
     /// The connection came from the pool (a failure before the response may be its race).
     private var reused = false
     /// The request was sent once more on a new connection already.
     private var resent = false
-    private var tryTimer: OpaquePointer?
-    private var totalTimer: OpaquePointer?
+    private var tryTimer: LoopTimer<NativeUpstreamTransfer>?
+    private var totalTimer: LoopTimer<NativeUpstreamTransfer>?
 
     private var parser: HTTPResponseParser
     private var uploadRemaining: Int64 = 0
@@ -171,14 +171,11 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     func start(perTryTimeout: Int) {
         self.perTryTimeout = perTryTimeout
         startedAt = Self.microseconds()
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        tryTimer = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
-                t.fail(.upstreamTimeout(host: t.origin, phase: .noResponseHead), kind: .timeout)
-            }, me)
-        Self.arm(tryTimer, milliseconds: perTryTimeout)
+        let tryTimer = LoopTimer(on: base, owner: self) { t in
+            t.fail(.upstreamTimeout(host: t.origin, phase: .noResponseHead), kind: .timeout)
+        }
+        tryTimer.arm(milliseconds: perTryTimeout)
+        self.tryTimer = tryTimer
         if target.scheme == .https {
             switch pool.tlsContexts.context(
                 trust: request.trust, clientCertificate: request.clientCertificate, defaultCAFile: defaultCAFile)
@@ -195,14 +192,12 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             }
         }
         if let totalTimeout, totalTimeout > 0 {
-            totalTimer = event_new(
-                base, -1, 0,
-                { _, _, arg in
-                    let t = Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue()
-                    t.deadlineExceeded = true
-                    t.fail(.upstreamTimeout(host: t.origin, phase: t.connection == nil ? .connect : .transfer), kind: .timeout)
-                }, me)
-            Self.arm(totalTimer, milliseconds: totalTimeout)
+            let totalTimer = LoopTimer(on: base, owner: self) { t in
+                t.deadlineExceeded = true
+                t.fail(.upstreamTimeout(host: t.origin, phase: t.connection == nil ? .connect : .transfer), kind: .timeout)
+            }
+            totalTimer.arm(milliseconds: totalTimeout)
+            self.totalTimer = totalTimer
         }
         if let addresses = resolver.cached(host: target.host, port: target.port) {
             resolved(addresses)
@@ -224,19 +219,12 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         guard !finished else { return }
         if let delegate, !inCompletion, continuing == nil { delegate.tryEnded(timings: currentTimings()) }
         finished = true
-        if let tryTimer {
-            event_free(tryTimer)
-            self.tryTimer = nil
-        }
-        if let totalTimer {
-            event_free(totalTimer)
-            self.totalTimer = nil
-        }
+        tryTimer = nil
+        totalTimer = nil
         lookup?.cancel()
         lookup = nil
-        if let connectEvent {
-            event_free(connectEvent)
-            self.connectEvent = nil
+        if connectEvent != nil {
+            connectEvent = nil
             if let handshaking {
                 SSL_free(handshaking)
                 self.handshaking = nil
@@ -378,25 +366,23 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             return
         }
         connectingFD = fd
-        connectEvent = event_new(
-            base, fd, Int16(EV_WRITE),
-            { _, what, arg in
-                Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue().connectFinished(what)
-            }, Unmanaged.passUnretained(self).toOpaque())
-        Self.arm(connectEvent, milliseconds: connectTimeout)
+        let event = SocketEvent(on: base, fd: fd, .write, persistent: false, owner: self) { t, timedOut in
+            t.connectFinished(timedOut: timedOut)
+        }
+        event.arm(timeoutMilliseconds: connectTimeout)
+        connectEvent = event
     }
 
-    private func connectFinished(_ what: Int16) {
+    private func connectFinished(timedOut: Bool) {
         let fd = connectingFD
-        event_free(connectEvent)
         connectEvent = nil
         connectingFD = -1
         var error: Int32 = 0
         var length = socklen_t(MemoryLayout<Int32>.size)
-        if what & Int16(EV_TIMEOUT) == 0 { getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) }
-        guard what & Int16(EV_TIMEOUT) == 0, error == 0 else {
+        if !timedOut { getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) }
+        guard !timedOut, error == 0 else {
             Glibc.close(fd)
-            if what & Int16(EV_TIMEOUT) != 0 {
+            if timedOut {
                 pool.release(nil, origin: originKey, reusable: false)
                 fail(.upstreamTimeout(host: origin, phase: .connect), kind: .timeout)
             } else {
@@ -456,22 +442,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                 handshakeFailed(ssl, fd, .upstreamTimeout(host: origin, phase: .connect), kind: .timeout)
                 return
             }
-            let what = Int16(error == SSL_ERROR_WANT_READ ? EV_READ : EV_WRITE)
-            if connectEvent == nil {
-                connectEvent = event_new(
-                    base, fd, what,
-                    { _, what, arg in
-                        Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue().handshakeReady(what)
-                    }, Unmanaged.passUnretained(self).toOpaque())
-            } else {
-                event_del(connectEvent)
-                event_assign(
-                    connectEvent, base, fd, what,
-                    { _, what, arg in
-                        Unmanaged<NativeUpstreamTransfer>.fromOpaque(arg!).takeUnretainedValue().handshakeReady(what)
-                    }, Unmanaged.passUnretained(self).toOpaque())
-            }
-            Self.arm(connectEvent, milliseconds: left)
+            // A new event for the direction OpenSSL waits for (the one before it, possibly
+            // running now, is dropped).
+            let event = SocketEvent(
+                on: base, fd: fd, error == SSL_ERROR_WANT_READ ? .read : .write, persistent: false, owner: self
+            ) { t, timedOut in t.handshakeReady(timedOut: timedOut) }
+            event.arm(timeoutMilliseconds: left)
+            connectEvent = event
             return
         }
         let verify = Int32(SSL_get_verify_result(ssl))
@@ -496,8 +473,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         handshakeFailed(ssl, fd, failure, kind: kind)
     }
 
-    private func handshakeReady(_ what: Int16) {
-        if what & Int16(EV_TIMEOUT) != 0, let ssl = handshaking {
+    private func handshakeReady(timedOut: Bool) {
+        if timedOut, let ssl = handshaking {
             handshakeFailed(ssl, connectingFD, .upstreamTimeout(host: origin, phase: .connect), kind: .timeout)
             return
         }
@@ -505,10 +482,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     }
 
     private func handshakeFailed(_ ssl: OpaquePointer, _ fd: Int32, _ error: ProxyError, kind: TransportErrorKind) {
-        if let connectEvent {
-            event_free(connectEvent)
-            self.connectEvent = nil
-        }
+        connectEvent = nil
         handshaking = nil
         connectingFD = -1
         SSL_free(ssl)
@@ -520,10 +494,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
 
     /// The connection is ready for requests (after the TLS handshake for https).
     private func established(_ fd: Int32, tls: OpaquePointer?) {
-        if let connectEvent {
-            event_free(connectEvent)
-            self.connectEvent = nil
-        }
+        connectEvent = nil
         let connection = UpstreamConnection(key: poolKey, fd: fd, pool: pool, tls: tls, tlsContext: tlsContext)
         connection.user = self
         self.connection = connection
@@ -680,7 +651,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             switch event {
             case .head?:
                 timings.firstByte = elapsed()
-                if let tryTimer { event_del(tryTimer) }
+                tryTimer?.stop()
                 responseHead()
             case .body(let range)?:
                 if timings.firstByte == 0 { timings.firstByte = elapsed() }
@@ -871,10 +842,5 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
-    }
-
-    private static func arm(_ event: OpaquePointer?, milliseconds ms: Int) {
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(event, &tv)
     }
 }

@@ -150,7 +150,7 @@ final class Resolver {
     private var inflight: [String: Query] = [:]
     /// Results for lookups answered without a query, delivered on the next loop pass.
     private var deliveries: [(Lookup, Result<Addresses, Failure>)] = []
-    private var deliveryEvent: OpaquePointer!
+    private var deliveryEvent: LoopWake<Resolver>!
     private var isShutDown = false
 
     /// - `nameservers`: nil for those of `resolvConf` (with its search list and options);
@@ -196,11 +196,7 @@ final class Resolver {
         } else {
             unusable = "the DNS resolver could not be created"
         }
-        deliveryEvent = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                Unmanaged<Resolver>.fromOpaque(arg!).takeUnretainedValue().deliver()
-            }, Unmanaged.passUnretained(self).toOpaque())
+        deliveryEvent = LoopWake(on: base, owner: self) { $0.deliver() }
     }
 
     /// Monotonic seconds (`CLOCK_MONOTONIC`).
@@ -310,7 +306,6 @@ final class Resolver {
         isShutDown = true
         if let dns { evdns_base_free(dns, 0) }
         dns = nil
-        event_free(deliveryEvent)
         deliveryEvent = nil
         inflight.removeAll()
         deliveries.removeAll()
@@ -370,7 +365,7 @@ final class Resolver {
 
     private func deliverSoon(_ lookup: Lookup, _ result: Result<Addresses, Failure>) {
         deliveries.append((lookup, result))
-        if deliveries.count == 1 { event_active(deliveryEvent, EV_TIMEOUT, 0) }
+        if deliveries.count == 1 { deliveryEvent.activate() }
     }
 
     private func deliver() {

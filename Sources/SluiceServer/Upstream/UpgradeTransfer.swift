@@ -25,8 +25,9 @@ import SluiceCore
 /// Threading: created, driven and finished on its worker's thread only. Lifetimes across the
 /// C boundary: the handle stays on the worker's multi until `cancel()` (libcurl finds a
 /// CONNECT_ONLY connection only through a handle still on its multi, and closes it when the
-/// handle leaves); the events on the origin socket pass `self` unretained and are freed in
-/// `cancel()`, which the owning connection calls before it lets go of the transfer.
+/// handle leaves); the events on the origin socket and the timer hold `self` unretained and
+/// are dropped in `cancel()`, which the owning connection calls before it lets go of the
+/// transfer.
 final class UpgradeTransfer: CurlTransfer {
     /// Stop reading the origin while this many bytes wait for the client (1 MiB).
     static let highWatermark = 1 << 20
@@ -58,10 +59,10 @@ final class UpgradeTransfer: CurlTransfer {
     private var reader = UpgradeResponseReader()
     /// How the client's copy of a non-101 answer is framed (ResponseEncoder chose it).
     private var clientFraming = ResponseEncoder.Framing.none
-    private var readEvent: OpaquePointer?
-    private var writeEvent: OpaquePointer?
+    private var readEvent: SocketEvent<UpgradeTransfer>?
+    private var writeEvent: SocketEvent<UpgradeTransfer>?
     private var writeArmed = false
-    private var timer: OpaquePointer!
+    private var timer: LoopTimer<UpgradeTransfer>?
     private var deadline = 0
     /// Where origin reads land: the worker's scratch buffer (64 KiB), whose bytes are copied
     /// out before the read callback returns, so an idle tunnel holds no read buffer of its own.
@@ -110,11 +111,7 @@ final class UpgradeTransfer: CurlTransfer {
             let t = Unmanaged<UpgradeTransfer>.fromOpaque(clientp!).takeUnretainedValue()
             return t.openSocket(address!)
         }
-        timer = event_new(
-            session.base, -1, 0,
-            { _, _, arg in
-                Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().timerFired()
-            }, me)
+        timer = LoopTimer(on: session.base, owner: self) { $0.timerFired() }
     }
 
     deinit {
@@ -147,8 +144,7 @@ final class UpgradeTransfer: CurlTransfer {
 
     private func arm(timeout ms: Int) {
         deadline = MonotonicClock.milliseconds() + ms
-        var tv = timeval(tv_sec: ms / 1000, tv_usec: (ms % 1000) * 1000)
-        event_add(timer, &tv)
+        timer?.arm(milliseconds: ms)
     }
 
     private func openSocket(_ address: UnsafeMutablePointer<curl_sockaddr>) -> curl_socket_t {
@@ -175,18 +171,10 @@ final class UpgradeTransfer: CurlTransfer {
             return failBeforeAnswer(failure.error, kind: failure.kind)
         }
         phase = .awaitingAnswer
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        readEvent = event_new(
-            session.base, fd, Int16(EV_READ | EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().originReadable()
-            }, me)
-        writeEvent = event_new(
-            session.base, fd, Int16(EV_WRITE | EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<UpgradeTransfer>.fromOpaque(arg!).takeUnretainedValue().originWritable()
-            }, me)
-        event_add(readEvent, nil)
+        let read = SocketEvent(on: session.base, fd: fd, .read, owner: self) { t, _ in t.originReadable() }
+        readEvent = read
+        writeEvent = SocketEvent(on: session.base, fd: fd, .write, owner: self) { t, _ in t.originWritable() }
+        read.arm()
         sendToOrigin()
         if phase != .finished { originReadable() }  // TLS may hold bytes already
     }
@@ -218,7 +206,7 @@ final class UpgradeTransfer: CurlTransfer {
     func clientDrained() {
         guard originPaused, phase != .finished else { return }
         originPaused = false
-        event_add(readEvent, nil)
+        readEvent?.arm()
         originReadable()
     }
 
@@ -254,7 +242,7 @@ final class UpgradeTransfer: CurlTransfer {
     private func setWriteArmed(_ on: Bool) {
         guard on != writeArmed, let writeEvent else { return }
         writeArmed = on
-        if on { event_add(writeEvent, nil) } else { event_del(writeEvent) }
+        if on { writeEvent.arm() } else { writeEvent.stop() }
     }
 
     /// Reads what the origin sent until it has no more, the client's output is full, or the
@@ -263,7 +251,7 @@ final class UpgradeTransfer: CurlTransfer {
         while phase != .finished, !originPaused, let buffer = scratch.baseAddress {
             if phase != .awaitingAnswer, evbuffer_get_length(connection.clientOutput) >= Self.highWatermark {
                 originPaused = true
-                event_del(readEvent)
+                readEvent?.stop()
                 return
             }
             var n = 0
@@ -300,7 +288,7 @@ final class UpgradeTransfer: CurlTransfer {
                     guard connection.driver.upgrades.switched(reader.head, on: self) else { return }
                     phase = .switched
                     reader = UpgradeResponseReader()  // its buffers are not needed any more
-                    event_del(timer)
+                    timer?.stop()
                     arm(timeout: idleTimeout)
                     sendToOrigin()  // what the client sent after its handshake
                 case .answered(let framing)?:
@@ -308,7 +296,7 @@ final class UpgradeTransfer: CurlTransfer {
                     clientFraming = relayed
                     if framing == .none || framing == .length(0) { return answerComplete() }
                     phase = .relayingAnswer(framing)
-                    event_del(timer)
+                    timer?.stop()
                     arm(timeout: idleTimeout)
                 default:
                     break
@@ -403,8 +391,7 @@ final class UpgradeTransfer: CurlTransfer {
         let now = MonotonicClock.milliseconds()
         if phase != .awaitingAnswer && phase != .connecting && deadline > now {
             let left = deadline - now
-            var tv = timeval(tv_sec: left / 1000, tv_usec: (left % 1000) * 1000)
-            event_add(timer, &tv)
+            timer?.arm(milliseconds: left)
             return
         }
         switch phase {
@@ -431,15 +418,9 @@ final class UpgradeTransfer: CurlTransfer {
     func cancel() {
         guard phase != .finished else { return }
         phase = .finished
-        if let readEvent {
-            event_free(readEvent)
-            self.readEvent = nil
-        }
-        if let writeEvent {
-            event_free(writeEvent)
-            self.writeEvent = nil
-        }
-        event_free(timer)
+        readEvent = nil
+        writeEvent = nil
+        timer = nil
         session.discard(handle)
     }
 }

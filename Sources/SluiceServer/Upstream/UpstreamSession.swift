@@ -22,20 +22,21 @@ import SluiceCore
 /// - **libcurl's zero-timeout polls are answered from what the loop knows**
 ///   (`sluice_socket_set_quiet` in CShims): a socket whose read event has reported nothing
 ///   since libcurl last read it is "quiet".
-/// - **A zero timeout runs in the same loop pass** (`event_active`), not after another trip
-///   through `epoll_wait`.
+/// - **A zero timeout runs in the same loop pass** (`LoopTimer.activate()`), not after
+///   another trip through `epoll_wait`.
 ///
 /// Threading: created on the main thread before its worker starts, then owned by the
 /// worker's event-loop thread; every method and callback runs there. The share handle it
 /// uses (DNS cache, TLS sessions) is the only state shared with other workers, behind
 /// curl's lock callbacks in CShims. Lifetimes across the C boundary: every pointer handed
-/// to libcurl or libevent (`self`, each `SocketWatch`) is unretained; the session outlives
-/// its multi (freed in `shutdown()`), and a watch lives in `watches` until its socket closes.
+/// to libcurl (`self`) is unretained, and so is the owner of each loop event (`self`, each
+/// `SocketWatch`); the session outlives its multi (freed in `shutdown()`), and a watch lives
+/// in `watches` until its socket closes, which drops its events.
 final class UpstreamSession {
     let base: OpaquePointer
     let multi: UnsafeMutableRawPointer
     let share: UnsafeMutableRawPointer
-    private var timer: OpaquePointer!
+    private var timer: LoopTimer<UpstreamSession>!
     /// Easy handles kept for reuse, and how each was left: reset (`curl_easy_reset` keeps its
     /// allocations) or still configured by a plain request (`CurlUpstreamTransfer.isPlain`), whose
     /// options the next plain request overwrites one by one, as libcurl means handles to be
@@ -55,8 +56,8 @@ final class UpstreamSession {
     /// The loop's registration of one libcurl socket, from its first watch to its close.
     final class SocketWatch {
         let fd: Int32
-        var readEvent: OpaquePointer!
-        var writeEvent: OpaquePointer!
+        var readEvent: SocketEvent<SocketWatch>!
+        var writeEvent: SocketEvent<SocketWatch>!
         var readArmed = false
         var writeArmed = false
         /// libcurl's current interest (`CURL_POLL_IN`/`OUT` bits; 0 after `CURL_POLL_REMOVE`).
@@ -75,6 +76,15 @@ final class UpstreamSession {
         /// action the read event started.
         var pollsForReal = false
         init(fd: Int32) { self.fd = fd }
+
+        /// The socket closes: its events go first, so a reused descriptor number never meets
+        /// them.
+        func end() {
+            quiet = false
+            readEvent = nil
+            writeEvent = nil
+            session = nil
+        }
     }
 
     init(base: OpaquePointer, share: UnsafeMutableRawPointer, limits: UpstreamPoolLimits = UpstreamPoolLimits()) {
@@ -82,14 +92,11 @@ final class UpstreamSession {
         self.share = share
         multi = curl_multi_init()
         let me = Unmanaged.passUnretained(self).toOpaque()
-        timer = event_new(
-            base, -1, 0,
-            { _, _, arg in
-                let session = Unmanaged<UpstreamSession>.fromOpaque(arg!).takeUnretainedValue()
-                session.inTimerAction = true
-                session.socketAction(fd: CURL_SOCKET_TIMEOUT, flags: 0)
-                session.inTimerAction = false
-            }, me)
+        timer = LoopTimer(on: base, owner: self) { session in
+            session.inTimerAction = true
+            session.socketAction(fd: CURL_SOCKET_TIMEOUT, flags: 0)
+            session.inTimerAction = false
+        }
         sluice_multi_setopt_ptr(multi, CURLMOPT_SOCKETDATA, me)
         sluice_multi_setopt_ptr(multi, CURLMOPT_TIMERDATA, me)
         sluice_multi_setopt_socket_cb(multi) { easy, fd, what, userp, _ in
@@ -129,14 +136,9 @@ final class UpstreamSession {
         curl_multi_cleanup(multi)  // closes pooled connections through closeSocket
         // A socket libcurl closed without the close-socket callback (after a CURL_POLL_REMOVE)
         // leaves its watch here: its events are freed now, before the worker frees the loop.
-        for case let w? in watches {
-            w.quiet = false
-            event_free(w.readEvent)
-            event_free(w.writeEvent)
-            w.session = nil
-        }
+        for case let w? in watches { w.end() }
         watches.removeAll()
-        event_free(timer)
+        timer = nil
     }
 
     /// An easy handle from the pool (or a new one). For a `plain` request it may come still
@@ -248,19 +250,8 @@ final class UpstreamSession {
         if i < watches.count, let w = watches[i] { return w }
         if i >= watches.count { watches.append(contentsOf: repeatElement(nil, count: i + 1 - watches.count)) }
         let w = SocketWatch(fd: fd)
-        let arg = Unmanaged.passUnretained(w).toOpaque()
-        w.readEvent = event_new(
-            base, fd, Int16(EV_READ | EV_PERSIST),
-            { _, _, arg in
-                let w = Unmanaged<SocketWatch>.fromOpaque(arg!).takeUnretainedValue()
-                w.session?.readable(w)
-            }, arg)
-        w.writeEvent = event_new(
-            base, fd, Int16(EV_WRITE | EV_PERSIST),
-            { _, _, arg in
-                let w = Unmanaged<SocketWatch>.fromOpaque(arg!).takeUnretainedValue()
-                w.session?.writable(w)
-            }, arg)
+        w.readEvent = SocketEvent(on: base, fd: fd, .read, owner: w) { w, _ in w.session?.readable(w) }
+        w.writeEvent = SocketEvent(on: base, fd: fd, .write, owner: w) { w, _ in w.session?.writable(w) }
         w.session = self
         watches[i] = w
         return w
@@ -273,11 +264,11 @@ final class UpstreamSession {
         let write = w.wants & CURL_POLL_OUT != 0
         if read != w.readArmed {
             w.readArmed = read
-            if read { event_add(w.readEvent, nil) } else { event_del(w.readEvent) }
+            if read { w.readEvent.arm() } else { w.readEvent.stop() }
         }
         if write != w.writeArmed {
             w.writeArmed = write
-            if write { event_add(w.writeEvent, nil) } else { event_del(w.writeEvent) }
+            if write { w.writeEvent.arm() } else { w.writeEvent.stop() }
         }
     }
 
@@ -313,10 +304,7 @@ final class UpstreamSession {
     /// libcurl closes a socket: the registration ends before the descriptor does.
     private func closeSocket(_ fd: curl_socket_t) -> Int32 {
         if fd >= 0, Int(fd) < watches.count, let w = watches[Int(fd)] {
-            w.quiet = false
-            event_free(w.readEvent)
-            event_free(w.writeEvent)
-            w.session = nil
+            w.end()
             watches[Int(fd)] = nil
         }
         return Glibc.close(fd)
@@ -325,15 +313,14 @@ final class UpstreamSession {
     // MARK: timer
 
     private func setTimer(milliseconds: Int) {
-        event_del(timer)
+        timer.stop()
         if milliseconds < 0 { return }
         if milliseconds == 0 && !inTimerAction {
             // Run in this loop pass, after the callback that asked (never inside libcurl).
-            event_active(timer, 0, 0)
+            timer.activate()
             return
         }
-        var tv = timeval(tv_sec: milliseconds / 1000, tv_usec: (milliseconds % 1000) * 1000)
-        event_add(timer, &tv)
+        timer.arm(milliseconds: milliseconds)
     }
 
     private func socketAction(fd: curl_socket_t, flags: Int32) {

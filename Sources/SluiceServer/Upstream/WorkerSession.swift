@@ -15,43 +15,32 @@ final class WorkerSession: SessionContext {
     private unowned let worker: Worker
     private var parked: [() -> Bool] = []
     var sharedTokens: (any SharedTokenStore)? { worker.fleet }
-    let waker: any SessionWaker
-    private var wakeEvent: OpaquePointer!
+    private let mailbox: Worker.Mailbox
+    private var wakeEvent: LoopWake<WorkerSession>!
+    var waker: any SessionWaker { Waker(event: wakeEvent.handle, id: worker.index, mailbox: mailbox) }
 
-    struct Waker: SessionWaker, @unchecked Sendable {
-        // @unchecked: only `event_active` is called on the pointer, which libevent makes
-        // thread-safe (evthread_use_pthreads), and only under the worker's mailbox lock while
-        // the mailbox is open: the worker closes it before `close()` frees the event, so a
-        // token fetch that ends on another worker after this one stopped wakes nothing.
-        let event: OpaquePointer
+    /// Activates the wake only under the worker's mailbox lock while the mailbox is open: the
+    /// worker closes it before `close()` drops the event, so a token fetch that ends on
+    /// another worker after this one stopped wakes nothing.
+    struct Waker: SessionWaker {
+        let event: LoopWake<WorkerSession>.Handle
         let id: Int
         let mailbox: Worker.Mailbox
         func wake() {
             mailbox.contents.withLock { contents in
                 guard !contents.closed else { return }
-                event_active(event, Int32(EV_READ), 0)
+                event.activate()
             }
         }
     }
 
     init(worker: Worker, mailbox: Worker.Mailbox) {
         self.worker = worker
-        let event = event_new(
-            worker.base, -1, Int16(EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
-            }, nil)!
-        waker = Waker(event: event, id: worker.index, mailbox: mailbox)
-        wakeEvent = event
-        event_assign(
-            event, worker.base, -1, Int16(EV_PERSIST),
-            { _, _, arg in
-                Unmanaged<WorkerSession>.fromOpaque(arg!).takeUnretainedValue().runParked()
-            }, Unmanaged.passUnretained(self).toOpaque())
-        event_add(event, nil)
+        self.mailbox = mailbox
+        wakeEvent = LoopWake(on: worker.base, owner: self) { $0.runParked() }
     }
 
-    func close() { event_free(wakeEvent) }
+    func close() { wakeEvent = nil }
 
     var monitor: (any EventMonitor)? { worker.pipeline.monitor }
 

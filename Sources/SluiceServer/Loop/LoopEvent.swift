@@ -1,0 +1,164 @@
+import CLibEvent
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// An event on a worker's loop, with one owner discipline for the three kinds Sluice uses:
+/// `LoopTimer` (a deadline, once or repeating), `LoopWake` (work handed to the loop, from its
+/// own thread or another) and `SocketEvent` (a descriptor ready to read or write). Nothing
+/// else in Sluice calls `event_new` or `event_free`.
+///
+/// - **Owned by one object, and freed with it.** Each event is made for its `owner`, which
+///   holds it; `deinit` frees the libevent event, so an event that is dropped never fires.
+/// - **It calls its owner, unretained.** The event keeps its owner `unowned(unsafe)` and
+///   hands it to its closure (`{ $0.timerFired() }`): the owner holds the event and the event
+///   dies with it, so the owner is alive whenever the closure runs, and there is no cycle.
+///   The owner is retained for the closure's call, and the closure may drop the event (or the
+///   owner its last reference) from within: nothing of the event is used after the call.
+/// - **The closure captures nothing**: what it needs is its owner's (a small owner object
+///   when there is more, as `Fleet`'s token polls). The event is not retained for the call
+///   (that would cost every socket read a retain), so a capture could be freed under a
+///   closure that drops its own event.
+/// - **Freed before its loop.** An event must not outlive its `event_base` (freeing it takes
+///   the base's lock): an owner that may outlive its worker's loop drops its events in its
+///   close path, not only in its `deinit`.
+///
+/// A per-request object may own events: one event costs one allocation more than libevent's
+/// own, and a call through it about what a C callback with an `Unmanaged` pointer costs.
+///
+/// Threading: made, armed, stopped, fired and freed on the thread that runs its loop. The one
+/// call another thread may make is `LoopWake.Handle.activate()`.
+class LoopEvent {
+    fileprivate var event: OpaquePointer!
+
+    fileprivate init(base: OpaquePointer, fd: Int32, flags: Int32) {
+        event = event_new(
+            base, fd, Int16(flags),
+            { _, what, arg in
+                // Not retained: `fire` uses nothing of the event after the owner's closure
+                // starts, which may drop it.
+                Unmanaged<LoopEvent>.fromOpaque(arg!)._withUnsafeGuaranteedRef {
+                    $0.fire(timedOut: what & Int16(EV_TIMEOUT) != 0)
+                }
+            }, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    deinit { event_free(event) }
+
+    /// Calls the owner's closure (each kind overrides it).
+    fileprivate func fire(timedOut: Bool) {}
+
+    /// Disarms it: nothing fires until it is armed or activated again (an activation not yet
+    /// run is withdrawn too).
+    final func stop() { event_del(event) }
+
+    /// Runs its closure in this loop pass, after the callback running now, without a trip
+    /// through `epoll_wait`; a deadline it was armed with stays.
+    final func activate() { event_active(event, Int32(EV_READ), 0) }
+
+    fileprivate final func add(microseconds: Int?) {
+        guard let microseconds else {
+            event_add(event, nil)
+            return
+        }
+        var tv = timeval(tv_sec: microseconds / 1_000_000, tv_usec: microseconds % 1_000_000)
+        event_add(event, &tv)
+    }
+}
+
+/// A timer on a worker's loop: `arm` it for a delay, `stop` it, arm it again; `fired` runs on
+/// the loop when the delay ends — once, or every delay until stopped when `repeating`.
+/// Re-arming moves the deadline.
+///
+/// Threading and ownership: `LoopEvent`'s.
+final class LoopTimer<Owner: AnyObject>: LoopEvent {
+    private unowned(unsafe) let owner: Owner
+    private let fired: (Owner) -> Void
+
+    init(on base: OpaquePointer, owner: Owner, repeating: Bool = false, _ fired: @escaping (Owner) -> Void) {
+        self.owner = owner
+        self.fired = fired
+        super.init(base: base, fd: -1, flags: repeating ? EV_PERSIST : 0)
+    }
+
+    override fileprivate func fire(timedOut: Bool) {
+        fired(owner)
+    }
+
+    /// Fires after `milliseconds` (and every `milliseconds` after that when repeating).
+    func arm(milliseconds: Int) { add(microseconds: milliseconds * 1000) }
+
+    func arm(microseconds: Int) { add(microseconds: microseconds) }
+}
+
+/// Work handed to a worker's loop: `activate()` makes `woken` run there in the loop's next
+/// pass (activations before it runs are one). On the loop's own thread it runs after the
+/// callback that asked, never inside it; another thread asks through `handle`.
+///
+/// Threading and ownership: `LoopEvent`'s, with one exception: `Handle.activate()` may be
+/// called from any thread (libevent's `event_active`, made thread-safe by
+/// `evthread_use_pthreads()` in `ProxyServer`), and is the only call that crosses threads.
+final class LoopWake<Owner: AnyObject>: LoopEvent {
+    private unowned(unsafe) let owner: Owner
+    private let woken: (Owner) -> Void
+
+    init(on base: OpaquePointer, owner: Owner, _ woken: @escaping (Owner) -> Void) {
+        self.owner = owner
+        self.woken = woken
+        super.init(base: base, fd: -1, flags: 0)
+    }
+
+    override fileprivate func fire(timedOut: Bool) {
+        woken(owner)
+    }
+
+    /// What another thread holds to wake the loop.
+    var handle: Handle { Handle(event: event) }
+
+    /// A `LoopWake` as other threads see it. It does not keep the event alive: whoever
+    /// activates it must know the event still exists, as a worker's `Mailbox` does (it is
+    /// locked around every activation and closed before the worker drops its events).
+    struct Handle: @unchecked Sendable {
+        // @unchecked: only `event_active` is called through the pointer, which libevent makes
+        // safe from any thread; the holder keeps to the rule above.
+        fileprivate let event: OpaquePointer
+
+        func activate() { event_active(event, Int32(EV_READ), 0) }
+    }
+}
+
+/// A descriptor's readiness on a worker's loop: once `arm`ed, `ready` runs when `fd` can be
+/// read (`.read`) or written (`.write`) — every time it can until stopped when `persistent`,
+/// else once per `arm`. With a timeout, `ready` is told `timedOut` if the descriptor was not
+/// ready in time. The descriptor is the owner's: the event never closes it, and is dropped
+/// (or stopped) before the owner closes it.
+///
+/// Threading and ownership: `LoopEvent`'s.
+final class SocketEvent<Owner: AnyObject>: LoopEvent {
+    private unowned(unsafe) let owner: Owner
+    private let ready: (Owner, _ timedOut: Bool) -> Void
+
+    init(
+        on base: OpaquePointer, fd: Int32, _ direction: SocketDirection, persistent: Bool = true, owner: Owner,
+        _ ready: @escaping (Owner, _ timedOut: Bool) -> Void
+    ) {
+        self.owner = owner
+        self.ready = ready
+        let flags = (direction == .read ? EV_READ : EV_WRITE) | (persistent ? EV_PERSIST : 0)
+        super.init(base: base, fd: fd, flags: flags)
+    }
+
+    override fileprivate func fire(timedOut: Bool) {
+        ready(owner, timedOut)
+    }
+
+    /// Waits for the descriptor (at most `timeoutMilliseconds`, when given).
+    func arm(timeoutMilliseconds: Int? = nil) { add(microseconds: timeoutMilliseconds.map { $0 * 1000 }) }
+}
+
+/// What a `SocketEvent` waits for.
+enum SocketDirection {
+    case read
+    case write
+}
