@@ -269,6 +269,7 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder
         resume?.stopTimer()
         hold?.leave()
         hold = nil
+        if exchange.owner === self { exchange.owner = nil }  // it holds this producer
         transfer.cancel()
     }
 
@@ -396,13 +397,12 @@ extension ExchangeDriver {
     /// connection); false when the transfer's body is not a shared fill (`onlyIfRead`: or
     /// nobody else reads it).
     func handOverFill(_ transfer: any UpstreamTransfer, onlyIfRead: Bool = false) -> Bool {
-        guard let cache = exchange?.cache, let fill = cache.fill, transfer.cacheFill === fill,
+        guard let exchange, let cache = exchange.cache, let fill = cache.fill, transfer.cacheFill === fill,
             onlyIfRead ? fill.othersWantItsBody : fill.sharesItsBody
         else { return false }
         // The download may be resumed by the producer if its origin breaks (a resume that
         // already happened carries its state over).
-        let resumable = exchange.flatMap { resumeState(transfer, $0) }
-        guard let exchange else { return false }
+        let resumable = resumeState(transfer, exchange)
         let producer = FillProducer(transfer: transfer, exchange: exchange, cache: cache, worker: worker, resume: resumable)
         worker.fillProducers[ObjectIdentifier(producer)] = producer
         transfer.detach(to: producer)
