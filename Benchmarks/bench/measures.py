@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from . import clients, procfs, stats
-from .servers import FLEET_TARGETS, SLUICE_TARGETS, port_open, redis_commandstats, sluice_yaml, wait_port
+from .servers import (FLEET_TARGETS, RELOADED_HEADER, SLUICE_TARGETS, port_open, redis_commandstats, sluice_yaml,
+                      wait_port)
 
 LUA = Path(__file__).resolve().parent.parent / "absolute.lua"
 
@@ -457,5 +458,77 @@ def soak(bench) -> dict:
     return row
 
 
+def reload_soak(bench) -> dict:
+    """Reloads under load (issue 36): wrk through the (one) Sluice target at `connections`
+    connections for `duration` seconds, at most 600 (as fast as it goes, or each connection
+    waiting connections*1000/rate ms between its requests when `rate` > 0), while every
+    `interval` seconds its configuration file gets a new value for one header (RELOADED_HEADER)
+    and SIGHUP. RSS and descriptors at the start (after `warmup` seconds of the same load and
+    `settle` seconds of rest) and at the end (`settle` seconds after the load), sampled every
+    `sample` seconds in between. Pass: every reload applied, no request failed, the end's RSS
+    within 10 % of the start's and no more descriptors than at the start."""
+    p = bench.scenario["reload_soak"]
+    if p["duration"] > 600 or p["interval"] <= 0:
+        raise ValueError("reload_soak: duration is at most 600 seconds and interval above 0")
+    target = next(t for t in bench.proxies() if t in SLUICE_TARGETS)
+    pid, log = bench.procs[target].pid, bench.procs[target].log
+    config = bench.lab.dir(target) / "sluice.yaml"
+    text = config.read_text()
+    if RELOADED_HEADER not in text:
+        return {"target": target, "note": f"{target}'s configuration has no {RELOADED_HEADER!r} to change"}
+    env = {**os.environ, "BENCH_PATH": bench.request_target(target, "1k"), "BENCH_HOST": bench.lab.origin_host}
+    if p["rate"] > 0:
+        env["BENCH_DELAY_MS"] = str(p["connections"] * 1000 // p["rate"])
+
+    def load(seconds: int) -> subprocess.Popen:
+        return subprocess.Popen(["wrk", "-t2", f"-c{p['connections']}", f"-d{seconds}s", "--timeout", "5s",
+                                 "-s", str(LUA), f"http://127.0.0.1:{bench.port(target)}/"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def rested() -> tuple[int, int]:
+        time.sleep(p["settle"])
+        return procfs.rss_kib(pid), procfs.fd_count(pid)
+
+    bench.log(f"reload soak: {p['warmup']} s of warm-up at {p['connections']} connections through {target}")
+    load(p["warmup"]).communicate(timeout=p["warmup"] + 30)
+    (rss_start, fds_start), applied_before = rested(), log.read_text(errors="replace").count("reload: applied")
+    bench.log(f"reload soak: {p['duration']} s, a reload every {p['interval']} s; RSS {rss_start} KiB, "
+              f"{fds_start} descriptors at the start")
+    wrk_run = load(p["duration"])
+    start, samples, sent = time.monotonic(), [], 0
+    next_sample = 0.0
+    while wrk_run.poll() is None and time.monotonic() - start < p["duration"] + 30:
+        elapsed = time.monotonic() - start
+        if elapsed < p["duration"] - p["interval"]:
+            sent += 1
+            config.write_text(text.replace(RELOADED_HEADER, f"{RELOADED_HEADER}-{sent}"))
+            os.kill(pid, signal.SIGHUP)
+        if elapsed >= next_sample:
+            samples.append([round(elapsed), procfs.rss_kib(pid), procfs.fd_count(pid)])
+            next_sample += p["sample"]
+        time.sleep(p["interval"])
+    try:
+        output, _ = wrk_run.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        wrk_run.kill()
+        output, _ = wrk_run.communicate()
+    res = stats.parse_wrk(output) or {}
+    rss_end, fds_end = rested()
+    applied = log.read_text(errors="replace").count("reload: applied") - applied_before
+    row = {"target": target, "requests": res.get("requests"), "duration_us": res.get("duration_us"),
+           "p99_us": res.get("p99_us"), "errors": stats.wrk_errors(res), "reloads_sent": sent,
+           "reloads_applied": applied, "rss_start_kib": rss_start, "rss_end_kib": rss_end,
+           "rss_growth_kib": rss_end - rss_start, "rss_max_kib": max((s[1] for s in samples), default=None),
+           "fds_start": fds_start, "fds_end": fds_end, "fds_max": max((s[2] for s in samples), default=None),
+           "samples": samples}
+    # SIGHUPs sent while a reload runs may be merged into one: applied can be a little short.
+    row["passed"] = (not row["errors"] and bool(res) and applied >= sent * 0.9
+                     and rss_end <= rss_start * 1.1 and fds_end <= fds_start)
+    bench.log(f"reload soak: {applied} of {sent} reloads applied, {res.get('requests')} requests "
+              f"({len(row['errors'])} error kinds); RSS {rss_start} -> {rss_end} KiB, descriptors "
+              f"{fds_start} -> {fds_end}, {'pass' if row['passed'] else 'FAIL'}")
+    return row
+
+
 MEASURES = {"idle_clients": idle_clients, "throughput": throughput, "big_download": big_download,
-            "syscalls": syscalls, "callgrind": callgrind, "soak": soak}
+            "syscalls": syscalls, "callgrind": callgrind, "soak": soak, "reload_soak": reload_soak}

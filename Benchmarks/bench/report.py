@@ -438,11 +438,33 @@ def soak_section(result: dict) -> str | None:
               f"the {p['warmup']} s warm-up; a sample every {p['sample']} s.")
 
 
+def reload_soak_section(result: dict) -> str | None:
+    s = result.get("reload_soak")
+    if not s:
+        return None
+    p = result["scenario"]["reload_soak"]
+    if "rss_growth_kib" not in s:
+        return f"#### Reloads under load\n\n{s.get('note', 'n/a')}"
+    load = f"at {p['rate']} req/s" if p["rate"] else "as fast as they go"
+    row = [f"{s['reloads_applied']} / {s['reloads_sent']}", f_int(s["requests"]), f_errors(s["errors"]),
+           f_us(s["p99_us"]), f_mib(s["rss_start_kib"]), f_mib(s["rss_end_kib"]), f"{s['rss_growth_kib']:+d} KiB",
+           f_mib(s["rss_max_kib"]), f"{s['fds_start']} / {s['fds_end']} / {s['fds_max']}",
+           "pass" if s["passed"] else "**FAIL**"]
+    return (f"#### Reloads under load: {p['duration']} s, a reload every {p['interval']} s ({s['target']}, "
+            f"{p['connections']} kept-alive connections {load}, 1 KiB GET)\n\n"
+            + table(["reloads applied / sent", "requests", "errors", "p99", "RSS before", "RSS after", "growth",
+                     "max RSS", "descriptors before / after / max", "RSS ≤ +10 %, descriptors +0"],
+                    rows=[row], align=["r", "r", "l"] + ["r"] * 7)
+            + f"\n\nBefore: after {p['warmup']} s of the same load and {p['settle']} s of rest; after: "
+              f"{p['settle']} s after the load; a sample every {p['sample']} s in between.")
+
+
 def markdown(result: dict, source: str, chart: str | None) -> str:
     """Every table the result file has data for, under a header naming the machine, versions and
     method; `source` and `chart` are the links to the result file and the chart."""
     parts = [header_section(result, source, chart), summary_section(result), *throughput_sections(result),
-             big_section(result), resources_section(result), callgrind_section(result), soak_section(result)]
+             big_section(result), resources_section(result), callgrind_section(result), soak_section(result),
+             reload_soak_section(result)]
     return "\n\n".join(p for p in parts if p)
 
 

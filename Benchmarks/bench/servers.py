@@ -24,7 +24,7 @@ PORT_OFFSETS = {
     "sluice-pipeline": 6, "haproxy": 7, "trafficserver": 8, "callgrind": 9, "admin": 10,
     "sluice-curl": 11, "sluice-cache": 12, "nginx-cache": 13, "squid-cache": 14,
     "sluice-h2": 15, "sluice-http1": 16, "sluice-ratelimit": 17, "sluice-fleet": 18, "redis": 19,
-    "sluice-http1-curl": 20, "haproxy-tls": 21, "sluice-disk": 22, "sluice-sigv4": 23,
+    "sluice-http1-curl": 20, "haproxy-tls": 21, "sluice-disk": 22, "sluice-sigv4": 23, "sluice-reload": 24,
 }
 
 
@@ -280,6 +280,12 @@ SIGV4 = ("      - aws_sigv4: { service: s3, region: eu-west-1, credentials: "
 # limit costs a request that never waits.
 RATE_LIMIT = "    rate_limit: { rate: 1000000/s, burst: 100000 }\n"
 
+# The memory cache of sluice-cache and sluice-reload.
+CACHE = "cache_store: { memory: 64MiB }\n"
+
+# The adapter value the reload soak changes in sluice-reload's file before each SIGHUP.
+RELOADED_HEADER = "X-Forwarded-By: sluice"
+
 
 def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     """What each Sluice target adds to the common configuration:
@@ -292,6 +298,8 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
                         load here (RATE_LIMIT): the cost of a limit that never holds a request back;
     sluice-fleet    -- sluice-ratelimit plus `fleet:` (fleet_section): the limit kept in a
                        redis-server of its own on loopback, one EVALSHA round trip per request;
+    sluice-reload   -- sluice-fleet plus the memory cache (CACHE): what the reload soak reloads
+                       (measures.reload_soak rewrites its header value, RELOADED_HEADER);
     sluice-cache    -- the memory cache (`cache_store: { memory: 64MiB }`);
     sluice-disk     -- the disk tier as the store (`memory: 256KiB`, so a body over 32 KiB is on
                        disk only and every hit of the 64 KiB object reads the disk tier), started,
@@ -313,11 +321,13 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
         return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT)
     if name == "sluice-fleet":
         return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT) + fleet_section(lab)
+    if name == "sluice-reload":
+        return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT) + fleet_section(lab) + CACHE
     if name == "sluice-metrics":
         return (pipeline.replace("monitors:\n", "monitors:\n  - metrics: {}\n")
                 + f"admin: {{ listen: 127.0.0.1:{lab.port('admin')} }}\n")
     if name == "sluice-cache":
-        return "cache_store: { memory: 64MiB }\n"
+        return CACHE
     if name == "sluice-disk":
         return f"cache_store: {{ memory: 256KiB, disk: {{ path: {d}/cache, size: 256MiB }} }}\n"
     if name in ("sluice-h2", "sluice-http1", "sluice-http1-curl"):
@@ -390,7 +400,7 @@ def _fill_and_restart(lab: Lab, name: str, proc: Proc, d: Path) -> Proc:
 
 # The Sluice targets with `fleet:`; each starts its own redis-server on the "redis" port (so at
 # most one of them per run).
-FLEET_TARGETS = {"sluice-fleet"}
+FLEET_TARGETS = {"sluice-fleet", "sluice-reload"}
 
 
 def start_redis(lab: Lab, target: str) -> Proc:
@@ -641,7 +651,8 @@ STARTERS = {
     "sluice": start_sluice, "sluice-pipeline": start_sluice, "sluice-curl": start_sluice,
     "sluice-metrics": start_sluice, "sluice-cache": start_sluice, "sluice-h2": start_sluice,
     "sluice-http1": start_sluice, "sluice-ratelimit": start_sluice, "sluice-fleet": start_sluice,
-    "sluice-http1-curl": start_sluice, "sluice-disk": start_sluice, "sluice-sigv4": start_sluice, "haproxy": start_haproxy, "haproxy-tls": start_haproxy,
+    "sluice-http1-curl": start_sluice, "sluice-disk": start_sluice, "sluice-sigv4": start_sluice,
+    "sluice-reload": start_sluice, "haproxy": start_haproxy, "haproxy-tls": start_haproxy,
     "nginx": start_nginx_proxy, "nginx-cache": start_nginx_proxy, "squid": start_squid,
     "squid-cache": start_squid, "trafficserver": start_trafficserver, "tinyproxy": start_tinyproxy,
 }

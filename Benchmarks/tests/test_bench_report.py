@@ -135,3 +135,15 @@ def test_fleet_chart(tmp_path):
     result["scenario"].update(rounds=5, duration=5)
     report.chart(result, tmp_path / "fleet.png")
     assert (tmp_path / "fleet.png").stat().st_size > 0
+
+
+def test_reload_soak_shows_the_reloads_and_rss_before_and_after():
+    result = {"scenario": {"reload_soak": {"duration": 120, "interval": 0.5, "rate": 0, "connections": 64,
+                                           "warmup": 5, "settle": 5, "sample": 5}},
+              "reload_soak": {"target": "sluice-reload", "requests": 2111237, "errors": {}, "p99_us": 36512,
+                              "reloads_sent": 236, "reloads_applied": 235, "rss_start_kib": 37208,
+                              "rss_end_kib": 39316, "rss_growth_kib": 2108, "rss_max_kib": 44948, "fds_start": 87,
+                              "fds_end": 86, "fds_max": 151, "passed": True}}
+    text = report.reload_soak_section(result)
+    assert "| 235 / 236 | 2,111,237 |" in text and "| 87 / 86 / 151 | pass |" in text
+    assert report.reload_soak_section({"scenario": {}}) is None

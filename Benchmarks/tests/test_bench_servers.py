@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from bench import servers
-from bench.servers import FLEET_TARGETS, PORT_OFFSETS, RATE_LIMIT, SLUICE_TARGETS, STARTERS, Lab, sluice_yaml
+from bench.servers import (CACHE, FLEET_TARGETS, PORT_OFFSETS, RATE_LIMIT, RELOADED_HEADER, SLUICE_TARGETS, STARTERS,
+                           Lab, sluice_yaml)
 
 
 @pytest.fixture
@@ -20,8 +21,9 @@ def test_every_target_has_a_port_of_its_own():
 
 def test_sluice_targets():
     assert {"sluice", "sluice-pipeline", "sluice-curl", "sluice-metrics", "sluice-ratelimit", "sluice-fleet",
-            "sluice-cache", "sluice-disk", "sluice-h2", "sluice-http1", "sluice-http1-curl", "sluice-sigv4"} == SLUICE_TARGETS
-    assert FLEET_TARGETS == {"sluice-fleet"}
+            "sluice-cache", "sluice-disk", "sluice-h2", "sluice-http1", "sluice-http1-curl", "sluice-sigv4",
+            "sluice-reload"} == SLUICE_TARGETS
+    assert FLEET_TARGETS == {"sluice-fleet", "sluice-reload"}
 
 
 @pytest.mark.parametrize("name", sorted(SLUICE_TARGETS))
@@ -63,6 +65,18 @@ def test_fleet_is_the_ratelimit_plus_a_fleet_section(lab, tmp_path):
     a, b = yaml.safe_load(limited), yaml.safe_load(fleet)
     assert b.pop("fleet") == {"redis": "127.0.0.1:31099"}
     assert a == b
+
+
+def test_reload_is_the_fleet_plus_the_memory_cache(lab, tmp_path):
+    d = tmp_path / "d"
+    fleet = sluice_yaml(lab, "sluice-fleet", 1, "auto", d)
+    reload = sluice_yaml(lab, "sluice-reload", 1, "auto", d)
+    assert reload.count(CACHE) == 1 and reload.count(RELOADED_HEADER) == 1
+    assert reload.replace(CACHE, "").replace("(sluice-reload)", "(sluice-fleet)") == fleet
+    yaml = pytest.importorskip("yaml")
+    changed = yaml.safe_load(reload.replace(RELOADED_HEADER, RELOADED_HEADER + "-7"))
+    assert changed["policies"]["default"]["adapters"][0]["headers"]["set"] == {"X-Forwarded-By": "sluice-7"}
+    assert changed["cache_store"] == {"memory": "64MiB"}
 
 
 def test_a_fleet_configuration_keeps_what_every_sluice_gets_appended(tmp_path):

@@ -6,38 +6,72 @@ import Synchronization
 #endif
 
 /// A log destination (a file, stdout or stderr) written by its own thread, so that event
-/// loops never wait on a disk. Each worker appends to its own `Buffer` (an uncontended lock
-/// held for one append); the writer thread swaps the buffers out every 100 ms and writes them.
+/// loops never wait on a disk. Each worker's monitor appends to its own `Buffer` (an
+/// uncontended lock held for one append); the writer thread swaps the buffers out every 100 ms
+/// and writes them.
 ///
 /// Sinks are shared per path for the life of the process: a reload that keeps a path keeps
-/// its sink, and `flushAll()` at exit writes what is left.
+/// its sink, and `flushAll()` at exit writes what is left. Buffers are not: each configuration
+/// a reload loads makes new monitors with new buffers, and a buffer whose monitor is gone (its
+/// configuration retired and the last exchange that used it ended) is written one last time
+/// and dropped, with its capacity. A buffer that had nothing to write for a whole period gives
+/// its capacity back too, so an idle sink holds no line memory.
 ///
 /// A write that fails (a full disk: ENOSPC; a file system gone read-only: EROFS; EIO …)
 /// drops what was buffered — memory stays bounded and the proxy keeps serving — and the
 /// diagnostics say so once per failure episode: one warning at the first failed write, one
 /// line when a write succeeds again, with the number of lines lost in between.
 public final class LogSink: Sendable {
+    /// Where one monitor appends its lines. Its `Queue` is what the sink sees: when the
+    /// monitor lets go of the buffer, `deinit` retires the queue and the writer drops it once
+    /// it has written what was left in it.
+    ///
+    /// Threading: appended to by one worker's thread; `deinit` runs where the last reference
+    /// to it goes (that worker's thread).
     public final class Buffer: Sendable {
-        fileprivate let bytes = Mutex<[UInt8]>([])
+        fileprivate let queue = Queue()
+
         public func append(_ line: String) {
             var line = line
-            line.withUTF8 { utf8 in bytes.withLock { $0.append(contentsOf: utf8) } }
+            line.withUTF8 { utf8 in queue.pending.withLock { $0.bytes.append(contentsOf: utf8) } }
         }
 
         public func append(bytes line: [UInt8]) {
-            bytes.withLock { $0.append(contentsOf: line) }
+            queue.pending.withLock { $0.bytes.append(contentsOf: line) }
         }
 
         public func append(bytes line: UnsafeBufferPointer<UInt8>) {
-            bytes.withLock { $0.append(contentsOf: line) }
+            queue.pending.withLock { $0.bytes.append(contentsOf: line) }
         }
+
+        deinit { queue.pending.withLock { $0.retired = true } }
+    }
+
+    /// A buffer's lines on their way to the writer, double-buffered: the monitor appends to
+    /// `pending`, the writer swaps `pending` with `writing` and writes that outside the
+    /// monitor's lock, then empties it keeping its capacity (a busy flush allocates nothing).
+    /// Held by its `Buffer` and by the sink, so that it outlives the buffer until the writer
+    /// has written its last lines.
+    ///
+    /// Threading: `pending` is locked by the appending worker and by the writer; `writing` is
+    /// touched by the writer only, under the sink's `output` lock (its mutex is never
+    /// contended; it makes the type `Sendable`).
+    fileprivate final class Queue: Sendable {
+        struct Pending {
+            var bytes: [UInt8] = []
+            /// The `Buffer` is gone: nothing will be appended again.
+            var retired = false
+        }
+        let pending = Mutex(Pending())
+        let writing = Mutex<[UInt8]>([])
     }
 
     public let path: String
     /// The descriptor written to; `reopen()` swaps it. Held while writing, so a reopen falls
     /// between two writes.
     private let output: Mutex<Int32>
-    private let buffers = Mutex<[Buffer]>([])
+    /// Every live buffer's queue, and retired ones not yet written.
+    private let queues = Mutex<[Queue]>([])
     /// The failure episode in progress, if any (touched only under `output`'s lock).
     private let failure = Mutex<WriteFailure?>(nil)
     struct WriteFailure {
@@ -112,8 +146,20 @@ public final class LogSink: Sendable {
     /// A buffer for one worker's monitor.
     public func makeBuffer() -> Buffer {
         let buffer = Buffer()
-        buffers.withLock { $0.append(buffer) }
+        queues.withLock { $0.append(buffer.queue) }
         return buffer
+    }
+
+    /// The buffers the sink writes: the live ones and those retired since the last flush.
+    var bufferCount: Int { queues.withLock { $0.count } }
+
+    /// The bytes the sink's buffers have room for (both halves of each).
+    var bufferCapacity: Int {
+        queues.withLock { queues in
+            queues.reduce(0) { sum, queue in
+                sum + queue.pending.withLock { $0.bytes.capacity } + queue.writing.withLock { $0.capacity }
+            }
+        }
     }
 
     private func startWriter() {
@@ -142,30 +188,50 @@ public final class LogSink: Sendable {
         output.withLock { fd in writeBuffered(to: fd) }
     }
 
+    /// Writes every queue's lines to `fd`, then drops the queues that were retired (their
+    /// last lines were among those written). Called under `output`'s lock.
     private func writeBuffered(to fd: Int32) {
-        let all = buffers.withLock { $0 }
-        for buffer in all {
-            let chunk = buffer.bytes.withLock { bytes -> [UInt8] in
-                let out = bytes
-                bytes.removeAll(keepingCapacity: true)
-                return out
-            }
-            guard !chunk.isEmpty else { continue }
-            let (written, code) = chunk.withUnsafeBytes { raw -> (Int, Int32) in
-                var offset = 0
-                while offset < raw.count {
-                    let n = write(fd, raw.baseAddress! + offset, raw.count - offset)
-                    if n < 0 && errno == EINTR { continue }
-                    if n <= 0 { return (offset, n < 0 ? errno : EIO) }
-                    offset += n
+        let all = queues.withLock { $0 }
+        var retired: [ObjectIdentifier] = []
+        for queue in all {
+            let gone = queue.writing.withLock { chunk -> Bool in
+                let gone = queue.pending.withLock { pending -> Bool in
+                    swap(&pending.bytes, &chunk)
+                    // Nothing appended for a whole period: both halves give their capacity back.
+                    if chunk.isEmpty { pending.bytes = [] }
+                    return pending.retired
                 }
-                return (offset, 0)
+                if chunk.isEmpty {
+                    chunk = []
+                } else {
+                    writeWhole(chunk, to: fd)
+                    chunk.removeAll(keepingCapacity: true)
+                }
+                return gone
             }
-            if code == 0 {
-                wroteAgain()
-            } else {
-                lost(chunk[written...], code: code)
+            if gone { retired.append(ObjectIdentifier(queue)) }
+        }
+        guard !retired.isEmpty else { return }
+        queues.withLock { queues in queues.removeAll { retired.contains(ObjectIdentifier($0)) } }
+    }
+
+    /// Writes `chunk` whole (again after EINTR and short writes); after a failure, what was
+    /// not written is dropped.
+    private func writeWhole(_ chunk: [UInt8], to fd: Int32) {
+        let (written, code) = chunk.withUnsafeBytes { raw -> (Int, Int32) in
+            var offset = 0
+            while offset < raw.count {
+                let n = write(fd, raw.baseAddress! + offset, raw.count - offset)
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { return (offset, n < 0 ? errno : EIO) }
+                offset += n
             }
+            return (offset, 0)
+        }
+        if code == 0 {
+            wroteAgain()
+        } else {
+            lost(chunk[written...], code: code)
         }
     }
 
