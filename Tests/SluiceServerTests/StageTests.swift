@@ -371,6 +371,31 @@ import Testing
         #expect(exchange.summary.circuit == "open")
     }
 
+    @Test func aBackgroundTryGoesOnlyOnATurnNowAndAClosedCircuit() throws {
+        let limit = RateLimitSettings(limits: [RateLimit(requests: 10, periodMilliseconds: 1000)], maxWait: 150)
+        let services = Services([
+            PolicyEntry(
+                name: "default", health: .on(Health(consecutiveFailures: 1, cooldown: 60_000)), rateLimit: .on(limit))
+        ])
+        func request(_ host: String) throws -> Exchange {
+            try exchange("GET http://\(host)/ HTTP/1.1\r\nHost: \(host)\r\n\r\n", services)
+        }
+        let admitted = try #require(BackgroundTry.admit(try request("a"), services), "a turn free now")
+        // The next turn of host a is 100 ms away: a background try does not wait for it.
+        #expect(BackgroundTry.admit(try request("a"), services) == nil)
+        // Its outcome reaches the breaker: one failure opens a's circuit, and the exchange's
+        // next try fails fast.
+        admitted.finish(.failure)
+        guard case .failTry(.upstreamCircuitOpen, kind: .other) = runTry(try request("a"), services) else {
+            Issue.record("the background try's failure opened the circuit")
+            return
+        }
+        // No background try to an origin whose circuit is not closed; another origin's goes.
+        #expect(BackgroundTry.admit(try request("a"), services) == nil)
+        let other = try #require(BackgroundTry.admit(try request("b"), services))
+        other.finish(.success)
+    }
+
     @Test func theQuotaWaitsRefusesAndCountsByItsKey() throws {
         let limit = RateLimitSettings(limits: [RateLimit(requests: 10, periodMilliseconds: 1000)], maxWait: 150)
         let services = Services([PolicyEntry(name: "default", rateLimit: .on(limit))])
