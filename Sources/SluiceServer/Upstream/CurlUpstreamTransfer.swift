@@ -48,9 +48,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private let isPlain: Bool
     /// The handle came configured by an earlier plain request.
     private let handleConfigured: Bool
-    /// The request's header lines as curl reads them, made when the request is handed to
-    /// curl and kept while libcurl may read them (until `cancel()`).
-    private var requestHeaders: CurlHeaderList?
+    /// Kept while libcurl may read it (until `cancel()`).
+    private var requestHeaders: HeaderList?
     private let errorBuffer: UnsafeMutablePointer<CChar>
     private var tryTimer: LoopTimer<CurlUpstreamTransfer>?
     let target: RequestTarget
@@ -222,9 +221,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         } else if handleConfigured {
             sluice_easy_setopt_ptr(h, CURLOPT_CUSTOMREQUEST, nil)
         }
-        let headers = CurlHeaderList(request.headers)
-        sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, headers.pointer)
-        requestHeaders = consume headers
+        requestHeaders = request.headers
+        sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, request.headers.pointer)
         if let credentials = request.credentials {
             sluice_easy_setopt_long(h, CURLOPT_HTTPAUTH, sluice_curlauth_basic_digest())
             sluice_easy_setopt_str(h, CURLOPT_USERNAME, credentials.username)

@@ -194,9 +194,8 @@ struct UpstreamResponseHead {
     func value(_ lowercaseName: String) -> String? { collected.value(lowercaseName) }
 }
 
-/// A request ready for the session core: everything a transport needs, with the header lines
-/// already built (the native transport writes them as they are; libcurl gets them converted,
-/// `CurlHeaderList`).
+/// A request ready for the session core: everything a transport needs, with the header list
+/// already built (as libcurl reads it; the native transport writes the same lines).
 struct UpstreamRequest {
     enum Body: Equatable {
         case none
@@ -206,7 +205,7 @@ struct UpstreamRequest {
     }
     var method: String
     var target: RequestTarget
-    var headers: RequestHeaderLines
+    var headers: HeaderList
     var body: Body
     /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
     var model: ProxyRequest?
