@@ -377,13 +377,18 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder
     func isHolding(_ hold: TryHold) -> Bool { self.hold === hold }
 
     func holdReleased(_ hold: TryHold, _ request: UpstreamRequest, from index: Int) {
-        self.hold = nil
-        startTry(request, from: index)
+        // This producer held the hold's last reference, and its own callback called: kept alive.
+        withExtendedLifetime(hold) {
+            self.hold = nil
+            startTry(request, from: index)
+        }
     }
 
     func holdEnded(_ hold: TryHold, _ verdict: TryVerdict) {
-        self.hold = nil
-        perform(verdict, hold.request)
+        withExtendedLifetime(hold) {
+            self.hold = nil
+            perform(verdict, hold.request)
+        }
     }
 
     // The producer's tries pass the try stages only: the request stages' waits are not theirs.

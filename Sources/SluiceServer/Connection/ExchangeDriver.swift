@@ -364,14 +364,16 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     /// A held try may go: the try stages resume at `index`.
     func holdReleased(_ hold: TryHold, _ request: UpstreamRequest, from index: Int) {
+        let exchange = hold.exchange  // read first: the phase holds the hold's last reference
         phase = .idle
-        startTry(request, hold.exchange, from: index)
+        startTry(request, exchange, from: index)
     }
 
     /// A held try may not go (or waits again): the stage's answer is performed.
     func holdEnded(_ hold: TryHold, _ verdict: TryVerdict) {
+        let (request, exchange) = (hold.request, hold.exchange)  // as above: read first
         phase = .idle
-        perform(verdict, hold.request, hold.exchange)
+        perform(verdict, request, exchange)
     }
 
     // MARK: UpstreamTransferDelegate
