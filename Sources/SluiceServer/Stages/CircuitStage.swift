@@ -44,8 +44,7 @@ enum CircuitStage: TryStage, ResponseStage {
     static func enter(_ request: inout UpstreamRequest, _ exchange: Exchange, _ services: any StageServices) -> TryVerdict {
         guard let settings = exchange.tryPolicy?.health else { return .proceed }
         let target = request.target
-        let origin = UpstreamHealth.Origin(
-            scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
+        let origin = origin(of: target)
         let answer = services.health.handle(.attempt, for: origin, settings: settings, now: MonotonicClock.milliseconds())
         exchange.summary.circuit = answer.state.rawValue
         Self.log(answer.change, probe: settings.probe != nil)
@@ -88,13 +87,17 @@ enum CircuitStage: TryStage, ResponseStage {
         return answer.state
     }
 
+    /// The breaker's key for a try to `target`: scheme, host and port.
+    static func origin(of target: RequestTarget) -> UpstreamHealth.Origin {
+        UpstreamHealth.Origin(scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
+    }
+
     /// Admits a try that cannot wait (`BackgroundTry`) to `target`: only while its circuit is
     /// closed (it must not take a half-open circuit's one trial); nil otherwise.
     static func admitWithoutWaiting(
         _ target: RequestTarget, _ settings: Health, _ services: any StageServices
     ) -> Admitted? {
-        let origin = UpstreamHealth.Origin(
-            scheme: target.scheme == .https ? "https" : "http", host: target.host, port: target.port)
+        let origin = origin(of: target)
         guard (services.health.state(of: origin) ?? .closed) == .closed else { return nil }
         let answer = services.health.handle(.attempt, for: origin, settings: settings, now: MonotonicClock.milliseconds())
         switch answer.action {
