@@ -238,16 +238,10 @@ final class RedisClient {
         command.append("SUBSCRIBE")
         command.append(channel)
         // hiredis keeps a subscription's callback for every message that follows.
-        _ = command.bytes.withUnsafeBufferPointer { buffer in
-            buffer.withMemoryRebound(to: CChar.self) { chars in
-                redisAsyncFormattedCommand(
-                    ac,
-                    { ac, reply, _ in
-                        guard let data = ac?.pointee.data, let reply else { return }
-                        let answer = RedisReply(reply.assumingMemoryBound(to: redisReply.self))
-                        Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().published(answer)
-                    }, nil, chars.baseAddress, chars.count)
-            }
+        _ = Self.sendFormatted(ac, command.bytes, nil) { ac, reply, _ in
+            guard let data = ac?.pointee.data, let reply else { return }
+            let answer = RedisReply(reply.assumingMemoryBound(to: redisReply.self))
+            Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().published(answer)
         }
     }
 
@@ -401,19 +395,32 @@ final class RedisClient {
         pending[id] = Pending(completion: completion, sent: now, deadline: now + settings.timeout * 1000)
         order.append(id)
         if !timeoutArmed { arm(microseconds: settings.timeout * 1000) }
-        let status = bytes.withUnsafeBufferPointer { buffer in
-            buffer.withMemoryRebound(to: CChar.self) { chars in
-                redisAsyncFormattedCommand(
-                    ac,
-                    { ac, reply, privdata in
-                        guard let data = ac?.pointee.data else { return }
-                        let id = UInt64(UInt(bitPattern: privdata))
-                        let answer = reply.map { RedisReply($0.assumingMemoryBound(to: redisReply.self)) }
-                        Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().answered(id, answer)
-                    }, UnsafeMutableRawPointer(bitPattern: UInt(id)), chars.baseAddress, chars.count)
-            }
+        let status = Self.sendFormatted(ac, bytes, UnsafeMutableRawPointer(bitPattern: UInt(id))) { ac, reply, privdata in
+            guard let data = ac?.pointee.data else { return }
+            let id = UInt64(UInt(bitPattern: privdata))
+            let answer = reply.map { RedisReply($0.assumingMemoryBound(to: redisReply.self)) }
+            Unmanaged<RedisClient>.fromOpaque(data).takeUnretainedValue().answered(id, answer)
         }
         if status != REDIS_OK { answered(id, nil) }
+    }
+
+    /// Hands hiredis one encoded command, NUL-terminated: `redisAsyncFormattedCommand` takes a
+    /// length, but 0.14 still scans the command with `strchr` for its name and, for a
+    /// `SUBSCRIBE`, for every channel, and reads the byte after the last word — past the end
+    /// of an unterminated buffer (AddressSanitizer's heap-buffer-overflow; an `assert(p)` in
+    /// `nextArgument` when the bytes after it held a `$` and no `\r`). hiredis copies the
+    /// command into its output buffer before it returns, so a temporary copy is enough.
+    private static func sendFormatted(
+        _ ac: UnsafeMutablePointer<redisAsyncContext>, _ bytes: [UInt8], _ privdata: UnsafeMutableRawPointer?,
+        _ callback:
+            @convention(c) (UnsafeMutablePointer<redisAsyncContext>?, UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void
+    ) -> Int32 {
+        withUnsafeTemporaryAllocation(of: CChar.self, capacity: bytes.count + 1) { buffer in
+            let base = buffer.baseAddress!
+            bytes.withUnsafeBytes { UnsafeMutableRawPointer(base).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+            base[bytes.count] = 0
+            return redisAsyncFormattedCommand(ac, callback, privdata, base, bytes.count)
+        }
     }
 
     private func arm(microseconds: Int) {
