@@ -58,9 +58,9 @@ import Testing
 
     @Test func theRequestListCarriesTheFields() throws {
         let head = try Self.head("X-Forwarded-For: 6.6.6.6\r\nAccept: */*\r\n")
-        var builder = HeaderList.Builder()
+        var builder = RequestHeaderLines.Builder()
         let f = ForwardingFields(style: .xForwarded, trusted: false, clientAddress: "127.0.0.5")
-        let list = ForwardedHeaders.requestList(for: head, viaLine: Array("Via: 1.1 t".utf8), forwarding: f, builder: &builder)
+        let list = ForwardedHeaders.requestLines(for: head, viaLine: Array("Via: 1.1 t".utf8), forwarding: f, builder: &builder)
         #expect(!list.lines.contains("X-Forwarded-For: 6.6.6.6"))
         #expect(list.lines.contains("X-Forwarded-For: 127.0.0.5"))
         #expect(list.lines.contains("X-Forwarded-Proto: http"))

@@ -50,9 +50,9 @@ import Testing
             return ids
         }
         func makeRequestId(_ id: UInt64) -> String { "test-\(id)" }
-        func headerList(for fields: HTTPFields) -> HeaderList {
-            var builder = HeaderList.Builder()
-            return ForwardedHeaders.requestList(for: fields, viaLine: Array("Via: 1.1 sluice-test".utf8), builder: &builder)
+        func headerLines(for fields: HTTPFields) -> RequestHeaderLines {
+            var builder = RequestHeaderLines.Builder()
+            return ForwardedHeaders.requestLines(for: fields, viaLine: Array("Via: 1.1 sluice-test".utf8), builder: &builder)
         }
     }
 
@@ -329,7 +329,7 @@ import Testing
     func runTry(_ exchange: Exchange, _ services: Services) -> TryVerdict {
         _ = exchange.machine.prepare(model: nil)
         var request = UpstreamRequest(
-            method: exchange.head.method, target: exchange.target, headers: HeaderList.Builder().makeList(), body: .none,
+            method: exchange.head.method, target: exchange.target, headers: RequestHeaderLines.Builder().makeLines(), body: .none,
             model: nil)
         return RequestChain.runTry(&request, exchange, services)
     }
@@ -428,7 +428,8 @@ import Testing
         }
         let client = RequestClient(peer: "[::1]:5000", address: "::1", mode: .forward, forwarding: nil)
         let request = UpstreamRequest(
-            method: "GET", target: try RequestTarget.absolute("http://a/"), headers: HeaderList.Builder().makeList(), body: .none,
+            method: "GET", target: try RequestTarget.absolute("http://a/"), headers: RequestHeaderLines.Builder().makeLines(),
+            body: .none,
             model: nil)
         #expect(
             QuotaStage.key(
@@ -530,7 +531,7 @@ import Testing
         {}
         for _ in 1...2 {
             var request = UpstreamRequest(
-                method: "POST", target: exchange.target, headers: HeaderList.Builder().makeList(), body: .streamed,
+                method: "POST", target: exchange.target, headers: RequestHeaderLines.Builder().makeLines(), body: .streamed,
                 model: model)
             guard case .proceed = TryAdaptersStage.enter(&request, exchange, services) else {
                 Issue.record("the try adapters let the try go")

@@ -120,14 +120,13 @@ struct UpgradeResponseReaderTests {
     }
 
     @Test func handshakeIsTheAdaptedRequestWithTheUpgradeFields() throws {
-        var builder = HeaderList.Builder()
+        var builder = RequestHeaderLines.Builder()
         builder.append(name: "X-A".utf8, value: "1".utf8)
-        builder.append(line: "Expect:")
-        builder.append(line: "X-Empty;")
+        builder.append(name: "X-Empty".utf8, value: "".utf8)
         builder.append(line: Array("Via: 1.1 s\r\n".utf8).dropLast(2).map { $0 })
         let request = UpstreamRequest(
             method: "GET", target: try RequestTarget.absolute("http://h.test/chat?room=1"),
-            headers: builder.makeList(), body: .none)
+            headers: builder.makeLines(), body: .none)
         let output = evbuffer_new()!
         defer { evbuffer_free(output) }
         UpgradeTransfer.writeHandshake(request, upgrade: "websocket", into: output)
@@ -138,7 +137,7 @@ struct UpgradeResponseReaderTests {
                 + "X-Empty:\r\nVia: 1.1 s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
         let onPort = UpstreamRequest(
             method: "GET", target: try RequestTarget.absolute("https://[::1]:8443/"),
-            headers: HeaderList.Builder().makeList(), body: .none)
+            headers: RequestHeaderLines.Builder().makeLines(), body: .none)
         let second = evbuffer_new()!
         defer { evbuffer_free(second) }
         UpgradeTransfer.writeHandshake(onPort, upgrade: "websocket", into: second)

@@ -102,7 +102,7 @@ public struct ExchangeMachine {
         /// Run the policy's adapters on `request`; answer with `adapted`.
         case adapt(ProxyRequest)
         /// The request is ready: read or check what its body needs, build the first try
-        /// (applying `headerEdits` to the header list when given), then `tryStarting`.
+        /// (applying `headerEdits` to the header lines when given), then `tryStarting`.
         case forward(headerEdits: HeaderEditPlan?)
     }
 
@@ -273,7 +273,7 @@ public struct ExchangeMachine {
         guard let model else {
             state = .startingTry
             if let plan = policy.headerEditPlan, !policy.redirector.follows, monitoring != .detailedEvents {
-                // Adapters that only edit header fields: applied as the header list is built.
+                // Adapters that only edit header fields: applied as the header lines are built.
                 if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
                 answer.command = .forward(headerEdits: plan)
             } else {

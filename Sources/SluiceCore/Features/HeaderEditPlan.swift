@@ -12,7 +12,7 @@ public enum HeaderEdit: Sendable {
 
 /// An adapter whose whole effect is the same header edits on every request (`headers`,
 /// `bearer`, `basic`, `api_key` as a header). A policy made only of such adapters lets the
-/// engine apply them while it builds the upstream header list from the client's bytes,
+/// engine apply them while it builds the upstream header lines from the client's bytes,
 /// without building the request as `HTTPFields` first (the hot path's largest cost).
 public protocol HeaderEditingAdapter: SynchronousRequestAdapter {
     /// The edits, in order; nil when this instance's effect is not a fixed header edit

@@ -24,7 +24,7 @@ struct TryBuilder {
             }
             return UpstreamRequest(
                 method: head.method, target: exchange.target,
-                headers: ForwardedHeaders.requestList(
+                headers: ForwardedHeaders.requestLines(
                     for: head, viaLine: worker.viaRequestLine,
                     edits: exchange.headerEdits,
                     requestId: exchange.generatedRequestId,
@@ -52,7 +52,7 @@ struct TryBuilder {
         }
         return UpstreamRequest(
             method: model.method, target: target,
-            headers: ForwardedHeaders.requestList(
+            headers: ForwardedHeaders.requestLines(
                 for: model.headerFields, viaLine: worker.viaRequestLine,
                 builder: &worker.headerBuilder),
             body: body, model: model)

@@ -1,4 +1,3 @@
-import CCurl
 import HTTPTypes
 import SluiceCore
 
@@ -52,19 +51,18 @@ enum ForwardedHeaders {
         }
     }
 
-    /// The curl header list for a forwarded request, built in the worker's reusable
-    /// `builder`. Curl derives `Host` from the URL, sets the body framing itself, and is told
-    /// not to add `Accept` or `Expect`. With `edits` (a policy made only of header-editing
-    /// adapters), the adapters' work is done here, in the same pass: replaced fields are
-    /// skipped and the plan's appended. `requestId`: the `X-Request-Id` Sluice made for a
-    /// request that came without one (unless the plan sets or removes that field itself).
-    static func requestList(
+    /// The header lines of a forwarded request, built in the worker's reusable `builder`
+    /// (the transport adds `Host` from the target and the body's framing). With `edits` (a
+    /// policy made only of header-editing adapters), the adapters' work is done here, in the
+    /// same pass: replaced fields are skipped and the plan's appended. `requestId`: the
+    /// `X-Request-Id` Sluice made for a request that came without one (unless the plan sets or
+    /// removes that field itself).
+    static func requestLines(
         for head: HTTPRequestHead, viaLine: [UInt8], edits: HeaderEditPlan? = nil,
         requestId: String? = nil, forwarding: ForwardingFields? = nil,
-        builder: inout HeaderList.Builder
-    ) -> HeaderList {
+        builder: inout RequestHeaderLines.Builder
+    ) -> RequestHeaderLines {
         builder.reset()
-        var sawAccept = false
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])
@@ -72,18 +70,13 @@ enum ForwardedHeaders {
                 if let forwarding, forwarding.removes(name) { continue }
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
                 if let edits, edits.replaces(name) { continue }
-                if name.count == 6, ASCII.equalsIgnoringCase(name, "accept") { sawAccept = true }
                 builder.append(name: name, value: UnsafeBufferPointer(rebasing: buf[field.value]))
             }
         }
         if let edits {
             for (name, value) in edits.appended {
                 var name = name  // compared in place, whatever its case (no lowercased copy)
-                let (dropped, accept) = name.withUTF8 {
-                    (isDroppedRequestField($0), $0.count == 6 && ASCII.equalsIgnoringCase($0, "accept"))
-                }
-                if dropped { continue }
-                if accept { sawAccept = true }
+                if name.withUTF8({ isDroppedRequestField($0) }) { continue }
                 builder.append(name: name.utf8, value: value.utf8)
             }
         }
@@ -95,15 +88,8 @@ enum ForwardedHeaders {
         if let forwarding {
             for (name, value) in forwarding.lines(for: head) { builder.append(name: name.utf8, value: value.utf8) }
         }
-        return finish(&builder, viaLine: viaLine, sawAccept: sawAccept)
-    }
-
-    /// Sluice's own lines: `Via`, and empty `Expect`/`Accept` so curl adds neither.
-    private static func finish(_ builder: inout HeaderList.Builder, viaLine: [UInt8], sawAccept: Bool) -> HeaderList {
         builder.append(line: viaLine)
-        builder.append(line: "Expect:")
-        if !sawAccept { builder.append(line: "Accept:") }
-        return builder.makeList()
+        return builder.makeLines()
     }
 
     /// The fields of a request head that travel upstream (hop-by-hop and framing fields
@@ -128,14 +114,17 @@ enum ForwardedHeaders {
         return fields
     }
 
-    /// The curl header list for a request the pipeline adapted.
-    static func requestList(for fields: HTTPFields, viaLine: [UInt8], builder: inout HeaderList.Builder) -> HeaderList {
+    /// The header lines of a request the pipeline adapted.
+    static func requestLines(
+        for fields: HTTPFields, viaLine: [UInt8], builder: inout RequestHeaderLines.Builder
+    ) -> RequestHeaderLines {
         builder.reset()
         for field in fields {
             var lower = field.name.canonicalName
             if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
             builder.append(name: field.name.rawName.utf8, value: field.value.utf8)
         }
-        return finish(&builder, viaLine: viaLine, sawAccept: fields[.accept] != nil)
+        builder.append(line: viaLine)
+        return builder.makeLines()
     }
 }

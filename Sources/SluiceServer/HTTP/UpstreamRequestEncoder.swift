@@ -1,37 +1,31 @@
-import CCurl
 import CLibEvent
-import SluiceCore
 
 #if canImport(Glibc)
     import Glibc
 #endif
 
 /// The request head the native transport writes to an origin (RFC 9112 §3): request line in
-/// origin form, `Host`, the forwarded fields, and the body's framing. Its input is the same
-/// `HeaderList` the libcurl transport hands to curl, so both transports forward exactly the
-/// same fields; the two conventions of curl's list are read the way curl reads them:
-/// - `Name:` with nothing after the colon removes a field curl would add itself (`Accept:`,
-///   `Expect:`): the native transport adds neither, so the line is skipped;
-/// - `Name;` sends the field with an empty value.
+/// origin form, the forwarded fields, `Host`, and the body's framing. The fields are the
+/// request's `RequestHeaderLines`, already in wire form, copied whole; the libcurl transport
+/// converts the same lines (`CurlHeaderList`), so both transports forward exactly the same
+/// fields.
 ///
-/// `Host` comes from the target (as curl derives it), unless the list carries one (the
-/// `upstream:` override's virtual host). Framing fields never come from the list
+/// `Host` comes from the target (as curl derives it), unless the lines carry one (the
+/// `upstream:` override's virtual host). Framing fields never come from the lines
 /// (`ForwardedHeaders` drops them): `Content-Length` or `Transfer-Encoding: chunked` is
 /// written here from the request's `Body`.
 ///
 /// Threading: a namespace of pure functions; the output buffer belongs to the caller's thread.
 enum UpstreamRequestEncoder {
     /// Appends the head to `output`, written into one extent reserved there (an upper bound
-    /// of its size, then plain copies): the head is some twenty pieces, and an `evbuffer_add`
+    /// of its size, then plain copies): the head is a handful of pieces, and an `evbuffer_add`
     /// for each cost more than the copying.
     static func writeHead(_ request: UpstreamRequest, into output: OpaquePointer) {
         var method = request.method
         var host = request.target.host
         // Everything but the header lines is bounded by the method, the URL, the host and
         // 128 bytes (" HTTP/1.1", "Host: [", "]:65535", the framing field, the CRLFs).
-        let bound =
-            method.utf8.count + request.target.url.utf8.count + host.utf8.count + request.headers.byteCount
-            + 2 * request.headers.count + 128
+        let bound = method.utf8.count + request.target.url.utf8.count + host.utf8.count + request.headers.byteCount + 128
         var extent = iovec()
         guard evbuffer_reserve_space(output, bound, &extent, 1) >= 1 else { return }
         var w = Writer(base: extent.iov_base.assumingMemoryBound(to: UInt8.self))
@@ -39,29 +33,8 @@ enum UpstreamRequestEncoder {
         w.put(" ")
         request.target.withOriginForm { w.put($0.assumingMemoryBound(to: UInt8.self)) }
         w.put(" HTTP/1.1\r\n")
-        var sawHost = false
-        var node = request.headers.pointer
-        while let n = node {
-            node = n.pointee.next
-            let text = UnsafeRawPointer(n.pointee.data).assumingMemoryBound(to: UInt8.self)
-            let count = strlen(n.pointee.data)
-            guard count > 0 else { continue }
-            let bytes = UnsafeBufferPointer(start: text, count: count)
-            if bytes[count - 1] == 0x3A, memchr(text, 0x3A, count) == UnsafeRawPointer(text + count - 1) {
-                continue  // `Name:` — curl's "do not add this field" (not a value that ends in `:`)
-            }
-            if bytes[count - 1] == 0x3B, memchr(text, 0x3A, count) == nil {
-                w.put(UnsafeBufferPointer(start: text, count: count - 1))  // `Name;` — an empty value
-                w.put(":\r\n")
-                continue
-            }
-            if count > 5, bytes[4] == 0x3A, ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: bytes[0..<4]), "host") {
-                sawHost = true
-            }
-            w.put(bytes)
-            w.put("\r\n")
-        }
-        if !sawHost {
+        request.headers.withBytes { bytes, _ in w.put(bytes) }
+        if !request.headers.carriesHost {
             w.put("Host: ")
             let bracketed = host.withUTF8 { h in h.baseAddress.map { memchr($0, 0x3A, h.count) != nil } ?? false }
             if bracketed { w.put("[") }

@@ -37,10 +37,10 @@ final class Worker {
     let via: String
     /// `Via: <via>\r\n`, as response heads carry it.
     let viaLine: [UInt8]
-    /// `Via: <via>`, as upstream header lists carry it.
+    /// `Via: <via>`, as upstream requests' header lines carry it.
     let viaRequestLine: [UInt8]
-    /// Where every upstream header list is built (its buffers keep their capacity).
-    var headerBuilder = HeaderList.Builder()
+    /// Where every upstream request's header lines are built (its buffers keep their capacity).
+    var headerBuilder = RequestHeaderLines.Builder()
     let viaPseudonym: String
     /// `<random hex>-`, the start of every `X-Request-Id` this worker makes.
     let requestIdPrefix: String
@@ -647,8 +647,8 @@ extension Worker: StageServices {
     var upstreamPerTryTimeout: Int { config.timeouts.upstreamPerTry }
     var totalTimeout: Int? { config.timeouts.total }
 
-    func headerList(for fields: HTTPFields) -> HeaderList {
-        ForwardedHeaders.requestList(for: fields, viaLine: viaRequestLine, builder: &headerBuilder)
+    func headerLines(for fields: HTTPFields) -> RequestHeaderLines {
+        ForwardedHeaders.requestLines(for: fields, viaLine: viaRequestLine, builder: &headerBuilder)
     }
 
     func originChoseHTTP1(_ target: RequestTarget) -> Bool {

@@ -3,7 +3,7 @@ import SluiceCore
 /// `adapters` (docs/configuration.md, "Adapters"): the policy's interceptor adapts the request
 /// — headers, bearer and API keys, OAuth 2 tokens, deflate — on a request model built only
 /// when one is needed; adapters that only edit header fields are applied as the upstream
-/// header list is built, with no model at all. Whether they run is the `ExchangeMachine`'s to
+/// header lines are built, with no model at all. Whether they run is the `ExchangeMachine`'s to
 /// decide; when they do, the request waits for their answer (`StageWait.adaptation`), which
 /// comes at once or — from an adapter that must fetch a token — later on this thread.
 enum AdaptersStage: RequestStage {

@@ -187,8 +187,8 @@ protocol StageServices: AnyObject {
     var diskTier: DiskCacheTier? { get }
     /// What adapters that must fetch something (OAuth 2) are given.
     var adapterSession: any SessionContext { get }
-    /// The header list a transport sends for `fields` (the try stages' adapters changed them).
-    func headerList(for fields: HTTPFields) -> HeaderList
+    /// The header lines a transport sends for `fields` (the try stages' adapters changed them).
+    func headerLines(for fields: HTTPFields) -> RequestHeaderLines
     /// This worker saw the https origin choose HTTP/1.1 by ALPN lately (`TLSProtocolMemory`).
     func originChoseHTTP1(_ target: RequestTarget) -> Bool
     /// Asks for a slot of `limits.max_in_flight_upstream` (`UpstreamGate`).

@@ -3,7 +3,7 @@ import SluiceCore
 /// `adapters` that run on every try (`AdapterTiming.everyTry`: `aws_sigv4`, `http_signature`,
 /// docs/configuration.md, "Adapters"): after the circuit and the rate limit gave the try its
 /// turn — so that a signer's date is the moment the try leaves, even after a wait — the
-/// try's request model is adapted by each of them in the policy's order, and the header list
+/// try's request model is adapted by each of them in the policy's order, and the header lines
 /// the transport sends is built again from it. Each try (a retry, a followed redirect) starts
 /// from the request as the once-per-exchange adapters left it, so a signature never covers an
 /// earlier try's edits.
@@ -49,7 +49,7 @@ enum TryAdaptersStage: TryStage {
                 return .respond(error)
             }
         }
-        request.headers = services.headerList(for: model.headerFields)
+        request.headers = services.headerLines(for: model.headerFields)
         request.model = model
         return .proceed
     }

@@ -48,8 +48,9 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private let isPlain: Bool
     /// The handle came configured by an earlier plain request.
     private let handleConfigured: Bool
-    /// Kept while libcurl may read it (until `cancel()`).
-    private var requestHeaders: HeaderList?
+    /// The request's header lines as curl reads them, made when the request is handed to
+    /// curl and kept while libcurl may read them (until `cancel()`).
+    private var requestHeaders: CurlHeaderList?
     private let errorBuffer: UnsafeMutablePointer<CChar>
     private var tryTimer: LoopTimer<CurlUpstreamTransfer>?
     let target: RequestTarget
@@ -221,8 +222,9 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         } else if handleConfigured {
             sluice_easy_setopt_ptr(h, CURLOPT_CUSTOMREQUEST, nil)
         }
-        requestHeaders = request.headers
-        sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, request.headers.pointer)
+        let headers = CurlHeaderList(request.headers)
+        sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, headers.pointer)
+        requestHeaders = consume headers
         if let credentials = request.credentials {
             sluice_easy_setopt_long(h, CURLOPT_HTTPAUTH, sluice_curlauth_basic_digest())
             sluice_easy_setopt_str(h, CURLOPT_USERNAME, credentials.username)

@@ -121,26 +121,17 @@ final class UpgradeTransfer: CurlTransfer {
     }
 
     /// The handshake as the origin gets it: the request line in origin-form, `Host` (unless
-    /// the list carries one: an `upstream:` port override), the forwarded fields as built for
-    /// libcurl (its directives — `Name:` to suppress a field of its own — skipped), and the
+    /// the lines carry one: an `upstream:` port override), the forwarded header lines, and the
     /// upgrade's own `Connection` and `Upgrade`.
     static func writeHandshake(_ request: UpstreamRequest, upgrade: String, into out: OpaquePointer) {
         var text = "\(request.method) \(request.target.originForm) HTTP/1.1\r\n"
-        var lines = request.headers.lines
-        if !lines.contains(where: { $0.lowercased().hasPrefix("host:") }) {
+        if !request.headers.carriesHost {
             let t = request.target
             let defaultPort = t.port == (t.scheme == .https ? 443 : 80)
             let host = t.host.utf8.contains(0x3A) ? "[\(t.host)]" : t.host
-            lines.insert("Host: " + (defaultPort ? host : "\(host):\(t.port)"), at: 0)
+            text += "Host: " + (defaultPort ? host : "\(host):\(t.port)") + "\r\n"
         }
-        for line in lines {
-            if line.hasSuffix(":") { continue }  // libcurl's "do not send this field"
-            if line.hasSuffix(";") {
-                text += line.dropLast() + ":\r\n"
-                continue
-            }  // libcurl's empty value
-            text += line + "\r\n"
-        }
+        request.headers.withBytes { bytes, _ in text += String(decoding: bytes, as: UTF8.self) }
         text += "Connection: Upgrade\r\nUpgrade: \(upgrade)\r\n\r\n"
         text.withUTF8 { _ = evbuffer_add(out, $0.baseAddress, $0.count) }
     }

@@ -194,8 +194,9 @@ struct UpstreamResponseHead {
     func value(_ lowercaseName: String) -> String? { collected.value(lowercaseName) }
 }
 
-/// A request ready for the session core: everything a transport needs, with the header list
-/// already built (as libcurl reads it; the native transport writes the same lines).
+/// A request ready for the session core: everything a transport needs, with the header lines
+/// already built (the native transport writes them as they are; libcurl gets them converted,
+/// `CurlHeaderList`).
 struct UpstreamRequest {
     enum Body: Equatable {
         case none
@@ -205,7 +206,7 @@ struct UpstreamRequest {
     }
     var method: String
     var target: RequestTarget
-    var headers: HeaderList
+    var headers: RequestHeaderLines
     var body: Body
     /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
     var model: ProxyRequest?

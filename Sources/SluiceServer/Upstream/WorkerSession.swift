@@ -79,6 +79,8 @@ final class SideFetch: CurlTransfer {
     static let maxResponseBytes = 1 << 20
     private let session: UpstreamSession
     private let handle: UnsafeMutableRawPointer
+    /// Its few fields (a token request's), by `curl_slist_append`: a side fetch always goes by
+    /// libcurl, once in a while, so it does without `RequestHeaderLines` and `CurlHeaderList`.
     private var headerList: UnsafeMutablePointer<curl_slist>?
     private var response: [UInt8] = []
     private let completion: (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void

@@ -1,0 +1,179 @@
+/// The header lines a forwarded request carries upstream, as either transport sends them:
+/// `Name: value\r\n` each (`Name:\r\n` for an empty value), in order, in one buffer — so the
+/// native transport writes them with one copy (`UpstreamRequestEncoder`), and libcurl gets
+/// them converted when a transfer starts (`CurlHeaderList`). It holds fields only: no
+/// transport's directives (curl's `Expect:` and `Accept:` are the conversion's business), no
+/// framing (`Content-Length`, `Transfer-Encoding`: the transport writes the body's own) and
+/// no `Host` unless one was asked for (an `upstream:` override), which `carriesHost` says.
+///
+/// One allocation: the bytes and, after them, where each line ends, in a `ManagedBuffer`
+/// whose header holds the counts. Built with a `Builder`, whose buffers a worker reuses for
+/// every request; a value never changes once built, and the editing operations
+/// (`replacing`, `appending`) make new ones.
+///
+/// Threading: built and read on one worker's thread.
+struct RequestHeaderLines {
+    private struct Counts {
+        /// How many lines.
+        var count: Int
+        /// The lines' bytes, their CRLFs included.
+        var byteCount: Int
+        var carriesHost: Bool
+    }
+
+    /// The bytes (`byteCount`), then each line's end offset as an unaligned `UInt32` (`count`;
+    /// a request head is far below 4 GiB).
+    private let storage: ManagedBuffer<Counts, UInt8>
+
+    /// Read through the header's pointer: `ManagedBuffer.header`, a class's stored property,
+    /// would be checked for exclusive access on every read.
+    private var counts: Counts { storage.withUnsafeMutablePointerToHeader { $0.pointee } }
+    /// How many lines it holds.
+    var count: Int { counts.count }
+    /// The lines' bytes, their CRLFs included.
+    var byteCount: Int { counts.byteCount }
+    /// A `Host` line is among them (any case): the transport derives none from the target.
+    var carriesHost: Bool { counts.carriesHost }
+
+    private init(_ builder: Builder) {
+        let byteCount = builder.bytes.count
+        let count = builder.ends.count
+        storage = .create(minimumCapacity: byteCount + count * MemoryLayout<UInt32>.size) { _ in
+            Counts(count: count, byteCount: byteCount, carriesHost: builder.carriesHost)
+        }
+        storage.withUnsafeMutablePointerToElements { base in
+            builder.bytes.withUnsafeBufferPointer {
+                if let source = $0.baseAddress { base.update(from: source, count: byteCount) }
+            }
+            builder.ends.withUnsafeBytes {
+                if let source = $0.baseAddress {
+                    UnsafeMutableRawPointer(base + byteCount).copyMemory(from: source, byteCount: $0.count)
+                }
+            }
+        }
+    }
+
+    /// Where each line ends in the lines' bytes, after its CRLF.
+    struct LineEnds {
+        fileprivate let base: UnsafeRawPointer
+        let count: Int
+
+        subscript(i: Int) -> Int {
+            Int(base.loadUnaligned(fromByteOffset: i * MemoryLayout<UInt32>.size, as: UInt32.self))
+        }
+    }
+
+    /// Calls `body` with every line's bytes at once, CRLFs included — the head's field
+    /// section as it goes on the wire — and where each line ends in them.
+    func withBytes<R>(_ body: (UnsafeBufferPointer<UInt8>, LineEnds) throws -> R) rethrows -> R {
+        try storage.withUnsafeMutablePointers { header, base in
+            let counts = header.pointee
+            return try body(
+                UnsafeBufferPointer(start: base, count: counts.byteCount),
+                LineEnds(base: UnsafeRawPointer(base + counts.byteCount), count: counts.count))
+        }
+    }
+
+    /// Calls `body` with each field's name and value in order (no CRLF; an empty value for a
+    /// `Name:` line).
+    func forEachField(
+        _ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) throws -> Void
+    )
+        rethrows
+    {
+        try withBytes { bytes, ends in
+            var start = 0
+            for i in 0..<ends.count {
+                let end = ends[i]
+                let line = UnsafeBufferPointer(rebasing: bytes[start..<end - 2])
+                start = end
+                // A name is a token, so the first colon ends it; the builder put one SP after it
+                // before a value, none before an empty one.
+                let colon = line.firstIndex(of: 0x3A) ?? line.count
+                let valueStart = min(colon + 2, line.count)
+                try body(UnsafeBufferPointer(rebasing: line[..<colon]), UnsafeBufferPointer(rebasing: line[valueStart...]))
+            }
+        }
+    }
+
+    /// The lines, as strings without their CRLFs (for tests).
+    var lines: [String] {
+        var out: [String] = []
+        out.reserveCapacity(count)
+        forEachField { name, value in
+            out.append(
+                String(decoding: name, as: UTF8.self) + (value.isEmpty ? ":" : ": ") + String(decoding: value, as: UTF8.self))
+        }
+        return out
+    }
+
+    /// Collects lines; `makeLines()` copies them into a `RequestHeaderLines`. Reused:
+    /// `reset()` keeps the buffers' capacity.
+    struct Builder {
+        fileprivate var bytes: [UInt8] = []
+        /// Where each line ends in `bytes`, its CRLF included.
+        fileprivate var ends: [UInt32] = []
+        fileprivate var carriesHost = false
+
+        init(capacity: Int = 1024, lines: Int = 32) {
+            bytes.reserveCapacity(capacity)
+            ends.reserveCapacity(lines)
+        }
+
+        mutating func reset() {
+            bytes.removeAll(keepingCapacity: true)
+            ends.removeAll(keepingCapacity: true)
+            carriesHost = false
+        }
+
+        /// `Name: value`, or `Name:` for an empty value.
+        mutating func append(name: some Collection<UInt8>, value: some Collection<UInt8>) {
+            if name.count == 4, name.withContiguousStorageIfAvailable({ ASCII.equalsIgnoringCase($0, "host") }) ?? false {
+                carriesHost = true
+            }
+            bytes.append(contentsOf: name)
+            bytes.append(0x3A)
+            if !value.isEmpty {
+                bytes.append(0x20)
+                bytes.append(contentsOf: value)
+            }
+            endLine()
+        }
+
+        /// A whole `Name: value` line, as it is (Sluice's `Via`, made once per worker).
+        mutating func append(line: [UInt8]) {
+            if line.count > 4, line[4] == 0x3A,
+                line.withUnsafeBufferPointer({ ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: $0[..<4]), "host") })
+            {
+                carriesHost = true
+            }
+            bytes.append(contentsOf: line)
+            endLine()
+        }
+
+        @inline(__always)
+        private mutating func endLine() {
+            bytes.append(0x0D)
+            bytes.append(0x0A)
+            ends.append(UInt32(bytes.count))
+        }
+
+        func makeLines() -> RequestHeaderLines { RequestHeaderLines(self) }
+    }
+
+    /// These lines without the fields named in `removing` (lower-case), plus `adding` (a
+    /// cache revalidation's validators, a resume's range).
+    func replacing(_ removing: [String], adding: [(name: String, value: String)]) -> RequestHeaderLines {
+        var builder = Builder(capacity: byteCount + 256, lines: count + adding.count)
+        forEachField { name, value in
+            if !removing.contains(where: { ASCII.equalsIgnoringCase(name, $0) }) { builder.append(name: name, value: value) }
+        }
+        for (name, value) in adding { builder.append(name: name.utf8, value: value.utf8) }
+        return builder.makeLines()
+    }
+
+    /// These lines and one more (the rare `Host` of an `upstream:` override).
+    func appending(name: String, value: String) -> RequestHeaderLines {
+        replacing([], adding: [(name, value)])
+    }
+}

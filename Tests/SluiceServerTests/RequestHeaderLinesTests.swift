@@ -1,0 +1,76 @@
+import Testing
+
+@testable import SluiceServer
+
+@Suite struct RequestHeaderLinesTests {
+    private func wire(_ lines: RequestHeaderLines) -> String {
+        lines.withBytes { bytes, _ in String(decoding: bytes, as: UTF8.self) }
+    }
+
+    @Test func linesAreCRLFTerminatedInOneBufferInOrder() {
+        var builder = RequestHeaderLines.Builder()
+        builder.append(name: Array("X-A".utf8), value: Array("1".utf8))
+        builder.append(name: Array("X-Empty".utf8), value: [UInt8]())
+        builder.append(line: Array("Via: 1.1 x".utf8))
+        let lines = builder.makeLines()
+        #expect(lines.count == 3)
+        #expect(wire(lines) == "X-A: 1\r\nX-Empty:\r\nVia: 1.1 x\r\n")
+        #expect(lines.byteCount == wire(lines).utf8.count)
+        #expect(lines.lines == ["X-A: 1", "X-Empty:", "Via: 1.1 x"])
+        #expect(!lines.carriesHost)
+    }
+
+    @Test func fieldsComeBackAsTheyWentIn() {
+        var builder = RequestHeaderLines.Builder()
+        builder.append(name: "X-Colon".utf8, value: "a: b:".utf8)
+        builder.append(name: "X-Space".utf8, value: " lead".utf8)
+        builder.append(name: "X-Empty".utf8, value: "".utf8)
+        var fields: [String] = []
+        builder.makeLines().forEachField { name, value in
+            fields.append(String(decoding: name, as: UTF8.self) + "=" + String(decoding: value, as: UTF8.self))
+        }
+        #expect(fields == ["X-Colon=a: b:", "X-Space= lead", "X-Empty="])
+    }
+
+    @Test func aReusedBuilderStartsAfresh() {
+        var builder = RequestHeaderLines.Builder()
+        builder.append(name: "Host".utf8, value: "a".utf8)
+        let first = builder.makeLines()
+        builder.reset()
+        builder.append(name: "B".utf8, value: "2".utf8)
+        let second = builder.makeLines()
+        #expect(
+            first.lines == ["Host: a"] && first.carriesHost, "the lines own their bytes: the builder's reuse does not touch them")
+        #expect(second.lines == ["B: 2"] && !second.carriesHost)
+    }
+
+    @Test func anEmptyListHasNoLines() {
+        let lines = RequestHeaderLines.Builder().makeLines()
+        #expect(lines.count == 0 && lines.byteCount == 0 && lines.lines.isEmpty && wire(lines).isEmpty)
+    }
+
+    @Test func appendingMakesNewLinesWithOneMore() {
+        var builder = RequestHeaderLines.Builder()
+        builder.append(line: Array("Via: 1.1 x".utf8))
+        let lines = builder.makeLines()
+        let more = lines.appending(name: "host", value: "example.com:8080")
+        #expect(lines.lines == ["Via: 1.1 x"] && !lines.carriesHost)
+        #expect(more.lines == ["Via: 1.1 x", "host: example.com:8080"])
+        #expect(more.carriesHost, "a Host line in any case")
+    }
+
+    @Test func replacingDropsNamedFieldsAnyCaseAndAppends() {
+        var builder = RequestHeaderLines.Builder()
+        builder.append(name: "If-None-Match".utf8, value: "\"client\"".utf8)
+        builder.append(name: "Accept".utf8, value: "*/*".utf8)
+        builder.append(name: "if-modified-since".utf8, value: "Sun, 06 Nov 1994 08:49:37 GMT".utf8)
+        builder.append(name: "If-None-Match-Extra".utf8, value: "kept".utf8)
+        builder.append(name: "X-Empty".utf8, value: "".utf8)
+        let lines = builder.makeLines()
+        let revalidation = lines.replacing(["if-none-match", "if-modified-since"], adding: [("If-None-Match", "\"stored\"")])
+        #expect(
+            revalidation.lines == ["Accept: */*", "If-None-Match-Extra: kept", "X-Empty:", "If-None-Match: \"stored\""])
+        #expect(wire(revalidation) == "Accept: */*\r\nIf-None-Match-Extra: kept\r\nX-Empty:\r\nIf-None-Match: \"stored\"\r\n")
+        #expect(lines.count == 5)
+    }
+}
