@@ -35,7 +35,7 @@ def test_markdown_names_the_machine_the_sources_and_what_was_not_measured(result
     assert "![headline run](Benchmarks/results/x.png)" in text
     assert "trafficserver (traffic_server is not installed)" in text
     assert "| sluice-pipeline | 64 | 42000 | 900 µs | 3.10 ms | 0.50 | 0.80 | 24.0 µs | 1 % | 0 | 40000 / 42000 / 46000 |" in text
-    assert "| direct | 1000 | 1.00 | ok | – | 0 % |  |" in text
+    assert "| direct | 1000 | 1000 | 1.00 | ok | – | 0 % |  |" in text
     assert "| sluice-pipeline | 85,250,666 | 251,876,490 | 83,313 |" in text
     assert "difference to" not in text   # direct, the first reference, has no instruction count
 

@@ -103,3 +103,23 @@ def test_fleet_without_redis_is_unavailable(lab, tmp_path, monkeypatch):
     with pytest.raises(servers.Unavailable, match="redis-server is not installed"):
         servers.start_sluice(lab, "sluice-fleet")
     assert lab.procs == []
+
+
+def test_haproxy_pipeline_does_the_work_of_sluice_pipeline(lab, tmp_path):
+    """The same three header edits as PIPELINE's adapters and a JSON log line per request; the
+    configuration is one haproxy accepts (`haproxy -c`, when haproxy is installed)."""
+    pipeline = servers.PIPELINE.format(d=tmp_path)
+    cfg = servers.haproxy_cfg(lab, "haproxy-pipeline")
+    assert "X-Forwarded-By: sluice" in pipeline and "http-request set-header X-Forwarded-By sluice" in cfg
+    assert "remove: [X-Debug]" in pipeline and "http-request del-header X-Debug" in cfg
+    assert "bearer: bench-token-0123456789" in pipeline
+    assert 'http-request set-header Authorization "Bearer bench-token-0123456789"' in cfg
+    assert "value: bench-key-0123456789" in pipeline and "set-header X-Api-Key bench-key-0123456789" in cfg
+    assert "log stdout" in cfg and "log-format '{" in cfg
+    assert "http-request" not in servers.haproxy_cfg(lab, "haproxy").split("set-dst-port url_port")[1]
+    import shutil
+    import subprocess
+    if shutil.which("haproxy"):
+        (tmp_path / "h.cfg").write_text(cfg)
+        check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "h.cfg")], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr

@@ -91,3 +91,15 @@ def test_commandstats_and_the_calls_between_two_readings():
     after["time"], after["eval"] = {"calls": 1000}, {"calls": 2}
     assert stats.redis_calls(before, after)["round_trips"] == 1002
     assert stats.redis_calls({}, {}) == {"evalsha": 0, "eval": 0, "script_load": 0, "round_trips": 0, "failed": 0}
+
+
+def test_a_proxy_faster_than_direct_fails_the_sanity_check():
+    from bench.measures import flag_faster_than_direct
+
+    rows = {"direct": {"mb_s": 1000, "note": None}, "sluice": {"mb_s": 1060, "note": None},
+            "haproxy": {"mb_s": 1040, "note": None}}
+    messages = flag_faster_than_direct(rows)
+    assert len(messages) == 1 and "sluice" in messages[0] and "1.06x" in messages[0]
+    assert rows["sluice"]["sanity_check_failed"] and "not trusted" in rows["sluice"]["note"]
+    assert "sanity_check_failed" not in rows["haproxy"]
+    assert flag_faster_than_direct({"sluice": {"mb_s": 5000, "note": None}}) == []   # no direct: nothing to say
