@@ -100,7 +100,9 @@ def test_a_plain_http_disk_hit_is_sent_by_the_kernel_and_verified_once(sluice_fa
     time.sleep(SETTLE)
     hit = get(proxy, url)
     assert sha(hit.content) == sha(body) and "detail=disk" in hit.headers["Cache-Status"], hit.headers
-    assert counters(proxy) == (len(body), len(body)), "the first hit verifies every block it sends"
+    assert counters(proxy) == (len(body), len(body)), (
+        "sluice_cache_disk_sendfile_bytes_total: the hit's body; sluice_cache_disk_verified_bytes_total: "
+        "the first hit verifies every block it sends")
     for n in (2, 3):
         assert sha(get(proxy, url).content) == sha(body)
         assert counters(proxy) == (n * len(body), len(body)), "a block is verified once while its file is unchanged"
