@@ -247,7 +247,8 @@ final class ClientSocket {
         }
     }
 
-    /// Writes as much of `output` as the kernel takes now, in one `writev`; what is left is
+    /// Writes as much of `output` as the kernel takes now, in one `writev` (or, with file
+    /// segments queued, a `writev` and `sendfile`s: `writePlain`); what is left is
     /// written when the socket is writable again. False when the peer is gone (the owner is
     /// told through `socketClosed`, never from inside this call).
     @discardableResult
