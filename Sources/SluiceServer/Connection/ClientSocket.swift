@@ -290,7 +290,7 @@ final class ClientSocket {
     /// be sent.
     private func writePlain() -> Bool {
         while true {
-            errno = 0
+            if sendsFiles { errno = 0 }
             let n = evbuffer_write(output, fd)
             if n < 0 { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR }
             if n == 0 { return !(sendsFiles && errno == 0) }
