@@ -52,6 +52,25 @@ import Testing
         #expect(HTTPDate.parse("0") == nil && HTTPDate.parse("yesterday") == nil)
     }
 
+    /// The in-place IMF-fixdate reader agrees with the general one on what it accepts and
+    /// leaves every other layout to it.
+    @Test func httpDateFixdateFastPath() {
+        let t: Int64 = 784_111_777
+        #expect(HTTPDate.parseFixdate("Sun, 06 Nov 1994 08:49:37 GMT") == t)
+        #expect(HTTPDate.parseFixdate("sun, 06 NOV 1994 08:49:37 GMT") == t)
+        #expect(HTTPDate.parseFixdate("Thu, 01 Jan 1970 00:00:00 GMT") == 0)
+        #expect(HTTPDate.parseFixdate("Tue, 29 Feb 2028 23:59:60 GMT") == HTTPDate.parse("Tue,  29 Feb 2028 23:59:60 GMT"))
+        #expect(HTTPDate.parseFixdate("Sun, 31 Feb 1994 08:49:37 GMT") == HTTPDate.parse("Sun,  31 Feb 1994 08:49:37 GMT"))
+        for other in [
+            "Sun, 6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 08:49:37 UTC", "Sun,06  Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 08:49:3x GMT", "Sun, 06 Nox 1994 08:49:37 GMT", "Sun, 32 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1969 08:49:37 GMT", "Sun, 06 Nov 1994 24:00:00 GMT", "S n, 06 Nov 1994 08:49:37 GMT",
+        ] {
+            #expect(HTTPDate.parseFixdate(other) == nil, "\(other)")
+        }
+        #expect(HTTPDate.parse("Sun,  06 Nov 1994 08:49:37 GMT") == t)  // not the exact layout: the general reader
+    }
+
     // MARK: storability (§3)
 
     func storable(

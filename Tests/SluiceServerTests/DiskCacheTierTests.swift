@@ -479,4 +479,12 @@ import Testing
         o.touch("z")
         #expect(o.keysOldestFirst == ["z"])
     }
+
+    @Test func generationsAreSixteenHexDigits() {
+        #expect(DiskEntryNames.hex16(1) == "0000000000000001")
+        #expect(DiskEntryNames.hex16(0xfedc_ba98_7654_3210) == "fedcba9876543210")
+        #expect(
+            DiskEntryNames.classify("\(String(repeating: "a", count: 64)).\(DiskEntryNames.hex16(42)).body")
+                == .body(name: String(repeating: "a", count: 64), generation: 42))
+    }
 }

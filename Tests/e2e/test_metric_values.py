@@ -371,6 +371,10 @@ ELSEWHERE = {
     "sluice_fleet_fallbacks_total": ("test_admin.py", "def test_fleet_shows_each_workers_redis_and_the_instances"),
     "sluice_download_resumes_total": ("test_resume.py", "def test_the_resume_limit_is_the_policys_retry_limit"),
     "sluice_upstream_tries_total": ("test_resume.py", "def test_a_resume_takes_its_rate_limit_turn_and_is_counted_as_a_try"),
+    "sluice_cache_disk_sendfile_bytes_total": (
+        "test_cache_disk_sendfile.py", "def test_a_plain_http_disk_hit_is_sent_by_the_kernel_and_verified_once"),
+    "sluice_cache_disk_verified_bytes_total": (
+        "test_cache_disk_sendfile.py", "def test_a_plain_http_disk_hit_is_sent_by_the_kernel_and_verified_once"),
 }
 
 

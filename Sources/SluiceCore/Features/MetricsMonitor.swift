@@ -116,6 +116,16 @@ public final class SluiceMetrics: Sendable {
         help:
             "Disk cache writes that failed (disk full, quota, permissions): responses are served without the disk tier until a write succeeds"
     )
+    public static let cacheDiskSendfileBytes = Metric(
+        name: "sluice_cache_disk_sendfile_bytes_total", kind: .counter, labels: [],
+        help:
+            "Body bytes of disk cache hits sent by the kernel (sendfile) from the stored file to a plain-http client, without passing through Sluice"
+    )
+    public static let cacheDiskVerifiedBytes = Metric(
+        name: "sluice_cache_disk_verified_bytes_total", kind: .counter, labels: [],
+        help:
+            "Body bytes of disk cache entries read and checked against their checksums before the kernel sent them: a block's first send by this process, or its first after its file changed"
+    )
     public static let resumes = Metric(
         name: "sluice_download_resumes_total", kind: .counter, labels: ["outcome"],
         help:
@@ -161,7 +171,8 @@ public final class SluiceMetrics: Sendable {
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests, upstreamTries,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
-        cacheDiskWriteFailures, resumes, rateLimitDecisions, rateLimitWait, rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
+        cacheDiskWriteFailures, cacheDiskSendfileBytes, cacheDiskVerifiedBytes, resumes, rateLimitDecisions, rateLimitWait,
+        rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
         fleetFallbacks, fleetInstances,
     ]
 
@@ -194,6 +205,9 @@ public final class SluiceMetrics: Sendable {
     /// The rate-limit counts already added to the counters, per policy (they are read from
     /// `RateLimitTable` at each scrape, and only the difference is added).
     private let rateLimitReported = Mutex<[String: RateLimitTable.Counts]>([:])
+    /// The disk tier's kernel-send and verification byte counts already added to their
+    /// counters (read from the tier at each scrape; only the difference is added).
+    private let diskReported = Mutex<(sendfile: UInt64, verified: UInt64)>((0, 0))
     let rateLimitWaitTimer: CoreMetrics.Timer
 
     private init() {
@@ -213,6 +227,8 @@ public final class SluiceMetrics: Sendable {
         // at 1 would hide the first failure (docs/monitoring/sluice-alerts.yml).
         for result in ["applied", "failed"] { _ = counter(Self.reloads, [("result", result)]) }
         _ = counter(Self.cacheDiskWriteFailures)
+        _ = counter(Self.cacheDiskSendfileBytes)
+        _ = counter(Self.cacheDiskVerifiedBytes)
     }
 
     func counter(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Counter {
@@ -328,6 +344,17 @@ public final class SluiceMetrics: Sendable {
 
     public func recordTry(_ kind: TryKind, count: Int = 1) {
         counter(Self.upstreamTries, [("kind", kind.rawValue)]).increment(by: Int64(count))
+    }
+
+    /// The disk tier's running byte counts (sent by the kernel, verified for it), set just
+    /// before `/metrics` is emitted: the counters grow by what happened since the last scrape.
+    public func recordCacheDisk(sendfileBytes: UInt64, verifiedBytes: UInt64) {
+        let delta = diskReported.withLock { reported in
+            defer { reported = (sendfileBytes, verifiedBytes) }
+            return (sendfileBytes &- reported.sendfile, verifiedBytes &- reported.verified)
+        }
+        if delta.0 > 0 { counter(Self.cacheDiskSendfileBytes).increment(by: Int64(clamping: delta.0)) }
+        if delta.1 > 0 { counter(Self.cacheDiskVerifiedBytes).increment(by: Int64(clamping: delta.1)) }
     }
 
     /// A write of the disk cache tier failed.

@@ -321,6 +321,11 @@ final class AdminServer: @unchecked Sendable {
     private func metrics() -> AdminResponse {
         SluiceMetrics.shared.recordCircuits(server.health.statuses())
         SluiceMetrics.shared.recordRateLimits(server.rateLimits.snapshot(now: MonotonicClock.microseconds()))
+        if let disk = server.diskTier {
+            SluiceMetrics.shared.recordCacheDisk(
+                sendfileBytes: disk.sendfileBytes.load(ordering: .relaxed),
+                verifiedBytes: disk.verifiedBytes.load(ordering: .relaxed))
+        }
         if server.currentConfiguration.server.fleet != nil {
             SluiceMetrics.shared.recordFleet(instances: server.fleetShared.instancesAlive.load(ordering: .relaxed))
         }

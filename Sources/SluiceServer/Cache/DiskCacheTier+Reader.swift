@@ -13,21 +13,29 @@ extension DiskCacheTier {
     /// Threading: belongs to the thread that serves the hit (not `Sendable`); each `next()`
     /// reads and hashes one block.
     public final class Reader {
-        private let tier: DiskCacheTier
+        let tier: DiskCacheTier
         /// The entry's file name stem and its body's generation (`CacheObject.DiskEntry`).
         public let name: String
         public let generation: UInt64
         private let trailer: [UInt8]
-        private let blockSize: Int
-        private let fd: Int32
+        let blockSize: Int
+        /// The body file, open for as long as the reader lives (a kernel send's file segment
+        /// keeps the reader alive until its bytes are sent: `DiskHitStream`).
+        let fd: Int32
         private var block = 0
-        private let blocks: Int
+        let blocks: Int
         private var buffer: [UInt8] = []
+        /// The tier's record of the blocks verified when the entry was opened, plus what this
+        /// reader verified for the kernel since (`DiskCacheTier+KernelSend`).
+        var verified: DiskBlockVerification?
 
         public let metadata: [UInt8]
         public let bodyLength: UInt64
 
-        init(tier: DiskCacheTier, name: String, record: DiskEntryRecord, trailer: [UInt8], fd: Int32) {
+        init(
+            tier: DiskCacheTier, name: String, record: DiskEntryRecord, trailer: [UInt8], fd: Int32,
+            verified: DiskBlockVerification? = nil
+        ) {
             self.tier = tier
             self.name = name
             generation = record.generation
@@ -37,6 +45,7 @@ extension DiskCacheTier {
             blocks = record.blockCount
             metadata = record.metadata
             bodyLength = record.bodyLength
+            self.verified = verified
         }
 
         deinit {
@@ -62,31 +71,42 @@ extension DiskCacheTier {
         /// returns; nil after the last block. Throws like `next()`.
         public func withNextBlock<R>(_ body: (UnsafeRawBufferPointer) -> R) throws(CorruptEntry) -> R? {
             guard block < blocks else { return nil }
-            let offset = UInt64(block) * UInt64(blockSize)
+            var result: R?
+            guard read(block, { result = body($0) }) else {
+                let failed = block
+                block = blocks
+                throw corrupt(at: failed)
+            }
+            block += 1
+            if block == blocks { buffer = [] }
+            return result
+        }
+
+        /// Reads body block `index` into the reader's buffer and checks it against its digest;
+        /// calls `body` with it only if it matches. False for a block that cannot be read whole
+        /// or does not match.
+        func read(_ index: Int, _ body: (UnsafeRawBufferPointer) -> Void) -> Bool {
+            let offset = UInt64(index) * UInt64(blockSize)
             let count = Int(min(UInt64(blockSize), bodyLength - offset))
             if buffer.count < count { buffer = [UInt8](repeating: 0, count: count) }
-            let at = block * Digest32.size
-            var result: R?
-            let intact = buffer.withUnsafeMutableBytes { whole -> Bool in
+            let at = index * Digest32.size
+            return buffer.withUnsafeMutableBytes { whole -> Bool in
                 let data = UnsafeMutableRawBufferPointer(rebasing: whole[0..<count])
                 guard DiskFile.preadAll(fd, into: data, offset: offset) else { return false }
                 let bytes = UnsafeRawBufferPointer(data)
                 let matches = trailer.withUnsafeBytes {
                     Digest32.matches(bytes, expected: UnsafeRawBufferPointer(rebasing: $0[at..<at + Digest32.size]))
                 }
-                if matches { result = body(bytes) }
+                if matches { body(bytes) }
                 return matches
             }
-            guard intact else {
-                let failed = block
-                block = blocks
-                buffer = []
-                tier.drop(name: name, generation: generation)
-                throw CorruptEntry(block: failed)
-            }
-            block += 1
-            if block == blocks { buffer = [] }
-            return result
+        }
+
+        /// Block `index` failed: the entry is dropped and the reader gives nothing more.
+        func corrupt(at index: Int) -> CorruptEntry {
+            buffer = []
+            tier.drop(name: name, generation: generation)
+            return CorruptEntry(block: index)
         }
     }
 }

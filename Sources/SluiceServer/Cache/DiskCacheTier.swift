@@ -18,7 +18,8 @@ import Synchronization
 ///   `abort()` (nothing becomes visible; also what dropping an uncommitted writer does).
 /// - `variants(of:)` lists a key's variants; `open(key:variant:)` → `Reader` with `metadata`, `bodyLength` and `next()` (or, without an
 ///   allocation per block, `withNextBlock`) giving the body in blocks, each verified before
-///   it is returned. A reader opened before an eviction, removal
+///   it is returned; or `prepareKernelSend(_:)` before the kernel sends a byte range straight
+///   from the reader's descriptor (`DiskCacheTier+KernelSend`). A reader opened before an eviction, removal
 ///   or replacement keeps reading the entry it opened (open descriptor, unlinked file).
 /// - `updateMetadata(key:variant:_:)` replaces the metadata in place (a 304's updated head);
 ///   `remove` invalidates every variant of the key and the key's writes in progress (their
@@ -54,6 +55,8 @@ import Synchronization
 /// Verification cost: the record (key + metadata + digests, a few KiB) is sealed and checked
 /// at every open, the trailer is checked against the record at every open, and every block is
 /// hashed as it is read (SHA-256 with SHA-NI: ~1.5 GB/s, about the cost of the read itself).
+/// A block the kernel sends is hashed the first time this process sends it and again only
+/// after its file's identity changes (`DiskBlockVerification`, kept per entry in the index).
 /// Nothing is read twice and there is no up-front pass over a large body; the price is that
 /// a body corrupted on disk after its first block is found only when that block is reached:
 /// `next()` then throws `CorruptEntry`, the entry is dropped, and the caller, which has sent a
@@ -114,6 +117,9 @@ public final class DiskCacheTier: Sendable {
         /// The index's clock when the entry was last committed or opened (the key's least
         /// recently used variant goes first past `maxVariants`).
         var lastUse: UInt64 = 0
+        /// The body's blocks this process verified, and at which identity of its file (what a
+        /// hit sent by the kernel may skip reading; `DiskCacheTier+KernelSend`).
+        var verified: DiskBlockVerification?
     }
     struct Failure {
         var code: Int32
@@ -172,6 +178,11 @@ public final class DiskCacheTier: Sendable {
         return (String(decoding: bytes[..<nul], as: UTF8.self), String(decoding: bytes[(nul + 1)...], as: UTF8.self))
     }
     let index: Mutex<Index>
+    /// Body bytes queued for the kernel to send (`sendfile`) and body bytes read and hashed to
+    /// verify them for it (`sluice_cache_disk_sendfile_bytes_total`,
+    /// `sluice_cache_disk_verified_bytes_total`; read at each `/metrics`).
+    let sendfileBytes = Atomic<UInt64>(0)
+    let verifiedBytes = Atomic<UInt64>(0)
 
     public struct Usage: Equatable, Sendable {
         public var entries: Int
@@ -289,7 +300,8 @@ public final class DiskCacheTier: Sendable {
         let full = Self.entryKey(key, variant: variant)
         let name = DiskEntryNames.name(forKey: full)
         var vanished: UInt64?
-        let opened = index.withLock { index -> (record: Int32, body: Int32, generation: UInt64)? in
+        let opened = index.withLock {
+            index -> (record: Int32, body: Int32, generation: UInt64, verified: DiskBlockVerification?)? in
             guard let entry = index.entries[name] else { return nil }
             let record = openat(directoryFD, DiskEntryNames.record(name), O_RDONLY | O_CLOEXEC)
             let body = record >= 0 ? openat(directoryFD, DiskEntryNames.body(name, entry.generation), O_RDONLY | O_CLOEXEC) : -1
@@ -301,7 +313,7 @@ public final class DiskCacheTier: Sendable {
                 return nil
             }
             if touch { index.touch(name) }
-            return (record, body, entry.generation)
+            return (record, body, entry.generation, entry.verified)
         }
         if let vanished { unlinkat(directoryFD, DiskEntryNames.body(name, vanished), 0) }
         guard let opened else { return nil }
@@ -318,7 +330,7 @@ public final class DiskCacheTier: Sendable {
             close(opened.body)  // another key with the same SHA-256: a miss, not a fault
             return nil
         }
-        return Reader(tier: self, name: name, record: record, trailer: trailer, fd: opened.body)
+        return Reader(tier: self, name: name, record: record, trailer: trailer, fd: opened.body, verified: opened.verified)
     }
 
     /// Replaces `key`'s metadata, keeping its body (crash-safe: a new record renamed over the

@@ -151,8 +151,7 @@ enum DiskEntryNames {
     static func recordTemporary(_ name: String, _ generation: UInt64) -> String { "\(name).\(hex16(generation)).meta.tmp" }
 
     static func hex16(_ v: UInt64) -> String {
-        let s = String(v, radix: 16)
-        return String(repeating: "0", count: 16 - s.count) + s
+        withUnsafeBytes(of: v.bigEndian) { Hex.lowercase($0) }
     }
 
     /// What a directory entry is, by its name alone.

@@ -11,6 +11,12 @@ import SluiceCore
 /// when those bytes are drained or the buffer is freed (on this worker's thread), releases it —
 /// so the bytes outlive an eviction or a revalidation that drops the object meanwhile.
 ///
+/// A disk hit to a plain-http client is sent by the kernel instead (`pumpKernel`): the body
+/// file's bytes go to the socket with `sendfile(2)`, queued as file segments of at most
+/// `kernelSlice` behind the head; only blocks not yet verified at the file's identity are read
+/// first (`DiskCacheTier+KernelSend`). TLS clients and a hit that promotes its entry to memory
+/// need the bytes in user space and take the read path (`pump`).
+///
 /// Threading: the worker's thread. A disk block is read and verified on it (one `pread` of
 /// the tier's block size plus its SHA-256), only while the client's output holds less than
 /// `diskOutputBound`: the loop never waits for a slow client.
@@ -20,6 +26,10 @@ enum StoredResponseWriter {
     /// A disk hit reads its next block only while the client's output holds less than this
     /// (1 MiB): a slow client holds at most this plus one block in memory.
     static let diskOutputBound = 1 << 20
+    /// A disk hit the kernel sends is queued in slices of this much (1 MiB, rounded to whole
+    /// blocks), each checked (`fstat`, and any block not yet verified) just before it is
+    /// queued, while the client's output holds less than `diskOutputBound`.
+    static let kernelSlice = 1 << 20
 
     /// The fields a `304` from the cache carries (RFC 9110 §15.4.5).
     static let notModifiedFields: Set<String> = [
@@ -161,35 +171,90 @@ enum StoredResponseWriter {
         }
         return nil
     }
+
+    /// Queues a disk hit's next slices for the kernel to send (`sendfile` from the body file)
+    /// while the client's output holds less than `diskOutputBound`. Returns why the body cannot
+    /// be completed (a block failed its digest, the file is not the size it should be, libevent
+    /// refused the segment), or nil.
+    static func pumpKernel(_ hit: DiskHitStream, into output: OpaquePointer) -> String? {
+        let reader = hit.reader
+        let slice = max(1, kernelSlice / reader.blockSize) * reader.blockSize
+        while hit.offset < hit.range.upperBound, evbuffer_get_length(output) < diskOutputBound {
+            let end = min(hit.range.upperBound, (hit.offset / slice + 1) * slice)
+            do {
+                try reader.prepareKernelSend(hit.offset..<end)
+            } catch {
+                return "disk cache entry corrupt at block \(error.block)"
+            }
+            guard let segment = hit.fileSegment(),
+                evbuffer_add_file_segment(output, segment, Int64(hit.offset), Int64(end - hit.offset)) == 0
+            else { return "disk cache entry cannot be queued for sendfile" }
+            reader.tier.countKernelSend(end - hit.offset)
+            hit.sent += end - hit.offset
+            hit.offset = end
+        }
+        return nil
+    }
 }
 
 /// A stored response whose body streams from the disk tier to one client: the entry's open
 /// reader (the entry may be evicted or replaced meanwhile; the reader keeps its file), the
 /// byte range sent, how far it got, and the copy that promotes a small entry to memory when
-/// the whole body is read (`CachePromotion`).
+/// the whole body is read (`CachePromotion`) — or, when the kernel sends it (`kernel`), the
+/// libevent file segment over the body file that its slices are queued from.
 ///
 /// Threading: owned by its connection's `ExchangeDriver` (its `.servingDisk` phase) on the
-/// worker's thread; the reader's descriptor is closed when the stream goes.
+/// worker's thread. The reader's descriptor is closed when the stream goes and no queued file
+/// segment still needs it: the segment holds the reader (released by libevent's cleanup
+/// callback, on this thread, once its last slice is sent or the output is freed).
 final class DiskHitStream {
     let reader: DiskCacheTier.Reader
     let exchange: Exchange
     let range: Range<Int>
     let keepAlive: Bool
-    /// The body offset of the next block to read.
+    /// Whether the kernel sends the body (`StoredResponseWriter.pumpKernel`), not the read path.
+    let kernel: Bool
+    /// The body offset of the next block to read (the read path), or of the next byte to queue
+    /// (the kernel's).
     var offset: Int
     var sent = 0
     var promotion: CachePromotion?
+    /// Made on the first slice (`fileSegment()`); this stream's reference is dropped with it.
+    private var segment: OpaquePointer?
 
     init(
         reader: DiskCacheTier.Reader, exchange: Exchange, range: Range<Int>, keepAlive: Bool,
-        promotion: CachePromotion? = nil
+        promotion: CachePromotion? = nil, kernel: Bool = false
     ) {
         self.reader = reader
         self.exchange = exchange
         self.range = range
         self.keepAlive = keepAlive
-        offset = Int(reader.seek(toBlockContaining: UInt64(range.lowerBound)))
+        // The kernel sends from any offset; a promotion needs the bytes, so it reads them.
+        self.kernel = kernel && promotion == nil
+        offset = self.kernel ? range.lowerBound : Int(reader.seek(toBlockContaining: UInt64(range.lowerBound)))
         // Only a body read whole, from its first block to its last, is promoted.
         self.promotion = offset == 0 && range.upperBound == Int(reader.bodyLength) ? promotion : nil
+    }
+
+    deinit {
+        if let segment { evbuffer_file_segment_free(segment) }
+    }
+
+    /// The libevent file segment over the whole body (no locking: one thread uses it), made on
+    /// first use; nil if libevent cannot make one.
+    func fileSegment() -> OpaquePointer? {
+        if let segment { return segment }
+        guard
+            let made = evbuffer_file_segment_new(
+                reader.fd, 0, Int64(reader.bodyLength), UInt32(EVBUF_FS_DISABLE_LOCKING))
+        else { return nil }
+        evbuffer_file_segment_add_cleanup_cb(
+            made,
+            { _, _, reader in
+                Unmanaged<DiskCacheTier.Reader>.fromOpaque(reader!).release()
+            }, Unmanaged.passRetained(reader).toOpaque())
+        segment = made
+        return made
     }
 }

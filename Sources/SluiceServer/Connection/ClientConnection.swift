@@ -157,6 +157,15 @@ final class ClientConnection: ClientSocketOwner {
         if socket.pendingOutput <= Self.outputLowWatermark { onWritable() }
     }
 
+    /// Whether the output can take file segments the kernel sends (`sendfile`, a disk hit:
+    /// `DiskHitStream`): a plain socket, which is told to expect them; not a TLS one, which
+    /// must encrypt every byte in user space.
+    func acceptsFileSegments() -> Bool {
+        guard case .socket(let socket) = transport else { return false }
+        socket.sendFiles()
+        return true
+    }
+
     func socketReadable() { onReadable() }
     func socketDrained() { onWritable() }
     func socketClosed() { onEvent(Int16(BEV_EVENT_EOF)) }

@@ -247,7 +247,8 @@ final class ClientSocket {
         }
     }
 
-    /// Writes as much of `output` as the kernel takes now, in one `writev`; what is left is
+    /// Writes as much of `output` as the kernel takes now, in one `writev` (or, with file
+    /// segments queued, a `writev` and `sendfile`s: `writePlain`); what is left is
     /// written when the socket is writable again. False when the peer is gone (the owner is
     /// told through `socketClosed`, never from inside this call).
     @discardableResult
@@ -256,8 +257,7 @@ final class ClientSocket {
         if let tls {
             guard writeTLS(tls) else { return false }
         } else if evbuffer_get_length(output) > 0 {
-            let n = evbuffer_write(output, fd)
-            if n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR { return false }
+            guard writePlain() else { return false }
         }
         let left = evbuffer_get_length(output)
         if (left > 0) != writeArmed {
@@ -268,6 +268,35 @@ final class ClientSocket {
     }
 
     var pendingOutput: Int { evbuffer_get_length(output) }
+
+    /// Whether `output` may hold file segments (`sendFiles()`).
+    private var sendsFiles = false
+
+    /// `output` is about to hold file segments (a disk hit the kernel sends, `DiskHitStream`):
+    /// libevent then writes each with `sendfile(2)` from its file instead of copying it into
+    /// the buffer (`EVBUFFER_FLAG_DRAINS_TO_FD`). Only for a socket without TLS.
+    func sendFiles() {
+        guard tls == nil, !sendsFiles else { return }
+        sendsFiles = true
+        evbuffer_set_flags(output, UInt64(EVBUFFER_FLAG_DRAINS_TO_FD))
+    }
+
+    /// Writes `output` with `evbuffer_write`: memory chains in one `writev`, which stops at a
+    /// file segment; a file segment with one `sendfile`. With file segments queued it writes
+    /// again while the kernel takes bytes, so a response's head and the file's bytes after it
+    /// leave in the same pass (not one loop pass apart). False when the connection failed —
+    /// or when `sendfile` found its file shorter than the segment (libevent reports that as 0
+    /// bytes without an errno: a body file truncated behind the tier), so the rest can never
+    /// be sent.
+    private func writePlain() -> Bool {
+        while true {
+            if sendsFiles { errno = 0 }
+            let n = evbuffer_write(output, fd)
+            if n < 0 { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR }
+            if n == 0 { return !(sendsFiles && errno == 0) }
+            if !sendsFiles || evbuffer_get_length(output) == 0 { return true }
+        }
+    }
 
     /// `SSL_write`s `output`'s chains until it is empty or the kernel's buffer is full; false
     /// when the session failed.

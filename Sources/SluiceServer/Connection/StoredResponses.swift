@@ -2,7 +2,8 @@ import SluiceCore
 
 /// The shared cache's answers written out, the driver's side (`CacheStage`'s `.serveStored`, a
 /// `304` that validated a stored response, `stale-if-error`): from memory at once, or from the
-/// disk tier block by block as the client drains (`DiskHitStream`).
+/// disk tier block by block as the client drains (`DiskHitStream`; sent by the kernel to a
+/// plain-http client).
 ///
 /// Threading: a view of its driver, made when used (it stores nothing of its own), on the
 /// worker's thread.
@@ -36,7 +37,8 @@ struct StoredResponses {
                 if promotion == nil { taken.store.memory.endFill(taken.url, taken.token) }
             }
             let hit = DiskHitStream(
-                reader: reader, exchange: exchange, range: response.body, keepAlive: keepAlive, promotion: promotion)
+                reader: reader, exchange: exchange, range: response.body, keepAlive: keepAlive, promotion: promotion,
+                kernel: promotion == nil && driver.connection.acceptsFileSegments())
             driver.phase = .servingDisk(hit)
             return pump(hit)
         }
@@ -51,7 +53,9 @@ struct StoredResponses {
     /// Sends the disk hit's next blocks (`StoredResponseWriter.pump`), and ends the exchange
     /// after the last. Called when the head is written and whenever the output drains.
     func pump(_ hit: DiskHitStream) {
-        let failure = StoredResponseWriter.pump(hit, into: driver.connection.clientOutput)
+        let output = driver.connection.clientOutput
+        let failure =
+            hit.kernel ? StoredResponseWriter.pumpKernel(hit, into: output) : StoredResponseWriter.pump(hit, into: output)
         driver.connection.scheduleFlush()
         if let failure { return abort(hit.exchange, reason: failure) }
         guard hit.offset >= hit.range.upperBound else { return }
