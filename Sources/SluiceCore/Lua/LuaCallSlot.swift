@@ -1,0 +1,56 @@
+import CLua
+
+/// What one call in flight owns on a state: its coroutine, the `req` and `res` userdata the
+/// script is given (each naming this slot by index), and the Swift values they read and edit.
+/// Slots are made on demand and reused; one is enough while calls never overlap (a call that
+/// yields for `sluice.http` will hold its slot while others run).
+///
+/// Threading: owned by its `LuaState`, on that state's thread.
+final class LuaCallSlot {
+    /// Which hook the slot's call runs: `req` answers only during `.request`, `res` only
+    /// during `.response`, so a `req` kept past its call cannot read another call's request.
+    enum Phase { case idle, request, response, log }
+
+    let index: Int32
+    var thread: OpaquePointer?
+    var threadRef = LUA_NOREF
+    let requestRef: Int32
+    let responseRef: Int32
+
+    var phase = Phase.idle
+    var request = LuaCallSlot.noRequest
+    var response = LuaCallSlot.noResponse
+    var limits = LuaLimits.default
+    var requestID: UInt64 = 0
+    var respond: LuaResponseView?
+    var retry = false
+    /// Set when a body was refused for `limits.body`: the call's failure is then that limit.
+    var bodyRefused = false
+    /// `lua_resume`'s status for the call (whether its coroutine can be reused).
+    var lastStatus: Int32 = 0
+
+    private static let noRequest = LuaRequestView(method: "", path: "/")
+    private static let noResponse = LuaResponseView(status: 0)
+
+    init(index: Int32, requestRef: Int32, responseRef: Int32) {
+        self.index = index
+        self.requestRef = requestRef
+        self.responseRef = responseRef
+    }
+
+    func begin(_ phase: Phase, limits: LuaLimits, requestID: UInt64) {
+        self.phase = phase
+        self.limits = limits
+        self.requestID = requestID
+    }
+
+    /// Forgets the call's values (the slot keeps no message alive between calls).
+    func end() {
+        phase = .idle
+        request = Self.noRequest
+        response = Self.noResponse
+        respond = nil
+        retry = false
+        bodyRefused = false
+    }
+}
