@@ -65,6 +65,10 @@ let package = Package(
             ]),
         // Test-only: drives the disk cache tier in a process of its own (kill -9, RLIMIT_FSIZE,
         // benchmark) for Tests/e2e/test_disk_tier.py. Not a product; not installed.
+        // Test-only: the Lua engine's cost per call under callgrind (Sources/LuaProbe/main.swift).
+        // Not a product; not installed.
+        .executableTarget(
+            name: "LuaProbe", dependencies: ["SluiceCore", .product(name: "HTTPTypes", package: "swift-http-types")]),
         .executableTarget(name: "DiskTierProbe", dependencies: ["SluiceServer", "COpenSSL"]),
         .testTarget(
             name: "SluiceServerTests",

@@ -119,6 +119,25 @@ import Testing
         #expect(other.vars() == ["logged": .bool(true)])
     }
 
+    @Test func aRecycledContextStartsClean() throws {
+        let state = try LuaTest.load(
+            """
+            return { on_request = function(req, ctx)
+              assert(ctx.left == nil and next(ctx.vars) == nil and getmetatable(ctx) == nil, 'dirty ctx')
+              assert(ctx.config.name == req.headers:get('x-api-key'))
+              ctx.left = true
+              ctx.vars.seen = true
+              setmetatable(ctx, { __newindex = function() error('trap') end, __index = function() error('trap') end })
+            end }
+            """)
+        for key in ["k1", "k2", "k1"] {
+            var request = LuaTest.get([HTTPField.Name("X-Api-Key")!: key])
+            let exchange = state.makeExchange(config: LuaConfig(["name": .string(key)]))
+            #expect(exchange.onRequest(&request).outcome == .ok)
+            #expect(exchange.vars() == ["seen": .bool(true)])
+        }
+    }
+
     @Test func messagesKeptPastTheirCallAreDead() throws {
         let state = try LuaTest.load(
             """

@@ -17,7 +17,7 @@ public final class LuaExchange {
     public let limits: LuaLimits
     public let requestID: UInt64
     private let config: LuaConfig
-    private var contextRef = LUA_NOREF
+    @exclusivity(unchecked) private var contextRef = LUA_NOREF
 
     init(state: LuaState, config: LuaConfig, limits: LuaLimits, requestID: UInt64) {
         self.state = state
@@ -26,7 +26,9 @@ public final class LuaExchange {
         self.requestID = requestID
     }
 
-    deinit { state.unref(contextRef) }
+    deinit {
+        if contextRef != LUA_NOREF { state.recycleContext(contextRef) }
+    }
 
     /// `on_request(req, ctx)`: `request` gets the script's edits; `respond` what it answered.
     public func onRequest(_ request: inout LuaRequestView) -> LuaCallResult {
@@ -37,7 +39,7 @@ public final class LuaExchange {
         slot.request = request
         var result = call(hook, slot, message: slot.requestRef)
         if result.outcome == .ok {
-            request = slot.request
+            swap(&request, &slot.request)
             result.respond = slot.respond
         }
         return finish(slot, result)
@@ -53,7 +55,7 @@ public final class LuaExchange {
         slot.response = response
         var result = call(hook, slot, message: slot.responseRef)
         if result.outcome == .ok {
-            response = slot.response
+            swap(&response, &slot.response)
             result.retry = slot.retry
         }
         return finish(slot, result)
@@ -106,17 +108,9 @@ public final class LuaExchange {
         return result
     }
 
-    /// Pushes `ctx` onto `co`: `{ config = <frozen config>, vars = {} }`, made once per exchange.
+    /// Pushes `ctx` onto `co`, made on the exchange's first hook that takes it.
     private func pushContext(_ co: OpaquePointer) {
-        if contextRef == LUA_NOREF {
-            let L = state.L
-            lua_createtable(L, 0, 2)
-            state.pushConfig(config, onto: L)
-            lua_setfield(L, -2, "config")
-            sluice_lua_newtable(L)
-            lua_setfield(L, -2, "vars")
-            contextRef = luaL_ref(L, Lua.registry)
-        }
+        if contextRef == LUA_NOREF { contextRef = state.makeContext(config: config) }
         lua_rawgeti(co, Lua.registry, lua_Integer(contextRef))
     }
 

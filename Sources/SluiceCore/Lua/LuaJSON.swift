@@ -338,7 +338,7 @@ enum LuaJSON {
                 position = start
                 return problem("unexpected character")
             }
-            let literal = String(decoding: UnsafeRawBufferPointer(rebasing: text[start..<position]), as: UTF8.self)
+            let literal = Lua.makeString(UnsafeRawBufferPointer(rebasing: text[start..<position]))
             if isInteger, let integer = Int64(literal) {
                 lua_pushinteger(L, integer)
             } else if let double = Double(literal), double.isFinite {

@@ -167,17 +167,17 @@ enum LuaMessageAPI {
             guard !value.isEmpty, value.allSatisfy(isTokenByte) else {
                 return Lua.fail(L, "req.method '\(Lua.printable(value))' is not a method name")
             }
-            slot.request.method = String(decoding: value, as: UTF8.self)
+            slot.request.method = Lua.makeString(value)
         case "path":
             guard value.first == UInt8(ascii: "/"), value.allSatisfy(isTargetByte), !value.contains(UInt8(ascii: "?")) else {
                 return Lua.fail(L, "req.path '\(Lua.printable(value))' must start with / and hold no space, control, ? or #")
             }
-            slot.request.path = String(decoding: value, as: UTF8.self)
+            slot.request.path = Lua.makeString(value)
         case "query":
             guard value.allSatisfy(isTargetByte) else {
                 return Lua.fail(L, "req.query '\(Lua.printable(value))' holds a space, a control character or #")
             }
-            slot.request.query = String(decoding: value, as: UTF8.self)
+            slot.request.query = Lua.makeString(value)
         default:
             return Lua.fail(L, "req.\(key) cannot be set (method, path and query can)")
         }
@@ -341,21 +341,21 @@ enum LuaMessageAPI {
     private static let headerGet: Lua.Function = { L in
         guard let key = Lua.bytes(L, 2) else { return Lua.badArgument(L, 2, "get", "string") }
         return withHeaders(L) { fields, _ in
-            var found: HTTPField?
+            var found: Int?
             var joined: [UInt8]?
-            for field in fields where matches(field.name, key) {
+            for i in fields.indices where matches(fields[i].name, key) {
                 if let first = found {
-                    if joined == nil { joined = Array(first.value.utf8) }
+                    if joined == nil { joined = Array(fields[first].value.utf8) }
                     joined! += [UInt8(ascii: ","), UInt8(ascii: " ")]
-                    joined! += field.value.utf8
+                    joined! += fields[i].value.utf8
                 } else {
-                    found = field
+                    found = i
                 }
             }
             if let joined {
                 Lua.push(L, bytes: joined)
             } else if let found {
-                found.withUnsafeBytesOfValue { _ = lua_pushlstring(L, $0.baseAddress, $0.count) }
+                fields[found].withUnsafeBytesOfValue { _ = lua_pushlstring(L, $0.baseAddress, $0.count) }
             } else {
                 lua_pushnil(L)
             }
@@ -437,16 +437,20 @@ enum LuaMessageAPI {
         Lua.fail(L, "headers are changed with set, add and remove")
     }
 
-    /// The header name at `index`, or nil with an error pushed.
+    /// The header name at `index`, or nil with an error pushed. Names are looked up in the
+    /// state's small cache first: a script names the same few headers on every call.
     private static func headerName(_ L: OpaquePointer?, _ index: Int32) -> HTTPField.Name? {
         guard let bytes = Lua.bytes(L, index) else {
             _ = Lua.fail(L, "a header name must be a string, not \(Lua.typeName(L, index))")
             return nil
         }
-        guard let name = HTTPField.Name(String(decoding: bytes, as: UTF8.self)) else {
+        let state = LuaState.of(L)
+        if let name = state.headerNames.name(for: bytes) { return name }
+        guard let name = HTTPField.Name(Lua.makeString(bytes)) else {
             _ = Lua.fail(L, "invalid header name '\(Lua.printable(bytes))'")
             return nil
         }
+        state.headerNames.insert(Array(bytes), name)
         return name
     }
 
@@ -461,6 +465,9 @@ enum LuaMessageAPI {
             _ = Lua.fail(L, "header '\(name.rawName)' value contains CR, LF or NUL")
             return nil
         }
+        // ASCII (nearly every value) through the String initializer, whose UTF-8 path is
+        // specialized; other bytes through the byte initializer, which keeps obs-text as is.
+        if value.allSatisfy({ $0 < 0x80 }) { return HTTPField(name: name, value: Lua.makeString(value)) }
         return HTTPField(name: name, value: value)
     }
 

@@ -79,7 +79,7 @@ enum LuaModule {
 
     private static let base64Decode: Lua.Function = { L in
         guard let text = Lua.bytes(L, 1) else { return Lua.badArgument(L, 1, "decode", "string") }
-        guard let bytes = Base64.decode(String(decoding: text, as: UTF8.self)) else {
+        guard let bytes = Base64.decode(Lua.makeString(text)) else {
             lua_pushnil(L)
             Lua.push(L, "invalid base64")
             return 2

@@ -1,4 +1,5 @@
 import CLua
+import HTTPTypes
 
 #if canImport(Glibc)
     import Glibc
@@ -65,8 +66,15 @@ enum Lua {
         return UnsafeRawBufferPointer(start: p, count: length)
     }
 
+    /// A `String` of UTF-8 `bytes` (invalid sequences repaired), through the typed-buffer path
+    /// (a raw buffer goes through the unspecialized generic decoder).
+    @inline(__always)
+    static func makeString(_ bytes: UnsafeRawBufferPointer) -> String {
+        String(decoding: bytes.assumingMemoryBound(to: UInt8.self), as: UTF8.self)
+    }
+
     static func string(_ L: OpaquePointer?, _ index: Int32) -> String? {
-        text(L, index).map { String(decoding: $0, as: UTF8.self) }
+        text(L, index).map { Lua.makeString($0) }
     }
 
     static func integer(_ L: OpaquePointer?, _ index: Int32) -> Int? {
@@ -102,6 +110,17 @@ enum Lua {
     static func equals(_ bytes: UnsafeRawBufferPointer, _ literal: StaticString) -> Bool {
         bytes.count == literal.utf8CodeUnitCount
             && (bytes.count == 0 || memcmp(bytes.baseAddress!, literal.utf8Start, bytes.count) == 0)
+    }
+
+    /// Sets every key of the table at `index` to nil (raw).
+    static func clear(_ L: OpaquePointer?, _ index: Int32) {
+        lua_pushnil(L)
+        while lua_next(L, index) != 0 {
+            sluice_lua_pop(L, 1)
+            lua_pushvalue(L, -1)
+            lua_pushnil(L)
+            lua_rawset(L, index)
+        }
     }
 
     /// Pushes `value` as plain Lua tables (not read-only: the caller freezes them).
@@ -170,6 +189,38 @@ enum Lua {
             }
             return .table(table)
         default: return nil
+        }
+    }
+}
+
+/// The header names a state's scripts used last, by their bytes: making an `HTTPField.Name`
+/// (a `String`, a token check, lower-casing) costs more than the rest of a `get` or `set`.
+///
+/// Threading: its state's thread.
+struct LuaHeaderNames {
+    private var keys: [[UInt8]] = []
+    private var names: [HTTPField.Name] = []
+    private var next = 0
+    static let capacity = 16
+
+    func name(for bytes: UnsafeRawBufferPointer) -> HTTPField.Name? {
+        for i in keys.indices {
+            let found = keys[i].withUnsafeBytes { key in
+                key.count == bytes.count && (key.count == 0 || memcmp(key.baseAddress!, bytes.baseAddress!, key.count) == 0)
+            }
+            if found { return names[i] }
+        }
+        return nil
+    }
+
+    mutating func insert(_ key: [UInt8], _ name: HTTPField.Name) {
+        if keys.count < Self.capacity {
+            keys.append(key)
+            names.append(name)
+        } else {
+            keys[next] = key
+            names[next] = name
+            next = (next + 1) % Self.capacity
         }
     }
 }

@@ -12,13 +12,14 @@ import CLua
 ///
 /// Threading: confined to the worker thread that made it, like everything a request touches;
 /// not `Sendable`. Lua calls back into Swift only on that thread, from inside `lua_resume`.
+/// Fields touched on every call skip the runtime's exclusivity checks (`LuaCallSlot` says why).
 public final class LuaState {
     public let script: LuaScript
     /// The state's heap cap (`limits.memory` of the policy that made it).
     public let memoryLimit: Int
     /// Set when a limit stopped a call: the heap or the stack may be anywhere, so the state
     /// takes no more calls.
-    public internal(set) var isPoisoned = false
+    @exclusivity(unchecked) public internal(set) var isPoisoned = false
 
     let L: OpaquePointer
     let meter: UnsafeMutablePointer<sluice_lua_meter>
@@ -31,9 +32,9 @@ public final class LuaState {
         var ref: Int32
         var takesContext: Bool
     }
-    private(set) var onRequestHook: Hook?
-    private(set) var onResponseHook: Hook?
-    private(set) var onLogHook: Hook?
+    @exclusivity(unchecked) private(set) var onRequestHook: Hook?
+    @exclusivity(unchecked) private(set) var onResponseHook: Hook?
+    @exclusivity(unchecked) private(set) var onLogHook: Hook?
     public var hasOnRequest: Bool { onRequestHook != nil }
     public var hasOnResponse: Bool { onResponseHook != nil }
     public var hasOnLog: Bool { onLogHook != nil }
@@ -51,12 +52,19 @@ public final class LuaState {
 
     /// Every call slot made, by index (a userdata names its slot by index); `idle` are the ones
     /// no call uses.
-    var slots: [LuaCallSlot] = []
-    private var idle: [LuaCallSlot] = []
+    @exclusivity(unchecked) var slots: [LuaCallSlot] = []
+    @exclusivity(unchecked) private var idle: [LuaCallSlot] = []
     /// The slot whose coroutine is running (for `sluice.log`'s request id).
-    var current: LuaCallSlot?
+    @exclusivity(unchecked) var current: LuaCallSlot?
+    /// Header names recently used by the script (`LuaMessageAPI`).
+    @exclusivity(unchecked) var headerNames = LuaHeaderNames()
     /// `ctx.config` tables already built, by the `LuaConfig` they came from.
     private var configs: [ObjectIdentifier: ConfigEntry] = [:]
+    /// The config `pushConfig` served last, held with its table: one policy's exchanges find
+    /// it without a dictionary lookup or a weak load.
+    @exclusivity(unchecked) private var lastConfig: (config: LuaConfig, ref: Int32)?
+    /// `ctx` tables of ended exchanges, emptied, for the next ones.
+    @exclusivity(unchecked) private var idleContexts: [Int32] = []
     private struct ConfigEntry {
         weak var config: LuaConfig?
         var ref: Int32
@@ -270,22 +278,87 @@ public final class LuaState {
     /// Pushes onto `co` the frozen `ctx.config` table made from `config`, building it on
     /// first use.
     func pushConfig(_ config: LuaConfig, onto co: OpaquePointer) {
-        let key = ObjectIdentifier(config)
-        if let entry = configs[key], entry.config === config {
-            lua_rawgeti(co, Lua.registry, lua_Integer(entry.ref))
+        if let last = lastConfig, last.config === config {
+            lua_rawgeti(co, Lua.registry, lua_Integer(last.ref))
             return
         }
-        // Drop tables of configs that are gone (a reload retired their policies).
-        for (id, entry) in configs where entry.config == nil {
-            luaL_unref(L, Lua.registry, entry.ref)
-            configs[id] = nil
+        let key = ObjectIdentifier(config)
+        let ref: Int32
+        if let entry = configs[key], entry.config === config {
+            ref = entry.ref
+        } else {
+            // Drop tables of configs that are gone (a reload retired their policies).
+            for (id, entry) in configs where entry.config == nil {
+                luaL_unref(L, Lua.registry, entry.ref)
+                configs[id] = nil
+            }
+            lua_rawgeti(L, Lua.registry, lua_Integer(readonlyRef))
+            Lua.push(L, value: .table(config.values))
+            _ = sluice_lua_pcall(L, 1, 1)
+            ref = luaL_ref(L, Lua.registry)
+            configs[key] = ConfigEntry(config: config, ref: ref)
         }
-        lua_rawgeti(L, Lua.registry, lua_Integer(readonlyRef))
-        Lua.push(L, value: .table(config.values))
-        _ = sluice_lua_pcall(L, 1, 1)
-        lua_pushvalue(L, -1)
-        configs[key] = ConfigEntry(config: config, ref: luaL_ref(L, Lua.registry))
-        lua_xmove(L, co, 1)
+        lastConfig = (config, ref)
+        lua_rawgeti(co, Lua.registry, lua_Integer(ref))
+    }
+
+    /// A `ctx` table for an exchange, `{ config = <frozen config>, vars = {} }`: one an ended
+    /// exchange gave back (`recycleContext`) when there is one, else a new one. Written with
+    /// raw sets only: a script may have given an old `ctx` a metatable.
+    func makeContext(config: LuaConfig) -> Int32 {
+        let ref: Int32
+        if let recycled = idleContexts.popLast() {
+            ref = recycled
+            lua_rawgeti(L, Lua.registry, lua_Integer(ref))
+        } else {
+            lua_createtable(L, 0, 2)
+            Lua.push(L, "vars")
+            sluice_lua_newtable(L)
+            lua_rawset(L, -3)
+            lua_pushvalue(L, -1)
+            ref = luaL_ref(L, Lua.registry)
+        }
+        Lua.push(L, "config")
+        pushConfig(config, onto: L)
+        lua_rawset(L, -3)
+        sluice_lua_pop(L, 1)
+        return ref
+    }
+
+    /// Takes back an ended exchange's `ctx`, emptied (its `vars` table too, and its
+    /// metatable gone), for the next exchange: a `ctx` per exchange would cost two tables and
+    /// their collection. A script that kept a reference to an old `ctx` sees the next
+    /// exchange's data through it, as it would see anything else it kept across calls.
+    func recycleContext(_ ref: Int32) {
+        guard !isPoisoned, idleContexts.count < 64 else {
+            unref(ref)
+            return
+        }
+        lua_rawgeti(L, Lua.registry, lua_Integer(ref))
+        let context = lua_gettop(L)
+        lua_pushnil(L)
+        _ = lua_setmetatable(L, context)
+        var keptVars = false
+        lua_pushnil(L)
+        while lua_next(L, context) != 0 {
+            if !keptVars, lua_type(L, -1) == LUA_TTABLE, let key = Lua.bytes(L, -2), Lua.equals(key, "vars") {
+                Lua.clear(L, lua_gettop(L))
+                keptVars = true
+                sluice_lua_pop(L, 1)
+            } else {
+                sluice_lua_pop(L, 1)
+                lua_pushvalue(L, -1)
+                lua_pushnil(L)
+                lua_rawset(L, context)
+            }
+        }
+        if !keptVars {
+            Lua.push(L, "vars")
+            sluice_lua_newtable(L)
+            lua_rawset(L, context)
+        }
+        sluice_lua_pop(L, 1)
+        idleContexts.append(ref)
     }
 
     func unref(_ ref: Int32) {
