@@ -56,6 +56,21 @@ import Testing
         #expect(path.outcome.message.contains("req.path"))
     }
 
+    @Test func editsInPlaceWhenTheCallerNeedNotRestore() throws {
+        let state = try LuaTest.load(
+            "return { on_request = function(req) req.headers:set('x-a', '1') if req.method == 'POST' then error('no') end end }")
+        // fail_open keeps the request as it was; fail_closed lets the script edit it in place.
+        var kept = LuaRequestView(method: "POST", path: "/")
+        #expect(!state.makeExchange().onRequest(&kept).outcome.isOK)
+        #expect(kept.headers.isEmpty)
+        var edited = LuaRequestView(method: "POST", path: "/")
+        #expect(!state.makeExchange().onRequest(&edited, restoringOnFailure: false).outcome.isOK)
+        #expect(edited.headers[HTTPField.Name("x-a")!] == "1")
+        var ok = LuaRequestView(method: "GET", path: "/")
+        #expect(state.makeExchange().onRequest(&ok, restoringOnFailure: false).outcome == .ok)
+        #expect(ok.headers[HTTPField.Name("x-a")!] == "1" && ok.method == "GET")
+    }
+
     @Test func respondAnswersInsteadOfSending() throws {
         let (result, _) = try LuaTest.onRequest(
             """

@@ -35,10 +35,15 @@ final class LuaCallSlot {
     private static let noRequest = LuaRequestView(method: "", path: "/")
     private static let noResponse = LuaResponseView(status: 0)
 
-    init(index: Int32, requestRef: Int32, responseRef: Int32) {
+    /// The addresses of the slot's `req`, `res`, `req.headers` and `res.headers` userdata
+    /// (`LuaMessageAPI.Role` order): how a Swift function checks its `self`.
+    let userdata: [UnsafeMutableRawPointer]
+
+    init(index: Int32, requestRef: Int32, responseRef: Int32, userdata: [UnsafeMutableRawPointer]) {
         self.index = index
         self.requestRef = requestRef
         self.responseRef = responseRef
+        self.userdata = userdata
     }
 
     func begin(_ phase: Phase, limits: LuaLimits, requestID: UInt64) {
@@ -49,10 +54,13 @@ final class LuaCallSlot {
 
     /// Forgets the call's values (the slot keeps no message alive between calls).
     func end() {
+        switch phase {
+        case .request: request = Self.noRequest
+        case .response: response = Self.noResponse
+        case .idle, .log: break
+        }
         phase = .idle
-        request = Self.noRequest
-        response = Self.noResponse
-        respond = nil
+        if respond != nil { respond = nil }
         retry = false
         bodyRefused = false
     }

@@ -31,33 +31,33 @@ public final class LuaExchange {
     }
 
     /// `on_request(req, ctx)`: `request` gets the script's edits; `respond` what it answered.
-    public func onRequest(_ request: inout LuaRequestView) -> LuaCallResult {
+    ///
+    /// With `restoringOnFailure` (for `fail_open`), the script edits a copy and a failed call
+    /// leaves `request` as it was; without it (`fail_closed`, which drops a failed request),
+    /// the script edits `request` itself, and its header storage is not copied when unique.
+    public func onRequest(_ request: inout LuaRequestView, restoringOnFailure: Bool = true) -> LuaCallResult {
         guard let hook = state.onRequestHook else { return LuaCallResult() }
         guard !state.isPoisoned else { return Self.poisoned(state) }
         let slot = state.acquireSlot()
         slot.begin(.request, limits: limits, requestID: requestID)
-        slot.request = request
+        if restoringOnFailure { slot.request = request } else { swap(&slot.request, &request) }
         var result = call(hook, slot, message: slot.requestRef)
-        if result.outcome == .ok {
-            swap(&request, &slot.request)
-            result.respond = slot.respond
-        }
+        if result.outcome == .ok || !restoringOnFailure { swap(&request, &slot.request) }
+        if result.outcome == .ok { result.respond = slot.respond }
         return finish(slot, result)
     }
 
     /// `on_response(res, ctx)`: `response` gets the script's edits; `retry` whether it asked
-    /// for another try.
-    public func onResponse(_ response: inout LuaResponseView) -> LuaCallResult {
+    /// for another try. `restoringOnFailure` as for `onRequest`.
+    public func onResponse(_ response: inout LuaResponseView, restoringOnFailure: Bool = true) -> LuaCallResult {
         guard let hook = state.onResponseHook else { return LuaCallResult() }
         guard !state.isPoisoned else { return Self.poisoned(state) }
         let slot = state.acquireSlot()
         slot.begin(.response, limits: limits, requestID: requestID)
-        slot.response = response
+        if restoringOnFailure { slot.response = response } else { swap(&slot.response, &response) }
         var result = call(hook, slot, message: slot.responseRef)
-        if result.outcome == .ok {
-            swap(&response, &slot.response)
-            result.retry = slot.retry
-        }
+        if result.outcome == .ok || !restoringOnFailure { swap(&response, &slot.response) }
+        if result.outcome == .ok { result.retry = slot.retry }
         return finish(slot, result)
     }
 

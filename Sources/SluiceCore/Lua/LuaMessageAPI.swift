@@ -23,99 +23,120 @@ enum LuaMessageAPI {
         var kind: Int32
     }
 
+    /// Makes the tables every slot's userdata share: the methods of `req` and of `res`, and
+    /// the metatable of `headers` (whose `__index` is its methods table).
     static func makeMetatables(_ state: LuaState) {
         let L = state.L
-        state.requestMetaRef = metatable(
-            L,
-            index: requestIndex,
-            methods: [("body", requestBody), ("set_body", requestSetBody), ("respond", respond)],
-            newIndex: requestNewIndex)
-        state.responseMetaRef = metatable(
-            L,
-            index: responseIndex,
-            methods: [("body", responseBody), ("set_body", responseSetBody), ("retry", retry)],
-            newIndex: responseNewIndex)
-        // Header methods are found by Lua itself (`__index` is the methods table).
+        state.requestMethodsRef = methods(L, [("body", requestBody), ("set_body", requestSetBody), ("respond", respond)])
+        state.responseMethodsRef = methods(L, [("body", responseBody), ("set_body", responseSetBody), ("retry", retry)])
         lua_createtable(L, 0, 3)
-        lua_createtable(L, 0, 6)
-        for (name, f) in [
-            ("get", headerGet), ("get_all", headerGetAll), ("set", headerSet), ("add", headerAdd),
-            ("remove", headerRemove), ("each", headerEach),
-        ] as [(String, Lua.Function)] {
-            Lua.push(L, function: f)
-            lua_setfield(L, -2, name)
-        }
-        lua_setfield(L, -2, "__index")
+        Lua.push(L, "__index")
+        lua_rawgeti(
+            L, Lua.registry,
+            lua_Integer(
+                methods(
+                    L,
+                    [
+                        ("get", headerGet), ("get_all", headerGetAll), ("set", headerSet), ("add", headerAdd),
+                        ("remove", headerRemove), ("each", headerEach),
+                    ])))
+        lua_rawset(L, -3)
         Lua.push(L, function: headersNewIndex)
         lua_setfield(L, -2, "__newindex")
         lua_pushboolean(L, 0)
         lua_setfield(L, -2, "__metatable")
         state.headersMetaRef = luaL_ref(L, Lua.registry)
-        state.requestMeta = identity(L, state.requestMetaRef)
-        state.responseMeta = identity(L, state.responseMetaRef)
-        state.headersMeta = identity(L, state.headersMetaRef)
     }
 
-    /// A metatable whose `__index` is `index` with the methods table as its upvalue 2.
-    private static func metatable(
-        _ L: OpaquePointer, index: Lua.Function, methods: [(String, Lua.Function)], newIndex: Lua.Function
-    ) -> Int32 {
-        lua_createtable(L, 0, 3)
-        lua_createtable(L, 0, Int32(methods.count))
-        for (name, f) in methods {
+    private static func methods(_ L: OpaquePointer, _ functions: [(String, Lua.Function)]) -> Int32 {
+        lua_createtable(L, 0, Int32(functions.count))
+        for (name, f) in functions {
             Lua.push(L, function: f)
             lua_setfield(L, -2, name)
         }
-        Lua.push(L, function: index, upvalues: 1)
-        lua_setfield(L, -2, "__index")
-        Lua.push(L, function: newIndex)
-        lua_setfield(L, -2, "__newindex")
-        lua_pushboolean(L, 0)
-        lua_setfield(L, -2, "__metatable")
         return luaL_ref(L, Lua.registry)
     }
 
-    private static func identity(_ L: OpaquePointer, _ ref: Int32) -> UnsafeRawPointer? {
-        lua_rawgeti(L, Lua.registry, lua_Integer(ref))
-        defer { sluice_lua_pop(L, 1) }
-        return lua_topointer(L, -1)
-    }
-
-    /// A slot with its `req` and `res` userdata (each holding its `headers` as user value 1).
+    /// A slot with its `req` and `res` userdata. Each message has a metatable of its own whose
+    /// `__index` is a table of the slot's: its `headers` userdata and the methods, found by the
+    /// VM without calling Swift; only the fields that change per call (`method`, `path`,
+    /// `query`, `status`) fall through to a Swift function, which knows its slot by upvalue.
     static func makeSlot(_ state: LuaState, index: Int32) -> LuaCallSlot {
         let L = state.L
-        func message(kind: Int32, meta: Int32) -> Int32 {
-            userdata(L, Handle(slot: index, kind: kind), meta: meta, userValues: 1)
-            userdata(L, Handle(slot: index, kind: kind), meta: state.headersMetaRef, userValues: 0)
-            lua_setiuservalue(L, -2, 1)
-            return luaL_ref(L, Lua.registry)
+        func message(
+            kind: Int32, methods: Int32, field: Lua.Function, newIndex: Lua.Function
+        ) -> (Int32, UnsafeMutableRawPointer, UnsafeMutableRawPointer) {
+            let ud = userdata(L, Handle(slot: index, kind: kind))
+            // The index table: methods, headers; its own __index answers the per-call fields.
+            lua_createtable(L, 0, 4)
+            lua_rawgeti(L, Lua.registry, lua_Integer(methods))
+            lua_pushnil(L)
+            while lua_next(L, -2) != 0 {
+                lua_pushvalue(L, -2)
+                sluice_lua_insert(L, -2)
+                lua_rawset(L, -5)
+            }
+            sluice_lua_pop(L, 1)
+            Lua.push(L, "headers")
+            let headers = userdata(L, Handle(slot: index, kind: kind))
+            lua_rawgeti(L, Lua.registry, lua_Integer(state.headersMetaRef))
+            _ = lua_setmetatable(L, -2)
+            lua_rawset(L, -3)
+            lua_createtable(L, 0, 1)
+            lua_pushinteger(L, lua_Integer(index))
+            Lua.push(L, function: field, upvalues: 1)
+            lua_setfield(L, -2, "__index")
+            _ = lua_setmetatable(L, -2)
+            // The message's metatable.
+            lua_createtable(L, 0, 3)
+            sluice_lua_insert(L, -2)
+            lua_setfield(L, -2, "__index")
+            Lua.push(L, function: newIndex)
+            lua_setfield(L, -2, "__newindex")
+            lua_pushboolean(L, 0)
+            lua_setfield(L, -2, "__metatable")
+            _ = lua_setmetatable(L, -2)
+            return (luaL_ref(L, Lua.registry), ud, headers)
         }
+        let request = message(kind: 0, methods: state.requestMethodsRef, field: requestField, newIndex: requestNewIndex)
+        let response = message(kind: 1, methods: state.responseMethodsRef, field: responseField, newIndex: responseNewIndex)
         return LuaCallSlot(
-            index: index, requestRef: message(kind: 0, meta: state.requestMetaRef),
-            responseRef: message(kind: 1, meta: state.responseMetaRef))
+            index: index, requestRef: request.0, responseRef: response.0,
+            userdata: [request.1, response.1, request.2, response.2])
     }
 
-    private static func userdata(_ L: OpaquePointer, _ handle: Handle, meta: Int32, userValues: Int32) {
-        sluice_lua_newuserdata(L, MemoryLayout<Handle>.size, userValues)!.storeBytes(of: handle, as: Handle.self)
-        lua_rawgeti(L, Lua.registry, lua_Integer(meta))
-        lua_setmetatable(L, -2)
+    private static func userdata(_ L: OpaquePointer, _ handle: Handle) -> UnsafeMutableRawPointer {
+        let ud = sluice_lua_newuserdata(L, MemoryLayout<Handle>.size, 0)!
+        ud.storeBytes(of: handle, as: Handle.self)
+        return ud
     }
 
     // MARK: Finding the call
 
-    /// The slot of the message userdata at `index` if it has metatable `meta` and its call is
-    /// running the hook it belongs to.
-    private static func slot(
-        _ L: OpaquePointer?, _ state: LuaState, _ index: Int32, _ meta: UnsafeRawPointer?
-    ) -> (LuaCallSlot, Int32)? {
-        guard let payload = lua_touserdata(L, index), lua_getmetatable(L, index) != 0 else { return nil }
-        let matches = lua_topointer(L, -1) == meta
-        sluice_lua_pop(L, 1)
-        guard matches else { return nil }
+    /// Which userdata a function expects as `self`.
+    enum Role: Int {
+        case request = 0, response, requestHeaders, responseHeaders
+    }
+
+    /// The slot of the userdata at `index` if it is that slot's `role` userdata (scripts cannot
+    /// make userdata, so any they pass is one of ours: the payload names a slot, and the slot
+    /// confirms by address) and its call is running the hook it belongs to.
+    private static func slot(_ L: OpaquePointer?, _ state: LuaState, _ index: Int32, _ role: Role) -> LuaCallSlot? {
+        guard let payload = lua_touserdata(L, index) else { return nil }
         let handle = payload.load(as: Handle.self)
+        guard handle.slot >= 0, Int(handle.slot) < state.slots.count else { return nil }
         let slot = state.slots[Int(handle.slot)]
-        guard slot.phase == (handle.kind == 0 ? .request : .response) else { return nil }
-        return (slot, handle.kind)
+        guard slot.userdata[role.rawValue] == payload, slot.phase == (handle.kind == 0 ? .request : .response) else {
+            return nil
+        }
+        return slot
+    }
+
+    /// The slot named by upvalue 2 of a field function, if its call runs `phase`.
+    private static func slot(_ L: OpaquePointer?, _ state: LuaState, upvalueFor phase: LuaCallSlot.Phase) -> LuaCallSlot? {
+        guard let index = Lua.integer(L, Lua.upvalue(2)), index < state.slots.count else { return nil }
+        let slot = state.slots[index]
+        return slot.phase == phase ? slot : nil
     }
 
     private static func outsideCall(_ L: OpaquePointer?, _ what: String) -> Int32 {
@@ -124,38 +145,29 @@ enum LuaMessageAPI {
 
     // MARK: req
 
-    private static let requestIndex: Lua.Function = { L in
+    /// `req.method`, `req.path`, `req.query` (other keys: nil).
+    private static let requestField: Lua.Function = { L in
         let state = LuaState.of(L)
         guard let key = Lua.bytes(L, 2) else {
             lua_pushnil(L)
             return 1
         }
-        if Lua.equals(key, "headers") {
-            lua_getiuservalue(L, 1, 1)
-            return 1
-        }
-        let field: WritableKeyPath<LuaRequestView, String>
+        guard let slot = slot(L, state, upvalueFor: .request) else { return outsideCall(L, "req") }
         if Lua.equals(key, "method") {
-            field = \.method
+            Lua.push(L, slot.request.method)
         } else if Lua.equals(key, "path") {
-            field = \.path
-        } else if Lua.equals(key, "query") {
-            guard let (slot, _) = slot(L, state, 1, state.requestMeta) else { return outsideCall(L, "req") }
-            if let query = slot.request.query { Lua.push(L, query) } else { lua_pushnil(L) }
-            return 1
+            Lua.push(L, slot.request.path)
+        } else if Lua.equals(key, "query"), let query = slot.request.query {
+            Lua.push(L, query)
         } else {
-            lua_pushvalue(L, 2)
-            lua_rawget(L, Lua.upvalue(2))
-            return 1
+            lua_pushnil(L)
         }
-        guard let (slot, _) = slot(L, state, 1, state.requestMeta) else { return outsideCall(L, "req") }
-        Lua.push(L, slot.request[keyPath: field])
         return 1
     }
 
     private static let requestNewIndex: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard let (slot, _) = slot(L, state, 1, state.requestMeta) else { return outsideCall(L, "req") }
+        guard let slot = slot(L, state, 1, .request) else { return outsideCall(L, "req") }
         let key = Lua.bytes(L, 2).map { Lua.printable($0) } ?? "?"
         if key == "query" && lua_type(L, 3) == LUA_TNIL {
             slot.request.query = nil
@@ -186,14 +198,14 @@ enum LuaMessageAPI {
 
     private static let requestBody: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard let (slot, _) = slot(L, state, 1, state.requestMeta) else { return outsideCall(L, "req") }
+        guard let slot = slot(L, state, 1, .request) else { return outsideCall(L, "req") }
         pushBody(L, slot.request.body)
         return 1
     }
 
     private static let requestSetBody: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard let (slot, _) = slot(L, state, 1, state.requestMeta) else { return outsideCall(L, "req") }
+        guard let slot = slot(L, state, 1, .request) else { return outsideCall(L, "req") }
         switch readBody(L, 2, slot, "set_body") {
         case .failure(let failed): return failed.code
         case .success(let body): slot.request.body = body
@@ -203,7 +215,7 @@ enum LuaMessageAPI {
 
     private static let respond: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard let (slot, _) = slot(L, state, 1, state.requestMeta) else { return outsideCall(L, "req") }
+        guard let slot = slot(L, state, 1, .request) else { return outsideCall(L, "req") }
         guard let status = Lua.integer(L, 2), (100...599).contains(status) else {
             return Lua.fail(L, "bad argument #1 to 'respond' (a status from 100 to 599 expected)")
         }
@@ -243,21 +255,15 @@ enum LuaMessageAPI {
 
     // MARK: res
 
-    private static let responseIndex: Lua.Function = { L in
+    /// `res.status` (other keys: nil).
+    private static let responseField: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard let key = Lua.bytes(L, 2) else {
+        guard let key = Lua.bytes(L, 2), Lua.equals(key, "status") else {
             lua_pushnil(L)
             return 1
         }
-        if Lua.equals(key, "headers") {
-            lua_getiuservalue(L, 1, 1)
-        } else if Lua.equals(key, "status") {
-            guard let (slot, _) = slot(L, state, 1, state.responseMeta) else { return outsideCall(L, "res") }
-            lua_pushinteger(L, lua_Integer(slot.response.status))
-        } else {
-            lua_pushvalue(L, 2)
-            lua_rawget(L, Lua.upvalue(2))
-        }
+        guard let slot = slot(L, state, upvalueFor: .response) else { return outsideCall(L, "res") }
+        lua_pushinteger(L, lua_Integer(slot.response.status))
         return 1
     }
 
@@ -268,14 +274,14 @@ enum LuaMessageAPI {
 
     private static let responseBody: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard let (slot, _) = slot(L, state, 1, state.responseMeta) else { return outsideCall(L, "res") }
+        guard let slot = slot(L, state, 1, .response) else { return outsideCall(L, "res") }
         pushBody(L, slot.response.body)
         return 1
     }
 
     private static let responseSetBody: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard let (slot, _) = slot(L, state, 1, state.responseMeta) else { return outsideCall(L, "res") }
+        guard let slot = slot(L, state, 1, .response) else { return outsideCall(L, "res") }
         switch readBody(L, 2, slot, "set_body") {
         case .failure(let failed): return failed.code
         case .success(let body): slot.response.body = body
@@ -285,7 +291,7 @@ enum LuaMessageAPI {
 
     private static let retry: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard let (slot, _) = slot(L, state, 1, state.responseMeta) else { return outsideCall(L, "res") }
+        guard let slot = slot(L, state, 1, .response) else { return outsideCall(L, "res") }
         slot.retry = true
         return 0
     }
@@ -319,8 +325,9 @@ enum LuaMessageAPI {
         _ L: OpaquePointer?, _ body: (inout HTTPFields, LuaCallSlot) -> Int32
     ) -> Int32 {
         let state = LuaState.of(L)
-        guard let (slot, kind) = slot(L, state, 1, state.headersMeta) else { return outsideCall(L, "headers") }
-        return kind == 0 ? body(&slot.request.headers, slot) : body(&slot.response.headers, slot)
+        if let slot = slot(L, state, 1, .requestHeaders) { return body(&slot.request.headers, slot) }
+        if let slot = slot(L, state, 1, .responseHeaders) { return body(&slot.response.headers, slot) }
+        return outsideCall(L, "headers")
     }
 
     /// Whether `name` is `key`, ASCII case-insensitively.
@@ -328,14 +335,16 @@ enum LuaMessageAPI {
     private static func matches(_ name: HTTPField.Name, _ key: UnsafeRawBufferPointer) -> Bool {
         let canonical = name.canonicalName.utf8
         guard canonical.count == key.count else { return false }
-        var i = 0
-        for c in canonical {
-            var k = key[i]
-            if k >= UInt8(ascii: "A") && k <= UInt8(ascii: "Z") { k |= 0x20 }
-            if c != k { return false }
-            i += 1
+        let same = canonical.withContiguousStorageIfAvailable { bytes in
+            for i in 0..<bytes.count {
+                var k = key[i]
+                if k >= UInt8(ascii: "A") && k <= UInt8(ascii: "Z") { k |= 0x20 }
+                if bytes[i] != k { return false }
+            }
+            return true
         }
-        return true
+        if let same { return same }
+        return canonical.elementsEqual(key.lazy.map { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") ? $0 | 0x20 : $0 })
     }
 
     private static let headerGet: Lua.Function = { L in
@@ -411,7 +420,9 @@ enum LuaMessageAPI {
     /// `each()`: an iterator closure over (the headers userdata, the next position).
     private static let headerEach: Lua.Function = { L in
         let state = LuaState.of(L)
-        guard slot(L, state, 1, state.headersMeta) != nil else { return outsideCall(L, "headers") }
+        guard slot(L, state, 1, .requestHeaders) != nil || slot(L, state, 1, .responseHeaders) != nil else {
+            return outsideCall(L, "headers")
+        }
         lua_pushvalue(L, 1)
         lua_pushinteger(L, 0)
         Lua.push(L, function: headerStep, upvalues: 2)

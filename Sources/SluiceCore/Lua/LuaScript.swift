@@ -33,7 +33,9 @@ public struct LuaLimits: Sendable, Hashable {
     /// Bytes of the state's heap (code, tables, strings of every call in flight).
     public var memory: Int
     /// Wall-clock time per call, checked with the instruction budget.
-    public var wall: Duration
+    public var wall: Duration {
+        didSet { wallMicroseconds = Self.microseconds(wall) }
+    }
     /// `sluice.http` calls per call (enforced with `sluice.http`).
     public var subrequests: Int
     /// The largest body a script may read or set (`req:set_body`, `req:respond`, `res:set_body`).
@@ -61,13 +63,16 @@ public struct LuaLimits: Sendable, Hashable {
         self.instructions = instructions
         self.memory = memory
         self.wall = wall
+        self.wallMicroseconds = Self.microseconds(wall)
         self.subrequests = subrequests
         self.body = body
     }
 
-    /// `wall` in microseconds.
-    var wallMicroseconds: Int64 {
-        let (seconds, attoseconds) = wall.components
+    /// `wall` in microseconds, converted once (each call reads it).
+    private(set) var wallMicroseconds: Int64
+
+    private static func microseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
         return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
     }
 }

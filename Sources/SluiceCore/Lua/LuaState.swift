@@ -42,13 +42,9 @@ public final class LuaState {
     // Registry references made at load.
     private var environmentRef = LUA_NOREF
     private var readonlyRef = LUA_NOREF
-    var requestMetaRef = LUA_NOREF
-    var responseMetaRef = LUA_NOREF
+    var requestMethodsRef = LUA_NOREF
+    var responseMethodsRef = LUA_NOREF
     var headersMetaRef = LUA_NOREF
-    /// The metatables' identities, to check that a `self` is the userdata it claims to be.
-    var requestMeta: UnsafeRawPointer?
-    var responseMeta: UnsafeRawPointer?
-    var headersMeta: UnsafeRawPointer?
 
     /// Every call slot made, by index (a userdata names its slot by index); `idle` are the ones
     /// no call uses.
