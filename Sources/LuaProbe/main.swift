@@ -5,7 +5,7 @@
 //     objcopy --strip-debug .build/release/LuaProbe /tmp/lua-probe
 //     valgrind --tool=callgrind /tmp/lua-probe 1000 exchanges   # and 3000; (b - a) / 2000
 //
-// Modes: `exchanges` (a LuaExchange and one on_request call per request), `calls` (the call
+// Modes: `memory` (the state's heap), `exchanges` (a LuaExchange and one on_request call per request), `calls` (the call
 // alone, one exchange for all), `unique` (the pipeline's case: the request's own headers edited in
 // place, a hook without `ctx`), `copy` (the Swift baseline: copy the request, set one header).
 import HTTPTypes
@@ -68,6 +68,10 @@ _ = exchanges(1)
 switch mode {
 case "calls": print(callsOnly(state.makeExchange(config: config), count))
 case "unique": print(unique(count))
+case "memory":
+    print("state heap after load: \(state.memoryInUse) bytes; after \(count) exchanges:", terminator: " ")
+    _ = exchanges(count)
+    print("\(state.memoryInUse) bytes")
 case "copy":
     print(
         (0..<count).reduce(0) { n, _ in
