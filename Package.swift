@@ -30,12 +30,15 @@ let package = Package(
         // hiredis 0.14's asynchronous API on each worker's event_base (fleet:, docs/fleet.md).
         // (No pkgConfig: hiredis.pc adds -D_FILE_OFFSET_BITS=64, a flag SwiftPM refuses.)
         .systemLibrary(name: "CHiredis", providers: [.apt(["libhiredis-dev"])]),
+        // PUC Lua 5.4 for the `lua` interceptor (Sources/SluiceCore/Lua/); its shim.h holds the
+        // allocator, count hook and trampoline that keep Lua errors out of Swift frames.
+        .systemLibrary(name: "CLua", pkgConfig: "lua5.4", providers: [.apt(["liblua5.4-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
         .target(name: "CShims", dependencies: ["CCurl", "CLibEvent", "COpenSSL"]),
         .target(
             name: "SluiceCore",
             dependencies: [
-                "CZlib", "COpenSSL", "CCrypt", .product(name: "HTTPTypes", package: "swift-http-types"),
+                "CZlib", "COpenSSL", "CCrypt", "CLua", .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -62,6 +65,10 @@ let package = Package(
             ]),
         // Test-only: drives the disk cache tier in a process of its own (kill -9, RLIMIT_FSIZE,
         // benchmark) for Tests/e2e/test_disk_tier.py. Not a product; not installed.
+        // Test-only: the Lua engine's cost per call under callgrind (Sources/LuaProbe/main.swift).
+        // Not a product; not installed.
+        .executableTarget(
+            name: "LuaProbe", dependencies: ["SluiceCore", .product(name: "HTTPTypes", package: "swift-http-types")]),
         .executableTarget(name: "DiskTierProbe", dependencies: ["SluiceServer", "COpenSSL"]),
         .testTarget(
             name: "SluiceServerTests",

@@ -5,7 +5,7 @@ set -euo pipefail
 what=${1:-build}
 cd "$(dirname "$0")/.."
 
-packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev libsystemd-dev libcrypt-dev libhiredis-dev pkg-config)
+packages=(libevent-dev libcurl4-openssl-dev libssl-dev zlib1g-dev libsystemd-dev libcrypt-dev libhiredis-dev liblua5.4-dev pkg-config)
 case "$what" in
   # buildah, podman, debootstrap: `make image` and Tests/e2e/test_docker.py build and run the
   # container image without a Docker engine; chromium: Tests/e2e/test_dashboard.py; squid: a

@@ -1,0 +1,123 @@
+import CLua
+
+/// One exchange's use of a script: its `ctx` (made on first need, kept across the exchange's
+/// hooks, so `on_request` can leave data for `on_response` and `on_log`), its policy's
+/// `config` and `limits`, and its request id for the script's log lines. Each hook method runs
+/// the script's hook as a coroutine of the state and returns what it did; a script without
+/// that hook costs nothing (`LuaCallResult()`).
+///
+/// Edits reach the caller's view only when the call succeeds: a failed call leaves it as it
+/// was, so `fail_open` carries on with the message the script never touched.
+///
+/// Threading: the state's thread (the exchange's worker). The exchange keeps its state alive;
+/// a state poisoned by a limit (in this exchange's call or another's) answers every later
+/// call with an error, and the cache hands the next exchange a fresh state.
+public final class LuaExchange {
+    public let state: LuaState
+    public let limits: LuaLimits
+    public let requestID: UInt64
+    private let config: LuaConfig
+    @exclusivity(unchecked) private var contextRef = LUA_NOREF
+
+    init(state: LuaState, config: LuaConfig, limits: LuaLimits, requestID: UInt64) {
+        self.state = state
+        self.config = config
+        self.limits = limits
+        self.requestID = requestID
+    }
+
+    deinit {
+        if contextRef != LUA_NOREF { state.recycleContext(contextRef) }
+    }
+
+    /// `on_request(req, ctx)`: `request` gets the script's edits; `respond` what it answered.
+    ///
+    /// With `restoringOnFailure` (for `fail_open`), the script edits a copy and a failed call
+    /// leaves `request` as it was; without it (`fail_closed`, which drops a failed request),
+    /// the script edits `request` itself, and its header storage is not copied when unique.
+    public func onRequest(_ request: inout LuaRequestView, restoringOnFailure: Bool = true) -> LuaCallResult {
+        guard let hook = state.onRequestHook else { return LuaCallResult() }
+        guard !state.isPoisoned else { return Self.poisoned(state) }
+        let slot = state.acquireSlot()
+        slot.begin(.request, limits: limits, requestID: requestID)
+        if restoringOnFailure { slot.request = request } else { swap(&slot.request, &request) }
+        var result = call(hook, slot, message: slot.requestRef)
+        if result.outcome == .ok || !restoringOnFailure { swap(&request, &slot.request) }
+        if result.outcome == .ok { result.respond = slot.respond }
+        return finish(slot, result)
+    }
+
+    /// `on_response(res, ctx)`: `response` gets the script's edits; `retry` whether it asked
+    /// for another try. `restoringOnFailure` as for `onRequest`.
+    public func onResponse(_ response: inout LuaResponseView, restoringOnFailure: Bool = true) -> LuaCallResult {
+        guard let hook = state.onResponseHook else { return LuaCallResult() }
+        guard !state.isPoisoned else { return Self.poisoned(state) }
+        let slot = state.acquireSlot()
+        slot.begin(.response, limits: limits, requestID: requestID)
+        if restoringOnFailure { slot.response = response } else { swap(&slot.response, &response) }
+        var result = call(hook, slot, message: slot.responseRef)
+        if result.outcome == .ok || !restoringOnFailure { swap(&response, &slot.response) }
+        if result.outcome == .ok { result.retry = slot.retry }
+        return finish(slot, result)
+    }
+
+    /// `on_log(ctx)`, after the exchange; then read `vars()` for the access log.
+    public func onLog() -> LuaCallResult {
+        guard let hook = state.onLogHook else { return LuaCallResult() }
+        guard !state.isPoisoned else { return Self.poisoned(state) }
+        let slot = state.acquireSlot()
+        slot.begin(.log, limits: limits, requestID: requestID)
+        return finish(slot, call(hook, slot, message: nil))
+    }
+
+    /// What the script put in `ctx.vars` (string keys; strings, numbers, booleans and tables of
+    /// them), for the access log's `lua` field. Empty when no hook took `ctx`.
+    public func vars() -> [String: LuaValue] {
+        guard contextRef != LUA_NOREF, !state.isPoisoned else { return [:] }
+        let L = state.L
+        lua_rawgeti(L, Lua.registry, lua_Integer(contextRef))
+        Lua.push(L, "vars")
+        lua_rawget(L, -2)
+        defer { sluice_lua_pop(L, 2) }
+        if case .table(let fields) = Lua.value(L, -1) { return fields }
+        return [:]
+    }
+
+    private func call(_ hook: LuaState.Hook, _ slot: LuaCallSlot, message: Int32?) -> LuaCallResult {
+        let co = slot.thread!
+        lua_rawgeti(co, Lua.registry, lua_Integer(hook.ref))
+        var arguments: Int32 = 0
+        if let message {
+            lua_rawgeti(co, Lua.registry, lua_Integer(message))
+            arguments += 1
+        }
+        if hook.takesContext {
+            pushContext(co)
+            arguments += 1
+        }
+        state.current = slot
+        var (result, status) = state.run(co, arguments: arguments, limits: limits)
+        state.current = nil
+        if slot.bodyRefused, case .error(let message) = result.outcome { result.outcome = .limit(.body, message) }
+        slot.lastStatus = status
+        return result
+    }
+
+    private func finish(_ slot: LuaCallSlot, _ result: LuaCallResult) -> LuaCallResult {
+        state.releaseSlot(slot, status: slot.lastStatus)
+        return result
+    }
+
+    /// Pushes `ctx` onto `co`, made on the exchange's first hook that takes it.
+    private func pushContext(_ co: OpaquePointer) {
+        if contextRef == LUA_NOREF { contextRef = state.makeContext(config: config) }
+        lua_rawgeti(co, Lua.registry, lua_Integer(contextRef))
+    }
+
+    private static func poisoned(_ state: LuaState) -> LuaCallResult {
+        var result = LuaCallResult()
+        result.outcome = .error(
+            "\(state.script.name): the script's state was stopped by a limit; it is rebuilt for the next exchange")
+        return result
+    }
+}

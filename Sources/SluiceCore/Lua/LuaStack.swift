@@ -1,0 +1,226 @@
+import CLua
+import HTTPTypes
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The Swift side of the Lua C API, for the functions Lua calls into Swift (`LuaState`'s
+/// callbacks, the `sluice` module, the JSON codec). Every one of them runs inside the CLua
+/// trampoline, so none may raise a Lua error: they push an error message and return
+/// `Lua.failure` instead, and use only API calls that cannot raise (raw gets and sets, pushes;
+/// the allocator does not refuse while Swift runs). See Sources/CLua/shim.h.
+///
+/// Threading: called on the thread of the state whose stack they touch.
+enum Lua {
+    typealias Function = @convention(c) (OpaquePointer?) -> Int32
+
+    /// What a Swift function returns to have the trampoline raise the message it pushed.
+    static let failure: Int32 = -1
+    static let registry = sluice_lua_registryindex()
+
+    static func upvalue(_ i: Int32) -> Int32 { sluice_lua_upvalueindex(i) }
+
+    /// Pushes `message` and returns `failure` (the trampoline adds the caller's location).
+    static func fail(_ L: OpaquePointer?, _ message: String) -> Int32 {
+        push(L, message)
+        return failure
+    }
+
+    static func push(_ L: OpaquePointer?, _ text: String) {
+        var text = text
+        _ = text.withUTF8 { lua_pushlstring(L, $0.baseAddress, $0.count) }
+    }
+
+    static func push(_ L: OpaquePointer?, bytes: some Collection<UInt8>) {
+        if let done = bytes.withContiguousStorageIfAvailable({ lua_pushlstring(L, $0.baseAddress, $0.count) }) {
+            _ = done
+        } else {
+            let copy = Array(bytes)
+            copy.withUnsafeBufferPointer { _ = lua_pushlstring(L, $0.baseAddress, $0.count) }
+        }
+    }
+
+    /// Pushes `f` (a Swift function) with the `extra` values on top of the stack as its
+    /// upvalues 2….
+    static func push(_ L: OpaquePointer?, function f: Function, upvalues extra: Int32 = 0) {
+        sluice_lua_push_swift(L, f, extra)
+    }
+
+    /// The bytes of the string at `index` (a number is not a string here), valid while the
+    /// value stays on the stack.
+    static func bytes(_ L: OpaquePointer?, _ index: Int32) -> UnsafeRawBufferPointer? {
+        guard lua_type(L, index) == LUA_TSTRING else { return nil }
+        var length = 0
+        guard let p = sluice_lua_tolstring(L, index, &length) else { return nil }
+        return UnsafeRawBufferPointer(start: p, count: length)
+    }
+
+    /// The string at `index`, or a number's decimal form (converted in place, as Lua does for
+    /// arguments); nil for any other type.
+    static func text(_ L: OpaquePointer?, _ index: Int32) -> UnsafeRawBufferPointer? {
+        let type = lua_type(L, index)
+        guard type == LUA_TSTRING || type == LUA_TNUMBER else { return nil }
+        var length = 0
+        guard let p = sluice_lua_tolstring(L, index, &length) else { return nil }
+        return UnsafeRawBufferPointer(start: p, count: length)
+    }
+
+    /// A `String` of UTF-8 `bytes` (invalid sequences repaired), through the typed-buffer path
+    /// (a raw buffer goes through the unspecialized generic decoder).
+    @inline(__always)
+    static func makeString(_ bytes: UnsafeRawBufferPointer) -> String {
+        String(decoding: bytes.assumingMemoryBound(to: UInt8.self), as: UTF8.self)
+    }
+
+    static func string(_ L: OpaquePointer?, _ index: Int32) -> String? {
+        text(L, index).map { Lua.makeString($0) }
+    }
+
+    static func integer(_ L: OpaquePointer?, _ index: Int32) -> Int? {
+        var isNumber: Int32 = 0
+        let value = sluice_lua_tointeger(L, index, &isNumber)
+        return isNumber != 0 ? Int(value) : nil
+    }
+
+    static func typeName(_ L: OpaquePointer?, _ index: Int32) -> String {
+        String(cString: lua_typename(L, lua_type(L, index)))
+    }
+
+    /// "argument #2 to 'set' (string expected, got table)", Lua's own wording.
+    static func badArgument(_ L: OpaquePointer?, _ n: Int32, _ function: StaticString, _ expected: String) -> Int32 {
+        fail(L, "bad argument #\(n) to '\(function)' (\(expected) expected, got \(typeName(L, n)))")
+    }
+
+    /// A value's text for a message: printable ASCII kept, anything else as `\xNN`, so an error
+    /// or a log line quoting a script's bad header cannot itself carry a line break.
+    static func printable(_ bytes: UnsafeRawBufferPointer, limit: Int = 64) -> String {
+        var out = ""
+        for b in bytes.prefix(limit) {
+            if b >= 0x20 && b < 0x7F && b != UInt8(ascii: "\\") {
+                out.unicodeScalars.append(Unicode.Scalar(b))
+            } else {
+                out += "\\x" + Hex.lowercase([b])
+            }
+        }
+        if bytes.count > limit { out += "…" }
+        return out
+    }
+
+    static func equals(_ bytes: UnsafeRawBufferPointer, _ literal: StaticString) -> Bool {
+        bytes.count == literal.utf8CodeUnitCount
+            && (bytes.count == 0 || memcmp(bytes.baseAddress!, literal.utf8Start, bytes.count) == 0)
+    }
+
+    /// Sets every key of the table at `index` to nil (raw).
+    static func clear(_ L: OpaquePointer?, _ index: Int32) {
+        lua_pushnil(L)
+        while lua_next(L, index) != 0 {
+            sluice_lua_pop(L, 1)
+            lua_pushvalue(L, -1)
+            lua_pushnil(L)
+            lua_rawset(L, index)
+        }
+    }
+
+    /// Pushes `value` as plain Lua tables (not read-only: the caller freezes them).
+    static func push(_ L: OpaquePointer?, value: LuaValue) {
+        switch value {
+        case .bool(let b): lua_pushboolean(L, b ? 1 : 0)
+        case .integer(let i): lua_pushinteger(L, lua_Integer(i))
+        case .number(let d): lua_pushnumber(L, d)
+        case .string(let s): push(L, s)
+        case .array(let items):
+            lua_createtable(L, Int32(clamping: items.count), 0)
+            for (i, item) in items.enumerated() {
+                push(L, value: item)
+                lua_rawseti(L, -2, lua_Integer(i + 1))
+            }
+        case .table(let fields):
+            lua_createtable(L, 0, Int32(clamping: fields.count))
+            for (key, item) in fields {
+                push(L, key)
+                push(L, value: item)
+                lua_rawset(L, -3)
+            }
+        }
+    }
+
+    /// The value at `index` as a `LuaValue`: strings, numbers, booleans, and tables of them
+    /// (sequences as arrays), `depth` levels deep; nil for anything else (functions, userdata,
+    /// nil), which a table then leaves out. Raw reads only: no metamethod runs.
+    static func value(_ L: OpaquePointer?, _ index: Int32, depth: Int = 16) -> LuaValue? {
+        let index = lua_absindex(L, index)
+        switch lua_type(L, index) {
+        case LUA_TBOOLEAN: return .bool(lua_toboolean(L, index) != 0)
+        case LUA_TNUMBER:
+            if sluice_lua_isinteger(L, index) != 0 { return .integer(integer(L, index) ?? 0) }
+            var isNumber: Int32 = 0
+            return .number(sluice_lua_tonumber(L, index, &isNumber))
+        case LUA_TSTRING: return string(L, index).map { .string($0) }
+        case LUA_TTABLE:
+            guard depth > 0 else { return nil }
+            let length = Int(lua_rawlen(L, index))
+            var array: [LuaValue] = []
+            var table: [String: LuaValue] = [:]
+            var isSequence = true
+            var count = 0
+            lua_pushnil(L)
+            while lua_next(L, index) != 0 {
+                count += 1
+                if lua_type(L, -2) == LUA_TNUMBER, sluice_lua_isinteger(L, -2) != 0, let i = integer(L, -2), i >= 1, i <= length {
+                    if let item = value(L, -1, depth: depth - 1) { table[String(i)] = item }
+                } else {
+                    isSequence = false
+                    if lua_type(L, -2) == LUA_TSTRING, let key = string(L, -2), let item = value(L, -1, depth: depth - 1) {
+                        table[key] = item
+                    }
+                }
+                sluice_lua_pop(L, 1)
+            }
+            if isSequence && length > 0 && count == length {
+                array.reserveCapacity(length)
+                for i in 1...length {
+                    lua_rawgeti(L, index, lua_Integer(i))
+                    if let item = value(L, -1, depth: depth - 1) { array.append(item) }
+                    sluice_lua_pop(L, 1)
+                }
+                return .array(array)
+            }
+            return .table(table)
+        default: return nil
+        }
+    }
+}
+
+/// The header names a state's scripts used last, by their bytes: making an `HTTPField.Name`
+/// (a `String`, a token check, lower-casing) costs more than the rest of a `get` or `set`.
+///
+/// Threading: its state's thread.
+struct LuaHeaderNames {
+    private var keys: [[UInt8]] = []
+    private var names: [HTTPField.Name] = []
+    private var next = 0
+    static let capacity = 16
+
+    func name(for bytes: UnsafeRawBufferPointer) -> HTTPField.Name? {
+        for i in keys.indices {
+            let found = keys[i].withUnsafeBytes { key in
+                key.count == bytes.count && (key.count == 0 || memcmp(key.baseAddress!, bytes.baseAddress!, key.count) == 0)
+            }
+            if found { return names[i] }
+        }
+        return nil
+    }
+
+    mutating func insert(_ key: [UInt8], _ name: HTTPField.Name) {
+        if keys.count < Self.capacity {
+            keys.append(key)
+            names.append(name)
+        } else {
+            keys[next] = key
+            names[next] = name
+            next = (next + 1) % Self.capacity
+        }
+    }
+}

@@ -1,0 +1,40 @@
+/// A worker's Lua states, one per (script content, memory cap): the 100 policies of a config
+/// that run the same script share one state and its memory. A state poisoned by a limit is
+/// replaced on its next lookup; exchanges that still hold the old one finish with it.
+///
+/// Threading: one per worker, used on that worker's thread only.
+public final class LuaStateCache {
+    private struct Key: Hashable {
+        var contentHash: String
+        var memory: Int
+    }
+    private var states: [Key: LuaState] = [:]
+    private let clock: LuaClock
+    private let log: (LuaLogLine) -> Void
+
+    /// `log` receives every line the worker's scripts log (`sluice.log.*`).
+    public init(clock: LuaClock = .system, log: @escaping (LuaLogLine) -> Void = { _ in }) {
+        self.clock = clock
+        self.log = log
+    }
+
+    /// The state for `script` under `limits` (its memory cap keys the state; the rest of the
+    /// limits only bound the script's top level when the state is built). Throws when the
+    /// script does not load.
+    public func state(for script: LuaScript, limits: LuaLimits = .default) throws(LuaLoadError) -> LuaState {
+        let key = Key(contentHash: script.contentHash, memory: limits.memory)
+        if let state = states[key], !state.isPoisoned { return state }
+        states[key] = nil
+        let state = try LuaState.load(script, limits: limits, clock: clock, log: log)
+        states[key] = state
+        return state
+    }
+
+    /// How many states the cache holds.
+    public var count: Int { states.count }
+
+    /// Drops the states no live policy uses (after a reload): `keep` is the scripts that remain.
+    public func retain(only keep: Set<String>) {
+        states = states.filter { keep.contains($0.key.contentHash) }
+    }
+}

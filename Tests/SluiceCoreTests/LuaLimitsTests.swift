@@ -1,0 +1,104 @@
+import HTTPTypes
+import Synchronization
+import Testing
+
+@testable import SluiceCore
+
+/// Each limit of `LuaLimits` stops the script it exists for; each test would fail (hang, crash
+/// or pass the script) without its limit.
+@Suite struct LuaLimitsTests {
+    @Test func instructionBudgetStopsAnEndlessLoop() throws {
+        let state = try LuaTest.load("return { on_request = function(req)\n  while true do end\nend }")
+        var request = LuaTest.get()
+        let result = state.makeExchange().onRequest(&request)
+        #expect(result.outcome.limitKind == .instructions)
+        #expect(result.outcome.message == "test.lua:2: instruction limit reached")
+        #expect(result.instructions == LuaLimits.defaultInstructions)
+        #expect(state.isPoisoned)
+        #expect(request == LuaTest.get())
+    }
+
+    @Test func pcallCannotSwallowAStop() throws {
+        let outcome = try LuaTest.outcome(
+            "for i = 1, 10 do pcall(function() while true do end end) end\nreq.headers:set('x-done', 'yes')")
+        #expect(outcome.limitKind == .instructions)
+    }
+
+    @Test func wallClockStopsWhatTheInstructionBudgetAllows() throws {
+        // Each read of the clock advances it by 1 ms: a 10 ms budget ends within a few hook periods.
+        let ticks = Atomic<Int64>(0)
+        let clock = LuaClock(monotonic: { ticks.add(1000, ordering: .relaxed).newValue })
+        let limits = LuaLimits(instructions: 1 << 50, wall: .milliseconds(10))
+        let state = try LuaTest.load("return { on_request = function(req) while true do end end }", limits: limits, clock: clock)
+        var request = LuaTest.get()
+        let result = state.makeExchange(limits: limits).onRequest(&request)
+        #expect(result.outcome.limitKind == .wall)
+        #expect(result.outcome.message == "test.lua:1: wall-clock limit reached")
+        #expect(result.microseconds >= 10_000 && result.microseconds < 20_000)
+    }
+
+    @Test func stringBombIsRefusedByTheMemoryCap() throws {
+        let state = try LuaTest.load("return { on_request = function(req) local s = string.rep('x', 1 << 30) end }")
+        var request = LuaTest.get()
+        let result = state.makeExchange().onRequest(&request)
+        #expect(result.outcome.limitKind == .memory)
+        #expect(result.peakMemory <= LuaLimits.defaultMemory)
+        #expect(state.memoryInUse <= LuaLimits.defaultMemory)
+    }
+
+    @Test func concatenationBombIsRefusedByTheMemoryCap() throws {
+        let outcome = try LuaTest.outcome("local s = 'x' for i = 1, 40 do s = s .. s end")
+        #expect(outcome.limitKind == .memory)
+    }
+
+    @Test func tableGrowthIsRefusedByTheMemoryCap() throws {
+        let limits = LuaLimits(instructions: 1 << 40, memory: 1 << 20)
+        let outcome = try LuaTest.outcome("local t = {} for i = 1, 1e9 do t[i] = i end", limits: limits)
+        #expect(outcome.limitKind == .memory)
+    }
+
+    @Test func deepRecursionIsAnErrorNotACrash() throws {
+        let lua = try LuaTest.outcome("local function f(n) return f(n + 1) + 1 end\nreturn f(1)")
+        #expect(!lua.isOK)
+        #expect(lua.message.contains("stack overflow") || lua.limitKind == .memory)
+        // Recursion through C (a metamethod calling itself) ends at Lua's C-stack limit.
+        let c = try LuaTest.outcome(
+            "local t = setmetatable({}, {}) getmetatable(t).__index = function(t, k) return t[k] end\nreturn t.x")
+        #expect(!c.isOK)
+        #expect(c.message.contains("stack overflow"))
+    }
+
+    @Test func bodyLimitRefusesALargerBody() throws {
+        let limits = LuaLimits(body: 1024)
+        let outcome = try LuaTest.outcome("req:set_body(string.rep('x', 1025))", limits: limits)
+        #expect(outcome == .limit(.body, "test.lua:2: body of 1025 bytes is over limits.body (1024)"))
+        #expect(try LuaTest.outcome("req:set_body(string.rep('x', 1024))", limits: limits).isOK)
+    }
+
+    @Test func aPoisonedStateIsRebuiltAndTheNextCallWorks() throws {
+        let cache = LuaStateCache()
+        let script = LuaTest.script(
+            """
+            return { on_request = function(req)
+              if req.headers:get('x-spin') then while true do end end
+              req.headers:set('x-ok', 'yes')
+            end }
+            """)
+        let first = try cache.state(for: script)
+        var spinning = LuaTest.get([HTTPField.Name("X-Spin")!: "1"])
+        #expect(first.makeExchange().onRequest(&spinning).outcome.limitKind == .instructions)
+        #expect(first.isPoisoned)
+        #expect(first.makeExchange().onRequest(&spinning).outcome.message.contains("stopped by a limit"))
+
+        let second = try cache.state(for: script)
+        #expect(second !== first && !second.isPoisoned && cache.count == 1)
+        var request = LuaTest.get()
+        #expect(second.makeExchange().onRequest(&request).outcome == .ok)
+        #expect(request.headers[HTTPField.Name("x-ok")!] == "yes")
+    }
+
+    @Test func theTopLevelRunsUnderTheBudgetsToo() {
+        #expect(throws: LuaLoadError.self) { try LuaTest.load("while true do end") }
+        #expect(throws: LuaLoadError.self) { try LuaTest.load("local s = string.rep('x', 1 << 30) return {}") }
+    }
+}
