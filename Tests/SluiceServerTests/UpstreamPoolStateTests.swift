@@ -154,4 +154,43 @@ import Testing
         #expect(s.idleCount == 0)
         #expect(isOpen(s.acquire(origin: "a", key: "a", for: Try())))
     }
+
+    /// A burst's surplus halves every period; what a period used is kept; one idle connection
+    /// is never surplus.
+    @Test func theSurplusOfAPeriodIsHalvedOldestFirst() {
+        var s = State(maxPerOrigin: 0, maxIdle: 10_000)
+        let burst = (0..<100).map { Conn("\($0)") }
+        for c in burst { _ = s.release(c, key: "a", origin: "a", reusable: true) }
+        // The period began with nothing idle: nothing was surplus for all of it.
+        #expect(s.purgeCandidates().isEmpty)
+        // A quiet period: all 100 were idle throughout; half go, the oldest.
+        let first = s.purgeCandidates()
+        #expect(first.count == 50)
+        #expect(first.allSatisfy { c in burst.prefix(50).contains { $0 === c } })
+        for c in first { #expect(s.closedIdle(c, key: "a", origin: "a").removed) }
+        #expect(s.idleCount == 50)
+        // A period in which 40 of the 50 were in use at once: only 10 were surplus, 5 go.
+        var used: [Conn] = []
+        for _ in 0..<40 { used.append(reused(s.acquire(origin: "a", key: "a", for: Try()))!) }
+        for c in used { _ = s.release(c, key: "a", origin: "a", reusable: true) }
+        let second = s.purgeCandidates()
+        #expect(second.count == 5)
+        for c in second { _ = s.closedIdle(c, key: "a", origin: "a") }
+        // Down to one, which stays.
+        while s.idleCount > 1 {
+            let next = s.purgeCandidates()
+            #expect(!next.isEmpty)
+            for c in next { _ = s.closedIdle(c, key: "a", origin: "a") }
+        }
+        #expect(s.purgeCandidates().isEmpty)
+        #expect(s.idleCount == 1)
+    }
+
+    /// Many origins with one idle connection each: the surplus is still found.
+    @Test func theSurplusSpansKeys() {
+        var s = State(maxPerOrigin: 0, maxIdle: 10_000)
+        for i in 0..<10 { _ = s.release(Conn("\(i)"), key: "k\(i)", origin: "k\(i)", reusable: true) }
+        _ = s.purgeCandidates()
+        #expect(s.purgeCandidates().count == 5)
+    }
 }

@@ -88,6 +88,9 @@ final class NativeUpstreamPool {
     /// `keepalive_timeout` is 60 s, libcurl's age limit 118 s). Origins usually close earlier,
     /// which the idle watch sees.
     static let idleTimeoutMilliseconds = 60_000
+    /// How often the surplus of idle connections is halved (`UpstreamPoolState.purgeCandidates`;
+    /// haproxy's `pool-purge-delay` is 5 s too). Armed only while connections are idle.
+    static let purgeMilliseconds = 5_000
 
     let base: OpaquePointer
     /// The worker's read spill buffer, shared by every socket of the worker.
@@ -96,6 +99,10 @@ final class NativeUpstreamPool {
     private var isShutDown = false
     /// Response parsers kept for reuse, with their buffers' capacity.
     private var parsers: [HTTPResponseParser] = []
+    /// Halves the idle surplus every `purgeMilliseconds` while any connection is idle (made on
+    /// first need).
+    private var purgeTimer: LoopTimer<NativeUpstreamPool>?
+    private var purgeArmed = false
     /// The worker's TLS client contexts for https origins.
     let tlsContexts = NativeTLSContexts()
     private static let maxIdleParsers = 128
@@ -156,6 +163,21 @@ final class NativeUpstreamPool {
             connection.idleTimer = LoopTimer(on: base, owner: connection) { $0.socketClosed() }  // idle: the pool closes it
         }
         connection.idleTimer?.arm(milliseconds: Self.idleTimeoutMilliseconds)
+        if !purgeArmed { armPurge() }
+    }
+
+    private func armPurge() {
+        if purgeTimer == nil { purgeTimer = LoopTimer(on: base, owner: self) { $0.purge() } }
+        purgeTimer?.arm(milliseconds: Self.purgeMilliseconds)
+        purgeArmed = true
+    }
+
+    /// A purge period ended: its surplus of idle connections is closed; the timer stays armed
+    /// while any connection is idle.
+    private func purge() {
+        purgeArmed = false
+        for connection in state.purgeCandidates() { idleConnectionChanged(connection) }
+        if state.idleCount > 0, !isShutDown { armPurge() }
     }
 
     /// An idle connection's socket had an event: the origin closed it, or sent bytes nobody
@@ -210,6 +232,8 @@ final class NativeUpstreamPool {
     /// (every transfer is detached by then).
     func shutdown() {
         isShutDown = true
+        purgeTimer = nil
+        purgeArmed = false
         for connection in state.drainIdle() { connection.close(abortive: false) }
     }
 }

@@ -9,6 +9,13 @@
 /// ones age out. The limit counts per origin: every connection that is open or being opened
 /// (idle ones included) holds a place until it is closed.
 ///
+/// A burst leaves as many connections idle as it had requests in flight (a thousand clients
+/// at once: a thousand origin connections, each with its socket, buffers and parser). The
+/// ones nobody needed for a whole purge period are surplus: `purgeCandidates()` names half
+/// of the fewest that were idle at once during the period (`idleLow`), oldest first, so a
+/// burst's surplus halves every period while a pool in steady use keeps what it uses (as
+/// haproxy's `pool-purge-delay` does). One idle connection is never surplus.
+///
 /// Threading: a value owned by one worker's pool, on that worker's thread.
 struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject, Waiter: AnyObject> {
     /// Connections per origin at most; 0 = no limit.
@@ -17,6 +24,8 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
     let maxIdle: Int
     private var idle: [Key: [Connection]] = [:]
     private(set) var idleCount = 0
+    /// The fewest connections idle at once since the last `purgeCandidates()`.
+    private(set) var idleLow = 0
     /// Places taken per origin (only counted with a limit).
     private var open: [Origin: Int] = [:]
     private var waiting: [Origin: [Waiter]] = [:]
@@ -50,6 +59,7 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
         // `pruneEmpty` finds too many.
         if let index = idle.index(forKey: key), let connection = idle.values[index].popLast() {
             idleCount -= 1
+            idleLow = min(idleLow, idleCount)
             return .reuse(connection)
         }
         guard maxPerOrigin > 0 else { return .open }
@@ -100,8 +110,28 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
         else { return (false, nil) }
         idle.values[index].remove(at: i)
         idleCount -= 1
+        idleLow = min(idleLow, idleCount)
         pruneEmpty()
         return (true, wake(origin: origin, freedPlace: true))
+    }
+
+    /// The surplus of the period that ends now: half (rounded down) of the fewest
+    /// connections that were idle at once since the last call, taken from every key in
+    /// proportion to its idle connections (at least one from a key while the surplus lasts),
+    /// oldest first. They stay in the pool: the caller closes each through `closedIdle`
+    /// (which frees its place). The next period starts with what is idle after that.
+    mutating func purgeCandidates() -> [Connection] {
+        let surplus = idleLow / 2
+        var out: [Connection] = []
+        if surplus > 0 {
+            out.reserveCapacity(surplus)
+            for list in idle.values where !list.isEmpty && out.count < surplus {
+                let share = max(1, list.count * surplus / idleCount)
+                out.append(contentsOf: list.prefix(min(share, surplus - out.count)))
+            }
+        }
+        idleLow = idleCount - out.count
+        return out
     }
 
     /// Keys whose lists are empty, when they outnumber the idle connections (plus some
@@ -122,6 +152,7 @@ struct UpstreamPoolState<Key: Hashable, Origin: Hashable, Connection: AnyObject,
         let all = idle.values.flatMap { $0 }
         idle.removeAll()
         idleCount = 0
+        idleLow = 0
         waiting.removeAll()
         return all
     }
