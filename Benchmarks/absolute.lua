@@ -6,7 +6,8 @@
 -- proxy, an origin-form path like "/1k" for the direct run) and the origin's
 -- authority in BENCH_HOST, which becomes the Host header in both cases.
 -- BENCH_DELAY_MS, when set, makes every connection wait that long between its
--- requests: a fixed request rate (the soak).
+-- requests: a fixed request rate (the soak). BENCH_HEADERS, when set, holds more
+-- header fields for every request, one "Name: value" per line (a scenario's `headers`).
 --
 -- done() prints one machine-readable line that the harness parses, so it does not
 -- have to scrape wrk's human-readable output:
@@ -32,6 +33,12 @@ if path and path ~= "" then
 end
 if host and host ~= "" then
    wrk.headers["Host"] = host
+end
+for line in (os.getenv("BENCH_HEADERS") or ""):gmatch("[^\n]+") do
+   local name, value = line:match("^([^:]+):%s*(.*)$")
+   if name then
+      wrk.headers[name] = value
+   end
 end
 if delay_ms then
    function delay()

@@ -18,9 +18,9 @@ case "$what" in
                     adduser binutils buildah podman debootstrap redis-server prometheus libjs-chart.js) ;;
   image) packages+=(buildah podman debootstrap binutils) ;;
   # The benchmark's peers and tools (Benchmarks/bench); Apache Traffic Server is measured where
-  # it is installed, not installed here.
-  bench) packages+=(nginx-light curl wrk haproxy squid tinyproxy strace valgrind binutils openssl iproute2
-                    python3-pip) ;;
+  # it is installed, not installed here. libnginx-mod-http-lua: nginx-lua in the `lua` scenario.
+  bench) packages+=(nginx-light libnginx-mod-http-lua curl wrk haproxy squid tinyproxy strace valgrind binutils
+                    openssl iproute2 python3-pip) ;;
 esac
 
 missing=()

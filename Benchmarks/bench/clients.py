@@ -9,9 +9,11 @@ import time
 from dataclasses import dataclass, field
 
 
-def request_bytes(url: str, host: str) -> bytes:
-    """A GET with the given request target (absolute-form through a proxy) and Host."""
-    return f"GET {url} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+def request_bytes(url: str, host: str, headers: dict[str, str] | None = None) -> bytes:
+    """A GET with the given request target (absolute-form through a proxy), Host and any other
+    header fields (the scenario's `headers`)."""
+    fields = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    return f"GET {url} HTTP/1.1\r\nHost: {host}\r\n{fields}\r\n".encode()
 
 
 class Connection:
@@ -71,11 +73,12 @@ class Connection:
         self.sock.close()
 
 
-def sequential(port: int, count: int, url: str, host: str, body: int, max_seconds: float) -> str | None:
-    """`count` GETs one after the other on one kept-alive connection, each checked for a 200 with a
-    `body`-byte body. None on success, else what went wrong."""
+def sequential(port: int, count: int, url: str, host: str, body: int, max_seconds: float,
+               headers: dict[str, str] | None = None) -> str | None:
+    """`count` GETs (with `headers`) one after the other on one kept-alive connection, each checked
+    for a 200 with a `body`-byte body. None on success, else what went wrong."""
     deadline = time.monotonic() + max_seconds
-    req = request_bytes(url, host)
+    req = request_bytes(url, host, headers)
     conn = Connection(port, 60)   # under valgrind one response can take a while
     try:
         for i in range(count):

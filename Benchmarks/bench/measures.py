@@ -20,12 +20,19 @@ from .servers import (FLEET_TARGETS, RELOADED_HEADER, SLUICE_TARGETS, port_open,
 LUA = Path(__file__).resolve().parent.parent / "absolute.lua"
 
 
+def load_env(bench, target: str, body: str) -> dict[str, str]:
+    """The environment of a wrk run through absolute.lua: the request target, the Host, and the
+    scenario's `headers` (one "Name: value" per line in BENCH_HEADERS)."""
+    return {**os.environ, "BENCH_PATH": bench.request_target(target, body), "BENCH_HOST": bench.lab.origin_host,
+            "BENCH_HEADERS": "".join(f"{name}: {value}\n" for name, value in bench.scenario["headers"].items())}
+
+
 def wrk(bench, target: str, connections: int, seconds: float, body: str) -> tuple[dict | None, str]:
     """One wrk run of GETs for `body` (PUTs for `put…`) against a target (the origin itself for direct) on
     `connections` kept-alive connections: (parsed BENCH_RESULT or None, wrk's output)."""
     sc = bench.scenario
     threads = min(sc["threads"], connections)
-    env = {**os.environ, "BENCH_PATH": bench.request_target(target, body), "BENCH_HOST": bench.lab.origin_host}
+    env = load_env(bench, target, body)
     if body.startswith("put"):
         # `put64k`: PUTs of a 64 KiB body (the plain origin's /put answers 204)
         env.update(BENCH_METHOD="PUT", BENCH_BODY_BYTES=str(int(body[3:].rstrip("k")) * 1024))
@@ -414,7 +421,8 @@ def _callgrind_run(bench, binary: Path, target: str, n: int, d: Path) -> tuple[i
     try:
         if not wait_port(port, proc, 60):
             return None, f"Sluice under valgrind did not open its port within 60 s: {proc.tail(3)}"
-        failure = clients.sequential(port, n, bench.request_target(target, "1k"), bench.lab.origin_host, 1024, 840)
+        failure = clients.sequential(port, n, bench.request_target(target, "1k"), bench.lab.origin_host, 1024, 840,
+                                     bench.scenario["headers"])
         # SIGTERM: Sluice drains (nothing is in flight) and exits; callgrind then writes its file.
         proc.popen.send_signal(signal.SIGTERM)
         proc.popen.wait(120)
@@ -474,8 +482,7 @@ def soak(bench) -> dict:
     pid = bench.procs[target].pid
     delay = p["connections"] * 1000 // p["rate"]
     bench.log(f"soak: {p['duration']} s at {p['rate']} req/s over {p['connections']} connections through {target}")
-    env = {**os.environ, "BENCH_PATH": bench.request_target(target, "1k"), "BENCH_HOST": bench.lab.origin_host,
-           "BENCH_DELAY_MS": str(delay)}
+    env = {**load_env(bench, target, "1k"), "BENCH_DELAY_MS": str(delay)}
     load = subprocess.Popen(["wrk", "-t1", f"-c{p['connections']}", f"-d{p['duration']}s", "--timeout", "5s",
                              "-s", str(LUA), f"http://127.0.0.1:{bench.port(target)}/"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -527,7 +534,7 @@ def reload_soak(bench) -> dict:
     text = config.read_text()
     if RELOADED_HEADER not in text:
         return {"target": target, "note": f"{target}'s configuration has no {RELOADED_HEADER!r} to change"}
-    env = {**os.environ, "BENCH_PATH": bench.request_target(target, "1k"), "BENCH_HOST": bench.lab.origin_host}
+    env = load_env(bench, target, "1k")
     if p["rate"] > 0:
         env["BENCH_DELAY_MS"] = str(p["connections"] * 1000 // p["rate"])
 

@@ -390,14 +390,14 @@ def f_delta(delta: tuple[int, float] | None) -> str:
 
 
 def callgrind_section(result: dict) -> str | None:
-    """Every Sluice target's instructions per request; when the first reference was profiled too
-    (a scenario comparing two Sluice configurations), each one's difference to it."""
+    """Every Sluice target's instructions per request; when a reference was profiled too (a
+    scenario comparing Sluice configurations, such as sluice-pipeline in `signing` or `lua`), each
+    one's difference to the first such reference."""
     cg = result.get("callgrind")
     if not cg:
         return None
     p = result["scenario"]["callgrind"]
-    main = next(iter(references(result)), None)
-    compare = main if cg.get(main, {}).get("per_request") is not None else None
+    compare = next((r for r in references(result) if cg.get(r, {}).get("per_request") is not None), None)
     header = ["target", f"Ir, {p['n1']} requests", f"Ir, {p['n2']} requests", "instructions per request"]
     header += [f"difference to {compare}"] if compare else []
     header.append("costliest functions (self, per request)")

@@ -167,8 +167,9 @@ class Bench:
         three, the last of which must be a hit (a benchmark of misses would be worthless)."""
         url = f"http://{self.lab.origin_host}{self.request_target('direct', '1k')}"
         tries = 3 if self.scenario["origin"] == "caching" else 1
+        headers = [arg for name, value in self.scenario["headers"].items() for arg in ("-H", f"{name}: {value}")]
         for _ in range(tries):
-            done = subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-", "--max-time", "5", "-x",
+            done = subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-", "--max-time", "5", *headers, "-x",
                                    f"http://127.0.0.1:{self.port(target)}", "-w", "%{http_code} %{size_download}",
                                    url], capture_output=True, text=True)
         got = done.stdout.splitlines()[-1] if done.stdout else ""

@@ -25,7 +25,7 @@ PORT_OFFSETS = {
     "sluice-curl": 11, "sluice-cache": 12, "nginx-cache": 13, "squid-cache": 14,
     "sluice-h2": 15, "sluice-http1": 16, "sluice-ratelimit": 17, "sluice-fleet": 18, "redis": 19,
     "sluice-http1-curl": 20, "haproxy-tls": 21, "sluice-disk": 22, "sluice-sigv4": 23, "sluice-reload": 24,
-    "haproxy-pipeline": 25,
+    "haproxy-pipeline": 25, "sluice-lua": 26, "haproxy-lua": 27, "nginx-pipeline": 28, "nginx-lua": 29,
 }
 
 
@@ -143,8 +143,8 @@ class Lab:
 # ---------------------------------------------------------------------------------------------
 # nginx: the origin, the forward proxy and the caching proxy
 
-def _nginx_conf(lab: Lab, d: Path, workers: str, http_body: str) -> str:
-    return f"""worker_processes {workers};
+def _nginx_conf(lab: Lab, d: Path, workers: str, http_body: str, main: str = "") -> str:
+    return f"""{main}worker_processes {workers};
 daemon off;
 master_process on;
 pid {d}/nginx.pid;
@@ -167,9 +167,9 @@ http {{
 """
 
 
-def _start_nginx(lab: Lab, name: str, workers: str, http_body: str, port: int) -> Proc:
+def _start_nginx(lab: Lab, name: str, workers: str, http_body: str, port: int, main: str = "") -> Proc:
     d = lab.dir(name)
-    (d / "nginx.conf").write_text(_nginx_conf(lab, d, workers, http_body))
+    (d / "nginx.conf").write_text(_nginx_conf(lab, d, workers, http_body, main))
     proc = lab.start(name, ["nginx", "-e", f"{d}/error.log", "-p", str(d), "-c", f"{d}/nginx.conf"])
     if not wait_port(port, proc, 10):
         raise Unavailable(f"nginx ({name}) did not start: {_first_error(proc, d)}")
@@ -284,6 +284,15 @@ RATE_LIMIT = "    rate_limit: { rate: 1000000/s, burst: 100000 }\n"
 # The memory cache of sluice-cache and sluice-reload.
 CACHE = "cache_store: { memory: 64MiB }\n"
 
+# The `lua` scenario's edit (issue 35, item 8), the same in every proxy: read one request header
+# and set another from it. sluice-lua runs LUA_EDIT as a `lua` stage after the pipeline's
+# adapters; haproxy-lua (HAPROXY_LUA_EDIT) and nginx-lua (NGINX_LUA_EDIT) do the same in their
+# own Lua. The loads of the scenario send `X-Client: bench` (its `headers`), so the origin gets
+# `X-Seen: bench`; a request without it gets `X-Seen: none`.
+LUA_EDIT = ('return { on_request = function(req, ctx) '
+            'req.headers:set("X-Seen", req.headers:get("X-Client") or "none") end }\n')
+LUA_STAGE = "      - lua: {{ file: {script}, on_error: fail_closed }}\n"
+
 # The adapter value the reload soak changes in sluice-reload's file before each SIGHUP.
 RELOADED_HEADER = "X-Forwarded-By: sluice"
 
@@ -295,6 +304,8 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     sluice-curl     -- the same through the libcurl upstream transport (`engine: curl`);
     sluice-metrics  -- sluice-pipeline plus the metrics monitor and an admin listener;
     sluice-sigv4    -- sluice-pipeline plus `aws_sigv4` (SIGV4): every try signed, a body hashed;
+    sluice-lua      -- sluice-pipeline plus a `lua` stage (LUA_STAGE) running LUA_EDIT, the script
+                       in the target's own directory (lua_script; start_sluice writes it);
     sluice-ratelimit -- sluice-pipeline plus a `rate_limit` in its default policy far above any
                         load here (RATE_LIMIT): the cost of a limit that never holds a request back;
     sluice-fleet    -- sluice-ratelimit plus `fleet:` (fleet_section): the limit kept in a
@@ -318,6 +329,8 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
         return pipeline.replace("  default:\n", "  default:\n    upstream: { engine: curl }\n")
     if name == "sluice-sigv4":
         return pipeline + SIGV4
+    if name == "sluice-lua":
+        return pipeline + LUA_STAGE.format(script=lua_script(lab, name))
     if name == "sluice-ratelimit":
         return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT)
     if name == "sluice-fleet":
@@ -339,6 +352,12 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     raise ValueError(name)
 
 
+def lua_script(lab: Lab, target: str) -> Path:
+    """Where a Lua target's script is: edit.lua in the target's directory (the configuration
+    callgrind writes for it elsewhere names the same file)."""
+    return lab.tmp / target / "edit.lua"
+
+
 def fleet_section(lab: Lab) -> str:
     """The top-level `fleet:` of a fleet target: its redis-server on loopback, every other key
     (timeout 20ms, key_prefix, heartbeat 2s, on_redis_down) at Sluice's default."""
@@ -358,8 +377,11 @@ def start_sluice(lab: Lab, name: str) -> Proc:
     if not lab.sluice_bin.is_file():
         raise Unavailable(f"no binary at {lab.sluice_bin} (build it with `make build`)")
     d = lab.dir(name)
-    redis = start_redis(lab, name) if name in FLEET_TARGETS else None
     (d / "sluice.yaml").write_text(sluice_yaml(lab, name, lab.port(name), lab.sluice_workers, d))
+    if name in LUA_TARGETS:
+        lua_script(lab, name).write_text(LUA_EDIT)
+        _sluice_check(lab, d / "sluice.yaml")
+    redis = start_redis(lab, name) if name in FLEET_TARGETS else None
     proc = lab.start(name, [str(lab.sluice_bin), "run", "--config", str(d / "sluice.yaml")])
     if not wait_port(lab.port(name), proc, 15):
         proc.stop()
@@ -369,6 +391,22 @@ def start_sluice(lab: Lab, name: str) -> Proc:
     if name in RESTARTED_TARGETS:
         proc = _fill_and_restart(lab, name, proc, d)
     return proc
+
+
+# The Sluice targets with a `lua` stage: `sluice check` runs on their configuration first, so a
+# binary without the `lua` kind is skipped with check's own words.
+LUA_TARGETS = {"sluice-lua"}
+
+
+def _sluice_check(lab: Lab, config: Path):
+    """`sluice check` of a configuration; Unavailable with its first error when it refuses it."""
+    done = subprocess.run([str(lab.sluice_bin), "check", "--config", str(config)], capture_output=True,
+                          text=True, timeout=60)
+    if done.returncode != 0:
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        error = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no output")
+        error = error.strip().replace(f"{config}:", f"{config.name}:")
+        raise Unavailable(f"`sluice check` refuses its configuration: {error[:200]}")
 
 
 # The Sluice targets measured after a restart: their objects are fetched once (stored), the
@@ -446,20 +484,53 @@ def _recv(sock: socket.socket) -> bytes:
 # ---------------------------------------------------------------------------------------------
 # The peers
 
-def start_nginx_proxy(lab: Lab, name: str) -> Proc:
-    """nginx is no general forward proxy; this is its best case: absolute-form requests (nginx
-    accepts them and routes on the path) sent to one fixed upstream over a pool of kept-alive
-    connections. nginx-cache adds proxy_cache (a keys zone, files in the temp dir, which the
-    page cache holds)."""
+# nginx-pipeline's share of sluice-pipeline's work (PIPELINE), as haproxy-pipeline's: the
+# `headers`, `bearer` and `api_key` adapters' edits (proxy_set_header; "" removes a header), and a
+# JSON line per request to a file, buffered as Sluice's access log is (its lines go to a writer
+# thread in batches): 64 KiB or one second, whichever comes first.
+NGINX_PIPELINE_HTTP = """    log_format bench escape=json '{"time":"$time_iso8601","client":"$remote_addr","method":"$request_method",'
+                                 '"url":"$request_uri","status":$status,"bytes":$body_bytes_sent,"ms":$request_time}';
+"""
+NGINX_PIPELINE_SERVER = "        access_log {d}/access.log bench buffer=64k flush=1s;\n"
+NGINX_PIPELINE_LOCATION = """            proxy_set_header X-Forwarded-By sluice;
+            proxy_set_header X-Debug "";
+            proxy_set_header Authorization "Bearer bench-token-0123456789";
+            proxy_set_header X-Api-Key bench-key-0123456789;
+"""
+
+# nginx-lua: Debian's libnginx-mod-http-lua (lua-nginx-module on LuaJIT, with the NDK it needs),
+# loaded by this configuration alone (the harness's nginx reads no /etc/nginx/modules-enabled).
+NGINX_LUA_MODULES = ("/usr/share/nginx/modules/ndk_http_module.so",
+                     "/usr/share/nginx/modules/ngx_http_lua_module.so")
+# The `lua` scenario's edit (LUA_EDIT) in the rewrite phase, before proxy_pass sends the request.
+NGINX_LUA_EDIT = """            rewrite_by_lua_block {
+                local v = ngx.req.get_headers()["x-client"]
+                ngx.req.set_header("X-Seen", v or "none")
+            }
+"""
+
+
+def nginx_proxy_body(lab: Lab, name: str) -> str:
+    """The http block's contents of an nginx target (start_nginx_proxy):
+    nginx          -- a forward proxy to the one origin, no log, no header edits: its best case;
+    nginx-cache    -- nginx plus proxy_cache;
+    nginx-pipeline -- nginx plus the work of sluice-pipeline, as haproxy-pipeline does it: the
+                      same three header edits and a JSON access log line per request to a file
+                      (NGINX_PIPELINE_*);
+    nginx-lua      -- nginx-pipeline plus the `lua` scenario's edit in Lua (NGINX_LUA_EDIT)."""
     d = lab.dir(name)
-    cache_path = cache = ""
+    http = server = location = cache_path = ""
     if name == "nginx-cache":
         cache_path = f"proxy_cache_path {d}/cache levels=1:2 keys_zone=hits:10m max_size=64m inactive=1h use_temp_path=off;"
-        cache = """            proxy_cache hits;
+        location = """            proxy_cache hits;
             proxy_cache_valid 200 1h;
-            add_header X-Cache-Status $upstream_cache_status;"""
-    body = f"""    {cache_path}
-    upstream origin {{
+            add_header X-Cache-Status $upstream_cache_status;
+"""
+    if name in ("nginx-pipeline", "nginx-lua"):
+        http, server = NGINX_PIPELINE_HTTP, NGINX_PIPELINE_SERVER.format(d=d)
+        location = NGINX_PIPELINE_LOCATION + (NGINX_LUA_EDIT if name == "nginx-lua" else "")
+    return f"""    {cache_path}
+{http}    upstream origin {{
         server {lab.origin_host};
         keepalive 1024;
         keepalive_requests 1000000;
@@ -467,17 +538,36 @@ def start_nginx_proxy(lab: Lab, name: str) -> Proc:
     }}
     server {{
         listen 127.0.0.1:{lab.port(name)} backlog=4096;
-        location / {{
+{server}        location / {{
             proxy_pass http://origin;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host $http_host;
             # Stream large bodies through memory buffers, never through a temp file.
             proxy_max_temp_file_size 0;
-{cache}
-        }}
+{location}        }}
     }}"""
-    return _start_nginx(lab, name, "auto" if name == "nginx" else lab.sluice_workers, body, lab.port(name))
+
+
+def nginx_lua_main() -> str:
+    """The main-context lines that load the Lua module (nginx-lua)."""
+    return "".join(f"load_module {module};\n" for module in NGINX_LUA_MODULES)
+
+
+def start_nginx_proxy(lab: Lab, name: str) -> Proc:
+    """nginx is no general forward proxy; this is its best case: absolute-form requests (nginx
+    accepts them and routes on the path) sent to one fixed upstream over a pool of kept-alive
+    connections. nginx-cache adds proxy_cache (a keys zone, files in the temp dir, which the
+    page cache holds); nginx-pipeline and nginx-lua add the pipeline's work and the Lua edit
+    (nginx_proxy_body)."""
+    main = ""
+    if name == "nginx-lua":
+        missing = [m for m in NGINX_LUA_MODULES if not Path(m).exists()]
+        if missing:
+            raise Unavailable(f"libnginx-mod-http-lua is not installed (no {missing[0]})")
+        main = nginx_lua_main()
+    workers = lab.sluice_workers if name == "nginx-cache" else "auto"
+    return _start_nginx(lab, name, workers, nginx_proxy_body(lab, name), lab.port(name), main)
 
 
 # haproxy-pipeline's share of sluice-pipeline's work (PIPELINE): the `headers`, `bearer` and
@@ -493,18 +583,39 @@ HAPROXY_PIPELINE = """    http-request set-header X-Forwarded-By sluice
 """
 
 
+# haproxy-lua: the `lua` scenario's edit (LUA_EDIT) as an action of haproxy's Lua 5.3, run by
+# `http-request lua.edit` after haproxy-pipeline's edits. Header names in req_get_headers() are
+# lower case, each a table of values from index 0.
+HAPROXY_LUA_EDIT = """-- generated by Benchmarks/bench (haproxy-lua)
+core.register_action("edit", { "http-req" }, function(txn)
+    local v = txn.http:req_get_headers()["x-client"]
+    txn.http:req_set_header("X-Seen", v and v[0] or "none")
+end)
+"""
+
+# The haproxy targets that log to stdout (start_haproxy sends it to a file).
+HAPROXY_LOGGING = {"haproxy-pipeline", "haproxy-lua"}
+
+
 def haproxy_cfg(lab: Lab, name: str) -> str:
-    """The configuration start_haproxy writes for `name`."""
+    """The configuration start_haproxy writes for `name`. haproxy-lua loads its script with
+    `lua-load-per-thread`: a Lua state per thread, as Sluice keeps one per worker (with plain
+    `lua-load` every thread would share one state under one lock)."""
     tls = f" ssl verify required ca-file {lab.tmp}/ca.pem" if name == "haproxy-tls" else ""
-    pipeline = HAPROXY_PIPELINE if name == "haproxy-pipeline" else ""
+    pipeline = HAPROXY_PIPELINE if name in HAPROXY_LOGGING else ""
     what = "the pipeline's header edits and an access log" if pipeline else "no logging"
+    lua = ""
+    if name == "haproxy-lua":
+        what += ", and the Lua edit"
+        pipeline += "    http-request lua.edit\n"
+        lua = f"    lua-load-per-thread {lua_script(lab, name)}\n"
     # About two descriptors per connection; haproxy refuses maxconn above what the limit allows.
     maxconn = min((lab.nofile - 200) // 2, 20000)
     return f"""# generated by Benchmarks/bench: haproxy as a forward proxy ({what})
 global
     nbthread {_cores()}
     maxconn {maxconn}
-
+{lua}
 defaults
     mode http
     option http-keep-alive
@@ -536,12 +647,15 @@ def start_haproxy(lab: Lab, name: str) -> Proc:
     as sluice-http1 does for plain-http clients.
     haproxy-pipeline: the work of sluice-pipeline (PIPELINE): the same three header edits and a
     JSON access log line per request written to a file (haproxy writes its log to stdout, which
-    goes to the file; it cannot open a file itself)."""
+    goes to the file; it cannot open a file itself).
+    haproxy-lua: haproxy-pipeline plus the Lua edit (HAPROXY_LUA_EDIT, in the target's directory)."""
     _require("haproxy")
     d = lab.dir(name)
+    if name == "haproxy-lua":
+        lua_script(lab, name).write_text(HAPROXY_LUA_EDIT)
     (d / "haproxy.cfg").write_text(haproxy_cfg(lab, name))
     command = ["haproxy", "-db", "-f", str(d / "haproxy.cfg")]   # -db: foreground
-    if name == "haproxy-pipeline":
+    if name in HAPROXY_LOGGING:
         command = ["sh", "-c", f'exec "$@" >{d}/access.log', "sh", *command]
     proc = lab.start(name, command)
     if not wait_port(lab.port(name), proc, 10):
@@ -680,8 +794,9 @@ STARTERS = {
     "sluice-http1": start_sluice, "sluice-ratelimit": start_sluice, "sluice-fleet": start_sluice,
     "sluice-http1-curl": start_sluice, "sluice-disk": start_sluice, "sluice-sigv4": start_sluice,
     "sluice-reload": start_sluice, "haproxy": start_haproxy, "haproxy-tls": start_haproxy,
-    "haproxy-pipeline": start_haproxy,
-    "nginx": start_nginx_proxy, "nginx-cache": start_nginx_proxy, "squid": start_squid,
+    "haproxy-pipeline": start_haproxy, "haproxy-lua": start_haproxy, "sluice-lua": start_sluice,
+    "nginx": start_nginx_proxy, "nginx-cache": start_nginx_proxy, "nginx-pipeline": start_nginx_proxy,
+    "nginx-lua": start_nginx_proxy, "squid": start_squid,
     "squid-cache": start_squid, "trafficserver": start_trafficserver, "tinyproxy": start_tinyproxy,
 }
 SLUICE_TARGETS = {name for name, f in STARTERS.items() if f is start_sluice}

@@ -22,7 +22,8 @@ def test_every_target_has_a_port_of_its_own():
 def test_sluice_targets():
     assert {"sluice", "sluice-pipeline", "sluice-curl", "sluice-metrics", "sluice-ratelimit", "sluice-fleet",
             "sluice-cache", "sluice-disk", "sluice-h2", "sluice-http1", "sluice-http1-curl", "sluice-sigv4",
-            "sluice-reload"} == SLUICE_TARGETS
+            "sluice-reload", "sluice-lua"} == SLUICE_TARGETS
+    assert servers.LUA_TARGETS == {"sluice-lua"}
     assert FLEET_TARGETS == {"sluice-fleet", "sluice-reload"}
 
 
