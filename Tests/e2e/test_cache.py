@@ -509,7 +509,9 @@ def test_chunked_body_over_max_object_size_is_given_up_while_streaming(sluice_fa
 def test_concurrent_misses_for_one_cold_url_reach_the_origin_once(sluice_factory, origin):
     proxy = sluice_factory({**STORE, "workers": 2})
     body = os.urandom(50_000)
-    url = origin.set("/cold", headers={"Cache-Control": "max-age=60"}, body=body, delay=1.0)
+    # The origin answers after 3 s: 100 threads on a loaded 2-core machine took more than 1 s
+    # to all send, and a request that arrives after the store is a plain hit, not collapsed.
+    url = origin.set("/cold", headers={"Cache-Control": "max-age=60"}, body=body, delay=3.0)
 
     def one(_):
         r = get(proxy, url)

@@ -97,7 +97,7 @@ def test_a_plain_http_disk_hit_is_sent_by_the_kernel_and_verified_once(sluice_fa
     proxy = start(sluice_factory, directory)
     assert sha(get(proxy, url).content) == sha(body)
     assert counters(proxy) == (0, 0), "a miss is not a disk hit"
-    time.sleep(SETTLE)
+    time.sleep(SETTLE)  # time passing: a verification is remembered once the file is a second old
     hit = get(proxy, url)
     assert sha(hit.content) == sha(body) and "detail=disk" in hit.headers["Cache-Status"], hit.headers
     assert counters(proxy) == (len(body), len(body)), (
@@ -119,7 +119,7 @@ def test_a_block_damaged_in_place_while_running_is_never_served_as_good(sluice_f
     url = origin.set("/in-place", headers={"Cache-Control": "max-age=600"}, body=body)
     proxy = start(sluice_factory, directory, log_path)
     get(proxy, url)
-    time.sleep(SETTLE)
+    time.sleep(SETTLE)  # time passing: a verification is remembered once the file is a second old
     assert sha(get(proxy, url).content) == sha(body)
     verified = counters(proxy)[1]
     assert verified == len(body)
@@ -137,7 +137,7 @@ def test_a_body_file_replaced_behind_the_tier_is_never_served_as_good(sluice_fac
     url = origin.set("/replaced", headers={"Cache-Control": "max-age=600"}, body=body)
     proxy = start(sluice_factory, directory, log_path)
     get(proxy, url)
-    time.sleep(SETTLE)
+    time.sleep(SETTLE)  # time passing: a verification is remembered once the file is a second old
     assert sha(get(proxy, url).content) == sha(body)
     replace_damaged(body_file(directory), 100)  # a new inode, damaged in its first block
     assert_never_served_as_good(proxy, url, body, log_path)
@@ -151,7 +151,7 @@ def test_a_block_damaged_while_stopped_is_never_served_as_good_after_a_restart(s
     url = origin.set("/restart", headers={"Cache-Control": "max-age=600"}, body=body)
     proxy = start(sluice_factory, directory)
     get(proxy, url)
-    time.sleep(SETTLE)
+    time.sleep(SETTLE)  # time passing: a verification is remembered once the file is a second old
     assert sha(get(proxy, url).content) == sha(body)
     proxy.expected_exit = True
     proxy.stop()
