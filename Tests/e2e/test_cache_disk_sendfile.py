@@ -3,11 +3,14 @@ from the body file to the socket with sendfile(2) (`sluice_cache_disk_sendfile_b
 each block verified the first time this process sends it and again only after its file changes
 (`sluice_cache_disk_verified_bytes_total`), and a block damaged on disk is never served as good
 — changed in place (same inode, its ctime moves), the file replaced (a new inode), or damaged
-while Sluice was stopped."""
+while Sluice was stopped. A record Sluice keeps decoded in memory is read and verified again
+once its file changes behind the process."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -60,6 +63,22 @@ def fetch(proxy, url) -> tuple[bytes, bool]:
 def body_file(directory: Path) -> Path:
     [path] = [p for p in directory.iterdir() if p.name.endswith(".body")]
     return path
+
+
+def record_file(directory: Path) -> Path:
+    [path] = [p for p in directory.iterdir() if p.name.endswith(".meta")]
+    return path
+
+
+def resealed(record: bytes, old: bytes, new: bytes) -> bytes:
+    """The record with `old` in its stored head replaced by `new` (same length) and its seal (the
+    SHA-256 of everything before it) computed again: a valid record with another head."""
+    key_length, metadata_length = struct.unpack_from("<II", record, 16)
+    start = 80 + key_length
+    metadata = record[start:start + metadata_length]
+    assert len(old) == len(new) and metadata.count(old) == 1, metadata
+    sealed = record[:start] + metadata.replace(old, new)
+    return sealed + hashlib.sha256(sealed).digest()
 
 
 def damage_in_place(path: Path, at: int):
@@ -159,3 +178,34 @@ def test_a_block_damaged_while_stopped_is_never_served_as_good_after_a_restart(s
     again = start(sluice_factory, directory, log_path, name="restarted")
     assert_never_served_as_good(again, url, body, log_path)
     assert sha(get(again, url).content) == sha(body) and origin.count("/restart") == 2
+
+
+def test_a_record_changed_behind_the_process_is_read_and_verified_again(sluice_factory, origin, tmp_path):
+    directory = tmp_path / "disk"
+    body = body_of(2 * MiB, seed=15)
+    url = origin.set("/record", headers={"Cache-Control": "max-age=600", "X-Edition": "first"}, body=body)
+    proxy = start(sluice_factory, directory)
+    get(proxy, url)
+    time.sleep(SETTLE)
+    for _ in range(2):  # the first hit reads, verifies and keeps the record; the second uses it
+        hit = get(proxy, url)
+        assert sha(hit.content) == sha(body) and "detail=disk" in hit.headers["Cache-Status"], hit.headers
+        assert hit.headers["X-Edition"] == "first"
+    # A valid record with another head, written in place (same inode, its ctime moves): the
+    # new head is served, so the record kept in memory was not.
+    path = record_file(directory)
+    rewritten = resealed(path.read_bytes(), b"first", b"third")
+    inode = path.stat().st_ino
+    with open(path, "r+b") as f:
+        f.write(rewritten)
+    assert path.stat().st_ino == inode
+    hit = get(proxy, url)
+    assert "detail=disk" in hit.headers["Cache-Status"] and hit.headers["X-Edition"] == "third", hit.headers
+    assert sha(hit.content) == sha(body)
+    time.sleep(SETTLE)
+    assert get(proxy, url).headers["X-Edition"] == "third"
+    # A damaged record (its seal fails) is a miss: the entry is dropped and fetched again.
+    damage_in_place(path, 80 + 10)
+    miss = get(proxy, url)
+    assert sha(miss.content) == sha(body) and "fwd=uri-miss" in miss.headers["Cache-Status"], miss.headers
+    assert miss.headers["X-Edition"] == "first" and origin.count("/record") == 2

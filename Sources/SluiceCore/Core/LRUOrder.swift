@@ -5,27 +5,49 @@
 ///
 /// Threading: a value type; its owner serializes access (`DiskCacheTier` keeps one inside its
 /// index `Mutex`, `RateLimiter` tables sit under their owner's lock).
+///
+/// Inlinable: an owner in another module (the disk tier) gets it specialized for its key type
+/// instead of calling the generic code through metadata lookups (measured: ~3,600
+/// instructions per `touch` of a `String` key unspecialized).
 public struct LRUOrder<Key: Hashable>: Sendable where Key: Sendable {
-    private struct Slot {
-        var key: Key?
-        var older: Int
-        var newer: Int
-    }
-    private static var none: Int { -1 }
-    private var slots: [Slot] = []
-    private var free: [Int] = []
-    private var slotOf: [Key: Int] = [:]
-    private var oldestSlot = -1
-    private var newestSlot = -1
+    @usableFromInline
+    struct Slot: Sendable {
+        @usableFromInline var key: Key?
+        @usableFromInline var older: Int
+        @usableFromInline var newer: Int
 
+        @inlinable
+        init(key: Key?, older: Int, newer: Int) {
+            self.key = key
+            self.older = older
+            self.newer = newer
+        }
+    }
+    @inlinable
+    static var none: Int { -1 }
+    @usableFromInline
+    var slots: [Slot] = []
+    @usableFromInline
+    var free: [Int] = []
+    @usableFromInline
+    var slotOf: [Key: Int] = [:]
+    @usableFromInline
+    var oldestSlot = -1
+    @usableFromInline
+    var newestSlot = -1
+
+    @inlinable
     public init() {}
 
+    @inlinable
     public var count: Int { slotOf.count }
 
     /// The least recently touched key, if any.
+    @inlinable
     public var oldest: Key? { oldestSlot == Self.none ? nil : slots[oldestSlot].key }
 
     /// Keys from the least to the most recently touched (for tests and diagnostics).
+    @inlinable
     public var keysOldestFirst: [Key] {
         var out: [Key] = []
         var s = oldestSlot
@@ -38,9 +60,11 @@ public struct LRUOrder<Key: Hashable>: Sendable where Key: Sendable {
 
     /// The slot that holds `key` (stable until the key is removed), for a caller that keeps
     /// its own values per slot: one lookup, then `touch(slot:)` without hashing again.
+    @inlinable
     public func slot(of key: Key) -> Int? { slotOf[key] }
 
     /// Makes the key in slot `s` the most recently used.
+    @inlinable
     public mutating func touch(slot s: Int) {
         guard s != newestSlot else { return }
         unlink(s)
@@ -49,6 +73,7 @@ public struct LRUOrder<Key: Hashable>: Sendable where Key: Sendable {
 
     /// Makes `key` the most recently used, adding it if it is not there; returns its slot
     /// (a new key may reuse a freed one, or get `slots.count` as it was).
+    @inlinable
     @discardableResult
     public mutating func touch(_ key: Key) -> Int {
         if let s = slotOf[key] {
@@ -68,6 +93,7 @@ public struct LRUOrder<Key: Hashable>: Sendable where Key: Sendable {
         return s
     }
 
+    @inlinable
     public mutating func remove(_ key: Key) {
         guard let s = slotOf.removeValue(forKey: key) else { return }
         unlink(s)
@@ -76,14 +102,16 @@ public struct LRUOrder<Key: Hashable>: Sendable where Key: Sendable {
     }
 
     /// Appends slot `s` at the newest end.
-    private mutating func link(_ s: Int) {
+    @inlinable
+    mutating func link(_ s: Int) {
         slots[s].older = newestSlot
         slots[s].newer = Self.none
         if newestSlot != Self.none { slots[newestSlot].newer = s } else { oldestSlot = s }
         newestSlot = s
     }
 
-    private mutating func unlink(_ s: Int) {
+    @inlinable
+    mutating func unlink(_ s: Int) {
         let older = slots[s].older
         let newer = slots[s].newer
         if older != Self.none { slots[older].newer = newer } else { oldestSlot = newer }

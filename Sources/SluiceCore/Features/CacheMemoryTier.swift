@@ -119,6 +119,24 @@ public final class CacheObject: Sendable {
         size = length + lines.count + 256
     }
 
+    /// The same object recorded under another trust generation; itself when it has that one.
+    /// Nothing is serialized again (the disk tier keeps a decoded entry's object for its later
+    /// hits, `DiskDecodedRecords`, and each hit reads the entry's trust generation anew).
+    public func withTrustGeneration(_ generation: UInt64?) -> CacheObject {
+        generation == trustGeneration ? self : CacheObject(copying: self, trustGeneration: generation)
+    }
+
+    private init(copying object: CacheObject, trustGeneration: UInt64?) {
+        response = object.response
+        chunks = object.chunks
+        bodyLength = object.bodyLength
+        size = object.size
+        fieldLines = object.fieldLines
+        onDisk = object.onDisk
+        diskEntry = object.diskEntry
+        self.trustGeneration = trustGeneration
+    }
+
     /// The same body under an updated head (after a `304`), validated under `trustGeneration`.
     public func withResponse(_ response: CacheStoredResponse, trustGeneration: UInt64?) -> CacheObject {
         CacheObject(

@@ -55,6 +55,13 @@ struct DiskFileIdentity: Equatable, Sendable {
         return fstat(fd, &st) == 0 ? DiskFileIdentity(st) : nil
     }
 
+    /// The identity of the file `name` in the directory open at `directoryFD` (not following
+    /// a symbolic link); nil if it is not there.
+    static func of(_ name: String, in directoryFD: Int32) -> DiskFileIdentity? {
+        var st = stat()
+        return fstatat(directoryFD, name, &st, AT_SYMLINK_NOFOLLOW) == 0 ? DiskFileIdentity(st) : nil
+    }
+
     /// A file's timestamps have a clock tick's resolution (a few milliseconds), so a write in
     /// the same tick as the change before it could leave its ctime as it was. A verification
     /// is therefore only remembered once the file's last change is this long past (1 s, as

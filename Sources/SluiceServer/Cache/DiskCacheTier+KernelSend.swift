@@ -29,12 +29,13 @@ extension DiskCacheTier.Reader {
         guard let identity = DiskFileIdentity.of(fd), UInt64(identity.size) == expectedFileSize else {
             throw corrupt(at: first)
         }
-        let settled = identity.isSettled(now: DiskFileIdentity.now())
+        var settled: Bool?  // asked only when a block is read (a hit whose blocks are known reads no clock)
         var checked = 0
         var learned = false
         for index in first...last where verified?.contains(index, at: identity) != true {
             guard read(index, { checked += $0.count }) else { throw corrupt(at: index) }
-            if settled {
+            if settled == nil { settled = identity.isSettled(now: DiskFileIdentity.now()) }
+            if settled == true {
                 if verified == nil { verified = DiskBlockVerification(identity: identity) }
                 verified!.insert(index, at: identity)
                 learned = true

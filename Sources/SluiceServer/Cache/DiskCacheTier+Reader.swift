@@ -31,21 +31,35 @@ extension DiskCacheTier {
 
         public let metadata: [UInt8]
         public let bodyLength: UInt64
+        /// What the caller attached to the entry's record as its decoding of `metadata`
+        /// (`attachDecoded`), if the tier kept one: nil at the first open of the record.
+        public let decoded: (any Sendable)?
+        /// The record file's identity, when the tier keeps the record (`DiskDecodedRecords`).
+        private let keptAt: DiskFileIdentity?
 
         init(
-            tier: DiskCacheTier, name: String, record: DiskEntryRecord, trailer: [UInt8], fd: Int32,
-            verified: DiskBlockVerification? = nil
+            tier: DiskCacheTier, name: String, _ kept: DiskDecodedRecords.Record, keptAt: DiskFileIdentity?,
+            fd: Int32, verified: DiskBlockVerification? = nil
         ) {
             self.tier = tier
             self.name = name
-            generation = record.generation
-            self.trailer = trailer
-            blockSize = Int(record.blockSize)
+            generation = kept.record.generation
+            trailer = kept.trailer
+            blockSize = Int(kept.record.blockSize)
             self.fd = fd
-            blocks = record.blockCount
-            metadata = record.metadata
-            bodyLength = record.bodyLength
+            blocks = kept.record.blockCount
+            metadata = kept.record.metadata
+            bodyLength = kept.record.bodyLength
+            decoded = kept.decoded
+            self.keptAt = keptAt
             self.verified = verified
+        }
+
+        /// Keeps `value`, the caller's decoding of `metadata`, with the tier's copy of the
+        /// record, so that the next open of the unchanged record has it in `decoded`.
+        public func attachDecoded(_ value: any Sendable) {
+            guard let keptAt else { return }
+            tier.index.withLock { $0.decoded.attach(name, identity: keptAt, value) }
         }
 
         deinit {

@@ -52,9 +52,11 @@ import Synchronization
 /// names a body of the wrong size is dropped by the scan, a block that fails its digest is
 /// never returned — so an entry is lost, never served wrong. Caching does not need more.
 ///
-/// Verification cost: the record (key + metadata + digests, a few KiB) is sealed and checked
-/// at every open, the trailer is checked against the record at every open, and every block is
-/// hashed as it is read (SHA-256 with SHA-NI: ~1.5 GB/s, about the cost of the read itself).
+/// Verification cost: the record (key + metadata + digests, a few KiB) is sealed and checked,
+/// and the trailer checked against it, at the first open in this process and again whenever
+/// the record file's identity changes (`DiskDecodedRecords`: a kept record costs one `fstatat`
+/// per open, the body file one `fstat`); every block is hashed as it is read (SHA-256 with
+/// SHA-NI: ~1.5 GB/s, about the cost of the read itself).
 /// A block the kernel sends is hashed the first time this process sends it and again only
 /// after its file's identity changes (`DiskBlockVerification`, kept per entry in the index).
 /// Nothing is read twice and there is no up-front pass over a large body; the price is that
@@ -77,12 +79,13 @@ import Synchronization
 ///
 /// Threading: one tier is shared by every worker. The index (entries, LRU order, byte counts,
 /// failure episode) is a `Mutex`; it is held only for index updates and for the cheap file
-/// operations that must be atomic with them (opening an entry's two files, renaming or
-/// unlinking a record). Data IO happens on the calling thread without the lock:
-/// `Writer.append` blocks for one write of its chunk to the page cache plus its hash (a
-/// 256 KiB chunk: ~0.3 ms), `Reader.next` for one (`blockSize`, 256 KiB by default)
-/// block read plus its hash, `open` for two small reads. A call that needs room evicts, and
-/// unlinking an evicted body (outside the lock) can take milliseconds for a large one on ext4.
+/// operations that must be atomic with them (opening an entry's files, `fstatat` of its
+/// record, renaming or unlinking a record). Data IO happens on the calling thread without the
+/// lock: `Writer.append` blocks for one write of its chunk to the page cache plus its hash (a
+/// 256 KiB chunk: ~0.3 ms), `Reader.next` for one (`blockSize`, 256 KiB by default) block
+/// read plus its hash, `open` for two small reads (none for a record it keeps). A call that
+/// needs room evicts, and unlinking an evicted body (outside the lock) can take milliseconds
+/// for a large one on ext4.
 /// `init` scans the directory before it returns: one small read and two stats per entry
 /// (measured: 2,000 entries in ~0.2 s with the page cache warm, ~0.8 s cold). A `Writer` or
 /// `Reader` belongs to the thread that uses it (not `Sendable`).
@@ -138,6 +141,8 @@ public final class DiskCacheTier: Sendable {
         var writing: [String: Set<UInt64>] = [:]
         /// Writes in progress whose key was removed meanwhile: their commit fails.
         var cancelled: Set<UInt64> = []
+        /// The records this process read and verified (what a hit need not read again).
+        var decoded = DiskDecodedRecords()
 
         /// Adds (or replaces) `name`'s entry, indexed under its key's variants.
         mutating func insert(_ name: String, _ entry: Entry) {
@@ -145,6 +150,7 @@ public final class DiskCacheTier: Sendable {
             clock += 1
             entry.lastUse = clock
             entries[name] = entry
+            decoded.remove(name)
             groups[entry.key, default: [:]][entry.variant] = name
             order.touch(name)
         }
@@ -160,6 +166,7 @@ public final class DiskCacheTier: Sendable {
         mutating func take(_ name: String) -> Entry? {
             guard let entry = entries.removeValue(forKey: name) else { return nil }
             order.remove(name)
+            decoded.remove(name)
             committedBytes -= entry.bytes
             groups[entry.key]?[entry.variant] = nil
             if groups[entry.key]?.isEmpty == true { groups[entry.key] = nil }
@@ -296,41 +303,107 @@ public final class DiskCacheTier: Sendable {
     ///
     /// `touch: false` leaves the LRU order alone (a lookup opening every variant touches only
     /// the one it serves, `touch(_:)`).
+    ///
+    /// A record this process already verified (`DiskDecodedRecords`) is not read again while
+    /// its file's identity is unchanged: the open is one `fstatat` of the record, the body
+    /// file's `openat` and its `fstat` (a body that is not its record's size is a miss).
     public func open(key: String, variant: String = "", touch: Bool = true) -> Reader? {
-        let full = Self.entryKey(key, variant: variant)
-        let name = DiskEntryNames.name(forKey: full)
-        var vanished: UInt64?
-        let opened = index.withLock {
-            index -> (record: Int32, body: Int32, generation: UInt64, verified: DiskBlockVerification?)? in
-            guard let entry = index.entries[name] else { return nil }
-            let record = openat(directoryFD, DiskEntryNames.record(name), O_RDONLY | O_CLOEXEC)
-            let body = record >= 0 ? openat(directoryFD, DiskEntryNames.body(name, entry.generation), O_RDONLY | O_CLOEXEC) : -1
-            guard body >= 0 else {
+        var vanished: (name: String, generation: UInt64)?
+        let found = index.withLock { index -> Opening? in
+            // The key's variants name their entries: a lookup does not hash the key.
+            guard let name = index.groups[key]?[variant], let entry = index.entries[name] else { return nil }
+            let files: Opening.Files?
+            if let kept = index.decoded.lookUp(name, generation: entry.generation),
+                DiskFileIdentity.of(kept.recordFile, in: directoryFD) == kept.identity
+            {
+                let body = openat(directoryFD, kept.bodyFile, O_RDONLY | O_CLOEXEC)
+                files = body >= 0 ? .kept(kept, body: body) : nil
+            } else {
+                let record = openat(directoryFD, DiskEntryNames.record(name), O_RDONLY | O_CLOEXEC)
+                let body =
+                    record >= 0 ? openat(directoryFD, DiskEntryNames.body(name, entry.generation), O_RDONLY | O_CLOEXEC) : -1
+                if body < 0, record >= 0 { close(record) }
+                files = body >= 0 ? .read(record: record, body: body) : nil
+            }
+            guard let files else {
                 // Deleted behind the tier's back: forget the entry rather than count it forever.
-                if record >= 0 { close(record) }
                 removeLocked(name, &index)
-                vanished = entry.generation
+                vanished = (name, entry.generation)
                 return nil
             }
             if touch { index.touch(name) }
-            return (record, body, entry.generation, entry.verified)
+            return Opening(name: name, generation: entry.generation, files: files, verified: entry.verified)
         }
-        if let vanished { unlinkat(directoryFD, DiskEntryNames.body(name, vanished), 0) }
-        guard let opened else { return nil }
-        let bytes = DiskFile.readRecord(opened.record)
-        close(opened.record)
-        guard let bytes, let record = DiskEntryRecord.decode(bytes), record.generation == opened.generation,
-            let trailer = DiskFile.readTrailer(opened.body, record)
-        else {
-            close(opened.body)
-            drop(name: name, generation: opened.generation)
+        if let vanished { unlinkat(directoryFD, DiskEntryNames.body(vanished.name, vanished.generation), 0) }
+        guard let found else { return nil }
+        let kept: DiskDecodedRecords.Record
+        var keptAt: DiskFileIdentity?
+        switch found.files {
+        case .kept(let record, let body):
+            var st = stat()
+            guard fstat(body, &st) == 0, UInt64(st.st_size) == record.record.bodyFileSize else {
+                close(body)
+                drop(name: found.name, generation: found.generation)
+                return nil
+            }
+            kept = record
+            keptAt = record.identity
+        case .read(let recordFD, let body):
+            guard let read = readRecord(recordFD, body: body, found) else {
+                close(body)
+                drop(name: found.name, generation: found.generation)
+                return nil
+            }
+            kept = read
+            if read.identity.isSettled(now: DiskFileIdentity.now()), read.record.holds(key: key, variant: variant) {
+                keptAt = index.withLock { index -> DiskFileIdentity? in
+                    guard index.entries[found.name]?.generation == found.generation else { return nil }
+                    index.decoded.keep(found.name, read)
+                    return read.identity
+                }
+            }
+        }
+        guard kept.record.holds(key: key, variant: variant) else {
+            close(found.files.body)  // another key with the same SHA-256: a miss, not a fault
             return nil
         }
-        guard record.key == Array(full.utf8) else {
-            close(opened.body)  // another key with the same SHA-256: a miss, not a fault
-            return nil
+        return Reader(tier: self, name: found.name, kept, keptAt: keptAt, fd: found.files.body, verified: found.verified)
+    }
+
+    /// An entry `open` found, with its files open.
+    struct Opening {
+        enum Files {
+            /// A record kept verified: only the body file was opened.
+            case kept(DiskDecodedRecords.Record, body: Int32)
+            /// The record file (to read and verify) and the body file.
+            case read(record: Int32, body: Int32)
+
+            var body: Int32 {
+                switch self {
+                case .kept(_, let body), .read(_, let body): return body
+                }
+            }
         }
-        return Reader(tier: self, name: name, record: record, trailer: trailer, fd: opened.body, verified: opened.verified)
+        var name: String
+        var generation: UInt64
+        var files: Files
+        var verified: DiskBlockVerification?
+    }
+
+    /// Reads, verifies and closes `opening`'s record file, and reads and checks its body
+    /// file's trailer against it; nil when either fails or the record names another body.
+    private func readRecord(_ fd: Int32, body: Int32, _ opening: Opening) -> DiskDecodedRecords.Record? {
+        // The identity before the bytes: a change while they are read leaves the file with
+        // another identity than the one kept, so the next open reads it again.
+        let identity = DiskFileIdentity.of(fd)
+        let bytes = DiskFile.readRecord(fd)
+        close(fd)
+        guard let bytes, let identity, let record = DiskEntryRecord.decode(bytes),
+            record.generation == opening.generation, let trailer = DiskFile.readTrailer(body, record)
+        else { return nil }
+        return DiskDecodedRecords.Record(
+            identity: identity, record: record, trailer: trailer, recordFile: DiskEntryNames.record(opening.name),
+            bodyFile: DiskEntryNames.body(opening.name, opening.generation))
     }
 
     /// Replaces `key`'s metadata, keeping its body (crash-safe: a new record renamed over the
@@ -375,6 +448,7 @@ public final class DiskCacheTier: Sendable {
             entry.bytes = entry.bytes - entry.recordBytes + size
             entry.recordBytes = size
             index.entries[name] = entry
+            index.decoded.remove(name)
             return true
         }
         if !done { unlinkat(directoryFD, temporary, 0) }

@@ -66,6 +66,21 @@ struct DiskEntryRecord: Equatable {
     /// The body file's size: the body, then one 32-byte digest per block.
     var bodyFileSize: UInt64 { bodyLength + UInt64(blockCount * Digest32.size) }
 
+    /// Whether the record's key is `key`'s `variant` (`DiskCacheTier.entryKey`), compared
+    /// without building that full key.
+    func holds(key: String, variant: String) -> Bool {
+        var key = key
+        var variant = variant
+        return key.withUTF8 { k in
+            variant.withUTF8 { v in
+                guard self.key.count == (v.isEmpty ? k.count : k.count + 1 + v.count) else { return false }
+                return self.key.withUnsafeBufferPointer { r in
+                    r[0..<k.count].elementsEqual(k) && (v.isEmpty || (r[k.count] == 0 && r[(k.count + 1)...].elementsEqual(v)))
+                }
+            }
+        }
+    }
+
     static func blockCount(bodyLength: UInt64, blockSize: UInt32) -> Int {
         Int((bodyLength + UInt64(blockSize) - 1) / UInt64(blockSize))
     }

@@ -61,47 +61,73 @@ enum StoredResponseWriter {
         }
         let status: Int
         var bodyRange = 0..<object.bodyLength
-        var contentRange: String?
+        var contentRange: (first: Int64?, last: Int64)?  // `first` nil: `bytes */length`
         switch range {
         case _ where answer.notModified: status = 304
         case .full: status = object.response.status
         case .partial(let first, let last):
             status = 206
             bodyRange = Int(first)..<Int(last + 1)
-            contentRange = "bytes \(first)-\(last)/\(object.bodyLength)"
+            contentRange = (first, last)
         case .unsatisfiable:
             status = 416
             bodyRange = 0..<0
-            contentRange = "bytes */\(object.bodyLength)"
+            contentRange = (nil, 0)
         }
         let bodiless = answer.notModified || status == 204 || status < 200
         let metadataOnly = answer.notModified || status == 416
-        var statusLine = "HTTP/1.1 \(status) \(ResponseEncoder.reasonPhrase(status))\r\n"
-        statusLine.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        // The head in one buffer, one copy into the output (no string is built per field).
+        var head: [UInt8] = []
+        head.reserveCapacity(192 + object.fieldLines.count + viaLine.count + answer.parameters.utf8.count)
+        head.append(contentsOf: "HTTP/1.1 ".utf8)
+        ASCII.appendDecimal(status, to: &head)
+        head.append(0x20)
+        head.append(contentsOf: ResponseEncoder.reasonPhrase(status).utf8)
+        head.append(contentsOf: "\r\n".utf8)
         if metadataOnly {
-            var text = ""
             for field in object.response.fields where notModifiedFields.contains(field.name.lowercased()) {
-                text += field.name + ": " + field.value + "\r\n"
+                head.append(contentsOf: field.name.utf8)
+                head.append(contentsOf: ": ".utf8)
+                head.append(contentsOf: field.value.utf8)
+                head.append(contentsOf: "\r\n".utf8)
             }
-            text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         } else {
-            object.fieldLines.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+            head.append(contentsOf: object.fieldLines)
         }
-        var text = "Age: \(answer.age)\r\n"
-        if let contentRange { text += "Content-Range: \(contentRange)\r\n" }
-        viaLine.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
-        text += "Cache-Status: Sluice; \(answer.parameters)\r\n"
+        head.append(contentsOf: viaLine)
+        head.append(contentsOf: "Age: ".utf8)
+        ASCII.appendDecimal(Int(answer.age), to: &head)
+        head.append(contentsOf: "\r\n".utf8)
+        if let contentRange {
+            head.append(contentsOf: "Content-Range: bytes ".utf8)
+            if let first = contentRange.first {
+                ASCII.appendDecimal(Int(first), to: &head)
+                head.append(UInt8(ascii: "-"))
+                ASCII.appendDecimal(Int(contentRange.last), to: &head)
+            } else {
+                head.append(UInt8(ascii: "*"))
+            }
+            head.append(UInt8(ascii: "/"))
+            ASCII.appendDecimal(object.bodyLength, to: &head)
+            head.append(contentsOf: "\r\n".utf8)
+        }
+        head.append(contentsOf: "Cache-Status: Sluice; ".utf8)
+        head.append(contentsOf: answer.parameters.utf8)
+        head.append(contentsOf: "\r\n".utf8)
         if !bodiless {
             switch unknownLength {
-            case nil: text += "Content-Length: \(bodyRange.count)\r\n"
-            case .chunked?: text += "Transfer-Encoding: chunked\r\n"
+            case nil:
+                head.append(contentsOf: "Content-Length: ".utf8)
+                ASCII.appendDecimal(bodyRange.count, to: &head)
+                head.append(contentsOf: "\r\n".utf8)
+            case .chunked?: head.append(contentsOf: "Transfer-Encoding: chunked\r\n".utf8)
             default: break  // up to the close
             }
             if unknownLength != nil { bodyRange = 0..<Int.max }
         }
-        if !keepAlive { text += "Connection: close\r\n" }
-        text += "\r\n"
-        text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        if !keepAlive { head.append(contentsOf: "Connection: close\r\n".utf8) }
+        head.append(contentsOf: "\r\n".utf8)
+        head.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
         return (status, bodiless || isHead ? 0..<0 : bodyRange)
     }
 

@@ -64,7 +64,7 @@ struct RESPCommand {
     init(count: Int) {
         bytes.reserveCapacity(160)
         bytes.append(UInt8(ascii: "*"))
-        Self.appendDecimal(count, to: &bytes)
+        ASCII.appendDecimal(count, to: &bytes)
         bytes += [13, 10]
     }
 
@@ -76,7 +76,7 @@ struct RESPCommand {
     mutating func append(_ number: Int64) {
         var digits: [UInt8] = []
         digits.reserveCapacity(20)
-        Self.appendDecimal(Int(number), to: &digits)
+        ASCII.appendDecimal(Int(number), to: &digits)
         digits.withUnsafeBufferPointer { Self.appendWord($0, to: &bytes) }
     }
 
@@ -93,20 +93,12 @@ struct RESPCommand {
 
     private static func appendWord(_ word: UnsafeBufferPointer<UInt8>, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "$"))
-        appendDecimal(word.count, to: &out)
+        ASCII.appendDecimal(word.count, to: &out)
         out += [13, 10]
         out.append(contentsOf: word)
         out += [13, 10]
     }
 
-    private static func appendDecimal(_ n: Int, to out: inout [UInt8]) {
-        if n < 0 {
-            out.append(UInt8(ascii: "-"))
-            return appendDecimal(-n, to: &out)
-        }
-        if n >= 10 { appendDecimal(n / 10, to: &out) }
-        out.append(UInt8(ascii: "0") + UInt8(n % 10))
-    }
 }
 
 /// One worker's connection to the fleet's Redis (`fleet:`, docs/fleet.md): hiredis 0.14's

@@ -85,6 +85,16 @@ public struct HTTPRequestHead: Sendable {
 enum ASCII {
     static func lower(_ b: UInt8) -> UInt8 { (b >= 65 && b <= 90) ? b | 0x20 : b }
 
+    /// Appends `n` in decimal digits (a `-` first when negative).
+    static func appendDecimal(_ n: Int, to out: inout [UInt8]) {
+        if n < 0 {
+            out.append(UInt8(ascii: "-"))
+            return appendDecimal(-n, to: &out)
+        }
+        if n >= 10 { appendDecimal(n / 10, to: &out) }
+        out.append(UInt8(ascii: "0") + UInt8(n % 10))
+    }
+
     static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ lowercase: String) -> Bool {
         var lowercase = lowercase
         return lowercase.withUTF8 { equalsIgnoringCase(bytes, $0) }

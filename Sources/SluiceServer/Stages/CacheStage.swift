@@ -9,7 +9,8 @@ import SluiceCore
 /// stale. The rules are `CacheLookup`, `CacheStorability`, `CacheFreshness` and
 /// `CacheInvalidation` (SluiceCore); `StoredResponseWriter` writes the answers. With a disk
 /// tier this thread does the tier's bounded file IO: a lookup that misses memory opens the
-/// URL's entry (two small reads), a `304` rewrites its record.
+/// URL's entry (two small reads, or none for a record the tier keeps), a `304` rewrites its
+/// record.
 enum CacheStage: RequestStage, ResponseStage {
     static var name: String { "cache" }
 
@@ -143,10 +144,12 @@ enum CacheStage: RequestStage, ResponseStage {
     }
 
     /// The disk tier's entries for the URL, every variant (at most `DiskCacheTier.maxVariants`),
-    /// each with the reader its lookup opened (two small reads per variant). Each entry's trust
+    /// each with the reader its lookup opened (two small reads per variant, none for a record the
+    /// tier keeps). Each entry's trust
     /// generation is read on both sides of its open: a store that changed the entry in between
     /// leaves none (the entry is then validated first). An entry whose stored head this
-    /// version cannot decode is dropped.
+    /// version cannot decode is dropped; a decoded head's object is kept with the tier's record
+    /// (`DiskDecodedRecords`) and not made again while the record file is unchanged.
     static func diskCandidates(
         _ cache: CacheExchange, _ store: CacheStore, _ disk: DiskCacheTier
     ) -> ([CacheObject], [DiskCacheTier.Reader]) {
@@ -157,15 +160,18 @@ enum CacheStage: RequestStage, ResponseStage {
             let before = store.diskTrustGeneration(key)
             guard let reader = disk.open(key: cache.url, variant: variant, touch: false) else { continue }
             let generation = store.diskTrustGeneration(key) == before ? before : nil
-            guard var response = CacheStoredResponse(bytes: reader.metadata) else {
+            let entry = CacheObject.DiskEntry(name: reader.name, generation: reader.generation)
+            let object: CacheObject
+            if let kept = reader.decoded as? CacheObject, kept.diskEntry == entry {
+                object = kept  // the record is unchanged since this process decoded its head
+            } else if let response = CacheStoredResponse(bytes: reader.metadata) {
+                object = CacheObject(response: response, diskLength: Int(reader.bodyLength), diskEntry: entry)
+                reader.attachDecoded(object)
+            } else {
                 disk.remove(key: cache.url, variant: variant)
                 continue
             }
-            response.bodyLength = Int64(reader.bodyLength)
-            objects.append(
-                CacheObject(
-                    response: response, diskLength: Int(reader.bodyLength), trustGeneration: generation,
-                    diskEntry: CacheObject.DiskEntry(name: reader.name, generation: reader.generation)))
+            objects.append(object.withTrustGeneration(generation))
             readers.append(reader)
         }
         return (objects, readers)
