@@ -127,6 +127,29 @@ public final class AccessLogMonitor: LogMonitor {
         if let cache = s.cache { json.field("cache", cache) }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
+        if let lua = s.lua { json.raw("lua", Self.luaJSON(lua)) }
+    }
+
+    /// The access log's `lua` object: `{script, hook, outcome, error, us, instructions, memory, vars}`.
+    static func luaJSON(_ call: LuaCallRecord) -> String {
+        var text = "{\"script\":" + JSONLine.quoted(call.script) + ",\"hook\":" + JSONLine.quoted(call.hook)
+        text += ",\"outcome\":" + JSONLine.quoted(call.outcome)
+        text += ",\"error\":" + (call.error.map(JSONLine.quoted) ?? "null")
+        text += ",\"us\":\(call.microseconds),\"instructions\":\(call.instructions),\"memory\":\(call.memory)"
+        return text + ",\"vars\":" + json(.table(call.vars)) + "}"
+    }
+
+    private static func json(_ value: LuaValue) -> String {
+        switch value {
+        case .bool(let b): return b ? "true" : "false"
+        case .integer(let i): return String(i)
+        case .number(let d): return d.isFinite ? String(d) : "null"
+        case .string(let text): return JSONLine.quoted(text)
+        case .array(let items): return "[" + items.map(json).joined(separator: ",") + "]"
+        case .table(let fields):
+            return "{" + fields.keys.sorted().map { JSONLine.quoted($0) + ":" + json(fields[$0]!) }.joined(separator: ",")
+                + "}"
+        }
     }
 
 }
