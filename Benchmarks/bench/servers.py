@@ -25,7 +25,7 @@ PORT_OFFSETS = {
     "sluice-curl": 11, "sluice-cache": 12, "nginx-cache": 13, "squid-cache": 14,
     "sluice-h2": 15, "sluice-http1": 16, "sluice-ratelimit": 17, "sluice-fleet": 18, "redis": 19,
     "sluice-http1-curl": 20, "haproxy-tls": 21, "sluice-disk": 22, "sluice-sigv4": 23, "sluice-reload": 24,
-    "haproxy-pipeline": 25,
+    "haproxy-pipeline": 25, "sluice-lua": 26,
 }
 
 
@@ -277,6 +277,10 @@ policies:
 SIGV4 = ("      - aws_sigv4: { service: s3, region: eu-west-1, credentials: "
          "{ access_key_id: AKIDEXAMPLE, secret_access_key: bench-secret-0123456789 } }\n")
 
+# The `lua` scenario's script (issue 35): read one request header, set another.
+LUA_SCRIPT = ('return { on_request = function(req, ctx) req.headers:set("X-Seen", '
+              'req.headers:get("X-Client") or "none") end }\n')
+
 # A limit no load of the harness comes near (the most a rate may be, a burst of 100,000): what a
 # limit costs a request that never waits.
 RATE_LIMIT = "    rate_limit: { rate: 1000000/s, burst: 100000 }\n"
@@ -295,6 +299,7 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     sluice-curl     -- the same through the libcurl upstream transport (`engine: curl`);
     sluice-metrics  -- sluice-pipeline plus the metrics monitor and an admin listener;
     sluice-sigv4    -- sluice-pipeline plus `aws_sigv4` (SIGV4): every try signed, a body hashed;
+    sluice-lua      -- sluice-pipeline plus a `lua` adapter running LUA_SCRIPT (fail_closed);
     sluice-ratelimit -- sluice-pipeline plus a `rate_limit` in its default policy far above any
                         load here (RATE_LIMIT): the cost of a limit that never holds a request back;
     sluice-fleet    -- sluice-ratelimit plus `fleet:` (fleet_section): the limit kept in a
@@ -318,6 +323,10 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
         return pipeline.replace("  default:\n", "  default:\n    upstream: { engine: curl }\n")
     if name == "sluice-sigv4":
         return pipeline + SIGV4
+    if name == "sluice-lua":
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "seen.lua").write_text(LUA_SCRIPT)
+        return pipeline + f"      - lua: {{ file: {d}/seen.lua, on_error: fail_closed }}\n"
     if name == "sluice-ratelimit":
         return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT)
     if name == "sluice-fleet":
@@ -679,6 +688,7 @@ STARTERS = {
     "sluice-metrics": start_sluice, "sluice-cache": start_sluice, "sluice-h2": start_sluice,
     "sluice-http1": start_sluice, "sluice-ratelimit": start_sluice, "sluice-fleet": start_sluice,
     "sluice-http1-curl": start_sluice, "sluice-disk": start_sluice, "sluice-sigv4": start_sluice,
+    "sluice-lua": start_sluice,
     "sluice-reload": start_sluice, "haproxy": start_haproxy, "haproxy-tls": start_haproxy,
     "haproxy-pipeline": start_haproxy,
     "nginx": start_nginx_proxy, "nginx-cache": start_nginx_proxy, "squid": start_squid,

@@ -22,7 +22,7 @@ def test_every_target_has_a_port_of_its_own():
 def test_sluice_targets():
     assert {"sluice", "sluice-pipeline", "sluice-curl", "sluice-metrics", "sluice-ratelimit", "sluice-fleet",
             "sluice-cache", "sluice-disk", "sluice-h2", "sluice-http1", "sluice-http1-curl", "sluice-sigv4",
-            "sluice-reload"} == SLUICE_TARGETS
+            "sluice-reload", "sluice-lua"} == SLUICE_TARGETS
     assert FLEET_TARGETS == {"sluice-fleet", "sluice-reload"}
 
 
@@ -123,3 +123,11 @@ def test_haproxy_pipeline_does_the_work_of_sluice_pipeline(lab, tmp_path):
         (tmp_path / "h.cfg").write_text(cfg)
         check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "h.cfg")], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_lua_is_the_pipeline_plus_the_scenario_script(lab, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    d = tmp_path / "d"
+    config = yaml.safe_load(sluice_yaml(lab, "sluice-lua", 1, "2", d))
+    assert config["policies"]["default"]["adapters"][-1] == {"lua": {"file": f"{d}/seen.lua", "on_error": "fail_closed"}}
+    assert 'req.headers:set("X-Seen"' in (d / "seen.lua").read_text()

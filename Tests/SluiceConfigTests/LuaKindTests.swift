@@ -1,10 +1,10 @@
 import Foundation
 import HTTPTypes
-import SluiceCore
 import Testing
 import Yams
 
 @testable import SluiceConfig
+@testable import SluiceCore
 
 /// The `lua` kind (docs/scripting.md): a script that does not load is a located configuration
 /// error carrying the script's own message; a relative `file` is read beside the
@@ -75,6 +75,16 @@ import Yams
         #expect(request.url == "http://h.test/v2/a?c=2")
         #expect(request.headerFields[HTTPField.Name("X-Client")!] == nil)
         #expect(LuaStateCache.takeLastCall()?.outcome == "ok")
+    }
+
+    @Test func theURLIsSplitOnItsBytes() {
+        for (url, origin, path, query) in [
+            ("http://h.test/a/b?c=1#f", "http://h.test", "/a/b", "c=1"), ("http://h.test", "http://h.test", "", nil),
+            ("http://u@h.test:8080?x", "http://u@h.test:8080", "", "x"), ("https://h.test/é?", "https://h.test", "/é", ""),
+        ] as [(String, String, String, String?)] {
+            let target = LuaAdapter.Target(url)
+            #expect(target.origin == origin && target.path == path && target.query == query, "\(url)")
+        }
     }
 
     @Test func aFailedScriptFailsClosedOrOpen() throws {

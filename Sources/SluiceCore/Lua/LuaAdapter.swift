@@ -73,18 +73,10 @@ public struct LuaAdapter: RequestAdapter {
             return try failed(error.message, request)
         }
         guard state.hasOnRequest else { return }
-        let url = URLParts(request.url)
-        var path = url.pathAndQuery
-        var query: Substring?
-        if let hash = path.firstIndex(of: "#") { path = path[..<hash] }
-        if let mark = path.firstIndex(of: "?") {
-            query = path[path.index(after: mark)...]
-            path = path[..<mark]
-        }
-        let originalPath = path.isEmpty ? "/" : String(path)
-        let originalQuery = query.map(String.init)
+        let target = Target(request.url)
+        let originalPath = target.path.isEmpty ? "/" : target.path
         var view = LuaRequestView(
-            method: request.method, path: originalPath, query: originalQuery, headers: request.headerFields,
+            method: request.method, path: originalPath, query: target.query, headers: request.headerFields,
             body: body ?? (readBody ? [] : nil))
         let exchange = state.makeExchange(config: config, limits: limits, requestID: request.id)
         let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
@@ -100,13 +92,41 @@ public struct LuaAdapter: RequestAdapter {
         }
         request.method = view.method
         request.headerFields = view.headers
-        if view.path != originalPath || view.query != originalQuery {
+        if view.path != originalPath || view.query != target.query {
             guard view.path.hasPrefix("/"), !view.path.utf8.contains(where: Self.isUnsafeInTarget),
                 !(view.query?.utf8.contains(where: Self.isUnsafeInTarget) ?? false)
             else {
                 return try failed("\(script.name): req.path must start with '/' and hold no space or control byte", request)
             }
-            request.url = "\(url.scheme)://\(url.authority)\(view.path)" + (view.query.map { "?" + $0 } ?? "")
+            request.url = target.origin + view.path + (view.query.map { "?" + $0 } ?? "")
+        }
+    }
+
+    /// An absolute URL split for `req.path` and `req.query` on its UTF-8 bytes (`URLParts`
+    /// slices by Character, some 20,000 instructions a request).
+    struct Target {
+        /// `scheme://authority`.
+        var origin: String
+        /// As sent, without query or fragment; empty when the URL has none.
+        var path: String
+        /// Without its `?`; nil when the URL has none.
+        var query: String?
+
+        init(_ url: String) {
+            let utf8 = url.utf8
+            var start = utf8.startIndex
+            if let colon = utf8.firstIndex(of: UInt8(ascii: ":")) {
+                start = utf8.index(after: colon)
+                if utf8[start...].starts(with: "//".utf8) { start = utf8.index(start, offsetBy: 2) }
+            }
+            let pathStart =
+                utf8[start...].firstIndex { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }
+                ?? utf8.endIndex
+            let end = utf8[pathStart...].firstIndex(of: UInt8(ascii: "#")) ?? utf8.endIndex
+            let mark = utf8[pathStart..<end].firstIndex(of: UInt8(ascii: "?"))
+            origin = String(decoding: utf8[..<pathStart], as: UTF8.self)
+            path = String(decoding: utf8[pathStart..<(mark ?? end)], as: UTF8.self)
+            query = mark.map { String(decoding: utf8[utf8.index(after: $0)..<end], as: UTF8.self) }
         }
     }
 
