@@ -52,6 +52,7 @@ public struct InterceptorRegistry: Sendable {
         OAuth2Kind.self,
         AWSSigV4Kind.self,
         HTTPSignatureKind.self,
+        LuaKind.self,
     ])
 
     /// The kinds' YAML keys, in order.

@@ -363,6 +363,7 @@ def test_credential_refreshed(sluice_factory, token_server_factory, bearer_facto
 
 # The metrics whose scenario needs a setup of its own, and the test that asserts their values.
 ELSEWHERE = {
+    "sluice_lua_calls_total": ("test_lua.py", "def test_calls_are_counted"),
     "sluice_requests_queued_total": ("test_overload.py", "def test_"),
     "sluice_requests_refused_total": ("test_overload.py", "def test_"),
     "sluice_rate_limit_learned_total": ("test_admin.py", "def test_limits_lists_what_the_origin_asked_for"),

@@ -315,7 +315,7 @@ public struct ExchangeMachine {
         case .failure(let error):
             state = .failing
             if wants(.adaptationFailed) { answer.reports.append(.adaptationFailed(id: id, error: error)) }
-            answer.command = .fail(.adapterFailed(name: error.adapter, reason: error.reason))
+            answer.command = .fail(error.proxyError)
         }
         return answer
     }

@@ -119,6 +119,9 @@ public final class HostPolicy: Sendable {
     /// The first adapter that reads the request body whole (`readsBody`), if any: the body is
     /// then read before the first try, up to `maxBody`.
     public let bodyReader: String?
+    /// Whether an adapter is a `lua` script: the adapter stages then move its call's record
+    /// into the exchange's summary (`LuaStateCache.takeLastCall`).
+    public let runsScripts: Bool
     /// The largest request body an adapter that reads it (`bodyReader`) is given (`max_body`);
     /// a larger one is refused with `413`.
     public let maxBody: Int64
@@ -161,6 +164,7 @@ public final class HostPolicy: Sendable {
         let all = adapters.map(\.adapter)
         tryAdapters = all.filter { $0.timing == .everyTry }
         bodyReader = tryAdapters.first { $0.readsBody }?.name
+        runsScripts = all.contains { $0 is LuaAdapter }
         interceptor = Interceptor(adapters: all.filter { $0.timing != .everyTry }, retriers: retriers)
         refreshStatuses = adapters.reduce(into: []) { set, sourced in
             if let oauth = sourced.adapter as? OAuth2Authenticator { set.formUnion(oauth.settings.refreshOn) }

@@ -34,6 +34,10 @@ public enum ProxyError: Error, Sendable, Equatable {
     case parentProxyFailed(proxy: String, reason: String)
     /// A request adapter refused the request; nothing was sent upstream.
     case adapterFailed(name: String, reason: String)
+    /// A `lua` script with `on_error: fail_closed` failed (an error, a limit) on the request;
+    /// nothing was sent upstream. The body names the request id, never the script's message
+    /// (the access log's `lua.error` has it).
+    case luaScriptFailed(script: String, requestID: UInt64)
     /// The request arrived on a gateway route in a form a route does not take.
     case notOriginForm
     /// The admin API's `POST /requests/cancel` ended the exchange before its response started.
@@ -105,6 +109,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case upstreamProtocol = "upstream_protocol"
         case parentProxyFailed = "parent_proxy_failed"
         case adapterFailed = "adapter_failed"
+        case luaScriptFailed = "lua_script_failed"
         case notOriginForm = "not_origin_form"
         case cancelledByOperator = "cancelled_by_operator"
         case proxyAuthenticationRequired = "proxy_authentication_required"
@@ -145,6 +150,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamProtocol: return .upstreamProtocol
         case .parentProxyFailed: return .parentProxyFailed
         case .adapterFailed: return .adapterFailed
+        case .luaScriptFailed: return .luaScriptFailed
         case .notOriginForm: return .notOriginForm
         case .cancelledByOperator: return .cancelledByOperator
         case .proxyAuthenticationRequired: return .proxyAuthenticationRequired
@@ -175,7 +181,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .unsupportedTransferCoding: return 501
         case .unsupportedVersion: return 505
         case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed,
-            .parentProxyFailed:
+            .luaScriptFailed, .parentProxyFailed:
             return 502
         case .upstreamTimeout, .onlyIfCachedMiss: return 504
         case .loopDetected: return 508
@@ -195,7 +201,8 @@ public enum ProxyError: Error, Sendable, Equatable {
             .loopDetected, .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .socketUnavailable:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
-            .upstreamTimeout, .upstreamProtocol, .adapterFailed, .parentProxyFailed, .proxyAuthenticationRequired,
+            .upstreamTimeout, .upstreamProtocol, .adapterFailed, .luaScriptFailed, .parentProxyFailed,
+            .proxyAuthenticationRequired,
             .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss, .rateLimited,
             .originRateLimited, .concurrencyLimited, .fleetUnavailable:
             return false
@@ -244,6 +251,8 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .upstreamProtocol(let host, let reason): return "upstream \(host) failed: \(reason)"
         case .parentProxyFailed(let proxy, let reason): return "parent proxy \(proxy) failed: \(reason)"
         case .adapterFailed(let name, let reason): return "adapter \(name) failed: \(reason)"
+        case .luaScriptFailed(let script, let id):
+            return "script \(script) failed on request \(id) (the access log of that request says why)"
         case .notOriginForm:
             return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"
         case .cancelledByOperator: return "request cancelled by the proxy's operator"

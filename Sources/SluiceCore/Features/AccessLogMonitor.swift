@@ -127,6 +127,32 @@ public final class AccessLogMonitor: LogMonitor {
         if let cache = s.cache { json.field("cache", cache) }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
+        if let lua = s.lua { json.object("lua") { Self.write(lua, into: &$0) } }
+    }
+
+    /// The access log's `lua` object: `{script, hook, outcome, error, us, instructions, memory, vars}`.
+    static func write(_ call: LuaCallRecord, into json: inout JSONLine) {
+        json.field("script", call.script)
+        json.field("hook", call.hook)
+        json.field("outcome", call.outcome)
+        if let error = call.error { json.field("error", error) } else { json.raw("error", "null") }
+        json.field("us", call.microseconds)
+        json.field("instructions", call.instructions)
+        json.field("memory", call.memory)
+        if call.vars.isEmpty { json.raw("vars", "{}") } else { json.raw("vars", Self.json(.table(call.vars))) }
+    }
+
+    private static func json(_ value: LuaValue) -> String {
+        switch value {
+        case .bool(let b): return b ? "true" : "false"
+        case .integer(let i): return String(i)
+        case .number(let d): return d.isFinite ? String(d) : "null"
+        case .string(let text): return JSONLine.quoted(text)
+        case .array(let items): return "[" + items.map(json).joined(separator: ",") + "]"
+        case .table(let fields):
+            return "{" + fields.keys.sorted().map { JSONLine.quoted($0) + ":" + json(fields[$0]!) }.joined(separator: ",")
+                + "}"
+        }
     }
 
 }
@@ -255,6 +281,22 @@ struct JSONLine {
         buffer.put(0x22)
         buffer.count += Timestamp.writeRFC3339Now(to: buffer.base + buffer.count)
         buffer.put(0x22)
+    }
+
+    /// `"k":{…}`: `fields` writes the inner object's fields through a line on the same buffer.
+    mutating func object(_ k: StaticString, _ fields: (inout JSONLine) -> Void) {
+        key(k)
+        var inner = JSONLine(nestedIn: buffer)
+        fields(&inner)
+        buffer.reserve(1)
+        buffer.put(0x7D)
+    }
+
+    /// An object inside another's buffer: opens it, without emptying what was written.
+    private init(nestedIn buffer: JSONBuffer) {
+        self.buffer = buffer
+        buffer.reserve(1)
+        buffer.put(0x7B)
     }
 
     /// `"k":{"dns":…,"connect":…,"tls":…,"first_byte":…,"total":…}` in milliseconds.

@@ -59,6 +59,8 @@ public struct ExchangeSummary: Sendable {
     public var timings: TryTimings?
     public var outcome: Outcome
     public var error: String?
+    /// The last `lua` hook the exchange ran (`LuaCallRecord`), for the access log's `lua`.
+    public var lua: LuaCallRecord?
     /// Every retry scheduled, in order.
     public var retries: [RetryRecord] = []
     /// Why a retriable failure was not retried (`limit`, `budget`, `deadline`, `method`, `buffer_limit`).

@@ -35,6 +35,9 @@ public final class SluiceMetrics: Sendable {
     public static let retriesStopped = Metric(
         name: "sluice_retries_stopped_total", kind: .counter, labels: ["reason"],
         help: "Retriable failures that were not retried, by reason (limit, budget, deadline, method, buffer_limit)")
+    public static let luaCalls = Metric(
+        name: "sluice_lua_calls_total", kind: .counter, labels: ["script", "hook", "outcome"],
+        help: "Calls of lua scripts' hooks, by script, hook (on_request) and outcome (ok, error, limit)")
     public static let trustFailures = Metric(
         name: "sluice_trust_failures_total", kind: .counter, labels: ["evaluator"],
         help: "Upstream certificates refused by a trust evaluator, by evaluator")
@@ -167,7 +170,7 @@ public final class SluiceMetrics: Sendable {
 
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
-        requests, retries, retriesStopped, trustFailures, credentialRefreshes,
+        requests, retries, retriesStopped, luaCalls, trustFailures, credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests, upstreamTries,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
@@ -462,6 +465,7 @@ public final class MetricsMonitor: EventMonitor {
     private var evaluatorCounters: [String: CoreMetrics.Counter] = [:]
     private var ownResponseCounters: [String: CoreMetrics.Counter] = [:]
     private var cacheCounters: [String: CoreMetrics.Counter] = [:]
+    private var luaCounters: [String: CoreMetrics.Counter] = [:]
     private let refreshedOK: CoreMetrics.Counter
     private let refreshFailed: CoreMetrics.Counter
     private let connect: CoreMetrics.Timer
@@ -553,6 +557,15 @@ public final class MetricsMonitor: EventMonitor {
         return c
     }
 
+    private func luaCounter(_ call: LuaCallRecord) -> CoreMetrics.Counter {
+        let key = call.script + "\u{0}" + call.hook + "\u{0}" + call.outcome
+        if let c = luaCounters[key] { return c }
+        let c = metrics.counter(
+            SluiceMetrics.luaCalls, [("script", call.script), ("hook", call.hook), ("outcome", call.outcome)])
+        luaCounters[key] = c
+        return c
+    }
+
     private func finished(_ s: ExchangeSummary) {
         let key = RequestKey(policy: s.policy, method: MethodClass(s.method), statusClass: UInt8(clamping: s.status / 100))
         let counter: CoreMetrics.Counter
@@ -570,6 +583,7 @@ public final class MetricsMonitor: EventMonitor {
         if let kind = s.errorKind {
             self.counter(&ownResponseCounters, kind.rawValue, SluiceMetrics.ownResponses, "kind").increment()
         }
+        if let lua = s.lua { luaCounter(lua).increment() }
         if s.attempts > 0 { requestTries.increment(by: Int64(s.attempts)) }
         if s.bytesIn > 0 { bytesIn.increment(by: s.bytesIn) }
         if s.bytesOut > 0 { bytesOut.increment(by: s.bytesOut) }

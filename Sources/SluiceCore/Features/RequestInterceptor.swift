@@ -2,11 +2,20 @@
 /// reason; nothing is sent upstream.
 public struct AdaptationError: Error, Sendable, Equatable {
     public var adapter: String
+    /// For the `.adaptationFailed` event and the access log; the client's body says it too
+    /// unless `answer` is set.
     public var reason: String
-    public init(adapter: String, reason: String) {
+    /// What the client is answered instead of `ProxyError.adapterFailed` (a `lua` script's
+    /// `luaScriptFailed`, whose body must not carry the script's message); nil: `adapterFailed`.
+    public var answer: ProxyError?
+    public init(adapter: String, reason: String, answer: ProxyError? = nil) {
         self.adapter = adapter
         self.reason = reason
+        self.answer = answer
     }
+
+    /// The error the client is answered with.
+    public var proxyError: ProxyError { answer ?? .adapterFailed(name: adapter, reason: reason) }
 }
 
 /// Changes a request before it is sent (Alamofire's `RequestAdapter`). Built-ins: `headers`,

@@ -11,6 +11,8 @@ public final class LuaStateCache {
     private var states: [Key: LuaState] = [:]
     private let clock: LuaClock
     private let log: (LuaLogLine) -> Void
+    /// The last call a `LuaAdapter` ran with this cache (`takeLastCall`).
+    public var lastCall: LuaCallRecord?
 
     /// `log` receives every line the worker's scripts log (`sluice.log.*`).
     public init(clock: LuaClock = .system, log: @escaping (LuaLogLine) -> Void = { _ in }) {

@@ -39,9 +39,11 @@ enum TryAdaptersStage: TryStage {
             do throws(AdaptationError) {
                 try adapter.adaptTry(&model, context)
             } catch {
-                return .respond(.adapterFailed(name: error.adapter, reason: error.reason))
+                if policy.runsScripts, let call = LuaStateCache.takeLastCall() { exchange.summary.lua = call }
+                return .respond(error.proxyError)
             }
         }
+        if policy.runsScripts, let call = LuaStateCache.takeLastCall() { exchange.summary.lua = call }
         if model.url != request.target.url {
             do throws(ProxyError) {
                 request.target = try RequestTarget.absolute(model.url)

@@ -1,0 +1,161 @@
+import Foundation
+import SluiceCore
+import Yams
+
+/// `lua` (docs/scripting.md): a Lua script's `on_request` hook adapts the request
+/// (`LuaAdapter`). The script is compiled and its top level run here, once, so a syntax
+/// error, a top-level error or an unknown hook is a configuration error at the entry, with the
+/// script's own `name.lua:LINE: message`; `sluice check` and a reload (SIGHUP, which re-reads
+/// the file) report it the same way. A relative `file` is read from the configuration file's
+/// directory.
+///
+/// ```yaml
+/// - lua: { file: sign.lua, config: { key_id: k1 }, on_error: fail_closed, limits: { instructions: 200000 } }
+/// ```
+enum LuaKind: InterceptorKind {
+    static var name: String { "lua" }
+
+    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> LuaAdapter? {
+        guard let settings else {
+            reader.fail(entry, "lua needs file or source")
+            return nil
+        }
+        var script: LuaScript?
+        var origin = ""
+        var scriptNode: Node?
+        var config: [String: LuaValue] = [:]
+        var onError = LuaAdapter.OnError.failClosed
+        var everyTry = false
+        var readBody = false
+        var limits = LuaLimits.default
+        let file = reader.file
+        let known = ["file", "source", "config", "on_error", "every_try", "read_body", "limits"]
+        reader.entries(settings, in: "lua", known: known) { r, key, value in
+            switch key {
+            case "file":
+                guard script == nil else { return r.fail(value, "lua takes file or source, not both") }
+                guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "file must be a path") }
+                let resolved = Self.resolve(path, against: file)
+                guard let data = FileManager.default.contents(atPath: resolved),
+                    let text = String(data: data, encoding: .utf8)
+                else { return r.fail(value, "lua file '\(resolved)' is not a readable UTF-8 file") }
+                script = LuaScript(name: (resolved as NSString).lastPathComponent, source: text)
+                origin = "file \(resolved)"
+                scriptNode = value
+            case "source":
+                guard script == nil else { return r.fail(value, "lua takes file or source, not both") }
+                guard let text = value.scalar?.string else { return r.fail(value, "source must be the script's text") }
+                script = LuaScript(name: "source.lua", source: text)
+                origin = "source"
+                scriptNode = value
+            case "config":
+                guard case .mapping = value, case .table(let fields)? = Self.value(value, &r) else {
+                    return r.fail(value, "config must be a map")
+                }
+                config = fields
+            case "on_error":
+                guard let choice = value.scalar.flatMap({ LuaAdapter.OnError(rawValue: $0.string) }) else {
+                    return r.fail(value, "on_error must be fail_closed or fail_open")
+                }
+                onError = choice
+            case "every_try":
+                if let on = r.bool(value, key: key) { everyTry = on }
+            case "read_body":
+                if let on = r.bool(value, key: key) { readBody = on }
+            case "limits":
+                Self.readLimits(value, into: &limits, &r)
+            default: break
+            }
+        }
+        guard let script, let scriptNode else {
+            reader.fail(settings, "lua needs file or source")
+            return nil
+        }
+        do throws(LuaLoadError) {
+            // Compiled and run once on a throwaway state: the workers build their own.
+            let state = try LuaState.load(script, limits: limits)
+            if readBody && !state.hasOnRequest {
+                reader.fail(scriptNode, "read_body is for on_request, which \(script.name) does not define")
+                return nil
+            }
+        } catch {
+            reader.fail(scriptNode, "lua script does not load: \(error.message)")
+            return nil
+        }
+        return LuaAdapter(
+            script: script, origin: origin, config: LuaConfig(config), limits: limits, onError: onError,
+            everyTry: everyTry, readBody: readBody)
+    }
+
+    static func describe(_ a: LuaAdapter) -> String {
+        var parts = [
+            "\(a.origin) (sha256 \(a.script.contentHash.prefix(12)))", "on_error \(a.onError.rawValue)",
+            "instructions \(a.limits.instructions)", "memory \(a.limits.memory)",
+            "wall \(a.limits.wall.components.seconds * 1000 + a.limits.wall.components.attoseconds / 1_000_000_000_000_000) ms",
+            "body \(a.limits.body)",
+        ]
+        if a.everyTry { parts.append("every try") }
+        if a.readBody { parts.append("reads the body") }
+        if !a.config.values.isEmpty { parts.append("config keys " + a.config.values.keys.sorted().joined(separator: ", ")) }
+        return parts.joined(separator: ", ")
+    }
+
+    /// `path` as given when absolute, else beside the configuration file.
+    static func resolve(_ path: String, against configFile: String) -> String {
+        guard !path.hasPrefix("/"), configFile.hasPrefix("/") || configFile.contains("/") else { return path }
+        return ((configFile as NSString).deletingLastPathComponent as NSString).appendingPathComponent(path)
+    }
+
+    private static func readLimits(_ node: Node, into limits: inout LuaLimits, _ reader: inout NodeReader) {
+        let known = ["instructions", "memory", "wall", "subrequests", "body"]
+        reader.entries(node, in: "lua limits", known: known) { r, key, value in
+            switch key {
+            case "instructions":
+                if let n = r.count(value, key: key, min: 1000) { limits.instructions = n }
+            case "memory":
+                if let n = r.size(value, key: key, min: 256 << 10) { limits.memory = Int(n) }
+            case "wall":
+                if let ms = r.duration(value, key: key) { limits.wall = .milliseconds(ms) }
+            case "subrequests":
+                if let n = r.count(value, key: key, min: 0) { limits.subrequests = n }
+            case "body":
+                if let n = r.size(value, key: key, min: 0) { limits.body = Int(n) }
+            default: break
+            }
+        }
+    }
+
+    /// A YAML value as `ctx.config` holds it; nil (with an error) for what Lua cannot hold.
+    private static func value(_ node: Node, _ reader: inout NodeReader) -> LuaValue? {
+        switch node {
+        case .scalar(let scalar):
+            if scalar.style == .plain {
+                if let b = node.bool { return .bool(b) }
+                if let i = node.int { return .integer(i) }
+                if let d = node.float { return .number(d) }
+            }
+            return .string(scalar.string)
+        case .sequence(let items):
+            var out: [LuaValue] = []
+            for item in items {
+                guard let v = value(item, &reader) else { return nil }
+                out.append(v)
+            }
+            return .array(out)
+        case .mapping(let mapping):
+            var out: [String: LuaValue] = [:]
+            for (k, v) in mapping {
+                guard let key = k.scalar?.string else {
+                    reader.fail(k, "config keys must be strings")
+                    return nil
+                }
+                guard let value = value(v, &reader) else { return nil }
+                out[key] = value
+            }
+            return .table(out)
+        case .alias:
+            reader.fail(node, "config cannot hold aliases")
+            return nil
+        }
+    }
+}

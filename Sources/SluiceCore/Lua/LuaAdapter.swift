@@ -1,0 +1,221 @@
+import Foundation
+import Logging
+
+/// The `lua` interceptor's request half (docs/scripting.md): runs the script's `on_request`
+/// on the request model, and maps the script's edits (method, path, query, header fields)
+/// back onto it. A script without `on_request` leaves the request as it is.
+///
+/// A failed call (an error, a limit) answers `ProxyError.luaScriptFailed` with `fail_closed`
+/// (the default): nothing is sent upstream, and the client's body names the request id, never
+/// the script's message (that goes to the `.adaptationFailed` event). With `fail_open` the
+/// request goes on as it was before the script ran.
+///
+/// Threading: an immutable value, shared by every worker of a policy snapshot; each call runs
+/// on the calling worker's thread, with that thread's `LuaStateCache` (`LuaStateCache.current`):
+/// one Lua state per script content per worker.
+public struct LuaAdapter: RequestAdapter {
+    public enum OnError: String, Sendable { case failClosed = "fail_closed", failOpen = "fail_open" }
+
+    public var name: String { "lua" }
+    public let script: LuaScript
+    /// Where the script came from, for `sluice check` (`file /etc/sluice/sign.lua`, `source`).
+    public let origin: String
+    public let config: LuaConfig
+    public let limits: LuaLimits
+    public let onError: OnError
+    /// `every_try: true`: the hook runs before each try, after the once-per-exchange adapters.
+    public let everyTry: Bool
+    /// `read_body: true`: the body is read whole (up to `max_body`) and `req:body()` returns
+    /// it; the hook then runs on every try, as only those adapters are given the body.
+    public let readBody: Bool
+
+    public var timing: AdapterTiming { everyTry || readBody ? .everyTry : .oncePerExchange }
+    public var readsBody: Bool { readBody }
+
+    public init(
+        script: LuaScript, origin: String, config: LuaConfig = .empty, limits: LuaLimits = .default,
+        onError: OnError = .failClosed, everyTry: Bool = false, readBody: Bool = false
+    ) {
+        self.script = script
+        self.origin = origin
+        self.config = config
+        self.limits = limits
+        self.onError = onError
+        self.everyTry = everyTry
+        self.readBody = readBody
+    }
+
+    public func adapt(_ request: ProxyRequest, completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void) {
+        var request = request
+        do throws(AdaptationError) {
+            try run(&request, body: nil)
+            completion(.success(request))
+        } catch {
+            completion(.failure(error))
+        }
+    }
+
+    public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
+        try run(&request, body: nil)
+        return true
+    }
+
+    public func adaptTry(_ request: inout ProxyRequest, _ context: TryContext) throws(AdaptationError) {
+        try run(&request, body: context.body)
+    }
+
+    /// Runs `on_request` on `request` (with `body` when it was read) and applies its edits.
+    func run(_ request: inout ProxyRequest, body: [UInt8]?) throws(AdaptationError) {
+        let state: LuaState
+        do throws(LuaLoadError) {
+            state = try LuaStateCache.current.state(for: script, limits: limits)
+        } catch {
+            return try failed(error.message, request)
+        }
+        guard state.hasOnRequest else { return }
+        let target = Target(request.url)
+        let originalPath = target.path.isEmpty ? "/" : target.path
+        var view = LuaRequestView(
+            method: request.method, path: originalPath, query: target.query, headers: request.headerFields,
+            body: body ?? (readBody ? [] : nil))
+        let exchange = state.makeExchange(config: config, limits: limits, requestID: request.id)
+        let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
+        LuaStateCache.current.lastCall = LuaCallRecord(
+            script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
+        if let message = result.errorMessage { return try failed(message, request) }
+        if result.respond != nil {
+            return try failed("\(script.name): req:respond is not supported by this version of the lua adapter", request)
+        }
+        if readBody, view.body ?? [] != body ?? [] {
+            return try failed(
+                "\(script.name): req:set_body is not supported by this version of the lua adapter", request)
+        }
+        request.method = view.method
+        request.headerFields = view.headers
+        if view.path != originalPath || view.query != target.query {
+            guard view.path.hasPrefix("/"), !view.path.utf8.contains(where: Self.isUnsafeInTarget),
+                !(view.query?.utf8.contains(where: Self.isUnsafeInTarget) ?? false)
+            else {
+                return try failed("\(script.name): req.path must start with '/' and hold no space or control byte", request)
+            }
+            request.url = target.origin + view.path + (view.query.map { "?" + $0 } ?? "")
+        }
+    }
+
+    /// An absolute URL split for `req.path` and `req.query` on its UTF-8 bytes (`URLParts`
+    /// slices by Character, some 20,000 instructions a request).
+    struct Target {
+        /// `scheme://authority`.
+        var origin: String
+        /// As sent, without query or fragment; empty when the URL has none.
+        var path: String
+        /// Without its `?`; nil when the URL has none.
+        var query: String?
+
+        init(_ url: String) {
+            let utf8 = url.utf8
+            var start = utf8.startIndex
+            if let colon = utf8.firstIndex(of: UInt8(ascii: ":")) {
+                start = utf8.index(after: colon)
+                if utf8[start...].starts(with: "//".utf8) { start = utf8.index(start, offsetBy: 2) }
+            }
+            let pathStart =
+                utf8[start...].firstIndex { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }
+                ?? utf8.endIndex
+            let end = utf8[pathStart...].firstIndex(of: UInt8(ascii: "#")) ?? utf8.endIndex
+            let mark = utf8[pathStart..<end].firstIndex(of: UInt8(ascii: "?"))
+            origin = String(decoding: utf8[..<pathStart], as: UTF8.self)
+            path = String(decoding: utf8[pathStart..<(mark ?? end)], as: UTF8.self)
+            query = mark.map { String(decoding: utf8[utf8.index(after: $0)..<end], as: UTF8.self) }
+        }
+    }
+
+    /// A byte that cannot appear in a request target: a control byte, a space, `#`.
+    private static func isUnsafeInTarget(_ byte: UInt8) -> Bool {
+        byte <= 0x20 || byte == 0x7F || byte == UInt8(ascii: "#")
+    }
+
+    /// `fail_open`: returns, the request untouched; `fail_closed`: throws the 502.
+    private func failed(_ message: String, _ request: ProxyRequest) throws(AdaptationError) {
+        guard onError == .failClosed else { return }
+        throw AdaptationError(
+            adapter: name, reason: message, answer: .luaScriptFailed(script: script.name, requestID: request.id))
+    }
+}
+
+/// One hook call as the access log's `lua` field and `sluice_lua_calls_total` report it: the
+/// adapter leaves it in its worker's `LuaStateCache.lastCall`, and the stage that ran the
+/// adapter moves it into the exchange's summary.
+///
+/// Threading: immutable; made on a worker, read by its monitors.
+public final class LuaCallRecord: Sendable {
+    public let script: String
+    public let hook: String
+    /// `ok`, `error` or `limit` (the metric's `outcome`).
+    public let outcome: String
+    /// The script's message (`sign.lua:42: attempt to index a nil value`); nil when it succeeded.
+    public let error: String?
+    public let microseconds: Int64
+    public let instructions: Int
+    public let memory: Int
+    /// What the script put in `ctx.vars`.
+    public let vars: [String: LuaValue]
+
+    public init(script: String, hook: String, result: LuaCallResult, vars: [String: LuaValue]) {
+        self.script = script
+        self.hook = hook
+        switch result.outcome {
+        case .ok: outcome = "ok"
+        case .error: outcome = "error"
+        case .limit: outcome = "limit"
+        }
+        error = result.errorMessage
+        microseconds = result.microseconds
+        instructions = result.instructions
+        memory = result.peakMemory
+        self.vars = vars
+    }
+}
+
+extension LuaStateCache {
+    /// The record of the last `on_request` a `LuaAdapter` ran on this thread, taken (and
+    /// cleared) by the stage that ran the adapters.
+    public static func takeLastCall() -> LuaCallRecord? {
+        let cache = current
+        defer { cache.lastCall = nil }
+        return cache.lastCall
+    }
+
+    /// The calling thread's cache, made on its first use: a worker's, since adapters run on
+    /// their worker's thread. Lives as long as the thread. Its scripts' `sluice.log` lines go
+    /// to the diagnostics log (stderr): `lua sign.lua:12 request 42: message`.
+    public static var current: LuaStateCache {
+        if let pointer = pthread_getspecific(threadKey) {
+            return Unmanaged<LuaStateCache>.fromOpaque(pointer).takeUnretainedValue()
+        }
+        let cache = LuaStateCache(log: { line in
+            let level: Logger.Level =
+                switch line.level {
+                case .info: .info
+                case .warn: .warning
+                case .error: .error
+                }
+            // One line each: a script's newlines cannot forge another log line.
+            let message = line.message.split(whereSeparator: \.isNewline).joined(separator: " ")
+            scriptLog.log(level: level, "lua \(line.script):\(line.line) request \(line.requestID): \(message)")
+        })
+        pthread_setspecific(threadKey, Unmanaged.passRetained(cache).toOpaque())
+        return cache
+    }
+
+    private static let scriptLog = Logger(label: "sluice.lua")
+
+    private static let threadKey: pthread_key_t = {
+        var key = pthread_key_t()
+        let made = pthread_key_create(&key) { pointer in
+            if let pointer { Unmanaged<LuaStateCache>.fromOpaque(pointer).release() }
+        }
+        precondition(made == 0, "pthread_key_create failed")
+        return key
+    }()
+}

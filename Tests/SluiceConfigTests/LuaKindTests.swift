@@ -1,0 +1,123 @@
+import Foundation
+import HTTPTypes
+import Testing
+import Yams
+
+@testable import SluiceConfig
+@testable import SluiceCore
+
+/// The `lua` kind (docs/scripting.md): a script that does not load is a located configuration
+/// error carrying the script's own message; a relative `file` is read beside the
+/// configuration; the adapter maps the script's edits back onto the request, and a failed
+/// script answers `luaScriptFailed` (fail_closed) or leaves the request alone (fail_open).
+@Suite struct LuaKindTests {
+    static func policy(_ entry: String, file: String = "t.yaml") throws -> HostPolicy {
+        let yaml = "policies:\n  h.test:\n    adapters:\n      - lua: \(entry)\n"
+        return try ConfigLoader.parse(yaml: yaml, file: file).pipeline.policies.match(host: "h.test")
+    }
+
+    static func issue(_ entry: String) -> ConfigIssue? {
+        do {
+            _ = try policy(entry)
+            return nil
+        } catch {
+            return (error as? ConfigError)?.issues.first
+        }
+    }
+
+    static func request(_ url: String = "http://h.test/a?b=1") -> ProxyRequest {
+        ProxyRequest(id: 7, method: "GET", url: url, headerFields: [.init("X-Client")!: "c1"], body: .none)
+    }
+
+    @Test func aScriptThatDoesNotCompileIsALocatedError() throws {
+        let issue = try #require(Self.issue(#"{ source: "return { on_request = function(req) x = end }" }"#))
+        #expect(issue.line == 4)
+        #expect(issue.message.contains("lua script does not load: source.lua:1:"))
+    }
+
+    @Test func anUnknownHookIsAnError() throws {
+        let issue = try #require(Self.issue(#"{ source: "return { on_reqest = function() end }" }"#))
+        #expect(issue.message.contains("unknown hook 'on_reqest'"))
+    }
+
+    @Test func settingsAreChecked() throws {
+        #expect(Self.issue("{ }")?.message.contains("lua needs file or source") == true)
+        #expect(Self.issue(#"{ source: "return {}", on_error: maybe }"#)?.message.contains("fail_closed or fail_open") == true)
+        #expect(Self.issue(#"{ source: "return {}", limits: { instructions: 5 } }"#) != nil)
+        #expect(Self.issue(#"{ source: "return {}", file: x.lua }"#)?.message.contains("not both") == true)
+    }
+
+    @Test func aRelativeFileIsReadBesideTheConfiguration() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("lua-kind-\(getpid())")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        try #"return { on_request = function(req, ctx) req.headers:set("X-Seen", ctx.config.tag) end }"#
+            .write(to: dir.appendingPathComponent("seen.lua"), atomically: true, encoding: .utf8)
+        let policy = try Self.policy("{ file: seen.lua, config: { tag: t1 } }", file: dir.appendingPathComponent("s.yaml").path)
+        #expect(policy.adapterNames == ["lua"])
+        var request = Self.request()
+        #expect(try policy.adapters[0].adapter.adaptInPlace(&request))
+        #expect(request.headerFields[HTTPField.Name("X-Seen")!] == "t1")
+        let config = try ConfigLoader.parse(
+            yaml: "policies:\n  h.test:\n    adapters:\n      - lua: { file: seen.lua }\n",
+            file: dir.appendingPathComponent("s.yaml").path)
+        #expect(PolicyDescription.describe(config.pipeline, host: "h.test").contains("lua: file /"))
+    }
+
+    @Test func editsReachTheRequest() throws {
+        let policy = try Self.policy(
+            #"""
+            { source: "return { on_request = function(req) req.method = 'POST'; req.path = '/v2' .. req.path; req.query = 'c=2'; req.headers:remove('X-Client') end }" }
+            """#)
+        var request = Self.request()
+        #expect(try policy.adapters[0].adapter.adaptInPlace(&request))
+        #expect(request.method == "POST")
+        #expect(request.url == "http://h.test/v2/a?c=2")
+        #expect(request.headerFields[HTTPField.Name("X-Client")!] == nil)
+        #expect(LuaStateCache.takeLastCall()?.outcome == "ok")
+    }
+
+    @Test func theURLIsSplitOnItsBytes() {
+        for (url, origin, path, query) in [
+            ("http://h.test/a/b?c=1#f", "http://h.test", "/a/b", "c=1"), ("http://h.test", "http://h.test", "", nil),
+            ("http://u@h.test:8080?x", "http://u@h.test:8080", "", "x"), ("https://h.test/é?", "https://h.test", "/é", ""),
+        ] as [(String, String, String, String?)] {
+            let target = LuaAdapter.Target(url)
+            #expect(target.origin == origin && target.path == path && target.query == query, "\(url)")
+        }
+    }
+
+    @Test func aFailedScriptFailsClosedOrOpen() throws {
+        let source = #"source: "return { on_request = function(req) req.headers:set('X-A', 'v'); error('boom') end }""#
+        let closed = try Self.policy("{ \(source) }")
+        var request = Self.request()
+        #expect {
+            _ = try closed.adapters[0].adapter.adaptInPlace(&request)
+        } throws: { error in
+            guard let error = error as? AdaptationError else { return false }
+            return error.proxyError == .luaScriptFailed(script: "source.lua", requestID: 7)
+                && error.reason.contains("source.lua:1: boom") && !error.proxyError.message.contains("boom")
+        }
+        let call = try #require(LuaStateCache.takeLastCall())
+        #expect(call.outcome == "error" && call.error?.contains("boom") == true)
+
+        let open = try Self.policy("{ \(source), on_error: fail_open }")
+        request = Self.request()
+        #expect(try open.adapters[0].adapter.adaptInPlace(&request))
+        #expect(request.headerFields[HTTPField.Name("X-A")!] == nil)
+    }
+
+    @Test func aRunawayScriptIsStoppedByItsLimit() throws {
+        let policy = try Self.policy(#"{ source: "return { on_request = function() while true do end end }" }"#)
+        var request = Self.request()
+        #expect(throws: AdaptationError.self) { _ = try policy.adapters[0].adapter.adaptInPlace(&request) }
+        #expect(LuaStateCache.takeLastCall()?.outcome == "limit")
+    }
+
+    @Test func everyTryAndReadBodyChooseTheTiming() throws {
+        let policy = try Self.policy(#"{ source: "return { on_request = function(req) end }", read_body: true }"#)
+        #expect(policy.tryAdapters.map(\.name) == ["lua"])
+        #expect(policy.bodyReader == "lua")
+        #expect(policy.runsScripts)
+    }
+}
