@@ -186,7 +186,7 @@ def test_a_record_changed_behind_the_process_is_read_and_verified_again(sluice_f
     url = origin.set("/record", headers={"Cache-Control": "max-age=600", "X-Edition": "first"}, body=body)
     proxy = start(sluice_factory, directory)
     get(proxy, url)
-    time.sleep(SETTLE)
+    time.sleep(SETTLE)  # time passing: a verification is remembered once the file is a second old
     for _ in range(2):  # the first hit reads, verifies and keeps the record; the second uses it
         hit = get(proxy, url)
         assert sha(hit.content) == sha(body) and "detail=disk" in hit.headers["Cache-Status"], hit.headers
@@ -202,7 +202,7 @@ def test_a_record_changed_behind_the_process_is_read_and_verified_again(sluice_f
     hit = get(proxy, url)
     assert "detail=disk" in hit.headers["Cache-Status"] and hit.headers["X-Edition"] == "third", hit.headers
     assert sha(hit.content) == sha(body)
-    time.sleep(SETTLE)
+    time.sleep(SETTLE)  # time passing: a verification is remembered once the file is a second old
     assert get(proxy, url).headers["X-Edition"] == "third"
     # A damaged record (its seal fails) is a miss: the entry is dropped and fetched again.
     damage_in_place(path, 80 + 10)
