@@ -196,22 +196,9 @@ enum LuaMessageAPI {
         return 0
     }
 
-    private static let requestBody: Lua.Function = { L in
-        let state = LuaState.of(L)
-        guard let slot = slot(L, state, 1, .request) else { return outsideCall(L, "req") }
-        pushBody(L, slot.request.body)
-        return 1
-    }
+    private static let requestBody: Lua.Function = { L in body(L, .request, "req", \.request.body) }
 
-    private static let requestSetBody: Lua.Function = { L in
-        let state = LuaState.of(L)
-        guard let slot = slot(L, state, 1, .request) else { return outsideCall(L, "req") }
-        switch readBody(L, 2, slot, "set_body") {
-        case .failure(let failed): return failed.code
-        case .success(let body): slot.request.body = body
-        }
-        return 0
-    }
+    private static let requestSetBody: Lua.Function = { L in setBody(L, .request, "req", \.request.body) }
 
     private static let respond: Lua.Function = { L in
         let state = LuaState.of(L)
@@ -272,22 +259,9 @@ enum LuaMessageAPI {
         return Lua.fail(L, "res.\(key) cannot be set (change headers with res.headers, the body with res:set_body)")
     }
 
-    private static let responseBody: Lua.Function = { L in
-        let state = LuaState.of(L)
-        guard let slot = slot(L, state, 1, .response) else { return outsideCall(L, "res") }
-        pushBody(L, slot.response.body)
-        return 1
-    }
+    private static let responseBody: Lua.Function = { L in body(L, .response, "res", \.response.body) }
 
-    private static let responseSetBody: Lua.Function = { L in
-        let state = LuaState.of(L)
-        guard let slot = slot(L, state, 1, .response) else { return outsideCall(L, "res") }
-        switch readBody(L, 2, slot, "set_body") {
-        case .failure(let failed): return failed.code
-        case .success(let body): slot.response.body = body
-        }
-        return 0
-    }
+    private static let responseSetBody: Lua.Function = { L in setBody(L, .response, "res", \.response.body) }
 
     private static let retry: Lua.Function = { L in
         let state = LuaState.of(L)
@@ -297,6 +271,27 @@ enum LuaMessageAPI {
     }
 
     // MARK: Bodies
+
+    /// `req:body()` and `res:body()`: the body of the message `role` names (`what` in errors).
+    private static func body(
+        _ L: OpaquePointer?, _ role: Role, _ what: String, _ body: KeyPath<LuaCallSlot, [UInt8]?>
+    ) -> Int32 {
+        guard let slot = slot(L, LuaState.of(L), 1, role) else { return outsideCall(L, what) }
+        pushBody(L, slot[keyPath: body])
+        return 1
+    }
+
+    /// `req:set_body(s)` and `res:set_body(s)`, bounded by `limits.body` (`readBody`).
+    private static func setBody(
+        _ L: OpaquePointer?, _ role: Role, _ what: String, _ body: ReferenceWritableKeyPath<LuaCallSlot, [UInt8]?>
+    ) -> Int32 {
+        guard let slot = slot(L, LuaState.of(L), 1, role) else { return outsideCall(L, what) }
+        switch readBody(L, 2, slot, "set_body") {
+        case .failure(let failed): return failed.code
+        case .success(let bytes): slot[keyPath: body] = bytes
+        }
+        return 0
+    }
 
     private static func pushBody(_ L: OpaquePointer?, _ body: [UInt8]?) {
         if let body { Lua.push(L, bytes: body) } else { lua_pushnil(L) }
