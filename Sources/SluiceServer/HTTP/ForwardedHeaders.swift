@@ -93,21 +93,31 @@ enum ForwardedHeaders {
     }
 
     /// The fields of a request head that travel upstream (hop-by-hop and framing fields
-    /// removed), as the pipeline's `HTTPFields`.
-    static func forwardedFields(of head: HTTPRequestHead, forwarding: ForwardingFields? = nil) -> HTTPFields {
+    /// removed), as the pipeline's `HTTPFields`. With `edits` (`HostPolicy.modelHeaderPlan`),
+    /// the fields it replaces are left out (the caller appends the plan's own after the
+    /// request id). `reserving`: room for as many more fields, so that the caller's appends
+    /// (and the adapters') do not grow the storage again.
+    static func forwardedFields(
+        of head: HTTPRequestHead, forwarding: ForwardingFields? = nil, edits: HeaderEditPlan? = nil,
+        reserving extra: Int = 0
+    ) -> HTTPFields {
         var fields = HTTPFields()
+        fields.reserveCapacity(head.fields.count + extra)
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])
                 if isDroppedRequestField(name) { continue }
                 if let forwarding, forwarding.removes(name) { continue }
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
+                if let edits, edits.replaces(name) { continue }
                 guard let name = HTTPField.Name(head.string(field.name)) else { continue }
                 fields.append(HTTPField(name: name, lenientValue: buf[field.value]))
             }
         }
         if let forwarding {
             for (name, value) in forwarding.lines(for: head) {
+                var name = name
+                if let edits, name.withUTF8({ edits.replaces($0) }) { continue }
                 if let name = HTTPField.Name(name) { fields.append(HTTPField(name: name, value: value)) }
             }
         }
