@@ -124,15 +124,18 @@ enum ForwardedHeaders {
         return fields
     }
 
-    /// The header lines of a request the pipeline adapted.
+    /// The header lines of a request the pipeline adapted. Names and values are copied from
+    /// their bytes: `field.value` would make a `String` of a value kept as bytes.
     static func requestLines(
         for fields: HTTPFields, viaLine: [UInt8], builder: inout RequestHeaderLines.Builder
     ) -> RequestHeaderLines {
         builder.reset()
         for field in fields {
-            var lower = field.name.canonicalName
-            if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
-            builder.append(name: field.name.rawName.utf8, value: field.value.utf8)
+            var name = field.name.rawName
+            name.withUTF8 { name in
+                if isDroppedRequestField(name) { return }
+                field.withUnsafeBytesOfValue { builder.append(name: name, value: $0) }
+            }
         }
         builder.append(line: viaLine)
         return builder.makeLines()
