@@ -1,3 +1,4 @@
+import HTTPTypes
 import Synchronization
 
 /// One entry of `policies:` as written: the sections it names (a `nil` section inherits the
@@ -82,8 +83,16 @@ public final class HostPolicy: Sendable {
     /// Upstream statuses an adapter wants to hear about (oauth2's `refresh_on`).
     public let refreshStatuses: Set<Int>
     /// The adapters composed with Alamofire's order rules, and the retriers: adapters that
-    /// also retry (oauth2's refresh on 401) first, then the retry policy.
+    /// also retry (oauth2's refresh on 401) first, then the retry policy. Without the
+    /// adapters `modelHeaderPlan` stands for.
     public let interceptor: Interceptor
+    /// The once-per-exchange adapters that are fixed header edits and come before `lua`
+    /// scripts that are all the rest (`headers`, `bearer`, then a script): their edits are
+    /// made as the request model's fields are built, and only the scripts run on the model
+    /// (a retry adapts again the model so built). Nil for any other policy.
+    public let modelHeaderPlan: HeaderEditPlan?
+    /// `modelHeaderPlan.appended` as fields, made once.
+    public let modelHeaderFields: [HTTPField]
     /// How TLS connections to the host are evaluated (ServerTrustManager's answer for it).
     public let trust: ServerTrust
     public let upstream: UpstreamOverride?
@@ -165,7 +174,20 @@ public final class HostPolicy: Sendable {
         tryAdapters = all.filter { $0.timing == .everyTry }
         bodyReader = tryAdapters.first { $0.readsBody }?.name
         runsScripts = all.contains { $0 is LuaAdapter }
-        interceptor = Interceptor(adapters: all.filter { $0.timing != .everyTry }, retriers: retriers)
+        let once = all.filter { $0.timing != .everyTry }
+        let editors = once.prefix { ($0 as? any HeaderEditingAdapter)?.headerEdits != nil }
+        if !editors.isEmpty, editors.count < once.count, once[editors.count...].allSatisfy({ $0 is LuaAdapter }) {
+            let plan = HeaderEditPlan.of(Array(editors))
+            modelHeaderPlan = plan
+            modelHeaderFields = (plan?.appended ?? []).compactMap { name, value in
+                HTTPField.Name(name).map { HTTPField(name: $0, value: value) }
+            }
+            interceptor = Interceptor(adapters: Array(once[editors.count...]), retriers: retriers)
+        } else {
+            modelHeaderPlan = nil
+            modelHeaderFields = []
+            interceptor = Interceptor(adapters: once, retriers: retriers)
+        }
         refreshStatuses = adapters.reduce(into: []) { set, sourced in
             if let oauth = sourced.adapter as? OAuth2Authenticator { set.formUnion(oauth.settings.refreshOn) }
         }

@@ -65,22 +65,28 @@ public struct LuaAdapter: RequestAdapter {
     }
 
     /// Runs `on_request` on `request` (with `body` when it was read) and applies its edits.
+    ///
+    /// With `fail_closed` the header fields move into the script's view and back (a failed
+    /// call drops the request, so nothing needs restoring): the script's first edit does not
+    /// copy them. With `fail_open` the view is a copy, so the request can go on untouched.
     func run(_ request: inout ProxyRequest, body: [UInt8]?) throws(AdaptationError) {
+        let cache = LuaStateCache.current
         let state: LuaState
         do throws(LuaLoadError) {
-            state = try LuaStateCache.current.state(for: script, limits: limits)
+            state = try cache.state(for: script, limits: limits)
         } catch {
             return try failed(error.message, request)
         }
         guard state.hasOnRequest else { return }
         let target = Target(request.url)
-        let originalPath = target.path.isEmpty ? "/" : target.path
+        let path = target.path.isEmpty ? "/" : target.path
         var view = LuaRequestView(
-            method: request.method, path: originalPath, query: target.query, headers: request.headerFields,
-            body: body ?? (readBody ? [] : nil))
+            method: request.method, path: path, query: target.query, body: body ?? (readBody ? [] : nil))
+        let restoring = onError == .failOpen
+        if restoring { view.headers = request.headerFields } else { swap(&view.headers, &request.headerFields) }
         let exchange = state.makeExchange(config: config, limits: limits, requestID: request.id)
-        let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
-        LuaStateCache.current.lastCall = LuaCallRecord(
+        let result = exchange.onRequest(&view, restoringOnFailure: restoring)
+        cache.lastCall = LuaCallRecord(
             script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
         if let message = result.errorMessage { return try failed(message, request) }
         if result.respond != nil {
@@ -90,9 +96,7 @@ public struct LuaAdapter: RequestAdapter {
             return try failed(
                 "\(script.name): req:set_body is not supported by this version of the lua adapter", request)
         }
-        request.method = view.method
-        request.headerFields = view.headers
-        if view.path != originalPath || view.query != target.query {
+        if view.path != path || view.query != target.query {
             guard view.path.hasPrefix("/"), !view.path.utf8.contains(where: Self.isUnsafeInTarget),
                 !(view.query?.utf8.contains(where: Self.isUnsafeInTarget) ?? false)
             else {
@@ -100,34 +104,54 @@ public struct LuaAdapter: RequestAdapter {
             }
             request.url = target.origin + view.path + (view.query.map { "?" + $0 } ?? "")
         }
+        request.method = view.method
+        swap(&request.headerFields, &view.headers)
     }
 
     /// An absolute URL split for `req.path` and `req.query` on its UTF-8 bytes (`URLParts`
-    /// slices by Character, some 20,000 instructions a request).
+    /// slices by Character, some 20,000 instructions a request); `origin` is cut only when a
+    /// script changed the path or the query.
     struct Target {
-        /// `scheme://authority`.
-        var origin: String
         /// As sent, without query or fragment; empty when the URL has none.
         var path: String
         /// Without its `?`; nil when the URL has none.
         var query: String?
+        private let url: String
+        private let pathStart: Int
 
         init(_ url: String) {
-            let utf8 = url.utf8
-            var start = utf8.startIndex
-            if let colon = utf8.firstIndex(of: UInt8(ascii: ":")) {
-                start = utf8.index(after: colon)
-                if utf8[start...].starts(with: "//".utf8) { start = utf8.index(start, offsetBy: 2) }
+            var copy = url
+            var pathStart = 0
+            (path, query) = copy.withUTF8 { utf8 -> (String, String?) in
+                var start = 0
+                if let colon = utf8.firstIndex(of: UInt8(ascii: ":")) {
+                    start = colon + 1
+                    if utf8.count >= start + 2, utf8[start] == UInt8(ascii: "/"), utf8[start + 1] == UInt8(ascii: "/") {
+                        start += 2
+                    }
+                }
+                var i = start
+                while i < utf8.count, utf8[i] != UInt8(ascii: "/"), utf8[i] != UInt8(ascii: "?"),
+                    utf8[i] != UInt8(ascii: "#")
+                {
+                    i += 1
+                }
+                pathStart = i
+                var end = i
+                while end < utf8.count, utf8[end] != UInt8(ascii: "#") { end += 1 }
+                var mark = i
+                while mark < end, utf8[mark] != UInt8(ascii: "?") { mark += 1 }
+                func text(_ range: Range<Int>) -> String {
+                    String(decoding: UnsafeBufferPointer(rebasing: utf8[range]), as: UTF8.self)
+                }
+                return (text(i..<mark), mark < end ? text((mark + 1)..<end) : nil)
             }
-            let pathStart =
-                utf8[start...].firstIndex { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }
-                ?? utf8.endIndex
-            let end = utf8[pathStart...].firstIndex(of: UInt8(ascii: "#")) ?? utf8.endIndex
-            let mark = utf8[pathStart..<end].firstIndex(of: UInt8(ascii: "?"))
-            origin = String(decoding: utf8[..<pathStart], as: UTF8.self)
-            path = String(decoding: utf8[pathStart..<(mark ?? end)], as: UTF8.self)
-            query = mark.map { String(decoding: utf8[utf8.index(after: $0)..<end], as: UTF8.self) }
+            self.url = url
+            self.pathStart = pathStart
         }
+
+        /// `scheme://authority`.
+        var origin: String { String(decoding: url.utf8.prefix(pathStart), as: UTF8.self) }
     }
 
     /// A byte that cannot appear in a request target: a control byte, a space, `#`.

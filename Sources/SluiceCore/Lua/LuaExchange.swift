@@ -79,6 +79,11 @@ public final class LuaExchange {
         Lua.push(L, "vars")
         lua_rawget(L, -2)
         defer { sluice_lua_pop(L, 2) }
+        // Most scripts leave `vars` empty: no value is read for those.
+        guard lua_type(L, -1) == LUA_TTABLE else { return [:] }
+        lua_pushnil(L)
+        guard lua_next(L, -2) != 0 else { return [:] }
+        sluice_lua_pop(L, 2)
         if case .table(let fields) = Lua.value(L, -1) { return fields }
         return [:]
     }

@@ -9,6 +9,10 @@ public final class LuaStateCache {
         var memory: Int
     }
     private var states: [Key: LuaState] = [:]
+    /// The last state looked up, by its key: a worker's requests mostly name one script, and
+    /// hashing its content hash (64 characters) costs more than comparing it with the same
+    /// string.
+    private var last: (key: Key, state: LuaState)?
     private let clock: LuaClock
     private let log: (LuaLogLine) -> Void
     /// The last call a `LuaAdapter` ran with this cache (`takeLastCall`).
@@ -25,10 +29,15 @@ public final class LuaStateCache {
     /// script does not load.
     public func state(for script: LuaScript, limits: LuaLimits = .default) throws(LuaLoadError) -> LuaState {
         let key = Key(contentHash: script.contentHash, memory: limits.memory)
-        if let state = states[key], !state.isPoisoned { return state }
+        if let last, last.key == key, !last.state.isPoisoned { return last.state }
+        if let state = states[key], !state.isPoisoned {
+            last = (key, state)
+            return state
+        }
         states[key] = nil
         let state = try LuaState.load(script, limits: limits, clock: clock, log: log)
         states[key] = state
+        last = (key, state)
         return state
     }
 
@@ -38,5 +47,6 @@ public final class LuaStateCache {
     /// Drops the states no live policy uses (after a reload): `keep` is the scripts that remain.
     public func retain(only keep: Set<String>) {
         states = states.filter { keep.contains($0.key.contentHash) }
+        last = nil
     }
 }

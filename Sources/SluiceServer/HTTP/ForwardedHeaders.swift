@@ -93,36 +93,49 @@ enum ForwardedHeaders {
     }
 
     /// The fields of a request head that travel upstream (hop-by-hop and framing fields
-    /// removed), as the pipeline's `HTTPFields`.
-    static func forwardedFields(of head: HTTPRequestHead, forwarding: ForwardingFields? = nil) -> HTTPFields {
+    /// removed), as the pipeline's `HTTPFields`. With `edits` (`HostPolicy.modelHeaderPlan`),
+    /// the fields it replaces are left out (the caller appends the plan's own after the
+    /// request id). `reserving`: room for as many more fields, so that the caller's appends
+    /// (and the adapters') do not grow the storage again.
+    static func forwardedFields(
+        of head: HTTPRequestHead, forwarding: ForwardingFields? = nil, edits: HeaderEditPlan? = nil,
+        reserving extra: Int = 0
+    ) -> HTTPFields {
         var fields = HTTPFields()
+        fields.reserveCapacity(head.fields.count + extra)
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])
                 if isDroppedRequestField(name) { continue }
                 if let forwarding, forwarding.removes(name) { continue }
                 if !head.connectionTokens.isEmpty, head.connectionTokens.contains(lowercasedName(name)) { continue }
+                if let edits, edits.replaces(name) { continue }
                 guard let name = HTTPField.Name(head.string(field.name)) else { continue }
                 fields.append(HTTPField(name: name, lenientValue: buf[field.value]))
             }
         }
         if let forwarding {
             for (name, value) in forwarding.lines(for: head) {
+                var name = name
+                if let edits, name.withUTF8({ edits.replaces($0) }) { continue }
                 if let name = HTTPField.Name(name) { fields.append(HTTPField(name: name, value: value)) }
             }
         }
         return fields
     }
 
-    /// The header lines of a request the pipeline adapted.
+    /// The header lines of a request the pipeline adapted. Names and values are copied from
+    /// their bytes: `field.value` would make a `String` of a value kept as bytes.
     static func requestLines(
         for fields: HTTPFields, viaLine: [UInt8], builder: inout RequestHeaderLines.Builder
     ) -> RequestHeaderLines {
         builder.reset()
         for field in fields {
-            var lower = field.name.canonicalName
-            if lower.withUTF8({ isDroppedRequestField($0) }) { continue }
-            builder.append(name: field.name.rawName.utf8, value: field.value.utf8)
+            var name = field.name.rawName
+            name.withUTF8 { name in
+                if isDroppedRequestField(name) { return }
+                field.withUnsafeBytesOfValue { builder.append(name: name, value: $0) }
+            }
         }
         builder.append(line: viaLine)
         return builder.makeLines()

@@ -3,7 +3,8 @@ import SluiceCore
 /// `adapters` (docs/configuration.md, "Adapters"): the policy's interceptor adapts the request
 /// — headers, bearer and API keys, OAuth 2 tokens, deflate — on a request model built only
 /// when one is needed; adapters that only edit header fields are applied as the upstream
-/// header lines are built, with no model at all. Whether they run is the `ExchangeMachine`'s to
+/// header lines are built, with no model at all, or — before `lua` scripts — as the model's
+/// fields are built (`HostPolicy.modelHeaderPlan`). Whether they run is the `ExchangeMachine`'s to
 /// decide; when they do, the request waits for their answer (`StageWait.adaptation`), which
 /// comes at once or — from an adapter that must fetch a token — later on this thread.
 enum AdaptersStage: RequestStage {
@@ -13,8 +14,18 @@ enum AdaptersStage: RequestStage {
         var model: ProxyRequest?
         if exchange.inspect({ $0.needsRequestModel }) {
             let head = exchange.head
-            var fields = ForwardedHeaders.forwardedFields(of: head, forwarding: exchange.client.forwarding)
-            if let generated = exchange.generatedRequestId { fields[ForwardedHeaders.requestIdName] = generated }
+            let plan = exchange.policy.modelHeaderPlan
+            let planFields = exchange.policy.modelHeaderFields
+            // Room for the request id, the plan's fields and a few an adapter adds.
+            var fields = ForwardedHeaders.forwardedFields(
+                of: head, forwarding: exchange.client.forwarding, edits: plan, reserving: planFields.count + 4)
+            if let generated = exchange.generatedRequestId {
+                var name = "x-request-id"
+                if !(plan.map { plan in name.withUTF8 { plan.replaces($0) } } ?? false) {
+                    fields[ForwardedHeaders.requestIdName] = generated
+                }
+            }
+            for field in planFields { fields.append(field) }
             model = ProxyRequest(
                 id: exchange.id, method: head.method, url: exchange.target.url,
                 headerFields: fields, body: Self.bodyMode(head))
