@@ -136,6 +136,7 @@ public final class LuaState {
         guard loadChunk(script.source, name: "=" + script.name) == LUA_OK else {
             throw LuaLoadError(script: script.name, message: Lua.string(L, -1) ?? "\(script.name): cannot load")
         }
+        try refuseHookGlobalWrites()
         lua_rawgeti(L, Lua.registry, lua_Integer(environmentRef))
         _ = lua_setupvalue(L, -2, 1)
         let co = lua_newthread(L)!
@@ -153,6 +154,16 @@ public final class LuaState {
         lua_rawgeti(L, Lua.registry, lua_Integer(freezeRef))
         _ = sluice_lua_pcall(L, 0, 0)
         luaL_unref(L, Lua.registry, freezeRef)
+    }
+
+    /// Refuses the compiled script on top of the stack when a function of it other than the
+    /// top level assigns a global (`LuaBytecode`): found at load, not by the first request.
+    private func refuseHookGlobalWrites() throws(LuaLoadError) {
+        let chunk = LuaBytecode(LuaBytecode.dump(L))
+        assert(chunk != nil, "lua_dump no longer writes Lua 5.4.4's format")
+        if let write = chunk?.hookGlobalWrites.first {
+            throw LuaLoadError(script: script.name, message: "\(script.name):\(write.line): hook writes global '\(write.name)'")
+        }
     }
 
     private func loadChunk(_ source: String, name: String) -> Int32 {

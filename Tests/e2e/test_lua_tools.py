@@ -1,0 +1,54 @@
+"""Tools around `lua` scripts (docs/scripting.md): the load-time refusal of a hook that writes
+a global (`sluice check`, start, reload); `sluice lua test` against messages in files; the
+script's own counters (`sluice.metric`) and the call-duration histogram; the host page's last
+script errors; and reloads that change a script's content, after which each worker keeps one
+state per script (`sluice_lua_states`)."""
+
+import json
+import subprocess
+
+from policy_support import sighup, stderr_len, stderr_since
+from support import HOST, wait_until
+from test_admin import admin_proxy
+from test_lua import access_log, arrived, get, lua_policy
+from test_metric_values import metrics_proxy, scrape, settled, value
+
+WRITES_GLOBAL = "return {\n  on_request = function(req)\n    counter = 1\n  end,\n}\n"
+
+
+def check(sluice_bin, config) -> subprocess.CompletedProcess:
+    return subprocess.run([sluice_bin, "check", "--config", str(config)], capture_output=True, text=True, timeout=30)
+
+
+# ------------------------------------------------------------------------------------------
+# Globals written by hooks are refused at load
+# ------------------------------------------------------------------------------------------
+
+def test_check_and_start_refuse_a_hook_that_writes_a_global(sluice_bin, tmp_path):
+    (tmp_path / "w.lua").write_text(WRITES_GLOBAL)
+    config = tmp_path / "s.yaml"
+    config.write_text(f"policies:\n  {HOST}:\n    adapters:\n      - lua: {{ file: w.lua }}\n")
+    out = check(sluice_bin, config)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert f"{config}:4:" in text and "w.lua:3: hook writes global 'counter'" in text, text
+    run = subprocess.run([sluice_bin, "run", "--config", str(config)], capture_output=True, text=True, timeout=30)
+    assert run.returncode != 0 and "w.lua:3: hook writes global 'counter'" in run.stderr, run.stderr
+    # The top level may set globals; a local named like one is no global.
+    (tmp_path / "w.lua").write_text("limit = 3\nlocal counter = 0\n"
+                                    "return { on_request = function(req) counter = counter + limit end }\n")
+    assert check(sluice_bin, config).returncode == 0
+
+
+def test_reload_keeps_the_old_script_when_a_hook_writes_a_global(sluice_factory, recorder, tmp_path):
+    script = tmp_path / "tag.lua"
+    script.write_text('return { on_request = function(req) req.headers:set("X-Version", "1") end }')
+    proxy = sluice_factory(lua_policy({"file": "tag.lua"}, tmp_path))
+    assert get(proxy, recorder).status_code == 200
+    offset = stderr_len(proxy)
+    script.write_text('return { on_request = function(req) req.headers:set("X-Version", "2") seen = true end }')
+    sighup(proxy)
+    assert wait_until(lambda: "tag.lua:1: hook writes global 'seen'" in stderr_since(proxy, offset), 10), \
+        stderr_since(proxy, offset)
+    assert get(proxy, recorder).status_code == 200
+    assert arrived(recorder)["headers"]["x-version"] == "1"
