@@ -52,3 +52,26 @@ def test_reload_keeps_the_old_script_when_a_hook_writes_a_global(sluice_factory,
         stderr_since(proxy, offset)
     assert get(proxy, recorder).status_code == 200
     assert arrived(recorder)["headers"]["x-version"] == "1"
+
+
+def test_states_stay_one_per_script_per_worker_across_reloads(sluice_factory, recorder, tmp_path):
+    script = tmp_path / "tag.lua"
+
+    def write(version: int):
+        script.write_text(f'return {{ on_request = function(req) req.headers:set("X-Version", "{version}") end }}')
+    write(0)
+    proxy, admin = metrics_proxy(sluice_factory, 2, policies={HOST: {"adapters": [{"lua": {"file": str(script)}}]}})
+    for version in range(1, 7):
+        write(version)
+        sighup(proxy)
+
+        def served():
+            get(proxy, recorder)
+            return arrived(recorder)["headers"].get("x-version") == str(version)
+        assert wait_until(served, 10)
+        for _ in range(4):  # both workers run the new content (each request goes to either)
+            assert get(proxy, recorder).status_code == 200
+    states = value(scrape(admin), "sluice_lua_states")
+    # One state per worker for the content now loaded; without the reload's clean-up, one per
+    # content each worker ever ran (up to 14).
+    assert 1 <= states <= 2, states

@@ -38,6 +38,9 @@ public final class SluiceMetrics: Sendable {
     public static let luaCalls = Metric(
         name: "sluice_lua_calls_total", kind: .counter, labels: ["script", "hook", "outcome"],
         help: "Calls of lua scripts' hooks, by script, hook (on_request) and outcome (ok, error, limit)")
+    public static let luaStates = Metric(
+        name: "sluice_lua_states", kind: .gauge, labels: [],
+        help: "Lua states alive in the process: one per script content per worker that ran it, read when /metrics is scraped")
     public static let trustFailures = Metric(
         name: "sluice_trust_failures_total", kind: .counter, labels: ["evaluator"],
         help: "Upstream certificates refused by a trust evaluator, by evaluator")
@@ -170,7 +173,7 @@ public final class SluiceMetrics: Sendable {
 
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
-        requests, retries, retriesStopped, luaCalls, trustFailures, credentialRefreshes,
+        requests, retries, retriesStopped, luaCalls, luaStates, trustFailures, credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests, upstreamTries,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
@@ -363,6 +366,11 @@ public final class SluiceMetrics: Sendable {
     /// A write of the disk cache tier failed.
     public func recordCacheDiskWriteFailure() {
         counter(Self.cacheDiskWriteFailures).increment()
+    }
+
+    /// The Lua states alive (`LuaState.alive`), set just before `/metrics` is emitted.
+    public func recordLuaStates() {
+        gauge(Self.luaStates).record(LuaState.alive)
     }
 
     /// The instances alive at the fleet's last heartbeat, set just before `/metrics` is emitted.

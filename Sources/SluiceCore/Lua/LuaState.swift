@@ -1,4 +1,5 @@
 import CLua
+import Synchronization
 
 /// One Lua state: one script's content compiled once, run by every policy of one worker that
 /// uses that content (`LuaStateCache` keys states by content hash and memory cap). Each hook
@@ -77,7 +78,13 @@ public final class LuaState {
         return state
     }
 
+    /// States alive in the process, every worker's (`sluice_lua_states`): one per script
+    /// content per worker once old ones are dropped after a reload (`LuaStateCache.retain`).
+    public static var alive: Int { aliveCount.load(ordering: .relaxed) }
+    private static let aliveCount = Atomic<Int>(0)
+
     private init(script: LuaScript, limits: LuaLimits, clock: LuaClock, log: @escaping (LuaLogLine) -> Void) {
+        Self.aliveCount.add(1, ordering: .relaxed)
         self.script = script
         self.memoryLimit = limits.memory
         self.clock = clock
@@ -101,6 +108,7 @@ public final class LuaState {
     deinit {
         lua_close(L)
         meter.deallocate()
+        Self.aliveCount.subtract(1, ordering: .relaxed)
     }
 
     /// The state for Swift callbacks: the owner recorded in the meter of `L` (any thread of it).

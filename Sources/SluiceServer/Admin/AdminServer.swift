@@ -329,6 +329,7 @@ final class AdminServer: @unchecked Sendable {
         if server.currentConfiguration.server.fleet != nil {
             SluiceMetrics.shared.recordFleet(instances: server.fleetShared.instancesAlive.load(ordering: .relaxed))
         }
+        SluiceMetrics.shared.recordLuaStates()
         SluiceMetrics.shared.recordState(
             generation: server.configurationGeneration,
             workers: workerCounts().map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
