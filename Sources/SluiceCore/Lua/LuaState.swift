@@ -127,6 +127,7 @@ public final class LuaState {
             ("utf8", luaopen_utf8),
         ] as [(String, Lua.Function)] {
             luaL_requiref(L, name, open, 1)
+            if name == "string" { sluice_lua_meter_patterns(L) }
             sluice_lua_pop(L, 1)
         }
         // The sandbox: trusted code, run on the main thread without a budget.
