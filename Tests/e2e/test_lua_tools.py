@@ -54,6 +54,45 @@ def test_reload_keeps_the_old_script_when_a_hook_writes_a_global(sluice_factory,
     assert arrived(recorder)["headers"]["x-version"] == "1"
 
 
+# ------------------------------------------------------------------------------------------
+# Metrics: sluice.metric, the call-duration histogram, the states after reloads
+# ------------------------------------------------------------------------------------------
+
+COUNTING = """
+local hits = sluice.metric("hits")
+return { on_request = function(req)
+  hits:inc()
+  sluice.metric("by_" .. req.method:lower()):inc(2)
+  if req.path == "/bad" then sluice.metric("Bad-" .. req.path):inc() end
+end }
+"""
+
+
+def test_script_counters_and_call_durations(sluice_factory, recorder):
+    proxy, admin = metrics_proxy(sluice_factory, 2, policies={HOST: {"adapters": [
+        {"lua": {"source": COUNTING, "on_error": "fail_closed"}}]}})
+    for path in ("/a", "/b", "/c"):
+        assert get(proxy, recorder, path).status_code == 200
+    def counted(name: str, n: int) -> bool:
+        # (a label called `name` cannot go through settled()'s keywords)
+        return scrape(admin).get(("sluice_lua_counter_total", frozenset({("script", "source.lua"), ("name", name)}))) == n
+    assert wait_until(lambda: counted("hits", 3) and counted("by_get", 6), 5), scrape(admin)
+    settled(admin, "sluice_lua_call_duration_seconds_count", 3, script="source.lua", hook="on_request")
+    # A name made at run time that is not a metric name: the call fails (502), nothing counted.
+    assert get(proxy, recorder, "/bad").status_code == 502
+    samples = settled(admin, "sluice_lua_calls_total", 1, script="source.lua", hook="on_request", outcome="error")
+    assert not [k for k in samples if k[0] == "sluice_lua_counter_total" and ("name", "Bad-/bad") in k[1]]
+
+
+def test_a_literal_metric_name_is_checked_at_load(sluice_bin, tmp_path):
+    (tmp_path / "m.lua").write_text('return { on_log = function()\n  sluice.metric("Requests-Total"):inc()\nend }\n')
+    config = tmp_path / "s.yaml"
+    config.write_text(f"policies:\n  {HOST}:\n    adapters:\n      - lua: {{ file: m.lua }}\n")
+    out = check(sluice_bin, config)
+    assert out.returncode != 0
+    assert "m.lua:2: metric name 'Requests-Total' is not [a-z_][a-z0-9_]*" in out.stdout + out.stderr, out
+
+
 def test_states_stay_one_per_script_per_worker_across_reloads(sluice_factory, recorder, tmp_path):
     script = tmp_path / "tag.lua"
 

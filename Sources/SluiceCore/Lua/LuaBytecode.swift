@@ -49,7 +49,7 @@ struct LuaBytecode {
         }
     }
 
-    /// A name where the source uses it: a global written.
+    /// A name where the source uses it: a global written, a metric's name.
     struct Site: Equatable {
         var name: String
         var line: Int
@@ -72,9 +72,46 @@ struct LuaBytecode {
         return found.sorted { ($0.line, $0.name) < ($1.line, $1.name) }
     }
 
+    /// The literal names of `sluice.metric("name")` calls, in every function (checked at load,
+    /// `LuaMetricAPI`): `GETTABUP "sluice"`, `GETFIELD "metric"` on its result, `LOADK` of
+    /// the name into the call's first argument, and the call itself. A name passed any other
+    /// way (`"by_" .. method`, a variable) is checked when the call runs.
+    var metricNames: [Site] {
+        var found: [Site] = []
+        var pending = [main]
+        while let function = pending.popLast() {
+            pending += function.children
+            let code = function.code
+            for pc in code.indices.dropFirst().dropLast(2) where code[pc] & 0x7F == Self.getField {
+                let previous = code[pc - 1]
+                let next = code[pc + 1]
+                let call = code[pc + 2]
+                let register = (code[pc] >> 7) & 0xFF
+                guard previous & 0x7F == Self.getTableUpvalue, (previous >> 7) & 0xFF == (code[pc] >> 16) & 0xFF,
+                    function.string(Int(previous >> 24)) == "sluice", function.string(Int(code[pc] >> 24)) == "metric",
+                    next & 0x7F == Self.loadConstant, (next >> 7) & 0xFF == register + 1,
+                    call & 0x7F == Self.call || call & 0x7F == Self.tailCall, (call >> 7) & 0xFF == register,
+                    let name = function.string(Int(next >> 15))
+                else { continue }
+                found.append(Site(name: name, line: function.line(at: pc + 1)))
+            }
+        }
+        return found.sorted { ($0.line, $0.name) < ($1.line, $1.name) }
+    }
+
     // Opcodes (lopcodes.h of 5.4.4).
+    /// `OP_LOADK`, `R[A] := K[Bx]`.
+    private static let loadConstant: UInt32 = 3
+    /// `OP_GETTABUP`, `R[A] := UpValue[B][K[C]:shortstring]`.
+    private static let getTableUpvalue: UInt32 = 11
+    /// `OP_GETFIELD`, `R[A] := R[B][K[C]:shortstring]`.
+    private static let getField: UInt32 = 14
     /// `OP_SETTABUP`, `UpValue[A][K[B]:shortstring] := RK(C)`.
     private static let setTableUpvalue: UInt32 = 15
+    /// `OP_CALL`, `R[A], … := R[A](R[A+1], …)`.
+    private static let call: UInt32 = 68
+    /// `OP_TAILCALL`, `return R[A](R[A+1], …)`.
+    private static let tailCall: UInt32 = 69
 
     private static func collect(_ function: Function, parentGlobals: Set<Int>, into found: inout [Site]) {
         var globals = Set<Int>()

@@ -53,6 +53,8 @@ public final class LuaState {
     @exclusivity(unchecked) private var idle: [LuaCallSlot] = []
     /// The slot whose coroutine is running (for `sluice.log`'s request id).
     @exclusivity(unchecked) var current: LuaCallSlot?
+    /// The script's `sluice.metric` counters (`LuaMetricAPI`).
+    @exclusivity(unchecked) var counters = LuaCounters()
     /// Header names recently used by the script (`LuaMessageAPI`).
     @exclusivity(unchecked) var headerNames = LuaHeaderNames()
     /// `ctx.config` tables already built, by the `LuaConfig` they came from.
@@ -166,12 +168,18 @@ public final class LuaState {
     }
 
     /// Refuses the compiled script on top of the stack when a function of it other than the
-    /// top level assigns a global (`LuaBytecode`): found at load, not by the first request.
+    /// top level assigns a global, or names a metric with a literal that is not a metric name
+    /// (`LuaBytecode`): found at load, not by the first request.
     private func refuseHookGlobalWrites() throws(LuaLoadError) {
         let chunk = LuaBytecode(LuaBytecode.dump(L))
         assert(chunk != nil, "lua_dump no longer writes Lua 5.4.4's format")
         if let write = chunk?.hookGlobalWrites.first {
             throw LuaLoadError(script: script.name, message: "\(script.name):\(write.line): hook writes global '\(write.name)'")
+        }
+        if let bad = chunk?.metricNames.first(where: { !LuaMetricAPI.isValidName($0.name.utf8) }) {
+            throw LuaLoadError(
+                script: script.name,
+                message: "\(script.name):\(bad.line): \(LuaMetricAPI.invalidNameMessage(bad.name))")
         }
     }
 
