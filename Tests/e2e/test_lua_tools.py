@@ -55,6 +55,72 @@ def test_reload_keeps_the_old_script_when_a_hook_writes_a_global(sluice_factory,
 
 
 # ------------------------------------------------------------------------------------------
+# sluice lua test
+# ------------------------------------------------------------------------------------------
+
+SCRIPT = """
+return {
+  on_request = function(req, ctx)
+    req.headers:set("Authorization", "Bearer " .. ctx.config.tokens[req.headers:get("X-Tenant")])
+    req.headers:remove("X-Tenant")
+    ctx.vars.tenant = "acme"
+  end,
+  on_response = function(res, ctx)
+    res.headers:set("X-Seen-Status", tostring(res.status))
+    res.headers:remove("Server")
+  end,
+  on_log = function(ctx)
+    ctx.vars.done = true
+    sluice.log.info("logged", ctx.vars.tenant)
+  end,
+}
+"""
+
+
+def lua_test(sluice_bin, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sluice_bin, "lua", "test", *map(str, args)], capture_output=True, text=True, timeout=30)
+
+
+def test_lua_test_runs_every_hook_against_messages_in_files(sluice_bin, tmp_path):
+    (tmp_path / "s.lua").write_text(SCRIPT)
+    (tmp_path / "req.http").write_bytes(b"GET /v1/items?page=2 HTTP/1.1\r\nHost: api.test\r\nX-Tenant: acme\r\n\r\n")
+    (tmp_path / "res.http").write_text("HTTP/1.1 200 OK\nServer: origin/1\nContent-Type: text/plain\n\nhello\n")
+    (tmp_path / "config.json").write_text(json.dumps({"tokens": {"acme": "tok-acme"}}))
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http", "--response",
+                   tmp_path / "res.http", "--config", tmp_path / "config.json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    request = text.split("--- request\n")[1].split("\n--- ")[0]
+    assert request.startswith("GET /v1/items?page=2 HTTP/1.1\n"), text
+    assert "Authorization: Bearer tok-acme\n" in request and "X-Tenant" not in request, text
+    response = text.split("--- response\n")[1].split("\n--- ")[0]
+    assert response.startswith("HTTP/1.1 200\n") and "X-Seen-Status: 200\n" in response, text
+    assert "Server:" not in response and response.endswith("\n\nhello"), text
+    assert "on_request: ok" in text and "on_response: ok" in text and "on_log: ok" in text, text
+    assert "log info s.lua:14: logged acme" in text.split("--- request")[0], text
+    logs = [json.loads(line[len("lua: "):]) for line in text.split("--- log\n")[1].splitlines()]
+    assert [entry["hook"] for entry in logs] == ["on_request", "on_response", "on_log"], logs
+    assert logs[-1]["vars"] == {"tenant": "acme", "done": True} and logs[-1]["outcome"] == "ok", logs
+
+
+def test_lua_test_fails_on_a_script_error_and_on_bad_files(sluice_bin, tmp_path):
+    (tmp_path / "s.lua").write_text(SCRIPT)
+    (tmp_path / "req.http").write_text("GET / HTTP/1.1\nX-Tenant: nobody\n\n")
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http")
+    assert out.returncode == 1, out.stdout + out.stderr
+    # (no --config: ctx.config is empty)
+    assert "on_request: error: s.lua:4: attempt to index a nil value (field 'tokens')" in out.stdout, out.stdout
+    # The request is printed as it was: a failed call's edits are dropped.
+    assert "X-Tenant: nobody" in out.stdout.split("--- request\n")[1], out.stdout
+    (tmp_path / "bad.http").write_text("not a request\n")
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "bad.http")
+    assert out.returncode == 1 and "bad.http:1: not a request line" in out.stderr, out.stderr
+    (tmp_path / "w.lua").write_text(WRITES_GLOBAL)
+    out = lua_test(sluice_bin, tmp_path / "w.lua", "--request", tmp_path / "req.http")
+    assert out.returncode == 1 and "w.lua:3: hook writes global 'counter'" in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------------------------------
 # Metrics: sluice.metric, the call-duration histogram, the states after reloads
 # ------------------------------------------------------------------------------------------
 

@@ -104,15 +104,15 @@ public struct LuaAdapter: RequestAdapter {
 
     /// An absolute URL split for `req.path` and `req.query` on its UTF-8 bytes (`URLParts`
     /// slices by Character, some 20,000 instructions a request).
-    struct Target {
+    public struct Target {
         /// `scheme://authority`.
-        var origin: String
+        public var origin: String
         /// As sent, without query or fragment; empty when the URL has none.
-        var path: String
+        public var path: String
         /// Without its `?`; nil when the URL has none.
-        var query: String?
+        public var query: String?
 
-        init(_ url: String) {
+        public init(_ url: String) {
             let utf8 = url.utf8
             var start = utf8.startIndex
             if let colon = utf8.firstIndex(of: UInt8(ascii: ":")) {
