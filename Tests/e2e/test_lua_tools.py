@@ -180,3 +180,28 @@ def test_states_stay_one_per_script_per_worker_across_reloads(sluice_factory, re
     # One state per worker for the content now loaded; without the reload's clean-up, one per
     # content each worker ever ran (up to 14).
     assert 1 <= states <= 2, states
+
+
+# ------------------------------------------------------------------------------------------
+# The dashboard's host page: the last script errors
+# ------------------------------------------------------------------------------------------
+
+def test_the_host_page_lists_the_last_script_errors(sluice_factory, recorder, tmp_path):
+    source = 'return { on_request = function(req) if req.path ~= "/ok" then error("no " .. req.path) end end }'
+    proxy, admin = admin_proxy(sluice_factory, {
+        "monitors": [{"metrics": {}}, {"access_log": {"path": str(tmp_path / "access.log")}}],
+        "policies": {HOST: {"adapters": [{"lua": {"source": source}}]}}}, workers=1)
+    assert get(proxy, recorder, "/ok").status_code == 200
+    for i in range(12):
+        assert get(proxy, recorder, f"/e{i}").status_code == 502
+
+    def errors():
+        return admin.call("GET", "/dashboard/host?host=" + HOST, spec_path="/dashboard/host")[1]["script_errors"]
+    assert wait_until(lambda: len(errors()) == 10 and errors()[-1]["error"].endswith("no /e11"), 10), errors()
+    listed = errors()
+    # The last ten, oldest first, each with the id the 502 named and the access log has.
+    assert [e["error"] for e in listed] == [f"source.lua:1: no /e{i}" for i in range(2, 12)], listed
+    assert all(e["script"] == "source.lua" and e["hook"] == "on_request" and e["outcome"] == "error" for e in listed)
+    logged = {entry["lua"]["error"]: entry["id"]
+              for entry in access_log(tmp_path).wait_for(lambda e: e.get("status") == 502, n=12)}
+    assert all(logged[e["error"]] == e["id"] for e in listed), (logged, listed)
