@@ -86,25 +86,48 @@ static int sluice_lua_hook_raise(lua_State *L, lua_Debug *ar, const char *what) 
     return lua_error(L);
 }
 
-/// The count hook. Once a limit stops a call, every later hook raises again at once (the
-/// period drops to 1), so a script's `pcall` cannot swallow the stop.
-static void sluice_lua_hook(lua_State *L, lua_Debug *ar) {
+/// Counts `periods` of the call's instruction budget and reads the clock; returns whether the
+/// call may go on (no limit has stopped it).
+static int sluice_lua_tick(sluice_lua_meter *m, long long periods) {
+    if (m->stopped != SLUICE_LUA_RUNNING) return 0;
+    m->periods += periods;
+    if (m->periods >= m->period_limit)
+        m->stopped = SLUICE_LUA_STOPPED_INSTRUCTIONS;
+    else if (sluice_lua_now_us(m) >= m->deadline_us)
+        m->stopped = SLUICE_LUA_STOPPED_WALL;
+    else
+        return 1;
+    return 0;
+}
+
+static void sluice_lua_hook(lua_State *L, lua_Debug *ar);
+
+/// Raises the stop of the call running `ar`'s function. From then on every hook raises again
+/// at once (the period drops to 1), so a script's `pcall` cannot swallow the stop.
+static void sluice_lua_raise_stop(lua_State *L, lua_Debug *ar) {
     sluice_lua_meter *m = sluice_lua_meter_of(L);
-    if (m->stopped == SLUICE_LUA_RUNNING) {
-        m->periods += 1;
-        if (m->periods >= m->period_limit)
-            m->stopped = SLUICE_LUA_STOPPED_INSTRUCTIONS;
-        else if (sluice_lua_now_us(m) >= m->deadline_us)
-            m->stopped = SLUICE_LUA_STOPPED_WALL;
-        else
-            return;
-    }
     lua_sethook(L, sluice_lua_hook, LUA_MASKCOUNT, 1);
     switch (m->stopped) {
     case SLUICE_LUA_STOPPED_INSTRUCTIONS: sluice_lua_hook_raise(L, ar, "instruction limit reached"); break;
     case SLUICE_LUA_STOPPED_WALL: sluice_lua_hook_raise(L, ar, "wall-clock limit reached"); break;
     default: sluice_lua_hook_raise(L, ar, "memory limit reached"); break;
     }
+}
+
+/// The count hook.
+static void sluice_lua_hook(lua_State *L, lua_Debug *ar) {
+    if (!sluice_lua_tick(sluice_lua_meter_of(L), 1)) sluice_lua_raise_stop(L, ar);
+}
+
+/// Charges `periods` to the call from a C function the script called (the pattern matcher of
+/// match.h), where the count hook cannot fire; raises, located at the script's calling line,
+/// when a limit stops the call.
+static void sluice_lua_charge(lua_State *L, long long periods) {
+    if (sluice_lua_tick(sluice_lua_meter_of(L), periods)) return;
+    lua_Debug ar;
+    if (lua_getstack(L, 1, &ar)) sluice_lua_raise_stop(L, &ar);
+    lua_pushliteral(L, "limit reached");
+    lua_error(L);
 }
 
 /// Arms `co` for one call: the count hook at its period (which also resets its counter).
@@ -169,5 +192,19 @@ static inline int sluice_lua_load(lua_State *L, const char *text, size_t len, co
     return luaL_loadbufferx(L, text, len, chunkname, "t");
 }
 static inline void sluice_lua_pushcfunction(lua_State *L, lua_CFunction f) { lua_pushcfunction(L, f); }
+
+#include "match.h"
+
+/// Puts the metered pattern functions (match.h) in the `string` table on top of `L`.
+static inline void sluice_lua_meter_patterns(lua_State *L) {
+    lua_pushcfunction(L, sluice_lua_str_find);
+    lua_setfield(L, -2, "find");
+    lua_pushcfunction(L, sluice_lua_str_match);
+    lua_setfield(L, -2, "match");
+    lua_pushcfunction(L, sluice_lua_gmatch);
+    lua_setfield(L, -2, "gmatch");
+    lua_pushcfunction(L, sluice_lua_str_gsub);
+    lua_setfield(L, -2, "gsub");
+}
 
 #endif

@@ -29,7 +29,7 @@ struct Sluice: ParsableCommand {
             Shell completions: sluice --generate-completion-script bash|zsh|fish
             """,
         version: version,
-        subcommands: [Run.self, Check.self, CA.self, Top.self],
+        subcommands: [Run.self, Check.self, CA.self, Top.self, LuaCommand.self],
         defaultSubcommand: nil
     )
 }

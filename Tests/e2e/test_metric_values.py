@@ -364,6 +364,9 @@ def test_credential_refreshed(sluice_factory, token_server_factory, bearer_facto
 # The metrics whose scenario needs a setup of its own, and the test that asserts their values.
 ELSEWHERE = {
     "sluice_lua_calls_total": ("test_lua.py", "def test_calls_are_counted"),
+    "sluice_lua_call_duration_seconds": ("test_lua_tools.py", "def test_script_counters_and_call_durations"),
+    "sluice_lua_counter_total": ("test_lua_tools.py", "def test_script_counters_and_call_durations"),
+    "sluice_lua_states": ("test_lua_tools.py", "def test_states_stay_one_per_script_per_worker_across_reloads"),
     "sluice_requests_queued_total": ("test_overload.py", "def test_"),
     "sluice_requests_refused_total": ("test_overload.py", "def test_"),
     "sluice_rate_limit_learned_total": ("test_admin.py", "def test_limits_lists_what_the_origin_asked_for"),

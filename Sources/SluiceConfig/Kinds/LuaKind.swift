@@ -126,7 +126,7 @@ enum LuaKind: InterceptorKind {
     }
 
     /// A YAML value as `ctx.config` holds it; nil (with an error) for what Lua cannot hold.
-    private static func value(_ node: Node, _ reader: inout NodeReader) -> LuaValue? {
+    static func value(_ node: Node, _ reader: inout NodeReader) -> LuaValue? {
         switch node {
         case .scalar(let scalar):
             if scalar.style == .plain {

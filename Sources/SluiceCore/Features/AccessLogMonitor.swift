@@ -157,6 +157,17 @@ public final class AccessLogMonitor: LogMonitor {
 
 }
 
+extension LuaCallRecord {
+    /// The record as the access log's `lua` object (`sluice lua test` prints it).
+    public var json: String {
+        var line = JSONLine()
+        AccessLogMonitor.write(self, into: &line)
+        var text = line.finish()
+        if text.hasSuffix("\n") { text.removeLast() }
+        return text
+    }
+}
+
 /// A monitor that writes lines to a `LogSink`, one instance per worker.
 public protocol LogMonitor: EventMonitor {
     /// The YAML name (`access_log`, `debug`).

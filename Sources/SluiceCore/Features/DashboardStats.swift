@@ -95,6 +95,30 @@ public final class DashboardStats: Sendable {
         }
     }
 
+    /// One of a host's recent script errors (its page on the dashboard): a `lua` hook that
+    /// failed or was stopped by a limit, whatever the client got (`fail_open` goes on).
+    /// Encoded as `GET /dashboard/host` sends it (docs/admin-api.yaml, `DashboardHost`).
+    public struct ScriptError: Sendable, Equatable, Encodable {
+        public var timeMilliseconds: Int64
+        public var script: String
+        public var hook: String
+        /// `error` or `limit`.
+        public var outcome: String
+        /// The script's message (`sign.lua:42: attempt to index a nil value`), cut as a failed
+        /// exchange's error is.
+        public var error: String
+        /// The exchange's id, as the access log's `id` and the `502`'s body give it.
+        public var id: UInt64
+
+        enum CodingKeys: String, CodingKey {
+            case script, hook, outcome, error, id
+            case timeMilliseconds = "time_ms"
+        }
+    }
+
+    /// A host's script errors kept: the last `10` (per worker; the merge keeps the newest).
+    public static let scriptErrorsPerHost = 10
+
     /// A host's failed exchanges kept (per worker; the merge keeps the newest this many).
     public static let failuresPerHost = 50
     /// The longest URL and error a failed exchange keeps (longer ones end with `…`).
@@ -129,6 +153,8 @@ public final class DashboardStats: Sendable {
         var hosts: [String: HostRow] = [:]
         /// The last `failuresPerHost` failed exchanges per host, oldest first.
         var failed: [String: [FailedExchange]] = [:]
+        /// The last `scriptErrorsPerHost` script errors per host, oldest first.
+        var scriptErrors: [String: [ScriptError]] = [:]
         var latencies = [Int64](repeating: 0, count: DashboardStats.latencyWindow)
         var latencyCount = 0
         var latencyNext = 0
@@ -147,6 +173,7 @@ public final class DashboardStats: Sendable {
             let retries = Int64(s.retries.count)
             let total = s.timings?.total
             let failure = isError ? Failure(s).map { DashboardStats.failedExchange(s, $0) } : nil
+            let scriptError = s.lua.flatMap { DashboardStats.scriptError(s, $0) }
             state.withLock { s2 in
                 s2.requests += 1
                 s2.retries += retries
@@ -167,6 +194,10 @@ public final class DashboardStats: Sendable {
                 if let failure {
                     s2.failed[key, default: []].append(failure)
                     if s2.failed[key]!.count > DashboardStats.failuresPerHost { s2.failed[key]!.removeFirst() }
+                }
+                if let scriptError {
+                    s2.scriptErrors[key, default: []].append(scriptError)
+                    if s2.scriptErrors[key]!.count > DashboardStats.scriptErrorsPerHost { s2.scriptErrors[key]!.removeFirst() }
                 }
             }
         }
@@ -217,6 +248,15 @@ public final class DashboardStats: Sendable {
         return FailedExchange(
             timeMilliseconds: Int64(SystemClock().wallClockMilliseconds()), method: method, url: url,
             status: s.status, kind: failure.name, error: error, attempts: s.attempts)
+    }
+
+    /// `call` as a host's script error; nil when it succeeded.
+    static func scriptError(_ s: ExchangeSummary, _ call: LuaCallRecord) -> ScriptError? {
+        guard let error = call.error else { return nil }
+        return ScriptError(
+            timeMilliseconds: Int64(SystemClock().wallClockMilliseconds()), script: call.script, hook: call.hook,
+            outcome: call.outcome, error: error.count > failedErrorLimit ? String(error.prefix(failedErrorLimit)) + "…" : error,
+            id: s.id)
     }
 
     /// The shards by the thread that records into them: a worker keeps its shard across
@@ -282,6 +322,17 @@ extension DashboardStats {
         }
         all.sort { $0.timeMilliseconds < $1.timeMilliseconds }
         return Array(all.suffix(Self.failuresPerHost))
+    }
+
+    /// `host`'s last script errors, every worker's together, oldest first (at most
+    /// `scriptErrorsPerHost`).
+    public func scriptErrors(host: String) -> [ScriptError] {
+        var all: [ScriptError] = []
+        for shard in shards.withLock({ Array($0.values) }) {
+            shard.state.withLock { all.append(contentsOf: $0.scriptErrors[host] ?? []) }
+        }
+        all.sort { $0.timeMilliseconds < $1.timeMilliseconds }
+        return Array(all.suffix(Self.scriptErrorsPerHost))
     }
 }
 

@@ -38,6 +38,15 @@ public final class SluiceMetrics: Sendable {
     public static let luaCalls = Metric(
         name: "sluice_lua_calls_total", kind: .counter, labels: ["script", "hook", "outcome"],
         help: "Calls of lua scripts' hooks, by script, hook (on_request) and outcome (ok, error, limit)")
+    public static let luaCallDuration = Metric(
+        name: "sluice_lua_call_duration_seconds", kind: .histogram, labels: ["script", "hook"],
+        help: "Wall-clock time of lua scripts' hook calls (yields included), by script and hook")
+    public static let luaScriptCounters = Metric(
+        name: "sluice_lua_counter_total", kind: .counter, labels: ["script", "name"],
+        help: "Counters lua scripts keep with `sluice.metric(name):inc(n)`, by script and name (at most 64 names a script)")
+    public static let luaStates = Metric(
+        name: "sluice_lua_states", kind: .gauge, labels: [],
+        help: "Lua states alive in the process: one per script content per worker that ran it, read when /metrics is scraped")
     public static let trustFailures = Metric(
         name: "sluice_trust_failures_total", kind: .counter, labels: ["evaluator"],
         help: "Upstream certificates refused by a trust evaluator, by evaluator")
@@ -170,7 +179,8 @@ public final class SluiceMetrics: Sendable {
 
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
-        requests, retries, retriesStopped, luaCalls, trustFailures, credentialRefreshes,
+        requests, retries, retriesStopped, luaCalls, luaCallDuration, luaScriptCounters, luaStates, trustFailures,
+        credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests, upstreamTries,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
         connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
@@ -196,6 +206,12 @@ public final class SluiceMetrics: Sendable {
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
     ]
 
+    /// Hook call time buckets, in seconds: 10 µs to 1 s (a call is tens of microseconds; the
+    /// default wall-clock limit is 1 s).
+    public static let luaCallBuckets: [Double] = [
+        0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+    ]
+
     /// The process's metrics (a reload keeps every value).
     public static let shared = SluiceMetrics()
 
@@ -211,6 +227,9 @@ public final class SluiceMetrics: Sendable {
     /// The disk tier's kernel-send and verification byte counts already added to their
     /// counters (read from the tier at each scrape; only the difference is added).
     private let diskReported = Mutex<(sendfile: UInt64, verified: UInt64)>((0, 0))
+    /// The names each script's counters have taken (`sluice.metric`), by script name: at most
+    /// `LuaMetricAPI.maxNamesPerScript` each, so a script cannot grow the exposition unbounded.
+    private let luaCounterNames = Mutex<[String: Set<String>]>([:])
     let rateLimitWaitTimer: CoreMetrics.Timer
 
     private init() {
@@ -218,6 +237,9 @@ public final class SluiceMetrics: Sendable {
         let buckets = Self.durationBuckets.map { Duration.nanoseconds(Int64($0 * 1_000_000_000)) }
         for metric in Self.catalog where metric.kind == .histogram {
             factory.durationHistogramBuckets[metric.name] = buckets
+        }
+        factory.durationHistogramBuckets[Self.luaCallDuration.name] = Self.luaCallBuckets.map {
+            Duration.nanoseconds(Int64($0 * 1_000_000_000))
         }
         self.factory = factory
         rateLimitWaitTimer = CoreMetrics.Timer(label: Self.rateLimitWait.name, dimensions: [], factory: factory)
@@ -238,8 +260,8 @@ public final class SluiceMetrics: Sendable {
         CoreMetrics.Counter(label: metric.name, dimensions: labels, factory: factory)
     }
 
-    func timer(_ metric: Metric) -> CoreMetrics.Timer {
-        CoreMetrics.Timer(label: metric.name, dimensions: [], factory: factory)
+    func timer(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Timer {
+        CoreMetrics.Timer(label: metric.name, dimensions: labels, factory: factory)
     }
 
     func gauge(_ metric: Metric, _ labels: [(String, String)] = []) -> CoreMetrics.Gauge {
@@ -365,6 +387,23 @@ public final class SluiceMetrics: Sendable {
         counter(Self.cacheDiskWriteFailures).increment()
     }
 
+    /// The handle of script `script`'s counter `name` (`sluice.metric`); nil when the script
+    /// has `LuaMetricAPI.maxNamesPerScript` other names already.
+    func luaCounter(script: String, name: String) -> CoreMetrics.Counter? {
+        let allowed = luaCounterNames.withLock { names in
+            if names[script, default: []].contains(name) { return true }
+            guard names[script, default: []].count < LuaMetricAPI.maxNamesPerScript else { return false }
+            names[script, default: []].insert(name)
+            return true
+        }
+        return allowed ? counter(Self.luaScriptCounters, [("script", script), ("name", name)]) : nil
+    }
+
+    /// The Lua states alive (`LuaState.alive`), set just before `/metrics` is emitted.
+    public func recordLuaStates() {
+        gauge(Self.luaStates).record(LuaState.alive)
+    }
+
     /// The instances alive at the fleet's last heartbeat, set just before `/metrics` is emitted.
     public func recordFleet(instances: Int) {
         gauge(Self.fleetInstances).record(instances)
@@ -466,6 +505,7 @@ public final class MetricsMonitor: EventMonitor {
     private var ownResponseCounters: [String: CoreMetrics.Counter] = [:]
     private var cacheCounters: [String: CoreMetrics.Counter] = [:]
     private var luaCounters: [String: CoreMetrics.Counter] = [:]
+    private var luaTimers: [String: CoreMetrics.Timer] = [:]
     private let refreshedOK: CoreMetrics.Counter
     private let refreshFailed: CoreMetrics.Counter
     private let connect: CoreMetrics.Timer
@@ -566,6 +606,14 @@ public final class MetricsMonitor: EventMonitor {
         return c
     }
 
+    private func luaTimer(_ call: LuaCallRecord) -> CoreMetrics.Timer {
+        let key = call.script + "\u{0}" + call.hook
+        if let t = luaTimers[key] { return t }
+        let t = metrics.timer(SluiceMetrics.luaCallDuration, [("script", call.script), ("hook", call.hook)])
+        luaTimers[key] = t
+        return t
+    }
+
     private func finished(_ s: ExchangeSummary) {
         let key = RequestKey(policy: s.policy, method: MethodClass(s.method), statusClass: UInt8(clamping: s.status / 100))
         let counter: CoreMetrics.Counter
@@ -583,7 +631,10 @@ public final class MetricsMonitor: EventMonitor {
         if let kind = s.errorKind {
             self.counter(&ownResponseCounters, kind.rawValue, SluiceMetrics.ownResponses, "kind").increment()
         }
-        if let lua = s.lua { luaCounter(lua).increment() }
+        if let lua = s.lua {
+            luaCounter(lua).increment()
+            luaTimer(lua).recordMicroseconds(lua.microseconds)
+        }
         if s.attempts > 0 { requestTries.increment(by: Int64(s.attempts)) }
         if s.bytesIn > 0 { bytesIn.increment(by: s.bytesIn) }
         if s.bytesOut > 0 { bytesOut.increment(by: s.bytesOut) }

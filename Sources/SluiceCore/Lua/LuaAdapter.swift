@@ -111,15 +111,15 @@ public struct LuaAdapter: RequestAdapter {
     /// An absolute URL split for `req.path` and `req.query` on its UTF-8 bytes (`URLParts`
     /// slices by Character, some 20,000 instructions a request); `origin` is cut only when a
     /// script changed the path or the query.
-    struct Target {
+    public struct Target {
         /// As sent, without query or fragment; empty when the URL has none.
-        var path: String
+        public var path: String
         /// Without its `?`; nil when the URL has none.
-        var query: String?
+        public var query: String?
         private let url: String
         private let pathStart: Int
 
-        init(_ url: String) {
+        public init(_ url: String) {
             var copy = url
             var pathStart = 0
             (path, query) = copy.withUTF8 { utf8 -> (String, String?) in
@@ -151,7 +151,7 @@ public struct LuaAdapter: RequestAdapter {
         }
 
         /// `scheme://authority`.
-        var origin: String { String(decoding: url.utf8.prefix(pathStart), as: UTF8.self) }
+        public var origin: String { String(decoding: url.utf8.prefix(pathStart), as: UTF8.self) }
     }
 
     /// A byte that cannot appear in a request target: a control byte, a space, `#`.

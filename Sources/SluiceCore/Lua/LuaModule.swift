@@ -14,6 +14,7 @@ import CLua
 /// - `sluice.now()`: seconds since the Unix epoch, with microseconds (the injected clock).
 /// - `sluice.log.info(...)`, `.warn`, `.error`: one line to the state's log sink, with the
 ///   script's name, the calling line and the exchange's request id.
+/// - `sluice.metric(name)`: a counter (`LuaMetricAPI`).
 ///
 /// Threading: the state's thread (see `Lua` for the error discipline).
 enum LuaModule {
@@ -31,6 +32,7 @@ enum LuaModule {
         lua_setfield(L, -2, "null")
         sluice_lua_pop(L, 1)
         table(L, "log", [("info", logInfo), ("warn", logWarn), ("error", logError)])
+        LuaMetricAPI.install(L)
     }
 
     private static func set(_ L: OpaquePointer, _ name: String, _ f: Lua.Function) {

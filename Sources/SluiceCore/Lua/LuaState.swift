@@ -1,4 +1,5 @@
 import CLua
+import Synchronization
 
 /// One Lua state: one script's content compiled once, run by every policy of one worker that
 /// uses that content (`LuaStateCache` keys states by content hash and memory cap). Each hook
@@ -52,6 +53,8 @@ public final class LuaState {
     @exclusivity(unchecked) private var idle: [LuaCallSlot] = []
     /// The slot whose coroutine is running (for `sluice.log`'s request id).
     @exclusivity(unchecked) var current: LuaCallSlot?
+    /// The script's `sluice.metric` counters (`LuaMetricAPI`).
+    @exclusivity(unchecked) var counters = LuaCounters()
     /// Header names recently used by the script (`LuaMessageAPI`).
     @exclusivity(unchecked) var headerNames = LuaHeaderNames()
     /// `ctx.config` tables already built, by the `LuaConfig` they came from.
@@ -77,7 +80,13 @@ public final class LuaState {
         return state
     }
 
+    /// States alive in the process, every worker's (`sluice_lua_states`): one per script
+    /// content per worker once old ones are dropped after a reload (`LuaStateCache.retain`).
+    public static var alive: Int { aliveCount.load(ordering: .relaxed) }
+    private static let aliveCount = Atomic<Int>(0)
+
     private init(script: LuaScript, limits: LuaLimits, clock: LuaClock, log: @escaping (LuaLogLine) -> Void) {
+        Self.aliveCount.add(1, ordering: .relaxed)
         self.script = script
         self.memoryLimit = limits.memory
         self.clock = clock
@@ -101,6 +110,7 @@ public final class LuaState {
     deinit {
         lua_close(L)
         meter.deallocate()
+        Self.aliveCount.subtract(1, ordering: .relaxed)
     }
 
     /// The state for Swift callbacks: the owner recorded in the meter of `L` (any thread of it).
@@ -119,6 +129,7 @@ public final class LuaState {
             ("utf8", luaopen_utf8),
         ] as [(String, Lua.Function)] {
             luaL_requiref(L, name, open, 1)
+            if name == "string" { sluice_lua_meter_patterns(L) }
             sluice_lua_pop(L, 1)
         }
         // The sandbox: trusted code, run on the main thread without a budget.
@@ -136,6 +147,7 @@ public final class LuaState {
         guard loadChunk(script.source, name: "=" + script.name) == LUA_OK else {
             throw LuaLoadError(script: script.name, message: Lua.string(L, -1) ?? "\(script.name): cannot load")
         }
+        try refuseHookGlobalWrites()
         lua_rawgeti(L, Lua.registry, lua_Integer(environmentRef))
         _ = lua_setupvalue(L, -2, 1)
         let co = lua_newthread(L)!
@@ -153,6 +165,22 @@ public final class LuaState {
         lua_rawgeti(L, Lua.registry, lua_Integer(freezeRef))
         _ = sluice_lua_pcall(L, 0, 0)
         luaL_unref(L, Lua.registry, freezeRef)
+    }
+
+    /// Refuses the compiled script on top of the stack when a function of it other than the
+    /// top level assigns a global, or names a metric with a literal that is not a metric name
+    /// (`LuaBytecode`): found at load, not by the first request.
+    private func refuseHookGlobalWrites() throws(LuaLoadError) {
+        let chunk = LuaBytecode(LuaBytecode.dump(L))
+        assert(chunk != nil, "lua_dump no longer writes Lua 5.4.4's format")
+        if let write = chunk?.hookGlobalWrites.first {
+            throw LuaLoadError(script: script.name, message: "\(script.name):\(write.line): hook writes global '\(write.name)'")
+        }
+        if let bad = chunk?.metricNames.first(where: { !LuaMetricAPI.isValidName($0.name.utf8) }) {
+            throw LuaLoadError(
+                script: script.name,
+                message: "\(script.name):\(bad.line): \(LuaMetricAPI.invalidNameMessage(bad.name))")
+        }
     }
 
     private func loadChunk(_ source: String, name: String) -> Int32 {

@@ -329,6 +329,7 @@ final class AdminServer: @unchecked Sendable {
         if server.currentConfiguration.server.fleet != nil {
             SluiceMetrics.shared.recordFleet(instances: server.fleetShared.instancesAlive.load(ordering: .relaxed))
         }
+        SluiceMetrics.shared.recordLuaStates()
         SluiceMetrics.shared.recordState(
             generation: server.configurationGeneration,
             workers: workerCounts().map { ($0.index, $0.exchangesInFlight, $0.clientConnections) })
@@ -338,8 +339,8 @@ final class AdminServer: @unchecked Sendable {
     }
 
     /// `GET /dashboard/host?host=NAME`: one host's page on the dashboard — its seconds of the
-    /// last 15 minutes, its policy as `sluice check --host` describes it, and its last failed
-    /// exchanges.
+    /// last 15 minutes, its policy as `sluice check --host` describes it, its last failed
+    /// exchanges and its last script errors.
     private func hostView(_ query: String) -> AdminResponse {
         var host: String?
         for pair in query.split(separator: "&") where pair.hasPrefix("host=") {
@@ -359,7 +360,8 @@ final class AdminServer: @unchecked Sendable {
             200,
             DashboardHostView(
                 host: host, policy: policy, history: dashboard.history,
-                failures: DashboardStats.shared.failedExchanges(host: host)))
+                failures: DashboardStats.shared.failedExchanges(host: host),
+                scriptErrors: DashboardStats.shared.scriptErrors(host: host)))
     }
 
     /// `forPage`: every field (the page, `/dashboard/data`); else what the history keeps,

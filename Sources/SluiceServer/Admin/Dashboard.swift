@@ -220,8 +220,12 @@ struct DashboardHostView: Encodable {
     /// nil: no history kept for the host (no traffic in the window, or not among the busiest).
     let history: Seconds?
     let failures: [DashboardStats.FailedExchange]
+    let scriptErrors: [DashboardStats.ScriptError]
 
-    enum CodingKeys: String, CodingKey { case host, policy, history, failures }
+    enum CodingKeys: String, CodingKey {
+        case host, policy, history, failures
+        case scriptErrors = "script_errors"
+    }
 
     func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
@@ -229,9 +233,13 @@ struct DashboardHostView: Encodable {
         try c.encode(policy, forKey: .policy)
         try c.encode(history, forKey: .history)  // null when none is kept, not left out
         try c.encode(failures, forKey: .failures)
+        try c.encode(scriptErrors, forKey: .scriptErrors)
     }
 
-    init(host: String, policy: String, history: DashboardHistory, failures: [DashboardStats.FailedExchange]) {
+    init(
+        host: String, policy: String, history: DashboardHistory, failures: [DashboardStats.FailedExchange],
+        scriptErrors: [DashboardStats.ScriptError]
+    ) {
         self.host = host
         self.policy = policy
         if let seconds = history.host(host) {
@@ -243,6 +251,7 @@ struct DashboardHostView: Encodable {
             self.history = nil
         }
         self.failures = failures
+        self.scriptErrors = scriptErrors
     }
 }
 
@@ -428,7 +437,7 @@ extension Dashboard {
           #hostpanel { border: 1px solid #8886; border-radius: .5rem; padding: .6rem .9rem; margin-top: 1.25rem; }
           #hostpanel h2 { font-size: 1.1rem; margin: 0 0 .5rem; }
           #hostpolicy { font-size: .8rem; white-space: pre-wrap; background: #8881; padding: .5rem; border-radius: .3rem; }
-          #hostfailurestable th, #hostfailurestable td { font-size: .85rem; text-align: left; }
+          #hostfailurestable th, #hostfailurestable td, #hostscripterrorstable th, #hostscripterrorstable td { font-size: .85rem; text-align: left; }
           .circuit-open { color: #ef4444; font-weight: bold; }
           .circuit-half_open { color: #f59e0b; font-weight: bold; }
         </style>
@@ -483,6 +492,10 @@ extension Dashboard {
             <tbody id="hostfailures"></tbody>
           </table>
           <p id="hostnofailures" hidden>No failed exchanges kept for this host.</p>
+          <table id="hostscripterrorstable" hidden>
+            <thead><tr><th>time</th><th>script</th><th>hook</th><th>error</th><th>request id</th></tr></thead>
+            <tbody id="hostscripterrors"></tbody>
+          </table>
         </section>
         <table id="upstreamstable" hidden>
           <thead><tr><th>origin</th><th>circuit (health)</th><th>failures in a row</th><th>opened</th><th>opens</th><th>failed fast</th><th>pooled: open (idle)</th></tr></thead>
@@ -634,6 +647,7 @@ extension Dashboard {
           $("hostpanel").dataset.loaded = "";
           $("hostpolicy").textContent = "loading…";
           $("hostfailures").replaceChildren();
+          $("hostscripterrors").replaceChildren();
           while (generation === hostGeneration) {
             try {
               const response = await fetch("/dashboard/host?host=" + encodeURIComponent(host), { headers, cache: "no-store" });
@@ -654,6 +668,13 @@ extension Dashboard {
             for (const v of [clock(f.time_ms), f.method, f.url, f.status, f.kind, f.error || ""]) row.insertCell().textContent = v;
           }
           $("hostnofailures").hidden = h.failures.length > 0;
+          const scriptErrors = $("hostscripterrors");
+          scriptErrors.replaceChildren();
+          for (const e of [...h.script_errors].reverse()) {
+            const row = scriptErrors.insertRow();
+            for (const v of [clock(e.time_ms), e.script, e.hook, e.error, e.id]) row.insertCell().textContent = v;
+          }
+          $("hostscripterrorstable").hidden = h.script_errors.length === 0;
           $("hostnohistory").hidden = h.history !== null;
           $("hostpanel").dataset.loaded = h.host;
           if (!window.Chart) return;

@@ -378,6 +378,8 @@ final class Worker {
             })
         else { return }
         pipeline = WorkerPipeline(configuration.pipeline, reload: true)
+        // States of scripts no policy runs any more are dropped (exchanges in flight keep theirs).
+        LuaStateCache.current.retain(only: pipeline.policies.scripts)
         probes?.update()
         upstreamGate.reconfigure(configuration.server.limits, configuration.server.timeouts)
         if isDraining { return }

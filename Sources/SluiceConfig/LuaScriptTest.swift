@@ -1,0 +1,187 @@
+import Foundation
+import HTTPTypes
+import SluiceCore
+import Yams
+
+/// `sluice lua test SCRIPT --request FILE [--response FILE] [--config FILE]`
+/// (docs/scripting.md, "Testing a script"): runs a script's hooks against HTTP/1.1 messages
+/// written in files, outside any proxy, and prints what they made of them: first each call's
+/// outcome and cost (with the script's `sluice.log` lines as they come), then the sections
+/// `--- request` (after `on_request`; or `--- answered by req:respond`), `--- response`
+/// (after `on_response`) and `--- log` (each call's access-log `lua` field, `ctx.vars`
+/// included), so that a script can have its own tests. The hooks share one `ctx`, as they do for one exchange; the limits are
+/// the defaults.
+///
+/// A message file is a request or a status line, header lines, an empty line and the body
+/// (the rest of the file, taken as it is: no chunked decoding); lines may end in CRLF or LF.
+/// `sluice.http` is not answered from files yet.
+///
+/// Threading: any thread; builds and drops its own Lua state.
+public enum LuaScriptTest {
+    /// What the run printed, and whether a hook failed (the command's exit status is then 1).
+    public struct Report: Sendable {
+        public var text: String
+        public var failed: Bool
+    }
+
+    /// A file that could not be read or parsed, or a script that does not load.
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    public static func run(
+        script scriptPath: String, request requestPath: String, response responsePath: String?, config configPath: String?
+    )
+        throws(Failure) -> Report
+    {
+        let source = try text(scriptPath)
+        let script = LuaScript(name: (scriptPath as NSString).lastPathComponent, source: source)
+        var request = try parseRequest(try text(requestPath), file: requestPath)
+        let response = try responsePath.map { path throws(Failure) in try parseResponse(try text(path), file: path) }
+        let config = try configPath.map { path throws(Failure) in try readConfig(path) } ?? .empty
+
+        var out = ""
+        let state: LuaState
+        do throws(LuaLoadError) {
+            state = try LuaState.load(script, limits: .default) { line in
+                out += "log \(line.level.rawValue) \(line.script):\(line.line): \(line.message)\n"
+            }
+        } catch {
+            throw Failure(description: "sluice: \(error.message)")
+        }
+        let exchange = state.makeExchange(config: config, limits: .default, requestID: 1)
+        var records: [LuaCallRecord] = []
+        var failed = false
+        func record(_ hook: String, _ result: LuaCallResult) {
+            let record = LuaCallRecord(script: script.name, hook: hook, result: result, vars: exchange.vars())
+            records.append(record)
+            failed = failed || result.outcome != .ok
+            out += "\(hook): \(record.outcome)"
+            if let error = record.error { out += ": \(error)" }
+            out += " (\(record.microseconds) us, \(record.instructions) instructions, \(record.memory) bytes)\n"
+        }
+
+        var answered: LuaResponseView?
+        if state.hasOnRequest {
+            let result = exchange.onRequest(&request)
+            record("on_request", result)
+            answered = result.respond
+        }
+        var origin = answered == nil ? response : nil
+        if var edited = origin, state.hasOnResponse {
+            let result = exchange.onResponse(&edited)
+            record("on_response", result)
+            if result.retry { out += "res:retry(): the retry policy would count this answer as a failed try\n" }
+            origin = edited
+        }
+        if state.hasOnLog { record("on_log", exchange.onLog()) }
+        if let answered {
+            out += "--- answered by req:respond (nothing sent upstream)\n" + render(answered)
+        } else {
+            out += "--- request\n" + render(request)
+        }
+        if let origin { out += "--- response\n" + render(origin) }
+        out += "--- log\n"
+        for record in records { out += "lua: \(record.json)\n" }
+        return Report(text: out, failed: failed)
+    }
+
+    private static func text(_ path: String) throws(Failure) -> String {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw Failure(description: "sluice: cannot read \(path)")
+        }
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    /// `config:` of the `lua` entry, from a YAML (or JSON) map.
+    static func readConfig(_ path: String) throws(Failure) -> LuaConfig {
+        var reader = NodeReader(file: path)
+        let root: Node?
+        do {
+            root = try Yams.compose(yaml: try text(path), .basic)
+        } catch let error as YamlError {
+            throw Failure(description: reader.issue(for: error).description)
+        } catch {
+            throw Failure(description: "\(error)")
+        }
+        guard let root, case .mapping = root, case .table(let values)? = LuaKind.value(root, &reader), reader.issues.isEmpty
+        else {
+            throw Failure(
+                description: reader.issues.first?.description ?? "\(path): the config must be a map (the lua entry's config)")
+        }
+        return LuaConfig(values)
+    }
+
+    /// The start line, the header fields and the body of a message file.
+    static func parseMessage(_ text: String, file: String) throws(Failure) -> (start: String, headers: HTTPFields, body: [UInt8])
+    {
+        let bytes = Array(text.utf8)
+        var lines: [String] = []
+        var at = 0
+        while at < bytes.count {
+            let end = bytes[at...].firstIndex(of: 0x0A) ?? bytes.count
+            var line = bytes[at..<end]
+            if line.last == 0x0D { line = line.dropLast() }
+            at = end + 1
+            if line.isEmpty {
+                if lines.isEmpty { continue }  // blank lines before the start line
+                break
+            }
+            lines.append(String(decoding: line, as: UTF8.self))
+        }
+        guard let start = lines.first else { throw Failure(description: "\(file): empty message") }
+        var headers = HTTPFields()
+        for (n, line) in lines.dropFirst().enumerated() {
+            guard let colon = line.firstIndex(of: ":"), let name = HTTPField.Name(String(line[..<colon])) else {
+                throw Failure(description: "\(file):\(n + 2): not a header line: \(line)")
+            }
+            headers.append(HTTPField(name: name, value: line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
+        }
+        return (start, headers, at < bytes.count ? Array(bytes[at...]) : [])
+    }
+
+    /// `METHOD TARGET HTTP/1.1`, the target in origin form (`/path?query`) or absolute form.
+    static func parseRequest(_ text: String, file: String) throws(Failure) -> LuaRequestView {
+        let (start, headers, body) = try parseMessage(text, file: file)
+        let parts = start.split(separator: " ")
+        guard parts.count == 3, parts[2].hasPrefix("HTTP/") else {
+            throw Failure(description: "\(file):1: not a request line (METHOD TARGET HTTP/1.1): \(start)")
+        }
+        let target = LuaAdapter.Target(String(parts[1]))
+        return LuaRequestView(
+            method: String(parts[0]), path: target.path.isEmpty ? "/" : target.path, query: target.query, headers: headers,
+            body: body)
+    }
+
+    /// `HTTP/1.1 STATUS REASON`.
+    static func parseResponse(_ text: String, file: String) throws(Failure) -> LuaResponseView {
+        let (start, headers, body) = try parseMessage(text, file: file)
+        let parts = start.split(separator: " ", maxSplits: 2)
+        guard parts.count >= 2, parts[0].hasPrefix("HTTP/"), let status = Int(parts[1]), (100...999).contains(status) else {
+            throw Failure(description: "\(file):1: not a status line (HTTP/1.1 STATUS REASON): \(start)")
+        }
+        return LuaResponseView(status: status, headers: headers, body: body)
+    }
+
+    static func render(_ request: LuaRequestView) -> String {
+        "\(request.method) \(request.path)\(request.query.map { "?" + $0 } ?? "") HTTP/1.1\n"
+            + render(request.headers, request.body)
+    }
+
+    static func render(_ response: LuaResponseView) -> String {
+        "HTTP/1.1 \(response.status)\n" + render(response.headers, response.body)
+    }
+
+    /// Header lines, an empty line, and the body: as text when it is UTF-8, else its size.
+    private static func render(_ headers: HTTPFields, _ body: [UInt8]?) -> String {
+        var out = headers.map { "\($0.name.rawName): \($0.value)\n" }.joined() + "\n"
+        if let body, !body.isEmpty {
+            if let text = String(validating: body, as: UTF8.self) {
+                out += text + (text.hasSuffix("\n") ? "" : "\n")
+            } else {
+                out += "(\(body.count) bytes, not UTF-8)\n"
+            }
+        }
+        return out
+    }
+}

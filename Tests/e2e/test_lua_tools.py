@@ -1,0 +1,207 @@
+"""Tools around `lua` scripts (docs/scripting.md): the load-time refusal of a hook that writes
+a global (`sluice check`, start, reload); `sluice lua test` against messages in files; the
+script's own counters (`sluice.metric`) and the call-duration histogram; the host page's last
+script errors; and reloads that change a script's content, after which each worker keeps one
+state per script (`sluice_lua_states`)."""
+
+import json
+import subprocess
+
+from policy_support import sighup, stderr_len, stderr_since
+from support import HOST, wait_until
+from test_admin import admin_proxy
+from test_lua import access_log, arrived, get, lua_policy
+from test_metric_values import metrics_proxy, scrape, settled, value
+
+WRITES_GLOBAL = "return {\n  on_request = function(req)\n    counter = 1\n  end,\n}\n"
+
+
+def check(sluice_bin, config) -> subprocess.CompletedProcess:
+    return subprocess.run([sluice_bin, "check", "--config", str(config)], capture_output=True, text=True, timeout=30)
+
+
+# ------------------------------------------------------------------------------------------
+# Globals written by hooks are refused at load
+# ------------------------------------------------------------------------------------------
+
+def test_check_and_start_refuse_a_hook_that_writes_a_global(sluice_bin, tmp_path):
+    (tmp_path / "w.lua").write_text(WRITES_GLOBAL)
+    config = tmp_path / "s.yaml"
+    config.write_text(f"policies:\n  {HOST}:\n    adapters:\n      - lua: {{ file: w.lua }}\n")
+    out = check(sluice_bin, config)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert f"{config}:4:" in text and "w.lua:3: hook writes global 'counter'" in text, text
+    run = subprocess.run([sluice_bin, "run", "--config", str(config)], capture_output=True, text=True, timeout=30)
+    assert run.returncode != 0 and "w.lua:3: hook writes global 'counter'" in run.stderr, run.stderr
+    # The top level may set globals; a local named like one is no global.
+    (tmp_path / "w.lua").write_text("limit = 3\nlocal counter = 0\n"
+                                    "return { on_request = function(req) counter = counter + limit end }\n")
+    assert check(sluice_bin, config).returncode == 0
+
+
+def test_reload_keeps_the_old_script_when_a_hook_writes_a_global(sluice_factory, recorder, tmp_path):
+    script = tmp_path / "tag.lua"
+    script.write_text('return { on_request = function(req) req.headers:set("X-Version", "1") end }')
+    proxy = sluice_factory(lua_policy({"file": "tag.lua"}, tmp_path))
+    assert get(proxy, recorder).status_code == 200
+    offset = stderr_len(proxy)
+    script.write_text('return { on_request = function(req) req.headers:set("X-Version", "2") seen = true end }')
+    sighup(proxy)
+    assert wait_until(lambda: "tag.lua:1: hook writes global 'seen'" in stderr_since(proxy, offset), 10), \
+        stderr_since(proxy, offset)
+    assert get(proxy, recorder).status_code == 200
+    assert arrived(recorder)["headers"]["x-version"] == "1"
+
+
+# ------------------------------------------------------------------------------------------
+# sluice lua test
+# ------------------------------------------------------------------------------------------
+
+SCRIPT = """
+return {
+  on_request = function(req, ctx)
+    req.headers:set("Authorization", "Bearer " .. ctx.config.tokens[req.headers:get("X-Tenant")])
+    req.headers:remove("X-Tenant")
+    ctx.vars.tenant = "acme"
+  end,
+  on_response = function(res, ctx)
+    res.headers:set("X-Seen-Status", tostring(res.status))
+    res.headers:remove("Server")
+  end,
+  on_log = function(ctx)
+    ctx.vars.done = true
+    sluice.log.info("logged", ctx.vars.tenant)
+  end,
+}
+"""
+
+
+def lua_test(sluice_bin, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sluice_bin, "lua", "test", *map(str, args)], capture_output=True, text=True, timeout=30)
+
+
+def test_lua_test_runs_every_hook_against_messages_in_files(sluice_bin, tmp_path):
+    (tmp_path / "s.lua").write_text(SCRIPT)
+    (tmp_path / "req.http").write_bytes(b"GET /v1/items?page=2 HTTP/1.1\r\nHost: api.test\r\nX-Tenant: acme\r\n\r\n")
+    (tmp_path / "res.http").write_text("HTTP/1.1 200 OK\nServer: origin/1\nContent-Type: text/plain\n\nhello\n")
+    (tmp_path / "config.json").write_text(json.dumps({"tokens": {"acme": "tok-acme"}}))
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http", "--response",
+                   tmp_path / "res.http", "--config", tmp_path / "config.json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    request = text.split("--- request\n")[1].split("\n--- ")[0]
+    assert request.startswith("GET /v1/items?page=2 HTTP/1.1\n"), text
+    assert "Authorization: Bearer tok-acme\n" in request and "X-Tenant" not in request, text
+    response = text.split("--- response\n")[1].split("\n--- ")[0]
+    assert response.startswith("HTTP/1.1 200\n") and "X-Seen-Status: 200\n" in response, text
+    assert "Server:" not in response and response.endswith("\n\nhello"), text
+    assert "on_request: ok" in text and "on_response: ok" in text and "on_log: ok" in text, text
+    assert "log info s.lua:14: logged acme" in text.split("--- request")[0], text
+    logs = [json.loads(line[len("lua: "):]) for line in text.split("--- log\n")[1].splitlines()]
+    assert [entry["hook"] for entry in logs] == ["on_request", "on_response", "on_log"], logs
+    assert logs[-1]["vars"] == {"tenant": "acme", "done": True} and logs[-1]["outcome"] == "ok", logs
+
+
+def test_lua_test_fails_on_a_script_error_and_on_bad_files(sluice_bin, tmp_path):
+    (tmp_path / "s.lua").write_text(SCRIPT)
+    (tmp_path / "req.http").write_text("GET / HTTP/1.1\nX-Tenant: nobody\n\n")
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http")
+    assert out.returncode == 1, out.stdout + out.stderr
+    # (no --config: ctx.config is empty)
+    assert "on_request: error: s.lua:4: attempt to index a nil value (field 'tokens')" in out.stdout, out.stdout
+    # The request is printed as it was: a failed call's edits are dropped.
+    assert "X-Tenant: nobody" in out.stdout.split("--- request\n")[1], out.stdout
+    (tmp_path / "bad.http").write_text("not a request\n")
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "bad.http")
+    assert out.returncode == 1 and "bad.http:1: not a request line" in out.stderr, out.stderr
+    (tmp_path / "w.lua").write_text(WRITES_GLOBAL)
+    out = lua_test(sluice_bin, tmp_path / "w.lua", "--request", tmp_path / "req.http")
+    assert out.returncode == 1 and "w.lua:3: hook writes global 'counter'" in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# Metrics: sluice.metric, the call-duration histogram, the states after reloads
+# ------------------------------------------------------------------------------------------
+
+COUNTING = """
+local hits = sluice.metric("hits")
+return { on_request = function(req)
+  hits:inc()
+  sluice.metric("by_" .. req.method:lower()):inc(2)
+  if req.path == "/bad" then sluice.metric("Bad-" .. req.path):inc() end
+end }
+"""
+
+
+def test_script_counters_and_call_durations(sluice_factory, recorder):
+    proxy, admin = metrics_proxy(sluice_factory, 2, policies={HOST: {"adapters": [
+        {"lua": {"source": COUNTING, "on_error": "fail_closed"}}]}})
+    for path in ("/a", "/b", "/c"):
+        assert get(proxy, recorder, path).status_code == 200
+    def counted(name: str, n: int) -> bool:
+        # (a label called `name` cannot go through settled()'s keywords)
+        return scrape(admin).get(("sluice_lua_counter_total", frozenset({("script", "source.lua"), ("name", name)}))) == n
+    assert wait_until(lambda: counted("hits", 3) and counted("by_get", 6), 5), scrape(admin)
+    settled(admin, "sluice_lua_call_duration_seconds_count", 3, script="source.lua", hook="on_request")
+    # A name made at run time that is not a metric name: the call fails (502), nothing counted.
+    assert get(proxy, recorder, "/bad").status_code == 502
+    samples = settled(admin, "sluice_lua_calls_total", 1, script="source.lua", hook="on_request", outcome="error")
+    assert not [k for k in samples if k[0] == "sluice_lua_counter_total" and ("name", "Bad-/bad") in k[1]]
+
+
+def test_a_literal_metric_name_is_checked_at_load(sluice_bin, tmp_path):
+    (tmp_path / "m.lua").write_text('return { on_log = function()\n  sluice.metric("Requests-Total"):inc()\nend }\n')
+    config = tmp_path / "s.yaml"
+    config.write_text(f"policies:\n  {HOST}:\n    adapters:\n      - lua: {{ file: m.lua }}\n")
+    out = check(sluice_bin, config)
+    assert out.returncode != 0
+    assert "m.lua:2: metric name 'Requests-Total' is not [a-z_][a-z0-9_]*" in out.stdout + out.stderr, out
+
+
+def test_states_stay_one_per_script_per_worker_across_reloads(sluice_factory, recorder, tmp_path):
+    script = tmp_path / "tag.lua"
+
+    def write(version: int):
+        script.write_text(f'return {{ on_request = function(req) req.headers:set("X-Version", "{version}") end }}')
+    write(0)
+    proxy, admin = metrics_proxy(sluice_factory, 2, policies={HOST: {"adapters": [{"lua": {"file": str(script)}}]}})
+    for version in range(1, 7):
+        write(version)
+        sighup(proxy)
+
+        def served():
+            get(proxy, recorder)
+            return arrived(recorder)["headers"].get("x-version") == str(version)
+        assert wait_until(served, 10)
+        for _ in range(4):  # both workers run the new content (each request goes to either)
+            assert get(proxy, recorder).status_code == 200
+    states = value(scrape(admin), "sluice_lua_states")
+    # One state per worker for the content now loaded; without the reload's clean-up, one per
+    # content each worker ever ran (up to 14).
+    assert 1 <= states <= 2, states
+
+
+# ------------------------------------------------------------------------------------------
+# The dashboard's host page: the last script errors
+# ------------------------------------------------------------------------------------------
+
+def test_the_host_page_lists_the_last_script_errors(sluice_factory, recorder, tmp_path):
+    source = 'return { on_request = function(req) if req.path ~= "/ok" then error("no " .. req.path) end end }'
+    proxy, admin = admin_proxy(sluice_factory, {
+        "monitors": [{"metrics": {}}, {"access_log": {"path": str(tmp_path / "access.log")}}],
+        "policies": {HOST: {"adapters": [{"lua": {"source": source}}]}}}, workers=1)
+    assert get(proxy, recorder, "/ok").status_code == 200
+    for i in range(12):
+        assert get(proxy, recorder, f"/e{i}").status_code == 502
+
+    def errors():
+        return admin.call("GET", "/dashboard/host?host=" + HOST, spec_path="/dashboard/host")[1]["script_errors"]
+    assert wait_until(lambda: len(errors()) == 10 and errors()[-1]["error"].endswith("no /e11"), 10), errors()
+    listed = errors()
+    # The last ten, oldest first, each with the id the 502 named and the access log has.
+    assert [e["error"] for e in listed] == [f"source.lua:1: no /e{i}" for i in range(2, 12)], listed
+    assert all(e["script"] == "source.lua" and e["hook"] == "on_request" and e["outcome"] == "error" for e in listed)
+    logged = {entry["lua"]["error"]: entry["id"]
+              for entry in access_log(tmp_path).wait_for(lambda e: e.get("status") == 502, n=12)}
+    assert all(logged[e["error"]] == e["id"] for e in listed), (logged, listed)
