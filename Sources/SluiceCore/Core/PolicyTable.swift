@@ -120,8 +120,11 @@ public final class HostPolicy: Sendable {
     /// then read before the first try, up to `maxBody`.
     public let bodyReader: String?
     /// Whether an adapter is a `lua` script: the adapter stages then move its call's record
-    /// into the exchange's summary (`LuaStateCache.takeLastCall`).
+    /// into the exchange's summary (`LuaStateCache.takeLastCall`), and the response stages and
+    /// the exchange's end run its `on_response` and `on_log`.
     public let runsScripts: Bool
+    /// The `lua` adapters, in order (empty for most policies).
+    public let scripts: [LuaAdapter]
     /// The largest request body an adapter that reads it (`bodyReader`) is given (`max_body`);
     /// a larger one is refused with `413`.
     public let maxBody: Int64
@@ -164,7 +167,8 @@ public final class HostPolicy: Sendable {
         let all = adapters.map(\.adapter)
         tryAdapters = all.filter { $0.timing == .everyTry }
         bodyReader = tryAdapters.first { $0.readsBody }?.name
-        runsScripts = all.contains { $0 is LuaAdapter }
+        scripts = all.compactMap { $0 as? LuaAdapter }
+        runsScripts = !scripts.isEmpty
         interceptor = Interceptor(adapters: all.filter { $0.timing != .everyTry }, retriers: retriers)
         refreshStatuses = adapters.reduce(into: []) { set, sourced in
             if let oauth = sourced.adapter as? OAuth2Authenticator { set.formUnion(oauth.settings.refreshOn) }

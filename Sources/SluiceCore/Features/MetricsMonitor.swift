@@ -31,13 +31,13 @@ public final class SluiceMetrics: Sendable {
     )
     public static let retries = Metric(
         name: "sluice_retries_total", kind: .counter, labels: ["reason"],
-        help: "Retries scheduled, by reason (`status 503`, `refused`, `dns`, `timeout`, `reset`, `tls`, `validation`)")
+        help: "Retries scheduled, by reason (`status 503`, `refused`, `dns`, `timeout`, `reset`, `tls`, `validation`, `lua`)")
     public static let retriesStopped = Metric(
         name: "sluice_retries_stopped_total", kind: .counter, labels: ["reason"],
         help: "Retriable failures that were not retried, by reason (limit, budget, deadline, method, buffer_limit)")
     public static let luaCalls = Metric(
         name: "sluice_lua_calls_total", kind: .counter, labels: ["script", "hook", "outcome"],
-        help: "Calls of lua scripts' hooks, by script, hook (on_request) and outcome (ok, error, limit)")
+        help: "Calls of lua scripts' hooks, by script, hook (on_request, on_response, on_log) and outcome (ok, error, limit)")
     public static let trustFailures = Metric(
         name: "sluice_trust_failures_total", kind: .counter, labels: ["evaluator"],
         help: "Upstream certificates refused by a trust evaluator, by evaluator")
@@ -583,7 +583,10 @@ public final class MetricsMonitor: EventMonitor {
         if let kind = s.errorKind {
             self.counter(&ownResponseCounters, kind.rawValue, SluiceMetrics.ownResponses, "kind").increment()
         }
-        if let lua = s.lua { luaCounter(lua).increment() }
+        if let lua = s.lua {
+            luaCounter(lua).increment()
+            for call in lua.counted { luaCounter(call).increment() }
+        }
         if s.attempts > 0 { requestTries.increment(by: Int64(s.attempts)) }
         if s.bytesIn > 0 { bytesIn.increment(by: s.bytesIn) }
         if s.bytesOut > 0 { bytesOut.increment(by: s.bytesOut) }
