@@ -581,6 +581,11 @@ import Testing
         func follow(_ next: UpstreamRequest) { Issue.record("a response stage followed") }
         func discard() { Issue.record("a response stage discarded") }
         func absorb() { Issue.record("a response stage absorbed") }
+        /// What a stage refused the response with, or the head it forwards instead.
+        var refused: ProxyError?
+        var replacedHead: ResponseHeadCollector?
+        func refuse(_ error: ProxyError) { refused = error }
+        func replaceHead(_ head: ResponseHeadCollector) { replacedHead = head }
         func detach(to delegate: any UpstreamTransferDelegate) {}
         func resumeDownload() {}
         func resumeUpload() {}
@@ -608,7 +613,7 @@ import Testing
     }
 
     @Test func theResponseChainIsTheTryStagesInReverse() {
-        #expect(ResponseChain.head.map { $0.name } == ["rate_limit", "health", "decision", "cache"])
+        #expect(ResponseChain.head.map { $0.name } == ["rate_limit", "health", "lua", "decision", "cache"])
         #expect(ResponseChain.end.map { $0.name } == ["rate_limit", "health", "cache"])
     }
 

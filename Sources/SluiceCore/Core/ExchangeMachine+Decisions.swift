@@ -29,10 +29,12 @@ extension ExchangeMachine {
     }
 
     /// A response head: retried (a status the policy retries, an OAuth `refresh_on` status, a
-    /// validation failure), followed (a 3xx the policy follows), or passed on unchanged.
+    /// validation failure, a script's `res:retry()`), followed (a 3xx the policy follows), or passed on unchanged.
     /// A `101` (an upgrade the policy carries, `upgrades:`) is its handshake's success: it is
     /// passed on, never validated or retried.
-    mutating func decide(_ head: ResponseHead, canResendBody: Bool, reporting reports: inout Reports) -> ResponseHeadAction {
+    mutating func decide(
+        _ head: ResponseHead, canResendBody: Bool, scriptRetry: Bool = false, reporting reports: inout Reports
+    ) -> ResponseHeadAction {
         let status = head.status
         if status == 101 {
             state = .streaming
@@ -50,6 +52,7 @@ extension ExchangeMachine {
             summary.validation = why
             if let why, failure == nil { failure = .validation(status: status, reason: why) }
         }
+        if failure == nil, scriptRetry { failure = .script(status: status) }
         if let failure, decideRetry(failure, canResendBody: canResendBody, reporting: &reports) {
             state = .drainingDiscarded
             return .discardResponse

@@ -356,6 +356,16 @@ public struct ExchangeMachine {
         return answer
     }
 
+    /// The try's final response head, on which a `lua` script called `res:retry()`: a failed
+    /// try (reason `lua`) the retry policy decides about; without a retry left, decided as by
+    /// `responseHead` (the response goes on).
+    public mutating func scriptRetried(_ head: ResponseHead, canResendBody: Bool) -> Answer<ResponseHeadAction> {
+        var answer = Answer<ResponseHeadAction>()
+        guard case .trying = state else { return answer }
+        answer.command = decide(head, canResendBody: canResendBody, scriptRetry: true, reporting: &answer.reports)
+        return answer
+    }
+
     /// The try's final response head is a 429 (or 503) whose pause the policy's `rate_limit`
     /// learned and will wait for (`rate_limit.learn`, `on_limit: wait`; within `max_wait` and
     /// the retry deadline): the request is tried again after it when it may be, else the head
@@ -452,6 +462,7 @@ public struct ExchangeMachine {
         // Stored fields read directly: through `isFinished` and `wants` the compiler copied
         // the whole machine (700 bytes, a retain per field) to read one of them.
         if case .done = state { return reports }
+        if policy.runsScripts || summary.lua != nil { runScriptsAtEnd() }
         let reported = built.contains(outcome == .tunnel ? .tunnelClosed : .finished)
         summary.outcome = outcome
         if let error { summary.error = error }

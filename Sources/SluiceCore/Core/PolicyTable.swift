@@ -129,8 +129,11 @@ public final class HostPolicy: Sendable {
     /// then read before the first try, up to `maxBody`.
     public let bodyReader: String?
     /// Whether an adapter is a `lua` script: the adapter stages then move its call's record
-    /// into the exchange's summary (`LuaStateCache.takeLastCall`).
+    /// into the exchange's summary (`LuaStateCache.takeLastCall`), and the response stages and
+    /// the exchange's end run its `on_response` and `on_log`.
     public let runsScripts: Bool
+    /// The `lua` adapters, in order (empty for most policies).
+    public let scripts: [LuaAdapter]
     /// The largest request body an adapter that reads it (`bodyReader`) is given (`max_body`);
     /// a larger one is refused with `413`.
     public let maxBody: Int64
@@ -173,7 +176,8 @@ public final class HostPolicy: Sendable {
         let all = adapters.map(\.adapter)
         tryAdapters = all.filter { $0.timing == .everyTry }
         bodyReader = tryAdapters.first { $0.readsBody }?.name
-        runsScripts = all.contains { $0 is LuaAdapter }
+        scripts = all.compactMap { $0 as? LuaAdapter }
+        runsScripts = !scripts.isEmpty
         let once = all.filter { $0.timing != .everyTry }
         let editors = once.prefix { ($0 as? any HeaderEditingAdapter)?.headerEdits != nil }
         if !editors.isEmpty, editors.count < once.count, once[editors.count...].allSatisfy({ $0 is LuaAdapter }) {

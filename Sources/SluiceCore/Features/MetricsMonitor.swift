@@ -31,13 +31,13 @@ public final class SluiceMetrics: Sendable {
     )
     public static let retries = Metric(
         name: "sluice_retries_total", kind: .counter, labels: ["reason"],
-        help: "Retries scheduled, by reason (`status 503`, `refused`, `dns`, `timeout`, `reset`, `tls`, `validation`)")
+        help: "Retries scheduled, by reason (`status 503`, `refused`, `dns`, `timeout`, `reset`, `tls`, `validation`, `lua`)")
     public static let retriesStopped = Metric(
         name: "sluice_retries_stopped_total", kind: .counter, labels: ["reason"],
         help: "Retriable failures that were not retried, by reason (limit, budget, deadline, method, buffer_limit)")
     public static let luaCalls = Metric(
         name: "sluice_lua_calls_total", kind: .counter, labels: ["script", "hook", "outcome"],
-        help: "Calls of lua scripts' hooks, by script, hook (on_request) and outcome (ok, error, limit)")
+        help: "Calls of lua scripts' hooks, by script, hook (on_request, on_response, on_log) and outcome (ok, error, limit)")
     public static let luaCallDuration = Metric(
         name: "sluice_lua_call_duration_seconds", kind: .histogram, labels: ["script", "hook"],
         help: "Wall-clock time of lua scripts' hook calls (yields included), by script and hook")
@@ -634,6 +634,10 @@ public final class MetricsMonitor: EventMonitor {
         if let lua = s.lua {
             luaCounter(lua).increment()
             luaTimer(lua).recordMicroseconds(lua.microseconds)
+            for call in lua.counted {
+                luaCounter(call).increment()
+                luaTimer(call).recordMicroseconds(call.microseconds)
+            }
         }
         if s.attempts > 0 { requestTries.increment(by: Int64(s.attempts)) }
         if s.bytesIn > 0 { bytesIn.increment(by: s.bytesIn) }

@@ -170,6 +170,8 @@ public enum TryFailure: Sendable, Equatable {
     case status(Int, retryAfterMilliseconds: Int?)
     /// The response failed the policy's validation (a status or content type outside it).
     case validation(status: Int, reason: String)
+    /// A `lua` script's `on_response` called `res:retry()` on a response with this status.
+    case script(status: Int)
 
     /// A short reason for events and logs (`status 503`, `refused`, `validation: …`).
     public var reason: String {
@@ -177,6 +179,7 @@ public enum TryFailure: Sendable, Equatable {
         case .transport(let kind, _): return kind.rawValue
         case .status(let code, _): return "status \(code)"
         case .validation(_, let why): return "validation: \(why)"
+        case .script: return "lua"
         }
     }
 }

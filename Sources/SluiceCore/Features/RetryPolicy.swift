@@ -90,7 +90,7 @@ public struct RetryPolicy: RequestRetrier, Equatable {
         switch failure {
         case .transport(let kind, _): return errors.contains(kind)
         case .status(let code, _): return statuses.contains(code)
-        case .validation: return true
+        case .validation, .script: return true
         }
     }
 

@@ -84,10 +84,11 @@ public struct LuaAdapter: RequestAdapter {
             method: request.method, path: path, query: target.query, body: body ?? (readBody ? [] : nil))
         let restoring = onError == .failOpen
         if restoring { view.headers = request.headerFields } else { swap(&view.headers, &request.headerFields) }
-        let exchange = state.makeExchange(config: config, limits: limits, requestID: request.id)
+        let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: request.id)
         let result = exchange.onRequest(&view, restoringOnFailure: restoring)
         cache.lastCall = LuaCallRecord(
             script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
+        cache.lastExchange = exchange
         if let message = result.errorMessage { return try failed(message, request) }
         if result.respond != nil {
             return try failed("\(script.name): req:respond is not supported by this version of the lua adapter", request)
@@ -184,6 +185,9 @@ public final class LuaCallRecord: Sendable {
     public let memory: Int
     /// What the script put in `ctx.vars`.
     public let vars: [String: LuaValue]
+    /// The exchange's other calls (`combined`), counted by `sluice_lua_calls_total` but not
+    /// shown in the access log.
+    public let counted: [LuaCallRecord]
 
     public init(script: String, hook: String, result: LuaCallResult, vars: [String: LuaValue]) {
         self.script = script
@@ -198,6 +202,20 @@ public final class LuaCallRecord: Sendable {
         instructions = result.instructions
         memory = result.peakMemory
         self.vars = vars
+        counted = []
+    }
+
+    /// `shown`'s call with `vars` and the `counted` calls beside it (`combined`).
+    init(_ shown: LuaCallRecord, vars: [String: LuaValue], counted: [LuaCallRecord]) {
+        script = shown.script
+        hook = shown.hook
+        outcome = shown.outcome
+        error = shown.error
+        microseconds = shown.microseconds
+        instructions = shown.instructions
+        memory = shown.memory
+        self.vars = vars
+        self.counted = counted
     }
 }
 

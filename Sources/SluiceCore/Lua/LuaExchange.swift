@@ -16,7 +16,7 @@ public final class LuaExchange {
     public let state: LuaState
     public let limits: LuaLimits
     public let requestID: UInt64
-    private let config: LuaConfig
+    let config: LuaConfig
     @exclusivity(unchecked) private var contextRef = LUA_NOREF
 
     init(state: LuaState, config: LuaConfig, limits: LuaLimits, requestID: UInt64) {

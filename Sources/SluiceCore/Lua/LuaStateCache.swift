@@ -17,6 +17,11 @@ public final class LuaStateCache {
     private let log: (LuaLogLine) -> Void
     /// The last call a `LuaAdapter` ran with this cache (`takeLastCall`).
     public var lastCall: LuaCallRecord?
+    /// That call's exchange (its `ctx`), for the stage that takes the call to keep open.
+    public var lastExchange: LuaExchange?
+    /// The exchanges in flight whose hooks share one `ctx`, by request id
+    /// (`LuaStateCache+Open.swift`): kept from the first hook to the exchange's end.
+    var open: [UInt64: [LuaExchange]] = [:]
 
     /// `log` receives every line the worker's scripts log (`sluice.log.*`).
     public init(clock: LuaClock = .system, log: @escaping (LuaLogLine) -> Void = { _ in }) {

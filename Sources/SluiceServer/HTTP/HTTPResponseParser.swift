@@ -120,6 +120,10 @@ struct HTTPResponseParser {
     /// The final head, filled through `ResponseHeadCollector.add` after validation. Reset
     /// (capacity kept) at `expectResponse`. Complete once `.head` was returned.
     private(set) var head = ResponseHeadCollector()
+
+    /// Forwards `replacement` instead of the head that was parsed (a script's header edits,
+    /// with the same status and framing fields); the body is still read by the parsed framing.
+    mutating func replaceHead(_ replacement: ResponseHeadCollector) { head = replacement }
     /// After `.head`: the connection may be reused for another request once `.end` arrives —
     /// HTTP/1.1 without `Connection: close`, or HTTP/1.0 with `Connection: keep-alive` — and
     /// the framing is not `.close`.

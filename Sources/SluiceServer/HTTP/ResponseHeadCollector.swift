@@ -1,3 +1,5 @@
+import HTTPTypes
+
 /// An upstream response head as libcurl hands it over, one line per call
 /// (`CURLOPT_HEADERFUNCTION`): the status, the reason phrase and the field lines, kept as
 /// bytes. Interim (1xx) heads are dropped when the next status line starts; the head is
@@ -70,6 +72,22 @@ struct ResponseHeadCollector {
             ValidatedField(
                 name: base + name.lowerBound..<base + name.upperBound,
                 value: base + value.lowerBound..<base + value.upperBound, kind: kind))
+    }
+
+    /// The same status and reason with `replacement` as its field lines (a script's edits,
+    /// `LuaResponseStage`): not validated, so the encoder checks every line again.
+    func replacingFields(_ replacement: HTTPFields) -> ResponseHeadCollector {
+        var head = ResponseHeadCollector()
+        head.status = status
+        head.reason = reason
+        head.isComplete = isComplete
+        for field in replacement {
+            head.lines.append(contentsOf: field.name.rawName.utf8)
+            head.lines.append(contentsOf: ": ".utf8)
+            head.lines.append(contentsOf: field.value.utf8)
+            head.lineEnds.append(head.lines.count)
+        }
+        return head
     }
 
     /// The empty line that ends a validated final head.

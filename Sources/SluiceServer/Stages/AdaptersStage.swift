@@ -50,7 +50,7 @@ enum AdaptersStage: RequestStage {
     /// (which the machine is told).
     static func run(_ request: ProxyRequest, _ exchange: Exchange, _ services: any StageServices) {
         exchange.policy.interceptor.adapt(request, for: services.adapterSession) { result in
-            if exchange.policy.runsScripts, let call = LuaStateCache.takeLastCall() { exchange.summary.lua = call }
+            if exchange.policy.runsScripts { exchange.takeLuaCall() }
             let answer = exchange.machine.adapted(result)
             exchange.report(answer.reports)
             exchange.owner?.adaptationAnswered(exchange, answer.command)

@@ -3,8 +3,8 @@ import SluiceCore
 /// A try's response on its way back, in order: the one place that order is written, beside
 /// `RequestChain` (docs/architecture.md draws both). It runs the try stages' response sides
 /// in reverse (Envoy's `encodeHeaders` on the same filters as `decodeHeaders`): what the
-/// origin said about its limit, how the try went for the circuit, the exchange's decision on
-/// the head (validation, a retry, a redirect), and what the cache keeps.
+/// origin said about its limit, how the try went for the circuit, the policy's scripts
+/// (`on_response`), the exchange's decision on the head (validation, a retry, a redirect), and what the cache keeps.
 ///
 /// `head` runs when a try's final response head arrives, until a stage answers anything but
 /// `.proceed`; `end` runs when the try ends — its response complete, failed before a byte
@@ -18,6 +18,7 @@ enum ResponseChain {
     static let head: [any ResponseStage.Type] = [
         QuotaStage.self,  // rate_limit.learn: a pause the origin asked for
         CircuitStage.self,  // health: the try's outcome by its status
+        LuaResponseStage.self,  // lua: on_response edits the head, or asks for a retry
         ResponseDecisionStage.self,  // validate, retry, redirect, credentials: the machine decides
         CacheStage.self,  // cache: a 304 merged, a tee that stores, an invalidation
     ]
@@ -99,13 +100,16 @@ extension ResponseStage {
 
 /// A response head as the response stages see it, with what they learn about it.
 struct ResponseHeadContext {
-    let response: UpstreamResponseHead
+    /// As the origin sent it, or as a script's `on_response` edited it (`LuaResponseStage`).
+    var response: UpstreamResponseHead
     let transfer: any UpstreamTransfer
     /// The request body could be sent again (none, or kept whole): a retry or redirect may.
     let canResendBody: Bool
     /// The origin asked for a pause its policy's `rate_limit` learned and waits for
     /// (`QuotaStage`): the exchange tries again after it when it may.
     var heldByOrigin = false
+    /// A script called `res:retry()` (`LuaResponseStage`): the decision counts a failed try.
+    var scriptRetry = false
 }
 
 /// A response stage's answer about a head.

@@ -3,7 +3,7 @@ import SluiceCore
 /// `validate`, `retry`, `redirect`, `credentials` and oauth2's `refresh_on` on the response's
 /// way back (docs/configuration.md): the `ExchangeMachine` decides about the final head — pass
 /// it on, drain it and try again (a status the policy retries, a failed validation, a pause
-/// the origin asked for), or follow a redirect — asked only for the fields its decision for
+/// the origin asked for, a script's `res:retry()`), or follow a redirect — asked only for the fields its decision for
 /// that status reads.
 enum ResponseDecisionStage: ResponseStage {
     static var name: String { "decision" }
@@ -17,7 +17,9 @@ enum ResponseDecisionStage: ResponseStage {
         let answer =
             response.heldByOrigin
             ? exchange.machine.heldByOrigin(head, canResendBody: response.canResendBody)
-            : exchange.machine.responseHead(head, canResendBody: response.canResendBody)
+            : response.scriptRetry
+                ? exchange.machine.scriptRetried(head, canResendBody: response.canResendBody)
+                : exchange.machine.responseHead(head, canResendBody: response.canResendBody)
         exchange.report(answer.reports)
         switch answer.command {
         case .discardResponse?: return .discard

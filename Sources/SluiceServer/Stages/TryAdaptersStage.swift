@@ -39,11 +39,11 @@ enum TryAdaptersStage: TryStage {
             do throws(AdaptationError) {
                 try adapter.adaptTry(&model, context)
             } catch {
-                if policy.runsScripts, let call = LuaStateCache.takeLastCall() { exchange.summary.lua = call }
+                if policy.runsScripts { exchange.takeLuaCall() }
                 return .respond(error.proxyError)
             }
         }
-        if policy.runsScripts, let call = LuaStateCache.takeLastCall() { exchange.summary.lua = call }
+        if policy.runsScripts { exchange.takeLuaCall() }
         if model.url != request.target.url {
             do throws(ProxyError) {
                 request.target = try RequestTarget.absolute(model.url)

@@ -295,6 +295,10 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     /// validated a stored response), then `transferAbsorbed`.
     func absorb() { disposition.answer = .absorb }
 
+    func refuse(_ error: ProxyError) { disposition.answer = .refuse(ResponseDisposition.Refusal(error)) }
+
+    func replaceHead(_ head: ResponseHeadCollector) { self.head = head }
+
     func detach(to delegate: any UpstreamTransferDelegate) {
         self.delegate = delegate
         detached = true
@@ -460,7 +464,16 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         }
         disposition.answer = nil
         delegate.responseHeadArrived(UpstreamResponseHead(collected: head), on: self)
-        guard let keepAlive = disposition.settle() else { return }
+        guard let keepAlive = disposition.settle() else {
+            if let refusal = disposition.refused {
+                // Nothing reached the client: the exchange fails with `error` (curl is told to stop).
+                headSent = false
+                invalidResponse = true
+                pendingError = refusal.error
+                pendingKind = .other
+            }
+            return
+        }
         do {
             framing = try ResponseEncoder.forwardedHead(
                 head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,

@@ -248,6 +248,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     func follow(_ next: UpstreamRequest) { disposition.answer = .follow(next) }
     func discard() { disposition.answer = .discard }
     func absorb() { disposition.answer = .absorb }
+    func refuse(_ error: ProxyError) { disposition.answer = .refuse(ResponseDisposition.Refusal(error)) }
+    func replaceHead(_ head: ResponseHeadCollector) { parser.replaceHead(head) }
 
     func detach(to delegate: any UpstreamTransferDelegate) {
         self.delegate = delegate
@@ -702,7 +704,15 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         disposition.answer = nil
         delegate.responseHeadArrived(UpstreamResponseHead(collected: parser.head), on: self)
         guard !finished else { return }
-        guard let keepAlive = disposition.settle() else { return }
+        guard let keepAlive = disposition.settle() else {
+            if let refusal = disposition.refused {
+                // Nothing reached the client: the exchange fails with the refusal's error.
+                headSent = false
+                invalidResponse = true
+                fail(refusal.error, kind: .other)
+            }
+            return
+        }
         do {
             framing = try ResponseEncoder.forwardedHead(
                 parser.head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,

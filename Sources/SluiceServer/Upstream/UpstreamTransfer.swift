@@ -67,6 +67,12 @@ protocol UpstreamTransfer: AnyObject {
     /// Drain the response without sending it (a `304` that validated a stored response),
     /// then `transferAbsorbed`.
     func absorb()
+    /// Send nothing of the response: the try fails with `error` (`transferFailed`, kind
+    /// `.other`) and its connection is closed (a script's `on_response` failed).
+    func refuse(_ error: ProxyError)
+    /// The head to forward instead of the one that arrived (a script's header edits), with
+    /// the same status and framing fields; before `forward`.
+    func replaceHead(_ head: ResponseHeadCollector)
 
     /// Hands the rest of the response to `delegate` (a `FillProducer`): the body goes on into
     /// the cache's tee only, at the origin's pace, and nothing more is written to the client's
@@ -93,6 +99,15 @@ struct ResponseDisposition {
         case discard
         /// Drain the body, then tell the delegate `transferAbsorbed` (the cache answers).
         case absorb
+        /// Fail the try with this error, sending nothing (`refused`).
+        case refuse(Refusal)
+    }
+
+    /// A `refuse` answer's error (boxed: `Answer` and the disposition keep their size, and
+    /// a transfer never refused pays one nil reference).
+    final class Refusal {
+        let error: ProxyError
+        init(_ error: ProxyError) { self.error = error }
     }
 
     /// The delegate's answer to the current `responseHeadArrived` (nil outside that call).
@@ -103,6 +118,8 @@ struct ResponseDisposition {
     var discarding = false
     /// Set with `discarding` when the response was absorbed by the cache (`absorb()`).
     var absorbing = false
+    /// The `refuse` answer, for the transfer to fail the try with after `settle`.
+    var refused: Refusal?
 
     /// The body is drained, not sent (a redirect to follow, a retry, a cache absorb).
     var drains: Bool { discarding || redirectTo != nil }
@@ -122,6 +139,8 @@ struct ResponseDisposition {
         case .absorb:
             discarding = true
             absorbing = true
+        case .refuse(let error):
+            refused = error
         }
         return nil
     }

@@ -1,0 +1,58 @@
+/// One `ctx` per (exchange, script) across the exchange's hooks: `on_request` (every try of
+/// it), `on_response` (every try's head) and `on_log` see the same `ctx`, so what one hook puts
+/// in `ctx.vars` the next reads, and the access log shows them all. The pipeline keeps an
+/// exchange's `LuaExchange`s open (`keepOpen`) from its first hook and closes them at its end
+/// (`close`); a hook run outside an open exchange (a test, `sluice lua test`) gets a fresh one.
+///
+/// Threading: the worker's thread, as the cache.
+extension LuaStateCache {
+    /// Bounds the table should an exchange never be closed: past it, the oldest ctx are
+    /// dropped (their exchanges' later hooks start a fresh one).
+    static let maxOpenExchanges = 65_536
+
+    /// The open exchange of `requestID` on `state` with `config`, else a new one (not kept:
+    /// the stage that takes the call keeps it, `keepOpen`).
+    public func exchange(on state: LuaState, config: LuaConfig, limits: LuaLimits, requestID: UInt64) -> LuaExchange {
+        if let found = open[requestID]?.first(where: { $0.state === state && $0.config === config }) { return found }
+        return state.makeExchange(config: config, limits: limits, requestID: requestID)
+    }
+
+    /// Keeps `exchange` open for its request's later hooks (once).
+    public func keepOpen(_ exchange: LuaExchange) {
+        let id = exchange.requestID
+        if let kept = open[id] {
+            if !kept.contains(where: { $0 === exchange }) { open[id] = kept + [exchange] }
+            return
+        }
+        if open.count >= Self.maxOpenExchanges, let oldest = open.keys.min() { open[oldest] = nil }
+        open[id] = [exchange]
+    }
+
+    /// Takes the last call's exchange (`lastExchange`) and keeps it open.
+    public func keepLastExchangeOpen() {
+        guard let exchange = lastExchange else { return }
+        lastExchange = nil
+        keepOpen(exchange)
+    }
+
+    /// Ends `requestID`'s exchanges: their `ctx` go back to their states.
+    public func close(requestID: UInt64) {
+        open[requestID] = nil
+    }
+}
+
+extension LuaCallRecord {
+    /// One exchange's calls as the access log shows them: the first call that failed, else
+    /// `later`; with every call's `ctx.vars` merged (later calls' values win: `ctx` is the
+    /// same table across the hooks, so the last call's vars already hold the earlier ones
+    /// unless a hook removed them) and every call counted for `sluice_lua_calls_total`.
+    public static func combined(_ earlier: LuaCallRecord?, _ later: LuaCallRecord) -> LuaCallRecord {
+        guard let earlier else { return later }
+        let shown = earlier.outcome != "ok" ? earlier : later
+        let vars = earlier.vars.merging(later.vars) { $1 }
+        let other = shown === earlier ? later : earlier
+        let counted =
+            earlier.counted + later.counted + [LuaCallRecord(other, vars: [:], counted: [])]
+        return LuaCallRecord(shown, vars: vars, counted: counted)
+    }
+}
