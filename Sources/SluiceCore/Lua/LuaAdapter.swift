@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import Logging
 
 /// The `lua` interceptor's request half (docs/scripting.md): runs the script's `on_request`
@@ -29,13 +30,21 @@ public struct LuaAdapter: RequestAdapter {
     /// it; the hook then runs on every try, as only those adapters are given the body.
     public let readBody: Bool
 
+    /// `allow_hosts`: the hosts `sluice.http` may call. Empty (the default): none, and the
+    /// hook never waits, so it runs in place with the synchronous adapters.
+    public let allowHosts: [LuaAllowedHost]
+
     public var timing: AdapterTiming { everyTry || readBody ? .everyTry : .oncePerExchange }
     public var readsBody: Bool { readBody }
+    /// Whether the hook may wait (`sluice.http`): it then runs through the session's form.
+    var mayWait: Bool { !allowHosts.isEmpty }
 
     public init(
         script: LuaScript, origin: String, config: LuaConfig = .empty, limits: LuaLimits = .default,
-        onError: OnError = .failClosed, everyTry: Bool = false, readBody: Bool = false
+        onError: OnError = .failClosed, everyTry: Bool = false, readBody: Bool = false,
+        allowHosts: [LuaAllowedHost] = []
     ) {
+        self.allowHosts = allowHosts
         self.script = script
         self.origin = origin
         self.config = config
@@ -55,7 +64,35 @@ public struct LuaAdapter: RequestAdapter {
         }
     }
 
+    /// The form a hook that may wait runs in: on the worker's loop, `completion` called when
+    /// the script's waits are over (`LuaWait`).
+    public func adapt(
+        _ request: ProxyRequest, for session: any SessionContext,
+        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void
+    ) {
+        guard mayWait, let host = session.lua else { return adapt(request, completion: completion) }
+        do throws(AdaptationError) {
+            guard let (state, view, target) = try begin(request, body: nil) else { return completion(.success(request)) }
+            let exchange = state.makeExchange(config: config, limits: limits, requestID: request.id)
+            let depth = request.headerFields[Self.depthName].flatMap { Int($0) } ?? 0
+            exchange.onRequest(view, waitingWith: host, allowHosts: allowHosts, depth: max(0, depth)) { view, result in
+                var request = request
+                do throws(AdaptationError) {
+                    try self.end(&request, target, view: view, body: nil, result: result, exchange: exchange)
+                    completion(.success(request))
+                } catch {
+                    completion(.failure(error))
+                }
+            }
+        } catch {
+            completion(.failure(error))
+        }
+    }
+
+    private static let depthName = HTTPField.Name(LuaSubrequest.depthHeader)!
+
     public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
+        guard !mayWait else { return false }
         try run(&request, body: nil)
         return true
     }
@@ -66,20 +103,43 @@ public struct LuaAdapter: RequestAdapter {
 
     /// Runs `on_request` on `request` (with `body` when it was read) and applies its edits.
     func run(_ request: inout ProxyRequest, body: [UInt8]?) throws(AdaptationError) {
+        guard let (state, prepared, target) = try begin(request, body: body) else { return }
+        var view = prepared
+        let exchange = state.makeExchange(config: config, limits: limits, requestID: request.id)
+        let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
+        try end(&request, target, view: view, body: body, result: result, exchange: exchange)
+    }
+
+    /// The worker's state for the script, the request as the script sees it and its URL's
+    /// parts; nil when there is nothing to run (no `on_request`, or a script that does not
+    /// load with `fail_open`).
+    private func begin(
+        _ request: ProxyRequest, body: [UInt8]?
+    ) throws(AdaptationError) -> (LuaState, LuaRequestView, Target)? {
         let state: LuaState
         do throws(LuaLoadError) {
             state = try LuaStateCache.current.state(for: script, limits: limits)
         } catch {
-            return try failed(error.message, request)
+            try failed(error.message, request)
+            return nil
         }
-        guard state.hasOnRequest else { return }
+        guard state.hasOnRequest else { return nil }
         let target = Target(request.url)
+        return (
+            state,
+            LuaRequestView(
+                method: request.method, path: target.path.isEmpty ? "/" : target.path, query: target.query,
+                headers: request.headerFields, body: body ?? (readBody ? [] : nil)),
+            target
+        )
+    }
+
+    /// Records the call and applies its edits to `request` (or fails it).
+    private func end(
+        _ request: inout ProxyRequest, _ target: Target, view: LuaRequestView, body: [UInt8]?,
+        result: LuaCallResult, exchange: LuaExchange
+    ) throws(AdaptationError) {
         let originalPath = target.path.isEmpty ? "/" : target.path
-        var view = LuaRequestView(
-            method: request.method, path: originalPath, query: target.query, headers: request.headerFields,
-            body: body ?? (readBody ? [] : nil))
-        let exchange = state.makeExchange(config: config, limits: limits, requestID: request.id)
-        let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
         LuaStateCache.current.lastCall = LuaCallRecord(
             script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
         if let message = result.errorMessage { return try failed(message, request) }

@@ -12,6 +12,7 @@ import CLua
 /// - `sluice.hex.encode(s)` (lower case), `.decode(s)` (nil, reason for bad input).
 /// - `sluice.json.encode(v)`, `.decode(s)`, `sluice.json.null` (`LuaJSON`).
 /// - `sluice.now()`: seconds since the Unix epoch, with microseconds (the injected clock).
+/// - `sluice.http{…}`: a sub-request the calling hook waits for (`LuaHTTP`).
 /// - `sluice.log.info(...)`, `.warn`, `.error`: one line to the state's log sink, with the
 ///   script's name, the calling line and the exchange's request id.
 ///
@@ -23,6 +24,7 @@ enum LuaModule {
         set(L, "sha256", sha256)
         set(L, "hmac_sha256", hmacSHA256)
         set(L, "now", now)
+        set(L, "http", LuaHTTP.request)
         table(L, "base64", [("encode", base64Encode), ("decode", base64Decode)])
         table(L, "hex", [("encode", hexEncode), ("decode", hexDecode)])
         table(L, "json", [("encode", LuaJSON.encode), ("decode", LuaJSON.decode)])
