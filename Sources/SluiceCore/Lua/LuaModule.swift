@@ -13,6 +13,7 @@ import CLua
 /// - `sluice.json.encode(v)`, `.decode(s)`, `sluice.json.null` (`LuaJSON`).
 /// - `sluice.now()`: seconds since the Unix epoch, with microseconds (the injected clock).
 /// - `sluice.http{…}`: a sub-request the calling hook waits for (`LuaHTTP`).
+/// - `sluice.shared.get/set/incr`: the process's shared table (`LuaShared`).
 /// - `sluice.log.info(...)`, `.warn`, `.error`: one line to the state's log sink, with the
 ///   script's name, the calling line and the exchange's request id.
 ///
@@ -33,6 +34,7 @@ enum LuaModule {
         lua_setfield(L, -2, "null")
         sluice_lua_pop(L, 1)
         table(L, "log", [("info", logInfo), ("warn", logWarn), ("error", logError)])
+        table(L, "shared", LuaShared.functions)
     }
 
     private static func set(_ L: OpaquePointer, _ name: String, _ f: Lua.Function) {
