@@ -35,6 +35,21 @@ import Testing
             return Operation(self)
         }
 
+        /// A fleet's table: keeps each operation for the test to answer.
+        final class Store: LuaSharedStore {
+            var asked: [LuaSharedOperation] = []
+            var pending: [(Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>) -> Void] = []
+            func perform(
+                _ operation: LuaSharedOperation,
+                completion: @escaping (Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>) -> Void
+            ) {
+                asked.append(operation)
+                pending.append(completion)
+            }
+        }
+        var store: Store?
+        var shared: (any LuaSharedStore)? { store }
+
         func refusal(host: String, port: Int) -> String? {
             port == 9901 ? "it is this Sluice's admin listener" : nil
         }
@@ -173,6 +188,22 @@ import Testing
         host.answer(200, "first")
         #expect(try #require(first()).0.headers[HTTPField.Name("x-b")!] == "first")
         #expect(try #require(second()).0.headers[HTTPField.Name("x-b")!] == "second")
+    }
+
+    @Test func sharedWaitsForTheFleetsStore() throws {
+        let host = FakeHost()
+        let store = FakeHost.Store()
+        host.store = store
+        let (_, outcome) = try start(
+            "local n = sluice.shared.incr('k', 2, 10)\nlocal v, err = sluice.shared.get('gone')\n"
+                + "req.headers:set('x-n', tostring(n) .. ' ' .. tostring(v) .. ' ' .. err)", host: host)
+        #expect(store.asked == [.incr("k", by: .integer(2), ttl: 10_000_000)])
+        store.pending.removeFirst()(.success(.integer(7)))
+        #expect(outcome() == nil && store.asked.count == 2)
+        store.pending.removeFirst()(.failure(.unavailable("timed out")))
+        let (request, result) = try #require(outcome())
+        #expect(result.outcome == .ok, "\(result.outcome)")
+        #expect(request.headers[HTTPField.Name("x-n")!] == "7 nil sluice.shared: timed out")
     }
 
     @Test func allowHostsEntriesParse() {

@@ -1,5 +1,6 @@
 -- Counts requests per API key in a window shared by every worker of this Sluice
--- (sluice.shared; with `fleet:` configured, still per instance): the count goes upstream in
+-- (sluice.shared; with `fleet:` configured, by every instance: the fleet's Redis keeps the
+-- count, and the hook waits for it); the count goes upstream in
 -- X-Request-Count and into the access log's lua.vars, and a key past config.limit is
 -- refused (with on_error: fail_closed the client gets 502 and nothing is sent).
 --

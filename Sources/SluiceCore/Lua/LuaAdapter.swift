@@ -36,8 +36,12 @@ public struct LuaAdapter: RequestAdapter {
 
     public var timing: AdapterTiming { everyTry || readBody ? .everyTry : .oncePerExchange }
     public var readsBody: Bool { readBody }
-    /// Whether the hook may wait (`sluice.http`): it then runs through the session's form.
-    var mayWait: Bool { !allowHosts.isEmpty }
+    /// Whether the script names `sluice.shared` (read from its text: a script that reaches it
+    /// otherwise uses the process's table even with a fleet).
+    let usesShared: Bool
+    /// Whether the hook may wait (`sluice.http`, `sluice.shared` over a fleet): it then runs
+    /// through the session's form.
+    var mayWait: Bool { !allowHosts.isEmpty || usesShared }
 
     public init(
         script: LuaScript, origin: String, config: LuaConfig = .empty, limits: LuaLimits = .default,
@@ -45,6 +49,7 @@ public struct LuaAdapter: RequestAdapter {
         allowHosts: [LuaAllowedHost] = []
     ) {
         self.allowHosts = allowHosts
+        self.usesShared = !readBody && !everyTry && script.source.contains("shared")
         self.script = script
         self.origin = origin
         self.config = config
@@ -70,7 +75,9 @@ public struct LuaAdapter: RequestAdapter {
         _ request: ProxyRequest, for session: any SessionContext,
         completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void
     ) {
-        guard mayWait, let host = session.lua else { return adapt(request, completion: completion) }
+        guard mayWait, let host = session.lua, !allowHosts.isEmpty || host.shared != nil else {
+            return adapt(request, completion: completion)
+        }
         do throws(AdaptationError) {
             guard let (state, view, target) = try begin(request, body: nil) else { return completion(.success(request)) }
             let exchange = state.makeExchange(config: config, limits: limits, requestID: request.id)

@@ -9,10 +9,11 @@ import Synchronization
 ///   key) for `ttl` seconds (nil: until Sluice stops). Returns true, or nil and a reason.
 /// - `sluice.shared.incr(key, by, ttl)`: adds `by` (default 1) to the number under `key` (0
 ///   when absent or expired) and returns the sum; `ttl` applies when the key is made (a
-///   counter's window). A key holding a string is an error.
+///   counter's window). A key holding a string answers `nil, message`.
 ///
 /// Bounded: `maxEntries` keys and `maxBytes` of keys and strings; a `set` or `incr` that would
-/// pass either first drops expired keys, then fails (`nil, "sluice.shared is full"`).
+/// pass either first drops expired keys, then fails (`nil, "sluice.shared is full"`). With a
+/// fleet (`LuaHost.shared`), a hook that can wait keeps the table in the fleet's Redis instead.
 ///
 /// Threading: `Sendable`; one `Mutex` around the table, held for one operation, never across
 /// a Lua call. The functions run on their state's thread.
@@ -74,13 +75,33 @@ public final class LuaSharedMemory: Sendable {
         }
     }
 
-    /// Why `incr` failed.
-    public enum IncrFailure: Error, Sendable {
-        case notANumber, full
+    /// Why an operation failed (the script reads `nil, message`).
+    public enum Failure: Error, Sendable, Equatable {
+        case notANumber
+        case full
+        /// The fleet's Redis did not answer (or not sensibly).
+        case unavailable(String)
+
+        var message: String {
+            switch self {
+            case .notANumber: "sluice.shared: the key holds a string, not a number"
+            case .full: "sluice.shared is full"
+            case .unavailable(let why): "sluice.shared: " + why
+            }
+        }
+    }
+
+    /// Runs `operation`: the value read or made (nil for `set`, and for `get` of no key).
+    public func perform(_ operation: LuaSharedOperation, now: Int64) -> Result<Value?, Failure> {
+        switch operation {
+        case .get(let key): return .success(get(key, now: now))
+        case .set(let key, let value, let ttl): return set(key, value, ttl: ttl, now: now) ? .success(nil) : .failure(.full)
+        case .incr(let key, let by, let ttl): return incr(key, by: by, ttl: ttl, now: now).map { $0 }
+        }
     }
 
     /// Adds `by` to the number under `key`; `ttl` applies to a key this call makes.
-    public func incr(_ key: String, by: Value, ttl: Int64?, now: Int64) -> Result<Value, IncrFailure> {
+    public func incr(_ key: String, by: Value, ttl: Int64?, now: Int64) -> Result<Value, Failure> {
         table.withLock { t in
             var current: Value = .integer(0)
             var expiry = ttl.map { now + $0 }
@@ -135,7 +156,22 @@ extension LuaSharedMemory.Table {
     }
 }
 
-/// The Lua side of `sluice.shared` (see `LuaSharedMemory`).
+/// One `sluice.shared` operation; TTLs in microseconds.
+public enum LuaSharedOperation: Sendable, Equatable {
+    case get(String)
+    case set(String, LuaSharedMemory.Value?, ttl: Int64?)
+    case incr(String, by: LuaSharedMemory.Value, ttl: Int64?)
+}
+
+/// `sluice.shared` kept outside the process (the fleet's Redis): `completion` runs once, on
+/// the worker's thread, within the store's timeout.
+public protocol LuaSharedStore: AnyObject {
+    func perform(
+        _ operation: LuaSharedOperation, completion: @escaping (Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>) -> Void)
+}
+
+/// The Lua side of `sluice.shared` (see `LuaSharedMemory`): the process's table, or the
+/// worker's `LuaHost.shared` store when the call can wait for it (`LuaWait`).
 ///
 /// Threading: the state's thread (see `Lua` for the error discipline).
 enum LuaShared {
@@ -143,8 +179,7 @@ enum LuaShared {
 
     private static let get: Lua.Function = { L in
         guard let key = Lua.bytes(L, 1) else { return Lua.badArgument(L, 1, "get", "string") }
-        push(L, LuaSharedMemory.process.get(Lua.makeString(key), now: LuaState.of(L).now))
-        return 1
+        return perform(L, .get(Lua.makeString(key)))
     }
 
     private static let set: Lua.Function = { L in
@@ -157,13 +192,7 @@ enum LuaShared {
             value = v
         }
         guard let ttl = Self.ttl(L, 3) else { return Lua.badArgument(L, 3, "set", "seconds > 0 or nil") }
-        guard LuaSharedMemory.process.set(Lua.makeString(key), value, ttl: ttl, now: LuaState.of(L).now) else {
-            lua_pushnil(L)
-            Lua.push(L, "sluice.shared is full")
-            return 2
-        }
-        lua_pushboolean(L, 1)
-        return 1
+        return perform(L, .set(Lua.makeString(key), value, ttl: ttl))
     }
 
     private static let incr: Lua.Function = { L in
@@ -176,16 +205,55 @@ enum LuaShared {
             by = v
         }
         guard let ttl = Self.ttl(L, 3) else { return Lua.badArgument(L, 3, "incr", "seconds > 0 or nil") }
-        switch LuaSharedMemory.process.incr(Lua.makeString(key), by: by, ttl: ttl, now: LuaState.of(L).now) {
-        case .success(let sum):
-            push(L, sum)
-            return 1
-        case .failure(.full):
+        return perform(L, .incr(Lua.makeString(key), by: by, ttl: ttl))
+    }
+
+    /// Runs `operation` on the fleet's store, waiting, when the call may wait and there is
+    /// one; else on the process's table at once.
+    private static func perform(_ L: OpaquePointer?, _ operation: LuaSharedOperation) -> Int32 {
+        let state = LuaState.of(L)
+        guard let wait = state.current?.wait, let store = wait.host.shared else {
+            return push(operation, LuaSharedMemory.process.perform(operation, now: state.now), onto: L)
+        }
+        guard wait.phase == .running, lua_isyieldable(L) != 0 else {
+            return Lua.fail(
+                L,
+                "sluice.shared cannot wait here for the fleet's Redis: it was called through a C function "
+                    + "(a metamethod such as __tostring, a table.sort comparator, a string.gsub callback)")
+        }
+        return wait.suspend { deliver in
+            store.perform(operation) { result in deliver { co in push(operation, result, onto: co) } }
+            return Unstoppable()
+        }
+    }
+
+    /// A Redis command cannot be called back: a call that ended first ignores its answer.
+    private final class Unstoppable: LuaOperation {
+        func cancel() {}
+    }
+
+    /// Pushes what the script gets: the value (`true` for `set`), or `nil, message`.
+    private static func push(
+        _ operation: LuaSharedOperation, _ result: Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>,
+        onto L: OpaquePointer?
+    ) -> Int32 {
+        switch result {
+        case .failure(let failure):
             lua_pushnil(L)
-            Lua.push(L, "sluice.shared is full")
+            Lua.push(L, failure.message)
             return 2
-        case .failure(.notANumber):
-            return Lua.fail(L, "sluice.shared.incr: '\(Lua.makeString(key))' holds a string, not a number")
+        case .success(let value):
+            if case .set = operation {
+                lua_pushboolean(L, 1)
+                return 1
+            }
+            switch value {
+            case nil: lua_pushnil(L)
+            case .string(let s)?: Lua.push(L, s)
+            case .integer(let i)?: lua_pushinteger(L, lua_Integer(i))
+            case .number(let d)?: lua_pushnumber(L, d)
+            }
+            return 1
         }
     }
 
@@ -206,14 +274,5 @@ enum LuaShared {
         let seconds = sluice_lua_tonumber(L, index, &isNumber)
         guard isNumber != 0, seconds > 0, seconds < 1e9 else { return nil }
         return .some(Int64(seconds * 1_000_000))
-    }
-
-    private static func push(_ L: OpaquePointer?, _ value: LuaSharedMemory.Value?) {
-        switch value {
-        case nil: lua_pushnil(L)
-        case .string(let s): Lua.push(L, s)
-        case .integer(let i): lua_pushinteger(L, lua_Integer(i))
-        case .number(let d): lua_pushnumber(L, d)
-        }
     }
 }

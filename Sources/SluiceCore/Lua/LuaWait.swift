@@ -24,6 +24,13 @@ public protocol LuaHost: AnyObject {
     /// Why a script may never call `host:port` whatever its `allow_hosts` says (this Sluice's
     /// admin listener), or nil.
     func refusal(host: String, port: Int) -> String?
+    /// The fleet's shared table (`fleet:`), when there is one: `sluice.shared` then waits for
+    /// it. nil: the process's table (`LuaSharedMemory.process`).
+    var shared: (any LuaSharedStore)? { get }
+}
+
+extension LuaHost {
+    public var shared: (any LuaSharedStore)? { nil }
 }
 
 /// Why an operation failed, as the script reads it (`nil, message`).

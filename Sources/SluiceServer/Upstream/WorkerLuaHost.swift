@@ -66,6 +66,9 @@ final class WorkerLuaHost: LuaHost {
         return timer
     }
 
+    /// The fleet's table when there is a fleet (`FleetLuaShared`).
+    var shared: (any LuaSharedStore)? { worker.fleet }
+
     func refusal(host: String, port: Int) -> String? {
         guard let admin, admin.port == port else { return nil }
         let loopback = host == "localhost" || host == "::1" || host.hasPrefix("127.")
