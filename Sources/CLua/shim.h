@@ -136,8 +136,13 @@ static inline void sluice_lua_arm(lua_State *co) {
 }
 
 /// A Swift function Lua may call: returns its number of results, or -1 with an error message
-/// on top of the stack (the trampoline prefixes the caller's "chunk:line:" and raises it).
+/// on top of the stack (the trampoline prefixes the caller's "chunk:line:" and raises it), or
+/// SLUICE_LUA_YIELD to suspend the calling coroutine (the trampoline yields it: a yield is a
+/// longjmp too). The function checks `lua_isyieldable` first; the values `lua_resume` is
+/// later given are the call's results (Sources/SluiceCore/Lua/LuaWait.swift).
 typedef int (*sluice_lua_swift_function)(lua_State *L);
+
+#define SLUICE_LUA_YIELD (-2)
 
 static int sluice_lua_trampoline(lua_State *L) {
     sluice_lua_swift_function f = (sluice_lua_swift_function)lua_touserdata(L, lua_upvalueindex(1));
@@ -145,6 +150,7 @@ static int sluice_lua_trampoline(lua_State *L) {
     m->grace += 1;
     int n = f(L);
     m->grace -= 1;
+    if (n == SLUICE_LUA_YIELD) return lua_yield(L, 0);
     if (n >= 0 && m->grace == 0 && m->used > m->limit) {
         m->stopped = SLUICE_LUA_STOPPED_MEMORY;
         lua_pushliteral(L, "memory limit reached");

@@ -28,8 +28,10 @@ enum LuaKind: InterceptorKind {
         var everyTry = false
         var readBody = false
         var limits = LuaLimits.default
+        var allowHosts: [LuaAllowedHost] = []
+        var allowNode: Node?
         let file = reader.file
-        let known = ["file", "source", "config", "on_error", "every_try", "read_body", "limits"]
+        let known = ["file", "source", "config", "on_error", "every_try", "read_body", "limits", "allow_hosts"]
         reader.entries(settings, in: "lua", known: known) { r, key, value in
             switch key {
             case "file":
@@ -64,11 +66,25 @@ enum LuaKind: InterceptorKind {
                 if let on = r.bool(value, key: key) { readBody = on }
             case "limits":
                 Self.readLimits(value, into: &limits, &r)
+            case "allow_hosts":
+                allowNode = value
+                for (text, item) in r.strings(value, what: "allow_hosts") ?? [] {
+                    switch LuaAllowedHost.parse(text) {
+                    case .success(let entry): allowHosts.append(entry)
+                    case .failure(let error): r.fail(item, "allow_hosts: \(error.message)")
+                    }
+                }
             default: break
             }
         }
         guard let script, let scriptNode else {
             reader.fail(settings, "lua needs file or source")
+            return nil
+        }
+        if let allowNode, everyTry || readBody {
+            // Those hooks run inside a try, which cannot wait for a sub-request.
+            reader.fail(
+                allowNode, "allow_hosts (sluice.http) is for a hook that runs once per exchange, not every_try or read_body")
             return nil
         }
         do throws(LuaLoadError) {
@@ -84,7 +100,7 @@ enum LuaKind: InterceptorKind {
         }
         return LuaAdapter(
             script: script, origin: origin, config: LuaConfig(config), limits: limits, onError: onError,
-            everyTry: everyTry, readBody: readBody)
+            everyTry: everyTry, readBody: readBody, allowHosts: allowHosts)
     }
 
     static func describe(_ a: LuaAdapter) -> String {
@@ -92,10 +108,11 @@ enum LuaKind: InterceptorKind {
             "\(a.origin) (sha256 \(a.script.contentHash.prefix(12)))", "on_error \(a.onError.rawValue)",
             "instructions \(a.limits.instructions)", "memory \(a.limits.memory)",
             "wall \(a.limits.wall.components.seconds * 1000 + a.limits.wall.components.attoseconds / 1_000_000_000_000_000) ms",
-            "body \(a.limits.body)",
+            "body \(a.limits.body)", "subrequests \(a.limits.subrequests)",
         ]
         if a.everyTry { parts.append("every try") }
         if a.readBody { parts.append("reads the body") }
+        if !a.allowHosts.isEmpty { parts.append("allow_hosts " + a.allowHosts.map(\.description).joined(separator: ", ")) }
         if !a.config.values.isEmpty { parts.append("config keys " + a.config.values.keys.sorted().joined(separator: ", ")) }
         return parts.joined(separator: ", ")
     }

@@ -21,10 +21,13 @@ public protocol SessionContext: AnyObject {
     /// The fleet's token store (`fleet:`), when there is one: one token per credential for
     /// every instance.
     var sharedTokens: (any SharedTokenStore)? { get }
+    /// What `lua` scripts that wait (`sluice.http`) use of the worker; nil where they cannot.
+    var lua: (any LuaHost)? { get }
 }
 
 extension SessionContext {
     public var sharedTokens: (any SharedTokenStore)? { nil }
+    public var lua: (any LuaHost)? { nil }
 }
 
 /// Tokens shared by a fleet of instances (docs/fleet.md): each call answers once, on the

@@ -1,4 +1,5 @@
 import Foundation
+import HTTPTypes
 import Logging
 
 /// The `lua` interceptor's request half (docs/scripting.md): runs the script's `on_request`
@@ -29,13 +30,26 @@ public struct LuaAdapter: RequestAdapter {
     /// it; the hook then runs on every try, as only those adapters are given the body.
     public let readBody: Bool
 
+    /// `allow_hosts`: the hosts `sluice.http` may call. Empty (the default): none, and the
+    /// hook never waits, so it runs in place with the synchronous adapters.
+    public let allowHosts: [LuaAllowedHost]
+
     public var timing: AdapterTiming { everyTry || readBody ? .everyTry : .oncePerExchange }
     public var readsBody: Bool { readBody }
+    /// Whether the script names `sluice.shared` (read from its text: a script that reaches it
+    /// otherwise uses the process's table even with a fleet).
+    let usesShared: Bool
+    /// Whether the hook may wait (`sluice.http`, `sluice.shared` over a fleet): it then runs
+    /// through the session's form.
+    var mayWait: Bool { !allowHosts.isEmpty || usesShared }
 
     public init(
         script: LuaScript, origin: String, config: LuaConfig = .empty, limits: LuaLimits = .default,
-        onError: OnError = .failClosed, everyTry: Bool = false, readBody: Bool = false
+        onError: OnError = .failClosed, everyTry: Bool = false, readBody: Bool = false,
+        allowHosts: [LuaAllowedHost] = []
     ) {
+        self.allowHosts = allowHosts
+        self.usesShared = !readBody && !everyTry && script.source.contains("shared")
         self.script = script
         self.origin = origin
         self.config = config
@@ -55,7 +69,40 @@ public struct LuaAdapter: RequestAdapter {
         }
     }
 
+    /// The form a hook that may wait runs in: on the worker's loop, `completion` called when
+    /// the script's waits are over (`LuaWait`).
+    public func adapt(
+        _ request: ProxyRequest, for session: any SessionContext,
+        completion: @escaping (Result<ProxyRequest, AdaptationError>) -> Void
+    ) {
+        guard mayWait, let host = session.lua, !allowHosts.isEmpty || host.shared != nil else {
+            return adapt(request, completion: completion)
+        }
+        var request = request
+        do throws(AdaptationError) {
+            let cache = LuaStateCache.current
+            guard let (state, target) = try begin(request, cache) else { return completion(.success(request)) }
+            let depth = request.headerFields[Self.depthName].flatMap { Int($0) } ?? 0
+            let view = self.view(of: &request, target, body: nil)
+            let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: request.id)
+            exchange.onRequest(view, waitingWith: host, allowHosts: allowHosts, depth: max(0, depth)) { view, result in
+                var view = view
+                do throws(AdaptationError) {
+                    try self.end(&request, target, view: &view, body: nil, result: result, exchange: exchange, cache)
+                    completion(.success(request))
+                } catch {
+                    completion(.failure(error))
+                }
+            }
+        } catch {
+            completion(.failure(error))
+        }
+    }
+
+    private static let depthName = HTTPField.Name(LuaSubrequest.depthHeader)!
+
     public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
+        guard !mayWait else { return false }
         try run(&request, body: nil)
         return true
     }
@@ -65,27 +112,46 @@ public struct LuaAdapter: RequestAdapter {
     }
 
     /// Runs `on_request` on `request` (with `body` when it was read) and applies its edits.
-    ///
-    /// With `fail_closed` the header fields move into the script's view and back (a failed
-    /// call drops the request, so nothing needs restoring): the script's first edit does not
-    /// copy them. With `fail_open` the view is a copy, so the request can go on untouched.
     func run(_ request: inout ProxyRequest, body: [UInt8]?) throws(AdaptationError) {
         let cache = LuaStateCache.current
+        guard let (state, target) = try begin(request, cache) else { return }
+        var view = view(of: &request, target, body: body)
+        let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: request.id)
+        let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
+        try end(&request, target, view: &view, body: body, result: result, exchange: exchange, cache)
+    }
+
+    /// The worker's state for the script and the request URL's parts; nil when there is
+    /// nothing to run (no `on_request`, or a script that does not load with `fail_open`).
+    private func begin(_ request: ProxyRequest, _ cache: LuaStateCache) throws(AdaptationError) -> (LuaState, Target)? {
         let state: LuaState
         do throws(LuaLoadError) {
             state = try cache.state(for: script, limits: limits)
         } catch {
-            return try failed(error.message, request)
+            try failed(error.message, request)
+            return nil
         }
-        guard state.hasOnRequest else { return }
-        let target = Target(request.url)
-        let path = target.path.isEmpty ? "/" : target.path
+        guard state.hasOnRequest else { return nil }
+        return (state, Target(request.url))
+    }
+
+    /// The request as the script sees it. With `fail_closed` the header fields move into the
+    /// view and back (a failed call drops the request, so nothing needs restoring): the
+    /// script's first edit does not copy them. With `fail_open` the view is a copy, so the
+    /// request can go on untouched.
+    private func view(of request: inout ProxyRequest, _ target: Target, body: [UInt8]?) -> LuaRequestView {
         var view = LuaRequestView(
-            method: request.method, path: path, query: target.query, body: body ?? (readBody ? [] : nil))
-        let restoring = onError == .failOpen
-        if restoring { view.headers = request.headerFields } else { swap(&view.headers, &request.headerFields) }
-        let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: request.id)
-        let result = exchange.onRequest(&view, restoringOnFailure: restoring)
+            method: request.method, path: target.path.isEmpty ? "/" : target.path, query: target.query,
+            body: body ?? (readBody ? [] : nil))
+        if onError == .failOpen { view.headers = request.headerFields } else { swap(&view.headers, &request.headerFields) }
+        return view
+    }
+
+    /// Records the call and applies its edits to `request` (or fails it).
+    private func end(
+        _ request: inout ProxyRequest, _ target: Target, view: inout LuaRequestView, body: [UInt8]?,
+        result: LuaCallResult, exchange: LuaExchange, _ cache: LuaStateCache
+    ) throws(AdaptationError) {
         cache.lastCall = LuaCallRecord(
             script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
         cache.lastExchange = exchange
@@ -97,6 +163,7 @@ public struct LuaAdapter: RequestAdapter {
             return try failed(
                 "\(script.name): req:set_body is not supported by this version of the lua adapter", request)
         }
+        let path = target.path.isEmpty ? "/" : target.path
         if view.path != path || view.query != target.query {
             guard view.path.hasPrefix("/"), !view.path.utf8.contains(where: Self.isUnsafeInTarget),
                 !(view.query?.utf8.contains(where: Self.isUnsafeInTarget) ?? false)

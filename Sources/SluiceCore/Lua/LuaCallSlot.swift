@@ -31,6 +31,8 @@ final class LuaCallSlot {
     @exclusivity(unchecked) var bodyRefused = false
     /// `lua_resume`'s status for the call (whether its coroutine can be reused).
     @exclusivity(unchecked) var lastStatus: Int32 = 0
+    /// The call's wait, for a call that may wait (`LuaExchange.onRequest(_:waitingWith:…)`).
+    @exclusivity(unchecked) var wait: LuaWait?
 
     private static let noRequest = LuaRequestView(method: "", path: "/")
     private static let noResponse = LuaResponseView(status: 0)
@@ -63,5 +65,6 @@ final class LuaCallSlot {
         if respond != nil { respond = nil }
         retry = false
         bodyRefused = false
+        if wait != nil { wait = nil }
     }
 }

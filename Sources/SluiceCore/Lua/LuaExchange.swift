@@ -47,6 +47,38 @@ public final class LuaExchange {
         return finish(slot, result)
     }
 
+    /// `on_request(req, ctx)` for a call that may wait (`sluice.http`): `completion` gets the
+    /// request with the script's edits (as it was when the call failed) and what the call did,
+    /// at once when the script never waits, else later on this thread (`LuaWait`).
+    public func onRequest(
+        _ request: LuaRequestView, waitingWith host: any LuaHost, allowHosts: [LuaAllowedHost], depth: Int,
+        completion: @escaping (LuaRequestView, LuaCallResult) -> Void
+    ) {
+        guard let hook = state.onRequestHook else { return completion(request, LuaCallResult()) }
+        guard !state.isPoisoned else { return completion(request, Self.poisoned(state)) }
+        let slot = state.acquireSlot()
+        slot.begin(.request, limits: limits, requestID: requestID)
+        slot.request = request
+        let wait = LuaWait(state: state, host: host, allowHosts: allowHosts, depth: depth)
+        slot.wait = wait
+        wait.end = { [self] result in
+            var result = result
+            let edited = slot.request
+            if result.outcome == .ok { result.respond = slot.respond }
+            completion(result.outcome == .ok ? edited : request, finish(slot, result))
+        }
+        wait.resume = { [self] results in
+            guard !state.isPoisoned else { return wait.settle(Self.poisoned(state), yielded: false) }
+            let co = slot.thread!
+            wait.restore()
+            let count = results(co)
+            wait.settle(run(slot, arguments: count, since: wait.started), yielded: slot.lastStatus == LUA_YIELD)
+        }
+        wait.started = state.now
+        let result = call(hook, slot, message: slot.requestRef)
+        wait.settle(result, yielded: slot.lastStatus == LUA_YIELD)
+    }
+
     /// `on_response(res, ctx)`: `response` gets the script's edits; `retry` whether it asked
     /// for another try. `restoringOnFailure` as for `onRequest`.
     public func onResponse(_ response: inout LuaResponseView, restoringOnFailure: Bool = true) -> LuaCallResult {
@@ -100,8 +132,19 @@ public final class LuaExchange {
             pushContext(co)
             arguments += 1
         }
+        return running(slot) { state.run(co, arguments: arguments, limits: limits) }
+    }
+
+    /// Resumes a waiting call's coroutine with the `arguments` results on its stack.
+    private func run(_ slot: LuaCallSlot, arguments: Int32, since start: Int64) -> LuaCallResult {
+        running(slot) { state.resume(slot.thread!, arguments: arguments, since: start) }
+    }
+
+    /// Runs `slot`'s coroutine by `body` (`LuaState.run` or `.resume`) as the state's current call.
+    @inline(__always)
+    private func running(_ slot: LuaCallSlot, _ body: () -> (LuaCallResult, Int32)) -> LuaCallResult {
         state.current = slot
-        var (result, status) = state.run(co, arguments: arguments, limits: limits)
+        var (result, status) = body()
         state.current = nil
         if slot.bodyRefused, case .error(let message) = result.outcome { result.outcome = .limit(.body, message) }
         slot.lastStatus = status

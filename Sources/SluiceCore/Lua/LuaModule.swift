@@ -12,6 +12,8 @@ import CLua
 /// - `sluice.hex.encode(s)` (lower case), `.decode(s)` (nil, reason for bad input).
 /// - `sluice.json.encode(v)`, `.decode(s)`, `sluice.json.null` (`LuaJSON`).
 /// - `sluice.now()`: seconds since the Unix epoch, with microseconds (the injected clock).
+/// - `sluice.http{…}`: a sub-request the calling hook waits for (`LuaHTTP`).
+/// - `sluice.shared.get/set/incr`: the process's shared table (`LuaShared`).
 /// - `sluice.log.info(...)`, `.warn`, `.error`: one line to the state's log sink, with the
 ///   script's name, the calling line and the exchange's request id.
 /// - `sluice.metric(name)`: a counter (`LuaMetricAPI`).
@@ -24,6 +26,7 @@ enum LuaModule {
         set(L, "sha256", sha256)
         set(L, "hmac_sha256", hmacSHA256)
         set(L, "now", now)
+        set(L, "http", LuaHTTP.request)
         table(L, "base64", [("encode", base64Encode), ("decode", base64Decode)])
         table(L, "hex", [("encode", hexEncode), ("decode", hexDecode)])
         table(L, "json", [("encode", LuaJSON.encode), ("decode", LuaJSON.decode)])
@@ -33,6 +36,7 @@ enum LuaModule {
         sluice_lua_pop(L, 1)
         table(L, "log", [("info", logInfo), ("warn", logWarn), ("error", logError)])
         LuaMetricAPI.install(L)
+        table(L, "shared", LuaShared.functions)
     }
 
     private static func set(_ L: OpaquePointer, _ name: String, _ f: Lua.Function) {

@@ -231,6 +231,15 @@ public final class LuaState {
             max(1, (limits.instructions + Int(SLUICE_LUA_HOOK_PERIOD) - 1) / Int(SLUICE_LUA_HOOK_PERIOD)))
         m.pointee.deadline_us = start + limits.wallMicroseconds
         m.pointee.peak = m.pointee.used
+        return resume(co, arguments: arguments, since: start)
+    }
+
+    /// Resumes `co` with `arguments` values on its stack, under the budgets already in the
+    /// meter (`run` sets them; `LuaWait` puts a waiting call's back). `start` is when the call
+    /// began, for its duration. A yield is the call waiting (`LuaWait`) when `current` has a
+    /// wait that took it; any other yield is an error.
+    func resume(_ co: OpaquePointer, arguments: Int32, since start: Int64) -> (LuaCallResult, Int32) {
+        let m = meter
         sluice_lua_arm(co)
         var results: Int32 = 0
         m.pointee.grace = 0
@@ -256,7 +265,9 @@ public final class LuaState {
             }
             result.outcome = .limit(kind, message ?? "\(script.name): \(kind.rawValue) limit reached")
         } else if status == LUA_YIELD {
-            result.outcome = .error("\(script.name): the script yielded outside sluice.http")
+            if current?.wait?.isSuspending != true {
+                result.outcome = .error("\(script.name): the script yielded outside sluice.http")
+            }
         } else if status != LUA_OK {
             result.outcome = .error(errorText(co))
         }

@@ -15,6 +15,14 @@ final class WorkerSession: SessionContext {
     private unowned let worker: Worker
     private var parked: [() -> Bool] = []
     var sharedTokens: (any SharedTokenStore)? { worker.fleet }
+    /// Made on the first call of a script that may wait.
+    private var luaHost: WorkerLuaHost?
+    var lua: (any LuaHost)? {
+        if let luaHost { return luaHost }
+        let host = WorkerLuaHost(worker: worker)
+        luaHost = host
+        return host
+    }
     private let mailbox: Worker.Mailbox
     private var wakeEvent: LoopWake<WorkerSession>!
     var waker: any SessionWaker { Waker(event: wakeEvent.handle, id: worker.index, mailbox: mailbox) }
@@ -40,7 +48,10 @@ final class WorkerSession: SessionContext {
         wakeEvent = LoopWake(on: worker.base, owner: self) { $0.runParked() }
     }
 
-    func close() { wakeEvent = nil }
+    func close() {
+        luaHost?.close()
+        wakeEvent = nil
+    }
 
     var monitor: (any EventMonitor)? { worker.pipeline.monitor }
 
@@ -86,11 +97,11 @@ final class SideFetch: CurlTransfer {
     private let completion: (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void
     private let host: String
     private let trust: ServerTrust
-    private let parentProxy: UpstreamProxy?
+    private var parentProxy: UpstreamProxy?
     private let isTLS: Bool
     private let errorBuffer: UnsafeMutablePointer<CChar>
     private var me: Unmanaged<SideFetch>?
-    private let deny: [IPNetwork]
+    private var deny: [IPNetwork]
     /// A resolved address was in `access.deny`: the fetch fails as `destinationDenied`.
     private var denied = false
     /// The largest response body kept; a larger one fails the fetch (1 MiB unless set before `start`).
@@ -145,6 +156,41 @@ final class SideFetch: CurlTransfer {
     }
 
     deinit { errorBuffer.deallocate() }
+
+    /// Sends the fetch through this Sluice's own listener at `proxy` (`http://127.0.0.1:3128`)
+    /// as a forward-proxy request, over HTTP/1.1, with `method` (a `sluice.http`
+    /// sub-request): the listener applies `access` and the target's policy, so the hop to it
+    /// is not checked against `access.deny` here. Call before `start`.
+    func route(throughListener proxy: String, method: String, hasBody: Bool, timeoutMilliseconds: Int) {
+        let h = handle
+        // Whatever a parent proxy of the target's policy set goes: no credentials or
+        // `no_proxy` list of it may apply to the hop to this Sluice.
+        sluice_easy_setopt_str(h, CURLOPT_PROXY, proxy)
+        sluice_easy_setopt_long(h, CURLOPT_PROXYTYPE, Int(CURLPROXY_HTTP.rawValue))
+        sluice_easy_setopt_str(h, CURLOPT_NOPROXY, "")
+        sluice_easy_setopt_ptr(h, CURLOPT_PROXYUSERNAME, nil)
+        sluice_easy_setopt_ptr(h, CURLOPT_PROXYPASSWORD, nil)
+        sluice_easy_setopt_long(h, CURLOPT_HTTP_VERSION, Int(CURL_HTTP_VERSION_1_1))
+        sluice_easy_setopt_long(h, CURLOPT_TIMEOUT_MS, max(1, timeoutMilliseconds))
+        if method == "HEAD" {
+            sluice_easy_setopt_long(h, CURLOPT_NOBODY, 1)
+        } else if method != "GET" || hasBody {
+            sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
+        }
+        parentProxy = nil
+        deny = []
+    }
+
+    /// Abandons a started fetch: `completion` is never called.
+    func cancel() {
+        guard let me else { return }
+        session.finish(handle)
+        curl_slist_free_all(headerList)
+        headerList = nil
+        fieldsSink = nil
+        self.me = nil
+        me.release()
+    }
 
     func start() {
         if isTLS, !trust.isAllowed {

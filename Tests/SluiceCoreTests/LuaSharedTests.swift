@@ -1,0 +1,49 @@
+import Testing
+
+@testable import SluiceCore
+
+/// `sluice.shared`'s in-process table: values, TTLs on the injected clock, counters, bounds.
+@Suite struct LuaSharedTests {
+    @Test func setGetAndExpiry() {
+        let table = LuaSharedMemory()
+        #expect(table.set("a", .string("x"), ttl: 1_000, now: 0))
+        #expect(table.get("a", now: 999) == .string("x"))
+        #expect(table.get("a", now: 1_000) == nil)
+        #expect(table.set("b", .number(1.5), ttl: nil, now: 0))
+        #expect(table.set("b", nil, ttl: nil, now: 0))
+        #expect(table.get("b", now: 0) == nil && table.count == 0)
+    }
+
+    @Test func incrCountsInAWindowSetWhenTheKeyIsMade() throws {
+        let table = LuaSharedMemory()
+        #expect(try table.incr("k", by: .integer(1), ttl: 100, now: 0).get() == .integer(1))
+        #expect(try table.incr("k", by: .integer(2), ttl: 100, now: 50).get() == .integer(3))
+        #expect(try table.incr("k", by: .integer(1), ttl: 100, now: 100).get() == .integer(1))  // a new window
+        #expect(try table.incr("k", by: .number(0.5), ttl: nil, now: 150).get() == .number(1.5))
+        #expect(table.set("s", .string("x"), ttl: nil, now: 0))
+        #expect(throws: LuaSharedMemory.Failure.notANumber) { try table.incr("s", by: .integer(1), ttl: nil, now: 0).get() }
+    }
+
+    @Test func aFullTableDropsExpiredKeysThenRefuses() {
+        let table = LuaSharedMemory(maxEntries: 2, maxBytes: 1 << 20)
+        #expect(table.set("a", .integer(1), ttl: 10, now: 0))
+        #expect(table.set("b", .integer(1), ttl: nil, now: 0))
+        #expect(table.set("c", .integer(1), ttl: nil, now: 20))  // "a" expired: dropped
+        #expect(!table.set("d", .integer(1), ttl: nil, now: 20))
+        #expect(throws: LuaSharedMemory.Failure.full) { try table.incr("e", by: .integer(1), ttl: nil, now: 20).get() }
+    }
+
+    @Test func scriptsUseTheProcessTable() throws {
+        let key = "lua-shared-test-\(UInt64.random(in: 0...UInt64.max))"
+        #expect(try LuaTest.evaluate("sluice.shared.incr('\(key)', 2, 60)") == .integer(2))
+        #expect(try LuaTest.evaluate("sluice.shared.incr('\(key)')") == .integer(3))
+        #expect(try LuaTest.evaluate("sluice.shared.set('\(key)s', 'v', 60) and sluice.shared.get('\(key)s')") == .string("v"))
+        #expect(try LuaTest.evaluate("sluice.shared.get('\(key)-none')") == nil)
+        let failed = try LuaTest.evaluate("select(2, sluice.shared.incr('\(key)s'))")
+        guard case .string(let message)? = failed else {
+            Issue.record("\(String(describing: failed))")
+            return
+        }
+        #expect(message == "sluice.shared: the key holds a string, not a number", "\(message)")
+    }
+}

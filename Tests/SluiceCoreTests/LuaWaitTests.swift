@@ -1,0 +1,216 @@
+import HTTPTypes
+import Testing
+
+@testable import SluiceCore
+
+/// A hook call that waits (`LuaWait`, `sluice.http`): it yields its coroutine, resumes with the
+/// answer, keeps its budgets across the wait, is stopped by its wall-clock timer (a late answer
+/// then ignored), and cannot wait across a C boundary. A fake `LuaHost` answers by hand.
+@Suite struct LuaWaitTests {
+    /// Keeps what was asked; the test answers and fires timers.
+    final class FakeHost: LuaHost {
+        var requests: [LuaSubrequest] = []
+        var pending: [(Result<LuaSubresponse, LuaOperationError>) -> Void] = []
+        var timers: [(microseconds: Int64, fired: () -> Void)] = []
+        var cancelled = 0
+        /// Answers each sub-request inside the call that starts it.
+        var answerAtOnce: Result<LuaSubresponse, LuaOperationError>?
+
+        final class Operation: LuaOperation {
+            let host: FakeHost
+            init(_ host: FakeHost) { self.host = host }
+            func cancel() { host.cancelled += 1 }
+        }
+
+        func subrequest(
+            _ request: LuaSubrequest, completion: @escaping (Result<LuaSubresponse, LuaOperationError>) -> Void
+        ) -> any LuaOperation {
+            requests.append(request)
+            if let answer = answerAtOnce { completion(answer) } else { pending.append(completion) }
+            return Operation(self)
+        }
+
+        func timer(microseconds: Int64, _ fired: @escaping () -> Void) -> any LuaOperation {
+            timers.append((microseconds, fired))
+            return Operation(self)
+        }
+
+        /// A fleet's table: keeps each operation for the test to answer.
+        final class Store: LuaSharedStore {
+            var asked: [LuaSharedOperation] = []
+            var pending: [(Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>) -> Void] = []
+            func perform(
+                _ operation: LuaSharedOperation,
+                completion: @escaping (Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>) -> Void
+            ) {
+                asked.append(operation)
+                pending.append(completion)
+            }
+        }
+        var store: Store?
+        var shared: (any LuaSharedStore)? { store }
+
+        func refusal(host: String, port: Int) -> String? {
+            port == 9901 ? "it is this Sluice's admin listener" : nil
+        }
+
+        func answer(_ status: Int, _ body: String = "", at index: Int = 0) {
+            pending.remove(at: index)(
+                .success(LuaSubresponse(status: status, headers: [("X-A", "1"), ("x-a", "2")], body: Array(body.utf8))))
+        }
+    }
+
+    let allow = [try! LuaAllowedHost.parse("audit.test").get(), try! LuaAllowedHost.parse("other.test:8080").get()]
+
+    /// Starts `on_request` with `body` as its body; the result lands in the returned box.
+    func start(
+        _ body: String, host: FakeHost, limits: LuaLimits = .default, state: LuaState? = nil, depth: Int = 0
+    ) throws -> (LuaState, () -> (LuaRequestView, LuaCallResult)?) {
+        let state = try state ?? LuaTest.load("return { on_request = function(req, ctx)\n\(body)\nend }", limits: limits)
+        var outcome: (LuaRequestView, LuaCallResult)?
+        state.makeExchange(limits: limits).onRequest(LuaTest.get(), waitingWith: host, allowHosts: allow, depth: depth) {
+            outcome = ($0, $1)
+        }
+        return (state, { outcome })
+    }
+
+    @Test func aCallWaitsForItsSubrequestAndResumesWithTheAnswer() throws {
+        let host = FakeHost()
+        let (_, outcome) = try start(
+            """
+            local res, err = sluice.http{method = "POST", url = "http://audit.test/e", headers = {["X-K"] = "v"}, body = "b"}
+            req.headers:set("x-status", tostring(res.status))
+            req.headers:set("x-body", res.body)
+            req.headers:set("x-a", res.headers["x-a"])
+            """, host: host)
+        #expect(outcome() == nil)
+        #expect(host.requests.count == 1 && host.timers.count == 1)
+        let sent = host.requests[0]
+        #expect(sent.method == "POST" && sent.url == "http://audit.test/e" && sent.body == Array("b".utf8))
+        #expect(sent.headers.contains { $0 == ("X-K", "v") } && sent.depth == 1)
+        #expect(sent.timeoutMicroseconds <= 1_000_000)
+        host.answer(201, "ok")
+        let (request, result) = try #require(outcome())
+        #expect(result.outcome == .ok, "\(result.outcome)")
+        #expect(request.headers[HTTPField.Name("x-status")!] == "201")
+        #expect(request.headers[HTTPField.Name("x-body")!] == "ok")
+        #expect(request.headers[HTTPField.Name("x-a")!] == "1, 2")
+        #expect(host.cancelled == 1)  // the wall-clock timer
+    }
+
+    @Test func aFailedSubrequestIsNilAndAMessage() throws {
+        let host = FakeHost()
+        host.answerAtOnce = .failure(LuaOperationError("connection refused"))
+        let (_, outcome) = try start(
+            "local res, err = sluice.http{url = 'http://audit.test/'}\nreq.headers:set('x-err', err)", host: host)
+        let (request, result) = try #require(outcome())
+        #expect(result.outcome == .ok, "\(result.outcome)")
+        #expect(request.headers[HTTPField.Name("x-err")!] == "sluice.http: connection refused")
+    }
+
+    @Test func pcallCanWaitButACBoundaryCannot() throws {
+        let host = FakeHost()
+        let (_, ok) = try start(
+            "local fine, res = pcall(sluice.http, {url = 'http://audit.test/'})\nreq.headers:set('x-s', tostring(res.status))",
+            host: host)
+        host.answer(204)
+        #expect(try #require(ok()).1.outcome == .ok)
+        for body in [
+            "table.sort({3, 2, 1}, function(a, b) sluice.http{url = 'http://audit.test/'}; return a < b end)",
+            "string.gsub('ab', '.', function(c) sluice.http{url = 'http://audit.test/'} end)",
+            "tostring(setmetatable({}, {__tostring = function() sluice.http{url = 'http://audit.test/'}; return '' end}))",
+            "local ok, e = pcall(table.sort, {2, 1}, function(a, b) sluice.http{url = 'http://audit.test/'} end)\nerror(e, 0)",
+        ] {
+            let (state, outcome) = try start(body, host: FakeHost())
+            let result = try #require(outcome()).1
+            #expect(result.outcome.message.contains("sluice.http cannot wait here"), "\(body): \(result.outcome)")
+            #expect(!state.isPoisoned)
+        }
+    }
+
+    @Test func unlistedHostsTheAdminListenerAndTheCapAreScriptErrors() throws {
+        for (body, message) in [
+            ("sluice.http{url = 'http://evil.test/'}", "evil.test is not in this entry's lua.allow_hosts"),
+            ("sluice.http{url = 'http://other.test:8081/'}", "other.test:8081 is not in this entry's lua.allow_hosts"),
+            ("sluice.http{url = 'http://user@audit.test/'}", "url must be absolute"),
+            ("sluice.http{url = 'http://audit.test/', headers = {X = 'a\\r\\nB: c'}}", "header 'X' holds CR, LF or NUL"),
+        ] {
+            let (_, outcome) = try start(body, host: FakeHost())
+            #expect(try #require(outcome()).1.outcome.message.contains(message), "\(body)")
+        }
+        let admin = try LuaAllowedHost.parse("127.0.0.1").get()
+        let state = try LuaTest.load("return { on_request = function(req) sluice.http{url = 'http://127.0.0.1:9901/'} end }")
+        var outcome: LuaCallResult?
+        state.makeExchange().onRequest(LuaTest.get(), waitingWith: FakeHost(), allowHosts: [admin], depth: 0) { outcome = $1 }
+        #expect(outcome?.outcome.message.contains("is refused: it is this Sluice's admin listener") == true)
+
+        let host = FakeHost()
+        host.answerAtOnce = .success(LuaSubresponse(status: 200, headers: [], body: []))
+        let (_, capped) = try start(
+            "for i = 1, 3 do sluice.http{url = 'http://audit.test/'} end", host: host,
+            limits: LuaLimits(subrequests: 2))
+        #expect(try #require(capped()).1.outcome.message.contains("limits.subrequests (2) reached"))
+        #expect(host.requests.count == 2)
+
+        let (_, deep) = try start("sluice.http{url = 'http://audit.test/'}", host: FakeHost(), depth: LuaSubrequest.maxDepth)
+        #expect(try #require(deep()).1.outcome.message.contains("sub-request 2 deep"))
+    }
+
+    @Test func theWallClockCoversTheWaitAndALateAnswerIsIgnored() throws {
+        let host = FakeHost()
+        let (state, outcome) = try start(
+            "sluice.http{url = 'http://audit.test/'}\nreq.headers:set('x-late', 'yes')", host: host)
+        let timer = try #require(host.timers.first)
+        #expect(timer.microseconds > 900_000 && timer.microseconds <= 1_000_000)
+        timer.fired()
+        let (request, result) = try #require(outcome())
+        #expect(result.outcome.limitKind == .wall)
+        #expect(result.outcome.message == "test.lua: wall-clock limit reached while waiting (limits.wall)")
+        #expect(request == LuaTest.get())
+        #expect(host.cancelled == 1)  // the sub-request
+        host.answer(200)  // late: nothing runs
+        #expect(!state.isPoisoned)
+        // The state serves the next call, on the slot the stopped call gave back.
+        var next = LuaTest.get()
+        #expect(state.makeExchange().onRequest(&next).outcome.message.contains("sluice.http is for on_request"))
+        #expect(state.slotCount == 1)
+    }
+
+    @Test func otherCallsRunWhileOneWaits() throws {
+        let host = FakeHost()
+        let state = try LuaTest.load(
+            "return { on_request = function(req) local r = sluice.http{url = 'http://audit.test/' .. req.path}; req.headers:set('x-b', r.body) end }"
+        )
+        let (_, first) = try start("", host: host, state: state)
+        let (_, second) = try start("", host: host, state: state)
+        #expect(state.slotCount == 2 && host.pending.count == 2)
+        host.answer(200, "second", at: 1)
+        host.answer(200, "first")
+        #expect(try #require(first()).0.headers[HTTPField.Name("x-b")!] == "first")
+        #expect(try #require(second()).0.headers[HTTPField.Name("x-b")!] == "second")
+    }
+
+    @Test func sharedWaitsForTheFleetsStore() throws {
+        let host = FakeHost()
+        let store = FakeHost.Store()
+        host.store = store
+        let (_, outcome) = try start(
+            "local n = sluice.shared.incr('k', 2, 10)\nlocal v, err = sluice.shared.get('gone')\n"
+                + "req.headers:set('x-n', tostring(n) .. ' ' .. tostring(v) .. ' ' .. err)", host: host)
+        #expect(store.asked == [.incr("k", by: .integer(2), ttl: 10_000_000)])
+        store.pending.removeFirst()(.success(.integer(7)))
+        #expect(outcome() == nil && store.asked.count == 2)
+        store.pending.removeFirst()(.failure(.unavailable("timed out")))
+        let (request, result) = try #require(outcome())
+        #expect(result.outcome == .ok, "\(result.outcome)")
+        #expect(request.headers[HTTPField.Name("x-n")!] == "7 nil sluice.shared: timed out")
+    }
+
+    @Test func allowHostsEntriesParse() {
+        #expect((try? LuaAllowedHost.parse("API.test:8080").get())?.description == "api.test:8080")
+        #expect((try? LuaAllowedHost.parse("[::1]:80").get())?.description == "[::1]:80")
+        for bad in ["http://a.test", "a.test/x", "a.test:0", "a.test:99999", "", "u@a.test", "a test"] {
+            #expect((try? LuaAllowedHost.parse(bad).get()) == nil, "\(bad)")
+        }
+    }
+}
