@@ -27,16 +27,43 @@ import Testing
               for name, value in req.headers:each() do names[#names + 1] = name .. '=' .. value end
               assert(table.concat(names, ';') == 'X-Tenant=t-k1;Via=a;via=b', table.concat(names, ';'))
               assert(req:body() == nil)
-              req:set_body('{"a":1}')
-              assert(req:body() == '{"a":1}')
+              local ok, err = pcall(req.set_body, req, '{"a":1}')
+              assert(not ok and err:find('req:set_body needs read_body: true', 1, true), err)
             end }
             """
         let (result, request) = try LuaTest.onRequest(source)
         #expect(result.outcome == .ok)
         #expect(request.method == "POST" && request.path == "/v2/items" && request.query == nil)
         #expect(request.headers.map { "\($0.name.rawName)=\($0.value)" } == ["X-Tenant=t-k1", "Via=a", "via=b"])
-        #expect(request.body == Array(#"{"a":1}"#.utf8))
+        #expect(request.body == nil)
         #expect(result.respond == nil)
+    }
+
+    @Test func setBodyReplacesABodyThatWasRead() throws {
+        let post = LuaRequestView(method: "POST", path: "/", body: Array(#"{"a":1}"#.utf8))
+        let (result, request) = try LuaTest.onRequest(
+            """
+            return { on_request = function(req)
+              local t = sluice.json.decode(req:body())
+              t.b = 2
+              req:set_body(sluice.json.encode(t))
+            end }
+            """, post)
+        #expect(result.outcome == .ok)
+        let json = try #require(request.body.map { String(decoding: $0, as: UTF8.self) })
+        #expect(json == #"{"a":1,"b":2}"# || json == #"{"b":2,"a":1}"#)
+    }
+
+    @Test func respondRefusesAnInterimStatusAndFramingFields() throws {
+        let (interim, _) = try LuaTest.onRequest("return { on_request = function(req) req:respond(103) end }")
+        #expect(
+            interim.outcome == .error("test.lua:1: bad argument #1 to 'respond' (a final status from 200 to 599 expected)"))
+        for name in ["Content-Length", "transfer-encoding", "Connection", "Upgrade"] {
+            let (framed, _) = try LuaTest.onRequest(
+                "return { on_request = function(req) req:respond(200, { ['\(name)'] = '1' }, 'x') end }")
+            #expect(framed.outcome == .error("test.lua:1: req:respond cannot set '\(name)' (Sluice frames the answer itself)"))
+            #expect(framed.respond == nil)
+        }
     }
 
     @Test func headerInjectionIsRefusedNamingTheHeader() throws {

@@ -41,7 +41,10 @@ enum LuaTest {
 
     /// The outcome of running `body` as the body of `on_request(req, ctx)`.
     static func outcome(_ body: String, limits: LuaLimits = .default) throws -> LuaCallResult.Outcome {
-        try onRequest("return { on_request = function(req, ctx)\n\(body)\nend }", limits: limits).0.outcome
+        // A request whose body was read (`read_body`), so `req:set_body` may replace it.
+        var request = get()
+        request.body = []
+        return try onRequest("return { on_request = function(req, ctx)\n\(body)\nend }", request, limits: limits).0.outcome
     }
 }
 

@@ -1,4 +1,5 @@
 import CLibEvent
+import HTTPTypes
 import SluiceCore
 import Testing
 
@@ -271,5 +272,32 @@ private func drain(_ output: OpaquePointer) -> String {
             #expect(!mine.isEmpty)
             #expect(mine == encoded(curlHead, minor: minor, keepAlive: keepAlive))
         }
+    }
+}
+
+/// A script's own answer (`req:respond`): its status and fields, Sluice's `Content-Length`,
+/// and no body where none may follow.
+@Suite struct LocalAnswerEncoderTests {
+    private func written(_ response: LuaResponseView, head: Bool = false, close: Bool = false) -> String {
+        let output = evbuffer_new()!
+        defer { evbuffer_free(output) }
+        ResponseEncoder.localAnswer(response, headRequest: head, close: close, into: output)
+        return drain(output)
+    }
+
+    @Test func statusFieldsLengthAndBody() {
+        var fields = HTTPFields()
+        fields.append(HTTPField(name: .contentType, value: "application/json"))
+        fields.append(HTTPField(name: .setCookie, value: "a=1"))
+        fields.append(HTTPField(name: .setCookie, value: "b=2"))
+        let answer = LuaResponseView(status: 403, headers: fields, body: Array("{}".utf8))
+        #expect(
+            written(answer)
+                == "HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n"
+                + "Content-Length: 2\r\n\r\n{}")
+        #expect(written(answer, head: true, close: true).hasSuffix("Content-Length: 2\r\nConnection: close\r\n\r\n"))
+        #expect(written(LuaResponseView(status: 200)) == "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        #expect(
+            written(LuaResponseView(status: 204, body: Array("x".utf8))) == "HTTP/1.1 204 No Content\r\n\r\n")
     }
 }

@@ -314,7 +314,10 @@ public struct ExchangeMachine {
             }
         case .failure(let error):
             state = .failing
-            if wants(.adaptationFailed) { answer.reports.append(.adaptationFailed(id: id, error: error)) }
+            // A script's own answer (`req:respond`) is no failure.
+            if wants(.adaptationFailed), error.answer?.kind != .luaResponded {
+                answer.reports.append(.adaptationFailed(id: id, error: error))
+            }
             answer.command = .fail(error.proxyError)
         }
         return answer

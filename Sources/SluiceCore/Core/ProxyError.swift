@@ -38,6 +38,10 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// nothing was sent upstream. The body names the request id, never the script's message
     /// (the access log's `lua.error` has it).
     case luaScriptFailed(script: String, requestID: UInt64)
+    /// A `lua` script answered the request itself (`req:respond`): the client gets the
+    /// script's status, header fields and body, with Sluice's `Content-Length`; nothing was
+    /// sent upstream. Not a failure: the exchange ends `ok`, with no error kind counted.
+    case luaResponded(script: String, response: LuaResponseView)
     /// The request arrived on a gateway route in a form a route does not take.
     case notOriginForm
     /// The admin API's `POST /requests/cancel` ended the exchange before its response started.
@@ -110,6 +114,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case parentProxyFailed = "parent_proxy_failed"
         case adapterFailed = "adapter_failed"
         case luaScriptFailed = "lua_script_failed"
+        case luaResponded = "lua_responded"
         case notOriginForm = "not_origin_form"
         case cancelledByOperator = "cancelled_by_operator"
         case proxyAuthenticationRequired = "proxy_authentication_required"
@@ -151,6 +156,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .parentProxyFailed: return .parentProxyFailed
         case .adapterFailed: return .adapterFailed
         case .luaScriptFailed: return .luaScriptFailed
+        case .luaResponded: return .luaResponded
         case .notOriginForm: return .notOriginForm
         case .cancelledByOperator: return .cancelledByOperator
         case .proxyAuthenticationRequired: return .proxyAuthenticationRequired
@@ -180,6 +186,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .headerSectionTooLarge, .tooManyHeaders: return 431
         case .unsupportedTransferCoding: return 501
         case .unsupportedVersion: return 505
+        case .luaResponded(_, let response): return response.status
         case .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure, .upstreamProtocol, .adapterFailed,
             .luaScriptFailed, .parentProxyFailed:
             return 502
@@ -201,7 +208,7 @@ public enum ProxyError: Error, Sendable, Equatable {
             .loopDetected, .cancelledByOperator, .tooManyConnections, .tooManyConnectionsFromClient, .socketUnavailable:
             return true
         case .connectPortNotAllowed, .destinationDenied, .upstreamRefused, .dnsFailure, .tlsFailure, .trustFailure,
-            .upstreamTimeout, .upstreamProtocol, .adapterFailed, .luaScriptFailed, .parentProxyFailed,
+            .upstreamTimeout, .upstreamProtocol, .adapterFailed, .luaScriptFailed, .luaResponded, .parentProxyFailed,
             .proxyAuthenticationRequired,
             .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss, .rateLimited,
             .originRateLimited, .concurrencyLimited, .fleetUnavailable:
@@ -253,6 +260,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .adapterFailed(let name, let reason): return "adapter \(name) failed: \(reason)"
         case .luaScriptFailed(let script, let id):
             return "script \(script) failed on request \(id) (the access log of that request says why)"
+        case .luaResponded(let script, let response): return "script \(script) answered \(response.status) (req:respond)"
         case .notOriginForm:
             return "bad request: this is a gateway route; send origin-form requests (GET /path), not absolute URLs or CONNECT"
         case .cancelledByOperator: return "request cancelled by the proxy's operator"

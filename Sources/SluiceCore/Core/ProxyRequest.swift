@@ -14,6 +14,10 @@ public struct ProxyRequest: Sendable {
     public var body: Body
     /// Streaming encoders the body passes through on its way upstream, in order.
     public var bodyEncoders: [any BodyEncoderFactory]
+    /// The body an every-try adapter gave this try instead of the one read
+    /// (`TryContext.body`): a `lua` script's `req:set_body`. The try sends it, with its
+    /// length; nil: the body as read. Each try starts again without it.
+    public var replacedBody: [UInt8]?
 
     public enum Body: Sendable, Equatable {
         case none

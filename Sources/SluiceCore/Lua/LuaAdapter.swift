@@ -6,6 +6,10 @@ import Logging
 /// on the request model, and maps the script's edits (method, path, query, header fields)
 /// back onto it. A script without `on_request` leaves the request as it is.
 ///
+/// `req:respond(…)` answers the client with the script's response instead
+/// (`ProxyError.luaResponded`, carried by the `AdaptationError`); `req:set_body(s)` (with
+/// `read_body`) leaves the try's body in `ProxyRequest.replacedBody`.
+///
 /// A failed call (an error, a limit) answers `ProxyError.luaScriptFailed` with `fail_closed`
 /// (the default): nothing is sent upstream, and the client's body names the request id, never
 /// the script's message (that goes to the `.adaptationFailed` event). With `fail_open` the
@@ -156,12 +160,10 @@ public struct LuaAdapter: RequestAdapter {
             script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
         cache.lastExchange = exchange
         if let message = result.errorMessage { return try failed(message, request) }
-        if result.respond != nil {
-            return try failed("\(script.name): req:respond is not supported by this version of the lua adapter", request)
-        }
-        if readBody, view.body ?? [] != body ?? [] {
-            return try failed(
-                "\(script.name): req:set_body is not supported by this version of the lua adapter", request)
+        if let answer = result.respond {
+            // Not a failure, whatever `on_error` says: the client gets the script's answer.
+            let error = ProxyError.luaResponded(script: script.name, response: answer)
+            throw AdaptationError(adapter: name, reason: error.message, answer: error)
         }
         let path = target.path.isEmpty ? "/" : target.path
         if view.path != path || view.query != target.query {
@@ -174,6 +176,14 @@ public struct LuaAdapter: RequestAdapter {
         }
         request.method = view.method
         swap(&request.headerFields, &view.headers)
+        // `req:set_body` (only with `read_body`: the hook then runs on every try, given the
+        // body read whole): the try sends the script's body with its length, and a later
+        // adapter (a signer) sees both.
+        if readBody, let replaced = view.body, replaced != body ?? [] {
+            request.replacedBody = replaced
+            request.body = .length(Int64(replaced.count))
+            request.headerFields[.contentLength] = String(replaced.count)
+        }
     }
 
     /// An absolute URL split for `req.path` and `req.query` on its UTF-8 bytes (`URLParts`

@@ -198,13 +198,19 @@ enum LuaMessageAPI {
 
     private static let requestBody: Lua.Function = { L in body(L, .request, "req", \.request.body) }
 
-    private static let requestSetBody: Lua.Function = { L in setBody(L, .request, "req", \.request.body) }
+    /// Refused without `read_body: true`: the body then streams past the script, unread.
+    private static let requestSetBody: Lua.Function = { L in
+        if let slot = slot(L, LuaState.of(L), 1, .request), slot.request.body == nil {
+            return Lua.fail(L, "req:set_body needs read_body: true (without it the body is streamed, never read)")
+        }
+        return setBody(L, .request, "req", \.request.body)
+    }
 
     private static let respond: Lua.Function = { L in
         let state = LuaState.of(L)
         guard let slot = slot(L, state, 1, .request) else { return outsideCall(L, "req") }
-        guard let status = Lua.integer(L, 2), (100...599).contains(status) else {
-            return Lua.fail(L, "bad argument #1 to 'respond' (a status from 100 to 599 expected)")
+        guard let status = Lua.integer(L, 2), (200...599).contains(status) else {
+            return Lua.fail(L, "bad argument #1 to 'respond' (a final status from 200 to 599 expected)")
         }
         var headers = HTTPFields()
         switch lua_type(L, 3) {
@@ -228,6 +234,9 @@ enum LuaMessageAPI {
                 sluice_lua_pop(L, 1)
             }
         default: return Lua.badArgument(L, 3, "respond", "table")
+        }
+        if let framing = headers.first(where: { isFramingField($0.name) }) {
+            return Lua.fail(L, "req:respond cannot set '\(framing.name.rawName)' (Sluice frames the answer itself)")
         }
         var body: [UInt8]? = nil
         if lua_type(L, 4) > LUA_TNIL {
@@ -475,6 +484,17 @@ enum LuaMessageAPI {
         // specialized; other bytes through the byte initializer, which keeps obs-text as is.
         if value.allSatisfy({ $0 < 0x80 }) { return HTTPField(name: name, value: Lua.makeString(value)) }
         return HTTPField(name: name, value: value)
+    }
+
+    /// A field that frames the message or names the connection (RFC 9110 §7.6.1), which a
+    /// script's answer may not set: Sluice writes `Content-Length` itself.
+    private static func isFramingField(_ name: HTTPField.Name) -> Bool {
+        switch name.canonicalName {
+        case "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection", "te", "trailer",
+            "upgrade":
+            true
+        default: false
+        }
     }
 
     // RFC 9110 tchar.

@@ -401,10 +401,19 @@ final class ClientConnection: ClientSocketOwner {
     /// request's, when it got no exchange.
     func respondError(_ error: ProxyError, method: String = "") {
         let keep = !error.closesConnection && requestBodyDone && wantsKeepAlive && !worker.isDraining
-        ResponseEncoder.error(error, close: !keep, into: clientOutput)
+        if case .luaResponded(_, let response) = error {
+            // A script answered (`req:respond`): its response, and the exchange ends `ok`.
+            let head = exchange?.head.method == "HEAD"
+            ResponseEncoder.localAnswer(response, headRequest: head, close: !keep, into: clientOutput)
+        } else {
+            ResponseEncoder.error(error, close: !keep, into: clientOutput)
+        }
         scheduleFlush()
         Log.debug("\(peer): \(error.status) \(error.message)")
-        if let exchange {
+        if case .luaResponded = error, let exchange {
+            exchange.summary.status = error.status
+            exchange.end(.ok)
+        } else if let exchange {
             exchange.summary.status = error.status
             exchange.summary.errorKind = error.kind
             exchange.end(.error, error: error.message)

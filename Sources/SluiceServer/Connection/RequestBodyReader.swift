@@ -17,6 +17,9 @@ final class RequestBodyReader {
     /// What was handed to curl so far, while replay is possible; nil once it is not.
     private(set) var replay: [UInt8]?
     private var replayOffset: Int?
+    /// What this try sends instead of `replay` (a script's `req:set_body`,
+    /// `TryAdaptersStage`); nil: `replay`. Each try sets it again.
+    private var replacement: [UInt8]?
     private var scratch: [UInt8] = []
 
     init(encoders: [any BodyEncoder], replayLimit: Int) {
@@ -34,15 +37,22 @@ final class RequestBodyReader {
     /// Starts sending the kept body again from its first byte.
     func rewindForReplay() { replayOffset = 0 }
 
+    /// The body this try sends (`bytes`, from its first byte) in place of the kept one; nil:
+    /// the kept one. Kept across rewinds within the try (libcurl's seek).
+    func replaceForThisTry(_ bytes: [UInt8]?) {
+        replacement = bytes
+        if bytes != nil { replayOffset = 0 }
+    }
+
     /// Fills `buffer` for curl. `readClient` reads decoded client body bytes (nil: none yet,
     /// 0: the body ended). Returns bytes written, 0 at the end, nil when curl must pause.
     func read(
         into buffer: UnsafeMutableRawPointer, capacity: Int,
         readClient: (UnsafeMutableRawPointer, Int) throws(ProxyError) -> Int?
     ) throws(ProxyError) -> Int? {
-        if let offset = replayOffset, let replay {
-            let n = min(capacity, replay.count - offset)
-            replay.withUnsafeBytes { buffer.copyMemory(from: $0.baseAddress! + offset, byteCount: n) }
+        if let offset = replayOffset, let source = replacement ?? replay {
+            let n = min(capacity, source.count - offset)
+            source.withUnsafeBytes { buffer.copyMemory(from: $0.baseAddress! + offset, byteCount: n) }
             replayOffset = offset + n
             return n
         }

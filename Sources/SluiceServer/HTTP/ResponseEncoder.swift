@@ -92,6 +92,20 @@ enum ResponseEncoder {
         text.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
     }
 
+    /// A script's own answer (`req:respond`, `ProxyError.luaResponded`): its status, its
+    /// fields (checked by the script's API: tokens, no CR, LF or NUL, no framing field) and
+    /// its body, framed by `Content-Length`; no body after a `HEAD` or with a `204` or `304`.
+    static func localAnswer(_ response: LuaResponseView, headRequest: Bool, close: Bool, into output: OpaquePointer) {
+        let body = response.body ?? []
+        let bodyless = response.status == 204 || response.status == 304
+        var head = "HTTP/1.1 \(response.status) \(reasonPhrase(response.status))\r\n"
+        for field in response.headers { head += field.name.rawName + ": " + field.value + "\r\n" }
+        if !bodyless { head += "Content-Length: \(body.count)\r\n" }
+        head += close ? "Connection: close\r\n\r\n" : "\r\n"
+        head.withUTF8 { _ = evbuffer_add(output, $0.baseAddress, $0.count) }
+        if !headRequest, !bodyless { body.withUnsafeBytes { _ = evbuffer_add(output, $0.baseAddress, $0.count) } }
+    }
+
     /// The bytes of `error(_:close:into:)`, for a socket Sluice answers without a connection.
     static func errorBytes(_ error: ProxyError, close: Bool) -> [UInt8] {
         Array(errorText(error, close: close).utf8)

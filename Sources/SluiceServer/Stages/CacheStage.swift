@@ -353,6 +353,7 @@ enum CacheStage: RequestStage, ResponseStage {
         else { return nil }
         switch error {
         case .trustFailure, .tlsFailure: return nil  // a stored copy never papers over refused trust
+        case .luaResponded: return nil  // a script's own answer is no error
         default: break
         }
         // An https entry stored under trust a reload replaced answers only once validated.

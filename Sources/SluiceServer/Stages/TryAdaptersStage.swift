@@ -10,7 +10,13 @@ import SluiceCore
 ///
 /// An adapter that reads the body (`readsBody`) is given the copy `RequestBodyStage` read
 /// whole, which is also what every try sends; the try then goes with that body's length
-/// (`Content-Length`, which the adapter sees in the fields) rather than chunked.
+/// (`Content-Length`, which the adapter sees in the fields) rather than chunked. A script that
+/// replaces it (`req:set_body`, `ProxyRequest.replacedBody`) makes this try send its body
+/// instead, with its length; the adapters after it are given that body. The next try starts
+/// from the body read again, and the script, running again, sets its body again.
+///
+/// An adapter's local answer (a script's `req:respond`, `ProxyError.luaResponded`) answers
+/// the client as a refusal would, and this try is never sent.
 enum TryAdaptersStage: TryStage {
     static var name: String { "try_adapters" }
 
@@ -32,18 +38,24 @@ enum TryAdaptersStage: TryStage {
             model.body = .length(Int64(kept.count))
             model.headerFields[.contentLength] = String(kept.count)
         }
-        let context = TryContext(
+        model.replacedBody = nil
+        var context = TryContext(
             body: body, wallClockMilliseconds: exchange.inspect { $0.clock.wallClockMilliseconds() },
             attempt: exchange.summary.attempts + 1)
         for adapter in adapters {
             do throws(AdaptationError) {
                 try adapter.adaptTry(&model, context)
+                if let replaced = model.replacedBody { context.body = replaced }
             } catch {
                 if policy.runsScripts { exchange.takeLuaCall() }
                 return .respond(error.proxyError)
             }
         }
         if policy.runsScripts { exchange.takeLuaCall() }
+        if policy.bodyReader != nil {
+            if let replaced = model.replacedBody { request.body = .length(Int64(replaced.count)) }
+            exchange.body.replaceForThisTry(model.replacedBody)
+        }
         if model.url != request.target.url {
             do throws(ProxyError) {
                 request.target = try RequestTarget.absolute(model.url)
