@@ -1,715 +1,524 @@
 #ifndef SLUICE_CLUA_MATCH_H
 #define SLUICE_CLUA_MATCH_H
-// Included by shim.h, after the meter it charges.
-// Lua 5.4.4's pattern matching (lstrlib.c, "PATTERN MATCHING"), metered. string.find, match,
-// gmatch and gsub each run inside one C call, where the count hook never fires, so a
-// backtracking pattern ("(.-)-(.-)-(.-)x" on a long subject) or a plain find of a long needle
-// could hold a worker for minutes. This copy charges one instruction of the call's budget per
-// matcher step (each `match` call, each character an expansion or a balance passes, each byte
-// a plain find compares) to the state's meter (shim.h): the instruction and wall-clock budgets
-// stop a pattern as they stop a Lua loop. `LuaState` puts these four functions in the `string`
-// table in place of the library's. Changed from Lua's code: the `sluice_match_charge` calls,
-// the `steps` field, the names (`sm_`, `sluice_lua_` prefixes) and the state `lmemfind` gets.
+// Sluice's own Lua pattern matcher, written here from the Lua 5.4 reference manual (§6.4 and
+// §6.4.1): `string.find`, `string.match`, `string.gmatch` and `string.gsub`, with Lua 5.4's
+// semantics and error messages, metered. Pattern matching runs inside one C call, where the
+// count hook never fires, so the matcher counts its steps (a match call, a byte an expansion, a
+// `%b` or a back-reference passes, a byte a plain find compares) and charges them to the
+// call's instruction budget, one instruction per step (`sluice_lua_charge` in shim.h, which
+// may raise). Nothing here holds memory of its own across a charge: results are built in Lua
+// buffers on the Lua stack. LuaHostileTests compares these functions with liblua's own.
 //
-// Copyright (C) 1994-2022 Lua.org, PUC-Rio. Permission is hereby granted, free of charge, to
-// any person obtaining a copy of this software and associated documentation files (the
-// "Software"), to deal in the Software without restriction, including without limitation the
-// rights to use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies of
-// the Software, and to permit persons to whom the Software is furnished to do so, subject to
-// the following conditions: The above copyright notice and this permission notice shall be
-// included in all copies or substantial portions of the Software. THE SOFTWARE IS PROVIDED
-// "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT NOT LIMITED TO THE
-// WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO
-// EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
-// LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT OF OR IN
-// CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+// Included by shim.h only; everything runs on the thread of the calling state.
 #include <ctype.h>
-#include <stddef.h>
 #include <string.h>
-#include <lua.h>
-#include <lauxlib.h>
 
-#if !defined(LUA_MAXCAPTURES)
-#define LUA_MAXCAPTURES		32
-#endif
-#if !defined(lua_assert)
-#define lua_assert(c)		((void)0)
-#endif
-#if !defined(l_unlikely)
-#define l_unlikely(x)		(x)
-#endif
-#define uchar(c)	((unsigned char)(c))
+/// Captures a pattern may open (Lua's limit).
+#define SLUICE_MATCH_MAXCAPTURES 32
+/// Nested match calls before "pattern too complex": bounds the C stack.
+#define SLUICE_MATCH_MAXDEPTH 200
+/// A capture's length while it is still open, and the length of a position capture `()`.
+#define SLUICE_MATCH_OPEN (-1)
+#define SLUICE_MATCH_POSITION (-2)
 
-void sluice_lua_charge(lua_State *L, long long periods);
+/// One match in progress: the subject, the pattern's end, the captures so far and the steps
+/// not yet charged.
+typedef struct sluice_match {
+    lua_State *L;
+    const char *subject;
+    const char *subject_end;
+    const char *pattern_end;
+    int depth;
+    int captures;
+    long long steps;
+    struct {
+        const char *start;
+        ptrdiff_t length;
+    } capture[SLUICE_MATCH_MAXCAPTURES];
+} sluice_match;
 
-static size_t sm_posrelatI (lua_Integer pos, size_t len) {
-  if (pos > 0)
-    return (size_t)pos;
-  else if (pos == 0)
-    return 1;
-  else if (pos < -(lua_Integer)len)  /* inverted comparison */
-    return 1;  /* clip to 1 */
-  else return len + (size_t)pos + 1;
-}
-
-/*
-** {======================================================
-** PATTERN MATCHING
-** =======================================================
-*/
-
-
-#define CAP_UNFINISHED	(-1)
-#define CAP_POSITION	(-2)
-
-
-typedef struct sm_MatchState {
-  const char *src_init;  /* init of source string */
-  const char *src_end;  /* end ('\0') of source string */
-  const char *p_end;  /* end ('\0') of pattern */
-  lua_State *L;
-  int matchdepth;  /* control for recursive depth (to avoid C stack overflow) */
-  unsigned char level;  /* total number of captures (finished or unfinished) */
-  long long steps;  /* Sluice: matcher steps not yet charged to the meter */
-  struct {
-    const char *init;
-    ptrdiff_t len;
-  } capture[LUA_MAXCAPTURES];
-} sm_MatchState;
-
-
-/* Sluice: charges `n` steps; every SLUICE_LUA_HOOK_PERIOD of them cost one period of the
-** call's budgets (shim.h), and a stopped call raises here. */
-static void sluice_match_charge (sm_MatchState *ms, size_t n) {
-  ms->steps += (long long)n;
-  if (ms->steps >= SLUICE_LUA_HOOK_PERIOD) {
-    long long periods = ms->steps / SLUICE_LUA_HOOK_PERIOD;
-    ms->steps %= SLUICE_LUA_HOOK_PERIOD;
-    sluice_lua_charge(ms->L, periods);
-  }
-}
-
-
-/* recursive function */
-static const char *sm_match (sm_MatchState *ms, const char *s, const char *p);
-
-
-/* maximum recursion depth for 'sm_match' */
-#if !defined(MAXCCALLS)
-#define MAXCCALLS	200
-#endif
-
-
-#define L_ESC		'%'
-#define SPECIALS	"^$*+?.([%-"
-
-
-static int sm_check_capture (sm_MatchState *ms, int l) {
-  l -= '1';
-  if (l_unlikely(l < 0 || l >= ms->level ||
-                 ms->capture[l].len == CAP_UNFINISHED))
-    return luaL_error(ms->L, "invalid capture index %%%d", l + 1);
-  return l;
-}
-
-
-static int sm_capture_to_close (sm_MatchState *ms) {
-  int level = ms->level;
-  for (level--; level>=0; level--)
-    if (ms->capture[level].len == CAP_UNFINISHED) return level;
-  return luaL_error(ms->L, "invalid pattern capture");
-}
-
-
-static const char *sm_classend (sm_MatchState *ms, const char *p) {
-  switch (*p++) {
-    case L_ESC: {
-      if (l_unlikely(p == ms->p_end))
-        luaL_error(ms->L, "malformed pattern (ends with '%%')");
-      return p+1;
+/// Counts `n` steps; charges whole periods to the budget (which may raise).
+static void sluice_match_step(sluice_match *m, long long n) {
+    m->steps += n;
+    if (m->steps >= SLUICE_LUA_HOOK_PERIOD) {
+        long long periods = m->steps / SLUICE_LUA_HOOK_PERIOD;
+        m->steps -= periods * SLUICE_LUA_HOOK_PERIOD;
+        sluice_lua_charge(m->L, periods);
     }
-    case '[': {
-      if (*p == '^') p++;
-      do {  /* look for a ']' */
-        if (l_unlikely(p == ms->p_end))
-          luaL_error(ms->L, "malformed pattern (missing ']')");
-        if (*(p++) == L_ESC && p < ms->p_end)
-          p++;  /* skip escapes (e.g. '%]') */
-      } while (*p != ']');
-      return p+1;
+}
+
+/// Whether byte `c` is in class letter `letter` (`%a`, `%D`, …); any other letter stands for
+/// itself (`%.`, `%%`).
+static int sluice_match_class(int c, int letter) {
+    int in;
+    switch (tolower(letter)) {
+    case 'a': in = isalpha(c); break;
+    case 'c': in = iscntrl(c); break;
+    case 'd': in = isdigit(c); break;
+    case 'g': in = isgraph(c); break;
+    case 'l': in = islower(c); break;
+    case 'p': in = ispunct(c); break;
+    case 's': in = isspace(c); break;
+    case 'u': in = isupper(c); break;
+    case 'w': in = isalnum(c); break;
+    case 'x': in = isxdigit(c); break;
+    case 'z': in = c == 0; break; // not in 5.4's manual, but liblua 5.4 still has it
+    default: return letter == c;
     }
-    default: {
-      return p;
+    in = in != 0;
+    return isupper(letter) ? !in : in;
+}
+
+/// The end of the single-character class starting at `p` (a byte, `.`, `%x` or a set).
+static const char *sluice_match_item_end(sluice_match *m, const char *p) {
+    if (*p == '%') {
+        if (p + 1 >= m->pattern_end) luaL_error(m->L, "malformed pattern (ends with '%%')");
+        return p + 2;
     }
-  }
-}
-
-
-static int sm_match_class (int c, int cl) {
-  int res;
-  switch (tolower(cl)) {
-    case 'a' : res = isalpha(c); break;
-    case 'c' : res = iscntrl(c); break;
-    case 'd' : res = isdigit(c); break;
-    case 'g' : res = isgraph(c); break;
-    case 'l' : res = islower(c); break;
-    case 'p' : res = ispunct(c); break;
-    case 's' : res = isspace(c); break;
-    case 'u' : res = isupper(c); break;
-    case 'w' : res = isalnum(c); break;
-    case 'x' : res = isxdigit(c); break;
-    case 'z' : res = (c == 0); break;  /* deprecated option */
-    default: return (cl == c);
-  }
-  return (islower(cl) ? res : !res);
-}
-
-
-static int sm_matchbracketclass (int c, const char *p, const char *ec) {
-  int sig = 1;
-  if (*(p+1) == '^') {
-    sig = 0;
-    p++;  /* skip the '^' */
-  }
-  while (++p < ec) {
-    if (*p == L_ESC) {
-      p++;
-      if (sm_match_class(c, uchar(*p)))
-        return sig;
-    }
-    else if ((*(p+1) == '-') && (p+2 < ec)) {
-      p+=2;
-      if (uchar(*(p-2)) <= c && c <= uchar(*p))
-        return sig;
-    }
-    else if (uchar(*p) == c) return sig;
-  }
-  return !sig;
-}
-
-
-static int sm_singlematch (sm_MatchState *ms, const char *s, const char *p,
-                        const char *ep) {
-  if (s >= ms->src_end)
-    return 0;
-  else {
-    int c = uchar(*s);
-    switch (*p) {
-      case '.': return 1;  /* matches any char */
-      case L_ESC: return sm_match_class(c, uchar(*(p+1)));
-      case '[': return sm_matchbracketclass(c, p, ep-1);
-      default:  return (uchar(*p) == c);
-    }
-  }
-}
-
-
-static const char *sm_matchbalance (sm_MatchState *ms, const char *s,
-                                   const char *p) {
-  if (l_unlikely(p >= ms->p_end - 1))
-    luaL_error(ms->L, "malformed pattern (missing arguments to '%%b')");
-  if (*s != *p) return NULL;
-  else {
-    int b = *p;
-    int e = *(p+1);
-    int cont = 1;
-    while (++s < ms->src_end) {
-      sluice_match_charge(ms, 1);
-      if (*s == e) {
-        if (--cont == 0) return s+1;
-      }
-      else if (*s == b) cont++;
-    }
-  }
-  return NULL;  /* string ends out of balance */
-}
-
-
-static const char *sm_max_expand (sm_MatchState *ms, const char *s,
-                                 const char *p, const char *ep) {
-  ptrdiff_t i = 0;  /* counts maximum expand for item */
-  while (sm_singlematch(ms, s + i, p, ep))
-    i++;
-  sluice_match_charge(ms, (size_t)i);
-  /* keeps trying to sm_match with the maximum repetitions */
-  while (i>=0) {
-    const char *res = sm_match(ms, (s+i), ep+1);
-    if (res) return res;
-    i--;  /* else didn't sm_match; reduce 1 repetition to try again */
-  }
-  return NULL;
-}
-
-
-static const char *sm_min_expand (sm_MatchState *ms, const char *s,
-                                 const char *p, const char *ep) {
-  for (;;) {
-    const char *res = sm_match(ms, s, ep+1);
-    if (res != NULL)
-      return res;
-    else if (sm_singlematch(ms, s, p, ep)) {
-      s++;  /* try with one more repetition */
-      sluice_match_charge(ms, 1);
-    }
-    else return NULL;
-  }
-}
-
-
-static const char *sm_start_capture (sm_MatchState *ms, const char *s,
-                                    const char *p, int what) {
-  const char *res;
-  int level = ms->level;
-  if (level >= LUA_MAXCAPTURES) luaL_error(ms->L, "too many captures");
-  ms->capture[level].init = s;
-  ms->capture[level].len = what;
-  ms->level = level+1;
-  if ((res=sm_match(ms, s, p)) == NULL)  /* sm_match failed? */
-    ms->level--;  /* undo capture */
-  return res;
-}
-
-
-static const char *sm_end_capture (sm_MatchState *ms, const char *s,
-                                  const char *p) {
-  int l = sm_capture_to_close(ms);
-  const char *res;
-  ms->capture[l].len = s - ms->capture[l].init;  /* close capture */
-  if ((res = sm_match(ms, s, p)) == NULL)  /* sm_match failed? */
-    ms->capture[l].len = CAP_UNFINISHED;  /* undo capture */
-  return res;
-}
-
-
-static const char *sm_match_capture (sm_MatchState *ms, const char *s, int l) {
-  size_t len;
-  l = sm_check_capture(ms, l);
-  len = ms->capture[l].len;
-  if ((size_t)(ms->src_end-s) >= len &&
-      memcmp(ms->capture[l].init, s, len) == 0)
-    return s+len;
-  else return NULL;
-}
-
-
-static const char *sm_match (sm_MatchState *ms, const char *s, const char *p) {
-  sluice_match_charge(ms, 1);
-  if (l_unlikely(ms->matchdepth-- == 0))
-    luaL_error(ms->L, "pattern too complex");
-  init: /* using goto's to optimize tail recursion */
-  if (p != ms->p_end) {  /* end of pattern? */
-    switch (*p) {
-      case '(': {  /* start capture */
-        if (*(p + 1) == ')')  /* position capture? */
-          s = sm_start_capture(ms, s, p + 2, CAP_POSITION);
-        else
-          s = sm_start_capture(ms, s, p + 1, CAP_UNFINISHED);
-        break;
-      }
-      case ')': {  /* end capture */
-        s = sm_end_capture(ms, s, p + 1);
-        break;
-      }
-      case '$': {
-        if ((p + 1) != ms->p_end)  /* is the '$' the last char in pattern? */
-          goto dflt;  /* no; go to default */
-        s = (s == ms->src_end) ? s : NULL;  /* check end of string */
-        break;
-      }
-      case L_ESC: {  /* escaped sequences not in the format class[*+?-]? */
-        switch (*(p + 1)) {
-          case 'b': {  /* balanced string? */
-            s = sm_matchbalance(ms, s, p + 2);
-            if (s != NULL) {
-              p += 4; goto init;  /* return sm_match(ms, s, p + 4); */
-            }  /* else fail (s == NULL) */
-            break;
-          }
-          case 'f': {  /* frontier? */
-            const char *ep; char previous;
-            p += 2;
-            if (l_unlikely(*p != '['))
-              luaL_error(ms->L, "missing '[' after '%%f' in pattern");
-            ep = sm_classend(ms, p);  /* points to what is next */
-            previous = (s == ms->src_init) ? '\0' : *(s - 1);
-            if (!sm_matchbracketclass(uchar(previous), p, ep - 1) &&
-               sm_matchbracketclass(uchar(*s), p, ep - 1)) {
-              p = ep; goto init;  /* return sm_match(ms, s, ep); */
-            }
-            s = NULL;  /* sm_match failed */
-            break;
-          }
-          case '0': case '1': case '2': case '3':
-          case '4': case '5': case '6': case '7':
-          case '8': case '9': {  /* capture results (%0-%9)? */
-            s = sm_match_capture(ms, s, uchar(*(p + 1)));
-            if (s != NULL) {
-              p += 2; goto init;  /* return sm_match(ms, s, p + 2) */
-            }
-            break;
-          }
-          default: goto dflt;
-        }
-        break;
-      }
-      default: dflt: {  /* pattern class plus optional suffix */
-        const char *ep = sm_classend(ms, p);  /* points to optional suffix */
-        /* does not sm_match at least once? */
-        if (!sm_singlematch(ms, s, p, ep)) {
-          if (*ep == '*' || *ep == '?' || *ep == '-') {  /* accept empty? */
-            p = ep + 1; goto init;  /* return sm_match(ms, s, ep + 1); */
-          }
-          else  /* '+' or no suffix */
-            s = NULL;  /* fail */
-        }
-        else {  /* matched once */
-          switch (*ep) {  /* handle optional suffix */
-            case '?': {  /* optional */
-              const char *res;
-              if ((res = sm_match(ms, s + 1, ep + 1)) != NULL)
-                s = res;
-              else {
-                p = ep + 1; goto init;  /* else return sm_match(ms, s, ep + 1); */
-              }
-              break;
-            }
-            case '+':  /* 1 or more repetitions */
-              s++;  /* 1 sm_match already done */
-              /* FALLTHROUGH */
-            case '*':  /* 0 or more repetitions */
-              s = sm_max_expand(ms, s, p, ep);
-              break;
-            case '-':  /* 0 or more repetitions (minimum) */
-              s = sm_min_expand(ms, s, p, ep);
-              break;
-            default:  /* no suffix */
-              s++; p = ep; goto init;  /* return sm_match(ms, s + 1, ep); */
-          }
-        }
-        break;
-      }
-    }
-  }
-  ms->matchdepth++;
-  return s;
-}
-
-
-
-static const char *sm_lmemfind (sm_MatchState *ms, const char *s1, size_t l1,
-                               const char *s2, size_t l2) {
-  if (l2 == 0) return s1;  /* empty strings are everywhere */
-  else if (l2 > l1) return NULL;  /* avoids a negative 'l1' */
-  else {
-    const char *init;  /* to search for a '*s2' inside 's1' */
-    l2--;  /* 1st char will be checked by 'memchr' */
-    l1 = l1-l2;  /* 's2' cannot be found after that */
-    while (l1 > 0 && (init = (const char *)memchr(s1, *s2, l1)) != NULL) {
-      init++;   /* 1st char is already checked */
-      sluice_match_charge(ms, l2 + 1);
-      if (memcmp(init, s2+1, l2) == 0)
-        return init-1;
-      else {  /* correct 'l1' and 's1' to try again */
-        l1 -= init-s1;
-        s1 = init;
-      }
-    }
-    return NULL;  /* not found */
-  }
-}
-
-
-/*
-** get information about the i-th capture. If there are no captures
-** and 'i==0', return information about the whole sm_match, which
-** is the range 's'..'e'. If the capture is a string, return
-** its length and put its address in '*cap'. If it is an integer
-** (a position), push it on the stack and return CAP_POSITION.
-*/
-static size_t sm_get_onecapture (sm_MatchState *ms, int i, const char *s,
-                              const char *e, const char **cap) {
-  if (i >= ms->level) {
-    if (l_unlikely(i != 0))
-      luaL_error(ms->L, "invalid capture index %%%d", i + 1);
-    *cap = s;
-    return e - s;
-  }
-  else {
-    ptrdiff_t capl = ms->capture[i].len;
-    *cap = ms->capture[i].init;
-    if (l_unlikely(capl == CAP_UNFINISHED))
-      luaL_error(ms->L, "unfinished capture");
-    else if (capl == CAP_POSITION)
-      lua_pushinteger(ms->L, (ms->capture[i].init - ms->src_init) + 1);
-    return capl;
-  }
-}
-
-
-/*
-** Push the i-th capture on the stack.
-*/
-static void sm_push_onecapture (sm_MatchState *ms, int i, const char *s,
-                                                    const char *e) {
-  const char *cap;
-  ptrdiff_t l = sm_get_onecapture(ms, i, s, e, &cap);
-  if (l != CAP_POSITION)
-    lua_pushlstring(ms->L, cap, l);
-  /* else position was already pushed */
-}
-
-
-static int sm_push_captures (sm_MatchState *ms, const char *s, const char *e) {
-  int i;
-  int nlevels = (ms->level == 0 && s) ? 1 : ms->level;
-  luaL_checkstack(ms->L, nlevels, "too many captures");
-  for (i = 0; i < nlevels; i++)
-    sm_push_onecapture(ms, i, s, e);
-  return nlevels;  /* number of strings pushed */
-}
-
-
-/* check whether pattern has no special characters */
-static int sm_nospecials (const char *p, size_t l) {
-  size_t upto = 0;
-  do {
-    if (strpbrk(p + upto, SPECIALS))
-      return 0;  /* pattern has a special character */
-    upto += strlen(p + upto) + 1;  /* may have more after \0 */
-  } while (upto <= l);
-  return 1;  /* no special chars found */
-}
-
-
-static void sm_prepstate (sm_MatchState *ms, lua_State *L,
-                       const char *s, size_t ls, const char *p, size_t lp) {
-  ms->L = L;
-  ms->matchdepth = MAXCCALLS;
-  ms->steps = 0;
-  ms->src_init = s;
-  ms->src_end = s + ls;
-  ms->p_end = p + lp;
-}
-
-
-static void sm_reprepstate (sm_MatchState *ms) {
-  ms->level = 0;
-  lua_assert(ms->matchdepth == MAXCCALLS);
-}
-
-
-static int sm_str_find_aux (lua_State *L, int find) {
-  size_t ls, lp;
-  const char *s = luaL_checklstring(L, 1, &ls);
-  const char *p = luaL_checklstring(L, 2, &lp);
-  size_t init = sm_posrelatI(luaL_optinteger(L, 3, 1), ls) - 1;
-  if (init > ls) {  /* start after string's end? */
-    luaL_pushfail(L);  /* cannot find anything */
-    return 1;
-  }
-  /* explicit request or no special characters? */
-  if (find && (lua_toboolean(L, 4) || sm_nospecials(p, lp))) {
-    /* do a plain search */
-    sm_MatchState ms;
-    sm_prepstate(&ms, L, s, ls, p, lp);
-    const char *s2 = sm_lmemfind(&ms, s + init, ls - init, p, lp);
-    if (s2) {
-      lua_pushinteger(L, (s2 - s) + 1);
-      lua_pushinteger(L, (s2 - s) + lp);
-      return 2;
-    }
-  }
-  else {
-    sm_MatchState ms;
-    const char *s1 = s + init;
-    int anchor = (*p == '^');
-    if (anchor) {
-      p++; lp--;  /* skip anchor character */
-    }
-    sm_prepstate(&ms, L, s, ls, p, lp);
+    if (*p != '[') return p + 1;
+    const char *q = p + 1;
+    if (q < m->pattern_end && *q == '^') q++;
+    // The set's first member is taken as is, even `]`.
     do {
-      const char *res;
-      sm_reprepstate(&ms);
-      if ((res=sm_match(&ms, s1, p)) != NULL) {
-        if (find) {
-          lua_pushinteger(L, (s1 - s) + 1);  /* start */
-          lua_pushinteger(L, res - s);   /* end */
-          return sm_push_captures(&ms, NULL, 0) + 2;
+        if (q >= m->pattern_end) luaL_error(m->L, "malformed pattern (missing ']')");
+        char c = *q++;
+        if (c == '%' && q < m->pattern_end) q++;
+    } while (q >= m->pattern_end || *q != ']');
+    return q + 1;
+}
+
+/// Whether byte `c` is in the set `[` at `p` … `]` at `close`.
+static int sluice_match_set(int c, const char *p, const char *close) {
+    int negated = 0;
+    p++;
+    if (*p == '^') {
+        negated = 1;
+        p++;
+    }
+    while (p < close) {
+        if (*p == '%' && p + 1 < close) {
+            if (sluice_match_class(c, (unsigned char)p[1])) return !negated;
+            p += 2;
+        } else if (p + 2 < close && p[1] == '-') {
+            if ((unsigned char)p[0] <= c && c <= (unsigned char)p[2]) return !negated;
+            p += 3;
+        } else {
+            if ((unsigned char)*p == c) return !negated;
+            p++;
         }
-        else
-          return sm_push_captures(&ms, s1, res);
-      }
-    } while (s1++ < ms.src_end && !anchor);
-  }
-  luaL_pushfail(L);  /* not found */
-  return 1;
-}
-
-
-static int sluice_lua_str_find (lua_State *L) {
-  return sm_str_find_aux(L, 1);
-}
-
-
-static int sluice_lua_str_match (lua_State *L) {
-  return sm_str_find_aux(L, 0);
-}
-
-
-/* state for 'gmatch' */
-typedef struct sm_GMatchState {
-  const char *src;  /* current position */
-  const char *p;  /* pattern */
-  const char *lastmatch;  /* end of last sm_match */
-  sm_MatchState ms;  /* sm_match state */
-} sm_GMatchState;
-
-
-static int sm_gmatch_aux (lua_State *L) {
-  sm_GMatchState *gm = (sm_GMatchState *)lua_touserdata(L, lua_upvalueindex(3));
-  const char *src;
-  gm->ms.L = L;
-  for (src = gm->src; src <= gm->ms.src_end; src++) {
-    const char *e;
-    sm_reprepstate(&gm->ms);
-    if ((e = sm_match(&gm->ms, src, gm->p)) != NULL && e != gm->lastmatch) {
-      gm->src = gm->lastmatch = e;
-      return sm_push_captures(&gm->ms, src, e);
     }
-  }
-  return 0;  /* not found */
+    return negated;
 }
 
-
-static int sluice_lua_gmatch (lua_State *L) {
-  size_t ls, lp;
-  const char *s = luaL_checklstring(L, 1, &ls);
-  const char *p = luaL_checklstring(L, 2, &lp);
-  size_t init = sm_posrelatI(luaL_optinteger(L, 3, 1), ls) - 1;
-  sm_GMatchState *gm;
-  lua_settop(L, 2);  /* keep strings on closure to avoid being collected */
-  gm = (sm_GMatchState *)lua_newuserdatauv(L, sizeof(sm_GMatchState), 0);
-  if (init > ls)  /* start after string's end? */
-    init = ls + 1;  /* avoid overflows in 's + init' */
-  sm_prepstate(&gm->ms, L, s, ls, p, lp);
-  gm->src = s + init; gm->p = p; gm->lastmatch = NULL;
-  lua_pushcclosure(L, sm_gmatch_aux, 3);
-  return 1;
-}
-
-
-static void sm_add_s (sm_MatchState *ms, luaL_Buffer *b, const char *s,
-                                                   const char *e) {
-  size_t l;
-  lua_State *L = ms->L;
-  const char *news = lua_tolstring(L, 3, &l);
-  const char *p;
-  while ((p = (char *)memchr(news, L_ESC, l)) != NULL) {
-    luaL_addlstring(b, news, p - news);
-    p++;  /* skip ESC */
-    if (*p == L_ESC)  /* '%%' */
-      luaL_addchar(b, *p);
-    else if (*p == '0')  /* '%0' */
-        luaL_addlstring(b, s, e - s);
-    else if (isdigit(uchar(*p))) {  /* '%n' */
-      const char *cap;
-      ptrdiff_t resl = sm_get_onecapture(ms, *p - '1', s, e, &cap);
-      if (resl == CAP_POSITION)
-        luaL_addvalue(b);  /* add position to accumulated result */
-      else
-        luaL_addlstring(b, cap, resl);
+/// Whether the subject byte at `s` matches the single-character class `p`…`end`.
+static int sluice_match_one(sluice_match *m, const char *s, const char *p, const char *end) {
+    if (s >= m->subject_end) return 0;
+    int c = (unsigned char)*s;
+    switch (*p) {
+    case '.': return 1;
+    case '%': return sluice_match_class(c, (unsigned char)p[1]);
+    case '[': return sluice_match_set(c, p, end - 1);
+    default: return (unsigned char)*p == c;
     }
+}
+
+static const char *sluice_match_at(sluice_match *m, const char *s, const char *p);
+
+/// The longest run of `p`…`end` from `s`, then shorter ones, each followed by the rest.
+static const char *sluice_match_greedy(sluice_match *m, const char *s, const char *p, const char *end) {
+    ptrdiff_t n = 0;
+    while (sluice_match_one(m, s + n, p, end)) {
+        n++;
+        sluice_match_step(m, 1);
+    }
+    for (; n >= 0; n--) {
+        const char *r = sluice_match_at(m, s + n, end + 1);
+        if (r) return r;
+    }
+    return NULL;
+}
+
+/// The shortest run of `p`…`end` from `s` the rest matches after.
+static const char *sluice_match_lazy(sluice_match *m, const char *s, const char *p, const char *end) {
+    for (;;) {
+        const char *r = sluice_match_at(m, s, end + 1);
+        if (r) return r;
+        if (!sluice_match_one(m, s, p, end)) return NULL;
+        s++;
+    }
+}
+
+/// `%bxy` at `s` (`p` points at x): the end of the balanced run, or NULL.
+static const char *sluice_match_balanced(sluice_match *m, const char *s, const char *p) {
+    if (p + 1 >= m->pattern_end) luaL_error(m->L, "malformed pattern (missing arguments to '%%b')");
+    if (s >= m->subject_end || *s != p[0]) return NULL;
+    int depth = 1;
+    for (s++; s < m->subject_end; s++) {
+        sluice_match_step(m, 1);
+        if (*s == p[1]) {
+            if (--depth == 0) return s + 1;
+        } else if (*s == p[0]) {
+            depth++;
+        }
+    }
+    return NULL;
+}
+
+/// The capture a back-reference `%digit` names; raises when it is not a closed capture.
+static int sluice_match_reference(sluice_match *m, int digit) {
+    int index = digit - '1';
+    if (index < 0 || index >= m->captures || m->capture[index].length == SLUICE_MATCH_OPEN)
+        return luaL_error(m->L, "invalid capture index %%%d", index + 1);
+    return index;
+}
+
+/// A back-reference at `s`: the end of the repeated text, or NULL.
+static const char *sluice_match_repeat(sluice_match *m, const char *s, int digit) {
+    int index = sluice_match_reference(m, digit);
+    ptrdiff_t length = m->capture[index].length;
+    if (length < 0 || m->subject_end - s < length) return NULL;
+    sluice_match_step(m, length);
+    return memcmp(m->capture[index].start, s, (size_t)length) == 0 ? s + length : NULL;
+}
+
+static const char *sluice_match_open(sluice_match *m, const char *s, const char *p, ptrdiff_t kind) {
+    if (m->captures >= SLUICE_MATCH_MAXCAPTURES) luaL_error(m->L, "too many captures");
+    int index = m->captures++;
+    m->capture[index].start = s;
+    m->capture[index].length = kind;
+    const char *r = sluice_match_at(m, s, p);
+    if (!r) m->captures--;
+    return r;
+}
+
+static const char *sluice_match_close(sluice_match *m, const char *s, const char *p) {
+    int index = m->captures - 1;
+    while (index >= 0 && m->capture[index].length != SLUICE_MATCH_OPEN) index--;
+    if (index < 0) luaL_error(m->L, "invalid pattern capture");
+    m->capture[index].length = s - m->capture[index].start;
+    const char *r = sluice_match_at(m, s, p);
+    if (!r) m->capture[index].length = SLUICE_MATCH_OPEN;
+    return r;
+}
+
+/// Matches pattern `p`… at subject position `s`: the end of the match, or NULL.
+static const char *sluice_match_body(sluice_match *m, const char *s, const char *p) {
+    for (;;) {
+        if (p >= m->pattern_end) return s;
+        switch (*p) {
+        case '(':
+            if (p + 1 < m->pattern_end && p[1] == ')') return sluice_match_open(m, s, p + 2, SLUICE_MATCH_POSITION);
+            return sluice_match_open(m, s, p + 1, SLUICE_MATCH_OPEN);
+        case ')': return sluice_match_close(m, s, p + 1);
+        case '$':
+            if (p + 1 == m->pattern_end) return s == m->subject_end ? s : NULL;
+            break;
+        case '%':
+            if (p + 1 >= m->pattern_end) break;
+            if (p[1] == 'b') {
+                s = sluice_match_balanced(m, s, p + 2);
+                if (!s) return NULL;
+                p += 4;
+                continue;
+            }
+            if (p[1] == 'f') {
+                p += 2;
+                if (p >= m->pattern_end || *p != '[') luaL_error(m->L, "missing '[' after '%%f' in pattern");
+                const char *end = sluice_match_item_end(m, p);
+                int before = s == m->subject ? 0 : (unsigned char)s[-1];
+                int after = s < m->subject_end ? (unsigned char)*s : 0;
+                if (sluice_match_set(before, p, end - 1) || !sluice_match_set(after, p, end - 1)) return NULL;
+                p = end;
+                continue;
+            }
+            if (isdigit((unsigned char)p[1])) {
+                s = sluice_match_repeat(m, s, (unsigned char)p[1]);
+                if (!s) return NULL;
+                p += 2;
+                continue;
+            }
+            break;
+        default: break;
+        }
+        const char *end = sluice_match_item_end(m, p);
+        int here = sluice_match_one(m, s, p, end);
+        if (end < m->pattern_end) {
+            switch (*end) {
+            case '?':
+                if (here) {
+                    const char *r = sluice_match_at(m, s + 1, end + 1);
+                    if (r) return r;
+                }
+                p = end + 1;
+                continue;
+            case '+': return here ? sluice_match_greedy(m, s + 1, p, end) : NULL;
+            case '*': return sluice_match_greedy(m, s, p, end);
+            case '-': return sluice_match_lazy(m, s, p, end);
+            default: break;
+            }
+        }
+        if (!here) return NULL;
+        s++;
+        p = end;
+    }
+}
+
+/// One counted, depth-bounded match call.
+static const char *sluice_match_at(sluice_match *m, const char *s, const char *p) {
+    sluice_match_step(m, 1);
+    if (m->depth >= SLUICE_MATCH_MAXDEPTH) luaL_error(m->L, "pattern too complex");
+    m->depth++;
+    const char *r = sluice_match_body(m, s, p);
+    m->depth--;
+    return r;
+}
+
+static void sluice_match_init(sluice_match *m, lua_State *L, const char *s, size_t ls, const char *p, size_t lp) {
+    m->L = L;
+    m->subject = s;
+    m->subject_end = s + ls;
+    m->pattern_end = p + lp;
+    m->depth = 0;
+    m->captures = 0;
+    m->steps = 0;
+}
+
+/// Pushes capture `i` of the match `s`…`e` (the whole match when the pattern has none).
+static void sluice_match_push_capture(sluice_match *m, int i, const char *s, const char *e) {
+    if (i >= m->captures) {
+        if (i != 0) luaL_error(m->L, "invalid capture index %%%d", i + 1);
+        lua_pushlstring(m->L, s, (size_t)(e - s));
+        return;
+    }
+    ptrdiff_t length = m->capture[i].length;
+    if (length == SLUICE_MATCH_OPEN) luaL_error(m->L, "unfinished capture");
+    if (length == SLUICE_MATCH_POSITION)
+        lua_pushinteger(m->L, (lua_Integer)(m->capture[i].start - m->subject) + 1);
     else
-      luaL_error(L, "invalid use of '%c' in replacement string", L_ESC);
-    l -= p + 1 - news;
-    news = p + 1;
-  }
-  luaL_addlstring(b, news, l);
+        lua_pushlstring(m->L, m->capture[i].start, (size_t)length);
 }
 
-
-/*
-** Add the replacement value to the string buffer 'b'.
-** Return true if the original string was changed. (Function calls and
-** table indexing resulting in nil or false do not change the subject.)
-*/
-static int sm_add_value (sm_MatchState *ms, luaL_Buffer *b, const char *s,
-                                      const char *e, int tr) {
-  lua_State *L = ms->L;
-  switch (tr) {
-    case LUA_TFUNCTION: {  /* call the function */
-      int n;
-      lua_pushvalue(L, 3);  /* push the function */
-      n = sm_push_captures(ms, s, e);  /* all captures as arguments */
-      lua_call(L, n, 1);  /* call it */
-      break;
-    }
-    case LUA_TTABLE: {  /* index the table */
-      sm_push_onecapture(ms, 0, s, e);  /* first capture is the index */
-      lua_gettable(L, 3);
-      break;
-    }
-    default: {  /* LUA_TNUMBER or LUA_TSTRING */
-      sm_add_s(ms, b, s, e);  /* add value to the buffer */
-      return 1;  /* something changed */
-    }
-  }
-  if (!lua_toboolean(L, -1)) {  /* nil or false? */
-    lua_pop(L, 1);  /* remove value */
-    luaL_addlstring(b, s, e - s);  /* keep original text */
-    return 0;  /* no changes */
-  }
-  else if (l_unlikely(!lua_isstring(L, -1)))
-    return luaL_error(L, "invalid replacement value (a %s)",
-                         luaL_typename(L, -1));
-  else {
-    luaL_addvalue(b);  /* add result to accumulator */
-    return 1;  /* something changed */
-  }
+/// Pushes every capture, or the whole match `s`…`e` when there are none and `s` is given.
+static int sluice_match_push_captures(sluice_match *m, const char *s, const char *e) {
+    int n = (m->captures == 0 && s) ? 1 : m->captures;
+    luaL_checkstack(m->L, n, "too many captures");
+    for (int i = 0; i < n; i++) sluice_match_push_capture(m, i, s, e);
+    return n;
 }
 
+/// A 1-based start position from argument `arg` (default 1), Lua 5.4's way: negative counts
+/// from the end, anything before the start is 1.
+static size_t sluice_match_start(lua_State *L, int arg, size_t length) {
+    lua_Integer position = luaL_optinteger(L, arg, 1);
+    if (position > 0) return (size_t)position;
+    if (position == 0 || position < -(lua_Integer)length) return 1;
+    return length + (size_t)position + 1;
+}
 
-static int sluice_lua_str_gsub (lua_State *L) {
-  size_t srcl, lp;
-  const char *src = luaL_checklstring(L, 1, &srcl);  /* subject */
-  const char *p = luaL_checklstring(L, 2, &lp);  /* pattern */
-  const char *lastmatch = NULL;  /* end of last sm_match */
-  int tr = lua_type(L, 3);  /* replacement type */
-  lua_Integer max_s = luaL_optinteger(L, 4, srcl + 1);  /* max replacements */
-  int anchor = (*p == '^');
-  lua_Integer n = 0;  /* replacement count */
-  int changed = 0;  /* change flag */
-  sm_MatchState ms;
-  luaL_Buffer b;
-  luaL_argexpected(L, tr == LUA_TNUMBER || tr == LUA_TSTRING ||
-                   tr == LUA_TFUNCTION || tr == LUA_TTABLE, 3,
-                      "string/function/table");
-  luaL_buffinit(L, &b);
-  if (anchor) {
-    p++; lp--;  /* skip anchor character */
-  }
-  sm_prepstate(&ms, L, src, srcl, p, lp);
-  while (n < max_s) {
-    const char *e;
-    sm_reprepstate(&ms);  /* (re)prepare state for new sm_match */
-    if ((e = sm_match(&ms, src, p)) != NULL && e != lastmatch) {  /* sm_match? */
-      n++;
-      changed = sm_add_value(&ms, &b, src, e, tr) | changed;
-      src = lastmatch = e;
+/// Whether pattern `p` has no magic characters (so `find` may search for it as is).
+static int sluice_match_is_plain(const char *p, size_t lp) {
+    static const char magic[] = "^$*+?.([%-";
+    for (size_t i = 0; i < lp; i++)
+        if (memchr(magic, p[i], sizeof magic - 1)) return 0;
+    return 1;
+}
+
+/// The first occurrence of `needle` in `hay`, counting each byte compared; NULL if none.
+static const char *sluice_match_plain(sluice_match *m, const char *hay, size_t lh, const char *needle, size_t ln) {
+    if (ln == 0) return hay;
+    const char *end = hay + lh;
+    const char *at = hay;
+    while ((size_t)(end - at) >= ln) {
+        const char *first = memchr(at, needle[0], (size_t)(end - at) - ln + 1);
+        sluice_match_step(m, (first ? first - at : end - at) + 1);
+        if (!first) return NULL;
+        size_t same = 1;
+        while (same < ln) {
+            size_t chunk = ln - same < 64 ? ln - same : 64;
+            sluice_match_step(m, (long long)chunk);
+            if (memcmp(first + same, needle + same, chunk) != 0) break;
+            same += chunk;
+        }
+        if (same == ln) return first;
+        at = first + 1;
     }
-    else if (src < ms.src_end)  /* otherwise, skip one character */
-      luaL_addchar(&b, *src++);
-    else break;  /* end of subject */
-    if (anchor) break;
-  }
-  if (!changed)  /* no changes? */
-    lua_pushvalue(L, 1);  /* return original string */
-  else {  /* something changed */
-    luaL_addlstring(&b, src, ms.src_end-src);
-    luaL_pushresult(&b);  /* create and return new string */
-  }
-  lua_pushinteger(L, n);  /* number of substitutions */
-  return 2;
+    return NULL;
+}
+
+/// `string.find` (`find`) and `string.match`.
+static int sluice_match_find(lua_State *L, int find) {
+    size_t ls, lp;
+    const char *s = luaL_checklstring(L, 1, &ls);
+    const char *p = luaL_checklstring(L, 2, &lp);
+    size_t start = sluice_match_start(L, 3, ls);
+    if (start > ls + 1) {
+        luaL_pushfail(L);
+        return 1;
+    }
+    sluice_match m;
+    sluice_match_init(&m, L, s, ls, p, lp);
+    if (find && (lua_toboolean(L, 4) || sluice_match_is_plain(p, lp))) {
+        const char *at = sluice_match_plain(&m, s + start - 1, ls - start + 1, p, lp);
+        if (at) {
+            lua_pushinteger(L, (lua_Integer)(at - s) + 1);
+            lua_pushinteger(L, (lua_Integer)(at - s) + (lua_Integer)lp);
+            return 2;
+        }
+    } else {
+        int anchored = lp > 0 && *p == '^';
+        if (anchored) {
+            p++;
+            lp--;
+        }
+        m.pattern_end = p + lp;
+        const char *at = s + start - 1;
+        for (;;) {
+            m.captures = 0;
+            m.depth = 0;
+            const char *e = sluice_match_at(&m, at, p);
+            if (e) {
+                if (!find) return sluice_match_push_captures(&m, at, e);
+                lua_pushinteger(L, (lua_Integer)(at - s) + 1);
+                lua_pushinteger(L, (lua_Integer)(e - s));
+                return sluice_match_push_captures(&m, NULL, NULL) + 2;
+            }
+            if (anchored || at >= m.subject_end) break;
+            at++;
+        }
+    }
+    luaL_pushfail(L);
+    return 1;
+}
+
+static int sluice_lua_str_find(lua_State *L) { return sluice_match_find(L, 1); }
+static int sluice_lua_str_match(lua_State *L) { return sluice_match_find(L, 0); }
+
+/// A `gmatch` iterator's state, in a userdata upvalue next to the subject and the pattern
+/// (which keep `next`, `last` and `m`'s pointers valid).
+typedef struct sluice_gmatch {
+    const char *next;  // where the next search starts; NULL: init was past the end, no matches
+    const char *last;  // the end of the last match (an empty match may not end there again)
+    sluice_match m;
+} sluice_gmatch;
+
+static int sluice_gmatch_next(lua_State *L) {
+    sluice_gmatch *g = (sluice_gmatch *)lua_touserdata(L, lua_upvalueindex(3));
+    size_t lp;
+    const char *p = lua_tolstring(L, lua_upvalueindex(2), &lp);
+    g->m.L = L;
+    if (!g->next) return 0;
+    for (const char *at = g->next; at <= g->m.subject_end; at++) {
+        g->m.captures = 0;
+        g->m.depth = 0;
+        const char *e = sluice_match_at(&g->m, at, p);
+        if (e && e != g->last) {
+            g->next = g->last = e;
+            return sluice_match_push_captures(&g->m, at, e);
+        }
+    }
+    return 0;
+}
+
+static int sluice_lua_gmatch(lua_State *L) {
+    size_t ls, lp;
+    const char *s = luaL_checklstring(L, 1, &ls);
+    const char *p = luaL_checklstring(L, 2, &lp);
+    size_t start = sluice_match_start(L, 3, ls);
+    lua_settop(L, 2);
+    sluice_gmatch *g = (sluice_gmatch *)lua_newuserdatauv(L, sizeof *g, 0);
+    sluice_match_init(&g->m, L, s, ls, p, lp);
+    g->next = start > ls + 1 ? NULL : s + start - 1;
+    g->last = NULL;
+    lua_pushcclosure(L, sluice_gmatch_next, 3);
+    return 1;
+}
+
+/// Appends the replacement for the match `s`…`e` to `b`: `repl` (argument 3) of type `kind`.
+static void sluice_gsub_replace(sluice_match *m, luaL_Buffer *b, const char *s, const char *e, int kind) {
+    lua_State *L = m->L;
+    if (kind == LUA_TSTRING || kind == LUA_TNUMBER) {
+        size_t lr;
+        const char *r = lua_tolstring(L, 3, &lr);
+        for (size_t i = 0; i < lr; i++) {
+            if (r[i] != '%') {
+                luaL_addchar(b, r[i]);
+                continue;
+            }
+            i++;
+            if (i < lr && r[i] == '%') {
+                luaL_addchar(b, '%');
+            } else if (i < lr && isdigit((unsigned char)r[i])) {
+                if (r[i] == '0') {
+                    luaL_addlstring(b, s, (size_t)(e - s));
+                } else {
+                    sluice_match_push_capture(m, r[i] - '1', s, e);
+                    luaL_tolstring(L, -1, NULL);
+                    lua_remove(L, -2);
+                    luaL_addvalue(b);
+                }
+            } else {
+                luaL_error(L, "invalid use of '%c' in replacement string", '%');
+            }
+        }
+        return;
+    }
+    if (kind == LUA_TFUNCTION) {
+        lua_pushvalue(L, 3);
+        int n = sluice_match_push_captures(m, s, e);
+        lua_call(L, n, 1);
+    } else {
+        sluice_match_push_capture(m, 0, s, e);
+        lua_gettable(L, 3);
+    }
+    if (!lua_toboolean(L, -1)) {
+        lua_pop(L, 1);
+        luaL_addlstring(b, s, (size_t)(e - s));
+    } else if (!lua_isstring(L, -1)) {
+        luaL_error(L, "invalid replacement value (a %s)", luaL_typename(L, -1));
+    } else {
+        luaL_addvalue(b);
+    }
+}
+
+static int sluice_lua_str_gsub(lua_State *L) {
+    size_t ls, lp;
+    const char *s = luaL_checklstring(L, 1, &ls);
+    const char *p = luaL_checklstring(L, 2, &lp);
+    int kind = lua_type(L, 3);
+    lua_Integer limit = luaL_optinteger(L, 4, (lua_Integer)ls + 1);
+    luaL_argexpected(L, kind == LUA_TNUMBER || kind == LUA_TSTRING || kind == LUA_TFUNCTION || kind == LUA_TTABLE, 3,
+                     "string/function/table");
+    int anchored = lp > 0 && *p == '^';
+    if (anchored) {
+        p++;
+        lp--;
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    sluice_match m;
+    sluice_match_init(&m, L, s, ls, p, lp);
+    const char *at = s;
+    const char *last = NULL;
+    lua_Integer count = 0;
+    while (count < limit) {
+        m.captures = 0;
+        m.depth = 0;
+        const char *e = sluice_match_at(&m, at, p);
+        if (e && e != last) {
+            count++;
+            sluice_gsub_replace(&m, &b, at, e, kind);
+            at = last = e;
+        } else if (at < m.subject_end) {
+            luaL_addchar(&b, *at++);
+        } else {
+            break;
+        }
+        if (anchored) break;
+    }
+    luaL_addlstring(&b, at, (size_t)(m.subject_end - at));
+    luaL_pushresult(&b);
+    lua_pushinteger(L, count);
+    return 2;
 }
 
 #endif
