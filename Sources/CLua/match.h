@@ -7,7 +7,7 @@
 // `%b` or a back-reference passes, a byte a plain find compares) and charges them to the
 // call's instruction budget, one instruction per step (`sluice_lua_charge` in shim.h, which
 // may raise). Nothing here holds memory of its own across a charge: results are built in Lua
-// buffers on the Lua stack. LuaHostileTests compares these functions with liblua's own.
+// buffers on the Lua stack. LuaPatternTests compares these functions with liblua's own.
 //
 // Included by shim.h only; everything runs on the thread of the calling state.
 #include <ctype.h>
