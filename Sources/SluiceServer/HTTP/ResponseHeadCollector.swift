@@ -194,6 +194,22 @@ struct ResponseHeadCollector {
         }
     }
 
+    /// Calls `body` with each field line's name (before its first colon; never empty) and its
+    /// value (after the colon, SP and HTAB trimmed from both ends), as the line holds them;
+    /// a line without a colon, or with nothing before it, is skipped.
+    func forEachField(_ body: (_ name: ArraySlice<UInt8>, _ value: ArraySlice<UInt8>) -> Void) {
+        var start = 0
+        for end in lineEnds {
+            defer { start = end }
+            guard let colon = lines[start..<end].firstIndex(of: 0x3A), colon > start else { continue }
+            var v = colon + 1
+            var e = end
+            while v < e, lines[v] == 0x20 || lines[v] == 0x09 { v += 1 }
+            while e > v, lines[e - 1] == 0x20 || lines[e - 1] == 0x09 { e -= 1 }
+            body(lines[start..<colon], lines[v..<e])
+        }
+    }
+
     /// The end-to-end fields as `(name, value)` strings, for the shared cache: hop-by-hop
     /// fields (RFC 9110 §7.6.1, and those the `Connection` field names) and `Content-Length`
     /// (a stored body's length is its own) left out; values trimmed, CR, LF and NUL made SP
@@ -201,19 +217,10 @@ struct ResponseHeadCollector {
     /// looks at the response.
     func endToEndFields() -> [(name: String, value: String)] {
         var out: [(name: String, value: String)] = []
-        var start = 0
-        for end in lineEnds {
-            defer { start = end }
-            let line = lines[start..<end]
-            guard let colon = line.firstIndex(of: 0x3A), colon > start,
-                line[start..<colon].allSatisfy(ASCII.isTokenChar)
-            else { continue }
-            var v = colon + 1
-            var e = end
-            while v < e, lines[v] == 0x20 || lines[v] == 0x09 { v += 1 }
-            while e > v, lines[e - 1] == 0x20 || lines[e - 1] == 0x09 { e -= 1 }
-            let value = lines[v..<e].map { $0 == 0x0D || $0 == 0x0A || $0 == 0 ? 0x20 : $0 }
-            out.append((String(decoding: line[start..<colon], as: UTF8.self), String(decoding: value, as: UTF8.self)))
+        forEachField { name, value in
+            guard name.allSatisfy(ASCII.isTokenChar) else { return }
+            let scrubbed = value.map { $0 == 0x0D || $0 == 0x0A || $0 == 0 ? 0x20 : $0 }
+            out.append((String(decoding: name, as: UTF8.self), String(decoding: scrubbed, as: UTF8.self)))
         }
         let connection = out.filter { $0.name.lowercased() == "connection" }
             .flatMap { $0.value.split(separator: ",").map { $0.filter { $0 != " " && $0 != "\t" }.lowercased() } }

@@ -57,19 +57,9 @@ enum LuaResponseStage: ResponseStage {
     /// name, which the encoder refuses anyway, is left out).
     static func view(of head: ResponseHeadCollector) -> LuaResponseView {
         var fields = HTTPFields()
-        head.lines.withUnsafeBufferPointer { buf in
-            var start = 0
-            for end in head.lineEnds {
-                defer { start = end }
-                guard let colon = buf[start..<end].firstIndex(of: 0x3A),
-                    let name = HTTPField.Name(String(decoding: buf[start..<colon], as: UTF8.self))
-                else { continue }
-                var v = colon + 1
-                var e = end
-                while v < e, buf[v] == 0x20 || buf[v] == 0x09 { v += 1 }
-                while e > v, buf[e - 1] == 0x20 || buf[e - 1] == 0x09 { e -= 1 }
-                fields.append(HTTPField(name: name, value: String(decoding: buf[v..<e], as: UTF8.self)))
-            }
+        head.forEachField { name, value in
+            guard let name = HTTPField.Name(String(decoding: name, as: UTF8.self)) else { return }
+            fields.append(HTTPField(name: name, value: String(decoding: value, as: UTF8.self)))
         }
         return LuaResponseView(status: head.status, headers: fields)
     }
