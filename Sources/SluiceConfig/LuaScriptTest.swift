@@ -14,7 +14,9 @@ import Yams
 ///
 /// A message file is a request or a status line, header lines, an empty line and the body
 /// (the rest of the file, taken as it is: no chunked decoding); lines may end in CRLF or LF.
-/// `sluice.http` is not answered from files yet.
+/// With `--allow-host` (the entry's `allow_hosts`), `on_request` may call `sluice.http`: each
+/// call is answered by the next `--http` file, in order (`FileAnswers`), and printed as it is
+/// made; a call past the last file gets `nil, message`, as a failed sub-request does.
 ///
 /// Threading: any thread; builds and drops its own Lua state.
 public enum LuaScriptTest {
@@ -30,10 +32,22 @@ public enum LuaScriptTest {
     }
 
     public static func run(
-        script scriptPath: String, request requestPath: String, response responsePath: String?, config configPath: String?
+        script scriptPath: String, request requestPath: String, response responsePath: String?, config configPath: String?,
+        allowHosts allowed: [String] = [], http httpPaths: [String] = []
     )
         throws(Failure) -> Report
     {
+        var allowHosts: [LuaAllowedHost] = []
+        for text in allowed {
+            switch LuaAllowedHost.parse(text) {
+            case .success(let host): allowHosts.append(host)
+            case .failure(let error): throw Failure(description: "sluice: --allow-host: \(error.message)")
+            }
+        }
+        guard httpPaths.isEmpty || !allowHosts.isEmpty else {
+            throw Failure(description: "sluice: --http answers sluice.http, which needs --allow-host (the entry's allow_hosts)")
+        }
+        let answers = try httpPaths.map { path throws(Failure) in (path, try parseResponse(try text(path), file: path)) }
         let source = try text(scriptPath)
         let script = LuaScript(name: (scriptPath as NSString).lastPathComponent, source: source)
         var request = try parseRequest(try text(requestPath), file: requestPath)
@@ -62,7 +76,18 @@ public enum LuaScriptTest {
         }
 
         var answered: LuaResponseView?
-        if state.hasOnRequest {
+        if state.hasOnRequest, !allowHosts.isEmpty {
+            // A call that may wait: every answer is at hand, so it ends before `onRequest` returns.
+            let host = FileAnswers(answers) { out += $0 }
+            var ended: LuaCallResult?
+            exchange.onRequest(request, waitingWith: host, allowHosts: allowHosts, depth: 0) { edited, result in
+                request = edited
+                ended = result
+            }
+            guard let result = ended else { throw Failure(description: "sluice: on_request did not end") }
+            record("on_request", result)
+            answered = result.respond
+        } else if state.hasOnRequest {
             let result = exchange.onRequest(&request)
             record("on_request", result)
             answered = result.respond
@@ -84,6 +109,56 @@ public enum LuaScriptTest {
         out += "--- log\n"
         for record in records { out += "lua: \(record.json)\n" }
         return Report(text: out, failed: failed)
+    }
+
+    /// The `LuaHost` of a test run: `sluice.http` answered by the `--http` files in order, each
+    /// call printed (`print`) with the file that answered it. No timer is needed: an answer is
+    /// given at once, so no call ever waits.
+    private final class FileAnswers: LuaHost {
+        private var answers: ArraySlice<(String, LuaResponseView)>
+        private var made = 0
+        private let print: (String) -> Void
+
+        init(_ answers: [(String, LuaResponseView)], print: @escaping (String) -> Void) {
+            self.answers = answers[...]
+            self.print = print
+        }
+
+        private final class Done: LuaOperation {
+            func cancel() {}
+        }
+
+        func subrequest(
+            _ request: LuaSubrequest, completion: @escaping (Result<LuaSubresponse, LuaOperationError>) -> Void
+        ) -> any LuaOperation {
+            made += 1
+            var text = "--- sluice.http #\(made)\n\(request.method) \(request.url)\n"
+            text += request.headers.map { "\($0.0): \($0.1)\n" }.joined()
+            if let body = request.body, !body.isEmpty { text += "\n" + Self.shown(body) }
+            guard let (path, response) = answers.popFirst() else {
+                print(text + "(no --http file left: the call gets nil, message)\n")
+                completion(.failure(LuaOperationError("no --http file left for this sub-request")))
+                return Done()
+            }
+            print(text + "(answered by \(path): \(response.status))\n")
+            let body = response.body ?? []
+            if body.count > request.maxBody {
+                completion(.failure(LuaOperationError("the answer's body is over limits.body (\(request.maxBody))")))
+            } else {
+                let headers = response.headers.map { ($0.name.rawName, $0.value) }
+                completion(.success(LuaSubresponse(status: response.status, headers: headers, body: body)))
+            }
+            return Done()
+        }
+
+        func timer(microseconds: Int64, _ fired: @escaping () -> Void) -> any LuaOperation { Done() }
+
+        func refusal(host: String, port: Int) -> String? { nil }
+
+        private static func shown(_ body: [UInt8]) -> String {
+            guard let text = String(validating: body, as: UTF8.self) else { return "(\(body.count) bytes, not UTF-8)\n" }
+            return text + (text.hasSuffix("\n") ? "" : "\n")
+        }
     }
 
     private static func text(_ path: String) throws(Failure) -> String {

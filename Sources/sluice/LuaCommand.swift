@@ -20,6 +20,8 @@ struct LuaCommand: ParsableCommand {
                 an empty line, the body), on_response on the response in --response if given, then \
                 on_log; prints the request and response after the hooks, and each call's access-log \
                 `lua` field with ctx.vars. --config is the lua entry's `config` map (YAML or JSON). \
+                With --allow-host (the entry's allow_hosts), sluice.http calls are answered by the \
+                --http files in order, each call printed as it is made. \
                 Exit status 1 when the script does not load or a hook fails, so scripts can have \
                 their own tests.
                 """)
@@ -36,10 +38,17 @@ struct LuaCommand: ParsableCommand {
         @Option(name: .long, help: "A YAML or JSON file holding the lua entry's `config` map (ctx.config).")
         var config: String?
 
+        @Option(name: .long, help: "A host or host:port sluice.http may call (the entry's allow_hosts); repeatable.")
+        var allowHost: [String] = []
+
+        @Option(name: .long, help: "A file holding the answer to the next sluice.http call, as HTTP/1.1 text; repeatable.")
+        var http: [String] = []
+
         func run() throws {
             bootstrapLogging()
             do {
-                let report = try LuaScriptTest.run(script: script, request: request, response: response, config: config)
+                let report = try LuaScriptTest.run(
+                    script: script, request: request, response: response, config: config, allowHosts: allowHost, http: http)
                 var text = report.text
                 text.withUTF8 { _ = write(1, $0.baseAddress, $0.count) }
                 if report.failed { throw ExitCode(1) }

@@ -120,6 +120,50 @@ def test_lua_test_fails_on_a_script_error_and_on_bad_files(sluice_bin, tmp_path)
     assert out.returncode == 1 and "w.lua:3: hook writes global 'counter'" in out.stderr, out.stderr
 
 
+FETCHES_A_TOKEN = """
+return {
+  on_request = function(req, ctx)
+    local res, err = sluice.http{ url = "http://auth.test/token?for=" .. req.path, headers = { ["X-Ask"] = "1" } }
+    if not res then error(err) end
+    req.headers:set("Authorization", "Bearer " .. res.body)
+    req.headers:set("X-Token-Type", res.headers["content-type"])
+    local again, message = sluice.http{ url = "http://auth.test/again", method = "POST", body = "b" }
+    req.headers:set("X-Again", again and again.body or message)
+  end,
+}
+"""
+
+
+def test_lua_test_answers_sluice_http_from_files(sluice_bin, tmp_path):
+    (tmp_path / "s.lua").write_text(FETCHES_A_TOKEN)
+    (tmp_path / "req.http").write_text("GET /items HTTP/1.1\nHost: api.test\n\n")
+    (tmp_path / "token.http").write_text("HTTP/1.1 200 OK\nContent-Type: text/plain\n\ntok-9")
+    args = [tmp_path / "s.lua", "--request", tmp_path / "req.http", "--http", tmp_path / "token.http"]
+    out = lua_test(sluice_bin, *args, "--allow-host", "auth.test")
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    # Each call is printed as it is made, with the file that answered it; the second call finds
+    # no file left and gets nil, message, as a failed sub-request does.
+    first = text.split("--- sluice.http #1\n")[1].split("--- ")[0]
+    assert first.startswith("GET http://auth.test/token?for=/items\nX-Ask: 1\n"), text
+    assert f"(answered by {tmp_path / 'token.http'}: 200)" in first, text
+    second = text.split("--- sluice.http #2\n")[1].split("--- ")[0]
+    assert second.startswith("POST http://auth.test/again\n") and "\nb\n" in second, text
+    assert "(no --http file left" in second, text
+    request = text.split("--- request\n")[1].split("\n--- ")[0]
+    assert "Authorization: Bearer tok-9\n" in request and "X-Token-Type: text/plain\n" in request, text
+    assert "X-Again: sluice.http: no --http file left for this sub-request" in request, text
+    # allow_hosts applies as in the proxy: an unlisted host is the script's error.
+    out = lua_test(sluice_bin, *args, "--allow-host", "other.test:8080")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "s.lua:4: sluice.http: auth.test is not in this entry's lua.allow_hosts" in out.stdout, out.stdout
+    # --http answers nothing without --allow-host: said, not ignored.
+    out = lua_test(sluice_bin, *args)
+    assert out.returncode == 1 and "--http answers sluice.http, which needs --allow-host" in out.stderr, out.stderr
+    out = lua_test(sluice_bin, *args, "--allow-host", "http://auth.test/")
+    assert out.returncode == 1 and "--allow-host: 'http://auth.test/' is not a host" in out.stderr, out.stderr
+
+
 # ------------------------------------------------------------------------------------------
 # Metrics: sluice.metric, the call-duration histogram, the states after reloads
 # ------------------------------------------------------------------------------------------
