@@ -362,7 +362,8 @@ def _strace(bench, target: str, connections: int, seconds: int) -> dict:
 
 def callgrind(bench) -> dict:
     """Instructions per request: Sluice with `workers: 1` under `valgrind --tool=callgrind`, once
-    serving n1 and once n2 sequential 1 KiB GETs on one kept-alive connection, stopped with
+    serving n1 and once n2 sequential GETs (1 KiB, or the scenario's `callgrind.body`) on one
+    kept-alive connection, stopped with
     SIGTERM; (Ir(n2) - Ir(n1)) / (n2 - n1), so start-up and shutdown cancel out. Unlike req/s on
     a shared machine, this repeats to the instruction. With the caching origin every request but
     the first is a memory cache hit. The 10 costliest functions per request are kept."""
@@ -421,8 +422,9 @@ def _callgrind_run(bench, binary: Path, target: str, n: int, d: Path) -> tuple[i
     try:
         if not wait_port(port, proc, 60):
             return None, f"Sluice under valgrind did not open its port within 60 s: {proc.tail(3)}"
-        failure = clients.sequential(port, n, bench.request_target(target, "1k"), bench.lab.origin_host, 1024, 840,
-                                     bench.scenario["headers"])
+        body = bench.scenario["callgrind"].get("body", "1k")
+        failure = clients.sequential(port, n, bench.request_target(target, body), bench.lab.origin_host,
+                                     int(body.rstrip("k")) * 1024, 840, bench.scenario["headers"])
         # SIGTERM: Sluice drains (nothing is in flight) and exits; callgrind then writes its file.
         proc.popen.send_signal(signal.SIGTERM)
         proc.popen.wait(120)

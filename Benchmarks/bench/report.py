@@ -416,7 +416,8 @@ def callgrind_section(result: dict) -> str | None:
     return ("#### Instructions per request (callgrind)\n\n"
             + table(header, rows, ["l"] + ["r"] * (len(header) - 2) + ["l"])
             + f"\n\nSluice with `workers: 1` under `valgrind --tool=callgrind` (debug info stripped), {p['n1']} and "
-              f"then {p['n2']} sequential 1 KiB GETs on one kept-alive connection; (Ir({p['n2']}) − Ir({p['n1']})) / "
+              f"then {p['n2']} sequential {p.get('body', '1k').replace('k', ' KiB')} GETs on one kept-alive connection; "
+              f"(Ir({p['n2']}) − Ir({p['n1']})) / "
               f"{p['n2'] - p['n1']}, so start-up and shutdown cancel out.{fleet_note}")
 
 
