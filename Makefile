@@ -39,11 +39,12 @@ test-deps:
 # One build serves both halves: the unit tests run in the release configuration (with
 # testability), which also builds the `sluice` the e2e suite runs — a separate debug build
 # for the unit tests alone took as long as the release build. `make build` (and `make bench`)
-# build without testability.
+# build without testability. The tests' build keeps Swift's run-time exclusivity checks
+# (SLUICE_EXCLUSIVITY_CHECKS=1; Package.swift, docs/architecture.md "Builds"); the products' do not.
 test: test-deps unit e2e e2e-curl e2e-native-tls bench-unit
 
 unit:
-	$(SWIFT) test -c release
+	SLUICE_EXCLUSIVITY_CHECKS=1 $(SWIFT) test -c release
 
 # The e2e suite runs on E2E_JOBS pytest-xdist workers (its tests mostly wait on sockets and
 # processes, so more workers than cores pay off: on 2 cores 6 took 1.9 min, 4 took 2.5, serial
@@ -72,7 +73,7 @@ e2e-native-tls:
 # after a first build of 11-15 min each (later ones are incremental). scripts/sanitize.sh has more.
 SANITIZER ?= address thread
 sanitize: test-deps
-	@for s in $(SANITIZER); do scripts/sanitize.sh $$s || exit 1; done
+	@for s in $(SANITIZER); do SLUICE_EXCLUSIVITY_CHECKS=1 scripts/sanitize.sh $$s || exit 1; done
 
 # Installs what `make build` and `make man` made; it builds only what is missing, so that
 # `sudo make install` does not leave root-owned files in .build.
@@ -107,7 +108,7 @@ deb: $(MAN)
 # any finding; the figures per target are printed at the end.
 FUZZ_TIME ?= 300
 fuzz: deps
-	FUZZ_TIME=$(FUZZ_TIME) SWIFT=$(SWIFT) scripts/fuzz.sh
+	SLUICE_EXCLUSIVITY_CHECKS=1 FUZZ_TIME=$(FUZZ_TIME) SWIFT=$(SWIFT) scripts/fuzz.sh
 
 # The benchmark (Benchmarks/, BENCHMARKS.md): a scenario of Benchmarks/scenarios.toml, one JSON
 # result file in Benchmarks/results/; the headline scenario (at most 10 minutes on 2 cores) also

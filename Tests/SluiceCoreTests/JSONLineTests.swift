@@ -22,6 +22,33 @@ import Testing
         #expect(parsed["key \"named\""] as? String == "x")
     }
 
+    /// Values are scanned eight bytes at a time: an escape at any offset of a word, in the
+    /// tail, beside multi-byte UTF-8 and in words full of them, comes back as it went in.
+    @Test func escapesAtEveryOffsetOfTheWordScan() throws {
+        let specials: [Character] = ["\"", "\\", "\n", "\u{0}", "\u{1F}", "\u{7F}", "é", " ", "~"]
+        for length in 0...24 {
+            for at in 0..<max(length, 1) {
+                for special in specials {
+                    var chars = Array(repeating: Character("a"), count: length)
+                    if length > 0 { chars[at] = special }
+                    let value = String(chars) + (length % 3 == 0 ? "\u{7F}\"" : "")
+                    var json = JSONLine()
+                    json.field("v", value)
+                    #expect(try object(json.finishBytes())["v"] as? String == value, "\(length) \(at) \(special)")
+                }
+            }
+        }
+        for word in [UInt64(0x6161_6161_6161_6161), 0xC3A9_C3A9_C3A9_C3A9, 0x2020_2020_2020_2020, 0x7E7E_7E7E_7E7E_7E7E] {
+            #expect(!JSONLine.needsEscape(word))
+        }
+        for byte in [UInt64(0x00), 0x1F, 0x22, 0x5C, 0x7F] {
+            for shift in stride(from: 0, to: 64, by: 8) {
+                let word = (0x6161_6161_6161_6161 & ~(UInt64(0xFF) << shift)) | byte << shift
+                #expect(JSONLine.needsEscape(word))
+            }
+        }
+    }
+
     @Test func integersAndRawValues() throws {
         var json = JSONLine()
         json.field("zero", 0)

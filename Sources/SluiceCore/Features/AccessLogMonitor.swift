@@ -386,30 +386,55 @@ struct JSONLine {
                 return
             }
             var run = 0
-            for i in 0..<bytes.count {
-                let b = bytes[i]
-                guard b < 0x20 || b == 0x22 || b == 0x5C || b == 0x7F else { continue }
-                buffer.put(source + run, i - run)
-                run = i + 1
-                buffer.put(0x5C)
-                switch b {
-                case 0x22: buffer.put(0x22)
-                case 0x5C: buffer.put(0x5C)
-                case 0x0A: buffer.put(0x6E)
-                case 0x0D: buffer.put(0x72)
-                case 0x09: buffer.put(0x74)
-                default:
-                    let hex: StaticString = "0123456789abcdef"
-                    buffer.put(0x75)
-                    buffer.put(0x30)
-                    buffer.put(0x30)
-                    buffer.put(hex.utf8Start[Int(b >> 4)])
-                    buffer.put(hex.utf8Start[Int(b & 0xF)])
+            var i = 0
+            while i < bytes.count {
+                // Eight bytes at a time while none needs an escape (most values need none).
+                if i + 8 <= bytes.count,
+                    !Self.needsEscape(UnsafeRawPointer(source + i).loadUnaligned(as: UInt64.self))
+                {
+                    i += 8
+                    continue
                 }
+                let end = min(i + 8, bytes.count)
+                for i in i..<end {
+                    let b = bytes[i]
+                    guard b < 0x20 || b == 0x22 || b == 0x5C || b == 0x7F else { continue }
+                    buffer.put(source + run, i - run)
+                    run = i + 1
+                    buffer.put(0x5C)
+                    switch b {
+                    case 0x22: buffer.put(0x22)
+                    case 0x5C: buffer.put(0x5C)
+                    case 0x0A: buffer.put(0x6E)
+                    case 0x0D: buffer.put(0x72)
+                    case 0x09: buffer.put(0x74)
+                    default:
+                        let hex: StaticString = "0123456789abcdef"
+                        buffer.put(0x75)
+                        buffer.put(0x30)
+                        buffer.put(0x30)
+                        buffer.put(hex.utf8Start[Int(b >> 4)])
+                        buffer.put(hex.utf8Start[Int(b & 0xF)])
+                    }
+                }
+                i = end
             }
             buffer.put(source + run, bytes.count - run)
             buffer.put(0x22)
         }
+    }
+
+    /// Whether any of the eight bytes in `word` is a control byte, `"`, `\\` or DEL (SWAR:
+    /// a byte's high bit is set in the result where it is, or in a byte above one that is; a
+    /// false alarm only sends the word to the byte loop). Bytes of 0x80 and above never match.
+    @inline(__always)
+    static func needsEscape(_ word: UInt64) -> Bool {
+        let ones: UInt64 = 0x0101_0101_0101_0101
+        let high: UInt64 = 0x8080_8080_8080_8080
+        func zeroByte(_ x: UInt64) -> UInt64 { (x &- ones) & ~x & high }
+        let control = (word &- ones &* 0x20) & ~word & high
+        return (control | zeroByte(word ^ (ones &* 0x22)) | zeroByte(word ^ (ones &* 0x5C)) | zeroByte(word ^ (ones &* 0x7F)))
+            != 0
     }
 
     mutating func field<I: BinaryInteger>(_ k: StaticString, _ v: I) {
