@@ -30,7 +30,8 @@ let package = Package(
     targets: [
         // One system-library target per C library (module map + pkg-config).
         .systemLibrary(name: "CLibEvent", pkgConfig: "libevent_pthreads", providers: [.apt(["libevent-dev"])]),
-        .systemLibrary(name: "CCurl", pkgConfig: "libcurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        // Headers only: libcurl is opened on first use (Sources/CShims/curl_loader.c), not linked.
+        .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(name: "COpenSSL", pkgConfig: "openssl", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),

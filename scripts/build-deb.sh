@@ -40,6 +40,10 @@ while read -r first second third _; do
   if [ "$second" = "=>" ]; then found[$first]=$third; else found[${first##*/}]=$first; fi
 done < <(ldd "$bin")
 mapfile -t needed < <(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+# libcurl is opened on first use (dlopen, Sources/CShims/curl_loader.c), so it is not NEEDED:
+# the package still depends on it, found where the loader would look.
+needed+=(libcurl.so.4)
+found[libcurl.so.4]=$(ldconfig -p | awk '$1 == "libcurl.so.4" { print $NF; exit }')
 # One dpkg query for all of them (it is slow); Debian 12 lists a file under /lib or /usr/lib,
 # so compare real paths.
 names=()

@@ -1,6 +1,7 @@
 // ppoll (the real poll behind the interposed one below) is a GNU extension.
 #define _GNU_SOURCE
 #include "CShims.h"
+#include "curl_api.h"
 #include <poll.h>
 #include <pthread.h>
 #include <malloc.h>
@@ -12,15 +13,15 @@
 #include <event2/bufferevent_ssl.h>
 #include <openssl/err.h>
 
-CURLcode sluice_easy_setopt_long(CURL *h, CURLoption opt, long value) { return curl_easy_setopt(h, opt, value); }
-CURLcode sluice_easy_setopt_off(CURL *h, CURLoption opt, curl_off_t value) { return curl_easy_setopt(h, opt, value); }
-CURLcode sluice_easy_setopt_ptr(CURL *h, CURLoption opt, void *value) { return curl_easy_setopt(h, opt, value); }
-CURLcode sluice_easy_setopt_str(CURL *h, CURLoption opt, const char *value) { return curl_easy_setopt(h, opt, value); }
-CURLcode sluice_easy_setopt_data_cb(CURL *h, CURLoption opt, sluice_data_cb cb) { return curl_easy_setopt(h, opt, cb); }
-CURLcode sluice_easy_setopt_opensocket_cb(CURL *h, sluice_opensocket_cb cb) { return curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, cb); }
-CURLcode sluice_easy_setopt_seek_cb(CURL *h, sluice_seek_cb cb) { return curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, cb); }
-CURLcode sluice_easy_setopt_closesocket_cb(CURL *h, sluice_closesocket_cb cb) { return curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, cb); }
-CURLcode sluice_easy_setopt_prereq_cb(CURL *h, sluice_prereq_cb cb) { return curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, cb); }
+CURLcode sluice_easy_setopt_long(CURL *h, CURLoption opt, long value) { return sluice_curl()->easy_setopt(h, opt, value); }
+CURLcode sluice_easy_setopt_off(CURL *h, CURLoption opt, curl_off_t value) { return sluice_curl()->easy_setopt(h, opt, value); }
+CURLcode sluice_easy_setopt_ptr(CURL *h, CURLoption opt, void *value) { return sluice_curl()->easy_setopt(h, opt, value); }
+CURLcode sluice_easy_setopt_str(CURL *h, CURLoption opt, const char *value) { return sluice_curl()->easy_setopt(h, opt, value); }
+CURLcode sluice_easy_setopt_data_cb(CURL *h, CURLoption opt, sluice_data_cb cb) { return sluice_curl()->easy_setopt(h, opt, cb); }
+CURLcode sluice_easy_setopt_opensocket_cb(CURL *h, sluice_opensocket_cb cb) { return sluice_curl()->easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, cb); }
+CURLcode sluice_easy_setopt_seek_cb(CURL *h, sluice_seek_cb cb) { return sluice_curl()->easy_setopt(h, CURLOPT_SEEKFUNCTION, cb); }
+CURLcode sluice_easy_setopt_closesocket_cb(CURL *h, sluice_closesocket_cb cb) { return sluice_curl()->easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, cb); }
+CURLcode sluice_easy_setopt_prereq_cb(CURL *h, sluice_prereq_cb cb) { return sluice_curl()->easy_setopt(h, CURLOPT_PREREQFUNCTION, cb); }
 
 // One byte per descriptor below the table's size: 1 = quiet (see CShims.h). Sized once from
 // RLIMIT_NOFILE (at least 64 Ki entries); descriptors beyond it are never marked.
@@ -71,15 +72,15 @@ int poll(struct pollfd *fds, nfds_t nfds, int timeout) {
     return ppoll(fds, nfds, limit, NULL);
 }
 
-CURLcode sluice_easy_getinfo_long(CURL *h, CURLINFO info, long *out) { return curl_easy_getinfo(h, info, out); }
-CURLcode sluice_easy_getinfo_off(CURL *h, CURLINFO info, curl_off_t *out) { return curl_easy_getinfo(h, info, out); }
-CURLcode sluice_easy_getinfo_ptr(CURL *h, CURLINFO info, void **out) { return curl_easy_getinfo(h, info, out); }
-CURLcode sluice_easy_getinfo_socket(CURL *h, curl_socket_t *out) { return curl_easy_getinfo(h, CURLINFO_ACTIVESOCKET, out); }
+CURLcode sluice_easy_getinfo_long(CURL *h, CURLINFO info, long *out) { return sluice_curl()->easy_getinfo(h, info, out); }
+CURLcode sluice_easy_getinfo_off(CURL *h, CURLINFO info, curl_off_t *out) { return sluice_curl()->easy_getinfo(h, info, out); }
+CURLcode sluice_easy_getinfo_ptr(CURL *h, CURLINFO info, void **out) { return sluice_curl()->easy_getinfo(h, info, out); }
+CURLcode sluice_easy_getinfo_socket(CURL *h, curl_socket_t *out) { return sluice_curl()->easy_getinfo(h, CURLINFO_ACTIVESOCKET, out); }
 
-CURLMcode sluice_multi_setopt_long(CURLM *m, CURLMoption opt, long value) { return curl_multi_setopt(m, opt, value); }
-CURLMcode sluice_multi_setopt_ptr(CURLM *m, CURLMoption opt, void *value) { return curl_multi_setopt(m, opt, value); }
-CURLMcode sluice_multi_setopt_socket_cb(CURLM *m, sluice_socket_cb cb) { return curl_multi_setopt(m, CURLMOPT_SOCKETFUNCTION, cb); }
-CURLMcode sluice_multi_setopt_timer_cb(CURLM *m, sluice_timer_cb cb) { return curl_multi_setopt(m, CURLMOPT_TIMERFUNCTION, cb); }
+CURLMcode sluice_multi_setopt_long(CURLM *m, CURLMoption opt, long value) { return sluice_curl()->multi_setopt(m, opt, value); }
+CURLMcode sluice_multi_setopt_ptr(CURLM *m, CURLMoption opt, void *value) { return sluice_curl()->multi_setopt(m, opt, value); }
+CURLMcode sluice_multi_setopt_socket_cb(CURLM *m, sluice_socket_cb cb) { return sluice_curl()->multi_setopt(m, CURLMOPT_SOCKETFUNCTION, cb); }
+CURLMcode sluice_multi_setopt_timer_cb(CURLM *m, sluice_timer_cb cb) { return sluice_curl()->multi_setopt(m, CURLMOPT_TIMERFUNCTION, cb); }
 
 static pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
 
@@ -95,25 +96,25 @@ static void share_unlock(CURL *h, curl_lock_data data, void *userp) {
 
 CURLSH *sluice_share_create(void) {
     for (int i = 0; i < CURL_LOCK_DATA_LAST; i++) pthread_mutex_init(&share_locks[i], NULL);
-    CURLSH *share = curl_share_init();
+    CURLSH *share = sluice_curl()->share_init();
     if (!share) return NULL;
-    curl_share_setopt(share, CURLSHOPT_LOCKFUNC, share_lock);
-    curl_share_setopt(share, CURLSHOPT_UNLOCKFUNC, share_unlock);
-    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+    sluice_curl()->share_setopt(share, CURLSHOPT_LOCKFUNC, share_lock);
+    sluice_curl()->share_setopt(share, CURLSHOPT_UNLOCKFUNC, share_unlock);
+    sluice_curl()->share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    sluice_curl()->share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
     return share;
 }
 
 const char *sluice_curl_version(void) {
-    return curl_version_info(CURLVERSION_NOW)->version;
+    return sluice_curl()->version_info(CURLVERSION_NOW)->version;
 }
 
-const char *sluice_curl_cainfo(void) { return curl_version_info(CURLVERSION_NOW)->cainfo; }
-const char *sluice_curl_capath(void) { return curl_version_info(CURLVERSION_NOW)->capath; }
+const char *sluice_curl_cainfo(void) { return sluice_curl()->version_info(CURLVERSION_NOW)->cainfo; }
+const char *sluice_curl_capath(void) { return sluice_curl()->version_info(CURLVERSION_NOW)->capath; }
 
 long sluice_curlauth_basic_digest(void) { return (long)(CURLAUTH_BASIC | CURLAUTH_DIGEST); }
 
-CURLcode sluice_easy_setopt_ssl_ctx_cb(CURL *h, sluice_ssl_ctx_cb cb) { return curl_easy_setopt(h, CURLOPT_SSL_CTX_FUNCTION, cb); }
+CURLcode sluice_easy_setopt_ssl_ctx_cb(CURL *h, sluice_ssl_ctx_cb cb) { return sluice_curl()->easy_setopt(h, CURLOPT_SSL_CTX_FUNCTION, cb); }
 
 struct verifier_arg {
     void *arg;
@@ -224,11 +225,11 @@ void sluice_name_thread(pthread_t thread, const char *name) { pthread_setname_np
 
 int sluice_easy_speaks_h2(CURL *h) {
     long version = 0;
-    if (curl_easy_getinfo(h, CURLINFO_HTTP_VERSION, &version) == CURLE_OK && version == CURL_HTTP_VERSION_2_0) {
+    if (sluice_curl()->easy_getinfo(h, CURLINFO_HTTP_VERSION, &version) == CURLE_OK && version == CURL_HTTP_VERSION_2_0) {
         return 1;
     }
     struct curl_tlssessioninfo *info = NULL;
-    if (curl_easy_getinfo(h, CURLINFO_TLS_SSL_PTR, &info) != CURLE_OK || info == NULL
+    if (sluice_curl()->easy_getinfo(h, CURLINFO_TLS_SSL_PTR, &info) != CURLE_OK || info == NULL
         || info->backend != CURLSSLBACKEND_OPENSSL || info->internals == NULL) {
         return 0;
     }

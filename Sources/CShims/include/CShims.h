@@ -2,7 +2,7 @@
 #define SLUICE_CSHIMS_H
 // Typed wrappers for the C calls Swift cannot import: libcurl's variadic setopt/getinfo
 // functions, and a share handle whose lock callbacks live here, in C, so no Swift code
-// runs under curl's share locks.
+// runs under curl's share locks. libcurl itself is opened on first use (curl_loader.c).
 #include <sys/types.h>
 #include <pthread.h>
 #include <curl/curl.h>
@@ -89,7 +89,8 @@ CURLMcode sluice_multi_setopt_socket_cb(CURLM *m, sluice_socket_cb cb);
 CURLMcode sluice_multi_setopt_timer_cb(CURLM *m, sluice_timer_cb cb);
 
 /// A share handle for DNS cache and TLS sessions, safe to use from every worker thread
-/// (one pthread mutex per curl_lock_data). Created once per process; never freed.
+/// (one pthread mutex per curl_lock_data). Made by a server's first libcurl session
+/// (`CurlShare`), freed by the server once its workers are gone.
 CURLSH *sluice_share_create(void);
 
 /// CURLAUTH_BASIC | CURLAUTH_DIGEST (a macro with a cast Swift cannot import).
@@ -100,6 +101,30 @@ long sluice_curlauth_basic_digest(void);
 /// plain-http connections before a response (prior knowledge is the caller's to know), and
 /// for a transfer without a connection.
 int sluice_easy_speaks_h2(CURL *h);
+
+/// libcurl's functions under names of Sluice's own: libcurl is not linked but opened on the
+/// first call of any of them (or of the other curl shims here) from any thread, then
+/// `curl_global_init`-ed (curl_loader.c), so that a process whose tries never reach libcurl
+/// never maps it and its dependencies. Each does what the libcurl function of the same name
+/// without `sluice_` does.
+CURL *sluice_curl_easy_init(void);
+void sluice_curl_easy_cleanup(CURL *h);
+void sluice_curl_easy_reset(CURL *h);
+CURLcode sluice_curl_easy_pause(CURL *h, int bitmask);
+CURLcode sluice_curl_easy_send(CURL *h, const void *buffer, size_t length, size_t *sent);
+CURLcode sluice_curl_easy_recv(CURL *h, void *buffer, size_t length, size_t *received);
+const char *sluice_curl_easy_strerror(CURLcode code);
+CURLM *sluice_curl_multi_init(void);
+CURLMcode sluice_curl_multi_cleanup(CURLM *m);
+CURLMcode sluice_curl_multi_add_handle(CURLM *m, CURL *h);
+CURLMcode sluice_curl_multi_remove_handle(CURLM *m, CURL *h);
+CURLMcode sluice_curl_multi_socket_action(CURLM *m, curl_socket_t s, int ev_bitmask, int *running);
+CURLMsg *sluice_curl_multi_info_read(CURLM *m, int *queued);
+CURLSHcode sluice_curl_share_cleanup(CURLSH *s);
+struct curl_slist *sluice_curl_slist_append(struct curl_slist *list, const char *string);
+void sluice_curl_slist_free_all(struct curl_slist *list);
+/// 1 once libcurl has been opened (by any of the calls above), else 0. Opens nothing.
+int sluice_curl_loaded(void);
 
 /// The libcurl version string, e.g. "7.88.1".
 const char *sluice_curl_version(void);

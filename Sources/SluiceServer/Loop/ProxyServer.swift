@@ -60,15 +60,15 @@ public final class ProxyServer: @unchecked Sendable {
     /// directory's lock and scans it), then kept for the process's life — a reload never opens
     /// it again.
     private(set) var diskTier: DiskCacheTier?
-    /// libcurl's share handle (DNS cache, TLS sessions) of every worker's session: created by
-    /// `start()`, freed by `wait()` once no worker thread is left to use it.
-    private var share: UnsafeMutableRawPointer?
+    /// libcurl's share handle (DNS cache, TLS sessions) of every worker's session: made by the
+    /// first session, freed by `wait()` once no worker thread is left to use it.
+    private let share = CurlShare()
 
-    /// Bound once per process: libevent's locking and curl's global state.
+    /// Bound once per process: libevent's locking. (libcurl's global state is set up when
+    /// libcurl is first opened, CShims' curl_loader.c.)
     private static let globalSetup: Void = {
         signal(SIGPIPE, SIG_IGN)
         evthread_use_pthreads()
-        curl_global_init(Int(CURL_GLOBAL_ALL))
     }()
 
     public init(configuration: SluiceConfiguration, configPath: String? = nil, kinds: InterceptorRegistry = .builtIn) {
@@ -110,7 +110,6 @@ public final class ProxyServer: @unchecked Sendable {
                 throw ServerError.startup("cache_store.disk.path: \(error.description)")
             }
         }
-        guard let share = sluice_share_create() else { throw ServerError.startup("cannot create curl share handle") }
         let count = config.workers ?? Self.coreCount
         let pseudonym = "sluice-" + String(UInt32.random(in: 0x1000_0000...UInt32.max), radix: 16)
         var workers: [Worker] = []
@@ -127,10 +126,9 @@ public final class ProxyServer: @unchecked Sendable {
         } catch {
             // The workers made so far never ran: freeing them ends their sessions' use of it.
             workers.removeAll()
-            curl_share_cleanup(share)
+            share.close()
             throw error
         }
-        self.share = share
         stopHandles = workers.map(\.stopHandle)
         heartbeats = workers.map(\.heartbeat)
         if let settings = config.admin {
@@ -158,7 +156,8 @@ public final class ProxyServer: @unchecked Sendable {
             Log.info("admin API on \(admin.address)")
         }
         Log.info(
-            "listening on \(config.listen.joined(separator: ", ")) with \(count) worker(s), libcurl \(String(cString: sluice_curl_version()))"
+            "listening on \(config.listen.joined(separator: ", ")) with \(count) worker(s)"
+                + (sluice_curl_loaded() != 0 ? ", libcurl \(String(cString: sluice_curl_version()))" : "")
         )
     }
 
@@ -218,10 +217,7 @@ public final class ProxyServer: @unchecked Sendable {
         admin?.stop()
         admin?.join()
         // Every worker's session has ended (`Worker.run`), so no easy handle uses it any more.
-        if let share {
-            curl_share_cleanup(share)
-            self.share = nil
-        }
+        share.close()
         LogSink.flushAll()
     }
 

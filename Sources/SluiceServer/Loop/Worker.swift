@@ -23,8 +23,19 @@ final class Worker {
     private(set) var pipeline: WorkerPipeline
     private var requestCounter: UInt64 = 0
     let base: OpaquePointer
-    /// The libcurl transport: this worker's multi and its connection pool.
-    let session: UpstreamSession
+    /// The libcurl transport: this worker's multi and its connection pool, made by the first
+    /// try (or CONNECT tunnel, upgrade, side fetch) that uses libcurl, so that a worker whose
+    /// tries all go through the native transport never opens libcurl (`CurlShare`).
+    var session: UpstreamSession {
+        if let made = curlSession { return made }
+        let made = UpstreamSession(base: base, share: curlShare, limits: config.upstream)
+        curlSession = made
+        return made
+    }
+    /// The session once made.
+    private var curlSession: UpstreamSession?
+    /// The server's libcurl share handle, for the session.
+    private let curlShare: CurlShare
     /// The native transport: this worker's HTTP/1.1 keep-alive pool and its DNS
     /// (docs/architecture.md, "Two transports").
     let nativePool: NativeUpstreamPool
@@ -202,7 +213,7 @@ final class Worker {
 
     /// `heartbeatMilliseconds`: how often the loop beats its `heartbeat` (nil: never).
     init(
-        index: Int, configuration: SluiceConfiguration, share: UnsafeMutableRawPointer, viaPseudonym: String,
+        index: Int, configuration: SluiceConfiguration, share: CurlShare, viaPseudonym: String,
         interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
         connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil, rateLimits: RateLimitTable? = nil,
         cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil, fleetShared: FleetShared? = nil
@@ -225,7 +236,7 @@ final class Worker {
         viaRequestLine = Array("Via: 1.1 \(viaPseudonym)".utf8)
         guard let base = event_base_new() else { throw ServerError.startup("cannot create an event loop") }
         self.base = base
-        session = UpstreamSession(base: base, share: share, limits: configuration.server.upstream)
+        curlShare = share
         nativePool = NativeUpstreamPool(base: base, spill: readSpill, limits: configuration.server.upstream)
         fleet = configuration.server.fleet.map {
             Fleet(base: base, settings: $0, shared: fleetShared ?? FleetShared(), workerIndex: index, health: health)
@@ -328,7 +339,7 @@ final class Worker {
                 }
                 gather.deliver(count)
             case .ping(let gather):
-                gather.deliver(!isDraining && session.isUsable)
+                gather.deliver(!isDraining && curlSession?.isUsable != false)
             case .fleet(let gather):
                 gather.deliver(fleet.map { FleetWorkerState(worker: index, $0.client) } ?? FleetWorkerState(worker: index))
             case .pools(let gather):
@@ -616,7 +627,7 @@ final class Worker {
         sessionContext.close()
         nativePool.shutdown()
         resolver.shutdown()
-        session.shutdown()
+        curlSession?.shutdown()
         readSpill.deallocate()
         // Last: every event of this loop is freed (the session's went with its sockets); the
         // worker's own go now.

@@ -23,7 +23,7 @@ enum CurlFailure {
         authority: String, purpose: Purpose, trust: ServerTrust?, parent: UpstreamProxy? = nil,
         gotResponse: Bool = false
     ) -> (error: ProxyError, kind: TransportErrorKind) {
-        let detail = message.flatMap { $0.isEmpty ? nil : $0 } ?? String(cString: curl_easy_strerror(code))
+        let detail = message.flatMap { $0.isEmpty ? nil : $0 } ?? String(cString: sluice_curl_easy_strerror(code))
         if let parent, let failure = parent.failure(code, handle: handle, detail: detail) { return failure }
         if let trust, let failure = UpstreamTLS.failure(handle, code: code, message: detail, trust: trust, host: authority) {
             return (failure, .other)

@@ -309,14 +309,14 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     func resumeDownload() {
         guard downloadPaused, !finished else { return }
         downloadPaused = false
-        curl_easy_pause(handle, CURLPAUSE_CONT)
+        sluice_curl_easy_pause(handle, CURLPAUSE_CONT)
     }
 
     /// The client sent more request body.
     func resumeUpload() {
         guard uploadPaused, !finished else { return }
         uploadPaused = false
-        curl_easy_pause(handle, CURLPAUSE_CONT)
+        sluice_curl_easy_pause(handle, CURLPAUSE_CONT)
     }
 
     // MARK: curl callbacks (never detach the handle here; return an abort code instead)

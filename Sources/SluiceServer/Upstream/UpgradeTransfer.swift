@@ -223,12 +223,12 @@ final class UpgradeTransfer: CurlTransfer {
             var iov = iovec()
             guard evbuffer_peek(source, -1, nil, &iov, 1) > 0, iov.iov_len > 0 else { break }
             var sent = 0
-            let rc = curl_easy_send(handle, iov.iov_base, iov.iov_len, &sent)
+            let rc = sluice_curl_easy_send(handle, iov.iov_base, iov.iov_len, &sent)
             if rc == CURLE_AGAIN {
                 setWriteArmed(true)
                 return
             }
-            guard rc == CURLE_OK else { return originFailed("send failed: \(String(cString: curl_easy_strerror(rc)))") }
+            guard rc == CURLE_OK else { return originFailed("send failed: \(String(cString: sluice_curl_easy_strerror(rc)))") }
             evbuffer_drain(source, sent)
             if fromClient {
                 touch()
@@ -255,9 +255,9 @@ final class UpgradeTransfer: CurlTransfer {
                 return
             }
             var n = 0
-            let rc = curl_easy_recv(handle, buffer, scratch.count, &n)
+            let rc = sluice_curl_easy_recv(handle, buffer, scratch.count, &n)
             if rc == CURLE_AGAIN { return }
-            guard rc == CURLE_OK else { return originFailed("receive failed: \(String(cString: curl_easy_strerror(rc)))") }
+            guard rc == CURLE_OK else { return originFailed("receive failed: \(String(cString: sluice_curl_easy_strerror(rc)))") }
             if n == 0 { return originClosed() }
             touch()
             received(UnsafeRawBufferPointer(start: buffer, count: n))

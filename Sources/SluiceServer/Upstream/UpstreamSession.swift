@@ -35,7 +35,9 @@ import SluiceCore
 final class UpstreamSession {
     let base: OpaquePointer
     let multi: UnsafeMutableRawPointer
-    let share: UnsafeMutableRawPointer
+    /// The server's share handle; nil when libcurl could not make one (every handle then keeps
+    /// its own DNS cache and TLS sessions).
+    let share: UnsafeMutableRawPointer?
     private var timer: LoopTimer<UpstreamSession>!
     /// Easy handles kept for reuse, and how each was left: reset (`curl_easy_reset` keeps its
     /// allocations) or still configured by a plain request (`CurlUpstreamTransfer.isPlain`), whose
@@ -87,10 +89,10 @@ final class UpstreamSession {
         }
     }
 
-    init(base: OpaquePointer, share: UnsafeMutableRawPointer, limits: UpstreamPoolLimits = UpstreamPoolLimits()) {
+    init(base: OpaquePointer, share: CurlShare, limits: UpstreamPoolLimits = UpstreamPoolLimits()) {
         self.base = base
-        self.share = share
-        multi = curl_multi_init()
+        self.share = share.handle()
+        multi = sluice_curl_multi_init()
         let me = Unmanaged.passUnretained(self).toOpaque()
         timer = LoopTimer(on: base, owner: self) { session in
             session.inTimerAction = true
@@ -131,9 +133,9 @@ final class UpstreamSession {
     func shutdown() {
         guard !isShutDown else { return }
         isShutDown = true
-        for idle in idleHandles { curl_easy_cleanup(idle.handle) }
+        for idle in idleHandles { sluice_curl_easy_cleanup(idle.handle) }
         idleHandles.removeAll()
-        curl_multi_cleanup(multi)  // closes pooled connections through closeSocket
+        sluice_curl_multi_cleanup(multi)  // closes pooled connections through closeSocket
         // A socket libcurl closed without the close-socket callback (after a CURL_POLL_REMOVE)
         // leaves its watch here: its events are freed now, before the worker frees the loop.
         for case let w? in watches { w.end() }
@@ -151,10 +153,10 @@ final class UpstreamSession {
         let h: UnsafeMutableRawPointer
         if let idle = idleHandles.popLast() {
             if idle.configured && plain { return (idle.handle, true) }
-            if idle.configured { curl_easy_reset(idle.handle) }
+            if idle.configured { sluice_curl_easy_reset(idle.handle) }
             h = idle.handle
         } else {
-            h = curl_easy_init()!
+            h = sluice_curl_easy_init()!
         }
         sluice_easy_setopt_ptr(h, CURLOPT_SHARE, share)
         sluice_easy_setopt_long(h, CURLOPT_NOSIGNAL, 1)
@@ -181,7 +183,7 @@ final class UpstreamSession {
     }
 
     func start(_ handle: UnsafeMutableRawPointer) {
-        curl_multi_add_handle(multi, handle)
+        sluice_curl_multi_add_handle(multi, handle)
     }
 
     /// Detaches a handle (finished or cancelled) and keeps it for reuse: as configured when
@@ -189,12 +191,12 @@ final class UpstreamSession {
     /// request's options may reach the next request). Must not be called from inside a curl
     /// callback.
     func finish(_ handle: UnsafeMutableRawPointer, plain: Bool = false) {
-        curl_multi_remove_handle(multi, handle)
+        sluice_curl_multi_remove_handle(multi, handle)
         if idleHandles.count < Self.maxIdleHandles {
-            if !plain { curl_easy_reset(handle) }
+            if !plain { sluice_curl_easy_reset(handle) }
             idleHandles.append((handle, plain))
         } else {
-            curl_easy_cleanup(handle)
+            sluice_curl_easy_cleanup(handle)
         }
     }
 
@@ -218,8 +220,8 @@ final class UpstreamSession {
     /// Detaches and destroys a handle, closing any connection it still owns (a CONNECT_ONLY
     /// connection is owned by its handle, never pooled).
     func discard(_ handle: UnsafeMutableRawPointer) {
-        curl_multi_remove_handle(multi, handle)
-        curl_easy_cleanup(handle)
+        sluice_curl_multi_remove_handle(multi, handle)
+        sluice_curl_easy_cleanup(handle)
     }
 
     // MARK: sockets
@@ -325,7 +327,7 @@ final class UpstreamSession {
 
     private func socketAction(fd: curl_socket_t, flags: Int32) {
         var running: Int32 = 0
-        curl_multi_socket_action(multi, fd, flags, &running)
+        sluice_curl_multi_socket_action(multi, fd, flags, &running)
         drainMessages()
     }
 
@@ -333,7 +335,7 @@ final class UpstreamSession {
     /// transfers may remove their handles and start new ones.
     private func drainMessages() {
         var pending: Int32 = 0
-        while let msg = curl_multi_info_read(multi, &pending) {
+        while let msg = sluice_curl_multi_info_read(multi, &pending) {
             guard msg.pointee.msg == CURLMSG_DONE, let easy = msg.pointee.easy_handle else { continue }
             let result = msg.pointee.data.result
             var priv: UnsafeMutableRawPointer?

@@ -151,7 +151,7 @@ final class SideFetch: CurlTransfer {
         } else {
             sluice_easy_setopt_long(h, CURLOPT_HTTPGET, 1)
         }
-        for (name, value) in headers { headerList = curl_slist_append(headerList, "\(name): \(value)") }
+        for (name, value) in headers { headerList = sluice_curl_slist_append(headerList, "\(name): \(value)") }
         sluice_easy_setopt_ptr(h, CURLOPT_HTTPHEADER, headerList)
     }
 
@@ -185,7 +185,7 @@ final class SideFetch: CurlTransfer {
     func cancel() {
         guard let me else { return }
         session.finish(handle)
-        curl_slist_free_all(headerList)
+        sluice_curl_slist_free_all(headerList)
         headerList = nil
         fieldsSink = nil
         self.me = nil
@@ -196,7 +196,7 @@ final class SideFetch: CurlTransfer {
         if isTLS, !trust.isAllowed {
             completion(.failure(trust.refusal(authority: host)))
             session.discard(handle)
-            curl_slist_free_all(headerList)
+            sluice_curl_slist_free_all(headerList)
             headerList = nil
             return
         }
@@ -258,7 +258,7 @@ final class SideFetch: CurlTransfer {
                     result, handle: handle, message: errorBuffer[0] != 0 ? String(cString: errorBuffer) : nil,
                     host: host, authority: host, purpose: .tokenRequest, trust: isTLS ? trust : nil, parent: parentProxy)
         session.finish(handle)
-        curl_slist_free_all(headerList)
+        sluice_curl_slist_free_all(headerList)
         headerList = nil
         if error == nil, let sink = fieldsSink { sink(fields) }
         fieldsSink = nil
