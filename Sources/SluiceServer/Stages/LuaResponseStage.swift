@@ -11,7 +11,10 @@ import SluiceCore
 /// The script sees the head as it came (`res.status`, `res.headers`); its edits are applied
 /// by giving the transfer a rebuilt head (`UpstreamTransfer.replaceHead`), which the encoder
 /// checks and re-frames as any other. `Content-Length` and `Transfer-Encoding` are the
-/// framing's: a script that changes them fails its call.
+/// framing's: a script that changes them fails its call. A failed call with `fail_closed` (the
+/// default) refuses the response — nothing of it has reached the client — and the client gets
+/// `502` (`ProxyError.luaScriptFailed`, with the request id); with `fail_open` the head goes
+/// on unchanged.
 ///
 /// A policy with a script that reads the response body (`read_response_body`,
 /// `HostPolicy.responseBodyLimit`) runs no script on a head that has a body: it asks the
@@ -19,10 +22,7 @@ import SluiceCore
 /// it run again once it is kept (`ResponseChain.bodyStages`), with `ResponseHeadContext.body`:
 /// the scripts see it as `res:body()`, and `res:set_body(s)` replaces it. A body over that
 /// limit runs them with `.overLimit`: the reading scripts' calls fail (`limits.body`), and the
-/// response goes on to the client as it came (`fail_open`) or is refused (`fail_closed`). A failed call with `fail_closed` (the
-/// default) refuses the response — nothing of it has reached the client — and the client gets
-/// `502` (`ProxyError.luaScriptFailed`, with the request id); with `fail_open` the head goes
-/// on unchanged.
+/// response goes on to the client as it came (`fail_open`) or is refused (`fail_closed`).
 ///
 /// Threading: stateless; run on the exchange's worker thread.
 enum LuaResponseStage: ResponseStage {
