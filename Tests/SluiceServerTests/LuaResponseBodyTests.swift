@@ -28,7 +28,7 @@ extension StageTests {
 
     /// The head's stages, then the body's on `body` (the try's transfer is the head's).
     func keptResponse(
-        _ services: Services, _ lines: [String], body: KeptBody
+        _ services: Services, _ lines: [String], body: KeptBody.Content
     ) throws -> (Exchange, ResponseVerdict, ResponseHeadContext, InertTransfer) {
         let (exchange, verdict, context, transfer) = try scriptedResponse(services, lines)
         guard case .handled = verdict, transfer.collectLimit != nil else {
@@ -37,7 +37,7 @@ extension StageTests {
         }
         #expect(exchange.summary.lua == nil, "no script ran on the head")
         var bodyContext = ResponseHeadContext(response: context.response, transfer: transfer, canResendBody: true)
-        bodyContext.body = body
+        bodyContext.kept = KeptBody(body)
         let answer = ResponseChain.runBody(&bodyContext, exchange, services)
         return (exchange, answer, bodyContext, transfer)
     }
@@ -54,7 +54,7 @@ extension StageTests {
         let (exchange, verdict, context, transfer) = try keptResponse(
             services, ["HTTP/1.1 200 OK", "Transfer-Encoding: chunked"], body: .whole(Array("hello".utf8)))
         #expect(transfer.collectLimit == 100)
-        guard case .proceed = verdict, case .whole(let body)? = context.body else {
+        guard case .proceed = verdict, case .whole(let body)? = context.kept?.content else {
             Issue.record("the replaced body goes on: \(verdict)")
             return
         }
@@ -85,12 +85,12 @@ extension StageTests {
             Issue.record("the whole body is refused: \(whole)")
             return
         }
-        #expect(context.refusal != nil && untouched.refused == nil)
+        #expect(context.kept?.refusal != nil && untouched.refused == nil)
 
         let (_, open, kept, _) = try keptResponse(
             Services([Self.bodyPolicy(script, onError: .failOpen)]), ["HTTP/1.1 200 OK"],
             body: .whole(Array(repeating: 0x61, count: 17)))
-        guard case .proceed = open, case .whole(let body)? = kept.body else {
+        guard case .proceed = open, case .whole(let body)? = kept.kept?.content else {
             Issue.record("fail_open goes on with the body as it came: \(open)")
             return
         }

@@ -17,6 +17,7 @@ import SluiceCore
 /// Threading: as `ExchangeDriver`: the connection's worker thread.
 extension ExchangeDriver {
     /// Performs a response stage's verdict about the head `transfer` asked about.
+    @inline(__always)
     func perform(_ verdict: ResponseVerdict, on transfer: any UpstreamTransfer, _ exchange: Exchange) {
         switch verdict {
         case .proceed: transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
@@ -50,34 +51,35 @@ extension ExchangeDriver {
         guard let exchange, case .forwarding(let transfer) = phase else { return }
         phase = .idle
         var context = ResponseHeadContext(response: head, transfer: transfer, canResendBody: canResendBody(exchange))
-        context.body = .whole(body)
+        let kept = KeptBody(.whole(body))
+        context.kept = kept
         switch ResponseChain.runBody(&context, exchange, worker) {
         case .proceed:
-            answer(context, exchange)
+            answer(context, kept, exchange)
         case .discard:
             discardedDrained(exchange)
         case .follow(let next):
             if let request = redirect(to: next, exchange) {
                 transferRedirected(to: request)
             } else {
-                answer(context, exchange)
+                answer(context, kept, exchange)
             }
         case .handled:
-            if let error = context.refusal { transferFailed(error, kind: .other) }
+            if let error = kept.refusal { transferFailed(error, kind: .other) }
         }
     }
 
     func collectionOverflowed(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         guard let exchange else { return transfer.forward(keepAlive: connection.keepsAliveAfterResponse) }
         var context = ResponseHeadContext(response: head, transfer: transfer, canResendBody: canResendBody(exchange))
-        context.body = .overLimit
+        context.kept = KeptBody(.overLimit)
         perform(ResponseChain.runBody(&context, exchange, worker), on: transfer, exchange)
     }
 
     /// Answers the client with a whole kept body's response: its head as the scripts left it,
     /// re-framed for the body they left. The exchange then ends as a forwarded one does.
-    private func answer(_ context: ResponseHeadContext, _ exchange: Exchange) {
-        guard case .whole(let body)? = context.body else { return }
+    private func answer(_ context: ResponseHeadContext, _ kept: KeptBody, _ exchange: Exchange) {
+        guard case .whole(let body) = kept.content else { return }
         let keepAlive = connection.keepsAliveAfterResponse
         do {
             try ResponseEncoder.keptBodyAnswer(

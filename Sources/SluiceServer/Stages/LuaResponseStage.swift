@@ -19,7 +19,7 @@ import SluiceCore
 /// A policy with a script that reads the response body (`read_response_body`,
 /// `HostPolicy.responseBodyLimit`) runs no script on a head that has a body: it asks the
 /// transfer to keep the body (`UpstreamTransfer.collect`), and this stage and the ones after
-/// it run again once it is kept (`ResponseChain.bodyStages`), with `ResponseHeadContext.body`:
+/// it run again once it is kept (`ResponseChain.bodyStages`), with `ResponseHeadContext.kept`:
 /// the scripts see it as `res:body()`, and `res:set_body(s)` replaces it. A body over that
 /// limit runs them with `.overLimit`: the reading scripts' calls fail (`limits.body`), and the
 /// response goes on to the client as it came (`fail_open`) or is refused (`fail_closed`).
@@ -36,14 +36,14 @@ enum LuaResponseStage: ResponseStage {
         // `TrustStage` set the try's policy: the one check a policy without scripts pays.
         guard exchange.tryPolicy?.runsScripts == true, let policy = exchange.tryPolicy else { return .proceed }
         let head = response.response.collected
-        if response.body == nil, let limit = policy.responseBodyLimit, hasBody(head.status, exchange) {
+        if response.kept == nil, let limit = policy.responseBodyLimit, hasBody(head.status, exchange) {
             // The body first: the scripts, and the stages after them, run once it is kept.
             response.transfer.collect(limit: limit)
             return .handled
         }
         var kept: [UInt8]?
-        if case .whole(let body)? = response.body { kept = body }
-        let overLimit = if case .overLimit? = response.body { true } else { false }
+        if case .whole(let body)? = response.kept?.content { kept = body }
+        let overLimit = if case .overLimit? = response.kept?.content { true } else { false }
         var view: LuaResponseView?
         var original: HTTPFields?
         for script in policy.scripts {
@@ -59,7 +59,7 @@ enum LuaResponseStage: ResponseStage {
             case .retry: response.scriptRetry = true
             case .fail(let error):
                 // A whole kept body's try has ended: the exchange fails it (`refusal`).
-                if kept == nil { response.transfer.refuse(error) } else { response.refusal = error }
+                if kept == nil { response.transfer.refuse(error) } else { response.kept?.refusal = error }
                 return .handled
             }
         }
@@ -68,7 +68,7 @@ enum LuaResponseStage: ResponseStage {
             if kept == nil { response.transfer.replaceHead(edited) }
             response.response = UpstreamResponseHead(collected: edited)
         }
-        if kept != nil, let body = view?.body { response.body = .whole(body) }
+        if kept != nil, let body = view?.body { response.kept?.content = .whole(body) }
         return .proceed
     }
 
