@@ -114,6 +114,23 @@ import Yams
         #expect(LuaStateCache.takeLastCall()?.outcome == "limit")
     }
 
+    /// `read_response_body` needs `on_response` (a located error without it); its policy
+    /// keeps bodies up to the largest `limits.body` of its reading scripts, and bypasses the
+    /// shared cache; a policy without it keeps none.
+    @Test func readResponseBodyNeedsOnResponseAndBypassesTheCache() throws {
+        let issue = try #require(
+            Self.issue(#"{ source: "return { on_request = function(req) end }", read_response_body: true }"#))
+        #expect(issue.line == 4 && issue.column > 0)
+        #expect(issue.message.contains("read_response_body is for on_response, which source.lua does not define"))
+
+        let policy = try Self.policy(
+            #"{ source: "return { on_response = function(res) end }", read_response_body: true, limits: { body: 64KiB } }"#)
+        #expect(policy.responseBodyLimit == 64 << 10)
+        #expect(policy.cache == .doNotCache)
+        let streaming = try Self.policy(#"{ source: "return { on_response = function(res) end }" }"#)
+        #expect(streaming.responseBodyLimit == nil && streaming.cache == .cache)
+    }
+
     @Test func everyTryAndReadBodyChooseTheTiming() throws {
         let policy = try Self.policy(#"{ source: "return { on_request = function(req) end }", read_body: true }"#)
         #expect(policy.tryAdapters.map(\.name) == ["lua"])

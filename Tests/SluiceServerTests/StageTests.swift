@@ -586,6 +586,9 @@ import Testing
         var replacedHead: ResponseHeadCollector?
         func refuse(_ error: ProxyError) { refused = error }
         func replaceHead(_ head: ResponseHeadCollector) { replacedHead = head }
+        /// The limit a stage asked the body to be kept under (`collect`).
+        var collectLimit: Int?
+        func collect(limit: Int) { collectLimit = limit }
         func detach(to delegate: any UpstreamTransferDelegate) {}
         func resumeDownload() {}
         func resumeUpload() {}

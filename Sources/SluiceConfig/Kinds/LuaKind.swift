@@ -12,6 +12,8 @@ import Yams
 /// ```yaml
 /// - lua: { file: sign.lua, config: { key_id: k1 }, on_error: fail_closed, limits: { instructions: 200000 } }
 /// ```
+///
+/// `read_body` needs the script's `on_request`, `read_response_body` its `on_response`.
 enum LuaKind: InterceptorKind {
     static var name: String { "lua" }
 
@@ -27,11 +29,14 @@ enum LuaKind: InterceptorKind {
         var onError = LuaAdapter.OnError.failClosed
         var everyTry = false
         var readBody = false
+        var readResponseBody = false
         var limits = LuaLimits.default
         var allowHosts: [LuaAllowedHost] = []
         var allowNode: Node?
         let file = reader.file
-        let known = ["file", "source", "config", "on_error", "every_try", "read_body", "limits", "allow_hosts"]
+        let known = [
+            "file", "source", "config", "on_error", "every_try", "read_body", "read_response_body", "limits", "allow_hosts",
+        ]
         reader.entries(settings, in: "lua", known: known) { r, key, value in
             switch key {
             case "file":
@@ -64,6 +69,8 @@ enum LuaKind: InterceptorKind {
                 if let on = r.bool(value, key: key) { everyTry = on }
             case "read_body":
                 if let on = r.bool(value, key: key) { readBody = on }
+            case "read_response_body":
+                if let on = r.bool(value, key: key) { readResponseBody = on }
             case "limits":
                 Self.readLimits(value, into: &limits, &r)
             case "allow_hosts":
@@ -94,13 +101,17 @@ enum LuaKind: InterceptorKind {
                 reader.fail(scriptNode, "read_body is for on_request, which \(script.name) does not define")
                 return nil
             }
+            if readResponseBody && !state.hasOnResponse {
+                reader.fail(scriptNode, "read_response_body is for on_response, which \(script.name) does not define")
+                return nil
+            }
         } catch {
             reader.fail(scriptNode, "lua script does not load: \(error.message)")
             return nil
         }
         return LuaAdapter(
             script: script, origin: origin, config: LuaConfig(config), limits: limits, onError: onError,
-            everyTry: everyTry, readBody: readBody, allowHosts: allowHosts)
+            everyTry: everyTry, readBody: readBody, readResponseBody: readResponseBody, allowHosts: allowHosts)
     }
 
     static func describe(_ a: LuaAdapter) -> String {
@@ -112,6 +123,7 @@ enum LuaKind: InterceptorKind {
         ]
         if a.everyTry { parts.append("every try") }
         if a.readBody { parts.append("reads the body") }
+        if a.readResponseBody { parts.append("reads the response body") }
         if !a.allowHosts.isEmpty { parts.append("allow_hosts " + a.allowHosts.map(\.description).joined(separator: ", ")) }
         if !a.config.values.isEmpty { parts.append("config keys " + a.config.values.keys.sorted().joined(separator: ", ")) }
         return parts.joined(separator: ", ")

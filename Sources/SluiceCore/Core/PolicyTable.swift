@@ -114,7 +114,9 @@ public final class HostPolicy: Sendable {
     public let intercept: Bool
     /// The protocol upgrades carried for the host and their idle timeout (`upgrades:`).
     public let upgrades: Upgrades
-    /// What the shared cache does for the host (`cache:`), when a `cache_store` exists.
+    /// What the shared cache does for the host (`cache:`), when a `cache_store` exists:
+    /// `doNotCache` whatever it says when a script reads response bodies (`responseBodyLimit`),
+    /// so that a stored response never reaches a client without the script that rewrites it.
     public let cache: CacheBehavior
     /// A `GET` whose upstream breaks mid-body is resumed (`resume:`, `Resume`). On by default.
     public let resume: Bool
@@ -134,6 +136,9 @@ public final class HostPolicy: Sendable {
     public let runsScripts: Bool
     /// The `lua` adapters, in order (empty for most policies).
     public let scripts: [LuaAdapter]
+    /// The most response-body bytes kept for the scripts that read it (`read_response_body`:
+    /// the largest of their `limits.body`); nil when none does, and responses stream.
+    public let responseBodyLimit: Int?
     /// The largest request body an adapter that reads it (`bodyReader`) is given (`max_body`);
     /// a larger one is refused with `413`.
     public let maxBody: Int64
@@ -155,7 +160,6 @@ public final class HostPolicy: Sendable {
         rateLimiting = rateLimit.map { RateLimiting(policy: name, settings: $0) }
         self.name = name
         self.upgrades = upgrades
-        self.cache = cache
         self.trust = trust
         self.upstream = upstream
         self.upstreamProxy = upstreamProxy
@@ -178,6 +182,8 @@ public final class HostPolicy: Sendable {
         bodyReader = tryAdapters.first { $0.readsBody }?.name
         scripts = all.compactMap { $0 as? LuaAdapter }
         runsScripts = !scripts.isEmpty
+        responseBodyLimit = scripts.filter(\.readResponseBody).map(\.limits.body).max()
+        self.cache = responseBodyLimit == nil ? cache : .doNotCache
         let once = all.filter { $0.timing != .everyTry }
         let editors = once.prefix { ($0 as? any HeaderEditingAdapter)?.headerEdits != nil }
         if !editors.isEmpty, editors.count < once.count, once[editors.count...].allSatisfy({ $0 is LuaAdapter }) {

@@ -23,8 +23,15 @@ extension LuaAdapter {
     /// script that needs it, then shared by the policy's next scripts). A call that fails, or
     /// that changes `Content-Length` or `Transfer-Encoding` (the framing is the pipeline's),
     /// leaves `view` as it was: `fail_open` goes on with it, `fail_closed` answers 502.
+    ///
+    /// The view's `body` is the response body the policy kept (`read_response_body`), nil
+    /// when it kept none: a script with `read_response_body` reads and replaces it (`""` for a
+    /// response that has no body: to `HEAD`, a `204`, a `304`), the others never see it.
+    /// `bodyOverLimit`: the body was more than the policy keeps; a script that reads it, or
+    /// one given a body over its own `limits.body`, fails its call with that limit unrun.
     public func onResponse(
-        _ view: inout LuaResponseView?, requestID: UInt64, making make: () -> LuaResponseView
+        _ view: inout LuaResponseView?, requestID: UInt64, bodyOverLimit: Bool = false,
+        making make: () -> LuaResponseView
     ) -> ResponseAnswer {
         let cache = LuaStateCache.current
         let state: LuaState
@@ -38,7 +45,11 @@ extension LuaAdapter {
         }
         guard state.hasOnResponse else { return .proceed }
         let before = view ?? make()
+        if readResponseBody, bodyOverLimit || (before.body?.count ?? 0) > limits.body {
+            return bodyOverLimits(before.body?.count, requestID, cache)
+        }
         var response = before
+        response.body = readResponseBody ? before.body ?? [] : nil
         let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
         cache.keepOpen(exchange)
         var result = exchange.onResponse(&response, restoringOnFailure: onError == .failOpen)
@@ -52,8 +63,20 @@ extension LuaAdapter {
             view = before
             return failedResponse(requestID)
         }
+        if !readResponseBody || before.body == nil { response.body = before.body }
         view = response
         return result.retry ? .retry : .proceed
+    }
+
+    /// A script that reads the response body, given one over its `limits.body` (`size`; nil:
+    /// more than its policy keeps): its call fails with that limit, unrun, as `on_error` says.
+    private func bodyOverLimits(_ size: Int?, _ requestID: UInt64, _ cache: LuaStateCache) -> ResponseAnswer {
+        var result = LuaCallResult()
+        let bytes = size.map { " of \($0) bytes" } ?? ""
+        result.outcome = .limit(
+            .body, "\(script.name): on_response: the response body\(bytes) is over limits.body (\(limits.body))")
+        cache.lastCall = LuaCallRecord(script: script.name, hook: "on_response", result: result, vars: [:])
+        return failedResponse(requestID)
     }
 
     /// Runs `on_log` when the script defines it (read-only: `ctx` only); its `ctx.vars` go to
@@ -67,15 +90,16 @@ extension LuaAdapter {
             script: script.name, hook: "on_log", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
     }
 
-    /// Why the script's edits cannot be applied: a changed framing field, or a body set
-    /// without `read_response_body`; nil when they can.
+    /// Why the script's edits cannot be applied: a changed framing field, or a body set on a
+    /// response that has none (without `read_response_body`, `res:set_body` itself fails);
+    /// nil when they can.
     private func refusal(_ edited: LuaResponseView, _ original: LuaResponseView) -> String? {
         for name in [HTTPField.Name.contentLength, .transferEncoding]
         where edited.headers[values: name] != original.headers[values: name] {
             return "\(script.name): res.headers: \(name.canonicalName) cannot be changed by a script (it frames the body)"
         }
-        if edited.body != original.body {
-            return "\(script.name): res:set_body is not supported by this version of the lua adapter"
+        if readResponseBody, original.body == nil, edited.body != [] {
+            return "\(script.name): res:set_body: a response to HEAD, a 204 or a 304 has no body"
         }
         return nil
     }

@@ -33,6 +33,11 @@ public struct LuaAdapter: RequestAdapter {
     /// `read_body: true`: the body is read whole (up to `max_body`) and `req:body()` returns
     /// it; the hook then runs on every try, as only those adapters are given the body.
     public let readBody: Bool
+    /// `read_response_body: true`: the response body is kept whole (up to `limits.body`)
+    /// before the client gets anything, and `on_response` runs on it: `res:body()` returns it
+    /// and `res:set_body(s)` replaces it (`LuaResponseStage`). Its policy's responses bypass
+    /// the shared cache (`HostPolicy.responseBodyLimit`).
+    public let readResponseBody: Bool
 
     /// `allow_hosts`: the hosts `sluice.http` may call. Empty (the default): none, and the
     /// hook never waits, so it runs in place with the synchronous adapters.
@@ -50,8 +55,9 @@ public struct LuaAdapter: RequestAdapter {
     public init(
         script: LuaScript, origin: String, config: LuaConfig = .empty, limits: LuaLimits = .default,
         onError: OnError = .failClosed, everyTry: Bool = false, readBody: Bool = false,
-        allowHosts: [LuaAllowedHost] = []
+        readResponseBody: Bool = false, allowHosts: [LuaAllowedHost] = []
     ) {
+        self.readResponseBody = readResponseBody
         self.allowHosts = allowHosts
         self.usesShared = !readBody && !everyTry && script.source.contains("shared")
         self.script = script

@@ -270,7 +270,13 @@ enum LuaMessageAPI {
 
     private static let responseBody: Lua.Function = { L in body(L, .response, "res", \.response.body) }
 
-    private static let responseSetBody: Lua.Function = { L in setBody(L, .response, "res", \.response.body) }
+    /// Refused without `read_response_body: true`: the body then streams past the script, unread.
+    private static let responseSetBody: Lua.Function = { L in
+        if let slot = slot(L, LuaState.of(L), 1, .response), slot.response.body == nil {
+            return Lua.fail(L, "res:set_body needs read_response_body: true (without it the body is streamed, never read)")
+        }
+        return setBody(L, .response, "res", \.response.body)
+    }
 
     private static let retry: Lua.Function = { L in
         let state = LuaState.of(L)

@@ -291,6 +291,11 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder
     func transferRedirected(to next: UpstreamRequest) { finish(complete: false) }
     func transferDiscarded() { finish(complete: false) }
     func transferAbsorbed() { finish(complete: false) }
+    // A fill's policy stores responses: none of its bodies is kept for a script.
+    func transferCollected(_ head: UpstreamResponseHead, body: [UInt8]) { finish(complete: false) }
+    func collectionOverflowed(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
+        transfer.forward(keepAlive: false)
+    }
     func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         transfer.forward(keepAlive: false)
     }

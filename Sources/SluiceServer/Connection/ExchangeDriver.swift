@@ -413,36 +413,12 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         exchange.report(exchange.machine.tryEnded(timings))
     }
 
-    /// Runs the response stages on the head (`ResponseChain`), then performs their verdict:
-    /// forward it, drain it for a retry, or follow a redirect.
+    /// Runs the response stages on the head (`ResponseChain`), then performs their verdict
+    /// (`perform(_:on:_:)`): forward it, drain it for a retry, follow a redirect, or keep its body.
     func responseHeadArrived(_ response: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         guard let exchange else { return transfer.forward(keepAlive: connection.keepsAliveAfterResponse) }
         var context = ResponseHeadContext(response: response, transfer: transfer, canResendBody: canResendBody(exchange))
-        switch ResponseChain.runHead(&context, exchange, worker) {
-        case .proceed: transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
-        case .discard: transfer.discard()
-        case .follow(let next): follow(next, exchange, transfer)
-        case .handled: return
-        }
-    }
-
-    /// Follows a redirect the machine accepts, or forwards the 3xx to the client when its
-    /// target cannot be requested.
-    private func follow(_ next: ProxyRequest, _ exchange: Exchange, _ transfer: any UpstreamTransfer) {
-        guard var request = try? tries.request(for: next) else {
-            exchange.report(exchange.machine.redirectTarget(usable: false).reports)
-            return transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
-        }
-        let answer = exchange.machine.redirectTarget(usable: true)
-        exchange.report(answer.reports)
-        switch answer.command {
-        case .followRedirect(let keepCredentials)?:
-            if keepCredentials { request.credentials = exchange.policy.credentials }
-            exchange.cache?.redirected = true
-            transfer.follow(request)
-        case .sendResponse?, nil:
-            transfer.forward(keepAlive: connection.keepsAliveAfterResponse)
-        }
+        perform(ResponseChain.runHead(&context, exchange, worker), on: transfer, exchange)
     }
 
     func transferRedirected(to next: UpstreamRequest) {

@@ -90,6 +90,34 @@ struct ResponseHeadCollector {
         return head
     }
 
+    /// The same head framed by `Content-Length: length` (a body kept for a script, its own or
+    /// the script's replacement: `ResponseEncoder.keptBodyAnswer`): the `Content-Length` and
+    /// `Transfer-Encoding` lines left out, the new length last. Not validated, so the encoder
+    /// checks every line again.
+    func reframed(length: Int) -> ResponseHeadCollector {
+        var head = ResponseHeadCollector()
+        head.status = status
+        head.reason = reason
+        head.isComplete = isComplete
+        lines.withUnsafeBufferPointer { buf in
+            var start = 0
+            for end in lineEnds {
+                defer { start = end }
+                var nameEnd = start
+                while nameEnd < end, buf[nameEnd] != 0x3A { nameEnd += 1 }
+                while nameEnd > start, buf[nameEnd - 1] == 0x20 || buf[nameEnd - 1] == 0x09 { nameEnd -= 1 }
+                switch ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: buf[start..<nameEnd])) {
+                case .contentLength, .transferEncoding: continue
+                default: head.lines.append(contentsOf: buf[start..<end])
+                }
+                head.lineEnds.append(head.lines.count)
+            }
+        }
+        head.lines.append(contentsOf: "Content-Length: \(length)".utf8)
+        head.lineEnds.append(head.lines.count)
+        return head
+    }
+
     /// The empty line that ends a validated final head.
     mutating func completeValidated() {
         isComplete = true

@@ -16,6 +16,14 @@ import SluiceCore
 /// `502` (`ProxyError.luaScriptFailed`, with the request id); with `fail_open` the head goes
 /// on unchanged.
 ///
+/// A policy with a script that reads the response body (`read_response_body`,
+/// `HostPolicy.responseBodyLimit`) runs no script on a head that has a body: it asks the
+/// transfer to keep the body (`UpstreamTransfer.collect`), and this stage and the ones after
+/// it run again once it is kept (`ResponseChain.bodyStages`), with `ResponseHeadContext.kept`:
+/// the scripts see it as `res:body()`, and `res:set_body(s)` replaces it. A body over that
+/// limit runs them with `.overLimit`: the reading scripts' calls fail (`limits.body`), and the
+/// response goes on to the client as it came (`fail_open`) or is refused (`fail_closed`).
+///
 /// Threading: stateless; run on the exchange's worker thread.
 enum LuaResponseStage: ResponseStage {
     static var name: String { "lua" }
@@ -27,12 +35,21 @@ enum LuaResponseStage: ResponseStage {
     {
         // `TrustStage` set the try's policy: the one check a policy without scripts pays.
         guard exchange.tryPolicy?.runsScripts == true, let policy = exchange.tryPolicy else { return .proceed }
+        let head = response.response.collected
+        if response.kept == nil, let limit = policy.responseBodyLimit, hasBody(head.status, exchange) {
+            // The body first: the scripts, and the stages after them, run once it is kept.
+            response.transfer.collect(limit: limit)
+            return .handled
+        }
+        var kept: [UInt8]?
+        if case .whole(let body)? = response.kept?.content { kept = body }
+        let overLimit = if case .overLimit? = response.kept?.content { true } else { false }
         var view: LuaResponseView?
         var original: HTTPFields?
-        let head = response.response.collected
         for script in policy.scripts {
-            let answer = script.onResponse(&view, requestID: exchange.id) {
-                let made = Self.view(of: head)
+            let answer = script.onResponse(&view, requestID: exchange.id, bodyOverLimit: overLimit) {
+                var made = Self.view(of: head)
+                made.body = kept
                 original = made.headers
                 return made
             }
@@ -41,16 +58,24 @@ enum LuaResponseStage: ResponseStage {
             case .proceed: continue
             case .retry: response.scriptRetry = true
             case .fail(let error):
-                response.transfer.refuse(error)
+                // A whole kept body's try has ended: the exchange fails it (`refusal`).
+                if kept == nil { response.transfer.refuse(error) } else { response.kept?.refusal = error }
                 return .handled
             }
         }
         if let view, view.headers != original {
             let edited = head.replacingFields(view.headers)
-            response.transfer.replaceHead(edited)
+            if kept == nil { response.transfer.replaceHead(edited) }
             response.response = UpstreamResponseHead(collected: edited)
         }
+        if kept != nil, let body = view?.body { response.kept?.content = .whole(body) }
         return .proceed
+    }
+
+    /// Whether the response to the exchange has a body to keep (not one to `HEAD`, nor a
+    /// `204` or `304`).
+    static func hasBody(_ status: Int, _ exchange: Exchange) -> Bool {
+        status >= 200 && status != 204 && status != 304 && exchange.head.method != "HEAD"
     }
 
     /// The head as a script sees it: its status and field lines (a line without a valid

@@ -51,6 +51,23 @@ enum ResponseChain {
         return .proceed
     }
 
+    /// Where `head` runs again once a kept response body arrived (`ResponseHeadContext.kept`):
+    /// the scripts read it, then the stages after them decide as on a head.
+    static let bodyStages = head[head.firstIndex { ObjectIdentifier($0) == ObjectIdentifier(LuaResponseStage.self) }!...]
+
+    /// Runs `bodyStages` on `response`, whose `kept` is set; `.proceed` as for `runHead`.
+    static func runBody(
+        _ response: inout ResponseHeadContext, _ exchange: Exchange, _ services: any StageServices
+    )
+        -> ResponseVerdict
+    {
+        for stage in bodyStages {
+            let verdict = stage.head(&response, exchange, services)
+            guard case .proceed = verdict else { return verdict }
+        }
+        return .proceed
+    }
+
     static func runEnd(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {
         for stage in end { stage.end(ending, exchange, services) }
     }
@@ -110,6 +127,30 @@ struct ResponseHeadContext {
     var heldByOrigin = false
     /// A script called `res:retry()` (`LuaResponseStage`): the decision counts a failed try.
     var scriptRetry = false
+    /// The body kept for the scripts that read it (`read_response_body`): nil on the head;
+    /// set when `bodyStages` run on it.
+    var kept: KeptBody?
+}
+
+/// A response body kept for the scripts (`UpstreamTransfer.collect`), and what they made of
+/// it. Boxed, as `ResponseDisposition.Refusal`: every head's context pays one nil reference.
+///
+/// Threading: made and read on the exchange's worker thread, for one run of `bodyStages`.
+final class KeptBody {
+    enum Content {
+        /// All of it, decoded from chunked: as it came, then the scripts' replacement.
+        case whole([UInt8])
+        /// More than the policy keeps (`HostPolicy.responseBodyLimit`): the transfer waits,
+        /// mid-body, for the verdict (`collectionOverflowed`).
+        case overLimit
+    }
+
+    var content: Content
+    /// A script's failed call refused a whole kept body (`fail_closed`): its try has ended,
+    /// so the exchange fails it itself (`.handled`).
+    var refusal: ProxyError?
+
+    init(_ content: Content) { self.content = content }
 }
 
 /// A response stage's answer about a head.

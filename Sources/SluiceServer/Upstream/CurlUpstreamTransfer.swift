@@ -72,7 +72,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
     private var status: Int { head.status }
     private(set) var headSent = false
     /// Response bytes reached the client's output (a drained redirect or retry sends none).
-    var responseStarted: Bool { (headSent && !disposition.drains && !invalidResponse) || continuing != nil }
+    var responseStarted: Bool { (headSent && !disposition.withholds && !invalidResponse) || continuing != nil }
     private var framing: ResponseEncoder.Framing = .none
     /// The client's response is framed by the end of the connection (an HTTP/1.0 client and
     /// an upstream body without a length): only the kind of close tells a cut from the end.
@@ -297,6 +297,8 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
 
     func refuse(_ error: ProxyError) { disposition.answer = .refuse(ResponseDisposition.Refusal(error)) }
 
+    func collect(limit: Int) { disposition.answer = .collect(limit: limit) }
+
     func replaceHead(_ head: ResponseHeadCollector) { self.head = head }
 
     func detach(to delegate: any UpstreamTransferDelegate) {
@@ -411,6 +413,11 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         if !headSent { sendResponseHead() }
         if invalidResponse { return 0 }
         if disposition.drains { return data.count }
+        if let collector = disposition.collector {
+            // Kept for a script (`collect`): nothing reaches the client yet.
+            if !collector.append(data) { collectionOverflowed(collector) }
+            return invalidResponse ? 0 : data.count
+        }
         if !detached, evbuffer_get_length(output) > Self.outputHighWatermark,
             cacheFill?.sharesItsBody != true || !delegate.clientFellBehind(self)
         {
@@ -424,6 +431,12 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
             return data.count
         }
         guard data.count > 0 else { return 0 }
+        send(data, delegate)
+        return data.count
+    }
+
+    /// Writes body bytes to the client, re-framed, and tells the cache's tee and the delegate.
+    private func send(_ data: UnsafeRawBufferPointer, _ delegate: any UpstreamTransferDelegate) {
         switch framing {
         case .none:
             break  // a body on a bodiless response is dropped, never forwarded
@@ -435,7 +448,18 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         if let cacheFill, framing != .none { cacheFill.append(data) }
         bodyBytesSent += Int64(data.count)
         delegate.responseBodySent(bytes: data.count)
-        return data.count
+    }
+
+    /// A kept body (`collect`) passed its limit: the delegate answers as for a head, and a
+    /// response that goes to the client after all gets the body kept so far (the rest follows
+    /// in `onBody`); a refusal leaves `invalidResponse` set (curl is told to stop).
+    private func collectionOverflowed(_ collector: ResponseDisposition.Collector) {
+        guard let delegate else { return }
+        disposition.collector = nil
+        disposition.answer = nil
+        delegate.collectionOverflowed(UpstreamResponseHead(collected: head), on: self)
+        guard settleAnswer(delegate) else { return }
+        collector.body.withUnsafeBytes { send($0, delegate) }
     }
 
     // MARK: response head
@@ -464,6 +488,13 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         }
         disposition.answer = nil
         delegate.responseHeadArrived(UpstreamResponseHead(collected: head), on: self)
+        settleAnswer(delegate)
+    }
+
+    /// Acts on the delegate's answer about the head (`disposition`): true when the head went
+    /// to the client, so that the body follows it.
+    @discardableResult
+    private func settleAnswer(_ delegate: any UpstreamTransferDelegate) -> Bool {
         guard let keepAlive = disposition.settle() else {
             if let refusal = disposition.refused {
                 // Nothing reached the client: the exchange fails with `error` (curl is told to stop).
@@ -472,7 +503,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
                 pendingError = refusal.error
                 pendingKind = .other
             }
-            return
+            return false
         }
         do {
             framing = try ResponseEncoder.forwardedHead(
@@ -483,9 +514,10 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
             headSent = false
             invalidResponse = true
             pendingError = .upstreamProtocol(host: target.authority, reason: "invalid response head: \(error.reason)")
-            return
+            return false
         }
         delegate.responseStarted(status: status)
+        return true
     }
 
     private func collectTimings() -> TryTimings {
@@ -541,6 +573,12 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
             if disposition.absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
             return
         }
+        if let collector = disposition.collector, result == CURLE_OK {
+            let head = UpstreamResponseHead(collected: head)
+            cancel()
+            delegate.transferCollected(head, body: collector.body)
+            return
+        }
         if result == CURLE_OK, !invalidResponse, headSent || status >= 200 {
             if !headSent { sendResponseHead() }
             if invalidResponse {
@@ -556,7 +594,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         }
         let failure = pendingError.map { (error: $0, kind: pendingKind) } ?? classify(result)
         deadlineExceeded = result == CURLE_OPERATION_TIMEDOUT
-        if headSent || continuing != nil {
+        if (headSent && !disposition.withholds) || continuing != nil {
             Log.debug("upstream \(target.authority) failed mid-response: \(failure.error.message)")
             cancel()
             delegate.transferAborted()
@@ -571,7 +609,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         guard !finished, let delegate else { return }
         inCompletion = true
         if continuing == nil { delegate.tryEnded(timings: collectTimings()) }
-        let sent = (headSent && !disposition.drains) || continuing != nil
+        let sent = (headSent && !disposition.withholds) || continuing != nil
         disposition.redirectTo = nil
         cancel()
         if sent { delegate.transferAborted() } else { delegate.transferFailed(error, kind: .timeout) }

@@ -106,7 +106,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var chunkScratch: UnsafeMutableRawPointer?
 
     private(set) var headSent = false
-    var responseStarted: Bool { (headSent && !disposition.drains && !invalidResponse) || continuing != nil }
+    var responseStarted: Bool { (headSent && !disposition.withholds && !invalidResponse) || continuing != nil }
     private var framing: ResponseEncoder.Framing = .none
     var framedByClose: Bool { (continuing ?? framing) == .close }
     private(set) var downloadPaused = false
@@ -249,6 +249,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     func discard() { disposition.answer = .discard }
     func absorb() { disposition.answer = .absorb }
     func refuse(_ error: ProxyError) { disposition.answer = .refuse(ResponseDisposition.Refusal(error)) }
+    func collect(limit: Int) { disposition.answer = .collect(limit: limit) }
     func replaceHead(_ head: ResponseHeadCollector) { parser.replaceHead(head) }
 
     func detach(to delegate: any UpstreamTransferDelegate) {
@@ -658,7 +659,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             case .body(let range)?:
                 if timings.firstByte == 0 { timings.firstByte = elapsed() }
                 if range.lowerBound == 0, range.count == consumed, framing == .length || framing == .close,
-                    !disposition.drains
+                    !disposition.withholds
                 {
                     // The body goes on unchanged: its chain moves from the origin's input to the
                     // client's output without a copy (after the cache's tee saw it).
@@ -704,6 +705,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         disposition.answer = nil
         delegate.responseHeadArrived(UpstreamResponseHead(collected: parser.head), on: self)
         guard !finished else { return }
+        settleAnswer(delegate)
+    }
+
+    /// Acts on the delegate's answer about the head (`disposition`): true when the head went
+    /// to the client, so that the body follows it.
+    @discardableResult
+    private func settleAnswer(_ delegate: any UpstreamTransferDelegate) -> Bool {
         guard let keepAlive = disposition.settle() else {
             if let refusal = disposition.refused {
                 // Nothing reached the client: the exchange fails with the refusal's error.
@@ -711,7 +719,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
                 invalidResponse = true
                 fail(refusal.error, kind: .other)
             }
-            return
+            return false
         }
         do {
             framing = try ResponseEncoder.forwardedHead(
@@ -722,9 +730,21 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             headSent = false
             invalidResponse = true
             fail(.upstreamProtocol(host: origin, reason: "invalid response head: \(error.reason)"), kind: .other)
-            return
+            return false
         }
         delegate.responseStarted(status: parser.head.status)
+        return true
+    }
+
+    /// A kept body (`collect`) passed its limit: the delegate answers as for a head, and a
+    /// response that goes to the client after all gets the body kept so far, then the rest.
+    private func collectionOverflowed(_ collector: ResponseDisposition.Collector) {
+        guard let delegate else { return }
+        disposition.collector = nil
+        disposition.answer = nil
+        delegate.collectionOverflowed(UpstreamResponseHead(collected: parser.head), on: self)
+        guard !finished, settleAnswer(delegate) else { return }
+        collector.body.withUnsafeBytes { deliver($0) }
     }
 
     /// Sends body bytes to the client, re-framed. `movingFrom`: `data` is the head of that
@@ -736,6 +756,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             cacheFill?.append(data)
             if let source { evbuffer_drain(source, data.count) }
             bodyBytesSent += Int64(data.count)
+            return
+        }
+        if let collector = disposition.collector {
+            // Kept for a script (`collect`): nothing reaches the client yet.
+            let fits = collector.append(data)
+            if let source { evbuffer_drain(source, data.count) }
+            if !fits { collectionOverflowed(collector) }
             return
         }
         guard let delegate, !disposition.drains, data.count > 0 else {
@@ -789,6 +816,12 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             if disposition.absorbing { delegate.transferAbsorbed() } else { delegate.transferDiscarded() }
             return
         }
+        if let collector = disposition.collector {
+            let head = UpstreamResponseHead(collected: parser.head)
+            cancel()
+            delegate.transferCollected(head, body: collector.body)
+            return
+        }
         if framing == .chunked, !detached { ResponseEncoder.lastChunk(into: output) }
         let reusable = framing != .close
         cancel()
@@ -826,7 +859,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         guard !finished, let delegate else { return }
         inCompletion = true
         if continuing == nil { delegate.tryEnded(timings: currentTimings()) }
-        let sent = (headSent && !disposition.drains && !invalidResponse) || continuing != nil
+        let sent = (headSent && !disposition.withholds && !invalidResponse) || continuing != nil
         disposition.redirectTo = nil
         cancel()
         if sent {

@@ -70,6 +70,10 @@ protocol UpstreamTransfer: AnyObject {
     /// Send nothing of the response: the try fails with `error` (`transferFailed`, kind
     /// `.other`) and its connection is closed (a script's `on_response` failed).
     func refuse(_ error: ProxyError)
+    /// Send nothing yet: keep the body (decoded from chunked) for a script that reads it
+    /// (`read_response_body`), then `transferCollected` once it ended — or, past `limit`
+    /// bytes, `collectionOverflowed`, answered like a head.
+    func collect(limit: Int)
     /// The head to forward instead of the one that arrived (a script's header edits), with
     /// the same status and framing fields; before `forward`.
     func replaceHead(_ head: ResponseHeadCollector)
@@ -101,6 +105,8 @@ struct ResponseDisposition {
         case absorb
         /// Fail the try with this error, sending nothing (`refused`).
         case refuse(Refusal)
+        /// Keep the body, up to this many bytes, sending nothing (`collector`).
+        case collect(limit: Int)
     }
 
     /// A `refuse` answer's error (boxed: `Answer` and the disposition keep their size, and
@@ -120,9 +126,28 @@ struct ResponseDisposition {
     var absorbing = false
     /// The `refuse` answer, for the transfer to fail the try with after `settle`.
     var refused: Refusal?
+    /// The `collect` answer: the body kept so far, while it is kept.
+    var collector: Collector?
 
     /// The body is drained, not sent (a redirect to follow, a retry, a cache absorb).
     var drains: Bool { discarding || redirectTo != nil }
+    /// Nothing of the response reaches the client: its body is drained or kept.
+    var withholds: Bool { drains || collector != nil }
+
+    /// A `collect` answer's body (boxed, as `Refusal`: a transfer that never collects pays
+    /// one nil reference). Its bytes are the decoded body, in order.
+    final class Collector {
+        let limit: Int
+        private(set) var body: [UInt8] = []
+        init(limit: Int) { self.limit = limit }
+
+        /// Keeps `data`; false when the body is now over the limit (`data` is kept all the
+        /// same, for a response that goes on to the client after all).
+        func append(_ data: UnsafeRawBufferPointer) -> Bool {
+            body.append(contentsOf: data)
+            return body.count <= limit
+        }
+    }
 
     /// Takes the delegate's answer (a forward with a close when it gave none): the keep-alive
     /// promise when the response goes to the client, nil when its body is to be drained.
@@ -141,6 +166,8 @@ struct ResponseDisposition {
             absorbing = true
         case .refuse(let error):
             refused = error
+        case .collect(let limit):
+            collector = Collector(limit: limit)
         }
         return nil
     }
@@ -173,6 +200,14 @@ protocol UpstreamTransferDelegate: AnyObject {
     /// An absorbed response (a `304` that validated a stored one) ended; nothing of it
     /// reached the client, which the exchange now answers from the cache.
     func transferAbsorbed()
+    /// A collected response (`collect`) ended whole: its head and decoded body; nothing of it
+    /// reached the client, which the exchange now answers itself. The try has ended.
+    func transferCollected(_ head: UpstreamResponseHead, body: [UInt8])
+    /// A collected response's body passed its limit: the delegate answers on `transfer` as
+    /// for a head (`forward`: the head, the body kept so far and the rest are sent; `discard`,
+    /// `follow`, `refuse`), before returning; with no answer the response is forwarded with a
+    /// close.
+    func collectionOverflowed(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer)
     /// The response is complete; `reusable` is false when it was close-delimited.
     func transferFinished(reusable: Bool)
     /// The exchange failed before any response byte reached the client.
