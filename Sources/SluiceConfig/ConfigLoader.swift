@@ -198,7 +198,7 @@ public struct NodeReader {
             case "policies": policyEntries = r.readPolicies(value)
             case "monitors": monitorSpecs = r.readMonitors(value)
             case "cache_store": config.server.cacheStore = r.readCacheStore(value)
-            case "fleet": config.server.fleet = r.readFleet(value)
+            case "fleet": config.server.fleet = r.readFleet(value, cache: &config.server.fleetCache)
             default:
                 for (name, _) in r.strings(value, what: key) ?? [] { r.redactedQueryParameters.insert(name) }
             }

@@ -4,23 +4,33 @@ import Yams
 extension NodeReader {
     /// `fleet: { redis: "127.0.0.1:6379" | "unix:/run/redis/redis.sock", database: 0, username:,
     /// password: ${REDIS_PASSWORD}, key_prefix: "sluice:", timeout: 20ms, on_redis_down:
-    /// local_share | allow | deny, heartbeat: 2s }` (docs/fleet.md). Behaviour:
-    /// Sources/SluiceServer/Fleet/.
-    mutating func readFleet(_ node: Node) -> FleetSettings? {
+    /// local_share | allow | deny, heartbeat: 2s, cache: {…} }` (docs/fleet.md). Behaviour:
+    /// Sources/SluiceServer/Fleet/. `cache:` (`FleetCacheReader.swift`) goes to `cache`; with
+    /// it, `redis` may be left out (the members are then its static `peers`).
+    mutating func readFleet(_ node: Node, cache: inout FleetCacheSettings?) -> FleetSettings? {
         var address: FleetSettings.Address?
         var hasAddress = false
+        var cacheNode: Node?
         var rest: [(String, Node)] = []
-        let known = ["redis", "database", "username", "password", "key_prefix", "timeout", "on_redis_down", "heartbeat"]
+        let known = [
+            "redis", "database", "username", "password", "key_prefix", "timeout", "on_redis_down", "heartbeat", "cache",
+        ]
         entries(node, in: "fleet", known: known) { r, key, value in
             if key == "redis" {
                 hasAddress = true
                 address = r.redisAddress(value)
+            } else if key == "cache" {
+                cacheNode = value
             } else {
                 rest.append((key, value))
             }
         }
-        if !hasAddress, case .mapping = node {
+        if let cacheNode { cache = readFleetCache(cacheNode, hasRedis: hasAddress) }
+        if !hasAddress, cacheNode == nil, case .mapping = node {
             fail(node, "fleet needs redis: an IP:port such as 127.0.0.1:6379, or unix:/path")
+        }
+        if !hasAddress, let (key, value) = rest.first {
+            fail(value, "fleet.\(key) needs fleet.redis")
         }
         // The other keys are checked even when the address is wrong (every error at once).
         var settings: FleetSettings? = FleetSettings(redis: address ?? .unix(path: "/"))

@@ -20,6 +20,7 @@ import Testing
         let upstreamPerTryTimeout = 30_000
         let totalTimeout: Int? = nil
         let fleet: Fleet? = nil
+        let peers: FleetPeers? = nil
         let quotaWake: @Sendable (UInt64) -> Bool = { _ in true }
         var gate: UpstreamGate.Answer = .go
         var revalidations = 0
@@ -113,7 +114,7 @@ import Testing
     @Test func theChainIsInTheDocumentedOrder() {
         #expect(
             RequestChain.request.map { $0.name } == [
-                "proxy_auth", "tunnel", "cache", "upstream_slot", "adapters", "request_body",
+                "peer", "proxy_auth", "tunnel", "cache", "upstream_slot", "adapters", "request_body",
             ])
         #expect(RequestChain.attempt.map { $0.name } == ["trust", "health", "rate_limit", "try_adapters", "upstream"])
     }

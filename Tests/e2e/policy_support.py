@@ -70,7 +70,7 @@ def _context(text: str, needle: str, width: int = 300) -> str:
 EXAMPLE_SECRET_VARS = ("SLUICE_API_TOKEN", "SLUICE_API_PASSWORD", "SLUICE_API_KEY", "SLUICE_SEARCH_KEY",
                        "SLUICE_OAUTH_SECRET", "SLUICE_OAUTH_REFRESH", "SLUICE_CORP_PASSWORD", "SLUICE_CORP_PROXY_PASSWORD",
                        "SLUICE_CORP_CLIENT_KEY_PASSPHRASE", "SLUICE_ADMIN_TOKEN", "SLUICE_AWS_SECRET",
-                       "SLUICE_AWS_TOKEN")
+                       "SLUICE_AWS_TOKEN", "SLUICE_FLEET_SECRET")
 
 
 @pytest.fixture

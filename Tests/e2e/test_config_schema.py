@@ -322,6 +322,10 @@ ACCEPTED = {
                              "policies:\n  default:\n    rate_limit: { rate: 10/s }\n"
                              "  h.test:\n    rate_limit: { rate: 1/s, scope: local }\n"),
     "fleet-allow": 'fleet: { redis: "10.0.0.5:6379", on_redis_down: allow }\n',
+    "fleet-cache-static": ("fleet:\n  cache:\n    advertise: 10.0.0.1:3128\n    secret: fleet-secret-0123456789\n"
+                           "    weight: 2\n    peers: [{ address: 10.0.0.1:3128, weight: 2 }, { address: \"[fd00::2]:3128\" }]\n"),
+    "fleet-cache-redis": ('fleet: { redis: "10.0.0.5:6379", cache: { advertise: "[fd00::1]:3128", '
+                          'secret: fleet-secret-0123456789, listen: "[fd00::1]:3129" } }\n'),
 }
 
 # name -> (text, line of the error)
@@ -350,6 +354,11 @@ REJECTED = {
     "fleet-database-16": ('fleet:\n  redis: "127.0.0.1:6379"\n  database: 16\n', 3),
     "fleet-prefix-brace": ('fleet:\n  redis: "127.0.0.1:6379"\n  key_prefix: "a{b}"\n', 3),
     "fleet-unknown-key": ('fleet:\n  redis: "127.0.0.1:6379"\n  tls: true\n', 3),
+    "fleet-cache-no-peers": ("fleet:\n  cache:\n    advertise: 10.0.0.1:3128\n    secret: fleet-secret-0123456789\n", 3),
+    "fleet-cache-host-name": ("fleet:\n  cache:\n    advertise: peer.internal:3128\n    secret: fleet-secret-0123456789\n"
+                              "    peers: [{ address: 10.0.0.1:3128 }]\n", 3),
+    "fleet-cache-zero-weight": ("fleet:\n  cache:\n    advertise: 10.0.0.1:3128\n    secret: fleet-secret-0123456789\n"
+                                "    weight: 0\n    peers: [{ address: 10.0.0.1:3128 }]\n", 5),
     "upstream-engine-native-h2c": ("policies:\n  h.test:\n    upstream: { http2: prior_knowledge, engine: native }\n", 3),
     "policy-unknown-key": ("policies:\n  h.test:\n    adaptors: []\n", 3),
     "unknown-adapter": ("policies:\n  h.test:\n    adapters:\n      - bearr: x\n", 4),

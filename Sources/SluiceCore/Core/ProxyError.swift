@@ -86,6 +86,9 @@ public enum ProxyError: Error, Sendable, Equatable {
     /// The fleet's Redis did not answer in time (`fleet.timeout`) and `fleet.on_redis_down` is
     /// `deny`: what a fleet-wide limit covers is refused; nothing was sent.
     case fleetUnavailable(policy: String)
+    /// A request signed as another instance's of the fleet (`Sluice-Peer`, `fleet.cache`) whose
+    /// signature does not hold (forged, stale, replayed, or a loop); nothing is forwarded.
+    case peerRequestRefused(reason: String)
 
     /// The case without its details: a stable name for counting refusals (the dashboard's
     /// refusals by case, a host's failed exchanges), listed in docs/errors.md. One byte, so an
@@ -129,6 +132,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case originRateLimited = "origin_rate_limited"
         case concurrencyLimited = "concurrency_limited"
         case fleetUnavailable = "fleet_unavailable"
+        case peerRequestRefused = "peer_request_refused"
     }
 
     public var kind: Kind {
@@ -171,13 +175,14 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .originRateLimited: return .originRateLimited
         case .concurrencyLimited: return .concurrencyLimited
         case .fleetUnavailable: return .fleetUnavailable
+        case .peerRequestRefused: return .peerRequestRefused
         }
     }
 
     public var status: Int {
         switch self {
         case .malformedRequest, .notAbsoluteURL, .badURL, .notOriginForm: return 400
-        case .connectPortNotAllowed, .destinationDenied: return 403
+        case .connectPortNotAllowed, .destinationDenied, .peerRequestRefused: return 403
         case .proxyAuthenticationRequired: return 407
         case .rateLimited, .originRateLimited, .concurrencyLimited: return 429
         case .headerTimeout: return 408
@@ -211,7 +216,7 @@ public enum ProxyError: Error, Sendable, Equatable {
             .upstreamTimeout, .upstreamProtocol, .adapterFailed, .luaScriptFailed, .luaResponded, .parentProxyFailed,
             .proxyAuthenticationRequired,
             .upstreamQueueFull, .upstreamQueueTimeout, .upstreamCircuitOpen, .onlyIfCachedMiss, .rateLimited,
-            .originRateLimited, .concurrencyLimited, .fleetUnavailable:
+            .originRateLimited, .concurrencyLimited, .fleetUnavailable, .peerRequestRefused:
             return false
         }
     }
@@ -289,6 +294,7 @@ public enum ProxyError: Error, Sendable, Equatable {
         case .fleetUnavailable(let policy):
             return
                 "the fleet's Redis does not answer, and policy \(policy)'s rate_limit refuses then (fleet.on_redis_down: deny); retry in 1 s"
+        case .peerRequestRefused(let reason): return "peer request refused (fleet.cache): \(reason)"
         }
     }
 }

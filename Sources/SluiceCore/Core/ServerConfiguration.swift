@@ -29,6 +29,8 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var cacheStore: CacheStoreSettings?
     /// `fleet:`: the Redis that a fleet of instances shares its limits through (nil: none).
     public var fleet: FleetSettings?
+    /// `fleet.cache:`: one cache across the fleet's instances (nil, the default: each its own).
+    public var fleetCache: FleetCacheSettings?
 
     public static let defaultListen = ["127.0.0.1:3128"]
 

@@ -27,6 +27,7 @@ enum ForwardedHeaders {
         case 6: return ASCII.equalsIgnoringCase(name, "expect")
         case 7: return ASCII.equalsIgnoringCase(name, "upgrade") || ASCII.equalsIgnoringCase(name, "trailer")
         case 10: return ASCII.equalsIgnoringCase(name, "connection") || ASCII.equalsIgnoringCase(name, "keep-alive")
+        case 11: return ASCII.equalsIgnoringCase(name, "sluice-peer")
         case 14: return ASCII.equalsIgnoringCase(name, "content-length")
         case 16: return ASCII.equalsIgnoringCase(name, "proxy-connection")
         case 17: return ASCII.equalsIgnoringCase(name, "transfer-encoding")

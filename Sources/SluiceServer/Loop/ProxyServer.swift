@@ -54,6 +54,8 @@ public final class ProxyServer: @unchecked Sendable {
     public let rateLimits: RateLimitTable
     /// What every worker knows of the fleet (`fleet:`): the instances alive, the fallbacks.
     let fleetShared = FleetShared()
+    /// The fleet's shared cache (`fleet.cache`): one replay guard for every worker.
+    let fleetPeers: FleetPeers?
     /// The shared cache every worker uses (`cache_store`), made once: it outlives reloads.
     let cacheStore: CacheStore?
     /// The shared cache's disk tier (`cache_store.disk`): opened by `start()` (it takes the
@@ -79,6 +81,7 @@ public final class ProxyServer: @unchecked Sendable {
         connectionLimits = ConnectionLimits(configuration.server.limits)
         rateLimits = RateLimitTable(capacity: configuration.server.limits.rateLimitKeys)
         cacheStore = configuration.server.cacheStore.map(CacheStore.init)
+        fleetPeers = configuration.server.fleetCache.map(FleetPeers.init)
     }
 
     /// A server without policies or monitors.
@@ -121,7 +124,7 @@ public final class ProxyServer: @unchecked Sendable {
                         interception: interception,
                         heartbeatMilliseconds: notifier?.heartbeatMilliseconds,
                         connectionLimits: connectionLimits, health: health, rateLimits: rateLimits,
-                        cacheStore: cacheStore, diskTier: diskTier, fleetShared: fleetShared))
+                        cacheStore: cacheStore, diskTier: diskTier, fleetShared: fleetShared, peers: fleetPeers))
             }
         } catch {
             // The workers made so far never ran: freeing them ends their sessions' use of it.

@@ -92,6 +92,8 @@ final class Worker {
     /// Every origin's circuit breaker (`health:`), shared by every worker.
     /// The process's rate-limit schedules (`rate_limit:`), shared with the other workers.
     let rateLimits: RateLimitTable
+    /// The fleet's shared cache (`fleet.cache`), shared by every worker; nil without it.
+    let peers: FleetPeers?
     /// This worker's part of the fleet (`fleet:`): its Redis connection; nil without one.
     let fleet: Fleet?
     let health: UpstreamHealth
@@ -216,9 +218,11 @@ final class Worker {
         index: Int, configuration: SluiceConfiguration, share: CurlShare, viaPseudonym: String,
         interception: InterceptionSlot, heartbeatMilliseconds: Int? = nil,
         connectionLimits: ConnectionLimits? = nil, health: UpstreamHealth? = nil, rateLimits: RateLimitTable? = nil,
-        cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil, fleetShared: FleetShared? = nil
+        cacheStore: CacheStore? = nil, diskTier: DiskCacheTier? = nil, fleetShared: FleetShared? = nil,
+        peers: FleetPeers? = nil
     ) throws {
         self.index = index
+        self.peers = peers
         let health = health ?? UpstreamHealth()
         self.health = health
         self.rateLimits = rateLimits ?? RateLimitTable()

@@ -16,6 +16,7 @@ import SluiceCore
 /// Threading: stateless; run on the exchange's worker thread.
 enum RequestChain {
     static let request: [any RequestStage.Type] = [
+        PeerStage.self,  // fleet.cache: a peer's signature
         ProxyAuthStage.self,  // access.proxy_auth
         TunnelStage.self,  // CONNECT, intercept, upgrades
         CacheStage.self,  // cache, cache_store

@@ -180,6 +180,8 @@ protocol StageServices: AnyObject {
     var rateLimits: RateLimitTable { get }
     /// This worker's part of the fleet (`fleet:`; nil: none).
     var fleet: Fleet? { get }
+    /// The fleet's shared cache (`fleet.cache`; nil: none): members, owners, peer signatures.
+    var peers: FleetPeers? { get }
     /// Hands a `max_concurrent` ticket that was given a place to this worker's loop (any
     /// thread may call it; false: the worker is gone).
     var quotaWake: @Sendable (UInt64) -> Bool { get }

@@ -1,0 +1,35 @@
+import SluiceCore
+
+/// `fleet.cache` (docs/fleet.md, "One cache across the fleet"; docs/security.md, "Peers"): a
+/// request that carries `Sluice-Peer` says it comes from another instance of the fleet. Its
+/// signature is checked before anything else: a forged, stale or replayed one — or one that
+/// names this instance itself, a loop — is answered `403` and goes nowhere. A valid one goes
+/// on as any request through this instance's policy and cache. The field itself never
+/// travels upstream (`ForwardedHeaders.isDroppedRequestField`).
+///
+/// Threading: stateless; run on the exchange's worker thread.
+enum PeerStage: RequestStage {
+    static var name: String { "peer" }
+
+    static func enter(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        guard let peers = services.peers else { return .proceed }
+        let values = exchange.head.values(named: "sluice-peer")
+        guard !values.isEmpty else { return .proceed }
+        guard values.count == 1 else { return .respond(.peerRequestRefused(reason: "more than one Sluice-Peer field")) }
+        let verdict = peers.verify(
+            values[0], method: exchange.head.method, url: exchange.target.url, now: CacheStage.wallClockSeconds())
+        switch verdict {
+        case .valid(let sender) where sender == peers.settings.advertise:
+            return .respond(.peerRequestRefused(reason: "a loop: the request names this instance as its sender"))
+        case .valid:
+            return .proceed
+        case .unsigned, .forged:
+            return .respond(.peerRequestRefused(reason: "the signature does not match (fleet.cache.secret)"))
+        case .stale:
+            return .respond(
+                .peerRequestRefused(reason: "its time is more than \(PeerSignature.maximumSkew) s from this instance's clock"))
+        case .replayed:
+            return .respond(.peerRequestRefused(reason: "it was accepted once already (a replay)"))
+        }
+    }
+}
