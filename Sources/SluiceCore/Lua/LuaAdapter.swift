@@ -158,7 +158,9 @@ public struct LuaAdapter: RequestAdapter {
     ) throws(AdaptationError) {
         cache.lastCall = LuaCallRecord(
             script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
-        cache.lastExchange = exchange
+        // Kept open for the exchange's later hooks only when it made a `ctx` for them to share:
+        // a later hook that takes one makes its own as well as it would find this one's.
+        if exchange.hasContext { cache.lastExchange = exchange }
         if let message = result.errorMessage { return try failed(message, request) }
         if let answer = result.respond {
             // Not a failure, whatever `on_error` says: the client gets the script's answer.
