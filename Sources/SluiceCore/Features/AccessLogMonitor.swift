@@ -131,15 +131,28 @@ public final class AccessLogMonitor: LogMonitor {
     }
 
     /// The access log's `lua` object: `{script, hook, outcome, error, us, instructions, memory, vars}`.
+    /// The hook and the outcome, a few names, are written as literals when they are one.
     static func write(_ call: LuaCallRecord, into json: inout JSONLine) {
         json.field("script", call.script)
-        json.field("hook", call.hook)
-        json.field("outcome", call.outcome)
-        if let error = call.error { json.field("error", error) } else { json.raw("error", "null") }
+        switch call.hook {
+        case "on_request": json.raw("hook", #""on_request""# as StaticString)
+        case "on_response": json.raw("hook", #""on_response""# as StaticString)
+        case "on_log": json.raw("hook", #""on_log""# as StaticString)
+        default: json.field("hook", call.hook)
+        }
+        switch call.outcome {
+        case "ok": json.raw("outcome", #""ok""# as StaticString)
+        default: json.field("outcome", call.outcome)
+        }
+        if let error = call.error { json.field("error", error) } else { json.raw("error", "null" as StaticString) }
         json.field("us", call.microseconds)
         json.field("instructions", call.instructions)
         json.field("memory", call.memory)
-        if call.vars.isEmpty { json.raw("vars", "{}") } else { json.raw("vars", Self.json(.table(call.vars))) }
+        if call.vars.isEmpty {
+            json.raw("vars", "{}" as StaticString)
+        } else {
+            json.raw("vars", Self.json(.table(call.vars)))
+        }
     }
 
     private static func json(_ value: LuaValue) -> String {

@@ -15,10 +15,12 @@ import Logging
 /// the script's message (that goes to the `.adaptationFailed` event). With `fail_open` the
 /// request goes on as it was before the script ran.
 ///
-/// Threading: an immutable value, shared by every worker of a policy snapshot; each call runs
-/// on the calling worker's thread, with that thread's `LuaStateCache` (`LuaStateCache.current`):
-/// one Lua state per script content per worker.
-public struct LuaAdapter: RequestAdapter {
+/// Threading: immutable, shared by every worker of a policy snapshot; each call runs on the
+/// calling worker's thread, with that thread's `LuaStateCache` (`LuaStateCache.current`): one
+/// Lua state per script content per worker. A class, not a struct: the stages that run a
+/// policy's scripts on every request (`on_response`, `on_log`) then take each with one retain,
+/// where a copy of its fields cost some 400 instructions.
+public final class LuaAdapter: RequestAdapter {
     public enum OnError: String, Sendable { case failClosed = "fail_closed", failOpen = "fail_open" }
 
     public var name: String { "lua" }
@@ -150,11 +152,11 @@ public struct LuaAdapter: RequestAdapter {
     /// script's first edit does not copy them. With `fail_open` the view is a copy, so the
     /// request can go on untouched.
     private func view(of request: inout ProxyRequest, _ target: Target, body: [UInt8]?) -> LuaRequestView {
-        var view = LuaRequestView(
+        let headers = request.headerFields
+        if onError == .failClosed { request.headerFields = HTTPFields() }
+        return LuaRequestView(
             method: request.method, path: target.path.isEmpty ? "/" : target.path, query: target.query,
-            body: body ?? (readBody ? [] : nil))
-        if onError == .failOpen { view.headers = request.headerFields } else { swap(&view.headers, &request.headerFields) }
-        return view
+            headers: headers, body: body ?? (readBody ? [] : nil))
     }
 
     /// Records the call and applies its edits to `request` (or fails it).
@@ -164,7 +166,9 @@ public struct LuaAdapter: RequestAdapter {
     ) throws(AdaptationError) {
         cache.lastCall = LuaCallRecord(
             script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
-        cache.lastExchange = exchange
+        // Kept open for the exchange's later hooks only when it made a `ctx` for them to share:
+        // a later hook that takes one makes its own as well as it would find this one's.
+        if exchange.hasContext { cache.lastExchange = exchange }
         if let message = result.errorMessage { return try failed(message, request) }
         if let answer = result.respond {
             // Not a failure, whatever `on_error` says: the client gets the script's answer.

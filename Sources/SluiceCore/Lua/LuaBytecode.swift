@@ -99,6 +99,44 @@ struct LuaBytecode {
         return found.sorted { ($0.line, $0.name) < ($1.line, $1.name) }
     }
 
+    /// Whether the main function may touch register `register` (a parameter: 0 is the first):
+    /// an instruction names it (read or written, alone or inside a range that starts at `A`),
+    /// or a closure of it captures it. Erring towards yes (a field of an opcode that may be a
+    /// register or a constant is taken as a register), never towards no. The hooks use it to
+    /// skip making `ctx` for a hook that declares it but never touches it.
+    func mayUse(register: Int) -> Bool {
+        let r = UInt32(register)
+        for instruction in main.code {
+            let op = instruction & 0x7F
+            let a = (instruction >> 7) & 0xFF
+            let k = (instruction >> 15) & 1 != 0
+            let b = (instruction >> 16) & 0xFF
+            let c = (instruction >> 24) & 0xFF
+            if Self.opcodesWithRangeA.contains(op) ? a <= r : (!Self.opcodesWithoutRegisterA.contains(op) && a == r) {
+                return true
+            }
+            if Self.opcodesWithRegisterB.contains(op), b == r { return true }
+            if Self.opcodesWithRegisterC.contains(op), c == r { return true }
+            if Self.opcodesWithRegisterOrConstantC.contains(op), !k, c == r { return true }
+        }
+        return main.children.contains { child in child.upvalues.contains { $0.inStack && $0.index == register } }
+    }
+
+    /// `A` the first of a range of registers: `LOADNIL`, `CONCAT`, the numeric and generic
+    /// `for`, `CALL`, `TAILCALL`, `RETURN`, `SETLIST`, `VARARG`.
+    private static let opcodesWithRangeA: Set<UInt32> = [8, 53, 68, 69, 70, 73, 74, 75, 76, 77, 78, 80]
+    /// `SETTABUP` (`A` an upvalue), `JMP`, `RETURN0`, `EXTRAARG`: no register in `A`.
+    private static let opcodesWithoutRegisterA: Set<UInt32> = [15, 56, 71, 82]
+    /// `B` a register: `MOVE`, `GETTABLE`, `GETI`, `GETFIELD`, `SETTABLE`, `SELF`, the arithmetic
+    /// with an immediate or a constant (`ADDI` … `SHLI`), with registers (`ADD` … `SHR`),
+    /// `MMBIN`, `UNM`, `BNOT`, `NOT`, `LEN`, `EQ`, `LT`, `LE`, `TESTSET`.
+    private static let opcodesWithRegisterB: Set<UInt32> = Set(
+        [0, 12, 13, 14, 16, 20] + Array(21...46) + [49, 50, 51, 52, 57, 58, 59, 67])
+    /// `C` a register: `GETTABLE`, `ADD` … `SHR`.
+    private static let opcodesWithRegisterC: Set<UInt32> = Set([12] + Array(34...45))
+    /// `C` a register unless `k` marks a constant: `SETTABUP`, `SETTABLE`, `SETI`, `SETFIELD`, `SELF`.
+    private static let opcodesWithRegisterOrConstantC: Set<UInt32> = [15, 16, 17, 18, 20]
+
     // Opcodes (lopcodes.h of 5.4.4).
     /// `OP_LOADK`, `R[A] := K[Bx]`.
     private static let loadConstant: UInt32 = 3

@@ -26,6 +26,9 @@ public final class LuaExchange {
         self.requestID = requestID
     }
 
+    /// Whether a hook of the exchange was given `ctx` (made on the first that takes it).
+    public var hasContext: Bool { contextRef != LUA_NOREF }
+
     deinit {
         if contextRef != LUA_NOREF { state.recycleContext(contextRef) }
     }

@@ -27,8 +27,9 @@ public final class LuaState {
     let clock: LuaClock
     let log: (LuaLogLine) -> Void
 
-    /// A hook function (a registry reference) and whether it declares the `ctx` parameter (a
-    /// hook that does not is not given one, and no `ctx` table is made for it).
+    /// A hook function (a registry reference) and whether it declares the `ctx` parameter and
+    /// may use it (`LuaBytecode.mayUse`): a hook that does not is not given one, and no `ctx`
+    /// table is made for it.
     struct Hook {
         var ref: Int32
         var takesContext: Bool
@@ -202,12 +203,17 @@ public final class LuaState {
             _ = lua_getinfo(co, ">u", &info)
             let declared = Int(info.nparams)
             let variadic = info.isvararg != 0
+            // `ctx` is the last parameter: a hook that declares it but never touches it gets none.
+            let hook = LuaBytecode(LuaBytecode.dump(co))
+            func takesContext(_ position: Int) -> Bool {
+                variadic || (declared > position && hook?.mayUse(register: position) != false)
+            }
             lua_pushvalue(co, -1)
             let ref = luaL_ref(co, Lua.registry)
             switch name {
-            case "on_request": onRequestHook = Hook(ref: ref, takesContext: declared >= 2 || variadic)
-            case "on_response": onResponseHook = Hook(ref: ref, takesContext: declared >= 2 || variadic)
-            case "on_log": onLogHook = Hook(ref: ref, takesContext: declared >= 1 || variadic)
+            case "on_request": onRequestHook = Hook(ref: ref, takesContext: takesContext(1))
+            case "on_response": onResponseHook = Hook(ref: ref, takesContext: takesContext(1))
+            case "on_log": onLogHook = Hook(ref: ref, takesContext: takesContext(0))
             default:
                 throw LuaLoadError(
                     script: script.name,

@@ -37,7 +37,7 @@ extension LuaStateCache {
 
     /// Ends `requestID`'s exchanges: their `ctx` go back to their states.
     public func close(requestID: UInt64) {
-        open[requestID] = nil
+        if !open.isEmpty { open[requestID] = nil }
     }
 }
 
