@@ -1,6 +1,5 @@
-#if canImport(Glibc)
-    import Glibc
-#endif
+import SluiceCore
+
 /// The HTTP/1.1 response decoder of Sluice's native upstream transport (its own HTTP/1.1
 /// client for plain-http origins): a value-type state machine over bytes (RFC 9112), the twin
 /// of `HTTPRequestParser`.
@@ -251,11 +250,11 @@ struct HTTPResponseParser {
 
     /// Splits `input` into CRLF-ended lines (refusing bare CR and bare LF), bounded by
     /// `limits.headerSection`, and hands each complete line to the head logic.
-    /// Lines are found with `memchr` (a head is scanned at memory speed, not byte by byte);
+    /// Line ends are found eight bytes at a time (`SWAR`), not byte by byte;
     /// whatever the split, the first offending byte decides the failure, as a byte-by-byte
     /// scan would: the byte past the limit, a bare LF, or a CR not followed by LF.
     private mutating func scanLines(_ input: UnsafeRawBufferPointer) throws(Failure) -> (Int, Event?) {
-        guard let base = input.baseAddress, input.count > 0 else { return (0, nil) }
+        guard input.count > 0 else { return (0, nil) }
         var i = 0
         while i < input.count {
             if lineSawCR {
@@ -268,10 +267,10 @@ struct HTTPResponseParser {
                 if let event = try completeLine() { return (i, event) }
                 continue
             }
-            let cr = memchr(base + i, 0x0D, input.count - i).map { UnsafeRawPointer($0) - base } ?? input.count
-            // Bytes i..<cr hold no CR; the first LF among them, if any, is a bare LF.
-            if let lf = memchr(base + i, 0x0A, cr - i).map({ UnsafeRawPointer($0) - base }) {
-                try count(lf - i)
+            let cr = SWAR.lineEnd(input, from: i)
+            if cr < input.count && input[cr] == 0x0A {
+                // The first line end is an LF without its CR.
+                try count(cr - i)
                 try count(1)
                 throw Failure(reason: "bare LF in the response head")
             }
@@ -414,6 +413,10 @@ struct HTTPResponseParser {
             i += 1
             while i < l.count, l[i] == 0x20 || l[i] == 0x09 { i += 1 }
             let valueStart = i
+            // Eight bytes at a time up to the word holding a control byte or DEL, if any.
+            if let base = l.baseAddress {
+                while i + 8 <= l.count, SWAR.controlOrDEL(SWAR.load(base + i)) == 0 { i += 8 }
+            }
             while i < l.count {
                 let b = l[i]
                 if b < 0x20 && b != 0x09 || b == 0x7F { return (name, valueStart, i) }
