@@ -31,6 +31,16 @@ public enum SWAR {
         below(0x20, word) | equal(0x7F, word)
     }
 
+    /// `word` with its ASCII capitals (0x41–0x5A) made lower case and every other byte kept.
+    @inlinable @inline(__always)
+    public static func lowercased(_ word: UInt64) -> UInt64 {
+        // On the low seven bits no sum carries into the next byte; bit 7 of the first sum is
+        // set from 0x41 up, of the second from 0x5B up.
+        let low7 = word & ~high
+        let capital = (low7 &+ ones &* 0x3F) & ~(low7 &+ ones &* 0x25) & ~word & high
+        return word | capital >> 2
+    }
+
     /// The eight bytes at `pointer` (any alignment) as a little-endian word.
     @inlinable @inline(__always)
     public static func load(_ pointer: UnsafeRawPointer) -> UInt64 {

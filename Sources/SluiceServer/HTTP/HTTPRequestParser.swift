@@ -238,6 +238,14 @@ public struct HTTPRequestParser: Sendable {
         }
         i += 1
         let targetStart = i
+        // Eight bytes at a time up to the word holding SP (or any other byte a target lacks).
+        if let base = buf.baseAddress {
+            while i + 8 <= buf.count {
+                let word = SWAR.load(base + i)
+                if SWAR.below(0x21, word) | SWAR.equal(0x7F, word) | word & 0x8080_8080_8080_8080 != 0 { break }
+                i += 8
+            }
+        }
         while i < buf.count, buf[i] > 0x20, buf[i] < 0x7F { i += 1 }
         let targetRange = targetStart..<i
         guard !targetRange.isEmpty, i < buf.count, buf[i] == 0x20 else {
