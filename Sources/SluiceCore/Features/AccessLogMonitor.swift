@@ -437,17 +437,11 @@ struct JSONLine {
         }
     }
 
-    /// Whether any of the eight bytes in `word` is a control byte, `"`, `\\` or DEL (SWAR:
-    /// a byte's high bit is set in the result where it is, or in a byte above one that is; a
-    /// false alarm only sends the word to the byte loop). Bytes of 0x80 and above never match.
+    /// Whether any of the eight bytes in `word` is a control byte, `"`, `\\` or DEL (`SWAR`;
+    /// a match only sends the word to the byte loop). Bytes of 0x80 and above never match.
     @inline(__always)
     static func needsEscape(_ word: UInt64) -> Bool {
-        let ones: UInt64 = 0x0101_0101_0101_0101
-        let high: UInt64 = 0x8080_8080_8080_8080
-        func zeroByte(_ x: UInt64) -> UInt64 { (x &- ones) & ~x & high }
-        let control = (word &- ones &* 0x20) & ~word & high
-        return (control | zeroByte(word ^ (ones &* 0x22)) | zeroByte(word ^ (ones &* 0x5C)) | zeroByte(word ^ (ones &* 0x7F)))
-            != 0
+        SWAR.controlOrDEL(word) | SWAR.equal(0x22, word) | SWAR.equal(0x5C, word) != 0
     }
 
     mutating func field<I: BinaryInteger>(_ k: StaticString, _ v: I) {

@@ -108,20 +108,28 @@ enum ASCII {
 
     static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ l: UnsafeBufferPointer<UInt8>) -> Bool {
         guard l.count == bytes.count else { return false }
-        for i in 0..<l.count where lower(bytes[i]) != l[i] { return false }
+        var i = 0
+        if let a = bytes.baseAddress, let b = l.baseAddress {
+            while i + 8 <= l.count {
+                if SWAR.lowercased(SWAR.load(a + i)) != SWAR.load(b + i) { return false }
+                i += 8
+            }
+        }
+        while i < l.count {
+            if lower(bytes[i]) != l[i] { return false }
+            i += 1
+        }
         return true
     }
 
-    /// RFC 9110 §5.6.2 tchar. (A switch, not a table: a global table costs a lazy-initialisation
-    /// check on every byte.)
+    /// RFC 9110 §5.6.2 tchar: a bit of one of two masks (bytes 0–63 and 64–127; none from
+    /// 0x80). Literals, neither a switch (a chain of compares per byte) nor a global table (a
+    /// lazy-initialisation check per byte).
     @inline(__always)
     static func isTokenChar(_ b: UInt8) -> Bool {
-        switch b {
-        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: return true  // DIGIT, ALPHA
-        case 0x21, 0x23, 0x24, 0x25, 0x26, 0x27, 0x2A, 0x2B, 0x2D, 0x2E, 0x5E, 0x5F, 0x60, 0x7C, 0x7E:
-            return true  // ! # $ % & ' * + - . ^ _ ` | ~
-        default: return false
-        }
+        let low: UInt64 = 0x03FF_6CFA_0000_0000  // ! # $ % & ' * + - . DIGIT
+        let high: UInt64 = 0x57FF_FFFF_C7FF_FFFE  // ALPHA ^ _ ` | ~
+        return b < 0x80 && ((b < 0x40 ? low : high) >> UInt64(b & 0x3F)) & 1 != 0
     }
 
     /// Bytes allowed in a field value: VCHAR, obs-text, SP and HTAB — never NUL, CR, LF,

@@ -132,6 +132,15 @@ public struct HTTPRequestParser: Sendable {
         var i = 0
         var segmentStart = 0
         while i < input.count {
+            if terminatorMatch == 0 {
+                // Bytes other than CR and LF only lengthen the line: skip them, eight at a
+                // time, and check the limits once for all of them (they grow with every byte,
+                // so the first byte past a limit and the last skipped one fail alike).
+                let from = i
+                i = SWAR.lineEnd(input, from: i)
+                if i > from { try checkLength(headBytes.count + (i - segmentStart)) }
+                if i == input.count { break }
+            }
             let b = input[i]
             i += 1
             switch (terminatorMatch, b) {
@@ -162,11 +171,7 @@ public struct HTTPRequestParser: Sendable {
                 requestLineLength = length
                 if length - 2 > limits.requestLine { throw .requestLineTooLong(limit: limits.requestLine) }
             }
-            if requestLineLength == nil {
-                if length > limits.requestLine + 2 { throw .requestLineTooLong(limit: limits.requestLine) }
-            } else if length - requestLineLength! > limits.headerSection {
-                throw .headerSectionTooLarge(limit: limits.headerSection)
-            }
+            try checkLength(length)
             if terminatorMatch == 4 {
                 headBytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[segmentStart..<i]))
                 // The bytes go to the head; the parser keeps no buffer between requests (an
@@ -189,6 +194,19 @@ public struct HTTPRequestParser: Sendable {
         }
         headBytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[segmentStart..<i]))
         return (i, nil)
+    }
+
+    /// Refuses a head of `length` bytes so far when its request line or its field section is
+    /// over the limit.
+    @inline(__always)
+    private func checkLength(_ length: Int) throws(ProxyError) {
+        if let requestLineLength {
+            if length - requestLineLength > limits.headerSection {
+                throw .headerSectionTooLarge(limit: limits.headerSection)
+            }
+        } else if length > limits.requestLine + 2 {
+            throw .requestLineTooLong(limit: limits.requestLine)
+        }
     }
 
     /// Parses a complete head (request line, fields, final empty line) already known to
@@ -220,6 +238,14 @@ public struct HTTPRequestParser: Sendable {
         }
         i += 1
         let targetStart = i
+        // Eight bytes at a time up to the word holding SP (or any other byte a target lacks).
+        if let base = buf.baseAddress {
+            while i + 8 <= buf.count {
+                let word = SWAR.load(base + i)
+                if SWAR.below(0x21, word) | SWAR.equal(0x7F, word) | word & 0x8080_8080_8080_8080 != 0 { break }
+                i += 8
+            }
+        }
         while i < buf.count, buf[i] > 0x20, buf[i] < 0x7F { i += 1 }
         let targetRange = targetStart..<i
         guard !targetRange.isEmpty, i < buf.count, buf[i] == 0x20 else {
@@ -257,6 +283,10 @@ public struct HTTPRequestParser: Sendable {
             i += 1
             while i < buf.count, buf[i] == 0x20 || buf[i] == 0x09 { i += 1 }
             let valueStart = i
+            // Eight bytes at a time up to the word holding the CR (or any other control byte).
+            if let base = buf.baseAddress {
+                while i + 8 <= buf.count, SWAR.controlOrDEL(SWAR.load(base + i)) == 0 { i += 8 }
+            }
             while i < buf.count, buf[i] != 0x0D {
                 guard ASCII.isFieldValueByte(buf[i]) else {
                     throw .malformedRequest("control character in header field value")

@@ -1,6 +1,5 @@
-#if canImport(Glibc)
-    import Glibc
-#endif
+import SluiceCore
+
 /// The HTTP/1.1 response decoder of Sluice's native upstream transport (its own HTTP/1.1
 /// client for plain-http origins): a value-type state machine over bytes (RFC 9112), the twin
 /// of `HTTPRequestParser`.
@@ -251,11 +250,11 @@ struct HTTPResponseParser {
 
     /// Splits `input` into CRLF-ended lines (refusing bare CR and bare LF), bounded by
     /// `limits.headerSection`, and hands each complete line to the head logic.
-    /// Lines are found with `memchr` (a head is scanned at memory speed, not byte by byte);
+    /// Line ends are found eight bytes at a time (`SWAR`), not byte by byte;
     /// whatever the split, the first offending byte decides the failure, as a byte-by-byte
     /// scan would: the byte past the limit, a bare LF, or a CR not followed by LF.
     private mutating func scanLines(_ input: UnsafeRawBufferPointer) throws(Failure) -> (Int, Event?) {
-        guard let base = input.baseAddress, input.count > 0 else { return (0, nil) }
+        guard input.count > 0 else { return (0, nil) }
         var i = 0
         while i < input.count {
             if lineSawCR {
@@ -268,10 +267,10 @@ struct HTTPResponseParser {
                 if let event = try completeLine() { return (i, event) }
                 continue
             }
-            let cr = memchr(base + i, 0x0D, input.count - i).map { UnsafeRawPointer($0) - base } ?? input.count
-            // Bytes i..<cr hold no CR; the first LF among them, if any, is a bare LF.
-            if let lf = memchr(base + i, 0x0A, cr - i).map({ UnsafeRawPointer($0) - base }) {
-                try count(lf - i)
+            let cr = SWAR.lineEnd(input, from: i)
+            if cr < input.count && input[cr] == 0x0A {
+                // The first line end is an LF without its CR.
+                try count(cr - i)
                 try count(1)
                 throw Failure(reason: "bare LF in the response head")
             }
@@ -279,6 +278,14 @@ struct HTTPResponseParser {
                 try count(cr - i)
                 line.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[i..<cr]))
                 return (cr, nil)
+            }
+            if line.isEmpty && cr + 1 < input.count && input[cr + 1] == 0x0A {
+                // The whole line is in `input`: handed over where it lies, not copied to `line`.
+                try count(cr - i + 2)
+                let event = try headLine(UnsafeRawBufferPointer(rebasing: input[i..<cr]).assumingMemoryBound(to: UInt8.self))
+                i = cr + 2
+                if let event { return (i, event) }
+                continue
             }
             try count(cr - i + 1)  // the segment and its CR
             line.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[i...cr]))
@@ -305,10 +312,11 @@ struct HTTPResponseParser {
             complete.removeAll(keepingCapacity: true)
             swap(&complete, &line)
         }
-        return try headLine(complete)
+        return try complete.withUnsafeBufferPointer { (l) throws(Failure) in try headLine(l) }
     }
 
-    private mutating func headLine(_ l: [UInt8]) throws(Failure) -> Event? {
+    /// One head line, without its CRLF: in `line` when it came in pieces, else in the input.
+    private mutating func headLine(_ l: UnsafeBufferPointer<UInt8>) throws(Failure) -> Event? {
         if !statusSeen {
             try statusLine(l)
             return nil
@@ -322,17 +330,17 @@ struct HTTPResponseParser {
         guard status >= 200 else {
             // An interim head's fields are validated and kept for the transfer to forward; they
             // say nothing about the final response's framing.
-            let kind = l.withUnsafeBufferPointer { ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: $0[name])) }
-            l.withUnsafeBytes { head.addValidated($0, name: name, value: value, kind: kind) }
+            let kind = ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: l[name]))
+            head.addValidated(UnsafeRawBufferPointer(l), name: name, value: value, kind: kind)
             return nil
         }
         let kind = try interpret(l, name: name, value: value)
-        l.withUnsafeBytes { head.addValidated($0, name: name, value: value, kind: kind) }
+        head.addValidated(UnsafeRawBufferPointer(l), name: name, value: value, kind: kind)
         return nil
     }
 
     /// `HTTP/1.x SP 3DIGIT [ SP reason ]`.
-    private mutating func statusLine(_ l: [UInt8]) throws(Failure) {
+    private mutating func statusLine(_ l: UnsafeBufferPointer<UInt8>) throws(Failure) {
         if l.isEmpty { throw Failure(reason: "empty line where a status line was expected") }
         guard l.count >= 12, l[0] == 0x48, l[1] == 0x54, l[2] == 0x54, l[3] == 0x50, l[4] == 0x2F,  // "HTTP/"
             l[5] == 0x31, l[6] == 0x2E, l[7] == 0x30 || l[7] == 0x31, l[8] == 0x20  // "1.0 " or "1.1 "
@@ -357,9 +365,7 @@ struct HTTPResponseParser {
         statusSeen = true
         fieldCount = 0
         facts = FieldFacts()
-        l.withUnsafeBytes {
-            head.beginValidated(status: code, reason: UnsafeRawBufferPointer(rebasing: $0[min(13, l.count)...]))
-        }
+        head.beginValidated(status: code, reason: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: l[min(13, l.count)...])))
     }
 
     /// The empty line: an interim head is reported (its fields stay in `head` until the next
@@ -404,48 +410,45 @@ struct HTTPResponseParser {
 
     /// Validates a field line: `token ":" OWS value OWS` with value bytes HTAB, SP, VCHAR and
     /// obs-text. Returns the name and the trimmed value.
-    private static func fieldLine(_ line: [UInt8]) throws(Failure) -> (name: Range<Int>, value: Range<Int>) {
-        // On the buffer, without bounds checks: every field byte of every response passes here.
-        let scan = line.withUnsafeBufferPointer { l -> (name: Int, valueStart: Int, bad: Int?) in
-            var i = 0
-            while i < l.count, ASCII.isTokenChar(l[i]) { i += 1 }
-            let name = i
-            guard i < l.count, l[i] == 0x3A else { return (name, i, nil) }
-            i += 1
-            while i < l.count, l[i] == 0x20 || l[i] == 0x09 { i += 1 }
-            let valueStart = i
-            while i < l.count {
-                let b = l[i]
-                if b < 0x20 && b != 0x09 || b == 0x7F { return (name, valueStart, i) }
-                i += 1
-            }
-            return (name, valueStart, nil)
-        }
-        let l = line
+    private static func fieldLine(_ l: UnsafeBufferPointer<UInt8>) throws(Failure) -> (name: Range<Int>, value: Range<Int>) {
+        // `l` is not empty (the empty line ends the head).
+        var i = 0
+        while i < l.count, ASCII.isTokenChar(l[i]) { i += 1 }
         if l[0] == 0x20 || l[0] == 0x09 { throw Failure(reason: "obsolete line folding in a header field") }
-        var i = scan.name
         guard i < l.count else { throw Failure(reason: "header field line without a colon") }
         if l[i] == 0x20 || l[i] == 0x09 { throw Failure(reason: "whitespace between a header field name and the colon") }
         guard l[i] == 0x3A else { throw Failure(reason: "invalid character in a header field name") }
         guard i > 0 else { throw Failure(reason: "empty header field name") }
         let name = 0..<i
-        if scan.bad != nil { throw Failure(reason: "NUL or control character in a header field value") }
-        i = scan.valueStart
+        i += 1
+        while i < l.count, l[i] == 0x20 || l[i] == 0x09 { i += 1 }
+        let valueStart = i
+        // Eight bytes at a time up to the word holding a control byte or DEL, if any.
+        if let base = l.baseAddress {
+            while i + 8 <= l.count, SWAR.controlOrDEL(SWAR.load(base + i)) == 0 { i += 8 }
+        }
+        while i < l.count {
+            let b = l[i]
+            if b < 0x20 && b != 0x09 || b == 0x7F {
+                throw Failure(reason: "NUL or control character in a header field value")
+            }
+            i += 1
+        }
         var valueEnd = l.count
-        while valueEnd > i, l[valueEnd - 1] == 0x20 || l[valueEnd - 1] == 0x09 { valueEnd -= 1 }
-        return (name, i..<valueEnd)
+        while valueEnd > valueStart, l[valueEnd - 1] == 0x20 || l[valueEnd - 1] == 0x09 { valueEnd -= 1 }
+        return (name, valueStart..<valueEnd)
     }
 
     /// The fields that decide framing and persistence, checked as they arrive; returns the
     /// field's kind for the encoder.
     private mutating func interpret(
-        _ l: [UInt8], name: Range<Int>, value: Range<Int>
+        _ l: UnsafeBufferPointer<UInt8>, name: Range<Int>, value: Range<Int>
     ) throws(Failure)
         -> ResponseEncoder.ResponseField
     {
         // The kind comes from the encoder's own table of the fields a proxy treats specially,
         // so parser and encoder never disagree about a name.
-        let kind = l.withUnsafeBufferPointer { ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: $0[name])) }
+        let kind = ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: l[name]))
         switch kind {
         case .connection:
             for element in Self.listElements(l, value) {
@@ -530,7 +533,9 @@ struct HTTPResponseParser {
     @inline(__always)
     private static func isDigit(_ b: UInt8) -> Bool { b >= 0x30 && b <= 0x39 }
 
-    private static func equalsIgnoringCase(_ l: [UInt8], _ range: Range<Int>, _ lowercase: StaticString) -> Bool {
+    private static func equalsIgnoringCase(
+        _ l: UnsafeBufferPointer<UInt8>, _ range: Range<Int>, _ lowercase: StaticString
+    ) -> Bool {
         guard range.count == lowercase.utf8CodeUnitCount else { return false }
         let p = lowercase.utf8Start
         for k in 0..<range.count where ASCII.lower(l[range.lowerBound + k]) != p[k] { return false }
@@ -539,16 +544,16 @@ struct HTTPResponseParser {
 
     /// The elements of a comma-separated list in `l[value]`, OWS trimmed, empty ones kept
     /// (callers refuse them where they matter).
-    private static func listElements(_ l: [UInt8], _ value: Range<Int>) -> ListElements {
+    private static func listElements(_ l: UnsafeBufferPointer<UInt8>, _ value: Range<Int>) -> ListElements {
         ListElements(bytes: l, range: value)
     }
 
     private struct ListElements: Sequence, IteratorProtocol {
-        let bytes: [UInt8]
+        let bytes: UnsafeBufferPointer<UInt8>
         let range: Range<Int>
         var start: Int?
 
-        init(bytes: [UInt8], range: Range<Int>) {
+        init(bytes: UnsafeBufferPointer<UInt8>, range: Range<Int>) {
             self.bytes = bytes
             self.range = range
             start = range.lowerBound
