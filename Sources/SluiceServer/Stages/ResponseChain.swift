@@ -44,11 +44,7 @@ enum ResponseChain {
     )
         -> ResponseVerdict
     {
-        for stage in head {
-            let verdict = stage.head(&response, exchange, services)
-            guard case .proceed = verdict else { return verdict }
-        }
-        return .proceed
+        run(head[...], &response, exchange, services)
     }
 
     /// Where `head` runs again once a kept response body arrived (`ResponseHeadContext.kept`):
@@ -61,7 +57,15 @@ enum ResponseChain {
     )
         -> ResponseVerdict
     {
-        for stage in bodyStages {
+        run(bodyStages, &response, exchange, services)
+    }
+
+    /// `stages` in order on `response`, up to the first verdict other than `.proceed`.
+    private static func run(
+        _ stages: ArraySlice<any ResponseStage.Type>, _ response: inout ResponseHeadContext, _ exchange: Exchange,
+        _ services: any StageServices
+    ) -> ResponseVerdict {
+        for stage in stages {
             let verdict = stage.head(&response, exchange, services)
             guard case .proceed = verdict else { return verdict }
         }
