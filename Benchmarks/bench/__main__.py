@@ -17,6 +17,9 @@ def main() -> None:
     run.add_argument("scenario", nargs="?", default="headline")
     run.add_argument("--sluice", default=os.environ.get("SLUICE_BIN", ".build/release/sluice"),
                      help="the Sluice binary (default: $SLUICE_BIN or .build/release/sluice; relative to the repo)")
+    run.add_argument("--baseline", metavar="BIN",
+                     help="another Sluice binary (the build to compare with): every Sluice target also runs "
+                          "on it as <target>@base, in the same interleaved rounds")
     run.add_argument("--targets", help="comma-separated targets instead of the scenario's")
     run.add_argument("--duration", type=int, help="seconds per wrk run")
     run.add_argument("--rounds", type=int, help="wrk runs per cell")
@@ -47,7 +50,9 @@ def main() -> None:
             overrides.append(f"rounds={args.rounds}")
         scenario = runner.load_scenario(args.scenario, overrides)
         sluice = Path(args.sluice)
-        path = runner.run(scenario, sluice if sluice.is_absolute() else runner.REPO / sluice, args.keep_logs)
+        resolve = lambda p: p if p.is_absolute() else runner.REPO / p
+        path = runner.run(scenario, resolve(sluice), args.keep_logs,
+                          resolve(Path(args.baseline)) if args.baseline else None)
         if args.report:
             report.publish(path, runner.REPO / "BENCHMARKS.md")
     else:

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from . import clients, procfs, stats
-from .servers import (FLEET_TARGETS, RELOADED_HEADER, SLUICE_TARGETS, port_open, redis_commandstats, sluice_yaml,
-                      wait_port)
+from .servers import (FLEET_TARGETS, RELOADED_HEADER, SLUICE_TARGETS, helper_of, kind, port_open, redis_commandstats,
+                      sluice_yaml, wait_port)
 
 LUA = Path(__file__).resolve().parent.parent / "absolute.lua"
 
@@ -165,7 +165,7 @@ def _throughput_round(bench, target: str, body: str, connections: int, rnd: int)
 def _commandstats(bench, target: str) -> dict | None:
     """The target's Redis's `INFO commandstats`, or None (with a warning) when it does not answer."""
     try:
-        return redis_commandstats(bench.lab.port("redis"))
+        return redis_commandstats(bench.lab.port(helper_of(target, "redis")))
     except (OSError, ValueError) as e:
         bench.warn(f"{target}: INFO commandstats of its Redis failed: {e}")
         return None
@@ -371,22 +371,26 @@ def callgrind(bench) -> dict:
         bench.note("instructions per request: n/a (valgrind is not installed)")
         return {}
     p = bench.scenario["callgrind"]
-    wanted = p.get("targets") or [t for t in bench.scenario["targets"] if t in SLUICE_TARGETS]
+    wanted = p.get("targets") or [t for t in bench.scenario["targets"] if kind(t) in SLUICE_TARGETS]
     d = bench.lab.dir("callgrind")
-    # valgrind 3.19 cannot read the DWARF 5 of Swift's toolchain; a copy without debug info keeps
-    # the symbol table, so the profile still names functions.
-    binary = d / "sluice"
-    if subprocess.run(["objcopy", "--strip-debug", str(bench.lab.sluice_bin), str(binary)],
-                      capture_output=True).returncode != 0:
-        shutil.copy(bench.lab.sluice_bin, binary)
+    binaries = {}
     out = {}
     for t in wanted:
         if t not in bench.active():
             continue
+        # valgrind 3.19 cannot read the DWARF 5 of Swift's toolchain; a copy without debug info
+        # keeps the symbol table, so the profile still names functions.
+        source = bench.lab.binary(t)
+        if source not in binaries:
+            binaries[source] = d / f"sluice-{len(binaries)}"
+            if subprocess.run(["objcopy", "--strip-debug", str(source), str(binaries[source])],
+                              capture_output=True).returncode != 0:
+                shutil.copy(source, binaries[source])
+        binary = binaries[source]
         # A fleet target's configuration names its redis-server, which runs from the target's start
         # to the end of the run: Sluice under valgrind shares it with the target (same limit, far
         # above the load).
-        if t in FLEET_TARGETS and not port_open(bench.lab.port("redis")):
+        if kind(t) in FLEET_TARGETS and not port_open(bench.lab.port(helper_of(t, "redis"))):
             out[t] = {"n1": p["n1"], "n2": p["n2"], "note": "n/a (its Redis is not running)"}
             continue
         bench.log(f"callgrind: {t}, {p['n1']} and {p['n2']} requests (valgrind is slow)")
@@ -401,7 +405,7 @@ def callgrind(bench) -> dict:
                 out[t] = {**row, "note": f"n/a (filling its disk store: {why})"}
                 continue
         for key, n in (("ir_n1", p["n1"]), ("ir_n2", p["n2"])):
-            before = _commandstats(bench, t) if t in FLEET_TARGETS else None
+            before = _commandstats(bench, t) if kind(t) in FLEET_TARGETS else None
             ir, why = _callgrind_run(bench, binary, t, n, d)
             if before is not None:
                 after = _commandstats(bench, t)
@@ -491,7 +495,7 @@ def soak(bench) -> dict:
     p = bench.scenario["soak"]
     if p["duration"] > 600 or p["warmup"] >= p["duration"]:
         raise ValueError("soak: duration is at most 600 seconds and longer than its warmup")
-    target = next(t for t in bench.proxies() if t in SLUICE_TARGETS)
+    target = next(t for t in bench.proxies() if kind(t) in SLUICE_TARGETS)
     pid = bench.procs[target].pid
     delay = p["connections"] * 1000 // p["rate"]
     bench.log(f"soak: {p['duration']} s at {p['rate']} req/s over {p['connections']} connections through {target}")
@@ -541,7 +545,7 @@ def reload_soak(bench) -> dict:
     p = bench.scenario["reload_soak"]
     if p["duration"] > 600 or p["interval"] <= 0:
         raise ValueError("reload_soak: duration is at most 600 seconds and interval above 0")
-    target = next(t for t in bench.proxies() if t in SLUICE_TARGETS)
+    target = next(t for t in bench.proxies() if kind(t) in SLUICE_TARGETS)
     pid, log = bench.procs[target].pid, bench.procs[target].log
     config = bench.lab.dir(target) / "sluice.yaml"
     text = config.read_text()

@@ -182,6 +182,11 @@ def header_section(result: dict, source: str, chart: str | None) -> str:
         f"shown; targets interleaved (round 1 of every target, then round 2 …); all on 127.0.0.1, where "
         f"wrk, the origin nginx and the proxy share the cores, so compare ratios within a run",
     ]
+    if result.get("baseline"):
+        b = result["baseline"]
+        lines.append(f"- **baseline** (the `@base` targets: the same configurations on another binary, "
+                     f"interleaved with the others): `{b['binary']}`, `sluice --version` {b['version']}, "
+                     f"built {b['built_utc']}, sha256 {(b['sha256'] or '?')[:12]}")
     if missing:
         lines.append("- **not measured**: " + "; ".join(missing))
     if result.get("notes"):
@@ -421,6 +426,34 @@ def callgrind_section(result: dict) -> str | None:
               f"{p['n2'] - p['n1']}, so start-up and shutdown cancel out.{fleet_note}")
 
 
+def baseline_section(result: dict) -> str | None:
+    """Each Sluice target against its `@base` twin (run --baseline), cell by cell: req/s and CPU
+    per request of the binary under test over the baseline's, and the instructions per request
+    of both."""
+    if not result.get("baseline"):
+        return None
+    table_ = cells(result)
+    ok = measured_targets(result)
+    twins = [t for t in ok if not t.endswith("@base") and f"{t}@base" in ok]
+    if not twins:
+        return None
+    cg = result.get("callgrind", {})
+    header, rows = ["target", "cell", "req/s (base → this)", "ratio", "CPU/req (base → this)", "ratio"], []
+    for t in twins:
+        for body, connections in loads(result):
+            a, b = table_.get((t, body, connections)), table_.get((f"{t}@base", body, connections))
+            if not a or not b:
+                continue
+            rows.append([t, cell_name(body, connections), f"{b['rps']:,.0f} → {a['rps']:,.0f}",
+                         f_ratio(stats.ratio(a["rps"], b["rps"])), f"{f_cpu(b.get('cpu_us'))} → {f_cpu(a.get('cpu_us'))}",
+                         f_ratio(stats.ratio(a.get("cpu_us"), b.get("cpu_us")))])
+        before, after = cg.get(f"{t}@base", {}).get("per_request"), cg.get(t, {}).get("per_request")
+        if before and after:
+            rows.append([t, "instructions per request", f"{before:,} → {after:,}", f_ratio(after / before), "", ""])
+    return ("#### Against the baseline\n\n" + table(header, rows, ["l", "l", "r", "r", "r", "r"])
+            + "\n\nRatios: this binary's figure over the baseline's in the same cell of the same run.")
+
+
 def soak_section(result: dict) -> str | None:
     s = result.get("soak")
     if not s:
@@ -467,7 +500,8 @@ def markdown(result: dict, source: str, chart: str | None) -> str:
     """Every table the result file has data for, under a header naming the machine, versions and
     method; `source` and `chart` are the links to the result file and the chart."""
     parts = [header_section(result, source, chart), summary_section(result), *throughput_sections(result),
-             big_section(result), resources_section(result), callgrind_section(result), soak_section(result),
+             big_section(result), resources_section(result), callgrind_section(result), baseline_section(result),
+             soak_section(result),
              reload_soak_section(result)]
     return "\n\n".join(p for p in parts if p)
 

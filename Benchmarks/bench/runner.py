@@ -18,8 +18,8 @@ import tomllib
 from pathlib import Path
 
 from . import measures, procfs
-from .servers import (FLEET_TARGETS, ORIGIN_KINDS, PORT_OFFSETS, STARTERS, Lab, Unavailable, origin_requests,
-                      port_open, start_origin)
+from .servers import (BASELINE, BASELINE_SHIFT, FLEET_TARGETS, ORIGIN_KINDS, PORT_OFFSETS, SLUICE_TARGETS, STARTERS,
+                      Lab, Unavailable, helper_of, kind, origin_requests, port_open, start_origin)
 
 HERE = Path(__file__).resolve().parent.parent          # Benchmarks/
 REPO = HERE.parent
@@ -53,7 +53,7 @@ def load_scenario(name: str, overrides: list[str]) -> dict:
         for part in path[:-1]:
             table = table.setdefault(part, {})
         table[path[-1]] = value
-    unknown = [t for t in scenario["targets"] if t != "direct" and t not in STARTERS]
+    unknown = [t for t in scenario["targets"] if t != "direct" and kind(t) not in STARTERS]
     if unknown or scenario["origin"] not in ORIGIN_KINDS:
         raise SystemExit(f"unknown target(s) {unknown} or origin {scenario['origin']!r}; "
                          f"targets: direct, {', '.join(STARTERS)}; origins: {', '.join(ORIGIN_KINDS)}")
@@ -148,11 +148,12 @@ class Bench:
                 self.status[t] = None
                 continue
             try:
-                self.procs[t] = STARTERS[t](self.lab, t)
+                self.procs[t] = STARTERS[kind(t)](self.lab, t)
                 self._check(t)
                 self.status[t] = None
                 redis = self.lab.redis.get(t)
-                helper = f", its redis-server on 127.0.0.1:{self.port('redis')} (pid {redis.pid})" if redis else ""
+                helper = (f", its redis-server on 127.0.0.1:{self.port(helper_of(t, 'redis'))} (pid {redis.pid})"
+                          if redis else "")
                 self.log(f"{t} on 127.0.0.1:{self.port(t)} (pid {self.procs[t].pid}){helper}")
             except Unavailable as e:
                 self.status[t] = str(e)
@@ -260,14 +261,27 @@ def _sluice_yaml(scenario: dict, nofile: int) -> str:
     return "".join(p + "\n" for p in parts if p)
 
 
-def run(scenario: dict, sluice_bin: Path, keep_logs: bool) -> Path:
-    """Runs the scenario and writes its result file; returns the file's path."""
+def with_baseline(targets: list[str]) -> list[str]:
+    """The targets with each Sluice target's baseline twin right after it (run --baseline)."""
+    return [name for t in targets for name in ((t, t + BASELINE) if kind(t) in SLUICE_TARGETS else (t,))]
+
+
+def run(scenario: dict, sluice_bin: Path, keep_logs: bool, baseline_bin: Path | None = None) -> Path:
+    """Runs the scenario and writes its result file; returns the file's path. With `baseline_bin`,
+    every Sluice target also runs as "<target>@base" on that binary, interleaved with the others."""
+    if baseline_bin is not None:
+        if not baseline_bin.is_file():
+            raise SystemExit(f"no baseline binary at {baseline_bin}")
+        scenario = {**scenario, "targets": with_baseline(scenario["targets"])}
+        if "targets" in scenario.get("callgrind", {}):
+            scenario["callgrind"] = {**scenario["callgrind"],
+                                     "targets": with_baseline(scenario["callgrind"]["targets"])}
     for tool in ["wrk", "curl", "nginx"] + (["openssl"] if scenario["origin"] == "tls" else []):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed (scripts/install-deps.sh bench installs what is needed)")
-    if scenario["base_port"] + max(PORT_OFFSETS.values()) >= 32768:
-        raise SystemExit(f"base_port must leave base_port+{max(PORT_OFFSETS.values())} below 32768 "
-                         "(the ephemeral ports)")
+    top = max(PORT_OFFSETS.values()) + (BASELINE_SHIFT if baseline_bin is not None else 0)
+    if scenario["base_port"] + top >= 32768:
+        raise SystemExit(f"base_port must leave base_port+{top} below 32768 (the ephemeral ports)")
     for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         os.environ.pop(var, None)   # never let the environment route our clients elsewhere
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -276,15 +290,19 @@ def run(scenario: dict, sluice_bin: Path, keep_logs: bool) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench."))
     tmp.chmod(0o755)           # the workers of nginx, squid and tinyproxy traverse it
     (tmp / "logs").mkdir()
-    lab = Lab(tmp=tmp, base_port=scenario["base_port"], sluice_bin=sluice_bin, nofile=nofile,
+    lab = Lab(tmp=tmp, base_port=scenario["base_port"], sluice_bin=sluice_bin, baseline_bin=baseline_bin, nofile=nofile,
               is_root=os.geteuid() == 0, sluice_workers=str(scenario["sluice_workers"]),
               sluice_yaml=_sluice_yaml(scenario, nofile))
     bench = Bench(scenario, lab)
     result = {"format": 1, "scenario": scenario, "started_utc": _utc(started), "commit": commit(),
               "machine": procfs.machine(), "open_files": nofile, "versions": versions(sluice_bin)}
+    if baseline_bin is not None:
+        result["baseline"] = versions(baseline_bin)["sluice"]
     try:
-        helpers = ["redis"] if FLEET_TARGETS & set(scenario["targets"]) else []
-        busy = [t for t in ["direct", *scenario["targets"], "callgrind", "admin", *helpers] if port_open(lab.port(t))]
+        helpers = [helper_of(t, h) for t in scenario["targets"] for h in ("redis", "admin")
+                   if t != "direct" and (h == "admin" or kind(t) in FLEET_TARGETS)]
+        busy = [t for t in dict.fromkeys(["direct", *scenario["targets"], "callgrind", "admin", *helpers])
+                if port_open(lab.port(t))]
         if busy:
             raise SystemExit(f"ports of {busy} are in use; choose another base port (--set base_port=N)")
         if "big_download" in scenario["measures"]:
@@ -315,7 +333,7 @@ def run(scenario: dict, sluice_bin: Path, keep_logs: bool) -> Path:
             t: {"status": "ok" if bench.status.get(t) is None else "n/a", "reason": bench.status.get(t),
                 "port": lab.port(t), "rss_idle_kib": rss_idle.get(t),
                 "rss_after_load_kib": rss_after_load.get(t),
-                **({"redis_port": lab.port("redis")} if t in lab.redis else {})} for t in targets}
+                **({"redis_port": lab.port(helper_of(t, "redis"))} if t in lab.redis else {})} for t in targets}
         result["notes"] = bench.notes
     finally:
         lab.stop_all()

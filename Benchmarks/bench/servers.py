@@ -28,6 +28,23 @@ PORT_OFFSETS = {
     "haproxy-pipeline": 25, "sluice-lua": 26, "haproxy-lua": 27, "nginx-pipeline": 28, "nginx-lua": 29,
 }
 
+# A baseline twin (`run --baseline BIN`): "<target>@base" is the Sluice target <target> with the
+# same configuration, run by another binary (the build being compared against) in the same
+# interleaved run, so both see the same machine at the same moments. Its ports, and those of its
+# helpers (its redis-server, its admin listener), are BASELINE_SHIFT above the target's.
+BASELINE = "@base"
+BASELINE_SHIFT = 30
+
+
+def kind(name: str) -> str:
+    """The target a name runs: "sluice-pipeline" for "sluice-pipeline@base"."""
+    return name.removesuffix(BASELINE)
+
+
+def helper_of(target: str, helper: str) -> str:
+    """The name of `helper` ("redis", "admin") that belongs to `target`: a twin has its own."""
+    return helper + BASELINE if target.endswith(BASELINE) else helper
+
 
 class Unavailable(Exception):
     """A target that cannot be measured here (not installed, did not start); the reason goes into
@@ -109,11 +126,21 @@ class Lab:
     sluice_workers: str = "auto"
     sluice_yaml: str = ""          # appended to every Sluice configuration
     big_file: Path | None = None
+    baseline_bin: Path | None = None   # the binary of the "@base" twins (run --baseline)
     procs: list[Proc] = field(default_factory=list)
     redis: dict[str, Proc] = field(default_factory=dict)   # target -> the redis-server it started
 
     def port(self, name: str) -> int:
-        return self.base_port + PORT_OFFSETS[name]
+        shift = BASELINE_SHIFT if name.endswith(BASELINE) else 0
+        return self.base_port + PORT_OFFSETS[kind(name)] + shift
+
+    def binary(self, target: str) -> Path:
+        """The Sluice binary a Sluice target runs: the baseline's for a twin."""
+        if target.endswith(BASELINE):
+            if self.baseline_bin is None:
+                raise ValueError(f"{target}: no baseline binary (run --baseline BIN)")
+            return self.baseline_bin
+        return self.sluice_bin
 
     @property
     def origin_port(self) -> int:
@@ -321,6 +348,7 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
                        HTTP/1.1 over TLS on the native transport);
     sluice-http1-curl -- sluice-http1 through libcurl (`upstream.engine: curl`)."""
     pipeline = PIPELINE.format(d=d)
+    target, name = name, kind(name)
     if name == "sluice":
         return ""
     if name == "sluice-pipeline":
@@ -330,16 +358,16 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     if name == "sluice-sigv4":
         return pipeline + SIGV4
     if name == "sluice-lua":
-        return pipeline + LUA_STAGE.format(script=lua_script(lab, name))
+        return pipeline + LUA_STAGE.format(script=lua_script(lab, target))
     if name == "sluice-ratelimit":
         return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT)
     if name == "sluice-fleet":
-        return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT) + fleet_section(lab)
+        return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT) + fleet_section(lab, target)
     if name == "sluice-reload":
-        return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT) + fleet_section(lab) + CACHE
+        return pipeline.replace("  default:\n", "  default:\n" + RATE_LIMIT) + fleet_section(lab, target) + CACHE
     if name == "sluice-metrics":
         return (pipeline.replace("monitors:\n", "monitors:\n  - metrics: {}\n")
-                + f"admin: {{ listen: 127.0.0.1:{lab.port('admin')} }}\n")
+                + f"admin: {{ listen: 127.0.0.1:{lab.port(helper_of(target, 'admin'))} }}\n")
     if name == "sluice-cache":
         return CACHE
     if name == "sluice-disk":
@@ -358,10 +386,10 @@ def lua_script(lab: Lab, target: str) -> Path:
     return lab.tmp / target / "edit.lua"
 
 
-def fleet_section(lab: Lab) -> str:
+def fleet_section(lab: Lab, target: str) -> str:
     """The top-level `fleet:` of a fleet target: its redis-server on loopback, every other key
     (timeout 20ms, key_prefix, heartbeat 2s, on_redis_down) at Sluice's default."""
-    return f'fleet: {{ redis: "127.0.0.1:{lab.port("redis")}" }}\n'
+    return f'fleet: {{ redis: "127.0.0.1:{lab.port(helper_of(target, "redis"))}" }}\n'
 
 
 def sluice_yaml(lab: Lab, name: str, port: int, workers: str, d: Path) -> str:
@@ -374,21 +402,22 @@ def sluice_yaml(lab: Lab, name: str, port: int, workers: str, d: Path) -> str:
 def start_sluice(lab: Lab, name: str) -> Proc:
     """A Sluice target; a fleet target first starts its redis-server (start_redis), which is
     stopped with it (lab.stop_all stops the processes in reverse order: Sluice, then Redis)."""
-    if not lab.sluice_bin.is_file():
-        raise Unavailable(f"no binary at {lab.sluice_bin} (build it with `make build`)")
+    binary = lab.binary(name)
+    if not binary.is_file():
+        raise Unavailable(f"no binary at {binary} (build it with `make build`)")
     d = lab.dir(name)
     (d / "sluice.yaml").write_text(sluice_yaml(lab, name, lab.port(name), lab.sluice_workers, d))
-    if name in LUA_TARGETS:
+    if kind(name) in LUA_TARGETS:
         lua_script(lab, name).write_text(LUA_EDIT)
-        _sluice_check(lab, d / "sluice.yaml")
-    redis = start_redis(lab, name) if name in FLEET_TARGETS else None
-    proc = lab.start(name, [str(lab.sluice_bin), "run", "--config", str(d / "sluice.yaml")])
+        _sluice_check(lab, binary, d / "sluice.yaml")
+    redis = start_redis(lab, name) if kind(name) in FLEET_TARGETS else None
+    proc = lab.start(name, [str(binary), "run", "--config", str(d / "sluice.yaml")])
     if not wait_port(lab.port(name), proc, 15):
         proc.stop()
         if redis:
             redis.stop()
         raise Unavailable(f"did not start: {_first_error(proc, d)}")
-    if name in RESTARTED_TARGETS:
+    if kind(name) in RESTARTED_TARGETS:
         proc = _fill_and_restart(lab, name, proc, d)
     return proc
 
@@ -398,9 +427,9 @@ def start_sluice(lab: Lab, name: str) -> Proc:
 LUA_TARGETS = {"sluice-lua"}
 
 
-def _sluice_check(lab: Lab, config: Path):
+def _sluice_check(lab: Lab, binary: Path, config: Path):
     """`sluice check` of a configuration; Unavailable with its first error when it refuses it."""
-    done = subprocess.run([str(lab.sluice_bin), "check", "--config", str(config)], capture_output=True,
+    done = subprocess.run([str(binary), "check", "--config", str(config)], capture_output=True,
                           text=True, timeout=60)
     if done.returncode != 0:
         lines = (done.stdout + done.stderr).strip().splitlines()
@@ -422,7 +451,7 @@ def _fill_and_restart(lab: Lab, name: str, proc: Proc, d: Path) -> Proc:
     proc.popen.send_signal(signal.SIGTERM)
     proc.popen.wait(30)
     proc.stop()
-    proc = lab.start(f"{name}-restarted", [str(lab.sluice_bin), "run", "--config", str(d / "sluice.yaml")])
+    proc = lab.start(f"{name}-restarted", [str(lab.binary(name)), "run", "--config", str(d / "sluice.yaml")])
     if not wait_port(lab.port(name), proc, 15):
         proc.stop()
         raise Unavailable(f"did not start again: {_first_error(proc, d)}")
@@ -447,7 +476,7 @@ def start_redis(lab: Lab, target: str) -> Proc:
     (`save ""`, `appendonly no`), its working directory in the run's temp dir; lab.redis[target]."""
     _require("redis-server")
     d = lab.dir(f"{target}-redis")
-    port = lab.port("redis")
+    port = lab.port(helper_of(target, "redis"))
     proc = lab.start(f"{target}-redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                                          "--save", "", "--appendonly", "no", "--dir", str(d)])
     if not wait_port(port, proc, 10):

@@ -1,5 +1,6 @@
 """BENCHMARKS.md's tables and the chart from a small sample result file."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,21 @@ def test_reload_soak_shows_the_reloads_and_rss_before_and_after():
     text = report.reload_soak_section(result)
     assert "| 235 / 236 | 2,111,237 |" in text and "| 87 / 86 / 151 | pass |" in text
     assert report.reload_soak_section({"scenario": {}}) is None
+
+
+def test_the_baseline_section_compares_each_target_with_its_twin(result):
+    assert report.baseline_section(result) is None            # a run without --baseline
+    twin = copy.deepcopy(next(c for c in result["throughput"] if c["target"] == "sluice-pipeline"))
+    twin["target"] = "sluice-pipeline@base"
+    twin["median"] = {**twin["median"], "rps": 40000, "cpu_us": 30.0}
+    result["throughput"].append(twin)
+    result["scenario"]["targets"].append("sluice-pipeline@base")
+    result["targets"]["sluice-pipeline@base"] = {"status": "ok"}
+    result["callgrind"]["sluice-pipeline@base"] = {"per_request": 100000}
+    result["baseline"] = {"binary": "/old/sluice", "version": "0.1.0", "sha256": "0123456789abcdef",
+                          "built_utc": "2026-11-26T02:00:00Z"}
+    text = report.baseline_section(result)
+    # 42,000 req/s at 24 µs against the baseline's 40,000 at 30 µs; 83,313 instructions against 100,000.
+    assert "| sluice-pipeline | 1 KiB c64 | 40,000 → 42,000 | 1.05 | 30.0 µs → 24.0 µs | 0.80 |" in text
+    assert "| sluice-pipeline | instructions per request | 100,000 → 83,313 | 0.83 |" in text
+    assert "`/old/sluice`" in report.header_section(result, "x.json", None)

@@ -60,12 +60,40 @@ def test_fleet_is_the_ratelimit_plus_a_fleet_section(lab, tmp_path):
     limited = sluice_yaml(lab, "sluice-ratelimit", 1, "auto", d)
     fleet = sluice_yaml(lab, "sluice-fleet", 1, "auto", d)
     section = 'fleet: { redis: "127.0.0.1:31099" }\n'      # base_port + the "redis" offset
-    assert servers.fleet_section(lab) == section and fleet.count(section) == 1
+    assert servers.fleet_section(lab, "sluice-fleet") == section and fleet.count(section) == 1
     assert fleet.replace(section, "").replace("(sluice-fleet)", "(sluice-ratelimit)") == limited
     yaml = pytest.importorskip("yaml")
     a, b = yaml.safe_load(limited), yaml.safe_load(fleet)
     assert b.pop("fleet") == {"redis": "127.0.0.1:31099"}
     assert a == b
+
+
+def test_a_baseline_twin_runs_the_same_configuration_on_its_own_ports(tmp_path):
+    lab = Lab(tmp=tmp_path, base_port=31080, sluice_bin=Path("/new"), baseline_bin=Path("/old"), nofile=4096,
+              is_root=False)
+    assert servers.kind("sluice-fleet@base") == "sluice-fleet" and servers.kind("sluice-fleet") == "sluice-fleet"
+    assert lab.binary("sluice-fleet") == Path("/new") and lab.binary("sluice-fleet@base") == Path("/old")
+    shift = servers.BASELINE_SHIFT
+    assert lab.port("sluice-fleet@base") == lab.port("sluice-fleet") + shift
+    # Every port of a run with twins stays below the kernel's ephemeral ports.
+    assert 31080 + max(PORT_OFFSETS.values()) + shift < 32768
+    d, twin = tmp_path / "a", tmp_path / "b"
+    one = sluice_yaml(lab, "sluice-fleet", lab.port("sluice-fleet"), "auto", d)
+    other = sluice_yaml(lab, "sluice-fleet@base", lab.port("sluice-fleet@base"), "auto", d)
+    # The same configuration but for its listener and its own redis-server.
+    assert f'redis: "127.0.0.1:{31099 + shift}"' in other and 'redis: "127.0.0.1:31099"' in one
+    assert other.replace(str(31080 + PORT_OFFSETS["sluice-fleet"] + shift), str(31080 + PORT_OFFSETS["sluice-fleet"])) \
+        .replace(str(31099 + shift), "31099").replace("(sluice-fleet@base)", "(sluice-fleet)") == one
+    metrics = sluice_yaml(lab, "sluice-metrics@base", 1, "auto", twin)
+    assert f"admin: {{ listen: 127.0.0.1:{31090 + shift} }}" in metrics
+    with pytest.raises(ValueError):
+        Lab(tmp=tmp_path, base_port=31080, sluice_bin=Path("/new"), nofile=4096, is_root=False).binary("sluice@base")
+
+
+def test_with_baseline_twins_only_sluice_targets():
+    from bench import runner
+    assert runner.with_baseline(["direct", "sluice-pipeline", "haproxy", "sluice-cache"]) == [
+        "direct", "sluice-pipeline", "sluice-pipeline@base", "haproxy", "sluice-cache", "sluice-cache@base"]
 
 
 def test_reload_is_the_fleet_plus_the_memory_cache(lab, tmp_path):
