@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import clients, procfs, stats
+from . import clients, fleetcache, procfs, stats
 from .servers import (FLEET_TARGETS, RELOADED_HEADER, SLUICE_TARGETS, helper_of, kind, port_open, redis_commandstats,
                       sluice_yaml, wait_port)
 
@@ -606,4 +606,5 @@ def reload_soak(bench) -> dict:
 
 
 MEASURES = {"idle_clients": idle_clients, "throughput": throughput, "big_download": big_download,
-            "syscalls": syscalls, "callgrind": callgrind, "soak": soak, "reload_soak": reload_soak}
+            "syscalls": syscalls, "callgrind": callgrind, "soak": soak, "reload_soak": reload_soak,
+            "fleetcache": fleetcache.fleetcache}

@@ -454,6 +454,38 @@ def baseline_section(result: dict) -> str | None:
             + "\n\nRatios: this binary's figure over the baseline's in the same cell of the same run.")
 
 
+def fleetcache_section(result: dict) -> str | None:
+    """The fleetcache measure (bench/fleetcache.py): the peer hop's cost and the origin's load."""
+    f = result.get("fleetcache")
+    if not f or "shared" not in f:
+        return f and f"#### The fleet's shared cache\n\n{f.get('note', 'n/a')}"
+    p = result["scenario"]["fleetcache"]
+    parts = ["#### The fleet's shared cache"]
+    hop = f.get("hop", {})
+    if hop.get("median") and all(hop["median"].values()):
+        owner, asker = hop["median"]["owner"], hop["median"]["non_owner"]
+        rows = [[what, f"{m['rps']:,}", f_us(m["p50_us"]), f_us(m["p99_us"]), f_cpu(m.get("cpu_us_a")),
+                 f_cpu(m.get("cpu_us_b")), f_cpu((m.get("cpu_us_a") or 0) + (m.get("cpu_us_b") or 0)),
+                 f"{m['other_load_pct']} %"]
+                for what, m in (("through the owner (B)", owner), ("through a non-owner (A, asking B)", asker))]
+        parts.append(f"A memory hit of one 1 KiB object owned by B, wrk at {p['connections']} connections "
+                     f"(median of {result['scenario']['rounds']} interleaved rounds):\n\n"
+                     + table(["path", "req/s", "p50", "p99", "CPU/req A", "CPU/req B", "CPU/req A + B", "other load"],
+                             rows, ["l"] + ["r"] * 7)
+                     + f"\n\nThe hop: {f_ratio(stats.ratio(asker['rps'], owner['rps']))} of the owner's req/s.")
+    else:
+        parts.append(hop.get("note", "The hop's cost: n/a"))
+    rows = [[what, f_int(r["requests"]), f_int(r["distinct_urls"]), f_int(r["origin_requests"]),
+             f"{r['origin_requests'] / r['distinct_urls']:.2f}",
+             ", ".join(f"{k}: {v:,}" for k, v in r["statuses"].items()), f"{r['seconds']} s"]
+            for what, r in (("one cache across the fleet", f["shared"]), ("each instance its own", f["local"]))]
+    parts.append(f"{p['requests']:,} GETs of {p['urls']:,} URLs with a Zipf popularity (exponent {p['zipf']}), "
+                 f"each through one of three instances at random, from {p['clients']} client threads:\n\n"
+                 + table(["caches", "requests", "distinct URLs", "origin requests", "per distinct URL", "answers",
+                          "took"], rows, ["l"] + ["r"] * 6))
+    return "\n\n".join(parts)
+
+
 def soak_section(result: dict) -> str | None:
     s = result.get("soak")
     if not s:
@@ -501,7 +533,7 @@ def markdown(result: dict, source: str, chart: str | None) -> str:
     method; `source` and `chart` are the links to the result file and the chart."""
     parts = [header_section(result, source, chart), summary_section(result), *throughput_sections(result),
              big_section(result), resources_section(result), callgrind_section(result), baseline_section(result),
-             soak_section(result),
+             fleetcache_section(result), soak_section(result),
              reload_soak_section(result)]
     return "\n\n".join(p for p in parts if p)
 

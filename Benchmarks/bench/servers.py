@@ -26,6 +26,8 @@ PORT_OFFSETS = {
     "sluice-h2": 15, "sluice-http1": 16, "sluice-ratelimit": 17, "sluice-fleet": 18, "redis": 19,
     "sluice-http1-curl": 20, "haproxy-tls": 21, "sluice-disk": 22, "sluice-sigv4": 23, "sluice-reload": 24,
     "haproxy-pipeline": 25, "sluice-lua": 26, "haproxy-lua": 27, "nginx-pipeline": 28, "nginx-lua": 29,
+    # The fleetcache measure's three instances (bench/fleetcache.py).
+    "fleet-a": 30, "fleet-b": 31, "fleet-c": 32,
 }
 
 # A baseline twin (`run --baseline BIN`): "<target>@base" is the Sluice target <target> with the
@@ -33,7 +35,7 @@ PORT_OFFSETS = {
 # interleaved run, so both see the same machine at the same moments. Its ports, and those of its
 # helpers (its redis-server, its admin listener), are BASELINE_SHIFT above the target's.
 BASELINE = "@base"
-BASELINE_SHIFT = 30
+BASELINE_SHIFT = 40
 
 
 def kind(name: str) -> str:
@@ -209,8 +211,8 @@ ORIGIN_KINDS = ("plain", "caching", "tls")
 def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
     """The upstream every target fetches from, nginx on the base port:
     plain   -- /1k, /64k and /1g (the big file, from the page cache), all workers;
-    caching -- a 1 KiB and a 64 KiB object per target (/<target>/1k, /<target>/64k) with
-               `Cache-Control: max-age=3600`,
+    caching -- a 1 KiB and a 64 KiB object per target (/<target>/1k, /<target>/64k) and the
+               1 KiB object under any /fleet/ path, with `Cache-Control: max-age=3600`,
                one worker, an access log of the paths (the requests that reached the origin);
     tls     -- /1k over TLS with HTTP/2 (a throwaway CA; lab.tmp/ca.pem), one worker."""
     www = lab.dir("www")
@@ -232,12 +234,16 @@ def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
               location = /put {{ return 204; }} {big} }}"""
         return _start_nginx(lab, "origin", "auto", body, port)
     if kind == "caching":
+        # /fleet/... answers the 1 KiB object for any path (the fleetcache measure's many URLs),
+        # logged apart with the path as requested.
         body = f"""    log_format path '$uri';
+    log_format requested '$request_uri';
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         access_log {d}/access.log path buffer=64k flush=1s;
         root {www};
         add_header Cache-Control "max-age=3600";
+        location ^~ /fleet/ {{ access_log {d}/fleet.log requested buffer=64k flush=1s; try_files /1k =404; }}
     }}"""
         return _start_nginx(lab, "origin", "1", body, port)
     if kind == "tls":

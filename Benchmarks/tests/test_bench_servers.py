@@ -16,7 +16,7 @@ def lab(tmp_path):
 
 def test_every_target_has_a_port_of_its_own():
     assert len(set(PORT_OFFSETS.values())) == len(PORT_OFFSETS)
-    assert set(STARTERS) | {"direct", "callgrind", "admin", "redis"} == set(PORT_OFFSETS)
+    assert set(STARTERS) | {"direct", "callgrind", "admin", "redis", "fleet-a", "fleet-b", "fleet-c"} == set(PORT_OFFSETS)
 
 
 def test_sluice_targets():
