@@ -212,7 +212,8 @@ def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
     """The upstream every target fetches from, nginx on the base port:
     plain   -- /1k, /64k and /1g (the big file, from the page cache), all workers;
     caching -- a 1 KiB and a 64 KiB object per target (/<target>/1k, /<target>/64k) and the
-               1 KiB object under any /fleet/ path, with `Cache-Control: max-age=3600`,
+               1 KiB object under any /fleet/ path, and /1g with big_download, all with
+               `Cache-Control: max-age=3600`,
                one worker, an access log of the paths (the requests that reached the origin);
     tls     -- /1k over TLS with HTTP/2 (a throwaway CA; lab.tmp/ca.pem), one worker."""
     www = lab.dir("www")
@@ -234,6 +235,8 @@ def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
               location = /put {{ return 204; }} {big} }}"""
         return _start_nginx(lab, "origin", "auto", body, port)
     if kind == "caching":
+        # /1g: the big file, cacheable as the rest (cachedisk's 1 GiB from each cache).
+        big = f"location = /1g {{ alias {lab.big_file}; }}" if lab.big_file else ""
         # /fleet/... answers the 1 KiB object for any path (the fleetcache measure's many URLs),
         # logged apart with the path as requested.
         body = f"""    log_format path '$uri';
@@ -244,6 +247,7 @@ def start_origin(lab: Lab, kind: str, targets: list[str]) -> Proc:
         root {www};
         add_header Cache-Control "max-age=3600";
         location ^~ /fleet/ {{ access_log {d}/fleet.log requested buffer=64k flush=1s; try_files /1k =404; }}
+        {big}
     }}"""
         return _start_nginx(lab, "origin", "1", body, port)
     if kind == "tls":
@@ -377,6 +381,9 @@ def sluice_extra(lab: Lab, name: str, d: Path) -> str:
     if name == "sluice-cache":
         return CACHE
     if name == "sluice-disk":
+        if lab.big_file:   # room for the 1 GiB object too (big_download: 1 GiB from the disk tier)
+            return (f"cache_store: {{ memory: 256KiB, max_object_size: 1GiB, "
+                    f"disk: {{ path: {d}/cache, size: 2GiB }} }}\n")
         return f"cache_store: {{ memory: 256KiB, disk: {{ path: {d}/cache, size: 256MiB }} }}\n"
     if name in ("sluice-h2", "sluice-http1", "sluice-http1-curl"):
         mode = "auto" if name == "sluice-h2" else '"off"'
@@ -452,8 +459,10 @@ RESTARTED_TARGETS = {"sluice-disk"}
 def _fill_and_restart(lab: Lab, name: str, proc: Proc, d: Path) -> Proc:
     proxy = f"http://127.0.0.1:{lab.port(name)}"
     urls = [f"http://{lab.origin_host}/{name}/{body}" for body in ("1k", "64k")]
+    if lab.big_file:
+        urls.append(f"http://{lab.origin_host}/1g")
     for url in urls:
-        subprocess.run(["curl", "-s", "-o", "/dev/null", "--max-time", "5", "-x", proxy, url], check=False)
+        subprocess.run(["curl", "-s", "-o", "/dev/null", "--max-time", "120", "-x", proxy, url], check=False)
     proc.popen.send_signal(signal.SIGTERM)
     proc.popen.wait(30)
     proc.stop()
@@ -461,11 +470,12 @@ def _fill_and_restart(lab: Lab, name: str, proc: Proc, d: Path) -> Proc:
     if not wait_port(lab.port(name), proc, 15):
         proc.stop()
         raise Unavailable(f"did not start again: {_first_error(proc, d)}")
-    head = subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-", "--max-time", "5", "-x", proxy, urls[1]],
-                          capture_output=True, text=True).stdout
-    if "detail=disk" not in head:
-        proc.stop()
-        raise Unavailable(f"the 64 KiB object is not a disk hit after the restart: {head!r}")
+    for url in urls[1:]:
+        head = subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-", "--max-time", "120", "-x", proxy, url],
+                              capture_output=True, text=True).stdout
+        if "detail=disk" not in head:
+            proc.stop()
+            raise Unavailable(f"{url.rsplit('/', 1)[1]} is not a disk hit after the restart: {head!r}")
     return proc
 
 
@@ -556,7 +566,9 @@ def nginx_proxy_body(lab: Lab, name: str) -> str:
     d = lab.dir(name)
     http = server = location = cache_path = ""
     if name == "nginx-cache":
-        cache_path = f"proxy_cache_path {d}/cache levels=1:2 keys_zone=hits:10m max_size=64m inactive=1h use_temp_path=off;"
+        size = "2g" if lab.big_file else "64m"   # with big_download: room for the 1 GiB object
+        cache_path = (f"proxy_cache_path {d}/cache levels=1:2 keys_zone=hits:10m max_size={size} inactive=1h "
+                      "use_temp_path=off;")
         location = """            proxy_cache hits;
             proxy_cache_valid 200 1h;
             add_header X-Cache-Status $upstream_cache_status;
@@ -602,7 +614,18 @@ def start_nginx_proxy(lab: Lab, name: str) -> Proc:
             raise Unavailable(f"libnginx-mod-http-lua is not installed (no {missing[0]})")
         main = nginx_lua_main()
     workers = lab.sluice_workers if name == "nginx-cache" else "auto"
-    return _start_nginx(lab, name, workers, nginx_proxy_body(lab, name), lab.port(name), main)
+    proc = _start_nginx(lab, name, workers, nginx_proxy_body(lab, name), lab.port(name), main)
+    if name == "nginx-cache" and lab.big_file:
+        # The 1 GiB object stored before anything is measured (as sluice-disk's, which is fetched
+        # before its restart); a second fetch must be a hit.
+        url, proxy = f"http://{lab.origin_host}/1g", f"http://127.0.0.1:{lab.port(name)}"
+        for _ in range(2):
+            head = subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-", "--max-time", "120", "-x", proxy, url],
+                                  capture_output=True, text=True).stdout
+        if "x-cache-status: hit" not in head.lower():
+            proc.stop()
+            raise Unavailable(f"nginx does not answer the 1 GiB object from its cache: {head!r}")
+    return proc
 
 
 # haproxy-pipeline's share of sluice-pipeline's work (PIPELINE): the `headers`, `bearer` and
