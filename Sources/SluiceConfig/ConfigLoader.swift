@@ -97,6 +97,8 @@ public struct NodeReader {
     var listenNodes: [(String, Node)] = []
     /// `access.proxy_auth`, with its users file read (ProxyAuthReader).
     var proxyAuthentication: ProxyAuthentication?
+    /// `fleet.cache.advertise`'s node, for the check that needs every listener read first.
+    var fleetAdvertiseNode: Node?
 
     /// Values of the query parameter `name` are secrets: logs show them redacted (an
     /// adapter that puts a key in the query, as `api_key` can).
@@ -208,6 +210,7 @@ public struct NodeReader {
             fail(node, "listen address \(address) is used twice (listen and routes each need their own)")
         }
         checkExposedListeners(config.server)
+        checkFleetAdvertise(config.server)
         let redactor = Redactor(secretValues: secrets.map(\.value), queryParameters: redactedQueryParameters)
         var monitors: [any EventMonitorFactory] = []
         for (spec, node) in monitorSpecs {

@@ -15,7 +15,9 @@ extension NodeReader {
         let known = ["advertise", "secret", "listen", "weight", "peers"]
         entries(node, in: "fleet.cache", known: known) { r, key, value in
             switch key {
-            case "advertise": advertise = r.peerAddress(value, what: "fleet.cache.advertise")
+            case "advertise":
+                advertise = r.peerAddress(value, what: "fleet.cache.advertise")
+                r.fleetAdvertiseNode = value
             case "secret": secret = r.secret(value, what: "fleet.cache.secret")
             case "listen":
                 listen = r.peerAddress(value, what: "fleet.cache.listen")
@@ -48,6 +50,32 @@ extension NodeReader {
             )
         }
         return settings
+    }
+
+    /// Peers reach this instance on `advertise`: its port is the peer listener's
+    /// (`fleet.cache.listen`) or, without one, a forward listener's (`listen:`). (The address
+    /// itself may differ: a listener on `0.0.0.0`, or an address the others route to.)
+    mutating func checkFleetAdvertise(_ server: ServerConfiguration) {
+        guard let cache = server.fleetCache, let node = fleetAdvertiseNode else { return }
+        let port = Self.port(cache.advertise)
+        if let listen = cache.listen {
+            if Self.port(listen) != port {
+                fail(
+                    node,
+                    "fleet.cache.advertise (\(cache.advertise)) must have the port of fleet.cache.listen (\(listen)): "
+                        + "peers reach this instance on advertise, which must lead to the peer listener")
+            }
+        } else if !server.listen.contains(where: { Self.port($0) == port }) {
+            fail(
+                node,
+                "fleet.cache.advertise (\(cache.advertise)) must have the port of one of the listen addresses "
+                    + "(\(server.listen.joined(separator: ", "))), or set fleet.cache.listen: peers reach this instance on advertise"
+            )
+        }
+    }
+
+    private static func port(_ address: String) -> Substring {
+        address[address.index(after: address.lastIndex(of: ":")!)...]
     }
 
     /// `peers: [{ address: IP:PORT, weight: 1 }]`: each address once.

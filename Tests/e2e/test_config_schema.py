@@ -325,7 +325,7 @@ ACCEPTED = {
     "fleet-cache-static": ("fleet:\n  cache:\n    advertise: 10.0.0.1:3128\n    secret: fleet-secret-0123456789\n"
                            "    weight: 2\n    peers: [{ address: 10.0.0.1:3128, weight: 2 }, { address: \"[fd00::2]:3128\" }]\n"),
     "fleet-cache-redis": ('fleet: { redis: "10.0.0.5:6379", cache: { advertise: "[fd00::1]:3128", '
-                          'secret: fleet-secret-0123456789, listen: "[fd00::1]:3129" } }\n'),
+                          'secret: fleet-secret-0123456789, listen: "[fd00::1]:3128" } }\n'),
 }
 
 # name -> (text, line of the error)

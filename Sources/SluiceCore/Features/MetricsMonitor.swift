@@ -176,6 +176,10 @@ public final class SluiceMetrics: Sendable {
     public static let fleetInstances = Metric(
         name: "sluice_fleet_instances", kind: .gauge, labels: [],
         help: "Sluice instances alive at the fleet's last heartbeat (this one included), read when /metrics is scraped")
+    public static let fleetCacheMembers = Metric(
+        name: "sluice_fleet_cache_members", kind: .gauge, labels: [],
+        help: "Members of the fleet's shared cache this instance ranks keys over (itself included), read when /metrics is scraped"
+    )
 
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
@@ -186,7 +190,7 @@ public final class SluiceMetrics: Sendable {
         connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
         cacheDiskWriteFailures, cacheDiskSendfileBytes, cacheDiskVerifiedBytes, resumes, rateLimitDecisions, rateLimitWait,
         rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
-        fleetFallbacks, fleetInstances,
+        fleetFallbacks, fleetInstances, fleetCacheMembers,
     ]
 
     /// Why a client connection was refused (`sluice_connections_refused_total`'s `reason`).
@@ -407,6 +411,12 @@ public final class SluiceMetrics: Sendable {
     /// The instances alive at the fleet's last heartbeat, set just before `/metrics` is emitted.
     public func recordFleet(instances: Int) {
         gauge(Self.fleetInstances).record(instances)
+    }
+
+    /// The members of the fleet's shared cache (`fleet.cache`), set just before `/metrics` is
+    /// emitted.
+    public func recordFleetCache(members: Int) {
+        gauge(Self.fleetCacheMembers).record(members)
     }
 
     /// A reload's result (`ProxyServer.reloadFile`).

@@ -302,20 +302,27 @@ final class AdminServer: @unchecked Sendable {
     }
 
     /// `GET /fleet`: the fleet's Redis as each worker sees it, the instances alive at the last
-    /// heartbeat and the decisions taken without Redis (`on_redis_down`).
+    /// heartbeat and the decisions taken without Redis (`on_redis_down`); with `fleet.cache`,
+    /// the shared cache's members (`FleetCacheView`).
     private func fleet() -> AdminResponse {
-        guard let settings = server.currentConfiguration.server.fleet else {
+        let settings = server.currentConfiguration.server.fleet
+        let cache = server.fleetPeers.map(FleetCacheView.init)
+        guard settings != nil || cache != nil else {
             return .error(404, "no fleet is configured (fleet: in the configuration, docs/fleet.md)")
         }
-        let workers = askWorkers { Worker.AdminTask.fleet($0) }.results.filter { $0.worker >= 0 }.sorted { $0.worker < $1.worker }
-        let shared = server.fleetShared
-        return .encoded(
-            200,
-            FleetView(
+        var view = FleetView(cache: cache)
+        if let settings {
+            let shared = server.fleetShared
+            view.redis = FleetView.Redis(
                 redis: settings.redis.description, instance: shared.instance,
                 instancesAlive: shared.instancesAlive.load(ordering: .relaxed), onRedisDown: settings.onRedisDown.rawValue,
                 timeoutMs: settings.timeout, fallbacks: shared.fallbacks.load(ordering: .relaxed),
-                episodes: shared.episodes.load(ordering: .relaxed), workers: workers))
+                episodes: shared.episodes.load(ordering: .relaxed),
+                workers: askWorkers { Worker.AdminTask.fleet($0) }.results.filter { $0.worker >= 0 }.sorted {
+                    $0.worker < $1.worker
+                })
+        }
+        return .encoded(200, view)
     }
 
     private func metrics() -> AdminResponse {
@@ -328,6 +335,9 @@ final class AdminServer: @unchecked Sendable {
         }
         if server.currentConfiguration.server.fleet != nil {
             SluiceMetrics.shared.recordFleet(instances: server.fleetShared.instancesAlive.load(ordering: .relaxed))
+        }
+        if let peers = server.fleetPeers {
+            SluiceMetrics.shared.recordFleetCache(members: peers.membership.members.count)
         }
         SluiceMetrics.shared.recordLuaStates()
         SluiceMetrics.shared.recordState(
@@ -380,6 +390,12 @@ final class AdminServer: @unchecked Sendable {
             payload.fleet = DashboardPayload.Fleet(
                 instancesAlive: shared.instancesAlive.load(ordering: .relaxed),
                 fallbacks: shared.fallbacks.load(ordering: .relaxed))
+        }
+        if let peers = server.fleetPeers {
+            let membership = peers.membership
+            payload.fleetCache = DashboardPayload.FleetCache(
+                members: membership.members.count, share: membership.share(of: membership.advertise),
+                state: membership.state.rawValue)
         }
         return payload
     }
@@ -516,23 +532,37 @@ private struct RequestList: Encodable {
     let complete: Bool
 }
 
-/// `GET /fleet` (docs/admin-api.yaml).
+/// `GET /fleet` (docs/admin-api.yaml): the Redis part's fields at the top (with `fleet.redis`),
+/// and `cache` (with `fleet.cache`).
 private struct FleetView: Encodable {
-    let redis: String
-    let instance: String
-    let instancesAlive: Int
-    let onRedisDown: String
-    let timeoutMs: Int
-    let fallbacks: Int
-    let episodes: Int
-    let workers: [FleetWorkerState]
-    enum CodingKeys: String, CodingKey {
-        case redis, instance, fallbacks, workers
-        case episodes = "fallback_episodes"
-        case instancesAlive = "instances_alive"
-        case onRedisDown = "on_redis_down"
-        case timeoutMs = "timeout_ms"
+    struct Redis: Encodable {
+        let redis: String
+        let instance: String
+        let instancesAlive: Int
+        let onRedisDown: String
+        let timeoutMs: Int
+        let fallbacks: Int
+        let episodes: Int
+        let workers: [FleetWorkerState]
+        enum CodingKeys: String, CodingKey {
+            case redis, instance, fallbacks, workers
+            case episodes = "fallback_episodes"
+            case instancesAlive = "instances_alive"
+            case onRedisDown = "on_redis_down"
+            case timeoutMs = "timeout_ms"
+        }
     }
+    var redis: Redis?
+    let cache: FleetCacheView?
+
+    init(cache: FleetCacheView?) { self.cache = cache }
+
+    func encode(to encoder: any Encoder) throws {
+        try redis?.encode(to: encoder)
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encodeIfPresent(cache, forKey: .cache)
+    }
+    enum CodingKeys: String, CodingKey { case cache }
 }
 
 /// `GET /limits` (docs/admin-api.yaml).

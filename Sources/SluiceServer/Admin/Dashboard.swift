@@ -295,6 +295,16 @@ struct DashboardPayload: Encodable {
     var limits: [Limit] = []
     /// The fleet (`fleet:`), when one is configured.
     var fleet: Fleet?
+    /// The fleet's shared cache (`fleet.cache`), when one is configured.
+    var fleetCache: FleetCache?
+
+    struct FleetCache: Encodable {
+        let members: Int
+        /// This instance's share of the keys.
+        let share: Double
+        /// `FleetMembership.State`: how the members were last learned.
+        let state: String
+    }
 
     struct Fleet: Encodable {
         let instancesAlive: Int
@@ -330,6 +340,7 @@ struct DashboardPayload: Encodable {
 
     enum CodingKeys: String, CodingKey {
         case requests, errors, retries, resumes, connections, recording, hosts, limits, fleet, refusals, failures
+        case fleetCache = "fleet_cache"
         case origin5xx = "origin_5xx"
         case refusalsByKind = "refusals_by_kind"
         case quotaWaits = "quota_waits"
@@ -403,6 +414,7 @@ extension DashboardPayload {
         try c.encode(hosts, forKey: .hosts)
         try c.encode(limits, forKey: .limits)
         try c.encodeIfPresent(fleet, forKey: .fleet)
+        try c.encodeIfPresent(fleetCache, forKey: .fleetCache)
     }
 }
 
@@ -472,7 +484,7 @@ extension Dashboard {
           <div class="chart"><h2>connections and requests in flight</h2><div><canvas id="c-load"></canvas></div></div>
         </div>
         <p id="nocharts" hidden>The charts need Chart.js on the gateway: <code>apt install libjs-chart.js</code>. The numbers above still update.</p>
-        <p id="fleet" hidden>Fleet: <b id="instances">–</b> instances alive; <b id="fallbacks">–</b> rate-limit decisions taken without Redis.</p>
+        <p id="fleet" hidden>Fleet: <span id="fleetredis"><b id="instances">–</b> instances alive; <b id="fallbacks">–</b> rate-limit decisions taken without Redis. </span><span id="fleetcache">Shared cache: <b id="members">–</b> members (<span id="membersstate">–</span>); this instance owns <b id="share">–</b> of the keys.</span></p>
         <p id="norecording" hidden>The <code>metrics</code> monitor is not configured: only in-flight requests and connections move.</p>
         <table>
           <thead><tr><th>host (click for its page)</th><th>requests</th><th>req/s</th><th>errors</th><th>retries</th><th>mean ms</th><th>bytes out</th></tr></thead>
@@ -759,8 +771,15 @@ extension Dashboard {
             }
           }
           $("limitstable").hidden = d.limits.length === 0;
-          $("fleet").hidden = !d.fleet;
+          $("fleet").hidden = !d.fleet && !d.fleet_cache;
+          $("fleetredis").hidden = !d.fleet;
           if (d.fleet) { $("instances").textContent = d.fleet.instances_alive; $("fallbacks").textContent = d.fleet.fallbacks; }
+          $("fleetcache").hidden = !d.fleet_cache;
+          if (d.fleet_cache) {
+            $("members").textContent = d.fleet_cache.members;
+            $("membersstate").textContent = d.fleet_cache.state;
+            $("share").textContent = (100 * d.fleet_cache.share).toFixed(1) + " %";
+          }
           previousHosts = new Map(d.hosts.map((h) => [h.host, h.requests]));
           previous = d;
           addSample(d);

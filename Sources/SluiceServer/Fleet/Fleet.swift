@@ -46,6 +46,9 @@ final class Fleet {
     let client: RedisClient
     let shared: FleetShared
     private var heartbeatTimer: LoopTimer<Fleet>?
+    /// The shared cache whose members the heartbeat publishes and learns (worker 0, with
+    /// `fleet.cache` and no static `peers`; nil otherwise).
+    private let members: FleetPeers?
     /// The token polls waiting for their next try (`awaitToken`), by number; dropped at close.
     private var polls: [UInt64: TokenPoll] = [:]
     private var nextPoll: UInt64 = 0
@@ -60,10 +63,11 @@ final class Fleet {
 
     init(
         base: OpaquePointer, settings: FleetSettings, shared: FleetShared, workerIndex: Int,
-        health: UpstreamHealth? = nil
+        health: UpstreamHealth? = nil, peers: FleetPeers? = nil
     ) {
         self.settings = settings
         self.shared = shared
+        members = workerIndex == 0 && peers?.learnsFromRedis == true ? peers : nil
         client = RedisClient(base: base, settings: settings, workerIndex: workerIndex)
         client.onEpisode = { started in if started { shared.episodes.add(1, ordering: .relaxed) } }
         client.scripts = [
@@ -278,12 +282,37 @@ final class Fleet {
     private func beat() {
         let ms = settings.heartbeat
         heartbeatTimer?.arm(milliseconds: ms)
-        guard client.isConnected else { return }
+        let members = members
+        guard client.isConnected else {
+            members?.missed()
+            return
+        }
         let shared = shared
-        client.eval(
-            FleetScripts.heartbeat, keys: [settings.keyPrefix + "instances"], args: [shared.instance, String(ms * 3)]
-        ) { reply in
-            if case .integer(let n) = reply, n > 0 { shared.instancesAlive.store(n, ordering: .relaxed) }
+        var keys = [settings.keyPrefix + "instances"]
+        var args = [shared.instance, String(ms * 3)]
+        if let members {
+            keys.append(settings.keyPrefix + "cache:members")
+            args.append(members.membership.heartbeatEntry)
+        }
+        client.eval(FleetScripts.heartbeat, keys: keys, args: args) { reply in
+            switch reply {
+            case .integer(let n) where n > 0:
+                shared.instancesAlive.store(n, ordering: .relaxed)
+            case .array(let items) where items.count == 3:
+                guard case .integer(let n) = items[0], case .integer(let now) = items[1], case .array(let entries) = items[2]
+                else {
+                    members?.missed()
+                    return
+                }
+                if n > 0 { shared.instancesAlive.store(n, ordering: .relaxed) }
+                let flat = entries.compactMap { entry -> String? in
+                    if case .string(let text) = entry { return text }
+                    return nil
+                }
+                members?.heard(FleetMembership.beats(flat), now: Int64(now))
+            default:
+                members?.missed()
+            }
         }
     }
 

@@ -114,6 +114,12 @@ enum FleetScripts {
 
     /// An instance's heartbeat: KEYS[1], a sorted set of instances by their last beat (ms);
     /// ARGV[1] the instance, ARGV[2] how long a beat counts (ms). Answers the instances alive.
+    ///
+    /// With `fleet.cache`'s members from Redis, also KEYS[2], a sorted set of the cache's
+    /// members (`ADDRESS WEIGHT`, `FleetMembership`) by their last beat, and ARGV[3] this
+    /// instance's entry: the entries older than a beat's life go, and so do this address's
+    /// entries with another weight (before a reload); then it answers `{alive, now, {entry,
+    /// last beat, …}}`. (Its two keys are in two hash slots: Sluice talks to one Redis server.)
     static let heartbeat = RedisScript(
         """
         local t = redis.call('TIME')
@@ -122,6 +128,16 @@ enum FleetScripts {
         redis.call('ZADD', KEYS[1], now, ARGV[1])
         redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
         redis.call('PEXPIRE', KEYS[1], ttl * 2)
-        return redis.call('ZCARD', KEYS[1])
+        local alive = redis.call('ZCARD', KEYS[1])
+        if #KEYS < 2 then return alive end
+        local me = ARGV[3]
+        local address = string.match(me, '^(%S+) ')
+        redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
+        for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+          if m ~= me and string.match(m, '^(%S+) ') == address then redis.call('ZREM', KEYS[2], m) end
+        end
+        redis.call('ZADD', KEYS[2], now, me)
+        redis.call('PEXPIRE', KEYS[2], ttl * 2)
+        return {alive, now, redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')}
         """)
 }

@@ -81,13 +81,13 @@ public final class ProxyServer: @unchecked Sendable {
         connectionLimits = ConnectionLimits(configuration.server.limits)
         rateLimits = RateLimitTable(capacity: configuration.server.limits.rateLimitKeys)
         cacheStore = configuration.server.cacheStore.map(CacheStore.init)
-        fleetPeers = configuration.server.fleetCache.map(FleetPeers.init)
-        if let cache = configuration.server.fleetCache {
+        let hasRedis = configuration.server.fleet != nil
+        fleetPeers = configuration.server.fleetCache.map { FleetPeers($0, redis: hasRedis) }
+        if configuration.server.fleetCache != nil {
             // Said where operators look: the key is read, but only half of it acts yet.
             Log.warning(
                 "fleet.cache: signed requests from peers are checked, but instances do not yet ask each other: "
-                    + "each caches for itself" + (cache.listen.map { ", and listen \($0) is not opened" } ?? "")
-                    + " (docs/fleet.md)")
+                    + "each caches for itself (docs/fleet.md)")
         }
     }
 
@@ -106,6 +106,7 @@ public final class ProxyServer: @unchecked Sendable {
         _ = Self.globalSetup
         for address in Self.listenAddresses(config) { try Self.checkAddressIsFree(address) }
         if let admin = config.admin { try Self.checkAddressIsFree(admin.listen) }
+        if let peer = config.fleetCache?.listen { try Self.checkAddressIsFree(peer) }
         try prepareTLS(for: configuration)
         if let disk = config.cacheStore?.disk {
             do {
@@ -165,6 +166,7 @@ public final class ProxyServer: @unchecked Sendable {
             admin.start()
             Log.info("admin API on \(admin.address)")
         }
+        if let peer = config.fleetCache?.listen { Log.info("fleet.cache: peer listener on \(peer)") }
         Log.info(
             "listening on \(config.listen.joined(separator: ", ")) with \(count) worker(s)"
                 + (sluice_curl_loaded() != 0 ? ", libcurl \(String(cString: sluice_curl_version()))" : "")
@@ -251,6 +253,9 @@ public final class ProxyServer: @unchecked Sendable {
         fixed.logLevel = config.logLevel
         fixed.tls.allHostsMustBeEvaluated = config.tls.allHostsMustBeEvaluated  // part of the policies
         Self.keepLoadLimits(of: config, in: &fixed)  // these apply on reload
+        let cacheReload = FleetCacheReload(running: config.fleetCache, new: new.server.fleetCache)
+        fixed.fleetCache = cacheReload.comparable
+        for message in cacheReload.restartNeeded { Log.warning("reload: \(message)") }
         if fixed != config {
             Log.warning(
                 "reload: workers, limits, timeouts, access, tls.ca_file, tls.ca_dir, admin, cache_store and fleet changes need a restart; kept the running values"
@@ -275,6 +280,8 @@ public final class ProxyServer: @unchecked Sendable {
         applied.server.logFormat = new.server.logFormat
         applied.server.logLevel = new.server.logLevel
         Self.keepLoadLimits(of: new.server, in: &applied.server)
+        applied.server.fleetCache = cacheReload.applied
+        if let applying = cacheReload.applied { fleetPeers?.reload(applying) }
         connectionLimits.update(new.server.limits)
         let policies = new.pipeline.policies
         health.reconcile { policies.match(host: $0.host).health }

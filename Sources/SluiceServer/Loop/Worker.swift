@@ -243,7 +243,9 @@ final class Worker {
         curlShare = share
         nativePool = NativeUpstreamPool(base: base, spill: readSpill, limits: configuration.server.upstream)
         fleet = configuration.server.fleet.map {
-            Fleet(base: base, settings: $0, shared: fleetShared ?? FleetShared(), workerIndex: index, health: health)
+            Fleet(
+                base: base, settings: $0, shared: fleetShared ?? FleetShared(), workerIndex: index, health: health,
+                peers: peers)
         }
         resolver = Resolver(base: base)
         upstreamGate = UpstreamGate(
@@ -262,7 +264,7 @@ final class Worker {
             timer.arm(milliseconds: ms)
             heartbeatTimer = timer
         }
-        for (key, mode, address) in Self.listenerSpecs(configuration.server) {
+        for (key, mode, address) in Self.listenerSpecs(configuration.server, peer: config.fleetCache?.listen) {
             try listen(key: key, mode: mode, on: address)
         }
         sessionContext = WorkerSession(worker: self, mailbox: mailbox)
@@ -380,8 +382,11 @@ final class Worker {
         return UInt64(index) << 48 | requestCounter
     }
 
-    static func listenerSpecs(_ server: ServerConfiguration) -> [(String, ListenerMode, String)] {
+    /// The listeners of `server`'s `listen` and `routes`, and the peer listener (`peer`:
+    /// `fleet.cache.listen` as started; a reload does not move it).
+    static func listenerSpecs(_ server: ServerConfiguration, peer: String?) -> [(String, ListenerMode, String)] {
         server.listen.map { ($0, .forward, $0) } + server.routes.map { ($0.listen, .route($0), $0.listen) }
+            + (peer.map { [($0, ListenerMode.peer, $0)] } ?? [])
     }
 
     /// Swaps in the new pipeline and opens or closes listeners to match the new file.
@@ -398,7 +403,7 @@ final class Worker {
         probes?.update()
         upstreamGate.reconfigure(configuration.server.limits, configuration.server.timeouts)
         if isDraining { return }
-        let specs = Self.listenerSpecs(configuration.server)
+        let specs = Self.listenerSpecs(configuration.server, peer: config.fleetCache?.listen)
         let wanted = Set(specs.map(\.0))
         for (key, listener) in listeners where !wanted.contains(key) {
             if let l = listener.evListener { evconnlistener_free(l) }

@@ -14,6 +14,7 @@ enum Admission {
         try checkLoop(head, viaPseudonym: viaPseudonym)
         if head.methodIs("CONNECT") {
             if client.interception != nil { throw .badURL("CONNECT inside an intercepted connection") }
+            if case .peer = client.mode { throw .peerRequestRefused(reason: "the peer listener takes no CONNECT") }
             guard case .forward = client.mode else { throw .notOriginForm }
             let target = try RequestTarget.authority(head.target)
             guard connectPorts.contains(target.port) else { throw .connectPortNotAllowed(target.port) }
@@ -21,7 +22,7 @@ enum Admission {
         }
         if let interception = client.interception { return try interception.target(for: head) }
         switch client.mode {
-        case .forward:
+        case .forward, .peer:
             return try RequestTarget.absolute(head.target)
         case .route(let route):
             guard head.bytes[head.targetRange.lowerBound] == UInt8(ascii: "/") else { throw .notOriginForm }

@@ -4,7 +4,8 @@ import SluiceCore
 /// request that carries `Sluice-Peer` says it comes from another instance of the fleet. Its
 /// signature is checked before anything else: a forged, stale or replayed one — or one that
 /// names this instance itself, a loop — is answered `403` and goes nowhere. A valid one goes
-/// on as any request through this instance's policy and cache. The field itself never
+/// on as any request through this instance's policy and cache. On the peer listener
+/// (`fleet.cache.listen`) a request without the field is refused too. The field itself never
 /// travels upstream (`ForwardedHeaders.isDroppedRequestField`).
 ///
 /// Threading: stateless; run on the exchange's worker thread.
@@ -14,7 +15,10 @@ enum PeerStage: RequestStage {
     static func enter(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
         guard let peers = services.peers else { return .proceed }
         let values = exchange.head.values(named: "sluice-peer")
-        guard !values.isEmpty else { return .proceed }
+        guard !values.isEmpty else {
+            guard case .peer = exchange.client.mode else { return .proceed }
+            return .respond(.peerRequestRefused(reason: "the peer listener (fleet.cache.listen) takes signed requests only"))
+        }
         guard values.count == 1 else { return .respond(.peerRequestRefused(reason: "more than one Sluice-Peer field")) }
         let verdict = peers.verify(
             values[0], method: exchange.head.method, url: exchange.target.url, now: CacheStage.wallClockSeconds())

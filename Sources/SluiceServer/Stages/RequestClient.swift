@@ -6,6 +6,9 @@ enum ListenerMode {
     case forward
     /// A gateway route: origin-form requests appended to its upstream base URL.
     case route(ServerConfiguration.Route)
+    /// The peer listener (`fleet.cache.listen`): absolute-form requests signed by another
+    /// instance of the fleet only (`PeerStage`); no CONNECT, no proxy authentication.
+    case peer
 }
 
 /// The client connection a request came on, as the stages see it: who it is, what kind of
