@@ -243,6 +243,23 @@ public struct ExchangeMachine {
         return !(policy.headerEditPlan != nil && !policy.redirector.follows && !details)
     }
 
+    /// Whether `.prepare` runs the policy's scripts on the forwarded request's header lines
+    /// instead of a request model (`HostPolicy.scriptsOnLines`; a monitor that reads requests
+    /// needs the model): the I/O runs them and tells `scriptsRan`.
+    public var runsScriptsOnLines: Bool {
+        policy.scriptsOnLines && monitoring != .detailedEvents
+    }
+
+    /// The policy's scripts ran on the header lines (`runsScriptsOnLines`), in place of
+    /// `prepare`: `result` is their failure, or the request model when a script changed the
+    /// method or the URL (which the lines do not carry; nil when none did). Answers as
+    /// `adapted` does for the adapters' answer.
+    public mutating func scriptsRan(_ result: Result<ProxyRequest?, AdaptationError>) -> Answer<AdaptedAction> {
+        guard case .received = state else { return Answer() }
+        state = .adapting(retry: false)
+        return answer(adapting: result)
+    }
+
     /// Whether a body of `length` bytes is read whole before the first try, so every try (and
     /// an auth challenge's second round) can send it again: it fits the replay limit and the
     /// policy may resend it.
@@ -296,6 +313,11 @@ public struct ExchangeMachine {
 
     /// The adapters answered.
     public mutating func adapted(_ result: Result<ProxyRequest, AdaptationError>) -> Answer<AdaptedAction> {
+        answer(adapting: result.map { $0 })
+    }
+
+    /// `adapted`'s answer; a success without a model leaves the request unmodelled (`scriptsRan`).
+    private mutating func answer(adapting result: Result<ProxyRequest?, AdaptationError>) -> Answer<AdaptedAction> {
         var answer = Answer<AdaptedAction>()
         let retry: Bool
         switch state {
