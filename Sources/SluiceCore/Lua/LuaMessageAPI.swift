@@ -344,10 +344,10 @@ enum LuaMessageAPI {
     }
 
     /// The slot of the request `headers` userdata at index 1 while its fields are still the
-    /// forwarded request's lines (`LuaHeaderLines`), with those lines.
-    private static func lineSlot(_ L: OpaquePointer?) -> (LuaCallSlot, any LuaHeaderLines)? {
-        guard let slot = slot(L, LuaState.of(L), 1, .requestHeaders), let lines = slot.request.lines else { return nil }
-        return (slot, lines)
+    /// forwarded request's lines (`LuaHeaderLines`).
+    private static func lineSlot(_ L: OpaquePointer?) -> LuaCallSlot? {
+        guard let slot = slot(L, LuaState.of(L), 1, .requestHeaders), slot.request.lines != nil else { return nil }
+        return slot
     }
 
     /// `get` on lines no edit has touched the field of: the matching values, joined with ", "
@@ -395,7 +395,9 @@ enum LuaMessageAPI {
 
     private static let headerGet: Lua.Function = { L in
         guard let key = Lua.bytes(L, 2) else { return Lua.badArgument(L, 2, "get", "string") }
-        if let (slot, lines) = lineSlot(L), !slot.request.lineEdits.contains(where: { edits($0, touch: key) }) {
+        if let slot = lineSlot(L), let lines = slot.request.lines,
+            !slot.request.lineEdits.contains(where: { edits($0, touch: key) })
+        {
             return lineGet(L, lines, key)
         }
         return withHeaders(L) { fields, _ in
@@ -438,14 +440,14 @@ enum LuaMessageAPI {
     private static let headerSet: Lua.Function = { L in
         guard let name = headerName(L, 2) else { return Lua.failure }
         if lua_type(L, 3) <= LUA_TNIL {
-            if let (slot, _) = lineSlot(L) { return editLines(slot, .remove(name)) }
+            if let slot = lineSlot(L) { return editLines(slot, .remove(name)) }
             return withHeaders(L) { fields, _ in
                 fields[fields: name] = []
                 return 0
             }
         }
         guard let field = headerField(L, name, 3) else { return Lua.failure }
-        if let (slot, _) = lineSlot(L), let value = asciiValue(L, 3, field) { return editLines(slot, .set(name, value)) }
+        if let slot = lineSlot(L), let value = asciiValue(L, 3, field) { return editLines(slot, .set(name, value)) }
         return withHeaders(L) { fields, _ in
             fields[fields: name] = [field]
             return 0
@@ -454,7 +456,7 @@ enum LuaMessageAPI {
 
     private static let headerAdd: Lua.Function = { L in
         guard let name = headerName(L, 2), let field = headerField(L, name, 3) else { return Lua.failure }
-        if let (slot, _) = lineSlot(L), let value = asciiValue(L, 3, field) { return editLines(slot, .add(name, value)) }
+        if let slot = lineSlot(L), let value = asciiValue(L, 3, field) { return editLines(slot, .add(name, value)) }
         return withHeaders(L) { fields, _ in
             fields.append(field)
             return 0
@@ -463,7 +465,7 @@ enum LuaMessageAPI {
 
     private static let headerRemove: Lua.Function = { L in
         guard let name = headerName(L, 2) else { return Lua.failure }
-        if let (slot, _) = lineSlot(L) { return editLines(slot, .remove(name)) }
+        if let slot = lineSlot(L) { return editLines(slot, .remove(name)) }
         return withHeaders(L) { fields, _ in
             fields[fields: name] = []
             return 0
