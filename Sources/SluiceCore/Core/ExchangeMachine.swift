@@ -257,7 +257,15 @@ public struct ExchangeMachine {
     public mutating func scriptsRan(_ result: Result<ProxyRequest?, AdaptationError>) -> Answer<AdaptedAction> {
         guard case .received = state else { return Answer() }
         state = .adapting(retry: false)
-        return answer(adapting: result)
+        switch result {
+        case .success(let model?): return adapted(.success(model))
+        case .failure(let error): return adapted(.failure(error))
+        case .success(nil):
+            // The request stays without a model: nothing to copy in, as `adapted` would.
+            var answer = Answer<AdaptedAction>()
+            forwardAdapted(&answer, retry: false)
+            return answer
+        }
     }
 
     /// Whether a body of `length` bytes is read whole before the first try, so every try (and
@@ -313,11 +321,6 @@ public struct ExchangeMachine {
 
     /// The adapters answered.
     public mutating func adapted(_ result: Result<ProxyRequest, AdaptationError>) -> Answer<AdaptedAction> {
-        answer(adapting: result.map { $0 })
-    }
-
-    /// `adapted`'s answer; a success without a model leaves the request unmodelled (`scriptsRan`).
-    private mutating func answer(adapting result: Result<ProxyRequest?, AdaptationError>) -> Answer<AdaptedAction> {
         var answer = Answer<AdaptedAction>()
         let retry: Bool
         switch state {
@@ -327,13 +330,7 @@ public struct ExchangeMachine {
         switch result {
         case .success(let adapted):
             model = adapted
-            state = .startingTry
-            if retry {
-                answer.command = .buildRetry
-            } else {
-                if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
-                answer.command = .forward
-            }
+            forwardAdapted(&answer, retry: retry)
         case .failure(let error):
             state = .failing
             // A script's own answer (`req:respond`) is no failure.
@@ -343,6 +340,17 @@ public struct ExchangeMachine {
             answer.command = .fail(error.proxyError)
         }
         return answer
+    }
+
+    /// The request is adapted: a retry is built, or the first try's stages go on.
+    private mutating func forwardAdapted(_ answer: inout Answer<AdaptedAction>, retry: Bool) {
+        state = .startingTry
+        if retry {
+            answer.command = .buildRetry
+        } else {
+            if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
+            answer.command = .forward
+        }
     }
 
     /// The adapters did not answer synchronously: one waits for a credential.
