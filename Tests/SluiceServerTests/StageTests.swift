@@ -55,6 +55,16 @@ import Testing
             var builder = RequestHeaderLines.Builder()
             return ForwardedHeaders.requestLines(for: fields, viaLine: Array("Via: 1.1 sluice-test".utf8), builder: &builder)
         }
+        func headerLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines {
+            var builder = RequestHeaderLines.Builder()
+            return ForwardedHeaders.requestLines(
+                for: exchange.head, viaLine: Array("Via: 1.1 sluice-test".utf8), edits: edits,
+                requestId: exchange.generatedRequestId, forwarding: exchange.client.forwarding, builder: &builder)
+        }
+        func headerLines(_ lines: RequestHeaderLines, editedBy edits: [HeaderEdit]) -> RequestHeaderLines {
+            var builder = RequestHeaderLines.Builder()
+            return lines.applying(edits, builder: &builder)
+        }
     }
 
     /// Adapters here fetch nothing: a session that is never used.
@@ -254,6 +264,38 @@ import Testing
         }
     }
 
+    @Test func scriptsRunOnTheLinesWithoutAModel() throws {
+        let source =
+            #"return { on_request = function(req) req.headers:set("X-Seen", req.headers:get("X-Client") or "none") end }"#
+        let script = LuaAdapter(script: LuaScript(name: "seen.lua", source: source), origin: "source")
+        let services = Services([PolicyEntry(name: "default", adapters: [BearerAdapter(token: Secret("t")), script])])
+        let exchange = try exchange("GET http://a/p HTTP/1.1\r\nHost: a\r\nX-Client: c1\r\n\r\n", services)
+        guard case .proceed = AdaptersStage.enter(exchange, services) else {
+            Issue.record("the script runs in place")
+            return
+        }
+        guard case .scripted(let lines)? = exchange.forwardedLines else {
+            Issue.record("the lines are the scripts'")
+            return
+        }
+        #expect(exchange.model == nil)
+        #expect(lines.lines.contains("X-Seen: c1") && lines.lines.contains("Authorization: Bearer t"), "\(lines.lines)")
+        #expect(lines.lines.last == "Via: 1.1 sluice-test")
+        #expect(exchange.summary.lua?.outcome == "ok")
+
+        let path = #"return { on_request = function(req) req.path = "/q"; req.headers:set("X-A", "1") end }"#
+        let pathServices = Services([
+            PolicyEntry(
+                name: "default", adapters: [LuaAdapter(script: LuaScript(name: "path.lua", source: path), origin: "source")])
+        ])
+        let moved = try self.exchange("GET http://a/p HTTP/1.1\r\nHost: a\r\n\r\n", pathServices)
+        guard case .proceed = AdaptersStage.enter(moved, pathServices) else {
+            Issue.record("a path change goes on")
+            return
+        }
+        #expect(moved.model?.url == "http://a/q" && moved.model?.headerFields[HTTPField.Name("X-A")!] == "1")
+    }
+
     @Test func headerEditsNeedNoModelAndALateAdapterIsWaitedFor() throws {
         let edits = Services([PolicyEntry(name: "default", adapters: [BearerAdapter(token: Secret("t"))])])
         let plain = try exchange("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", edits)
@@ -261,7 +303,8 @@ import Testing
             Issue.record("header edits go on at once")
             return
         }
-        #expect(plain.headerEdits != nil && plain.model == nil, "applied as the header list is built")
+        let applied = if case .edits? = plain.forwardedLines { true } else { false }
+        #expect(applied && plain.model == nil, "applied as the header list is built")
 
         for succeeds in [true, false] {
             let late = LateAdapter()

@@ -243,6 +243,31 @@ public struct ExchangeMachine {
         return !(policy.headerEditPlan != nil && !policy.redirector.follows && !details)
     }
 
+    /// Whether `.prepare` runs the policy's scripts on the forwarded request's header lines
+    /// instead of a request model (`HostPolicy.scriptsOnLines`; a monitor that reads requests
+    /// needs the model): the I/O runs them and tells `scriptsRan`.
+    public var runsScriptsOnLines: Bool {
+        policy.scriptsOnLines && monitoring != .detailedEvents
+    }
+
+    /// The policy's scripts ran on the header lines (`runsScriptsOnLines`), in place of
+    /// `prepare`: `result` is their failure, or the request model when a script changed the
+    /// method or the URL (which the lines do not carry; nil when none did). Answers as
+    /// `adapted` does for the adapters' answer.
+    public mutating func scriptsRan(_ result: Result<ProxyRequest?, AdaptationError>) -> Answer<AdaptedAction> {
+        guard case .received = state else { return Answer() }
+        state = .adapting(retry: false)
+        switch result {
+        case .success(let model?): return adapted(.success(model))
+        case .failure(let error): return adapted(.failure(error))
+        case .success(nil):
+            // The request stays without a model: nothing to copy in, as `adapted` would.
+            var answer = Answer<AdaptedAction>()
+            forwardAdapted(&answer, retry: false)
+            return answer
+        }
+    }
+
     /// Whether a body of `length` bytes is read whole before the first try, so every try (and
     /// an auth challenge's second round) can send it again: it fits the replay limit and the
     /// policy may resend it.
@@ -305,13 +330,7 @@ public struct ExchangeMachine {
         switch result {
         case .success(let adapted):
             model = adapted
-            state = .startingTry
-            if retry {
-                answer.command = .buildRetry
-            } else {
-                if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
-                answer.command = .forward
-            }
+            forwardAdapted(&answer, retry: retry)
         case .failure(let error):
             state = .failing
             // A script's own answer (`req:respond`) is no failure.
@@ -321,6 +340,17 @@ public struct ExchangeMachine {
             answer.command = .fail(error.proxyError)
         }
         return answer
+    }
+
+    /// The request is adapted: a retry is built, or the first try's stages go on.
+    private mutating func forwardAdapted(_ answer: inout Answer<AdaptedAction>, retry: Bool) {
+        state = .startingTry
+        if retry {
+            answer.command = .buildRetry
+        } else {
+            if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
+            answer.command = .forward
+        }
     }
 
     /// The adapters did not answer synchronously: one waits for a credential.

@@ -136,6 +136,13 @@ public final class HostPolicy: Sendable {
     public let runsScripts: Bool
     /// The `lua` adapters, in order (empty for most policies).
     public let scripts: [LuaAdapter]
+    /// The adapters that run once per exchange (`interceptor.adapters`) are all `lua` scripts
+    /// that never wait (after the header edits of `modelHeaderPlan`, if any), and nothing
+    /// else needs the request model: no adapter on every try, no redirect followed, no
+    /// retrier or learned rate limit (a retry adapts the request again). The scripts then run
+    /// on the forwarded request's header lines (`LuaHeaderLines`), and their edits are made as
+    /// those lines are copied: no model is built (docs/scripting.md, "Cost").
+    public let scriptsOnLines: Bool
     /// The most response-body bytes kept for the scripts that read it (`read_response_body`:
     /// the largest of their `limits.body`); nil when none does, and responses stream.
     public let responseBodyLimit: Int?
@@ -198,6 +205,10 @@ public final class HostPolicy: Sendable {
             modelHeaderFields = []
             interceptor = Interceptor(adapters: once, retriers: retriers)
         }
+        scriptsOnLines =
+            !interceptor.adapters.isEmpty
+            && interceptor.adapters.allSatisfy { ($0 as? LuaAdapter).map { !$0.mayWait } ?? false }
+            && tryAdapters.isEmpty && retriers.isEmpty && !redirector.follows && rateLimit?.learn != true
         refreshStatuses = adapters.reduce(into: []) { set, sourced in
             if let oauth = sourced.adapter as? OAuth2Authenticator { set.formUnion(oauth.settings.refreshOn) }
         }

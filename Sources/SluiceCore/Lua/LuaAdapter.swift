@@ -140,7 +140,7 @@ public final class LuaAdapter: RequestAdapter {
         do throws(LuaLoadError) {
             state = try cache.state(for: script, limits: limits)
         } catch {
-            try failed(error.message, request)
+            try failed(error.message, request.id)
             return nil
         }
         guard state.hasOnRequest else { return nil }
@@ -159,30 +159,83 @@ public final class LuaAdapter: RequestAdapter {
             headers: headers, body: body ?? (readBody ? [] : nil))
     }
 
-    /// Records the call and applies its edits to `request` (or fails it).
-    private func end(
-        _ request: inout ProxyRequest, _ target: Target, view: inout LuaRequestView, body: [UInt8]?,
-        result: LuaCallResult, exchange: LuaExchange, _ cache: LuaStateCache
-    ) throws(AdaptationError) {
+    /// Runs `on_request` on `view`, a request whose fields are the forwarded request's lines
+    /// (`HostPolicy.scriptsOnLines`: no request model is built), and leaves the script's edits
+    /// in it (a failed call with `fail_open` leaves it as it was). Returns the URL the script
+    /// made when it changed the path or the query (nil when it did not); throws as `run` does.
+    public func runOnLines(_ view: inout LuaRequestView, url: String, requestID: UInt64) throws(AdaptationError) -> String? {
+        let cache = LuaStateCache.current
+        let state: LuaState
+        do throws(LuaLoadError) {
+            state = try cache.state(for: script, limits: limits)
+        } catch {
+            try failed(error.message, requestID)
+            return nil
+        }
+        guard state.hasOnRequest else { return nil }
+        let before = (path: view.path, query: view.query)
+        // With `fail_open`, a URL the script made wrong leaves the request as it was.
+        let untouched = onError == .failOpen ? view : nil
+        let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
+        let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
+        guard try settle(result, exchange, cache, requestID), view.path != before.path || view.query != before.query else {
+            return nil
+        }
+        guard let edited = try edited(url, Target(url), view, requestID) else {
+            if let untouched { view = untouched }
+            return nil
+        }
+        return edited
+    }
+
+    /// Records the call (in `cache.lastCall`); throws for a failure with `fail_closed` and for
+    /// a script's answer. False when the call failed with `fail_open`: its edits are dropped.
+    private func settle(
+        _ result: LuaCallResult, _ exchange: LuaExchange, _ cache: LuaStateCache, _ requestID: UInt64
+    ) throws(AdaptationError) -> Bool {
         cache.lastCall = LuaCallRecord(
             script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
         // Kept open for the exchange's later hooks only when it made a `ctx` for them to share:
         // a later hook that takes one makes its own as well as it would find this one's.
         if exchange.hasContext { cache.lastExchange = exchange }
-        if let message = result.errorMessage { return try failed(message, request) }
+        if let message = result.errorMessage {
+            try failed(message, requestID)
+            return false
+        }
         if let answer = result.respond {
             // Not a failure, whatever `on_error` says: the client gets the script's answer.
             let error = ProxyError.luaResponded(script: script.name, response: answer)
             throw AdaptationError(adapter: name, reason: error.message, answer: error)
         }
+        return true
+    }
+
+    /// The URL with the path and query the script left in `view` (`url`, split as `target`),
+    /// checked: nil when they are not a target's, with `fail_open` (which drops the edits).
+    private func edited(
+        _ url: String, _ target: Target, _ view: LuaRequestView, _ requestID: UInt64
+    ) throws(AdaptationError)
+        -> String?
+    {
+        guard view.path.hasPrefix("/"), !view.path.utf8.contains(where: Self.isUnsafeInTarget),
+            !(view.query?.utf8.contains(where: Self.isUnsafeInTarget) ?? false)
+        else {
+            try failed("\(script.name): req.path must start with '/' and hold no space or control byte", requestID)
+            return nil
+        }
+        return target.origin + view.path + (view.query.map { "?" + $0 } ?? "")
+    }
+
+    /// Records the call and applies its edits to `request` (or fails it).
+    private func end(
+        _ request: inout ProxyRequest, _ target: Target, view: inout LuaRequestView, body: [UInt8]?,
+        result: LuaCallResult, exchange: LuaExchange, _ cache: LuaStateCache
+    ) throws(AdaptationError) {
+        guard try settle(result, exchange, cache, request.id) else { return }
         let path = target.path.isEmpty ? "/" : target.path
         if view.path != path || view.query != target.query {
-            guard view.path.hasPrefix("/"), !view.path.utf8.contains(where: Self.isUnsafeInTarget),
-                !(view.query?.utf8.contains(where: Self.isUnsafeInTarget) ?? false)
-            else {
-                return try failed("\(script.name): req.path must start with '/' and hold no space or control byte", request)
-            }
-            request.url = target.origin + view.path + (view.query.map { "?" + $0 } ?? "")
+            guard let url = try edited(request.url, target, view, request.id) else { return }
+            request.url = url
         }
         request.method = view.method
         swap(&request.headerFields, &view.headers)
@@ -248,10 +301,10 @@ public final class LuaAdapter: RequestAdapter {
     }
 
     /// `fail_open`: returns, the request untouched; `fail_closed`: throws the 502.
-    private func failed(_ message: String, _ request: ProxyRequest) throws(AdaptationError) {
+    private func failed(_ message: String, _ requestID: UInt64) throws(AdaptationError) {
         guard onError == .failClosed else { return }
         throw AdaptationError(
-            adapter: name, reason: message, answer: .luaScriptFailed(script: script.name, requestID: request.id))
+            adapter: name, reason: message, answer: .luaScriptFailed(script: script.name, requestID: requestID))
     }
 }
 

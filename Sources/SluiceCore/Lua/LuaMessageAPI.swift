@@ -335,9 +335,45 @@ enum LuaMessageAPI {
         _ L: OpaquePointer?, _ body: (inout HTTPFields, LuaCallSlot) -> Int32
     ) -> Int32 {
         let state = LuaState.of(L)
-        if let slot = slot(L, state, 1, .requestHeaders) { return body(&slot.request.headers, slot) }
+        if let slot = slot(L, state, 1, .requestHeaders) {
+            slot.request.materializeHeaders()
+            return body(&slot.request.headers, slot)
+        }
         if let slot = slot(L, state, 1, .responseHeaders) { return body(&slot.response.headers, slot) }
         return outsideCall(L, "headers")
+    }
+
+    /// The slot of the request `headers` userdata at index 1 while its fields are still the
+    /// forwarded request's lines (`LuaHeaderLines`).
+    private static func lineSlot(_ L: OpaquePointer?) -> LuaCallSlot? {
+        guard let slot = slot(L, LuaState.of(L), 1, .requestHeaders), slot.request.lines != nil else { return nil }
+        return slot
+    }
+
+    /// `get` on lines no edit has touched the field of: the matching values, joined with ", "
+    /// by Lua (a field repeated is rare).
+    private static func lineGet(_ L: OpaquePointer?, _ lines: any LuaHeaderLines, _ key: UnsafeRawBufferPointer) -> Int32 {
+        var found = false
+        lines.forEachScriptValue(named: key) { value in
+            if found { Lua.push(L, ", ") }
+            _ = lua_pushlstring(L, value.baseAddress, value.count)
+            if found { lua_concat(L, 3) }
+            found = true
+        }
+        if !found { lua_pushnil(L) }
+        return 1
+    }
+
+    /// Records an edit of lines (`set`, `add`, `remove`) without building the fields.
+    private static func editLines(_ slot: LuaCallSlot, _ edit: HeaderEdit) -> Int32 {
+        slot.request.lineEdits.append(edit)
+        return 0
+    }
+
+    private static func edits(_ edit: HeaderEdit, touch key: UnsafeRawBufferPointer) -> Bool {
+        switch edit {
+        case .remove(let name), .set(let name, _), .add(let name, _): matches(name, key)
+        }
     }
 
     /// Whether `name` is `key`, ASCII case-insensitively.
@@ -359,6 +395,11 @@ enum LuaMessageAPI {
 
     private static let headerGet: Lua.Function = { L in
         guard let key = Lua.bytes(L, 2) else { return Lua.badArgument(L, 2, "get", "string") }
+        if let slot = lineSlot(L), let lines = slot.request.lines,
+            !slot.request.lineEdits.contains(where: { edits($0, touch: key) })
+        {
+            return lineGet(L, lines, key)
+        }
         return withHeaders(L) { fields, _ in
             var found: Int?
             var joined: [UInt8]?
@@ -399,12 +440,14 @@ enum LuaMessageAPI {
     private static let headerSet: Lua.Function = { L in
         guard let name = headerName(L, 2) else { return Lua.failure }
         if lua_type(L, 3) <= LUA_TNIL {
+            if let slot = lineSlot(L) { return editLines(slot, .remove(name)) }
             return withHeaders(L) { fields, _ in
                 fields[fields: name] = []
                 return 0
             }
         }
         guard let field = headerField(L, name, 3) else { return Lua.failure }
+        if let slot = lineSlot(L), let value = asciiValue(L, 3, field) { return editLines(slot, .set(name, value)) }
         return withHeaders(L) { fields, _ in
             fields[fields: name] = [field]
             return 0
@@ -413,6 +456,7 @@ enum LuaMessageAPI {
 
     private static let headerAdd: Lua.Function = { L in
         guard let name = headerName(L, 2), let field = headerField(L, name, 3) else { return Lua.failure }
+        if let slot = lineSlot(L), let value = asciiValue(L, 3, field) { return editLines(slot, .add(name, value)) }
         return withHeaders(L) { fields, _ in
             fields.append(field)
             return 0
@@ -421,6 +465,7 @@ enum LuaMessageAPI {
 
     private static let headerRemove: Lua.Function = { L in
         guard let name = headerName(L, 2) else { return Lua.failure }
+        if let slot = lineSlot(L) { return editLines(slot, .remove(name)) }
         return withHeaders(L) { fields, _ in
             fields[fields: name] = []
             return 0
@@ -490,6 +535,14 @@ enum LuaMessageAPI {
         // specialized; other bytes through the byte initializer, which keeps obs-text as is.
         if value.allSatisfy({ $0 < 0x80 }) { return HTTPField(name: name, value: Lua.makeString(value)) }
         return HTTPField(name: name, value: value)
+    }
+
+    /// The value of `field`, made of the value at `index`, when that is ASCII (nearly every
+    /// value; `HTTPField` keeps it so): an edit of lines carries it as a string. Nil for one
+    /// with other bytes, kept as bytes in the fields.
+    private static func asciiValue(_ L: OpaquePointer?, _ index: Int32, _ field: HTTPField) -> String? {
+        guard let bytes = Lua.text(L, index), !bytes.contains(where: { $0 >= 0x80 }) else { return nil }
+        return field.value
     }
 
     /// A field that frames the message or names the connection (RFC 9110 §7.6.1), which a

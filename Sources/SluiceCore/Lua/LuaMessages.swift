@@ -3,13 +3,22 @@ import HTTPTypes
 /// The request as a script sees it (`req` in `on_request`): what the pipeline copies in before
 /// the hook and copies back when the hook succeeds. A failed call leaves the caller's view as
 /// it was, so `fail_open` goes on with the request the script never touched.
+///
+/// The header fields are `headers`, or — for a request whose scripts run on the forwarded
+/// request's header lines (`HostPolicy.scriptsOnLines`) — `lines` followed by `lineEdits`,
+/// until a script's call needs them as `HTTPFields` (`materializeHeaders`).
 public struct LuaRequestView: Sendable, Equatable {
     public var method: String
     /// The path as sent (percent-encoded), starting with `/`.
     public var path: String
     /// The query without its `?`; nil when the URL has none.
     public var query: String?
+    /// The fields; empty while `lines` holds them.
     public var headers: HTTPFields
+    /// The fields as the forwarded request's lines (nil: `headers` holds them).
+    public var lines: (any LuaHeaderLines)?
+    /// The scripts' edits of `lines`, in order (`req.headers:set`, `add`, `remove`).
+    public var lineEdits: [HeaderEdit] = []
     /// The buffered body (up to `limits.body`); nil when the pipeline did not buffer it, and
     /// then `req:body()` returns nil.
     public var body: [UInt8]?
@@ -20,6 +29,23 @@ public struct LuaRequestView: Sendable, Equatable {
         self.query = query
         self.headers = headers
         self.body = body
+    }
+
+    /// A view whose fields are `lines` (`HostPolicy.scriptsOnLines`).
+    public init(method: String, path: String, query: String?, lines: any LuaHeaderLines) {
+        self.init(method: method, path: path, query: query)
+        self.lines = lines
+    }
+
+    /// Views are equal when their fields are, however each holds them.
+    public static func == (a: LuaRequestView, b: LuaRequestView) -> Bool {
+        guard a.method == b.method, a.path == b.path, a.query == b.query, a.body == b.body else { return false }
+        if a.lines == nil && b.lines == nil { return a.headers == b.headers }
+        var a = a
+        var b = b
+        a.materializeHeaders()
+        b.materializeHeaders()
+        return a.headers == b.headers
     }
 }
 

@@ -24,8 +24,9 @@ final class Exchange {
     /// The `Host` the origin gets when an `upstream:` override changed the port (the client's),
     /// for tries to `target` only (not for a redirect elsewhere).
     var hostHeader: HostHeader?
-    /// Set instead of a request model when the policy's adapters are all fixed header edits.
-    var headerEdits: HeaderEditPlan?
+    /// How the upstream header lines are made when no request model was built (nil: from the
+    /// head as it came).
+    var forwardedLines: ForwardedLines?
     /// The `X-Request-Id` Sluice made for a request that came without one (every try sends
     /// it); nil when the client's own travels.
     var generatedRequestId: String?
@@ -51,6 +52,16 @@ final class Exchange {
     /// outcome is reported.
     var circuitTry: CircuitStage.Admitted?
     var machine: ExchangeMachine
+
+    /// The upstream header lines of a request without a model (`forwardedLines`).
+    enum ForwardedLines {
+        /// The policy's adapters are all fixed header edits: made as the lines are built
+        /// from the head.
+        case edits(HeaderEditPlan)
+        /// The lines the policy's scripts ran on, with their edits made
+        /// (`HostPolicy.scriptsOnLines`): every try sends them.
+        case scripted(RequestHeaderLines)
+    }
 
     /// The `Host` an `upstream:` override keeps (boxed: it is rare, and an exchange's size is
     /// watched).

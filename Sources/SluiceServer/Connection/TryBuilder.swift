@@ -22,15 +22,14 @@ struct TryBuilder {
             case .length(let n): body = .length(n)
             case .chunked: body = .streamed
             }
+            let headers: RequestHeaderLines
+            switch exchange.forwardedLines {
+            case .scripted(let lines)?: headers = lines
+            case .edits(let edits)?: headers = worker.headerLines(for: exchange, edits: edits)
+            case nil: headers = worker.headerLines(for: exchange, edits: nil)
+            }
             return UpstreamRequest(
-                method: head.method, target: exchange.target,
-                headers: ForwardedHeaders.requestLines(
-                    for: head, viaLine: worker.viaRequestLine,
-                    edits: exchange.headerEdits,
-                    requestId: exchange.generatedRequestId,
-                    forwarding: exchange.client.forwarding,
-                    builder: &worker.headerBuilder),
-                body: body, model: nil,
+                method: head.method, target: exchange.target, headers: headers, body: body, model: nil,
                 credentials: credentials(exchange, canResendBody: canResendBody))
         }
         // Adapters rarely change the URL: the target parsed from the head is reused then.

@@ -140,6 +140,18 @@ struct RequestHeaderLines {
             endLine()
         }
 
+        /// Lines `range` of `lines` as they are, in one copy.
+        mutating func append(lines: RequestHeaderLines, _ range: Range<Int>) {
+            guard !range.isEmpty else { return }
+            if lines.carriesHost { carriesHost = true }
+            lines.withBytes { source, sourceEnds in
+                let start = range.lowerBound == 0 ? 0 : sourceEnds[range.lowerBound - 1]
+                let offset = bytes.count - start
+                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: source[start..<sourceEnds[range.upperBound - 1]]))
+                for i in range { ends.append(UInt32(sourceEnds[i] + offset)) }
+            }
+        }
+
         /// A whole `Name: value` line, as it is (Sluice's `Via`, made once per worker).
         mutating func append(line: [UInt8]) {
             if line.count > 4, line[4] == 0x3A,

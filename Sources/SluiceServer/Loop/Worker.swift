@@ -673,6 +673,16 @@ extension Worker: StageServices {
         ForwardedHeaders.requestLines(for: fields, viaLine: viaRequestLine, builder: &headerBuilder)
     }
 
+    func headerLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines {
+        ForwardedHeaders.requestLines(
+            for: exchange.head, viaLine: viaRequestLine, edits: edits, requestId: exchange.generatedRequestId,
+            forwarding: exchange.client.forwarding, builder: &headerBuilder)
+    }
+
+    func headerLines(_ lines: RequestHeaderLines, editedBy edits: [HeaderEdit]) -> RequestHeaderLines {
+        lines.applying(edits, builder: &headerBuilder)
+    }
+
     func originChoseHTTP1(_ target: RequestTarget) -> Bool {
         tlsProtocols.choseHTTP1(host: target.host, port: target.port, now: MonotonicClock.milliseconds())
     }

@@ -11,6 +11,7 @@ enum AdaptersStage: RequestStage {
     static var name: String { "adapters" }
 
     static func enter(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        if exchange.inspect({ $0.runsScriptsOnLines }) { return runScriptsOnLines(exchange, services) }
         var model: ProxyRequest?
         if exchange.inspect({ $0.needsRequestModel }) {
             let head = exchange.head
@@ -36,7 +37,7 @@ enum AdaptersStage: RequestStage {
         case .adapt(let request)?:
             return .wait(.adaptation(request))
         case .forward(let edits)?:
-            if let edits { exchange.headerEdits = edits }
+            if let edits { exchange.forwardedLines = .edits(edits) }
             return .proceed
         case nil:
             // The pipeline runs once per exchange: a second run is a bug, never a request.

@@ -191,6 +191,11 @@ protocol StageServices: AnyObject {
     var adapterSession: any SessionContext { get }
     /// The header lines a transport sends for `fields` (the try stages' adapters changed them).
     func headerLines(for fields: HTTPFields) -> RequestHeaderLines
+    /// The header lines a transport sends for `exchange`'s request as it came, with the
+    /// policy's header `edits` (`ForwardedHeaders.requestLines`).
+    func headerLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines
+    /// `lines` with the scripts' `edits` made (`RequestHeaderLines.applying`).
+    func headerLines(_ lines: RequestHeaderLines, editedBy edits: [HeaderEdit]) -> RequestHeaderLines
     /// This worker saw the https origin choose HTTP/1.1 by ALPN lately (`TLSProtocolMemory`).
     func originChoseHTTP1(_ target: RequestTarget) -> Bool
     /// Asks for a slot of `limits.max_in_flight_upstream` (`UpstreamGate`).

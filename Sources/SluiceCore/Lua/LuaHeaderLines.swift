@@ -1,0 +1,40 @@
+import HTTPTypes
+
+/// A request's header fields as the lines the pipeline forwards upstream, which a script reads
+/// and edits without their being built as `HTTPFields` first (`HostPolicy.scriptsOnLines`): a
+/// `req.headers:get` scans them, a `set`, `add` or `remove` is recorded in
+/// `LuaRequestView.lineEdits`, and the engine applies those edits as it copies the lines. Any
+/// other use of the headers (`get_all`, `each`, a `get` of a field a script edited) builds
+/// the fields first (`LuaRequestView.materializeHeaders`), with the same result as if they
+/// had been fields all along.
+///
+/// Threading: immutable; made and read on the exchange's worker thread.
+public protocol LuaHeaderLines: Sendable {
+    /// Calls `body` with each field's name and value bytes, in order.
+    func forEachScriptField(_ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Void)
+    /// Calls `body` with the value bytes of each field named `name` (ASCII, any case), in order.
+    func forEachScriptValue(named name: UnsafeRawBufferPointer, _ body: (_ value: UnsafeBufferPointer<UInt8>) -> Void)
+}
+
+extension LuaRequestView {
+    /// Builds `headers` from `lines` and `lineEdits`, applied in order as `HTTPFields` would
+    /// have them; nothing when `headers` holds the fields already.
+    public mutating func materializeHeaders() {
+        guard let lines else { return }
+        var fields = HTTPFields()
+        lines.forEachScriptField { name, value in
+            guard let name = HTTPField.Name(String(decoding: name, as: UTF8.self)) else { return }
+            fields.append(HTTPField(name: name, lenientValue: value))
+        }
+        for edit in lineEdits {
+            switch edit {
+            case .remove(let name): fields[fields: name] = []
+            case .set(let name, let value): fields[fields: name] = [HTTPField(name: name, value: value)]
+            case .add(let name, let value): fields.append(HTTPField(name: name, value: value))
+            }
+        }
+        headers = fields
+        self.lines = nil
+        lineEdits = []
+    }
+}

@@ -1,0 +1,99 @@
+import HTTPTypes
+import SluiceCore
+
+/// The forwarded request's lines as the policy's scripts see them (`HostPolicy.scriptsOnLines`):
+/// every line but the last, which is Sluice's `Via` (`ForwardedHeaders.requestLines` ends with
+/// it) and no field of the client's. Immutable once built, so they may be handed across
+/// threads, though they never leave their worker.
+extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
+    func forEachScriptField(_ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Void) {
+        var left = count - 1
+        forEachField { name, value in
+            guard left > 0 else { return }
+            left -= 1
+            body(name, value)
+        }
+    }
+
+    /// Each line but `Via` is checked for `name` and its colon where the name would end, with
+    /// no search for the colon: a `get` costs a compare or two per line.
+    func forEachScriptValue(named name: UnsafeRawBufferPointer, _ body: (_ value: UnsafeBufferPointer<UInt8>) -> Void) {
+        withBytes { bytes, ends in
+            var start = 0
+            for i in 0..<max(0, ends.count - 1) {
+                let end = ends[i] - 2
+                defer { start = ends[i] }
+                guard Self.line(bytes, start, end, isNamed: name) else { continue }
+                // The builder put one SP after the colon before a value, none before an empty one.
+                body(UnsafeBufferPointer(rebasing: bytes[min(start + name.count + 2, end)..<end]))
+            }
+        }
+    }
+
+    /// Whether the line `bytes[start..<end]` (no CRLF) is a field named `name` (any case).
+    private static func line(
+        _ bytes: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int, isNamed name: UnsafeRawBufferPointer
+    ) -> Bool {
+        let n = name.count
+        guard n > 0, end - start > n, bytes[start + n] == 0x3A else { return false }
+        for j in 0..<n where bytes[start + j] != name[j] {
+            if ASCII.lower(bytes[start + j]) != ASCII.lower(name[j]) { return false }
+        }
+        return true
+    }
+
+    /// These lines (the last Sluice's `Via`) with the scripts' `edits` made
+    /// (`LuaRequestView.lineEdits`), composed as `HeaderEditPlan` composes adapters': the
+    /// fields a `set` or `remove` names are dropped, the fields the edits leave follow (those
+    /// a forwarded request never carries left out, as from a request model), then `Via`.
+    /// Built in `builder` (the worker's); the lines kept are copied a run at a time. Nothing
+    /// is composed first: a script makes an edit or two.
+    func applying(_ edits: [HeaderEdit], builder: inout Builder) -> RequestHeaderLines {
+        builder.reset()
+        withBytes { bytes, ends in
+            let via = ends.count - 1
+            var run = 0
+            var start = 0
+            for i in 0..<via {
+                let end = ends[i] - 2
+                defer { start = ends[i] }
+                let dropped = edits.contains { edit in
+                    guard let name = Self.replaced(edit) else { return false }
+                    // Most lines are told apart by where their colon is, before any byte is compared.
+                    let n = name.canonicalName.utf8.count
+                    guard end - start > n, bytes[start + n] == 0x3A else { return false }
+                    var canonical = name.canonicalName
+                    return canonical.withUTF8 { Self.line(bytes, start, end, isNamed: UnsafeRawBufferPointer($0)) }
+                }
+                if dropped {
+                    builder.append(lines: self, run..<i)
+                    run = i + 1
+                }
+            }
+            builder.append(lines: self, run..<via)
+        }
+        for (i, edit) in edits.enumerated() {
+            let field: (name: HTTPField.Name, value: String)
+            switch edit {
+            case .set(let name, let value), .add(let name, let value): field = (name, value)
+            case .remove: continue
+            }
+            // A later `set` or `remove` of the name drops it.
+            if edits[(i + 1)...].contains(where: { Self.replaced($0) == field.name }) { continue }
+            var name = field.name.rawName
+            name.withUTF8 { name in
+                if !ForwardedHeaders.isDroppedRequestField(name) { builder.append(name: name, value: field.value.utf8) }
+            }
+        }
+        builder.append(lines: self, (count - 1)..<count)
+        return builder.makeLines()
+    }
+
+    /// The name whose fields `edit` drops (a `set` or a `remove`), nil for an `add`.
+    private static func replaced(_ edit: HeaderEdit) -> HTTPField.Name? {
+        switch edit {
+        case .set(let name, _), .remove(let name): name
+        case .add: nil
+        }
+    }
+}

@@ -1,0 +1,58 @@
+import SluiceCore
+
+extension AdaptersStage {
+    /// `HostPolicy.scriptsOnLines`: the policy's scripts run here, in place and in order, on
+    /// the header lines the request is forwarded with (the head's, with the header edits of
+    /// `modelHeaderPlan`, the request id and the forwarding fields), and their header edits
+    /// are made as those lines are copied (`RequestHeaderLines.applying`): no request model
+    /// is built and encoded again. A script that changes the method or the URL, which the
+    /// lines do not carry, leaves a model as the adapters would have (its fields built from
+    /// the lines). The machine answers as for the adapters (`ExchangeMachine.scriptsRan`).
+    static func runScriptsOnLines(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        let head = exchange.head
+        let lines = services.headerLines(for: exchange, edits: exchange.policy.modelHeaderPlan)
+        let url = exchange.target.url
+        let target = LuaAdapter.Target(url)
+        var view = LuaRequestView(
+            method: head.method, path: target.path.isEmpty ? "/" : target.path, query: target.query, lines: lines)
+        var edited: String?
+        var failure: AdaptationError?
+        for script in exchange.policy.scripts {
+            do throws(AdaptationError) {
+                if let made = try script.runOnLines(&view, url: edited ?? url, requestID: exchange.id) { edited = made }
+            } catch {
+                failure = error
+            }
+            exchange.takeLuaCall()
+            if failure != nil { break }
+        }
+        let answer: ExchangeMachine.Answer<ExchangeMachine.AdaptedAction>
+        if let failure {
+            answer = exchange.machine.scriptsRan(.failure(failure))
+        } else if edited != nil || view.method != head.method {
+            view.materializeHeaders()
+            let model = ProxyRequest(
+                id: exchange.id, method: view.method, url: edited ?? url, headerFields: view.headers, body: bodyMode(head))
+            answer = exchange.machine.scriptsRan(.success(model))
+        } else {
+            let forwarded: RequestHeaderLines
+            if view.lines == nil {
+                forwarded = services.headerLines(for: view.headers)
+            } else if view.lineEdits.isEmpty {
+                forwarded = lines
+            } else {
+                forwarded = services.headerLines(lines, editedBy: view.lineEdits)
+            }
+            exchange.forwardedLines = .scripted(forwarded)
+            answer = exchange.machine.scriptsRan(.success(nil))
+        }
+        exchange.report(answer.reports)
+        switch answer.command {
+        case .forward?: return .proceed
+        case .fail(let error)?: return .respond(error)
+        case .buildRetry?, nil:
+            // The pipeline runs once per exchange: a second run is a bug, never a request.
+            return .respond(.malformedRequest("the request's pipeline ran twice"))
+        }
+    }
+}

@@ -1,0 +1,92 @@
+"""Scripts run on the forwarded request's header lines (`HostPolicy.scriptsOnLines`: a policy
+whose once-per-exchange adapters are scripts that never wait, after any header adapters): no
+request model is built, and their edits are made as the lines are copied. The origin must get
+what the model gave: `set`, `add` and `remove` as on fields, names in any case, the fields
+Sluice adds seen by the script, a path or a method changed beside header edits, and a
+failed call's edits dropped with `fail_open`."""
+
+from pathlib import Path
+
+from faultservers import simple_response
+from test_lua import access_log, arrived, get, lua_policy
+from test_lua_header_plan import values_named
+
+EDITS = ('return { on_request = function(req) local h = req.headers '
+         'h:set("X-Seen", h:get("X-Client") or "none") '
+         'h:set("X-Lower", h:get("x-client") or "none") '
+         'h:set("X-Replaced", "new") '
+         'h:add("X-Added", "1") h:add("X-Added", "2") '
+         'h:remove("X-Gone") '
+         'h:set("X-Id-Seen", h:get("X-Request-Id") or "none") end }')
+
+
+def test_header_edits_reach_the_origin_as_on_fields(sluice_factory, recorder, tmp_path):
+    proxy = sluice_factory(lua_policy({"source": EDITS}, tmp_path))
+    r = get(proxy, recorder, "/e", {"X-Client": "c1", "X-Replaced": "old", "X-Gone": "1"})
+    assert r.status_code == 200, r.text
+    named = values_named(recorder)
+    assert named("x-seen") == ["c1"]
+    assert named("x-lower") == ["c1"]
+    assert named("x-replaced") == ["new"]
+    assert named("x-added") == ["1", "2"]
+    assert named("x-gone") == []
+    assert named("x-client") == ["c1"]
+    assert named("x-id-seen") == named("x-request-id") and named("x-request-id") != ["none"]
+    assert len(named("via")) == 1
+    line = access_log(tmp_path).wait_for(lambda e: e.get("url", "").endswith("/e"))[0]
+    assert line["lua"]["outcome"] == "ok", line
+
+
+def test_a_field_read_after_an_edit_and_each_see_the_edits(sluice_factory, recorder, tmp_path):
+    script = ('return { on_request = function(req) local h = req.headers '
+              'h:set("X-A", "1") h:add("X-A", "2") h:set("X-Read", h:get("X-A")) '
+              'local n = 0 for k, v in h:each() do if k:lower() == "x-a" then n = n + 1 end end '
+              'h:set("X-Count", tostring(n)) h:remove("X-Client") end }')
+    proxy = sluice_factory(lua_policy({"source": script}, tmp_path))
+    assert get(proxy, recorder, "/r", {"X-Client": "c2", "X-A": "0"}).status_code == 200
+    named = values_named(recorder)
+    assert named("x-read") == ["1, 2"] and named("x-count") == ["2"]
+    assert named("x-a") == ["1", "2"] and named("x-client") == []
+
+
+def test_a_path_or_method_change_goes_with_the_header_edits(sluice_factory, recorder, tmp_path):
+    script = ('return { on_request = function(req) req.headers:set("X-Seen", req.headers:get("X-Client") or "none") '
+              'if req.path == "/old" then req.path = "/new"; req.query = "v=2" end '
+              'if req.method == "DELETE" then req.method = "GET" end end }')
+    proxy = sluice_factory(lua_policy({"source": script}, tmp_path))
+    assert get(proxy, recorder, "/old?v=1", {"X-Client": "c3"}).status_code == 200
+    a = arrived(recorder)
+    assert a["target"] == "/new?v=2" and a["headers"]["x-seen"] == "c3"
+    assert get(proxy, recorder, "/m", {"X-Client": "c4"}, method="DELETE").status_code == 200
+    a = arrived(recorder)
+    assert a["method"] == "GET" and a["target"] == "/m" and a["headers"]["x-seen"] == "c4"
+
+
+def test_a_bad_path_with_fail_open_drops_every_edit(sluice_factory, recorder, tmp_path):
+    script = 'return { on_request = function(req) req.headers:set("X-Edited", "1"); req.path = "/a b" end }'
+    proxy = sluice_factory(lua_policy({"source": script, "on_error": "fail_open"}, tmp_path))
+    assert get(proxy, recorder, "/keep").status_code == 200
+    a = arrived(recorder)
+    assert a["target"] == "/keep" and "x-edited" not in a["headers"]
+    closed = sluice_factory(lua_policy({"source": script}, tmp_path))
+    assert get(closed, recorder, "/refused").status_code == 502
+    assert arrived(recorder)["target"] == "/keep"
+
+
+def test_a_policy_that_retries_runs_the_script_before_every_try(sluice_factory, recorder, tmp_path: Path):
+    """A retry adapts the request again (such a policy keeps the model): the script runs once
+    per try, sharing `ctx`."""
+    script = ('return { on_request = function(req, ctx) ctx.vars.tries = (ctx.vars.tries or 0) + 1 '
+              'req.headers:set("X-Try", tostring(ctx.vars.tries)) end }')
+    count = {"n": 0}
+
+    def busy_once(req):
+        count["n"] += 1
+        return simple_response(503 if count["n"] == 1 else 200, b"done", [], "OK")
+    recorder.response = busy_once
+    cfg = lua_policy({"source": script}, tmp_path)
+    cfg["policies"][next(iter(cfg["policies"]))]["retry"] = {"limit": 2, "backoff": {"scale": "1ms"}}
+    proxy = sluice_factory(cfg)
+    assert get(proxy, recorder, "/retry").status_code == 200
+    tries = [dict((k.lower(), v) for k, v in r["headers"])["x-try"] for r in recorder.requests()]
+    assert tries == ["1", "2"], tries
