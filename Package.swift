@@ -20,7 +20,6 @@ let package = Package(
         .library(name: "SluiceServer", targets: ["SluiceServer"]),
     ],
     dependencies: [
-        .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
@@ -56,8 +55,7 @@ let package = Package(
         .target(
             name: "SluiceConfig",
             dependencies: [
-                "SluiceCore", .product(name: "Yams", package: "Yams"),
-                .product(name: "HTTPTypes", package: "swift-http-types"),
+                "SluiceCore", .product(name: "HTTPTypes", package: "swift-http-types"),
             ],
             resources: [.embedInCode("default.yaml")]),
         .target(

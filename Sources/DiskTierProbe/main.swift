@@ -76,7 +76,7 @@ func store(_ tier: DiskCacheTier, key: String, size: UInt64, seed: UInt64) -> Bo
 }
 
 func jsonString(_ s: String) -> String {
-    "\"" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
+    "\"" + s.replacing("\\", with: "\\\\").replacing("\"", with: "\\\"") + "\""
 }
 
 func now() -> Double {

@@ -18,7 +18,7 @@ let script = """
     """
 let state = try LuaState.load(LuaScript(name: "tenant.lua", source: script))
 let bare = try LuaState.load(
-    LuaScript(name: "bare.lua", source: script.replacingOccurrences(of: "function(req, ctx)", with: "function(req)")))
+    LuaScript(name: "bare.lua", source: script.replacing("function(req, ctx)", with: "function(req)")))
 let template = LuaRequestView(
     method: "GET", path: "/v1/items", query: "page=2",
     headers: [.accept: "*/*", .userAgent: "wrk", HTTPField.Name("X-Api-Key")!: "k1"])

@@ -1,11 +1,10 @@
 import SluiceCore
-import Yams
 
 /// Reading of a policy's `adapters:` list: each one-key map (or bare name) is read by the
 /// kind the registry names for its key (`InterceptorRegistry`, one file per kind in
 /// `Kinds/`); an unknown key is a located error with the closest known one.
 extension NodeReader {
-    mutating func readAdapters(_ node: Node, policy: String) -> [any RequestAdapter] {
+    mutating func readAdapters(_ node: YAMLNode, policy: String) -> [any RequestAdapter] {
         guard case .sequence(let items) = node else {
             fail(node, "adapters must be a list, e.g. [ { bearer: ${TOKEN} } ]")
             return []
@@ -13,7 +12,7 @@ extension NodeReader {
         var out: [any RequestAdapter] = []
         for item in items {
             var name: String?
-            var settings: Node?
+            var settings: YAMLNode?
             switch item {
             case .scalar(let s):
                 name = s.string

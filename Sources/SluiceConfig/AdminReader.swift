@@ -1,12 +1,11 @@
 import SluiceCore
-import Yams
 
 /// `admin: { listen: 127.0.0.1:9901, token: ${ADMIN_TOKEN} }` (docs/configuration.md,
 /// "admin"). Off unless configured; its address must be loopback unless a token guards it,
 /// and it may not share an address with a proxy listener or a route.
 extension NodeReader {
-    mutating func readAdmin(_ node: Node, into admin: inout ServerConfiguration.Admin?) {
-        var listen: (String, Node)?
+    mutating func readAdmin(_ node: YAMLNode, into admin: inout ServerConfiguration.Admin?) {
+        var listen: (String, YAMLNode)?
         var token: Secret?
         entries(node, in: "admin", known: ["listen", "token"]) { r, key, value in
             switch key {

@@ -1,5 +1,4 @@
 import SluiceCore
-import Yams
 
 #if canImport(Glibc)
     import Glibc
@@ -20,9 +19,9 @@ extension NodeReader {
     /// file created and removed, so an unusable one is an error at its line naming the OS
     /// reason; taking its lock is left to the start (a reload re-reads this while the running
     /// process holds it).
-    mutating func readCacheStore(_ node: Node) -> CacheStoreSettings? {
+    mutating func readCacheStore(_ node: YAMLNode) -> CacheStoreSettings? {
         var settings = CacheStoreSettings()
-        var maxObjectNode: Node?
+        var maxObjectNode: YAMLNode?
         var ok = true
         if case .scalar(let s) = node, s.string.isEmpty { return settings }  // `cache_store:` alone: the defaults
         entries(node, in: "cache_store", known: Self.cacheStoreKeys) { r, key, value in
@@ -54,7 +53,7 @@ extension NodeReader {
     }
 
     /// `cache_store.disk: { path: DIR, size: SIZE }`: both required; `path` absolute.
-    mutating func readCacheDisk(_ node: Node) -> CacheStoreSettings.Disk? {
+    mutating func readCacheDisk(_ node: YAMLNode) -> CacheStoreSettings.Disk? {
         var path: String?
         var size: Int64?
         var ok = true
@@ -109,7 +108,7 @@ extension NodeReader {
     }
 
     /// A policy's `cache`: `cache`, `do_not_cache`, or `{ modify: { … } }`.
-    mutating func readCache(_ node: Node) -> CacheBehavior? {
+    mutating func readCache(_ node: YAMLNode) -> CacheBehavior? {
         if let word = node.scalar?.string {
             switch word {
             case "cache": return .cache

@@ -1,6 +1,10 @@
-import Foundation
 import SluiceCore
-import Yams
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// One problem in a configuration file, located at `file:line:column`.
 public struct ConfigIssue: Sendable, Equatable, CustomStringConvertible {
@@ -30,14 +34,14 @@ public enum ConfigLoader {
     /// `kinds`: the interceptor kinds `adapters:` may name (an embedding program adds its own,
     /// docs/library.md).
     public static func load(path: String, kinds: InterceptorRegistry = .builtIn) throws -> SluiceConfiguration {
-        guard let data = FileManager.default.contents(atPath: path) else {
+        guard let data = FileContents.bytes(atPath: path) else {
             throw ConfigError(issues: [
                 ConfigIssue(
                     file: path, line: 0, column: 0,
                     message: "cannot read file: \(String(cString: strerror(errno)))")
             ])
         }
-        guard let text = String(data: data, encoding: .utf8) else {
+        guard let text = String(validating: data, as: UTF8.self) else {
             throw ConfigError(issues: [ConfigIssue(file: path, line: 0, column: 0, message: "file is not UTF-8")])
         }
         return try parse(yaml: text, file: path, kinds: kinds)
@@ -60,13 +64,10 @@ public enum ConfigLoader {
         yaml: String, file: String, logSinks: LogSinkOpening, kinds: InterceptorRegistry = .builtIn
     ) throws -> SluiceConfiguration {
         var reader = NodeReader(file: file, logSinks: logSinks, kinds: kinds)
-        let root: Node?
+        let root: YAMLNode?
         do {
-            // No tag resolution: every value is read as the string it is (`NodeReader` parses
-            // its own numbers, sizes and booleans), and the default resolver's regular
-            // expressions would load ICU's data into every Sluice process for nothing.
-            root = try Yams.compose(yaml: yaml, .basic)
-        } catch let error as YamlError {
+            root = try YAMLReader.read(yaml)
+        } catch {
             throw ConfigError(issues: [reader.issue(for: error)])
         }
         var config = SluiceConfiguration()
@@ -94,7 +95,7 @@ public struct NodeReader {
     /// Every secret read so far, for the redactor.
     var secrets: [Secret] = []
     /// Every listen address (forward and routes) with its node, to refuse duplicates.
-    var listenNodes: [(String, Node)] = []
+    var listenNodes: [(String, YAMLNode)] = []
     /// `access.proxy_auth`, with its users file read (ProxyAuthReader).
     var proxyAuthentication: ProxyAuthentication?
     /// `fleet.cache.advertise`'s node, for the check that needs every listener read first.
@@ -106,51 +107,20 @@ public struct NodeReader {
         redactedQueryParameters.insert(name)
     }
 
-    public mutating func fail(_ node: Node?, _ message: String) {
+    public mutating func fail(_ node: YAMLNode?, _ message: String) {
         let mark = node?.mark
         issues.append(ConfigIssue(file: file, line: mark?.line ?? 0, column: mark?.column ?? 0, message: message))
     }
 
-    func issue(for error: YamlError) -> ConfigIssue {
-        switch error {
-        case .scanner(_, let problem, let mark, _), .parser(_, let problem, let mark, _),
-            .composer(_, let problem, let mark, _):
-            return ConfigIssue(file: file, line: mark.line, column: mark.column, message: "invalid YAML: \(problem)")
-        case .reader(let problem, let offset, _, let yaml):
-            // Characters libyaml refuses to read (control and other non-printable ones): Yams gives
-            // an offset in characters rather than a mark.
-            let (line, column) = Self.location(ofCharacter: offset ?? 0, in: yaml)
-            return ConfigIssue(file: file, line: line, column: column, message: "invalid YAML: \(problem)")
-        case .duplicatedKeysInMapping(let duplicates, let context):
-            return ConfigIssue(
-                file: file, line: context.mark.line, column: context.mark.column,
-                message: "duplicate key(s): \(duplicates.joined(separator: ", "))")
-        default:
-            return ConfigIssue(file: file, line: 0, column: 0, message: "invalid YAML: \(error)")
-        }
-    }
-
-    /// The line and column (from 1; columns in Unicode scalars, as Yams counts them) of the
-    /// character at `offset` in `text`.
-    static func location(ofCharacter offset: Int, in text: String) -> (line: Int, column: Int) {
-        var line = 1
-        var column = 1
-        for character in text.prefix(offset) {
-            if character.isNewline {
-                line += 1
-                column = 1
-            } else {
-                column += character.unicodeScalars.count
-            }
-        }
-        return (line, column)
+    func issue(for error: YAMLError) -> ConfigIssue {
+        ConfigIssue(file: file, line: error.mark.line, column: error.mark.column, message: "invalid YAML: \(error.problem)")
     }
 
     /// Iterates a mapping's entries, reporting keys that are not in `known` (with the closest
     /// known key as a suggestion) and keys that are not plain strings.
     public mutating func entries(
-        _ node: Node, in section: String, known: [String],
-        _ body: (inout NodeReader, String, Node) -> Void
+        _ node: YAMLNode, in section: String, known: [String],
+        _ body: (inout NodeReader, String, YAMLNode) -> Void
     ) {
         guard case .mapping(let mapping) = node else {
             fail(node, "\(section) must be a mapping")
@@ -177,13 +147,13 @@ public struct NodeReader {
 
     // MARK: sections
 
-    mutating func readRoot(_ root: Node, into config: inout SluiceConfiguration) {
+    mutating func readRoot(_ root: YAMLNode, into config: inout SluiceConfiguration) {
         let known = [
             "listen", "workers", "limits", "timeouts", "access", "tls", "policies", "routes",
             "monitors", "redact_query", "admin", "log_format", "log_level", "upstream", "cache_store", "fleet",
         ]
         var policyEntries: [PolicyEntry] = []
-        var monitorSpecs: [(MonitorSpec, Node)] = []
+        var monitorSpecs: [(MonitorSpec, YAMLNode)] = []
         entries(root, in: "the top level", known: known) { r, key, value in
             switch key {
             case "listen": r.readListen(value, into: &config.server.listen)
@@ -238,7 +208,7 @@ public struct NodeReader {
         config.pipeline.describeAdapter = { kinds.describe($0) }
     }
 
-    mutating func readListen(_ node: Node, into listen: inout [String]) {
+    mutating func readListen(_ node: YAMLNode, into listen: inout [String]) {
         let items = strings(node, what: "listen")
         guard let items else { return }
         if items.isEmpty { fail(node, "listen needs at least one address") }
@@ -254,7 +224,7 @@ public struct NodeReader {
         listen = out
     }
 
-    mutating func readWorkers(_ node: Node, into workers: inout Int?) {
+    mutating func readWorkers(_ node: YAMLNode, into workers: inout Int?) {
         guard let text = node.scalar?.string else { return fail(node, "workers must be 'auto' or a number") }
         if text == "auto" {
             workers = nil
@@ -265,7 +235,7 @@ public struct NodeReader {
         }
     }
 
-    mutating func readLimits(_ node: Node, into limits: inout ServerConfiguration.Limits) {
+    mutating func readLimits(_ node: YAMLNode, into limits: inout ServerConfiguration.Limits) {
         let known = [
             "request_line", "header_section", "header_count", "request_body", "max_connections",
             "max_connections_per_client", "max_in_flight_upstream", "upstream_queue", "rate_limit_keys",
@@ -305,7 +275,7 @@ public struct NodeReader {
         }
     }
 
-    mutating func readTimeouts(_ node: Node, into t: inout ServerConfiguration.Timeouts) {
+    mutating func readTimeouts(_ node: YAMLNode, into t: inout ServerConfiguration.Timeouts) {
         let known = [
             "client_header", "client_idle", "upstream_connect", "upstream_per_try", "total", "drain",
             "upstream_queue",
@@ -331,7 +301,7 @@ public struct NodeReader {
         }
     }
 
-    mutating func readAccess(_ node: Node, into access: inout ServerConfiguration.Access) {
+    mutating func readAccess(_ node: YAMLNode, into access: inout ServerConfiguration.Access) {
         entries(node, in: "access", known: ["allow_clients", "connect_ports", "deny", "proxy_auth"]) { r, key, value in
             switch key {
             case "proxy_auth":
@@ -354,7 +324,7 @@ public struct NodeReader {
         }
     }
 
-    mutating func readTLS(_ node: Node, into tls: inout ServerConfiguration.TLS) {
+    mutating func readTLS(_ node: YAMLNode, into tls: inout ServerConfiguration.TLS) {
         entries(node, in: "tls", known: ["ca_file", "all_hosts_must_be_evaluated", "ca_dir"]) { r, key, value in
             switch key {
             case "all_hosts_must_be_evaluated":
@@ -366,7 +336,7 @@ public struct NodeReader {
                 tls.caDir = path
             default:
                 guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "ca_file must be a path") }
-                if !FileManager.default.isReadableFile(atPath: path) {
+                if !FileContents.isReadable(atPath: path) {
                     r.fail(value, "ca_file '\(path)' is not a readable file")
                 }
                 tls.caFile = path
@@ -378,7 +348,7 @@ public struct NodeReader {
 
     /// A scalar or a sequence of scalars, with each item's node for error locations.
     /// A list of CIDR networks (or one); each bad entry is an error at its own node.
-    mutating func networks(_ node: Node, key: String) -> [IPNetwork]? {
+    mutating func networks(_ node: YAMLNode, key: String) -> [IPNetwork]? {
         guard let items = strings(node, what: key) else { return nil }
         var networks: [IPNetwork] = []
         for (text, itemNode) in items {
@@ -391,11 +361,11 @@ public struct NodeReader {
         return networks
     }
 
-    public mutating func strings(_ node: Node, what: String) -> [(String, Node)]? {
+    public mutating func strings(_ node: YAMLNode, what: String) -> [(String, YAMLNode)]? {
         switch node {
         case .scalar(let s): return [(s.string, node)]
         case .sequence(let seq):
-            var out: [(String, Node)] = []
+            var out: [(String, YAMLNode)] = []
             for item in seq {
                 guard let s = item.scalar?.string else {
                     fail(item, "items of \(what) must be scalars")
@@ -412,14 +382,14 @@ public struct NodeReader {
 
     /// A whole number from `min` to 10,000,000 (or the `word` that stands for no number, named
     /// in the error); anything else is an error at the node.
-    public mutating func count(_ node: Node, key: String, min: Int, word: String? = nil) -> Int? {
+    public mutating func count(_ node: YAMLNode, key: String, min: Int, word: String? = nil) -> Int? {
         if let n = node.scalar.flatMap({ Int($0.string) }), n >= min, n <= 10_000_000 { return n }
         fail(node, "\(key) must be \(word.map { "'\($0)' or " } ?? "")a number from \(min) to 10000000")
         return nil
     }
 
     /// `true` or `false`; anything else is an error at the node.
-    public mutating func bool(_ node: Node, key: String) -> Bool? {
+    public mutating func bool(_ node: YAMLNode, key: String) -> Bool? {
         switch node.scalar?.string {
         case "true": return true
         case "false": return false
@@ -429,7 +399,7 @@ public struct NodeReader {
         }
     }
 
-    public mutating func size(_ node: Node, key: String, min: Int64) -> Int64? {
+    public mutating func size(_ node: YAMLNode, key: String, min: Int64) -> Int64? {
         guard let text = node.scalar?.string, let n = Units.bytes(text) else {
             fail(node, "\(key) must be a size such as 8KiB, 10MiB or 1048576")
             return nil
@@ -441,7 +411,7 @@ public struct NodeReader {
         return n
     }
 
-    public mutating func duration(_ node: Node, key: String) -> Int? {
+    public mutating func duration(_ node: YAMLNode, key: String) -> Int? {
         guard let text = node.scalar?.string, let ms = Units.milliseconds(text) else {
             fail(node, "\(key) must be a duration such as 500ms, 30s or 5m")
             return nil

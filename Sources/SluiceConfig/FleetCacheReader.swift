@@ -1,12 +1,11 @@
 import SluiceCore
-import Yams
 
 extension NodeReader {
     /// `fleet.cache: { advertise: IP:PORT, secret: ${SLUICE_FLEET_SECRET}, listen: IP:PORT,
     /// weight: 1, peers: [{ address: IP:PORT, weight: 1 }] }` (docs/fleet.md, "One cache
     /// across the fleet"). `hasRedis`: without Redis the members are the static `peers`, which
     /// are then required.
-    mutating func readFleetCache(_ node: Node, hasRedis: Bool) -> FleetCacheSettings? {
+    mutating func readFleetCache(_ node: YAMLNode, hasRedis: Bool) -> FleetCacheSettings? {
         var advertise: String?
         var secret: Secret?
         var listen: String?
@@ -79,7 +78,7 @@ extension NodeReader {
     }
 
     /// `peers: [{ address: IP:PORT, weight: 1 }]`: each address once.
-    private mutating func fleetPeers(_ node: Node) -> [FleetCacheSettings.Peer] {
+    private mutating func fleetPeers(_ node: YAMLNode) -> [FleetCacheSettings.Peer] {
         guard case .sequence(let items) = node else {
             fail(node, "fleet.cache.peers must be a list of { address: IP:port, weight: N }")
             return []
@@ -109,7 +108,7 @@ extension NodeReader {
     }
 
     /// A numeric `IP:port` (`[v6]:port`): peers never depend on DNS.
-    private mutating func peerAddress(_ node: Node, what: String) -> String? {
+    private mutating func peerAddress(_ node: YAMLNode, what: String) -> String? {
         guard let text = node.scalar?.string, ListenAddress.isValid(text) else {
             fail(node, "\(what) must be an IP:port such as 10.0.0.5:3128 or [fd00::5]:3128")
             return nil
@@ -118,7 +117,7 @@ extension NodeReader {
     }
 
     /// A weight above 0, at most `FleetCacheSettings.maximumWeight`.
-    private mutating func peerWeight(_ node: Node, what: String) -> Double? {
+    private mutating func peerWeight(_ node: YAMLNode, what: String) -> Double? {
         guard let text = node.scalar?.string, let weight = Double(text), weight > 0,
             weight <= FleetCacheSettings.maximumWeight
         else {

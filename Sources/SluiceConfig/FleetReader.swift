@@ -1,5 +1,4 @@
 import SluiceCore
-import Yams
 
 extension NodeReader {
     /// `fleet: { redis: "127.0.0.1:6379" | "unix:/run/redis/redis.sock", database: 0, username:,
@@ -7,11 +6,11 @@ extension NodeReader {
     /// local_share | allow | deny, heartbeat: 2s, cache: {…} }` (docs/fleet.md). Behaviour:
     /// Sources/SluiceServer/Fleet/. `cache:` (`FleetCacheReader.swift`) goes to `cache`; with
     /// it, `redis` may be left out (the members are then its static `peers`).
-    mutating func readFleet(_ node: Node, cache: inout FleetCacheSettings?) -> FleetSettings? {
+    mutating func readFleet(_ node: YAMLNode, cache: inout FleetCacheSettings?) -> FleetSettings? {
         var address: FleetSettings.Address?
         var hasAddress = false
-        var cacheNode: Node?
-        var rest: [(String, Node)] = []
+        var cacheNode: YAMLNode?
+        var rest: [(String, YAMLNode)] = []
         let known = [
             "redis", "database", "username", "password", "key_prefix", "timeout", "on_redis_down", "heartbeat", "cache",
         ]
@@ -82,7 +81,7 @@ extension NodeReader {
 
     /// `IP:port`, `[v6]:port` or `unix:/absolute/path`; a host name is refused (hiredis 0.14
     /// resolves it with a blocking call, which a worker's loop must never make).
-    private mutating func redisAddress(_ node: Node) -> FleetSettings.Address? {
+    private mutating func redisAddress(_ node: YAMLNode) -> FleetSettings.Address? {
         guard let text = node.scalar?.string, !text.isEmpty else {
             fail(node, "redis must be an IP:port such as 127.0.0.1:6379, or unix:/path")
             return nil

@@ -1,11 +1,10 @@
 import SluiceCore
-import Yams
 
 extension NodeReader {
     /// `health:` in a policy: `{ consecutive_failures: 5, cooldown: 10s, probe: { path: /healthz,
     /// interval: 5s } }`, `{}` for the defaults, or `none` (no circuit breaking for a host under
     /// a default that has it). Behaviour: Sources/SluiceCore/Features/CircuitBreaker.swift.
-    mutating func readHealth(_ node: Node) -> PolicyEntry.Section<Health> {
+    mutating func readHealth(_ node: YAMLNode) -> PolicyEntry.Section<Health> {
         if let word = node.scalar?.string {
             if word == "none" || word == "off" { return .off }
             if word.isEmpty { return .on(Health()) }

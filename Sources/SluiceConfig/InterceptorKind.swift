@@ -1,5 +1,4 @@
 import SluiceCore
-import Yams
 
 /// One kind of interceptor as a policy's `adapters:` list names it (`- bearer: ${TOKEN}`,
 /// `- aws_sigv4: { service: s3, region: eu-west-1 }`): the YAML key, how its settings are
@@ -21,14 +20,14 @@ public protocol InterceptorKind: SendableMetatype {
     /// Reads an entry: `settings` is the value under the key, nil for a bare name
     /// (`- deflate`); `entry` is the list item, where an error about the entry as a whole is
     /// reported. Reports every problem through `reader` (located) and answers nil then.
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> Adapter?
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> Adapter?
     /// One line for `sluice check --host` and `GET /config`, after the key: what the adapter
     /// does, with every secret shown redacted (`Secret`'s description) and where it comes from.
     static func describe(_ adapter: Adapter) -> String
 }
 
 extension InterceptorKind {
-    static func readAny(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> (any RequestAdapter)? {
+    static func readAny(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> (any RequestAdapter)? {
         read(settings, at: entry, &reader)
     }
 

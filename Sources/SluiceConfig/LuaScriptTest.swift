@@ -1,7 +1,5 @@
-import Foundation
 import HTTPTypes
 import SluiceCore
-import Yams
 
 /// `sluice lua test SCRIPT --request FILE [--response FILE] [--config FILE]`
 /// (docs/scripting.md, "Testing a script"): runs a script's hooks against HTTP/1.1 messages
@@ -49,7 +47,7 @@ public enum LuaScriptTest {
         }
         let answers = try httpPaths.map { path throws(Failure) in (path, try parseResponse(try text(path), file: path)) }
         let source = try text(scriptPath)
-        let script = LuaScript(name: (scriptPath as NSString).lastPathComponent, source: source)
+        let script = LuaScript(name: FileContents.lastComponent(of: scriptPath), source: source)
         var request = try parseRequest(try text(requestPath), file: requestPath)
         let response = try responsePath.map { path throws(Failure) in try parseResponse(try text(path), file: path) }
         let config = try configPath.map { path throws(Failure) in try readConfig(path) } ?? .empty
@@ -162,7 +160,7 @@ public enum LuaScriptTest {
     }
 
     private static func text(_ path: String) throws(Failure) -> String {
-        guard let data = FileManager.default.contents(atPath: path) else {
+        guard let data = FileContents.bytes(atPath: path) else {
             throw Failure(description: "sluice: cannot read \(path)")
         }
         return String(decoding: data, as: UTF8.self)
@@ -171,10 +169,10 @@ public enum LuaScriptTest {
     /// `config:` of the `lua` entry, from a YAML (or JSON) map.
     static func readConfig(_ path: String) throws(Failure) -> LuaConfig {
         var reader = NodeReader(file: path)
-        let root: Node?
+        let root: YAMLNode?
         do {
-            root = try Yams.compose(yaml: try text(path), .basic)
-        } catch let error as YamlError {
+            root = try YAMLReader.read(try text(path))
+        } catch let error as YAMLError {
             throw Failure(description: reader.issue(for: error).description)
         } catch {
             throw Failure(description: "\(error)")
@@ -210,7 +208,7 @@ public enum LuaScriptTest {
             guard let colon = line.firstIndex(of: ":"), let name = HTTPField.Name(String(line[..<colon])) else {
                 throw Failure(description: "\(file):\(n + 2): not a header line: \(line)")
             }
-            headers.append(HTTPField(name: name, value: line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
+            headers.append(HTTPField(name: name, value: String(line[line.index(after: colon)...]).trimmingWhitespace()))
         }
         return (start, headers, at < bytes.count ? Array(bytes[at...]) : [])
     }

@@ -1,7 +1,5 @@
-import Foundation
 import HTTPTypes
 import SluiceCore
-import Yams
 
 /// A monitor as configured, before its sink is opened.
 struct MonitorSpec {
@@ -24,7 +22,7 @@ extension NodeReader {
             "rate_limit", "max_body",
         ] + reservedPolicyKeys
 
-    mutating func readPolicies(_ node: Node) -> [PolicyEntry] {
+    mutating func readPolicies(_ node: YAMLNode) -> [PolicyEntry] {
         guard case .mapping(let mapping) = node else {
             fail(node, "policies must be a mapping of host names to policies")
             return []
@@ -70,7 +68,7 @@ extension NodeReader {
         return out
     }
 
-    mutating func readRedirect(_ node: Node) -> Redirector? {
+    mutating func readRedirect(_ node: YAMLNode) -> Redirector? {
         if let word = node.scalar?.string {
             switch word {
             case "do_not_follow": return .doNotFollow
@@ -125,7 +123,7 @@ extension NodeReader {
             ? Redirector(behavior: .follow(max: max)) : Redirector(behavior: .modify(max: max, rewrites: rewrites))
     }
 
-    mutating func readRetry(_ node: Node) -> PolicyEntry.Section<RetryPolicy> {
+    mutating func readRetry(_ node: YAMLNode) -> PolicyEntry.Section<RetryPolicy> {
         if let word = node.scalar?.string {
             if word == "none" || word == "off" { return .off }
             if word.isEmpty { return .on(RetryPolicy()) }
@@ -224,7 +222,7 @@ extension NodeReader {
         return .on(p)
     }
 
-    mutating func readValidate(_ node: Node) -> PolicyEntry.Section<ResponseValidator> {
+    mutating func readValidate(_ node: YAMLNode) -> PolicyEntry.Section<ResponseValidator> {
         if node.scalar?.string == "none" { return .off }
         var v = ResponseValidator()
         entries(node, in: "validate", known: ["status", "content_type"]) { r, key, value in
@@ -234,7 +232,7 @@ extension NodeReader {
             }
             var ranges: [ClosedRange<Int>] = []
             for (text, n) in r.strings(value, what: key) ?? [] {
-                let bounds = text.split(separator: "-").map { Int($0.trimmingCharacters(in: .whitespaces)) }
+                let bounds = text.split(separator: "-").map { Int(String($0).trimmingWhitespace()) }
                 if bounds.count == 1, let a = bounds[0], (100...599).contains(a) {
                     ranges.append(a...a)
                 } else if bounds.count == 2, let a = bounds[0], let b = bounds[1], a <= b, (100...599).contains(a),
@@ -250,7 +248,7 @@ extension NodeReader {
         return .on(v)
     }
 
-    mutating func readCredentials(_ node: Node) -> PolicyEntry.Section<Credentials> {
+    mutating func readCredentials(_ node: YAMLNode) -> PolicyEntry.Section<Credentials> {
         if node.scalar?.string == "none" { return .off }
         var username: String?
         var password: Secret?
@@ -268,12 +266,12 @@ extension NodeReader {
         return .on(Credentials(username: username, password: password))
     }
 
-    mutating func readMonitors(_ node: Node) -> [(MonitorSpec, Node)] {
+    mutating func readMonitors(_ node: YAMLNode) -> [(MonitorSpec, YAMLNode)] {
         guard case .sequence(let items) = node else {
             fail(node, "monitors must be a list, e.g. [ { access_log: { path: stdout } } ]")
             return []
         }
-        var out: [(MonitorSpec, Node)] = []
+        var out: [(MonitorSpec, YAMLNode)] = []
         for item in items {
             guard case .mapping(let m) = item, m.count == 1, let name = m.first!.key.scalar?.string else {
                 fail(item, "each monitor is a one-key map such as '- access_log: { path: stdout }'")
@@ -309,7 +307,7 @@ extension NodeReader {
         return out
     }
 
-    mutating func readRoutes(_ node: Node, into routes: inout [ServerConfiguration.Route]) {
+    mutating func readRoutes(_ node: YAMLNode, into routes: inout [ServerConfiguration.Route]) {
         guard case .sequence(let items) = node else { return fail(node, "routes must be a list of { listen, upstream }") }
         var out: [ServerConfiguration.Route] = []
         for item in items {
@@ -362,7 +360,7 @@ extension NodeReader {
 
     // MARK: values
 
-    public mutating func fieldName(_ text: String, at node: Node) -> HTTPField.Name? {
+    public mutating func fieldName(_ text: String, at node: YAMLNode) -> HTTPField.Name? {
         guard let name = HTTPField.Name(text) else {
             fail(node, "invalid header field name '\(text)'")
             return nil
@@ -371,7 +369,7 @@ extension NodeReader {
     }
 
     /// A plain string, or the value of a secret reference (which is then redacted in logs).
-    public mutating func secretOrString(_ node: Node, what: String) -> String? {
+    public mutating func secretOrString(_ node: YAMLNode, what: String) -> String? {
         guard let text = node.scalar?.string else {
             fail(node, "\(what) must be a string")
             return nil
@@ -381,7 +379,7 @@ extension NodeReader {
     }
 
     /// A secret: `${ENV}`, `file:/path`, or an inline value (also redacted everywhere).
-    public mutating func secret(_ node: Node, what: String) -> Secret? {
+    public mutating func secret(_ node: YAMLNode, what: String) -> Secret? {
         guard let text = node.scalar?.string, !text.isEmpty else {
             fail(node, "\(what) must be a string or a secret reference (${ENV_VAR} or file:/path)")
             return nil
@@ -410,14 +408,14 @@ enum SecretReference {
             guard !name.isEmpty, name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" }) else {
                 return .failure(Problem(message: "invalid environment reference '\(text)'"))
             }
-            guard let value = ProcessInfo.processInfo.environment[name], !value.isEmpty else {
+            guard let value = FileContents.environment(name), !value.isEmpty else {
                 return .failure(Problem(message: "environment variable \(name) is not set"))
             }
             return .success(Secret(value, source: text))
         }
         if text.hasPrefix("file:") {
             let path = String(text.dropFirst(5))
-            guard let data = FileManager.default.contents(atPath: path), let raw = String(data: data, encoding: .utf8) else {
+            guard let raw = FileContents.text(atPath: path) else {
                 return .failure(Problem(message: "cannot read secret file \(path)"))
             }
             var value = Substring(raw)

@@ -1,5 +1,4 @@
 import SluiceCore
-import Yams
 
 #if canImport(Glibc)
     import Glibc
@@ -10,8 +9,8 @@ import Yams
 /// listener on an address other than loopback needs `proxy_auth` or an `allow_clients`
 /// narrower than everything (routes: the latter, since proxy_auth does not apply to them).
 extension NodeReader {
-    mutating func readProxyAuth(_ node: Node) {
-        var usersFile: (String, Node)?
+    mutating func readProxyAuth(_ node: YAMLNode) {
+        var usersFile: (String, YAMLNode)?
         entries(node, in: "access.proxy_auth", known: ["basic"]) { r, _, basic in
             r.entries(basic, in: "access.proxy_auth.basic", known: ["users_file"]) { r, _, value in
                 guard var path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "users_file must be a path") }

@@ -1,5 +1,4 @@
 import SluiceCore
-import Yams
 
 extension NodeReader {
     /// `rate_limit:` in a policy: `{ rate: 100/s, burst: 10, on_limit: wait, max_wait: 2s,
@@ -7,17 +6,17 @@ extension NodeReader {
     /// 10/s, burst: 10 }, { rate: 5000/h, burst: 100 }], … }`, or only `{ learn: true }` / `{
     /// max_concurrent: N }`, or `none` (no limit for a host under a default that has one). Behaviour: Sources/SluiceCore/Features/RateLimit.swift and
     /// Sources/SluiceServer/Stages/QuotaStage.swift.
-    mutating func readRateLimit(_ node: Node) -> PolicyEntry.Section<RateLimitSettings> {
+    mutating func readRateLimit(_ node: YAMLNode) -> PolicyEntry.Section<RateLimitSettings> {
         if let word = node.scalar?.string {
             if word == "none" || word == "off" { return .off }
             fail(node, "rate_limit must be a mapping such as { rate: 100/s, burst: 10 }, or none")
             return .inherit
         }
         var settings = RateLimitSettings(limits: [])
-        var single: (rate: Node?, burst: Node?) = (nil, nil)
-        var list: Node?
-        var learn: Node?
-        var concurrent: Node?
+        var single: (rate: YAMLNode?, burst: YAMLNode?) = (nil, nil)
+        var list: YAMLNode?
+        var learn: YAMLNode?
+        var concurrent: YAMLNode?
         let known = ["rate", "burst", "limits", "on_limit", "max_wait", "key", "learn", "max_concurrent", "scope"]
         entries(node, in: "rate_limit", known: known) { r, key, value in
             switch key {
@@ -61,8 +60,8 @@ extension NodeReader {
                 return .inherit
             }
             for item in items {
-                var rate: Node?
-                var burst: Node?
+                var rate: YAMLNode?
+                var burst: YAMLNode?
                 entries(item, in: "rate_limit.limits", known: ["rate", "burst"]) { _, key, value in
                     if key == "rate" { rate = value } else { burst = value }
                 }
@@ -81,7 +80,7 @@ extension NodeReader {
     }
 
     /// One limit from its `rate` (`100/s`, `6000/min`, `5000/h`) and `burst` (default 1).
-    private mutating func rateLimit(_ rate: Node?, _ burst: Node?, at node: Node) -> RateLimit? {
+    private mutating func rateLimit(_ rate: YAMLNode?, _ burst: YAMLNode?, at node: YAMLNode) -> RateLimit? {
         guard let rate else {
             fail(node, "rate_limit needs a rate such as 100/s, 6000/min or 5000/h")
             return nil
@@ -102,7 +101,7 @@ extension NodeReader {
     }
 
     /// `host`, `client`, `user` or `header:NAME`.
-    private mutating func rateLimitKey(_ node: Node) -> RateLimitSettings.Key? {
+    private mutating func rateLimitKey(_ node: YAMLNode) -> RateLimitSettings.Key? {
         guard let word = node.scalar?.string else {
             fail(node, "key must be host, client, user or header:NAME")
             return nil

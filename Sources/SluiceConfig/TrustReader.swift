@@ -1,6 +1,4 @@
-import Foundation
 import SluiceCore
-import Yams
 
 /// Reading of the TLS sections of a policy: `trust`, `upstream`, `client_certificate`,
 /// `intercept`. Files named here (certificates, keys, CRLs) are read at load, so a bad one
@@ -8,14 +6,14 @@ import Yams
 extension NodeReader {
     static let evaluatorNames = ["default", "revocation", "pinned_certificates", "public_keys", "composite", "disabled"]
 
-    mutating func readTrust(_ node: Node, policy: String) -> PolicyEntry.Section<any ServerTrustEvaluating> {
+    mutating func readTrust(_ node: YAMLNode, policy: String) -> PolicyEntry.Section<any ServerTrustEvaluating> {
         guard let evaluator = readEvaluator(node, policy: policy, nested: false) else { return .inherit }
         return .on(evaluator)
     }
 
     /// One evaluator: a bare word (`default`) or a map with exactly one evaluator key and
     /// its options beside it.
-    private mutating func readEvaluator(_ node: Node, policy: String, nested: Bool) -> (any ServerTrustEvaluating)? {
+    private mutating func readEvaluator(_ node: YAMLNode, policy: String, nested: Bool) -> (any ServerTrustEvaluating)? {
         let usage =
             "trust must be default, or a map with one evaluator (\(Self.evaluatorNames.joined(separator: ", "))) and its options"
         if let word = node.scalar?.string {
@@ -67,12 +65,12 @@ extension NodeReader {
         var validateChain = true
         var ocsp = false
         var insecure = false
-        var evaluatorValue: Node?
+        var evaluatorValue: YAMLNode?
         entries(node, in: "trust (\(kind))", known: [kind] + options) { r, key, value in
             switch key {
             case kind: evaluatorValue = value
             case "ca_file":
-                if let path = value.scalar?.string, FileManager.default.isReadableFile(atPath: path) {
+                if let path = value.scalar?.string, FileContents.isReadable(atPath: path) {
                     caFile = path
                 } else {
                     r.fail(value, "ca_file must be a readable PEM file")
@@ -154,7 +152,7 @@ extension NodeReader {
         }
     }
 
-    private mutating func unknownEvaluator(_ word: String, at node: Node, usage: String) {
+    private mutating func unknownEvaluator(_ word: String, at node: YAMLNode, usage: String) {
         var message = "unknown trust evaluator '\(word)'"
         if let s = DidYouMean.closest(to: word, among: Self.evaluatorNames) {
             message += "; did you mean '\(s)'?"
@@ -164,7 +162,7 @@ extension NodeReader {
         fail(node, message)
     }
 
-    private mutating func nonEmptyList(_ node: Node, what: String) -> [(String, Node)] {
+    private mutating func nonEmptyList(_ node: YAMLNode, what: String) -> [(String, YAMLNode)] {
         let items = strings(node, what: what) ?? []
         if items.isEmpty { fail(node, "\(what) needs at least one entry") }
         return items
@@ -172,7 +170,7 @@ extension NodeReader {
 
     /// A plain path, or the value of `${ENV}` (resolved as secret references are, with their
     /// errors; the path itself is not a secret).
-    public mutating func pathOrReference(_ text: String, at node: Node) -> String? {
+    public mutating func pathOrReference(_ text: String, at node: YAMLNode) -> String? {
         guard text.hasPrefix("${") else { return text }
         switch SecretReference.resolve(text) {
         case .success(let resolved): return resolved.value
@@ -185,7 +183,7 @@ extension NodeReader {
     /// A policy's `upstream:` section: `scheme`, `port` (where plain-HTTP requests go),
     /// `http2` (Sources/SluiceCore/Features/HTTP2.swift) and `engine`
     /// (Sources/SluiceCore/Features/UpstreamEngine.swift).
-    mutating func readUpstream(_ node: Node) -> PolicyEntry.Section<UpstreamOverride> {
+    mutating func readUpstream(_ node: YAMLNode) -> PolicyEntry.Section<UpstreamOverride> {
         if node.scalar?.string == "off" { return .off }
         guard case .mapping(let m) = node else {
             fail(
@@ -198,7 +196,7 @@ extension NodeReader {
         var port: Int?
         var http2 = HTTP2Mode.auto
         var engine: UpstreamEngine?
-        var engineNode: Node?
+        var engineNode: YAMLNode?
         var valid = true
         entries(node, in: "upstream", known: ["scheme", "port", "http2", "engine"]) { r, key, value in
             switch key {
@@ -256,7 +254,7 @@ extension NodeReader {
         return .on(UpstreamOverride(scheme: scheme, port: port, http2: http2, engine: engine))
     }
 
-    mutating func readClientCertificate(_ node: Node) -> PolicyEntry.Section<ClientCertificate> {
+    mutating func readClientCertificate(_ node: YAMLNode) -> PolicyEntry.Section<ClientCertificate> {
         if node.scalar?.string == "off" { return .off }
         var certificate: String?
         var key: String?
@@ -268,7 +266,7 @@ extension NodeReader {
                 // A path, or `${ENV}` naming one (the files differ per machine; the path is not secret).
                 guard let text = value.scalar?.string else { return r.fail(value, "\(k) must be a path") }
                 guard let path = r.pathOrReference(text, at: value) else { return }
-                guard FileManager.default.isReadableFile(atPath: path) else {
+                guard FileContents.isReadable(atPath: path) else {
                     return r.fail(value, "\(k) must be a readable PEM file ('\(path)' is not)")
                 }
                 if k == "certificate" {

@@ -62,12 +62,3 @@ public enum DidYouMean {
         return previous[b.count]
     }
 }
-
-extension String {
-    func trimmingWhitespace() -> String {
-        var s = Substring(self)
-        while s.first?.isWhitespace == true { s = s.dropFirst() }
-        while s.last?.isWhitespace == true { s = s.dropLast() }
-        return String(s)
-    }
-}

@@ -1,11 +1,10 @@
 import SluiceCore
-import Yams
 
 extension NodeReader {
     /// `upgrades:` in a policy: a list of protocol names (`[websocket]`, `[]` for none), or
     /// `{ allow: [websocket], idle_timeout: 5m }`. Behaviour:
     /// Sources/SluiceCore/Features/Upgrades.swift.
-    mutating func readUpgrades(_ node: Node) -> Upgrades? {
+    mutating func readUpgrades(_ node: YAMLNode) -> Upgrades? {
         switch node {
         case .sequence:
             guard let allowed = upgradeNames(node) else { return nil }
@@ -31,7 +30,7 @@ extension NodeReader {
     }
 
     /// Protocol names as `Upgrade` carries them: tokens (RFC 9110 §5.6.2), without a version.
-    private mutating func upgradeNames(_ node: Node) -> [String]? {
+    private mutating func upgradeNames(_ node: YAMLNode) -> [String]? {
         guard case .sequence = node, let items = strings(node, what: "upgrades") else {
             fail(node, "upgrades.allow must be a list of protocol names such as [websocket]")
             return nil

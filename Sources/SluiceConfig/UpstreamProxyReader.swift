@@ -1,11 +1,10 @@
 import SluiceCore
-import Yams
 
 extension NodeReader {
     /// `upstream_proxy:` in a policy: `{ url: http://host:port, no_proxy: [...], auth: { username,
     /// password } }`, or `none` (reach the origin directly, for a host under a default that
     /// names a parent). Behaviour: Sources/SluiceCore/Features/UpstreamProxy.swift.
-    mutating func readUpstreamProxy(_ node: Node) -> PolicyEntry.Section<UpstreamProxy> {
+    mutating func readUpstreamProxy(_ node: YAMLNode) -> PolicyEntry.Section<UpstreamProxy> {
         if node.scalar?.string == "none" { return .off }
         guard case .mapping = node else {
             fail(node, "upstream_proxy must be none or a map, e.g. { url: http://proxy.example:3128 }")
@@ -61,7 +60,7 @@ extension NodeReader {
 
     /// `http://host:port`, nothing else: no path, query, credentials (they go in `auth`, so
     /// they are redacted) or other scheme.
-    private mutating func parentProxyURL(_ node: Node) -> String? {
+    private mutating func parentProxyURL(_ node: YAMLNode) -> String? {
         guard let text = node.scalar?.string else {
             fail(node, "url must be a string such as http://proxy.example:3128")
             return nil

@@ -1,6 +1,11 @@
 import ArgumentParser
-import Foundation
 import SluiceCore
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 #if canImport(Glibc)
     import Glibc
@@ -42,7 +47,7 @@ struct Top: ParsableCommand {
                 printError("sluice top: cannot read --token-file \(tokenFile)")
                 throw ExitCode(1)
             }
-            token = text.trimmingCharacters(in: .whitespacesAndNewlines)
+            token = text.trimmingWhitespace()
         }
         let client = AdminClient(address: address, token: token)
         if once {
@@ -221,7 +226,7 @@ struct AdminClient {
             }
             body = decoded
         } else if let field = fields.first(where: { $0.hasPrefix("content-length:") }),
-            let length = Int(field.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)), length <= body.count
+            let length = Int(field.dropFirst("content-length:".count).trimmingWhitespace()), length <= body.count
         {
             body = Array(body[..<length])
         }

@@ -102,8 +102,8 @@ import Testing
         }
     }
 
-    /// Found by the `config` fuzz target: bytes libyaml refuses to read (a control character,
-    /// here DEL) were reported at 0:0.
+    /// Found by the `config` fuzz target: bytes libyaml refused to read (a control character,
+    /// here DEL) were reported at 0:0; `YAMLReader` refuses them at their line and column.
     @Test(arguments: [
         ("p\u{7F}licies: { a.test: { adapters: [] } }\n", 1, 2),
         ("workers: 2\nlisten: [\"a\u{1}\"]\n", 2, 12),
@@ -119,8 +119,8 @@ import Testing
         }
     }
 
-    /// Deep nesting, which a recursive reader would overflow the stack on: libyaml stops at
-    /// 1000 levels with a located error, and the 999 levels below that are read without
+    /// Deep nesting, which a recursive reader would overflow the stack on: `YAMLReader` stops at
+    /// 1000 levels (as libyaml did) with a located error, and the 999 levels below that are read without
     /// recursion trouble (checked with the `config` fuzz target's 64 KiB inputs too).
     @Test func deepNestingIsALocatedErrorNotACrash() {
         #expect {

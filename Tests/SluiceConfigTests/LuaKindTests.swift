@@ -1,7 +1,6 @@
 import Foundation
 import HTTPTypes
 import Testing
-import Yams
 
 @testable import SluiceConfig
 @testable import SluiceCore

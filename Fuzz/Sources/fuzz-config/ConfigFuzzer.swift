@@ -2,7 +2,7 @@ import FuzzSupport
 
 @testable import SluiceConfig
 
-/// Fuzz target: `ConfigLoader`, from YAML text (Yams and libyaml included) to a validated
+/// Fuzz target: `ConfigLoader`, from YAML text (its `YAMLReader` included) to a validated
 /// configuration. Monitors' log files are checked but not opened (`logSinks: .skip`), so a
 /// run creates no file; secret and certificate files the input names are read, so run it in
 /// a scratch directory.

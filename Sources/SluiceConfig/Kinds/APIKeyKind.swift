@@ -1,12 +1,11 @@
 import SluiceCore
-import Yams
 
 /// `api_key` (docs/configuration.md, "Adapters"): the key as a header, or as a query parameter
 /// whose values are then redacted from logs (`APIKeyAdapter`).
 enum APIKeyKind: InterceptorKind {
     static var name: String { "api_key" }
 
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> APIKeyAdapter? {
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> APIKeyAdapter? {
         guard let settings else {
             reader.fail(entry, "api_key needs header or query, and value")
             return nil

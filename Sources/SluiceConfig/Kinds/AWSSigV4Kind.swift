@@ -1,8 +1,6 @@
-import Foundation
 import HTTPTypes
 import SluiceCore
 import Synchronization
-import Yams
 
 #if canImport(Glibc)
     import Glibc
@@ -18,7 +16,7 @@ import Yams
 enum AWSSigV4Kind: InterceptorKind {
     static var name: String { "aws_sigv4" }
 
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> AWSSigV4Signer? {
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> AWSSigV4Signer? {
         guard let settings else {
             reader.fail(entry, "aws_sigv4 needs service and region, e.g. '- aws_sigv4: { service: s3, region: eu-west-1 }'")
             return nil
@@ -62,7 +60,7 @@ enum AWSSigV4Kind: InterceptorKind {
     }
 
     /// `credentials:` — `{ file, profile }` or `{ access_key_id, secret_access_key, session_token }`.
-    private static func readCredentials(_ node: Node, _ r: inout NodeReader) -> AWSSigV4Signer.CredentialSource? {
+    private static func readCredentials(_ node: YAMLNode, _ r: inout NodeReader) -> AWSSigV4Signer.CredentialSource? {
         var file: String?
         var profile = "default"
         var keyID: String?
@@ -104,7 +102,7 @@ enum AWSSigV4Kind: InterceptorKind {
 
     /// The default: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` of
     /// Sluice's own environment, read when the configuration is (a reload reads them again).
-    private static func environmentCredentials(at node: Node, _ r: inout NodeReader) -> AWSSigV4Signer.CredentialSource? {
+    private static func environmentCredentials(at node: YAMLNode, _ r: inout NodeReader) -> AWSSigV4Signer.CredentialSource? {
         // As a `${NAME}` reference resolves: unset or empty is none.
         func variable(_ name: String) -> Secret? { try? SecretReference.resolve("${\(name)}").get() }
         guard let keyID = variable("AWS_ACCESS_KEY_ID")?.value, let secretValue = variable("AWS_SECRET_ACCESS_KEY") else {
@@ -184,22 +182,22 @@ final class AWSCredentialsFile: Sendable {
     }
 
     private func read() -> Result<AWSCredentials, Problem> {
-        guard let data = FileManager.default.contents(atPath: path) else {
+        guard let data = FileContents.bytes(atPath: path, limit: .max) else {
             return .failure(Problem(description: "cannot read \(path)"))
         }
         guard data.count <= 1 << 20 else { return .failure(Problem(description: "\(path) is larger than 1 MiB")) }
         var section = ""
         var values: [String: String] = [:]
         for raw in String(decoding: data, as: UTF8.self).split(whereSeparator: { $0 == "\n" || $0 == "\r" }) {
-            let line = raw.trimmingCharacters(in: .whitespaces)
+            let line = String(raw).trimmingWhitespace()
             if line.isEmpty || line.hasPrefix("#") || line.hasPrefix(";") { continue }
             if line.hasPrefix("["), line.hasSuffix("]") {
-                section = line.dropFirst().dropLast().trimmingCharacters(in: .whitespaces)
+                section = String(line.dropFirst().dropLast()).trimmingWhitespace()
                 continue
             }
             guard section == profile, let equals = line.firstIndex(of: "=") else { continue }
-            let key = line[..<equals].trimmingCharacters(in: .whitespaces).lowercased()
-            values[key] = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+            let key = String(line[..<equals]).trimmingWhitespace().lowercased()
+            values[key] = String(line[line.index(after: equals)...]).trimmingWhitespace()
         }
         guard let keyID = values["aws_access_key_id"], let secret = values["aws_secret_access_key"] else {
             return .failure(

@@ -1,12 +1,11 @@
 import SluiceCore
-import Yams
 
 /// `basic` (docs/configuration.md, "Adapters"): `Authorization: Basic base64(user:password)`
 /// (RFC 7617, `BasicAuthAdapter`).
 enum BasicKind: InterceptorKind {
     static var name: String { "basic" }
 
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> BasicAuthAdapter? {
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> BasicAuthAdapter? {
         guard let settings else {
             reader.fail(entry, "basic needs username and password")
             return nil

@@ -1,12 +1,11 @@
 import SluiceCore
-import Yams
 
 /// `bearer` (docs/configuration.md, "Adapters"): `Authorization: Bearer <token>`, the token a
 /// string or a secret reference (`BearerAdapter`).
 enum BearerKind: InterceptorKind {
     static var name: String { "bearer" }
 
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> BearerAdapter? {
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> BearerAdapter? {
         guard let settings else {
             reader.fail(entry, "bearer needs a token, e.g. '- bearer: ${API_TOKEN}'")
             return nil

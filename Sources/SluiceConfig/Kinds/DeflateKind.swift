@@ -1,12 +1,11 @@
 import SluiceCore
-import Yams
 
 /// `deflate` (docs/configuration.md, "Adapters"): the request body compressed as it streams
 /// (`DeflateRequestCompressor`). A bare `- deflate` takes the defaults.
 enum DeflateKind: InterceptorKind {
     static var name: String { "deflate" }
 
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> DeflateRequestCompressor? {
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> DeflateRequestCompressor? {
         var minBytes = DeflateRequestCompressor.defaultMinBytes
         var behavior = DeflateRequestCompressor.defaultDuplicateHeaderBehavior
         if let settings, !(settings.scalar.map { $0.string.isEmpty } ?? false) {

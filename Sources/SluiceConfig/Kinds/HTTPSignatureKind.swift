@@ -1,6 +1,5 @@
 import HTTPTypes
 import SluiceCore
-import Yams
 
 /// `http_signature` (docs/configuration.md, "HTTP Message Signatures (`http_signature`)"):
 /// every try is signed per RFC 9421 with HMAC-SHA256 or Ed25519, covering the components the
@@ -12,14 +11,14 @@ import Yams
 enum HTTPSignatureKind: InterceptorKind {
     static var name: String { "http_signature" }
 
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> HTTPMessageSigner? {
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> HTTPMessageSigner? {
         guard let settings else {
             reader.fail(entry, "http_signature needs key_id, algorithm and key")
             return nil
         }
         var keyID: String?
         var algorithm: HTTPMessageSigner.Algorithm?
-        var keyNode: Node?
+        var keyNode: YAMLNode?
         var components: [String]?
         var created = true
         var expires: Int?

@@ -1,13 +1,12 @@
 import HTTPTypes
 import SluiceCore
-import Yams
 
 /// `headers` (docs/configuration.md, "Adapters"): `set`, `add` and `remove` request fields,
 /// applied in the order remove, set, add (`HeaderAdapter`).
 enum HeadersKind: InterceptorKind {
     static var name: String { "headers" }
 
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> HeaderAdapter? {
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> HeaderAdapter? {
         guard let settings else {
             reader.fail(entry, "headers needs set, add or remove")
             return nil

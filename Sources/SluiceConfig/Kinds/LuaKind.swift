@@ -1,6 +1,4 @@
-import Foundation
 import SluiceCore
-import Yams
 
 /// `lua` (docs/scripting.md): a Lua script's `on_request` hook adapts the request
 /// (`LuaAdapter`). The script is compiled and its top level run here, once, so a syntax
@@ -17,14 +15,14 @@ import Yams
 enum LuaKind: InterceptorKind {
     static var name: String { "lua" }
 
-    static func read(_ settings: Node?, at entry: Node, _ reader: inout NodeReader) -> LuaAdapter? {
+    static func read(_ settings: YAMLNode?, at entry: YAMLNode, _ reader: inout NodeReader) -> LuaAdapter? {
         guard let settings else {
             reader.fail(entry, "lua needs file or source")
             return nil
         }
         var script: LuaScript?
         var origin = ""
-        var scriptNode: Node?
+        var scriptNode: YAMLNode?
         var config: [String: LuaValue] = [:]
         var onError = LuaAdapter.OnError.failClosed
         var everyTry = false
@@ -32,7 +30,7 @@ enum LuaKind: InterceptorKind {
         var readResponseBody = false
         var limits = LuaLimits.default
         var allowHosts: [LuaAllowedHost] = []
-        var allowNode: Node?
+        var allowNode: YAMLNode?
         let file = reader.file
         let known = [
             "file", "source", "config", "on_error", "every_try", "read_body", "read_response_body", "limits", "allow_hosts",
@@ -43,10 +41,10 @@ enum LuaKind: InterceptorKind {
                 guard script == nil else { return r.fail(value, "lua takes file or source, not both") }
                 guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "file must be a path") }
                 let resolved = Self.resolve(path, against: file)
-                guard let data = FileManager.default.contents(atPath: resolved),
-                    let text = String(data: data, encoding: .utf8)
-                else { return r.fail(value, "lua file '\(resolved)' is not a readable UTF-8 file") }
-                script = LuaScript(name: (resolved as NSString).lastPathComponent, source: text)
+                guard let text = FileContents.text(atPath: resolved) else {
+                    return r.fail(value, "lua file '\(resolved)' is not a readable UTF-8 file")
+                }
+                script = LuaScript(name: FileContents.lastComponent(of: resolved), source: text)
                 origin = "file \(resolved)"
                 scriptNode = value
             case "source":
@@ -131,11 +129,10 @@ enum LuaKind: InterceptorKind {
 
     /// `path` as given when absolute, else beside the configuration file.
     static func resolve(_ path: String, against configFile: String) -> String {
-        guard !path.hasPrefix("/"), configFile.hasPrefix("/") || configFile.contains("/") else { return path }
-        return ((configFile as NSString).deletingLastPathComponent as NSString).appendingPathComponent(path)
+        FileContents.path(path, besideFile: configFile)
     }
 
-    private static func readLimits(_ node: Node, into limits: inout LuaLimits, _ reader: inout NodeReader) {
+    private static func readLimits(_ node: YAMLNode, into limits: inout LuaLimits, _ reader: inout NodeReader) {
         let known = ["instructions", "memory", "wall", "subrequests", "body"]
         reader.entries(node, in: "lua limits", known: known) { r, key, value in
             switch key {
@@ -155,14 +152,12 @@ enum LuaKind: InterceptorKind {
     }
 
     /// A YAML value as `ctx.config` holds it; nil (with an error) for what Lua cannot hold.
-    static func value(_ node: Node, _ reader: inout NodeReader) -> LuaValue? {
+    static func value(_ node: YAMLNode, _ reader: inout NodeReader) -> LuaValue? {
         switch node {
         case .scalar(let scalar):
-            if scalar.style == .plain {
-                if let b = node.bool { return .bool(b) }
-                if let i = node.int { return .integer(i) }
-                if let d = node.float { return .number(d) }
-            }
+            if let b = scalar.bool { return .bool(b) }
+            if let i = scalar.int { return .integer(i) }
+            if let d = scalar.float { return .number(d) }
             return .string(scalar.string)
         case .sequence(let items):
             var out: [LuaValue] = []
@@ -182,9 +177,6 @@ enum LuaKind: InterceptorKind {
                 out[key] = value
             }
             return .table(out)
-        case .alias:
-            reader.fail(node, "config cannot hold aliases")
-            return nil
         }
     }
 }

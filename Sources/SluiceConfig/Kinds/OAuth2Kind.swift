@@ -1,5 +1,4 @@
 import SluiceCore
-import Yams
 
 /// `oauth2` (docs/configuration.md, "OAuth 2 (`oauth2` adapter)"): Alamofire's
 /// `AuthenticationInterceptor` — a token fetched (once for the process, or the fleet) and
@@ -8,7 +7,7 @@ import Yams
 enum OAuth2Kind: InterceptorKind {
     static var name: String { "oauth2" }
 
-    static func read(_ options: Node?, at node: Node, _ reader: inout NodeReader) -> OAuth2Authenticator? {
+    static func read(_ options: YAMLNode?, at node: YAMLNode, _ reader: inout NodeReader) -> OAuth2Authenticator? {
         guard let options else {
             reader.fail(node, "oauth2 needs grant, token_url and client_id")
             return nil

@@ -122,6 +122,34 @@ public enum PercentEncoding {
         }
         return out
     }
+    /// `%XX` sequences decoded; nil when one is malformed or the result is not UTF-8 (as
+    /// Foundation's `removingPercentEncoding`).
+    public static func decode(_ s: String) -> String? {
+        let bytes = Array(s.utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count)
+        var i = 0
+        while i < bytes.count {
+            guard bytes[i] == UInt8(ascii: "%") else {
+                out.append(bytes[i])
+                i += 1
+                continue
+            }
+            guard i + 2 < bytes.count, let high = hexValue(bytes[i + 1]), let low = hexValue(bytes[i + 2]) else { return nil }
+            out.append(high << 4 | low)
+            i += 3
+        }
+        return String(validating: out, as: UTF8.self)
+    }
+
+    private static func hexValue(_ b: UInt8) -> UInt8? {
+        switch b {
+        case 0x30...0x39: return b - 0x30
+        case 0x41...0x46: return b - 0x41 + 10
+        case 0x61...0x66: return b - 0x61 + 10
+        default: return nil
+        }
+    }
 }
 
 public enum Base64 {

@@ -1,4 +1,3 @@
-import Foundation
 import HTTPTypes
 import Synchronization
 
@@ -341,11 +340,10 @@ public final class OAuth2Authenticator: RequestAdapter, RequestRetrier, Sendable
     }
 
     static func parseToken(_ body: [UInt8]) -> FetchOutcome {
-        guard let object = try? JSONSerialization.jsonObject(with: Data(body)) as? [String: Any],
-            let token = object["access_token"] as? String, !token.isEmpty
+        guard let object = JSONObjectFields(body), let token = object.string("access_token"), !token.isEmpty
         else { return .failed("token endpoint sent no access_token") }
-        let expires = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
-        return .token(token, expires.map { min($0, 100_000_000) * 1000 }, object["refresh_token"] as? String)
+        let expires = object.integer("expires_in")
+        return .token(token, expires.map { min($0, 100_000_000) * 1000 }, object.string("refresh_token"))
     }
 
     /// application/x-www-form-urlencoded, also used for Basic client credentials (RFC 6749 §2.3.1).

@@ -27,7 +27,7 @@ public enum CacheInvalidation {
 
     /// `scheme://authority`, lower-cased, of an absolute http(s) URL.
     static func origin(of url: String) -> String? {
-        guard let schemeEnd = url.range(of: "://") else { return nil }
+        guard let schemeEnd = url.firstRange(of: "://") else { return nil }
         let rest = url[schemeEnd.upperBound...]
         let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
         return (url[..<schemeEnd.lowerBound] + "://" + authority).lowercased()

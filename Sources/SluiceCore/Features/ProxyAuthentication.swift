@@ -127,22 +127,7 @@ public struct ProxyAuthentication: Sendable {
     }
 
     private static func readFile(_ path: String) -> String? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
-        var out: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 65536)
-        while true {
-            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if n < 0 { return nil }
-            if n == 0 { break }
-            out += chunk[0..<n]
-            if out.count > 16 << 20 {
-                errno = EFBIG
-                return nil
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
+        FileContents.bytes(atPath: path).map { String(decoding: $0, as: UTF8.self) }
     }
 }
 

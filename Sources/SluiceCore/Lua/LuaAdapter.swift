@@ -1,6 +1,11 @@
-import Foundation
 import HTTPTypes
 import Logging
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 /// The `lua` interceptor's request half (docs/scripting.md): runs the script's `on_request`
 /// on the request model, and maps the script's edits (method, path, query, header fields)

@@ -1,8 +1,13 @@
 import CLibEvent
 import CShims
-import Foundation
 import SluiceConfig
 import SluiceCore
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 #if canImport(Glibc)
     import Glibc
@@ -354,7 +359,7 @@ final class AdminServer: @unchecked Sendable {
     private func hostView(_ query: String) -> AdminResponse {
         var host: String?
         for pair in query.split(separator: "&") where pair.hasPrefix("host=") {
-            host = String(pair.dropFirst(5)).replacingOccurrences(of: "+", with: " ").removingPercentEncoding
+            host = PercentEncoding.decode(String(pair.dropFirst(5)).replacing("+", with: " "))
         }
         guard let host, !host.isEmpty else { return .error(400, "name the host: GET /dashboard/host?host=NAME") }
         let policy: String

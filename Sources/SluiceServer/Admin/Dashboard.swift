@@ -1,6 +1,11 @@
 import CLibEvent
-import Foundation
 import SluiceCore
+
+#if canImport(FoundationEssentials)
+    import FoundationEssentials
+#else
+    import Foundation
+#endif
 
 #if canImport(Glibc)
     import Glibc
