@@ -99,7 +99,7 @@ public struct NodeReader {
     /// `access.proxy_auth`, with its users file read (ProxyAuthReader).
     var proxyAuthentication: ProxyAuthentication?
     /// `fleet.cache.advertise`'s node, for the check that needs every listener read first.
-    var fleetAdvertiseNode: Node?
+    var fleetAdvertiseNode: YAMLNode?
 
     /// Values of the query parameter `name` are secrets: logs show them redacted (an
     /// adapter that puts a key in the query, as `api_key` can).
