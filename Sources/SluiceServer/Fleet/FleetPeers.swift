@@ -5,13 +5,18 @@ import SluiceCore
 /// that signs and verifies peer requests, and the nonces of the peer requests accepted lately.
 ///
 /// Threading: made once by `ProxyServer` and shared read-only by every worker; the replay
-/// guard is its one mutable part (behind its own lock).
+/// guard, the down marks and the request counts are its mutable parts (each behind its own
+/// lock).
 final class FleetPeers: Sendable {
     let settings: FleetCacheSettings
     /// Who owns which key: the static members for now (`peers:`, this instance included).
     let owners: RendezvousOwners
     let signature: PeerSignature
     let replays = PeerReplayGuard()
+    /// The peers that did not answer lately: skipped for a few seconds (`PeerDownMarks`).
+    let downMarks = PeerDownMarks()
+    /// `sluice_peer_requests_total` and its latency, and their counts for `GET /fleet`.
+    let requestMetrics = PeerRequestMetrics()
 
     init(_ settings: FleetCacheSettings) {
         self.settings = settings

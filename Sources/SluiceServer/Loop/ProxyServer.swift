@@ -82,12 +82,10 @@ public final class ProxyServer: @unchecked Sendable {
         rateLimits = RateLimitTable(capacity: configuration.server.limits.rateLimitKeys)
         cacheStore = configuration.server.cacheStore.map(CacheStore.init)
         fleetPeers = configuration.server.fleetCache.map(FleetPeers.init)
-        if let cache = configuration.server.fleetCache {
-            // Said where operators look: the key is read, but only half of it acts yet.
+        if let listen = configuration.server.fleetCache?.listen {
+            // Said where operators look: the key is read, but does not act yet.
             Log.warning(
-                "fleet.cache: signed requests from peers are checked, but instances do not yet ask each other: "
-                    + "each caches for itself" + (cache.listen.map { ", and listen \($0) is not opened" } ?? "")
-                    + " (docs/fleet.md)")
+                "fleet.cache: listen \(listen) is not opened yet: peers reach this instance on its listeners (docs/fleet.md)")
         }
     }
 

@@ -6,10 +6,14 @@ import SluiceCore
 /// nowhere. Gateway routes are not proxy requests and are not asked; requests inside an
 /// intercepted CONNECT were authorized by the CONNECT. The field itself never travels
 /// upstream (`ForwardedHeaders.isDroppedRequestField`). The user names the access-log line.
+/// A peer's request (`fleet.cache`, `Exchange.fromPeer`) is not asked: its signature
+/// authenticates it (docs/security.md, "Peers").
 enum ProxyAuthStage: RequestStage {
     static var name: String { "proxy_auth" }
 
     static func enter(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
+        // A peer's request (`fleet.cache`) is authenticated by its signature (`PeerStage`).
+        if exchange.fromPeer { return .proceed }
         let client = exchange.client
         if client.interception != nil {
             exchange.summary.user = client.acceptedCredential?.user
