@@ -345,6 +345,8 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
                       "sluice_rate_limit_learned_total", "sluice_rate_limit_keys_evicted_total",
                       # with a fleet only (test_fleet_shows_each_workers_redis_and_the_instances)
                       "sluice_fleet_fallbacks_total", "sluice_fleet_instances",
+                      # per peer, once a miss asked one (test_fleet_hop.py)
+                      "sluice_peer_requests_total", "sluice_peer_request_duration_seconds",
                       # only once a download broke (test_resume.py)
                       "sluice_download_resumes_total",
                       # per script, once a lua hook ran (test_lua.py, test_lua_tools.py)
