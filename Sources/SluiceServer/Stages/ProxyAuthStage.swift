@@ -12,14 +12,14 @@ enum ProxyAuthStage: RequestStage {
     static var name: String { "proxy_auth" }
 
     static func enter(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
-        // A peer's request (`fleet.cache`) is authenticated by its signature (`PeerStage`).
-        if exchange.fromPeer { return .proceed }
         let client = exchange.client
         if client.interception != nil {
             exchange.summary.user = client.acceptedCredential?.user
             return .proceed
         }
         guard case .forward = client.mode, let verifier = exchange.pipeline.proxyAuth else { return .proceed }
+        // A peer's request (`fleet.cache`) is authenticated by its signature (`PeerStage`).
+        if exchange.fromPeer { return .proceed }
         let head = exchange.head
         var verdict = ProxyAuthVerifier.Verdict.missing
         var matchedValue: [UInt8]?

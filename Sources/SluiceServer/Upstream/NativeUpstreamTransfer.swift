@@ -30,7 +30,7 @@ import SluiceCore
 /// haproxy do); any other is not (RFC 9110 §9.2.2), and the try fails as a reset, which
 /// `retry.methods` decides about.
 ///
-/// A try through a peer (`fleet.cache`, `PeerHop`: `peer` set) goes to the peer's address
+/// A try through a peer (`fleet.cache`, `PeerHop`: `peer` given) goes to the peer's address
 /// instead of the origin's — no DNS, no `access.deny` (peers are the operator's own list),
 /// plain HTTP whatever the URL's scheme, on the pool's connections to that address — with the
 /// request line in absolute form (the peer is a proxy too); it is never resumed.
@@ -64,12 +64,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private let totalTimeout: Int?
     /// The method may be sent again on a new connection (RFC 9110 §9.2.2: idempotent).
     private let resendable: Bool
+    /// The try asks an instance of the fleet (`originKey`) instead of the origin (`fleet.cache`).
+    /// (A flag in the padding after `resendable`: the transfer is allocated per try.)
+    private let viaPeer: Bool
     /// The pool's unit for connection limits: the origin, or the peer asked instead.
     private let originKey: UpstreamOrigin
-    /// The instance of the fleet asked instead of the origin (`fleet.cache`); nil: the origin.
-    private let peer: UpstreamOrigin?
     /// `host:port`, the name errors carry (built only for them).
-    private var origin: String { peer.map { "\($0.host):\($0.port)" } ?? target.authority }
+    private var origin: String { viaPeer ? "\(originKey.host):\(originKey.port)" : target.authority }
     /// The TLS settings of an https try (nil for plain http).
     private var tlsContext: NativeTLSContext?
     /// The TLS session being set up over `connectingFD`.
@@ -128,7 +129,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private(set) var deadlineExceeded = false
     private var perTryTimeout = 0
     var resumableTry: (request: UpstreamRequest, route: UpstreamRoute)? {
-        request.method == "GET" && peer == nil ? (request, .native(perTryTimeout: perTryTimeout)) : nil
+        request.method == "GET" && !viaPeer ? (request, .native(perTryTimeout: perTryTimeout)) : nil
     }
     /// The response goes on into the cache's tee only (`detach`).
     private var detached = false
@@ -159,8 +160,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         connectTimeout = config.timeouts.upstreamConnect
         totalTimeout = request.totalTimeout ?? config.timeouts.total
         resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
-        self.peer = peer
-        originKey = peer ?? UpstreamOrigin(host: request.target.host, port: request.target.port)
+        if let peer {
+            viaPeer = true
+            originKey = peer
+        } else {
+            viaPeer = false
+            originKey = UpstreamOrigin(host: request.target.host, port: request.target.port)
+        }
         parser = pool.takeParser()
         // A recycled parser still holds its last response: nothing of it may show in this
         // try's timings (`currentTimings` reads the status).
@@ -184,7 +190,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         }
         tryTimer.arm(milliseconds: perTryTimeout)
         self.tryTimer = tryTimer
-        if target.scheme == .https, peer == nil {
+        if target.scheme == .https, !viaPeer {
             switch pool.tlsContexts.context(
                 trust: request.trust, clientCertificate: request.clientCertificate, defaultCAFile: defaultCAFile)
             {
@@ -287,7 +293,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         // `access.deny` is checked on every address, as libcurl's open-socket callback did;
         // the allowed ones are tried in order (IPv4 first) until one accepts.
         candidates = addresses.list.filter { candidate in
-            guard peer == nil else { return true }
+            guard !viaPeer else { return true }
             var a = candidate
             return !withUnsafePointer(to: &a) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { SocketAddress.matches($0, deny) }
@@ -518,7 +524,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func sendRequest() {
         guard let connection else { return }
         parser.expectResponse(headRequest: isHead)
-        UpstreamRequestEncoder.writeHead(request, into: connection.socket.output, absoluteForm: peer != nil)
+        UpstreamRequestEncoder.writeHead(request, into: connection.socket.output, absoluteForm: viaPeer)
         switch request.body {
         case .none:
             uploadDone = true
