@@ -20,7 +20,7 @@ import Testing
         let upstreamPerTryTimeout = 30_000
         let totalTimeout: Int? = nil
         let fleet: Fleet? = nil
-        let peers: FleetPeers? = nil
+        var peers: FleetPeers?
         let quotaWake: @Sendable (UInt64) -> Bool = { _ in true }
         var gate: UpstreamGate.Answer = .go
         var revalidations = 0
@@ -203,6 +203,48 @@ import Testing
             return
         }
         #expect(socket.upgrade == "websocket")
+    }
+
+    @Test func aMissOnANonOwnerAsksTheMembersAboveItAndAPeersRequestIsServedHere() throws {
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 1 << 20))
+        let services = Services(cache: store)
+        var settings = FleetCacheSettings(advertise: "10.0.0.1:3128", secret: Secret("fleet-secret-0123456789"))
+        settings.peers = [.init(address: "10.0.0.2:3128"), .init(address: "10.0.0.3:3128")]
+        let peers = FleetPeers(settings)
+        services.peers = peers
+        // A URL another member owns: the walk is those ranked above this instance, owner first.
+        let url = try #require((0..<20).map { "http://a/\($0)" }.first { peers.owners.owner(of: $0)?.address != "10.0.0.1:3128" })
+        let above = peers.owners.ranked(url).map(\.address).prefix { $0 != "10.0.0.1:3128" }
+        let get = "GET \(url) HTTP/1.1\r\nHost: a\r\n\r\n"
+        let client = try exchange(get, services)
+        guard case .wait(.peers(let walk)) = CacheStage.enter(client, services) else {
+            Issue.record("a client's miss on a non-owner asks the members above it")
+            return
+        }
+        #expect(walk.peers == Array(above))
+        #expect(client.cache?.fetch == nil, "it claims no fetch: the owner collapses the misses")
+        // A peer's request is served here, as by the owner: it claims the fetch.
+        let fromPeer = try exchange(get, services)
+        fromPeer.fromPeer = true
+        guard case .proceed = CacheStage.enter(fromPeer, services) else {
+            Issue.record("a peer's miss goes to the origin from here")
+            return
+        }
+        #expect(fromPeer.cache?.fetch != nil)
+        fromPeer.cache?.endFetch()
+        // Once the members above it did not answer, the client's lookup goes on here too.
+        client.peersAsked = true
+        guard case .proceed = CacheStage.enter(client, services) else {
+            Issue.record("after the peers, a miss goes to the origin from here")
+            return
+        }
+        #expect(client.cache?.fetch != nil)
+        // A URL this instance owns asks nobody.
+        let own = try #require((0..<20).map { "http://a/\($0)" }.first { peers.owners.owner(of: $0)?.address == "10.0.0.1:3128" })
+        guard case .proceed = CacheStage.enter(try exchange("GET \(own) HTTP/1.1\r\nHost: a\r\n\r\n", services), services) else {
+            Issue.record("the owner's miss goes to the origin")
+            return
+        }
     }
 
     @Test func cacheAnswersHitsCollapsesMissesAndRefusesOnlyIfCached() throws {

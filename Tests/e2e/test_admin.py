@@ -347,6 +347,8 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
                       "sluice_fleet_fallbacks_total", "sluice_fleet_instances",
                       # with fleet.cache only (test_fleet_members.py)
                       "sluice_fleet_cache_members",
+                      # per peer, once a miss asked one (test_fleet_hop.py)
+                      "sluice_peer_requests_total", "sluice_peer_request_duration_seconds",
                       # only once a download broke (test_resume.py)
                       "sluice_download_resumes_total",
                       # per script, once a lua hook ran (test_lua.py, test_lua_tools.py)

@@ -190,7 +190,7 @@ public final class SluiceMetrics: Sendable {
         connectionsRefused, requestsRefused, ownResponses, requestsQueued, circuitState, circuitOpened, circuitFailedFast, cache,
         cacheDiskWriteFailures, cacheDiskSendfileBytes, cacheDiskVerifiedBytes, resumes, rateLimitDecisions, rateLimitWait,
         rateLimitWaiting, rateLimitLearned, rateLimitEvicted,
-        fleetFallbacks, fleetInstances, fleetCacheMembers,
+        fleetFallbacks, fleetInstances, fleetCacheMembers, peerRequests, peerRequestDuration,
     ]
 
     /// Why a client connection was refused (`sluice_connections_refused_total`'s `reason`).

@@ -32,9 +32,9 @@ struct FleetCacheView: Encodable {
     let source: String
     let state: String
     let members: [Member]
-    /// Peer requests by peer, then by outcome (`sluice_peer_requests_total`); empty until
-    /// instances ask each other.
-    var peerRequests: [String: [String: Int]] = [:]
+    /// The misses this instance asked each peer about, by peer then outcome (answered,
+    /// failed, skipped_down): `sluice_peer_requests_total` since start.
+    let peerRequests: [String: [String: UInt64]]
 
     enum CodingKeys: String, CodingKey {
         case advertise, weight, share, listen, source, state, members
@@ -54,5 +54,6 @@ struct FleetCacheView: Encodable {
                 address: $0.address, weight: $0.weight, share: membership.share(of: $0.address),
                 me: $0.address == membership.advertise, aliveSince: $0.aliveSince, lastSeen: $0.lastSeen)
         }
+        peerRequests = peers.requestMetrics.snapshot()
     }
 }

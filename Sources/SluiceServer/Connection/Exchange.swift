@@ -46,6 +46,12 @@ final class Exchange {
     /// crossed it cost 400 instructions per request.)
     var holdsUpstreamSlot = false
     private var stageIndex: UInt8 = 0
+    /// The request came from another instance of the fleet with a valid `Sluice-Peer`
+    /// (`PeerStage`): it is never sent to a third one, and `access.proxy_auth` does not apply.
+    var fromPeer = false
+    /// The members ranked above this instance for the URL were asked and none answered
+    /// (`PeerHop`): the cache's lookup goes on locally, as the owner's would.
+    var peersAsked = false
     /// Where the current (or last) try goes.
     var target: RequestTarget
     /// The current try's admission by its origin's circuit breaker (`health:`), until its

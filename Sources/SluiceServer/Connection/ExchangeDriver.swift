@@ -77,6 +77,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// The fetch of another exchange the current one waits on or reads (`CacheFetch`), its
     /// registered wake, and its reader once the body streams.
     var awaited: FetchWait?
+    /// The current exchange's miss asking the fleet's other members (`fleet.cache`), if any.
+    var peerHop: PeerHop?
 
     /// The exchange's upgrade handshake, tunnel and stored answers, each a type of its own.
     var upgrades: UpgradeExchange { UpgradeExchange(driver: self) }
@@ -121,6 +123,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             adapt(request, exchange)
         case .wait(.collapsedFetch(let fetch)):
             awaitFetch(fetch)
+        case .wait(.peers(let walk)):
+            askPeers(walk, exchange)
         case .wait(.requestBody(.start)):
             bodies.startWhenValid(exchange)
         case .wait(.requestBody(.whole)):
@@ -541,6 +545,7 @@ extension ExchangeDriver {
         releaseUpstreamSlot()
         phase = .idle
         resume = nil
+        peerHop = nil
         awaited?.cancel()
         awaited = nil
     }
@@ -563,6 +568,7 @@ extension ExchangeDriver {
         }
         phase = .idle
         resume = nil
+        peerHop = nil
         awaited?.cancel()
         awaited = nil
         releaseUpstreamSlot()

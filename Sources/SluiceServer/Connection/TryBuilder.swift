@@ -89,4 +89,18 @@ struct TryBuilder {
             return nil
         }
     }
+
+    /// The transfer that asks `peer`, an instance of the fleet, for `request` (`PeerHop`).
+    /// Not optimised: Swift 6.3.1's existential specialisation of this function fails the
+    /// compiler's own SIL verification (a crash at build time); it runs once per peer asked.
+    @_optimize(none)
+    func peerTransfer(
+        _ request: UpstreamRequest, to peer: UpstreamOrigin, delegate: any UpstreamTransferDelegate,
+        bodySource: any RequestBodySource, output: OpaquePointer, clientMinorVersion: Int
+    ) -> NativeUpstreamTransfer {
+        NativeUpstreamTransfer(
+            pool: worker.nativePool, resolver: worker.resolver, delegate: delegate, bodySource: bodySource,
+            output: output, request: request, clientMinorVersion: clientMinorVersion, config: worker.config,
+            viaLine: worker.viaLine, peer: peer)
+    }
 }

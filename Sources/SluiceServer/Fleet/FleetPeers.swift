@@ -11,7 +11,8 @@ import Synchronization
 /// Redis (`heard`, `missed`) or a reload reweighs them (`reload`): each change builds a new
 /// `RendezvousOwners` and swaps it in under `view`'s lock, so `owners` is a short lock and a
 /// copy of an immutable value — a request ranks its key with the owners it read, even if the
-/// members change meanwhile. The replay guard has its own lock.
+/// members change meanwhile. The replay guard, the down marks and the request counts each have
+/// their own lock.
 final class FleetPeers: Sendable {
     /// As started: `advertise`, `secret` and `listen` keep these values until a restart; the
     /// members and weights are in `membership`.
@@ -20,6 +21,10 @@ final class FleetPeers: Sendable {
     let replays = PeerReplayGuard()
     /// Where the members come from (fixed at start).
     let source: FleetMembership.Source
+    /// The peers that did not answer lately: skipped for a few seconds (`PeerDownMarks`).
+    let downMarks = PeerDownMarks()
+    /// `sluice_peer_requests_total` and its latency, and their counts for `GET /fleet`.
+    let requestMetrics = PeerRequestMetrics()
 
     private struct View {
         var membership: FleetMembership

@@ -5,7 +5,7 @@ import CLibEvent
 #endif
 
 /// The request head the native transport writes to an origin (RFC 9112 §3): request line in
-/// origin form, the forwarded fields, `Host`, and the body's framing. The fields are the
+/// origin form (absolute form to a peer of the fleet, which is a proxy), the forwarded fields, `Host`, and the body's framing. The fields are the
 /// request's `RequestHeaderLines`, already in wire form, copied whole; the libcurl transport
 /// converts the same lines (`CurlHeaderList`), so both transports forward exactly the same
 /// fields.
@@ -20,7 +20,7 @@ enum UpstreamRequestEncoder {
     /// Appends the head to `output`, written into one extent reserved there (an upper bound
     /// of its size, then plain copies): the head is a handful of pieces, and an `evbuffer_add`
     /// for each cost more than the copying.
-    static func writeHead(_ request: UpstreamRequest, into output: OpaquePointer) {
+    static func writeHead(_ request: UpstreamRequest, into output: OpaquePointer, absoluteForm: Bool = false) {
         var method = request.method
         var host = request.target.host
         // Everything but the header lines is bounded by the method, the URL, the host and
@@ -31,7 +31,12 @@ enum UpstreamRequestEncoder {
         var w = Writer(base: extent.iov_base.assumingMemoryBound(to: UInt8.self))
         method.withUTF8 { w.put($0) }
         w.put(" ")
-        request.target.withOriginForm { w.put($0.assumingMemoryBound(to: UInt8.self)) }
+        if absoluteForm {
+            var url = request.target.url
+            url.withUTF8 { w.put($0) }
+        } else {
+            request.target.withOriginForm { w.put($0.assumingMemoryBound(to: UInt8.self)) }
+        }
         w.put(" HTTP/1.1\r\n")
         request.headers.withBytes { bytes, _ in w.put(bytes) }
         if !request.headers.carriesHost {

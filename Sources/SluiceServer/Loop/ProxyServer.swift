@@ -83,12 +83,6 @@ public final class ProxyServer: @unchecked Sendable {
         cacheStore = configuration.server.cacheStore.map(CacheStore.init)
         let hasRedis = configuration.server.fleet != nil
         fleetPeers = configuration.server.fleetCache.map { FleetPeers($0, redis: hasRedis) }
-        if configuration.server.fleetCache != nil {
-            // Said where operators look: the key is read, but only half of it acts yet.
-            Log.warning(
-                "fleet.cache: signed requests from peers are checked, but instances do not yet ask each other: "
-                    + "each caches for itself (docs/fleet.md)")
-        }
     }
 
     /// A server without policies or monitors.

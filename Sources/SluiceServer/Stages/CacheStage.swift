@@ -103,6 +103,11 @@ enum CacheStage: RequestStage, ResponseStage {
             return .respond(.onlyIfCachedMiss)
         case .forward(let reason):
             cache.parameters = "fwd=\(reason.rawValue)"
+            if let walk = peerWalk(exchange, cache, services, cacheable: cacheable) {
+                exchange.summary.cache = cache.parameters
+                exchange.reportCache(.miss(reason: reason.rawValue))
+                return .wait(.peers(walk))
+            }
             if reason == .uriMiss || reason == .varyMiss, method == "GET", CacheFields.value("range", in: fields) == nil {
                 // Collapsed forwarding: one miss per URL fetches; the others wait for it, and
                 // read its response as it is stored (shared fills).
@@ -125,6 +130,20 @@ enum CacheStage: RequestStage, ResponseStage {
         }
         exchange.summary.cache = cache.parameters
         return .proceed
+    }
+
+    /// The members to ask before this instance fetches a miss itself (`fleet.cache`; docs/fleet.md,
+    /// "One cache across the fleet"): those ranked above it for the URL — the cache's primary
+    /// key, so that every variant of a URL has one owner. Nil (fetch here, as without a fleet)
+    /// for a request that came from a peer (never passed on to a third), one whose peers were
+    /// asked already, a method or body the cache does not look up, or a URL this instance owns.
+    static func peerWalk(
+        _ exchange: Exchange, _ cache: CacheExchange, _ services: any StageServices, cacheable: Bool
+    ) -> PeerWalk? {
+        guard let peers = services.peers, cacheable, !cache.requestHasBody, !exchange.fromPeer, !exchange.peersAsked
+        else { return nil }
+        let walk = PeerWalk(ranking: peers.owners.ranked(cache.url), this: peers.settings.advertise)
+        return walk.isEmpty ? nil : walk
     }
 
     /// `CacheLookup.decide` over `candidates`. An https entry from another trust generation

@@ -4,7 +4,9 @@ import SluiceCore
 /// request that carries `Sluice-Peer` says it comes from another instance of the fleet. Its
 /// signature is checked before anything else: a forged, stale or replayed one — or one that
 /// names this instance itself, a loop — is answered `403` and goes nowhere. A valid one goes
-/// on as any request through this instance's policy and cache. On the peer listener
+/// on as any request through this instance's policy and cache, marked as a peer's
+/// (`Exchange.fromPeer`): its signature authenticates it (`access.proxy_auth` does not
+/// apply), and a miss is never passed on to a third instance. On the peer listener
 /// (`fleet.cache.listen`) a request without the field is refused too. The field itself never
 /// travels upstream (`ForwardedHeaders.isDroppedRequestField`).
 ///
@@ -26,6 +28,7 @@ enum PeerStage: RequestStage {
         case .valid(let sender) where sender == peers.settings.advertise:
             return .respond(.peerRequestRefused(reason: "a loop: the request names this instance as its sender"))
         case .valid:
+            exchange.fromPeer = true
             return .proceed
         case .unsigned, .forged:
             return .respond(.peerRequestRefused(reason: "the signature does not match (fleet.cache.secret)"))

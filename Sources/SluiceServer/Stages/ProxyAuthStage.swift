@@ -6,6 +6,8 @@ import SluiceCore
 /// nowhere. Gateway routes are not proxy requests and are not asked; requests inside an
 /// intercepted CONNECT were authorized by the CONNECT. The field itself never travels
 /// upstream (`ForwardedHeaders.isDroppedRequestField`). The user names the access-log line.
+/// A peer's request (`fleet.cache`, `Exchange.fromPeer`) is not asked: its signature
+/// authenticates it (docs/security.md, "Peers").
 enum ProxyAuthStage: RequestStage {
     static var name: String { "proxy_auth" }
 
@@ -16,6 +18,8 @@ enum ProxyAuthStage: RequestStage {
             return .proceed
         }
         guard case .forward = client.mode, let verifier = exchange.pipeline.proxyAuth else { return .proceed }
+        // A peer's request (`fleet.cache`) is authenticated by its signature (`PeerStage`).
+        if exchange.fromPeer { return .proceed }
         let head = exchange.head
         var verdict = ProxyAuthVerifier.Verdict.missing
         var matchedValue: [UInt8]?

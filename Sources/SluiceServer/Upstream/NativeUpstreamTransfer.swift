@@ -30,6 +30,11 @@ import SluiceCore
 /// haproxy do); any other is not (RFC 9110 §9.2.2), and the try fails as a reset, which
 /// `retry.methods` decides about.
 ///
+/// A try through a peer (`fleet.cache`, `PeerHop`: `peer` given) goes to the peer's address
+/// instead of the origin's — no DNS, no `access.deny` (peers are the operator's own list),
+/// plain HTTP whatever the URL's scheme, on the pool's connections to that address — with the
+/// request line in absolute form (the peer is a proxy too); it is never resumed.
+///
 /// Threading: created, driven and finished on its worker's thread only. Its timers and
 /// connect event hold it unretained: `cancel()` drops them first.
 final class NativeUpstreamTransfer: UpstreamTransfer {
@@ -59,10 +64,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private let totalTimeout: Int?
     /// The method may be sent again on a new connection (RFC 9110 §9.2.2: idempotent).
     private let resendable: Bool
-    /// The pool's unit for connection limits.
+    /// The try asks an instance of the fleet (`originKey`) instead of the origin (`fleet.cache`).
+    /// (A flag in the padding after `resendable`: the transfer is allocated per try.)
+    private let viaPeer: Bool
+    /// The pool's unit for connection limits: the origin, or the peer asked instead.
     private let originKey: UpstreamOrigin
     /// `host:port`, the name errors carry (built only for them).
-    private var origin: String { target.authority }
+    private var origin: String { viaPeer ? "\(originKey.host):\(originKey.port)" : target.authority }
     /// The TLS settings of an https try (nil for plain http).
     private var tlsContext: NativeTLSContext?
     /// The TLS session being set up over `connectingFD`.
@@ -121,7 +129,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private(set) var deadlineExceeded = false
     private var perTryTimeout = 0
     var resumableTry: (request: UpstreamRequest, route: UpstreamRoute)? {
-        request.method == "GET" ? (request, .native(perTryTimeout: perTryTimeout)) : nil
+        request.method == "GET" && !viaPeer ? (request, .native(perTryTimeout: perTryTimeout)) : nil
     }
     /// The response goes on into the cache's tee only (`detach`).
     private var detached = false
@@ -134,7 +142,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     init(
         pool: NativeUpstreamPool, resolver: Resolver, delegate: UpstreamTransferDelegate, bodySource: RequestBodySource,
         output: OpaquePointer, request: UpstreamRequest, clientMinorVersion: Int, config: ServerConfiguration,
-        viaLine: [UInt8]
+        viaLine: [UInt8], peer: UpstreamOrigin? = nil
     ) {
         self.pool = pool
         self.resolver = resolver
@@ -152,7 +160,13 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         connectTimeout = config.timeouts.upstreamConnect
         totalTimeout = request.totalTimeout ?? config.timeouts.total
         resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
-        originKey = UpstreamOrigin(host: request.target.host, port: request.target.port)
+        if let peer {
+            viaPeer = true
+            originKey = peer
+        } else {
+            viaPeer = false
+            originKey = UpstreamOrigin(host: request.target.host, port: request.target.port)
+        }
         parser = pool.takeParser()
         // A recycled parser still holds its last response: nothing of it may show in this
         // try's timings (`currentTimings` reads the status).
@@ -176,7 +190,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         }
         tryTimer.arm(milliseconds: perTryTimeout)
         self.tryTimer = tryTimer
-        if target.scheme == .https {
+        if target.scheme == .https, !viaPeer {
             switch pool.tlsContexts.context(
                 trust: request.trust, clientCertificate: request.clientCertificate, defaultCAFile: defaultCAFile)
             {
@@ -199,11 +213,11 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             totalTimer.arm(milliseconds: totalTimeout)
             self.totalTimer = totalTimer
         }
-        if let addresses = resolver.cached(host: target.host, port: target.port) {
+        if let addresses = resolver.cached(host: originKey.host, port: originKey.port) {
             resolved(addresses)
             return
         }
-        lookup = resolver.resolve(host: target.host, port: target.port) { [weak self] result in
+        lookup = resolver.resolve(host: originKey.host, port: originKey.port) { [weak self] result in
             guard let self, !self.finished else { return }
             self.lookup = nil
             switch result {
@@ -279,6 +293,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         // `access.deny` is checked on every address, as libcurl's open-socket callback did;
         // the allowed ones are tried in order (IPv4 first) until one accepts.
         candidates = addresses.list.filter { candidate in
+            guard !viaPeer else { return true }
             var a = candidate
             return !withUnsafePointer(to: &a) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { SocketAddress.matches($0, deny) }
@@ -509,7 +524,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func sendRequest() {
         guard let connection else { return }
         parser.expectResponse(headRequest: isHead)
-        UpstreamRequestEncoder.writeHead(request, into: connection.socket.output)
+        UpstreamRequestEncoder.writeHead(request, into: connection.socket.output, absoluteForm: viaPeer)
         switch request.body {
         case .none:
             uploadDone = true
