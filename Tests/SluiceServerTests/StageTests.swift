@@ -210,7 +210,7 @@ import Testing
         let services = Services(cache: store)
         var settings = FleetCacheSettings(advertise: "10.0.0.1:3128", secret: Secret("fleet-secret-0123456789"))
         settings.peers = [.init(address: "10.0.0.2:3128"), .init(address: "10.0.0.3:3128")]
-        let peers = FleetPeers(settings)
+        let peers = FleetPeers(settings, redis: false)
         services.peers = peers
         // A URL another member owns: the walk is those ranked above this instance, owner first.
         let url = try #require((0..<20).map { "http://a/\($0)" }.first { peers.owners.owner(of: $0)?.address != "10.0.0.1:3128" })
