@@ -154,50 +154,8 @@ public struct JSONObjectFields: Sendable {
         mutating func string() -> String? {
             guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { return nil }
             i += 1
-            var out: [UInt8] = []
-            while i < bytes.count {
-                let b = bytes[i]
-                i += 1
-                switch b {
-                case UInt8(ascii: "\""): return String(validating: out, as: UTF8.self)
-                case UInt8(ascii: "\\"):
-                    guard i < bytes.count else { return nil }
-                    let e = bytes[i]
-                    i += 1
-                    switch e {
-                    case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): out.append(e)
-                    case UInt8(ascii: "b"): out.append(0x08)
-                    case UInt8(ascii: "f"): out.append(0x0C)
-                    case UInt8(ascii: "n"): out.append(0x0A)
-                    case UInt8(ascii: "r"): out.append(0x0D)
-                    case UInt8(ascii: "t"): out.append(0x09)
-                    case UInt8(ascii: "u"):
-                        guard var unit = hex4() else { return nil }
-                        if (0xD800..<0xDC00).contains(unit) {
-                            guard i + 1 < bytes.count, bytes[i] == UInt8(ascii: "\\"), bytes[i + 1] == UInt8(ascii: "u") else {
-                                return nil
-                            }
-                            i += 2
-                            guard let low = hex4(), (0xDC00..<0xE000).contains(low) else { return nil }
-                            unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00)
-                        }
-                        guard let scalar = Unicode.Scalar(unit) else { return nil }
-                        out.append(contentsOf: String(Character(scalar)).utf8)
-                    default: return nil
-                    }
-                case 0..<0x20: return nil
-                default: out.append(b)
-                }
-            }
-            return nil
-        }
-
-        mutating func hex4() -> UInt32? {
-            guard i + 4 <= bytes.count, let v = UInt32(String(decoding: bytes[i..<(i + 4)], as: UTF8.self), radix: 16) else {
-                return nil
-            }
-            i += 4
-            return v
+            guard case .success(let out) = JSONStringLiteral.decode(bytes, from: &i) else { return nil }
+            return String(validating: out, as: UTF8.self)
         }
     }
 }

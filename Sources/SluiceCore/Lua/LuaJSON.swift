@@ -260,60 +260,12 @@ enum LuaJSON {
 
         mutating func string() -> String? {
             position += 1
-            var out: [UInt8] = []
-            while position < text.count {
-                let b = text[position]
-                position += 1
-                switch b {
-                case UInt8(ascii: "\""):
-                    Lua.push(L, bytes: out)
-                    return nil
-                case UInt8(ascii: "\\"):
-                    guard position < text.count else { return problem("unexpected end") }
-                    let e = text[position]
-                    position += 1
-                    switch e {
-                    case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): out.append(e)
-                    case UInt8(ascii: "b"): out.append(0x08)
-                    case UInt8(ascii: "f"): out.append(0x0C)
-                    case UInt8(ascii: "n"): out.append(0x0A)
-                    case UInt8(ascii: "r"): out.append(0x0D)
-                    case UInt8(ascii: "t"): out.append(0x09)
-                    case UInt8(ascii: "u"):
-                        guard var scalar = hex4() else { return problem("bad \\u escape") }
-                        if (0xD800..<0xDC00).contains(scalar), position + 1 < text.count, text[position] == UInt8(ascii: "\\"),
-                            text[position + 1] == UInt8(ascii: "u")
-                        {
-                            position += 2
-                            guard let low = hex4(), (0xDC00..<0xE000).contains(low) else { return problem("bad surrogate pair") }
-                            scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
-                        }
-                        out += Array(String(Unicode.Scalar(scalar).map(Character.init) ?? "\u{FFFD}").utf8)
-                    default: return problem("bad escape")
-                    }
-                case 0..<0x20: return problem("control character in a string")
-                default: out.append(b)
-                }
+            switch JSONStringLiteral.decode(text, from: &position) {
+            case .success(let out):
+                Lua.push(L, bytes: out)
+                return nil
+            case .failure(let why): return problem(why.rawValue)
             }
-            return problem("unterminated string")
-        }
-
-        mutating func hex4() -> UInt32? {
-            guard position + 4 <= text.count else { return nil }
-            var v: UInt32 = 0
-            for _ in 0..<4 {
-                let c = text[position]
-                position += 1
-                let d: UInt32
-                switch c {
-                case UInt8(ascii: "0")...UInt8(ascii: "9"): d = UInt32(c - UInt8(ascii: "0"))
-                case UInt8(ascii: "a")...UInt8(ascii: "f"): d = UInt32(c - UInt8(ascii: "a") + 10)
-                case UInt8(ascii: "A")...UInt8(ascii: "F"): d = UInt32(c - UInt8(ascii: "A") + 10)
-                default: return nil
-                }
-                v = v << 4 | d
-            }
-            return v
         }
 
         mutating func number() -> String? {
