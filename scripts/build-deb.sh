@@ -43,7 +43,9 @@ mapfile -t needed < <(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'
 # libcurl is opened on first use (dlopen, Sources/CShims/curl_loader.c), so it is not NEEDED:
 # the package still depends on it, found where the loader would look.
 needed+=(libcurl.so.4)
-found[libcurl.so.4]=$(ldconfig -p | awk '$1 == "libcurl.so.4" { print $NF; exit }')
+# (awk reads to the end: an early `exit` would leave ldconfig writing into a closed pipe, and
+# pipefail would fail the build on its SIGPIPE whenever the listing outgrows the pipe's buffer)
+found[libcurl.so.4]=$(ldconfig -p | awk '$1 == "libcurl.so.4" && !seen { print $NF; seen = 1 }')
 # One dpkg query for all of them (it is slow); Debian 12 lists a file under /lib or /usr/lib,
 # so compare real paths.
 names=()
@@ -62,7 +64,7 @@ for soname in "${needed[@]}"; do
   # "libssl.so.3" -> shlibs key "libssl 3"; "libevent_core-2.1.so.7" -> "libevent_core-2.1 7"
   key="${soname%%.so.*} ${soname##*.so.}"
   dep=$(dpkg-query --control-show "$pkg:$arch" shlibs 2>/dev/null \
-        | awk -v k="$key" '$0 !~ /^udeb:/ && $1 " " $2 == k { $1 = ""; $2 = ""; sub(/^ +/, ""); print; exit }')
+        | awk -v k="$key" '!seen && $0 !~ /^udeb:/ && $1 " " $2 == k { $1 = ""; $2 = ""; sub(/^ +/, ""); print; seen = 1 }')
   depends+=("${dep:-$pkg}")
 done
 depends_line=$(printf '%s\n' "${depends[@]}" | sort -u | paste -sd, | sed 's/,/, /g')
