@@ -4,13 +4,15 @@ heartbeat publishes its `advertise` address and weight and learns the others'; `
 on each shows the same members with shares by weight; a SIGKILLed instance leaves within
 three heartbeats and comes back when restarted; Redis away leaves each instance alone with
 its own cache (nothing lost); a reload applies a new weight; the peer listener takes signed
-requests only."""
+requests only; and the peer hop works over the members Redis told of as over a static list."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import time
+from collections import Counter
 
 import pytest
 import requests
@@ -18,10 +20,11 @@ import yaml
 
 from faultservers import HOST, pick_port
 from policy_support import run_check, write_yaml
-from support import assert_sluice_error, port_open, send_raw, wait_until
+from support import assert_sluice_error, port_open, send_raw, session_via, wait_until
 from test_admin import schema_for, validate
 from test_fleet import Redis
 from test_fleet_cache import SECRET, cacheable, get, peer_field
+from test_fleet_hop import ranked
 from test_rate_limit import ArrivalOrigin
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
@@ -236,3 +239,38 @@ def raw_get(port: int, url: str, field: str | None):
     r, c = send_raw(port, (head + "\r\n").encode())
     c.close()
     return r
+
+
+def test_members_heard_from_redis_share_one_cache(sluice_factory, redis, origin):
+    """The hop over members learned from Redis (not a static list): 300 URLs, each once through
+    a random instance and then through every instance, reach the origin 300 times, each
+    non-owner's answer naming the owner; SIGKILL one, and once the other two have heard it
+    leave, only the URLs it owned reach the origin again, and no request fails."""
+    fleet = fleet_of(sluice_factory, redis, [1, 1, 1])
+    expect_members(fleet, fleet)
+    addresses = [m.address for m in fleet]
+    urls = [f"http://{HOST}:{origin.port}/shared/{i}" for i in range(300)]
+    sessions = {m.address: session_via(m.proxy.url) for m in fleet}
+    rng = random.Random(37)
+    for url in urls:
+        r = sessions[rng.choice(addresses)].get(url, timeout=10)
+        assert r.status_code == 200 and r.content == f"body /shared/{url.rsplit('/', 1)[1]}".encode(), r
+    assert len(origin.requests()) == 300
+    for url in urls:
+        owner = ranked(url, addresses)[0]
+        for address, s in sessions.items():
+            status = s.get(url, timeout=10).headers["cache-status"]
+            assert ("peer" not in status) if address == owner else status.endswith(f'detail="peer {owner}"'), \
+                (url, address, status)
+    assert len(origin.requests()) == 300
+    gone = fleet[2]
+    gone.kill()
+    expect_members(fleet[:2], fleet[:2], timeout=5 * HEARTBEAT_MS / 1000 + 2)
+    for url in urls:
+        for m in fleet[:2]:
+            assert sessions[m.address].get(url, timeout=10).status_code == 200, url
+    owned = {u for u in urls if ranked(u, addresses)[0] == gone.address}
+    # The origin's requests are listed by connection, not in order: what came after is the count
+    # beyond one per URL.
+    again = Counter(r["target"] for r in origin.requests()) - Counter("/" + u.split("/", 3)[3] for u in urls)
+    assert again == Counter("/" + u.split("/", 3)[3] for u in owned), (len(again), len(owned))

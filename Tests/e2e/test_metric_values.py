@@ -373,6 +373,9 @@ ELSEWHERE = {
     "sluice_rate_limit_keys_evicted_total": ("test_rate_limit.py", "def test_ten_thousand_client_keys_keep_the_table_bounded"),
     "sluice_fleet_instances": ("test_admin.py", "def test_fleet_shows_each_workers_redis_and_the_instances"),
     "sluice_fleet_fallbacks_total": ("test_admin.py", "def test_fleet_shows_each_workers_redis_and_the_instances"),
+    "sluice_fleet_cache_members": ("test_fleet_members.py", "def test_three_members_share_the_keys_by_weight"),
+    "sluice_peer_requests_total": ("test_fleet_hop.py", "def test_a_dead_peer_is_skipped_and_counted"),
+    "sluice_peer_request_duration_seconds": ("test_fleet_hop.py", "def test_a_dead_peer_is_skipped_and_counted"),
     "sluice_download_resumes_total": ("test_resume.py", "def test_the_resume_limit_is_the_policys_retry_limit"),
     "sluice_upstream_tries_total": ("test_resume.py", "def test_a_resume_takes_its_rate_limit_turn_and_is_counted_as_a_try"),
     "sluice_cache_disk_sendfile_bytes_total": (
