@@ -601,8 +601,10 @@ def publish(result_path: Path, markdown_path: Path) -> None:
     """Writes the chart beside the result file and the tables into the markdown file's block."""
     result = load(result_path)
     png = Path(result_path).with_suffix(".png")
-    chart(result, png)
+    if result.get("throughput"):     # a run without wrk cells (fleetcache, soak) has no chart
+        chart(result, png)
     text = replace_block(markdown_path.read_text(), result["scenario"]["name"],
-                         markdown(result, link(result_path, markdown_path), link(png, markdown_path)))
+                         markdown(result, link(result_path, markdown_path),
+                                  link(png, markdown_path) if png.exists() else None))
     markdown_path.write_text(text)
-    print(f"updated {markdown_path} (block {result['scenario']['name']}) and wrote {png}")
+    print(f"updated {markdown_path} (block {result['scenario']['name']})" + (f" and wrote {png}" if png.exists() else ""))
