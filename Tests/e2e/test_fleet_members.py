@@ -22,28 +22,13 @@ from faultservers import HOST, pick_port
 from policy_support import run_check, write_yaml
 from support import assert_sluice_error, port_open, send_raw, session_via, wait_until
 from test_admin import schema_for, validate
-from test_fleet import Redis
-from test_fleet_cache import SECRET, cacheable, get, peer_field
+from test_fleet import Redis, redis  # noqa: F401 (redis: a fixture)
+from test_fleet_cache import SECRET, get, origin, peer_field  # noqa: F401 (origin: a fixture)
 from test_fleet_hop import ranked
-from test_rate_limit import ArrivalOrigin
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 
 HEARTBEAT_MS = 200
-
-
-@pytest.fixture
-def redis(tmp_path):
-    r = Redis(tmp_path).start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def origin():
-    s = ArrivalOrigin(cacheable)
-    yield s
-    s.stop()
 
 
 class Member:
