@@ -117,7 +117,7 @@ extension ExchangeMachine {
     /// exclusivity check an exchange's field costs, so a policy without scripts pays a load.
     mutating func runScriptsAtEnd() {
         let cache = LuaStateCache.current
-        for script in policy.scripts {
+        for script in policy.scripts where script.hooks.contains(.onLog) {
             script.onLog(requestID: id)
             if let call = cache.lastCall {
                 cache.lastCall = nil

@@ -46,6 +46,11 @@ public final class LuaAdapter: RequestAdapter {
     /// the shared cache (`HostPolicy.responseBodyLimit`).
     public let readResponseBody: Bool
 
+    /// The hooks the script defined when the configuration loaded it (`.all` when it was not
+    /// loaded): a hook outside them is never run, so a policy whose scripts define neither
+    /// `on_response` nor `on_log` pays nothing for them.
+    public let hooks: LuaHooks
+
     /// `allow_hosts`: the hosts `sluice.http` may call. Empty (the default): none, and the
     /// hook never waits, so it runs in place with the synchronous adapters.
     public let allowHosts: [LuaAllowedHost]
@@ -62,8 +67,9 @@ public final class LuaAdapter: RequestAdapter {
     public init(
         script: LuaScript, origin: String, config: LuaConfig = .empty, limits: LuaLimits = .default,
         onError: OnError = .failClosed, everyTry: Bool = false, readBody: Bool = false,
-        readResponseBody: Bool = false, allowHosts: [LuaAllowedHost] = []
+        readResponseBody: Bool = false, allowHosts: [LuaAllowedHost] = [], hooks: LuaHooks = .all
     ) {
+        self.hooks = hooks
         self.readResponseBody = readResponseBody
         self.allowHosts = allowHosts
         self.usesShared = !readBody && !everyTry && script.source.contains("shared")
