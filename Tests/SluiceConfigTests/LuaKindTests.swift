@@ -76,6 +76,17 @@ import Testing
         #expect(LuaStateCache.takeLastCall()?.outcome == "ok")
     }
 
+    /// The hooks are those the script's table defined when the configuration read it: a
+    /// policy whose scripts define no `on_response` runs no response stage for them.
+    @Test func theHooksAreThoseTheConfigurationFound() throws {
+        let request = try Self.policy(#"{ source: "return { on_request = function(req) end }" }"#)
+        #expect((request.adapters[0].adapter as? LuaAdapter)?.hooks == [.onRequest])
+        #expect(request.runsScripts && !request.runsResponseScripts)
+        let later = try Self.policy(#"{ source: "return { on_response = function(res) end, on_log = function() end }" }"#)
+        #expect((later.adapters[0].adapter as? LuaAdapter)?.hooks == [.onResponse, .onLog])
+        #expect(later.runsResponseScripts)
+    }
+
     @Test func theURLIsSplitOnItsBytes() {
         for (url, origin, path, query) in [
             ("http://h.test/a/b?c=1#f", "http://h.test", "/a/b", "c=1"), ("http://h.test", "http://h.test", "", nil),

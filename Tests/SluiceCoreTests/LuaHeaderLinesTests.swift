@@ -55,6 +55,9 @@ struct LuaHeaderLinesTests {
             #"req.headers:set("X-A", "1"); local n = 0; for k, v in req.headers:each() do n = n + 1 end; req.headers:set("X-N", tostring(n))"#,
             #"req.headers:set("X-All", table.concat(req.headers:get_all("X-Twice"), "|"))"#,
             #"req.headers:set("X-Missing", req.headers:get("X-None") or "nil")"#,
+            // Values an edit of lines carries as they are, and those `HTTPField` checks first.
+            #"req.headers:set("X-Tab", "a\tb"); req.headers:add("X-Num", 42); req.headers:set("X-Pad", "  p  ")"#,
+            #"req.headers:set("X-Utf", "caf\u{e9}"); req.headers:add("X-Ctl", "a\1b"); req.headers:add("X-Sp", " ")"#,
         ] {
             let (lines, fields) = try Self.both(body)
             var materialized = lines
@@ -62,6 +65,18 @@ struct LuaHeaderLinesTests {
             #expect(materialized.headers == fields.headers, "\(body)")
             #expect(materialized.lines == nil && materialized.lineEdits.isEmpty)
         }
+    }
+
+    /// A view made on the forwarded URL (`init(method:url:lines:)`) splits it only when the
+    /// script reads or sets the path or the query.
+    @Test func aViewOnAURLSplitsItWhenReadOrSet() {
+        var view = LuaRequestView(method: "GET", url: "http://h:8/a/b?x=1#f", lines: Lines(fields: []))
+        #expect(view.keepsURL && view.path == "/a/b" && view.query == "x=1")
+        view.query = nil
+        #expect(!view.keepsURL && view.path == "/a/b" && view.query == nil)
+        let bare = LuaRequestView(method: "GET", url: "http://h", lines: Lines(fields: []))
+        #expect(bare.keepsURL && bare.path == "/" && bare.query == nil)
+        #expect(bare == LuaRequestView(method: "GET", path: "/", query: nil, lines: Lines(fields: [])))
     }
 
     @Test func editsStayEditsUntilAFieldIsNeeded() throws {

@@ -20,6 +20,23 @@ import Testing
         #expect(try cache.state(for: new) === kept)
     }
 
+    /// An `on_request` that makes no `ctx` takes the worker's spare exchange, made its own
+    /// request's; one that made a `ctx` is not taken back (its request's later hooks share it).
+    @Test func anExchangeWithoutCtxIsReusedByTheNextRequest() throws {
+        let cache = LuaStateCache()
+        let state = try cache.state(for: LuaTest.script("return { on_request = function(req, ctx) ctx.vars.p = req.path end }"))
+        let (first, reusable) = cache.requestExchange(on: state, config: .empty, limits: .default, requestID: 1)
+        #expect(reusable)
+        cache.giveBack(first)
+        let (second, _) = cache.requestExchange(on: state, config: .empty, limits: .default, requestID: 2)
+        #expect(second === first && second.requestID == 2)
+        var view = LuaRequestView(method: "GET", path: "/2")
+        #expect(second.onRequest(&view).succeeded && second.hasContext)
+        cache.giveBack(second)
+        let (third, _) = cache.requestExchange(on: state, config: .empty, limits: .default, requestID: 3)
+        #expect(third !== second && !third.hasContext && second.vars()["p"] == .string("/2"))
+    }
+
     @Test func aPolicyTableNamesTheScriptsItRuns() {
         let a = LuaTest.script("return {} -- a")
         let b = LuaTest.script("return {} -- b")

@@ -63,4 +63,24 @@ import Testing
         let last = Self.request.applying([.remove(Self.name("X-Last"))], builder: &builder)
         #expect(last.lines == ["Accept: */*", "X-Client: bench", "X-Twice: a", "x-twice: b", "Via: 1.1 x"])
     }
+
+    /// The builder that made the lines still holds them: an edit that drops none only moves
+    /// `Via` after the added fields, with the same lines as a copy would give.
+    @Test func editsThatDropNothingReuseTheBuilderThatMadeTheLines() {
+        var builder = RequestHeaderLines.Builder()
+        builder.append(name: "Host".utf8, value: "a".utf8)
+        builder.append(name: "X-Client".utf8, value: "bench".utf8)
+        builder.append(line: Array("Via: 1.1 x".utf8))
+        let made = builder.makeLines()
+        let edited = made.applying([.set(Self.name("X-Seen"), "bench"), .add(Self.name("X-A"), "1")], builder: &builder)
+        #expect(edited.lines == ["Host: a", "X-Client: bench", "X-Seen: bench", "X-A: 1", "Via: 1.1 x"])
+        #expect(edited.carriesHost && edited.byteCount == edited.withBytes { bytes, _ in bytes.count })
+        #expect(made.lines == ["Host: a", "X-Client: bench", "Via: 1.1 x"], "the lines given are not touched")
+        var other = RequestHeaderLines.Builder()
+        #expect(
+            made.applying([.set(Self.name("X-Seen"), "bench"), .add(Self.name("X-A"), "1")], builder: &other).lines
+                == edited.lines)
+        let dropped = edited.applying([.set(Self.name("x-client"), "c")], builder: &builder)
+        #expect(dropped.lines == ["Host: a", "X-Seen: bench", "X-A: 1", "x-client: c", "Via: 1.1 x"])
+    }
 }

@@ -92,9 +92,11 @@ enum LuaKind: InterceptorKind {
                 allowNode, "allow_hosts (sluice.http) is for a hook that runs once per exchange, not every_try or read_body")
             return nil
         }
+        let hooks: LuaHooks
         do throws(LuaLoadError) {
             // Compiled and run once on a throwaway state: the workers build their own.
             let state = try LuaState.load(script, limits: limits)
+            hooks = state.hooks
             if readBody && !state.hasOnRequest {
                 reader.fail(scriptNode, "read_body is for on_request, which \(script.name) does not define")
                 return nil
@@ -109,7 +111,8 @@ enum LuaKind: InterceptorKind {
         }
         return LuaAdapter(
             script: script, origin: origin, config: LuaConfig(config), limits: limits, onError: onError,
-            everyTry: everyTry, readBody: readBody, readResponseBody: readResponseBody, allowHosts: allowHosts)
+            everyTry: everyTry, readBody: readBody, readResponseBody: readResponseBody, allowHosts: allowHosts,
+            hooks: hooks)
     }
 
     static func describe(_ a: LuaAdapter) -> String {

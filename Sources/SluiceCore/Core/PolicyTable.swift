@@ -136,6 +136,9 @@ public final class HostPolicy: Sendable {
     public let runsScripts: Bool
     /// The `lua` adapters, in order (empty for most policies).
     public let scripts: [LuaAdapter]
+    /// Whether a script of the policy defines `on_response` (`LuaAdapter.hooks`): the
+    /// response stage runs only then.
+    public let runsResponseScripts: Bool
     /// The adapters that run once per exchange (`interceptor.adapters`) are all `lua` scripts
     /// that never wait (after the header edits of `modelHeaderPlan`, if any), and nothing
     /// else needs the request model: no adapter on every try, no redirect followed, no
@@ -189,6 +192,7 @@ public final class HostPolicy: Sendable {
         bodyReader = tryAdapters.first { $0.readsBody }?.name
         scripts = all.compactMap { $0 as? LuaAdapter }
         runsScripts = !scripts.isEmpty
+        runsResponseScripts = scripts.contains { $0.hooks.contains(.onResponse) }
         responseBodyLimit = scripts.filter(\.readResponseBody).map(\.limits.body).max()
         self.cache = responseBodyLimit == nil ? cache : .doNotCache
         let once = all.filter { $0.timing != .everyTry }

@@ -53,13 +53,13 @@ extension LuaAdapter {
         let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
         cache.keepOpen(exchange)
         var result = exchange.onResponse(&response, restoringOnFailure: onError == .failOpen)
-        if result.outcome == .ok, let refusal = refusal(response, before) {
+        if result.succeeded, let refusal = refusal(response, before) {
             result.outcome = .error(refusal)
             response = before
         }
         cache.lastCall = LuaCallRecord(
-            script: script.name, hook: "on_response", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
-        guard result.outcome == .ok else {
+            script: script.name, hook: "on_response", result: result, vars: result.succeeded ? exchange.vars() : [:])
+        guard result.succeeded else {
             view = before
             return failedResponse(requestID)
         }
@@ -87,7 +87,7 @@ extension LuaAdapter {
         let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
         let result = exchange.onLog()
         cache.lastCall = LuaCallRecord(
-            script: script.name, hook: "on_log", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
+            script: script.name, hook: "on_log", result: result, vars: result.succeeded ? exchange.vars() : [:])
     }
 
     /// Why the script's edits cannot be applied: a changed framing field, or a body set on a
@@ -117,7 +117,7 @@ extension ExchangeMachine {
     /// exclusivity check an exchange's field costs, so a policy without scripts pays a load.
     mutating func runScriptsAtEnd() {
         let cache = LuaStateCache.current
-        for script in policy.scripts {
+        for script in policy.scripts where script.hooks.contains(.onLog) {
             script.onLog(requestID: id)
             if let call = cache.lastCall {
                 cache.lastCall = nil

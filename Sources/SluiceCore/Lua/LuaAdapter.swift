@@ -46,6 +46,11 @@ public final class LuaAdapter: RequestAdapter {
     /// the shared cache (`HostPolicy.responseBodyLimit`).
     public let readResponseBody: Bool
 
+    /// The hooks the script defined when the configuration loaded it (`.all` when it was not
+    /// loaded): a hook outside them is never run, so a policy whose scripts define neither
+    /// `on_response` nor `on_log` pays nothing for them.
+    public let hooks: LuaHooks
+
     /// `allow_hosts`: the hosts `sluice.http` may call. Empty (the default): none, and the
     /// hook never waits, so it runs in place with the synchronous adapters.
     public let allowHosts: [LuaAllowedHost]
@@ -62,8 +67,9 @@ public final class LuaAdapter: RequestAdapter {
     public init(
         script: LuaScript, origin: String, config: LuaConfig = .empty, limits: LuaLimits = .default,
         onError: OnError = .failClosed, everyTry: Bool = false, readBody: Bool = false,
-        readResponseBody: Bool = false, allowHosts: [LuaAllowedHost] = []
+        readResponseBody: Bool = false, allowHosts: [LuaAllowedHost] = [], hooks: LuaHooks = .all
     ) {
+        self.hooks = hooks
         self.readResponseBody = readResponseBody
         self.allowHosts = allowHosts
         self.usesShared = !readBody && !everyTry && script.source.contains("shared")
@@ -133,8 +139,9 @@ public final class LuaAdapter: RequestAdapter {
         let cache = LuaStateCache.current
         guard let (state, target) = try begin(request, cache) else { return }
         var view = view(of: &request, target, body: body)
-        let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: request.id)
+        let (exchange, reusable) = cache.requestExchange(on: state, config: config, limits: limits, requestID: request.id)
         let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
+        defer { if reusable { cache.giveBack(exchange) } }
         try end(&request, target, view: &view, body: body, result: result, exchange: exchange, cache)
     }
 
@@ -178,15 +185,18 @@ public final class LuaAdapter: RequestAdapter {
             return nil
         }
         guard state.hasOnRequest else { return nil }
-        let before = (path: view.path, query: view.query)
+        // A view that still reads its URL is split only if the script sets the path or query.
+        let before = view.keepsURL ? nil : (path: view.path, query: view.query)
         // With `fail_open`, a URL the script made wrong leaves the request as it was.
         let untouched = onError == .failOpen ? view : nil
-        let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
+        let (exchange, reusable) = cache.requestExchange(on: state, config: config, limits: limits, requestID: requestID)
         let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
-        guard try settle(result, exchange, cache, requestID), view.path != before.path || view.query != before.query else {
-            return nil
-        }
-        guard let edited = try edited(url, Target(url), view, requestID) else {
+        defer { if reusable { cache.giveBack(exchange) } }
+        guard try settle(result, exchange, cache, requestID), !view.keepsURL else { return nil }
+        let target = Target(url)
+        let original = before ?? (path: target.path.isEmpty ? "/" : target.path, query: target.query)
+        guard view.path != original.path || view.query != original.query else { return nil }
+        guard let edited = try edited(url, target, view, requestID) else {
             if let untouched { view = untouched }
             return nil
         }
@@ -199,7 +209,7 @@ public final class LuaAdapter: RequestAdapter {
         _ result: LuaCallResult, _ exchange: LuaExchange, _ cache: LuaStateCache, _ requestID: UInt64
     ) throws(AdaptationError) -> Bool {
         cache.lastCall = LuaCallRecord(
-            script: script.name, hook: "on_request", result: result, vars: result.outcome == .ok ? exchange.vars() : [:])
+            script: script.name, hook: "on_request", result: result, vars: result.succeeded ? exchange.vars() : [:])
         // Kept open for the exchange's later hooks only when it made a `ctx` for them to share:
         // a later hook that takes one makes its own as well as it would find this one's.
         if exchange.hasContext { cache.lastExchange = exchange }

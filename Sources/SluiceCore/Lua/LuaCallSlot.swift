@@ -33,6 +33,9 @@ final class LuaCallSlot {
     @exclusivity(unchecked) var lastStatus: Int32 = 0
     /// The call's wait, for a call that may wait (`LuaExchange.onRequest(_:waitingWith:…)`).
     @exclusivity(unchecked) var wait: LuaWait?
+    /// Set when the call's message went back to its caller by a swap, which left the slot's
+    /// empty one in its place: `end` has nothing to forget.
+    @exclusivity(unchecked) var messageReturned = false
 
     private static let noRequest = LuaRequestView(method: "", path: "/")
     private static let noResponse = LuaResponseView(status: 0)
@@ -57,10 +60,11 @@ final class LuaCallSlot {
     /// Forgets the call's values (the slot keeps no message alive between calls).
     func end() {
         switch phase {
-        case .request: request = Self.noRequest
-        case .response: response = Self.noResponse
-        case .idle, .log: break
+        case .request where !messageReturned: request = Self.noRequest
+        case .response where !messageReturned: response = Self.noResponse
+        case .idle, .log, .request, .response: break
         }
+        messageReturned = false
         phase = .idle
         if respond != nil { respond = nil }
         retry = false

@@ -14,14 +14,23 @@ import CLua
 /// call with an error, and the cache hands the next exchange a fresh state.
 public final class LuaExchange {
     public let state: LuaState
-    public let limits: LuaLimits
-    public let requestID: UInt64
+    @exclusivity(unchecked) public private(set) var limits: LuaLimits
+    @exclusivity(unchecked) public private(set) var requestID: UInt64
     let config: LuaConfig
     @exclusivity(unchecked) private var contextRef = LUA_NOREF
 
     init(state: LuaState, config: LuaConfig, limits: LuaLimits, requestID: UInt64) {
         self.state = state
         self.config = config
+        self.limits = limits
+        self.requestID = requestID
+    }
+
+    /// Makes the exchange another request's, for a call on the same state and config
+    /// (`LuaStateCache.requestExchange`): only one that made no `ctx`, which holds nothing of
+    /// its request.
+    func reuse(limits: LuaLimits, requestID: UInt64) {
+        assert(!hasContext, "an exchange with a ctx is its request's")
         self.limits = limits
         self.requestID = requestID
     }
@@ -45,9 +54,13 @@ public final class LuaExchange {
         slot.begin(.request, limits: limits, requestID: requestID)
         if restoringOnFailure { slot.request = request } else { swap(&slot.request, &request) }
         var result = call(hook, slot, message: slot.requestRef)
-        if result.outcome == .ok || !restoringOnFailure { swap(&request, &slot.request) }
-        if result.outcome == .ok { result.respond = slot.respond }
-        return finish(slot, result)
+        if result.succeeded || !restoringOnFailure {
+            swap(&request, &slot.request)
+            slot.messageReturned = !restoringOnFailure
+        }
+        if result.succeeded, slot.respond != nil { result.respond = slot.respond }
+        finish(slot)
+        return result
     }
 
     /// `on_request(req, ctx)` for a call that may wait (`sluice.http`): `completion` gets the
@@ -67,8 +80,9 @@ public final class LuaExchange {
         wait.end = { [self] result in
             var result = result
             let edited = slot.request
-            if result.outcome == .ok { result.respond = slot.respond }
-            completion(result.outcome == .ok ? edited : request, finish(slot, result))
+            if result.succeeded { result.respond = slot.respond }
+            finish(slot)
+            completion(result.succeeded ? edited : request, result)
         }
         wait.resume = { [self] results in
             guard !state.isPoisoned else { return wait.settle(Self.poisoned(state), yielded: false) }
@@ -91,9 +105,13 @@ public final class LuaExchange {
         slot.begin(.response, limits: limits, requestID: requestID)
         if restoringOnFailure { slot.response = response } else { swap(&slot.response, &response) }
         var result = call(hook, slot, message: slot.responseRef)
-        if result.outcome == .ok || !restoringOnFailure { swap(&response, &slot.response) }
-        if result.outcome == .ok { result.retry = slot.retry }
-        return finish(slot, result)
+        if result.succeeded || !restoringOnFailure {
+            swap(&response, &slot.response)
+            slot.messageReturned = !restoringOnFailure
+        }
+        if result.succeeded { result.retry = slot.retry }
+        finish(slot)
+        return result
     }
 
     /// `on_log(ctx)`, after the exchange; then read `vars()` for the access log.
@@ -102,7 +120,9 @@ public final class LuaExchange {
         guard !state.isPoisoned else { return Self.poisoned(state) }
         let slot = state.acquireSlot()
         slot.begin(.log, limits: limits, requestID: requestID)
-        return finish(slot, call(hook, slot, message: nil))
+        let result = call(hook, slot, message: nil)
+        finish(slot)
+        return result
     }
 
     /// What the script put in `ctx.vars` (string keys; strings, numbers, booleans and tables of
@@ -154,9 +174,10 @@ public final class LuaExchange {
         return result
     }
 
-    private func finish(_ slot: LuaCallSlot, _ result: LuaCallResult) -> LuaCallResult {
+    /// Ends the call on `slot` (the caller keeps its result: passed through here, it was
+    /// copied, some 400 instructions a call).
+    private func finish(_ slot: LuaCallSlot) {
         state.releaseSlot(slot, status: slot.lastStatus)
-        return result
     }
 
     /// Pushes `ctx` onto `co`, made on the exchange's first hook that takes it.

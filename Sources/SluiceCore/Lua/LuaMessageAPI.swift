@@ -346,7 +346,7 @@ enum LuaMessageAPI {
     /// The slot of the request `headers` userdata at index 1 while its fields are still the
     /// forwarded request's lines (`LuaHeaderLines`).
     private static func lineSlot(_ L: OpaquePointer?) -> LuaCallSlot? {
-        guard let slot = slot(L, LuaState.of(L), 1, .requestHeaders), slot.request.lines != nil else { return nil }
+        guard let slot = slot(L, LuaState.of(L), 1, .requestHeaders), slot.request.hasLines else { return nil }
         return slot
     }
 
@@ -395,8 +395,8 @@ enum LuaMessageAPI {
 
     private static let headerGet: Lua.Function = { L in
         guard let key = Lua.bytes(L, 2) else { return Lua.badArgument(L, 2, "get", "string") }
-        if let slot = lineSlot(L), let lines = slot.request.lines,
-            !slot.request.lineEdits.contains(where: { edits($0, touch: key) })
+        if let slot = lineSlot(L), !slot.request.lineEdits.contains(where: { edits($0, touch: key) }),
+            let lines = slot.request.lines
         {
             return lineGet(L, lines, key)
         }
@@ -446,8 +446,10 @@ enum LuaMessageAPI {
                 return 0
             }
         }
+        let lines = lineSlot(L)
+        if let lines, let value = plainValue(L, 3) { return editLines(lines, .set(name, value)) }
         guard let field = headerField(L, name, 3) else { return Lua.failure }
-        if let slot = lineSlot(L), let value = asciiValue(L, 3, field) { return editLines(slot, .set(name, value)) }
+        if let lines, let value = asciiValue(L, 3, field) { return editLines(lines, .set(name, value)) }
         return withHeaders(L) { fields, _ in
             fields[fields: name] = [field]
             return 0
@@ -455,8 +457,11 @@ enum LuaMessageAPI {
     }
 
     private static let headerAdd: Lua.Function = { L in
-        guard let name = headerName(L, 2), let field = headerField(L, name, 3) else { return Lua.failure }
-        if let slot = lineSlot(L), let value = asciiValue(L, 3, field) { return editLines(slot, .add(name, value)) }
+        guard let name = headerName(L, 2) else { return Lua.failure }
+        let lines = lineSlot(L)
+        if let lines, let value = plainValue(L, 3) { return editLines(lines, .add(name, value)) }
+        guard let field = headerField(L, name, 3) else { return Lua.failure }
+        if let lines, let value = asciiValue(L, 3, field) { return editLines(lines, .add(name, value)) }
         return withHeaders(L) { fields, _ in
             fields.append(field)
             return 0
@@ -535,6 +540,17 @@ enum LuaMessageAPI {
         // specialized; other bytes through the byte initializer, which keeps obs-text as is.
         if value.allSatisfy({ $0 < 0x80 }) { return HTTPField(name: name, value: Lua.makeString(value)) }
         return HTTPField(name: name, value: value)
+    }
+
+    /// The string (or number) at `index` as a value `HTTPField` keeps as it is — visible
+    /// ASCII, with spaces and tabs only inside — which an edit of lines carries without a
+    /// field being made for it (nearly every value a script sets); nil for any other, which
+    /// `headerField` checks (and refuses, or legalizes as `HTTPField` does).
+    private static func plainValue(_ L: OpaquePointer?, _ index: Int32) -> String? {
+        guard let bytes = Lua.text(L, index), let last = bytes.last else { return nil }
+        guard bytes[0] > 0x20, last > 0x20 else { return nil }
+        for b in bytes where b >= 0x7F || (b < 0x20 && b != 0x09) { return nil }
+        return Lua.makeString(bytes)
     }
 
     /// The value of `field`, made of the value at `index`, when that is ASCII (nearly every

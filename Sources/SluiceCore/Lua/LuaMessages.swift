@@ -10,13 +10,36 @@ import HTTPTypes
 public struct LuaRequestView: Sendable, Equatable {
     public var method: String
     /// The path as sent (percent-encoded), starting with `/`.
-    public var path: String
+    public var path: String {
+        get { url.map { Self.parts(of: $0).path } ?? storedPath }
+        set {
+            split()
+            storedPath = newValue
+        }
+    }
     /// The query without its `?`; nil when the URL has none.
-    public var query: String?
+    public var query: String? {
+        get { url.map { Self.parts(of: $0).query } ?? storedQuery }
+        set {
+            split()
+            storedQuery = newValue
+        }
+    }
+    /// The absolute URL `path` and `query` are read from, while neither was set (a view made
+    /// with `init(method:url:lines:)`): most scripts never read them, so the URL is split
+    /// only for those that do (each read splits it again; a write splits it for good).
+    private var url: String?
+    private var storedPath: String
+    private var storedQuery: String?
     /// The fields; empty while `lines` holds them.
     public var headers: HTTPFields
     /// The fields as the forwarded request's lines (nil: `headers` holds them).
-    public var lines: (any LuaHeaderLines)?
+    public var lines: (any LuaHeaderLines)? {
+        didSet { hasLines = lines != nil }
+    }
+    /// Whether `lines` holds the fields: read by every `req.headers` call, where testing the
+    /// optional existential itself copies it (a retain and a release).
+    public private(set) var hasLines = false
     /// The scripts' edits of `lines`, in order (`req.headers:set`, `add`, `remove`).
     public var lineEdits: [HeaderEdit] = []
     /// The buffered body (up to `limits.body`); nil when the pipeline did not buffer it, and
@@ -25,8 +48,8 @@ public struct LuaRequestView: Sendable, Equatable {
 
     public init(method: String, path: String, query: String? = nil, headers: HTTPFields = [:], body: [UInt8]? = nil) {
         self.method = method
-        self.path = path
-        self.query = query
+        self.storedPath = path
+        self.storedQuery = query
         self.headers = headers
         self.body = body
     }
@@ -35,12 +58,41 @@ public struct LuaRequestView: Sendable, Equatable {
     public init(method: String, path: String, query: String?, lines: any LuaHeaderLines) {
         self.init(method: method, path: path, query: query)
         self.lines = lines
+        hasLines = true
+    }
+
+    /// A view whose fields are `lines`, its path and query those of the absolute `url`,
+    /// split when first read.
+    public init(method: String, url: String, lines: any LuaHeaderLines) {
+        // Every field set here: through the other initializers, `lines`' observer would copy
+        // the existential to test it.
+        self.method = method
+        self.url = url
+        storedPath = "/"
+        headers = [:]
+        self.lines = lines
+        hasLines = true
+    }
+
+    /// Whether `path` and `query` are still the URL's, never set (`init(method:url:lines:)`).
+    public var keepsURL: Bool { url != nil }
+
+    /// Makes `path` and `query` stored values before one of them is set.
+    private mutating func split() {
+        guard let url else { return }
+        (storedPath, storedQuery) = Self.parts(of: url)
+        self.url = nil
+    }
+
+    private static func parts(of url: String) -> (path: String, query: String?) {
+        let target = LuaAdapter.Target(url)
+        return (target.path.isEmpty ? "/" : target.path, target.query)
     }
 
     /// Views are equal when their fields are, however each holds them.
     public static func == (a: LuaRequestView, b: LuaRequestView) -> Bool {
         guard a.method == b.method, a.path == b.path, a.query == b.query, a.body == b.body else { return false }
-        if a.lines == nil && b.lines == nil { return a.headers == b.headers }
+        if !a.hasLines && !b.hasLines { return a.headers == b.headers }
         var a = a
         var b = b
         a.materializeHeaders()
@@ -88,6 +140,12 @@ public struct LuaCallResult: Sendable, Equatable {
     public var retry = false
 
     public init() {}
+
+    /// Whether the call succeeded (read by a pattern: `outcome == .ok` copies the outcome
+    /// and its message to compare them).
+    public var succeeded: Bool {
+        if case .ok = outcome { true } else { false }
+    }
 
     /// The message for the access log: nil when the call succeeded.
     public var errorMessage: String? {

@@ -16,6 +16,22 @@ public struct LuaScript: Sendable, Hashable {
     }
 }
 
+/// Which hooks a script's table defines (`LuaState.hooks`), as the configuration found them
+/// when it loaded the script: the pipeline skips, for every request, the stages of hooks no
+/// script of the policy defines (`HostPolicy.runsResponseScripts`, `runsLogScripts`).
+///
+/// Threading: a value; any thread.
+public struct LuaHooks: OptionSet, Sendable, Hashable {
+    public let rawValue: UInt8
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    public static let onRequest = LuaHooks(rawValue: 1)
+    public static let onResponse = LuaHooks(rawValue: 2)
+    public static let onLog = LuaHooks(rawValue: 4)
+    /// Every hook: what a script not yet loaded may define.
+    public static let all: LuaHooks = [.onRequest, .onResponse, .onLog]
+}
+
 /// The limits on one script (`lua.limits` in YAML). Instructions, wall clock, sub-requests and
 /// body bytes are per call (one hook run for one exchange); memory is per state (every call
 /// on the state shares its heap). A call stopped by a limit is an error, and its state is

@@ -40,6 +40,14 @@ public final class LuaState {
     public var hasOnRequest: Bool { onRequestHook != nil }
     public var hasOnResponse: Bool { onResponseHook != nil }
     public var hasOnLog: Bool { onLogHook != nil }
+    /// The hooks the script's table defines.
+    public var hooks: LuaHooks {
+        var hooks: LuaHooks = []
+        if hasOnRequest { hooks.insert(.onRequest) }
+        if hasOnResponse { hooks.insert(.onResponse) }
+        if hasOnLog { hooks.insert(.onLog) }
+        return hooks
+    }
 
     // Registry references made at load.
     private var environmentRef = LUA_NOREF

@@ -25,6 +25,9 @@ public final class LuaStateCache {
     /// The exchanges in flight whose hooks share one `ctx`, by request id
     /// (`LuaStateCache+Open.swift`): kept from the first hook to the exchange's end.
     @exclusivity(unchecked) var open: [UInt64: [LuaExchange]] = [:]
+    /// The exchange of the last `on_request` that made no `ctx`, for the next
+    /// (`requestExchange`).
+    @exclusivity(unchecked) var spare: LuaExchange?
 
     /// `log` receives every line the worker's scripts log (`sluice.log.*`).
     public init(clock: LuaClock = .system, log: @escaping (LuaLogLine) -> Void = { _ in }) {
@@ -56,5 +59,6 @@ public final class LuaStateCache {
     public func retain(only keep: Set<String>) {
         states = states.filter { keep.contains($0.key.contentHash) }
         last = nil
+        spare = nil
     }
 }

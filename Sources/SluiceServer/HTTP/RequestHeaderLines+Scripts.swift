@@ -18,16 +18,33 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
     /// Each line but `Via` is checked for `name` and its colon where the name would end, with
     /// no search for the colon: a `get` costs a compare or two per line.
     func forEachScriptValue(named name: UnsafeRawBufferPointer, _ body: (_ value: UnsafeBufferPointer<UInt8>) -> Void) {
+        let n = name.count
+        guard n > 0 else { return }
         withBytes { bytes, ends in
+            guard let base = bytes.baseAddress else { return }
             var start = 0
             for i in 0..<max(0, ends.count - 1) {
-                let end = ends[i] - 2
-                defer { start = ends[i] }
-                guard Self.line(bytes, start, end, isNamed: name) else { continue }
-                // The builder put one SP after the colon before a value, none before an empty one.
-                body(UnsafeBufferPointer(rebasing: bytes[min(start + name.count + 2, end)..<end]))
+                let next = ends[i]
+                let end = next - 2
+                // Told apart by where the colon is first, then by the bytes (pointers: no
+                // bounds check per byte, the line's length checked once).
+                if end - start > n, base[start + n] == 0x3A, Self.same(base + start, name) {
+                    // The builder put one SP after the colon before a value, none before an empty one.
+                    let valueStart = min(start + n + 2, end)
+                    body(UnsafeBufferPointer(start: base + valueStart, count: end - valueStart))
+                }
+                start = next
             }
         }
+    }
+
+    /// Whether the `name.count` bytes at `bytes` are `name`, ASCII case-insensitively.
+    @inline(__always)
+    private static func same(_ bytes: UnsafePointer<UInt8>, _ name: UnsafeRawBufferPointer) -> Bool {
+        for j in 0..<name.count where bytes[j] != name[j] {
+            if ASCII.lower(bytes[j]) != ASCII.lower(name[j]) { return false }
+        }
+        return true
     }
 
     /// Whether the line `bytes[start..<end]` (no CRLF) is a field named `name` (any case).
@@ -46,31 +63,46 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
     /// (`LuaRequestView.lineEdits`), composed as `HeaderEditPlan` composes adapters': the
     /// fields a `set` or `remove` names are dropped, the fields the edits leave follow (those
     /// a forwarded request never carries left out, as from a request model), then `Via`.
-    /// Built in `builder` (the worker's); the lines kept are copied a run at a time. Nothing
-    /// is composed first: a script makes an edit or two.
+    /// Built in `builder` (the worker's); the lines kept are copied a run at a time, or not at
+    /// all when the builder still holds these lines (it made them, just before the scripts
+    /// ran) and no line is dropped: only `Via` moves to the end. Nothing is composed first: a
+    /// script makes an edit or two.
     func applying(_ edits: [HeaderEdit], builder: inout Builder) -> RequestHeaderLines {
-        builder.reset()
         withBytes { bytes, ends in
             let via = ends.count - 1
-            var run = 0
-            var start = 0
-            for i in 0..<via {
-                let end = ends[i] - 2
-                defer { start = ends[i] }
-                let dropped = edits.contains { edit in
-                    guard let name = Self.replaced(edit) else { return false }
-                    // Most lines are told apart by where their colon is, before any byte is compared.
-                    let n = name.canonicalName.utf8.count
-                    guard end - start > n, bytes[start + n] == 0x3A else { return false }
-                    var canonical = name.canonicalName
-                    return canonical.withUTF8 { Self.line(bytes, start, end, isNamed: UnsafeRawBufferPointer($0)) }
+            withUnsafeTemporaryAllocation(of: Bool.self, capacity: max(via, 1)) { dropped in
+                dropped.initialize(repeating: false)
+                var anyDropped = false
+                for edit in edits {
+                    guard var name = Self.replaced(edit)?.canonicalName else { continue }
+                    name.withUTF8 { name in
+                        let key = UnsafeRawBufferPointer(name)
+                        var start = 0
+                        for i in 0..<via {
+                            let end = ends[i] - 2
+                            // Most lines are told apart by where their colon is, before any byte is compared.
+                            if end - start > key.count, bytes[start + key.count] == 0x3A,
+                                Self.line(bytes, start, end, isNamed: key)
+                            {
+                                dropped[i] = true
+                                anyDropped = true
+                            }
+                            start = ends[i]
+                        }
+                    }
                 }
-                if dropped {
+                if !anyDropped, builder.holds(bytes, lines: ends.count) {
+                    builder.removeLastLine()
+                    return
+                }
+                builder.reset()
+                var run = 0
+                for i in 0..<via where dropped[i] {
                     builder.append(lines: self, run..<i)
                     run = i + 1
                 }
+                builder.append(lines: self, run..<via)
             }
-            builder.append(lines: self, run..<via)
         }
         for (i, edit) in edits.enumerated() {
             let field: (name: HTTPField.Name, value: String)
@@ -79,10 +111,12 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
             case .remove: continue
             }
             // A later `set` or `remove` of the name drops it.
-            if edits[(i + 1)...].contains(where: { Self.replaced($0) == field.name }) { continue }
+            if i + 1 < edits.count, edits[(i + 1)...].contains(where: { Self.replaced($0) == field.name }) { continue }
             var name = field.name.rawName
+            var value = field.value
             name.withUTF8 { name in
-                if !ForwardedHeaders.isDroppedRequestField(name) { builder.append(name: name, value: field.value.utf8) }
+                guard !ForwardedHeaders.isDroppedRequestField(name) else { return }
+                value.withUTF8 { builder.append(name: name, value: $0) }
             }
         }
         builder.append(lines: self, (count - 1)..<count)

@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// The header lines a forwarded request carries upstream, as either transport sends them:
 /// `Name: value\r\n` each (`Name:\r\n` for an empty value), in order, in one buffer — so the
 /// native transport writes them with one copy (`UpstreamRequestEncoder`), and libcurl gets
@@ -150,6 +154,23 @@ struct RequestHeaderLines {
                 bytes.append(contentsOf: UnsafeBufferPointer(rebasing: source[start..<sourceEnds[range.upperBound - 1]]))
                 for i in range { ends.append(UInt32(sourceEnds[i] + offset)) }
             }
+        }
+
+        /// Whether the builder holds `bytes` in `lines` lines: the lines it made last
+        /// (`makeLines` leaves them until `reset`), for an edit that only adds to them.
+        func holds(_ bytes: UnsafeBufferPointer<UInt8>, lines: Int) -> Bool {
+            guard ends.count == lines, self.bytes.count == bytes.count else { return false }
+            return self.bytes.withUnsafeBufferPointer { own in
+                own.count == 0 || memcmp(own.baseAddress!, bytes.baseAddress!, own.count) == 0
+            }
+        }
+
+        /// Drops the last line (its `Host`, were it one, still counts in `carriesHost`: the
+        /// caller puts it back).
+        mutating func removeLastLine() {
+            guard let last = ends.popLast() else { return }
+            let start = ends.last.map(Int.init) ?? 0
+            bytes.removeLast(Int(last) - start)
         }
 
         /// A whole `Name: value` line, as it is (Sluice's `Via`, made once per worker).

@@ -12,9 +12,7 @@ extension AdaptersStage {
         let head = exchange.head
         let lines = services.headerLines(for: exchange, edits: exchange.policy.modelHeaderPlan)
         let url = exchange.target.url
-        let target = LuaAdapter.Target(url)
-        var view = LuaRequestView(
-            method: head.method, path: target.path.isEmpty ? "/" : target.path, query: target.query, lines: lines)
+        var view = LuaRequestView(method: head.method, url: url, lines: lines)
         var edited: String?
         var failure: AdaptationError?
         for script in exchange.policy.scripts {
@@ -36,7 +34,7 @@ extension AdaptersStage {
             answer = exchange.machine.scriptsRan(.success(model))
         } else {
             let forwarded: RequestHeaderLines
-            if view.lines == nil {
+            if !view.hasLines {
                 forwarded = services.headerLines(for: view.headers)
             } else if view.lineEdits.isEmpty {
                 forwarded = lines

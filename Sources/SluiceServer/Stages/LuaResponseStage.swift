@@ -6,7 +6,8 @@ import SluiceCore
 /// the circuit heard the status and before the exchange decides about the head — so a
 /// `res:retry()` is a failed try the `retry` policy counts (and, with no retry left or none
 /// configured, the response goes to the client as it is), and header edits reach the client
-/// and the cache. A policy without scripts passes at once (`runsScripts`).
+/// and the cache. A policy whose scripts define no `on_response` passes at once
+/// (`runsResponseScripts`).
 ///
 /// The script sees the head as it came (`res.status`, `res.headers`); its edits are applied
 /// by giving the transfer a rebuilt head (`UpstreamTransfer.replaceHead`), which the encoder
@@ -33,8 +34,8 @@ enum LuaResponseStage: ResponseStage {
     )
         -> ResponseVerdict
     {
-        // `TrustStage` set the try's policy: the one check a policy without scripts pays.
-        guard exchange.tryPolicy?.runsScripts == true, let policy = exchange.tryPolicy else { return .proceed }
+        // `TrustStage` set the try's policy: the one check a policy without `on_response` pays.
+        guard exchange.tryPolicy?.runsResponseScripts == true, let policy = exchange.tryPolicy else { return .proceed }
         let head = response.response.collected
         if response.kept == nil, let limit = policy.responseBodyLimit, hasBody(head.status, exchange) {
             // The body first: the scripts, and the stages after them, run once it is kept.
@@ -46,7 +47,7 @@ enum LuaResponseStage: ResponseStage {
         let overLimit = if case .overLimit? = response.kept?.content { true } else { false }
         var view: LuaResponseView?
         var original: HTTPFields?
-        for script in policy.scripts {
+        for script in policy.scripts where script.hooks.contains(.onResponse) {
             let answer = script.onResponse(&view, requestID: exchange.id, bodyOverLimit: overLimit) {
                 var made = Self.view(of: head)
                 made.body = kept
