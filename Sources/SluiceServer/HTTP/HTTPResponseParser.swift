@@ -180,7 +180,7 @@ struct HTTPResponseParser {
         head.reset()
         keepAlive = false
         minorVersion = 1
-        line.removeAll(keepingCapacity: true)
+        if !line.isEmpty { line.removeAll(keepingCapacity: true) }
         lineSawCR = false
         sectionBytes = 0
         fieldCount = 0
