@@ -59,7 +59,7 @@ public final class AccessLogMonitor: LogMonitor {
         json.timestamp("time")
         json.field("id", s.id)
         json.field("client", s.client)
-        if let user = s.user { json.field("user", user) } else { json.raw("user", "null") }
+        if let user = s.user { json.field("user", user) } else { json.null("user") }
         if let requestId = s.requestId { json.field("request_id", requestId) }
         json.field("method", s.method)
         json.field("url", redactor.urlWithoutScrub(s.url))
@@ -77,18 +77,18 @@ public final class AccessLogMonitor: LogMonitor {
                 if let engine = t.engine {
                     json.field("upstream_engine", engine.rawValue)
                 } else {
-                    json.raw("upstream_engine", "null")
+                    json.null("upstream_engine")
                 }
             } else {
-                json.raw("upstream_protocol", "null")
-                json.raw("upstream_connection", "null")
-                json.raw("upstream_engine", "null")
+                json.null("upstream_protocol")
+                json.null("upstream_connection")
+                json.null("upstream_engine")
             }
         } else {
-            json.raw("timings", "null")
+            json.null("timings")
         }
         if s.retries.isEmpty {
-            json.raw("retries", "[]")
+            json.raw("retries", "[]" as StaticString)
         } else {
             json.raw(
                 "retries",
@@ -100,9 +100,9 @@ public final class AccessLogMonitor: LogMonitor {
         if let stopped = s.retryStopped {
             json.field("retry_stopped", stopped.rawValue)
         } else {
-            json.raw("retry_stopped", "null")
+            json.null("retry_stopped")
         }
-        if let validation = s.validation { json.field("validation", validation) } else { json.raw("validation", "null") }
+        if let validation = s.validation { json.field("validation", validation) } else { json.null("validation") }
         if let failure = s.trustFailure {
             json.raw(
                 "trust_failure",
@@ -118,7 +118,7 @@ public final class AccessLogMonitor: LogMonitor {
                 json.raw("rate_limit", text + "}")
             }
         }
-        if s.insecure { json.raw("insecure", "true") }
+        if s.insecure { json.raw("insecure", "true" as StaticString) }
         if !s.resumedAt.isEmpty {
             json.raw("resumed", String(s.resumedAt.count))
             json.raw("resumed_at", "[" + s.resumedAt.map(String.init).joined(separator: ",") + "]")
@@ -126,7 +126,7 @@ public final class AccessLogMonitor: LogMonitor {
         if let circuit = s.circuit { json.field("circuit", circuit) }
         if let cache = s.cache { json.field("cache", cache) }
         json.field("outcome", s.outcome.rawValue)
-        if let error = s.error { json.field("error", error) } else { json.raw("error", "null") }
+        if let error = s.error { json.field("error", error) } else { json.null("error") }
         if let lua = s.lua { json.object("lua") { Self.write(lua, into: &$0) } }
     }
 
@@ -490,6 +490,12 @@ struct JSONLine {
     /// A number that is a field's value, after a `fragment` that wrote its key.
     mutating func integer<I: BinaryInteger>(_ v: I) {
         appendInteger(v)
+    }
+
+    /// `"k":null`. (A literal passed to `raw` is a `String` unless written `as StaticString`,
+    /// and the `String` form costs a copy and twice the instructions.)
+    mutating func null(_ k: StaticString) {
+        raw(k, "null" as StaticString)
     }
 
     mutating func raw(_ k: StaticString, _ json: StaticString) {

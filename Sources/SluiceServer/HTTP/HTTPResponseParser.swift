@@ -180,7 +180,7 @@ struct HTTPResponseParser {
         head.reset()
         keepAlive = false
         minorVersion = 1
-        line.removeAll(keepingCapacity: true)
+        if !line.isEmpty { line.removeAll(keepingCapacity: true) }
         lineSawCR = false
         sectionBytes = 0
         fieldCount = 0
@@ -267,6 +267,14 @@ struct HTTPResponseParser {
                 if let event = try completeLine() { return (i, event) }
                 continue
             }
+            if statusSeen && line.isEmpty, let field = Self.wholeFieldLine(input, from: i) {
+                // The common line: a valid field line whole in `input`, read in one pass.
+                try count(field.end - i + 2)
+                let l = UnsafeRawBufferPointer(rebasing: input[i..<field.end]).assumingMemoryBound(to: UInt8.self)
+                try self.field(l, name: field.name, value: field.value)
+                i = field.end + 2
+                continue
+            }
             let cr = SWAR.lineEnd(input, from: i)
             if cr < input.count && input[cr] == 0x0A {
                 // The first line end is an LF without its CR.
@@ -323,6 +331,13 @@ struct HTTPResponseParser {
         }
         if l.isEmpty { return try endOfHead() }
         let (name, value) = try Self.fieldLine(l)
+        try field(l, name: name, value: value)
+        return nil
+    }
+
+    /// A field line `fieldLine` (or `wholeFieldLine`) found valid, with its name and value:
+    /// counted, interpreted and collected.
+    private mutating func field(_ l: UnsafeBufferPointer<UInt8>, name: Range<Int>, value: Range<Int>) throws(Failure) {
         fieldCount += 1
         if fieldCount > limits.headerCount {
             throw Failure(reason: "more than \(limits.headerCount) header fields")
@@ -332,11 +347,10 @@ struct HTTPResponseParser {
             // say nothing about the final response's framing.
             let kind = ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: l[name]))
             head.addValidated(UnsafeRawBufferPointer(l), name: name, value: value, kind: kind)
-            return nil
+            return
         }
         let kind = try interpret(l, name: name, value: value)
         head.addValidated(UnsafeRawBufferPointer(l), name: name, value: value, kind: kind)
-        return nil
     }
 
     /// `HTTP/1.x SP 3DIGIT [ SP reason ]`.
@@ -437,6 +451,34 @@ struct HTTPResponseParser {
         var valueEnd = l.count
         while valueEnd > valueStart, l[valueEnd - 1] == 0x20 || l[valueEnd - 1] == 0x09 { valueEnd -= 1 }
         return (name, valueStart..<valueEnd)
+    }
+
+    /// A field line that lies whole in `input` from `start`, CRLF included, and is valid as
+    /// `fieldLine` would find it: its name and trimmed value relative to `start`, and where its
+    /// CR is. One pass finds the line's end and checks its bytes (the value's scan stops at
+    /// the CR), where the general path scans for the line end first and then the line again.
+    /// nil for anything else — an empty line, a line cut by the end of `input`, any byte
+    /// `fieldLine` or the line scan would refuse — and the general path reads it, refusing
+    /// what it must at the byte it always did.
+    private static func wholeFieldLine(
+        _ input: UnsafeRawBufferPointer, from start: Int
+    ) -> (name: Range<Int>, value: Range<Int>, end: Int)? {
+        guard let base = input.baseAddress else { return nil }
+        let p = base.assumingMemoryBound(to: UInt8.self)
+        let n = input.count
+        var i = start
+        while i < n, ASCII.isTokenChar(p[i]) { i += 1 }
+        guard i > start, i < n, p[i] == 0x3A else { return nil }
+        let nameEnd = i
+        i += 1
+        while i < n, p[i] == 0x20 || p[i] == 0x09 { i += 1 }
+        let valueStart = i
+        while i + 8 <= n, SWAR.controlOrDEL(SWAR.load(base + i)) == 0 { i += 8 }
+        while i < n, p[i] >= 0x20 && p[i] != 0x7F || p[i] == 0x09 { i += 1 }
+        guard i + 1 < n, p[i] == 0x0D, p[i + 1] == 0x0A else { return nil }
+        var valueEnd = i
+        while valueEnd > valueStart, p[valueEnd - 1] == 0x20 || p[valueEnd - 1] == 0x09 { valueEnd -= 1 }
+        return (0..<nameEnd - start, valueStart - start..<valueEnd - start, i)
     }
 
     /// The fields that decide framing and persistence, checked as they arrive; returns the
