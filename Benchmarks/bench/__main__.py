@@ -15,8 +15,10 @@ def main() -> None:
 
     run = sub.add_parser("run", help="run a scenario and write its result file to Benchmarks/results/")
     run.add_argument("scenario", nargs="?", default="headline")
-    run.add_argument("--sluice", default=os.environ.get("SLUICE_BIN", ".build/release/sluice"),
-                     help="the Sluice binary (default: $SLUICE_BIN or .build/release/sluice; relative to the repo)")
+    run.add_argument("--sluice", default=os.environ.get("SLUICE_BIN", ".build-static/release/sluice"),
+                     help="the Sluice binary (default: $SLUICE_BIN or .build-static/release/sluice, the Swift "
+                          "runtime linked statically as the .deb and the image ship it: `make static`; "
+                          "relative to the repo)")
     run.add_argument("--baseline", metavar="BIN",
                      help="another Sluice binary (the build to compare with): every Sluice target also runs "
                           "on it as <target>@base, in the same interleaved rounds")

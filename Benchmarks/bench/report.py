@@ -159,6 +159,12 @@ def table(header: list[str], rows: list[list[str]], align: list[str] | None = No
 # ---------------------------------------------------------------------------------------------
 # The sections
 
+def _runtime(sluice: dict) -> str:
+    """How the binary links the Swift runtime, when the result file says."""
+    return {"static": " (Swift runtime linked statically, as the .deb and the image ship it)",
+            "dynamic": " (Swift runtime loaded from the toolchain's shared libraries)"}.get(sluice.get("swift_runtime"), "")
+
+
 def header_section(result: dict, source: str, chart: str | None) -> str:
     sc, m, v = result["scenario"], result["machine"], result["versions"]
     sluice = v["sluice"]
@@ -177,7 +183,7 @@ def header_section(result: dict, source: str, chart: str | None) -> str:
         f"- **machine**: {m['cores']} × {m['cpu_model']}, Linux {m['kernel']}, {m['memory_mib'] / 1024:.0f} GiB, "
         f"{m['os']}; other load just before the run: {result.get('other_load_before_pct', 0)} %",
         f"- **sluice**: commit {result['commit']['id']}{dirty}, `sluice --version` {sluice['version']}, "
-        f"binary built {sluice['built_utc']}; " + ", ".join(tools),
+        f"binary built {sluice['built_utc']}{_runtime(sluice)}; " + ", ".join(tools),
         f"- **method**: wrk {sc['duration']} s per run, {sc['rounds']} round(s) per cell, the median round "
         f"shown; targets interleaved (round 1 of every target, then round 2 …); all on 127.0.0.1, where "
         f"wrk, the origin nginx and the proxy share the cores, so compare ratios within a run",
@@ -186,7 +192,7 @@ def header_section(result: dict, source: str, chart: str | None) -> str:
         b = result["baseline"]
         lines.append(f"- **baseline** (the `@base` targets: the same configurations on another binary, "
                      f"interleaved with the others): `{b['binary']}`, `sluice --version` {b['version']}, "
-                     f"built {b['built_utc']}, sha256 {(b['sha256'] or '?')[:12]}")
+                     f"built {b['built_utc']}{_runtime(b)}, sha256 {(b['sha256'] or '?')[:12]}")
     if missing:
         lines.append("- **not measured**: " + "; ".join(missing))
     if result.get("notes"):

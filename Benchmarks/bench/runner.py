@@ -229,11 +229,21 @@ def versions(sluice_bin: Path) -> dict:
         "python": [sys.executable, "--version"],
     }
     found = {name: _first_line(cmd) for name, cmd in tools.items()}
-    sluice = {"binary": str(sluice_bin), "version": None, "sha256": None, "built_utc": None}
+    sluice = {"binary": str(sluice_bin), "version": None, "sha256": None, "built_utc": None, "swift_runtime": None}
     if sluice_bin.is_file():
         sluice.update(version=_first_line([str(sluice_bin), "--version"]), sha256=_sha256_file(sluice_bin),
-                      built_utc=_utc(sluice_bin.stat().st_mtime))
+                      built_utc=_utc(sluice_bin.stat().st_mtime), swift_runtime=swift_runtime(sluice_bin))
     return {"sluice": sluice, **found}
+
+
+def swift_runtime(binary: Path) -> str | None:
+    """"dynamic" when the binary loads libswiftCore.so, "static" when it carries the Swift runtime
+    (`--static-swift-stdlib`, how the .deb and the container image build it): the idle RSS of
+    the two differs by megabytes, so the result says which was measured. None without readelf."""
+    if shutil.which("readelf") is None:
+        return None
+    done = subprocess.run(["readelf", "-d", str(binary)], capture_output=True, text=True, timeout=30)
+    return "dynamic" if "libswiftCore.so" in done.stdout else "static"
 
 
 def commit() -> dict:

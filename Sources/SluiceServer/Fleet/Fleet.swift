@@ -11,7 +11,11 @@ import Synchronization
 ///
 /// Threading: any thread (atomics).
 final class FleetShared: Sendable {
-    /// This instance's name in the heartbeat set: random per process.
+    /// This instance's name in the heartbeat set: random per process, from the system's
+    /// generator (`getrandom`), not OpenSSL's: every process makes one, and the first
+    /// `RAND_bytes` initialises OpenSSL (its configuration file, error tables and random
+    /// generator: 1.9 MiB of libcrypto made resident) in a process whose configuration may
+    /// use neither a fleet nor TLS.
     let instance: String
     /// Instances alive at the last heartbeat (this one included; 1 until one answered).
     let instancesAlive = Atomic<Int>(1)
@@ -21,7 +25,8 @@ final class FleetShared: Sendable {
     let episodes = Atomic<Int>(0)
 
     init() {
-        instance = Hex.lowercase(Crypto.randomBytes(8))
+        var generator = SystemRandomNumberGenerator()
+        instance = Hex.lowercase(withUnsafeBytes(of: generator.next()) { Array($0) })
     }
 }
 

@@ -106,6 +106,8 @@ final class Worker {
         var mode: ListenerMode
         let address: String
         var evListener: OpaquePointer?
+        /// The connections taken from it in this pass of the loop.
+        var batch = AcceptBatch()
         init(worker: Worker, mode: ListenerMode, address: String) {
             self.worker = worker
             self.mode = mode
@@ -194,6 +196,10 @@ final class Worker {
     private var acceptPaused: [Listener] = []
     private var acceptRetryTimer: LoopTimer<Worker>?
     private var acceptTroubled = false
+    /// Listeners that accepted in this pass, and the wake that ends their batch
+    /// (`AcceptBatch`).
+    private var acceptedThisPass: [Listener] = []
+    private var acceptPassEnd: LoopWake<Worker>!
 
     /// A worker's counts for `GET /metrics` (`index` -1: a worker whose loop has ended).
     struct WorkerCounts: Sendable {
@@ -259,6 +265,7 @@ final class Worker {
         quotaEvent = LoopWake(on: base, owner: self) { $0.runQuotaGrants() }
         flushEvent = LoopWake(on: base, owner: self) { $0.flushPass() }
         heapTrimTimer = LoopTimer(on: base, owner: self) { $0.heapTrimCheck() }
+        acceptPassEnd = LoopWake(on: base, owner: self) { $0.endAcceptBatches() }
         if let ms = heartbeatMilliseconds {
             let timer = LoopTimer(on: base, owner: self, repeating: true) { $0.beat() }
             timer.arm(milliseconds: ms)
@@ -468,6 +475,7 @@ final class Worker {
                     { _, fd, sa, _, arg in
                         let listener = Unmanaged<Listener>.fromOpaque(arg!).takeUnretainedValue()
                         listener.worker.accept(fd: fd, address: sa!, mode: listener.mode)
+                        listener.worker.countAccept(on: listener)
                     }, Unmanaged.passUnretained(listener).toOpaque(), flags, 1024, sa, length)
             }
         }
@@ -509,6 +517,29 @@ final class Worker {
             address: SocketAddress.host(address) ?? "unknown", forwarding: forwarding)
         connection.clientKey = key
         connections[ObjectIdentifier(connection)] = connection
+    }
+
+    /// `AcceptBatch`: one more connection taken from `listener` in this pass.
+    private func countAccept(on listener: Listener) {
+        let action = listener.batch.accepted()
+        if action.watchPassEnd {
+            acceptedThisPass.append(listener)
+            if acceptedThisPass.count == 1 { acceptPassEnd.activate() }
+        }
+        if action.pause, let ev = listener.evListener { evconnlistener_disable(ev) }
+    }
+
+    /// The pass that accepted ended: every listener starts a new batch, and those a full
+    /// batch switched off accept again (unless descriptors ran out, the worker drains, or a
+    /// reload closed the listener meanwhile).
+    private func endAcceptBatches() {
+        for listener in acceptedThisPass where listener.batch.passEnded() {
+            guard !isDraining, !acceptPaused.contains(where: { $0 === listener }),
+                listeners.values.contains(where: { $0 === listener }), let ev = listener.evListener
+            else { continue }
+            evconnlistener_enable(ev)
+        }
+        acceptedThisPass.removeAll(keepingCapacity: true)
     }
 
     private func heapTrimCheck() { perform(heapTrim.check()) }
@@ -646,6 +677,8 @@ final class Worker {
         quotaEvent = nil
         flushEvent = nil
         heapTrimTimer = nil
+        acceptPassEnd = nil
+        acceptedThisPass.removeAll()
         heartbeatTimer = nil
         event_base_free(base)
     }
