@@ -247,6 +247,40 @@ import Testing
         }
     }
 
+    @Test func aCopyKeptOnANonOwnerIsNotServedUntilTheMembersAboveItFail() throws {
+        let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 1 << 20))
+        let services = Services(cache: store)
+        var settings = FleetCacheSettings(advertise: "10.0.0.1:3128", secret: Secret("fleet-secret-0123456789"))
+        settings.peers = [.init(address: "10.0.0.2:3128")]
+        let peers = FleetPeers(settings, redis: false)
+        services.peers = peers
+        let url = try #require((0..<20).map { "http://a/\($0)" }.first { peers.owners.owner(of: $0)?.address != "10.0.0.1:3128" })
+        // A fresh copy stored while this instance owned the URL (its owner was away).
+        let now = CacheStage.wallClockSeconds()
+        let fill = CacheFill(
+            store: store, url: url,
+            response: CacheStoredResponse(
+                status: 200, fields: [("Cache-Control", "max-age=60"), ("Content-Length", "2")],
+                requestTime: now, responseTime: now),
+            contentLength: 2, fetch: nil)
+        [UInt8]("ok".utf8).withUnsafeBytes { fill.append($0) }
+        #expect(fill.complete() == 0)
+        let client = try exchange("GET \(url) HTTP/1.1\r\nHost: a\r\n\r\n", services)
+        guard case .wait(.peers(let walk)) = CacheStage.enter(client, services) else {
+            Issue.record("the owner is asked, not the copy kept here")
+            return
+        }
+        #expect(walk.peers == ["10.0.0.2:3128"])
+        #expect(client.cache == nil && client.summary.cache == "fwd=uri-miss", "nothing was looked up here")
+        // The owner did not answer: the copy kept here answers, nothing is fetched.
+        client.peersAsked = true
+        guard case .serveStored(let answer) = CacheStage.enter(client, services) else {
+            Issue.record("after the members above it, the copy kept here answers")
+            return
+        }
+        #expect(answer.parameters.hasPrefix("hit; ttl="))
+    }
+
     @Test func cacheAnswersHitsCollapsesMissesAndRefusesOnlyIfCached() throws {
         let store = CacheStore(.init(memory: 1 << 20, maxObjectSize: 1 << 20))
         let services = Services(cache: store)

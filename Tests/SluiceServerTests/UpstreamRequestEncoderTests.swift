@@ -6,7 +6,9 @@ import Testing
 /// The native transport's request head, from the same header lines libcurl gets converted:
 /// the lines as they are, `Host` derived from the target, framing from the body.
 @Suite struct UpstreamRequestEncoderTests {
-    private func head(method: String = "GET", url: String, lines: [String], body: UpstreamRequest.Body = .none) throws -> String {
+    private func head(
+        method: String = "GET", url: String, lines: [String], body: UpstreamRequest.Body = .none, absoluteForm: Bool = false
+    ) throws -> String {
         var builder = RequestHeaderLines.Builder()
         for line in lines { builder.append(line: Array(line.utf8)) }
         let request = UpstreamRequest(
@@ -14,7 +16,7 @@ import Testing
             headers: builder.makeLines(), body: body)
         let out = evbuffer_new()!
         defer { evbuffer_free(out) }
-        UpstreamRequestEncoder.writeHead(request, into: out)
+        UpstreamRequestEncoder.writeHead(request, into: out, absoluteForm: absoluteForm)
         let n = evbuffer_get_length(out)
         var bytes = [UInt8](repeating: 0, count: n)
         evbuffer_remove(out, &bytes, n)
@@ -24,6 +26,15 @@ import Testing
     @Test func originFormTheLinesAndHostFromTheTarget() throws {
         let text = try head(url: "http://example.com/a/b?x=1", lines: ["X-A: 1", "X-Empty:", "Via: 1.1 sluice-x"])
         #expect(text == "GET /a/b?x=1 HTTP/1.1\r\nX-A: 1\r\nX-Empty:\r\nVia: 1.1 sluice-x\r\nHost: example.com\r\n\r\n")
+    }
+
+    @Test func toAPeerOfTheFleetTheRequestLineHasTheAbsoluteForm() throws {
+        #expect(
+            try head(url: "http://example.com/a?x=1", lines: [], absoluteForm: true)
+                == "GET http://example.com/a?x=1 HTTP/1.1\r\nHost: example.com\r\n\r\n")
+        #expect(
+            try head(url: "https://example.com:8443", lines: [], absoluteForm: true)
+                == "GET https://example.com:8443 HTTP/1.1\r\nHost: example.com:8443\r\n\r\n")
     }
 
     @Test func aPortOtherThanTheDefaultIsInHostAndIPv6IsBracketed() throws {

@@ -80,14 +80,18 @@ def test_the_python_twin_ranks_as_the_swift_owners_do():
 # ------------------------------------------------------------------------------------------
 
 SLOW_PATH = "/slow/"
+COPY_PATH = "/copy/"
 
 
 def answer(req, n):
-    """Cacheable bodies derived from the path; under /slow/ a 256 KiB body after a pause."""
+    """Cacheable bodies derived from the path; under /slow/ a 256 KiB body after a pause; under
+    /copy/ a body that says which of the origin's answers it is (each fetch a copy of its own)."""
     target = req["target"]
     if target.startswith(SLOW_PATH):
         time.sleep(0.3)  # server behaviour: a slow origin, so that every client arrives during the fetch
         return simple_response(200, slow_body(target), [("Cache-Control", "max-age=300")])
+    if target.startswith(COPY_PATH):
+        return simple_response(200, f"answer {n} for {target}".encode(), [("Cache-Control", "max-age=300")])
     return simple_response(200, f"body {target}".encode(), [("Cache-Control", "max-age=300")])
 
 
@@ -254,6 +258,71 @@ def test_a_1gib_object_streams_through_a_non_owner_with_flat_memory(sluice_facto
     assert n == big_file.size and h.hexdigest() == big_file.sha256
     print(f"1 GiB through a non-owner: {mon.describe()}")
     assert mon.growth_mib <= 8, mon.describe()
+
+
+def kill(instance) -> None:
+    instance.proc.kill()
+    instance.proc.wait(timeout=10)
+    instance.expected_exit = True
+
+
+def restart(instance) -> None:
+    instance.start()
+    instance.expected_exit = False
+
+
+def test_an_old_copy_is_not_served_while_its_owner_answers(sluice_factory, tmp_path, origin):
+    """A URL owned by A, with B next: while A is down, B stores it (the walk reaches B, which
+    fetches as the owner would). A back: through B the answer is A's — A fetches it, the one
+    copy the fleet serves — and never B's copy. A down again: B's copy answers, and the origin
+    is not asked. The origin numbers its answers, so each copy is told apart."""
+    fleet = Fleet(sluice_factory, tmp_path)
+    (a, b, c), (a_member, b_member, _) = fleet.instances, fleet.members
+    url = next(u for u in (f"http://{HOST}:{origin.port}{COPY_PATH}{i}" for i in range(100))
+               if ranked(u, fleet.members)[:2] == [a_member, b_member])
+    target = path(url)
+    kill(a)
+    first = get(b, url)
+    assert first.status_code == 200 and first.content == f"answer 1 for {target}".encode(), first
+    assert "peer" not in first.headers["cache-status"] and "stored" in first.headers["cache-status"], first.headers
+    # A is marked down on B for 5 s: its copy answers meanwhile.
+    again = get(b, url)
+    assert again.content == first.content and "hit" in again.headers["cache-status"], again.headers
+    assert len(origin.requests()) == 1
+    restart(a)
+    seen = []
+
+    def answered_by_a() -> bool:
+        r = get(b, url)
+        assert r.status_code == 200, r
+        seen.append((r.content, r.headers["cache-status"]))
+        return f'detail="peer {a_member}"' in r.headers["cache-status"]
+
+    # B asks A again once its mark of A ends; until then its own copy answers (without the origin).
+    assert wait_until(answered_by_a, 15, 0.5), seen
+    assert all(body == first.content and "peer" not in status for body, status in seen[:-1]), seen
+    # A had no copy: it fetched the URL as its owner, and B's copy was not what B served.
+    body, status = seen[-1]
+    assert body == f"answer 2 for {target}".encode(), seen[-1]
+    assert status.startswith("Sluice; fwd=uri-miss") and "stored" in status.split(",")[0], status
+    for instance in (b, c, a, b):
+        r = get(instance, url)
+        assert r.status_code == 200 and r.content == body, (instance.port, r.content, r.headers)
+        if instance is a:
+            assert "hit" in r.headers["cache-status"] and "peer" not in r.headers["cache-status"], r.headers
+        else:
+            assert r.headers["cache-status"].startswith("Sluice; hit") and \
+                r.headers["cache-status"].endswith(f'Sluice; fwd=uri-miss; detail="peer {a_member}"'), r.headers
+    assert len(origin.requests()) == 2
+    # A down again: B's old copy answers, neither deleted nor refetched; C (A's, then B's) gets it from B.
+    kill(a)
+    r = get(b, url)
+    assert r.status_code == 200 and r.content == first.content, r.content
+    assert "hit" in r.headers["cache-status"] and "peer" not in r.headers["cache-status"], r.headers
+    r = get(c, url)
+    assert r.status_code == 200 and r.content == first.content, r.content
+    assert r.headers["cache-status"].endswith(f'detail="peer {b_member}"'), r.headers
+    assert len(origin.requests()) == 2
 
 
 def test_a_peer_request_is_never_passed_on_and_a_forged_one_goes_nowhere(sluice_factory, tmp_path, origin):

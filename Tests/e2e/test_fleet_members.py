@@ -34,7 +34,8 @@ HEARTBEAT_MS = 200
 class Member:
     """One instance of the fleet with its admin listener, on a port it keeps across restarts."""
 
-    def __init__(self, sluice_factory, redis: Redis, weight: float = 1, name: str = "member"):
+    def __init__(self, sluice_factory, redis: Redis, weight: float = 1, name: str = "member",
+                 on_redis_down: str | None = None, policies: dict | None = None):
         self.factory = sluice_factory
         self.port = pick_port()
         self.address = f"{HOST}:{self.port}"
@@ -46,6 +47,10 @@ class Member:
             "fleet": {"redis": f"127.0.0.1:{redis.port}", "timeout": "50ms", "heartbeat": f"{HEARTBEAT_MS}ms",
                       "cache": {"advertise": self.address, "secret": SECRET, "weight": weight}},
         }
+        if on_redis_down:
+            self.config["fleet"]["on_redis_down"] = on_redis_down
+        if policies:
+            self.config["policies"] = policies
         self.name = name
         self.proxy = None
         self.start()
@@ -73,8 +78,8 @@ class Member:
         self.proxy.wait(5)
 
 
-def fleet_of(sluice_factory, redis, weights: list[float]) -> list[Member]:
-    return [Member(sluice_factory, redis, w, name=f"member{i}") for i, w in enumerate(weights)]
+def fleet_of(sluice_factory, redis, weights: list[float], **settings) -> list[Member]:
+    return [Member(sluice_factory, redis, w, name=f"member{i}", **settings) for i, w in enumerate(weights)]
 
 
 def expect_members(fleet: list[Member], members: list[Member], timeout: float = 5) -> None:
@@ -120,27 +125,69 @@ def test_a_killed_member_leaves_and_comes_back_on_its_address(sluice_factory, re
     expect_members(fleet, fleet)
 
 
-def test_redis_away_leaves_each_instance_alone_and_nothing_is_lost(sluice_factory, redis, origin):
-    """Redis killed: after three heartbeats each instance ranks over itself alone (logged once),
-    and serves and caches as before; Redis back: the members again."""
-    fleet = fleet_of(sluice_factory, redis, [1, 1])
+@pytest.mark.parametrize("on_redis_down", ["local_share", "deny"])
+def test_redis_away_leaves_each_instance_alone_and_nothing_is_lost(sluice_factory, redis, origin, on_redis_down):
+    """Three instances, Redis killed: after three heartbeats each ranks over itself alone (logged
+    once, `state: alone`) and serves and fills its own cache, whatever `on_redis_down` says —
+    under `deny` too, which refuses only what a fleet rate limit covers (here the `localhost`
+    policy's: 503), never a request of a policy without one; no such request fails. Redis back:
+    the members again, and each URL goes to its owner again (the copies the others made alone
+    are not served while it answers)."""
+    fleet = fleet_of(sluice_factory, redis, [1, 1, 1], on_redis_down=on_redis_down,
+                     policies={"localhost": {"rate_limit": {"rate": "100/s"}}})
     expect_members(fleet, fleet)
+    addresses = [m.address for m in fleet]
+    sessions = {m.address: session_via(m.proxy.url) for m in fleet}
+    # A URL under the fleet rate limit, stored by its owner while Redis answers.
+    limited = f"http://localhost:{origin.port}/limited"
+    keeper = ranked(limited, addresses)[0]
+    assert sessions[keeper].get(limited, timeout=10).status_code == 200
     redis.kill()
     for m in fleet:
         assert wait_until(lambda: m.fleet()["cache"]["state"] == "alone", 5), m.fleet()
         assert m.members() == [(m.address, 1.0)]
-    for i, m in enumerate(fleet):
-        url = f"http://{HOST}:{origin.port}/alone-{i}"
-        first = requests.get(url, proxies={"http": m.proxy.url}, timeout=10)
-        assert first.status_code == 200 and first.text == f"body /alone-{i}", first
-        again = requests.get(url, proxies={"http": m.proxy.url}, timeout=10)
-        assert again.status_code == 200 and "hit" in again.headers.get("cache-status", ""), again.headers
-    assert len(origin.requests()) == 2
+    url = f"http://{HOST}:{origin.port}/alone"
+    for m in fleet:
+        first = sessions[m.address].get(url, timeout=10)
+        assert first.status_code == 200 and first.text == "body /alone", first
+        assert "peer" not in first.headers["cache-status"] and "stored" in first.headers["cache-status"], first.headers
+        again = sessions[m.address].get(url, timeout=10)
+        assert again.status_code == 200 and "hit" in again.headers["cache-status"], again.headers
+        assert "peer" not in again.headers["cache-status"], again.headers
+    # Each instance fetched the URL once, for its own cache.
+    assert len(origin.requests()) == 1 + 3
+    # The rate-limited policy's stored URL is a hit in every mode (the cache answers before a try
+    # is scheduled); under deny, its misses are what is refused.
+    hit = sessions[keeper].get(limited, timeout=10)
+    assert hit.status_code == 200 and "hit" in hit.headers["cache-status"], hit.headers
+    if on_redis_down == "deny":
+        refused = sessions[keeper].get(limited + "-miss", timeout=10)
+        assert refused.status_code == 503 and "fleet.on_redis_down: deny" in refused.text, refused.text
+    assert len(origin.requests()) == 1 + 3
     for m in fleet:
         assert m.proxy.stderr().count("fleet.cache: Redis has not answered 3 heartbeats") == 1, m.proxy.stderr()
     redis.start()
     expect_members(fleet, fleet, timeout=10)
-    assert "fleet.cache: Redis answers again" in fleet[0].proxy.stderr()
+    for m in fleet:
+        assert "fleet.cache: Redis answers again" in m.proxy.stderr(), m.proxy.stderr()
+    # Shared again: the URL each stored alone is the owner's copy through every instance.
+    owner = ranked(url, addresses)[0]
+    for address, s in sessions.items():
+        r = s.get(url, timeout=10)
+        status = r.headers["cache-status"]
+        assert r.status_code == 200 and status.startswith("Sluice; hit"), (address, status)
+        assert ("peer" not in status) if address == owner else status.endswith(f'detail="peer {owner}"'), \
+            (address, status)
+    # A new URL through every instance reaches the origin once, from its owner.
+    fresh = f"http://{HOST}:{origin.port}/together"
+    owner = ranked(fresh, addresses)[0]
+    for address, s in sessions.items():
+        r = s.get(fresh, timeout=10)
+        status = r.headers["cache-status"]
+        assert r.status_code == 200 and r.text == "body /together", r
+        assert ("peer" not in status) if address == owner else status.endswith(f'detail="peer {owner}"'), \
+            (address, status)
+    assert len(origin.requests()) == 1 + 3 + 1
 
 
 def test_a_reload_applies_a_new_weight_and_keeps_the_peer_listener(sluice_factory, redis):

@@ -1,11 +1,10 @@
 import SluiceCore
 
-/// A cache miss that asks the fleet's other members first (`fleet.cache`, `PeerHop`): the
-/// driver's side of it — starting each peer's transfer, and going on locally when none
-/// answered.
+/// A request for a URL another member of the fleet owns, asking the members ranked above this
+/// instance before its own store is looked up (`fleet.cache`, `PeerHop`): the driver's side of
+/// it — starting each peer's transfer, and going on locally when none answered.
 extension ExchangeDriver {
-    /// The lookup missed and `walk` names the members ranked above this instance: they are
-    /// asked in turn.
+    /// `walk` names the members ranked above this instance for the URL: they are asked in turn.
     func askPeers(_ walk: PeerWalk, _ exchange: Exchange) {
         guard let peers = worker.peers else { return peersDidNotAnswer(exchange) }
         connection.stopTimer()
@@ -37,8 +36,9 @@ extension ExchangeDriver {
         transfer.start(perTryTimeout: hop.timeout(worker))
     }
 
-    /// No member ranked above this instance answered: the lookup runs again (a response stored
-    /// meanwhile may answer), and a miss is fetched here, as by the URL's owner.
+    /// No member ranked above this instance answered: the cache stage runs again, and this
+    /// time looks the request up here — a copy of this instance's own answers (fresh, stale
+    /// or revalidated as usual), and a miss is fetched here, as by the URL's owner.
     private func peersDidNotAnswer(_ exchange: Exchange) {
         peerHop = nil
         phase = .idle

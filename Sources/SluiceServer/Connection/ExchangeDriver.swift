@@ -545,7 +545,7 @@ extension ExchangeDriver {
         releaseUpstreamSlot()
         phase = .idle
         resume = nil
-        peerHop = nil
+        if peerHop != nil { peerHop = nil }  // (storing nil unconditionally costs a release call per request)
         awaited?.cancel()
         awaited = nil
     }

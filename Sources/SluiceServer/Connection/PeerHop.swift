@@ -1,8 +1,9 @@
 import SluiceCore
 
-/// A cache miss asking the members of the fleet ranked above this instance for its URL
+/// A request for a URL that members of the fleet rank above this instance asking them for it
 /// (`fleet.cache`; docs/fleet.md, "One cache across the fleet"), one at a time, owner first:
-/// the first that answers serves the client. Each is asked over Sluice's own HTTP/1.1 client,
+/// the first that answers serves the client, and this instance's own store is not looked up
+/// (a copy it kept from a time it owned the URL is not the owner's). Each is asked over Sluice's own HTTP/1.1 client,
 /// on the worker's pool of connections to its address, with the client's request as it came
 /// (absolute form, the origin's `Host`, minus hop-by-hop fields) and `Sluice-Peer` signed for
 /// this instance (`PeerSignature`).
@@ -14,7 +15,8 @@ import SluiceCore
 /// the peer (`fwd=uri-miss; detail="peer 10.0.0.5:3128"`). A peer that refuses the connection,
 /// cannot be reached within `timeouts.upstream_connect` or fails before its response head is
 /// marked down for a few seconds (`PeerDownMarks`) and the next is asked; after the last, the
-/// lookup goes on here (`Exchange.peersAsked`) and this instance fetches as an owner would. A
+/// lookup runs here (`Exchange.peersAsked`): a copy of its own answers, and a miss is fetched
+/// as by the owner. A
 /// failure after the head went to the client ends the response incomplete, as any upstream's.
 ///
 /// It is the transfer's delegate for the hop and passes the client's side of each event on to
@@ -35,6 +37,10 @@ final class PeerHop: UpstreamTransferDelegate {
         self.peers = peers
         self.walk = walk
     }
+
+    /// This instance's `Cache-Status` entry while the members above it are asked: to it, a URL
+    /// another member owns is a miss (its own store is looked up only when the walk reaches it).
+    static let parameters = "fwd=uri-miss"
 
     /// The next member to ask, skipping (and counting) those marked down; nil when the walk
     /// reached this instance.
@@ -92,7 +98,7 @@ final class PeerHop: UpstreamTransferDelegate {
     func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         peers.downMarks.markUp(peer)
         peers.requestMetrics.record(.answered, peer: peer)
-        let parameters = (exchange.cache?.parameters ?? "fwd=uri-miss") + "; detail=\"peer \(peer)\""
+        let parameters = Self.parameters + "; detail=\"peer \(peer)\""
         exchange.summary.cache = parameters
         transfer.extraHeadLines = Array("Cache-Status: Sluice; \(parameters)\r\n".utf8)
         transfer.forward(keepAlive: driver.connection.keepsAliveAfterResponse)

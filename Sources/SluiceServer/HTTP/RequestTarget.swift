@@ -27,10 +27,12 @@ struct RequestTarget: Equatable {
 
     /// Calls `body` with the origin form's bytes: once with `/` when the path is empty, then
     /// with the path and query as they stand in `url` (no copy, no string built: the native
-    /// transport writes its request line with it).
-    func withOriginForm(_ body: (UnsafeRawBufferPointer) -> Void) {
+    /// transport writes its request line with it). With `absolute`, once with the whole `url`
+    /// instead (the absolute form, for a request line to a proxy: a peer of the fleet).
+    func withOriginForm(orAbsolute absolute: Bool = false, _ body: (UnsafeRawBufferPointer) -> Void) {
         var url = url
         url.withUTF8 { t in
+            if absolute { return body(UnsafeRawBufferPointer(t)) }
             // After "://", the first "/" or "?" starts the origin form.
             var i = 0
             while i + 2 < t.count, !(t[i] == 0x3A && t[i + 1] == 0x2F && t[i + 2] == 0x2F) { i += 1 }

@@ -5,10 +5,10 @@ import CLibEvent
 #endif
 
 /// The request head the native transport writes to an origin (RFC 9112 §3): request line in
-/// origin form (absolute form to a peer of the fleet, which is a proxy), the forwarded fields, `Host`, and the body's framing. The fields are the
-/// request's `RequestHeaderLines`, already in wire form, copied whole; the libcurl transport
-/// converts the same lines (`CurlHeaderList`), so both transports forward exactly the same
-/// fields.
+/// origin form (absolute form to a peer of the fleet, which is a proxy), the forwarded fields,
+/// `Host`, and the body's framing. The fields are the request's `RequestHeaderLines`, already
+/// in wire form, copied whole; the libcurl transport converts the same lines
+/// (`CurlHeaderList`), so both transports forward exactly the same fields.
 ///
 /// `Host` comes from the target (as curl derives it), unless the lines carry one (the
 /// `upstream:` override's virtual host). Framing fields never come from the lines
@@ -31,12 +31,9 @@ enum UpstreamRequestEncoder {
         var w = Writer(base: extent.iov_base.assumingMemoryBound(to: UInt8.self))
         method.withUTF8 { w.put($0) }
         w.put(" ")
-        if absoluteForm {
-            var url = request.target.url
-            url.withUTF8 { w.put($0) }
-        } else {
-            request.target.withOriginForm { w.put($0.assumingMemoryBound(to: UInt8.self)) }
-        }
+        // (The absolute form's branch is taken inside the origin form's walk: one copy of the URL,
+        // retained once, as before the fleet's peers needed it.)
+        request.target.withOriginForm(orAbsolute: absoluteForm) { w.put($0.assumingMemoryBound(to: UInt8.self)) }
         w.put(" HTTP/1.1\r\n")
         request.headers.withBytes { bytes, _ in w.put(bytes) }
         if !request.headers.carriesHost {

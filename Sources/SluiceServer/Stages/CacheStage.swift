@@ -10,7 +10,8 @@ import SluiceCore
 /// `CacheInvalidation` (SluiceCore); `StoredResponseWriter` writes the answers. With a disk
 /// tier this thread does the tier's bounded file IO: a lookup that misses memory opens the
 /// URL's entry (two small reads, or none for a record the tier keeps), a `304` rewrites its
-/// record.
+/// record. With `fleet.cache`, a URL another member owns is asked of it before this instance's
+/// store is looked up (`PeerHop`).
 enum CacheStage: RequestStage, ResponseStage {
     static var name: String { "cache" }
 
@@ -22,12 +23,23 @@ enum CacheStage: RequestStage, ResponseStage {
         return Self.lookUp(exchange, store, services)
     }
 
-    /// Looks the request up: a stored response answers (a hit, stale-while-revalidate), `504`
-    /// for `only-if-cached`, a wait for another exchange's fetch of the same URL (collapsed
-    /// forwarding; once: a request that waited goes to the origin itself on its next miss),
-    /// or the request goes on, with what a revalidation needs in `exchange.cache`.
+    /// With `fleet.cache`, a URL another member owns goes to the members ranked above this
+    /// instance first (`peerWalk`), without a lookup here. Otherwise looks the request up: a
+    /// stored response answers (a hit, stale-while-revalidate), `504` for `only-if-cached`, a
+    /// wait for another exchange's fetch of the same URL (collapsed forwarding; once: a request
+    /// that waited goes to the origin itself on its next miss), or the request goes on, with
+    /// what a revalidation needs in `exchange.cache`.
     static func lookUp(_ exchange: Exchange, _ store: CacheStore, _ services: any StageServices) -> StageVerdict {
         let head = exchange.head
+        let method = head.method
+        let cacheable = method == "GET" || method == "HEAD"
+        if let walk = peerWalk(exchange, services, cacheable: cacheable) {
+            // Another member owns the URL: its copy is the fleet's one. This instance's store is
+            // not looked up, so a copy it kept from a time it owned the URL is not served (it
+            // ages out, or answers again once this instance owns the URL or the walk reaches it).
+            exchange.summary.cache = PeerHop.parameters
+            return .wait(.peers(walk))
+        }
         let mayWait = exchange.collapsedSince == nil
         let policy = exchange.policy
         let fields = head.fields.map { (name: head.name($0), value: head.value($0)) }
@@ -40,8 +52,6 @@ enum CacheStage: RequestStage, ResponseStage {
         cache.requestHasBody = head.hasBody
         exchange.cache = cache
         exchange.reportCache(.lookup(url: cache.url))
-        let method = head.method
-        let cacheable = method == "GET" || method == "HEAD"
         var candidates = cacheable && !head.hasBody ? store.memory.variants(for: cache.url) : []
         var decision = decide(cache, method: method, fields: fields, hasBody: head.hasBody, candidates: candidates)
         if cacheable, !head.hasBody, let disk = services.diskTier, decision.missesTheStore {
@@ -103,11 +113,6 @@ enum CacheStage: RequestStage, ResponseStage {
             return .respond(.onlyIfCachedMiss)
         case .forward(let reason):
             cache.parameters = "fwd=\(reason.rawValue)"
-            if let walk = peerWalk(exchange, cache, services, cacheable: cacheable) {
-                exchange.summary.cache = cache.parameters
-                exchange.reportCache(.miss(reason: reason.rawValue))
-                return .wait(.peers(walk))
-            }
             if reason == .uriMiss || reason == .varyMiss, method == "GET", CacheFields.value("range", in: fields) == nil {
                 // Collapsed forwarding: one miss per URL fetches; the others wait for it, and
                 // read its response as it is stored (shared fills).
@@ -132,17 +137,17 @@ enum CacheStage: RequestStage, ResponseStage {
         return .proceed
     }
 
-    /// The members to ask before this instance fetches a miss itself (`fleet.cache`; docs/fleet.md,
-    /// "One cache across the fleet"): those ranked above it for the URL — the cache's primary
-    /// key, so that every variant of a URL has one owner. Nil (fetch here, as without a fleet)
-    /// for a request that came from a peer (never passed on to a third), one whose peers were
-    /// asked already, a method or body the cache does not look up, or a URL this instance owns.
-    static func peerWalk(
-        _ exchange: Exchange, _ cache: CacheExchange, _ services: any StageServices, cacheable: Bool
-    ) -> PeerWalk? {
-        guard let peers = services.peers, cacheable, !cache.requestHasBody, !exchange.fromPeer, !exchange.peersAsked
+    /// The members to ask before this instance looks the request up in its own store
+    /// (`fleet.cache`; docs/fleet.md, "One cache across the fleet"): those ranked above it for
+    /// the URL — the cache's primary key, so that every variant of a URL has one owner. Nil
+    /// (look up here, as without a fleet) for a request that came from a peer (never passed on
+    /// to a third), one whose peers were asked already and did not answer, a method or body the
+    /// cache does not look up, or a URL this instance owns. Without `fleet.cache` it costs one
+    /// nil check.
+    static func peerWalk(_ exchange: Exchange, _ services: any StageServices, cacheable: Bool) -> PeerWalk? {
+        guard let peers = services.peers, cacheable, !exchange.head.hasBody, !exchange.fromPeer, !exchange.peersAsked
         else { return nil }
-        let walk = PeerWalk(ranking: peers.owners.ranked(cache.url), this: peers.settings.advertise)
+        let walk = PeerWalk(ranking: peers.owners.ranked(exchange.target.url), this: peers.settings.advertise)
         return walk.isEmpty ? nil : walk
     }
 

@@ -82,9 +82,9 @@ enum StageWait {
     /// fetch, reads its response while it is stored (shared fills), or looks up again when it
     /// ends without one or the wait for its head runs out.
     case collapsedFetch(CacheFetch)
-    /// A miss on an instance of a fleet that shares its cache (`fleet.cache`): the members
-    /// ranked above this one for the URL are asked, in order (`PeerHop`); when none answers,
-    /// the lookup goes on here (`Exchange.peersAsked`).
+    /// A URL another member of a fleet that shares its cache owns (`fleet.cache`): the members
+    /// ranked above this one for it are asked, in order (`PeerHop`), before any lookup here;
+    /// when none answers, the lookup runs here (`Exchange.peersAsked`).
     case peers(PeerWalk)
     /// The request body: a chunked body's first chunk-size line, validated before anything
     /// goes upstream (`.start`), or a body read whole so that every try can send it (`.whole`).
