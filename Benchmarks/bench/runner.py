@@ -239,10 +239,13 @@ def versions(sluice_bin: Path) -> dict:
 def swift_runtime(binary: Path) -> str | None:
     """"dynamic" when the binary loads libswiftCore.so, "static" when it carries the Swift runtime
     (`--static-swift-stdlib`, how the .deb and the container image build it): the idle RSS of
-    the two differs by megabytes, so the result says which was measured. None without readelf."""
+    the two differs by megabytes, so the result says which was measured. None without readelf,
+    or for a file readelf cannot read (a wrapper script is neither)."""
     if shutil.which("readelf") is None:
         return None
     done = subprocess.run(["readelf", "-d", str(binary)], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        return None
     return "dynamic" if "libswiftCore.so" in done.stdout else "static"
 
 

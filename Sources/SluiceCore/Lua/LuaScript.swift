@@ -17,8 +17,9 @@ public struct LuaScript: Sendable, Hashable {
 }
 
 /// Which hooks a script's table defines (`LuaState.hooks`), as the configuration found them
-/// when it loaded the script: the pipeline skips, for every request, the stages of hooks no
-/// script of the policy defines (`HostPolicy.runsResponseScripts`, `runsLogScripts`).
+/// when it loaded the script: the pipeline skips, for every request, the response stage when
+/// no script of the policy defines `on_response` (`HostPolicy.runsResponseScripts`), and each
+/// script without `on_log` at the exchange's end (`runScriptsAtEnd`).
 ///
 /// Threading: a value; any thread.
 public struct LuaHooks: OptionSet, Sendable, Hashable {
