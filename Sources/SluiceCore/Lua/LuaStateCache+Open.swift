@@ -13,11 +13,15 @@ extension LuaStateCache {
     /// The open exchange of `requestID` on `state` with `config`, else a new one (not kept:
     /// the stage that takes the call keeps it, `keepOpen`).
     public func exchange(on state: LuaState, config: LuaConfig, limits: LuaLimits, requestID: UInt64) -> LuaExchange {
+        openExchange(on: state, config: config, requestID: requestID)
+            ?? state.makeExchange(config: config, limits: limits, requestID: requestID)
+    }
+
+    /// The exchange kept open (`keepOpen`) for `requestID` on `state` with `config`, if any.
+    private func openExchange(on state: LuaState, config: LuaConfig, requestID: UInt64) -> LuaExchange? {
         // Most exchanges keep none open: no key is hashed for them.
-        if !open.isEmpty, let found = open[requestID]?.first(where: { $0.state === state && $0.config === config }) {
-            return found
-        }
-        return state.makeExchange(config: config, limits: limits, requestID: requestID)
+        guard !open.isEmpty else { return nil }
+        return open[requestID]?.first { $0.state === state && $0.config === config }
     }
 
     /// `exchange(on:…)` for an `on_request` that runs at once (not a call that may wait):
@@ -27,9 +31,7 @@ extension LuaStateCache {
     func requestExchange(
         on state: LuaState, config: LuaConfig, limits: LuaLimits, requestID: UInt64
     ) -> (exchange: LuaExchange, reusable: Bool) {
-        if !open.isEmpty, let found = open[requestID]?.first(where: { $0.state === state && $0.config === config }) {
-            return (found, false)
-        }
+        if let found = openExchange(on: state, config: config, requestID: requestID) { return (found, false) }
         if let exchange = spare, exchange.state === state, exchange.config === config {
             spare = nil
             exchange.reuse(limits: limits, requestID: requestID)

@@ -26,9 +26,7 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
             for i in 0..<max(0, ends.count - 1) {
                 let next = ends[i]
                 let end = next - 2
-                // Told apart by where the colon is first, then by the bytes (pointers: no
-                // bounds check per byte, the line's length checked once).
-                if end - start > n, base[start + n] == 0x3A, Self.same(base + start, name) {
+                if Self.line(bytes, start, end, isNamed: name) {
                     // The builder put one SP after the colon before a value, none before an empty one.
                     let valueStart = min(start + n + 2, end)
                     body(UnsafeBufferPointer(start: base + valueStart, count: end - valueStart))
@@ -38,23 +36,19 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
         }
     }
 
-    /// Whether the `name.count` bytes at `bytes` are `name`, ASCII case-insensitively.
-    @inline(__always)
-    private static func same(_ bytes: UnsafePointer<UInt8>, _ name: UnsafeRawBufferPointer) -> Bool {
-        for j in 0..<name.count where bytes[j] != name[j] {
-            if ASCII.lower(bytes[j]) != ASCII.lower(name[j]) { return false }
-        }
-        return true
-    }
-
     /// Whether the line `bytes[start..<end]` (no CRLF) is a field named `name` (any case).
+    /// Most lines are told apart by where their colon is, before any byte is compared; the
+    /// name's bytes are then read through a pointer (the line's length was checked once, no
+    /// bounds check per byte).
+    @inline(__always)
     private static func line(
         _ bytes: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int, isNamed name: UnsafeRawBufferPointer
     ) -> Bool {
         let n = name.count
-        guard n > 0, end - start > n, bytes[start + n] == 0x3A else { return false }
-        for j in 0..<n where bytes[start + j] != name[j] {
-            if ASCII.lower(bytes[start + j]) != ASCII.lower(name[j]) { return false }
+        guard n > 0, end - start > n, bytes[start + n] == 0x3A, let base = bytes.baseAddress else { return false }
+        let line = base + start
+        for j in 0..<n where line[j] != name[j] {
+            if ASCII.lower(line[j]) != ASCII.lower(name[j]) { return false }
         }
         return true
     }
@@ -79,11 +73,7 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
                         let key = UnsafeRawBufferPointer(name)
                         var start = 0
                         for i in 0..<via {
-                            let end = ends[i] - 2
-                            // Most lines are told apart by where their colon is, before any byte is compared.
-                            if end - start > key.count, bytes[start + key.count] == 0x3A,
-                                Self.line(bytes, start, end, isNamed: key)
-                            {
+                            if Self.line(bytes, start, ends[i] - 2, isNamed: key) {
                                 dropped[i] = true
                                 anyDropped = true
                             }
