@@ -84,3 +84,10 @@ import Testing
         #expect(dropped.lines == ["Host: a", "X-Seen: bench", "X-A: 1", "x-client: c", "Via: 1.1 x"])
     }
 }
+
+extension RequestHeaderLines {
+    /// `applying` with the edits written as `HeaderEdit`s, recorded as a script's would be.
+    fileprivate func applying(_ edits: [HeaderEdit], builder: inout Builder) -> RequestHeaderLines {
+        applying(LuaLineEdits(edits), builder: &builder)
+    }
+}

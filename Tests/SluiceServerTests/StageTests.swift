@@ -61,7 +61,7 @@ import Testing
                 for: exchange.head, viaLine: Array("Via: 1.1 sluice-test".utf8), edits: edits,
                 requestId: exchange.generatedRequestId, forwarding: exchange.client.forwarding, builder: &builder)
         }
-        func headerLines(_ lines: RequestHeaderLines, editedBy edits: [HeaderEdit]) -> RequestHeaderLines {
+        func headerLines(_ lines: RequestHeaderLines, editedBy edits: LuaLineEdits) -> RequestHeaderLines {
             var builder = RequestHeaderLines.Builder()
             return lines.applying(edits, builder: &builder)
         }

@@ -26,15 +26,20 @@ extension LuaRequestView {
             guard let name = HTTPField.Name(String(decoding: name, as: UTF8.self)) else { return }
             fields.append(HTTPField(name: name, lenientValue: value))
         }
-        for edit in lineEdits {
-            switch edit {
-            case .remove(let name): fields[fields: name] = []
-            case .set(let name, let value): fields[fields: name] = [HTTPField(name: name, value: value)]
-            case .add(let name, let value): fields.append(HTTPField(name: name, value: value))
+        lineEdits.withEntries { edits in
+            for edit in edits {
+                // Checked when recorded: a name is a token, a value one `HTTPField` keeps.
+                guard let name = HTTPField.Name(String(decoding: edit.name, as: UTF8.self)) else { continue }
+                let value = String(decoding: edit.value, as: UTF8.self)
+                switch edit.operation {
+                case .remove: fields[fields: name] = []
+                case .set: fields[fields: name] = [HTTPField(name: name, value: value)]
+                case .add: fields.append(HTTPField(name: name, value: value))
+                }
             }
         }
         headers = fields
         self.lines = nil
-        lineEdits = []
+        lineEdits = LuaLineEdits()
     }
 }

@@ -364,16 +364,51 @@ enum LuaMessageAPI {
         return 1
     }
 
-    /// Records an edit of lines (`set`, `add`, `remove`) without building the fields.
-    private static func editLines(_ slot: LuaCallSlot, _ edit: HeaderEdit) -> Int32 {
-        slot.request.lineEdits.append(edit)
+    /// The string at `index` as a header name's bytes (`LuaLineEdits`), or nil with an error
+    /// pushed, as `headerName` words it.
+    private static func lineName(_ L: OpaquePointer?, _ index: Int32) -> UnsafeRawBufferPointer? {
+        guard let bytes = Lua.bytes(L, index) else {
+            _ = Lua.fail(L, "a header name must be a string, not \(Lua.typeName(L, index))")
+            return nil
+        }
+        guard LuaLineEdits.isName(bytes) else {
+            _ = Lua.fail(L, "invalid header name '\(Lua.printable(bytes))'")
+            return nil
+        }
+        return bytes
+    }
+
+    /// `set` (`operation` `.set`) or `add` of the value at index 3 on lines: recorded as bytes
+    /// when the value is plain (nearly always); else checked as a field (refused, or legalized
+    /// as `HTTPField` does) and recorded as the field keeps it when ASCII, or made on the
+    /// fields when not (the lines are built as fields first).
+    private static func editLines(
+        _ L: OpaquePointer?, _ slot: LuaCallSlot, _ operation: LuaLineEdits.Operation, _ name: UnsafeRawBufferPointer
+    ) -> Int32 {
+        if let value = Lua.text(L, 3), LuaLineEdits.isPlainValue(value) {
+            slot.request.lineEdits.append(operation, name: name, value: value)
+            return 0
+        }
+        guard let fieldName = headerName(L, 2), let field = headerField(L, fieldName, 3) else { return Lua.failure }
+        if asciiValue(L, 3, field) != nil {
+            var value = field.value
+            value.withUTF8 { slot.request.lineEdits.append(operation, name: name, value: UnsafeRawBufferPointer($0)) }
+            return 0
+        }
+        slot.request.materializeHeaders()
+        if operation == .set {
+            slot.request.headers[fields: fieldName] = [field]
+        } else {
+            slot.request.headers.append(field)
+        }
         return 0
     }
 
-    private static func edits(_ edit: HeaderEdit, touch key: UnsafeRawBufferPointer) -> Bool {
-        switch edit {
-        case .remove(let name), .set(let name, _), .add(let name, _): matches(name, key)
-        }
+    /// `remove` of the name at index 2 on lines.
+    private static func removeFromLines(_ L: OpaquePointer?, _ slot: LuaCallSlot) -> Int32 {
+        guard let name = lineName(L, 2) else { return Lua.failure }
+        slot.request.lineEdits.append(.remove, name: name, value: UnsafeRawBufferPointer(start: nil, count: 0))
+        return 0
     }
 
     /// Whether `name` is `key`, ASCII case-insensitively.
@@ -395,9 +430,7 @@ enum LuaMessageAPI {
 
     private static let headerGet: Lua.Function = { L in
         guard let key = Lua.bytes(L, 2) else { return Lua.badArgument(L, 2, "get", "string") }
-        if let slot = lineSlot(L), !slot.request.lineEdits.contains(where: { edits($0, touch: key) }),
-            let lines = slot.request.lines
-        {
+        if let slot = lineSlot(L), !slot.request.lineEdits.touch(key), let lines = slot.request.lines {
             return lineGet(L, lines, key)
         }
         return withHeaders(L) { fields, _ in
@@ -438,18 +471,19 @@ enum LuaMessageAPI {
     }
 
     private static let headerSet: Lua.Function = { L in
+        if let slot = lineSlot(L) {
+            if lua_type(L, 3) <= LUA_TNIL { return removeFromLines(L, slot) }
+            guard let name = lineName(L, 2) else { return Lua.failure }
+            return editLines(L, slot, .set, name)
+        }
         guard let name = headerName(L, 2) else { return Lua.failure }
         if lua_type(L, 3) <= LUA_TNIL {
-            if let slot = lineSlot(L) { return editLines(slot, .remove(name)) }
             return withHeaders(L) { fields, _ in
                 fields[fields: name] = []
                 return 0
             }
         }
-        let lines = lineSlot(L)
-        if let lines, let value = plainValue(L, 3) { return editLines(lines, .set(name, value)) }
         guard let field = headerField(L, name, 3) else { return Lua.failure }
-        if let lines, let value = asciiValue(L, 3, field) { return editLines(lines, .set(name, value)) }
         return withHeaders(L) { fields, _ in
             fields[fields: name] = [field]
             return 0
@@ -457,11 +491,12 @@ enum LuaMessageAPI {
     }
 
     private static let headerAdd: Lua.Function = { L in
+        if let slot = lineSlot(L) {
+            guard let name = lineName(L, 2) else { return Lua.failure }
+            return editLines(L, slot, .add, name)
+        }
         guard let name = headerName(L, 2) else { return Lua.failure }
-        let lines = lineSlot(L)
-        if let lines, let value = plainValue(L, 3) { return editLines(lines, .add(name, value)) }
         guard let field = headerField(L, name, 3) else { return Lua.failure }
-        if let lines, let value = asciiValue(L, 3, field) { return editLines(lines, .add(name, value)) }
         return withHeaders(L) { fields, _ in
             fields.append(field)
             return 0
@@ -469,8 +504,8 @@ enum LuaMessageAPI {
     }
 
     private static let headerRemove: Lua.Function = { L in
+        if let slot = lineSlot(L) { return removeFromLines(L, slot) }
         guard let name = headerName(L, 2) else { return Lua.failure }
-        if let slot = lineSlot(L) { return editLines(slot, .remove(name)) }
         return withHeaders(L) { fields, _ in
             fields[fields: name] = []
             return 0
@@ -540,17 +575,6 @@ enum LuaMessageAPI {
         // specialized; other bytes through the byte initializer, which keeps obs-text as is.
         if value.allSatisfy({ $0 < 0x80 }) { return HTTPField(name: name, value: Lua.makeString(value)) }
         return HTTPField(name: name, value: value)
-    }
-
-    /// The string (or number) at `index` as a value `HTTPField` keeps as it is — visible
-    /// ASCII, with spaces and tabs only inside — which an edit of lines carries without a
-    /// field being made for it (nearly every value a script sets); nil for any other, which
-    /// `headerField` checks (and refuses, or legalizes as `HTTPField` does).
-    private static func plainValue(_ L: OpaquePointer?, _ index: Int32) -> String? {
-        guard let bytes = Lua.text(L, index), let last = bytes.last else { return nil }
-        guard bytes[0] > 0x20, last > 0x20 else { return nil }
-        for b in bytes where b >= 0x7F || (b < 0x20 && b != 0x09) { return nil }
-        return Lua.makeString(bytes)
     }
 
     /// The value of `field`, made of the value at `index`, when that is ASCII (nearly every

@@ -41,7 +41,7 @@ public struct LuaRequestView: Sendable, Equatable {
     /// optional existential itself copies it (a retain and a release).
     public private(set) var hasLines = false
     /// The scripts' edits of `lines`, in order (`req.headers:set`, `add`, `remove`).
-    public var lineEdits: [HeaderEdit] = []
+    public var lineEdits = LuaLineEdits()
     /// The buffered body (up to `limits.body`); nil when the pipeline did not buffer it, and
     /// then `req:body()` returns nil.
     public var body: [UInt8]?

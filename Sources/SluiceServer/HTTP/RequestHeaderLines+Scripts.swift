@@ -54,23 +54,22 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
     }
 
     /// These lines (the last Sluice's `Via`) with the scripts' `edits` made
-    /// (`LuaRequestView.lineEdits`), composed as `HeaderEditPlan` composes adapters': the
+    /// (`LuaRequestView.lineEdits`, bytes), composed as `HeaderEditPlan` composes adapters': the
     /// fields a `set` or `remove` names are dropped, the fields the edits leave follow (those
     /// a forwarded request never carries left out, as from a request model), then `Via`.
     /// Built in `builder` (the worker's); the lines kept are copied a run at a time, or not at
     /// all when the builder still holds these lines (it made them, just before the scripts
     /// ran) and no line is dropped: only `Via` moves to the end. Nothing is composed first: a
     /// script makes an edit or two.
-    func applying(_ edits: [HeaderEdit], builder: inout Builder) -> RequestHeaderLines {
-        withBytes { bytes, ends in
-            let via = ends.count - 1
-            withUnsafeTemporaryAllocation(of: Bool.self, capacity: max(via, 1)) { dropped in
-                dropped.initialize(repeating: false)
-                var anyDropped = false
-                for edit in edits {
-                    guard var name = Self.replaced(edit)?.canonicalName else { continue }
-                    name.withUTF8 { name in
-                        let key = UnsafeRawBufferPointer(name)
+    func applying(_ edits: LuaLineEdits, builder: inout Builder) -> RequestHeaderLines {
+        edits.withEntries { edits in
+            withBytes { bytes, ends in
+                let via = ends.count - 1
+                withUnsafeTemporaryAllocation(of: Bool.self, capacity: max(via, 1)) { dropped in
+                    dropped.initialize(repeating: false)
+                    var anyDropped = false
+                    for edit in edits where edit.replaces {
+                        let key = UnsafeRawBufferPointer(edit.name)
                         var start = 0
                         for i in 0..<via {
                             if Self.line(bytes, start, ends[i] - 2, isNamed: key) {
@@ -80,44 +79,28 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
                             start = ends[i]
                         }
                     }
+                    if !anyDropped, builder.holds(bytes, lines: ends.count) {
+                        builder.removeLastLine()
+                        return
+                    }
+                    builder.reset()
+                    var run = 0
+                    for i in 0..<via where dropped[i] {
+                        builder.append(lines: self, run..<i)
+                        run = i + 1
+                    }
+                    builder.append(lines: self, run..<via)
                 }
-                if !anyDropped, builder.holds(bytes, lines: ends.count) {
-                    builder.removeLastLine()
-                    return
-                }
-                builder.reset()
-                var run = 0
-                for i in 0..<via where dropped[i] {
-                    builder.append(lines: self, run..<i)
-                    run = i + 1
-                }
-                builder.append(lines: self, run..<via)
             }
-        }
-        for (i, edit) in edits.enumerated() {
-            let field: (name: HTTPField.Name, value: String)
-            switch edit {
-            case .set(let name, let value), .add(let name, let value): field = (name, value)
-            case .remove: continue
-            }
-            // A later `set` or `remove` of the name drops it.
-            if i + 1 < edits.count, edits[(i + 1)...].contains(where: { Self.replaced($0) == field.name }) { continue }
-            var name = field.name.rawName
-            var value = field.value
-            name.withUTF8 { name in
-                guard !ForwardedHeaders.isDroppedRequestField(name) else { return }
-                value.withUTF8 { builder.append(name: name, value: $0) }
+            for (i, edit) in edits.enumerated() where edit.operation != .remove {
+                // A later `set` or `remove` of the name drops it.
+                let name = UnsafeRawBufferPointer(edit.name)
+                if edits[(i + 1)...].contains(where: { $0.replaces && LuaLineEdits.same($0.name, name) }) { continue }
+                guard !ForwardedHeaders.isDroppedRequestField(edit.name) else { continue }
+                builder.append(name: edit.name, value: edit.value)
             }
         }
         builder.append(lines: self, (count - 1)..<count)
         return builder.makeLines()
-    }
-
-    /// The name whose fields `edit` drops (a `set` or a `remove`), nil for an `add`.
-    private static func replaced(_ edit: HeaderEdit) -> HTTPField.Name? {
-        switch edit {
-        case .set(let name, _), .remove(let name): name
-        case .add: nil
-        }
     }
 }

@@ -712,7 +712,7 @@ extension Worker: StageServices {
             forwarding: exchange.client.forwarding, builder: &headerBuilder)
     }
 
-    func headerLines(_ lines: RequestHeaderLines, editedBy edits: [HeaderEdit]) -> RequestHeaderLines {
+    func headerLines(_ lines: RequestHeaderLines, editedBy edits: LuaLineEdits) -> RequestHeaderLines {
         lines.applying(edits, builder: &headerBuilder)
     }
 

@@ -199,7 +199,7 @@ protocol StageServices: AnyObject {
     /// policy's header `edits` (`ForwardedHeaders.requestLines`).
     func headerLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines
     /// `lines` with the scripts' `edits` made (`RequestHeaderLines.applying`).
-    func headerLines(_ lines: RequestHeaderLines, editedBy edits: [HeaderEdit]) -> RequestHeaderLines
+    func headerLines(_ lines: RequestHeaderLines, editedBy edits: LuaLineEdits) -> RequestHeaderLines
     /// This worker saw the https origin choose HTTP/1.1 by ALPN lately (`TLSProtocolMemory`).
     func originChoseHTTP1(_ target: RequestTarget) -> Bool
     /// Asks for a slot of `limits.max_in_flight_upstream` (`UpstreamGate`).
