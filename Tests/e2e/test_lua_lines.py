@@ -10,6 +10,8 @@ from pathlib import Path
 from faultservers import simple_response
 from test_lua import access_log, arrived, get, lua_policy
 from test_lua_header_plan import values_named
+from test_metric_values import metrics_proxy, settled
+from support import HOST
 
 EDITS = ('return { on_request = function(req) local h = req.headers '
          'h:set("X-Seen", h:get("X-Client") or "none") '
@@ -34,7 +36,23 @@ def test_header_edits_reach_the_origin_as_on_fields(sluice_factory, recorder, tm
     assert named("x-id-seen") == named("x-request-id") and named("x-request-id") != ["none"]
     assert len(named("via")) == 1
     line = access_log(tmp_path).wait_for(lambda e: e.get("url", "").endswith("/e"))[0]
-    assert line["lua"]["outcome"] == "ok", line
+    # The call succeeded and left no ctx.vars: the line has no `lua` field.
+    assert line["status"] == 200 and "lua" not in line, line
+
+
+def test_a_call_that_succeeds_and_leaves_no_vars_is_counted_but_not_logged(sluice_factory, recorder, tmp_path):
+    """The access log's `lua` field is for calls that failed or left `ctx.vars`; one that
+    succeeded with none is in `sluice_lua_calls_total` and the duration histogram alone."""
+    log = str(tmp_path / "access.log")
+    proxy, admin = metrics_proxy(sluice_factory, 1, policies={HOST: {"adapters": [{"lua": {"source": EDITS}}]}},
+                                 monitors=[{"metrics": {}}, {"access_log": {"path": log}}])
+    assert get(proxy, recorder, "/quiet", {"X-Client": "c1"}).status_code == 200
+    line = access_log(tmp_path).wait_for(lambda e: e.get("url", "").endswith("/quiet"))[0]
+    assert line["status"] == 200 and "lua" not in line, line
+    samples = settled(admin, "sluice_lua_calls_total", 1, script="source.lua", hook="on_request", outcome="ok")
+    count = [v for (name, labels), v in samples.items()
+             if name == "sluice_lua_call_duration_seconds_count" and ("hook", "on_request") in labels]
+    assert count == [1.0], count
 
 
 def test_a_field_read_after_an_edit_and_each_see_the_edits(sluice_factory, recorder, tmp_path):

@@ -127,25 +127,14 @@ public final class AccessLogMonitor: LogMonitor {
         if let cache = s.cache { json.field("cache", cache) }
         json.field("outcome", s.outcome.rawValue)
         if let error = s.error { json.field("error", error) } else { json.null("error") }
-        if let lua = s.lua { json.object("lua") { Self.write(lua, into: &$0) } }
+        // A call that succeeded and left no `ctx.vars` has nothing for the line: its outcome
+        // and duration are the metrics' (`sluice_lua_calls_total`, the duration histogram).
+        if let lua = s.lua, lua.isLogged { json.object("lua") { Self.write(lua, into: &$0) } }
     }
 
     /// The access log's `lua` object: `{script, hook, outcome, error, us, instructions, memory, vars}`.
-    /// The hook and the outcome, a few names, are written as literals when they are one.
     static func write(_ call: LuaCallRecord, into json: inout JSONLine) {
         json.field("script", call.script)
-        if call.error == nil, call.outcome == "ok", call.vars.isEmpty, let start = okStart(call.hook) {
-            // A call that succeeded and left no `ctx.vars` (most): its fields as runs of literal
-            // bytes around the three numbers.
-            json.fragment(start)
-            json.integer(call.microseconds)
-            json.fragment(#","instructions":"#)
-            json.integer(call.instructions)
-            json.fragment(#","memory":"#)
-            json.integer(call.memory)
-            json.fragment(#","vars":{}"#)
-            return
-        }
         switch call.hook {
         case "on_request": json.raw("hook", #""on_request""# as StaticString)
         case "on_response": json.raw("hook", #""on_response""# as StaticString)
@@ -164,16 +153,6 @@ public final class AccessLogMonitor: LogMonitor {
             json.raw("vars", "{}" as StaticString)
         } else {
             json.raw("vars", Self.json(.table(call.vars)))
-        }
-    }
-
-    /// The fields of a successful call of `hook` up to its `us` value; nil for another name.
-    private static func okStart(_ hook: String) -> StaticString? {
-        switch hook {
-        case "on_request": #","hook":"on_request","outcome":"ok","error":null,"us":"#
-        case "on_response": #","hook":"on_response","outcome":"ok","error":null,"us":"#
-        case "on_log": #","hook":"on_log","outcome":"ok","error":null,"us":"#
-        default: nil
         }
     }
 
@@ -478,18 +457,6 @@ struct JSONLine {
             buffer.reserve(bytes.count)
             if let source = bytes.baseAddress { buffer.put(source, bytes.count) }
         }
-    }
-
-    /// Bytes that continue the object as they are (their own commas and keys), after a field.
-    mutating func fragment(_ json: StaticString) {
-        first = false
-        buffer.reserve(json.utf8CodeUnitCount)
-        buffer.put(json.utf8Start, json.utf8CodeUnitCount)
-    }
-
-    /// A number that is a field's value, after a `fragment` that wrote its key.
-    mutating func integer<I: BinaryInteger>(_ v: I) {
-        appendInteger(v)
     }
 
     /// `"k":null`. (A literal passed to `raw` is a `String` unless written `as StaticString`,
