@@ -176,8 +176,9 @@ public final class LuaAdapter: RequestAdapter {
     /// (`HostPolicy.scriptsOnLines`: no request model is built), and leaves the script's edits
     /// in it (a failed call with `fail_open` leaves it as it was). Returns the URL the script
     /// made when it changed the path or the query (nil when it did not); throws as `run` does.
-    public func runOnLines(_ view: inout LuaRequestView, url: String, requestID: UInt64) throws(AdaptationError) -> String? {
-        let cache = LuaStateCache.current
+    public func runOnLines(
+        _ view: inout LuaRequestView, url: String, requestID: UInt64, cache: LuaStateCache = .current
+    ) throws(AdaptationError) -> String? {
         let state: LuaState
         do throws(LuaLoadError) {
             state = try cache.state(for: script, limits: limits)

@@ -352,9 +352,10 @@ enum LuaMessageAPI {
 
     /// `get` on lines no edit has touched the field of: the matching values, joined with ", "
     /// by Lua (a field repeated is rare).
-    private static func lineGet(_ L: OpaquePointer?, _ lines: any LuaHeaderLines, _ key: UnsafeRawBufferPointer) -> Int32 {
+    private static func lineGet(_ L: OpaquePointer?, _ slot: LuaCallSlot, _ key: UnsafeRawBufferPointer) -> Int32 {
         var found = false
-        lines.forEachScriptValue(named: key) { value in
+        // Read where it is: binding the lines to a constant copied the existential.
+        slot.request.lines?.forEachScriptValue(named: key) { value in
             if found { Lua.push(L, ", ") }
             _ = lua_pushlstring(L, value.baseAddress, value.count)
             if found { lua_concat(L, 3) }
@@ -430,9 +431,7 @@ enum LuaMessageAPI {
 
     private static let headerGet: Lua.Function = { L in
         guard let key = Lua.bytes(L, 2) else { return Lua.badArgument(L, 2, "get", "string") }
-        if let slot = lineSlot(L), !slot.request.lineEdits.touch(key), let lines = slot.request.lines {
-            return lineGet(L, lines, key)
-        }
+        if let slot = lineSlot(L), !slot.request.lineEdits.touch(key) { return lineGet(L, slot, key) }
         return withHeaders(L) { fields, _ in
             var found: Int?
             var joined: [UInt8]?

@@ -12,22 +12,26 @@ extension AdaptersStage {
         let head = exchange.head
         let lines = services.headerLines(for: exchange, edits: exchange.policy.modelHeaderPlan)
         let url = exchange.target.url
-        var view = LuaRequestView(method: head.method, url: url, lines: lines)
+        let method = head.method
+        var view = LuaRequestView(method: method, url: url, lines: lines)
         var edited: String?
         var failure: AdaptationError?
+        let cache = LuaStateCache.current
         for script in exchange.policy.scripts {
             do throws(AdaptationError) {
-                if let made = try script.runOnLines(&view, url: edited ?? url, requestID: exchange.id) { edited = made }
+                if let made = try script.runOnLines(&view, url: edited ?? url, requestID: exchange.id, cache: cache) {
+                    edited = made
+                }
             } catch {
                 failure = error
             }
-            exchange.takeLuaCall()
+            exchange.takeLuaCall(cache)
             if failure != nil { break }
         }
         let answer: ExchangeMachine.Answer<ExchangeMachine.AdaptedAction>
         if let failure {
             answer = exchange.machine.scriptsRan(.failure(failure))
-        } else if edited != nil || view.method != head.method {
+        } else if edited != nil || view.method != method {
             view.materializeHeaders()
             let model = ProxyRequest(
                 id: exchange.id, method: view.method, url: edited ?? url, headerFields: view.headers, body: bodyMode(head))

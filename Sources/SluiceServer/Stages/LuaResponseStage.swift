@@ -96,8 +96,7 @@ extension Exchange {
     /// earlier calls, `LuaCallRecord.combined`), and keeps that call's `ctx` open for the
     /// exchange's later hooks. Called by the stages that run scripts, on a policy that has
     /// some (`runsScripts`).
-    func takeLuaCall() {
-        let cache = LuaStateCache.current
+    func takeLuaCall(_ cache: LuaStateCache = .current) {
         cache.keepLastExchangeOpen()
         guard let call = cache.lastCall else { return }
         cache.lastCall = nil
