@@ -61,9 +61,15 @@ import Testing
                 for: exchange.head, viaLine: Array("Via: 1.1 sluice-test".utf8), edits: edits,
                 requestId: exchange.generatedRequestId, forwarding: exchange.client.forwarding, builder: &builder)
         }
-        func headerLines(_ lines: RequestHeaderLines, editedBy edits: LuaLineEdits) -> RequestHeaderLines {
-            var builder = RequestHeaderLines.Builder()
-            return lines.applying(edits, builder: &builder)
+        var scriptBuilder = RequestHeaderLines.Builder()
+        func scriptLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines.Builder {
+            ForwardedHeaders.fieldLines(
+                for: exchange.head, edits: edits, requestId: exchange.generatedRequestId,
+                forwarding: exchange.client.forwarding, builder: &scriptBuilder)
+            return scriptBuilder
+        }
+        func scriptedLines(_ edits: LuaLineEdits) -> RequestHeaderLines {
+            scriptBuilder.finishScripted(edits, viaLine: Array("Via: 1.1 sluice-test".utf8))
         }
     }
 

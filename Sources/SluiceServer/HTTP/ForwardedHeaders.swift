@@ -63,6 +63,17 @@ enum ForwardedHeaders {
         requestId: String? = nil, forwarding: ForwardingFields? = nil,
         builder: inout RequestHeaderLines.Builder
     ) -> RequestHeaderLines {
+        fieldLines(for: head, edits: edits, requestId: requestId, forwarding: forwarding, builder: &builder)
+        builder.append(line: viaLine)
+        return builder.makeLines()
+    }
+
+    /// `requestLines` before its last step: the lines left in `builder`, without `Via` and not
+    /// made (the lines the policy's scripts read and edit in place, `finishScripted`).
+    static func fieldLines(
+        for head: HTTPRequestHead, edits: HeaderEditPlan?, requestId: String?, forwarding: ForwardingFields?,
+        builder: inout RequestHeaderLines.Builder
+    ) {
         builder.reset()
         head.bytes.withUnsafeBufferPointer { buf in
             for field in head.fields {
@@ -89,8 +100,6 @@ enum ForwardedHeaders {
         if let forwarding {
             for (name, value) in forwarding.lines(for: head) { builder.append(name: name.utf8, value: value.utf8) }
         }
-        builder.append(line: viaLine)
-        return builder.makeLines()
     }
 
     /// The fields of a request head that travel upstream (hop-by-hop and framing fields

@@ -1,29 +1,43 @@
-import HTTPTypes
 import SluiceCore
 
 /// The forwarded request's lines as the policy's scripts see them (`HostPolicy.scriptsOnLines`):
-/// every line but the last, which is Sluice's `Via` (`ForwardedHeaders.requestLines` ends with
-/// it) and no field of the client's. Immutable once built, so they may be handed across
-/// threads, though they never leave their worker.
-extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
+/// the worker's builder holding them (`ForwardedHeaders.fieldLines`), before Sluice's `Via`
+/// is added and before they are made into `RequestHeaderLines`. Scripts read them where they
+/// were built, and their edits are made in the same builder (`finishScripted`): the lines are
+/// made once, with the edits and `Via`, and copied only when an edit drops some of them.
+///
+/// A view (`LuaRequestView.lines`) holds a copy of the builder, which shares its buffers
+/// until either changes; the stage lets the view's copy go before it finishes the builder,
+/// so the buffers are not copied then either.
+///
+/// Threading: built and read on one worker's thread (`@unchecked Sendable`: a view never
+/// leaves it).
+extension RequestHeaderLines.Builder: LuaHeaderLines, @unchecked Sendable {
     func forEachScriptField(_ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Void) {
-        var left = count - 1
-        forEachField { name, value in
-            guard left > 0 else { return }
-            left -= 1
-            body(name, value)
+        withLines { bytes, ends in
+            var start = 0
+            for i in 0..<ends.count {
+                let end = ends[i]
+                let line = UnsafeBufferPointer(rebasing: bytes[start..<end - 2])
+                start = end
+                // A name is a token, so the first colon ends it; the builder put one SP after it
+                // before a value, none before an empty one.
+                let colon = line.firstIndex(of: 0x3A) ?? line.count
+                let valueStart = min(colon + 2, line.count)
+                body(UnsafeBufferPointer(rebasing: line[..<colon]), UnsafeBufferPointer(rebasing: line[valueStart...]))
+            }
         }
     }
 
-    /// Each line but `Via` is checked for `name` and its colon where the name would end, with
-    /// no search for the colon: a `get` costs a compare or two per line.
+    /// Each line is checked for `name` and its colon where the name would end, with no search
+    /// for the colon: a `get` costs a compare or two per line.
     func forEachScriptValue(named name: UnsafeRawBufferPointer, _ body: (_ value: UnsafeBufferPointer<UInt8>) -> Void) {
         let n = name.count
         guard n > 0 else { return }
-        withBytes { bytes, ends in
+        withLines { bytes, ends in
             guard let base = bytes.baseAddress else { return }
             var start = 0
-            for i in 0..<max(0, ends.count - 1) {
+            for i in 0..<ends.count {
                 let next = ends[i]
                 let end = next - 2
                 if Self.line(bytes, start, end, isNamed: name) {
@@ -53,54 +67,58 @@ extension RequestHeaderLines: LuaHeaderLines, @unchecked Sendable {
         return true
     }
 
-    /// These lines (the last Sluice's `Via`) with the scripts' `edits` made
-    /// (`LuaRequestView.lineEdits`, bytes), composed as `HeaderEditPlan` composes adapters': the
-    /// fields a `set` or `remove` names are dropped, the fields the edits leave follow (those
-    /// a forwarded request never carries left out, as from a request model), then `Via`.
-    /// Built in `builder` (the worker's); the lines kept are copied a run at a time, or not at
-    /// all when the builder still holds these lines (it made them, just before the scripts
-    /// ran) and no line is dropped: only `Via` moves to the end. Nothing is composed first: a
-    /// script makes an edit or two.
-    func applying(_ edits: LuaLineEdits, builder: inout Builder) -> RequestHeaderLines {
-        edits.withEntries { edits in
-            withBytes { bytes, ends in
-                let via = ends.count - 1
-                withUnsafeTemporaryAllocation(of: Bool.self, capacity: max(via, 1)) { dropped in
-                    dropped.initialize(repeating: false)
-                    var anyDropped = false
-                    for edit in edits where edit.replaces {
-                        let key = UnsafeRawBufferPointer(edit.name)
-                        var start = 0
-                        for i in 0..<via {
-                            if Self.line(bytes, start, ends[i] - 2, isNamed: key) {
-                                dropped[i] = true
-                                anyDropped = true
-                            }
-                            start = ends[i]
-                        }
-                    }
-                    if !anyDropped, builder.holds(bytes, lines: ends.count) {
-                        builder.removeLastLine()
-                        return
-                    }
-                    builder.reset()
-                    var run = 0
-                    for i in 0..<via where dropped[i] {
-                        builder.append(lines: self, run..<i)
-                        run = i + 1
-                    }
-                    builder.append(lines: self, run..<via)
+    /// The lines the builder holds with the scripts' `edits` made (`LuaRequestView.lineEdits`)
+    /// and `viaLine` last, made: composed as `HeaderEditPlan` composes adapters' — the lines a
+    /// `set` or `remove` names are dropped, the fields the edits leave follow (those a
+    /// forwarded request never carries left out, as from a request model), then `Via`. An
+    /// edit that drops no line (nearly every `set` of a script: a field the request lacks)
+    /// only appends to the builder; one that drops lines copies those kept, a run at a time.
+    mutating func finishScripted(_ edits: LuaLineEdits, viaLine: [UInt8]) -> RequestHeaderLines {
+        if !edits.isEmpty {
+            edits.withEntries { edits in
+                dropReplaced(by: edits)
+                for (i, edit) in edits.enumerated() where edit.operation != .remove {
+                    // A later `set` or `remove` of the name drops it.
+                    let name = UnsafeRawBufferPointer(edit.name)
+                    if edits[(i + 1)...].contains(where: { $0.replaces && LuaLineEdits.same($0.name, name) }) { continue }
+                    guard !ForwardedHeaders.isDroppedRequestField(edit.name) else { continue }
+                    append(name: edit.name, value: edit.value)
                 }
             }
-            for (i, edit) in edits.enumerated() where edit.operation != .remove {
-                // A later `set` or `remove` of the name drops it.
-                let name = UnsafeRawBufferPointer(edit.name)
-                if edits[(i + 1)...].contains(where: { $0.replaces && LuaLineEdits.same($0.name, name) }) { continue }
-                guard !ForwardedHeaders.isDroppedRequestField(edit.name) else { continue }
-                builder.append(name: edit.name, value: edit.value)
-            }
         }
-        builder.append(lines: self, (count - 1)..<count)
-        return builder.makeLines()
+        append(line: viaLine)
+        return makeLines()
+    }
+
+    /// Drops the lines whose fields a `set` or a `remove` of `edits` names.
+    private mutating func dropReplaced(by edits: UnsafeBufferPointer<LuaLineEdits.Entry>) {
+        guard edits.contains(where: \.replaces) else { return }
+        let count = lineCount
+        withUnsafeTemporaryAllocation(of: Bool.self, capacity: max(count, 1)) { dropped in
+            dropped.initialize(repeating: false)
+            var anyDropped = false
+            withLines { bytes, ends in
+                for edit in edits where edit.replaces {
+                    let key = UnsafeRawBufferPointer(edit.name)
+                    var start = 0
+                    for i in 0..<count {
+                        if Self.line(bytes, start, ends[i] - 2, isNamed: key) {
+                            dropped[i] = true
+                            anyDropped = true
+                        }
+                        start = ends[i]
+                    }
+                }
+            }
+            guard anyDropped else { return }
+            let kept = makeLines()
+            reset()
+            var run = 0
+            for i in 0..<count where dropped[i] {
+                append(lines: kept, run..<i)
+                run = i + 1
+            }
+            append(lines: kept, run..<count)
+        }
     }
 }

@@ -166,21 +166,19 @@ struct RequestHeaderLines {
             }
         }
 
-        /// Whether the builder holds `bytes` in `lines` lines: the lines it made last
-        /// (`makeLines` leaves them until `reset`), for an edit that only adds to them.
-        func holds(_ bytes: UnsafeBufferPointer<UInt8>, lines: Int) -> Bool {
-            guard ends.count == lines, self.bytes.count == bytes.count else { return false }
-            return self.bytes.withUnsafeBufferPointer { own in
-                own.count == 0 || memcmp(own.baseAddress!, bytes.baseAddress!, own.count) == 0
-            }
-        }
+        /// How many lines it holds.
+        var lineCount: Int { ends.count }
 
-        /// Drops the last line (its `Host`, were it one, still counts in `carriesHost`: the
-        /// caller puts it back).
-        mutating func removeLastLine() {
-            guard let last = ends.popLast() else { return }
-            let start = ends.last.map(Int.init) ?? 0
-            bytes.removeLast(Int(last) - start)
+        /// Calls `body` with the lines' bytes as they are, CRLFs included, and where each
+        /// ends (as `RequestHeaderLines.withBytes`), without making them.
+        func withLines<R>(_ body: (UnsafeBufferPointer<UInt8>, LineEnds) -> R) -> R {
+            bytes.withUnsafeBufferPointer { bytes in
+                ends.withUnsafeBytes { ends in
+                    // No line, no address: `LineEnds` never reads it then.
+                    let base = ends.baseAddress ?? UnsafeRawPointer(bitPattern: MemoryLayout<UInt32>.alignment)!
+                    return body(bytes, LineEnds(base: base, count: self.ends.count))
+                }
+            }
         }
 
         /// A whole `Name: value` line, as it is (Sluice's `Via`, made once per worker).

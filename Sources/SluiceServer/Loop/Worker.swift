@@ -712,8 +712,15 @@ extension Worker: StageServices {
             forwarding: exchange.client.forwarding, builder: &headerBuilder)
     }
 
-    func headerLines(_ lines: RequestHeaderLines, editedBy edits: LuaLineEdits) -> RequestHeaderLines {
-        lines.applying(edits, builder: &headerBuilder)
+    func scriptLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines.Builder {
+        ForwardedHeaders.fieldLines(
+            for: exchange.head, edits: edits, requestId: exchange.generatedRequestId,
+            forwarding: exchange.client.forwarding, builder: &headerBuilder)
+        return headerBuilder
+    }
+
+    func scriptedLines(_ edits: LuaLineEdits) -> RequestHeaderLines {
+        headerBuilder.finishScripted(edits, viaLine: viaRequestLine)
     }
 
     func originChoseHTTP1(_ target: RequestTarget) -> Bool {

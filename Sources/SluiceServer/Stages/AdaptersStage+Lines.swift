@@ -3,17 +3,19 @@ import SluiceCore
 extension AdaptersStage {
     /// `HostPolicy.scriptsOnLines`: the policy's scripts run here, in place and in order, on
     /// the header lines the request is forwarded with (the head's, with the header edits of
-    /// `modelHeaderPlan`, the request id and the forwarding fields), and their header edits
-    /// are made as those lines are copied (`RequestHeaderLines.applying`): no request model
-    /// is built and encoded again. A script that changes the method or the URL, which the
+    /// `modelHeaderPlan`, the request id and the forwarding fields), read where the worker's
+    /// line builder holds them (`scriptLines`); their header edits are made in that builder
+    /// before `Via` (`scriptedLines`): no request model is built and encoded again. A script that changes the method or the URL, which the
     /// lines do not carry, leaves a model as the adapters would have (its fields built from
     /// the lines). The machine answers as for the adapters (`ExchangeMachine.scriptsRan`).
     static func runScriptsOnLines(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
         let head = exchange.head
-        let lines = services.headerLines(for: exchange, edits: exchange.policy.modelHeaderPlan)
         let url = exchange.target.url
         let method = head.method
-        var view = LuaRequestView(method: method, url: url, lines: lines)
+        // The view holds the only other copy of the worker's builder (no local one: the
+        // builder is finished below once the view lets it go, without copying its buffers).
+        var view = LuaRequestView(
+            method: method, url: url, lines: services.scriptLines(for: exchange, edits: exchange.policy.modelHeaderPlan))
         var edited: String?
         var failure: AdaptationError?
         let cache = LuaStateCache.current
@@ -38,12 +40,12 @@ extension AdaptersStage {
             answer = exchange.machine.scriptsRan(.success(model))
         } else {
             let forwarded: RequestHeaderLines
-            if !view.hasLines {
-                forwarded = services.headerLines(for: view.headers)
-            } else if view.lineEdits.isEmpty {
-                forwarded = lines
+            if view.hasLines {
+                let edits = view.lineEdits
+                view.lines = nil
+                forwarded = services.scriptedLines(edits)
             } else {
-                forwarded = services.headerLines(lines, editedBy: view.lineEdits)
+                forwarded = services.headerLines(for: view.headers)
             }
             exchange.forwardedLines = .scripted(forwarded)
             answer = exchange.machine.scriptsRan(.success(nil))

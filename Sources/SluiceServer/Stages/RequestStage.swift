@@ -198,8 +198,14 @@ protocol StageServices: AnyObject {
     /// The header lines a transport sends for `exchange`'s request as it came, with the
     /// policy's header `edits` (`ForwardedHeaders.requestLines`).
     func headerLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines
-    /// `lines` with the scripts' `edits` made (`RequestHeaderLines.applying`).
-    func headerLines(_ lines: RequestHeaderLines, editedBy edits: LuaLineEdits) -> RequestHeaderLines
+    /// The header lines of `exchange`'s request as `headerLines(for:edits:)` makes them, left
+    /// in the worker's line builder without `Via` (`ForwardedHeaders.fieldLines`): a copy of
+    /// the builder, which the policy's scripts read in place. The next call here or to
+    /// `scriptedLines` uses the builder again.
+    func scriptLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines.Builder
+    /// The lines `scriptLines` left, with the scripts' `edits` made and `Via` last
+    /// (`RequestHeaderLines.Builder.finishScripted`).
+    func scriptedLines(_ edits: LuaLineEdits) -> RequestHeaderLines
     /// This worker saw the https origin choose HTTP/1.1 by ALPN lately (`TLSProtocolMemory`).
     func originChoseHTTP1(_ target: RequestTarget) -> Bool
     /// Asks for a slot of `limits.max_in_flight_upstream` (`UpstreamGate`).
