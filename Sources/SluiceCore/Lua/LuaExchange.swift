@@ -155,19 +155,21 @@ public final class LuaExchange {
             pushContext(co)
             arguments += 1
         }
-        return running(slot) { state.run(co, arguments: arguments, limits: limits) }
+        return running(slot) { state.run(co, arguments: arguments, limits: limits, into: &$0) }
     }
 
     /// Resumes a waiting call's coroutine with the `arguments` results on its stack.
     private func run(_ slot: LuaCallSlot, arguments: Int32, since start: Int64) -> LuaCallResult {
-        running(slot) { state.resume(slot.thread!, arguments: arguments, since: start) }
+        running(slot) { state.resume(slot.thread!, arguments: arguments, since: start, into: &$0) }
     }
 
-    /// Runs `slot`'s coroutine by `body` (`LuaState.run` or `.resume`) as the state's current call.
+    /// Runs `slot`'s coroutine by `body` (`LuaState.run` or `.resume`, filling the result and
+    /// returning `lua_resume`'s status) as the state's current call.
     @inline(__always)
-    private func running(_ slot: LuaCallSlot, _ body: () -> (LuaCallResult, Int32)) -> LuaCallResult {
+    private func running(_ slot: LuaCallSlot, _ body: (inout LuaCallResult) -> Int32) -> LuaCallResult {
+        var result = LuaCallResult()
         state.current = slot
-        var (result, status) = body()
+        let status = body(&result)
         state.current = nil
         if slot.bodyRefused, case .error(let message) = result.outcome { result.outcome = .limit(.body, message) }
         slot.lastStatus = status

@@ -162,7 +162,8 @@ public final class LuaState {
         let co = lua_newthread(L)!
         sluice_lua_insert(L, -2)
         lua_xmove(L, co, 1)
-        let (result, status) = run(co, arguments: 0, limits: limits)
+        var result = LuaCallResult()
+        let status = run(co, arguments: 0, limits: limits, into: &result)
         defer { lua_settop(L, 0) }
         if let message = result.errorMessage { throw LuaLoadError(script: script.name, message: message) }
         guard status == LUA_OK, lua_gettop(co) >= 1, lua_type(co, 1) == LUA_TTABLE else {
@@ -234,9 +235,10 @@ public final class LuaState {
     // MARK: Calls
 
     /// Runs the function under the `arguments` values on `co`'s stack as a coroutine, under
-    /// `limits`. Returns the outcome and costs, and `lua_resume`'s status; on success the
-    /// function's results are left on `co`'s stack.
-    func run(_ co: OpaquePointer, arguments: Int32, limits: LuaLimits) -> (LuaCallResult, Int32) {
+    /// `limits`. Puts the outcome and costs in `result` (a fresh one: filled in place, not
+    /// returned, since each copy of a result cost some 100 instructions) and returns
+    /// `lua_resume`'s status; on success the function's results are left on `co`'s stack.
+    func run(_ co: OpaquePointer, arguments: Int32, limits: LuaLimits, into result: inout LuaCallResult) -> Int32 {
         let m = meter
         let start = now
         m.pointee.stopped = Int32(SLUICE_LUA_RUNNING)
@@ -245,14 +247,14 @@ public final class LuaState {
             max(1, (limits.instructions + Int(SLUICE_LUA_HOOK_PERIOD) - 1) / Int(SLUICE_LUA_HOOK_PERIOD)))
         m.pointee.deadline_us = start + limits.wallMicroseconds
         m.pointee.peak = m.pointee.used
-        return resume(co, arguments: arguments, since: start)
+        return resume(co, arguments: arguments, since: start, into: &result)
     }
 
     /// Resumes `co` with `arguments` values on its stack, under the budgets already in the
     /// meter (`run` sets them; `LuaWait` puts a waiting call's back). `start` is when the call
     /// began, for its duration. A yield is the call waiting (`LuaWait`) when `current` has a
     /// wait that took it; any other yield is an error.
-    func resume(_ co: OpaquePointer, arguments: Int32, since start: Int64) -> (LuaCallResult, Int32) {
+    func resume(_ co: OpaquePointer, arguments: Int32, since start: Int64, into result: inout LuaCallResult) -> Int32 {
         let m = meter
         sluice_lua_arm(co)
         var results: Int32 = 0
@@ -260,7 +262,6 @@ public final class LuaState {
         let status = lua_resume(co, L, arguments, &results)
         m.pointee.grace = 1
 
-        var result = LuaCallResult()
         result.instructions = Int(m.pointee.periods) * Int(SLUICE_LUA_HOOK_PERIOD)
         result.peakMemory = m.pointee.peak
         result.microseconds = now - start
@@ -285,7 +286,7 @@ public final class LuaState {
         } else if status != LUA_OK {
             result.outcome = .error(errorText(co))
         }
-        return (result, status)
+        return status
     }
 
     /// The error value on top of `co` as text; never calls a `__tostring`.
