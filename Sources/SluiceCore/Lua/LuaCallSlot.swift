@@ -41,10 +41,14 @@ final class LuaCallSlot {
     private static let noResponse = LuaResponseView(status: 0)
 
     /// The addresses of the slot's `req`, `res`, `req.headers` and `res.headers` userdata
-    /// (`LuaMessageAPI.Role` order): how a Swift function checks its `self`.
-    let userdata: [UnsafeMutableRawPointer]
+    /// (`LuaMessageAPI.Role` order): how a Swift function checks its `self` (a tuple: every
+    /// header call reads one, and an array's read cost a bounds check and a retain).
+    let userdata: (UnsafeMutableRawPointer, UnsafeMutableRawPointer, UnsafeMutableRawPointer, UnsafeMutableRawPointer)
 
-    init(index: Int32, requestRef: Int32, responseRef: Int32, userdata: [UnsafeMutableRawPointer]) {
+    init(
+        index: Int32, requestRef: Int32, responseRef: Int32,
+        userdata: (UnsafeMutableRawPointer, UnsafeMutableRawPointer, UnsafeMutableRawPointer, UnsafeMutableRawPointer)
+    ) {
         self.index = index
         self.requestRef = requestRef
         self.responseRef = responseRef

@@ -160,19 +160,18 @@ public struct LuaLineEdits: @unchecked Sendable, Equatable {
     public static func isName(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard !bytes.isEmpty else { return false }
         for b in bytes {
-            switch b {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-                UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"), UInt8(ascii: "."),
-                UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
-                UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "^"), UInt8(ascii: "`"),
-                UInt8(ascii: "|"), UInt8(ascii: "~"):
-                continue
-            default:
-                return false
-            }
+            // tchar of bytes 0x00-0x7F as two 64-bit masks: one shift and test a byte.
+            let mask = b < 64 ? tcharLow : tcharHigh
+            guard b < 128, mask >> UInt64(b & 63) & 1 == 1 else { return false }
         }
         return true
     }
+
+    /// RFC 9110 tchar as bit masks, literals (no lazy global to check on each read):
+    /// `!#$%&'*+-.` and the digits among bytes 0-63; the letters and `^_`|~` among 64-127
+    /// (`LuaLineEditsTests` checks them against the definition).
+    static let tcharLow: UInt64 = 0x03ff_6cfa_0000_0000
+    static let tcharHigh: UInt64 = 0x57ff_ffff_c7ff_fffe
 
     /// Whether `bytes` is a value `HTTPField` keeps as it is: visible ASCII, with spaces and
     /// tabs only inside (nearly every value a script sets). Any other is checked by

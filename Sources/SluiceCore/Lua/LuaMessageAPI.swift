@@ -102,7 +102,7 @@ enum LuaMessageAPI {
         let response = message(kind: 1, methods: state.responseMethodsRef, field: responseField, newIndex: responseNewIndex)
         return LuaCallSlot(
             index: index, requestRef: request.0, responseRef: response.0,
-            userdata: [request.1, response.1, request.2, response.2])
+            userdata: (request.1, response.1, request.2, response.2))
     }
 
     private static func userdata(_ L: OpaquePointer, _ handle: Handle) -> UnsafeMutableRawPointer {
@@ -126,7 +126,14 @@ enum LuaMessageAPI {
         let handle = payload.load(as: Handle.self)
         guard handle.slot >= 0, Int(handle.slot) < state.slots.count else { return nil }
         let slot = state.slots[Int(handle.slot)]
-        guard slot.userdata[role.rawValue] == payload, slot.phase == (handle.kind == 0 ? .request : .response) else {
+        let own =
+            switch role {
+            case .request: slot.userdata.0
+            case .response: slot.userdata.1
+            case .requestHeaders: slot.userdata.2
+            case .responseHeaders: slot.userdata.3
+            }
+        guard own == payload, slot.phase == (handle.kind == 0 ? .request : .response) else {
             return nil
         }
         return slot
