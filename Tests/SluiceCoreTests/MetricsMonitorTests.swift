@@ -6,6 +6,24 @@ import Testing
 /// `SluiceMetrics` (the one declaration of every metric) against docs/metrics.md, and the
 /// `metrics` monitor's recording, read back from the Prometheus exposition.
 @Suite struct MetricsMonitorTests {
+    /// Only a monitor that reads every script call (the metrics; a custom one by default)
+    /// makes the scripts' lines path record successful calls without `ctx.vars`.
+    @Test func theMetricsAndCustomMonitorsReadEveryScriptCall() throws {
+        final class Custom: EventMonitor {
+            func handle(_ event: ProxyEvent) {}
+        }
+        let path = FileManager.default.temporaryDirectory
+            .appendingPathComponent("sluice-reads-\(UInt64.random(in: 0 ... .max)).log").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let sink = try LogSink.shared(path: path)
+        let log = AccessLogMonitor(sink: sink, redactor: Redactor())
+        let debug = DebugMonitor(sink: sink, redactor: Redactor())
+        #expect(!log.readsEveryScriptCall && !debug.readsEveryScriptCall)
+        #expect(MetricsMonitor().readsEveryScriptCall && Custom().readsEveryScriptCall)
+        #expect(!CompositeEventMonitor([log, debug]).readsEveryScriptCall)
+        #expect(CompositeEventMonitor([log, MetricsMonitor()]).readsEveryScriptCall)
+    }
+
     @Test func docsListEveryMetricAsDeclared() throws {
         let docs = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
             .appendingPathComponent("../../docs/metrics.md").standardized

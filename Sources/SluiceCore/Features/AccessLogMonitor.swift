@@ -21,6 +21,8 @@ public final class AccessLogMonitor: LogMonitor {
     }
 
     public var events: ProxyEvent.Kinds { [.finished, .tunnelClosed, .credentialRefreshed, .credentialRefreshFailed] }
+    /// Only failed calls and `ctx.vars` are written (`LuaCallRecord.isLogged`).
+    public var readsEveryScriptCall: Bool { false }
 
     public func handle(_ event: ProxyEvent) {
         switch event {
@@ -215,6 +217,7 @@ public final class DebugMonitor: LogMonitor {
     }
 
     public var events: ProxyEvent.Kinds { .tryStarted }
+    public var readsEveryScriptCall: Bool { false }
 
     public func handle(_ event: ProxyEvent) {
         guard case .tryStarted(let id, let attempt, let request) = event else { return }

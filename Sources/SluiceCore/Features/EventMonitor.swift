@@ -276,11 +276,18 @@ public protocol EventMonitor: AnyObject {
     /// The kinds of events this monitor reads; the engine may leave the others out (it never
     /// builds an event no monitor reads). All of them by default.
     var events: ProxyEvent.Kinds { get }
+    /// Whether this monitor reads `ExchangeSummary.lua` for script calls that succeeded and
+    /// left no `ctx.vars` (the metrics count every call; the access log shows only failed
+    /// calls and `ctx.vars`). Without such a monitor, scripts run on a request's header lines
+    /// record no such call (a record cost some 500 instructions a request). True by default:
+    /// a monitor of a library's user may read them.
+    var readsEveryScriptCall: Bool { get }
 }
 
 extension EventMonitor {
     public var wantsRequestDetails: Bool { false }
     public var events: ProxyEvent.Kinds { .all }
+    public var readsEveryScriptCall: Bool { true }
 }
 
 /// Fans each event out to several monitors, in order.
@@ -288,10 +295,12 @@ public final class CompositeEventMonitor: EventMonitor {
     public let monitors: [any EventMonitor]
     public let wantsRequestDetails: Bool
     public let events: ProxyEvent.Kinds
+    public let readsEveryScriptCall: Bool
     public init(_ monitors: [any EventMonitor]) {
         self.monitors = monitors
         wantsRequestDetails = monitors.contains { $0.wantsRequestDetails }
         events = monitors.reduce(into: []) { $0.formUnion($1.events) }
+        readsEveryScriptCall = monitors.contains { $0.readsEveryScriptCall }
     }
     /// Each monitor gets the kinds it reads.
     public func handle(_ event: ProxyEvent) {

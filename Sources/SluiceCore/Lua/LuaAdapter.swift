@@ -176,8 +176,12 @@ public final class LuaAdapter: RequestAdapter {
     /// (`HostPolicy.scriptsOnLines`: no request model is built), and leaves the script's edits
     /// in it (a failed call with `fail_open` leaves it as it was). Returns the URL the script
     /// made when it changed the path or the query (nil when it did not); throws as `run` does.
+    /// `recordingSuccess`: whether a call that succeeds and leaves no `ctx.vars` is recorded
+    /// for the exchange (`cache.lastCall`), as every other is: a monitor reads it
+    /// (`EventMonitor.readsEveryScriptCall`).
     public func runOnLines(
-        _ view: inout LuaRequestView, url: String, requestID: UInt64, cache: LuaStateCache = .current
+        _ view: inout LuaRequestView, url: String, requestID: UInt64, cache: LuaStateCache = .current,
+        recordingSuccess: Bool = true
     ) throws(AdaptationError) -> String? {
         let state: LuaState
         do throws(LuaLoadError) {
@@ -194,7 +198,9 @@ public final class LuaAdapter: RequestAdapter {
         let (exchange, reusable) = cache.requestExchange(on: state, config: config, limits: limits, requestID: requestID)
         let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
         defer { if reusable { cache.giveBack(exchange) } }
-        guard try settle(result, exchange, cache, requestID), !view.keepsURL else { return nil }
+        guard try settle(result, exchange, cache, requestID, recordingSuccess: recordingSuccess), !view.keepsURL else {
+            return nil
+        }
         let target = Target(url)
         let original = before ?? (path: target.path.isEmpty ? "/" : target.path, query: target.query)
         guard view.path != original.path || view.query != original.query else { return nil }
@@ -208,10 +214,13 @@ public final class LuaAdapter: RequestAdapter {
     /// Records the call (in `cache.lastCall`); throws for a failure with `fail_closed` and for
     /// a script's answer. False when the call failed with `fail_open`: its edits are dropped.
     private func settle(
-        _ result: LuaCallResult, _ exchange: LuaExchange, _ cache: LuaStateCache, _ requestID: UInt64
+        _ result: LuaCallResult, _ exchange: LuaExchange, _ cache: LuaStateCache, _ requestID: UInt64,
+        recordingSuccess: Bool = true
     ) throws(AdaptationError) -> Bool {
-        cache.lastCall = LuaCallRecord(
-            script: script.name, hook: "on_request", result: result, vars: result.succeeded ? exchange.vars() : [:])
+        let vars = result.succeeded ? exchange.vars() : [:]
+        if recordingSuccess || !result.succeeded || !vars.isEmpty {
+            cache.lastCall = LuaCallRecord(script: script.name, hook: "on_request", result: result, vars: vars)
+        }
         // Kept open for the exchange's later hooks only when it made a `ctx` for them to share:
         // a later hook that takes one makes its own as well as it would find this one's.
         if exchange.hasContext { cache.lastExchange = exchange }

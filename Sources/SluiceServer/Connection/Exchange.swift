@@ -153,6 +153,9 @@ final class WorkerPipeline {
     let redactor: Redactor
     /// nil when no monitor is configured, so the hot path can skip building events.
     let monitor: (any EventMonitor)?
+    /// A monitor reads every script call, successful ones without `ctx.vars` included
+    /// (`EventMonitor.readsEveryScriptCall`): the scripts' lines path records them only then.
+    let recordsEveryScriptCall: Bool
     /// When this worker started using the snapshot, if it replaced another (a reload): TLS
     /// connections opened before then were verified under the previous trust settings and
     /// are not reused for this snapshot's requests.
@@ -172,5 +175,6 @@ final class WorkerPipeline {
         case 1: monitor = monitors[0]
         default: monitor = CompositeEventMonitor(monitors)
         }
+        recordsEveryScriptCall = monitor?.readsEveryScriptCall ?? false
     }
 }

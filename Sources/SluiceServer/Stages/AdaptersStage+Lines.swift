@@ -17,39 +17,44 @@ extension AdaptersStage {
         var view = LuaRequestView(
             method: method, url: url, lines: services.scriptLines(for: exchange, edits: exchange.policy.modelHeaderPlan))
         var edited: String?
-        var failure: AdaptationError?
         let cache = LuaStateCache.current
+        let recording = exchange.pipeline.recordsEveryScriptCall
         for script in exchange.policy.scripts {
             do throws(AdaptationError) {
-                if let made = try script.runOnLines(&view, url: edited ?? url, requestID: exchange.id, cache: cache) {
+                if let made = try script.runOnLines(
+                    &view, url: edited ?? url, requestID: exchange.id, cache: cache, recordingSuccess: recording)
+                {
                     edited = made
                 }
             } catch {
-                failure = error
+                // Answered here, not carried out of the loop: an optional error tested after
+                // each script was copied and destroyed each time (some 450 instructions).
+                exchange.takeLuaCall(cache)
+                return answered(exchange, exchange.machine.scriptsRan(.failure(error)))
             }
             exchange.takeLuaCall(cache)
-            if failure != nil { break }
         }
-        let answer: ExchangeMachine.Answer<ExchangeMachine.AdaptedAction>
-        if let failure {
-            answer = exchange.machine.scriptsRan(.failure(failure))
-        } else if edited != nil || view.method != method {
+        if edited != nil || view.method != method {
             view.materializeHeaders()
             let model = ProxyRequest(
                 id: exchange.id, method: view.method, url: edited ?? url, headerFields: view.headers, body: bodyMode(head))
-            answer = exchange.machine.scriptsRan(.success(model))
-        } else {
-            let forwarded: RequestHeaderLines
-            if view.hasLines {
-                let edits = view.lineEdits
-                view.lines = nil
-                forwarded = services.scriptedLines(edits)
-            } else {
-                forwarded = services.headerLines(for: view.headers)
-            }
-            exchange.forwardedLines = .scripted(forwarded)
-            answer = exchange.machine.scriptsRan(.success(nil))
+            return answered(exchange, exchange.machine.scriptsRan(.success(model)))
         }
+        if view.hasLines {
+            let edits = view.lineEdits
+            // The view goes first: its copy of the builder shares the buffers the builder
+            // appends to next.
+            _ = consume view
+            exchange.forwardedLines = .scripted(services.scriptedLines(edits))
+        } else {
+            exchange.forwardedLines = .scripted(services.headerLines(for: view.headers))
+        }
+        return answered(exchange, exchange.machine.scriptsRan(.success(nil)))
+    }
+
+    private static func answered(
+        _ exchange: Exchange, _ answer: ExchangeMachine.Answer<ExchangeMachine.AdaptedAction>
+    ) -> StageVerdict {
         exchange.report(answer.reports)
         switch answer.command {
         case .forward?: return .proceed
