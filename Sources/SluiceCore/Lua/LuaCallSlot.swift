@@ -21,7 +21,15 @@ final class LuaCallSlot {
     let responseRef: Int32
 
     @exclusivity(unchecked) var phase = Phase.idle
-    @exclusivity(unchecked) var request = LuaCallSlot.noRequest
+    /// The request the call reads and edits: the slot's own, or the caller's view itself,
+    /// lent by address for a call that runs at once on it (`lend`): no copy in and out.
+    var request: LuaRequestView {
+        unsafeAddress { UnsafePointer(requestAddress) }
+        unsafeMutableAddress { requestAddress }
+    }
+    /// Where `request` is: `ownRequest`, or a lent view for the length of one call.
+    @exclusivity(unchecked) private var requestAddress: UnsafeMutablePointer<LuaRequestView>
+    private let ownRequest: UnsafeMutablePointer<LuaRequestView>
     @exclusivity(unchecked) var response = LuaCallSlot.noResponse
     @exclusivity(unchecked) var limits = LuaLimits.default
     @exclusivity(unchecked) var requestID: UInt64 = 0
@@ -53,6 +61,25 @@ final class LuaCallSlot {
         self.requestRef = requestRef
         self.responseRef = responseRef
         self.userdata = userdata
+        ownRequest = .allocate(capacity: 1)
+        ownRequest.initialize(to: Self.noRequest)
+        requestAddress = ownRequest
+    }
+
+    deinit {
+        ownRequest.deinitialize(count: 1)
+        ownRequest.deallocate()
+    }
+
+    /// Runs `body` with `view` as the call's request, edited where it is: the caller keeps it
+    /// (and every edit, whatever the call did) once `body` returns. Only for a call that
+    /// never waits: the address is valid for `body`'s length alone.
+    func lending<R>(_ view: inout LuaRequestView, _ body: () -> R) -> R {
+        withUnsafeMutablePointer(to: &view) { lent in
+            requestAddress = lent
+            defer { requestAddress = ownRequest }
+            return body()
+        }
     }
 
     func begin(_ phase: Phase, limits: LuaLimits, requestID: UInt64) {

@@ -46,17 +46,21 @@ public final class LuaExchange {
     ///
     /// With `restoringOnFailure` (for `fail_open`), the script edits a copy and a failed call
     /// leaves `request` as it was; without it (`fail_closed`, which drops a failed request),
-    /// the script edits `request` itself, and its header storage is not copied when unique.
+    /// the script edits `request` itself, lent to the slot by address (`LuaCallSlot.lending`).
     public func onRequest(_ request: inout LuaRequestView, restoringOnFailure: Bool = true) -> LuaCallResult {
         guard let hook = state.onRequestHook else { return LuaCallResult() }
         guard !state.isPoisoned else { return Self.poisoned(state) }
         let slot = state.acquireSlot()
         slot.begin(.request, limits: limits, requestID: requestID)
-        if restoringOnFailure { slot.request = request } else { swap(&slot.request, &request) }
-        var result = call(hook, slot, message: slot.requestRef)
-        if result.succeeded || !restoringOnFailure {
-            swap(&request, &slot.request)
-            slot.messageReturned = !restoringOnFailure
+        var result: LuaCallResult
+        if restoringOnFailure {
+            slot.request = request
+            result = call(hook, slot, message: slot.requestRef)
+            if result.succeeded { swap(&request, &slot.request) }
+        } else {
+            // The script edits `request` where it is (the call never waits here).
+            result = slot.lending(&request) { call(hook, slot, message: slot.requestRef) }
+            slot.messageReturned = true
         }
         if result.succeeded, slot.respond != nil { result.respond = slot.respond }
         finish(slot)

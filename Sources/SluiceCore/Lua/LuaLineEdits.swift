@@ -58,7 +58,17 @@ public struct LuaLineEdits: @unchecked Sendable, Equatable {
     /// How many edits.
     public var count: Int { storage?.withUnsafeMutablePointerToHeader { $0.pointee.edits } ?? 0 }
 
-    public var isEmpty: Bool { storage == nil }
+    public var isEmpty: Bool { count == 0 }
+
+    /// Forgets the edits, keeping the buffer when this value alone holds it: a worker hands
+    /// one to every request's scripts (`LuaStateCache.spareLineEdits`), not a new one each.
+    public mutating func removeAll() {
+        guard isKnownUniquelyReferenced(&storage) else {
+            storage = nil
+            return
+        }
+        storage!.withUnsafeMutablePointerToHeader { $0.pointee = Counts(edits: 0, bytes: 0) }
+    }
 
     /// Records an edit; `name` and `value` were checked by the caller.
     public mutating func append(_ operation: Operation, name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
@@ -135,7 +145,7 @@ public struct LuaLineEdits: @unchecked Sendable, Equatable {
 
     /// Whether an edit names `key` (ASCII, any case): a `get` of it must see the edits.
     public func touch(_ key: UnsafeRawBufferPointer) -> Bool {
-        guard storage != nil else { return false }
+        guard count > 0 else { return false }
         var found = false
         withEntries { found = $0.contains { Self.same($0.name, key) } }
         return found

@@ -28,6 +28,10 @@ public final class LuaStateCache {
     /// The exchange of the last `on_request` that made no `ctx`, for the next
     /// (`requestExchange`).
     @exclusivity(unchecked) var spare: LuaExchange?
+    /// An emptied edit buffer for the next request whose scripts run on its lines
+    /// (`LuaRequestView.lineEdits`): taken before the scripts, given back once the edits are
+    /// made, so a worker's requests share one allocation.
+    @exclusivity(unchecked) public var spareLineEdits = LuaLineEdits()
 
     /// `log` receives every line the worker's scripts log (`sluice.log.*`).
     public init(clock: LuaClock = .system, log: @escaping (LuaLogLine) -> Void = { _ in }) {

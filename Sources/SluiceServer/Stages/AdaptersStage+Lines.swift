@@ -16,8 +16,9 @@ extension AdaptersStage {
         // builder is finished below once the view lets it go, without copying its buffers).
         var view = LuaRequestView(
             method: method, url: url, lines: services.scriptLines(for: exchange, edits: exchange.policy.modelHeaderPlan))
-        var edited: String?
         let cache = LuaStateCache.current
+        swap(&view.lineEdits, &cache.spareLineEdits)
+        var edited: String?
         let recording = exchange.pipeline.recordsEveryScriptCall
         for script in exchange.policy.scripts {
             do throws(AdaptationError) {
@@ -41,11 +42,14 @@ extension AdaptersStage {
             return answered(exchange, exchange.machine.scriptsRan(.success(model)))
         }
         if view.hasLines {
-            let edits = view.lineEdits
+            var edits = LuaLineEdits()
+            swap(&edits, &view.lineEdits)
             // The view goes first: its copy of the builder shares the buffers the builder
             // appends to next.
             _ = consume view
             exchange.forwardedLines = .scripted(services.scriptedLines(edits))
+            edits.removeAll()
+            cache.spareLineEdits = edits
         } else {
             exchange.forwardedLines = .scripted(services.headerLines(for: view.headers))
         }
