@@ -1,7 +1,7 @@
 import HTTPTypes
-import SluiceCore
 import Testing
 
+@testable import SluiceCore
 @testable import SluiceServer
 
 /// The request stages (`RequestChain`) without sockets: each is given an exchange built from
@@ -344,6 +344,23 @@ import Testing
             self.request = request
             answer = completion
         }
+    }
+
+    /// A script on the lines that keeps a `ctx` has it closed at the exchange's end, which
+    /// looks for one only then (or for `on_log`, `on_response`, a recorded call).
+    @Test func aContextKeptByAScriptOnTheLinesIsClosedAtTheEnd() throws {
+        let source = #"return { on_request = function(req, ctx) ctx.seen = req.headers:get("X-Client") end }"#
+        let script = LuaAdapter(script: LuaScript(name: "ctx.lua", source: source), origin: "source")
+        let services = Services([PolicyEntry(name: "default", adapters: [script])])
+        let exchange = try exchange("GET http://a/p HTTP/1.1\r\nHost: a\r\nX-Client: c1\r\n\r\n", services)
+        guard case .proceed = AdaptersStage.enter(exchange, services) else {
+            Issue.record("the script runs in place")
+            return
+        }
+        #expect(exchange.machine.keepsScriptContexts)
+        #expect(LuaStateCache.current.open[exchange.id] != nil)
+        _ = exchange.machine.ended(.ok, error: nil)
+        #expect(LuaStateCache.current.open[exchange.id] == nil)
     }
 
     @Test func scriptsRunOnTheLinesWithoutAModel() throws {

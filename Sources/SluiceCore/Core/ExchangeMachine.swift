@@ -192,6 +192,10 @@ public struct ExchangeMachine {
     public internal(set) var state: State = .received
     /// The exchange's record so far; the I/O reads it (and a tunnel adds its byte counts).
     public var summary: ExchangeSummary
+    /// A script's hook kept a `ctx` open for the exchange's later hooks (set by the stage that
+    /// took its call): the exchange's end must close it, even without `on_log` or
+    /// `on_response` to run.
+    public var keepsScriptContexts = false
     /// The request as the pipeline sees it, when one was built (adapters, redirects, monitors).
     public internal(set) var model: ProxyRequest?
     /// The request before adaptation: a retry adapts it again (a refreshed token).
@@ -495,7 +499,11 @@ public struct ExchangeMachine {
         // Stored fields read directly: through `isFinished` and `wants` the compiler copied
         // the whole machine (700 bytes, a retain per field) to read one of them.
         if case .done = state { return reports }
-        if policy.runsScripts || summary.lua != nil { runScriptsAtEnd() }
+        // Scripts with only `on_request`, which kept no `ctx` (most), leave nothing to run or
+        // close here: the thread's cache is not even looked up.
+        if policy.runsLogScripts || policy.runsResponseScripts || keepsScriptContexts || summary.lua != nil {
+            runScriptsAtEnd()
+        }
         let reported = built.contains(outcome == .tunnel ? .tunnelClosed : .finished)
         summary.outcome = outcome
         if let error { summary.error = error }

@@ -139,6 +139,9 @@ public final class HostPolicy: Sendable {
     /// Whether a script of the policy defines `on_response` (`LuaAdapter.hooks`): the
     /// response stage runs only then.
     public let runsResponseScripts: Bool
+    /// Whether a script of the policy defines `on_log`: the exchange's end runs them (and
+    /// closes the exchange's `ctx`s) only then, or when a hook kept a `ctx` open.
+    public let runsLogScripts: Bool
     /// The adapters that run once per exchange (`interceptor.adapters`) are all `lua` scripts
     /// that never wait (after the header edits of `modelHeaderPlan`, if any), and nothing
     /// else needs the request model: no adapter on every try, no redirect followed, no
@@ -193,6 +196,7 @@ public final class HostPolicy: Sendable {
         scripts = all.compactMap { $0 as? LuaAdapter }
         runsScripts = !scripts.isEmpty
         runsResponseScripts = scripts.contains { $0.hooks.contains(.onResponse) }
+        runsLogScripts = scripts.contains { $0.hooks.contains(.onLog) }
         responseBodyLimit = scripts.filter(\.readResponseBody).map(\.limits.body).max()
         self.cache = responseBodyLimit == nil ? cache : .doNotCache
         let once = all.filter { $0.timing != .everyTry }

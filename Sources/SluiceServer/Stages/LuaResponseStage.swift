@@ -97,7 +97,10 @@ extension Exchange {
     /// exchange's later hooks. Called by the stages that run scripts, on a policy that has
     /// some (`runsScripts`).
     func takeLuaCall(_ cache: LuaStateCache = .current) {
-        cache.keepLastExchangeOpen()
+        if cache.lastExchange != nil {
+            cache.keepLastExchangeOpen()
+            machine.keepsScriptContexts = true
+        }
         guard let call = cache.lastCall else { return }
         cache.lastCall = nil
         summary.lua = LuaCallRecord.combined(summary.lua, call)
