@@ -74,11 +74,11 @@ final class LuaCallSlot {
     /// Runs `body` with `view` as the call's request, edited where it is: the caller keeps it
     /// (and every edit, whatever the call did) once `body` returns. Only for a call that
     /// never waits: the address is valid for `body`'s length alone.
-    func lending<R>(_ view: inout LuaRequestView, _ body: () -> R) -> R {
+    func lending(_ view: inout LuaRequestView, _ body: () -> Void) {
         withUnsafeMutablePointer(to: &view) { lent in
             requestAddress = lent
-            defer { requestAddress = ownRequest }
-            return body()
+            body()
+            requestAddress = ownRequest
         }
     }
 

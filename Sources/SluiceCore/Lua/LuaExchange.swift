@@ -52,14 +52,14 @@ public final class LuaExchange {
         guard !state.isPoisoned else { return Self.poisoned(state) }
         let slot = state.acquireSlot()
         slot.begin(.request, limits: limits, requestID: requestID)
-        var result: LuaCallResult
+        var result = LuaCallResult()
         if restoringOnFailure {
             slot.request = request
-            result = call(hook, slot, message: slot.requestRef)
+            call(hook, slot, message: slot.requestRef, into: &result)
             if result.succeeded { swap(&request, &slot.request) }
         } else {
             // The script edits `request` where it is (the call never waits here).
-            result = slot.lending(&request) { call(hook, slot, message: slot.requestRef) }
+            slot.lending(&request) { call(hook, slot, message: slot.requestRef, into: &result) }
             slot.messageReturned = true
         }
         if result.succeeded, slot.respond != nil { result.respond = slot.respond }
@@ -96,7 +96,8 @@ public final class LuaExchange {
             wait.settle(run(slot, arguments: count, since: wait.started), yielded: slot.lastStatus == LUA_YIELD)
         }
         wait.started = state.now
-        let result = call(hook, slot, message: slot.requestRef)
+        var result = LuaCallResult()
+        call(hook, slot, message: slot.requestRef, into: &result)
         wait.settle(result, yielded: slot.lastStatus == LUA_YIELD)
     }
 
@@ -108,7 +109,8 @@ public final class LuaExchange {
         let slot = state.acquireSlot()
         slot.begin(.response, limits: limits, requestID: requestID)
         if restoringOnFailure { slot.response = response } else { swap(&slot.response, &response) }
-        var result = call(hook, slot, message: slot.responseRef)
+        var result = LuaCallResult()
+        call(hook, slot, message: slot.responseRef, into: &result)
         if result.succeeded || !restoringOnFailure {
             swap(&response, &slot.response)
             slot.messageReturned = !restoringOnFailure
@@ -124,7 +126,8 @@ public final class LuaExchange {
         guard !state.isPoisoned else { return Self.poisoned(state) }
         let slot = state.acquireSlot()
         slot.begin(.log, limits: limits, requestID: requestID)
-        let result = call(hook, slot, message: nil)
+        var result = LuaCallResult()
+        call(hook, slot, message: nil, into: &result)
         finish(slot)
         return result
     }
@@ -147,7 +150,10 @@ public final class LuaExchange {
         return [:]
     }
 
-    private func call(_ hook: LuaState.Hook, _ slot: LuaCallSlot, message: Int32?) -> LuaCallResult {
+    /// Runs `hook` on `slot`'s coroutine with its message (and `ctx` if it takes one), its
+    /// outcome and costs put in `result` (a fresh one: every copy of a result cost some 100
+    /// instructions).
+    private func call(_ hook: LuaState.Hook, _ slot: LuaCallSlot, message: Int32?, into result: inout LuaCallResult) {
         let co = slot.thread!
         lua_rawgeti(co, Lua.registry, lua_Integer(hook.ref))
         var arguments: Int32 = 0
@@ -159,25 +165,25 @@ public final class LuaExchange {
             pushContext(co)
             arguments += 1
         }
-        return running(slot) { state.run(co, arguments: arguments, limits: limits, into: &$0) }
+        running(slot, &result) { state.run(co, arguments: arguments, limits: limits, into: &$0) }
     }
 
     /// Resumes a waiting call's coroutine with the `arguments` results on its stack.
     private func run(_ slot: LuaCallSlot, arguments: Int32, since start: Int64) -> LuaCallResult {
-        running(slot) { state.resume(slot.thread!, arguments: arguments, since: start, into: &$0) }
+        var result = LuaCallResult()
+        running(slot, &result) { state.resume(slot.thread!, arguments: arguments, since: start, into: &$0) }
+        return result
     }
 
-    /// Runs `slot`'s coroutine by `body` (`LuaState.run` or `.resume`, filling the result and
+    /// Runs `slot`'s coroutine by `body` (`LuaState.run` or `.resume`, filling `result` and
     /// returning `lua_resume`'s status) as the state's current call.
     @inline(__always)
-    private func running(_ slot: LuaCallSlot, _ body: (inout LuaCallResult) -> Int32) -> LuaCallResult {
-        var result = LuaCallResult()
+    private func running(_ slot: LuaCallSlot, _ result: inout LuaCallResult, _ body: (inout LuaCallResult) -> Int32) {
         state.current = slot
         let status = body(&result)
         state.current = nil
         if slot.bodyRefused, case .error(let message) = result.outcome { result.outcome = .limit(.body, message) }
         slot.lastStatus = status
-        return result
     }
 
     /// Ends the call on `slot` (the caller keeps its result: passed through here, it was
