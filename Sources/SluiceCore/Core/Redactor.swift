@@ -10,16 +10,31 @@ public struct Redactor: Sendable {
     /// Fields whose values are never written (lower-case).
     public static let defaultHeaders: Set<String> = ["authorization", "proxy-authorization", "cookie", "set-cookie"]
 
-    public var secretValues: [String]
+    /// The secret values, longest first, each once.
+    public let secretValues: [String]
     public var queryParameters: Set<String>
     public var headers: Set<String>
+    /// `secretValues` as UTF-8, one after another, made once here: the search of every log
+    /// line touches no `String` (bridging each value cost a retain and a release per line).
+    /// Value `i` ends at `secretEnds[i]`.
+    private let secretBytes: [UInt8]
+    private let secretEnds: [Int]
 
     public init(
         secretValues: [String] = [], queryParameters: Set<String> = [],
         headers: Set<String> = Redactor.defaultHeaders
     ) {
         // Very short values would redact innocent text; a secret is at least 4 bytes long here.
+        // A value configured twice (a token two policies share) is searched for once.
+        var seen: Set<String> = []
         self.secretValues = secretValues.filter { $0.utf8.count >= 4 }.sorted { $0.count > $1.count }
+            .filter { seen.insert($0).inserted }
+        secretBytes = self.secretValues.flatMap(\.utf8)
+        var end = 0
+        secretEnds = self.secretValues.map {
+            end += $0.utf8.count
+            return end
+        }
         self.queryParameters = queryParameters
         self.headers = headers
     }
@@ -65,25 +80,23 @@ public struct Redactor: Sendable {
         return out
     }
 
-    /// `line` (UTF-8) with every configured secret value replaced; the bytes as they are,
-    /// without a copy, when none occurs (the common case).
     /// Whether any configured secret value occurs in `line` (false at once without secrets).
     public func occursSecret(in line: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard !secretValues.isEmpty else { return false }
-        return secretValues.contains { secret in
-            var secret = secret
-            return secret.withUTF8 { Self.occurs($0, in: line) }
+        guard !secretEnds.isEmpty else { return false }
+        return secretBytes.withUnsafeBufferPointer { values in
+            var start = 0
+            for end in secretEnds {
+                if Self.occurs(UnsafeBufferPointer(rebasing: values[start..<end]), in: line) { return true }
+                start = end
+            }
+            return false
         }
     }
 
+    /// `line` (UTF-8) with every configured secret value replaced; the bytes as they are,
+    /// without a copy, when none occurs (the common case).
     public func scrub(bytes line: [UInt8]) -> [UInt8] {
-        guard !secretValues.isEmpty else { return line }
-        let hit = line.withUnsafeBufferPointer { h in
-            secretValues.contains { secret in
-                var secret = secret
-                return secret.withUTF8 { Self.occurs($0, in: h) }
-            }
-        }
+        let hit = line.withUnsafeBufferPointer { occursSecret(in: $0) }
         return hit ? Array(scrub(String(decoding: line, as: UTF8.self)).utf8) : line
     }
 
@@ -98,13 +111,16 @@ public struct Redactor: Sendable {
     /// Whether `n` occurs in `h`: memchr for the first byte, memcmp for the rest (memmem is a
     /// GNU extension Swift's Glibc module does not show).
     static func occurs(_ n: UnsafeBufferPointer<UInt8>, in h: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard n.count <= h.count, let hb = h.baseAddress, let nb = n.baseAddress else { return n.isEmpty }
+        guard !n.isEmpty else { return true }
+        guard n.count <= h.count, let hb = h.baseAddress, let nb = n.baseAddress else { return false }
         var i = 0
         let last = h.count - n.count
+        let lastByte = nb[n.count - 1]
         while i <= last {
             guard let hit = memchr(hb + i, Int32(nb[0]), last - i + 1) else { return false }
             let at = UnsafeRawPointer(hit) - UnsafeRawPointer(hb)
-            if memcmp(hb + at, nb, n.count) == 0 { return true }
+            // The last byte first: most candidates fail there, without a call.
+            if hb[at + n.count - 1] == lastByte && memcmp(hb + at, nb, n.count) == 0 { return true }
             i = at + 1
         }
         return false
