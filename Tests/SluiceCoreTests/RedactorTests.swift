@@ -44,6 +44,26 @@ import Testing
         }
     }
 
+    /// Whichever byte the search looks for first, a value is found at every place of a line,
+    /// and a near miss at every place is not.
+    @Test func everyProbeFindsTheValueEverywhere() {
+        let needle = Array("k3y-é".utf8)
+        for probe in needle.indices {
+            for length in 0...20 {
+                for at in 0...length {
+                    var line = Array(repeating: UInt8(ascii: "k"), count: length)
+                    line.insert(contentsOf: needle, at: at)
+                    var miss = line
+                    miss[at + needle.count - 1] ^= 1
+                    needle.withUnsafeBufferPointer { n in
+                        line.withUnsafeBufferPointer { #expect(Redactor.occurs(n, probe: probe, in: $0), "\(probe) \(at)") }
+                        miss.withUnsafeBufferPointer { #expect(!Redactor.occurs(n, probe: probe, in: $0), "\(probe) \(at)") }
+                    }
+                }
+            }
+        }
+    }
+
     @Test func noSecretsFindNothing() {
         #expect(!occurs(Redactor(), "anything at all"))
         #expect(!occurs(Redactor(secretValues: ["abc", ""]), "abc"))

@@ -16,9 +16,18 @@ public struct Redactor: Sendable {
     public var headers: Set<String>
     /// `secretValues` as UTF-8, one after another, made once here: the search of every log
     /// line touches no `String` (bridging each value cost a retain and a release per line).
-    /// Value `i` ends at `secretEnds[i]`.
     private let secretBytes: [UInt8]
-    private let secretEnds: [Int]
+    /// Where each value lies in `secretBytes`, and which of its bytes the search looks for.
+    private let needles: [Needle]
+
+    /// A secret value's place in `secretBytes` and the offset of its byte the search looks
+    /// for first (memchr) before it compares the rest: the byte least common in a typical
+    /// access-log line (`typicalLine`), so that the search stops at few places.
+    private struct Needle: Sendable {
+        var start: Int
+        var count: Int
+        var probe: Int
+    }
 
     public init(
         secretValues: [String] = [], queryParameters: Set<String> = [],
@@ -29,12 +38,15 @@ public struct Redactor: Sendable {
         var seen: Set<String> = []
         self.secretValues = secretValues.filter { $0.utf8.count >= 4 }.sorted { $0.count > $1.count }
             .filter { seen.insert($0).inserted }
-        secretBytes = self.secretValues.flatMap(\.utf8)
-        var end = 0
-        secretEnds = self.secretValues.map {
-            end += $0.utf8.count
-            return end
+        var bytes: [UInt8] = []
+        needles = self.secretValues.map { value in
+            let utf8 = Array(value.utf8)
+            let counts = Self.typicalLineByteCounts
+            let probe = utf8.indices.min { counts[Int(utf8[$0])] < counts[Int(utf8[$1])] } ?? 0
+            defer { bytes += utf8 }
+            return Needle(start: bytes.count, count: utf8.count, probe: probe)
         }
+        secretBytes = bytes
         self.queryParameters = queryParameters
         self.headers = headers
     }
@@ -47,10 +59,12 @@ public struct Redactor: Sendable {
     public func urlWithoutScrub(_ url: String) -> String {
         var result = url
         var url = url
-        // One pass over the bytes (memchr), not the generic `contains` of the UTF-8 view.
+        let redactsQuery = !queryParameters.isEmpty
+        // One pass over the bytes (memchr), not the generic `contains` of the UTF-8 view; none
+        // for a query when no parameter is redacted.
         let (hasAt, hasQuery) = url.withUTF8 { bytes -> (Bool, Bool) in
             guard let base = bytes.baseAddress else { return (false, false) }
-            return (memchr(base, 0x40, bytes.count) != nil, memchr(base, 0x3F, bytes.count) != nil)
+            return (memchr(base, 0x40, bytes.count) != nil, redactsQuery && memchr(base, 0x3F, bytes.count) != nil)
         }
         if hasAt {
             let parts = URLParts(url)
@@ -59,7 +73,7 @@ public struct Redactor: Sendable {
                 if let range = result.firstRange(of: userinfo + "@") { result.removeSubrange(range) }
             }
         }
-        if !queryParameters.isEmpty && hasQuery {
+        if hasQuery {
             result = QueryString.redacting(queryParameters, in: result, replacement: Self.replacement)
         }
         return result
@@ -82,15 +96,29 @@ public struct Redactor: Sendable {
 
     /// Whether any configured secret value occurs in `line` (false at once without secrets).
     public func occursSecret(in line: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard !secretEnds.isEmpty else { return false }
+        guard !needles.isEmpty else { return false }
         return secretBytes.withUnsafeBufferPointer { values in
-            var start = 0
-            for end in secretEnds {
-                if Self.occurs(UnsafeBufferPointer(rebasing: values[start..<end]), in: line) { return true }
-                start = end
+            needles.contains { needle in
+                let value = UnsafeBufferPointer(rebasing: values[needle.start..<needle.start + needle.count])
+                return Self.occurs(value, probe: needle.probe, in: line)
             }
-            return false
         }
+    }
+
+    /// An access-log line as most requests write it, for `Needle.probe`: the bytes it is
+    /// made of most (digits, the keys' letters, JSON's punctuation) are the last a secret is
+    /// searched by.
+    static let typicalLine =
+        #"{"time":"2026-11-28T12:47:11.885Z","id":281474976728093,"client":"127.0.0.1:47036","user":null,"#
+        + #""request_id":"32565c38-100000000441d","method":"GET","url":"http://127.0.0.1:31080/1k","#
+        + #""policy":"default","status":200,"bytes_in":0,"bytes_out":1024,"attempts":1,"redirects":0,"#
+        + #""timings":{"dns":0.000,"connect":0.001,"tls":0.000,"first_byte":0.187,"total":0.188},"#
+        + #""upstream_protocol":"HTTP/1.1","upstream_connection":"reused","upstream_engine":"native","#
+        + #""retries":[],"retry_stopped":null,"validation":null,"outcome":"ok","error":null}"#
+
+    /// How often each byte occurs in `typicalLine`.
+    private static let typicalLineByteCounts: [Int] = typicalLine.utf8.reduce(into: Array(repeating: 0, count: 256)) {
+        $0[Int($1)] += 1
     }
 
     /// `line` (UTF-8) with every configured secret value replaced; the bytes as they are,
@@ -108,20 +136,22 @@ public struct Redactor: Sendable {
         }
     }
 
-    /// Whether `n` occurs in `h`: memchr for the first byte, memcmp for the rest (memmem is a
-    /// GNU extension Swift's Glibc module does not show).
-    static func occurs(_ n: UnsafeBufferPointer<UInt8>, in h: UnsafeBufferPointer<UInt8>) -> Bool {
+    /// Whether `n` occurs in `h`: memchr for its byte at offset `probe`, then its first and
+    /// last bytes, then memcmp for the whole (memmem is a GNU extension Swift's Glibc module
+    /// does not show).
+    static func occurs(_ n: UnsafeBufferPointer<UInt8>, probe: Int = 0, in h: UnsafeBufferPointer<UInt8>) -> Bool {
         guard !n.isEmpty else { return true }
         guard n.count <= h.count, let hb = h.baseAddress, let nb = n.baseAddress else { return false }
-        var i = 0
-        let last = h.count - n.count
-        let lastByte = nb[n.count - 1]
-        while i <= last {
-            guard let hit = memchr(hb + i, Int32(nb[0]), last - i + 1) else { return false }
-            let at = UnsafeRawPointer(hit) - UnsafeRawPointer(hb)
-            // The last byte first: most candidates fail there, without a call.
-            if hb[at + n.count - 1] == lastByte && memcmp(hb + at, nb, n.count) == 0 { return true }
-            i = at + 1
+        let last = h.count - n.count  // the last place a match may start
+        let probeByte = Int32(nb[probe])
+        var start = 0
+        while start <= last {
+            guard let hit = memchr(hb + start + probe, probeByte, last - start + 1) else { return false }
+            let at = UnsafeRawPointer(hit) - UnsafeRawPointer(hb + probe)
+            if hb[at] == nb[0] && hb[at + n.count - 1] == nb[n.count - 1] && memcmp(hb + at, nb, n.count) == 0 {
+                return true
+            }
+            start = at + 1
         }
         return false
     }
