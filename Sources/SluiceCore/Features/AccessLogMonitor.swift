@@ -395,38 +395,18 @@ struct JSONLine {
     private mutating func milliseconds(_ prefix: StaticString, _ us: Int64) {
         buffer.reserve(prefix.utf8CodeUnitCount + 25)
         buffer.put(prefix.utf8Start, prefix.utf8CodeUnitCount)
-        guard us >= 0 else {
-            // The sign goes with the whole milliseconds, as `appendInteger` writes them
-            // (none for a value over -1 ms).
-            appendInteger(us / 1000)
-            let frac = Int(abs(us % 1000))
-            buffer.put(0x2E)
-            buffer.put(UInt8(48 + frac / 100))
-            buffer.put(UInt8(48 + frac / 10 % 10))
-            buffer.put(UInt8(48 + frac % 10))
-            return
+        let whole = us / 1000
+        // Under 10 ms (most phases of most tries): one digit, without `appendInteger`'s loops.
+        if whole >= 0 && whole < 10 {
+            buffer.put(UInt8(truncatingIfNeeded: 48 + whole))
+        } else {
+            appendInteger(whole)
         }
-        // The digits of `us` from the last, the point after three of them, at least one before
-        // it: one pass, no division by 1000 nor count of the whole part's digits apart.
-        var n = UInt64(us)
-        var length = 5  // 0.000
-        var rest = n / 10_000
-        while rest > 0 {
-            length += 1
-            rest /= 10
-        }
-        let out = buffer.base + buffer.count
-        var i = length
-        while i > 0 {
-            i -= 1
-            if i == length - 4 {
-                out[i] = 0x2E
-            } else {
-                out[i] = UInt8(truncatingIfNeeded: 48 + n % 10)
-                n /= 10
-            }
-        }
-        buffer.count += length
+        let frac = Int(abs(us % 1000))
+        buffer.put(0x2E)
+        buffer.put(UInt8(48 + frac / 100))
+        buffer.put(UInt8(48 + frac / 10 % 10))
+        buffer.put(UInt8(48 + frac % 10))
     }
 
     /// Keys are literals: written as their bytes, no `String` touched.
