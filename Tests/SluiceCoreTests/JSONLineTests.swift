@@ -66,6 +66,24 @@ import Testing
         #expect(parsed["list"] as? [Int] == [1, 2])
     }
 
+    /// Integers of every width, at the edges where they gain a digit, both signs.
+    @Test func integersAtEveryWidth() throws {
+        var values: [Int64] = [0, 1, 9, 10, 11, 99, 100, 101, Int64.max, Int64.min + 1]
+        var power: Int64 = 1
+        while power <= Int64.max / 10 {
+            power *= 10
+            values += [power - 1, power, power + 1, -power, -(power - 1)]
+        }
+        for v in values {
+            var json = JSONLine()
+            json.field("v", v)
+            #expect(String(decoding: json.finishBytes(), as: UTF8.self) == "{\"v\":\(v)}\n")
+        }
+        var json = JSONLine()
+        json.field("u", UInt64.max)
+        #expect(String(decoding: json.finishBytes(), as: UTF8.self) == "{\"u\":\(UInt64.max)}\n")
+    }
+
     @Test func timingsAreMillisecondsWithThreeDecimals() throws {
         var json = JSONLine()
         var t = TryTimings()

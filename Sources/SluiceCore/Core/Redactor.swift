@@ -39,9 +39,9 @@ public struct Redactor: Sendable {
         self.secretValues = secretValues.filter { $0.utf8.count >= 4 }.sorted { $0.count > $1.count }
             .filter { seen.insert($0).inserted }
         var bytes: [UInt8] = []
+        let counts = Self.typicalLineByteCounts
         needles = self.secretValues.map { value in
             let utf8 = Array(value.utf8)
-            let counts = Self.typicalLineByteCounts
             let probe = utf8.indices.min { counts[Int(utf8[$0])] < counts[Int(utf8[$1])] } ?? 0
             defer { bytes += utf8 }
             return Needle(start: bytes.count, count: utf8.count, probe: probe)
@@ -108,7 +108,7 @@ public struct Redactor: Sendable {
     /// An access-log line as most requests write it, for `Needle.probe`: the bytes it is
     /// made of most (digits, the keys' letters, JSON's punctuation) are the last a secret is
     /// searched by.
-    static let typicalLine =
+    private static let typicalLine =
         #"{"time":"2026-11-28T12:47:11.885Z","id":281474976728093,"client":"127.0.0.1:47036","user":null,"#
         + #""request_id":"32565c38-100000000441d","method":"GET","url":"http://127.0.0.1:31080/1k","#
         + #""policy":"default","status":200,"bytes_in":0,"bytes_out":1024,"attempts":1,"redirects":0,"#
