@@ -66,6 +66,24 @@ import Testing
         #expect(parsed["list"] as? [Int] == [1, 2])
     }
 
+    /// Integers of every width, at the edges where they gain a digit, both signs.
+    @Test func integersAtEveryWidth() throws {
+        var values: [Int64] = [0, 1, 9, 10, 11, 99, 100, 101, Int64.max, Int64.min + 1]
+        var power: Int64 = 1
+        while power <= Int64.max / 10 {
+            power *= 10
+            values += [power - 1, power, power + 1, -power, -(power - 1)]
+        }
+        for v in values {
+            var json = JSONLine()
+            json.field("v", v)
+            #expect(String(decoding: json.finishBytes(), as: UTF8.self) == "{\"v\":\(v)}\n")
+        }
+        var json = JSONLine()
+        json.field("u", UInt64.max)
+        #expect(String(decoding: json.finishBytes(), as: UTF8.self) == "{\"u\":\(UInt64.max)}\n")
+    }
+
     @Test func timingsAreMillisecondsWithThreeDecimals() throws {
         var json = JSONLine()
         var t = TryTimings()
@@ -76,6 +94,28 @@ import Testing
         json.timings("t", t)
         let text = String(decoding: json.finishBytes(), as: UTF8.self)
         #expect(text == #"{"t":{"dns":1.500,"connect":0.000,"tls":0.999,"first_byte":12345.678,"total":12345.679}}"# + "\n")
+    }
+
+    /// Every width of the whole part, the edges where it gains a digit, and negative values
+    /// (the sign with the whole part, none above -1 ms).
+    @Test func millisecondsAtEveryWidth() throws {
+        var values: [Int64] = [0, 1, 9, 10, 99, 100, 999, 1_000, 1_001, -1, -999, -1_000, -1_500, -12_345_678]
+        var power: Int64 = 1
+        while power <= Int64.max / 10 {
+            power *= 10
+            values += [power - 1, power, power + 1, -power]
+        }
+        values += [Int64.max, Int64.min + 1, Int64.min]
+        for us in values {
+            var t = TryTimings()
+            t.total = us
+            var json = JSONLine()
+            json.timings("t", t)
+            let text = String(decoding: json.finishBytes(), as: UTF8.self)
+            let frac = String(String(abs(us % 1000) + 1000).dropFirst())
+            let expected = #"{"t":{"dns":0.000,"connect":0.000,"tls":0.000,"first_byte":0.000,"total":"#
+            #expect(text == expected + "\(us / 1000).\(frac)}}\n", "\(us)")
+        }
     }
 
     @Test func aReusedBufferGrowsAndStartsEmpty() throws {

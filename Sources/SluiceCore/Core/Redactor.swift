@@ -10,16 +10,43 @@ public struct Redactor: Sendable {
     /// Fields whose values are never written (lower-case).
     public static let defaultHeaders: Set<String> = ["authorization", "proxy-authorization", "cookie", "set-cookie"]
 
-    public var secretValues: [String]
+    /// The secret values, longest first, each once.
+    public let secretValues: [String]
     public var queryParameters: Set<String>
     public var headers: Set<String>
+    /// `secretValues` as UTF-8, one after another, made once here: the search of every log
+    /// line touches no `String` (bridging each value cost a retain and a release per line).
+    private let secretBytes: [UInt8]
+    /// Where each value lies in `secretBytes`, and which of its bytes the search looks for.
+    private let needles: [Needle]
+
+    /// A secret value's place in `secretBytes` and the offset of its byte the search looks
+    /// for first (memchr) before it compares the rest: the byte least common in a typical
+    /// access-log line (`typicalLine`), so that the search stops at few places.
+    private struct Needle: Sendable {
+        var start: Int
+        var count: Int
+        var probe: Int
+    }
 
     public init(
         secretValues: [String] = [], queryParameters: Set<String> = [],
         headers: Set<String> = Redactor.defaultHeaders
     ) {
         // Very short values would redact innocent text; a secret is at least 4 bytes long here.
+        // A value configured twice (a token two policies share) is searched for once.
+        var seen: Set<String> = []
         self.secretValues = secretValues.filter { $0.utf8.count >= 4 }.sorted { $0.count > $1.count }
+            .filter { seen.insert($0).inserted }
+        var bytes: [UInt8] = []
+        let counts = Self.typicalLineByteCounts
+        needles = self.secretValues.map { value in
+            let utf8 = Array(value.utf8)
+            let probe = utf8.indices.min { counts[Int(utf8[$0])] < counts[Int(utf8[$1])] } ?? 0
+            defer { bytes += utf8 }
+            return Needle(start: bytes.count, count: utf8.count, probe: probe)
+        }
+        secretBytes = bytes
         self.queryParameters = queryParameters
         self.headers = headers
     }
@@ -32,10 +59,12 @@ public struct Redactor: Sendable {
     public func urlWithoutScrub(_ url: String) -> String {
         var result = url
         var url = url
-        // One pass over the bytes (memchr), not the generic `contains` of the UTF-8 view.
+        let redactsQuery = !queryParameters.isEmpty
+        // One pass over the bytes (memchr), not the generic `contains` of the UTF-8 view; none
+        // for a query when no parameter is redacted.
         let (hasAt, hasQuery) = url.withUTF8 { bytes -> (Bool, Bool) in
             guard let base = bytes.baseAddress else { return (false, false) }
-            return (memchr(base, 0x40, bytes.count) != nil, memchr(base, 0x3F, bytes.count) != nil)
+            return (memchr(base, 0x40, bytes.count) != nil, redactsQuery && memchr(base, 0x3F, bytes.count) != nil)
         }
         if hasAt {
             let parts = URLParts(url)
@@ -44,7 +73,7 @@ public struct Redactor: Sendable {
                 if let range = result.firstRange(of: userinfo + "@") { result.removeSubrange(range) }
             }
         }
-        if !queryParameters.isEmpty && hasQuery {
+        if hasQuery {
             result = QueryString.redacting(queryParameters, in: result, replacement: Self.replacement)
         }
         return result
@@ -65,25 +94,37 @@ public struct Redactor: Sendable {
         return out
     }
 
-    /// `line` (UTF-8) with every configured secret value replaced; the bytes as they are,
-    /// without a copy, when none occurs (the common case).
     /// Whether any configured secret value occurs in `line` (false at once without secrets).
     public func occursSecret(in line: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard !secretValues.isEmpty else { return false }
-        return secretValues.contains { secret in
-            var secret = secret
-            return secret.withUTF8 { Self.occurs($0, in: line) }
+        guard !needles.isEmpty else { return false }
+        return secretBytes.withUnsafeBufferPointer { values in
+            needles.contains { needle in
+                let value = UnsafeBufferPointer(rebasing: values[needle.start..<needle.start + needle.count])
+                return Self.occurs(value, probe: needle.probe, in: line)
+            }
         }
     }
 
+    /// An access-log line as most requests write it, for `Needle.probe`: the bytes it is
+    /// made of most (digits, the keys' letters, JSON's punctuation) are the last a secret is
+    /// searched by.
+    private static let typicalLine =
+        #"{"time":"2026-11-28T12:47:11.885Z","id":281474976728093,"client":"127.0.0.1:47036","user":null,"#
+        + #""request_id":"32565c38-100000000441d","method":"GET","url":"http://127.0.0.1:31080/1k","#
+        + #""policy":"default","status":200,"bytes_in":0,"bytes_out":1024,"attempts":1,"redirects":0,"#
+        + #""timings":{"dns":0.000,"connect":0.001,"tls":0.000,"first_byte":0.187,"total":0.188},"#
+        + #""upstream_protocol":"HTTP/1.1","upstream_connection":"reused","upstream_engine":"native","#
+        + #""retries":[],"retry_stopped":null,"validation":null,"outcome":"ok","error":null}"#
+
+    /// How often each byte occurs in `typicalLine`.
+    private static let typicalLineByteCounts: [Int] = typicalLine.utf8.reduce(into: Array(repeating: 0, count: 256)) {
+        $0[Int($1)] += 1
+    }
+
+    /// `line` (UTF-8) with every configured secret value replaced; the bytes as they are,
+    /// without a copy, when none occurs (the common case).
     public func scrub(bytes line: [UInt8]) -> [UInt8] {
-        guard !secretValues.isEmpty else { return line }
-        let hit = line.withUnsafeBufferPointer { h in
-            secretValues.contains { secret in
-                var secret = secret
-                return secret.withUTF8 { Self.occurs($0, in: h) }
-            }
-        }
+        let hit = line.withUnsafeBufferPointer { occursSecret(in: $0) }
         return hit ? Array(scrub(String(decoding: line, as: UTF8.self)).utf8) : line
     }
 
@@ -95,17 +136,22 @@ public struct Redactor: Sendable {
         }
     }
 
-    /// Whether `n` occurs in `h`: memchr for the first byte, memcmp for the rest (memmem is a
-    /// GNU extension Swift's Glibc module does not show).
-    static func occurs(_ n: UnsafeBufferPointer<UInt8>, in h: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard n.count <= h.count, let hb = h.baseAddress, let nb = n.baseAddress else { return n.isEmpty }
-        var i = 0
-        let last = h.count - n.count
-        while i <= last {
-            guard let hit = memchr(hb + i, Int32(nb[0]), last - i + 1) else { return false }
-            let at = UnsafeRawPointer(hit) - UnsafeRawPointer(hb)
-            if memcmp(hb + at, nb, n.count) == 0 { return true }
-            i = at + 1
+    /// Whether `n` occurs in `h`: memchr for its byte at offset `probe`, then its first and
+    /// last bytes, then memcmp for the whole (memmem is a GNU extension Swift's Glibc module
+    /// does not show).
+    static func occurs(_ n: UnsafeBufferPointer<UInt8>, probe: Int = 0, in h: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard !n.isEmpty else { return true }
+        guard n.count <= h.count, let hb = h.baseAddress, let nb = n.baseAddress else { return false }
+        let last = h.count - n.count  // the last place a match may start
+        let probeByte = Int32(nb[probe])
+        var start = 0
+        while start <= last {
+            guard let hit = memchr(hb + start + probe, probeByte, last - start + 1) else { return false }
+            let at = UnsafeRawPointer(hit) - UnsafeRawPointer(hb + probe)
+            if hb[at] == nb[0] && hb[at + n.count - 1] == nb[n.count - 1] && memcmp(hb + at, nb, n.count) == 0 {
+                return true
+            }
+            start = at + 1
         }
         return false
     }

@@ -14,6 +14,8 @@ public final class AccessLogMonitor: LogMonitor {
     private let redactor: Redactor
     /// The line being written, kept for its capacity: one line costs no allocation.
     private let line = JSONBuffer()
+    /// The last line's `policy` field, copied whole while the policy stays the same.
+    private var policyField = RepeatedField()
 
     public init(sink: LogSink, redactor: Redactor) {
         buffer = sink.makeBuffer()
@@ -56,55 +58,52 @@ public final class AccessLogMonitor: LogMonitor {
         return redactor.scrub(json.finish())
     }
 
-    /// One access-log line's fields, before the final scrub.
+    /// One access-log line's fields, before the final scrub. Values that are one of a few
+    /// words, and runs of fields at their usual values, are written as literals
+    /// (`"method":"GET"`, `"retries":[],"retry_stopped":null,"validation":null`): one copy
+    /// each instead of a key and an escape scan per field.
     private func lineBytes(_ s: ExchangeSummary, into json: inout JSONLine) {
         json.timestamp("time")
         json.field("id", s.id)
         json.field("client", s.client)
-        if let user = s.user { json.field("user", user) } else { json.null("user") }
+        if let user = s.user { json.field("user", user) } else { json.fields(#""user":null"#) }
         if let requestId = s.requestId { json.field("request_id", requestId) }
-        json.field("method", s.method)
+        // The methods `HTTPRequestHead` reads as literals, which compare equal at once.
+        switch s.method {
+        case "GET": json.fields(#""method":"GET""#)
+        case "POST": json.fields(#""method":"POST""#)
+        case "HEAD": json.fields(#""method":"HEAD""#)
+        case "PUT": json.fields(#""method":"PUT""#)
+        default: json.field("method", s.method)
+        }
         json.field("url", redactor.urlWithoutScrub(s.url))
-        json.field("policy", s.policy)
+        json.field("policy", s.policy, repeating: &policyField)
         json.field("status", s.status)
         json.field("bytes_in", s.bytesIn)
         json.field("bytes_out", s.bytesOut)
-        json.field("attempts", s.attempts)
-        json.field("redirects", s.redirects)
+        if s.attempts == 1 && s.redirects == 0 {
+            json.fields(#""attempts":1,"redirects":0"#)
+        } else {
+            json.field("attempts", s.attempts)
+            json.field("redirects", s.redirects)
+        }
         if let t = s.timings {
             json.timings("timings", t)
             if let version = t.httpVersion {
-                json.field("upstream_protocol", version.rawValue)
-                json.raw("upstream_connection", t.newConnection ? "\"new\"" as StaticString : "\"reused\"")
-                if let engine = t.engine {
-                    json.field("upstream_engine", engine.rawValue)
-                } else {
-                    json.null("upstream_engine")
-                }
+                json.fields(version.accessLogField)
+                json.fields(t.newConnection ? #""upstream_connection":"new""# : #""upstream_connection":"reused""#)
+                json.fields(t.engine?.accessLogField ?? #""upstream_engine":null"#)
             } else {
-                json.null("upstream_protocol")
-                json.null("upstream_connection")
-                json.null("upstream_engine")
+                json.fields(#""upstream_protocol":null,"upstream_connection":null,"upstream_engine":null"#)
             }
         } else {
             json.null("timings")
         }
-        if s.retries.isEmpty {
-            json.raw("retries", "[]" as StaticString)
+        if s.retries.isEmpty && s.retryStopped == nil && s.validation == nil {
+            json.fields(#""retries":[],"retry_stopped":null,"validation":null"#)
         } else {
-            json.raw(
-                "retries",
-                "["
-                    + s.retries.map {
-                        "{\"attempt\":\($0.attempt),\"delay_ms\":\($0.delayMilliseconds),\"reason\":\(JSONLine.quoted($0.reason))}"
-                    }.joined(separator: ",") + "]")
+            retryFields(s, into: &json)
         }
-        if let stopped = s.retryStopped {
-            json.field("retry_stopped", stopped.rawValue)
-        } else {
-            json.null("retry_stopped")
-        }
-        if let validation = s.validation { json.field("validation", validation) } else { json.null("validation") }
         if let failure = s.trustFailure {
             json.raw(
                 "trust_failure",
@@ -127,11 +126,35 @@ public final class AccessLogMonitor: LogMonitor {
         }
         if let circuit = s.circuit { json.field("circuit", circuit) }
         if let cache = s.cache { json.field("cache", cache) }
-        json.field("outcome", s.outcome.rawValue)
-        if let error = s.error { json.field("error", error) } else { json.null("error") }
+        if s.outcome == .ok && s.error == nil {
+            json.fields(#""outcome":"ok","error":null"#)
+        } else {
+            json.field("outcome", s.outcome.rawValue)
+            if let error = s.error { json.field("error", error) } else { json.null("error") }
+        }
         // A call that succeeded and left no `ctx.vars` has nothing for the line: its outcome
         // and duration are the metrics' (`sluice_lua_calls_total`, the duration histogram).
         if let lua = s.lua, lua.isLogged { json.object("lua") { Self.write(lua, into: &$0) } }
+    }
+
+    /// `retries`, `retry_stopped` and `validation`, when one of them is not at its usual value.
+    private func retryFields(_ s: ExchangeSummary, into json: inout JSONLine) {
+        if s.retries.isEmpty {
+            json.raw("retries", "[]" as StaticString)
+        } else {
+            json.raw(
+                "retries",
+                "["
+                    + s.retries.map {
+                        "{\"attempt\":\($0.attempt),\"delay_ms\":\($0.delayMilliseconds),\"reason\":\(JSONLine.quoted($0.reason))}"
+                    }.joined(separator: ",") + "]")
+        }
+        if let stopped = s.retryStopped {
+            json.field("retry_stopped", stopped.rawValue)
+        } else {
+            json.null("retry_stopped")
+        }
+        if let validation = s.validation { json.field("validation", validation) } else { json.null("validation") }
     }
 
     /// The access log's `lua` object: `{script, hook, outcome, error, us, instructions, memory, vars}`.
@@ -181,6 +204,27 @@ extension LuaCallRecord {
         var text = line.finish()
         if text.hasSuffix("\n") { text.removeLast() }
         return text
+    }
+}
+
+extension UpstreamHTTPVersion {
+    /// The access log's `upstream_protocol` field, whole, as a literal.
+    var accessLogField: StaticString {
+        switch self {
+        case .http1_0: #""upstream_protocol":"HTTP/1.0""#
+        case .http1_1: #""upstream_protocol":"HTTP/1.1""#
+        case .http2: #""upstream_protocol":"HTTP/2""#
+        }
+    }
+}
+
+extension UpstreamEngine {
+    /// The access log's `upstream_engine` field, whole, as a literal.
+    var accessLogField: StaticString {
+        switch self {
+        case .native: #""upstream_engine":"native""#
+        case .curl: #""upstream_engine":"curl""#
+        }
     }
 }
 
@@ -287,6 +331,16 @@ final class JSONBuffer {
     var bytes: UnsafeBufferPointer<UInt8> { UnsafeBufferPointer(start: base, count: count) }
 }
 
+/// A field whose value mostly repeats from line to line (a worker's lines share a few
+/// policies): the bytes `JSONLine.field(_:_:repeating:)` wrote for it last, and the value
+/// they are for.
+///
+/// Threading: owned with its monitor, by the worker whose lines it writes.
+struct RepeatedField {
+    fileprivate var value: String?
+    fileprivate var bytes: [UInt8] = []
+}
+
 /// One JSON object on one line, written field by field into a `JSONBuffer`.
 struct JSONLine {
     private let buffer: JSONBuffer
@@ -330,27 +384,28 @@ struct JSONLine {
     /// `"k":{"dns":…,"connect":…,"tls":…,"first_byte":…,"total":…}` in milliseconds.
     mutating func timings(_ k: StaticString, _ t: TryTimings) {
         key(k)
-        buffer.reserve(1)
-        buffer.put(0x7B)
-        millisecondsField("dns", t.dns, first: true)
-        millisecondsField("connect", t.connect)
-        millisecondsField("tls", t.tls)
-        millisecondsField("first_byte", t.firstByte)
-        millisecondsField("total", t.total)
+        milliseconds(#"{"dns":"#, t.dns)
+        milliseconds(#","connect":"#, t.connect)
+        milliseconds(#","tls":"#, t.tls)
+        milliseconds(#","first_byte":"#, t.firstByte)
+        milliseconds(#","total":"#, t.total)
         buffer.reserve(1)
         buffer.put(0x7D)
     }
 
-    private mutating func millisecondsField(_ name: StaticString, _ us: Int64, first: Bool = false) {
-        buffer.reserve(name.utf8CodeUnitCount + 4)
-        if !first { buffer.put(0x2C) }
-        buffer.put(0x22)
-        buffer.put(name.utf8Start, name.utf8CodeUnitCount)
-        buffer.put(0x22)
-        buffer.put(0x3A)
-        appendInteger(us / 1000)
+    /// `prefix` (the punctuation and key before the value, as one literal), then `us` as
+    /// milliseconds with three decimals (`0.187`, `12345.678`).
+    private mutating func milliseconds(_ prefix: StaticString, _ us: Int64) {
+        buffer.reserve(prefix.utf8CodeUnitCount + 25)
+        buffer.put(prefix.utf8Start, prefix.utf8CodeUnitCount)
+        let whole = us / 1000
+        // Under 10 ms (most phases of most tries): one digit, without `appendInteger`'s loops.
+        if whole >= 0 && whole < 10 {
+            buffer.put(UInt8(truncatingIfNeeded: 48 + whole))
+        } else {
+            appendInteger(whole)
+        }
         let frac = Int(abs(us % 1000))
-        buffer.reserve(4)
         buffer.put(0x2E)
         buffer.put(UInt8(48 + frac / 100))
         buffer.put(UInt8(48 + frac / 10 % 10))
@@ -371,6 +426,34 @@ struct JSONLine {
     mutating func field(_ k: StaticString, _ v: String) {
         key(k)
         Self.writeQuoted(v, to: buffer)
+    }
+
+    /// Whole fields from a literal (`"method":"GET"`, `"retries":[],"retry_stopped":null`),
+    /// without the comma before them: one copy where `key` and a value take several steps.
+    mutating func fields(_ run: StaticString) {
+        fields(UnsafeBufferPointer(start: run.utf8Start, count: run.utf8CodeUnitCount))
+    }
+
+    private mutating func fields(_ run: UnsafeBufferPointer<UInt8>) {
+        buffer.reserve(run.count + 1)
+        if !first { buffer.put(0x2C) }
+        first = false
+        if let source = run.baseAddress { buffer.put(source, run.count) }
+    }
+
+    /// `"k":"v"`, copied whole from `memo` when `v` is the value it holds (one copy, no escape
+    /// scan); otherwise written, and kept in `memo` for the next line.
+    mutating func field(_ k: StaticString, _ v: String, repeating memo: inout RepeatedField) {
+        if memo.value == v {
+            memo.bytes.withUnsafeBufferPointer { fields($0) }
+            return
+        }
+        key(k)
+        let start = buffer.count - k.utf8CodeUnitCount - 3  // the key's opening quote
+        Self.writeQuoted(v, to: buffer)
+        memo.value = v
+        memo.bytes.removeAll(keepingCapacity: true)
+        memo.bytes.append(contentsOf: UnsafeBufferPointer(start: buffer.base + start, count: buffer.count - start))
     }
 
     /// A field whose key is not a literal (a diagnostic's metadata).
@@ -411,6 +494,13 @@ struct JSONLine {
                 {
                     i += 8
                     continue
+                }
+                // The tail of a value of eight bytes or more: the last eight bytes, overlapping
+                // ones already seen; clean, they end the value without the byte loop.
+                if i + 8 > bytes.count, bytes.count >= 8,
+                    !Self.needsEscape(UnsafeRawPointer(source + bytes.count - 8).loadUnaligned(as: UInt64.self))
+                {
+                    break
                 }
                 let end = min(i + 8, bytes.count)
                 for i in i..<end {

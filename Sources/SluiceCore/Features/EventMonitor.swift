@@ -21,7 +21,7 @@ public struct TryTimings: Sendable, Equatable {
 /// An upstream try's HTTP version, as the access log names it (`upstream_protocol`).
 ///
 /// Threading: a value, read from libcurl on the try's worker thread and carried in events.
-public enum UpstreamHTTPVersion: String, Sendable, Equatable {
+public enum UpstreamHTTPVersion: String, Sendable, Equatable, CaseIterable {
     case http1_0 = "HTTP/1.0"
     case http1_1 = "HTTP/1.1"
     case http2 = "HTTP/2"
