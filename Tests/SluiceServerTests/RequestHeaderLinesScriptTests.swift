@@ -90,4 +90,14 @@ import Testing
         #expect(dropped.lines == ["Host: a", "X-Seen: old", "x-client: c", "Via: 1.1 x"])
         #expect(dropped.carriesHost)
     }
+
+    /// A `Host` an edit drops (one an `upstream:` override put there) is not claimed any more:
+    /// the transport derives one from the target.
+    @Test func droppingHostLeavesItToTheTransport() {
+        let dropped = Self.finished([("Host", "a"), ("X-Client", "bench")], [.remove(Self.name("host"))])
+        #expect(dropped.lines == ["X-Client: bench", "Via: 1.1 x"])
+        #expect(!dropped.carriesHost)
+        let kept = Self.finished([("Host", "a"), ("X-Client", "bench")], [.remove(Self.name("X-Client"))])
+        #expect(kept.lines == ["Host: a", "Via: 1.1 x"] && kept.carriesHost)
+    }
 }

@@ -10,23 +10,10 @@ import SluiceCore
 /// until either changes; the stage lets the view's copy go before it finishes the builder,
 /// so the buffers are not copied then either.
 ///
-/// Threading: built and read on one worker's thread (`@unchecked Sendable`: a view never
-/// leaves it).
-extension RequestHeaderLines.Builder: LuaHeaderLines, @unchecked Sendable {
+/// Threading: built and read on one worker's thread (a view never leaves it).
+extension RequestHeaderLines.Builder: LuaHeaderLines {
     func forEachScriptField(_ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Void) {
-        withLines { bytes, ends in
-            var start = 0
-            for i in 0..<ends.count {
-                let end = ends[i]
-                let line = UnsafeBufferPointer(rebasing: bytes[start..<end - 2])
-                start = end
-                // A name is a token, so the first colon ends it; the builder put one SP after it
-                // before a value, none before an empty one.
-                let colon = line.firstIndex(of: 0x3A) ?? line.count
-                let valueStart = min(colon + 2, line.count)
-                body(UnsafeBufferPointer(rebasing: line[..<colon]), UnsafeBufferPointer(rebasing: line[valueStart...]))
-            }
-        }
+        withLines { RequestHeaderLines.forEachField(in: $0, ending: $1, body) }
     }
 
     /// Each line is checked for `name` and its colon where the name would end, with no search
@@ -119,6 +106,7 @@ extension RequestHeaderLines.Builder: LuaHeaderLines, @unchecked Sendable {
                 run = i + 1
             }
             append(lines: kept, run..<count)
+            recountHost()
         }
     }
 }

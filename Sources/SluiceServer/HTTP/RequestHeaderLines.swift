@@ -85,18 +85,25 @@ struct RequestHeaderLines {
     )
         rethrows
     {
-        try withBytes { bytes, ends in
-            var start = 0
-            for i in 0..<ends.count {
-                let end = ends[i]
-                let line = UnsafeBufferPointer(rebasing: bytes[start..<end - 2])
-                start = end
-                // A name is a token, so the first colon ends it; the builder put one SP after it
-                // before a value, none before an empty one.
-                let colon = line.firstIndex(of: 0x3A) ?? line.count
-                let valueStart = min(colon + 2, line.count)
-                try body(UnsafeBufferPointer(rebasing: line[..<colon]), UnsafeBufferPointer(rebasing: line[valueStart...]))
-            }
+        try withBytes { try Self.forEachField(in: $0, ending: $1, body) }
+    }
+
+    /// `forEachField` on lines' bytes as they are laid out (these lines', or a builder's
+    /// before they are made: `Builder.withLines`).
+    static func forEachField(
+        in bytes: UnsafeBufferPointer<UInt8>, ending ends: LineEnds,
+        _ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) throws -> Void
+    ) rethrows {
+        var start = 0
+        for i in 0..<ends.count {
+            let end = ends[i]
+            let line = UnsafeBufferPointer(rebasing: bytes[start..<end - 2])
+            start = end
+            // A name is a token, so the first colon ends it; the builder put one SP after it
+            // before a value, none before an empty one.
+            let colon = line.firstIndex(of: 0x3A) ?? line.count
+            let valueStart = min(colon + 2, line.count)
+            try body(UnsafeBufferPointer(rebasing: line[..<colon]), UnsafeBufferPointer(rebasing: line[valueStart...]))
         }
     }
 
@@ -113,7 +120,7 @@ struct RequestHeaderLines {
 
     /// Collects lines; `makeLines()` copies them into a `RequestHeaderLines`. Reused:
     /// `reset()` keeps the buffers' capacity.
-    struct Builder {
+    struct Builder: Sendable {
         fileprivate var bytes: [UInt8] = []
         /// Where each line ends in `bytes`, its CRLF included.
         fileprivate var ends: [UInt32] = []
@@ -168,6 +175,18 @@ struct RequestHeaderLines {
 
         /// How many lines it holds.
         var lineCount: Int { ends.count }
+
+        /// Sets `carriesHost` from the lines it holds: after some were dropped, a `Host`
+        /// among them may be gone (the transport then derives one from the target).
+        mutating func recountHost() {
+            var found = false
+            withLines { bytes, ends in
+                RequestHeaderLines.forEachField(in: bytes, ending: ends) { name, _ in
+                    if !found, name.count == 4, ASCII.equalsIgnoringCase(name, "host") { found = true }
+                }
+            }
+            carriesHost = found
+        }
 
         /// Calls `body` with the lines' bytes as they are, CRLFs included, and where each
         /// ends (as `RequestHeaderLines.withBytes`), without making them.
