@@ -444,7 +444,9 @@ struct JSONLine {
     /// `"k":"v"`, copied whole from `memo` when `v` is the value it holds (one copy, no escape
     /// scan); otherwise written, and kept in `memo` for the next line.
     mutating func field(_ k: StaticString, _ v: String, repeating memo: inout RepeatedField) {
-        if memo.value == v {
+        // Compared as UTF-8 bytes: `==` on strings is canonical equivalence, and two names
+        // that differ only in normalization must not share bytes.
+        if let held = memo.value, held.utf8.elementsEqual(v.utf8) {
             memo.bytes.withUnsafeBufferPointer { fields($0) }
             return
         }
