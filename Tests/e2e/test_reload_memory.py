@@ -109,10 +109,12 @@ def test_reloads_under_load_return_their_memory(sluice_factory, nginx, tmp_path)
                               f"{load.failures[:5]}\nstderr:\n{proxy.stderr()[-3000:]}"
     assert load.ok > 500, f"only {load.ok} requests during {RELOADS} reloads"
 
-    # Within 10 %, or 4 MiB on a small base: glibc keeps up to ~3.5 MiB in worker arenas'
-    # top chunks after bursts on a loaded machine (measured; issue #36's note), while the
-    # leak this guards against grew by 60+ MiB per 50 reloads.
-    bound = max(before * 1.10, before + 4096) * RSS_SCALE
+    # Within 10 %, or 8 MiB on a small base: glibc keeps memory in worker arenas' top chunks
+    # after bursts on a loaded machine — up to ~3.5 MiB measured for issue #36, and 5.4 to
+    # 5.7 MiB on 2026-11-28 with three test workers beside this test, the previous build and
+    # this one alike (some 110,000 requests during the reloads) — while the leak this guards
+    # against grew by 60+ MiB per 50 reloads.
+    bound = max(before * 1.10, before + 8192) * RSS_SCALE
     settled = wait_until(lambda: rss_kib(proxy) <= bound, 10, 0.25)
     after = rss_kib(proxy)
     assert settled, (f"VmRSS {before} KiB before {RELOADS} reloads under load ({load.ok} requests), "
