@@ -110,7 +110,8 @@ extension LuaAdapter {
 }
 
 extension ExchangeMachine {
-    /// The exchange ends (`ended`, on a policy with scripts or after a script ran): each
+    /// The exchange ends (`ended`, on a policy with `on_log` or `on_response` scripts, after a
+    /// call was recorded, or when a hook kept a `ctx` open — `keepsScriptContexts`): each
     /// script of its policy runs `on_log`, then the exchange's `ctx` are closed. Before the
     /// `.finished` event is built, so that the access log line has what `on_log` put in
     /// `ctx.vars`. Here rather than in the I/O: the machine reads its policy without the

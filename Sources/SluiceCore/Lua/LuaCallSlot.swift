@@ -22,7 +22,7 @@ final class LuaCallSlot {
 
     @exclusivity(unchecked) var phase = Phase.idle
     /// The request the call reads and edits: the slot's own, or the caller's view itself,
-    /// lent by address for a call that runs at once on it (`lend`): no copy in and out.
+    /// lent by address for a call that runs at once on it (`lending`): no copy in and out.
     var request: LuaRequestView {
         unsafeAddress { UnsafePointer(requestAddress) }
         unsafeMutableAddress { requestAddress }
@@ -41,8 +41,8 @@ final class LuaCallSlot {
     @exclusivity(unchecked) var lastStatus: Int32 = 0
     /// The call's wait, for a call that may wait (`LuaExchange.onRequest(_:waitingWith:…)`).
     @exclusivity(unchecked) var wait: LuaWait?
-    /// Set when the call's message went back to its caller by a swap, which left the slot's
-    /// empty one in its place: `end` has nothing to forget.
+    /// Set when the call's message is its caller's (lent by `lending`, or gone back by a
+    /// swap that left the slot's empty one in its place): `end` has nothing to forget.
     @exclusivity(unchecked) var messageReturned = false
 
     private static let noRequest = LuaRequestView(method: "", path: "/")

@@ -3,12 +3,14 @@ import HTTPTypes
 /// A request's header fields as the lines the pipeline forwards upstream, which a script reads
 /// and edits without their being built as `HTTPFields` first (`HostPolicy.scriptsOnLines`): a
 /// `req.headers:get` scans them, a `set`, `add` or `remove` is recorded in
-/// `LuaRequestView.lineEdits`, and the engine applies those edits as it copies the lines. Any
-/// other use of the headers (`get_all`, `each`, a `get` of a field a script edited) builds
-/// the fields first (`LuaRequestView.materializeHeaders`), with the same result as if they
-/// had been fields all along.
+/// `LuaRequestView.lineEdits`, and the engine makes those edits where the lines are built
+/// (copying them only when an edit drops some). Any other use of the headers (`get_all`,
+/// `each`, a `get` of a field a script edited) builds the fields first
+/// (`LuaRequestView.materializeHeaders`), with the same result as if they had been fields all
+/// along.
 ///
-/// Threading: immutable; made and read on the exchange's worker thread.
+/// Threading: made and read on the exchange's worker thread; a script only reads the lines
+/// (the engine's are a copy of the worker's line builder, which shares its buffers).
 public protocol LuaHeaderLines: Sendable {
     /// Calls `body` with each field's name and value bytes, in order.
     func forEachScriptField(_ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Void)

@@ -1,8 +1,10 @@
 import HTTPTypes
 
-/// The request as a script sees it (`req` in `on_request`): what the pipeline copies in before
-/// the hook and copies back when the hook succeeds. A failed call leaves the caller's view as
-/// it was, so `fail_open` goes on with the request the script never touched.
+/// The request as a script sees it (`req` in `on_request`): with `fail_open`, what the pipeline
+/// copies in before the hook and copies back when the hook succeeds, so a failed call leaves
+/// the caller's view as it was and the request goes on as the script never touched it; with
+/// `fail_closed` (whose failed request is dropped), the caller's view itself, lent to the call
+/// (`LuaCallSlot.lending`).
 ///
 /// The header fields are `headers`, or — for a request whose scripts run on the forwarded
 /// request's header lines (`HostPolicy.scriptsOnLines`) — `lines` followed by `lineEdits`,

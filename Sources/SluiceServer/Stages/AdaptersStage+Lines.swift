@@ -5,9 +5,10 @@ extension AdaptersStage {
     /// the header lines the request is forwarded with (the head's, with the header edits of
     /// `modelHeaderPlan`, the request id and the forwarding fields), read where the worker's
     /// line builder holds them (`scriptLines`); their header edits are made in that builder
-    /// before `Via` (`scriptedLines`): no request model is built and encoded again. A script that changes the method or the URL, which the
-    /// lines do not carry, leaves a model as the adapters would have (its fields built from
-    /// the lines). The machine answers as for the adapters (`ExchangeMachine.scriptsRan`).
+    /// before `Via` (`scriptedLines`): no request model is built and encoded again. A script
+    /// that changes the method or the URL, which the lines do not carry, leaves a model as the
+    /// adapters would have (its fields built from the lines). The machine answers as for the
+    /// adapters (`ExchangeMachine.scriptsRan`).
     static func runScriptsOnLines(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
         let head = exchange.head
         let url = exchange.target.url
