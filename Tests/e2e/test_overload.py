@@ -19,7 +19,7 @@ import requests
 from faultservers import HOST, Reader, ThreadedServer, pick_port, simple_response
 from policy_support import set_sections, sighup, stderr_len, stderr_since, until
 from rawhttp import RawConn, request_bytes
-from support import assert_sluice_error, wait_until
+from support import assert_sluice_error, port_open, wait_until
 
 
 class SlowCountingOrigin(ThreadedServer):
@@ -94,6 +94,8 @@ def overload_proxy(sluice_factory, limits: dict, timeouts: dict | None = None, w
     admin = pick_port()
     proxy = sluice_factory({"workers": workers, "limits": limits, "timeouts": {"drain": "5s", **(timeouts or {})},
                             "admin": {"listen": f"{HOST}:{admin}"}})
+    # The admin listener may start a moment after the proxy's (CI once found it refusing).
+    until(lambda: port_open(admin), 5, 0.05, "the admin listener accepting")
     # The start-up probe's connection counts until Sluice has seen it close.
     until(lambda: open_connections(admin) == 0, 5, 0.05, "the start-up probe's connection closed")
     return proxy, admin
