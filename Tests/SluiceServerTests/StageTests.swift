@@ -63,9 +63,7 @@ import Testing
         }
         var scriptBuilder = RequestHeaderLines.Builder()
         func scriptLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines.Builder {
-            ForwardedHeaders.fieldLines(
-                for: exchange.head, edits: edits, requestId: exchange.generatedRequestId,
-                forwarding: exchange.client.forwarding, builder: &scriptBuilder)
+            ForwardedHeaders.fieldLines(of: exchange, edits: edits, builder: &scriptBuilder)
             return scriptBuilder
         }
         func scriptedLines(_ edits: LuaLineEdits) -> RequestHeaderLines {

@@ -48,8 +48,9 @@ public final class LuaAdapter: RequestAdapter {
 
     /// The hooks the script defined when the configuration loaded it (`.all` when it was not
     /// loaded): a hook outside them is never run, so a policy whose scripts define neither
-    /// `on_response` nor `on_log` skips the response stage and calls no script at the
-    /// exchange's end (its end still walks the policy's scripts once to close their calls).
+    /// `on_response` nor `on_log` skips the response stage, and its exchange's end looks at
+    /// its scripts only when a call was recorded or a hook kept a `ctx` open
+    /// (`ExchangeMachine.keepsScriptContexts`).
     public let hooks: LuaHooks
 
     /// `allow_hosts`: the hosts `sluice.http` may call. Empty (the default): none, and the

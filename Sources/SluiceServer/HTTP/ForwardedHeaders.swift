@@ -68,6 +68,15 @@ enum ForwardedHeaders {
         return builder.makeLines()
     }
 
+    /// `fieldLines` of `exchange`'s request as it came: its head, the request id Sluice made
+    /// for it, its connection's forwarding fields (the worker's `scriptLines` and the stage
+    /// tests' twin of it).
+    static func fieldLines(of exchange: Exchange, edits: HeaderEditPlan?, builder: inout RequestHeaderLines.Builder) {
+        fieldLines(
+            for: exchange.head, edits: edits, requestId: exchange.generatedRequestId,
+            forwarding: exchange.client.forwarding, builder: &builder)
+    }
+
     /// `requestLines` before its last step: the lines left in `builder`, without `Via` and not
     /// made (the lines the policy's scripts read and edit in place, `finishScripted`).
     static func fieldLines(

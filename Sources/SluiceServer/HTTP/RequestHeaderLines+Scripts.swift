@@ -39,19 +39,14 @@ extension RequestHeaderLines.Builder: LuaHeaderLines {
 
     /// Whether the line `bytes[start..<end]` (no CRLF) is a field named `name` (any case).
     /// Most lines are told apart by where their colon is, before any byte is compared; the
-    /// name's bytes are then read through a pointer (the line's length was checked once, no
-    /// bounds check per byte).
+    /// name's bytes are then compared as the edits' names are (`LuaLineEdits.same`).
     @inline(__always)
     private static func line(
         _ bytes: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int, isNamed name: UnsafeRawBufferPointer
     ) -> Bool {
         let n = name.count
         guard n > 0, end - start > n, bytes[start + n] == 0x3A, let base = bytes.baseAddress else { return false }
-        let line = base + start
-        for j in 0..<n where line[j] != name[j] {
-            if ASCII.lower(line[j]) != ASCII.lower(name[j]) { return false }
-        }
-        return true
+        return LuaLineEdits.same(UnsafeBufferPointer(start: base + start, count: n), name)
     }
 
     /// The lines the builder holds with the scripts' `edits` made (`LuaRequestView.lineEdits`)

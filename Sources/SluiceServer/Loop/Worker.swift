@@ -713,9 +713,7 @@ extension Worker: StageServices {
     }
 
     func scriptLines(for exchange: Exchange, edits: HeaderEditPlan?) -> RequestHeaderLines.Builder {
-        ForwardedHeaders.fieldLines(
-            for: exchange.head, edits: edits, requestId: exchange.generatedRequestId,
-            forwarding: exchange.client.forwarding, builder: &headerBuilder)
+        ForwardedHeaders.fieldLines(of: exchange, edits: edits, builder: &headerBuilder)
         return headerBuilder
     }
 
