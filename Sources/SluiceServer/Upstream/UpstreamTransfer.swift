@@ -91,6 +91,8 @@ protocol UpstreamTransfer: AnyObject {
 
 /// A transfer's answer to `responseHeadArrived`, and what it then does with the response's
 /// body: one value both transports keep, so that the four answers mean the same on either.
+/// A redirect's request (433 bytes) is boxed, in the answer and once taken: the disposition
+/// is 48 bytes, not 896, and the copies of `answer` on every response are 9 bytes, not 433.
 ///
 /// Threading: a value inside its transfer, on the worker's thread.
 struct ResponseDisposition {
@@ -98,7 +100,7 @@ struct ResponseDisposition {
         /// Send the head (promising to keep the client connection open or not) and the body.
         case forward(keepAlive: Bool)
         /// Drain the body, then go on with this request (a followed redirect).
-        case follow(UpstreamRequest)
+        indirect case follow(UpstreamRequest)
         /// Drain the body, then tell the delegate `transferDiscarded` (the exchange retries).
         case discard
         /// Drain the body, then tell the delegate `transferAbsorbed` (the cache answers).
@@ -119,7 +121,16 @@ struct ResponseDisposition {
     /// The delegate's answer to the current `responseHeadArrived` (nil outside that call).
     var answer: Answer?
     /// Set when the response is a redirect the exchange follows: its body is drained, not sent.
-    var redirectTo: UpstreamRequest?
+    var redirectTo: UpstreamRequest? {
+        get { redirect?.request }
+        set { redirect = newValue.map(Redirect.init) }
+    }
+    private var redirect: Redirect?
+
+    private final class Redirect {
+        let request: UpstreamRequest
+        init(_ request: UpstreamRequest) { self.request = request }
+    }
     /// Set when the response is discarded for a retry: its body is drained, not sent.
     var discarding = false
     /// Set with `discarding` when the response was absorbed by the cache (`absorb()`).
@@ -130,7 +141,7 @@ struct ResponseDisposition {
     var collector: Collector?
 
     /// The body is drained, not sent (a redirect to follow, a retry, a cache absorb).
-    var drains: Bool { discarding || redirectTo != nil }
+    var drains: Bool { discarding || redirect != nil }
     /// Nothing of the response reaches the client: its body is drained or kept.
     var withholds: Bool { drains || collector != nil }
 
