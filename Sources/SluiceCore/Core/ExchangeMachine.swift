@@ -496,9 +496,19 @@ public struct ExchangeMachine {
     /// upstream failed mid-body, the client went away (`.clientAborted`), a tunnel closed.
     public mutating func ended(_ outcome: Outcome, error: String?) -> Reports {
         var reports = Reports()
+        ended(outcome, error: error) { summary in
+            reports.append(summary.outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary))
+        }
+        return reports
+    }
+
+    /// `ended(_:error:)`, with the record lent to `report` instead of copied into an event
+    /// (`EventMonitor.exchangeEnded`): called when a monitor reads `.finished` (or
+    /// `.tunnelClosed`, for a tunnel).
+    public mutating func ended(_ outcome: Outcome, error: String?, report: (ExchangeSummary) -> Void) {
         // Stored fields read directly: through `isFinished` and `wants` the compiler copied
         // the whole machine (700 bytes, a retain per field) to read one of them.
-        if case .done = state { return reports }
+        if case .done = state { return }
         // Scripts with only `on_request`, which kept no `ctx` (most), leave nothing to run or
         // close here: the thread's cache is not even looked up.
         if policy.runsLogScripts || policy.runsResponseScripts || keepsScriptContexts || summary.lua != nil {
@@ -508,8 +518,7 @@ public struct ExchangeMachine {
         summary.outcome = outcome
         if let error { summary.error = error }
         state = .done(outcome)
-        if reported { reports.append(outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary)) }
-        return reports
+        if reported { report(summary) }
     }
 
     /// Enters `backingOff` for the delay the retry decided; returns that delay.

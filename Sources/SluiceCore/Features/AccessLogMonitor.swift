@@ -26,18 +26,23 @@ public final class AccessLogMonitor: LogMonitor {
     /// Only failed calls and `ctx.vars` are written (`LuaCallRecord.isLogged`).
     public var readsEveryScriptCall: Bool { false }
 
+    /// The exchange's line, written from its record where it lies (no copy of it).
+    public func exchangeEnded(_ summary: ExchangeSummary) {
+        var json = JSONLine(reusing: line)
+        lineBytes(summary, into: &json)
+        let bytes = json.finishLine()
+        // Scrubbed once, as a whole; a line without a secret goes out as written.
+        if redactor.occursSecret(in: bytes) {
+            buffer.append(bytes: redactor.scrub(bytes: Array(bytes)))
+        } else {
+            buffer.append(bytes: bytes)
+        }
+    }
+
     public func handle(_ event: ProxyEvent) {
         switch event {
         case .finished(let summary), .tunnelClosed(let summary):
-            var json = JSONLine(reusing: line)
-            lineBytes(summary, into: &json)
-            let bytes = json.finishLine()
-            // Scrubbed once, as a whole; a line without a secret goes out as written.
-            if redactor.occursSecret(in: bytes) {
-                buffer.append(bytes: redactor.scrub(bytes: Array(bytes)))
-            } else {
-                buffer.append(bytes: bytes)
-            }
+            exchangeEnded(summary)
         case .credentialRefreshed(let source):
             buffer.append(eventLine("credential_refreshed", source: source, reason: nil))
         case .credentialRefreshFailed(let source, let reason):

@@ -556,6 +556,9 @@ public final class MetricsMonitor: EventMonitor {
         ]
     }
 
+    /// The exchange's counts, read from its record where it lies (no copy of it).
+    public func exchangeEnded(_ summary: ExchangeSummary) { finished(summary) }
+
     public func handle(_ event: ProxyEvent) {
         switch event {
         case .finished(let summary), .tunnelClosed(let summary):

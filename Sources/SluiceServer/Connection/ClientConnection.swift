@@ -426,7 +426,7 @@ final class ClientConnection: ClientSocketOwner {
             summary.outcome = .error
             summary.error = error.message
             summary.errorKind = error.kind
-            monitor.handle(.finished(summary))
+            monitor.exchangeEnded(summary)
         }
         if keep {
             exchangeEnded()

@@ -119,7 +119,9 @@ final class Exchange {
 
     /// Sends `.finished` (once) with the outcome.
     func end(_ outcome: Outcome, error: String? = nil) {
-        report(machine.ended(outcome, error: error))
+        // The record is lent to the monitors where it lies (`EventMonitor.exchangeEnded`).
+        let monitor = monitor
+        machine.ended(outcome, error: error) { monitor?.exchangeEnded($0) }
     }
 
     /// Hands the machine's reports to the monitors.
