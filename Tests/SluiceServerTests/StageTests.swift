@@ -145,6 +145,14 @@ import Testing
         #expect(exchange.summary.requestId == "test-1")
     }
 
+    /// An exchange (its machine and record inside) comes from malloc's per-thread cache, which
+    /// serves 1,032 bytes at most: past that, each request's exchange costs the slow path of
+    /// `malloc` and `free` (measured: 450 instructions a request).
+    @Test func anExchangeFitsMallocsThreadCache() throws {
+        let exchange = try exchange("GET http://127.0.0.1:8080/a HTTP/1.1\r\nHost: x\r\n\r\n", Services())
+        #expect(mallocUsableSize(Unmanaged.passUnretained(exchange).toOpaque()) <= 1032)
+    }
+
     @Test func admissionRefusesLoopsPortsAndForms() {
         let services = Services()
         #expect(throws: ProxyError.loopDetected) {
@@ -820,3 +828,6 @@ import Testing
 
     static let sha256Hash = "$5$saltsalt$/B/a8TyziOAL7A5QHAhQtwjk3lO8brshalLojtxVb.8"
 }
+
+/// glibc's `malloc_usable_size` (declared in `malloc.h`, which Glibc's module does not export).
+@_silgen_name("malloc_usable_size") private func mallocUsableSize(_ pointer: UnsafeMutableRawPointer?) -> Int

@@ -198,8 +198,14 @@ public struct ExchangeMachine {
     public var keepsScriptContexts = false
     /// The request as the pipeline sees it, when one was built (adapters, redirects, monitors).
     public internal(set) var model: ProxyRequest?
-    /// The request before adaptation: a retry adapts it again (a refreshed token).
-    private var originalModel: ProxyRequest?
+    /// The request before adaptation: a retry adapts it again (a refreshed token). Boxed: few
+    /// exchanges build one, and the machine lives inside every `Exchange`, whose size decides
+    /// whether malloc serves it from its per-thread cache (1,032 bytes at most).
+    private var originalModelBox: Box<ProxyRequest>?
+    private var originalModel: ProxyRequest? {
+        get { originalModelBox?.value }
+        set { originalModelBox = newValue.map(Box.init) }
+    }
     /// Where the current (or last) try goes.
     public private(set) var target: Target
     /// The delay of the retry decided last.
