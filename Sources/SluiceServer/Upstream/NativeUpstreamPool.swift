@@ -98,7 +98,7 @@ final class NativeUpstreamPool {
     private var state: UpstreamPoolState<UpstreamAddressKey, UpstreamOrigin, UpstreamConnection, NativeUpstreamTransfer>
     private var isShutDown = false
     /// Response parsers kept for reuse, with their buffers' capacity.
-    private var parsers: [HTTPResponseParser] = []
+    private var parsers: [ResponseParserSlot] = []
     /// Halves the idle surplus every `purgeMilliseconds` while any connection is idle (made on
     /// first need).
     private var purgeTimer: LoopTimer<NativeUpstreamPool>?
@@ -189,13 +189,13 @@ final class NativeUpstreamPool {
         if let wake { wake.waiter.connectionAvailable(opening: wake.opening) }
     }
 
-    func takeParser() -> HTTPResponseParser {
-        parsers.popLast() ?? HTTPResponseParser()
+    func takeParser() -> ResponseParserSlot {
+        parsers.popLast() ?? ResponseParserSlot()
     }
 
-    func recycle(_ parser: inout HTTPResponseParser) {
+    func recycle(_ slot: ResponseParserSlot) {
         guard parsers.count < Self.maxIdleParsers else { return }
-        parsers.append(parser)
+        parsers.append(slot)
     }
 
     /// Closes every idle TLS connection (a reload: its trust, or its CA file's contents, may
@@ -303,4 +303,13 @@ struct UpstreamAddressKey: Hashable {
         low = 0
         tls = nil
     }
+}
+
+/// A response parser held by reference: a transfer takes one from its pool, which keeps them
+/// for reuse with their buffers' capacity. By reference, a try neither copies the parser (309
+/// bytes) out of the pool nor back, and its transfer stays within malloc's per-thread cache.
+///
+/// Threading: its pool's and its transfer's, on their worker's thread.
+final class ResponseParserSlot {
+    var parser = HTTPResponseParser()
 }

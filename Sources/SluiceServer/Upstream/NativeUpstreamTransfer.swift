@@ -101,7 +101,12 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var tryTimer: LoopTimer<NativeUpstreamTransfer>?
     private var totalTimer: LoopTimer<NativeUpstreamTransfer>?
 
-    private var parser: HTTPResponseParser
+    /// The response parser, the pool's (`ResponseParserSlot`), read and changed in place.
+    private let parsing: ResponseParserSlot
+    private var parser: HTTPResponseParser {
+        _read { yield parsing.parser }
+        _modify { yield &parsing.parser }
+    }
     private var uploadRemaining: Int64 = 0
     private var uploadDone = true
     private(set) var uploadPaused = false
@@ -167,17 +172,17 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             viaPeer = false
             originKey = UpstreamOrigin(host: request.target.host, port: request.target.port)
         }
-        parser = pool.takeParser()
+        parsing = pool.takeParser()
         // A recycled parser still holds its last response: nothing of it may show in this
         // try's timings (`currentTimings` reads the status).
-        parser.expectResponse(headRequest: isHead)
+        parsing.parser.expectResponse(headRequest: isHead)
         poolKey = UpstreamAddressKey(origin: originKey)
         timings.engine = .native
     }
 
     deinit {
         chunkScratch?.deallocate()
-        pool.recycle(&parser)
+        pool.recycle(parsing)
     }
 
     // MARK: UpstreamTransfer

@@ -274,17 +274,29 @@ struct UpstreamRequest {
     var headers: RequestHeaderLines
     var body: Body
     /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
-    var model: ProxyRequest?
+    var model: ProxyRequest? {
+        get { rare?.fields.model }
+        set { setRare(newValue) { $0.model = newValue } }
+    }
     /// Answers Basic and Digest challenges (the policy's `credentials`).
-    var credentials: Credentials?
+    var credentials: Credentials? {
+        get { rare?.fields.credentials }
+        set { setRare(newValue) { $0.credentials = newValue } }
+    }
     /// The target host's trust evaluator and client certificate (set when the try starts:
     /// a followed redirect may change the host).
     var trust: ServerTrust = .builtInDefault
-    var clientCertificate: ClientCertificate?
+    var clientCertificate: ClientCertificate? {
+        get { rare?.fields.clientCertificate }
+        set { setRare(newValue) { $0.clientCertificate = newValue } }
+    }
     /// Connection reuse limits for a TLS try after a reload (`UpstreamTLS.reuse`).
     var reuse = UpstreamTLS.ConnectionReuse()
     /// The target host's parent proxy (`upstream_proxy`), set when the try starts.
-    var parentProxy: UpstreamProxy?
+    var parentProxy: UpstreamProxy? {
+        get { rare?.fields.parentProxy }
+        set { setRare(newValue) { $0.parentProxy = newValue } }
+    }
     /// The target host's HTTP version policy (`upstream.http2`), set when the try starts.
     var http2 = HTTP2Mode.auto
     /// What is left of `timeouts.total` for a try that carries on a response (a resume), in
@@ -296,4 +308,51 @@ struct UpstreamRequest {
     var resumes: UpstreamRoute?
 
     var isHead: Bool { method == "HEAD" }
+
+    init(
+        method: String, target: RequestTarget, headers: RequestHeaderLines, body: Body, model: ProxyRequest? = nil,
+        credentials: Credentials? = nil
+    ) {
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.body = body
+        self.model = model
+        self.credentials = credentials
+    }
+
+    // The fields most requests leave nil, boxed: inline they made a request 433 bytes (176
+    // now), and a transfer, which holds one, too large for malloc's per-thread cache; each
+    // copy of a request on its way to a transport was a `memcpy` of all of it, too. A box is
+    // never changed once made (a setter makes a new one), so copies stay independent values.
+    private struct RareFields {
+        var model: ProxyRequest?
+        var credentials: Credentials?
+        var clientCertificate: ClientCertificate?
+        var parentProxy: UpstreamProxy?
+
+        var isEmpty: Bool {
+            if case .some = model { return false }
+            if case .some = credentials { return false }
+            if case .some = clientCertificate { return false }
+            if case .some = parentProxy { return false }
+            return true
+        }
+    }
+
+    private final class RareBox {
+        let fields: RareFields
+        init(_ fields: RareFields) { self.fields = fields }
+    }
+
+    private var rare: RareBox?
+
+    /// Sets one rare field to `value` through `change`: nothing to do for nil without a box
+    /// (every try sets them, nearly always to nil).
+    private mutating func setRare<T>(_ value: T?, _ change: (inout RareFields) -> Void) {
+        if rare == nil, case .none = value { return }
+        var fields = rare?.fields ?? RareFields()
+        change(&fields)
+        rare = fields.isEmpty ? nil : RareBox(fields)
+    }
 }
