@@ -141,4 +141,17 @@ void sluice_name_thread(pthread_t thread, const char *name);
 /// kernel (<malloc.h>, which Swift's Glibc module does not export). Returns 1 if any were.
 int sluice_heap_trim(void);
 
+
+/// Routes libevent's allocations through a per-thread cache of at most 8 blocks of each of the
+/// two sizes an evbuffer chain has for a socket read and a small response (2 and 4 KiB): glibc
+/// serves blocks up to 1,032 bytes from its own per-thread cache, and these took the slow paths
+/// of malloc and free several times a request. Every block is glibc's (a cached one is simply
+/// not freed yet), so memory libevent allocated before the call is freed as before. Call before
+/// the event loops start (later calls do nothing); a thread's cached blocks are freed when it ends.
+void sluice_event_cache_buffer_blocks(void);
+/// Frees the calling thread's cached blocks (before a heap trim: a quiet worker keeps none).
+void sluice_event_release_cached_blocks(void);
+/// How many blocks the calling thread's cache holds (for tests).
+int sluice_event_cached_blocks(void);
+
 #endif

@@ -66,10 +66,12 @@ public final class ProxyServer: @unchecked Sendable {
     /// first session, freed by `wait()` once no worker thread is left to use it.
     private let share = CurlShare()
 
-    /// Bound once per process: libevent's locking. (libcurl's global state is set up when
-    /// libcurl is first opened, CShims' curl_loader.c.)
+    /// Bound once per process: libevent's allocations (a per-thread cache of its 2 and 4 KiB
+    /// buffer blocks, `sluice_event_cache_buffer_blocks`) and its locking. (libcurl's global
+    /// state is set up when libcurl is first opened, CShims' curl_loader.c.)
     private static let globalSetup: Void = {
         signal(SIGPIPE, SIG_IGN)
+        sluice_event_cache_buffer_blocks()
         evthread_use_pthreads()
     }()
 

@@ -550,6 +550,7 @@ final class Worker {
         case .arm:
             heapTrimTimer.arm(milliseconds: HeapTrimSchedule.quietMilliseconds)
         case .trim:
+            sluice_event_release_cached_blocks()
             _ = sluice_heap_trim()
         }
     }
