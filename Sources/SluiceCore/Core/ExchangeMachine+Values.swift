@@ -51,22 +51,18 @@ extension ExchangeMachine {
         // instructions a request). The box is a nil reference on the common path (an empty
         // array would still be retained and released with every copy).
         @usableFromInline var first: ProxyEvent?
-        @usableFromInline var more: More?
+        /// The second and third events; a box is never changed once made (a copy of the
+        /// reports shares it).
+        @usableFromInline var more: Box<[ProxyEvent]>?
 
-        /// The second and third events, never changed once made (a copy of the reports shares it).
-        @usableFromInline final class More {
-            @usableFromInline let events: [ProxyEvent]
-            init(_ events: [ProxyEvent]) { self.events = events }
-        }
-
-        public var endIndex: Int { first == nil ? 0 : 1 + (more?.events.count ?? 0) }
+        public var endIndex: Int { first == nil ? 0 : 1 + (more?.value.count ?? 0) }
         public var startIndex: Int { 0 }
 
         public init() {}
 
         public subscript(position: Int) -> ProxyEvent {
             precondition(position >= 0 && position < endIndex, "report index out of range")
-            return position == 0 ? first! : more!.events[position - 1]
+            return position == 0 ? first! : more!.value[position - 1]
         }
 
         mutating func append(_ event: ProxyEvent) {
@@ -74,7 +70,7 @@ extension ExchangeMachine {
             if first == nil {
                 first = event
             } else {
-                more = More((more?.events ?? []) + [event])
+                more = Box((more?.value ?? []) + [event])
             }
         }
 
@@ -85,7 +81,7 @@ extension ExchangeMachine {
             guard let first else { return }
             body(first)
             guard let more else { return }
-            for event in more.events { body(event) }
+            for event in more.value { body(event) }
         }
     }
 

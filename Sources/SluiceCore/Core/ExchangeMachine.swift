@@ -503,7 +503,7 @@ public struct ExchangeMachine {
     public mutating func ended(_ outcome: Outcome, error: String?) -> Reports {
         var reports = Reports()
         ended(outcome, error: error) { summary in
-            reports.append(summary.outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary))
+            reports.append(.ended(summary))
         }
         return reports
     }
@@ -520,7 +520,7 @@ public struct ExchangeMachine {
         if policy.runsLogScripts || policy.runsResponseScripts || keepsScriptContexts || summary.lua != nil {
             runScriptsAtEnd()
         }
-        let reported = built.contains(outcome == .tunnel ? .tunnelClosed : .finished)
+        let reported = built.contains(.ended(outcome))
         summary.outcome = outcome
         if let error { summary.error = error }
         state = .done(outcome)

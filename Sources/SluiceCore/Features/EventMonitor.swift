@@ -241,6 +241,15 @@ extension ProxyEvent {
         public static let configReloaded = Kinds(rawValue: 1 << 15)
         public static let cache = Kinds(rawValue: 1 << 16)
         public static let all = Kinds(rawValue: .max)
+
+        /// The kind of the event that reports an exchange's end with `outcome`: a tunnel's
+        /// close, or any other exchange's finish.
+        public static func ended(_ outcome: Outcome) -> Kinds { outcome == .tunnel ? .tunnelClosed : .finished }
+    }
+
+    /// The event that reports the end of the exchange `summary` records (`Kinds.ended`).
+    public static func ended(_ summary: ExchangeSummary) -> ProxyEvent {
+        summary.outcome == .tunnel ? .tunnelClosed(summary) : .finished(summary)
     }
 
     /// This event's kind.
@@ -300,9 +309,8 @@ extension EventMonitor {
     public var events: ProxyEvent.Kinds { .all }
     public var readsEveryScriptCall: Bool { true }
     public func exchangeEnded(_ summary: ExchangeSummary) {
-        let tunnel = summary.outcome == .tunnel
-        guard events.contains(tunnel ? .tunnelClosed : .finished) else { return }
-        handle(tunnel ? .tunnelClosed(summary) : .finished(summary))
+        guard events.contains(.ended(summary.outcome)) else { return }
+        handle(.ended(summary))
     }
 }
 
@@ -325,7 +333,7 @@ public final class CompositeEventMonitor: EventMonitor {
     }
     /// Each monitor that reads the record's kind gets it lent in turn.
     public func exchangeEnded(_ summary: ExchangeSummary) {
-        let kind: ProxyEvent.Kinds = summary.outcome == .tunnel ? .tunnelClosed : .finished
+        let kind = ProxyEvent.Kinds.ended(summary.outcome)
         for monitor in monitors where monitor.events.contains(kind) { monitor.exchangeEnded(summary) }
     }
 }

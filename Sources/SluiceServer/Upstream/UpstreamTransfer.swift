@@ -127,6 +127,7 @@ struct ResponseDisposition {
     }
     private var redirect: Redirect?
 
+    /// `Box` would do, but it requires `Sendable`, which a request (its header lines) is not.
     private final class Redirect {
         let request: UpstreamRequest
         init(_ request: UpstreamRequest) { self.request = request }
@@ -275,26 +276,26 @@ struct UpstreamRequest {
     var body: Body
     /// The pipeline's view of it, when the exchange built one (adapters, monitors, redirects).
     var model: ProxyRequest? {
-        get { rare?.fields.model }
+        get { rare?.value.model }
         set { setRare(newValue) { $0.model = newValue } }
     }
     /// Answers Basic and Digest challenges (the policy's `credentials`).
     var credentials: Credentials? {
-        get { rare?.fields.credentials }
+        get { rare?.value.credentials }
         set { setRare(newValue) { $0.credentials = newValue } }
     }
     /// The target host's trust evaluator and client certificate (set when the try starts:
     /// a followed redirect may change the host).
     var trust: ServerTrust = .builtInDefault
     var clientCertificate: ClientCertificate? {
-        get { rare?.fields.clientCertificate }
+        get { rare?.value.clientCertificate }
         set { setRare(newValue) { $0.clientCertificate = newValue } }
     }
     /// Connection reuse limits for a TLS try after a reload (`UpstreamTLS.reuse`).
     var reuse = UpstreamTLS.ConnectionReuse()
     /// The target host's parent proxy (`upstream_proxy`), set when the try starts.
     var parentProxy: UpstreamProxy? {
-        get { rare?.fields.parentProxy }
+        get { rare?.value.parentProxy }
         set { setRare(newValue) { $0.parentProxy = newValue } }
     }
     /// The target host's HTTP version policy (`upstream.http2`), set when the try starts.
@@ -340,19 +341,14 @@ struct UpstreamRequest {
         }
     }
 
-    private final class RareBox {
-        let fields: RareFields
-        init(_ fields: RareFields) { self.fields = fields }
-    }
-
-    private var rare: RareBox?
+    private var rare: Box<RareFields>?
 
     /// Sets one rare field to `value` through `change`: nothing to do for nil without a box
     /// (every try sets them, nearly always to nil).
     private mutating func setRare<T>(_ value: T?, _ change: (inout RareFields) -> Void) {
         if rare == nil, case .none = value { return }
-        var fields = rare?.fields ?? RareFields()
+        var fields = rare?.value ?? RareFields()
         change(&fields)
-        rare = fields.isEmpty ? nil : RareBox(fields)
+        rare = fields.isEmpty ? nil : Box(fields)
     }
 }
