@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import clients, fleetcache, procfs, stats
 from .servers import (FLEET_TARGETS, RELOADED_HEADER, SLUICE_TARGETS, helper_of, kind, port_open, redis_commandstats,
-                      sluice_yaml, wait_port)
+                      nginx_callgrind_conf, sluice_yaml, wait_port)
 
 LUA = Path(__file__).resolve().parent.parent / "absolute.lua"
 
@@ -378,6 +378,9 @@ def callgrind(bench) -> dict:
     for t in wanted:
         if t not in bench.active():
             continue
+        if kind(t) in CALLGRIND_NGINX_TARGETS:
+            out[t] = _callgrind_nginx(bench, t, d)
+            continue
         # valgrind 3.19 cannot read the DWARF 5 of Swift's toolchain; a copy without debug info
         # keeps the symbol table, so the profile still names functions.
         source = bench.lab.binary(t)
@@ -423,6 +426,57 @@ def callgrind(bench) -> dict:
             bench.log(f"{t:16} callgrind: {row['per_request']} instructions per request")
         out[t] = row
     return out
+
+
+# nginx targets callgrind measures beside Sluice's (`callgrind.targets`): the same sequential
+# requests, so the gap to a peer is known to the instruction, whatever the machine's noise.
+CALLGRIND_NGINX_TARGETS = ("nginx-pipeline", "nginx-lua")
+
+
+def _callgrind_nginx(bench, target: str, d: Path) -> dict:
+    """A peer's instructions per request, measured as Sluice's: nginx with one process
+    (`master_process off`, so valgrind sees the worker) serving n1 and then n2 sequential GETs,
+    its configuration the target's own with the callgrind port."""
+    p = bench.scenario["callgrind"]
+    row: dict = {"n1": p["n1"], "n2": p["n2"]}
+    bench.log(f"callgrind: {target}, {p['n1']} and {p['n2']} requests (valgrind is slow)")
+    for key, n in (("ir_n1", p["n1"]), ("ir_n2", p["n2"])):
+        ir, why = _callgrind_nginx_run(bench, target, n, d)
+        if ir is None:
+            return {**row, "note": f"n/a ({why})"}
+        row[key] = ir
+    row["per_request"] = round((row["ir_n2"] - row["ir_n1"]) / (p["n2"] - p["n1"]))
+    row["top"] = _top_functions(d, target, p["n1"], p["n2"])
+    bench.log(f"{target:16} callgrind: {row['per_request']} instructions per request")
+    return row
+
+
+def _callgrind_nginx_run(bench, target: str, n: int, d: Path) -> tuple[int | None, str]:
+    port = bench.lab.port("callgrind")
+    conf = nginx_callgrind_conf(bench.lab, target, port)
+    profile = d / f"callgrind.{target}.{n}.out"
+    prefix = bench.lab.dir(f"callgrind-{target}")
+    (prefix / "nginx.conf").write_text(conf)
+    proc = bench.lab.start(f"callgrind-{target}-{n}", [
+        "valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}",
+        "nginx", "-e", f"{prefix}/error.log", "-p", str(prefix), "-c", f"{prefix}/nginx.conf"])
+    try:
+        if not wait_port(port, proc, 60):
+            return None, f"nginx under valgrind did not open its port within 60 s: {proc.tail(3)}"
+        body = bench.scenario["callgrind"].get("body", "1k")
+        failure = clients.sequential(port, n, bench.request_target(target, body), bench.lab.origin_host,
+                                     int(body.rstrip("k")) * 1024, 840, bench.scenario["headers"])
+        # SIGQUIT: a graceful exit (the access log's buffer written); callgrind then writes its file.
+        proc.popen.send_signal(signal.SIGQUIT)
+        proc.popen.wait(120)
+    except subprocess.TimeoutExpired:
+        return None, "no exit 120 s after SIGQUIT"
+    finally:
+        proc.stop()
+    if failure:
+        return None, f"client: {failure}"
+    ir = stats.parse_callgrind_total(profile.read_text()) if profile.exists() else None
+    return ir, "" if ir is not None else "no callgrind totals"
 
 
 def _callgrind_run(bench, binary: Path, target: str, n: int, d: Path,

@@ -424,12 +424,15 @@ def callgrind_section(result: dict) -> str | None:
              if r.get("redis_round_trips_per_run")]
     fleet_note = (f" Redis round trips (EVALSHA + EVAL) during the {p['n1']}- and {p['n2']}-request runs, the "
                   f"heartbeats of both Sluice processes on it included: " + ", ".join(fleet) + "." if fleet else "")
+    peers = [t for t in cg if t.startswith("nginx")]
+    peer_note = (f" {', '.join(peers)}: nginx with one process (`master_process off`, `worker_processes 1`), the "
+                 "same requests." if peers else "")
     return ("#### Instructions per request (callgrind)\n\n"
             + table(header, rows, ["l"] + ["r"] * (len(header) - 2) + ["l"])
             + f"\n\nSluice with `workers: 1` under `valgrind --tool=callgrind` (debug info stripped), {p['n1']} and "
               f"then {p['n2']} sequential {p.get('body', '1k').replace('k', ' KiB')} GETs on one kept-alive connection; "
               f"(Ir({p['n2']}) − Ir({p['n1']})) / "
-              f"{p['n2'] - p['n1']}, so start-up and shutdown cancel out.{fleet_note}")
+              f"{p['n2'] - p['n1']}, so start-up and shutdown cancel out.{peer_note}{fleet_note}")
 
 
 def baseline_section(result: dict) -> str | None:

@@ -601,6 +601,16 @@ def nginx_lua_main() -> str:
     return "".join(f"load_module {module};\n" for module in NGINX_LUA_MODULES)
 
 
+def nginx_callgrind_conf(lab: Lab, name: str, port: int) -> str:
+    """`name`'s configuration for the callgrind measure: one process and no master (valgrind
+    sees the process that serves), listening on `port`, its files in its own directory."""
+    d = lab.dir(f"callgrind-{name}")
+    main = nginx_lua_main() if name == "nginx-lua" else ""
+    body = nginx_proxy_body(lab, name).replace(f"listen 127.0.0.1:{lab.port(name)} ", f"listen 127.0.0.1:{port} ")
+    body = body.replace(str(lab.dir(name)), str(d))
+    return _nginx_conf(lab, d, "1", body, main).replace("master_process on;", "master_process off;")
+
+
 def start_nginx_proxy(lab: Lab, name: str) -> Proc:
     """nginx is no general forward proxy; this is its best case: absolute-form requests (nginx
     accepts them and routes on the path) sent to one fixed upstream over a pool of kept-alive

@@ -30,7 +30,8 @@ def test_the_scenario():
     assert scenario["measures"] == ["throughput", "callgrind"]
     assert scenario["loads"] == [{"body": "1k", "connections": [64]}]
     assert scenario["headers"] == {"X-Client": "bench"}
-    assert scenario["callgrind"] == {"n1": 200, "n2": 2200, "targets": ["sluice-pipeline", "sluice-lua"]}
+    assert scenario["callgrind"] == {"n1": 200, "n2": 2200, "targets": ["sluice-pipeline", "sluice-lua",
+                                                                        "nginx-pipeline", "nginx-lua"]}
     # Every other scenario sends no extra header.
     assert runner.load_scenario("headline", [])["headers"] == {}
 
@@ -101,6 +102,34 @@ def test_nginx_accepts_the_configuration(lab, tmp_path, name):
         main = servers.nginx_lua_main()
     d = lab.dir(name)
     (d / "nginx.conf").write_text(servers._nginx_conf(lab, d, "auto", servers.nginx_proxy_body(lab, name), main))
+    check = subprocess.run(["nginx", "-t", "-e", f"{d}/error.log", "-p", str(d), "-c", f"{d}/nginx.conf"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("name", ["nginx-pipeline", "nginx-lua"])
+def test_nginx_under_callgrind_is_the_target_in_one_process(lab, tmp_path, name):
+    """The callgrind measure's nginx: the target's own configuration, but one process without a
+    master (valgrind follows the process that serves), on the callgrind port, its files (the
+    access log) in a directory of its own; nginx accepts it where installed."""
+    port = lab.port("callgrind")
+    conf = servers.nginx_callgrind_conf(lab, name, port)
+    d = tmp_path / f"callgrind-{name}"
+    assert "master_process off;" in conf and "master_process on;" not in conf
+    assert "worker_processes 1;" in conf
+    assert f"listen 127.0.0.1:{port} backlog=4096;" in conf and f":{lab.port(name)} " not in conf
+    assert f"access_log {d}/access.log bench" in conf and f"{tmp_path}/{name}/" not in conf
+    # Otherwise the target's configuration, line for line.
+    target = servers._nginx_conf(lab, lab.dir(name), "1", servers.nginx_proxy_body(lab, name),
+                                 servers.nginx_lua_main() if name == "nginx-lua" else "")
+    assert conf == (target.replace("master_process on;", "master_process off;")
+                    .replace(f":{lab.port(name)} ", f":{port} ").replace(str(lab.dir(name)), str(d)))
+    assert ("ngx.req.set_header" in conf) == (name == "nginx-lua")
+    if shutil.which("nginx") is None:
+        pytest.skip("nginx is not installed")
+    if name == "nginx-lua" and not all(Path(m).exists() for m in servers.NGINX_LUA_MODULES):
+        pytest.skip("libnginx-mod-http-lua is not installed")
+    (d / "nginx.conf").write_text(conf)
     check = subprocess.run(["nginx", "-t", "-e", f"{d}/error.log", "-p", str(d), "-c", f"{d}/nginx.conf"],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
