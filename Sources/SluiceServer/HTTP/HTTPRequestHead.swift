@@ -70,7 +70,7 @@ public struct HTTPRequestHead: Sendable {
     /// Whether `field`'s name equals `lowercaseName` ignoring ASCII case.
     public func field(_ field: Field, isNamed lowercaseName: String) -> Bool {
         bytes.withUnsafeBufferPointer { buf in
-            ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[field.name]), lowercaseName)
+            ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[field.name]), string: lowercaseName)
         }
     }
 
@@ -105,7 +105,9 @@ enum ASCII {
         out.append(UInt8(ascii: "0") + UInt8(n % 10))
     }
 
-    static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ lowercase: String) -> Bool {
+    /// The form for a name known only at run time. Labelled, so that a literal argument takes
+    /// the `StaticString` form below (unlabelled, Swift would prefer `String` for a literal).
+    static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, string lowercase: String) -> Bool {
         var lowercase = lowercase
         return lowercase.withUTF8 { equalsIgnoringCase(bytes, $0) }
     }

@@ -226,7 +226,9 @@ struct RequestHeaderLines {
     func replacing(_ removing: [String], adding: [(name: String, value: String)]) -> RequestHeaderLines {
         var builder = Builder(capacity: byteCount + 256, lines: count + adding.count)
         forEachField { name, value in
-            if !removing.contains(where: { ASCII.equalsIgnoringCase(name, $0) }) { builder.append(name: name, value: value) }
+            if !removing.contains(where: { ASCII.equalsIgnoringCase(name, string: $0) }) {
+                builder.append(name: name, value: value)
+            }
         }
         for (name, value) in adding { builder.append(name: name.utf8, value: value.utf8) }
         return builder.makeLines()
