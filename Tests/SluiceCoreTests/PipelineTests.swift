@@ -229,6 +229,16 @@ extension ProxyRequest: Equatable {
         #expect(RetryPolicy(maxDelay: 1500).backoff(attempt: 5) == 1500)
     }
 
+    /// The transports' switch and the set the policies start from agree: every method in the
+    /// set, and none of the others (methods are case-sensitive).
+    @Test func defaultRetryableSwitchMatchesTheSet() {
+        for method in RetryPolicy.defaultRetryableMethods { #expect(RetryPolicy.isDefaultRetryable(method)) }
+        for method in ["POST", "PATCH", "CONNECT", "get", "Head", "GETX", "", "PROPFIND"] {
+            #expect(!RetryPolicy.isDefaultRetryable(method), "\(method)")
+            #expect(!RetryPolicy.defaultRetryableMethods.contains(method))
+        }
+    }
+
     @Test func decisions() {
         let p = RetryPolicy(limit: 2, scale: 100)
         func ask(

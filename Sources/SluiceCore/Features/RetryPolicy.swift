@@ -28,6 +28,17 @@ public struct RetryPolicy: RequestRetrier, Equatable {
     public static let defaultMaxDelay = 30_000
     /// DELETE, GET, HEAD, OPTIONS, PUT, TRACE: Alamofire's idempotent methods.
     public static let defaultRetryableMethods: Set<String> = ["DELETE", "GET", "HEAD", "OPTIONS", "PUT", "TRACE"]
+
+    /// Whether `method` is one of `defaultRetryableMethods`, without hashing it: every try
+    /// asks (whether a reused connection's failure may be resent), and a `switch` of short
+    /// literals compares a GET's inline bytes once.
+    @inlinable
+    public static func isDefaultRetryable(_ method: String) -> Bool {
+        switch method {
+        case "GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE": true
+        default: false
+        }
+    }
     /// 408, 500, 502, 503, 504, as Alamofire.
     public static let defaultRetryableStatusCodes: Set<Int> = [408, 500, 502, 503, 504]
     /// Every transport kind Alamofire's retryable URL errors map to.

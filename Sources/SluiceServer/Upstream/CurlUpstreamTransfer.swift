@@ -135,7 +135,7 @@ final class CurlUpstreamTransfer: CurlTransfer, UpstreamTransfer {
         head = session.takeHeadCollector()
         trust = request.trust
         method = request.method
-        resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
+        resendable = RetryPolicy.isDefaultRetryable(request.method)
         isPlain =
             request.target.scheme == .http && request.body == .none && request.credentials == nil
             && request.parentProxy == nil

@@ -164,7 +164,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         self.viaLine = viaLine
         connectTimeout = config.timeouts.upstreamConnect
         totalTimeout = request.totalTimeout ?? config.timeouts.total
-        resendable = RetryPolicy.defaultRetryableMethods.contains(request.method)
+        resendable = RetryPolicy.isDefaultRetryable(request.method)
         if let peer {
             viaPeer = true
             originKey = peer
