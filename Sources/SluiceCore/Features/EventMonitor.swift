@@ -100,12 +100,17 @@ public struct ExchangeSummary: Sendable {
     /// `hit`, `fwd=uri-miss;stored`, …); nil when no `cache_store` is configured.
     public var cache: String?
 
-    public init(id: UInt64, client: String, method: String, url: String, policy: String) {
+    public init(
+        id: UInt64, client: String, method: String, url: String, policy: String, requestId: String? = nil,
+        host: String = ""
+    ) {
         self.id = id
         self.client = client
         self.method = method
         self.url = url
         self.policy = policy
+        self.requestId = requestId
+        self.host = host
         status = 0
         bytesIn = 0
         bytesOut = 0

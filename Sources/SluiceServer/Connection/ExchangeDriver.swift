@@ -292,13 +292,15 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     /// Runs a try through the try stages (`RequestChain.attempt`) from the one at `index`, then
     /// performs their answer: the last hands it to its transport.
-    func startTry(_ request: UpstreamRequest, _ exchange: Exchange, from index: Int = 0) {
-        var request = request
-        perform(RequestChain.runTry(&request, exchange, worker, from: index), request, exchange)
+    /// `request` is consumed: it moves through the stages into its transfer, never copied (a
+    /// copy is a retain per field and a release when it goes).
+    func startTry(_ request: consuming UpstreamRequest, _ exchange: Exchange, from index: Int = 0) {
+        let verdict = RequestChain.runTry(&request, exchange, worker, from: index)
+        perform(verdict, request, exchange)
     }
 
     /// Performs a try stage's answer (`TryVerdict`) for `request`.
-    private func perform(_ verdict: TryVerdict, _ request: UpstreamRequest, _ exchange: Exchange) {
+    private func perform(_ verdict: TryVerdict, _ request: consuming UpstreamRequest, _ exchange: Exchange) {
         switch verdict {
         case .send(let route):
             send(request, route, exchange)
@@ -329,7 +331,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     /// Hands a try the stages completed to its transport. A resume (`request.resumes`) carries
     /// on the client's response in its framing, and the cache's tee it goes on feeding.
-    private func send(_ request: UpstreamRequest, _ route: UpstreamRoute, _ exchange: Exchange) {
+    private func send(_ request: consuming UpstreamRequest, _ route: UpstreamRoute, _ exchange: Exchange) {
         if case .upgrade(let upgrade, let perTryTimeout) = route {
             let transfer = UpgradeTransfer(
                 connection: connection, request: request, upgrade: upgrade,
@@ -337,12 +339,13 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
             phase = .upgrading(transfer)
             return transfer.start(perTryTimeout: perTryTimeout)
         }
+        let resumes = request.resumes != nil
         guard
             let (transfer, perTryTimeout) = tries.transfer(
                 request, route: route, delegate: self, bodySource: self, output: connection.clientOutput,
                 clientMinorVersion: exchange.head.minorVersion)
         else { return }
-        if request.resumes != nil, let resume {
+        if resumes, let resume {
             transfer.continuing = resume.framing
             transfer.cacheFill = resume.takeFill()
             resume.awaitingHead = true

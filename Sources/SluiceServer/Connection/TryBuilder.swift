@@ -69,7 +69,7 @@ struct TryBuilder {
     /// `UpgradeTransfer`, which the driver makes); nil for an upgrade route. It reports to
     /// `delegate`, reads the request body from `bodySource` and writes the response to `output`.
     func transfer(
-        _ request: UpstreamRequest, route: UpstreamRoute, delegate: any UpstreamTransferDelegate,
+        _ request: consuming UpstreamRequest, route: UpstreamRoute, delegate: any UpstreamTransferDelegate,
         bodySource: any RequestBodySource, output: OpaquePointer, clientMinorVersion: Int
     ) -> (transfer: any UpstreamTransfer, perTryTimeout: Int)? {
         switch route {

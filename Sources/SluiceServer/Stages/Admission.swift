@@ -69,20 +69,20 @@ enum Admission {
                     target: target)
             }
         }
-        var summary = ExchangeSummary(id: id, client: client.peer, method: head.method, url: url, policy: policy.name)
         let clientRequestId = ForwardedHeaders.requestId(of: head)
         let generatedRequestId = clientRequestId == nil ? services.makeRequestId(id) : nil
-        summary.requestId = clientRequestId ?? generatedRequestId
-        summary.host = target.host
         let monitoring: ExchangeMachine.Monitoring =
             pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
         let replayLimit = head.hasBody ? ExchangeMachine.replayLimit(for: policy) : 0
-        // The machine is built in place and `summary` not read after: a copy of either costs
-        // a few hundred bytes and a retain per field.
+        // The machine and its summary are built in place, as arguments: a copy of either costs
+        // a few hundred bytes and a retain per field (a local `summary` was copied).
         let exchange = Exchange(
             pipeline: pipeline, head: head, client: client,
             machine: ExchangeMachine(
-                summary: summary, policy: policy, target: .init(target),
+                summary: ExchangeSummary(
+                    id: id, client: client.peer, method: head.method, url: url, policy: policy.name,
+                    requestId: clientRequestId ?? generatedRequestId, host: target.host),
+                policy: policy, target: .init(target),
                 defaultPerTryTimeout: services.upstreamPerTryTimeout,
                 monitoring: monitoring, events: pipeline.monitor?.events ?? []),
             target: target, body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
