@@ -100,23 +100,29 @@ public struct ExchangeSummary: Sendable {
     /// `hit`, `fwd=uri-miss;stored`, …); nil when no `cache_store` is configured.
     public var cache: String?
 
+}
+
+// The initialisers live in an extension, so that Swift still makes the memberwise one: an
+// explicit `init` body (Swift 6.3.1, -O) builds the struct in a local and copies it out,
+// a retain and a release for each of its references (16), where the memberwise initialiser
+// writes the fields where the result goes.
+extension ExchangeSummary {
     public init(
         id: UInt64, client: String, method: String, url: String, policy: String, requestId: String? = nil,
         host: String = ""
     ) {
-        self.id = id
-        self.client = client
-        self.method = method
-        self.url = url
-        self.policy = policy
-        self.requestId = requestId
-        self.host = host
-        status = 0
-        bytesIn = 0
-        bytesOut = 0
-        attempts = 0
-        redirects = 0
-        outcome = .ok
+        self = .starting(
+            id: id, client: client, method: method, url: url, policy: policy, requestId: requestId, host: host)
+    }
+
+    /// The summary an exchange begins with (admission): its fields moved in, not copied.
+    public static func starting(
+        id: UInt64, client: consuming String, method: consuming String, url: consuming String,
+        policy: consuming String, requestId: consuming String?, host: consuming String
+    ) -> ExchangeSummary {
+        ExchangeSummary(
+            id: id, client: client, requestId: requestId, host: host, method: method, url: url, policy: policy,
+            status: 0, bytesIn: 0, bytesOut: 0, attempts: 0, redirects: 0, outcome: .ok)
     }
 }
 

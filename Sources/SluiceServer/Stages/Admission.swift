@@ -79,7 +79,7 @@ enum Admission {
         let exchange = Exchange(
             pipeline: pipeline, head: head, client: client,
             machine: ExchangeMachine(
-                summary: ExchangeSummary(
+                summary: .starting(
                     id: id, client: client.peer, method: head.method, url: url, policy: policy.name,
                     requestId: clientRequestId ?? generatedRequestId, host: target.host),
                 policy: policy, target: .init(target),
