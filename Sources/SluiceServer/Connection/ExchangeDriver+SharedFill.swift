@@ -296,7 +296,7 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder
     func collectionOverflowed(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         transfer.forward(keepAlive: false)
     }
-    func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
+    func responseHeadArrived(_ head: consuming UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         transfer.forward(keepAlive: false)
     }
     func interimResponse(status: Int, fields: [(name: String, value: String)]) {}

@@ -422,7 +422,7 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
 
     /// Runs the response stages on the head (`ResponseChain`), then performs their verdict
     /// (`perform(_:on:_:)`): forward it, drain it for a retry, follow a redirect, or keep its body.
-    func responseHeadArrived(_ response: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
+    func responseHeadArrived(_ response: consuming UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         guard let exchange else { return transfer.forward(keepAlive: connection.keepsAliveAfterResponse) }
         var context = ResponseHeadContext(response: response, transfer: transfer, canResendBody: canResendBody(exchange))
         perform(ResponseChain.runHead(&context, exchange, worker), on: transfer, exchange)

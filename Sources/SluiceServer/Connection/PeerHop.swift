@@ -95,7 +95,7 @@ final class PeerHop: UpstreamTransferDelegate {
 
     /// The peer answered: its head goes to the client as it came, with this instance's
     /// `Cache-Status` entry after the peer's own.
-    func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
+    func responseHeadArrived(_ head: consuming UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         peers.downMarks.markUp(peer)
         peers.requestMetrics.record(.answered, peer: peer)
         let parameters = Self.parameters + "; detail=\"peer \(peer)\""

@@ -196,8 +196,9 @@ struct ResponseDisposition {
 protocol UpstreamTransferDelegate: AnyObject {
     /// The final response head arrived (once per try, before any byte of it reaches the
     /// client). The delegate answers on `transfer` before returning; with no answer the head
-    /// is forwarded with a close.
-    func responseHeadArrived(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer)
+    /// is forwarded with a close. The head is the delegate's (consumed: it moves into the
+    /// response stages' context, not copied).
+    func responseHeadArrived(_ head: consuming UpstreamResponseHead, on transfer: any UpstreamTransfer)
     /// An interim (1xx, not 101) head arrived before the final one, with its end-to-end fields.
     func interimResponse(status: Int, fields: [(name: String, value: String)])
     /// The response head went to the client (`status`), or the body bytes did (`bytes`).
