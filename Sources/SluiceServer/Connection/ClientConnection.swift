@@ -42,7 +42,10 @@ final class ClientConnection: ClientSocketOwner {
     /// Resume a paused upstream once the client's output falls to this (256 KiB).
     static let outputLowWatermark = ClientSocket.outputLowWatermark
 
-    unowned let worker: Worker
+    /// Unowned without a check, as the driver's (a checked access costs an atomic retain and
+    /// release, about ten a request here): the worker holds every connection it accepted in
+    /// `connections` and outlives them, and a connection runs only on the worker's thread.
+    unowned(unsafe) let worker: Worker
     /// The connection as the stages see it: its peer, its listener's kind, its interception
     /// and accepted proxy credential.
     let client: RequestClient
