@@ -460,28 +460,12 @@ def _callgrind_nginx_run(bench, target: str, n: int, d: Path) -> tuple[int | Non
     proc = bench.lab.start(f"callgrind-{target}-{n}", [
         "valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}",
         "nginx", "-e", f"{prefix}/error.log", "-p", str(prefix), "-c", f"{prefix}/nginx.conf"])
-    try:
-        if not wait_port(port, proc, 60):
-            return None, f"nginx under valgrind did not open its port within 60 s: {proc.tail(3)}"
-        body = bench.scenario["callgrind"].get("body", "1k")
-        failure = clients.sequential(port, n, bench.request_target(target, body), bench.lab.origin_host,
-                                     int(body.rstrip("k")) * 1024, 840, bench.scenario["headers"])
-        # SIGQUIT: a graceful exit (the access log's buffer written); callgrind then writes its file.
-        proc.popen.send_signal(signal.SIGQUIT)
-        proc.popen.wait(120)
-    except subprocess.TimeoutExpired:
-        return None, "no exit 120 s after SIGQUIT"
-    finally:
-        proc.stop()
-    if failure:
-        return None, f"client: {failure}"
-    ir = stats.parse_callgrind_total(profile.read_text()) if profile.exists() else None
-    return ir, "" if ir is not None else "no callgrind totals"
+    # SIGQUIT: a graceful exit (the access log's buffer written); callgrind then writes its file.
+    return _callgrind_serve(bench, proc, target, n, profile, "nginx", signal.SIGQUIT)
 
 
 def _callgrind_run(bench, binary: Path, target: str, n: int, d: Path,
                    valgrind: bool = True) -> tuple[int | None, str]:
-    port = bench.lab.port("callgrind")
     profile = d / f"callgrind.{target}.{n}.out"
     tool = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={profile}"] if valgrind else []
     # Swift seeds its hashing at random per process: a dictionary's probes, and so the count,
@@ -489,22 +473,31 @@ def _callgrind_run(bench, binary: Path, target: str, n: int, d: Path,
     # makes the count repeat.
     proc = bench.lab.start(f"callgrind-{target}-{n}", ["env", "SWIFT_DETERMINISTIC_HASHING=1", *tool, str(binary),
                                                         "run", "--config", str(d / f"{target}.yaml")])
+    # SIGTERM: Sluice drains (nothing is in flight) and exits; callgrind then writes its file.
+    return _callgrind_serve(bench, proc, target, n, profile if valgrind else None, "Sluice", signal.SIGTERM)
+
+
+def _callgrind_serve(bench, proc, target: str, n: int, profile: Path | None, who: str,
+                     stop: signal.Signals) -> tuple[int | None, str]:
+    """Sends `n` sequential GETs to the process (under valgrind unless `profile` is None),
+    stops it with `stop` and reads the instructions its profile counted: (Ir, ""), (None, "")
+    without a profile, or (None, why)."""
+    port = bench.lab.port("callgrind")
     try:
         if not wait_port(port, proc, 60):
-            return None, f"Sluice under valgrind did not open its port within 60 s: {proc.tail(3)}"
+            return None, f"{who} under valgrind did not open its port within 60 s: {proc.tail(3)}"
         body = bench.scenario["callgrind"].get("body", "1k")
         failure = clients.sequential(port, n, bench.request_target(target, body), bench.lab.origin_host,
                                      int(body.rstrip("k")) * 1024, 840, bench.scenario["headers"])
-        # SIGTERM: Sluice drains (nothing is in flight) and exits; callgrind then writes its file.
-        proc.popen.send_signal(signal.SIGTERM)
+        proc.popen.send_signal(stop)
         proc.popen.wait(120)
     except subprocess.TimeoutExpired:
-        return None, "no exit 120 s after SIGTERM"
+        return None, f"no exit 120 s after {stop.name}"
     finally:
         proc.stop()
     if failure:
         return None, f"client: {failure}"
-    if not valgrind:
+    if profile is None:
         return None, ""
     ir = stats.parse_callgrind_total(profile.read_text()) if profile.exists() else None
     return ir, "" if ir is not None else "no callgrind totals"
