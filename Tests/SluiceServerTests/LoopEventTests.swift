@@ -14,6 +14,8 @@ import Testing
     /// What the events' closures did, and the events it owns.
     final class Owner {
         var fired = 0
+        /// When `timerFired` ran (monotonic microseconds).
+        var firedAt: [Int64] = []
         var timedOut: [Bool] = []
         var threads: [pthread_t] = []
         var timer: LoopTimer<Owner>?
@@ -24,6 +26,7 @@ import Testing
 
         func timerFired() {
             fired += 1
+            firedAt.append(MonotonicClock.microseconds())
             if dropsOnFire { timer = nil }
         }
 
@@ -117,6 +120,92 @@ import Testing
         f.owner.timer = nil
         f.spin(milliseconds: 40)
         #expect(f.owner.fired == 0)
+    }
+
+    // A lazy timer: the same promises, with libevent's event moved only when it must be.
+
+    @Test func aLazyTimerFiresOnceAndNeverBeforeItsDeadline() {
+        let f = Fixture()
+        defer { f.close() }
+        f.owner.timer = LoopTimer(on: f.base, owner: f.owner, lazy: true) { $0.timerFired() }
+        let start = MonotonicClock.microseconds()
+        f.owner.timer?.arm(milliseconds: 20)
+        f.spin(milliseconds: 2_000) { f.owner.fired > 0 }
+        f.spin(milliseconds: 40)
+        #expect(f.owner.fired == 1)
+        #expect(f.owner.firedAt.first.map { $0 - start >= 20_000 } == true)
+        #expect(f.owner.timer?.isArmed == false)
+    }
+
+    @Test func aLazyTimerMovedLaterWaitsForTheNewDeadline() {
+        let f = Fixture()
+        defer { f.close() }
+        f.owner.timer = LoopTimer(on: f.base, owner: f.owner, lazy: true) { $0.timerFired() }
+        f.owner.timer?.arm(milliseconds: 10)
+        let start = MonotonicClock.microseconds()
+        f.owner.timer?.arm(milliseconds: 150)
+        // The event wakes the loop at 10 ms, and the timer waits for the rest.
+        f.spin(milliseconds: 60)
+        #expect(f.owner.fired == 0)
+        f.spin(milliseconds: 2_000) { f.owner.fired > 0 }
+        #expect(f.owner.fired == 1)
+        #expect(f.owner.firedAt.first.map { $0 - start >= 150_000 } == true)
+    }
+
+    @Test func aLazyTimerMovedSoonerFiresSooner() {
+        let f = Fixture()
+        defer { f.close() }
+        f.owner.timer = LoopTimer(on: f.base, owner: f.owner, lazy: true) { $0.timerFired() }
+        f.owner.timer?.arm(milliseconds: 5_000)
+        let start = MonotonicClock.milliseconds()
+        f.owner.timer?.arm(milliseconds: 5)
+        f.spin(milliseconds: 2_000) { f.owner.fired > 0 }
+        #expect(f.owner.fired == 1)
+        #expect(MonotonicClock.milliseconds() - start < 1_000)
+    }
+
+    @Test func aStoppedLazyTimerDoesNotFireAndRearmsLater() {
+        let f = Fixture()
+        defer { f.close() }
+        f.owner.timer = LoopTimer(on: f.base, owner: f.owner, lazy: true) { $0.timerFired() }
+        f.owner.timer?.arm(milliseconds: 5)
+        f.owner.timer?.stop()
+        #expect(f.owner.timer?.isArmed == false)
+        f.spin(milliseconds: 40)
+        #expect(f.owner.fired == 0)
+        // Stopped while its event is still pending, armed again for later: it fires once,
+        // at the later deadline.
+        f.owner.timer?.arm(milliseconds: 20)
+        f.owner.timer?.stop()
+        let start = MonotonicClock.microseconds()
+        f.owner.timer?.arm(milliseconds: 80)
+        f.spin(milliseconds: 2_000) { f.owner.fired > 0 }
+        f.spin(milliseconds: 30)
+        #expect(f.owner.fired == 1)
+        #expect(f.owner.firedAt.first.map { $0 - start >= 80_000 } == true)
+    }
+
+    @Test func armAndStopPerRequestLeaveLibeventsEventAlone() throws {
+        let f = Fixture()
+        defer { f.close() }
+        f.owner.timer = LoopTimer(on: f.base, owner: f.owner, lazy: true) { $0.timerFired() }
+        f.owner.timer?.arm(milliseconds: 60_000)
+        let first = try #require(f.owner.timer?.pendingTimeout)
+        for _ in 0..<3 {
+            usleep(10_000)  // more than the coarse clock's tick: a new arm means a later deadline
+            f.owner.timer?.stop()
+            f.owner.timer?.arm(milliseconds: 60_000)
+        }
+        let after = try #require(f.owner.timer?.pendingTimeout)
+        #expect(after.tv_sec == first.tv_sec && after.tv_usec == first.tv_usec)
+        // A plain timer moves the event on every arm.
+        f.owner.timer = LoopTimer(on: f.base, owner: f.owner) { $0.timerFired() }
+        f.owner.timer?.arm(milliseconds: 60_000)
+        usleep(10_000)
+        f.owner.timer?.stop()
+        f.owner.timer?.arm(milliseconds: 60_000)
+        let moved = try #require(f.owner.timer?.pendingTimeout)
+        #expect(moved.tv_sec * 1_000_000 + moved.tv_usec > first.tv_sec * 1_000_000 + first.tv_usec + 20_000)
     }
 
     @Test func aRepeatingTimerFiresUntilStopped() {

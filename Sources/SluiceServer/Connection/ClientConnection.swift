@@ -93,7 +93,7 @@ final class ClientConnection: ClientSocketOwner {
         clientOutput = socket.output
         driver = ExchangeDriver(connection: self, worker: worker)
         socket.owner = self
-        timer = LoopTimer(on: worker.base, owner: self) { $0.timerFired() }
+        timer = LoopTimer(on: worker.base, owner: self, lazy: true) { $0.timerFired() }
         armTimer(.idle)
     }
 

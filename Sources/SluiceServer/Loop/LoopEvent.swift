@@ -1,4 +1,5 @@
 import CLibEvent
+import SluiceCore
 
 #if canImport(Glibc)
     import Glibc
@@ -51,11 +52,17 @@ class LoopEvent {
 
     /// Disarms it: nothing fires until it is armed or activated again (an activation not yet
     /// run is withdrawn too).
-    final func stop() { event_del(event) }
+    func stop() { event_del(event) }
 
     /// Runs its closure in this loop pass, after the callback running now, without a trip
     /// through `epoll_wait`; a deadline it was armed with stays.
     final func activate() { event_active(event, Int32(EV_READ), 0) }
+
+    /// When libevent will run it, on libevent's clock; nil when it is not pending (tests).
+    final var pendingTimeout: timeval? {
+        var tv = timeval()
+        return event_pending(event, Int16(EV_TIMEOUT), &tv) != 0 ? tv : nil
+    }
 
     fileprivate final func add(microseconds: Int?) {
         guard let microseconds else {
@@ -71,25 +78,78 @@ class LoopEvent {
 /// the loop when the delay ends — once, or every delay until stopped when `repeating`.
 /// Re-arming moves the deadline.
 ///
+/// A `lazy` timer (one-shot only) is for deadlines armed and stopped on every request — a
+/// connection's idle and header timers, a pooled connection's idle time, a try's wait for
+/// its response head — which almost never fire. It keeps the deadline in a field and leaves
+/// libevent's event where it was: `stop` only forgets the deadline, and `arm` calls
+/// `event_add` only when the event is not pending or would fire after the new deadline.
+/// When the event fires early (a deadline moved later, or a stopped one), the timer adds it
+/// again for what is left, or does nothing. A request costs a clock read instead of an
+/// `event_add` and an `event_del` (each ~250 instructions with the base's lock), and the
+/// deadline still holds to the microsecond: `fired` never runs before it, and not after
+/// libevent would have run it. What it costs: a stopped timer still wakes the loop once, at
+/// the deadline it was last added for, and keeps an `event_base_dispatch` without an
+/// explicit exit from returning until then — no lazy timer lives where that matters.
+/// Its `activate()` does not bring the deadline forward.
+///
 /// Threading and ownership: `LoopEvent`'s.
 final class LoopTimer<Owner: AnyObject>: LoopEvent {
     private unowned(unsafe) let owner: Owner
     private let fired: (Owner) -> Void
+    private let lazy: Bool
+    /// Lazy timers: the deadline `fired` waits for, in monotonic microseconds; `.max` when
+    /// stopped.
+    private var deadline: Int64 = .max
+    /// Lazy timers: when libevent's event is due (no later than this); `.max` when it is not
+    /// pending.
+    private var pendingUntil: Int64 = .max
 
-    init(on base: OpaquePointer, owner: Owner, repeating: Bool = false, _ fired: @escaping (Owner) -> Void) {
+    init(
+        on base: OpaquePointer, owner: Owner, repeating: Bool = false, lazy: Bool = false,
+        _ fired: @escaping (Owner) -> Void
+    ) {
+        precondition(!(repeating && lazy), "a lazy timer fires once")
         self.owner = owner
         self.fired = fired
+        self.lazy = lazy
         super.init(base: base, fd: -1, flags: repeating ? EV_PERSIST : 0)
     }
 
     override fileprivate func fire(timedOut: Bool) {
+        guard lazy else { return fired(owner) }
+        pendingUntil = .max
+        guard deadline != .max else { return }  // stopped since it was added
+        let now = MonotonicClock.microseconds()
+        if now < deadline {
+            // Moved later since it was added: wait for the rest.
+            add(microseconds: Int(deadline - now))
+            pendingUntil = deadline
+            return
+        }
+        deadline = .max
         fired(owner)
     }
 
     /// Fires after `milliseconds` (and every `milliseconds` after that when repeating).
-    func arm(milliseconds: Int) { add(microseconds: milliseconds * 1000) }
+    func arm(milliseconds: Int) { arm(microseconds: milliseconds * 1000) }
 
-    func arm(microseconds: Int) { add(microseconds: microseconds) }
+    func arm(microseconds: Int) {
+        guard lazy else { return add(microseconds: microseconds) }
+        let due = MonotonicClock.microseconds() + Int64(microseconds)
+        deadline = due
+        // The event fires no later than `pendingUntil`, and `fire` waits for the rest.
+        if pendingUntil <= due { return }
+        add(microseconds: microseconds)
+        pendingUntil = due
+    }
+
+    override func stop() {
+        guard lazy else { return super.stop() }
+        deadline = .max
+    }
+
+    /// Whether it is armed and has not fired (lazy timers only).
+    var isArmed: Bool { deadline != .max }
 }
 
 /// Work handed to a worker's loop: `activate()` makes `woken` run there in the loop's next

@@ -160,7 +160,8 @@ final class NativeUpstreamPool {
         connection.completedRequests += 1
         connection.socket.wantsInput = true
         if connection.idleTimer == nil {
-            connection.idleTimer = LoopTimer(on: base, owner: connection) { $0.socketClosed() }  // idle: the pool closes it
+            // Idle too long: the pool closes it. Lazy: armed and stopped on every request.
+            connection.idleTimer = LoopTimer(on: base, owner: connection, lazy: true) { $0.socketClosed() }
         }
         connection.idleTimer?.arm(milliseconds: Self.idleTimeoutMilliseconds)
         if !purgeArmed { armPurge() }
@@ -194,7 +195,7 @@ final class NativeUpstreamPool {
     }
 
     func recycle(_ slot: ResponseParserSlot) {
-        guard parsers.count < Self.maxIdleParsers else { return }
+        guard parsers.count < Self.maxIdleParsers, !isShutDown else { return }
         parsers.append(slot)
     }
 
@@ -234,6 +235,7 @@ final class NativeUpstreamPool {
         isShutDown = true
         purgeTimer = nil
         purgeArmed = false
+        parsers.removeAll()  // with their head timers: no event outlives the loop
         for connection in state.drainIdle() { connection.close(abortive: false) }
     }
 }
@@ -309,7 +311,23 @@ struct UpstreamAddressKey: Hashable {
 /// for reuse with their buffers' capacity. By reference, a try neither copies the parser (309
 /// bytes) out of the pool nor back, and its transfer stays within malloc's per-thread cache.
 ///
+/// The slot also keeps the try's wait for its response head, a lazy timer made once per
+/// slot: a try re-arms it instead of making and freeing a libevent event.
+///
 /// Threading: its pool's and its transfer's, on their worker's thread.
 final class ResponseParserSlot {
     var parser = HTTPResponseParser()
+    /// The try holding the slot, told when its response head is late; nil in the pool (the
+    /// try's `deinit` clears it, so the timer never calls a freed try).
+    unowned(unsafe) var transfer: NativeUpstreamTransfer?
+    private var headTimer: LoopTimer<ResponseParserSlot>?
+
+    /// Arms the wait for the response head of `transfer`'s try.
+    func armHeadTimer(on base: OpaquePointer, for transfer: NativeUpstreamTransfer, milliseconds: Int) {
+        self.transfer = transfer
+        if headTimer == nil { headTimer = LoopTimer(on: base, owner: self, lazy: true) { $0.transfer?.headTimedOut() } }
+        headTimer?.arm(milliseconds: milliseconds)
+    }
+
+    func stopHeadTimer() { headTimer?.stop() }
 }

@@ -98,7 +98,6 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private var reused = false
     /// The request was sent once more on a new connection already.
     private var resent = false
-    private var tryTimer: LoopTimer<NativeUpstreamTransfer>?
     private var totalTimer: LoopTimer<NativeUpstreamTransfer>?
 
     /// The response parser, the pool's (`ResponseParserSlot`), read and changed in place.
@@ -182,6 +181,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
 
     deinit {
         chunkScratch?.deallocate()
+        parsing.stopHeadTimer()
+        parsing.transfer = nil
         pool.recycle(parsing)
     }
 
@@ -190,11 +191,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     func start(perTryTimeout: Int) {
         self.perTryTimeout = perTryTimeout
         startedAt = Self.microseconds()
-        let tryTimer = LoopTimer(on: base, owner: self) { t in
-            t.fail(.upstreamTimeout(host: t.origin, phase: .noResponseHead), kind: .timeout)
-        }
-        tryTimer.arm(milliseconds: perTryTimeout)
-        self.tryTimer = tryTimer
+        parsing.armHeadTimer(on: base, for: self, milliseconds: perTryTimeout)
         if target.scheme == .https, !viaPeer {
             switch pool.tlsContexts.context(
                 trust: request.trust, clientCertificate: request.clientCertificate, defaultCAFile: defaultCAFile)
@@ -234,11 +231,16 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         }
     }
 
+    /// The per-try timeout passed without a response head (`ResponseParserSlot`'s timer).
+    func headTimedOut() {
+        fail(.upstreamTimeout(host: origin, phase: .noResponseHead), kind: .timeout)
+    }
+
     func cancel() {
         guard !finished else { return }
         if let delegate, !inCompletion, continuing == nil { delegate.tryEnded(timings: currentTimings()) }
         finished = true
-        tryTimer = nil
+        parsing.stopHeadTimer()
         totalTimer = nil
         lookup?.cancel()
         lookup = nil
@@ -674,7 +676,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             switch event {
             case .head?:
                 timings.firstByte = elapsed()
-                tryTimer?.stop()
+                parsing.stopHeadTimer()
                 responseHead()
             case .body(let range)?:
                 if timings.firstByte == 0 { timings.firstByte = elapsed() }
