@@ -229,6 +229,10 @@ final class TestDNSServer {
         defer { f.close() }
         let r = f.resolver
         #expect(r.cached(host: "127.0.0.1", port: 80)?.description == "127.0.0.1:80")
+        // Asked again (the remembered answer), then for another port and another host.
+        #expect(r.cached(host: "127.0.0.1", port: 80)?.description == "127.0.0.1:80")
+        #expect(r.cached(host: "127.0.0.1", port: 81)?.description == "127.0.0.1:81")
+        #expect(r.cached(host: "127.0.0.2", port: 81)?.description == "127.0.0.2:81")
         #expect(r.cached(host: "10.0.0.7", port: 8080)?.description == "10.0.0.7:8080")
         #expect(r.cached(host: "127.1", port: 80)?.description == "127.0.0.1:80")
         #expect(r.cached(host: "::1", port: 443)?.description == "[::1]:443")

@@ -378,8 +378,25 @@ final class Worker {
     /// The `X-Request-Id` for a request that came without one: this process's random tag
     /// (its `Via` pseudonym's) and the request id, in hex — unique across workers and
     /// restarts, and the access log's `id` can be read back from it.
-    func makeRequestId(_ id: UInt64) -> String {
-        requestIdPrefix + String(id, radix: 16)
+    func makeRequestId(_ id: UInt64) -> String { Self.requestId(prefix: requestIdPrefix, id) }
+
+    /// `prefix` and `id` in lowercase hex, written in place: `prefix + String(id, radix: 16)`
+    /// made two strings and a third from them (~750 instructions a request).
+    static func requestId(prefix: String, _ id: UInt64) -> String {
+        let digits = id == 0 ? 1 : (67 - id.leadingZeroBitCount) / 4
+        var prefix = prefix
+        return prefix.withUTF8 { head in
+            String(unsafeUninitializedCapacity: head.count + digits) { out in
+                _ = out.initialize(fromContentsOf: head)
+                var rest = id
+                for i in stride(from: head.count + digits - 1, through: head.count, by: -1) {
+                    let nibble = UInt8(truncatingIfNeeded: rest & 0xF)
+                    out[i] = nibble < 10 ? 0x30 + nibble : 0x57 + nibble
+                    rest >>= 4
+                }
+                return head.count + digits
+            }
+        }
     }
 
     /// A process-unique request id: the worker index in the top 16 bits, a counter below.

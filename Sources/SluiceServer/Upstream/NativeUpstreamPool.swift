@@ -305,6 +305,16 @@ struct UpstreamAddressKey: Hashable {
         low = 0
         tls = nil
     }
+
+    /// The address's words, not the host's text: the pool looks a key up twice per request,
+    /// and hashing the host name was most of it. Names that share an address share a hash
+    /// and are told apart by `==`, which compares everything.
+    func hash(into hasher: inout Hasher) {
+        hasher.combine(UInt64(family) << 16 | UInt64(port))
+        hasher.combine(high)
+        hasher.combine(low)
+        hasher.combine(tls)
+    }
 }
 
 /// A response parser held by reference: a transfer takes one from its pool, which keeps them

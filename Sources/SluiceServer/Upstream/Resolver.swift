@@ -152,6 +152,11 @@ final class Resolver {
     private var deliveries: [(Lookup, Result<Addresses, Failure>)] = []
     private var deliveryEvent: LoopWake<Resolver>!
     private var isShutDown = false
+    /// The last answer `cached` gave without DNS, for its host and port: a literal or a
+    /// hosts-file name never changes its answer (the hosts file is read once), and most
+    /// requests ask for the host the one before asked for (parsing a literal and making the
+    /// list cost ~900 instructions a request).
+    private var lastFixed: (host: String, port: UInt16, addresses: Addresses)?
 
     /// - `nameservers`: nil for those of `resolvConf` (with its search list and options);
     ///   otherwise exactly these (`"127.0.0.1"`, `"127.0.0.1:5353"`, `"[::1]:53"`), nothing
@@ -226,7 +231,12 @@ final class Resolver {
     /// failure: `resolve` reports it).
     func cached(host: String, port: Int) -> Addresses? {
         let port = UInt16(clamping: port)
-        if let fixed = fixedAnswer(host) { return Addresses(list: Self.withPort(fixed, port)) }
+        if let last = lastFixed, last.port == port, last.host == host { return last.addresses }
+        if let fixed = fixedAnswer(host) {
+            let addresses = Addresses(list: Self.withPort(fixed, port))
+            lastFixed = (host, port, addresses)
+            return addresses
+        }
         guard case .addresses(let list)? = cachedAnswer(Self.key(host)) else { return nil }
         return Addresses(list: Self.withPort(list, port))
     }
