@@ -11,12 +11,12 @@ import Testing
     ) throws -> String {
         var builder = RequestHeaderLines.Builder()
         for line in lines { builder.append(line: Array(line.utf8)) }
-        let request = UpstreamRequest(
+        var request = UpstreamRequest(
             method: method, target: try RequestTarget.absolute(url),
             headers: builder.makeLines(), body: body)
         let out = evbuffer_new()!
         defer { evbuffer_free(out) }
-        UpstreamRequestEncoder.writeHead(request, into: out, absoluteForm: absoluteForm)
+        UpstreamRequestEncoder.writeHead(&request, into: out, absoluteForm: absoluteForm)
         let n = evbuffer_get_length(out)
         var bytes = [UInt8](repeating: 0, count: n)
         evbuffer_remove(out, &bytes, n)

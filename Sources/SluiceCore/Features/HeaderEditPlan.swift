@@ -24,7 +24,11 @@ public protocol HeaderEditingAdapter: SynchronousRequestAdapter {
 /// replaced are dropped, then the resulting fields are appended. Equivalent to applying the
 /// edits one by one to the fields (up to the position of replaced fields, which HTTP leaves
 /// without meaning across different names).
-public struct HeaderEditPlan: Sendable {
+///
+/// A class: made once per policy and never changed, it travels by reference in the
+/// machine's answers and the exchange's forwarded lines (as a struct in an enum payload it
+/// was copied through the enum's value witness, ~400 instructions a request).
+public final class HeaderEditPlan: Sendable {
     /// Lower-cased names (bytes) whose fields from the client are dropped.
     public let replacedNames: [[UInt8]]
     /// The fields the edits leave, appended after the client's, in order.

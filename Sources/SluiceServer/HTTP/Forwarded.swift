@@ -23,8 +23,12 @@ import SluiceCore
 /// `ForwardingFields`: the forwarding fields of one route connection, fixed at accept: the route's style,
 /// whether the client is trusted, and its address.
 ///
-/// Threading: a value; made and used on the connection's worker thread.
-struct ForwardingFields: Sendable, Equatable {
+/// A class, never changed once made: every request on every connection reads it (an
+/// optional struct of strings was copied and destroyed through its value witness, nil or
+/// not, some 300 instructions a request).
+///
+/// Threading: made at accept and read on the connection's worker thread; immutable.
+final class ForwardingFields: Sendable, Equatable {
     /// The request fields this type owns, by lowercased name.
     enum Field: Int, Sendable, CaseIterable {
         case forwarded, xForwardedFor, xForwardedProto, xForwardedHost
@@ -71,6 +75,10 @@ struct ForwardingFields: Sendable, Equatable {
         self.trusted = trusted
         self.clientAddress = clientAddress
         self.proto = proto
+    }
+
+    static func == (a: ForwardingFields, b: ForwardingFields) -> Bool {
+        a.style == b.style && a.trusted == b.trusted && a.clientAddress == b.clientAddress && a.proto == b.proto
     }
 
     /// Whether the client's field `name` is removed before forwarding: one of the forwarding

@@ -531,7 +531,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
     private func sendRequest() {
         guard let connection else { return }
         parser.expectResponse(headRequest: isHead)
-        UpstreamRequestEncoder.writeHead(request, into: connection.socket.output, absoluteForm: viaPeer)
+        UpstreamRequestEncoder.writeHead(&request, into: connection.socket.output, absoluteForm: viaPeer)
         switch request.body {
         case .none:
             uploadDone = true
