@@ -87,23 +87,21 @@ extension ExchangeMachine {
 
     /// The answer to `checkRedirect`: whether its target can be requested.
     public mutating func redirectTarget(usable: Bool) -> Answer<RedirectTargetAction> {
-        var answer = Answer<RedirectTargetAction>()
-        guard case .checkingRedirect(let next, let status) = state else { return answer }
+        guard case .checkingRedirect(let next, let status) = state else { return Answer() }
         guard usable else {
             state = .streaming
-            answer.command = .sendResponse
-            return answer
+            return Answer(reports: Reports(), command: .sendResponse)
         }
         // Credentials go only to the host they were configured for.
         let keepCredentials = URLParts(next.url).host == target.host
         summary.redirects += 1
         model = next
         state = .drainingRedirect
+        var reports = Reports()
         if wants(.redirectFollowed) {
-            answer.reports.append(.redirectFollowed(id: id, status: status, location: next.url, hop: summary.redirects))
+            reports.append(.redirectFollowed(id: id, status: status, location: next.url, hop: summary.redirects))
         }
-        answer.command = .followRedirect(keepCredentials: keepCredentials)
-        return answer
+        return Answer(reports: reports, command: .followRedirect(keepCredentials: keepCredentials))
     }
 
     // MARK: retries

@@ -91,5 +91,13 @@ extension ExchangeMachine {
         public internal(set) var reports = Reports()
         public internal(set) var command: Command?
         init() {}
+
+        /// Built from its parts where it is returned: a local `var answer` returned whole was
+        /// copied through the type's value witness and destroyed (~300 instructions a step),
+        /// because its events and commands are enums too complex to copy inline.
+        init(reports: consuming Reports, command: consuming Command?) {
+            self.reports = reports
+            self.command = command
+        }
     }
 }

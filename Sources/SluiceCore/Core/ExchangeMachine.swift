@@ -266,15 +266,16 @@ public struct ExchangeMachine {
     /// `adapted` does for the adapters' answer.
     public mutating func scriptsRan(_ result: Result<ProxyRequest?, AdaptationError>) -> Answer<AdaptedAction> {
         guard case .received = state else { return Answer() }
-        state = .adapting(retry: false)
         switch result {
-        case .success(let model?): return adapted(.success(model))
-        case .failure(let error): return adapted(.failure(error))
+        case .success(let model?):
+            state = .adapting(retry: false)
+            return adapted(.success(model))
+        case .failure(let error):
+            state = .adapting(retry: false)
+            return adapted(.failure(error))
         case .success(nil):
             // The request stays without a model: nothing to copy in, as `adapted` would.
-            var answer = Answer<AdaptedAction>()
-            forwardAdapted(&answer, retry: false)
-            return answer
+            return forwardAdapted(retry: false)
         }
     }
 
@@ -303,64 +304,60 @@ public struct ExchangeMachine {
     /// The pipeline may run: `model` is the request as adapters see it, built by the I/O when
     /// `needsRequestModel` (nil otherwise).
     public mutating func prepare(model: ProxyRequest?) -> Answer<PrepareAction> {
-        var answer = Answer<PrepareAction>()
-        guard case .received = state else { return answer }
+        guard case .received = state else { return Answer() }
         guard let model else {
             state = .startingTry
             if let plan = policy.headerEditPlan, !policy.redirector.follows, monitoring != .detailedEvents {
                 // Adapters that only edit header fields: applied as the header lines are built.
-                if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
-                answer.command = .forward(headerEdits: plan)
-            } else {
-                answer.command = .forward(headerEdits: nil)
+                guard wants(.requestAdapted) else { return Answer(reports: Reports(), command: .forward(headerEdits: plan)) }
+                var reports = Reports()
+                reports.append(.requestAdapted(id: id, adapters: policy.adapterNames))
+                return Answer(reports: reports, command: .forward(headerEdits: plan))
             }
-            return answer
+            return Answer(reports: Reports(), command: .forward(headerEdits: nil))
         }
         if policy.interceptor.adapters.isEmpty {
             // None runs once (there may be adapters for every try: they run in the try stages).
             self.model = model
             state = .startingTry
-            answer.command = .forward(headerEdits: nil)
-            return answer
+            return Answer(reports: Reports(), command: .forward(headerEdits: nil))
         }
         originalModel = model
         state = .adapting(retry: false)
-        answer.command = .adapt(model)
-        return answer
+        return Answer(reports: Reports(), command: .adapt(model))
     }
 
     /// The adapters answered.
     public mutating func adapted(_ result: Result<ProxyRequest, AdaptationError>) -> Answer<AdaptedAction> {
-        var answer = Answer<AdaptedAction>()
         let retry: Bool
         switch state {
         case .adapting(let r), .awaitingCredential(let r): retry = r
-        default: return answer
+        default: return Answer()
         }
         switch result {
         case .success(let adapted):
             model = adapted
-            forwardAdapted(&answer, retry: retry)
+            return forwardAdapted(retry: retry)
         case .failure(let error):
             state = .failing
+            var reports = Reports()
             // A script's own answer (`req:respond`) is no failure.
             if wants(.adaptationFailed), error.answer?.kind != .luaResponded {
-                answer.reports.append(.adaptationFailed(id: id, error: error))
+                reports.append(.adaptationFailed(id: id, error: error))
             }
-            answer.command = .fail(error.proxyError)
+            return Answer(reports: reports, command: .fail(error.proxyError))
         }
-        return answer
     }
 
     /// The request is adapted: a retry is built, or the first try's stages go on.
-    private mutating func forwardAdapted(_ answer: inout Answer<AdaptedAction>, retry: Bool) {
+    @inline(__always)
+    private mutating func forwardAdapted(retry: Bool) -> Answer<AdaptedAction> {
         state = .startingTry
-        if retry {
-            answer.command = .buildRetry
-        } else {
-            if wants(.requestAdapted) { answer.reports.append(.requestAdapted(id: id, adapters: policy.adapterNames)) }
-            answer.command = .forward
-        }
+        if retry { return Answer(reports: Reports(), command: .buildRetry) }
+        guard wants(.requestAdapted) else { return Answer(reports: Reports(), command: .forward) }
+        var reports = Reports()
+        reports.append(.requestAdapted(id: id, adapters: policy.adapterNames))
+        return Answer(reports: reports, command: .forward)
     }
 
     /// The adapters did not answer synchronously: one waits for a credential.
@@ -370,43 +367,41 @@ public struct ExchangeMachine {
 
     /// The I/O built the next try to `target` (its TLS trust allows it).
     public mutating func tryStarting(_ target: Target) -> Answer<TryStartingAction> {
-        var answer = Answer<TryStartingAction>()
         switch state {
         case .startingTry, .drainingRedirect: break
-        default: return answer
+        default: return Answer()
         }
         self.target = target
         guard let timeout = perTryTimeout() else {
             state = .failing
-            answer.command = .fail(.upstreamTimeout(host: target.authority, phase: .retryDeadlinePassed))
-            return answer
+            return Answer(
+                reports: Reports(), command: .fail(.upstreamTimeout(host: target.authority, phase: .retryDeadlinePassed)))
         }
         summary.attempts += 1
         state = .trying
-        if wants(.tryStarted), let model {
-            answer.reports.append(.tryStarted(id: id, attempt: summary.attempts, request: model))
-        }
-        answer.command = .beginTry(perTryTimeout: timeout)
-        return answer
+        guard wants(.tryStarted), let model else { return Answer(reports: Reports(), command: .beginTry(perTryTimeout: timeout)) }
+        var reports = Reports()
+        reports.append(.tryStarted(id: id, attempt: summary.attempts, request: model))
+        return Answer(reports: reports, command: .beginTry(perTryTimeout: timeout))
     }
 
     /// The try's final response head arrived. `canResendBody`: the request has no body, or all
     /// of it is kept for replay.
     public mutating func responseHead(_ head: ResponseHead, canResendBody: Bool) -> Answer<ResponseHeadAction> {
-        var answer = Answer<ResponseHeadAction>()
-        guard case .trying = state else { return answer }
-        answer.command = decide(head, canResendBody: canResendBody, reporting: &answer.reports)
-        return answer
+        guard case .trying = state else { return Answer() }
+        var reports = Reports()
+        let command = decide(head, canResendBody: canResendBody, reporting: &reports)
+        return Answer(reports: reports, command: command)
     }
 
     /// The try's final response head, on which a `lua` script called `res:retry()`: a failed
     /// try (reason `lua`) the retry policy decides about; without a retry left, decided as by
     /// `responseHead` (the response goes on).
     public mutating func scriptRetried(_ head: ResponseHead, canResendBody: Bool) -> Answer<ResponseHeadAction> {
-        var answer = Answer<ResponseHeadAction>()
-        guard case .trying = state else { return answer }
-        answer.command = decide(head, canResendBody: canResendBody, scriptRetry: true, reporting: &answer.reports)
-        return answer
+        guard case .trying = state else { return Answer() }
+        var reports = Reports()
+        let command = decide(head, canResendBody: canResendBody, scriptRetry: true, reporting: &reports)
+        return Answer(reports: reports, command: command)
     }
 
     /// The try's final response head is a 429 (or 503) whose pause the policy's `rate_limit`
@@ -414,15 +409,14 @@ public struct ExchangeMachine {
     /// the retry deadline): the request is tried again after it when it may be, else the head
     /// is decided as by `responseHead`.
     public mutating func heldByOrigin(_ head: ResponseHead, canResendBody: Bool) -> Answer<ResponseHeadAction> {
-        var answer = Answer<ResponseHeadAction>()
-        guard case .trying = state else { return answer }
-        if retryAfterLearnedHold(status: head.status, canResendBody: canResendBody, reporting: &answer.reports) {
+        guard case .trying = state else { return Answer() }
+        var reports = Reports()
+        if retryAfterLearnedHold(status: head.status, canResendBody: canResendBody, reporting: &reports) {
             state = .drainingDiscarded
-            answer.command = .discardResponse
-        } else {
-            answer.command = decide(head, canResendBody: canResendBody, reporting: &answer.reports)
+            return Answer(reports: reports, command: .discardResponse)
         }
-        return answer
+        let command = decide(head, canResendBody: canResendBody, reporting: &reports)
+        return Answer(reports: reports, command: command)
     }
 
     /// The response head reached the client's output.
@@ -460,24 +454,22 @@ public struct ExchangeMachine {
     public mutating func tryFailed(
         _ error: ProxyError, kind: TransportErrorKind, canResendBody: Bool
     ) -> Answer<TryFailedAction> {
-        var answer = Answer<TryFailedAction>()
         switch state {
         case .startingTry, .trying, .streaming, .checkingRedirect, .drainingRedirect, .drainingDiscarded: break
-        default: return answer
+        default: return Answer()
         }
+        var reports = Reports()
         if case .trustFailure(let host, let evaluator, let reason) = error {
             summary.trustFailure = (evaluator, reason)
             if wants(.trustFailed) {
-                answer.reports.append(.trustFailed(id: id, host: host, evaluator: evaluator, reason: reason))
+                reports.append(.trustFailed(id: id, host: host, evaluator: evaluator, reason: reason))
             }
         }
-        if decideRetry(.transport(kind, error), canResendBody: canResendBody, reporting: &answer.reports) {
-            answer.command = .scheduleRetry(after: backOff())
-        } else {
-            state = .failing
-            answer.command = .fail(error)
+        if decideRetry(.transport(kind, error), canResendBody: canResendBody, reporting: &reports) {
+            return Answer(reports: reports, command: .scheduleRetry(after: backOff()))
         }
-        return answer
+        state = .failing
+        return Answer(reports: reports, command: .fail(error))
     }
 
     /// The body of a response that is retried was drained.
