@@ -197,7 +197,8 @@ public final class LuaAdapter: RequestAdapter {
         // With `fail_open`, a URL the script made wrong leaves the request as it was.
         let untouched = onError == .failOpen ? view : nil
         let (exchange, reusable) = cache.requestExchange(on: state, config: config, limits: limits, requestID: requestID)
-        let result = exchange.onRequest(&view, restoringOnFailure: onError == .failOpen)
+        var result = LuaCallResult()
+        exchange.onRequest(&view, restoringOnFailure: onError == .failOpen, into: &result)
         defer { if reusable { cache.giveBack(exchange) } }
         guard try settle(result, exchange, cache, requestID, recordingSuccess: recordingSuccess), !view.keepsURL else {
             return nil

@@ -48,11 +48,22 @@ public final class LuaExchange {
     /// leaves `request` as it was; without it (`fail_closed`, which drops a failed request),
     /// the script edits `request` itself, lent to the slot by address (`LuaCallSlot.lending`).
     public func onRequest(_ request: inout LuaRequestView, restoringOnFailure: Bool = true) -> LuaCallResult {
-        guard let hook = state.onRequestHook else { return LuaCallResult() }
-        guard !state.isPoisoned else { return Self.poisoned(state) }
+        var result = LuaCallResult()
+        onRequest(&request, restoringOnFailure: restoringOnFailure, into: &result)
+        return result
+    }
+
+    /// `onRequest`, its result written into `result` (a fresh `LuaCallResult`): the per-request
+    /// path's form. Returned, the result was copied out and destroyed (~110 instructions): the
+    /// lending closure captures it, so it could not be moved.
+    public func onRequest(_ request: inout LuaRequestView, restoringOnFailure: Bool, into result: inout LuaCallResult) {
+        guard let hook = state.onRequestHook else { return }
+        guard !state.isPoisoned else {
+            result = Self.poisoned(state)
+            return
+        }
         let slot = state.acquireSlot()
         slot.begin(.request, limits: limits, requestID: requestID)
-        var result = LuaCallResult()
         if restoringOnFailure {
             slot.request = request
             call(hook, slot, message: slot.requestRef, into: &result)
@@ -64,7 +75,6 @@ public final class LuaExchange {
         }
         if result.succeeded, slot.respond != nil { result.respond = slot.respond }
         finish(slot)
-        return result
     }
 
     /// `on_request(req, ctx)` for a call that may wait (`sluice.http`): `completion` gets the

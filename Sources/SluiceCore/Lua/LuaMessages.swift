@@ -71,10 +71,14 @@ public struct LuaRequestView: Sendable, Equatable {
         self.method = method
         self.url = url
         storedPath = "/"
-        headers = [:]
+        // Shared, not made: an empty `HTTPFields` literal allocates its storage (~250
+        // instructions a request with the free), and these stay empty unless materialized.
+        headers = Self.noFields
         self.lines = lines
         hasLines = true
     }
+
+    private static let noFields: HTTPFields = [:]
 
     /// Whether `path` and `query` are still the URL's, never set (`init(method:url:lines:)`).
     public var keepsURL: Bool { url != nil }

@@ -10,9 +10,9 @@ extension AdaptersStage {
     /// adapters would have (its fields built from the lines). The machine answers as for the
     /// adapters (`ExchangeMachine.scriptsRan`).
     static func runScriptsOnLines(_ exchange: Exchange, _ services: any StageServices) -> StageVerdict {
-        let head = exchange.head
+        // The head's method, not the head: a copy of `exchange.head` retained every array of it.
         let url = exchange.target.url
-        let method = head.method
+        let method = exchange.head.method
         // The view holds the only other copy of the worker's builder (no local one: the
         // builder is finished below once the view lets it go, without copying its buffers).
         var view = LuaRequestView(
@@ -39,7 +39,8 @@ extension AdaptersStage {
         if edited != nil || view.method != method {
             view.materializeHeaders()
             let model = ProxyRequest(
-                id: exchange.id, method: view.method, url: edited ?? url, headerFields: view.headers, body: bodyMode(head))
+                id: exchange.id, method: view.method, url: edited ?? url, headerFields: view.headers,
+                body: bodyMode(exchange.head))
             return answered(exchange, exchange.machine.scriptsRan(.success(model)))
         }
         if view.hasLines {
