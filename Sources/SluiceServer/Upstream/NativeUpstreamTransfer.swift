@@ -744,8 +744,8 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
             return false
         }
         do {
-            framing = try ResponseEncoder.forwardedHead(
-                parser.head, isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
+            framing = try parsing.parser.encodeForwardedHead(
+                isHeadRequest: isHead, clientMinorVersion: clientMinorVersion,
                 keepAlive: keepAlive, viaLine: viaLine, extraLines: extraHeadLines, into: output)
         } catch {
             // Nothing reached the client: the exchange fails with 502.
@@ -907,5 +907,19 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+    }
+}
+
+extension HTTPResponseParser {
+    /// `ResponseEncoder.forwardedHead` of the head parsed, read where it lies: through the
+    /// transfer's `parser` accessor, `parser.head` was copied for the call and destroyed
+    /// after it (its four arrays retained and released, ~250 instructions a response).
+    fileprivate mutating func encodeForwardedHead(
+        isHeadRequest: Bool, clientMinorVersion: Int, keepAlive: Bool, viaLine: [UInt8], extraLines: [UInt8],
+        into output: OpaquePointer
+    ) throws(ResponseEncoder.InvalidResponse) -> ResponseEncoder.Framing {
+        try ResponseEncoder.forwardedHead(
+            head, isHeadRequest: isHeadRequest, clientMinorVersion: clientMinorVersion, keepAlive: keepAlive,
+            viaLine: viaLine, extraLines: extraLines, into: output)
     }
 }
