@@ -15,7 +15,9 @@ public protocol LuaHeaderLines: Sendable {
     /// Calls `body` with each field's name and value bytes, in order.
     func forEachScriptField(_ body: (_ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Void)
     /// Calls `body` with the value bytes of each field named `name` (ASCII, any case), in order.
-    func forEachScriptValue(named name: UnsafeRawBufferPointer, _ body: (_ value: UnsafeBufferPointer<UInt8>) -> Void)
+    /// (`mutating` though it changes nothing: called on the view's `lines` in place, where a
+    /// non-mutating call copied the existential out of its optional first, ~190 instructions.)
+    mutating func forEachScriptValue(named name: UnsafeRawBufferPointer, _ body: (_ value: UnsafeBufferPointer<UInt8>) -> Void)
 }
 
 extension LuaRequestView {
@@ -42,6 +44,7 @@ extension LuaRequestView {
         }
         headers = fields
         self.lines = nil
+        hasLines = false
         lineEdits = LuaLineEdits()
     }
 }

@@ -360,16 +360,25 @@ enum LuaMessageAPI {
     /// `get` on lines no edit has touched the field of: the matching values, joined with ", "
     /// by Lua (a field repeated is rare).
     private static func lineGet(_ L: OpaquePointer?, _ slot: LuaCallSlot, _ key: UnsafeRawBufferPointer) -> Int32 {
+        // Read where it is: binding the lines to a constant copied the existential, and so
+        // did reading them through the slot's stored property (~190 instructions a call).
+        let found = pushValues(L, of: &slot.request, named: key)
+        if !found { lua_pushnil(L) }
+        return 1
+    }
+
+    /// Pushes the values of the lines' field `key`, joined with ", "; false when there is none.
+    private static func pushValues(
+        _ L: OpaquePointer?, of request: inout LuaRequestView, named key: UnsafeRawBufferPointer
+    ) -> Bool {
         var found = false
-        // Read where it is: binding the lines to a constant copied the existential.
-        slot.request.lines?.forEachScriptValue(named: key) { value in
+        request.lines?.forEachScriptValue(named: key) { value in
             if found { Lua.push(L, ", ") }
             _ = lua_pushlstring(L, value.baseAddress, value.count)
             if found { lua_concat(L, 3) }
             found = true
         }
-        if !found { lua_pushnil(L) }
-        return 1
+        return found
     }
 
     /// The string at `index` as a header name's bytes (`LuaLineEdits`), or nil with an error

@@ -36,12 +36,14 @@ public struct LuaRequestView: Sendable, Equatable {
     /// The fields; empty while `lines` holds them.
     public var headers: HTTPFields
     /// The fields as the forwarded request's lines (nil: `headers` holds them).
-    public var lines: (any LuaHeaderLines)? {
-        didSet { hasLines = lines != nil }
-    }
+    /// (`Optional<…>` spelled out: a `T?` stored property starts as nil, so the initializers'
+    /// assignment destroyed that nil through the existential's witness.)
+    /// No observer keeps `hasLines`: its setters do (with one, a call on the lines in place
+    /// copied them out and back).
+    public internal(set) var lines: Optional<any LuaHeaderLines>
     /// Whether `lines` holds the fields: read by every `req.headers` call, where testing the
     /// optional existential itself copies it (a retain and a release).
-    public private(set) var hasLines = false
+    public internal(set) var hasLines = false
     /// The scripts' edits of `lines`, in order (`req.headers:set`, `add`, `remove`).
     public var lineEdits = LuaLineEdits()
     /// The buffered body (up to `limits.body`); nil when the pipeline did not buffer it, and
@@ -54,6 +56,7 @@ public struct LuaRequestView: Sendable, Equatable {
         self.storedQuery = query
         self.headers = headers
         self.body = body
+        lines = nil
     }
 
     /// A view whose fields are `lines` (`HostPolicy.scriptsOnLines`).
