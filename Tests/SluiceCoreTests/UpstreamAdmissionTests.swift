@@ -21,6 +21,20 @@ import Testing
         #expect(!third.admitted && third.start.isEmpty && third.queued && third.timer == .arm(at: 1000))
     }
 
+    @Test func theFastPathsAnswerOnlyWhenNothingWaits() {
+        var a = make(max: 1)
+        #expect(a.admitAtOnce() && a.inFlight == 1)
+        // The slot is taken: not at once; `handle` queues the next.
+        #expect(!a.admitAtOnce() && a.inFlight == 1)
+        #expect(a.handle(.arrive(2), now: 0).queued)
+        // Someone waits: a release must go through `handle`, which starts it.
+        #expect(!a.releaseAtOnce() && a.inFlight == 1)
+        #expect(a.handle(.release, now: 10).start == [2])
+        #expect(a.inFlight == 1 && a.queued == 0)
+        #expect(a.releaseAtOnce() && a.inFlight == 0)
+        #expect(a.releaseAtOnce() && a.inFlight == 0)  // never below zero
+    }
+
     @Test func unlimitedNeverQueues() {
         var a = make(max: nil, queue: 0)
         for t in 1...10_000 as ClosedRange<UInt64> {

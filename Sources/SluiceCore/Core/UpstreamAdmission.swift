@@ -104,6 +104,21 @@ public struct UpstreamAdmission: Sendable {
         return inFlight < max
     }
 
+    /// `.arrive` when nothing waits and a slot is free: the request takes it (true), with
+    /// nothing else to do — no clock, no actions (every request asks; false: ask `handle`).
+    public mutating func admitAtOnce() -> Bool {
+        guard queued == 0 && slotFree else { return false }
+        inFlight += 1
+        return true
+    }
+
+    /// `.release` when nothing waits: the slot is given back (true), with nothing else to do.
+    public mutating func releaseAtOnce() -> Bool {
+        guard queued == 0 else { return false }
+        if inFlight > 0 { inFlight -= 1 }
+        return true
+    }
+
     public mutating func handle(_ event: Event, now: Int) -> Actions {
         var actions = Actions()
         switch event {

@@ -70,6 +70,11 @@ final class UpstreamGate {
     func admit(_ connection: any UpstreamSlotWaiter) -> Answer {
         nextTicket += 1
         let ticket = nextTicket
+        // The common case without a clock read or an `Actions` to make and destroy.
+        if admission.admitAtOnce() {
+            endEpisode()
+            return .go
+        }
         let actions = admission.handle(.arrive(ticket), now: MonotonicClock.milliseconds())
         let answer: Answer
         if actions.admitted || actions.start.contains(ticket) {
@@ -88,6 +93,7 @@ final class UpstreamGate {
 
     /// The request that held a slot has ended.
     func release() {
+        if admission.releaseAtOnce() { return }
         perform(admission.handle(.release, now: MonotonicClock.milliseconds()))
     }
 
