@@ -35,11 +35,10 @@ public struct LuaRequestView: Sendable, Equatable {
     private var storedQuery: String?
     /// The fields; empty while `lines` holds them.
     public var headers: HTTPFields
-    /// The fields as the forwarded request's lines (nil: `headers` holds them).
-    /// (`Optional<…>` spelled out: a `T?` stored property starts as nil, so the initializers'
-    /// assignment destroyed that nil through the existential's witness.)
-    /// No observer keeps `hasLines`: its setters do (with one, a call on the lines in place
-    /// copied them out and back).
+    /// The fields as the forwarded request's lines (nil: `headers` holds them). Spelled
+    /// `Optional<…>`: a `T?` stored property starts as an implicit nil, which the initializers'
+    /// assignment then destroyed through the existential's witness. No observer: with one, a
+    /// call on the lines in place copied them out and back; whoever sets them sets `hasLines`.
     public internal(set) var lines: Optional<any LuaHeaderLines>
     /// Whether `lines` holds the fields: read by every `req.headers` call, where testing the
     /// optional existential itself copies it (a retain and a release).
@@ -74,8 +73,8 @@ public struct LuaRequestView: Sendable, Equatable {
         self.method = method
         self.url = url
         storedPath = "/"
-        // Shared, not made: an empty `HTTPFields` literal allocates its storage (~250
-        // instructions a request with the free), and these stay empty unless materialized.
+        // Shared, not made: an empty `HTTPFields` literal builds its storage (~100
+        // instructions a request), and these stay empty unless materialized.
         headers = Self.noFields
         self.lines = lines
         hasLines = true
