@@ -123,8 +123,7 @@ public struct UpstreamAdmission: Sendable {
         var actions = Actions()
         switch event {
         case .arrive(let ticket):
-            if queued == 0 && slotFree {
-                inFlight += 1
+            if admitAtOnce() {
                 actions.admitted = true
                 return actions  // nothing waits: the timer is untouched, nothing is allocated
             }
@@ -136,8 +135,8 @@ public struct UpstreamAdmission: Sendable {
             actions.queued = true
             fill(now: now, into: &actions)
         case .release:
+            if releaseAtOnce() { return actions }
             if inFlight > 0 { inFlight -= 1 }
-            if queued == 0 { return actions }
             fill(now: now, into: &actions)
         case .leave(let ticket):
             if let i = waiting[head...].firstIndex(where: { $0.ticket == ticket }) {
