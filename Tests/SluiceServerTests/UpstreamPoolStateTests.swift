@@ -75,6 +75,32 @@ import Testing
         #expect(reused(s.acquire(origin: "a:80", key: "a:80@1", for: Try())) != nil)
     }
 
+    /// The memo of the key looked up last must never hand out another key's connection:
+    /// new keys grow and rehash the table, pruning rebuilds it, and after each the hot key
+    /// still finds its own connection and a cold key finds its own.
+    @Test func theLastKeyLookedUpStaysRightAcrossGrowthAndPruning() {
+        var s = State(maxPerOrigin: 0, maxIdle: 10_000)
+        let hot = Conn("hot")
+        _ = s.release(hot, key: "hot", origin: "o", reusable: true)
+        for i in 0..<500 {
+            #expect(reused(s.acquire(origin: "o", key: "hot", for: Try())) === hot)
+            let cold = Conn("\(i)")
+            // A new key (the table grows), released while the memo names "hot".
+            _ = s.release(cold, key: "k\(i)", origin: "o", reusable: true)
+            _ = s.release(hot, key: "hot", origin: "o", reusable: true)
+            // The cold key's connection, then gone (its entry is emptied, later pruned).
+            #expect(reused(s.acquire(origin: "o", key: "k\(i)", for: Try())) === cold)
+            #expect(!s.closedIdle(cold, key: "k\(i)", origin: "o").removed)
+            #expect(s.idleCount == 1)
+        }
+        #expect(s.keyCount <= 2 * s.idleCount + 64 + 1)
+        #expect(reused(s.acquire(origin: "o", key: "hot", for: Try())) === hot)
+        #expect(isOpen(s.acquire(origin: "o", key: "k3", for: Try())))
+        _ = s.release(hot, key: "hot", origin: "o", reusable: true)
+        #expect(s.drainIdle().count == 1)
+        #expect(isOpen(s.acquire(origin: "o", key: "hot", for: Try())))
+    }
+
     @Test func aConnectionNotReusableOrBeyondTheIdleBoundIsClosed() {
         var s = State(maxPerOrigin: 0, maxIdle: 1)
         #expect(s.release(Conn("x"), key: "k", origin: "o", reusable: false).0 == .close)
