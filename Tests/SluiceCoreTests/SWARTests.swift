@@ -1,0 +1,60 @@
+import Testing
+
+@testable import SluiceCore
+
+/// `SWAR`'s masks against the byte-by-byte rule each stands for: every byte value at every
+/// position of a word whose other bytes pass, and words of random bytes (a mask is wrong
+/// when a borrow or carry leaks between bytes, which only mixed words show). The parsers'
+/// line and value scans and the access log's escaping skip whole words on these masks.
+@Suite struct SWARTests {
+    /// The word of `bytes` (eight of them) as `SWAR.load` reads it.
+    private func word(_ bytes: [UInt8]) -> UInt64 {
+        bytes.withUnsafeBytes { SWAR.load($0.baseAddress!) }
+    }
+
+    /// Every rule, with the filler byte that passes it.
+    private static let rules: [(name: String, filler: UInt8, matches: @Sendable (UInt8) -> Bool, mask: @Sendable (UInt64) -> UInt64)] = [
+        ("controlOrDEL", 0x61, { $0 < 0x20 || $0 == 0x7F }, SWAR.controlOrDEL),
+        ("below(0x21)", 0x61, { $0 < 0x21 }, { SWAR.below(0x21, $0) }),
+        ("below(0x80)", 0x90, { $0 < 0x80 }, { SWAR.below(0x80, $0) }),
+        ("equal(0x3A)", 0x61, { $0 == 0x3A }, { SWAR.equal(0x3A, $0) }),
+    ]
+
+    @Test(arguments: 0..<rules.count)
+    func eachByteAtEachPosition(rule: Int) {
+        let (name, filler, matches, mask) = Self.rules[rule]
+        #expect(mask(word([UInt8](repeating: filler, count: 8))) == 0, "\(name) of the filler")
+        for position in 0..<8 {
+            for value in 0...255 {
+                var bytes = [UInt8](repeating: filler, count: 8)
+                bytes[position] = UInt8(value)
+                #expect(
+                    (mask(word(bytes)) != 0) == matches(UInt8(value)),
+                    "\(name): byte 0x\(String(value, radix: 16)) at \(position)")
+            }
+        }
+    }
+
+    @Test(arguments: 0..<rules.count)
+    func randomWords(rule: Int) {
+        let (name, _, matches, mask) = Self.rules[rule]
+        var generator = SystemRandomNumberGenerator()
+        // Bytes drawn mostly from around the rule's bounds, where a leaking borrow shows.
+        let pool: [UInt8] = Array(0...0x40) + [0x5A, 0x5B, 0x60, 0x61, 0x7A, 0x7B, 0x7F, 0x80, 0xAD, 0xE1, 0xFF]
+        for _ in 0..<20_000 {
+            let bytes = (0..<8).map { _ in pool.randomElement(using: &generator)! }
+            #expect((mask(word(bytes)) != 0) == bytes.contains(where: matches), "\(name): \(bytes)")
+        }
+    }
+
+    @Test func lowercasedChangesCapitalsOnly() {
+        for value in 0...255 {
+            var bytes = [UInt8](repeating: 0x41, count: 8)
+            bytes[3] = UInt8(value)
+            let lowered = withUnsafeBytes(of: SWAR.lowercased(word(bytes)).littleEndian) { Array($0) }
+            let expected: UInt8 = value >= 0x41 && value <= 0x5A ? UInt8(value) | 0x20 : UInt8(value)
+            #expect(lowered[3] == expected, "0x\(String(value, radix: 16))")
+            #expect(lowered[0] == 0x61 && lowered[7] == 0x61)
+        }
+    }
+}
