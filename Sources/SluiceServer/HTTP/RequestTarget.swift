@@ -48,10 +48,10 @@ struct RequestTarget: Equatable {
     /// Parses an absolute-form target (`http://host[:port]/path?query`). Byte-level: this
     /// runs for every request.
     static func absolute(_ target: String) throws(ProxyError) -> RequestTarget {
-        var target = target
-        let result: Result<RequestTarget, ProxyError> = target.withUTF8 { t in
+        var utf8 = target  // `withUTF8` is mutating (it may make the string native)
+        let result: Result<RequestTarget, ProxyError> = utf8.withUTF8 { t in
             do throws(ProxyError) {
-                return .success(try absolute(utf8: t))
+                return .success(try absolute(utf8: t, received: target))
             } catch {
                 return .failure(error)
             }
@@ -59,7 +59,13 @@ struct RequestTarget: Equatable {
         return try result.get()
     }
 
-    private static func absolute(utf8 t: UnsafeBufferPointer<UInt8>) throws(ProxyError) -> RequestTarget {
+    /// `t` is `received`'s UTF-8: the URL is `received` itself when its scheme is already
+    /// lower case (a second string of the same bytes cost an allocation and a validation).
+    private static func absolute(
+        utf8 t: UnsafeBufferPointer<UInt8>, received: String
+    ) throws(ProxyError)
+        -> RequestTarget
+    {
         do {
             guard let colon = t.firstIndex(of: UInt8(ascii: ":")) else {
                 throw t.first == UInt8(ascii: "/") || (t.count == 1 && t[0] == UInt8(ascii: "*"))
@@ -95,7 +101,7 @@ struct RequestTarget: Equatable {
                     && t[3] == UInt8(ascii: "p")
                     || colon == 5 && t[0] == UInt8(ascii: "h") && t[4] == UInt8(ascii: "s")
                         && t[1] == UInt8(ascii: "t") && t[2] == UInt8(ascii: "t") && t[3] == UInt8(ascii: "p")
-                ? String(decoding: t, as: UTF8.self)
+                ? received
                 : (scheme == .http ? "http" : "https") + String(decoding: t[colon...], as: UTF8.self)
             return RequestTarget(scheme: scheme, host: host, port: port, url: url)
         }
