@@ -30,7 +30,12 @@ final class Exchange {
     /// The `X-Request-Id` Sluice made for a request that came without one (every try sends
     /// it); nil when the client's own travels.
     var generatedRequestId: String?
-    let body: RequestBodyReader
+    /// The request body's reader, made at its first use: a request without a body (most
+    /// GETs) never makes one (an allocation, its arrays and its release, some 400
+    /// instructions a request).
+    private(set) lazy var body = RequestBodyReader(encoders: [], replayLimit: replayLimit)
+    /// The most body bytes kept for replay (`ExchangeMachine.replayLimit`; 0 without a body).
+    private let replayLimit: Int
     /// The `Upgrade` value forwarded for an upgrade the policy allows (`upgrades:`); each try
     /// is then an `UpgradeTransfer`.
     var upgrade: String?
@@ -82,7 +87,7 @@ final class Exchange {
 
     init(
         pipeline: WorkerPipeline, head: HTTPRequestHead, client: RequestClient, machine: ExchangeMachine,
-        target: RequestTarget, body: RequestBodyReader
+        target: RequestTarget, replayLimit: Int
     ) {
         self.pipeline = pipeline
         self.head = head
@@ -90,7 +95,7 @@ final class Exchange {
         self.machine = machine
         policyHost = target.host
         self.target = target
-        self.body = body
+        self.replayLimit = replayLimit
     }
 
     /// The index in `RequestChain.request` of the stage the exchange is at (or waits in).
@@ -138,6 +143,9 @@ protocol ExchangeOwner: UpstreamSlotWaiter {
     /// The `max_concurrent` place the current try holds (`QuotaStage`), released when the try
     /// ends.
     var quotaSlot: QuotaSlot? { get set }
+    /// `quotaSlot`, emptied. Every try's end asks (`QuotaStage.end`); through the property's
+    /// getter, the answer was copied even when there was none.
+    func takeQuotaSlot() -> QuotaSlot?
     /// The adapters answered (at once, or after a wait): `command` is the machine's answer.
     func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.AdaptedAction?)
 }
