@@ -90,6 +90,7 @@ import Testing
     final class Owner: ExchangeOwner {
         var answers: [ExchangeMachine.AdaptedAction?] = []
         var quotaSlot: QuotaSlot?
+        func takeQuotaSlot() -> QuotaSlot? { quotaSlot.take() }
         func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.AdaptedAction?) { answers.append(command) }
         func upstreamSlotGranted(_ ticket: UInt64) -> Bool { true }
         func upstreamSlotRefused(_ ticket: UInt64, _ error: ProxyError) {}

@@ -233,6 +233,8 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder
     /// The `max_concurrent` place a resume holds until it ends.
     var quotaSlot: QuotaSlot?
 
+    func takeQuotaSlot() -> QuotaSlot? { quotaSlot == nil ? nil : quotaSlot.take() }
+
     init(transfer: any UpstreamTransfer, exchange: Exchange, cache: CacheExchange, worker: Worker, resume: ResumeState?) {
         self.transfer = transfer
         self.exchange = exchange

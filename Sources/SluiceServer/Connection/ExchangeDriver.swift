@@ -71,6 +71,8 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     var phase: Phase = .idle
     /// The `max_concurrent` place the current try holds (`QuotaStage`), until the try ends.
     var quotaSlot: QuotaSlot?
+
+    func takeQuotaSlot() -> QuotaSlot? { quotaSlot == nil ? nil : quotaSlot.take() }
     /// The current exchange's download resumption, made at its first break (`Resume`). Kept
     /// here rather than on the `Exchange`, which must stay small (it is allocated per request).
     var resume: ResumeState?

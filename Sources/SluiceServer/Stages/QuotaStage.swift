@@ -27,8 +27,7 @@ enum QuotaStage: TryStage, ResponseStage {
 
     /// The try's `max_concurrent` place goes to the next in line.
     static func end(_ ending: TryEnding, _ exchange: Exchange, _ services: any StageServices) {
-        guard let owner = exchange.owner, let slot = owner.quotaSlot else { return }
-        owner.quotaSlot = nil
+        guard let slot = exchange.owner?.takeQuotaSlot() else { return }
         services.rateLimits.releaseSlot(policy: slot.policy, key: slot.key, limit: slot.limit)
     }
 
