@@ -318,19 +318,21 @@ final class ClientConnection: ClientSocketOwner {
         }
     }
 
-    /// A request head arrived: admission makes its exchange, and the driver runs its stages.
-    private func handle(_ head: HTTPRequestHead) {
+    /// A request head arrived: admission makes its exchange (which takes the head: a copy
+    /// retained each of its arrays), and the driver runs its stages.
+    private func handle(_ head: consuming HTTPRequestHead) {
         requestBodyDone = !head.hasBody
         continueSent = false
         wantsKeepAlive = head.keepAlive && head.minorVersion == 1
+        let method = head.method  // a literal for the common methods
         let exchange: Exchange
         do {
             let target = try Admission.target(
                 of: head, client: client, connectPorts: worker.config.access.connectPorts,
                 viaPseudonym: worker.viaPseudonym)
-            exchange = try Admission.begin(head, target, client: client, services: worker)
+            exchange = try Admission.begin(consume head, target, client: client, services: worker)
         } catch {
-            respondError(error, method: head.method)
+            respondError(error, method: method)
             return
         }
         state = .exchanging

@@ -45,10 +45,10 @@ enum Admission {
         }
     }
 
-    /// Creates the exchange: matches the policy, applies its `upstream:` override, and
-    /// reports the request to the monitors.
+    /// Creates the exchange, which takes the head: matches the policy, applies its
+    /// `upstream:` override, and reports the request to the monitors.
     static func begin(
-        _ head: HTTPRequestHead, _ target: RequestTarget, client: RequestClient, services: any StageServices
+        _ head: consuming HTTPRequestHead, _ target: RequestTarget, client: RequestClient, services: any StageServices
     ) throws(ProxyError) -> Exchange {
         let pipeline = services.pipeline
         let policy = pipeline.policies.match(host: target.host)
@@ -74,18 +74,20 @@ enum Admission {
         let monitoring: ExchangeMachine.Monitoring =
             pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
         let replayLimit = head.hasBody ? ExchangeMachine.replayLimit(for: policy) : 0
+        let method = head.method
         // The machine and its summary are built in place, as arguments: a copy of either costs
-        // a few hundred bytes and a retain per field (a local `summary` was copied).
+        // a few hundred bytes and a retain per field (a local `summary` was copied). The head
+        // is the exchange's, not copied.
         let exchange = Exchange(
-            pipeline: pipeline, head: head, client: client,
+            pipeline: pipeline, head: consume head, client: client,
             machine: ExchangeMachine(
                 summary: .starting(
-                    id: id, client: client.peer, method: head.method, url: url, policy: policy.name,
+                    id: id, client: client.peer, method: method, url: url, policy: policy.name,
                     requestId: clientRequestId ?? generatedRequestId, host: target.host),
                 policy: policy, target: .init(target),
                 defaultPerTryTimeout: services.upstreamPerTryTimeout,
                 monitoring: monitoring, events: pipeline.monitor?.events ?? []),
-            target: target, body: RequestBodyReader(encoders: [], replayLimit: replayLimit))
+            target: target, replayLimit: replayLimit)
         exchange.hostHeader = hostHeader
         exchange.generatedRequestId = generatedRequestId
         exchange.report(exchange.machine.received())
