@@ -367,6 +367,15 @@ extension ProxyRequest: Equatable {
         #expect(grouped(planned)["x-key"] == ["k  Injected: 1"])
         #expect(grouped(planned)["x-debug"] == nil)
         #expect(grouped(planned)["authorization"] == ["Bearer tok"])
+        // The bytes the forwarded lines copy say what `appended` says, field for field.
+        let fromBytes = plan.appendedRanges.map {
+            (
+                String(decoding: plan.appendedBytes[$0.name], as: UTF8.self),
+                String(decoding: plan.appendedBytes[$0.value], as: UTF8.self)
+            )
+        }
+        #expect(fromBytes.map(\.0) == plan.appended.map(\.name))
+        #expect(fromBytes.map(\.1) == plan.appended.map(\.value))
     }
 
     @Test func queryKeysAndOtherAdaptersHaveNoPlan() {

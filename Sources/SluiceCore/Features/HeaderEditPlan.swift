@@ -33,6 +33,11 @@ public final class HeaderEditPlan: Sendable {
     public let replacedNames: [[UInt8]]
     /// The fields the edits leave, appended after the client's, in order.
     public let appended: [(name: String, value: String)]
+    /// `appended` as bytes, back to back (each name, then its value), and where each lies in
+    /// them: the forwarded lines copy them per request without a `String` (iterating the
+    /// pairs retained and released both strings of each, some 60 instructions a field).
+    public let appendedBytes: [UInt8]
+    public let appendedRanges: [(name: Range<Int>, value: Range<Int>)]
 
     public init(_ edits: [HeaderEdit]) {
         var order: [String] = []
@@ -59,6 +64,17 @@ public final class HeaderEditPlan: Sendable {
                 (name: name, value: HTTPField.Name(name).map { HTTPField(name: $0, value: value).value } ?? value)
             }
         }
+        var bytes: [UInt8] = []
+        var ranges: [(name: Range<Int>, value: Range<Int>)] = []
+        for (name, value) in appended {
+            let nameStart = bytes.count
+            bytes += name.utf8
+            let valueStart = bytes.count
+            bytes += value.utf8
+            ranges.append((nameStart..<valueStart, valueStart..<bytes.count))
+        }
+        appendedBytes = bytes
+        appendedRanges = ranges
     }
 
     /// Whether a client field named `name` (any case) is dropped.

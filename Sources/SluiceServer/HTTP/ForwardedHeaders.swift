@@ -94,11 +94,13 @@ enum ForwardedHeaders {
                 builder.append(name: name, value: UnsafeBufferPointer(rebasing: buf[field.value]))
             }
         }
-        if let edits {
-            for (name, value) in edits.appended {
-                var name = name  // compared in place, whatever its case (no lowercased copy)
-                if name.withUTF8({ isDroppedRequestField($0) }) { continue }
-                builder.append(name: name.utf8, value: value.utf8)
+        if let edits, !edits.appendedRanges.isEmpty {
+            edits.appendedBytes.withUnsafeBufferPointer { bytes in
+                for (name, value) in edits.appendedRanges {
+                    let name = UnsafeBufferPointer(rebasing: bytes[name])
+                    if isDroppedRequestField(name) { continue }  // whatever its case
+                    builder.append(name: name, value: UnsafeBufferPointer(rebasing: bytes[value]))
+                }
             }
         }
         if let requestId {
