@@ -14,7 +14,13 @@ enum TrustStage: TryStage {
         let policy =
             target.host == exchange.policyHost ? exchange.policy : exchange.pipeline.policies.match(host: target.host)
         exchange.tryPolicy = policy
-        request.parentProxy = policy.upstreamProxy
+        // Most policies have none: the nil is set, not copied from the policy (a value
+        // witness's copy of the optional, some 90 instructions).
+        if case .some = policy.upstreamProxy {
+            request.parentProxy = policy.upstreamProxy
+        } else {
+            request.parentProxy = nil
+        }
         request.http2 = policy.http2
         if target.scheme == .https {
             guard policy.trust.isAllowed else {
