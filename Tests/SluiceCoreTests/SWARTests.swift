@@ -13,12 +13,13 @@ import Testing
     }
 
     /// Every rule, with the filler byte that passes it.
-    private static let rules: [(name: String, filler: UInt8, matches: @Sendable (UInt8) -> Bool, mask: @Sendable (UInt64) -> UInt64)] = [
-        ("controlOrDEL", 0x61, { $0 < 0x20 || $0 == 0x7F }, SWAR.controlOrDEL),
-        ("below(0x21)", 0x61, { $0 < 0x21 }, { SWAR.below(0x21, $0) }),
-        ("below(0x80)", 0x90, { $0 < 0x80 }, { SWAR.below(0x80, $0) }),
-        ("equal(0x3A)", 0x61, { $0 == 0x3A }, { SWAR.equal(0x3A, $0) }),
-    ]
+    private static let rules:
+        [(name: String, filler: UInt8, matches: @Sendable (UInt8) -> Bool, mask: @Sendable (UInt64) -> UInt64)] = [
+            ("controlOrDEL", 0x61, { $0 < 0x20 || $0 == 0x7F }, SWAR.controlOrDEL),
+            ("below(0x21)", 0x61, { $0 < 0x21 }, { SWAR.below(0x21, $0) }),
+            ("below(0x80)", 0x90, { $0 < 0x80 }, { SWAR.below(0x80, $0) }),
+            ("equal(0x3A)", 0x61, { $0 == 0x3A }, { SWAR.equal(0x3A, $0) }),
+        ]
 
     @Test(arguments: 0..<rules.count)
     func eachByteAtEachPosition(rule: Int) {
