@@ -1,4 +1,5 @@
 import CLibEvent
+import SluiceCore
 import Testing
 
 @testable import SluiceServer
@@ -487,5 +488,37 @@ final class TestDNSServer {
         f.spin(seconds: 0.05) { f.server.questions.count == 2 }
         f.close()
         #expect(outcomes.count <= 1)
+    }
+}
+
+/// `access.deny` on a name's addresses before a native try connects: the allowed ones, in
+/// order; the resolver's own list when none is denied.
+@Suite struct AllowedAddressesTests {
+    private func list(_ texts: [String]) -> [sockaddr_storage] { texts.map { Resolver.literal($0)! } }
+
+    private func texts(_ list: [sockaddr_storage]) -> [String] {
+        list.map { storage in
+            var s = storage
+            return withUnsafePointer(to: &s) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { SocketAddress.describe($0) }
+            }
+        }
+    }
+
+    @Test func deniedAddressesAreLeftOutInOrder() {
+        let addresses = list(["127.0.0.9", "127.0.0.1", "::1", "169.254.169.254"])
+        let deny = ["127.0.0.9/32", "169.254.0.0/16"].map { IPNetwork($0)! }
+        #expect(texts(NativeUpstreamTransfer.allowed(addresses, deny: deny)) == texts(list(["127.0.0.1", "::1"])))
+        let v6Only = NativeUpstreamTransfer.allowed(addresses, deny: ["127.0.0.0/8", "169.254.0.0/16"].map { IPNetwork($0)! })
+        #expect(texts(v6Only) == texts(list(["::1"])))
+        #expect(NativeUpstreamTransfer.allowed(addresses, deny: ["0.0.0.0/0", "::/0"].map { IPNetwork($0)! }).isEmpty)
+    }
+
+    @Test func noneDeniedIsTheListItself() {
+        let addresses = list(["127.0.0.1", "::1"])
+        let allowed = NativeUpstreamTransfer.allowed(addresses, deny: [IPNetwork("169.254.0.0/16")!])
+        #expect(texts(allowed) == texts(addresses))
+        // The same storage: no copy was made.
+        #expect(allowed.withUnsafeBufferPointer { $0.baseAddress } == addresses.withUnsafeBufferPointer { $0.baseAddress })
     }
 }

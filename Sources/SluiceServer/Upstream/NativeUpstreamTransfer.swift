@@ -299,13 +299,7 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         timings.dns = elapsed()
         // `access.deny` is checked on every address, as libcurl's open-socket callback did;
         // the allowed ones are tried in order (IPv4 first) until one accepts.
-        candidates = addresses.list.filter { candidate in
-            guard !viaPeer else { return true }
-            var a = candidate
-            return !withUnsafePointer(to: &a) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { SocketAddress.matches($0, deny) }
-            }
-        }
+        candidates = viaPeer ? addresses.list : Self.allowed(addresses.list, deny: deny)
         someDenied = candidates.count < addresses.list.count
         guard !candidates.isEmpty else {
             fail(.destinationDenied(host: target.host), kind: .other)
@@ -313,6 +307,18 @@ final class NativeUpstreamTransfer: UpstreamTransfer {
         }
         use(candidate: 0)
         acquireConnection()
+    }
+
+    /// The addresses of `list` that no network of `deny` holds, in order. Nearly always none
+    /// is denied: then `list` itself, not a filtered copy (an allocation per try).
+    static func allowed(_ list: [sockaddr_storage], deny: [IPNetwork]) -> [sockaddr_storage] {
+        let denied = { (candidate: sockaddr_storage) -> Bool in
+            var a = candidate
+            return withUnsafePointer(to: &a) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { SocketAddress.matches($0, deny) }
+            }
+        }
+        return list.contains(where: denied) ? list.filter { !denied($0) } : list
     }
 
     private func use(candidate index: Int) {
