@@ -8,7 +8,7 @@ import json
 import subprocess
 
 from policy_support import sighup, stderr_len, stderr_since
-from support import HOST, wait_until
+from support import HOST, session_via, wait_until
 from test_admin import admin_proxy
 from test_lua import access_log, arrived, get, lua_policy
 from test_metric_values import metrics_proxy, scrape, settled, value
@@ -224,6 +224,24 @@ def test_states_stay_one_per_script_per_worker_across_reloads(sluice_factory, re
     # One state per worker for the content now loaded; without the reload's clean-up, one per
     # content each worker ever ran (up to 14).
     assert 1 <= states <= 2, states
+
+
+def test_a_hundred_policies_running_one_script_share_one_state(sluice_factory, recorder, tmp_path):
+    """Issue #35 item 8: a state per script content per worker, whatever the number of
+    policies that run it. A hundred policies (hosts `p0.localhost` .. `p99.localhost`, which
+    the resolver answers with loopback) each run the same file, each with its own `config`;
+    every one of them is exercised, and one worker holds one state."""
+    script = tmp_path / "tag.lua"
+    script.write_text('return { on_request = function(req, ctx) req.headers:set("X-Policy", ctx.config.name) end }')
+    policies = {f"p{i}.localhost": {"adapters": [{"lua": {"file": str(script), "config": {"name": f"p{i}"}}}]}
+                for i in range(100)}
+    proxy, admin = metrics_proxy(sluice_factory, 1, policies=policies)
+    with session_via(proxy.url) as s:
+        for i in range(100):
+            r = s.get(f"http://p{i}.localhost:{recorder.port}/", timeout=10)
+            assert r.status_code == 200, (i, r.status_code, r.text)
+            assert arrived(recorder)["headers"].get("x-policy") == f"p{i}"
+    assert value(scrape(admin), "sluice_lua_states") == 1
 
 
 # ------------------------------------------------------------------------------------------
