@@ -233,8 +233,6 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder
     /// The `max_concurrent` place a resume holds until it ends.
     var quotaSlot: QuotaSlot?
 
-    func takeQuotaSlot() -> QuotaSlot? { quotaSlot == nil ? nil : quotaSlot.take() }
-
     init(transfer: any UpstreamTransfer, exchange: Exchange, cache: CacheExchange, worker: Worker, resume: ResumeState?) {
         self.transfer = transfer
         self.exchange = exchange
@@ -397,6 +395,8 @@ final class FillProducer: UpstreamTransferDelegate, RequestBodySource, TryHolder
             perform(verdict, hold.request)
         }
     }
+
+    func takeQuotaSlot() -> QuotaSlot? { quotaSlot == nil ? nil : quotaSlot.take() }
 
     // The producer's tries pass the try stages only: the request stages' waits are not theirs.
     func adaptationAnswered(_ exchange: Exchange, _ command: ExchangeMachine.AdaptedAction?) {}

@@ -71,8 +71,6 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     var phase: Phase = .idle
     /// The `max_concurrent` place the current try holds (`QuotaStage`), until the try ends.
     var quotaSlot: QuotaSlot?
-
-    func takeQuotaSlot() -> QuotaSlot? { quotaSlot == nil ? nil : quotaSlot.take() }
     /// The current exchange's download resumption, made at its first break (`Resume`). Kept
     /// here rather than on the `Exchange`, which must stay small (it is allocated per request).
     var resume: ResumeState?
@@ -324,10 +322,11 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
         }
     }
 
+    func takeQuotaSlot() -> QuotaSlot? { quotaSlot == nil ? nil : quotaSlot.take() }
+
     /// The try's `max_concurrent` place goes to the next in line (the try ended).
     func releaseQuotaSlot() {
-        guard let slot = quotaSlot else { return }
-        quotaSlot = nil
+        guard let slot = takeQuotaSlot() else { return }
         worker.rateLimits.releaseSlot(policy: slot.policy, key: slot.key, limit: slot.limit)
     }
 
