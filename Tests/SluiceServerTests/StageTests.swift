@@ -121,7 +121,7 @@ import Testing
         let head = Self.head(request)
         let target = try Admission.target(
             of: head, client: client, connectPorts: [443], viaPseudonym: services.viaPseudonym)
-        let exchange = try Admission.begin(head, target, client: client, services: services)
+        let exchange = try Admission.begin(head, method: head.method, target, client: client, services: services)
         exchange.owner = owner
         return exchange
     }

@@ -324,13 +324,13 @@ final class ClientConnection: ClientSocketOwner {
         requestBodyDone = !head.hasBody
         continueSent = false
         wantsKeepAlive = head.keepAlive && head.minorVersion == 1
-        let method = head.method  // a literal for the common methods
+        let method = head.method  // a literal for the common methods; `begin` takes it too
         let exchange: Exchange
         do {
             let target = try Admission.target(
                 of: head, client: client, connectPorts: worker.config.access.connectPorts,
                 viaPseudonym: worker.viaPseudonym)
-            exchange = try Admission.begin(consume head, target, client: client, services: worker)
+            exchange = try Admission.begin(consume head, method: method, target, client: client, services: worker)
         } catch {
             respondError(error, method: method)
             return

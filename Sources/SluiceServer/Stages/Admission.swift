@@ -46,9 +46,11 @@ enum Admission {
     }
 
     /// Creates the exchange, which takes the head: matches the policy, applies its
-    /// `upstream:` override, and reports the request to the monitors.
+    /// `upstream:` override, and reports the request to the monitors. `method` is the head's,
+    /// read once by the caller, which keeps it for a refusal's log line.
     static func begin(
-        _ head: consuming HTTPRequestHead, _ target: RequestTarget, client: RequestClient, services: any StageServices
+        _ head: consuming HTTPRequestHead, method: String, _ target: RequestTarget, client: RequestClient,
+        services: any StageServices
     ) throws(ProxyError) -> Exchange {
         let pipeline = services.pipeline
         let policy = pipeline.policies.match(host: target.host)
@@ -74,7 +76,6 @@ enum Admission {
         let monitoring: ExchangeMachine.Monitoring =
             pipeline.monitor.map { $0.wantsRequestDetails ? .detailedEvents : .events } ?? .none
         let replayLimit = head.hasBody ? ExchangeMachine.replayLimit(for: policy) : 0
-        let method = head.method
         // The machine and its summary are built in place, as arguments: a copy of either costs
         // a few hundred bytes and a retain per field (a local `summary` was copied). The head
         // is the exchange's, not copied.
