@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <malloc.h>
+#include <sys/eventfd.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -241,4 +242,8 @@ int sluice_easy_speaks_h2(CURL *h) {
 
 int sluice_heap_trim(void) {
     return malloc_trim(0);
+}
+
+int sluice_wake_fd(void) {
+    return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }

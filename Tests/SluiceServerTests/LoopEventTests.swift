@@ -1,6 +1,7 @@
 import CLibEvent
 import Foundation
 import SluiceCore
+import Synchronization
 import Testing
 
 @testable import SluiceServer
@@ -50,18 +51,19 @@ import Testing
         }
     }
 
-    /// A loop (with pthreads locking, so other threads may activate its events) and an owner.
+    /// A loop and an owner: a worker's loop, without a lock (`LoopBase.make()`), unless
+    /// `locked` (libevent's pthreads locking, as the admin loop has).
     final class Fixture {
         let base: OpaquePointer
         let owner = Owner()
         /// Bounds each pass of `spin` (a loop with nothing armed would block).
         private var tick: LoopTimer<Owner>?
 
-        init() {
+        init(locked: Bool = false, tickMilliseconds: Int = 2) {
             evthread_use_pthreads()
-            base = event_base_new()!
+            base = locked ? event_base_new()! : LoopBase.make()!
             tick = LoopTimer(on: base, owner: owner, repeating: true) { _ in }
-            tick?.arm(milliseconds: 2)
+            tick?.arm(milliseconds: tickMilliseconds)
         }
 
         /// Runs the loop for `milliseconds`, or until `done` (checked after each pass).
@@ -249,10 +251,10 @@ import Testing
         #expect(f.owner.fired == 1)
     }
 
-    @Test func aWakeFromAnotherThreadRunsOnTheLoopsThread() {
-        let f = Fixture()
+    @Test(arguments: [false, true]) func aWakeFromAnotherThreadRunsOnTheLoopsThread(locked: Bool) {
+        let f = Fixture(locked: locked)
         defer { f.close() }
-        f.owner.wake = LoopWake(on: f.base, owner: f.owner) { $0.woken() }
+        f.owner.wake = LoopWake(on: f.base, owner: f.owner, crossThread: true) { $0.woken() }
         let handle = f.owner.wake!.handle
         let loopThread = pthread_self()
         let other = Thread { handle.activate() }
@@ -265,6 +267,59 @@ import Testing
         handle.activate()
         f.spin(milliseconds: 20)
         #expect(f.owner.fired == 2)
+        // Nothing since: it does not run again.
+        f.spin(milliseconds: 20)
+        #expect(f.owner.fired == 2)
+        // Activated on the loop's own thread, as any wake: it runs once, in this pass.
+        f.owner.wake?.activate()
+        _ = event_base_loop(f.base, EVLOOP_NONBLOCK)
+        #expect(f.owner.fired == 3)
+        f.spin(milliseconds: 20)
+        #expect(f.owner.fired == 3)
+    }
+
+    /// On a loop without a lock, asleep in `epoll_wait` (its only timer is 1 s away): each of
+    /// 200 wakes from other threads, one at a time, runs the owner at once — an activation
+    /// that did not wake the loop would wait for the timer — and none is lost between the
+    /// loop's drain of the eventfd and its next wait; then 1,000 from four threads at once run
+    /// it only on the loop's thread, and once more after the last of them at the latest.
+    @Test func wakesFromOtherThreadsReachALoopWithoutALock() {
+        let f = Fixture(tickMilliseconds: 1_000)
+        defer { f.close() }
+        f.owner.wake = LoopWake(on: f.base, owner: f.owner, crossThread: true) { $0.woken() }
+        let handle = f.owner.wake!.handle
+        var slowest: Int64 = 0
+        for round in 1...200 {
+            let start = MonotonicClock.microseconds()
+            let other = Thread { handle.activate() }
+            other.start()
+            f.spin(milliseconds: 3_000) { f.owner.fired == round }
+            slowest = max(slowest, MonotonicClock.microseconds() - start)
+            guard f.owner.fired == round else {
+                Issue.record("wake \(round) did not run the owner")
+                return
+            }
+        }
+        #expect(slowest < 500_000, "a wake took \(slowest) µs to run")
+        let done = Mutex(0)
+        let threads = (0..<4).map { _ in
+            Thread {
+                for _ in 0..<250 { handle.activate() }
+                done.withLock { $0 += 1 }
+            }
+        }
+        for thread in threads { thread.start() }
+        f.spin(milliseconds: 5_000) { done.withLock { $0 } == 4 }
+        #expect(done.withLock { $0 } == 4)
+        let afterBurst = f.owner.fired
+        // A write after the pass that drained the eventfd wakes it once more; none is left over.
+        f.spin(milliseconds: 50)
+        #expect(f.owner.fired > 200 && f.owner.fired <= afterBurst + 1)
+        let loopThread = pthread_self()
+        #expect(f.owner.threads.allSatisfy { pthread_equal($0, loopThread) != 0 })
+        let settled = f.owner.fired
+        f.spin(milliseconds: 20)
+        #expect(f.owner.fired == settled)
     }
 
     @Test func aSocketEventReportsReadinessOrItsTimeout() throws {

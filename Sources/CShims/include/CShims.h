@@ -141,6 +141,10 @@ void sluice_name_thread(pthread_t thread, const char *name);
 /// kernel (<malloc.h>, which Swift's Glibc module does not export). Returns 1 if any were.
 int sluice_heap_trim(void);
 
+/// A non-blocking, close-on-exec eventfd with a zero count (<sys/eventfd.h>, which Swift's
+/// Glibc module does not export): a `LoopWake` that other threads write. -1 and errno on failure.
+int sluice_wake_fd(void);
+
 
 /// Routes libevent's allocations through a per-thread cache of at most 8 blocks of each of the
 /// two sizes an evbuffer chain has for a socket read and a small response (2 and 4 KiB): glibc

@@ -76,7 +76,7 @@ final class AdminServer: @unchecked Sendable {
                 guard let request else { return }
                 Unmanaged<AdminServer>.fromOpaque(arg!).takeUnretainedValue().serve(request)
             }, me)
-        stopEvent = LoopWake(on: base, owner: self) { admin in
+        stopEvent = LoopWake(on: base, owner: self, crossThread: true) { admin in
             admin.dashboard.stop()
             // A grace period for answers still being written: the request that made the
             // server stop (a cancel that ended the last exchange of a drain) gets its reply.

@@ -1,4 +1,5 @@
 import CLibEvent
+import CShims
 import SluiceCore
 
 #if canImport(Glibc)
@@ -21,8 +22,8 @@ import SluiceCore
 ///   when there is more, as `Fleet`'s token polls). The event is not retained for the call
 ///   (that would cost every socket read a retain), so a capture could be freed under a
 ///   closure that drops its own event.
-/// - **Freed before its loop.** An event must not outlive its `event_base` (freeing it takes
-///   the base's lock): an owner that may outlive its worker's loop drops its events in its
+/// - **Freed before its loop.** An event must not outlive its `event_base` (freeing it
+///   removes it from the base): an owner that may outlive its worker's loop drops its events in its
 ///   close path, not only in its `deinit`.
 ///
 /// A per-request object may own events: one event costs one allocation more than libevent's
@@ -154,37 +155,85 @@ final class LoopTimer<Owner: AnyObject>: LoopEvent {
 
 /// Work handed to a worker's loop: `activate()` makes `woken` run there in the loop's next
 /// pass (activations before it runs are one). On the loop's own thread it runs after the
-/// callback that asked, never inside it; another thread asks through `handle`.
+/// callback that asked, never inside it; another thread asks through `handle`, which only a
+/// wake made `crossThread` has.
+///
+/// A worker's loop takes no lock (`LoopBase.make()`), so another thread never calls
+/// libevent on it: a cross-thread wake owns an eventfd, which its `Handle` writes and its
+/// persistent read event drains before `woken` runs (writes before that are one).
 ///
 /// Threading and ownership: `LoopEvent`'s, with one exception: `Handle.activate()` may be
-/// called from any thread (libevent's `event_active`, made thread-safe by
-/// `evthread_use_pthreads()` in `ProxyServer`), and is the only call that crosses threads.
+/// called from any thread (a `write(2)` to the eventfd), and is the only call that crosses
+/// threads.
 final class LoopWake<Owner: AnyObject>: LoopEvent {
     private unowned(unsafe) let owner: Owner
     private let woken: (Owner) -> Void
+    /// The eventfd other threads write (`crossThread`); -1 for a wake of the loop's own thread.
+    private let wakeFD: Int32
 
-    init(on base: OpaquePointer, owner: Owner, _ woken: @escaping (Owner) -> Void) {
+    init(on base: OpaquePointer, owner: Owner, crossThread: Bool = false, _ woken: @escaping (Owner) -> Void) {
         self.owner = owner
         self.woken = woken
-        super.init(base: base, fd: -1, flags: 0)
+        if crossThread {
+            let fd = sluice_wake_fd()
+            // Without one the process cannot take signals or reloads: nothing to go on with.
+            precondition(fd >= 0, "eventfd failed: errno \(errno)")
+            wakeFD = fd
+            super.init(base: base, fd: fd, flags: EV_READ | EV_PERSIST)
+            add(microseconds: nil)
+        } else {
+            wakeFD = -1
+            super.init(base: base, fd: -1, flags: 0)
+        }
+    }
+
+    deinit {
+        guard wakeFD >= 0 else { return }
+        // Out of the loop's set before the descriptor goes (`LoopEvent`'s deinit frees it).
+        stop()
+        close(wakeFD)
     }
 
     override fileprivate func fire(timedOut: Bool) {
+        if wakeFD >= 0 {
+            var count: UInt64 = 0
+            _ = read(wakeFD, &count, 8)  // EAGAIN when activated on the loop's own thread
+        }
         woken(owner)
     }
 
-    /// What another thread holds to wake the loop.
-    var handle: Handle { Handle(event: event) }
+    /// What another thread holds to wake the loop (a `crossThread` wake's only).
+    var handle: Handle {
+        precondition(wakeFD >= 0, "a LoopWake activated from another thread must be made crossThread")
+        return Handle(fd: wakeFD)
+    }
 
-    /// A `LoopWake` as other threads see it. It does not keep the event alive: whoever
-    /// activates it must know the event still exists, as a worker's `Mailbox` does (it is
-    /// locked around every activation and closed before the worker drops its events).
-    struct Handle: @unchecked Sendable {
-        // @unchecked: only `event_active` is called through the pointer, which libevent makes
-        // safe from any thread; the holder keeps to the rule above.
-        fileprivate let event: OpaquePointer
+    /// A `LoopWake` as other threads see it. It does not keep the wake alive: whoever
+    /// activates it must know the wake (and so its descriptor) still exists, as a worker's
+    /// `Mailbox` does (it is locked around every activation and closed before the worker
+    /// drops its events).
+    struct Handle: Sendable {
+        fileprivate let fd: Int32
 
-        func activate() { event_active(event, Int32(EV_READ), 0) }
+        func activate() {
+            var one: UInt64 = 1
+            // EAGAIN only when the counter is near 2^64: the loop has a wake pending anyway.
+            _ = write(fd, &one, 8)
+        }
+    }
+}
+
+/// The event loops Sluice makes.
+enum LoopBase {
+    /// A loop without libevent's lock: libevent is called on it from its own thread only
+    /// (other threads wake it through a `crossThread` `LoopWake`). The lock cost every
+    /// `event_add`, `event_del`, activation and callback a mutex acquire and release (six
+    /// pairs a forwarded request, some 540 instructions and 12 atomic operations).
+    static func make() -> OpaquePointer? {
+        guard let config = event_config_new() else { return nil }
+        defer { event_config_free(config) }
+        event_config_set_flag(config, Int32(EVENT_BASE_FLAG_NOLOCK.rawValue))
+        return event_base_new_with_config(config)
     }
 }
 

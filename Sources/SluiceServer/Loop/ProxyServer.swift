@@ -67,7 +67,8 @@ public final class ProxyServer: @unchecked Sendable {
     private let share = CurlShare()
 
     /// Bound once per process: libevent's allocations (a per-thread cache of its 2 and 4 KiB
-    /// buffer blocks, `sluice_event_cache_buffer_blocks`) and its locking. (libcurl's global
+    /// buffer blocks, `sluice_event_cache_buffer_blocks`) and its locking (libevent's global
+    /// state and the admin loop's; a worker's loop takes none, `LoopBase`). (libcurl's global
     /// state is set up when libcurl is first opened, CShims' curl_loader.c.)
     private static let globalSetup: Void = {
         signal(SIGPIPE, SIG_IGN)

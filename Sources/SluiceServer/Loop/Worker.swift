@@ -244,7 +244,7 @@ final class Worker {
         self.via = "1.1 \(viaPseudonym)"
         viaLine = Array("Via: 1.1 \(viaPseudonym)\r\n".utf8)
         viaRequestLine = Array("Via: 1.1 \(viaPseudonym)".utf8)
-        guard let base = event_base_new() else { throw ServerError.startup("cannot create an event loop") }
+        guard let base = LoopBase.make() else { throw ServerError.startup("cannot create an event loop") }
         self.base = base
         curlShare = share
         nativePool = NativeUpstreamPool(base: base, spill: readSpill, limits: configuration.server.upstream)
@@ -257,12 +257,12 @@ final class Worker {
         upstreamGate = UpstreamGate(
             base: base, workerIndex: index, limits: configuration.server.limits,
             timeouts: configuration.server.timeouts)
-        stopEvent = LoopWake(on: base, owner: self) { worker in
+        stopEvent = LoopWake(on: base, owner: self, crossThread: true) { worker in
             worker.beginDrain(force: worker.mailbox.contents.withLock { $0.forceStop })
         }
-        reloadEvent = LoopWake(on: base, owner: self) { $0.applyPendingReload() }
-        adminEvent = LoopWake(on: base, owner: self) { $0.runAdminTasks() }
-        quotaEvent = LoopWake(on: base, owner: self) { $0.runQuotaGrants() }
+        reloadEvent = LoopWake(on: base, owner: self, crossThread: true) { $0.applyPendingReload() }
+        adminEvent = LoopWake(on: base, owner: self, crossThread: true) { $0.runAdminTasks() }
+        quotaEvent = LoopWake(on: base, owner: self, crossThread: true) { $0.runQuotaGrants() }
         flushEvent = LoopWake(on: base, owner: self) { $0.flushPass() }
         heapTrimTimer = LoopTimer(on: base, owner: self) { $0.heapTrimCheck() }
         acceptPassEnd = LoopWake(on: base, owner: self) { $0.endAcceptBatches() }

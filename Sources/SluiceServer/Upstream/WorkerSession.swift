@@ -45,7 +45,7 @@ final class WorkerSession: SessionContext {
     init(worker: Worker, mailbox: Worker.Mailbox) {
         self.worker = worker
         self.mailbox = mailbox
-        wakeEvent = LoopWake(on: worker.base, owner: self) { $0.runParked() }
+        wakeEvent = LoopWake(on: worker.base, owner: self, crossThread: true) { $0.runParked() }
     }
 
     func close() {
