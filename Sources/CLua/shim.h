@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <lua.h>
 #include <lauxlib.h>
@@ -37,6 +38,8 @@ typedef struct sluice_lua_meter {
     size_t used;            // bytes allocated now
     size_t limit;           // the cap (limits.memory)
     size_t peak;            // the highest `used` since the call began
+    size_t external;        // bytes Swift holds for the call (header edits, a respond's
+                            // fields): counted against `limit` with `used` by the trampoline
     int grace;              // > 0 while Swift code runs: the allocator never refuses then
     int stopped;            // SLUICE_LUA_STOPPED_*: sticky until the next call begins
     long long periods;      // hook firings since the call began
@@ -151,7 +154,7 @@ static int sluice_lua_trampoline(lua_State *L) {
     int n = f(L);
     m->grace -= 1;
     if (n == SLUICE_LUA_YIELD) return lua_yield(L, 0);
-    if (n >= 0 && m->grace == 0 && m->used > m->limit) {
+    if (n >= 0 && m->grace == 0 && m->used + m->external > m->limit) {
         m->stopped = SLUICE_LUA_STOPPED_MEMORY;
         lua_pushliteral(L, "memory limit reached");
         n = -1;
@@ -200,6 +203,7 @@ static inline int sluice_lua_load(lua_State *L, const char *text, size_t len, co
 static inline void sluice_lua_pushcfunction(lua_State *L, lua_CFunction f) { lua_pushcfunction(L, f); }
 
 #include "match.h"
+#include "loops.h"
 
 /// Puts the metered pattern functions (match.h) in the `string` table on top of `L`.
 static inline void sluice_lua_meter_patterns(lua_State *L) {

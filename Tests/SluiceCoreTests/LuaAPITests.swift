@@ -166,10 +166,12 @@ import Testing
             """
             return { on_request = function(req, ctx)
               assert(ctx.left == nil and next(ctx.vars) == nil and getmetatable(ctx) == nil, 'dirty ctx')
+              assert(getmetatable(ctx.vars) == nil and ctx.vars.tenant == nil, 'dirty ctx.vars')
               assert(ctx.config.name == req.headers:get('x-api-key'))
               ctx.left = true
               ctx.vars.seen = true
               setmetatable(ctx, { __newindex = function() error('trap') end, __index = function() error('trap') end })
+              setmetatable(ctx.vars, { __index = { tenant = 'leaked' } })
             end }
             """)
         for key in ["k1", "k2", "k1"] {

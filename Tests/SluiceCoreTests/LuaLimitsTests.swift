@@ -18,10 +18,20 @@ import Testing
         #expect(request == LuaTest.get())
     }
 
+    /// The outcome alone would not show it (a stop is sticky in the meter): nothing after the
+    /// caught stop runs — no line is logged after a `pcall` returns, no header is set.
     @Test func pcallCannotSwallowAStop() throws {
-        let outcome = try LuaTest.outcome(
-            "for i = 1, 10 do pcall(function() while true do end end) end\nreq.headers:set('x-done', 'yes')")
-        #expect(outcome.limitKind == .instructions)
+        nonisolated(unsafe) var lines: [LuaLogLine] = []
+        let state = try LuaState.load(
+            LuaTest.script(
+                "return { on_request = function(req)\n"
+                    + "for i = 1, 10 do local ok = pcall(function() while true do end end) sluice.log.info('pcall returned', ok, i) end\n"
+                    + "req.headers:set('x-done', 'yes')\nend }"), log: { lines.append($0) })
+        var request = LuaTest.get()
+        let result = state.makeExchange().onRequest(&request)
+        #expect(result.outcome.limitKind == .instructions)
+        #expect(lines.isEmpty, "\(lines.map(\.message))")
+        #expect(request == LuaTest.get())
     }
 
     @Test func wallClockStopsWhatTheInstructionBudgetAllows() throws {

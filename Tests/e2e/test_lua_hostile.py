@@ -49,6 +49,23 @@ HOSTILE = [
      "instruction limit reached", "limit"),
     ("balance_bomb", 'string.rep("(", 300000):find("%b()")', "instruction limit reached", "limit"),
     ("format_width", 'string.format("%0999d", 1)', "invalid conversion", "error"),
+    # Loops in C over a range the script picks, needing no memory (Sources/CLua/loops.h).
+    ("empty_string_rep_loop", 'local s = string.rep("", math.maxinteger) error("rep made " .. #s .. " bytes")',
+     "rep made 0 bytes", "error"),
+    ("table_move_loop", 'table.move({}, 1, math.maxinteger, 1)', "instruction limit reached", "limit"),
+    ("table_insert_len_loop",
+     'local t = setmetatable({}, {__len = function() return math.maxinteger - 1 end}) table.insert(t, 1, "x")',
+     "instruction limit reached", "limit"),
+    ("table_sort_c_metamethods",
+     'local t = setmetatable({}, {__index = rawlen, __newindex = rawequal, __len = function() return (1 << 31) - 2 end}) '
+     'table.sort(t)', "a table with a metatable is not sorted", "error"),
+    # Work on a large string inside one call, a few VM instructions a call: charged by bytes.
+    ("sha256_loop_on_a_large_string",
+     'local s = string.rep("a", 2 * 1024 * 1024) for i = 1, 1e9 do sluice.sha256(s) end',
+     "instruction limit reached", "limit"),
+    ("upper_loop_on_a_large_string",
+     'local s = string.rep("a", 1024 * 1024) for i = 1, 1e9 do local u = s:upper() end',
+     "instruction limit reached", "limit"),
     # Header injection.
     ("header_value_crlf", 'req.headers:set("X-A", "v\\r\\nX-Injected: 1")', "X-A", "error"),
     ("header_value_nul", 'req.headers:add("X-A", "v\\0w")', "X-A", "error"),

@@ -142,8 +142,14 @@ public final class LuaExchange {
         return result
     }
 
+    /// What `vars()` copies of `ctx.vars` at most, in bytes (`Lua.value`): an access-log line
+    /// is no place for more, and a table that repeats one long string is small in the state
+    /// but not as copies.
+    static let varsBudget = 64 * 1024
+
     /// What the script put in `ctx.vars` (string keys; strings, numbers, booleans and tables of
-    /// them), for the access log's `lua` field. Empty when no hook took `ctx`.
+    /// them), for the access log's `lua` field, at most `varsBudget` bytes of it (with
+    /// `"truncated": true` when there was more). Empty when no hook took `ctx`.
     public func vars() -> [String: LuaValue] {
         guard contextRef != LUA_NOREF, !state.isPoisoned else { return [:] }
         let L = state.L
@@ -156,7 +162,11 @@ public final class LuaExchange {
         lua_pushnil(L)
         guard lua_next(L, -2) != 0 else { return [:] }
         sluice_lua_pop(L, 2)
-        if case .table(let fields) = Lua.value(L, -1) { return fields }
+        var budget = Self.varsBudget
+        if case .table(var fields) = Lua.value(L, -1, budget: &budget) {
+            if budget < 0 { fields["truncated"] = .bool(true) }
+            return fields
+        }
         return [:]
     }
 

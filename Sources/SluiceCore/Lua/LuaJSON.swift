@@ -20,7 +20,10 @@ enum LuaJSON {
 
     static let encode: Lua.Function = { L in
         var out: [UInt8] = []
-        if let problem = encodeValue(L, 1, depth: 0, into: &out) { return Lua.fail(L, "json.encode: \(problem)") }
+        if let problem = encodeValue(L, 1, depth: 0, into: &out) {
+            if problem == memoryProblem { return Lua.failMemory(L) }
+            return Lua.fail(L, "json.encode: \(problem)")
+        }
         Lua.push(L, bytes: out)
         return 1
     }
@@ -43,7 +46,12 @@ enum LuaJSON {
 
     // MARK: Encoding
 
+    /// `encodeValue`'s answer when the text would pass the call's memory cap: a table may
+    /// name one long string, or one inner table, many times, and its text is not Lua's memory.
+    private static let memoryProblem = "memory limit reached"
+
     private static func encodeValue(_ L: OpaquePointer?, _ index: Int32, depth: Int, into out: inout [UInt8]) -> String? {
+        guard Lua.fitsCall(L, out.count) else { return memoryProblem }
         let index = lua_absindex(L, index)
         switch lua_type(L, index) {
         case LUA_TNIL, LUA_TNONE: out += Array("null".utf8)

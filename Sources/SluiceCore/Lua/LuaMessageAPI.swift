@@ -122,7 +122,10 @@ enum LuaMessageAPI {
     /// make userdata, so any they pass is one of ours: the payload names a slot, and the slot
     /// confirms by address) and its call is running the hook it belongs to.
     private static func slot(_ L: OpaquePointer?, _ state: LuaState, _ index: Int32, _ role: Role) -> LuaCallSlot? {
-        guard let payload = lua_touserdata(L, index) else { return nil }
+        // A full userdata of ours, but maybe not a message's (a metric counter is smaller).
+        guard lua_type(L, index) == LUA_TUSERDATA, lua_rawlen(L, index) >= MemoryLayout<Handle>.size,
+            let payload = lua_touserdata(L, index)
+        else { return nil }
         let handle = payload.load(as: Handle.self)
         guard handle.slot >= 0, Int(handle.slot) < state.slots.count else { return nil }
         let slot = state.slots[Int(handle.slot)]
@@ -220,6 +223,9 @@ enum LuaMessageAPI {
             return Lua.fail(L, "bad argument #1 to 'respond' (a final status from 200 to 599 expected)")
         }
         var headers = HTTPFields()
+        // The fields' bytes, counted against the memory cap as they are copied: a table may
+        // name one long string many times.
+        var held = 0
         switch lua_type(L, 3) {
         case LUA_TNIL, LUA_TNONE: break
         case LUA_TTABLE:
@@ -230,11 +236,15 @@ enum LuaMessageAPI {
                     let count = Int(lua_rawlen(L, -1))
                     for i in 0..<count {
                         lua_rawgeti(L, -1, lua_Integer(i + 1))
+                        held += 32 + name.rawName.utf8.count + Int(lua_rawlen(L, -1))
+                        guard Lua.fitsCall(L, held) else { return Lua.failMemory(L) }
                         guard let field = headerField(L, name, -1) else { return Lua.failure }
                         headers.append(field)
                         sluice_lua_pop(L, 1)
                     }
                 } else {
+                    held += 32 + name.rawName.utf8.count + Int(lua_rawlen(L, -1))
+                    guard Lua.fitsCall(L, held) else { return Lua.failMemory(L) }
                     guard let field = headerField(L, name, -1) else { return Lua.failure }
                     headers.append(field)
                 }
@@ -486,6 +496,7 @@ enum LuaMessageAPI {
     }
 
     private static let headerSet: Lua.Function = { L in
+        Lua.holdForCall(L, editSize(L))
         if let slot = lineSlot(L) {
             if lua_type(L, 3) <= LUA_TNIL { return removeFromLines(L, slot) }
             guard let name = lineName(L, 2) else { return Lua.failure }
@@ -506,6 +517,7 @@ enum LuaMessageAPI {
     }
 
     private static let headerAdd: Lua.Function = { L in
+        Lua.holdForCall(L, editSize(L))
         if let slot = lineSlot(L) {
             guard let name = lineName(L, 2) else { return Lua.failure }
             return editLines(L, slot, .add, name)
@@ -516,6 +528,12 @@ enum LuaMessageAPI {
             fields.append(field)
             return 0
         }
+    }
+
+    /// What a `set` or `add` may keep until the call ends (an edit record, a field): its name
+    /// and value and a record's worth more. A loop of edits is bounded by the memory cap.
+    private static func editSize(_ L: OpaquePointer?) -> Int {
+        32 + Int(lua_rawlen(L, 2)) + Int(lua_rawlen(L, 3))
     }
 
     private static let headerRemove: Lua.Function = { L in

@@ -34,19 +34,25 @@ enum LuaModule {
         lua_pushlightuserdata(L, nil)
         lua_setfield(L, -2, "null")
         sluice_lua_pop(L, 1)
-        table(L, "log", [("info", logInfo), ("warn", logWarn), ("error", logError)])
+        // A log call reads at most `maxLogMessage` bytes of its arguments: not charged by them.
+        table(L, "log", [("info", logInfo), ("warn", logWarn), ("error", logError)], bulk: false)
         LuaMetricAPI.install(L)
         table(L, "shared", LuaShared.functions)
     }
 
-    private static func set(_ L: OpaquePointer, _ name: String, _ f: Lua.Function) {
-        Lua.push(L, function: f)
+    /// The module's functions read the wall clock, and are charged by their string arguments,
+    /// before they run (`sluice_lua_trampoline_bulk`): a loop hashing a large string a few
+    /// instructions a call cannot run past the wall-clock budget between two count hooks.
+    private static func set(_ L: OpaquePointer, _ name: String, _ f: Lua.Function, bulk: Bool = true) {
+        if bulk { sluice_lua_push_swift_bulk(L, f) } else { Lua.push(L, function: f) }
         lua_setfield(L, -2, name)
     }
 
-    private static func table(_ L: OpaquePointer, _ name: String, _ functions: [(String, Lua.Function)]) {
+    private static func table(
+        _ L: OpaquePointer, _ name: String, _ functions: [(String, Lua.Function)], bulk: Bool = true
+    ) {
         lua_createtable(L, 0, Int32(functions.count))
-        for (key, f) in functions { set(L, key, f) }
+        for (key, f) in functions { set(L, key, f, bulk: bulk) }
         lua_setfield(L, -2, name)
     }
 
@@ -130,6 +136,9 @@ enum LuaModule {
     private static let logWarn: Lua.Function = { L in log(L, .warn) }
     private static let logError: Lua.Function = { L in log(L, .error) }
 
+    /// The longest message a `sluice.log` line carries, in bytes (the rest is cut).
+    static let maxLogMessage = 8 * 1024
+
     /// Joins the arguments with spaces (strings and numbers as they are, other values by type:
     /// no `__tostring` runs) and hands the line to the state's sink.
     private static func log(_ L: OpaquePointer?, _ level: LuaLogLine.Level) -> Int32 {
@@ -137,7 +146,9 @@ enum LuaModule {
         var message = ""
         let top = lua_gettop(L)
         var i: Int32 = 1
-        while i <= top {
+        // A log line, not a dump: what passes `maxLogMessage` bytes is cut (and the arguments
+        // after it are not read).
+        while i <= top && message.utf8.count <= maxLogMessage {
             if i > 1 { message += " " }
             switch lua_type(L, i) {
             case LUA_TSTRING, LUA_TNUMBER: message += Lua.string(L, i) ?? ""
@@ -145,6 +156,9 @@ enum LuaModule {
             default: message += Lua.typeName(L, i)
             }
             i += 1
+        }
+        if message.utf8.count > maxLogMessage {
+            message = String(decoding: message.utf8.prefix(maxLogMessage), as: UTF8.self) + "…"
         }
         var info = lua_Debug()
         var line = 0

@@ -27,6 +27,27 @@ enum Lua {
         return failure
     }
 
+    /// Counts `bytes` Swift keeps for the running call (a header edit, a field of a
+    /// `req:respond`) against the call's memory cap, with the state's own memory: the
+    /// trampoline stops the call once both pass it (`sluice_lua_meter.external`).
+    static func holdForCall(_ L: OpaquePointer?, _ bytes: Int) {
+        sluice_lua_meter_of(L).pointee.external += bytes
+    }
+
+    /// Whether `bytes` more, kept by Swift for the running call, stay within its memory cap:
+    /// for a function that builds something large before it returns (`json.encode`).
+    static func fitsCall(_ L: OpaquePointer?, _ bytes: Int) -> Bool {
+        let m = sluice_lua_meter_of(L).pointee
+        return m.used + m.external + bytes <= m.limit
+    }
+
+    /// Marks the running call stopped by its memory cap and returns `failure` with the
+    /// message the allocator's stop gives.
+    static func failMemory(_ L: OpaquePointer?) -> Int32 {
+        sluice_lua_meter_of(L).pointee.stopped = Int32(SLUICE_LUA_STOPPED_MEMORY)
+        return fail(L, "memory limit reached")
+    }
+
     static func push(_ L: OpaquePointer?, _ text: String) {
         var text = text
         _ = text.withUTF8 { lua_pushlstring(L, $0.baseAddress, $0.count) }
@@ -149,7 +170,14 @@ enum Lua {
     /// The value at `index` as a `LuaValue`: strings, numbers, booleans, and tables of them
     /// (sequences as arrays), `depth` levels deep; nil for anything else (functions, userdata,
     /// nil), which a table then leaves out. Raw reads only: no metamethod runs.
-    static func value(_ L: OpaquePointer?, _ index: Int32, depth: Int = 16) -> LuaValue? {
+    ///
+    /// At most `budget` bytes are made (each value counts 16, a string its length more): a
+    /// script's table may hold one long string many times, or share a table at every level,
+    /// and is small in the state's memory but not as copies. What goes past the budget is left
+    /// out (`budget` is then negative).
+    static func value(_ L: OpaquePointer?, _ index: Int32, depth: Int = 16, budget: inout Int) -> LuaValue? {
+        budget -= 16
+        guard budget >= 0 else { return nil }
         let index = lua_absindex(L, index)
         switch lua_type(L, index) {
         case LUA_TBOOLEAN: return .bool(lua_toboolean(L, index) != 0)
@@ -157,7 +185,10 @@ enum Lua {
             if sluice_lua_isinteger(L, index) != 0 { return .integer(integer(L, index) ?? 0) }
             var isNumber: Int32 = 0
             return .number(sluice_lua_tonumber(L, index, &isNumber))
-        case LUA_TSTRING: return string(L, index).map { .string($0) }
+        case LUA_TSTRING:
+            budget -= Int(lua_rawlen(L, index))
+            guard budget >= 0 else { return nil }
+            return string(L, index).map { .string($0) }
         case LUA_TTABLE:
             guard depth > 0 else { return nil }
             let length = Int(lua_rawlen(L, index))
@@ -165,24 +196,33 @@ enum Lua {
             var table: [String: LuaValue] = [:]
             var isSequence = true
             var count = 0
+            let arrayBudget = budget
             lua_pushnil(L)
             while lua_next(L, index) != 0 {
+                guard budget >= 0 else {
+                    sluice_lua_pop(L, 2)
+                    break
+                }
                 count += 1
                 if lua_type(L, -2) == LUA_TNUMBER, sluice_lua_isinteger(L, -2) != 0, let i = integer(L, -2), i >= 1, i <= length {
-                    if let item = value(L, -1, depth: depth - 1) { table[String(i)] = item }
+                    if let item = value(L, -1, depth: depth - 1, budget: &budget) { table[String(i)] = item }
                 } else {
                     isSequence = false
-                    if lua_type(L, -2) == LUA_TSTRING, let key = string(L, -2), let item = value(L, -1, depth: depth - 1) {
+                    if lua_type(L, -2) == LUA_TSTRING, let key = string(L, -2),
+                        let item = value(L, -1, depth: depth - 1, budget: &budget)
+                    {
                         table[key] = item
                     }
                 }
                 sluice_lua_pop(L, 1)
             }
-            if isSequence && length > 0 && count == length {
+            if isSequence && length > 0 && count == length && budget >= 0 {
+                // The items again, as an array: the budget they took as a table is given back.
+                budget = arrayBudget
                 array.reserveCapacity(length)
                 for i in 1...length {
                     lua_rawgeti(L, index, lua_Integer(i))
-                    if let item = value(L, -1, depth: depth - 1) { array.append(item) }
+                    if let item = value(L, -1, depth: depth - 1, budget: &budget) { array.append(item) }
                     sluice_lua_pop(L, 1)
                 }
                 return .array(array)

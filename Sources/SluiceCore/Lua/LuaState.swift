@@ -139,6 +139,7 @@ public final class LuaState {
         ] as [(String, Lua.Function)] {
             luaL_requiref(L, name, open, 1)
             if name == "string" { sluice_lua_meter_patterns(L) }
+            sluice_lua_meter_loops(L, name)
             sluice_lua_pop(L, 1)
         }
         // The sandbox: trusted code, run on the main thread without a budget.
@@ -247,6 +248,7 @@ public final class LuaState {
             max(1, (limits.instructions + Int(SLUICE_LUA_HOOK_PERIOD) - 1) / Int(SLUICE_LUA_HOOK_PERIOD)))
         m.pointee.deadline_us = start + limits.wallMicroseconds
         m.pointee.peak = m.pointee.used
+        m.pointee.external = 0
         return resume(co, arguments: arguments, since: start, into: &result)
     }
 
@@ -393,6 +395,9 @@ public final class LuaState {
         while lua_next(L, context) != 0 {
             if !keptVars, lua_type(L, -1) == LUA_TTABLE, let key = Lua.bytes(L, -2), Lua.equals(key, "vars") {
                 Lua.clear(L, lua_gettop(L))
+                // A metatable a script gave `vars` would show through to the next exchange.
+                lua_pushnil(L)
+                _ = lua_setmetatable(L, -2)
                 keptVars = true
                 sluice_lua_pop(L, 1)
             } else {

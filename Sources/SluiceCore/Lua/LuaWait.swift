@@ -85,6 +85,7 @@ final class LuaWait {
     private var periodLimit: Int64 = 0
     private var deadline: Int64 = 0
     private var peak = 0
+    private var external = 0
     /// When the call began, on the state's clock.
     var started: Int64 = 0
     /// Resumes the coroutine with results (the exchange's), and ends the call.
@@ -120,6 +121,7 @@ final class LuaWait {
         periodLimit = meter.pointee.period_limit
         deadline = meter.pointee.deadline_us
         peak = meter.pointee.peak
+        external = meter.pointee.external
         if timer == nil {
             timer = host.timer(microseconds: deadline - state.now) { [self] in expired() }
         }
@@ -137,6 +139,7 @@ final class LuaWait {
         meter.pointee.period_limit = periodLimit
         meter.pointee.deadline_us = deadline
         meter.pointee.peak = max(peak, meter.pointee.used)
+        meter.pointee.external = external
     }
 
     private func answered(_ results: @escaping Results) {

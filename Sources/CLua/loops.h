@@ -1,0 +1,199 @@
+#ifndef SLUICE_CLUA_LOOPS_H
+#define SLUICE_CLUA_LOOPS_H
+// The library functions whose work runs inside one C call, where the count hook never fires,
+// made to answer to a call's limits as the pattern functions of match.h do:
+//
+// - `table.insert`, `table.remove` and `table.move` loop over a range a script chooses (a
+//   length from `__len`, an end index) and need no memory to do it: written here from the Lua
+//   5.4 reference manual (§6.6), with its semantics and messages for tables, they charge one
+//   instruction per element moved (`sluice_lua_charge`, one period per 1,024).
+// - `string.rep` of an empty string with an empty separator loops `n` times making nothing:
+//   it is answered at once (the result is empty); otherwise its output is bounded by the
+//   memory cap, and it is charged by the bytes it makes when they fit under the cap.
+// - `table.sort` runs liblua's own sort on a table without a metatable (its size is bounded
+//   by the memory cap, an order function is Lua and counted); a table with a metatable is
+//   refused, since C functions as `__index`/`__newindex`/`__len` would make its loops free.
+// - Functions that work through their string arguments or build long strings in C (`upper`,
+//   `reverse`, `format`, `table.concat`, `load`, `utf8.len`, ...) read the wall clock before
+//   they run and charge one period per 16 KiB of string arguments: a loop of calls on a large
+//   string, a few VM instructions each, can no longer run past the wall-clock budget for up to
+//   a period's worth of calls.
+//
+// Included by shim.h only; everything runs on the thread of the calling state.
+
+/// Charges one period per 1,024 elements: `i` counts the elements done so far.
+static inline void sluice_lua_step(lua_State *L, lua_Integer i) {
+    if ((i & 1023) == 1023) sluice_lua_charge(L, 1);
+}
+
+/// `table.insert(t, [pos,] value)`.
+static int sluice_lua_tinsert(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    // The first free position: one past the length (which `__len` may give).
+    lua_Integer first_free = (lua_Integer)((lua_Unsigned)luaL_len(L, 1) + 1u);
+    lua_Integer pos = first_free;
+    switch (lua_gettop(L)) {
+    case 2:
+        break;
+    case 3: {
+        pos = luaL_checkinteger(L, 2);
+        luaL_argcheck(L, (lua_Unsigned)pos - 1u < (lua_Unsigned)first_free, 2, "position out of bounds");
+        lua_Integer done = 0;
+        for (lua_Integer i = first_free; i > pos; i--, done++) {
+            sluice_lua_step(L, done);
+            lua_geti(L, 1, i - 1);
+            lua_seti(L, 1, i);
+        }
+        break;
+    }
+    default:
+        return luaL_error(L, "wrong number of arguments to 'insert'");
+    }
+    lua_seti(L, 1, pos);
+    return 0;
+}
+
+/// `table.remove(t [, pos])`: returns the element removed.
+static int sluice_lua_tremove(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_Integer size = luaL_len(L, 1);
+    lua_Integer pos = luaL_optinteger(L, 2, size);
+    if (pos != size)
+        luaL_argcheck(L, (lua_Unsigned)pos - 1u <= (lua_Unsigned)size, 2, "position out of bounds");
+    lua_geti(L, 1, pos);
+    lua_Integer done = 0;
+    for (; pos < size; pos++, done++) {
+        sluice_lua_step(L, done);
+        lua_geti(L, 1, pos + 1);
+        lua_seti(L, 1, pos);
+    }
+    lua_pushnil(L);
+    lua_seti(L, 1, pos);
+    return 1;
+}
+
+/// `table.move(a1, f, e, t [, a2])`: returns the destination.
+static int sluice_lua_tmove(lua_State *L) {
+    lua_Integer f = luaL_checkinteger(L, 2);
+    lua_Integer e = luaL_checkinteger(L, 3);
+    lua_Integer t = luaL_checkinteger(L, 4);
+    int dest = lua_isnoneornil(L, 5) ? 1 : 5;
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, dest, LUA_TTABLE);
+    if (e >= f) {
+        luaL_argcheck(L, f > 0 || e < LUA_MAXINTEGER + f, 3, "too many elements to move");
+        lua_Integer n = e - f + 1;
+        luaL_argcheck(L, t <= LUA_MAXINTEGER - n + 1, 4, "destination wrap around");
+        // Overlapping forward moves go from the end, so no element is overwritten first.
+        int backwards = t > f && t <= e && (dest == 1 || lua_compare(L, 1, dest, LUA_OPEQ));
+        for (lua_Integer done = 0; done < n; done++) {
+            sluice_lua_step(L, done);
+            lua_Integer i = backwards ? n - 1 - done : done;
+            lua_geti(L, 1, f + i);
+            lua_seti(L, dest, t + i);
+        }
+    }
+    lua_pushvalue(L, dest);
+    return 1;
+}
+
+/// The wall clock, and one period per 16 KiB of the call's string arguments.
+static inline void sluice_lua_charge_strings(lua_State *L) {
+    size_t bytes = 0;
+    int n = lua_gettop(L);
+    for (int i = 1; i <= n; i++)
+        if (lua_type(L, i) == LUA_TSTRING) bytes += lua_rawlen(L, i);
+    sluice_lua_charge(L, (long long)(bytes >> 14));
+}
+
+/// A library function (upvalue 1, a light C function pointer) charged by its string arguments,
+/// then run in this call's frame: its argument errors name it as the script called it.
+static int sluice_lua_bulk(lua_State *L) {
+    lua_CFunction f = (lua_CFunction)lua_touserdata(L, lua_upvalueindex(1));
+    sluice_lua_charge_strings(L);
+    return f(L);
+}
+
+/// The trampoline of a `sluice` function that works through its string arguments (a hash, an
+/// encoding, `json`): charged as `sluice_lua_bulk` is, then run as any Swift function.
+static int sluice_lua_trampoline_bulk(lua_State *L) {
+    sluice_lua_charge_strings(L);
+    return sluice_lua_trampoline(L);
+}
+
+/// `sluice_lua_push_swift` (no extra upvalues) through `sluice_lua_trampoline_bulk`.
+static inline void sluice_lua_push_swift_bulk(lua_State *L, sluice_lua_swift_function f) {
+    lua_pushlightuserdata(L, (void *)f);
+    lua_pushcclosure(L, sluice_lua_trampoline_bulk, 1);
+}
+
+/// `string.rep(s, n [, sep])`: nothing to repeat is answered at once; otherwise liblua's
+/// (upvalue 1), charged by the bytes it will make.
+static int sluice_lua_str_rep(lua_State *L) {
+    size_t length, separator;
+    luaL_checklstring(L, 1, &length);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    luaL_optlstring(L, 3, "", &separator);
+    if (n <= 0 || length + separator == 0) {
+        lua_pushliteral(L, "");
+        return 1;
+    }
+    // Charged by what it makes when that fits the memory cap; a larger result is refused by
+    // the allocator (or by liblua, past what a string can hold), with the cap's message.
+    sluice_lua_meter *m = sluice_lua_meter_of(L);
+    if (length + separator <= m->limit / (size_t)n)
+        sluice_lua_charge(L, (long long)(((size_t)n * (length + separator)) >> 14));
+    lua_CFunction f = (lua_CFunction)lua_touserdata(L, lua_upvalueindex(1));
+    return f(L);
+}
+
+/// `table.sort(t [, comp])`: liblua's (upvalue 1) on a table without a metatable.
+static int sluice_lua_tsort(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TFUNCTION);
+    if (lua_getmetatable(L, 1)) return luaL_error(L, "table.sort: a table with a metatable is not sorted in a script");
+    // n log n comparisons at most, n bounded by the memory cap: one period per 1,024 elements
+    // up front, and the wall clock read.
+    sluice_lua_charge(L, (long long)(lua_rawlen(L, 1) >> 10));
+    lua_CFunction f = (lua_CFunction)lua_touserdata(L, lua_upvalueindex(1));
+    return f(L);
+}
+
+/// Replaces field `name` of the table on top of `L` with `wrapper`, which finds the field's
+/// liblua function as a light userdata in upvalue 1.
+static inline void sluice_lua_wrap(lua_State *L, const char *name, lua_CFunction wrapper) {
+    lua_getfield(L, -1, name);
+    lua_CFunction original = lua_tocfunction(L, -1);
+    lua_pop(L, 1);
+    lua_pushlightuserdata(L, (void *)original);
+    lua_pushcclosure(L, wrapper, 1);
+    lua_setfield(L, -2, name);
+}
+
+/// Puts the metered functions above in place of liblua's: in the library table on top of `L`
+/// (`string`, `table`, `utf8`, or the globals for `load`), by the library's name.
+static inline void sluice_lua_meter_loops(lua_State *L, const char *library) {
+    if (strcmp(library, "table") == 0) {
+        lua_pushcfunction(L, sluice_lua_tinsert);
+        lua_setfield(L, -2, "insert");
+        lua_pushcfunction(L, sluice_lua_tremove);
+        lua_setfield(L, -2, "remove");
+        lua_pushcfunction(L, sluice_lua_tmove);
+        lua_setfield(L, -2, "move");
+        sluice_lua_wrap(L, "sort", sluice_lua_tsort);
+        sluice_lua_wrap(L, "concat", sluice_lua_bulk);
+        sluice_lua_wrap(L, "unpack", sluice_lua_bulk);
+    } else if (strcmp(library, "string") == 0) {
+        sluice_lua_wrap(L, "rep", sluice_lua_str_rep);
+        static const char *const bulk[] = {"byte", "char", "format", "lower", "pack", "reverse", "sub", "unpack", "upper", NULL};
+        for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
+    } else if (strcmp(library, "utf8") == 0) {
+        static const char *const bulk[] = {"char", "codepoint", "len", "offset", NULL};
+        for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
+    } else if (strcmp(library, "_G") == 0) {
+        static const char *const bulk[] = {"load", "tonumber", "tostring", NULL};
+        for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
+    }
+}
+
+#endif
