@@ -122,10 +122,9 @@ enum LuaMessageAPI {
     /// make userdata, so any they pass is one of ours: the payload names a slot, and the slot
     /// confirms by address) and its call is running the hook it belongs to.
     private static func slot(_ L: OpaquePointer?, _ state: LuaState, _ index: Int32, _ role: Role) -> LuaCallSlot? {
-        // A full userdata of ours, but maybe not a message's (a metric counter is smaller).
-        guard lua_type(L, index) == LUA_TUSERDATA, lua_rawlen(L, index) >= MemoryLayout<Handle>.size,
-            let payload = lua_touserdata(L, index)
-        else { return nil }
+        // Every userdata a script can reach is at least a handle's size (a metric counter is
+        // made as large, `LuaMetricAPI`); a light one is `json.null`, whose address is nil.
+        guard let payload = lua_touserdata(L, index) else { return nil }
         let handle = payload.load(as: Handle.self)
         guard handle.slot >= 0, Int(handle.slot) < state.slots.count else { return nil }
         let slot = state.slots[Int(handle.slot)]
@@ -413,10 +412,12 @@ enum LuaMessageAPI {
         _ L: OpaquePointer?, _ slot: LuaCallSlot, _ operation: LuaLineEdits.Operation, _ name: UnsafeRawBufferPointer
     ) -> Int32 {
         if let value = Lua.text(L, 3), LuaLineEdits.isPlainValue(value) {
+            Lua.holdForCall(L, 32 + name.count + value.count)
             slot.request.lineEdits.append(operation, name: name, value: value)
             return 0
         }
         guard let fieldName = headerName(L, 2), let field = headerField(L, fieldName, 3) else { return Lua.failure }
+        Lua.holdForCall(L, editSize(L))
         if asciiValue(L, 3, field) != nil {
             var value = field.value
             value.withUTF8 { slot.request.lineEdits.append(operation, name: name, value: UnsafeRawBufferPointer($0)) }
@@ -434,6 +435,7 @@ enum LuaMessageAPI {
     /// `remove` of the name at index 2 on lines.
     private static func removeFromLines(_ L: OpaquePointer?, _ slot: LuaCallSlot) -> Int32 {
         guard let name = lineName(L, 2) else { return Lua.failure }
+        Lua.holdForCall(L, 32 + name.count)
         slot.request.lineEdits.append(.remove, name: name, value: UnsafeRawBufferPointer(start: nil, count: 0))
         return 0
     }
@@ -496,7 +498,6 @@ enum LuaMessageAPI {
     }
 
     private static let headerSet: Lua.Function = { L in
-        Lua.holdForCall(L, editSize(L))
         if let slot = lineSlot(L) {
             if lua_type(L, 3) <= LUA_TNIL { return removeFromLines(L, slot) }
             guard let name = lineName(L, 2) else { return Lua.failure }
@@ -510,6 +511,7 @@ enum LuaMessageAPI {
             }
         }
         guard let field = headerField(L, name, 3) else { return Lua.failure }
+        Lua.holdForCall(L, editSize(L))
         return withHeaders(L) { fields, _ in
             fields[fields: name] = [field]
             return 0
@@ -517,13 +519,13 @@ enum LuaMessageAPI {
     }
 
     private static let headerAdd: Lua.Function = { L in
-        Lua.holdForCall(L, editSize(L))
         if let slot = lineSlot(L) {
             guard let name = lineName(L, 2) else { return Lua.failure }
             return editLines(L, slot, .add, name)
         }
         guard let name = headerName(L, 2) else { return Lua.failure }
         guard let field = headerField(L, name, 3) else { return Lua.failure }
+        Lua.holdForCall(L, editSize(L))
         return withHeaders(L) { fields, _ in
             fields.append(field)
             return 0
@@ -531,7 +533,8 @@ enum LuaMessageAPI {
     }
 
     /// What a `set` or `add` may keep until the call ends (an edit record, a field): its name
-    /// and value and a record's worth more. A loop of edits is bounded by the memory cap.
+    /// and value and a record's worth more, counted against the memory cap (`Lua.holdForCall`)
+    /// so that a loop of edits is bounded by it. The lines' edits count theirs in place.
     private static func editSize(_ L: OpaquePointer?) -> Int {
         32 + Int(lua_rawlen(L, 2)) + Int(lua_rawlen(L, 3))
     }

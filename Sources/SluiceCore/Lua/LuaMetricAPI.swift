@@ -57,7 +57,11 @@ enum LuaMetricAPI {
         guard let index = state.counters.index(script: state.script.name, name: name) else {
             return Lua.fail(L, "\(state.script.name) has \(maxNamesPerScript) metric names already; '\(name)' is one too many")
         }
-        sluice_lua_newuserdata(L, MemoryLayout<Int32>.size, 0)!.storeBytes(of: index, as: Int32.self)
+        // Eight bytes, as a message's handle (`LuaMessageAPI.Handle`): a counter passed where a
+        // `req` is expected is read whole, and refused by its slot index of -1.
+        let payload = sluice_lua_newuserdata(L, 2 * MemoryLayout<Int32>.size, 0)!
+        payload.storeBytes(of: -1, as: Int32.self)
+        payload.storeBytes(of: index, toByteOffset: MemoryLayout<Int32>.size, as: Int32.self)
         luaL_setmetatable(L, metatableName)
         return 1
     }
@@ -73,7 +77,8 @@ enum LuaMetricAPI {
             }
             by = n
         }
-        LuaState.of(L).counters.handles[Int(counter.load(as: Int32.self))].increment(by: Int64(by))
+        LuaState.of(L).counters.handles[Int(counter.load(fromByteOffset: MemoryLayout<Int32>.size, as: Int32.self))].increment(
+            by: Int64(by))
         return 0
     }
 }
