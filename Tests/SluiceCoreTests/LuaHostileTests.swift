@@ -155,6 +155,18 @@ import Testing
         vars.values.forEach(measure)
         #expect(size <= LuaExchange.varsBudget)
 
+        // One table shared at every level, ten ways and fifteen deep: 10^15 paths, a few
+        // hundred bytes of Lua. Each value is converted once, and only within the budget.
+        let deep = try LuaTest.load(
+            "return { on_request = function(req, ctx) local t = {'x'} "
+                + "for d = 1, 15 do local n = {} for i = 1, 10 do n[i] = t end t = n end ctx.vars.deep = t end }")
+        let deepExchange = deep.makeExchange()
+        var deepRequest = LuaTest.get()
+        #expect(deepExchange.onRequest(&deepRequest).outcome == .ok)
+        let start = ContinuousClock.now
+        #expect(deepExchange.vars()["truncated"] == .bool(true))
+        #expect(ContinuousClock.now - start < .seconds(1))
+
         for body in [
             "local s = string.rep('v', 1 << 20) local t = {} for i = 1, 5000 do t[i] = s end sluice.json.encode(t)",
             "local s = string.rep('v', 1 << 20) local t = {} for i = 1, 5000 do t[i] = s end req:respond(200, { ['X-Big'] = t })",

@@ -192,40 +192,55 @@ enum Lua {
         case LUA_TTABLE:
             guard depth > 0 else { return nil }
             let length = Int(lua_rawlen(L, index))
-            var array: [LuaValue] = []
+            // A sequence (keys exactly 1...length) becomes an array, anything else a table of
+            // its string keys and its integer keys within 1...length. Which, is learned first
+            // without converting anything (each key counts against the budget too): every
+            // value is converted once, however deep the nesting.
+            var isSequence = length > 0
+            if isSequence {
+                var count = 0
+                lua_pushnil(L)
+                while lua_next(L, index) != 0 {
+                    sluice_lua_pop(L, 1)
+                    count += 1
+                    budget -= 16
+                    let inRange =
+                        lua_type(L, -1) == LUA_TNUMBER && sluice_lua_isinteger(L, -1) != 0
+                        && (integer(L, -1).map { $0 >= 1 && $0 <= length } ?? false)
+                    if !inRange || count > length || budget < 0 {
+                        isSequence = false
+                        sluice_lua_pop(L, 1)
+                        break
+                    }
+                }
+                isSequence = isSequence && count == length
+            }
+            if isSequence {
+                var array: [LuaValue] = []
+                array.reserveCapacity(length)
+                for i in 1...length {
+                    lua_rawgeti(L, index, lua_Integer(i))
+                    if let item = value(L, -1, depth: depth - 1, budget: &budget) { array.append(item) }
+                    sluice_lua_pop(L, 1)
+                    if budget < 0 { break }
+                }
+                return .array(array)
+            }
             var table: [String: LuaValue] = [:]
-            var isSequence = true
-            var count = 0
-            let arrayBudget = budget
             lua_pushnil(L)
             while lua_next(L, index) != 0 {
                 guard budget >= 0 else {
                     sluice_lua_pop(L, 2)
                     break
                 }
-                count += 1
                 if lua_type(L, -2) == LUA_TNUMBER, sluice_lua_isinteger(L, -2) != 0, let i = integer(L, -2), i >= 1, i <= length {
                     if let item = value(L, -1, depth: depth - 1, budget: &budget) { table[String(i)] = item }
-                } else {
-                    isSequence = false
-                    if lua_type(L, -2) == LUA_TSTRING, let key = string(L, -2),
-                        let item = value(L, -1, depth: depth - 1, budget: &budget)
-                    {
-                        table[key] = item
-                    }
+                } else if lua_type(L, -2) == LUA_TSTRING, let key = string(L, -2),
+                    let item = value(L, -1, depth: depth - 1, budget: &budget)
+                {
+                    table[key] = item
                 }
                 sluice_lua_pop(L, 1)
-            }
-            if isSequence && length > 0 && count == length && budget >= 0 {
-                // The items again, as an array: the budget they took as a table is given back.
-                budget = arrayBudget
-                array.reserveCapacity(length)
-                for i in 1...length {
-                    lua_rawgeti(L, index, lua_Integer(i))
-                    if let item = value(L, -1, depth: depth - 1, budget: &budget) { array.append(item) }
-                    sluice_lua_pop(L, 1)
-                }
-                return .array(array)
             }
             return .table(table)
         default: return nil
