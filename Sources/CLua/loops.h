@@ -97,6 +97,13 @@ static int sluice_lua_tmove(lua_State *L) {
     return 1;
 }
 
+/// Runs, in this call's frame, the liblua function a wrapper made by `sluice_lua_wrap` holds
+/// (upvalue 1): its argument errors name it as the script called it.
+static inline int sluice_lua_run_wrapped(lua_State *L) {
+    lua_CFunction f = (lua_CFunction)lua_touserdata(L, lua_upvalueindex(1));
+    return f(L);
+}
+
 /// The wall clock, and one period per 16 KiB of the call's string arguments.
 static inline void sluice_lua_charge_strings(lua_State *L) {
     size_t bytes = 0;
@@ -109,9 +116,8 @@ static inline void sluice_lua_charge_strings(lua_State *L) {
 /// A library function (upvalue 1, a light C function pointer) charged by its string arguments,
 /// then run in this call's frame: its argument errors name it as the script called it.
 static int sluice_lua_bulk(lua_State *L) {
-    lua_CFunction f = (lua_CFunction)lua_touserdata(L, lua_upvalueindex(1));
     sluice_lua_charge_strings(L);
-    return f(L);
+    return sluice_lua_run_wrapped(L);
 }
 
 /// The trampoline of a `sluice` function that works through its string arguments (a hash, an
@@ -143,8 +149,7 @@ static int sluice_lua_str_rep(lua_State *L) {
     sluice_lua_meter *m = sluice_lua_meter_of(L);
     if (length + separator <= m->limit / (size_t)n)
         sluice_lua_charge(L, (long long)(((size_t)n * (length + separator)) >> 14));
-    lua_CFunction f = (lua_CFunction)lua_touserdata(L, lua_upvalueindex(1));
-    return f(L);
+    return sluice_lua_run_wrapped(L);
 }
 
 /// `table.sort(t [, comp])`: liblua's (upvalue 1) on a table without a metatable.
@@ -155,8 +160,7 @@ static int sluice_lua_tsort(lua_State *L) {
     // n log n comparisons at most, n bounded by the memory cap: one period per 1,024 elements
     // up front, and the wall clock read.
     sluice_lua_charge(L, (long long)(lua_rawlen(L, 1) >> 10));
-    lua_CFunction f = (lua_CFunction)lua_touserdata(L, lua_upvalueindex(1));
-    return f(L);
+    return sluice_lua_run_wrapped(L);
 }
 
 /// Replaces field `name` of the table on top of `L` with `wrapper`, which finds the field's

@@ -235,14 +235,14 @@ enum LuaMessageAPI {
                     let count = Int(lua_rawlen(L, -1))
                     for i in 0..<count {
                         lua_rawgeti(L, -1, lua_Integer(i + 1))
-                        held += 32 + name.rawName.utf8.count + Int(lua_rawlen(L, -1))
+                        held += heldPerField + name.rawName.utf8.count + Int(lua_rawlen(L, -1))
                         guard Lua.fitsCall(L, held) else { return Lua.failMemory(L) }
                         guard let field = headerField(L, name, -1) else { return Lua.failure }
                         headers.append(field)
                         sluice_lua_pop(L, 1)
                     }
                 } else {
-                    held += 32 + name.rawName.utf8.count + Int(lua_rawlen(L, -1))
+                    held += heldPerField + name.rawName.utf8.count + Int(lua_rawlen(L, -1))
                     guard Lua.fitsCall(L, held) else { return Lua.failMemory(L) }
                     guard let field = headerField(L, name, -1) else { return Lua.failure }
                     headers.append(field)
@@ -412,7 +412,7 @@ enum LuaMessageAPI {
         _ L: OpaquePointer?, _ slot: LuaCallSlot, _ operation: LuaLineEdits.Operation, _ name: UnsafeRawBufferPointer
     ) -> Int32 {
         if let value = Lua.text(L, 3), LuaLineEdits.isPlainValue(value) {
-            Lua.holdForCall(L, 32 + name.count + value.count)
+            Lua.holdForCall(L, heldPerField + name.count + value.count)
             slot.request.lineEdits.append(operation, name: name, value: value)
             return 0
         }
@@ -435,7 +435,7 @@ enum LuaMessageAPI {
     /// `remove` of the name at index 2 on lines.
     private static func removeFromLines(_ L: OpaquePointer?, _ slot: LuaCallSlot) -> Int32 {
         guard let name = lineName(L, 2) else { return Lua.failure }
-        Lua.holdForCall(L, 32 + name.count)
+        Lua.holdForCall(L, heldPerField + name.count)
         slot.request.lineEdits.append(.remove, name: name, value: UnsafeRawBufferPointer(start: nil, count: 0))
         return 0
     }
@@ -532,11 +532,15 @@ enum LuaMessageAPI {
         }
     }
 
+    /// What a header field or edit record Swift keeps for a call costs beyond its name and
+    /// value bytes, counted against the memory cap (`Lua.holdForCall`, `Lua.fitsCall`).
+    private static let heldPerField = 32
+
     /// What a `set` or `add` may keep until the call ends (an edit record, a field): its name
     /// and value and a record's worth more, counted against the memory cap (`Lua.holdForCall`)
     /// so that a loop of edits is bounded by it. The lines' edits count theirs in place.
     private static func editSize(_ L: OpaquePointer?) -> Int {
-        32 + Int(lua_rawlen(L, 2)) + Int(lua_rawlen(L, 3))
+        heldPerField + Int(lua_rawlen(L, 2)) + Int(lua_rawlen(L, 3))
     }
 
     private static let headerRemove: Lua.Function = { L in
