@@ -104,20 +104,35 @@ static inline int sluice_lua_run_wrapped(lua_State *L) {
     return f(L);
 }
 
-/// The wall clock, and one period per 16 KiB of the call's string arguments.
-static inline void sluice_lua_charge_strings(lua_State *L) {
+/// The wall clock, and one period per 16 KiB of the call's string arguments; returns their
+/// bytes.
+static inline size_t sluice_lua_charge_strings(lua_State *L) {
     size_t bytes = 0;
     int n = lua_gettop(L);
     for (int i = 1; i <= n; i++)
         if (lua_type(L, i) == LUA_TSTRING) bytes += lua_rawlen(L, i);
     sluice_lua_charge(L, (long long)(bytes >> 14));
+    return bytes;
+}
+
+/// Runs the wrapped library function (upvalue 1), which may build its result in a lauxlib
+/// buffer, with `bytes` the size it is expected to need. Such a buffer asks the allocator
+/// itself and raises at its first refusal, without the full collection Lua runs before
+/// refusing its own allocations: so the garbage is collected first when `bytes` more would
+/// pass the cap, and a refusal inside the call is final (`final_refusal`).
+static inline int sluice_lua_run_buffered(lua_State *L, size_t bytes) {
+    sluice_lua_meter *m = sluice_lua_meter_of(L);
+    if (m->used + m->external + bytes > m->limit) lua_gc(L, LUA_GCCOLLECT);
+    m->final_refusal = 1;
+    int results = sluice_lua_run_wrapped(L);
+    m->final_refusal = 0;
+    return results;
 }
 
 /// A library function (upvalue 1, a light C function pointer) charged by its string arguments,
 /// then run in this call's frame: its argument errors name it as the script called it.
 static int sluice_lua_bulk(lua_State *L) {
-    sluice_lua_charge_strings(L);
-    return sluice_lua_run_wrapped(L);
+    return sluice_lua_run_buffered(L, sluice_lua_charge_strings(L));
 }
 
 /// The trampoline of a `sluice` function that works through its string arguments (a hash, an
@@ -147,9 +162,10 @@ static int sluice_lua_str_rep(lua_State *L) {
     // Charged by what it makes when that fits the memory cap; a larger result is refused by
     // the allocator (or by liblua, past what a string can hold), with the cap's message.
     sluice_lua_meter *m = sluice_lua_meter_of(L);
-    if (length + separator <= m->limit / (size_t)n)
-        sluice_lua_charge(L, (long long)(((size_t)n * (length + separator)) >> 14));
-    return sluice_lua_run_wrapped(L);
+    if (length + separator > m->limit / (size_t)n) return sluice_lua_run_buffered(L, 0);  // never fits
+    size_t bytes = (size_t)n * (length + separator);
+    sluice_lua_charge(L, (long long)(bytes >> 14));
+    return sluice_lua_run_buffered(L, bytes);
 }
 
 /// `table.sort(t [, comp])`: liblua's (upvalue 1) on a table without a metatable.

@@ -42,6 +42,10 @@ typedef struct sluice_lua_meter {
                             // fields): counted against `limit` with `used` by the trampoline
     int grace;              // > 0 while Swift code runs: the allocator never refuses then
     int stopped;            // SLUICE_LUA_STOPPED_*: sticky until the next call begins
+    int refused;            // the allocator refused the last growth it was asked for (Lua
+                            // collects and asks again: `sluice_lua_alloc`)
+    int final_refusal;      // > 0 while a library function that asks the allocator itself
+                            // runs (loops.h): its first refusal stops the call
     long long periods;      // hook firings since the call began
     long long period_limit; // the instruction budget, in periods
     long long deadline_us;  // the wall-clock budget's end on `clock`'s scale
@@ -70,11 +74,21 @@ static void *sluice_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
         return NULL;
     }
     if (nsize > old && m->grace == 0 && m->used - old + nsize > m->limit) {
-        m->stopped = SLUICE_LUA_STOPPED_MEMORY;
+        // Lua answers a refused allocation with a full, emergency collection and asks once
+        // more (lmem.c `tryagain`): garbage not yet collected must not stop a call whose live
+        // data fits. So the first refusal only asks for that collection; the cap stops the
+        // call when the allocator refuses again before any growth succeeds (the retry after
+        // the collection, or Lua could not collect there).
+        // A library function's buffer (lauxlib's) asks the allocator directly and raises at
+        // the first refusal, with no collection: loops.h collects before such a call when it
+        // would pass the cap, and its refusal is final.
+        if (m->refused || m->final_refusal) m->stopped = SLUICE_LUA_STOPPED_MEMORY;
+        m->refused = 1;
         return NULL;
     }
     void *p = realloc(ptr, nsize);
     if (p == NULL) return NULL;
+    m->refused = 0;
     m->used = m->used - old + nsize;
     if (m->used > m->peak) m->peak = m->used;
     return p;
@@ -119,7 +133,12 @@ static void sluice_lua_raise_stop(lua_State *L, lua_Debug *ar) {
 
 /// The count hook.
 static void sluice_lua_hook(lua_State *L, lua_Debug *ar) {
-    if (!sluice_lua_tick(sluice_lua_meter_of(L), 1)) sluice_lua_raise_stop(L, ar);
+    sluice_lua_meter *m = sluice_lua_meter_of(L);
+    // Lua code runs: no library function's buffer is being filled (one that raised left the
+    // flag set; one that called a metamethod resumes without it, and its refusal is then
+    // reported by the Swift side as the cap's).
+    m->final_refusal = 0;
+    if (!sluice_lua_tick(m, 1)) sluice_lua_raise_stop(L, ar);
 }
 
 /// Charges `periods` to the call from a C function the script called (the pattern matcher of
@@ -150,10 +169,22 @@ typedef int (*sluice_lua_swift_function)(lua_State *L);
 static int sluice_lua_trampoline(lua_State *L) {
     sluice_lua_swift_function f = (sluice_lua_swift_function)lua_touserdata(L, lua_upvalueindex(1));
     sluice_lua_meter *m = sluice_lua_meter_of(L);
+    if (m->stopped != SLUICE_LUA_RUNNING) {
+        // A stop the script caught with `pcall` (the allocator's refusal, which the count
+        // hook raises only at its next period): no Swift function runs after it.
+        lua_Debug ar;
+        if (lua_getstack(L, 1, &ar)) sluice_lua_raise_stop(L, &ar);
+        lua_pushliteral(L, "limit reached");
+        return lua_error(L);
+    }
     m->grace += 1;
     int n = f(L);
     m->grace -= 1;
     if (n == SLUICE_LUA_YIELD) return lua_yield(L, 0);
+    if (n >= 0 && m->grace == 0 && m->used + m->external > m->limit)
+        // Over the cap after a Swift function: collected first, as the allocator's refusal is
+        // (the function's results are on the stack, so they survive it).
+        lua_gc(L, LUA_GCCOLLECT);
     if (n >= 0 && m->grace == 0 && m->used + m->external > m->limit) {
         m->stopped = SLUICE_LUA_STOPPED_MEMORY;
         lua_pushliteral(L, "memory limit reached");

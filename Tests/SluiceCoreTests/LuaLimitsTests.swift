@@ -56,6 +56,38 @@ import Testing
         #expect(state.memoryInUse <= LuaLimits.defaultMemory)
     }
 
+    /// The cap is on live data: garbage the collector has not reached yet is collected when
+    /// the allocator first refuses (Lua's emergency collection), and the call goes on. Each
+    /// round makes 6 MB of strings and drops them; two rounds' worth exceed the 8 MiB cap,
+    /// which stopped this call at its second round before the allocator let Lua collect.
+    @Test func garbageIsCollectedBeforeTheMemoryCapStopsACall() throws {
+        let (result, edited) = try LuaTest.onRequest(
+            "return { on_request = function(req, ctx)\n"
+                + "local n = 0 for i = 1, 4 do local s = string.rep('x', 3000000) .. i n = n + #s end\n"
+                + "req.headers:set('x-n', tostring(n))\nend }")
+        #expect(result.outcome == .ok, "\(result.outcome)")
+        #expect(edited.headers[HTTPField.Name("x-n")!] == "12000004")
+        #expect(result.peakMemory <= LuaLimits.defaultMemory)
+        // Live data past the cap is still refused: the same strings kept in a table.
+        let kept = try LuaTest.outcome("local t = {} for i = 1, 6 do t[i] = string.rep('x', 3000000) .. i end")
+        #expect(kept.limitKind == .memory)
+    }
+
+    /// A refusal the emergency collection cannot help is final: a `pcall` around the bomb does
+    /// not let the call go on, whether the refused allocation was Lua's own (a concatenation)
+    /// or a library buffer's (`string.rep`, `string.upper`).
+    @Test(arguments: [
+        "local s = string.rep('x', 4000000) pcall(function() return s .. s .. s end)",
+        "pcall(string.rep, 'x', 1 << 30)",
+        "local s = string.rep('x', 3000000) local keep = s .. '!' pcall(string.upper, s)",
+    ])
+    func aCaughtMemoryRefusalStillStopsTheCall(_ body: String) throws {
+        let (result, edited) = try LuaTest.onRequest(
+            "return { on_request = function(req, ctx)\n\(body)\nreq.headers:set('x-after', 'pcall')\nend }")
+        #expect(result.outcome.limitKind == .memory, "\(result.outcome)")
+        #expect(edited == LuaTest.get())
+    }
+
     @Test func concatenationBombIsRefusedByTheMemoryCap() throws {
         let outcome = try LuaTest.outcome("local s = 'x' for i = 1, 40 do s = s .. s end")
         #expect(outcome.limitKind == .memory)

@@ -243,6 +243,7 @@ public final class LuaState {
         let m = meter
         let start = now
         m.pointee.stopped = Int32(SLUICE_LUA_RUNNING)
+        m.pointee.refused = 0
         m.pointee.periods = 0
         m.pointee.period_limit = Int64(
             max(1, (limits.instructions + Int(SLUICE_LUA_HOOK_PERIOD) - 1) / Int(SLUICE_LUA_HOOK_PERIOD)))
@@ -268,7 +269,11 @@ public final class LuaState {
         result.peakMemory = m.pointee.peak
         result.microseconds = now - start
         let stopped = Int(m.pointee.stopped)
-        if stopped != SLUICE_LUA_RUNNING || status == LUA_ERRMEM {
+        // A lauxlib buffer refused by the cap raises "not enough memory" as a plain error
+        // (shim.h, `sluice_lua_alloc`): the cap's stop too.
+        let bufferRefused =
+            status == LUA_ERRRUN && m.pointee.refused != 0 && Lua.string(co, -1) == "not enough memory"
+        if stopped != SLUICE_LUA_RUNNING || status == LUA_ERRMEM || bufferRefused {
             isPoisoned = true
             let kind: LuaLimitKind =
                 switch stopped {

@@ -135,6 +135,7 @@ final class LuaWait {
     func restore() {
         let meter = state.meter
         meter.pointee.stopped = Int32(SLUICE_LUA_RUNNING)
+        meter.pointee.refused = 0
         meter.pointee.periods = periods
         meter.pointee.period_limit = periodLimit
         meter.pointee.deadline_us = deadline
