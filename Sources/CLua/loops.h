@@ -115,14 +115,15 @@ static inline size_t sluice_lua_charge_strings(lua_State *L) {
     return bytes;
 }
 
-/// Runs the wrapped library function (upvalue 1), which may build its result in a lauxlib
-/// buffer, with `bytes` the size it is expected to need. Such a buffer asks the allocator
-/// itself and raises at its first refusal, without the full collection Lua runs before
-/// refusing its own allocations: so the garbage is collected first when `bytes` more would
-/// pass the cap, and a refusal inside the call is final (`final_refusal`).
+/// Runs the wrapped library function (upvalue 1), which builds its result of about `bytes`
+/// in a lauxlib buffer. Such a buffer asks the allocator itself and raises at its first
+/// refusal, without the full collection Lua runs before refusing its own allocations: so the
+/// garbage is collected first when the call's peak — the buffer and the string copied from
+/// it, twice `bytes` — would pass the cap, and a refusal inside the call is final
+/// (`final_refusal`): live data that does not fit.
 static inline int sluice_lua_run_buffered(lua_State *L, size_t bytes) {
     sluice_lua_meter *m = sluice_lua_meter_of(L);
-    if (m->used + m->external + bytes > m->limit) lua_gc(L, LUA_GCCOLLECT);
+    if (m->used + m->external + 2 * bytes > m->limit) lua_gc(L, LUA_GCCOLLECT);
     m->final_refusal = 1;
     int results = sluice_lua_run_wrapped(L);
     m->final_refusal = 0;
@@ -132,6 +133,13 @@ static inline int sluice_lua_run_buffered(lua_State *L, size_t bytes) {
 /// A library function (upvalue 1, a light C function pointer) charged by its string arguments,
 /// then run in this call's frame: its argument errors name it as the script called it.
 static int sluice_lua_bulk(lua_State *L) {
+    sluice_lua_charge_strings(L);
+    return sluice_lua_run_wrapped(L);
+}
+
+/// `sluice_lua_bulk` for a function that builds its result in a lauxlib buffer about as long as
+/// its string arguments (`upper`, `format`, `table.concat`…): run by `sluice_lua_run_buffered`.
+static int sluice_lua_bulk_buffered(lua_State *L) {
     return sluice_lua_run_buffered(L, sluice_lua_charge_strings(L));
 }
 
@@ -201,15 +209,18 @@ static inline void sluice_lua_meter_loops(lua_State *L, const char *library) {
         lua_pushcfunction(L, sluice_lua_tmove);
         lua_setfield(L, -2, "move");
         sluice_lua_wrap(L, "sort", sluice_lua_tsort);
-        sluice_lua_wrap(L, "concat", sluice_lua_bulk);
+        sluice_lua_wrap(L, "concat", sluice_lua_bulk_buffered);
         sluice_lua_wrap(L, "unpack", sluice_lua_bulk);
     } else if (strcmp(library, "string") == 0) {
         sluice_lua_wrap(L, "rep", sluice_lua_str_rep);
-        static const char *const bulk[] = {"byte", "char", "format", "lower", "pack", "reverse", "sub", "unpack", "upper", NULL};
+        static const char *const bulk[] = {"byte", "sub", "unpack", NULL};
         for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
+        static const char *const buffered[] = {"char", "format", "lower", "pack", "reverse", "upper", NULL};
+        for (int i = 0; buffered[i]; i++) sluice_lua_wrap(L, buffered[i], sluice_lua_bulk_buffered);
     } else if (strcmp(library, "utf8") == 0) {
-        static const char *const bulk[] = {"char", "codepoint", "len", "offset", NULL};
+        static const char *const bulk[] = {"codepoint", "len", "offset", NULL};
         for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
+        sluice_lua_wrap(L, "char", sluice_lua_bulk_buffered);
     } else if (strcmp(library, "_G") == 0) {
         static const char *const bulk[] = {"load", "tonumber", "tostring", NULL};
         for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);

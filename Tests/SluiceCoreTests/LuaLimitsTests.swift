@@ -56,20 +56,25 @@ import Testing
         #expect(state.memoryInUse <= LuaLimits.defaultMemory)
     }
 
-    /// The cap is on live data: garbage the collector has not reached yet is collected when
-    /// the allocator first refuses (Lua's emergency collection), and the call goes on. Each
-    /// round makes 6 MB of strings and drops them; two rounds' worth exceed the 8 MiB cap,
-    /// which stopped this call at its second round before the allocator let Lua collect.
-    @Test func garbageIsCollectedBeforeTheMemoryCapStopsACall() throws {
+    /// The cap is on live data: garbage the collector has not reached yet is collected before
+    /// the cap stops a call — at the allocator's first refusal (Lua's emergency collection), or
+    /// before a library function fills a buffer (`rep`, `upper`) that would pass the cap. Each
+    /// round makes 5 to 6 MB of strings and drops them; two rounds' worth exceed the 8 MiB cap,
+    /// which stopped these calls at their second round while the first refusal was final.
+    @Test(arguments: [
+        ("string.rep('x', 3000000) .. i", "9000003"),
+        ("string.rep('x', 2500000):upper()", "7500000"),
+    ])
+    func garbageIsCollectedBeforeTheMemoryCapStopsACall(_ made: String, _ total: String) throws {
         let (result, edited) = try LuaTest.onRequest(
             "return { on_request = function(req, ctx)\n"
-                + "local n = 0 for i = 1, 4 do local s = string.rep('x', 3000000) .. i n = n + #s end\n"
+                + "local n = 0 for i = 1, 3 do local s = \(made) n = n + #s end\n"
                 + "req.headers:set('x-n', tostring(n))\nend }")
         #expect(result.outcome == .ok, "\(result.outcome)")
-        #expect(edited.headers[HTTPField.Name("x-n")!] == "12000004")
+        #expect(edited.headers[HTTPField.Name("x-n")!] == total)
         #expect(result.peakMemory <= LuaLimits.defaultMemory)
         // Live data past the cap is still refused: the same strings kept in a table.
-        let kept = try LuaTest.outcome("local t = {} for i = 1, 6 do t[i] = string.rep('x', 3000000) .. i end")
+        let kept = try LuaTest.outcome("local t = {} for i = 1, 3 do t[i] = \(made) end")
         #expect(kept.limitKind == .memory)
     }
 

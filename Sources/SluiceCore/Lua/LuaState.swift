@@ -244,6 +244,7 @@ public final class LuaState {
         let start = now
         m.pointee.stopped = Int32(SLUICE_LUA_RUNNING)
         m.pointee.refused = 0
+        m.pointee.final_refusal = 0
         m.pointee.periods = 0
         m.pointee.period_limit = Int64(
             max(1, (limits.instructions + Int(SLUICE_LUA_HOOK_PERIOD) - 1) / Int(SLUICE_LUA_HOOK_PERIOD)))

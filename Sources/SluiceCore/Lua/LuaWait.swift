@@ -136,6 +136,7 @@ final class LuaWait {
         let meter = state.meter
         meter.pointee.stopped = Int32(SLUICE_LUA_RUNNING)
         meter.pointee.refused = 0
+        meter.pointee.final_refusal = 0
         meter.pointee.periods = periods
         meter.pointee.period_limit = periodLimit
         meter.pointee.deadline_us = deadline
