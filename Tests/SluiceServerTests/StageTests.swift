@@ -376,6 +376,10 @@ import Testing
         let script = LuaAdapter(script: LuaScript(name: "seen.lua", source: source), origin: "source")
         let services = Services([PolicyEntry(name: "default", adapters: [BearerAdapter(token: Secret("t")), script])])
         let exchange = try exchange("GET http://a/p HTTP/1.1\r\nHost: a\r\nX-Client: c1\r\n\r\n", services)
+        // A record left on this thread's cache by a caller no stage took it from (an adapter
+        // test run before this one on the same thread) is not this exchange's.
+        LuaStateCache.current.lastCall = LuaCallRecord(
+            script: "other.lua", hook: "on_request", result: LuaCallResult(), vars: [:])
         guard case .proceed = AdaptersStage.enter(exchange, services) else {
             Issue.record("the script runs in place")
             return

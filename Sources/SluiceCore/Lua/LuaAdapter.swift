@@ -222,6 +222,10 @@ public final class LuaAdapter: RequestAdapter {
         let vars = result.succeeded ? exchange.vars() : [:]
         if recordingSuccess || !result.succeeded || !vars.isEmpty {
             cache.lastCall = LuaCallRecord(script: script.name, hook: "on_request", result: result, vars: vars)
+        } else if cache.lastCall != nil {
+            // Not this call's: a record no stage took (a caller outside the stages) must not
+            // be read as this exchange's.
+            cache.lastCall = nil
         }
         // Kept open for the exchange's later hooks only when it made a `ctx` for them to share:
         // a later hook that takes one makes its own as well as it would find this one's.
