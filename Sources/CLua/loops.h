@@ -116,18 +116,13 @@ static inline size_t sluice_lua_charge_strings(lua_State *L) {
 }
 
 /// Runs the wrapped library function (upvalue 1), which builds its result of about `bytes`
-/// in a lauxlib buffer. Such a buffer asks the allocator itself and raises at its first
-/// refusal, without the full collection Lua runs before refusing its own allocations: so the
+/// in a lauxlib buffer: such a buffer asks the allocator itself and raises at its first
+/// refusal, without the collection Lua runs before refusing its own allocations, so the
 /// garbage is collected first when the call's peak — the buffer and the string copied from
-/// it, twice `bytes` — would pass the cap, and a refusal inside the call is final
-/// (`final_refusal`): live data that does not fit.
+/// it, twice `bytes` — would pass the cap (`sluice_lua_make_room`).
 static inline int sluice_lua_run_buffered(lua_State *L, size_t bytes) {
-    sluice_lua_meter *m = sluice_lua_meter_of(L);
-    if (m->used + m->external + 2 * bytes > m->limit) lua_gc(L, LUA_GCCOLLECT);
-    m->final_refusal = 1;
-    int results = sluice_lua_run_wrapped(L);
-    m->final_refusal = 0;
-    return results;
+    sluice_lua_make_room(L, 2 * bytes);
+    return sluice_lua_run_wrapped(L);
 }
 
 /// A library function (upvalue 1, a light C function pointer) charged by its string arguments,

@@ -493,6 +493,9 @@ static int sluice_lua_str_gsub(lua_State *L) {
         p++;
         lp--;
     }
+    // The result is about the subject's size, in a lauxlib buffer (loops.h,
+    // `sluice_lua_run_buffered`).
+    sluice_lua_make_room(L, 2 * ls);
     luaL_Buffer b;
     luaL_buffinit(L, &b);
     sluice_match m;

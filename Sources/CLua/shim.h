@@ -32,6 +32,11 @@ enum {
 /// per this many VM instructions, so budgets are exact to this many instructions.
 #define SLUICE_LUA_HOOK_PERIOD 1000
 
+/// The full collections one call may bring about (a refusal's, or one before a buffer is
+/// filled): past them a refusal stands. A collection's work grows with the heap, unseen by the
+/// count hook; this bounds it per call (with the wall clock, read after each).
+#define SLUICE_LUA_MAX_COLLECTIONS 16
+
 /// One state's meter; its address is in every thread's extra space and is the allocator's
 /// `ud`. Owned by the Swift `LuaState`, touched only on that state's thread.
 typedef struct sluice_lua_meter {
@@ -42,16 +47,18 @@ typedef struct sluice_lua_meter {
                             // fields): counted against `limit` with `used` by the trampoline
     int grace;              // > 0 while Swift code runs: the allocator never refuses then
     int stopped;            // SLUICE_LUA_STOPPED_*: sticky until the next call begins
-    int refused;            // the allocator refused the last growth it was asked for (Lua
-                            // collects and asks again: `sluice_lua_alloc`)
-    int final_refusal;      // > 0 while a library function that asks the allocator itself
-                            // runs (loops.h): its first refusal stops the call
+    int refused;            // a refused growth not asked for again yet (`sluice_lua_alloc`),
+    void *refused_ptr;      // and that request: its block and sizes
+    size_t refused_osize;
+    size_t refused_nsize;
     long long periods;      // hook firings since the call began
     long long period_limit; // the instruction budget, in periods
     long long deadline_us;  // the wall-clock budget's end on `clock`'s scale
     long long (*clock)(void *); // NULL: CLOCK_MONOTONIC in microseconds
     void *clock_context;
     void *owner;            // the Swift LuaState (unretained)
+    lua_State *running;     // the coroutine a call runs on, while it runs (NULL otherwise)
+    int collections;        // full collections the call has brought about (saved across waits)
 } sluice_lua_meter;
 
 static inline sluice_lua_meter *sluice_lua_meter_of(lua_State *L) {
@@ -63,35 +70,6 @@ static inline long long sluice_lua_now_us(sluice_lua_meter *m) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static void *sluice_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
-    sluice_lua_meter *m = (sluice_lua_meter *)ud;
-    size_t old = ptr ? osize : 0;
-    if (nsize == 0) {
-        free(ptr);
-        m->used -= old;
-        return NULL;
-    }
-    if (nsize > old && m->grace == 0 && m->used - old + nsize > m->limit) {
-        // Lua answers a refused allocation with a full, emergency collection and asks once
-        // more (lmem.c `tryagain`): garbage not yet collected must not stop a call whose live
-        // data fits. So the first refusal only asks for that collection; the cap stops the
-        // call when the allocator refuses again before any growth succeeds (the retry after
-        // the collection, or Lua could not collect there).
-        // A library function's buffer (lauxlib's) asks the allocator directly and raises at
-        // the first refusal, with no collection: loops.h collects before such a call when it
-        // would pass the cap, and its refusal is final.
-        if (m->refused || m->final_refusal) m->stopped = SLUICE_LUA_STOPPED_MEMORY;
-        m->refused = 1;
-        return NULL;
-    }
-    void *p = realloc(ptr, nsize);
-    if (p == NULL) return NULL;
-    m->refused = 0;
-    m->used = m->used - old + nsize;
-    if (m->used > m->peak) m->peak = m->used;
-    return p;
 }
 
 /// Raises "chunk:line: <what>" from a hook (C only: see the top of this file).
@@ -119,6 +97,60 @@ static int sluice_lua_tick(sluice_lua_meter *m, long long periods) {
 
 static void sluice_lua_hook(lua_State *L, lua_Debug *ar);
 
+/// A stop set where no error can be raised (the allocator) is raised at the next VM
+/// instruction: the count hook's period drops to 1 on the running coroutine (`lua_sethook`
+/// only stores fields; the Lua standalone interpreter calls it from a signal handler).
+static inline void sluice_lua_stop_soon(sluice_lua_meter *m) {
+    if (m->running) lua_sethook(m->running, sluice_lua_hook, LUA_MASKCOUNT, 1);
+}
+
+/// A refused growth stands: the call stops (unless a budget already stopped it).
+static inline void sluice_lua_refusal_stands(sluice_lua_meter *m) {
+    if (m->stopped == SLUICE_LUA_RUNNING) m->stopped = SLUICE_LUA_STOPPED_MEMORY;
+    sluice_lua_stop_soon(m);
+}
+
+/// The allocator. Past the cap it refuses growth, and Lua answers a refusal with a full
+/// (emergency) collection and the same request again (lmem.c `tryagain`), so garbage not yet
+/// collected does not stop a call whose live data fits: the first refusal is held as pending
+/// (`refused`), and it stands — the call is stopped — when the request is refused again, or
+/// when anything but that request comes next (a lauxlib buffer asks the allocator itself and
+/// raises at once, with no collection: loops.h collects before the functions that fill one).
+/// Frees come between a refusal and its retry (the collection) and decide nothing. Each
+/// collection a refusal brings is charged a period and preceded by a read of the clock, and
+/// a call brings about `SLUICE_LUA_MAX_COLLECTIONS` at most.
+static void *sluice_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    sluice_lua_meter *m = (sluice_lua_meter *)ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        free(ptr);
+        m->used -= old;
+        return NULL;
+    }
+    int retry = m->refused && ptr == m->refused_ptr && osize == m->refused_osize && nsize == m->refused_nsize;
+    if (m->refused && !retry) sluice_lua_refusal_stands(m);
+    if (nsize > old && m->grace == 0 && m->used - old + nsize > m->limit) {
+        if (m->refused || m->stopped != SLUICE_LUA_RUNNING || m->collections >= SLUICE_LUA_MAX_COLLECTIONS) {
+            sluice_lua_refusal_stands(m);
+        } else {
+            m->collections += 1;
+            m->refused = 1;
+            m->refused_ptr = ptr;
+            m->refused_osize = osize;
+            m->refused_nsize = nsize;
+            if (!sluice_lua_tick(m, 1)) sluice_lua_stop_soon(m);
+        }
+        return NULL;
+    }
+    void *p = realloc(ptr, nsize);
+    if (p == NULL) return NULL;
+    m->refused = 0;
+    m->used = m->used - old + nsize;
+    if (m->used > m->peak) m->peak = m->used;
+    return p;
+}
+
+
 /// Raises the stop of the call running `ar`'s function. From then on every hook raises again
 /// at once (the period drops to 1), so a script's `pcall` cannot swallow the stop.
 static void sluice_lua_raise_stop(lua_State *L, lua_Debug *ar) {
@@ -134,10 +166,8 @@ static void sluice_lua_raise_stop(lua_State *L, lua_Debug *ar) {
 /// The count hook.
 static void sluice_lua_hook(lua_State *L, lua_Debug *ar) {
     sluice_lua_meter *m = sluice_lua_meter_of(L);
-    // Lua code runs: no library function's buffer is being filled (one that raised left the
-    // flag set; one that called a metamethod resumes without it, and its refusal is then
-    // reported by the Swift side as the cap's).
-    m->final_refusal = 0;
+    // A refusal still pending when Lua code runs again was not retried: it stands.
+    if (m->refused && m->stopped == SLUICE_LUA_RUNNING) m->stopped = SLUICE_LUA_STOPPED_MEMORY;
     if (!sluice_lua_tick(m, 1)) sluice_lua_raise_stop(L, ar);
 }
 
@@ -150,6 +180,24 @@ static void sluice_lua_charge(lua_State *L, long long periods) {
     if (lua_getstack(L, 1, &ar)) sluice_lua_raise_stop(L, &ar);
     lua_pushliteral(L, "limit reached");
     lua_error(L);
+}
+
+/// A full collection, charged a period and followed by a read of the clock (its work grows
+/// with the heap, unseen by the count hook); raises, as `sluice_lua_charge` does, when that
+/// ends the call's budget.
+static inline void sluice_lua_collect(lua_State *L) {
+    sluice_lua_meter *m = sluice_lua_meter_of(L);
+    if (m->collections >= SLUICE_LUA_MAX_COLLECTIONS) return;
+    m->collections += 1;
+    lua_gc(L, LUA_GCCOLLECT);
+    sluice_lua_charge(L, 1);
+}
+
+/// Collects first when `bytes` more would pass the cap: for a C function about to fill a
+/// lauxlib buffer, whose allocations get no collection and retry (`sluice_lua_alloc`).
+static inline void sluice_lua_make_room(lua_State *L, size_t bytes) {
+    sluice_lua_meter *m = sluice_lua_meter_of(L);
+    if (m->used + m->external + bytes > m->limit) sluice_lua_collect(L);
 }
 
 /// Arms `co` for one call: the count hook at its period (which also resets its counter).
@@ -169,6 +217,7 @@ typedef int (*sluice_lua_swift_function)(lua_State *L);
 static int sluice_lua_trampoline(lua_State *L) {
     sluice_lua_swift_function f = (sluice_lua_swift_function)lua_touserdata(L, lua_upvalueindex(1));
     sluice_lua_meter *m = sluice_lua_meter_of(L);
+    if (m->refused && m->stopped == SLUICE_LUA_RUNNING) m->stopped = SLUICE_LUA_STOPPED_MEMORY;  // not retried
     if (m->stopped != SLUICE_LUA_RUNNING) {
         // A stop the script caught with `pcall` (the allocator's refusal, which the count
         // hook raises only at its next period): no Swift function runs after it.
@@ -184,7 +233,7 @@ static int sluice_lua_trampoline(lua_State *L) {
     if (n >= 0 && m->grace == 0 && m->used + m->external > m->limit)
         // Over the cap after a Swift function: collected first, as the allocator's refusal is
         // (the function's results are on the stack, so they survive it).
-        lua_gc(L, LUA_GCCOLLECT);
+        sluice_lua_collect(L);
     if (n >= 0 && m->grace == 0 && m->used + m->external > m->limit) {
         m->stopped = SLUICE_LUA_STOPPED_MEMORY;
         lua_pushliteral(L, "memory limit reached");

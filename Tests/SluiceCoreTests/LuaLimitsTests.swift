@@ -57,34 +57,50 @@ import Testing
     }
 
     /// The cap is on live data: garbage the collector has not reached yet is collected before
-    /// the cap stops a call — at the allocator's first refusal (Lua's emergency collection), or
-    /// before a library function fills a buffer (`rep`, `upper`) that would pass the cap. Each
-    /// round makes 5 to 6 MB of strings and drops them; two rounds' worth exceed the 8 MiB cap,
-    /// which stopped these calls at their second round while the first refusal was final.
+    /// the cap stops a call — at the allocator's first refusal, where Lua collects and asks
+    /// again (a concatenation), or before a library function fills a buffer that would pass
+    /// the cap (`rep`, `upper`). Two rounds' worth of each loop's strings exceed the 8 MiB cap,
+    /// which stopped these calls at their second round when the first refusal stood.
     @Test(arguments: [
-        ("string.rep('x', 3000000) .. i", "9000003"),
-        ("string.rep('x', 2500000):upper()", "7500000"),
+        ("local n = 0 for i = 1, 3 do local s = string.rep('x', 3000000) .. i n = n + #s end", "9000003"),
+        ("local n = 0 for i = 1, 3 do local s = string.rep('x', 2500000):upper() n = n + #s end", "7500000"),
+        ("local p = string.rep('x', 2000000) local n = 0 for i = 1, 3 do n = n + #(p .. p .. i) end", "12000003"),
     ])
-    func garbageIsCollectedBeforeTheMemoryCapStopsACall(_ made: String, _ total: String) throws {
+    func garbageIsCollectedBeforeTheMemoryCapStopsACall(_ loop: String, _ total: String) throws {
         let (result, edited) = try LuaTest.onRequest(
-            "return { on_request = function(req, ctx)\n"
-                + "local n = 0 for i = 1, 3 do local s = \(made) n = n + #s end\n"
-                + "req.headers:set('x-n', tostring(n))\nend }")
+            "return { on_request = function(req, ctx)\n\(loop)\nreq.headers:set('x-n', tostring(n))\nend }")
         #expect(result.outcome == .ok, "\(result.outcome)")
         #expect(edited.headers[HTTPField.Name("x-n")!] == total)
         #expect(result.peakMemory <= LuaLimits.defaultMemory)
-        // Live data past the cap is still refused: the same strings kept in a table.
-        let kept = try LuaTest.outcome("local t = {} for i = 1, 3 do t[i] = \(made) end")
+    }
+
+    /// A collection's work grows with the heap and the count hook does not see it: a call
+    /// brings about 16 at most (`SLUICE_LUA_MAX_COLLECTIONS`), then a refusal stands. Here
+    /// each of 100 rounds needs one (its garbage plus the live string pass the 1 MiB cap);
+    /// without the bound the loop would end and the call succeed.
+    @Test func aCallBringsAboutABoundedNumberOfCollections() throws {
+        let limits = LuaLimits(instructions: 1 << 40, memory: 1 << 20)
+        let outcome = try LuaTest.outcome(
+            "local live = string.rep('a', 700000) for i = 1, 100 do local g = string.rep('b', 200000) .. i end",
+            limits: limits)
+        #expect(outcome.limitKind == .memory, "\(outcome)")
+    }
+
+    /// Live data past the cap is still refused: the strings of the loops above, kept.
+    @Test func liveDataPastTheMemoryCapIsRefused() throws {
+        let kept = try LuaTest.outcome("local t = {} for i = 1, 3 do t[i] = string.rep('x', 3000000) .. i end")
         #expect(kept.limitKind == .memory)
     }
 
-    /// A refusal the emergency collection cannot help is final: a `pcall` around the bomb does
-    /// not let the call go on, whether the refused allocation was Lua's own (a concatenation)
-    /// or a library buffer's (`string.rep`, `string.upper`).
+    /// A refusal the collection cannot help stands: a `pcall` around it does not let the call
+    /// go on, whether the refused allocation was Lua's own (a concatenation) or a library
+    /// buffer's (`string.rep`, `string.upper`, `string.gsub`), which raises without Lua's
+    /// collection and retry.
     @Test(arguments: [
-        "local s = string.rep('x', 4000000) pcall(function() return s .. s .. s end)",
+        "local s = string.rep('x', 3000000) pcall(function() return s .. s .. s end)",
         "pcall(string.rep, 'x', 1 << 30)",
         "local s = string.rep('x', 3000000) local keep = s .. '!' pcall(string.upper, s)",
+        "local s = string.rep('x', 3000000) pcall(string.gsub, s, '^', s)",
     ])
     func aCaughtMemoryRefusalStillStopsTheCall(_ body: String) throws {
         let (result, edited) = try LuaTest.onRequest(

@@ -186,6 +186,11 @@ class Sluice:
                           env=clean_env(**(env or {})))
         try:
             wait_port(self.port, timeout, self.proc)
+            # The workers' listeners are bound before the admin API's: a test that asks the
+            # admin API first waits for it too.
+            admin = (yaml.safe_load(self.config_path.read_text()) or {}).get("admin") or {}
+            if isinstance(admin, dict) and str(admin.get("listen", "")).startswith(f"{HOST}:"):
+                wait_port(int(str(admin["listen"]).rsplit(":", 1)[1]), timeout, self.proc)
         except Exception as e:
             kill_tree(self.proc)
             self.proc.wait(timeout=5)

@@ -244,7 +244,7 @@ public final class LuaState {
         let start = now
         m.pointee.stopped = Int32(SLUICE_LUA_RUNNING)
         m.pointee.refused = 0
-        m.pointee.final_refusal = 0
+        m.pointee.collections = 0
         m.pointee.periods = 0
         m.pointee.period_limit = Int64(
             max(1, (limits.instructions + Int(SLUICE_LUA_HOOK_PERIOD) - 1) / Int(SLUICE_LUA_HOOK_PERIOD)))
@@ -263,18 +263,18 @@ public final class LuaState {
         sluice_lua_arm(co)
         var results: Int32 = 0
         m.pointee.grace = 0
+        m.pointee.running = co
         let status = lua_resume(co, L, arguments, &results)
+        m.pointee.running = nil
         m.pointee.grace = 1
 
         result.instructions = Int(m.pointee.periods) * Int(SLUICE_LUA_HOOK_PERIOD)
         result.peakMemory = m.pointee.peak
         result.microseconds = now - start
         let stopped = Int(m.pointee.stopped)
-        // A lauxlib buffer refused by the cap raises "not enough memory" as a plain error
-        // (shim.h, `sluice_lua_alloc`): the cap's stop too.
-        let bufferRefused =
-            status == LUA_ERRRUN && m.pointee.refused != 0 && Lua.string(co, -1) == "not enough memory"
-        if stopped != SLUICE_LUA_RUNNING || status == LUA_ERRMEM || bufferRefused {
+        // A refusal still pending was not retried (a lauxlib buffer's, raised as a plain
+        // error; shim.h, `sluice_lua_alloc`): the cap's stop too.
+        if stopped != SLUICE_LUA_RUNNING || status == LUA_ERRMEM || m.pointee.refused != 0 {
             isPoisoned = true
             let kind: LuaLimitKind =
                 switch stopped {

@@ -86,6 +86,7 @@ final class LuaWait {
     private var deadline: Int64 = 0
     private var peak = 0
     private var external = 0
+    private var collections: Int32 = 0
     /// When the call began, on the state's clock.
     var started: Int64 = 0
     /// Resumes the coroutine with results (the exchange's), and ends the call.
@@ -122,6 +123,7 @@ final class LuaWait {
         deadline = meter.pointee.deadline_us
         peak = meter.pointee.peak
         external = meter.pointee.external
+        collections = meter.pointee.collections
         if timer == nil {
             timer = host.timer(microseconds: deadline - state.now) { [self] in expired() }
         }
@@ -136,12 +138,12 @@ final class LuaWait {
         let meter = state.meter
         meter.pointee.stopped = Int32(SLUICE_LUA_RUNNING)
         meter.pointee.refused = 0
-        meter.pointee.final_refusal = 0
         meter.pointee.periods = periods
         meter.pointee.period_limit = periodLimit
         meter.pointee.deadline_us = deadline
         meter.pointee.peak = max(peak, meter.pointee.used)
         meter.pointee.external = external
+        meter.pointee.collections = collections
     }
 
     private func answered(_ results: @escaping Results) {
