@@ -171,6 +171,29 @@ static int sluice_lua_str_rep(lua_State *L) {
     return sluice_lua_run_buffered(L, bytes);
 }
 
+/// The message handler a script gave `xpcall` (upvalue 1), run only while the call is not
+/// stopped. Lua runs a message handler where the error is raised, and a stop is raised inside
+/// the count hook, where hooks are off: the script's handler, run then, would run unmetered
+/// (a `while true do end` handler held the worker for good). A stop passes through as it is.
+static int sluice_lua_xpcall_handler(lua_State *L) {
+    sluice_lua_meter *m = sluice_lua_meter_of(L);
+    if (m->stopped != SLUICE_LUA_RUNNING || m->refused) return 1;
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+}
+
+/// `xpcall(f, msgh, ...)`: liblua's (upvalue 1) with `msgh` run by `sluice_lua_xpcall_handler`.
+/// liblua's continuation (a yield inside `f`) finds the stack as it would have.
+static int sluice_lua_xpcall(lua_State *L) {
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_pushvalue(L, 2);
+    lua_pushcclosure(L, sluice_lua_xpcall_handler, 1);
+    lua_replace(L, 2);
+    return sluice_lua_run_wrapped(L);
+}
+
 /// `table.sort(t [, comp])`: liblua's (upvalue 1) on a table without a metatable.
 static int sluice_lua_tsort(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -219,6 +242,7 @@ static inline void sluice_lua_meter_loops(lua_State *L, const char *library) {
     } else if (strcmp(library, "_G") == 0) {
         static const char *const bulk[] = {"load", "tonumber", "tostring", NULL};
         for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
+        sluice_lua_wrap(L, "xpcall", sluice_lua_xpcall);
     }
 }
 

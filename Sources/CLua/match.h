@@ -493,9 +493,9 @@ static int sluice_lua_str_gsub(lua_State *L) {
         p++;
         lp--;
     }
-    // The result is about the subject's size, in a lauxlib buffer (loops.h,
-    // `sluice_lua_run_buffered`).
-    sluice_lua_make_room(L, 2 * ls);
+    // The result is about the subject's size, in a lauxlib buffer that grows by doubling
+    // (up to about three times its size at once, with the string made from it).
+    sluice_lua_make_room(L, 3 * ls);
     luaL_Buffer b;
     luaL_buffinit(L, &b);
     sluice_match m;

@@ -129,7 +129,10 @@ static void *sluice_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     }
     int retry = m->refused && ptr == m->refused_ptr && osize == m->refused_osize && nsize == m->refused_nsize;
     if (m->refused && !retry) sluice_lua_refusal_stands(m);
-    if (nsize > old && m->grace == 0 && m->used - old + nsize > m->limit) {
+    // A stopped call may still make its error messages as it unwinds: 64 KiB past the cap, so
+    // that each does not bring a collection (Lua's, uncounted) at the cap.
+    size_t limit = m->stopped == SLUICE_LUA_RUNNING ? m->limit : m->limit + 65536;
+    if (nsize > old && m->grace == 0 && m->used - old + nsize > limit) {
         if (m->refused || m->stopped != SLUICE_LUA_RUNNING || m->collections >= SLUICE_LUA_MAX_COLLECTIONS) {
             sluice_lua_refusal_stands(m);
         } else {

@@ -34,6 +34,19 @@ import Testing
         #expect(request == LuaTest.get())
     }
 
+    /// Lua runs `xpcall`'s message handler where the error is raised — for a stop, inside the
+    /// count hook, where hooks are off. A handler that loops held the worker for good; it is
+    /// not run for a stop (the call ends), and runs, metered, for any other error.
+    @Test func xpcallsHandlerCannotOutrunAStop() throws {
+        let stopped = try LuaTest.outcome("xpcall(function() while true do end end, function() while true do end end)")
+        #expect(stopped.limitKind == .instructions, "\(stopped)")
+        let handled = try LuaTest.evaluate(
+            "select(2, xpcall(function() error('x', 0) end, function(m) return 'handled ' .. m end))")
+        #expect(handled == .string("handled x"))
+        let looping = try LuaTest.outcome("xpcall(function() error('x') end, function() while true do end end)")
+        #expect(looping.limitKind == .instructions, "\(looping)")
+    }
+
     @Test func wallClockStopsWhatTheInstructionBudgetAllows() throws {
         // Each read of the clock advances it by 1 ms: a 10 ms budget ends within a few hook periods.
         let ticks = Atomic<Int64>(0)

@@ -115,6 +115,15 @@ import Testing
             host: host)
         host.answer(204)
         #expect(try #require(ok()).1.outcome == .ok)
+        // xpcall too, through Sluice's wrapper of it (its handler is metered: LuaLimitsTests).
+        let (_, viaX) = try start(
+            "local fine, res = xpcall(sluice.http, function(m) return m end, {url = 'http://audit.test/'})\n"
+                + "req.headers:set('x-s', tostring(res.status))",
+            host: host)
+        host.answer(204)
+        let (xRequest, xResult) = try #require(viaX())
+        #expect(xResult.outcome == .ok, "\(xResult.outcome)")
+        #expect(xRequest.headers[HTTPField.Name("x-s")!] == "204")
         for body in [
             "table.sort({3, 2, 1}, function(a, b) sluice.http{url = 'http://audit.test/'}; return a < b end)",
             "string.gsub('ab', '.', function(c) sluice.http{url = 'http://audit.test/'} end)",

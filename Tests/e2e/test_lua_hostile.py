@@ -36,6 +36,9 @@ HOSTILE = [
     ("metamethod_recursion",
      'local t = setmetatable({}, {}) getmetatable(t).__index = function(t, k) return t[k] end local x = t.y',
      "C stack overflow", "error"),
+    # xpcall's handler runs where the error is raised: for a stop, inside the count hook.
+    ("xpcall_handler_loop", 'xpcall(function() while true do end end, function() while true do end end)',
+     "instruction limit reached", "limit"),
     # Coroutines are not in the sandbox; nothing yields but sluice.http.
     ("coroutine_wrap", 'coroutine.wrap(function() end)()', "attempt to index a nil value (global 'coroutine')", "error"),
     ("yield_across_pcall", 'pcall(coroutine.yield)', "attempt to index a nil value (global 'coroutine')", "error"),

@@ -283,7 +283,9 @@ public final class LuaState {
                 default: .memory
                 }
             var message = status != LUA_OK && status != LUA_YIELD ? errorText(co) : nil
-            if kind == .memory && (message == nil || message == "not enough memory") {
+            // Lua's own message for a refusal says nothing of the limit that stopped the call.
+            if message == "not enough memory" { message = nil }
+            if kind == .memory && message == nil {
                 message = "\(script.name): memory limit reached"
             }
             result.outcome = .limit(kind, message ?? "\(script.name): \(kind.rawValue) limit reached")
