@@ -153,7 +153,6 @@ static void *sluice_lua_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     return p;
 }
 
-
 /// Raises the stop of the call running `ar`'s function. From then on every hook raises again
 /// at once (the period drops to 1), so a script's `pcall` cannot swallow the stop.
 static void sluice_lua_raise_stop(lua_State *L, lua_Debug *ar) {
