@@ -169,7 +169,7 @@ static void sluice_lua_raise_stop(lua_State *L, lua_Debug *ar) {
 static void sluice_lua_hook(lua_State *L, lua_Debug *ar) {
     sluice_lua_meter *m = sluice_lua_meter_of(L);
     // A refusal still pending when Lua code runs again was not retried: it stands.
-    if (m->refused && m->stopped == SLUICE_LUA_RUNNING) m->stopped = SLUICE_LUA_STOPPED_MEMORY;
+    if (m->refused) sluice_lua_refusal_stands(m);
     if (!sluice_lua_tick(m, 1)) sluice_lua_raise_stop(L, ar);
 }
 
@@ -219,7 +219,7 @@ typedef int (*sluice_lua_swift_function)(lua_State *L);
 static int sluice_lua_trampoline(lua_State *L) {
     sluice_lua_swift_function f = (sluice_lua_swift_function)lua_touserdata(L, lua_upvalueindex(1));
     sluice_lua_meter *m = sluice_lua_meter_of(L);
-    if (m->refused && m->stopped == SLUICE_LUA_RUNNING) m->stopped = SLUICE_LUA_STOPPED_MEMORY;  // not retried
+    if (m->refused) sluice_lua_refusal_stands(m);  // not retried
     if (m->stopped != SLUICE_LUA_RUNNING) {
         // A stop the script caught with `pcall` (the allocator's refusal, which the count
         // hook raises only at its next period): no Swift function runs after it.
