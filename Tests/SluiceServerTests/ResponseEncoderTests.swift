@@ -261,6 +261,8 @@ private func drain(_ output: OpaquePointer) -> String {
         ],
         ["HTTP/1.0 200 OK", "Content-Length: 0", "Content-Length: 0"],
         ["HTTP/1.1 204 No Content", "Date: Thu, 26 Nov 2026 00:00:00 GMT"],
+        // Lines copied whole (`Name: value`) beside lines rewritten from their name and value.
+        ["HTTP/1.1 200 OK", "X-Tight:value", "X-Two:  spaces", "X-Tab:\tv", "X-Trail: v ", "Content-Length: 0"],
     ])
     func sameBytesAsTheCurlPath(_ lines: [String]) throws {
         let head = try #require(parsed(lines))

@@ -389,10 +389,15 @@ struct JSONLine {
     /// `"k":{"dns":…,"connect":…,"tls":…,"first_byte":…,"total":…}` in milliseconds.
     mutating func timings(_ k: StaticString, _ t: TryTimings) {
         key(k)
-        milliseconds(#"{"dns":"#, t.dns)
-        milliseconds(#","connect":"#, t.connect)
-        milliseconds(#","tls":"#, t.tls)
-        milliseconds(#","first_byte":"#, t.firstByte)
+        if t.dns == 0 && t.connect == 0 && t.tls == 0 {
+            // A reused connection (most tries): the three zeros and the next key as one literal.
+            milliseconds(#"{"dns":0.000,"connect":0.000,"tls":0.000,"first_byte":"#, t.firstByte)
+        } else {
+            milliseconds(#"{"dns":"#, t.dns)
+            milliseconds(#","connect":"#, t.connect)
+            milliseconds(#","tls":"#, t.tls)
+            milliseconds(#","first_byte":"#, t.firstByte)
+        }
         milliseconds(#","total":"#, t.total)
         buffer.reserve(1)
         buffer.put(0x7D)

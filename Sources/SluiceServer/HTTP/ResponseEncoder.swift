@@ -357,7 +357,7 @@ enum ResponseEncoder {
             reason.withUnsafeBufferPointer { put($0) }
         }
         put("\r\n")
-        for field in written {
+        for (i, field) in written.enumerated() {
             switch field.kind {
             case .connection, .transferEncoding, .hopByHop: continue
             case .contentLength where hadTransferEncoding && !bodiless: continue
@@ -366,6 +366,15 @@ enum ResponseEncoder {
             let name = UnsafeBufferPointer(rebasing: buf[field.name])
             if connectionSaysClose, ASCII.equalsIgnoringCase(name, "close") { continue }
             if connectionNamesFields, connectionLists(name, in: buf, fields: written) { continue }
+            // A validated line written as `Name: value` with nothing after the value (nearly
+            // every origin's): copied whole, one copy where name and value take two.
+            if validated, field.value.lowerBound == field.name.upperBound + 2, buf[field.name.upperBound + 1] == 0x20,
+                field.value.upperBound == head.lineEnds[i], !field.value.isEmpty
+            {
+                put(UnsafeBufferPointer(rebasing: buf[field.name.lowerBound..<field.value.upperBound]))
+                put("\r\n")
+                continue
+            }
             put(name)
             put(": ")
             if validated {
