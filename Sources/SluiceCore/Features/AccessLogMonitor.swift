@@ -328,7 +328,7 @@ final class JSONBuffer {
 
     @inline(__always)
     fileprivate func put(_ bytes: UnsafePointer<UInt8>, _ n: Int) {
-        (base + count).update(from: bytes, count: n)
+        ShortCopy.copy(base + count, bytes, n)
         count += n
     }
 

@@ -339,11 +339,11 @@ enum ResponseEncoder {
         }
         func put(_ bytes: UnsafeBufferPointer<UInt8>) {
             guard let base = bytes.baseAddress else { return }
-            (out + n).update(from: base, count: bytes.count)
+            ShortCopy.copy(out + n, base, bytes.count)
             n += bytes.count
         }
         func put(_ text: StaticString) {
-            (out + n).update(from: text.utf8Start, count: text.utf8CodeUnitCount)
+            ShortCopy.copy(out + n, text.utf8Start, text.utf8CodeUnitCount)
             n += text.utf8CodeUnitCount
         }
         put("HTTP/1.1 ")
