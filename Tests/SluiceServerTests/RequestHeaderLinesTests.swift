@@ -44,6 +44,25 @@ import Testing
         #expect(second.lines == ["B: 2"] && !second.carriesHost)
     }
 
+    /// Lines past the builder's room grow it (written in place, not appended), from every kind
+    /// of source; a copy of the builder (a script's view) keeps its lines while the original
+    /// goes on, and the other way round.
+    @Test func aBuilderGrowsPastItsRoomAndACopyIsItsOwn() {
+        var builder = RequestHeaderLines.Builder(capacity: 16, lines: 1)
+        let long = String(repeating: "v", count: 300)
+        builder.append(name: "X-Long".utf8, value: long.utf8)
+        builder.append(name: Array("X-Array".utf8), value: Array(long.utf8)[...])
+        builder.append(line: Array("Via: 1.1 x".utf8))
+        let copy = builder
+        builder.append(name: "X-After".utf8, value: "1".utf8)
+        var other = copy
+        other.append(lines: builder.makeLines(), 1..<2)
+        #expect(builder.makeLines().lines == ["X-Long: " + long, "X-Array: " + long, "Via: 1.1 x", "X-After: 1"])
+        #expect(copy.makeLines().lines == ["X-Long: " + long, "X-Array: " + long, "Via: 1.1 x"])
+        #expect(other.makeLines().lines == ["X-Long: " + long, "X-Array: " + long, "Via: 1.1 x", "X-Array: " + long])
+        #expect(builder.makeLines().byteCount == (8 + 300 + 2) + (9 + 300 + 2) + 12 + 12)
+    }
+
     @Test func anEmptyListHasNoLines() {
         let lines = RequestHeaderLines.Builder().makeLines()
         #expect(lines.count == 0 && lines.byteCount == 0 && lines.lines.isEmpty && wire(lines).isEmpty)

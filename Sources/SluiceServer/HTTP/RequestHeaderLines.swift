@@ -1,3 +1,5 @@
+import SluiceCore
+
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -40,7 +42,7 @@ struct RequestHeaderLines {
     var carriesHost: Bool { counts.carriesHost }
 
     private init(_ builder: Builder) {
-        let byteCount = builder.bytes.count
+        let byteCount = builder.used
         let count = builder.ends.count
         storage = .create(minimumCapacity: byteCount + count * MemoryLayout<UInt32>.size) { _ in
             Counts(count: count, byteCount: byteCount, carriesHost: builder.carriesHost)
@@ -119,46 +121,79 @@ struct RequestHeaderLines {
     }
 
     /// Collects lines; `makeLines()` copies them into a `RequestHeaderLines`. Reused:
-    /// `reset()` keeps the buffers' capacity.
+    /// `reset()` keeps the buffers' capacity. A copy (a script's view of the lines) shares the
+    /// buffers until either changes, as arrays do.
     struct Builder: Sendable {
-        fileprivate var bytes: [UInt8] = []
+        /// The lines' bytes are `bytes[..<used]`; the rest is room that `write` fills in place.
+        /// An append to an array checks its uniqueness and capacity each time (some 70
+        /// instructions for a run of bytes, 25 for one byte, and a line took six), where a line
+        /// written through `write` is checked once.
+        fileprivate var bytes: [UInt8]
+        fileprivate var used = 0
         /// Where each line ends in `bytes`, its CRLF included.
         fileprivate var ends: [UInt32] = []
         fileprivate var carriesHost = false
 
         init(capacity: Int = 1024, lines: Int = 32) {
-            bytes.reserveCapacity(capacity)
+            bytes = Array(repeating: 0, count: max(capacity, 64))
             ends.reserveCapacity(lines)
         }
 
         mutating func reset() {
-            bytes.removeAll(keepingCapacity: true)
-            ends.removeAll(keepingCapacity: true)
+            used = 0
+            if !ends.isEmpty { ends.removeAll(keepingCapacity: true) }
             carriesHost = false
         }
 
-        /// `Name: value`, or `Name:` for an empty value.
-        mutating func append(name: some Collection<UInt8>, value: some Collection<UInt8>) {
-            if name.count == 4, name.withContiguousStorageIfAvailable({ ASCII.equalsIgnoringCase($0, "host") }) ?? false {
-                carriesHost = true
-            }
-            put(name)
-            bytes.append(0x3A)
-            if !value.isEmpty {
-                bytes.append(0x20)
-                put(value)
-            }
-            endLine()
+        /// Writes at most `count` bytes at the end through `body`, which returns how many it
+        /// wrote; the room is made first (doubling, as an array grows).
+        @inline(__always)
+        private mutating func write(atMost count: Int, _ body: (UnsafeMutablePointer<UInt8>) -> Int) {
+            if used + count > bytes.count { bytes.append(contentsOf: repeatElement(0, count: max(count, bytes.count))) }
+            let at = used
+            used += bytes.withUnsafeMutableBufferPointer { body($0.baseAddress! + at) }
         }
 
-        /// `part`'s bytes, in one copy when they lie in memory: a `String`'s UTF-8 (the edits'
-        /// names and values, the request id) went through the generic sequence append
-        /// (`_copyContents`), some 180 instructions a piece.
-        @inline(__always)
-        private mutating func put(_ part: some Collection<UInt8>) {
-            if part.withContiguousStorageIfAvailable({ bytes.append(contentsOf: $0) }) == nil {
-                bytes.append(contentsOf: part)
+        /// `Name: value`, or `Name:` for an empty value, written in one step.
+        mutating func append(name: some Collection<UInt8>, value: some Collection<UInt8>) {
+            let n = name.count
+            let v = value.count
+            if n == 4, name.withContiguousStorageIfAvailable({ ASCII.equalsIgnoringCase($0, "host") }) ?? false {
+                carriesHost = true
             }
+            write(atMost: n + v + 4) { out in
+                var k = Self.copy(name, to: out)
+                out[k] = 0x3A
+                k += 1
+                if v != 0 {
+                    out[k] = 0x20
+                    k += 1
+                    k += Self.copy(value, to: out + k)
+                }
+                out[k] = 0x0D
+                out[k + 1] = 0x0A
+                return k + 2
+            }
+            ends.append(UInt32(used))
+        }
+
+        /// Copies `part` to `out`, returning its length: in one copy when its bytes lie in
+        /// memory (a `String`'s UTF-8: the edits' names and values, the request id), else
+        /// byte by byte.
+        @inline(__always)
+        private static func copy(_ part: some Collection<UInt8>, to out: UnsafeMutablePointer<UInt8>) -> Int {
+            if let n = part.withContiguousStorageIfAvailable({ source -> Int in
+                if let from = source.baseAddress { ShortCopy.copy(out, from, source.count) }
+                return source.count
+            }) {
+                return n
+            }
+            var k = 0
+            for b in part {
+                out[k] = b
+                k += 1
+            }
+            return k
         }
 
         /// Lines `range` of `lines` as they are, in one copy.
@@ -167,8 +202,12 @@ struct RequestHeaderLines {
             if lines.carriesHost { carriesHost = true }
             lines.withBytes { source, sourceEnds in
                 let start = range.lowerBound == 0 ? 0 : sourceEnds[range.lowerBound - 1]
-                let offset = bytes.count - start
-                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: source[start..<sourceEnds[range.upperBound - 1]]))
+                let end = sourceEnds[range.upperBound - 1]
+                let offset = used - start
+                write(atMost: end - start) { out in
+                    out.update(from: source.baseAddress! + start, count: end - start)
+                    return end - start
+                }
                 for i in range { ends.append(UInt32(sourceEnds[i] + offset)) }
             }
         }
@@ -191,8 +230,9 @@ struct RequestHeaderLines {
         /// Calls `body` with the lines' bytes as they are, CRLFs included, and where each
         /// ends (as `RequestHeaderLines.withBytes`), without making them.
         func withLines<R>(_ body: (UnsafeBufferPointer<UInt8>, LineEnds) -> R) -> R {
-            bytes.withUnsafeBufferPointer { bytes in
-                ends.withUnsafeBytes { ends in
+            bytes.withUnsafeBufferPointer { all in
+                let bytes = UnsafeBufferPointer(rebasing: all[..<used])
+                return ends.withUnsafeBytes { ends in
                     // No line, no address: `LineEnds` never reads it then.
                     let base = ends.baseAddress ?? UnsafeRawPointer(bitPattern: MemoryLayout<UInt32>.alignment)!
                     return body(bytes, LineEnds(base: base, count: self.ends.count))
@@ -207,15 +247,13 @@ struct RequestHeaderLines {
             {
                 carriesHost = true
             }
-            bytes.append(contentsOf: line)
-            endLine()
-        }
-
-        @inline(__always)
-        private mutating func endLine() {
-            bytes.append(0x0D)
-            bytes.append(0x0A)
-            ends.append(UInt32(bytes.count))
+            write(atMost: line.count + 2) { out in
+                line.withUnsafeBufferPointer { if let from = $0.baseAddress { out.update(from: from, count: $0.count) } }
+                out[line.count] = 0x0D
+                out[line.count + 1] = 0x0A
+                return line.count + 2
+            }
+            ends.append(UInt32(used))
         }
 
         func makeLines() -> RequestHeaderLines { RequestHeaderLines(self) }
