@@ -1,4 +1,5 @@
 import HTTPTypes
+import SluiceCore
 
 /// An upstream response head as libcurl hands it over, one line per call
 /// (`CURLOPT_HEADERFUNCTION`): the status, the reason phrase and the field lines, kept as
@@ -28,8 +29,13 @@ struct ResponseHeadCollector {
     private(set) var status = 0
     /// The reason phrase as received (may be empty).
     private(set) var reason: [UInt8] = []
-    /// The field lines back to back, without their line ends.
-    private(set) var lines: [UInt8] = []
+    /// The field lines back to back, without their line ends: `storage[..<used]`.
+    var lines: ArraySlice<UInt8> { storage[..<used] }
+    /// `lines` and room after them, which `put` fills in place: an append to an array checks
+    /// its uniqueness and capacity each time (some 70 instructions a run), and a head took one
+    /// per field. A copy of the collector shares it until either changes, as arrays do.
+    private var storage: [UInt8] = []
+    private var used = 0
     /// Where each field line ends in `lines`.
     private(set) var lineEnds: [Int] = []
     /// The empty line after a final status arrived.
@@ -47,7 +53,7 @@ struct ResponseHeadCollector {
     mutating func reset() {
         status = 0
         if !reason.isEmpty { reason.removeAll(keepingCapacity: true) }
-        if !lines.isEmpty { lines.removeAll(keepingCapacity: true) }
+        used = 0
         if !lineEnds.isEmpty { lineEnds.removeAll(keepingCapacity: true) }
         if !fields.isEmpty { fields.removeAll(keepingCapacity: true) }
         isValidated = false
@@ -68,9 +74,9 @@ struct ResponseHeadCollector {
         _ line: UnsafeRawBufferPointer, name: Range<Int>, value: Range<Int>,
         kind: ResponseEncoder.ResponseField
     ) {
-        let base = lines.count
-        line.withMemoryRebound(to: UInt8.self) { lines.append(contentsOf: $0) }
-        lineEnds.append(lines.count)
+        let base = used
+        put(line)
+        lineEnds.append(used)
         fields.append(
             ValidatedField(
                 name: base + name.lowerBound..<base + name.upperBound,
@@ -85,10 +91,9 @@ struct ResponseHeadCollector {
         head.reason = reason
         head.isComplete = isComplete
         for field in replacement {
-            head.lines.append(contentsOf: field.name.rawName.utf8)
-            head.lines.append(contentsOf: ": ".utf8)
-            head.lines.append(contentsOf: field.value.utf8)
-            head.lineEnds.append(head.lines.count)
+            var line = field.name.rawName + ": " + field.value
+            line.withUTF8 { head.put(UnsafeRawBufferPointer($0)) }
+            head.lineEnds.append(head.used)
         }
         return head
     }
@@ -111,13 +116,14 @@ struct ResponseHeadCollector {
                 while nameEnd > start, buf[nameEnd - 1] == 0x20 || buf[nameEnd - 1] == 0x09 { nameEnd -= 1 }
                 switch ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: buf[start..<nameEnd])) {
                 case .contentLength, .transferEncoding: continue
-                default: head.lines.append(contentsOf: buf[start..<end])
+                default: head.put(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(buf)[start..<end]))
                 }
-                head.lineEnds.append(head.lines.count)
+                head.lineEnds.append(head.used)
             }
         }
-        head.lines.append(contentsOf: "Content-Length: \(length)".utf8)
-        head.lineEnds.append(head.lines.count)
+        var last = "Content-Length: \(length)"
+        last.withUTF8 { head.put(UnsafeRawBufferPointer($0)) }
+        head.lineEnds.append(head.used)
         return head
     }
 
@@ -139,7 +145,7 @@ struct ResponseHeadCollector {
         }
         if end >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
             isComplete = false
-            lines.removeAll(keepingCapacity: true)
+            used = 0
             lineEnds.removeAll(keepingCapacity: true)
             parseStatusLine(UnsafeRawBufferPointer(rebasing: line[0..<end]))
             return false
@@ -148,14 +154,25 @@ struct ResponseHeadCollector {
             // obs-fold: joined to the field it continues.
             var s = 0
             while s < end, line[s] == 0x20 || line[s] == 0x09 { s += 1 }
-            lines.append(0x20)
-            lines.append(contentsOf: UnsafeRawBufferPointer(rebasing: line[s..<end]))
-            lineEnds[lineEnds.count - 1] = lines.count
+            withUnsafeBytes(of: UInt8(0x20)) { put($0) }
+            put(UnsafeRawBufferPointer(rebasing: line[s..<end]))
+            lineEnds[lineEnds.count - 1] = used
             return false
         }
-        lines.append(contentsOf: UnsafeRawBufferPointer(rebasing: line[0..<end]))
-        lineEnds.append(lines.count)
+        put(UnsafeRawBufferPointer(rebasing: line[0..<end]))
+        lineEnds.append(used)
         return false
+    }
+
+    /// Appends `bytes` to the lines, in place in `storage` (which grows by doubling).
+    @inline(__always)
+    private mutating func put(_ bytes: UnsafeRawBufferPointer) {
+        let n = bytes.count
+        guard n > 0, let source = bytes.baseAddress else { return }
+        if used + n > storage.count { storage.append(contentsOf: repeatElement(0, count: max(n, storage.count, 256))) }
+        let at = used
+        storage.withUnsafeMutableBytes { ShortCopy.copy($0.baseAddress! + at, source, n) }
+        used += n
     }
 
     /// "HTTP/1.1 200 OK" or "HTTP/2 200": the three digits after the first space, and the
@@ -229,6 +246,7 @@ struct ResponseHeadCollector {
     /// value (after the colon, SP and HTAB trimmed from both ends), as the line holds them;
     /// a line without a colon, or with nothing before it, is skipped.
     func forEachField(_ body: (_ name: ArraySlice<UInt8>, _ value: ArraySlice<UInt8>) -> Void) {
+        let lines = self.lines
         var start = 0
         for end in lineEnds {
             defer { start = end }
