@@ -2,7 +2,8 @@
 /// every byte of a request or response: the parsers' line and field scans, the access log's
 /// JSON escaping. A test returns a mask that is non-zero when *some* byte of the word matches
 /// (masks combine with `|`); the callers skip a word whose mask is zero and look at the bytes
-/// of one whose mask is not. The masks say nothing about *which* byte matched.
+/// of one whose mask is not. Only the first matching byte is marked exactly (`firstMatch`):
+/// a borrow can mark bytes above it that do not match.
 ///
 /// Threading: pure functions of their arguments, callable from any thread.
 public enum SWAR {
@@ -16,6 +17,15 @@ public enum SWAR {
     @inlinable @inline(__always)
     public static func below(_ limit: UInt8, _ word: UInt64) -> UInt64 {
         (word &- ones &* UInt64(limit)) & ~word & high
+    }
+
+    /// The index (0–7) of the first byte of a `load`ed word that a non-zero mask of `below`,
+    /// `equal` or `controlOrDEL` (or an `|` of them) marks: the lowest marked byte. Below the
+    /// first matching byte no subtraction borrows, so no byte there is marked; the first
+    /// matching byte always is.
+    @inlinable @inline(__always)
+    public static func firstMatch(_ mask: UInt64) -> Int {
+        mask.trailingZeroBitCount >> 3
     }
 
     /// Non-zero when some byte of `word` equals `byte`.

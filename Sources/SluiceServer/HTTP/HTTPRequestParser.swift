@@ -306,8 +306,11 @@ public struct HTTPRequestParser: Sendable {
             case 4 where ASCII.equalsIgnoringCase(name, "host"):
                 hostCount += 1
                 // An authority: reg-name or IP literal and a port; never userinfo or a path.
-                if value.contains(where: { [0x40, 0x2F, 0x5C, 0x3F, 0x23, 0x20, 0x09].contains($0) }) {
-                    throw .malformedRequest("invalid Host header")
+                for b in value {
+                    switch b {
+                    case 0x40, 0x2F, 0x5C, 0x3F, 0x23, 0x20, 0x09: throw .malformedRequest("invalid Host header")
+                    default: continue
+                    }
                 }
             case 6 where ASCII.equalsIgnoringCase(name, "expect"):
                 if ASCII.equalsIgnoringCase(value, "100-continue") { expectsContinue = true }

@@ -473,7 +473,19 @@ struct HTTPResponseParser {
         i += 1
         while i < n, p[i] == 0x20 || p[i] == 0x09 { i += 1 }
         let valueStart = i
-        while i + 8 <= n, SWAR.controlOrDEL(SWAR.load(base + i)) == 0 { i += 8 }
+        // Eight bytes at a time to the first control byte or DEL, found in its word at once: an
+        // HTAB belongs to the value (the scan goes on after it), a CR ends it, anything else is
+        // left to the general path. The last bytes of `input` are looked at one by one.
+        while i + 8 <= n {
+            let mask = SWAR.controlOrDEL(SWAR.load(base + i))
+            if mask == 0 {
+                i += 8
+                continue
+            }
+            i += SWAR.firstMatch(mask)
+            guard p[i] == 0x09 else { break }
+            i += 1
+        }
         while i < n, p[i] >= 0x20 && p[i] != 0x7F || p[i] == 0x09 { i += 1 }
         guard i + 1 < n, p[i] == 0x0D, p[i + 1] == 0x0A else { return nil }
         var valueEnd = i
