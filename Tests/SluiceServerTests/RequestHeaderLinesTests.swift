@@ -63,6 +63,12 @@ import Testing
         #expect(builder.makeLines().byteCount == (8 + 300 + 2) + (9 + 300 + 2) + 12 + 12)
     }
 
+    /// A script's view holds the builder as `any LuaHeaderLines`: within an existential's
+    /// inline three words it needs no box on the heap (an allocation per scripted request).
+    @Test func aBuilderFitsAnExistentialsInlineBuffer() {
+        #expect(MemoryLayout<RequestHeaderLines.Builder>.size <= 3 * MemoryLayout<Int>.size)
+    }
+
     @Test func anEmptyListHasNoLines() {
         let lines = RequestHeaderLines.Builder().makeLines()
         #expect(lines.count == 0 && lines.byteCount == 0 && lines.lines.isEmpty && wire(lines).isEmpty)

@@ -129,9 +129,17 @@ struct RequestHeaderLines {
         /// instructions for a run of bytes, 25 for one byte, and a line took six), where a line
         /// written through `write` is checked once.
         fileprivate var bytes: [UInt8]
-        fileprivate var used = 0
         /// Where each line ends in `bytes`, its CRLF included.
         fileprivate var ends: [UInt32] = []
+        /// How many bytes of `bytes` hold lines, kept in 32 bits (a request head is far below
+        /// 4 GiB, as `ends` says) and declared after the arrays: the builder stays within an
+        /// existential's three words, so a script's view (`any LuaHeaderLines`) holds it
+        /// without a box on the heap.
+        private var usedCount: UInt32 = 0
+        fileprivate var used: Int {
+            get { Int(usedCount) }
+            set { usedCount = UInt32(newValue) }
+        }
         fileprivate var carriesHost = false
 
         init(capacity: Int = 1024, lines: Int = 32) {
