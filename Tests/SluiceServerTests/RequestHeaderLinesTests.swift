@@ -63,6 +63,22 @@ import Testing
         #expect(builder.makeLines().byteCount == (8 + 300 + 2) + (9 + 300 + 2) + 12 + 12)
     }
 
+    /// As a script's view and the worker do: the view keeps a copy, the worker's builder is
+    /// reset and writes its next request's lines from the start; the copy still reads its own.
+    @Test func aCopyKeepsItsLinesWhileTheOriginalIsResetAndRefilled() {
+        var builder = RequestHeaderLines.Builder()
+        builder.append(name: "X-First".utf8, value: "one".utf8)
+        builder.append(line: Array("Via: 1.1 x".utf8))
+        let view = builder
+        builder.reset()
+        builder.append(name: "Y".utf8, value: "two".utf8)
+        #expect(view.makeLines().lines == ["X-First: one", "Via: 1.1 x"])
+        #expect(builder.makeLines().lines == ["Y: two"])
+        var seen: [String] = []
+        view.withLines { bytes, _ in seen.append(String(decoding: bytes, as: UTF8.self)) }
+        #expect(seen == ["X-First: one\r\nVia: 1.1 x\r\n"], "the copy's bytes end where its lines do")
+    }
+
     /// A script's view holds the builder as `any LuaHeaderLines`: within an existential's
     /// inline three words it needs no box on the heap (an allocation per scripted request).
     @Test func aBuilderFitsAnExistentialsInlineBuffer() {

@@ -86,6 +86,23 @@ private func drain(_ output: OpaquePointer) -> String {
         #expect(head.value("location") == nil)
     }
 
+    /// Lines past the collector's first room (256 bytes) grow it; a copy kept while the
+    /// original is reset and collects another head reads its own lines, and so does the
+    /// original.
+    @Test func aCollectorGrowsAndACopyKeepsItsLines() {
+        let long = String(repeating: "v", count: 300)
+        var (head, _) = collect(["HTTP/1.1 200 OK", "X-Long: " + long, "X-B: 2"])
+        let kept = head
+        head.reset()
+        for line in ["HTTP/1.1 404 Not Found", "X-C: 3", ""] {
+            _ = Array((line + "\r\n").utf8).withUnsafeBytes { head.add($0) }
+        }
+        #expect(kept.value("x-long") == long && kept.value("x-b") == "2" && kept.value("x-c") == nil)
+        #expect(kept.lines.count == ("X-Long: " + long).utf8.count + "X-B: 2".utf8.count)
+        #expect(head.status == 404 && head.value("x-c") == "3" && head.value("x-b") == nil)
+        #expect(String(decoding: head.lines, as: UTF8.self) == "X-C: 3")
+    }
+
     @Test func resetForgetsEverything() {
         var (head, _) = collect(["HTTP/1.1 500 Oops", "X: y"])
         head.reset()
