@@ -42,14 +42,14 @@ struct RequestHeaderLines {
     var carriesHost: Bool { counts.carriesHost }
 
     private init(_ builder: Builder) {
-        let byteCount = builder.used
+        let byteCount = builder.bytes.count
         let count = builder.ends.count
         storage = .create(minimumCapacity: byteCount + count * MemoryLayout<UInt32>.size) { _ in
             Counts(count: count, byteCount: byteCount, carriesHost: builder.carriesHost)
         }
         storage.withUnsafeMutablePointerToElements { base in
             builder.bytes.withUnsafeBufferPointer {
-                if let source = $0.baseAddress { base.update(from: source, count: byteCount) }
+                if let source = $0.baseAddress { base.update(from: source, count: $0.count) }
             }
             builder.ends.withUnsafeBytes {
                 if let source = $0.baseAddress {
@@ -124,42 +124,24 @@ struct RequestHeaderLines {
     /// `reset()` keeps the buffers' capacity. A copy (a script's view of the lines) shares the
     /// buffers until either changes, as arrays do.
     struct Builder: Sendable {
-        /// The lines' bytes are `bytes[..<used]`; the rest is room that `write` fills in place.
-        /// An append to an array checks its uniqueness and capacity each time (some 70
-        /// instructions for a run of bytes, 25 for one byte, and a line took six), where a line
-        /// written through `write` is checked once.
-        fileprivate var bytes: [UInt8]
         /// Where each line ends in `bytes`, its CRLF included.
         fileprivate var ends: [UInt32] = []
-        /// How many bytes of `bytes` hold lines, kept in 32 bits (a request head is far below
-        /// 4 GiB, as `ends` says) and declared after the arrays: the builder stays within an
-        /// existential's three words, so a script's view (`any LuaHeaderLines`) holds it
+        /// The lines' bytes, a line written in one step (a line appended to an array took six
+        /// appends). Declared between `ends` and `carriesHost` so that the builder stays within
+        /// an existential's three words: a script's view (`any LuaHeaderLines`) holds it
         /// without a box on the heap.
-        private var usedCount: UInt32 = 0
-        fileprivate var used: Int {
-            get { Int(usedCount) }
-            set { usedCount = UInt32(newValue) }
-        }
+        fileprivate var bytes: ByteRoom
         fileprivate var carriesHost = false
 
         init(capacity: Int = 1024, lines: Int = 32) {
-            bytes = Array(repeating: 0, count: max(capacity, 64))
+            bytes = ByteRoom(capacity: capacity)
             ends.reserveCapacity(lines)
         }
 
         mutating func reset() {
-            used = 0
+            bytes.removeAll()
             if !ends.isEmpty { ends.removeAll(keepingCapacity: true) }
             carriesHost = false
-        }
-
-        /// Writes at most `count` bytes at the end through `body`, which returns how many it
-        /// wrote; the room is made first (doubling, as an array grows).
-        @inline(__always)
-        private mutating func write(atMost count: Int, _ body: (UnsafeMutablePointer<UInt8>) -> Int) {
-            if used + count > bytes.count { bytes.append(contentsOf: repeatElement(0, count: max(count, bytes.count))) }
-            let at = used
-            used += bytes.withUnsafeMutableBufferPointer { body($0.baseAddress! + at) }
         }
 
         /// `Name: value`, or `Name:` for an empty value, written in one step.
@@ -169,7 +151,7 @@ struct RequestHeaderLines {
             if n == 4, name.withContiguousStorageIfAvailable({ ASCII.equalsIgnoringCase($0, "host") }) ?? false {
                 carriesHost = true
             }
-            write(atMost: n + v + 4) { out in
+            bytes.write(atMost: n + v + 4) { out in
                 var k = Self.copy(name, to: out)
                 out[k] = 0x3A
                 k += 1
@@ -182,7 +164,7 @@ struct RequestHeaderLines {
                 out[k + 1] = 0x0A
                 return k + 2
             }
-            ends.append(UInt32(used))
+            ends.append(UInt32(bytes.count))
         }
 
         /// Copies `part` to `out`, returning its length: in one copy when its bytes lie in
@@ -210,12 +192,9 @@ struct RequestHeaderLines {
             if lines.carriesHost { carriesHost = true }
             lines.withBytes { source, sourceEnds in
                 let start = range.lowerBound == 0 ? 0 : sourceEnds[range.lowerBound - 1]
-                let end = sourceEnds[range.upperBound - 1]
-                let offset = used - start
-                write(atMost: end - start) { out in
-                    out.update(from: source.baseAddress! + start, count: end - start)
-                    return end - start
-                }
+                let offset = bytes.count - start
+                bytes.append(
+                    UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: source[start..<sourceEnds[range.upperBound - 1]])))
                 for i in range { ends.append(UInt32(sourceEnds[i] + offset)) }
             }
         }
@@ -238,9 +217,8 @@ struct RequestHeaderLines {
         /// Calls `body` with the lines' bytes as they are, CRLFs included, and where each
         /// ends (as `RequestHeaderLines.withBytes`), without making them.
         func withLines<R>(_ body: (UnsafeBufferPointer<UInt8>, LineEnds) -> R) -> R {
-            bytes.withUnsafeBufferPointer { all in
-                let bytes = UnsafeBufferPointer(rebasing: all[..<used])
-                return ends.withUnsafeBytes { ends in
+            bytes.withUnsafeBufferPointer { bytes in
+                ends.withUnsafeBytes { ends in
                     // No line, no address: `LineEnds` never reads it then.
                     let base = ends.baseAddress ?? UnsafeRawPointer(bitPattern: MemoryLayout<UInt32>.alignment)!
                     return body(bytes, LineEnds(base: base, count: self.ends.count))
@@ -255,13 +233,13 @@ struct RequestHeaderLines {
             {
                 carriesHost = true
             }
-            write(atMost: line.count + 2) { out in
-                line.withUnsafeBufferPointer { if let from = $0.baseAddress { out.update(from: from, count: $0.count) } }
+            bytes.write(atMost: line.count + 2) { out in
+                line.withUnsafeBufferPointer { if let from = $0.baseAddress { ShortCopy.copy(out, from, $0.count) } }
                 out[line.count] = 0x0D
                 out[line.count + 1] = 0x0A
                 return line.count + 2
             }
-            ends.append(UInt32(used))
+            ends.append(UInt32(bytes.count))
         }
 
         func makeLines() -> RequestHeaderLines { RequestHeaderLines(self) }

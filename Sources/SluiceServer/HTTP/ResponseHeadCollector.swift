@@ -1,5 +1,4 @@
 import HTTPTypes
-import SluiceCore
 
 /// An upstream response head as libcurl hands it over, one line per call
 /// (`CURLOPT_HEADERFUNCTION`): the status, the reason phrase and the field lines, kept as
@@ -29,13 +28,10 @@ struct ResponseHeadCollector {
     private(set) var status = 0
     /// The reason phrase as received (may be empty).
     private(set) var reason: [UInt8] = []
-    /// The field lines back to back, without their line ends: `storage[..<used]`.
-    var lines: ArraySlice<UInt8> { storage[..<used] }
-    /// `lines` and room after them, which `put` fills in place: an append to an array checks
-    /// its uniqueness and capacity each time (some 70 instructions a run), and a head took one
-    /// per field. A copy of the collector shares it until either changes, as arrays do.
-    private var storage: [UInt8] = []
-    private var used = 0
+    /// The field lines back to back, without their line ends.
+    var lines: ArraySlice<UInt8> { storage.bytes }
+    /// `lines`, written in place (a head appended one array run per field).
+    private var storage = ByteRoom()
     /// Where each field line ends in `lines`.
     private(set) var lineEnds: [Int] = []
     /// The empty line after a final status arrived.
@@ -53,7 +49,7 @@ struct ResponseHeadCollector {
     mutating func reset() {
         status = 0
         if !reason.isEmpty { reason.removeAll(keepingCapacity: true) }
-        used = 0
+        storage.removeAll()
         if !lineEnds.isEmpty { lineEnds.removeAll(keepingCapacity: true) }
         if !fields.isEmpty { fields.removeAll(keepingCapacity: true) }
         isValidated = false
@@ -74,9 +70,9 @@ struct ResponseHeadCollector {
         _ line: UnsafeRawBufferPointer, name: Range<Int>, value: Range<Int>,
         kind: ResponseEncoder.ResponseField
     ) {
-        let base = used
-        put(line)
-        lineEnds.append(used)
+        let base = storage.count
+        storage.append(line)
+        lineEnds.append(storage.count)
         fields.append(
             ValidatedField(
                 name: base + name.lowerBound..<base + name.upperBound,
@@ -92,8 +88,8 @@ struct ResponseHeadCollector {
         head.isComplete = isComplete
         for field in replacement {
             var line = field.name.rawName + ": " + field.value
-            line.withUTF8 { head.put(UnsafeRawBufferPointer($0)) }
-            head.lineEnds.append(head.used)
+            line.withUTF8 { head.storage.append(UnsafeRawBufferPointer($0)) }
+            head.lineEnds.append(head.storage.count)
         }
         return head
     }
@@ -116,14 +112,14 @@ struct ResponseHeadCollector {
                 while nameEnd > start, buf[nameEnd - 1] == 0x20 || buf[nameEnd - 1] == 0x09 { nameEnd -= 1 }
                 switch ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: buf[start..<nameEnd])) {
                 case .contentLength, .transferEncoding: continue
-                default: head.put(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(buf)[start..<end]))
+                default: head.storage.append(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(buf)[start..<end]))
                 }
-                head.lineEnds.append(head.used)
+                head.lineEnds.append(head.storage.count)
             }
         }
         var last = "Content-Length: \(length)"
-        last.withUTF8 { head.put(UnsafeRawBufferPointer($0)) }
-        head.lineEnds.append(head.used)
+        last.withUTF8 { head.storage.append(UnsafeRawBufferPointer($0)) }
+        head.lineEnds.append(head.storage.count)
         return head
     }
 
@@ -145,7 +141,7 @@ struct ResponseHeadCollector {
         }
         if end >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
             isComplete = false
-            used = 0
+            storage.removeAll()
             lineEnds.removeAll(keepingCapacity: true)
             parseStatusLine(UnsafeRawBufferPointer(rebasing: line[0..<end]))
             return false
@@ -154,25 +150,14 @@ struct ResponseHeadCollector {
             // obs-fold: joined to the field it continues.
             var s = 0
             while s < end, line[s] == 0x20 || line[s] == 0x09 { s += 1 }
-            withUnsafeBytes(of: UInt8(0x20)) { put($0) }
-            put(UnsafeRawBufferPointer(rebasing: line[s..<end]))
-            lineEnds[lineEnds.count - 1] = used
+            withUnsafeBytes(of: UInt8(0x20)) { storage.append($0) }
+            storage.append(UnsafeRawBufferPointer(rebasing: line[s..<end]))
+            lineEnds[lineEnds.count - 1] = storage.count
             return false
         }
-        put(UnsafeRawBufferPointer(rebasing: line[0..<end]))
-        lineEnds.append(used)
+        storage.append(UnsafeRawBufferPointer(rebasing: line[0..<end]))
+        lineEnds.append(storage.count)
         return false
-    }
-
-    /// Appends `bytes` to the lines, in place in `storage` (which grows by doubling).
-    @inline(__always)
-    private mutating func put(_ bytes: UnsafeRawBufferPointer) {
-        let n = bytes.count
-        guard n > 0, let source = bytes.baseAddress else { return }
-        if used + n > storage.count { storage.append(contentsOf: repeatElement(0, count: max(n, storage.count, 256))) }
-        let at = used
-        storage.withUnsafeMutableBytes { ShortCopy.copy($0.baseAddress! + at, source, n) }
-        used += n
     }
 
     /// "HTTP/1.1 200 OK" or "HTTP/2 200": the three digits after the first space, and the
