@@ -19,6 +19,10 @@ import Testing
             ("below(0x21)", 0x61, { $0 < 0x21 }, { SWAR.below(0x21, $0) }),
             ("below(0x80)", 0x90, { $0 < 0x80 }, { SWAR.below(0x80, $0) }),
             ("equal(0x3A)", 0x61, { $0 == 0x3A }, { SWAR.equal(0x3A, $0) }),
+            (
+                "notLetterOrDash", 0x2D,
+                { !($0 == 0x2D || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0)) }, SWAR.notLetterOrDash
+            ),
         ]
 
     @Test(arguments: 0..<rules.count)
@@ -53,6 +57,24 @@ import Testing
             let either = mask(word(bytes)) | SWAR.equal(0x3A, word(bytes))
             let firstOfEither = bytes.firstIndex(where: { matches($0) || $0 == 0x3A })!
             #expect(SWAR.firstMatch(either) == firstOfEither, "\(name) | equal(0x3A): \(bytes)")
+        }
+    }
+
+    /// `notLetterOrDash` marks every byte that is not a letter or `-`, not only the first:
+    /// exact masks, so a dash never leaks into the byte after it.
+    @Test func notLetterOrDashIsExactInEveryByte() {
+        var generator = SystemRandomNumberGenerator()
+        let pool: [UInt8] = [
+            0x00, 0x0D, 0x2C, 0x2D, 0x2E, 0x30, 0x3A, 0x40, 0x41, 0x5A, 0x5B, 0x60, 0x61, 0x7A, 0x7B, 0xAD, 0xC1, 0xFF,
+        ]
+        for _ in 0..<20_000 {
+            let bytes = (0..<8).map { _ in pool.randomElement(using: &generator)! }
+            let mask = SWAR.notLetterOrDash(word(bytes))
+            for (k, b) in bytes.enumerated() {
+                let marked = mask >> (UInt64(k) * 8 + 7) & 1 == 1
+                let isNameByte = b == 0x2D || (0x41...0x5A).contains(b) || (0x61...0x7A).contains(b)
+                #expect(marked == !isNameByte, "byte \(k) of \(bytes)")
+            }
         }
     }
 

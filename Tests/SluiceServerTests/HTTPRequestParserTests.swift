@@ -201,6 +201,27 @@ func expectError(
         expectError("GET http://a/ HTTP/1.1\r\nHost: a\r\nNo colon\r\n\r\n") { $0.status == 400 }
     }
 
+    /// `ASCII.tokenEnd` (eight bytes at a time over letters and dashes) stops where the byte
+    /// by byte token scan does: every byte value at every position of a name of 1 to 20
+    /// letters and dashes, and names cut short by the end of the input.
+    @Test func tokenEndStopsWhereTheByteScanDoes() {
+        let name = Array("Content-Type-And-So-On".utf8)
+        for length in 1...20 {
+            for position in 0...length {
+                for value in 0...255 {
+                    var bytes = Array(name[0..<length]) + [0x3A, 0x20, 0x61]
+                    bytes[position] = UInt8(value)
+                    for count in [position + 1, bytes.count] {
+                        var expected = 0
+                        while expected < count, ASCII.isTokenChar(bytes[expected]) { expected += 1 }
+                        let found = bytes.withUnsafeBufferPointer { ASCII.tokenEnd($0.baseAddress!, from: 0, count: count) }
+                        #expect(found == expected, "\(bytes) count \(count)")
+                    }
+                }
+            }
+        }
+    }
+
     @Test func rejectsMalformedRequestLines() {
         expectError("GET  http://a/ HTTP/1.1\r\nHost: a\r\n\r\n") { $0.status == 400 }
         expectError("GET http://a/ HTTP/1.1 \r\nHost: a\r\n\r\n") { $0.status == 400 }

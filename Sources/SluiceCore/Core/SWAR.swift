@@ -41,6 +41,23 @@ public enum SWAR {
         below(0x20, word) | equal(0x7F, word)
     }
 
+    /// Non-zero when some byte of `word` is neither an ASCII letter nor `-`: the bytes a
+    /// field name's scan must look at one by one (a name is mostly letters and dashes, and
+    /// ends at its colon). Exact in every byte, not only the first: no sum carries between
+    /// bytes, since each works on seven bits.
+    @inlinable @inline(__always)
+    public static func notLetterOrDash(_ word: UInt64) -> UInt64 {
+        let low7 = word & ~high
+        // Bit 5 set folds the capitals onto the small letters (and nothing else onto them).
+        let folded = low7 | ones &* 0x20
+        let letter = (folded &+ ones &* 0x1F) & ~(folded &+ ones &* 0x05) & ~word & high
+        // A byte is `-` when its XOR with `-` is zero: bit 7 of (low seven bits + 0x7F) | byte
+        // is clear only for a zero byte.
+        let x = word ^ ones &* 0x2D
+        let dash = ~((x & ~high) &+ ones &* 0x7F | x) & high
+        return ~(letter | dash) & high
+    }
+
     /// `word` with its ASCII capitals (0x41–0x5A) made lower case and every other byte kept.
     @inlinable @inline(__always)
     public static func lowercased(_ word: UInt64) -> UInt64 {

@@ -144,6 +144,25 @@ enum ASCII {
         return b < 0x80 && ((b < 0x40 ? low : high) >> UInt64(b & 0x3F)) & 1 != 0
     }
 
+    /// The index of the first byte at or after `start` (below `count`) that is not a token
+    /// character, or `count`: what `while i < count, isTokenChar(p[i]) { i += 1 }` finds,
+    /// eight bytes at a time while they are letters and dashes (`SWAR.notLetterOrDash`),
+    /// then byte by byte from the first other byte (a colon, usually).
+    @inline(__always)
+    static func tokenEnd(_ p: UnsafePointer<UInt8>, from start: Int, count: Int) -> Int {
+        var i = start
+        while i + 8 <= count {
+            let mask = SWAR.notLetterOrDash(SWAR.load(UnsafeRawPointer(p + i)))
+            if mask != 0 {
+                i += SWAR.firstMatch(mask)
+                break
+            }
+            i += 8
+        }
+        while i < count, isTokenChar(p[i]) { i += 1 }
+        return i
+    }
+
     /// Bytes allowed in a field value: VCHAR, obs-text, SP and HTAB — never NUL, CR, LF,
     /// other controls or DEL.
     static func isFieldValueByte(_ b: UInt8) -> Bool {

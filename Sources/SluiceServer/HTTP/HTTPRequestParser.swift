@@ -230,8 +230,8 @@ public struct HTTPRequestParser: Sendable {
         limits: Limits
     ) throws(ProxyError) -> HTTPRequestHead {
         // Request line: method SP request-target SP HTTP-version CRLF (exactly single spaces).
-        var i = 0
-        while i < buf.count, ASCII.isTokenChar(buf[i]) { i += 1 }
+        guard let start = buf.baseAddress else { throw .malformedRequest("malformed request line (method)") }
+        var i = ASCII.tokenEnd(start, from: 0, count: buf.count)
         let methodRange = 0..<i
         guard !methodRange.isEmpty, i < buf.count, buf[i] == 0x20 else {
             throw .malformedRequest("malformed request line (method)")
@@ -239,7 +239,8 @@ public struct HTTPRequestParser: Sendable {
         i += 1
         let targetStart = i
         // Eight bytes at a time up to the word holding SP (or any other byte a target lacks).
-        if let base = buf.baseAddress {
+        do {
+            let base = UnsafeRawPointer(start)
             while i + 8 <= buf.count {
                 let word = SWAR.load(base + i)
                 if SWAR.below(0x21, word) | SWAR.equal(0x7F, word) | word & 0x8080_8080_8080_8080 != 0 { break }
@@ -275,7 +276,7 @@ public struct HTTPRequestParser: Sendable {
             if buf[i] == 0x0D { break }  // the final empty line
             if buf[i] == 0x20 || buf[i] == 0x09 { throw .malformedRequest("obsolete line folding in header") }
             let nameStart = i
-            while i < buf.count, ASCII.isTokenChar(buf[i]) { i += 1 }
+            i = ASCII.tokenEnd(start, from: i, count: buf.count)
             guard i > nameStart, i < buf.count, buf[i] == 0x3A else {
                 throw .malformedRequest("malformed header field name")
             }
@@ -284,9 +285,7 @@ public struct HTTPRequestParser: Sendable {
             while i < buf.count, buf[i] == 0x20 || buf[i] == 0x09 { i += 1 }
             let valueStart = i
             // Eight bytes at a time up to the word holding the CR (or any other control byte).
-            if let base = buf.baseAddress {
-                while i + 8 <= buf.count, SWAR.controlOrDEL(SWAR.load(base + i)) == 0 { i += 8 }
-            }
+            while i + 8 <= buf.count, SWAR.controlOrDEL(SWAR.load(UnsafeRawPointer(start + i))) == 0 { i += 8 }
             while i < buf.count, buf[i] != 0x0D {
                 guard ASCII.isFieldValueByte(buf[i]) else {
                     throw .malformedRequest("control character in header field value")

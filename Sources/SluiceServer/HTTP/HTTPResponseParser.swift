@@ -466,8 +466,7 @@ struct HTTPResponseParser {
         guard let base = input.baseAddress else { return nil }
         let p = base.assumingMemoryBound(to: UInt8.self)
         let n = input.count
-        var i = start
-        while i < n, ASCII.isTokenChar(p[i]) { i += 1 }
+        var i = ASCII.tokenEnd(p, from: start, count: n)
         guard i > start, i < n, p[i] == 0x3A else { return nil }
         let nameEnd = i
         i += 1
