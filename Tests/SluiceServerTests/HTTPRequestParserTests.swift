@@ -222,6 +222,29 @@ func expectError(
         }
     }
 
+    /// `ASCII.equalsIgnoringCase` (whole words, the last one overlapping) agrees with a byte
+    /// by byte comparison: every byte value at every position of names of 1 to 20 bytes.
+    @Test func equalsIgnoringCaseAgreesWithTheByteRule() {
+        let lowercase = Array("content-length-and-so".utf8)
+        for length in 1...20 {
+            let literal = Array(lowercase[0..<length])
+            for position in 0..<length {
+                for value in 0...255 {
+                    var bytes = literal.map { $0 >= 0x61 && $0 <= 0x7A && $0 % 2 == 0 ? $0 - 0x20 : $0 }
+                    bytes[position] = UInt8(value)
+                    let expected = zip(bytes, literal).allSatisfy { ASCII.lower($0) == $1 }
+                    let found = bytes.withUnsafeBufferPointer { b in
+                        literal.withUnsafeBufferPointer { ASCII.equalsIgnoringCase(b, $0) }
+                    }
+                    #expect(found == expected, "\(bytes) against \(literal)")
+                }
+            }
+            // A different length never matches.
+            let longer = literal + [0x61]
+            #expect(!longer.withUnsafeBufferPointer { b in literal.withUnsafeBufferPointer { ASCII.equalsIgnoringCase(b, $0) } })
+        }
+    }
+
     @Test func rejectsMalformedRequestLines() {
         expectError("GET  http://a/ HTTP/1.1\r\nHost: a\r\n\r\n") { $0.status == 400 }
         expectError("GET http://a/ HTTP/1.1 \r\nHost: a\r\n\r\n") { $0.status == 400 }

@@ -121,11 +121,14 @@ enum ASCII {
     static func equalsIgnoringCase(_ bytes: UnsafeBufferPointer<UInt8>, _ l: UnsafeBufferPointer<UInt8>) -> Bool {
         guard l.count == bytes.count else { return false }
         var i = 0
-        if let a = bytes.baseAddress, let b = l.baseAddress {
+        if let a = bytes.baseAddress, let b = l.baseAddress, l.count >= 8 {
             while i + 8 <= l.count {
                 if SWAR.lowercased(SWAR.load(a + i)) != SWAR.load(b + i) { return false }
                 i += 8
             }
+            // The last bytes as the word that ends them, overlapping bytes already compared.
+            let last = l.count - 8
+            return i == l.count || SWAR.lowercased(SWAR.load(a + last)) == SWAR.load(b + last)
         }
         while i < l.count {
             if lower(bytes[i]) != l[i] { return false }

@@ -112,6 +112,7 @@ struct HTTPResponseParser {
         var chunkedIsLast = false
         var connectionClose = false
         var connectionKeepAlive = false
+        var connectionNamesFields = false
     }
 
     let limits: Limits
@@ -407,7 +408,10 @@ struct HTTPResponseParser {
         } else {
             framing = .close
         }
-        head.completeValidated()
+        head.completeValidated(
+            framing: ResponseHeadCollector.ValidatedFraming(
+                contentLength: facts.contentLength.map { UInt64($0) }, transferEncoding: facts.sawTransferEncoding,
+                connectionClose: facts.connectionClose, connectionNamesFields: facts.connectionNamesFields))
         minorVersion = headMinor
         let persistent = headMinor == 1 ? !facts.connectionClose : facts.connectionKeepAlive && !facts.connectionClose
         keepAlive = persistent && framing != .close
@@ -505,8 +509,13 @@ struct HTTPResponseParser {
         switch kind {
         case .connection:
             for element in Self.listElements(l, value) {
-                if Self.equalsIgnoringCase(l, element, "close") { facts.connectionClose = true }
-                if Self.equalsIgnoringCase(l, element, "keep-alive") { facts.connectionKeepAlive = true }
+                if Self.equalsIgnoringCase(l, element, "close") {
+                    facts.connectionClose = true
+                } else if Self.equalsIgnoringCase(l, element, "keep-alive") {
+                    facts.connectionKeepAlive = true
+                } else if !element.isEmpty {
+                    facts.connectionNamesFields = true
+                }
             }
         case .contentLength:
             for element in Self.listElements(l, value) {

@@ -269,44 +269,58 @@ enum ResponseEncoder {
         // A head from Sluice's own parser was validated line by line: its fields' ranges and
         // kinds come with it, and its values hold no CR, LF or NUL.
         let validated = head.isValidated
-        for i in 0..<count {
-            let field: FieldLine
-            if validated {
+        if validated, let facts = head.validatedFraming {
+            // The parser read the framing fields as it validated them: their facts come along.
+            hadTransferEncoding = facts.transferEncoding
+            contentLength = facts.contentLength
+            connectionSaysClose = facts.connectionClose
+            connectionNamesFields = facts.connectionNamesFields
+            for i in 0..<count {
                 let f = head.fields[i]
-                field = FieldLine(name: f.name, value: f.value, kind: f.kind)
-            } else {
-                field = try split(buf, start, head.lineEnds[i])
-                start = head.lineEnds[i]
+                fields.initializeElement(at: i, to: FieldLine(name: f.name, value: f.value, kind: f.kind))
             }
-            fields.initializeElement(at: i, to: field)
-            switch field.kind {
-            case .connection:
-                try forEachElement(buf, field.value) { (token: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
-                    if ASCII.equalsIgnoringCase(token, "close") {
-                        connectionSaysClose = true
-                    } else if !token.isEmpty, !ASCII.equalsIgnoringCase(token, "keep-alive") {
-                        connectionNamesFields = true
-                    }
+        } else {
+            for i in 0..<count {
+                let field: FieldLine
+                if validated {
+                    let f = head.fields[i]
+                    field = FieldLine(name: f.name, value: f.value, kind: f.kind)
+                } else {
+                    field = try split(buf, start, head.lineEnds[i])
+                    start = head.lineEnds[i]
                 }
-            case .transferEncoding:
-                hadTransferEncoding = true
-            case .contentLength:
-                try forEachElement(buf, field.value) { (element: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
-                    guard !element.isEmpty, element.count <= 18 else {
-                        throw InvalidResponse(reason: "invalid or differing Content-Length")
+                fields.initializeElement(at: i, to: field)
+                switch field.kind {
+                case .connection:
+                    try forEachElement(buf, field.value) { (token: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
+                        if ASCII.equalsIgnoringCase(token, "close") {
+                            connectionSaysClose = true
+                        } else if !token.isEmpty, !ASCII.equalsIgnoringCase(token, "keep-alive") {
+                            connectionNamesFields = true
+                        }
                     }
-                    var n: UInt64 = 0
-                    for b in element {
-                        guard b >= 0x30, b <= 0x39 else { throw InvalidResponse(reason: "invalid or differing Content-Length") }
-                        n = n * 10 + UInt64(b - 0x30)
+                case .transferEncoding:
+                    hadTransferEncoding = true
+                case .contentLength:
+                    try forEachElement(buf, field.value) { (element: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
+                        guard !element.isEmpty, element.count <= 18 else {
+                            throw InvalidResponse(reason: "invalid or differing Content-Length")
+                        }
+                        var n: UInt64 = 0
+                        for b in element {
+                            guard b >= 0x30, b <= 0x39 else {
+                                throw InvalidResponse(reason: "invalid or differing Content-Length")
+                            }
+                            n = n * 10 + UInt64(b - 0x30)
+                        }
+                        guard contentLength == nil || contentLength == n else {
+                            throw InvalidResponse(reason: "invalid or differing Content-Length")
+                        }
+                        contentLength = n
                     }
-                    guard contentLength == nil || contentLength == n else {
-                        throw InvalidResponse(reason: "invalid or differing Content-Length")
-                    }
-                    contentLength = n
+                default:
+                    break
                 }
-            default:
-                break
             }
         }
         let written = UnsafeMutableBufferPointer(rebasing: fields[0..<count])

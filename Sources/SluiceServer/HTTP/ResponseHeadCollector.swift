@@ -41,6 +41,21 @@ struct ResponseHeadCollector {
     private(set) var fields: [ValidatedField] = []
     /// The head came from `HTTPResponseParser`: `fields` describes every line.
     private(set) var isValidated = false
+    /// What the response parser learnt of a validated final head's framing fields, so that
+    /// the encoder need not read `Connection` and `Content-Length` again; nil for any other
+    /// head (libcurl's, an interim one, an edited one).
+    private(set) var validatedFraming: ValidatedFraming?
+
+    /// The framing facts of a validated final head (`validatedFraming`).
+    struct ValidatedFraming: Equatable {
+        /// The `Content-Length` value (the parser refused differing ones).
+        var contentLength: UInt64?
+        var transferEncoding = false
+        /// `Connection` lists `close`.
+        var connectionClose = false
+        /// `Connection` lists an option other than `close` and `keep-alive`: a field to drop.
+        var connectionNamesFields = false
+    }
 
     /// Forgets the head, keeping the buffers' capacity. An empty buffer is left alone: a
     /// response resets its collector three times (the transfer's start, the request's
@@ -53,6 +68,7 @@ struct ResponseHeadCollector {
         if !lineEnds.isEmpty { lineEnds.removeAll(keepingCapacity: true) }
         if !fields.isEmpty { fields.removeAll(keepingCapacity: true) }
         isValidated = false
+        validatedFraming = nil
         isComplete = false
     }
 
@@ -123,8 +139,10 @@ struct ResponseHeadCollector {
         return head
     }
 
-    /// The empty line that ends a validated final head.
-    mutating func completeValidated() {
+    /// The empty line that ends a validated final head, with what the parser learnt of its
+    /// framing fields.
+    mutating func completeValidated(framing: ValidatedFraming) {
+        validatedFraming = framing
         isComplete = true
     }
 
