@@ -43,7 +43,8 @@ import Testing
         let h = parser.head
         var fields: [String] = []
         var start = 0
-        for end in h.lineEnds {
+        for i in 0..<h.lineCount {
+            let end = h.lineEnd(i)
             fields.append(String(decoding: h.lines[start..<end], as: UTF8.self))
             start = end
         }

@@ -61,7 +61,7 @@ private func drain(_ output: OpaquePointer) -> String {
     @Test func interimHeadsAreDropped() {
         let (head, completed) = collect(["HTTP/1.1 100 Continue", "", "HTTP/1.1 201 Created", "X-A: 1"])
         #expect(completed && head.status == 201)
-        #expect(head.lineEnds.count == 1 && head.value("x-a") == "1")
+        #expect(head.lineCount == 1 && head.value("x-a") == "1")
     }
 
     @Test func anInterimHeadAloneIsNotComplete() {
@@ -106,7 +106,7 @@ private func drain(_ output: OpaquePointer) -> String {
     @Test func resetForgetsEverything() {
         var (head, _) = collect(["HTTP/1.1 500 Oops", "X: y"])
         head.reset()
-        #expect(head.status == 0 && head.lines.isEmpty && head.lineEnds.isEmpty && !head.isComplete && head.reason.isEmpty)
+        #expect(head.status == 0 && head.lines.isEmpty && head.lineCount == 0 && !head.isComplete && head.reason.isEmpty)
     }
 }
 
@@ -288,7 +288,7 @@ private func drain(_ output: OpaquePointer) -> String {
     ])
     func sameBytesAsTheCurlPath(_ lines: [String]) throws {
         let head = try #require(parsed(lines))
-        #expect(head.isValidated && head.fields.count == head.lineEnds.count && head.validatedFraming != nil)
+        #expect(head.isValidated && head.fields.count == head.lineCount && head.validatedFraming != nil)
         let (curlHead, completed) = collect(lines)
         #expect(completed && !curlHead.isValidated)
         for (minor, keepAlive) in [(1, true), (0, true), (1, false)] {

@@ -338,6 +338,7 @@ struct HTTPResponseParser {
 
     /// A field line `fieldLine` (or `wholeFieldLine`) found valid, with its name and value:
     /// counted, interpreted and collected.
+    @inline(__always)
     private mutating func field(_ l: UnsafeBufferPointer<UInt8>, name: Range<Int>, value: Range<Int>) throws(Failure) {
         fieldCount += 1
         if fieldCount > limits.headerCount {

@@ -234,7 +234,7 @@ enum ResponseEncoder {
     ) throws(InvalidResponse) -> Framing {
         guard (100...599).contains(head.status) else { throw InvalidResponse(reason: "invalid status code") }
         // The fields' parts live on the stack for the two passes.
-        let result = withUnsafeTemporaryAllocation(of: FieldLine.self, capacity: max(1, head.lineEnds.count)) { fields in
+        let result = withUnsafeTemporaryAllocation(of: FieldLine.self, capacity: max(1, head.lineCount)) { fields in
             head.lines.withUnsafeBufferPointer { buf -> Result<Framing, InvalidResponse> in
                 do throws(InvalidResponse) {
                     return .success(
@@ -257,7 +257,7 @@ enum ResponseEncoder {
         into output: OpaquePointer
     ) throws(InvalidResponse) -> Framing {
         let status = head.status
-        let count = head.lineEnds.count
+        let count = head.lineCount
         // Pass 1: validate, and learn the facts that decide the framing.
         var hadTransferEncoding = false
         var contentLength: UInt64?
@@ -286,8 +286,8 @@ enum ResponseEncoder {
                     let f = head.fields[i]
                     field = FieldLine(name: f.name, value: f.value, kind: f.kind)
                 } else {
-                    field = try split(buf, start, head.lineEnds[i])
-                    start = head.lineEnds[i]
+                    field = try split(buf, start, head.lineEnd(i))
+                    start = head.lineEnd(i)
                 }
                 fields.initializeElement(at: i, to: field)
                 switch field.kind {
@@ -383,7 +383,7 @@ enum ResponseEncoder {
             // A validated line written as `Name: value` with nothing after the value (nearly
             // every origin's): copied whole, one copy where name and value take two.
             if validated, field.value.lowerBound == field.name.upperBound + 2, buf[field.name.upperBound + 1] == 0x20,
-                field.value.upperBound == head.lineEnds[i], !field.value.isEmpty
+                field.value.upperBound == head.lineEnd(i), !field.value.isEmpty
             {
                 put(UnsafeBufferPointer(rebasing: buf[field.name.lowerBound..<field.value.upperBound]))
                 put("\r\n")
@@ -423,7 +423,8 @@ enum ResponseEncoder {
         var sawUpgrade = false
         var start = 0
         try head.lines.withUnsafeBufferPointer { (buf: UnsafeBufferPointer<UInt8>) throws(InvalidResponse) in
-            for end in head.lineEnds {
+            for i in 0..<head.lineCount {
+                let end = head.lineEnd(i)
                 defer { start = end }
                 let field = try split(buf, start, end)
                 let name = UnsafeBufferPointer(rebasing: buf[field.name])

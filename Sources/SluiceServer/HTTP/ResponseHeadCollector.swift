@@ -21,6 +21,8 @@ struct ResponseHeadCollector {
     struct ValidatedField {
         var name: Range<Int>
         var value: Range<Int>
+        /// Where the line ends in `lines` (its value's end, before any trailing whitespace).
+        var end: Int
         var kind: ResponseEncoder.ResponseField
     }
 
@@ -32,8 +34,9 @@ struct ResponseHeadCollector {
     var lines: ArraySlice<UInt8> { storage.bytes }
     /// `lines`, written in place (a head appended one array run per field).
     private var storage = ByteRoom()
-    /// Where each field line ends in `lines`.
-    private(set) var lineEnds: [Int] = []
+    /// Where each field line ends in `lines`, for a head that is not validated (a validated
+    /// one keeps its ends in `fields`: one append a line, not two). Read through `lineEnd`.
+    private var looseEnds: [Int] = []
     /// The empty line after a final status arrived.
     private(set) var isComplete = false
     /// One entry per field line when the head came validated from `HTTPResponseParser`
@@ -41,6 +44,12 @@ struct ResponseHeadCollector {
     private(set) var fields: [ValidatedField] = []
     /// The head came from `HTTPResponseParser`: `fields` describes every line.
     private(set) var isValidated = false
+    /// How many field lines the head has.
+    var lineCount: Int { isValidated ? fields.count : looseEnds.count }
+
+    /// Where field line `i` ends in `lines` (where the next one starts).
+    func lineEnd(_ i: Int) -> Int { isValidated ? fields[i].end : looseEnds[i] }
+
     /// What the response parser learnt of a validated final head's framing fields, so that
     /// the encoder need not read `Connection` and `Content-Length` again; nil for any other
     /// head (libcurl's, an interim one, an edited one).
@@ -65,7 +74,7 @@ struct ResponseHeadCollector {
         status = 0
         if !reason.isEmpty { reason.removeAll(keepingCapacity: true) }
         storage.removeAll()
-        if !lineEnds.isEmpty { lineEnds.removeAll(keepingCapacity: true) }
+        if !looseEnds.isEmpty { looseEnds.removeAll(keepingCapacity: true) }
         if !fields.isEmpty { fields.removeAll(keepingCapacity: true) }
         isValidated = false
         validatedFraming = nil
@@ -88,11 +97,10 @@ struct ResponseHeadCollector {
     ) {
         let base = storage.count
         storage.append(line)
-        lineEnds.append(storage.count)
         fields.append(
             ValidatedField(
                 name: base + name.lowerBound..<base + name.upperBound,
-                value: base + value.lowerBound..<base + value.upperBound, kind: kind))
+                value: base + value.lowerBound..<base + value.upperBound, end: storage.count, kind: kind))
     }
 
     /// The same status and reason with `replacement` as its field lines (a script's edits,
@@ -105,7 +113,7 @@ struct ResponseHeadCollector {
         for field in replacement {
             var line = field.name.rawName + ": " + field.value
             line.withUTF8 { head.storage.append(UnsafeRawBufferPointer($0)) }
-            head.lineEnds.append(head.storage.count)
+            head.looseEnds.append(head.storage.count)
         }
         return head
     }
@@ -121,7 +129,8 @@ struct ResponseHeadCollector {
         head.isComplete = isComplete
         lines.withUnsafeBufferPointer { buf in
             var start = 0
-            for end in lineEnds {
+            for i in 0..<lineCount {
+                let end = lineEnd(i)
                 defer { start = end }
                 var nameEnd = start
                 while nameEnd < end, buf[nameEnd] != 0x3A { nameEnd += 1 }
@@ -130,12 +139,12 @@ struct ResponseHeadCollector {
                 case .contentLength, .transferEncoding: continue
                 default: head.storage.append(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(buf)[start..<end]))
                 }
-                head.lineEnds.append(head.storage.count)
+                head.looseEnds.append(head.storage.count)
             }
         }
         var last = "Content-Length: \(length)"
         last.withUTF8 { head.storage.append(UnsafeRawBufferPointer($0)) }
-        head.lineEnds.append(head.storage.count)
+        head.looseEnds.append(head.storage.count)
         return head
     }
 
@@ -158,23 +167,21 @@ struct ResponseHeadCollector {
             return isComplete
         }
         if end >= 5, line[0] == 0x48, line[1] == 0x54, line[2] == 0x54, line[3] == 0x50, line[4] == 0x2F {  // "HTTP/"
-            isComplete = false
-            storage.removeAll()
-            lineEnds.removeAll(keepingCapacity: true)
+            reset()
             parseStatusLine(UnsafeRawBufferPointer(rebasing: line[0..<end]))
             return false
         }
-        if line[0] == 0x20 || line[0] == 0x09, !lineEnds.isEmpty {
+        if line[0] == 0x20 || line[0] == 0x09, !looseEnds.isEmpty {
             // obs-fold: joined to the field it continues.
             var s = 0
             while s < end, line[s] == 0x20 || line[s] == 0x09 { s += 1 }
             withUnsafeBytes(of: UInt8(0x20)) { storage.append($0) }
             storage.append(UnsafeRawBufferPointer(rebasing: line[s..<end]))
-            lineEnds[lineEnds.count - 1] = storage.count
+            looseEnds[looseEnds.count - 1] = storage.count
             return false
         }
         storage.append(UnsafeRawBufferPointer(rebasing: line[0..<end]))
-        lineEnds.append(storage.count)
+        looseEnds.append(storage.count)
         return false
     }
 
@@ -202,7 +209,8 @@ struct ResponseHeadCollector {
     func mentionsRateLimit() -> Bool {
         lines.withUnsafeBufferPointer { buf in
             var start = 0
-            for end in lineEnds {
+            for line in 0..<lineCount {
+                let end = lineEnd(line)
                 defer { start = end }
                 var i = start
                 if i < end, buf[i] | 0x20 == UInt8(ascii: "x") { i += 2 }
@@ -224,7 +232,8 @@ struct ResponseHeadCollector {
         return name.withUTF8 { wanted in
             lines.withUnsafeBufferPointer { buf -> String? in
                 var start = 0
-                for end in lineEnds {
+                for i in 0..<lineCount {
+                    let end = lineEnd(i)
                     defer { start = end }
                     let colon = start + wanted.count
                     guard colon < end, buf[colon] == 0x3A else { continue }
@@ -251,7 +260,8 @@ struct ResponseHeadCollector {
     func forEachField(_ body: (_ name: ArraySlice<UInt8>, _ value: ArraySlice<UInt8>) -> Void) {
         let lines = self.lines
         var start = 0
-        for end in lineEnds {
+        for i in 0..<lineCount {
+            let end = lineEnd(i)
             defer { start = end }
             guard let colon = lines[start..<end].firstIndex(of: 0x3A), colon > start else { continue }
             var v = colon + 1
