@@ -56,6 +56,21 @@ import Testing
         f.append("\"retries\":[\(retries.joined(separator: ","))]")
         f.append("\"retry_stopped\":\(s.retryStopped.map { q($0.rawValue) } ?? "null")")
         f.append("\"validation\":\(s.validation.map(q) ?? "null")")
+        if let failure = s.trustFailure {
+            f.append("\"trust_failure\":{\"evaluator\":\(q(failure.evaluator)),\"reason\":\(q(failure.reason))}")
+        }
+        if let limit = s.rateLimit {
+            var text = "\"rate_limit\":{\"decision\":\(q(limit.decision.rawValue)),\"waited_ms\":\(limit.waitedMilliseconds)"
+            if !limit.limit.isEmpty { text += ",\"limit\":\(q(limit.limit))" }
+            f.append(text + "}")
+        }
+        if s.insecure { f.append("\"insecure\":true") }
+        if !s.resumedAt.isEmpty {
+            f.append("\"resumed\":\(s.resumedAt.count)")
+            f.append("\"resumed_at\":[\(s.resumedAt.map(String.init).joined(separator: ","))]")
+        }
+        if let circuit = s.circuit { f.append("\"circuit\":\(q(circuit))") }
+        if let cache = s.cache { f.append("\"cache\":\(q(cache))") }
         f.append("\"outcome\":\(q(s.outcome.rawValue))")
         f.append("\"error\":\(s.error.map(q) ?? "null")")
         return "{" + f.joined(separator: ",") + "}\n"
@@ -138,6 +153,43 @@ import Testing
                     summaries.append(s)
                 }
             }
+        }
+        // Each field that only some lines have, alone and with a retry or an error beside it:
+        // the usual end of a line is one literal only when none of them is there.
+        var occasional: [(inout ExchangeSummary) -> Void] = [
+            { $0.trustFailure = (evaluator: "pinned", reason: "no pin \"x\" matched") },
+            { $0.rateLimit = .allowed },
+            { $0.rateLimit = RateLimitRecord(decision: .waited, waitedMilliseconds: 250, limit: "api") },
+            { $0.rateLimit = RateLimitRecord(decision: .rejected) },
+            { $0.insecure = true },
+            { $0.resumedAt = [1_024, 65_536] },
+            { $0.circuit = "half_open" },
+            { $0.cache = "hit" },
+        ]
+        occasional.append {
+            $0.cache = "miss"
+            $0.circuit = "open"
+            $0.insecure = true
+        }
+        for set in occasional {
+            for variant in 0..<3 {
+                var s = summary()
+                set(&s)
+                if variant == 1 { s.retries = [RetryRecord(attempt: 1, delayMilliseconds: 100, reason: "status 502")] }
+                if variant == 2 {
+                    s.outcome = .error
+                    s.error = "upstream refused"
+                }
+                summaries.append(s)
+            }
+        }
+        // The usual try's literal and every value beside it, with the usual end.
+        for bytes in [Int64(0), 7, 10, 99, 100, 999, 1_000, 123_456_789] {
+            var s = summary()
+            s.bytesIn = bytes
+            s.bytesOut = bytes
+            s.status = Int(bytes % 1_000)
+            summaries.append(s)
         }
         let finished = try lines(summaries.map { .finished($0) })
         let closed = try lines(summaries.map { .tunnelClosed($0) })

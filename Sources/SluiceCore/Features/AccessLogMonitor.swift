@@ -69,46 +69,74 @@ public final class AccessLogMonitor: LogMonitor {
     /// each instead of a key and an escape scan per field.
     private func lineBytes(_ s: ExchangeSummary, into json: inout JSONLine) {
         json.timestamp("time")
-        json.field("id", s.id)
-        json.field("client", s.client)
-        if let user = s.user { json.field("user", user) } else { json.fields(#""user":null"#) }
-        if let requestId = s.requestId { json.field("request_id", requestId) }
+        json.integer(#""id":"#, s.id)
+        json.string(#""client":"#, s.client)
+        if let user = s.user { json.string(#""user":"#, user) } else { json.fields(#""user":null"#) }
+        if let requestId = s.requestId { json.string(#""request_id":"#, requestId) }
         // The methods `HTTPRequestHead` reads as literals, which compare equal at once.
         switch s.method {
         case "GET": json.fields(#""method":"GET""#)
         case "POST": json.fields(#""method":"POST""#)
         case "HEAD": json.fields(#""method":"HEAD""#)
         case "PUT": json.fields(#""method":"PUT""#)
-        default: json.field("method", s.method)
+        default: json.string(#""method":"#, s.method)
         }
-        json.field("url", redactor.urlWithoutScrub(s.url))
+        json.string(#""url":"#, redactor.urlWithoutScrub(s.url))
         json.field("policy", s.policy, repeating: &policyField)
-        json.field("status", s.status)
-        json.field("bytes_in", s.bytesIn)
-        json.field("bytes_out", s.bytesOut)
+        json.integer(#""status":"#, s.status)
+        json.integer(#""bytes_in":"#, s.bytesIn)
+        json.integer(#""bytes_out":"#, s.bytesOut)
         if s.attempts == 1 && s.redirects == 0 {
             json.fields(#""attempts":1,"redirects":0"#)
         } else {
-            json.field("attempts", s.attempts)
-            json.field("redirects", s.redirects)
+            json.integer(#""attempts":"#, s.attempts)
+            json.integer(#""redirects":"#, s.redirects)
         }
         if let t = s.timings {
             json.timings("timings", t)
             if let version = t.httpVersion {
-                json.fields(version.accessLogField)
-                json.fields(t.newConnection ? #""upstream_connection":"new""# : #""upstream_connection":"reused""#)
-                json.fields(t.engine?.accessLogField ?? #""upstream_engine":null"#)
+                if version == .http1_1 && !t.newConnection && t.engine == .native {
+                    // The usual try (a reused connection of the native client): one literal.
+                    json.fields(#""upstream_protocol":"HTTP/1.1","upstream_connection":"reused","upstream_engine":"native""#)
+                } else {
+                    json.fields(version.accessLogField)
+                    json.fields(t.newConnection ? #""upstream_connection":"new""# : #""upstream_connection":"reused""#)
+                    json.fields(t.engine?.accessLogField ?? #""upstream_engine":null"#)
+                }
             } else {
                 json.fields(#""upstream_protocol":null,"upstream_connection":null,"upstream_engine":null"#)
             }
         } else {
             json.null("timings")
         }
-        if s.retries.isEmpty && s.retryStopped == nil && s.validation == nil {
-            json.fields(#""retries":[],"retry_stopped":null,"validation":null"#)
+        let usualRetries = s.retries.isEmpty && s.retryStopped == nil && s.validation == nil
+        if usualRetries && s.outcome == .ok && s.error == nil && !s.hasTrustFailure && !s.hasRateLimitRecord
+            && !s.insecure && s.resumedAt.isEmpty && s.circuit == nil && s.cache == nil
+        {
+            // The usual end of a line, with none of the fields that only some lines have.
+            json.fields(#""retries":[],"retry_stopped":null,"validation":null,"outcome":"ok","error":null"#)
         } else {
-            retryFields(s, into: &json)
+            if usualRetries {
+                json.fields(#""retries":[],"retry_stopped":null,"validation":null"#)
+            } else {
+                retryFields(s, into: &json)
+            }
+            occasionalFields(s, into: &json)
+            if s.outcome == .ok && s.error == nil {
+                json.fields(#""outcome":"ok","error":null"#)
+            } else {
+                json.field("outcome", s.outcome.rawValue)
+                if let error = s.error { json.field("error", error) } else { json.null("error") }
+            }
         }
+        // A call that succeeded and left no `ctx.vars` has nothing for the line: its outcome
+        // and duration are the metrics' (`sluice_lua_calls_total`, the duration histogram).
+        if let lua = s.lua, lua.isLogged { json.object("lua") { Self.write(lua, into: &$0) } }
+    }
+
+    /// The fields only some lines have, between the retries' and the outcome: `trust_failure`,
+    /// `rate_limit`, `insecure`, `resumed` and `resumed_at`, `circuit`, `cache`.
+    private func occasionalFields(_ s: ExchangeSummary, into json: inout JSONLine) {
         if let failure = s.trustFailure {
             json.raw(
                 "trust_failure",
@@ -131,15 +159,6 @@ public final class AccessLogMonitor: LogMonitor {
         }
         if let circuit = s.circuit { json.field("circuit", circuit) }
         if let cache = s.cache { json.field("cache", cache) }
-        if s.outcome == .ok && s.error == nil {
-            json.fields(#""outcome":"ok","error":null"#)
-        } else {
-            json.field("outcome", s.outcome.rawValue)
-            if let error = s.error { json.field("error", error) } else { json.null("error") }
-        }
-        // A call that succeeded and left no `ctx.vars` has nothing for the line: its outcome
-        // and duration are the metrics' (`sluice_lua_calls_total`, the duration histogram).
-        if let lua = s.lua, lua.isLogged { json.object("lua") { Self.write(lua, into: &$0) } }
     }
 
     /// `retries`, `retry_stopped` and `validation`, when one of them is not at its usual value.
@@ -438,6 +457,19 @@ struct JSONLine {
         Self.writeQuoted(v, to: buffer)
     }
 
+    /// `,"k":` as one literal (`run`, the key quoted with its colon), then `v` quoted: one
+    /// copy for the key where `field` writes it in five steps.
+    mutating func string(_ run: StaticString, _ v: String) {
+        fields(run)
+        Self.writeQuoted(v, to: buffer)
+    }
+
+    /// `,"k":` as one literal (`run`), then the decimal `v`.
+    mutating func integer<I: BinaryInteger>(_ run: StaticString, _ v: I) {
+        fields(run)
+        appendInteger(v)
+    }
+
     /// Whole fields from a literal (`"method":"GET"`, `"retries":[],"retry_stopped":null`),
     /// without the comma before them: one copy where `key` and a value take several steps.
     mutating func fields(_ run: StaticString) {
@@ -590,6 +622,15 @@ struct JSONLine {
         if v < 0 {
             buffer.put(0x2D)  // -
             writeDigits(UInt64(v.magnitude))
+        } else if v < 10 {
+            // A zero byte count, one attempt: one digit, without the digit count's loop.
+            buffer.put(UInt8(truncatingIfNeeded: 48 + Int(truncatingIfNeeded: v)))
+        } else if v >= 100 && v < 1000 {
+            // A status code.
+            let n = Int(truncatingIfNeeded: v)
+            buffer.put(UInt8(truncatingIfNeeded: 48 + n / 100))
+            buffer.put(UInt8(truncatingIfNeeded: 48 + n / 10 % 10))
+            buffer.put(UInt8(truncatingIfNeeded: 48 + n % 10))
         } else {
             writeDigits(UInt64(v))
         }

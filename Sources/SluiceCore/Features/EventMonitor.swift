@@ -79,6 +79,8 @@ public struct ExchangeSummary: Sendable {
     }
     /// Whether `rateLimit` is set (without copying it out).
     public var hasRateLimitRecord: Bool { rateLimitBox != nil }
+    /// Whether `trustFailure` is set (without copying it out).
+    public var hasTrustFailure: Bool { trustFailureBox != nil }
     // Rare fields live boxed: an exchange (which holds its summary) stays within malloc's
     // per-thread cache, and the plain path allocates nothing for them.
     private var trustFailureBox: Box<(evaluator: String, reason: String)>?
