@@ -303,6 +303,40 @@ func expectError(
         ) { $0 == .bodyTooLarge(limit: 10) }
     }
 
+    /// A head that arrives whole is read in one step a line (`wholeHead`), one that arrives in
+    /// pieces byte by byte: both must agree at the limits' edges (a request line and a field
+    /// section one byte under, at and over their limits) and on every malformed line end.
+    @Test func aWholeHeadAndAByteAtATimeAgree() throws {
+        let limits = HTTPRequestParser.Limits(requestLine: 40, headerSection: 60, headerCount: 10, body: nil)
+        func outcome(_ input: [UInt8], cuts: [Int]) -> String {
+            do { return "\(try run(input, cuts: cuts, limits: limits))" } catch { return "error \(error)" }
+        }
+        var heads: [String] = []
+        for extra in -1...1 {
+            // "GET http://a/" + padding + " HTTP/1.1" is 40 + extra bytes.
+            let line = "GET http://a/" + String(repeating: "p", count: 18 + extra) + " HTTP/1.1"
+            heads.append(line + "\r\nHost: a\r\n\r\n")
+            // Fields and the final CRLF: 60 + extra bytes.
+            heads.append("GET http://a/ HTTP/1.1\r\nHost: a\r\nX: " + String(repeating: "v", count: 44 + extra) + "\r\n\r\n")
+        }
+        let good = "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n"
+        heads += [
+            "\r\n" + good, "\n" + good, "GET http://a/ HTTP/1.1\nHost: a\r\n\r\n", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\n",
+            "GET http://a/ HTTP/1.1\r\nHost: a\rX\r\n\r\n", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r", good + good,
+            "GET http://a/ HTTP/1.1\r\r\nHost: a\r\n\r\n", "\r\n\r\n",
+        ]
+        for text in heads {
+            let input = bytes(text)
+            let whole = outcome(input, cuts: [])
+            #expect(whole == outcome(input, cuts: Array(1..<max(1, input.count))), "\(text.debugDescription)")
+        }
+        // The edges themselves: at the limits a head is read, over them it is refused.
+        #expect(outcome(bytes(heads[2]), cuts: []).hasPrefix("Parsed"))
+        #expect(outcome(bytes(heads[4]), cuts: []) == "error \(ProxyError.requestLineTooLong(limit: 40))")
+        #expect(outcome(bytes(heads[3]), cuts: []).hasPrefix("Parsed"))
+        #expect(outcome(bytes(heads[5]), cuts: []) == "error \(ProxyError.headerSectionTooLarge(limit: 60))")
+    }
+
     /// Found by the chunked-body fuzz target: with a body limit, a chunk size near 2^64 after
     /// a first chunk overflowed the limit check and trapped (the whole process, from one client).
     @Test func hugeChunkSizeAfterAFirstChunkIsTooLarge() throws {

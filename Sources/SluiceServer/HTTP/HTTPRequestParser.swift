@@ -129,6 +129,10 @@ public struct HTTPRequestParser: Sendable {
     // MARK: head
 
     private mutating func parseHead(_ input: UnsafeRawBufferPointer) throws(ProxyError) -> (Int, Event?) {
+        if headBytes.isEmpty, terminatorMatch == 0, requestLineLength == nil, let end = wholeHead(input) {
+            // The common head: whole in the input, every line end a CRLF, within the limits.
+            return (end, .head(try headComplete(Array(UnsafeRawBufferPointer(rebasing: input[0..<end])))))
+        }
         var i = 0
         var segmentStart = 0
         while i < input.count {
@@ -179,21 +183,51 @@ public struct HTTPRequestParser: Sendable {
                 // allocate a new one).
                 var bytes: [UInt8] = []
                 swap(&bytes, &headBytes)
-                let head = try Self.parseHeadBytes(bytes, limits: limits)
-                // A request without a body is complete with its head: no `.end` follows.
-                switch head.framing {
-                case .none: resetHead()
-                case .length(let n): if n == 0 { resetHead() } else { state = .fixedBody(remaining: n) }
-                case .chunked:
-                    chunked = ChunkedDecoder(rules: Self.chunkedRules(limits))
-                    state = .chunked
-                }
-                terminatorMatch = 0
-                return (i, .head(head))
+                return (i, .head(try headComplete(bytes)))
             }
         }
         headBytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: input[segmentStart..<i]))
         return (i, nil)
+    }
+
+    /// Where a head that lies whole at the start of `input` ends (past its empty line), when
+    /// the byte scan above would take all of it without a complaint: a request line that is
+    /// not empty and within `limits.requestLine`, every line ended by CRLF (no bare CR or
+    /// LF), the field lines within `limits.headerSection`. nil for anything else — a head cut
+    /// by the end of the input, an empty line before the request line, any byte the scan
+    /// would refuse — and the scan reads it from the start, as it always did. One step a
+    /// line (`SWAR.lineEnd`) where the scan takes several a line end.
+    private func wholeHead(_ input: UnsafeRawBufferPointer) -> Int? {
+        var lineStart = 0
+        var requestLineEnd = 0  // past the request line's CRLF, once it is seen
+        while true {
+            let cr = SWAR.lineEnd(input, from: lineStart)
+            guard cr + 1 < input.count, input[cr] == 0x0D, input[cr + 1] == 0x0A else { return nil }
+            let next = cr + 2
+            if requestLineEnd == 0 {
+                guard cr > 0, cr <= limits.requestLine else { return nil }
+                requestLineEnd = next
+            } else {
+                guard next - requestLineEnd <= limits.headerSection else { return nil }
+                if cr == lineStart { return next }
+            }
+            lineStart = next
+        }
+    }
+
+    /// A complete head's bytes, parsed; the parser set for what follows it (a request without
+    /// a body is complete with its head: no `.end` follows).
+    private mutating func headComplete(_ bytes: [UInt8]) throws(ProxyError) -> HTTPRequestHead {
+        let head = try Self.parseHeadBytes(bytes, limits: limits)
+        switch head.framing {
+        case .none: resetHead()
+        case .length(let n): if n == 0 { resetHead() } else { state = .fixedBody(remaining: n) }
+        case .chunked:
+            chunked = ChunkedDecoder(rules: Self.chunkedRules(limits))
+            state = .chunked
+        }
+        terminatorMatch = 0
+        return head
     }
 
     /// Refuses a head of `length` bytes so far when its request line or its field section is
