@@ -288,14 +288,61 @@ private func drain(_ output: OpaquePointer) -> String {
     ])
     func sameBytesAsTheCurlPath(_ lines: [String]) throws {
         let head = try #require(parsed(lines))
-        #expect(head.isValidated && head.fields.count == head.lineCount && head.validatedFraming != nil)
+        #expect(head.isValidated && head.validatedFraming != nil)
         let (curlHead, completed) = collect(lines)
         #expect(completed && !curlHead.isValidated)
+        // The validated head's line ends (kept in its fields) are where libcurl's are.
+        #expect(head.lines == curlHead.lines && head.lineCount == curlHead.lineCount)
+        #expect((0..<head.lineCount).map(head.lineEnd) == (0..<curlHead.lineCount).map(curlHead.lineEnd))
         for (minor, keepAlive) in [(1, true), (0, true), (1, false)] {
             let mine = encoded(head, minor: minor, keepAlive: keepAlive)
             #expect(!mine.isEmpty)
             #expect(mine == encoded(curlHead, minor: minor, keepAlive: keepAlive))
         }
+    }
+}
+
+/// The parser's framing facts ride only on the final head it validated: never on an interim
+/// head, a reset or reused collector, or a head rebuilt from edits — each of which the encoder
+/// must read line by line.
+@Suite struct ValidatedFramingTests {
+    private func feed(_ parser: inout HTTPResponseParser, _ text: String) -> HTTPResponseParser.Event? {
+        let bytes = Array(text.utf8)
+        return try? bytes.withUnsafeBytes { try parser.parse($0).event }
+    }
+
+    @Test func onlyAFinalValidatedHeadCarriesThem() {
+        var parser = HTTPResponseParser()
+        parser.expectResponse(headRequest: false)
+        guard case .interim? = feed(&parser, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n") else {
+            Issue.record("no interim head")
+            return
+        }
+        #expect(parser.head.isValidated && parser.head.validatedFraming == nil)
+        guard case .head? = feed(&parser, "HTTP/1.1 200 OK\r\nConnection: close, X-A\r\nContent-Length: 3\r\n\r\n") else {
+            Issue.record("no final head")
+            return
+        }
+        let facts = ResponseHeadCollector.ValidatedFraming(
+            contentLength: 3, transferEncoding: false, connectionClose: true, connectionNamesFields: true)
+        #expect(parser.head.validatedFraming == facts)
+        #expect(parser.head.replacingFields(HTTPFields()).validatedFraming == nil)
+        #expect(parser.head.reframed(length: 9).validatedFraming == nil)
+        var copy = parser.head
+        copy.reset()
+        #expect(copy.validatedFraming == nil && parser.head.validatedFraming == facts)
+
+        // The next response on the same parser: the last one's facts are gone.
+        parser.expectResponse(headRequest: false)
+        #expect(parser.head.validatedFraming == nil)
+        guard case .head? = feed(&parser, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n") else {
+            Issue.record("no second head")
+            return
+        }
+        #expect(
+            parser.head.validatedFraming
+                == ResponseHeadCollector.ValidatedFraming(
+                    contentLength: nil, transferEncoding: true, connectionClose: false, connectionNamesFields: false))
     }
 }
 

@@ -53,7 +53,7 @@ enum ResponseHeadFuzzer {
         let n = evbuffer_get_length(output)
         var text = [UInt8](repeating: 0, count: n)
         text.withUnsafeMutableBytes { _ = evbuffer_remove(output, $0.baseAddress, n) }
-        let bound = 96 + max(collector.reason.count, 40) + collector.lines.count + 4 * collector.lineEnds.count + via.count
+        let bound = 96 + max(collector.reason.count, 40) + collector.lines.count + 4 * collector.lineCount + via.count
         fuzzCheck(n <= bound, "wrote \(n) bytes into \(bound) reserved")
         check(text, framing: framing, status: collector.status, isHead: isHead, minor: minor, keepAlive: keepAlive)
         return 0

@@ -141,7 +141,7 @@ struct ResponseStream: Equatable, CustomStringConvertible {
                     out.responses[r].status = parser.head.status
                     out.responses[r].keepAlive = parser.keepAlive
                     out.responses[r].minorVersion = parser.minorVersion
-                    out.responses[r].fieldCount = parser.head.lineEnds.count
+                    out.responses[r].fieldCount = parser.head.lineCount
                 case .body(let range)?:
                     fuzzCheck(
                         !range.isEmpty && range.lowerBound >= 0 && range.upperBound <= consumed,

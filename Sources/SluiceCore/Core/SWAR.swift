@@ -20,9 +20,9 @@ public enum SWAR {
     }
 
     /// The index (0–7) of the first byte of a `load`ed word that a non-zero mask of `below`,
-    /// `equal` or `controlOrDEL` (or an `|` of them) marks: the lowest marked byte. Below the
-    /// first matching byte no subtraction borrows, so no byte there is marked; the first
-    /// matching byte always is.
+    /// `equal`, `controlOrDEL` or `notLetterOrDash` (or an `|` of them) marks: the lowest
+    /// marked byte. Below the first matching byte no subtraction borrows, so no byte there is
+    /// marked; the first matching byte always is (`notLetterOrDash` marks every byte exactly).
     @inlinable @inline(__always)
     public static func firstMatch(_ mask: UInt64) -> Int {
         mask.trailingZeroBitCount >> 3

@@ -457,14 +457,15 @@ struct JSONLine {
         Self.writeQuoted(v, to: buffer)
     }
 
-    /// `,"k":` as one literal (`run`, the key quoted with its colon), then `v` quoted: one
-    /// copy for the key where `field` writes it in five steps.
+    /// `"k":` as one literal (`run`, the key quoted with its colon; the comma before it comes
+    /// from `fields`), then `v` quoted: one copy for the key where `field` writes it in five
+    /// steps.
     mutating func string(_ run: StaticString, _ v: String) {
         fields(run)
         Self.writeQuoted(v, to: buffer)
     }
 
-    /// `,"k":` as one literal (`run`), then the decimal `v`.
+    /// `"k":` as one literal (`run`, after the comma `fields` writes), then the decimal `v`.
     mutating func integer<I: BinaryInteger>(_ run: StaticString, _ v: I) {
         fields(run)
         appendInteger(v)

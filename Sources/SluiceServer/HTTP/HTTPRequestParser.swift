@@ -193,10 +193,10 @@ public struct HTTPRequestParser: Sendable {
     /// Where a head that lies whole at the start of `input` ends (past its empty line), when
     /// the byte scan above would take all of it without a complaint: a request line that is
     /// not empty and within `limits.requestLine`, every line ended by CRLF (no bare CR or
-    /// LF), the field lines within `limits.headerSection`. nil for anything else — a head cut
-    /// by the end of the input, an empty line before the request line, any byte the scan
-    /// would refuse — and the scan reads it from the start, as it always did. One step a
-    /// line (`SWAR.lineEnd`) where the scan takes several a line end.
+    /// LF), the field lines and the final CRLF within `limits.headerSection`. nil for anything
+    /// else — a head cut by the end of the input, an empty line before the request line, any
+    /// byte the scan would refuse — and the scan reads it from the start, as it always did.
+    /// One step a line (`SWAR.lineEnd`) where the scan takes several a line end.
     private func wholeHead(_ input: UnsafeRawBufferPointer) -> Int? {
         var lineStart = 0
         var requestLineEnd = 0  // past the request line's CRLF, once it is seen

@@ -21,7 +21,8 @@ struct ResponseHeadCollector {
     struct ValidatedField {
         var name: Range<Int>
         var value: Range<Int>
-        /// Where the line ends in `lines` (its value's end, before any trailing whitespace).
+        /// Where the line ends in `lines`: past its last byte, trailing whitespace included
+        /// (so past `value` when the value is followed by SP or HTAB).
         var end: Int
         var kind: ResponseEncoder.ResponseField
     }
