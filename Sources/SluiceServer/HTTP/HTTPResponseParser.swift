@@ -596,13 +596,12 @@ struct HTTPResponseParser {
     @inline(__always)
     private static func isDigit(_ b: UInt8) -> Bool { b >= 0x30 && b <= 0x39 }
 
+    /// `ASCII.equalsIgnoringCase` of the bytes `l[range]` and a lower-case literal.
+    @inline(__always)
     private static func equalsIgnoringCase(
         _ l: UnsafeBufferPointer<UInt8>, _ range: Range<Int>, _ lowercase: StaticString
     ) -> Bool {
-        guard range.count == lowercase.utf8CodeUnitCount else { return false }
-        let p = lowercase.utf8Start
-        for k in 0..<range.count where ASCII.lower(l[range.lowerBound + k]) != p[k] { return false }
-        return true
+        ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: l[range]), lowercase)
     }
 
     /// The elements of a comma-separated list in `l[value]`, OWS trimmed, empty ones kept
