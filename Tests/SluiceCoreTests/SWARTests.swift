@@ -60,6 +60,25 @@ import Testing
         }
     }
 
+    /// `lineEnd` finds the first CR or LF from every start of random buffers, as a byte-by-byte
+    /// scan does: in a word (from its mask), in the tail shorter than a word, or nowhere.
+    @Test func lineEndAgainstAByteScan() {
+        var generator = SystemRandomNumberGenerator()
+        let pool: [UInt8] = [0x0A, 0x0D, 0x0B, 0x0C, 0x0E, 0x09, 0x20, 0x41, 0x61, 0x8A, 0x8D, 0xFF]
+        for _ in 0..<2_000 {
+            let count = Int.random(in: 0...40, using: &generator)
+            let bytes = (0..<count).map { _ in
+                Int.random(in: 0..<8, using: &generator) == 0 ? pool.randomElement(using: &generator)! : 0x61
+            }
+            bytes.withUnsafeBytes { raw in
+                for start in 0...count {
+                    let expected = bytes[start...].firstIndex { $0 == 0x0D || $0 == 0x0A } ?? count
+                    #expect(SWAR.lineEnd(raw, from: start) == expected, "\(bytes) from \(start)")
+                }
+            }
+        }
+    }
+
     /// `notLetterOrDash` marks every byte that is not a letter or `-`, not only the first:
     /// exact masks, so a dash never leaks into the byte after it.
     @Test func notLetterOrDashIsExactInEveryByte() {

@@ -75,14 +75,15 @@ public enum SWAR {
     }
 
     /// The index of the first CR or LF in `bytes` at or after `start`, or `bytes.count`:
-    /// eight bytes at a time, then byte by byte in the word that holds it.
+    /// eight bytes at a time, the one in a word found from its mask (`firstMatch`), and the
+    /// last bytes of `bytes` one by one.
     @inlinable
     public static func lineEnd(_ bytes: UnsafeRawBufferPointer, from start: Int) -> Int {
         var i = start
         if let base = bytes.baseAddress {
             while i + 8 <= bytes.count {
-                let word = load(base + i)
-                if equal(0x0D, word) | equal(0x0A, word) != 0 { break }
+                let mask = equal(0x0D, load(base + i)) | equal(0x0A, load(base + i))
+                if mask != 0 { return i + firstMatch(mask) }
                 i += 8
             }
         }
