@@ -301,17 +301,20 @@ final class ClientConnection: ClientSocketOwner {
             }
             var iov = iovec()
             guard evbuffer_peek(input, -1, nil, &iov, 1) > 0, iov.iov_len > 0 else { return }
-            let result: (consumed: Int, event: HTTPRequestParser.Event?)
+            let consumed: Int
+            let event: HTTPRequestParser.Event?
             do {
-                result = try parser.parse(UnsafeRawBufferPointer(start: iov.iov_base, count: iov.iov_len))
+                (consumed, event) = try parser.parse(UnsafeRawBufferPointer(start: iov.iov_base, count: iov.iov_len))
             } catch {
                 evbuffer_drain(input, evbuffer_get_length(input))
                 respondError(error)
                 return
             }
-            evbuffer_drain(input, result.consumed)
+            evbuffer_drain(input, consumed)
             inputConsumed()
-            if case .head(let head)? = result.event {
+            // The event consumed: its head moves to `handle` (matched in place, it was copied,
+            // each of its arrays retained, and the event destroyed after).
+            if case .head(let head)? = consume event {
                 timer?.stop()
                 handle(head)
             }

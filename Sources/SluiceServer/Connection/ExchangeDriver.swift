@@ -193,8 +193,9 @@ final class ExchangeDriver: UpstreamTransferDelegate, RequestBodySource, Exchang
     /// request.
     func releaseUpstreamSlot() {
         releaseQuotaSlot()
-        guard let exchange, exchange.holdsUpstreamSlot else { return }
-        exchange.holdsUpstreamSlot = false
+        // Through the optional, not a bound `exchange`: the binding kept it retained.
+        guard exchange?.holdsUpstreamSlot == true else { return }
+        exchange?.holdsUpstreamSlot = false
         worker.upstreamGate.release()
     }
 

@@ -14,12 +14,12 @@ enum UpstreamStage: TryStage {
         // A resume goes by its broken try's route with that try's header list (its `Host`
         // included) and no validators: it asks for the rest of the same representation.
         if let route = request.resumes { return .send(route) }
-        let target = request.target
-        if let host = exchange.hostHeader, target == host.target {
+        // `request.target` read in place: a local copy kept its strings retained to the end.
+        if let host = exchange.hostHeader, request.target == host.target {
             request.headers = request.headers.appending(name: "Host", value: host.value)
         }
         if exchange.cache != nil { CacheStage.applyValidators(&request, exchange) }
-        let answer = exchange.machine.tryStarting(.init(target))
+        let answer = exchange.machine.tryStarting(.init(request.target))
         exchange.report(answer.reports)
         let perTryTimeout: Int
         switch answer.command {
@@ -30,17 +30,17 @@ enum UpstreamStage: TryStage {
             return .respond(error)
         case nil:
             CircuitStage.reportOutcome(.abandoned, exchange, services.health)
-            return .respond(.upstreamTimeout(host: target.authority, phase: .retryDeadlinePassed))
+            return .respond(.upstreamTimeout(host: request.target.authority, phase: .retryDeadlinePassed))
         }
         if let upgrade = exchange.upgrade { return .send(.upgrade(upgrade, perTryTimeout: perTryTimeout)) }
         let policy = exchange.tryPolicy ?? exchange.policy
-        let https = target.scheme == .https
+        let https = request.target.scheme == .https
         let engine = UpstreamEngine.choose(
             https: https, http2: policy.http2,
             forced: policy.upstreamEngine, credentials: request.credentials != nil,
             parentProxy: request.parentProxy != nil, upgrade: false,
             requiresOCSP: https && request.trust.requirements.requireOCSP,
-            originChoseHTTP1: https && policy.http2 != .off && services.originChoseHTTP1(target)
+            originChoseHTTP1: https && policy.http2 != .off && services.originChoseHTTP1(request.target)
         ).engine
         switch engine {
         case .native: return .send(.native(perTryTimeout: perTryTimeout))
