@@ -1,9 +1,9 @@
 /// Byte tests on eight bytes at once ("SIMD within a register"), for the scans that look at
 /// every byte of a request or response: the parsers' line and field scans, the access log's
 /// JSON escaping. A test returns a mask that is non-zero when *some* byte of the word matches
-/// (masks combine with `|`); the callers skip a word whose mask is zero and look at the bytes
-/// of one whose mask is not. Only the first matching byte is marked exactly (`firstMatch`):
-/// a borrow can mark bytes above it that do not match.
+/// (masks combine with `|`); the callers skip a word whose mask is zero, and in one whose mask
+/// is not take the first match from it (`firstMatch`) or look at its bytes. Only the first
+/// matching byte is marked exactly: a borrow can mark bytes above it that do not match.
 ///
 /// Threading: pure functions of their arguments, callable from any thread.
 public enum SWAR {
@@ -82,7 +82,8 @@ public enum SWAR {
         var i = start
         if let base = bytes.baseAddress {
             while i + 8 <= bytes.count {
-                let mask = equal(0x0D, load(base + i)) | equal(0x0A, load(base + i))
+                let word = load(base + i)
+                let mask = equal(0x0D, word) | equal(0x0A, word)
                 if mask != 0 { return i + firstMatch(mask) }
                 i += 8
             }
