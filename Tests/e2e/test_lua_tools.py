@@ -220,28 +220,62 @@ def test_states_stay_one_per_script_per_worker_across_reloads(sluice_factory, re
         assert wait_until(served, 10)
         for _ in range(4):  # both workers run the new content (each request goes to either)
             assert get(proxy, recorder).status_code == 200
-    states = value(scrape(admin), "sluice_lua_states")
+    m = scrape(admin)
+    states, memory = value(m, "sluice_lua_states"), value(m, "sluice_lua_memory_bytes")
     # One state per worker for the content now loaded; without the reload's clean-up, one per
-    # content each worker ever ran (up to 14).
+    # content each worker ever ran (up to 14). The memory of the dropped states left the
+    # gauge with them (a state of this script holds about 44 KiB).
     assert 1 <= states <= 2, states
+    assert 0 < memory < states * 128 * 1024, (memory, states)
 
 
 def test_a_hundred_policies_running_one_script_share_one_state(sluice_factory, recorder, tmp_path):
     """Issue #35 item 8: a state per script content per worker, whatever the number of
     policies that run it. A hundred policies (hosts `p0.localhost` .. `p99.localhost`, which
     the resolver answers with loopback) each run the same file, each with its own `config`;
-    every one of them is exercised, and one worker holds one state."""
-    script = tmp_path / "tag.lua"
-    script.write_text('return { on_request = function(req, ctx) req.headers:set("X-Policy", ctx.config.name) end }')
-    policies = {f"p{i}.localhost": {"adapters": [{"lua": {"file": str(script), "config": {"name": f"p{i}"}}}]}
-                for i in range(100)}
-    proxy, admin = metrics_proxy(sluice_factory, 1, policies=policies)
+    every one of them is exercised, one worker holds one state, and what the states hold
+    (`sluice_lua_memory_bytes`) stays near one policy's: its `config` tables, not a state
+    each. A hundred different scripts (the same text, each with its own comment) take a
+    hundred states and a hundred times the memory."""
+    body = 'return { on_request = function(req, ctx) req.headers:set("X-Policy", ctx.config.name) end }'
+
+    def run(scripts: list[str]) -> tuple[float, float]:
+        paths = []
+        for i, text in enumerate(scripts):
+            path = tmp_path / f"tag{i}.lua"
+            path.write_text(text)
+            paths.append(path)
+        policies = {f"p{i}.localhost": {"adapters": [{"lua": {"file": str(paths[i % len(paths)]),
+                                                             "config": {"name": f"p{i}"}}}]}
+                    for i in range(100)}
+        proxy, admin = metrics_proxy(sluice_factory, 1, policies=policies)
+        with session_via(proxy.url) as s:
+            for i in range(100):
+                r = s.get(f"http://p{i}.localhost:{recorder.port}/", timeout=10)
+                assert r.status_code == 200, (i, r.status_code, r.text)
+                assert arrived(recorder)["headers"].get("x-policy") == f"p{i}"
+        m = scrape(admin)
+        return value(m, "sluice_lua_states"), value(m, "sluice_lua_memory_bytes")
+
+    # One policy running the script: one state, tens of KiB.
+    (tmp_path / "single.lua").write_text(body)
+    proxy, admin = metrics_proxy(sluice_factory, 1, policies={
+        "p0.localhost": {"adapters": [{"lua": {"file": str(tmp_path / "single.lua"), "config": {"name": "p0"}}}]}})
     with session_via(proxy.url) as s:
-        for i in range(100):
-            r = s.get(f"http://p{i}.localhost:{recorder.port}/", timeout=10)
-            assert r.status_code == 200, (i, r.status_code, r.text)
-            assert arrived(recorder)["headers"].get("x-policy") == f"p{i}"
-    assert value(scrape(admin), "sluice_lua_states") == 1
+        assert s.get(f"http://p0.localhost:{recorder.port}/", timeout=10).status_code == 200
+    single = value(scrape(admin), "sluice_lua_memory_bytes")
+    assert 16 * 1024 < single < 256 * 1024, single
+    shared_states, shared = run([body])
+    distinct_states, distinct = run([f"-- script {i}\n{body}" for i in range(100)])
+    print(f"one policy: {single:.0f} bytes; a hundred policies on one script: {shared:.0f}; "
+          f"on a hundred scripts: {distinct:.0f}")
+    assert shared_states == 1 and distinct_states == 100
+    # A hundred scripts: a hundred states. A hundred policies on one script: one state, with
+    # their `config` tables and what the calls left for the collector (the count is the
+    # allocator's, garbage included: Lua's collector lets the heap reach about twice what is
+    # live before it finishes a cycle) -- a fraction of a hundred states.
+    assert distinct > 80 * single, (distinct, single)
+    assert single < shared < 4 * single, (shared, single)
 
 
 # ------------------------------------------------------------------------------------------

@@ -47,6 +47,11 @@ public final class SluiceMetrics: Sendable {
     public static let luaStates = Metric(
         name: "sluice_lua_states", kind: .gauge, labels: [],
         help: "Lua states alive in the process: one per script content per worker that ran it, read when /metrics is scraped")
+    public static let luaMemory = Metric(
+        name: "sluice_lua_memory_bytes", kind: .gauge, labels: [],
+        help:
+            "Bytes the Lua states' allocators hold, every worker's, each state's as of its last call, read when /metrics is scraped"
+    )
     public static let trustFailures = Metric(
         name: "sluice_trust_failures_total", kind: .counter, labels: ["evaluator"],
         help: "Upstream certificates refused by a trust evaluator, by evaluator")
@@ -183,7 +188,7 @@ public final class SluiceMetrics: Sendable {
 
     /// Every metric, in the order `docs/metrics.md` lists them.
     public static let catalog: [Metric] = [
-        requests, retries, retriesStopped, luaCalls, luaCallDuration, luaScriptCounters, luaStates, trustFailures,
+        requests, retries, retriesStopped, luaCalls, luaCallDuration, luaScriptCounters, luaStates, luaMemory, trustFailures,
         credentialRefreshes,
         upstreamConnect, upstreamTLS, upstreamFirstByte, upstreamTotal, upstreamRequests, upstreamTries,
         bytesIn, bytesOut, tunnels, exchangesInFlight, clientConnections, reloads, configGeneration,
@@ -403,9 +408,11 @@ public final class SluiceMetrics: Sendable {
         return allowed ? counter(Self.luaScriptCounters, [("script", script), ("name", name)]) : nil
     }
 
-    /// The Lua states alive (`LuaState.alive`), set just before `/metrics` is emitted.
+    /// The Lua states alive (`LuaState.alive`) and their memory (`LuaState.memory`), set just
+    /// before `/metrics` is emitted.
     public func recordLuaStates() {
         gauge(Self.luaStates).record(LuaState.alive)
+        gauge(Self.luaMemory).record(LuaState.memory)
     }
 
     /// The instances alive at the fleet's last heartbeat, set just before `/metrics` is emitted.

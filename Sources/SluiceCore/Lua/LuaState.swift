@@ -86,6 +86,7 @@ public final class LuaState {
     ) throws(LuaLoadError) -> LuaState {
         let state = LuaState(script: script, limits: limits, clock: clock, log: log)
         try state.prepare(limits: limits)
+        state.reportMemory()
         return state
     }
 
@@ -93,6 +94,21 @@ public final class LuaState {
     /// content per worker once old ones are dropped after a reload (`LuaStateCache.retain`).
     public static var alive: Int { aliveCount.load(ordering: .relaxed) }
     private static let aliveCount = Atomic<Int>(0)
+
+    /// Bytes the states' allocators hold, every worker's, each state's as of its last call
+    /// (`sluice_lua_memory_bytes`): what `limits.memory` caps, summed.
+    public static var memory: Int { memoryCount.load(ordering: .relaxed) }
+    private static let memoryCount = Atomic<Int>(0)
+    /// This state's share of `memoryCount` (its allocator's count when last reported).
+    private var reportedMemory = 0
+
+    /// Brings `memoryCount` up to this state's allocator count: after the load and each call.
+    private func reportMemory() {
+        let used = Int(meter.pointee.used)
+        guard used != reportedMemory else { return }
+        Self.memoryCount.add(used - reportedMemory, ordering: .relaxed)
+        reportedMemory = used
+    }
 
     private init(script: LuaScript, limits: LuaLimits, clock: LuaClock, log: @escaping (LuaLogLine) -> Void) {
         Self.aliveCount.add(1, ordering: .relaxed)
@@ -120,6 +136,7 @@ public final class LuaState {
         lua_close(L)
         meter.deallocate()
         Self.aliveCount.subtract(1, ordering: .relaxed)
+        Self.memoryCount.subtract(reportedMemory, ordering: .relaxed)
     }
 
     /// The state for Swift callbacks: the owner recorded in the meter of `L` (any thread of it).
@@ -333,6 +350,7 @@ public final class LuaState {
         }
         slot.end()
         idle.append(slot)
+        reportMemory()
     }
 
     /// Pushes onto `co` the frozen `ctx.config` table made from `config`, building it on
