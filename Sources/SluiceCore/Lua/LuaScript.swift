@@ -94,9 +94,10 @@ public struct LuaLimits: Sendable, Hashable {
     }
 }
 
-/// Which limit stopped a call.
+/// Which limit stopped a call. (`limits.subrequests` stops nothing: the call past it is a
+/// script error the script may catch, as a refused sub-request is.)
 public enum LuaLimitKind: String, Sendable, Equatable {
-    case instructions, memory, wall, subrequests, body
+    case instructions, memory, wall, body
 }
 
 /// A value crossing between Swift and Lua: the YAML `config` on its way in (`ctx.config`), and
