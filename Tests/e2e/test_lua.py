@@ -137,10 +137,38 @@ def test_a_runaway_script_gets_502_within_a_second_and_the_worker_serves_on(slui
     assert r.status_code == 502, r.text
     assert time.monotonic() - t0 < 1.0
     line = access_log(tmp_path).wait_for(lambda e: e.get("status") == 502)[0]
-    assert line["lua"]["outcome"] == kind, line
+    lua = line["lua"]
+    assert lua["outcome"] == kind, line
+    # What the call took, as docs/scripting.md defines the fields: its wall-clock time, the VM
+    # instructions it ran (the loop: the whole default budget) and the state's peak heap (the
+    # bomb: up to the default cap of 8 MiB).
+    assert 0 < lua["us"] < 1_000_000, lua
+    if "while true" in source:
+        assert lua["instructions"] == 1_000_000 and 0 < lua["memory"] < 1024 * 1024, lua
+    else:
+        assert 0 < lua["instructions"] < 1_000_000 and 4 * 1024 * 1024 < lua["memory"] <= 8 * 1024 * 1024 + 65536, lua
     # The same worker (there is one) serves the next request: a plain one, on another host.
     with session_via(proxy.url) as s:
         assert s.get(f"http://localhost:{recorder.port}/next", timeout=5).status_code == 200
+
+
+def test_a_route_runs_the_script_of_its_upstreams_policy(sluice_factory, recorder, tmp_path):
+    """A gateway route (docs/configuration.md) forwards through the policy of its upstream's
+    host: a `lua` entry there runs for the route's requests as for the forward proxy's, on the
+    path the route made (base path and all), and its refusal is the route's answer."""
+    from test_routes import route_proxy, route_request
+    source = """return { on_request = function(req)
+        if req.path == "/base/deny" then return req:respond(403, {}, "no") end
+        req.headers:set("X-Route-Path", req.path)
+    end }"""
+    _, rport = route_proxy(sluice_factory, f"http://{HOST}:{recorder.port}/base", lua_policy({"source": source}, tmp_path))
+    r = route_request(rport, "GET", "/items?id=7")
+    assert r is not None and r.status == 200, r
+    seen = arrived(recorder)
+    assert seen["target"] == "/base/items?id=7" and seen["headers"]["x-route-path"] == "/base/items", seen
+    r = route_request(rport, "GET", "/deny")
+    assert r is not None and r.status == 403 and r.body == b"no", r
+    assert len(recorder.requests()) == 1
 
 
 def test_header_injection_is_never_sent(sluice_factory, recorder, tmp_path):

@@ -25,10 +25,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "lua"
 
 class AuditServer:
     """Records each request (method, path, headers, body) and answers `status` after `delay`
-    seconds."""
+    seconds; the first requests get `first` (one status each) instead, and a 200 carries
+    `cache_control` when it is set."""
 
-    def __init__(self, status: int = 200, delay: float = 0.0):
-        self.status, self.delay = status, delay
+    def __init__(self, status: int = 200, delay: float = 0.0, first: tuple[int, ...] = (), cache_control: str = ""):
+        self.status, self.delay, self.cache_control = status, delay, cache_control
+        self.first = list(first)
         self.seen: list[dict] = []
         self.lock = threading.Lock()
         outer = self
@@ -43,7 +45,11 @@ class AuditServer:
                 if outer.delay:
                     time.sleep(outer.delay)  # server behaviour: a slow origin the script waits on
                 payload = b'{"ok": true}'
-                self.send_response(outer.status)
+                with outer.lock:
+                    status = outer.first.pop(0) if outer.first else outer.status
+                self.send_response(status)
+                if status == 200 and outer.cache_control:
+                    self.send_header("Cache-Control", outer.cache_control)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -118,6 +124,33 @@ def test_audit_summary_recipe_goes_through_the_audit_hosts_policy(sluice_factory
     assert event["headers"]["sluice-lua-depth"] == "1"
     assert recorder.requests()[-1]["target"].endswith("/orders?id=7")
     assert lua_line(tmp_path, 200)["vars"] == {"audit": 200}
+
+
+def test_a_sub_request_is_retried_and_cached_by_its_hosts_policy(sluice_factory, recorder, audit, tmp_path):
+    """A sub-request goes through the target host's whole pipeline, not only its adapters: that
+    host's `retry` turns a 503 into a second try (the script sees its 200), and the cache
+    answers the next scripts' calls (the origin sees two requests for three calls)."""
+    sink = audit(first=(503,), cache_control="max-age=60")
+    source = f"""return {{ on_request = function(req, ctx)
+        local res = sluice.http{{url = "http://localhost:{sink.port}/token"}}
+        ctx.vars.sub = res.status
+    end }}"""
+    proxy = sluice_factory(config(
+        tmp_path, {"source": source, "allow_hosts": [f"localhost:{sink.port}"]},
+        audit_policy={"retry": {"limit": 1, "backoff": {"scale": "1ms"}}},
+        cache_store={"memory": "16MiB", "max_object_size": "1MiB"}))
+    for i in range(3):
+        assert get(proxy, recorder, f"/t{i}").status_code == 200
+    assert [(r["method"], r["path"]) for r in sink.requests()] == [("GET", "/token")] * 2
+    log = AccessLog(tmp_path / "access.log")
+    assert [line["lua"]["vars"] for line in log.wait_for(lambda e: "lua" in e, n=3)] == [{"sub": 200}] * 3
+    # The sub-requests' own lines (each worker's buffer is written in turn: not in time order).
+    subs = log.wait_for(lambda e: e.get("url", "").endswith("/token"), n=3)
+    (tried,) = [line for line in subs if line["attempts"] > 0]
+    assert tried["attempts"] == 2 and tried["retries"][0]["reason"].startswith("status 503"), tried
+    assert tried["cache"] == "fwd=uri-miss; stored", tried
+    hits = [line for line in subs if line["cache"].startswith("hit") and line["attempts"] == 0]
+    assert len(hits) == 2, subs
 
 
 def test_an_unlisted_host_is_refused(sluice_factory, recorder, audit, tmp_path):
