@@ -1,6 +1,7 @@
 import SluiceCore
 
-/// `lua` (docs/scripting.md): a Lua script's `on_request` hook adapts the request
+/// `lua` (docs/scripting.md): a Lua script's hooks — `on_request` adapts or answers the
+/// request, `on_response` the response's head (or body), `on_log` sees the ended exchange
 /// (`LuaAdapter`). The script is compiled and its top level run here, once, so a syntax
 /// error, a top-level error or an unknown hook is a configuration error at the entry, with the
 /// script's own `name.lua:LINE: message`; `sluice check` and a reload (SIGHUP, which re-reads
