@@ -141,6 +141,21 @@ import Testing
         #expect(streaming.responseBodyLimit == nil && streaming.cache == .cache)
     }
 
+    @Test func theScriptCanAskToRunOnEveryTry() throws {
+        // `every_try = true` in the hooks table: the same as the YAML key.
+        let declared = try Self.policy(#"{ source: "return { every_try = true, on_request = function(req) end }" }"#)
+        #expect(declared.tryAdapters.map(\.name) == ["lua"])
+        let once = try Self.policy(#"{ source: "return { every_try = false, on_request = function(req) end }" }"#)
+        #expect(once.tryAdapters.isEmpty && once.adapterNames == ["lua"])
+        #expect(
+            Self.issue(#"{ source: "return { every_try = 1, on_request = function(req) end }" }"#)?.message
+                .contains("every_try is a number, not a boolean") == true)
+        // A hook that runs inside a try cannot wait for a sub-request, whoever asked for it.
+        #expect(
+            Self.issue(#"{ source: "return { every_try = true, on_request = function(req) end }", allow_hosts: [a.test] }"#)?
+                .message.contains("allow_hosts (sluice.http) is for a hook that runs once per exchange") == true)
+    }
+
     @Test func everyTryAndReadBodyChooseTheTiming() throws {
         let policy = try Self.policy(#"{ source: "return { on_request = function(req) end }", read_body: true }"#)
         #expect(policy.tryAdapters.map(\.name) == ["lua"])

@@ -96,7 +96,10 @@ import Testing
         }
         #expect(
             throws: LuaLoadError(
-                script: "test.lua", message: "test.lua: unknown hook 'on_reqest' (the hooks are on_request, on_response, on_log)")
+                script: "test.lua",
+                message:
+                    "test.lua: unknown hook 'on_reqest' (the hooks are on_request, on_response, on_log; and every_try = true)"
+            )
         ) {
             try LuaTest.load("return { on_reqest = function() end }")
         }

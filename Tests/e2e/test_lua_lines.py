@@ -7,6 +7,8 @@ failed call's edits dropped with `fail_open`."""
 
 from pathlib import Path
 
+import pytest
+
 from faultservers import simple_response
 from test_lua import access_log, arrived, get, lua_policy
 from test_lua_header_plan import values_named
@@ -89,6 +91,25 @@ def test_a_bad_path_with_fail_open_drops_every_edit(sluice_factory, recorder, tm
     closed = sluice_factory(lua_policy({"source": script}, tmp_path))
     assert get(closed, recorder, "/refused").status_code == 502
     assert arrived(recorder)["target"] == "/keep"
+
+
+@pytest.mark.parametrize("declared,key,expected", [
+    ("", False, "none"),  # once per exchange, in the list's order: before the `headers` entry
+    ("every_try = true, ", False, "1"),  # the script asks to run on every try: after it
+    ("", True, "1"),  # the YAML key alike
+])
+def test_every_try_runs_after_the_once_per_exchange_adapters(sluice_factory, recorder, tmp_path: Path,
+                                                             declared, key, expected):
+    """docs/scripting.md, `every_try`: a hook on every try runs after the adapters that run once
+    per exchange, whatever the list's order, like the signers; a script may ask for it in its
+    hooks table (`every_try = true`) as the YAML key does."""
+    source = (f'return {{ {declared}on_request = function(req) '
+              'req.headers:set("X-Saw", req.headers:get("X-Later") or "none") end }')
+    entry = {"source": source, **({"every_try": True} if key else {})}
+    proxy = sluice_factory({"policies": {HOST: {"adapters": [{"lua": entry}, {"headers": {"set": {"X-Later": "1"}}}]}}})
+    assert get(proxy, recorder, "/order").status_code == 200
+    seen = arrived(recorder)["headers"]
+    assert seen["x-later"] == "1" and seen["x-saw"] == expected, seen
 
 
 def test_a_policy_that_retries_runs_the_script_before_every_try(sluice_factory, recorder, tmp_path: Path):

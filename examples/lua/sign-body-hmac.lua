@@ -7,6 +7,8 @@
 --       read_body: true
 --       config: { key: ${SIGNING_KEY} }
 return {
+  -- A signer signs each try (read_body implies it; the script says so for readers too).
+  every_try = true,
   on_request = function(req, ctx)
     local at = tostring(math.floor(sluice.now()))
     local body = req:body() or ""

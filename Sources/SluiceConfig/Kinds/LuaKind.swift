@@ -87,17 +87,12 @@ enum LuaKind: InterceptorKind {
             reader.fail(settings, "lua needs file or source")
             return nil
         }
-        if let allowNode, everyTry || readBody {
-            // Those hooks run inside a try, which cannot wait for a sub-request.
-            reader.fail(
-                allowNode, "allow_hosts (sluice.http) is for a hook that runs once per exchange, not every_try or read_body")
-            return nil
-        }
         let hooks: LuaHooks
         do throws(LuaLoadError) {
             // Compiled and run once on a throwaway state: the workers build their own.
             let state = try LuaState.load(script, limits: limits)
             hooks = state.hooks
+            everyTry = everyTry || state.declaresEveryTry
             if readBody && !state.hasOnRequest {
                 reader.fail(scriptNode, "read_body is for on_request, which \(script.name) does not define")
                 return nil
@@ -108,6 +103,12 @@ enum LuaKind: InterceptorKind {
             }
         } catch {
             reader.fail(scriptNode, "lua script does not load: \(error.message)")
+            return nil
+        }
+        if let allowNode, everyTry || readBody {
+            // Those hooks run inside a try, which cannot wait for a sub-request.
+            reader.fail(
+                allowNode, "allow_hosts (sluice.http) is for a hook that runs once per exchange, not every_try or read_body")
             return nil
         }
         return LuaAdapter(

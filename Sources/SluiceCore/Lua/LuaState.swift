@@ -40,6 +40,9 @@ public final class LuaState {
     public var hasOnRequest: Bool { onRequestHook != nil }
     public var hasOnResponse: Bool { onResponseHook != nil }
     public var hasOnLog: Bool { onLogHook != nil }
+    /// The table's `every_try = true`: the script asks to run before every try, as the YAML
+    /// key `every_try` does (a signer says so itself).
+    public private(set) var declaresEveryTry = false
     /// The hooks the script's table defines.
     public var hooks: LuaHooks {
         var hooks: LuaHooks = []
@@ -216,11 +219,22 @@ public final class LuaState {
         return source.withUTF8 { text in sluice_lua_load(L, text.baseAddress, text.count, name) }
     }
 
-    /// Reads the hooks table at index 1 of `co`: each key a known hook name, each value a function.
+    /// Reads the hooks table at index 1 of `co`: each key a known hook name, each value a
+    /// function; or `every_try`, a boolean.
     private func readHooks(_ co: OpaquePointer) throws(LuaLoadError) {
         lua_pushnil(co)
         while lua_next(co, 1) != 0 {
             let name = lua_type(co, -2) == LUA_TSTRING ? Lua.string(co, -2) ?? "" : "(\(Lua.typeName(co, -2)))"
+            if name == "every_try" {
+                guard lua_type(co, -1) == LUA_TBOOLEAN else {
+                    throw LuaLoadError(
+                        script: script.name,
+                        message: "\(script.name): every_try is a \(Lua.typeName(co, -1)), not a boolean")
+                }
+                declaresEveryTry = lua_toboolean(co, -1) != 0
+                sluice_lua_pop(co, 1)
+                continue
+            }
             guard lua_type(co, -1) == LUA_TFUNCTION else {
                 throw LuaLoadError(
                     script: script.name, message: "\(script.name): hook '\(name)' is a \(Lua.typeName(co, -1)), not a function")
@@ -244,7 +258,9 @@ public final class LuaState {
             default:
                 throw LuaLoadError(
                     script: script.name,
-                    message: "\(script.name): unknown hook '\(name)' (the hooks are on_request, on_response, on_log)")
+                    message:
+                        "\(script.name): unknown hook '\(name)' (the hooks are on_request, on_response, on_log; and every_try = true)"
+                )
             }
             sluice_lua_pop(co, 1)
         }
