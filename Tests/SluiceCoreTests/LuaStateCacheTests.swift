@@ -6,6 +6,27 @@ import Testing
 /// scripts the new configuration runs (`retain(only:)`, called by each worker as the new
 /// configuration takes effect).
 @Suite struct LuaStateCacheTests {
+    /// `sluice_lua_memory_bytes` sums each state's report: its allocator's count after the load,
+    /// and after each call that moved it by `memoryReportStep` or more (a call that allocates a
+    /// little does not touch the shared counter). The sum itself is process-wide, shared with
+    /// the suites running beside this one, so each state's share is what is checked here.
+    @Test func aStateReportsItsMemoryAfterItsLoadAndAfterCallsThatMoveItFar() throws {
+        let growing = try LuaTest.load(
+            "local kept = {} return { on_log = function() kept[#kept + 1] = string.rep('x', 32768) .. #kept end }")
+        #expect(growing.reportedMemory == Int(growing.meter.pointee.used))
+        let loaded = growing.reportedMemory
+        #expect(growing.makeExchange().onLog().outcome == .ok)
+        #expect(growing.reportedMemory == Int(growing.meter.pointee.used))
+        #expect(growing.reportedMemory >= loaded + 32768)
+
+        let quiet = try LuaTest.load("local n = 0 return { on_log = function() n = n + 1 end }")
+        let before = quiet.reportedMemory
+        #expect(before > 0 && before == Int(quiet.meter.pointee.used))
+        for _ in 0..<3 { #expect(quiet.makeExchange().onLog().outcome == .ok) }
+        #expect(quiet.reportedMemory == before)
+        #expect(abs(Int(quiet.meter.pointee.used) - before) < LuaState.memoryReportStep)
+    }
+
     @Test func retainDropsTheStatesOfScriptsNoLongerRun() throws {
         let cache = LuaStateCache()
         let old = LuaTest.script("return { on_log = function() end } -- v1")

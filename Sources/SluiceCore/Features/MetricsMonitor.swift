@@ -50,7 +50,7 @@ public final class SluiceMetrics: Sendable {
     public static let luaMemory = Metric(
         name: "sluice_lua_memory_bytes", kind: .gauge, labels: [],
         help:
-            "Bytes the Lua states' allocators hold, every worker's, each state's as of its last call, read when /metrics is scraped"
+            "Bytes the Lua states' allocators hold, every worker's, each state's as of its load or its last call that moved it by 16 KiB, read when /metrics is scraped"
     )
     public static let trustFailures = Metric(
         name: "sluice_trust_failures_total", kind: .counter, labels: ["evaluator"],

@@ -89,7 +89,7 @@ public final class LuaState {
     ) throws(LuaLoadError) -> LuaState {
         let state = LuaState(script: script, limits: limits, clock: clock, log: log)
         try state.prepare(limits: limits)
-        state.reportMemory()
+        state.reportMemory(force: true)
         return state
     }
 
@@ -98,19 +98,25 @@ public final class LuaState {
     public static var alive: Int { aliveCount.load(ordering: .relaxed) }
     private static let aliveCount = Atomic<Int>(0)
 
-    /// Bytes the states' allocators hold, every worker's, each state's as of its last call
-    /// (`sluice_lua_memory_bytes`): what `limits.memory` caps, summed.
+    /// Bytes the states' allocators hold, every worker's (`sluice_lua_memory_bytes`): what
+    /// `limits.memory` caps, summed, each state's as reported after its load and after the
+    /// last call that moved it by `memoryReportStep` or more. Read by any thread (the admin's).
     public static var memory: Int { memoryCount.load(ordering: .relaxed) }
     private static let memoryCount = Atomic<Int>(0)
-    /// This state's share of `memoryCount` (its allocator's count when last reported).
-    private var reportedMemory = 0
+    /// How far a state's count moves before a call reports it: a script that allocates on every
+    /// call would otherwise add to the one shared counter on every call of every worker.
+    static let memoryReportStep = 16 * 1024
+    /// This state's share of `memoryCount` (its allocator's count when last reported). Owned by
+    /// the state's thread; `deinit` takes it back.
+    @exclusivity(unchecked) private(set) var reportedMemory = 0
 
-    /// Brings `memoryCount` up to this state's allocator count: after the load and each call.
-    private func reportMemory() {
-        let used = Int(meter.pointee.used)
-        guard used != reportedMemory else { return }
-        Self.memoryCount.add(used - reportedMemory, ordering: .relaxed)
-        reportedMemory = used
+    /// Brings `memoryCount` up to this state's allocator count: after the load (`force`) and
+    /// after a call that moved it by `memoryReportStep` or more.
+    private func reportMemory(force: Bool = false) {
+        let change = Int(meter.pointee.used) - reportedMemory
+        guard force ? change != 0 : abs(change) >= Self.memoryReportStep else { return }
+        Self.memoryCount.add(change, ordering: .relaxed)
+        reportedMemory += change
     }
 
     private init(script: LuaScript, limits: LuaLimits, clock: LuaClock, log: @escaping (LuaLogLine) -> Void) {
