@@ -61,6 +61,13 @@ public enum LuaScriptTest {
         } catch {
             throw Failure(description: "sluice: \(error.message)")
         }
+        if state.declaresEveryTry && !allowHosts.isEmpty {
+            // As the configuration refuses it: a hook run inside a try cannot wait.
+            throw Failure(
+                description:
+                    "sluice: \(script.name) returns every_try = true: sluice.http (--allow-host) is for a hook that runs once per exchange"
+            )
+        }
         let exchange = state.makeExchange(config: config, limits: .default, requestID: 1)
         var records: [LuaCallRecord] = []
         var failed = false

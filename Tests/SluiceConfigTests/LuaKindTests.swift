@@ -150,10 +150,22 @@ import Testing
         #expect(
             Self.issue(#"{ source: "return { every_try = 1, on_request = function(req) end }" }"#)?.message
                 .contains("every_try is a number, not a boolean") == true)
-        // A hook that runs inside a try cannot wait for a sub-request, whoever asked for it.
+        // A hook that runs inside a try cannot wait for a sub-request, whoever asked for it: the
+        // refusal is at `allow_hosts` and says that the script asked.
+        let entry = #"{ source: "return { every_try = true, on_request = function(req) end }", allow_hosts: [a.test] }"#
+        let refused = try #require(Self.issue(entry))
+        #expect(refused.message.contains("allow_hosts (sluice.http) is for a hook that runs once per exchange"))
+        #expect(refused.message.hasSuffix("(source.lua returns every_try = true)"))
+        let line = "      - lua: " + entry
+        #expect(refused.line == 4)
+        #expect(refused.column == line.distance(from: line.startIndex, to: line.range(of: "[a.test]")!.lowerBound) + 1)
+        // Either way of asking needs on_request.
         #expect(
-            Self.issue(#"{ source: "return { every_try = true, on_request = function(req) end }", allow_hosts: [a.test] }"#)?
-                .message.contains("allow_hosts (sluice.http) is for a hook that runs once per exchange") == true)
+            Self.issue(#"{ source: "return { every_try = true, on_response = function(res) end }" }"#)?.message
+                .contains("every_try is for on_request, which source.lua does not define") == true)
+        #expect(
+            Self.issue(#"{ source: "return { on_response = function(res) end }", every_try: true }"#)?.message
+                .contains("every_try is for on_request, which source.lua does not define") == true)
     }
 
     @Test func everyTryAndReadBodyChooseTheTiming() throws {

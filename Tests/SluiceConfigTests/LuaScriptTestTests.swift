@@ -52,6 +52,13 @@ import Testing
             report.text.contains(#""hook":"on_log","outcome":"ok""#)
                 && report.text.contains(#""vars":{"logged":true,"seen":"/p"}"#))
 
+        // A script that asks for every try cannot wait, here as in the configuration.
+        let signer = try write("s.lua", "return { every_try = true, on_request = function(req) end }")
+        #expect(throws: LuaScriptTest.Failure.self) {
+            try LuaScriptTest.run(script: signer, request: request, response: nil, config: nil, allowHosts: ["a.test"])
+        }
+        #expect(try !LuaScriptTest.run(script: signer, request: request, response: nil, config: nil).failed)
+
         let failing = try write("f.lua", "return { on_request = function(req) error('nope') end }")
         let failed = try LuaScriptTest.run(script: failing, request: request, response: nil, config: nil)
         #expect(failed.failed && failed.text.contains("on_request: error: f.lua:1: nope"), "\(failed.text)")

@@ -88,11 +88,17 @@ enum LuaKind: InterceptorKind {
             return nil
         }
         let hooks: LuaHooks
+        // The script's own `every_try = true` (beside its hooks) adds to the key: either asks.
+        var declared = false
         do throws(LuaLoadError) {
             // Compiled and run once on a throwaway state: the workers build their own.
             let state = try LuaState.load(script, limits: limits)
             hooks = state.hooks
-            everyTry = everyTry || state.declaresEveryTry
+            declared = state.declaresEveryTry
+            if (everyTry || declared) && !state.hasOnRequest {
+                reader.fail(scriptNode, "every_try is for on_request, which \(script.name) does not define")
+                return nil
+            }
             if readBody && !state.hasOnRequest {
                 reader.fail(scriptNode, "read_body is for on_request, which \(script.name) does not define")
                 return nil
@@ -105,12 +111,15 @@ enum LuaKind: InterceptorKind {
             reader.fail(scriptNode, "lua script does not load: \(error.message)")
             return nil
         }
-        if let allowNode, everyTry || readBody {
+        if let allowNode, everyTry || declared || readBody {
             // Those hooks run inside a try, which cannot wait for a sub-request.
+            let asked = everyTry || readBody ? "" : " (\(script.name) returns every_try = true)"
             reader.fail(
-                allowNode, "allow_hosts (sluice.http) is for a hook that runs once per exchange, not every_try or read_body")
+                allowNode,
+                "allow_hosts (sluice.http) is for a hook that runs once per exchange, not every_try or read_body\(asked)")
             return nil
         }
+        everyTry = everyTry || declared
         return LuaAdapter(
             script: script, origin: origin, config: LuaConfig(config), limits: limits, onError: onError,
             everyTry: everyTry, readBody: readBody, readResponseBody: readResponseBody, allowHosts: allowHosts,

@@ -36,6 +36,8 @@ public final class LuaAdapter: RequestAdapter {
     public let limits: LuaLimits
     public let onError: OnError
     /// `every_try: true`: the hook runs before each try, after the once-per-exchange adapters.
+    /// The configuration sets it for the key or for a script whose table has `every_try = true`
+    /// (`LuaState.declaresEveryTry`); a library caller passes what it wants.
     public let everyTry: Bool
     /// `read_body: true`: the body is read whole (up to `max_body`) and `req:body()` returns
     /// it; the hook then runs on every try, as only those adapters are given the body.
