@@ -95,7 +95,7 @@ public struct LuaLimits: Sendable, Hashable {
 }
 
 /// Which limit stopped a call. (`limits.subrequests` stops nothing: the call past it is a
-/// script error the script may catch, as a refused sub-request is.)
+/// script error the script may catch, as a call to a host not in `allow_hosts` is.)
 public enum LuaLimitKind: String, Sendable, Equatable {
     case instructions, memory, wall, body
 }
