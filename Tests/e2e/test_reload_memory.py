@@ -1,9 +1,9 @@
 """Reloads under load leave nothing behind (issue 36): 50 SIGHUPs, each changing one header
 value, while keep-alive clients send GETs through Sluice with the access log on. No request
-fails; once the load has stopped, the second 25 reloads have added at most 4 MiB to Sluice's
-RSS and the whole is within 16 MiB of what it was before. Each retired configuration's
-per-worker access-log buffer held the capacity its last busy period gave it, for the life of
-the process: some 3 MiB per reload at 40k req/s."""
+fails, and once the load has stopped Sluice's RSS is within 16 MiB of what it was before the
+reloads. Each retired configuration's per-worker access-log buffer held the capacity its last
+busy period gave it, for the life of the process: some 3 MiB per reload at 40k req/s, 60+ MiB
+over this test's 50."""
 
 from __future__ import annotations
 
@@ -97,41 +97,27 @@ def test_reloads_under_load_return_their_memory(sluice_factory, nginx, tmp_path)
     time.sleep(1.5)  # time passing: the workers go quiet and trim their heaps
     before = rss_kib(proxy)
 
-    # The reloads in two halves, each under its own load, with a rest after each: a leak grows
-    # with every reload, the allocator's keep does not. Measured (2026-11-29, 50 reloads, one to
-    # six test workers beside this test): RSS 6 to 9 MiB above the baseline at the end, the same
-    # after 150 reloads as after 50 and 10, and reached within the first ten.
     off = stderr_len(proxy)
-    served = 0
+    with Load(proxy.port, url) as load:
+        for k in range(1, RELOADS + 1):
+            write_config_text(proxy, gen_config(proxy, k))
+            sighup(proxy)
+            until(lambda: stderr_since(proxy, off).count("reload: applied") >= k, 10, 0.02, f"reload {k} applied")
+            time.sleep(0.2)  # time passing: each configuration serves load for two log-writer periods
+    during = rss_kib(proxy)
+    assert proxy.alive(), "sluice died during the reloads"
+    assert not load.failures, f"{len(load.failures)} of {load.ok + len(load.failures)} requests failed: " \
+                              f"{load.failures[:5]}\nstderr:\n{proxy.stderr()[-3000:]}"
+    assert load.ok > 500, f"only {load.ok} requests during {RELOADS} reloads"
 
-    def reload_under_load(first: int, last: int) -> int:
-        nonlocal served
-        with Load(proxy.port, url) as load:
-            for k in range(first, last + 1):
-                write_config_text(proxy, gen_config(proxy, k))
-                sighup(proxy)
-                until(lambda: stderr_since(proxy, off).count("reload: applied") >= k, 10, 0.02, f"reload {k} applied")
-                time.sleep(0.2)  # time passing: each configuration serves load for two log-writer periods
-        assert proxy.alive(), "sluice died during the reloads"
-        assert not load.failures, f"{len(load.failures)} of {load.ok + len(load.failures)} requests failed: " \
-                                  f"{load.failures[:5]}\nstderr:\n{proxy.stderr()[-3000:]}"
-        assert load.ok > 250, f"only {load.ok} requests during reloads {first} to {last}"
-        served += load.ok
-        time.sleep(1.5)  # time passing: the workers go quiet and trim their heaps
-        return rss_kib(proxy)
-
-    half = RELOADS // 2
-    middle = reload_under_load(1, half)
-    end = reload_under_load(half + 1, RELOADS)
-
-    # The second half of the reloads adds at most 4 MiB: the leak this guards against (each
-    # retired configuration's log buffer kept, some 3 MiB per reload at 40k req/s) grew by 60+
-    # MiB per 50 reloads. And the whole stays within 16 MiB of the baseline: glibc keeps memory
-    # in the worker arenas' top chunks after bursts on a loaded machine (3.5 MiB measured for
-    # issue #36, 5.4 to 5.7 MiB on 2026-11-28, up to 9 MiB in CI on 2026-11-29).
-    assert end - middle <= 4096 * RSS_SCALE, (
-        f"VmRSS {before} KiB before the reloads, {middle} KiB after {half}, {end} KiB after {RELOADS} "
-        f"({served} requests): the second half added {end - middle} KiB")
+    # Within 16 MiB: glibc keeps memory in the arenas after bursts on a loaded machine, which
+    # the workers' trim does not always return — up to ~3.5 MiB measured for issue #36, 5.4 to
+    # 5.7 MiB on 2026-11-28, and on 2026-11-29 6 to 7.5 MiB alone and 9.0 MiB in CI (six test
+    # workers), the same after 150 reloads as after 50 and 10 and at d116238 as at its
+    # successors: a plateau, not a growth per reload — while the leak this guards against grew
+    # by 60+ MiB per 50 reloads.
     bound = (before + 16384) * RSS_SCALE
-    assert end <= bound, (f"VmRSS {before} KiB before {RELOADS} reloads under load ({served} requests), "
-                          f"{end} KiB at their end (bound {bound:.0f} KiB)")
+    settled = wait_until(lambda: rss_kib(proxy) <= bound, 10, 0.25)
+    after = rss_kib(proxy)
+    assert settled, (f"VmRSS {before} KiB before {RELOADS} reloads under load ({load.ok} requests), "
+                     f"{during} KiB at their end, still {after} KiB 10 s later (bound {bound:.0f} KiB)")
