@@ -225,7 +225,10 @@ def test_a_resume_takes_its_rate_limit_turn_and_is_counted_as_a_try(sluice_facto
         rc, status, total, digest, _, _ = download(proxy, origin.url + "/turn")
         assert (rc, status, total, digest) == (0, 200, size, origin.sha256()), (rc, status, total)
         assert len(origin.log) == 2 and origin.log[1]["range"] is not None, origin.log
-        assert origin.log[1]["at"] - origin.log[0]["at"] >= 0.9, origin.log  # its turn, not the backoff
+        # Its turn (a second after the first request's), not the 50 ms backoff. Measured at the
+        # origin, where the first request arrives after its turn by its connection's set-up: on
+        # a loaded machine the gap was 0.87 s (CI, 2026-11-29), so the bound sits between the two.
+        assert origin.log[1]["at"] - origin.log[0]["at"] >= 0.5, origin.log
         line = access.wait_for(lambda e: e.get("url", "").endswith("/turn"))[0]
         assert line["resumed"] == 1 and line["rate_limit"]["decision"] == "waited", line
         samples = scrape(admin)
