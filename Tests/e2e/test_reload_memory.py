@@ -116,7 +116,7 @@ def test_reloads_under_load_return_their_memory(sluice_factory, nginx, tmp_path)
     # workers), the same after 150 reloads as after 50 and 10 and at d116238 as at its
     # successors: a plateau, not a growth per reload — while the leak this guards against grew
     # by 60+ MiB per 50 reloads.
-    bound = (before + 16384) * RSS_SCALE
+    bound = before + 16384 * RSS_SCALE
     settled = wait_until(lambda: rss_kib(proxy) <= bound, 10, 0.25)
     after = rss_kib(proxy)
     assert settled, (f"VmRSS {before} KiB before {RELOADS} reloads under load ({load.ok} requests), "
