@@ -239,7 +239,7 @@ def test_a_hundred_policies_running_one_script_share_one_state(sluice_factory, r
     hundred states and a hundred times the memory."""
     body = 'return { on_request = function(req, ctx) req.headers:set("X-Policy", ctx.config.name) end }'
 
-    def run(scripts: list[str]) -> tuple[float, float]:
+    def run(scripts: list[str], count: int = 100) -> tuple[float, float]:
         paths = []
         for i, text in enumerate(scripts):
             path = tmp_path / f"tag{i}.lua"
@@ -247,10 +247,10 @@ def test_a_hundred_policies_running_one_script_share_one_state(sluice_factory, r
             paths.append(path)
         policies = {f"p{i}.localhost": {"adapters": [{"lua": {"file": str(paths[i % len(paths)]),
                                                              "config": {"name": f"p{i}"}}}]}
-                    for i in range(100)}
+                    for i in range(count)}
         proxy, admin = metrics_proxy(sluice_factory, 1, policies=policies)
         with session_via(proxy.url) as s:
-            for i in range(100):
+            for i in range(count):
                 r = s.get(f"http://p{i}.localhost:{recorder.port}/", timeout=10)
                 assert r.status_code == 200, (i, r.status_code, r.text)
                 assert arrived(recorder)["headers"].get("x-policy") == f"p{i}"
@@ -258,13 +258,8 @@ def test_a_hundred_policies_running_one_script_share_one_state(sluice_factory, r
         return value(m, "sluice_lua_states"), value(m, "sluice_lua_memory_bytes")
 
     # One policy running the script: one state, tens of KiB.
-    (tmp_path / "single.lua").write_text(body)
-    proxy, admin = metrics_proxy(sluice_factory, 1, policies={
-        "p0.localhost": {"adapters": [{"lua": {"file": str(tmp_path / "single.lua"), "config": {"name": "p0"}}}]}})
-    with session_via(proxy.url) as s:
-        assert s.get(f"http://p0.localhost:{recorder.port}/", timeout=10).status_code == 200
-    single = value(scrape(admin), "sluice_lua_memory_bytes")
-    assert 16 * 1024 < single < 256 * 1024, single
+    single_states, single = run([body], count=1)
+    assert single_states == 1 and 16 * 1024 < single < 256 * 1024, single
     shared_states, shared = run([body])
     distinct_states, distinct = run([f"-- script {i}\n{body}" for i in range(100)])
     print(f"one policy: {single:.0f} bytes; a hundred policies on one script: {shared:.0f}; "
