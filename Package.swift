@@ -44,10 +44,12 @@ let package = Package(
         .systemLibrary(name: "CLua", pkgConfig: "lua5.4", providers: [.apt(["liblua5.4-dev"])]),
         // Typed wrappers for the variadic C calls and macros Swift cannot import.
         .target(name: "CShims", dependencies: ["CCurl", "CLibEvent", "COpenSSL"]),
+        // The thread-local reading behind SluiceCore's `LoopClock`.
+        .target(name: "CLoopClock"),
         .target(
             name: "SluiceCore",
             dependencies: [
-                "CZlib", "COpenSSL", "CCrypt", "CLua", .product(name: "HTTPTypes", package: "swift-http-types"),
+                "CZlib", "COpenSSL", "CCrypt", "CLua", "CLoopClock", .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

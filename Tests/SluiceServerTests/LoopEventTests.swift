@@ -37,6 +37,17 @@ import Testing
             if dropsOnFire { wake = nil }
         }
 
+        /// `LoopClock` read twice in one callback, a millisecond of work apart, and what the
+        /// clock itself says after that work.
+        var clockReadings: [(first: Int64, second: Int64, fresh: Int64)] = []
+
+        func readLoopClock() {
+            fired += 1
+            let first = LoopClock.microseconds()
+            let fresh = LoopEventTests.work(microseconds: 1000)
+            clockReadings.append((first, LoopClock.microseconds(), fresh))
+        }
+
         /// A descriptor `ready` reads a byte from (-1: none).
         var drains: Int32 = -1
 
@@ -239,6 +250,40 @@ import Testing
         f.spin(milliseconds: 40)
         #expect(f.owner.fired == 3)
         #expect(f.owner.socket == nil)
+    }
+
+    /// Busy for `microseconds` on the monotonic clock; returns its reading at the end.
+    static func work(microseconds: Int64) -> Int64 {
+        let start = MonotonicClock.microseconds()
+        var now = start
+        while now - start < microseconds { now = MonotonicClock.microseconds() }
+        return now
+    }
+
+    /// A callback's reads of `LoopClock` are its first (the timers a request arms share one
+    /// `clock_gettime`); the next callback reads again, and so does code outside callbacks.
+    /// Without `open`/`close` around the callback, the second reading would be the later one.
+    @Test func theLoopClockIsReadOncePerCallback() {
+        let f = Fixture()
+        defer { f.close() }
+        f.owner.wake = LoopWake(on: f.base, owner: f.owner) { $0.readLoopClock() }
+        for _ in 0..<2 {
+            f.owner.wake?.activate()
+            _ = event_base_loop(f.base, EVLOOP_NONBLOCK)
+        }
+        #expect(f.owner.fired == 2)
+        let readings = f.owner.clockReadings
+        #expect(readings.count == 2)
+        for r in readings {
+            #expect(r.second == r.first)
+            #expect(r.fresh - r.first >= 1000)
+        }
+        if readings.count == 2 { #expect(readings[1].first >= readings[0].fresh) }
+        // Outside a callback, every call reads the clock.
+        let outside = LoopClock.microseconds()
+        let later = Self.work(microseconds: 500)
+        #expect(LoopClock.microseconds() >= later)
+        #expect(outside >= (readings.last?.fresh ?? 0))
     }
 
     @Test func activateRunsInThisPass() {

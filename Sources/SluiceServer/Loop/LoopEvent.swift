@@ -40,9 +40,11 @@ class LoopEvent {
             { _, what, arg in
                 // Not retained: `fire` uses nothing of the event after the owner's closure
                 // starts, which may drop it.
+                LoopClock.open()
                 Unmanaged<LoopEvent>.fromOpaque(arg!)._withUnsafeGuaranteedRef {
                     $0.fire(timedOut: what & Int16(EV_TIMEOUT) != 0)
                 }
+                LoopClock.close()
             }, Unmanaged.passUnretained(self).toOpaque())
     }
 
@@ -88,9 +90,12 @@ class LoopEvent {
 /// again for what is left, or does nothing. A request costs a clock read instead of an
 /// `event_add` and an `event_del` (each ~250 instructions with the base's lock), and the
 /// deadline still holds to the microsecond: `fired` never runs before it, and not after
-/// libevent would have run it. What it costs: a stopped timer still wakes the loop once, at
-/// the deadline it was last added for, and keeps an `event_base_dispatch` without an
-/// explicit exit from returning until then — no lazy timer lives where that matters.
+/// libevent would have run it. The delay counts from the callback's `LoopClock` reading
+/// (its first read of the clock, or a script's end), not from a read of its own: the four
+/// timers a request arms share one `clock_gettime`. What it costs: a stopped timer still
+/// wakes the loop once, at the deadline it was last added for, and keeps an
+/// `event_base_dispatch` without an explicit exit from returning until then — no lazy
+/// timer lives where that matters.
 /// Its `activate()` does not bring the deadline forward.
 ///
 /// Threading and ownership: `LoopEvent`'s.
@@ -120,7 +125,7 @@ final class LoopTimer<Owner: AnyObject>: LoopEvent {
         guard lazy else { return fired(owner) }
         pendingUntil = .max
         guard deadline != .max else { return }  // stopped since it was added
-        let now = MonotonicClock.microseconds()
+        let now = LoopClock.microseconds()
         if now < deadline {
             // Moved later since it was added: wait for the rest.
             add(microseconds: Int(deadline - now))
@@ -136,7 +141,7 @@ final class LoopTimer<Owner: AnyObject>: LoopEvent {
 
     func arm(microseconds: Int) {
         guard lazy else { return add(microseconds: microseconds) }
-        let due = MonotonicClock.microseconds() + Int64(microseconds)
+        let due = LoopClock.microseconds() + Int64(microseconds)
         deadline = due
         // The event fires no later than `pendingUntil`, and `fire` waits for the rest.
         if pendingUntil <= due { return }

@@ -1,0 +1,3 @@
+#include "CLoopClock.h"
+
+__thread long long sluice_loop_clock = -1;
