@@ -165,6 +165,22 @@ import Testing
         #expect(try #require(deep()).1.outcome.message.contains("sub-request 2 deep"))
     }
 
+    /// The depth header is read from this process's own sub-requests only: a client's value,
+    /// with no token or a guessed one, is depth 0, so it cannot stop a script's `sluice.http`.
+    @Test func aDepthIsReadOnlyWithThisProcesssToken() {
+        let token = LuaSubrequest.depthToken
+        #expect(token.count == 32 && token.allSatisfy(\.isHexDigit))
+        #expect(LuaSubrequest.headerValue(depth: 1) == "1 \(token)")
+        #expect(LuaSubrequest.depth(fromHeader: Substring(LuaSubrequest.headerValue(depth: 1))) == 1)
+        #expect(LuaSubrequest.depth(fromHeader: Substring(LuaSubrequest.headerValue(depth: 9))) == LuaSubrequest.maxDepth)
+        for forged in ["2", "2 ", "2 0123456789abcdef0123456789abcdef", "2 \(token)x", "x \(token)", "-1 \(token)", ""] {
+            #expect(LuaSubrequest.depth(fromHeader: Substring(forged)) == 0, "\(forged)")
+        }
+        // A fleet peer's signed request carries the depth alone.
+        #expect(LuaSubrequest.depth(fromHeader: "2", anyToken: true) == 2)
+        #expect(LuaSubrequest.depth(fromHeader: "-3", anyToken: true) == 0)
+    }
+
     @Test func theWallClockCoversTheWaitAndALateAnswerIsIgnored() throws {
         let host = FakeHost()
         let (state, outcome) = try start(

@@ -372,3 +372,39 @@ def test_a_dead_peer_is_skipped_and_counted(sluice_factory, tmp_path, origin):
     fleet = requests.get(f"http://{HOST}:{admin}/fleet", timeout=10).json()
     assert fleet["cache"]["peer_requests"] == {dead: {"failed": 1, "skipped_down": len(urls) - 1}}, fleet
     assert len(origin.requests()) == len(urls)
+
+
+def test_a_sub_requests_depth_goes_to_the_peer_that_runs_its_scripts(sluice_factory, tmp_path, origin):
+    """A `lua` sub-request's URL another member owns is asked of that member, which runs its own
+    policy's scripts: it gets the depth with the signed request (`Sluice-Lua-Depth`, bare), so
+    scripts that call each other across the fleet still stop at depth 2. Each script calls the
+    path with one more `x`: the client's request (depth 0) calls `sx`; `sx` (depth 1, served by
+    its owner) may call once more, and `sxx`'s script (depth 2) may not — so no request for
+    `sxxx` is ever made; were the owner of `sx` to count from 0, it would be. No member sends
+    the field to the origin."""
+    script = ('return { on_request = function(req) '
+              f'local ok, err = pcall(sluice.http, {{url = "http://localhost:{origin.port}" .. req.path .. "x"}}) '
+              'req.headers:set("X-Nested", ok and "allowed" or tostring(err)) end }')
+    entry = {"lua": {"source": script, "allow_hosts": [f"localhost:{origin.port}"], "limits": {"wall": "5s"}}}
+    fleet = Fleet(sluice_factory, tmp_path, {"policies": {HOST: {"adapters": [entry]},
+                                                        "localhost": {"adapters": [entry]}}})
+    first = fleet.members[0]
+
+    def owner(host: str, i: int, tail: str) -> str:
+        return fleet.owner(f"http://{host}:{origin.port}/d{i}/{tail}")
+
+    # The client's URL is owned by another member, which runs the script (the first asks it,
+    # running none of its own policy); the script's sub-request is owned by a third, which
+    # gets it with its depth.
+    k = next(i for i in range(500)
+             if owner(HOST, i, "s") != first and owner("localhost", i, "sx") not in (first, owner(HOST, i, "s")))
+    r = get(fleet.instances[0], f"http://{HOST}:{origin.port}/d{k}/s")
+    assert r.status_code == 200, r.text
+    seen = {req["target"]: req for req in origin.requests()}
+    nested = {t: header(req["headers"], "x-nested") for t, req in seen.items()}
+    assert f"/d{k}/sxxx" not in seen, nested
+    assert nested[f"/d{k}/sx"] == "allowed", nested
+    assert "2 deep" in nested[f"/d{k}/sxx"], nested
+    assert nested[f"/d{k}/s"] == "allowed", nested
+    for req in seen.values():
+        assert header(req["headers"], "sluice-lua-depth") is None, req["headers"]

@@ -121,7 +121,7 @@ def test_audit_summary_recipe_goes_through_the_audit_hosts_policy(sluice_factory
     assert json.loads(event["body"]) == {"method": "GET", "path": "/orders", "X-Client-Id": "c-42"}
     assert event["headers"]["content-type"] == "application/json"
     assert event["headers"]["x-audit-policy"] == "seen", event  # the audit host's own policy ran
-    assert event["headers"]["sluice-lua-depth"] == "1"
+    assert "sluice-lua-depth" not in event["headers"], event  # the depth stays in Sluice
     assert recorder.requests()[-1]["target"].endswith("/orders?id=7")
     assert lua_line(tmp_path, 200)["vars"] == {"audit": 200}
 
@@ -263,7 +263,30 @@ def test_scripts_that_call_themselves_stop_at_the_depth_limit(sluice_factory, re
     r = get(proxy, recorder, "/t")
     assert r.status_code == 200, r.text
     outer, inner = headers_of(recorder, "/t"), headers_of(recorder, "/again")
-    assert outer["x-sub"] == "200" and inner["x-sub"] == "502" and inner["sluice-lua-depth"] == "1", (outer, inner)
+    assert outer["x-sub"] == "200" and inner["x-sub"] == "502", (outer, inner)
+    assert "sluice-lua-depth" not in outer and "sluice-lua-depth" not in inner, (outer, inner)
+
+
+@pytest.mark.parametrize("claimed", ["2", "2 0123456789abcdef0123456789abcdef", "1"])
+def test_a_clients_depth_header_neither_skips_the_audit_nor_reaches_the_origin(
+        sluice_factory, recorder, audit, tmp_path, claimed):
+    """A client that claims to be a sub-request (`Sluice-Lua-Depth`, with no token or a guessed
+    one) is a client: with `fail_open`, a depth it could claim would make `sluice.http` fail and
+    the request go on unaudited. The audit is sent, and neither the origin nor the audit sees
+    the header."""
+    sink = audit()
+    proxy = sluice_factory(config(tmp_path, {
+        "file": str(EXAMPLES / "audit-summary.lua"),
+        "allow_hosts": [f"localhost:{sink.port}"], "on_error": "fail_open",
+        "config": {"url": f"http://localhost:{sink.port}/events", "header": "X-Client-Id", "required": True},
+    }))
+    r = get(proxy, recorder, "/orders", {"X-Client-Id": "c-7", "Sluice-Lua-Depth": claimed})
+    assert r.status_code == 200, r.text
+    (event,) = sink.requests()
+    assert json.loads(event["body"]) == {"method": "GET", "path": "/orders", "X-Client-Id": "c-7"}
+    assert "sluice-lua-depth" not in event["headers"], event
+    assert "sluice-lua-depth" not in headers_of(recorder, "/orders")
+    assert lua_line(tmp_path, 200)["vars"] == {"audit": 200}
 
 
 @pytest.mark.parametrize("entry,message", [

@@ -18,6 +18,9 @@ public struct ProxyRequest: Sendable {
     /// (`TryContext.body`): a `lua` script's `req:set_body`. The try sends it, with its
     /// length; nil: the body as read. Each try starts again without it.
     public var replacedBody: [UInt8]?
+    /// How deep a `lua` sub-request this request is (`LuaSubrequest.depth(fromHeader:)`): 0 for
+    /// a client's; the depth header itself is never among `headerFields`.
+    public var scriptDepth = 0
 
     public enum Body: Sendable, Equatable {
         case none

@@ -109,7 +109,7 @@ public final class LuaAdapter: RequestAdapter {
         do throws(AdaptationError) {
             let cache = LuaStateCache.current
             guard let (state, target) = try begin(request, cache) else { return completion(.success(request)) }
-            let depth = request.headerFields[Self.depthName].flatMap { Int($0) } ?? 0
+            let depth = request.scriptDepth
             let view = self.view(of: &request, target, body: nil)
             let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: request.id)
             exchange.onRequest(view, waitingWith: host, allowHosts: allowHosts, depth: max(0, depth)) { view, result in
@@ -125,8 +125,6 @@ public final class LuaAdapter: RequestAdapter {
             completion(.failure(error))
         }
     }
-
-    private static let depthName = HTTPField.Name(LuaSubrequest.depthHeader)!
 
     public func adaptInPlace(_ request: inout ProxyRequest) throws(AdaptationError) -> Bool {
         guard !mayWait else { return false }

@@ -74,11 +74,40 @@ public struct LuaSubrequest: Sendable {
     public var maxBody: Int
 
     /// The header a sub-request carries its depth in, so that the scripts of the policy it
-    /// goes through know how deep they are (`maxDepth`).
+    /// goes through know how deep they are (`maxDepth`): `N TOKEN`, where `TOKEN` is this
+    /// process's `depthToken` (`headerValue`). A client's request may carry the header too;
+    /// its depth is read only when the token is this process's (`depth(fromHeader:)`), else it
+    /// is 0, so no client can claim a depth that stops the scripts' sub-requests (and a script
+    /// that audits with `sluice.http` cannot be skipped by a header). The header never goes
+    /// upstream (`ForwardedHeaders.isDroppedRequestField`): a fleet peer asked for a sub-request's
+    /// URL gets the depth alone (`PeerHop`), which it reads from a signed peer request only.
     public static let depthHeader = "Sluice-Lua-Depth"
     /// `2`: a script may call `sluice.http` from a client's request and from a sub-request's,
     /// not deeper, so scripts that call each other cannot recurse without bound.
     public static let maxDepth = 2
+
+    /// 32 hex digits from the system's random generator, chosen once per process: what makes
+    /// a sub-request's `depthHeader` this process's own.
+    public static let depthToken: String = {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<2).map { _ in
+            let hex = String(generator.next() as UInt64, radix: 16)
+            return String(repeating: "0", count: 16 - hex.count) + hex
+        }.joined()
+    }()
+
+    /// The `depthHeader` value of a sub-request `depth` deep.
+    public static func headerValue(depth: Int) -> String { "\(depth) \(depthToken)" }
+
+    /// The depth a `depthHeader` value says: its number when it carries this process's token
+    /// (or any, with `anyToken`: a fleet peer's signed request), else 0. Never negative, never
+    /// past `maxDepth`.
+    public static func depth(fromHeader value: Substring, anyToken: Bool = false) -> Int {
+        let parts = value.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+        guard let first = parts.first, let n = Int(first), n > 0 else { return 0 }
+        guard anyToken || (parts.count == 2 && parts[1] == depthToken) else { return 0 }
+        return min(n, maxDepth)
+    }
 }
 
 /// A sub-request's answer.

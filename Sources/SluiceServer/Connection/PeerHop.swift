@@ -67,6 +67,10 @@ final class PeerHop: UpstreamTransferDelegate {
             method: request.method, url: request.target.url, sender: peers.settings.advertise,
             now: CacheStage.wallClockSeconds(), nonce: UInt64.random(in: 0...UInt64.max))
         request.headers = request.headers.appending(name: PeerSignature.fieldName, value: field)
+        // A `lua` sub-request's depth goes to the peer, which runs its scripts, bare: the peer
+        // reads it from a signed request only (`ForwardedHeaders.scriptDepth`).
+        let depth = ForwardedHeaders.scriptDepth(of: exchange.head, fromPeer: false)
+        if depth > 0 { request.headers = request.headers.appending(name: LuaSubrequest.depthHeader, value: String(depth)) }
         return request
     }
 

@@ -29,10 +29,24 @@ enum ForwardedHeaders {
         case 10: return ASCII.equalsIgnoringCase(name, "connection") || ASCII.equalsIgnoringCase(name, "keep-alive")
         case 11: return ASCII.equalsIgnoringCase(name, "sluice-peer")
         case 14: return ASCII.equalsIgnoringCase(name, "content-length")
-        case 16: return ASCII.equalsIgnoringCase(name, "proxy-connection")
+        case 16: return ASCII.equalsIgnoringCase(name, "proxy-connection") || ASCII.equalsIgnoringCase(name, "sluice-lua-depth")
         case 17: return ASCII.equalsIgnoringCase(name, "transfer-encoding")
         case 19: return ASCII.equalsIgnoringCase(name, "proxy-authorization")
         default: return false
+        }
+    }
+
+    /// The `lua` sub-request depth `head` carries (`LuaSubrequest.depthHeader`, the first
+    /// field): read only from this process's own sub-requests, or from a fleet peer's signed
+    /// request (`fromPeer`); 0 for anything else.
+    static func scriptDepth(of head: HTTPRequestHead, fromPeer: Bool) -> Int {
+        head.bytes.withUnsafeBufferPointer { buf -> Int in
+            for field in head.fields where field.name.count == 16 {
+                if ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[field.name]), "sluice-lua-depth") {
+                    return LuaSubrequest.depth(fromHeader: Substring(head.string(field.value)), anyToken: fromPeer)
+                }
+            }
+            return 0
         }
     }
 

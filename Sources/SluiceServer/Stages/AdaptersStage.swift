@@ -30,6 +30,7 @@ enum AdaptersStage: RequestStage {
             model = ProxyRequest(
                 id: exchange.id, method: head.method, url: exchange.target.url,
                 headerFields: fields, body: Self.bodyMode(head))
+            model?.scriptDepth = ForwardedHeaders.scriptDepth(of: head, fromPeer: exchange.fromPeer)
         }
         let answer = exchange.machine.prepare(model: model)
         exchange.report(answer.reports)

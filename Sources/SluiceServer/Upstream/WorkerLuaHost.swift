@@ -38,7 +38,7 @@ final class WorkerLuaHost: LuaHost {
             return operation.answer(.failure(LuaOperationError("this Sluice has no proxy listener to send it to")))
         }
         var headers = request.headers
-        headers.append((LuaSubrequest.depthHeader, String(request.depth)))
+        headers.append((LuaSubrequest.depthHeader, LuaSubrequest.headerValue(depth: request.depth)))
         let fetch = SideFetch(
             session: worker.session, config: worker.config,
             policy: worker.pipeline.policies.match(host: URLParts(request.url).host),
