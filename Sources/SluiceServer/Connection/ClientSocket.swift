@@ -20,7 +20,7 @@ protocol ClientSocketOwner: AnyObject {
 /// bufferevent) and a read event (a write event too, once a write could not finish). It exists for the cost of a request on a kept-alive
 /// connection: a bufferevent asks the kernel how much is readable (`FIONREAD`) before every
 /// read, and turns the write event on and off around every response (two `epoll_ctl`s and
-/// one more trip through `epoll_wait`). Here a readable event costs one `recvmsg`, and output is
+/// one more trip through `epoll_wait`). Here a readable event costs one `recv`, and output is
 /// written when the connection asks (`flush()`, which the worker batches once per loop pass),
 /// with the write event armed only while the kernel's buffer is full.
 ///
@@ -169,27 +169,26 @@ final class ClientSocket {
     private func readNow() {
         guard open else { return }
         if let tls { return readTLS(tls) }
-        var vectors = (iovec(), iovec(iov_base: spill.baseAddress, iov_len: spill.count))
-        guard evbuffer_reserve_space(input, directRead, &vectors.0, 1) >= 1 else { return failed() }
-        let direct = min(vectors.0.iov_len, directRead)
-        vectors.0.iov_len = direct
-        // `recvmsg`, not `readv`: the same two vectors, but the socket's own path. `readv`
-        // goes through the file layer first (`fdget_pos`, `rw_verify_area`, the iterator's
-        // `sock_read_iter`), which `perf` put at about 1 % of a worker's time on the `lua`
-        // benchmark's load; nginx reads with `recvfrom` and pays none of it.
-        let n = withUnsafeMutablePointer(to: &vectors) {
-            $0.withMemoryRebound(to: iovec.self, capacity: 2) { (v) -> Int in
-                var message = msghdr()
-                message.msg_iov = v
-                message.msg_iovlen = 2
-                return recvmsg(fd, &message, 0)
-            }
-        }
+        var extent = iovec()
+        guard evbuffer_reserve_space(input, directRead, &extent, 1) >= 1 else { return failed() }
+        let direct = min(extent.iov_len, directRead)
+        // `recv` into the extent, and into the spill only when the extent filled: a request or
+        // a small response is one `recv`. Not `readv` or `recvmsg` of both at once: `perf`
+        // (cpu-clock sampling under the `lua` benchmark's load) put the vectors' import and
+        // `readv`'s file layer (`fdget_pos`, `rw_verify_area`) at 1–2 % of a worker's time,
+        // which `recv`'s single buffer does not pay (nginx reads with `recvfrom`).
+        let n = recv(fd, extent.iov_base, direct, 0)
         if n > 0 {
-            vectors.0.iov_len = min(n, direct)
-            evbuffer_commit_space(input, &vectors.0, 1)
-            if n > direct { evbuffer_add(input, spill.baseAddress, n - direct) }
-            adaptDirectRead(n)
+            var spilled = 0
+            if n == direct {
+                // More may be waiting. An end or an error here is seen at the next readiness
+                // report (the event is level-triggered): these bytes go to the owner first.
+                spilled = max(0, recv(fd, spill.baseAddress, spill.count, 0))
+            }
+            extent.iov_len = n
+            evbuffer_commit_space(input, &extent, 1)
+            if spilled > 0 { evbuffer_add(input, spill.baseAddress, spilled) }
+            adaptDirectRead(n + spilled)
             armRead()
             owner?.socketReadable()
         } else if n == 0 {
