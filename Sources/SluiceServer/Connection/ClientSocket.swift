@@ -120,7 +120,7 @@ final class ClientSocket {
     }
 
     /// The write event, made the first time the kernel's buffer is full: most connections
-    /// never need it (a response leaves in one `writev`), and an idle one holds no event it
+    /// never need it (a response leaves in one `sendmsg`), and an idle one holds no event it
     /// does not use.
     private func makeWriteEvent() -> SocketEvent<ClientSocket> {
         if let writeEvent { return writeEvent }
@@ -255,8 +255,8 @@ final class ClientSocket {
         }
     }
 
-    /// Writes as much of `output` as the kernel takes now, in one `writev` (or, with file
-    /// segments queued, a `writev` and `sendfile`s: `writePlain`); what is left is
+    /// Writes as much of `output` as the kernel takes now, in one `send` or `sendmsg` (or, with
+    /// file segments queued, a `writev` and `sendfile`s: `writePlain`); what is left is
     /// written when the socket is writable again. False when the peer is gone (the owner is
     /// told through `socketClosed`, never from inside this call).
     @discardableResult
@@ -289,14 +289,16 @@ final class ClientSocket {
         evbuffer_set_flags(output, UInt64(EVBUFFER_FLAG_DRAINS_TO_FD))
     }
 
-    /// Writes `output` with `evbuffer_write`: memory chains in one `writev`, which stops at a
-    /// file segment; a file segment with one `sendfile`. With file segments queued it writes
+    /// Writes `output`: memory chains alone with `sendChains`; with file segments queued, with
+    /// `evbuffer_write`: memory chains in one `writev`, which stops at a file segment; a file
+    /// segment with one `sendfile`. With file segments queued it writes
     /// again while the kernel takes bytes, so a response's head and the file's bytes after it
     /// leave in the same pass (not one loop pass apart). False when the connection failed —
     /// or when `sendfile` found its file shorter than the segment (libevent reports that as 0
     /// bytes without an errno: a body file truncated behind the tier), so the rest can never
     /// be sent.
     private func writePlain() -> Bool {
+        if !sendsFiles { return sendChains() }
         while true {
             if sendsFiles { errno = 0 }
             let n = evbuffer_write(output, fd)
@@ -305,6 +307,35 @@ final class ClientSocket {
             if !sendsFiles || evbuffer_get_length(output) == 0 { return true }
         }
     }
+
+    /// Writes `output`'s memory chains (the first `sendVectors`) in one `send`, or one
+    /// `sendmsg` when there are several: the socket's own path, where `evbuffer_write`'s
+    /// `writev` goes through the file layer first (`fdget_pos`, `rw_verify_area`,
+    /// `sock_write_iter`), and `send` of one chain imports no vector at all. What the kernel
+    /// does not take stays in `output` for the write event. False when the connection failed.
+    private func sendChains() -> Bool {
+        withUnsafeTemporaryAllocation(of: iovec.self, capacity: Self.sendVectors) { vectors in
+            let count = min(Int(evbuffer_peek(output, -1, nil, vectors.baseAddress, Int32(vectors.count))), vectors.count)
+            guard count > 0 else { return true }
+            let n: Int
+            if count == 1 {
+                n = send(fd, vectors[0].iov_base, vectors[0].iov_len, Int32(MSG_NOSIGNAL))
+            } else {
+                var message = msghdr()
+                message.msg_iov = vectors.baseAddress
+                message.msg_iovlen = count
+                n = sendmsg(fd, &message, Int32(MSG_NOSIGNAL))
+            }
+            if n < 0 { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR }
+            evbuffer_drain(output, n)
+            return true
+        }
+    }
+
+    /// The most chains one `sendChains` writes: a response's head and body chains, or 16
+    /// chains of a streamed body (their sizes grow to 64 KiB, more than the kernel takes at
+    /// once).
+    private static let sendVectors = 16
 
     /// `SSL_write`s `output`'s chains until it is empty or the kernel's buffer is full; false
     /// when the session failed.
