@@ -99,6 +99,9 @@ final class ClientSocket {
     /// OpenSSL saw the session end (close_notify, the peer's close or an error): reported
     /// after the bytes before it, on the read event's next pass (activated for it).
     private(set) var tlsEnded = false
+    /// A plain socket's end (or error, `endedWithError`) met by the read into the spill after
+    /// bytes the owner has not seen yet: told on the read event's next pass.
+    private var endPending = false
     /// The TLS session ended without the peer's close_notify (a close at the TCP level, or an
     /// error): for a body framed by the connection's end, possibly a cut.
     private(set) var tlsEndedUncleanly = false
@@ -141,8 +144,10 @@ final class ClientSocket {
             if want { readEvent.arm() } else { readEvent.stop() }
             if watchesCloseWhilePaused { armClosedCheck(open && !want) }
         }
-        // Decrypted bytes or an end that OpenSSL holds: the kernel will not report them.
+        // Decrypted bytes or an end that OpenSSL holds, or an end the spill's read met: the
+        // kernel will not report them.
         if want, let tls, tlsEnded || SSL_has_pending(tls) == 1 { readEvent.activate() }
+        if want, endPending { readEvent.activate() }
     }
 
     private func armClosedCheck(_ on: Bool) {
@@ -169,6 +174,7 @@ final class ClientSocket {
     private func readNow() {
         guard open else { return }
         if let tls { return readTLS(tls) }
+        if endPending { return failed() }
         var extent = iovec()
         guard evbuffer_reserve_space(input, directRead, &extent, 1) >= 1 else { return failed() }
         let direct = min(extent.iov_len, directRead)
@@ -181,9 +187,15 @@ final class ClientSocket {
         if n > 0 {
             var spilled = 0
             if n == direct {
-                // More may be waiting. An end or an error here is seen at the next readiness
-                // report (the event is level-triggered): these bytes go to the owner first.
-                spilled = max(0, recv(fd, spill.baseAddress, spill.count, 0))
+                // More may be waiting. An end or an error met here is told after these bytes,
+                // on the read event's next pass (`endPending`): reading an error clears it
+                // from the socket, so the next `recv` would see a clean end instead.
+                spilled = recv(fd, spill.baseAddress, spill.count, 0)
+                if spilled == 0 || (spilled < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    endPending = true
+                    if spilled < 0 { endedWithError = true }
+                }
+                spilled = max(0, spilled)
             }
             extent.iov_len = n
             evbuffer_commit_space(input, &extent, 1)
@@ -332,10 +344,9 @@ final class ClientSocket {
         }
     }
 
-    /// The most chains one `sendChains` writes: a response's head and body chains, or 16
-    /// chains of a streamed body (their sizes grow to 64 KiB, more than the kernel takes at
-    /// once).
-    private static let sendVectors = 16
+    /// The most chains one `sendChains` writes: `evbuffer_write`'s own bound (an upload
+    /// relayed from a client's socket arrives in 4 KiB chains).
+    private static let sendVectors = 128
 
     /// `SSL_write`s `output`'s chains until it is empty or the kernel's buffer is full; false
     /// when the session failed.
