@@ -80,7 +80,8 @@ public struct LuaSubrequest: Sendable {
     /// is 0, so no client can claim a depth that stops the scripts' sub-requests (and a script
     /// that audits with `sluice.http` cannot be skipped by a header). The header never goes
     /// upstream (`ForwardedHeaders.isDroppedRequestField`): a fleet peer asked for a sub-request's
-    /// URL gets the depth alone (`PeerHop`), which it reads from a signed peer request only.
+    /// URL gets the depth alone (`PeerHop`), which it reads from a signed peer request only; an
+    /// `https` sub-request carries it only when its CONNECT is intercepted (`WorkerLuaHost`).
     public static let depthHeader = "Sluice-Lua-Depth"
     /// `2`: a script may call `sluice.http` from a client's request and from a sub-request's,
     /// not deeper, so scripts that call each other cannot recurse without bound.

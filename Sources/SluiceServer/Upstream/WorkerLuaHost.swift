@@ -38,10 +38,18 @@ final class WorkerLuaHost: LuaHost {
             return operation.answer(.failure(LuaOperationError("this Sluice has no proxy listener to send it to")))
         }
         var headers = request.headers
-        headers.append((LuaSubrequest.depthHeader, LuaSubrequest.headerValue(depth: request.depth)))
+        let parts = URLParts(request.url)
+        let policy = worker.pipeline.policies.match(host: parts.host)
+        // The depth goes where this Sluice reads it and drops it: a plain-http request, or an
+        // https one whose CONNECT the policy intercepts. Through a tunnel Sluice does not open,
+        // libcurl would send it inside the TLS to the origin, token and all (and no script of
+        // this Sluice runs on what a tunnel carries).
+        if parts.scheme.lowercased() != "https" || policy.intercept {
+            headers.append((LuaSubrequest.depthHeader, LuaSubrequest.headerValue(depth: request.depth)))
+        }
         let fetch = SideFetch(
             session: worker.session, config: worker.config,
-            policy: worker.pipeline.policies.match(host: URLParts(request.url).host),
+            policy: policy,
             url: request.url, headers: headers, body: request.body,
             reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil)
         ) { [operation] result in
