@@ -21,30 +21,31 @@ import CLoopClock
 /// — a thread without a loop, a loop not yet running or stopped — every call reads the clock.
 public enum LoopClock {
     /// Monotonic microseconds, `MonotonicClock.microseconds()`'s clock.
-    @inline(__always)
+    @inlinable
     public static func microseconds() -> Int64 {
         let kept = sluice_loop_clock_get()
         if kept > 0 { return Int64(kept) }
         return read(keeping: kept == 0)
     }
 
-    private static func read(keeping: Bool) -> Int64 {
+    @usableFromInline
+    static func read(keeping: Bool) -> Int64 {
         let now = MonotonicClock.microseconds()
         if keeping { sluice_loop_clock_set(CLongLong(now)) }
         return now
     }
 
     /// A loop event's callback starts: the next reading is kept until it returns.
-    @inline(__always)
+    @inlinable
     public static func open() { sluice_loop_clock_set(0) }
 
     /// The callback returned: every call reads the clock again.
-    @inline(__always)
+    @inlinable
     public static func close() { sluice_loop_clock_set(-1) }
 
     /// A fresh reading `now` (of `MonotonicClock`), taken after long work in a callback,
     /// replaces the kept one; outside a callback it changes nothing.
-    @inline(__always)
+    @inlinable
     public static func keep(_ now: Int64) {
         if sluice_loop_clock_get() >= 0 { sluice_loop_clock_set(CLongLong(now)) }
     }

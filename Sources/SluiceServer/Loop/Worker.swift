@@ -573,7 +573,7 @@ final class Worker {
     }
 
     /// Queues `connection`'s output to be written once the callbacks of this loop pass are
-    /// done: a response's head, body and chunk terminator leave in one `writev`, and libcurl
+    /// done: a response's head, body and chunk terminator leave in one `sendmsg`, and libcurl
     /// is never inside the call stack of a write that fails and closes a connection.
     func scheduleFlush(_ connection: ClientConnection) {
         flushQueue.append(connection)
