@@ -449,6 +449,8 @@ NGINX_HTTP = """\
         ssl_certificate {chain};
         ssl_certificate_key {key};
         root {www};
+        # What a request carried in `Sluice-Lua-Depth` (test_lua_http.py): "[]" for nothing.
+        location = /echo/lua-depth {{ default_type text/plain; return 200 "[$http_sluice_lua_depth]"; }}
     }}
     server {{
         listen {host}:{https_wrong_name_port} ssl;

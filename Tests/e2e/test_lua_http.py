@@ -302,3 +302,18 @@ def test_check_reports_bad_allow_hosts_at_their_place(sluice_bin, tmp_path, entr
     assert out.returncode != 0
     text = out.stdout + out.stderr
     assert f"{path}:" in text and message in text, text
+
+
+def test_an_https_sub_request_goes_through_a_tunnel_and_carries_no_depth(sluice_factory, recorder, nginx, tmp_path):
+    """An `https://` sub-request is a CONNECT through the listener, which this Sluice answers
+    and libcurl reads only after a real poll (it waited for `limits.wall` before); the policy
+    of the target does not intercept, so what libcurl sends inside the tunnel reaches the
+    origin as it is — without the depth header and its token. The target is named by the
+    other name its certificate has, so that the CONNECT is not this script's policy's."""
+    url = f"https://localhost:{nginx.https_port}/echo/lua-depth"
+    source = (f'return {{ on_request = function(req) local r = sluice.http{{url = "{url}"}}; '
+              f'req.headers:set("X-Echo", r.status .. " " .. r.body) end }}')
+    proxy = sluice_factory(config(tmp_path, {"source": source, "allow_hosts": [f"localhost:{nginx.https_port}"]}))
+    r = get(proxy, recorder, "/tunnel")
+    assert r.status_code == 200, lua_line(tmp_path, r.status_code)
+    assert headers_of(recorder, "/tunnel")["x-echo"] == "200 []"

@@ -98,6 +98,9 @@ final class SideFetch: CurlTransfer {
     private let host: String
     private let trust: ServerTrust
     private var parentProxy: UpstreamProxy?
+    /// Sent through this Sluice's own listener (`route(throughListener:)`): a proxy too, whose
+    /// answer to an https fetch's `CONNECT` libcurl polls for.
+    private var throughListener = false
     private let isTLS: Bool
     private let errorBuffer: UnsafeMutablePointer<CChar>
     private var me: Unmanaged<SideFetch>?
@@ -178,6 +181,7 @@ final class SideFetch: CurlTransfer {
             sluice_easy_setopt_str(h, CURLOPT_CUSTOMREQUEST, method)
         }
         parentProxy = nil
+        throughListener = true
         deny = []
     }
 
@@ -212,7 +216,9 @@ final class SideFetch: CurlTransfer {
                 return CURL_SOCKET_BAD
             }
             let fd = socket(address!.pointee.family, address!.pointee.socktype, address!.pointee.protocol)
-            if f.parentProxy != nil { f.session.connectsToParentProxy(fd) }
+            // A proxy's answer to `CONNECT` is read after a real poll (`pollsForReal`): without
+            // it, an https `sluice.http` through the listener waited for good.
+            if f.parentProxy != nil || f.throughListener { f.session.connectsToParentProxy(fd) }
             return fd
         }
         sluice_easy_setopt_data_cb(handle, CURLOPT_WRITEFUNCTION) { ptr, size, count, ud in
