@@ -11,7 +11,6 @@ import Testing
 @Suite struct ClientSocketTests {
     struct SocketFailure: Error {}
 
-
     /// What the socket told its owner.
     final class Owner: ClientSocketOwner {
         unowned(unsafe) var socket: ClientSocket?
