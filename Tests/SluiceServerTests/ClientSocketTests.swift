@@ -58,21 +58,21 @@ import Testing
         return (server, client)
     }
 
-    /// The peer sends exactly one extent's worth (`smallRead`) and resets the connection: the
-    /// first `recv` fills the extent, the read into the spill meets the reset — and reading a
-    /// reset clears it from the socket. The bytes reach the owner, then the end, as an error;
-    /// had the spill's error been dropped, the next read would have seen a clean end, and a
-    /// body framed by the connection's end would have passed for complete.
-    @Test func aResetMetByTheSpillsReadIsAnErrorAfterTheBytes() throws {
+    /// Reads, through a `ClientSocket` on a real loop, what the peer sent before it closed —
+    /// with a reset (`SO_LINGER` 0) or a plain close: exactly one extent's worth (`smallRead`),
+    /// so the first `recv` fills the extent and the read into the spill meets the end.
+    static func readUntilTheEnd(reset: Bool) throws -> Owner {
         let f = LoopEventTests.Fixture()
         defer { f.close() }
         let (server, client) = try Self.pair()
         let payload = [UInt8](repeating: 0x61, count: ClientSocket.smallRead)
         #expect(payload.withUnsafeBytes { send(server, $0.baseAddress, $0.count, 0) } == payload.count)
-        var reset = linger(l_onoff: 1, l_linger: 0)
-        setsockopt(server, SOL_SOCKET, SO_LINGER, &reset, socklen_t(MemoryLayout<linger>.size))
-        Glibc.close(server)  // a reset, after the bytes
-        usleep(50_000)  // both are in the client's queue before the first read
+        if reset {
+            var option = linger(l_onoff: 1, l_linger: 0)
+            setsockopt(server, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
+        }
+        Glibc.close(server)
+        usleep(50_000)  // the bytes and the end are in the client's queue before the first read
 
         let spill = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
         defer { spill.deallocate() }
@@ -81,34 +81,23 @@ import Testing
         owner.socket = socket
         socket?.owner = owner
         f.spin(milliseconds: 2000) { owner.closed }
-        #expect(owner.bytes == payload.count)
-        #expect(owner.closed)
-        #expect(owner.endedWithError)
         socket?.close()
         socket = nil
+        #expect(owner.bytes == payload.count)
+        #expect(owner.closed)
+        return owner
+    }
+
+    /// A reset met by the read into the spill: reading it clears it from the socket. The bytes
+    /// reach the owner, then the end, as an error; had the spill's error been dropped, the next
+    /// read would have seen a clean end, and a body framed by the connection's end would have
+    /// passed for complete.
+    @Test func aResetMetByTheSpillsReadIsAnErrorAfterTheBytes() throws {
+        #expect(try Self.readUntilTheEnd(reset: true).endedWithError)
     }
 
     /// The same bytes and a plain close (FIN): a clean end after the bytes.
     @Test func aCloseMetByTheSpillsReadIsACleanEndAfterTheBytes() throws {
-        let f = LoopEventTests.Fixture()
-        defer { f.close() }
-        let (server, client) = try Self.pair()
-        let payload = [UInt8](repeating: 0x62, count: ClientSocket.smallRead)
-        #expect(payload.withUnsafeBytes { send(server, $0.baseAddress, $0.count, 0) } == payload.count)
-        Glibc.close(server)
-        usleep(50_000)
-
-        let spill = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
-        defer { spill.deallocate() }
-        let owner = Owner()
-        var socket: ClientSocket? = ClientSocket(base: f.base, fd: client, spill: spill)
-        owner.socket = socket
-        socket?.owner = owner
-        f.spin(milliseconds: 2000) { owner.closed }
-        #expect(owner.bytes == payload.count)
-        #expect(owner.closed)
-        #expect(!owner.endedWithError)
-        socket?.close()
-        socket = nil
+        #expect(try !Self.readUntilTheEnd(reset: false).endedWithError)
     }
 }
