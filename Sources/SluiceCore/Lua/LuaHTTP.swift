@@ -91,10 +91,7 @@ public struct LuaSubrequest: Sendable {
     /// a sub-request's `depthHeader` this process's own.
     public static let depthToken: String = {
         var generator = SystemRandomNumberGenerator()
-        return (0..<2).map { _ in
-            let hex = String(generator.next() as UInt64, radix: 16)
-            return String(repeating: "0", count: 16 - hex.count) + hex
-        }.joined()
+        return Hex.lowercase((0..<16).map { _ in UInt8.random(in: .min ... .max, using: &generator) })
     }()
 
     /// The `depthHeader` value of a sub-request `depth` deep.

@@ -191,7 +191,7 @@ final class ClientSocket {
                 // on the read event's next pass (`endPending`): reading an error clears it
                 // from the socket, so the next `recv` would see a clean end instead.
                 spilled = recv(fd, spill.baseAddress, spill.count, 0)
-                if spilled == 0 || (spilled < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                if spilled == 0 || (spilled < 0 && !Self.wouldBlockOrInterrupted) {
                     endPending = true
                     if spilled < 0 { endedWithError = true }
                 }
@@ -205,7 +205,7 @@ final class ClientSocket {
             owner?.socketReadable()
         } else if n == 0 {
             failed()
-        } else if errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR {
+        } else if !Self.wouldBlockOrInterrupted {
             endedWithError = true
             failed()
         }
@@ -314,7 +314,7 @@ final class ClientSocket {
         while true {
             if sendsFiles { errno = 0 }
             let n = evbuffer_write(output, fd)
-            if n < 0 { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR }
+            if n < 0 { return Self.wouldBlockOrInterrupted }
             if n == 0 { return !(sendsFiles && errno == 0) }
             if !sendsFiles || evbuffer_get_length(output) == 0 { return true }
         }
@@ -338,11 +338,15 @@ final class ClientSocket {
                 message.msg_iovlen = count
                 n = sendmsg(fd, &message, Int32(MSG_NOSIGNAL))
             }
-            if n < 0 { return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR }
+            if n < 0 { return Self.wouldBlockOrInterrupted }
             evbuffer_drain(output, n)
             return true
         }
     }
+
+    /// Whether the call that just failed may be tried again later (`errno` is EAGAIN,
+    /// EWOULDBLOCK or EINTR), not a failed connection.
+    private static var wouldBlockOrInterrupted: Bool { errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR }
 
     /// The most chains one `sendChains` writes: `evbuffer_write`'s own bound (an upload
     /// relayed from a client's socket arrives in 4 KiB chains).

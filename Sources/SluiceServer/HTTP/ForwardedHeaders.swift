@@ -40,14 +40,8 @@ enum ForwardedHeaders {
     /// field): read only from this process's own sub-requests, or from a fleet peer's signed
     /// request (`fromPeer`); 0 for anything else.
     static func scriptDepth(of head: HTTPRequestHead, fromPeer: Bool) -> Int {
-        head.bytes.withUnsafeBufferPointer { buf -> Int in
-            for field in head.fields where field.name.count == 16 {
-                if ASCII.equalsIgnoringCase(UnsafeBufferPointer(rebasing: buf[field.name]), "sluice-lua-depth") {
-                    return LuaSubrequest.depth(fromHeader: Substring(head.string(field.value)), anyToken: fromPeer)
-                }
-            }
-            return 0
-        }
+        guard let value = head.values(named: "sluice-lua-depth").first else { return 0 }
+        return LuaSubrequest.depth(fromHeader: Substring(value), anyToken: fromPeer)
     }
 
     /// `X-Request-Id` (docs/configuration.md, "Request ids").
