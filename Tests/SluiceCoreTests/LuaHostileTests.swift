@@ -148,11 +148,28 @@ import Testing
             switch v {
             case .string(let s): size += s.utf8.count
             case .array(let items): items.forEach(measure)
-            case .table(let fields): fields.values.forEach(measure)
+            case .table(let fields):
+                for (key, item) in fields {
+                    size += key.utf8.count
+                    measure(item)
+                }
             default: size += 8
             }
         }
         vars.values.forEach(measure)
+        #expect(size <= LuaExchange.varsBudget)
+
+        // One long string as the key of many small tables: a key is copied as a value is.
+        let bigKeys = try LuaTest.load(
+            "return { on_request = function(req, ctx) local k = string.rep('k', 1 << 20) "
+                + "local t = {} for i = 1, 2000 do t[i] = { [k] = 1 } end ctx.vars.keys = t end }")
+        let keysExchange = bigKeys.makeExchange()
+        var keysRequest = LuaTest.get()
+        #expect(keysExchange.onRequest(&keysRequest).outcome == .ok)
+        let keyVars = keysExchange.vars()
+        #expect(keyVars["truncated"] == .bool(true))
+        size = 0
+        keyVars.values.forEach(measure)
         #expect(size <= LuaExchange.varsBudget)
 
         // One table shared at every level, ten ways and fifteen deep: 10^15 paths, a few

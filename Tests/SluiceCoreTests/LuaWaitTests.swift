@@ -165,6 +165,18 @@ import Testing
         #expect(try #require(deep()).1.outcome.message.contains("sub-request 2 deep"))
     }
 
+    /// A sub-request's header fields are copied within the memory cap: one long string as the
+    /// value of thousands of fields is small in the state, not as copies. Nothing is sent.
+    @Test func aSubrequestsHeaderCopiesAreBoundedByTheMemoryCap() throws {
+        let host = FakeHost()
+        let (_, outcome) = try start(
+            "local s = string.rep('v', 1 << 20) local h = {} for i = 1, 5000 do h['X-' .. i] = s end "
+                + "sluice.http{url = 'http://audit.test/', headers = h}", host: host)
+        let result = try #require(outcome()).1
+        #expect(result.outcome.limitKind == .memory, "\(result.outcome)")
+        #expect(host.requests.isEmpty)
+    }
+
     /// The depth header is read from this process's own sub-requests only: a client's value,
     /// with no token or a guessed one, is depth 0, so it cannot stop a script's `sluice.http`.
     @Test func aDepthIsReadOnlyWithThisProcesssToken() {

@@ -180,6 +180,9 @@ enum LuaHTTP {
             return Lua.fail(L, "sluice.http: \(parts.authority) is refused: \(refusal)")
         }
         var headers: [(String, String)] = []
+        // The fields' bytes, counted against the memory cap as they are copied: a table may
+        // name one long string as the value of many fields.
+        var held = 0
         switch field("headers") {
         case LUA_TNIL: break
         case LUA_TTABLE:
@@ -189,6 +192,8 @@ enum LuaHTTP {
                 guard let name = Lua.bytes(L, -2), !name.isEmpty, name.allSatisfy(Self.isTokenByte) else {
                     return Lua.fail(L, "sluice.http: header names must be strings of token characters")
                 }
+                held += LuaMessageAPI.heldPerField + name.count + Int(lua_rawlen(L, -1))
+                guard Lua.fitsCall(L, held) else { return Lua.failMemory(L) }
                 guard lua_type(L, -1) == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER, let value = Lua.string(L, -1)
                 else {
                     return Lua.fail(L, "sluice.http: header '\(Lua.makeString(name))' must be a string")

@@ -534,7 +534,7 @@ enum LuaMessageAPI {
 
     /// What a header field or edit record Swift keeps for a call costs beyond its name and
     /// value bytes, counted against the memory cap (`Lua.holdForCall`, `Lua.fitsCall`).
-    private static let heldPerField = 32
+    static let heldPerField = 32
 
     /// What a `set` or `add` may keep until the call ends (an edit record, a field): its name
     /// and value and a record's worth more, counted against the memory cap (`Lua.holdForCall`)

@@ -171,10 +171,11 @@ enum Lua {
     /// (sequences as arrays), `depth` levels deep; nil for anything else (functions, userdata,
     /// nil), which a table then leaves out. Raw reads only: no metamethod runs.
     ///
-    /// At most `budget` bytes are made (each value counts 16, a string its length more): a
-    /// script's table may hold one long string many times, or share a table at every level,
-    /// and is small in the state's memory but not as copies. What goes past the budget is left
-    /// out (`budget` is then negative).
+    /// At most `budget` bytes are made (each value and each string key counts 16, a string
+    /// value or key its length more): a script's table may hold one long string many times,
+    /// as a value or as the key of many tables, or share a table at every level, and is small
+    /// in the state's memory but not as copies. What goes past the budget is left out
+    /// (`budget` is then negative).
     static func value(_ L: OpaquePointer?, _ index: Int32, depth: Int = 16, budget: inout Int) -> LuaValue? {
         budget -= 16
         guard budget >= 0 else { return nil }
@@ -216,6 +217,8 @@ enum Lua {
                 isSequence = isSequence && count == length
             }
             if isSequence {
+                // A sequence's keys are not copied: the scan's charge for them is given back.
+                budget += 16 * length
                 var array: [LuaValue] = []
                 array.reserveCapacity(length)
                 for i in 1...length {
@@ -235,10 +238,12 @@ enum Lua {
                 }
                 if lua_type(L, -2) == LUA_TNUMBER, sluice_lua_isinteger(L, -2) != 0, let i = integer(L, -2), i >= 1, i <= length {
                     if let item = value(L, -1, depth: depth - 1, budget: &budget) { table[String(i)] = item }
-                } else if lua_type(L, -2) == LUA_TSTRING, let key = string(L, -2),
-                    let item = value(L, -1, depth: depth - 1, budget: &budget)
-                {
-                    table[key] = item
+                } else if lua_type(L, -2) == LUA_TSTRING {
+                    // The key's bytes are charged before they are copied, as a string value's.
+                    budget -= 16 + Int(lua_rawlen(L, -2))
+                    if budget >= 0, let key = string(L, -2), let item = value(L, -1, depth: depth - 1, budget: &budget) {
+                        table[key] = item
+                    }
                 }
                 sluice_lua_pop(L, 1)
             }
