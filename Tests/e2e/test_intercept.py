@@ -845,3 +845,30 @@ def test_intercepted_requests_are_cached_tunnels_never(intercepting, ca_dir, tls
     for _ in range(2):
         r = curl_via(proxy, f"https://127.0.0.1:{nginx.https_port}/1k", pki.ca_pem, "-D", "-", "-o", "/dev/null")
         assert r.returncode == 0 and b"cache-status" not in r.stdout.lower(), r.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# A script's sub-request to an intercepted host
+# ------------------------------------------------------------------------------------------
+
+def test_a_scripts_https_sub_request_to_an_intercepted_host(intercepting, ca_dir, tls_httpbin, httpbin):
+    """`sluice.http` to an `https://` URL whose host's policy intercepts: the CONNECT through
+    this Sluice's listener is intercepted, the decrypted sub-request goes through that policy
+    (its adapter), and the depth field with its token, which the interception reads and
+    drops, never reaches the origin."""
+    url = tls_httpbin.url("/headers")
+    source = (f'return {{ on_request = function(req) local r, err = sluice.http{{url = "{url}"}}; '
+              f'req.headers:set("X-Echo", r and (r.status .. " " .. r.body:gsub("%s", "")) or err) end }}')
+    lua = {"adapters": [{"lua": {"source": source, "allow_hosts": [f"localhost:{tls_httpbin.port}"]}}]}
+    proxy, log = intercepting(extra={"policies": {
+        "localhost": {"intercept": True, "adapters": [ADAPTER]}, HOST: lua}})
+    with session_via(proxy.url) as s:
+        r = s.get(f"http://{HOST}:{httpbin.port}/headers", timeout=15)
+    assert r.status_code == 200, r.text
+    echo = r.json()["headers"].get("X-Echo", "")
+    assert echo.startswith("200 "), echo
+    seen = json.loads(echo[4:])["headers"]
+    assert seen.get("X-Intercepted") == "yes", seen
+    assert not any(k.lower() == "sluice-lua-depth" for k in seen), seen
+    inner = log.wait_for(lambda e: e.get("method") == "GET" and e.get("policy") == "localhost")[0]
+    assert inner["url"] == url and inner["status"] == 200, inner

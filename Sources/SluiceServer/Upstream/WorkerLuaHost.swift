@@ -44,14 +44,18 @@ final class WorkerLuaHost: LuaHost {
         // https one whose CONNECT the policy intercepts. Through a tunnel Sluice does not open,
         // libcurl would send it inside the TLS to the origin, token and all (and no script of
         // this Sluice runs on what a tunnel carries).
-        if parts.scheme.lowercased() != "https" || policy.intercept {
+        let https = parts.scheme.lowercased() == "https"
+        if !https || policy.intercept {
             headers.append((LuaSubrequest.depthHeader, LuaSubrequest.headerValue(depth: request.depth)))
         }
+        // Intercepted, the TLS inside the tunnel is with this Sluice, under its own CA.
+        let interceptionCA = https && policy.intercept ? worker.interception.current?.ca.certificatePath : nil
         let fetch = SideFetch(
             session: worker.session, config: worker.config,
             policy: policy,
             url: request.url, headers: headers, body: request.body,
-            reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil)
+            reuse: UpstreamTLS.reuse(current: worker.pipeline, exchangeSnapshot: nil),
+            interceptionCA: interceptionCA
         ) { [operation] result in
             operation.fetched(result)
         }

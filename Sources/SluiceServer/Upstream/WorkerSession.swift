@@ -114,9 +114,15 @@ final class SideFetch: CurlTransfer {
     var fieldsSink: (([(name: String, value: String)]) -> Void)?
     private var fields: [(name: String, value: String)] = []
 
+    /// `interceptionCA`: the fetch goes through this Sluice's listener to a host whose policy
+    /// intercepts (`route(throughListener:)`), so its TLS is with the interception, whose leaf
+    /// comes from this Sluice's CA (this file) and which checks the origin itself under the
+    /// policy's trust: the fetch trusts that CA alone, with none of the origin's pins,
+    /// revocation checks or client certificate.
     init(
         session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
         headers: [(String, String)], body: [UInt8]?, reuse: UpstreamTLS.ConnectionReuse,
+        interceptionCA: String? = nil,
         completion: @escaping (Result<(status: Int, body: [UInt8]), ProxyError>) -> Void
     ) {
         self.session = session
@@ -138,7 +144,12 @@ final class SideFetch: CurlTransfer {
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
         policy.upstreamProxy?.apply(to: h)  // a token endpoint behind the parent, like its host's requests
         CurlUpstreamTransfer.applyProtocol(policy.http2.protocolChoice(https: isTLS), to: h)  // and its upstream.http2
-        if isTLS {
+        if isTLS, let interceptionCA {
+            sluice_easy_setopt_str(h, CURLOPT_CAINFO, interceptionCA)
+            sluice_easy_setopt_ptr(h, CURLOPT_CAPATH, nil)
+            sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYPEER, 1)
+            sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYHOST, 2)
+        } else if isTLS {
             UpstreamTLS.configure(
                 h, trust: policy.trust, clientCertificate: policy.clientCertificate,
                 defaultCAFile: config.tls.caFile)
