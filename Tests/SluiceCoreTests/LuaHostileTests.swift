@@ -188,6 +188,9 @@ import Testing
             "local s = string.rep('v', 1 << 20) local t = {} for i = 1, 5000 do t[i] = s end sluice.json.encode(t)",
             "local s = string.rep('v', 1 << 20) local t = {} for i = 1, 5000 do t[i] = s end req:respond(200, { ['X-Big'] = t })",
             "local s = string.rep('v', 1 << 16) for i = 1, 5000 do req.headers:add('X-Big', s) end",
+            // Long keys in a cycle: each level of the encoding keeps its table's keys.
+            "local v = string.rep('k', 1 << 20) local t = {} for i = 1, 4 do t[v .. i] = true end t[''] = t "
+                + "sluice.json.encode(t)",
         ] {
             let outcome = try LuaTest.outcome(body)
             #expect(outcome.limitKind == .memory, "\(body): \(outcome)")
@@ -202,6 +205,19 @@ import Testing
         var logged = LuaTest.get()
         #expect(logs.makeExchange().onRequest(&logged).outcome == .ok)
         #expect(lines.count == 1 && lines[0].message.utf8.count <= LuaModule.maxLogMessage + 3)
+
+        // A script's error message goes into the access log: its first 8 KiB.
+        let error = try LuaTest.outcome("error(string.rep('e', 1 << 20), 0)")
+        #expect(error.message.utf8.count <= LuaModule.maxLogMessage + 3 && error.message.hasPrefix("eee"), "\(error)")
+
+        // Header names kept for the state's next calls are short ones: a long name is used once.
+        let names = try LuaTest.load(
+            "return { on_request = function(req) req.headers:remove(string.rep('A', 1 << 20)) "
+                + "req.headers:remove('X-Short') end }")
+        var named = LuaTest.get()
+        #expect(names.makeExchange().onRequest(&named).outcome == .ok)
+        #expect(Array("X-Short".utf8).withUnsafeBytes { names.headerNames.name(for: $0) } != nil)
+        #expect([UInt8](repeating: 0x41, count: 1 << 20).withUnsafeBytes { names.headerNames.name(for: $0) } == nil)
     }
 
     /// A userdata of another kind passed as `req` (a metric counter's payload is 4 bytes, a

@@ -20,7 +20,7 @@ enum LuaJSON {
 
     static let encode: Lua.Function = { L in
         var out: [UInt8] = []
-        if let problem = encodeValue(L, 1, depth: 0, into: &out) {
+        if let problem = encodeValue(L, 1, depth: 0, held: 0, into: &out) {
             if problem == memoryProblem { return Lua.failMemory(L) }
             return Lua.fail(L, "json.encode: \(problem)")
         }
@@ -50,8 +50,11 @@ enum LuaJSON {
     /// name one long string, or one inner table, many times, and its text is not Lua's memory.
     private static let memoryProblem = "memory limit reached"
 
-    private static func encodeValue(_ L: OpaquePointer?, _ index: Int32, depth: Int, into out: inout [UInt8]) -> String? {
-        guard Lua.fitsCall(L, out.count) else { return memoryProblem }
+    /// `held`: the bytes of the keys the tables above this value keep while it is encoded.
+    private static func encodeValue(
+        _ L: OpaquePointer?, _ index: Int32, depth: Int, held: Int, into out: inout [UInt8]
+    ) -> String? {
+        guard Lua.fitsCall(L, out.count + held) else { return memoryProblem }
         let index = lua_absindex(L, index)
         switch lua_type(L, index) {
         case LUA_TNIL, LUA_TNONE: out += Array("null".utf8)
@@ -70,19 +73,30 @@ enum LuaJSON {
         case LUA_TTABLE:
             guard depth < maxDepth else { return "nesting deeper than \(maxDepth) (a cycle?)" }
             guard lua_checkstack(L, 4) != 0 else { return "nesting too deep" }
-            return encodeTable(L, index, depth: depth, into: &out)
+            return encodeTable(L, index, depth: depth, held: held, into: &out)
         default: return "cannot encode a \(Lua.typeName(L, index))"
         }
         return nil
     }
 
-    private static func encodeTable(_ L: OpaquePointer?, _ index: Int32, depth: Int, into out: inout [UInt8]) -> String? {
+    /// Its keys are copied (sorted, they give the order) and kept while its values are
+    /// encoded: counted with `held` against the call's memory cap, as a table that names one
+    /// long key at every level of a cycle would otherwise copy it 64 times.
+    private static func encodeTable(
+        _ L: OpaquePointer?, _ index: Int32, depth: Int, held: Int, into out: inout [UInt8]
+    ) -> String? {
         let length = Int(lua_rawlen(L, index))
         var keys: [(text: [UInt8], isString: Bool)] = []
         var count = 0
+        var held = held
         lua_pushnil(L)
         while lua_next(L, index) != 0 {
             count += 1
+            held += 16 + Int(lua_rawlen(L, -2))
+            guard Lua.fitsCall(L, out.count + held) else {
+                sluice_lua_pop(L, 2)
+                return memoryProblem
+            }
             switch lua_type(L, -2) {
             case LUA_TSTRING: keys.append((Array(Lua.bytes(L, -2)!), true))
             case LUA_TNUMBER:
@@ -100,7 +114,7 @@ enum LuaJSON {
             for i in 1...length {
                 if i > 1 { out.append(UInt8(ascii: ",")) }
                 lua_rawgeti(L, index, lua_Integer(i))
-                let problem = encodeValue(L, -1, depth: depth + 1, into: &out)
+                let problem = encodeValue(L, -1, depth: depth + 1, held: held, into: &out)
                 sluice_lua_pop(L, 1)
                 if let problem { return problem }
             }
@@ -122,7 +136,7 @@ enum LuaJSON {
                 if let integer = Int64(exactly: number) { lua_pushinteger(L, integer) } else { lua_pushnumber(L, number) }
             }
             lua_rawget(L, index)
-            let problem = encodeValue(L, -1, depth: depth + 1, into: &out)
+            let problem = encodeValue(L, -1, depth: depth + 1, held: held, into: &out)
             sluice_lua_pop(L, 1)
             if let problem { return problem }
         }

@@ -596,7 +596,7 @@ enum LuaMessageAPI {
             _ = Lua.fail(L, "invalid header name '\(Lua.printable(bytes))'")
             return nil
         }
-        state.headerNames.insert(Array(bytes), name)
+        if bytes.count <= LuaHeaderNames.longestKept { state.headerNames.insert(Array(bytes), name) }
         return name
     }
 

@@ -36,8 +36,13 @@ enum LuaMetricAPI {
     }
 
     /// Whether `name` is `[a-z_][a-z0-9_]*`.
+    /// The longest metric name: names are kept for the process's life and written on every
+    /// scrape.
+    static let maxNameLength = 128
+
     static func isValidName(_ name: some Collection<UInt8>) -> Bool {
-        guard let first = name.first, first == UInt8(ascii: "_") || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(first)
+        guard name.count <= maxNameLength, let first = name.first,
+            first == UInt8(ascii: "_") || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(first)
         else { return false }
         return name.allSatisfy {
             $0 == UInt8(ascii: "_") || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains($0)
@@ -46,7 +51,7 @@ enum LuaMetricAPI {
     }
 
     static func invalidNameMessage(_ name: String) -> String {
-        "metric name '\(name)' is not [a-z_][a-z0-9_]*"
+        "metric name '\(name)' is not [a-z_][a-z0-9_]* of at most \(maxNameLength) characters"
     }
 
     private static let metric: Lua.Function = { L in

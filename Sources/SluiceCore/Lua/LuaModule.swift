@@ -151,7 +151,12 @@ enum LuaModule {
         while i <= top && message.utf8.count <= maxLogMessage {
             if i > 1 { message += " " }
             switch lua_type(L, i) {
-            case LUA_TSTRING, LUA_TNUMBER: message += Lua.string(L, i) ?? ""
+            case LUA_TSTRING, LUA_TNUMBER:
+                // Only what the line still has room for is copied (one byte more, to cut at).
+                if let text = Lua.text(L, i) {
+                    let room = maxLogMessage + 1 - message.utf8.count
+                    message += Lua.makeString(UnsafeRawBufferPointer(rebasing: text.prefix(max(0, room))))
+                }
             case LUA_TBOOLEAN: message += lua_toboolean(L, i) != 0 ? "true" : "false"
             default: message += Lua.typeName(L, i)
             }

@@ -98,6 +98,13 @@ enum Lua {
         text(L, index).map { Lua.makeString($0) }
     }
 
+    /// The first `limit` bytes of `bytes` as text, with `…` when there were more: the bytes past
+    /// the limit are not copied.
+    static func prefix(_ bytes: UnsafeRawBufferPointer, _ limit: Int) -> String {
+        guard bytes.count > limit else { return makeString(bytes) }
+        return makeString(UnsafeRawBufferPointer(rebasing: bytes[0..<limit])) + "…"
+    }
+
     static func integer(_ L: OpaquePointer?, _ index: Int32) -> Int? {
         var isNumber: Int32 = 0
         let value = sluice_lua_tointeger(L, index, &isNumber)
@@ -262,6 +269,9 @@ struct LuaHeaderNames {
     private var names: [HTTPField.Name] = []
     private var next = 0
     static let capacity = 16
+    /// The longest name kept: a script may name a long one once (a `remove` of a name no
+    /// field has costs nothing else), and the cache lives as long as the state.
+    static let longestKept = 64
 
     func name(for bytes: UnsafeRawBufferPointer) -> HTTPField.Name? {
         for i in keys.indices {
@@ -274,6 +284,7 @@ struct LuaHeaderNames {
     }
 
     mutating func insert(_ key: [UInt8], _ name: HTTPField.Name) {
+        guard key.count <= Self.longestKept else { return }
         if keys.count < Self.capacity {
             keys.append(key)
             names.append(name)

@@ -342,9 +342,11 @@ public final class LuaState {
         return status
     }
 
-    /// The error value on top of `co` as text; never calls a `__tostring`.
+    /// The error value on top of `co` as text, its first `LuaModule.maxLogMessage` bytes (it
+    /// goes into the access log's line and the dashboard: `error(string.rep(...))` is not
+    /// copied whole); never calls a `__tostring`.
     private func errorText(_ co: OpaquePointer) -> String {
-        if let text = Lua.string(co, -1) { return text }
+        if let text = Lua.text(co, -1) { return Lua.prefix(text, LuaModule.maxLogMessage) }
         return "\(script.name): (error object is a \(Lua.typeName(co, -1)) value)"
     }
 
