@@ -172,6 +172,29 @@ import Testing
         keyVars.values.forEach(measure)
         #expect(size <= LuaExchange.varsBudget)
 
+        // Keys that are left out (not strings, not a sequence's) are charged as they are walked
+        // past: one table of 50,000 of them named 4,000 times is not 200 million steps.
+        let floats = try LuaTest.load(
+            "return { on_request = function(req, ctx) local f = {} for i = 1, 50000 do f[i + 0.5] = true end "
+                + "local t = {} for i = 1, 4000 do t[i] = f end ctx.vars.floats = t end }")
+        let floatsExchange = floats.makeExchange()
+        var floatsRequest = LuaTest.get()
+        #expect(floatsExchange.onRequest(&floatsRequest).outcome == .ok)
+        let walked = ContinuousClock.now
+        #expect(floatsExchange.vars()["truncated"] == .bool(true))
+        #expect(ContinuousClock.now - walked < .milliseconds(200))
+
+        // A sequence's keys are charged once, not by its scan and again: 3,000 numbers (16
+        // bytes each) fit in the budget whole.
+        let numbers = try LuaTest.load(
+            "return { on_request = function(req, ctx) local t = {} for i = 1, 3000 do t[i] = i end ctx.vars.n = t end }")
+        let numbersExchange = numbers.makeExchange()
+        var numbersRequest = LuaTest.get()
+        #expect(numbersExchange.onRequest(&numbersRequest).outcome == .ok)
+        let numberVars = numbersExchange.vars()
+        #expect(numberVars["truncated"] == nil)
+        if case .array(let items) = numberVars["n"] { #expect(items.count == 3000) } else { Issue.record("\(numberVars)") }
+
         // One table shared at every level, ten ways and fifteen deep: 10^15 paths, a few
         // hundred bytes of Lua. Each value is converted once, and only within the budget.
         let deep = try LuaTest.load(

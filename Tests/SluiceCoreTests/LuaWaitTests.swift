@@ -170,7 +170,7 @@ import Testing
     @Test func aSubrequestsHeaderCopiesAreBoundedByTheMemoryCap() throws {
         let host = FakeHost()
         let (_, outcome) = try start(
-            "local s = string.rep('v', 1 << 20) local h = {} for i = 1, 5000 do h['X-' .. i] = s end "
+            "local s = string.rep('v', 1 << 20) local h = {} for i = 1, 200 do h['X-' .. i] = s end "
                 + "sluice.http{url = 'http://audit.test/', headers = h}", host: host)
         let result = try #require(outcome()).1
         #expect(result.outcome.limitKind == .memory, "\(result.outcome)")

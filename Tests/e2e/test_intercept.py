@@ -872,3 +872,10 @@ def test_a_scripts_https_sub_request_to_an_intercepted_host(intercepting, ca_dir
     assert not any(k.lower() == "sluice-lua-depth" for k in seen), seen
     inner = log.wait_for(lambda e: e.get("method") == "GET" and e.get("policy") == "localhost")[0]
     assert inner["url"] == url and inner["status"] == 200, inner
+    # The CA the interception signs with is the one it loaded, not the file: a new CA written
+    # while Sluice runs changes neither the leaves nor what the sub-request trusts.
+    r = sluice_cli("ca", "init", "--force", "--dir", str(ca_dir))
+    assert r.returncode == 0, out(r)
+    with session_via(proxy.url) as s:
+        again = s.get(f"http://{HOST}:{httpbin.port}/headers", timeout=15)
+    assert again.json()["headers"].get("X-Echo", "").startswith("200 "), again.text

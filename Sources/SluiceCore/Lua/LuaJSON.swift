@@ -92,20 +92,23 @@ enum LuaJSON {
         lua_pushnil(L)
         while lua_next(L, index) != 0 {
             count += 1
-            held += 16 + Int(lua_rawlen(L, -2))
-            guard Lua.fitsCall(L, out.count + held) else {
-                sluice_lua_pop(L, 2)
-                return memoryProblem
-            }
             switch lua_type(L, -2) {
-            case LUA_TSTRING: keys.append((Array(Lua.bytes(L, -2)!), true))
+            case LUA_TSTRING:
+                held += 16 + Int(lua_rawlen(L, -2))
+                guard Lua.fitsCall(L, out.count + held) else {
+                    sluice_lua_pop(L, 2)
+                    return memoryProblem
+                }
+                keys.append((Array(Lua.bytes(L, -2)!), true))
             case LUA_TNUMBER:
                 lua_pushvalue(L, -2)
                 keys.append((Array(Lua.text(L, -1)!), false))
                 sluice_lua_pop(L, 1)
+                held += 16 + keys[keys.count - 1].text.count
             default:
+                let type = Lua.typeName(L, -2)
                 sluice_lua_pop(L, 2)
-                return "cannot encode a \(Lua.typeName(L, -2)) key"
+                return "cannot encode a \(type) key"
             }
             sluice_lua_pop(L, 1)
         }

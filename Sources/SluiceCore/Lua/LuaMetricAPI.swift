@@ -35,11 +35,11 @@ enum LuaMetricAPI {
         sluice_lua_pop(L, 1)
     }
 
-    /// Whether `name` is `[a-z_][a-z0-9_]*`.
     /// The longest metric name: names are kept for the process's life and written on every
     /// scrape.
     static let maxNameLength = 128
 
+    /// Whether `name` is `[a-z_][a-z0-9_]*` of at most `maxNameLength` bytes.
     static func isValidName(_ name: some Collection<UInt8>) -> Bool {
         guard name.count <= maxNameLength, let first = name.first,
             first == UInt8(ascii: "_") || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(first)

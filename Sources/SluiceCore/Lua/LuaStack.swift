@@ -178,8 +178,8 @@ enum Lua {
     /// (sequences as arrays), `depth` levels deep; nil for anything else (functions, userdata,
     /// nil), which a table then leaves out. Raw reads only: no metamethod runs.
     ///
-    /// At most `budget` bytes are made (each value and each string key counts 16, a string
-    /// value or key its length more): a script's table may hold one long string many times,
+    /// At most `budget` bytes are made (each value and each key counts 16, a string value or
+    /// key its length more): a script's table may hold one long string many times,
     /// as a value or as the key of many tables, or share a table at every level, and is small
     /// in the state's memory but not as copies. What goes past the budget is left out
     /// (`budget` is then negative).
@@ -202,8 +202,9 @@ enum Lua {
             let length = Int(lua_rawlen(L, index))
             // A sequence (keys exactly 1...length) becomes an array, anything else a table of
             // its string keys and its integer keys within 1...length. Which, is learned first
-            // without converting anything (each key counts against the budget too): every
-            // value is converted once, however deep the nesting.
+            // without converting anything (each key scanned counts against the budget, and is
+            // given back unless the budget ran out: a key is charged by the pass that copies
+            // it, or walks past it): every value is converted once, however deep the nesting.
             var isSequence = length > 0
             if isSequence {
                 var count = 0
@@ -222,10 +223,9 @@ enum Lua {
                     }
                 }
                 isSequence = isSequence && count == length
+                if budget >= 0 { budget += 16 * count }
             }
             if isSequence {
-                // A sequence's keys are not copied: the scan's charge for them is given back.
-                budget += 16 * length
                 var array: [LuaValue] = []
                 array.reserveCapacity(length)
                 for i in 1...length {
@@ -239,6 +239,10 @@ enum Lua {
             var table: [String: LuaValue] = [:]
             lua_pushnil(L)
             while lua_next(L, index) != 0 {
+                // Every key is charged, one left out as well (walking past many of them, in a
+                // table named many times, is work); a string key's bytes before they are
+                // copied, as a string value's.
+                budget -= 16
                 guard budget >= 0 else {
                     sluice_lua_pop(L, 2)
                     break
@@ -246,8 +250,7 @@ enum Lua {
                 if lua_type(L, -2) == LUA_TNUMBER, sluice_lua_isinteger(L, -2) != 0, let i = integer(L, -2), i >= 1, i <= length {
                     if let item = value(L, -1, depth: depth - 1, budget: &budget) { table[String(i)] = item }
                 } else if lua_type(L, -2) == LUA_TSTRING {
-                    // The key's bytes are charged before they are copied, as a string value's.
-                    budget -= 16 + Int(lua_rawlen(L, -2))
+                    budget -= Int(lua_rawlen(L, -2))
                     if budget >= 0, let key = string(L, -2), let item = value(L, -1, depth: depth - 1, budget: &budget) {
                         table[key] = item
                     }

@@ -116,9 +116,10 @@ final class SideFetch: CurlTransfer {
 
     /// `interceptionCA`: the fetch goes through this Sluice's listener to a host whose policy
     /// intercepts (`route(throughListener:)`), so its TLS is with the interception, whose leaf
-    /// comes from this Sluice's CA (this file) and which checks the origin itself under the
-    /// policy's trust: the fetch trusts that CA alone, with none of the origin's pins,
-    /// revocation checks or client certificate.
+    /// comes from this Sluice's CA (this certificate, PEM, as the interception holds it in
+    /// memory: not the file, which `sluice ca init --force` may have replaced since) and which
+    /// checks the origin itself under the policy's trust. The fetch trusts that CA alone, with
+    /// none of the origin's pins, revocation checks or client certificate.
     init(
         session: UpstreamSession, config: ServerConfiguration, policy: HostPolicy, url: String,
         headers: [(String, String)], body: [UInt8]?, reuse: UpstreamTLS.ConnectionReuse,
@@ -144,8 +145,13 @@ final class SideFetch: CurlTransfer {
         sluice_easy_setopt_ptr(h, CURLOPT_ERRORBUFFER, errorBuffer)
         policy.upstreamProxy?.apply(to: h)  // a token endpoint behind the parent, like its host's requests
         CurlUpstreamTransfer.applyProtocol(policy.http2.protocolChoice(https: isTLS), to: h)  // and its upstream.http2
-        if isTLS, let interceptionCA {
-            sluice_easy_setopt_str(h, CURLOPT_CAINFO, interceptionCA)
+        if isTLS, var interceptionCA {
+            // Copied by libcurl (`CURL_BLOB_COPY`); the blob replaces `CAINFO`.
+            interceptionCA.withUTF8 { pem in
+                var blob = curl_blob(
+                    data: UnsafeMutableRawPointer(mutating: pem.baseAddress), len: pem.count, flags: UInt32(CURL_BLOB_COPY))
+                _ = sluice_easy_setopt_ptr(h, CURLOPT_CAINFO_BLOB, &blob)
+            }
             sluice_easy_setopt_ptr(h, CURLOPT_CAPATH, nil)
             sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYPEER, 1)
             sluice_easy_setopt_long(h, CURLOPT_SSL_VERIFYHOST, 2)
