@@ -173,6 +173,12 @@ BAD: dict[str, Case] = {
         + CHUNKED_HELLO + SMUGGLED,
         strict_native(PASS), why=TE_TWICE_WHY, check=body_is(b"hello"),
         hint=r"chunked|transfer-encoding|transfer coding"),
+    # RFC 9112 §5.1: no whitespace between a field name and the colon. A reader that takes the
+    # line for `Content-Length` sees one response; one that ignores it reads to the close and
+    # sees SMUGGLED as body, so each engine must frame what it relays as it read it.
+    "whitespace_before_colon": Case(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length : 5\r\n\r\nhello" + SMUGGLED,
+        both(REJECT), hint=r"whitespace|colon"),
     "transfer_encoding_chunked_twice": Case(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n" + CHUNKED_HELLO + SMUGGLED,
@@ -219,6 +225,11 @@ GOOD: dict[str, Case] = {
     "head_with_content_length_1000": Case(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n",
         both(PASS), method="HEAD", check=lambda r: _assert_head_answer(r)),
+    # `Connection` may name only hop-by-hop fields; naming the length must not take away the
+    # framing Sluice relays the body by.
+    "connection_names_content_length": Case(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: content-length\r\nContent-Length: 5\r\n\r\nhello",
+        both(PASS), check=lambda r: (body_is(b"hello")(r), _assert_length(r, 5))),
     "continue_100_then_200": Case(
         b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
         both(PASS), method="POST", body=b"payload", check=body_is(b"hello")),
@@ -231,6 +242,10 @@ def _assert_folded_joined(r: Response) -> None:
     assert not any(ln[:1] in (b" ", b"\t") for ln in lines), f"a folded line reached the client: {r.raw_head!r}"
     folded = r.headers_named("x-folded")
     assert folded and all("transfer-encoding" in v.lower() for v in folded), r
+
+
+def _assert_length(r: Response, n: int) -> None:
+    assert r.header("content-length") == str(n) and r.framing == "length", r
 
 
 def _assert_no_length(r: Response) -> None:
