@@ -129,3 +129,28 @@ def test_a_policy_that_retries_runs_the_script_before_every_try(sluice_factory, 
     assert get(proxy, recorder, "/retry").status_code == 200
     tries = [dict((k.lower(), v) for k, v in r["headers"])["x-try"] for r in recorder.requests()]
     assert tries == ["1", "2"], tries
+
+
+@pytest.mark.parametrize("every_try", [False, True])
+def test_a_scripts_method_is_the_method_sent_on_every_try_too(sluice_factory, recorder, tmp_path, every_try):
+    """`req.method` goes upstream whether the hook runs once per exchange or on every try
+    (where the try's request is built again from the model: its method went missing)."""
+    entry = {"source": 'return { on_request = function(req) req.method = "POST" end }',
+             **({"every_try": True} if every_try else {})}
+    proxy = sluice_factory(lua_policy(entry, tmp_path))
+    assert get(proxy, recorder, "/m").status_code == 200
+    assert arrived(recorder)["method"] == "POST"
+
+
+@pytest.mark.parametrize("sent,made", [("HEAD", "GET"), ("GET", "HEAD"), ("GET", "CONNECT")])
+def test_a_method_cannot_change_to_or_from_head(sluice_factory, recorder, tmp_path, sent, made):
+    """The client frames the answer by the method it sent: a GET made HEAD would wait for a
+    body that never comes, a HEAD made GET would read the body as its next response. Such an
+    edit (and CONNECT) fails the call: 502 with fail_closed, nothing sent."""
+    proxy = sluice_factory(lua_policy({"source": f'return {{ on_request = function(req) req.method = "{made}" end }}'},
+                                      tmp_path))
+    r = get(proxy, recorder, "/h", method=sent)
+    assert r.status_code == 502, r.text
+    assert recorder.requests() == []
+    line = access_log(tmp_path).wait_for(lambda e: e.get("url", "").endswith("/h"))[0]
+    assert f"req.method cannot change {sent} to {made}" in line["lua"]["error"], line

@@ -188,7 +188,18 @@ enum LuaMessageAPI {
             guard !value.isEmpty, value.allSatisfy(isTokenByte) else {
                 return Lua.fail(L, "req.method '\(Lua.printable(value))' is not a method name")
             }
-            slot.request.method = Lua.makeString(value)
+            let method = Lua.makeString(value)
+            // The client frames the answer by the method it sent: a HEAD's answer has no body
+            // whatever its Content-Length says, any other's has one. A request made a HEAD (or
+            // no longer one) would be answered with a body the client does not read, or without
+            // one it waits for; CONNECT would ask the origin for a tunnel.
+            if (method == "HEAD") != (slot.request.method == "HEAD") || method == "CONNECT" {
+                return Lua.fail(
+                    L,
+                    "req.method cannot change \(slot.request.method) to \(Lua.printable(value)) (not to or from HEAD, nor to CONNECT)"
+                )
+            }
+            slot.request.method = method
         case "path":
             guard value.first == UInt8(ascii: "/"), value.allSatisfy(isTargetByte), !value.contains(UInt8(ascii: "?")) else {
                 return Lua.fail(L, "req.path '\(Lua.printable(value))' must start with / and hold no space, control, ? or #")

@@ -63,6 +63,8 @@ enum TryAdaptersStage: TryStage {
                 return .respond(error)
             }
         }
+        // A script's method (`req.method`, never to or from HEAD) goes with this try.
+        request.method = model.method
         request.headers = services.headerLines(for: model.headerFields)
         request.model = model
         return .proceed
