@@ -97,6 +97,22 @@ extension StageTests {
         #expect(body.count == 17)
     }
 
+    /// A `206`'s body is a part of a representation, described by its `Content-Range`: a
+    /// script may read it, not replace it (the call fails; 502 with `fail_closed`).
+    @Test func aPartialBodyIsNotReplaced() throws {
+        let script = "return { on_response = function(res) res:set_body('x') end }"
+        let (exchange, verdict, context, _) = try keptResponse(
+            Services([Self.bodyPolicy(script)]),
+            ["HTTP/1.1 206 Partial Content", "Content-Range: bytes 0-4/10", "Content-Length: 5"],
+            body: .whole(Array("hello".utf8)))
+        guard case .handled = verdict else {
+            Issue.record("the call failed: \(verdict)")
+            return
+        }
+        #expect(context.kept?.refusal != nil)
+        #expect(exchange.summary.lua?.error?.contains("res:set_body cannot replace a 206's body") == true)
+    }
+
     /// `res:retry()` after reading the body is a failed try the retry policy counts.
     @Test func resRetryAfterTheBody() throws {
         let script = "return { on_response = function(res) if res:body() == 'busy' then res:retry() end end }"

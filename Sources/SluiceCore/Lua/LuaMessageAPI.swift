@@ -299,8 +299,15 @@ enum LuaMessageAPI {
 
     /// Refused without `read_response_body: true`: the body then streams past the script, unread.
     private static let responseSetBody: Lua.Function = { L in
-        if let slot = slot(L, LuaState.of(L), 1, .response), slot.response.body == nil {
-            return Lua.fail(L, "res:set_body needs read_response_body: true (without it the body is streamed, never read)")
+        if let slot = slot(L, LuaState.of(L), 1, .response) {
+            if slot.response.body == nil {
+                return Lua.fail(L, "res:set_body needs read_response_body: true (without it the body is streamed, never read)")
+            }
+            // A part of a representation: its `Content-Range` would not describe another body,
+            // and a client that joins parts would join this one.
+            if slot.response.status == 206 {
+                return Lua.fail(L, "res:set_body cannot replace a 206's body (a part of a representation, by its Content-Range)")
+            }
         }
         return setBody(L, .response, "res", \.response.body)
     }
