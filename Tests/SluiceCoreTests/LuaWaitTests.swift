@@ -39,12 +39,14 @@ import Testing
         final class Store: LuaSharedStore {
             var asked: [LuaSharedOperation] = []
             var pending: [(Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>) -> Void] = []
+            /// Answers each operation inside the call that starts it (a Redis that is down).
+            var answerAtOnce: Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>?
             func perform(
                 _ operation: LuaSharedOperation,
                 completion: @escaping (Result<LuaSharedMemory.Value?, LuaSharedMemory.Failure>) -> Void
             ) {
                 asked.append(operation)
-                pending.append(completion)
+                if let answer = answerAtOnce { completion(answer) } else { pending.append(completion) }
             }
         }
         var store: Store?
@@ -227,6 +229,39 @@ import Testing
         #expect(try #require(second()).0.headers[HTTPField.Name("x-b")!] == "second")
     }
 
+    /// A `req` kept in a table of the script's top level while its call waits is not another
+    /// call's to read or edit: only the running call's messages answer.
+    @Test func aWaitingCallsRequestIsNotAnotherCallsToRead() throws {
+        let host = FakeHost()
+        let state = try LuaTest.load(
+            """
+            local kept = {}
+            return { on_request = function(req)
+              if kept.req == nil then
+                kept.req = req
+                sluice.http{url = 'http://audit.test/'}
+              else
+                local ok, seen = pcall(function() return kept.req.headers:get('x-secret') end)
+                req.headers:set('x-seen', ok and tostring(seen) or 'refused')
+                local edited = pcall(function() kept.req.headers:set('x-injected', '1') end)
+                req.headers:set('x-edited', tostring(edited))
+              end
+            end }
+            """)
+        var secret = LuaTest.get()
+        secret.headers[HTTPField.Name("x-secret")!] = "s3cr3t"
+        var waiting: (LuaRequestView, LuaCallResult)?
+        state.makeExchange().onRequest(secret, waitingWith: host, allowHosts: allow, depth: 0) { waiting = ($0, $1) }
+        let (_, other) = try start("", host: host, state: state)
+        let (seen, result) = try #require(other())
+        #expect(result.outcome == .ok, "\(result.outcome)")
+        #expect(seen.headers[HTTPField.Name("x-seen")!] == "refused")
+        #expect(seen.headers[HTTPField.Name("x-edited")!] == "false")
+        host.answer(200)
+        let (first, _) = try #require(waiting)
+        #expect(first.headers[HTTPField.Name("x-injected")!] == nil)
+    }
+
     @Test func sharedWaitsForTheFleetsStore() throws {
         let host = FakeHost()
         let store = FakeHost.Store()
@@ -241,6 +276,21 @@ import Testing
         let (request, result) = try #require(outcome())
         #expect(result.outcome == .ok, "\(result.outcome)")
         #expect(request.headers[HTTPField.Name("x-n")!] == "7 nil sluice.shared: timed out")
+    }
+
+    /// Waits answered at once (Redis down) in a loop: each resumes the coroutine from a loop,
+    /// not from inside the call that yielded (the stack stays flat), and each is charged a
+    /// period, so the loop stops at the instruction budget though it never reaches the hook.
+    @Test func waitsAnsweredAtOnceInALoopStopAtTheBudget() throws {
+        let host = FakeHost()
+        let store = FakeHost.Store()
+        store.answerAtOnce = .failure(.unavailable("the fleet's Redis is not available"))
+        host.store = store
+        let (_, outcome) = try start("while true do sluice.shared.get('k') end", host: host)
+        let result = try #require(outcome()).1
+        #expect(result.outcome.limitKind == .instructions, "\(result.outcome)")
+        #expect(result.outcome.message.contains("instruction limit reached while waiting"), "\(result.outcome)")
+        #expect(store.asked.count == LuaLimits.defaultInstructions / 1000)  // one period (1,000) a wait
     }
 
     @Test func allowHostsEntriesParse() {

@@ -120,7 +120,10 @@ enum LuaMessageAPI {
 
     /// The slot of the userdata at `index` if it is that slot's `role` userdata (scripts cannot
     /// make userdata, so any they pass is one of ours: the payload names a slot, and the slot
-    /// confirms by address) and its call is running the hook it belongs to.
+    /// confirms by address) and its call is the one running (`state.current`), in the hook it
+    /// belongs to. Not another call's: a script may keep a `req` in a table of its top level,
+    /// and a call that waits leaves its slot in its phase, which another exchange's call
+    /// (another policy's, with another `config`) must not read or answer.
     private static func slot(_ L: OpaquePointer?, _ state: LuaState, _ index: Int32, _ role: Role) -> LuaCallSlot? {
         // Every userdata a script can reach is at least a handle's size (a metric counter is
         // made as large, `LuaMetricAPI`); a light one is `json.null`, whose address is nil.
@@ -135,17 +138,18 @@ enum LuaMessageAPI {
             case .requestHeaders: slot.userdata.2
             case .responseHeaders: slot.userdata.3
             }
-        guard own == payload, slot.phase == (handle.kind == 0 ? .request : .response) else {
+        guard own == payload, slot === state.current, slot.phase == (handle.kind == 0 ? .request : .response) else {
             return nil
         }
         return slot
     }
 
-    /// The slot named by upvalue 2 of a field function, if its call runs `phase`.
+    /// The slot named by upvalue 2 of a field function, if its call is the one running, in
+    /// `phase`.
     private static func slot(_ L: OpaquePointer?, _ state: LuaState, upvalueFor phase: LuaCallSlot.Phase) -> LuaCallSlot? {
         guard let index = Lua.integer(L, Lua.upvalue(2)), index < state.slots.count else { return nil }
         let slot = state.slots[index]
-        return slot.phase == phase ? slot : nil
+        return slot === state.current && slot.phase == phase ? slot : nil
     }
 
     private static func outsideCall(_ L: OpaquePointer?, _ what: String) -> Int32 {

@@ -49,6 +49,13 @@ public struct LuaOperationError: Error, Sendable, Equatable {
 /// code was interrupted) and the call fails with the `wall` limit; a late completion is
 /// ignored.
 ///
+/// An answer that comes at once (Redis down, a refused sub-request) is held until the
+/// coroutine yielded, and then resumes it from a loop, not from inside the call that yielded:
+/// a script that waits in a loop would otherwise recurse without bound. Each wait is charged
+/// one period of the instruction budget and reads the clock, so such a loop, which never
+/// reaches the count hook (it is set again at each resume) nor lets the wall-clock timer fire
+/// (a loop event), stops at the instruction or the wall-clock budget all the same.
+///
 /// A client that leaves, or an exchange dropped, while the call waits does not end it: the
 /// call runs to its end or to its wall-clock limit, whichever is first, and its answer goes to
 /// an exchange that no longer listens. Nothing outlives that bound.
@@ -89,6 +96,10 @@ final class LuaWait {
     private var collections: Int32 = 0
     /// When the call began, on the state's clock.
     var started: Int64 = 0
+    /// `deliver` is resuming the coroutine: an answer held by a wait inside that run is left in
+    /// `next` for its loop.
+    private var delivering = false
+    private var next: Results?
     /// Resumes the coroutine with results (the exchange's), and ends the call.
     var resume: ((Results) -> Void)?
     var end: ((LuaCallResult) -> Void)?
@@ -118,7 +129,8 @@ final class LuaWait {
         guard yielded, phase == .starting else { return finish(result) }
         phase = .waiting
         let meter = state.meter
-        periods = meter.pointee.periods
+        // One period for the wait: a loop of waits answered at once never reaches the hook.
+        periods = meter.pointee.periods + 1
         periodLimit = meter.pointee.period_limit
         deadline = meter.pointee.deadline_us
         peak = meter.pointee.peak
@@ -129,7 +141,7 @@ final class LuaWait {
         }
         if let results = held {
             held = nil
-            answered(results)
+            deliver(results)
         }
     }
 
@@ -149,22 +161,48 @@ final class LuaWait {
     private func answered(_ results: @escaping Results) {
         switch phase {
         case .starting: held = results
-        case .waiting:
+        case .waiting: deliver(results)
+        case .running, .done: break  // late: the call ended (its wall limit) or moved on
+        }
+    }
+
+    /// Resumes the waiting coroutine with `results`, and again with each answer a wait in that
+    /// run got at once (`next`), in a loop; stops the call at its budgets first.
+    private func deliver(_ results: @escaping Results) {
+        if delivering {
+            next = results
+            return
+        }
+        delivering = true
+        defer { delivering = false }
+        var current: Results? = results
+        while let results = current, phase == .waiting {
+            current = nil
+            if periods >= periodLimit {
+                return stopped(.instructions, "instruction limit reached while waiting (limits.instructions)")
+            }
+            if state.now >= deadline { return stopped(.wall, "wall-clock limit reached while waiting (limits.wall)") }
             phase = .running
             operation = nil
             resume?(results)
-        case .running, .done: break  // late: the call ended (its wall limit) or moved on
+            current = next
+            next = nil
         }
     }
 
     private func expired() {
         timer = nil
         guard phase == .waiting else { return }
+        stopped(.wall, "wall-clock limit reached while waiting (limits.wall)")
+    }
+
+    /// Ends the waiting call at a budget (the coroutine is dropped; no Lua code was interrupted).
+    private func stopped(_ kind: LuaLimitKind, _ message: String) {
         var result = LuaCallResult()
         result.instructions = Int(periods) * Int(SLUICE_LUA_HOOK_PERIOD)
         result.peakMemory = peak
         result.microseconds = state.now - started
-        result.outcome = .limit(.wall, "\(state.script.name): wall-clock limit reached while waiting (limits.wall)")
+        result.outcome = .limit(kind, "\(state.script.name): \(message)")
         finish(result)
     }
 
@@ -175,6 +213,7 @@ final class LuaWait {
         timer?.cancel()
         timer = nil
         held = nil
+        next = nil
         resume = nil
         let end = end
         self.end = nil
