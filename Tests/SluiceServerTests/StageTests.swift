@@ -366,8 +366,15 @@ import Testing
         }
         #expect(exchange.machine.keepsScriptContexts)
         #expect(LuaStateCache.current.open[exchange.id] != nil)
+        let kept = try #require(LuaStateCache.current.open[exchange.id]?.first)
         _ = exchange.machine.ended(.ok, error: nil)
         #expect(LuaStateCache.current.open[exchange.id] == nil)
+
+        // A call that answers after the exchange ended (its client left while it waited) keeps
+        // nothing open: nothing would close it.
+        LuaStateCache.current.lastExchange = kept
+        exchange.takeLuaCall()
+        #expect(LuaStateCache.current.open[exchange.id] == nil && LuaStateCache.current.lastExchange == nil)
     }
 
     @Test func scriptsRunOnTheLinesWithoutAModel() throws {

@@ -98,8 +98,14 @@ extension Exchange {
     /// some (`runsScripts`).
     func takeLuaCall(_ cache: LuaStateCache = .current) {
         if cache.lastExchange != nil {
-            cache.keepLastExchangeOpen()
-            machine.keepsScriptContexts = true
+            if ended {
+                // A late answer (the client left while the call waited): the exchange's end
+                // closed what it kept already, and nothing would close this one.
+                cache.lastExchange = nil
+            } else {
+                cache.keepLastExchangeOpen()
+                machine.keepsScriptContexts = true
+            }
         }
         guard let call = cache.lastCall else { return }
         cache.lastCall = nil
