@@ -1,5 +1,7 @@
 #ifndef SLUICE_CLUA_LOOPS_H
 #define SLUICE_CLUA_LOOPS_H
+
+#include <limits.h>
 // The library functions whose work runs inside one C call, where the count hook never fires,
 // made to answer to a call's limits as the pattern functions of match.h do:
 //
@@ -11,8 +13,11 @@
 //   it is answered at once (the result is empty); otherwise its output is bounded by the
 //   memory cap, and it is charged by the bytes it makes when they fit under the cap.
 // - `table.sort` runs liblua's own sort on a table without a metatable (its size is bounded
-//   by the memory cap, an order function is Lua and counted); a table with a metatable is
-//   refused, since C functions as `__index`/`__newindex`/`__len` would make its loops free.
+//   by the memory cap, an order function is Lua and counted, the default order charged by the
+//   strings it compares); a table with a metatable is refused, since C functions as
+//   `__index`/`__newindex`/`__len` would make its loops free.
+// - `table.concat` and `table.unpack` are written here too: each element they read may go
+//   through a chain of `__index` tables, so each is a step, as a moved element is.
 // - Functions that work through their string arguments or build long strings in C (`upper`,
 //   `reverse`, `format`, `table.concat`, `load`, `utf8.len`, ...) read the wall clock before
 //   they run and charge one period per 16 KiB of string arguments: a loop of calls on a large
@@ -95,6 +100,47 @@ static int sluice_lua_tmove(lua_State *L) {
     }
     lua_pushvalue(L, dest);
     return 1;
+}
+
+/// `table.concat(list [, sep [, i [, j]]])`: each element read (through `__index`, which may
+/// be a chain of tables) is a step, so a long range is charged and the wall clock read.
+static int sluice_lua_tconcat(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    size_t lsep;
+    const char *sep = luaL_optlstring(L, 2, "", &lsep);
+    lua_Integer i = luaL_optinteger(L, 3, 1);
+    lua_Integer last = lua_isnoneornil(L, 4) ? luaL_len(L, 1) : luaL_checkinteger(L, 4);
+    sluice_lua_charge(L, (long long)(lsep >> 14));
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    lua_Integer done = 0;
+    for (; i <= last; i++, done++) {
+        sluice_lua_step(L, done);
+        lua_geti(L, 1, i);
+        if (!lua_isstring(L, -1))
+            return luaL_error(L, "invalid value (at index %I) in table for 'concat'", (LUAI_UACINT)i);
+        luaL_addvalue(&b);
+        if (i == last) break;  // `last` may be LUA_MAXINTEGER
+        luaL_addlstring(&b, sep, lsep);
+    }
+    luaL_pushresult(&b);
+    return 1;
+}
+
+/// `table.unpack(list [, i [, j]])`: as `concat`, a step per element read.
+static int sluice_lua_tunpack(lua_State *L) {
+    lua_Integer i = luaL_optinteger(L, 2, 1);
+    lua_Integer e = lua_isnoneornil(L, 3) ? luaL_len(L, 1) : luaL_checkinteger(L, 3);
+    if (i > e) return 0;
+    lua_Unsigned n = (lua_Unsigned)e - (lua_Unsigned)i;
+    if (n >= (unsigned int)INT_MAX || !lua_checkstack(L, (int)(++n)))
+        return luaL_error(L, "too many results to unpack");
+    for (lua_Integer done = 0; i < e; i++, done++) {
+        sluice_lua_step(L, done);
+        lua_geti(L, 1, i);
+    }
+    lua_geti(L, 1, e);
+    return (int)n;
 }
 
 /// Runs, in this call's frame, the liblua function a wrapper made by `sluice_lua_wrap` holds
@@ -194,10 +240,28 @@ static int sluice_lua_xpcall(lua_State *L) {
     return sluice_lua_run_wrapped(L);
 }
 
-/// `table.sort(t [, comp])`: liblua's (upvalue 1) on a table without a metatable.
+/// The order of a `table.sort` without an order function: Lua's `<`, read the wall clock
+/// before and charged one period per 16 KiB for a pair of long strings. Lua compares strings
+/// piece by piece between their NUL bytes (a `strcoll` each): a sort of long strings of NULs
+/// did seconds of work in one call for the sort's charge of its length.
+static int sluice_lua_sort_less(lua_State *L) {
+    size_t a = lua_type(L, 1) == LUA_TSTRING ? lua_rawlen(L, 1) : 0;
+    size_t b = lua_type(L, 2) == LUA_TSTRING ? lua_rawlen(L, 2) : 0;
+    if (a + b >= 1024) sluice_lua_charge(L, (long long)((a + b) >> 14));
+    lua_pushboolean(L, lua_compare(L, 1, 2, LUA_OPLT));
+    return 1;
+}
+
+/// `table.sort(t [, comp])`: liblua's (upvalue 1) on a table without a metatable, in the
+/// order `sluice_lua_sort_less` gives when the script gives none.
 static int sluice_lua_tsort(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TFUNCTION);
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TFUNCTION);
+    } else {
+        lua_settop(L, 1);
+        lua_pushcfunction(L, sluice_lua_sort_less);
+    }
     if (lua_getmetatable(L, 1)) return luaL_error(L, "table.sort: a table with a metatable is not sorted in a script");
     // n log n comparisons at most, n bounded by the memory cap: one period per 1,024 elements
     // up front, and the wall clock read.
@@ -227,11 +291,13 @@ static inline void sluice_lua_meter_loops(lua_State *L, const char *library) {
         lua_pushcfunction(L, sluice_lua_tmove);
         lua_setfield(L, -2, "move");
         sluice_lua_wrap(L, "sort", sluice_lua_tsort);
-        sluice_lua_wrap(L, "concat", sluice_lua_bulk_buffered);
-        sluice_lua_wrap(L, "unpack", sluice_lua_bulk);
+        lua_pushcfunction(L, sluice_lua_tconcat);
+        lua_setfield(L, -2, "concat");
+        lua_pushcfunction(L, sluice_lua_tunpack);
+        lua_setfield(L, -2, "unpack");
     } else if (strcmp(library, "string") == 0) {
         sluice_lua_wrap(L, "rep", sluice_lua_str_rep);
-        static const char *const bulk[] = {"byte", "sub", "unpack", NULL};
+        static const char *const bulk[] = {"byte", "sub", "unpack", "packsize", NULL};
         for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
         static const char *const buffered[] = {"char", "format", "lower", "pack", "reverse", "upper", NULL};
         for (int i = 0; buffered[i]; i++) sluice_lua_wrap(L, buffered[i], sluice_lua_bulk_buffered);

@@ -110,8 +110,11 @@ static int sluice_match_set(int c, const char *p, const char *close) {
     return negated;
 }
 
-/// Whether the subject byte at `s` matches the single-character class `p`…`end`.
+/// Whether the subject byte at `s` matches the single-character class `p`…`end`. A `[...]`
+/// set is charged by its length: it is read whole at each byte, and a long one in a loop is
+/// work the match calls alone would not count.
 static int sluice_match_one(sluice_match *m, const char *s, const char *p, const char *end) {
+    if (*p == '[') sluice_match_step(m, end - p);
     if (s >= m->subject_end) return 0;
     int c = (unsigned char)*s;
     switch (*p) {
@@ -227,6 +230,7 @@ static const char *sluice_match_body(sluice_match *m, const char *s, const char 
                 const char *end = sluice_match_item_end(m, p);
                 int before = s == m->subject ? 0 : (unsigned char)s[-1];
                 int after = s < m->subject_end ? (unsigned char)*s : 0;
+                sluice_match_step(m, 2 * (end - p));
                 if (sluice_match_set(before, p, end - 1) || !sluice_match_set(after, p, end - 1)) return NULL;
                 p = end;
                 continue;
@@ -258,6 +262,8 @@ static const char *sluice_match_body(sluice_match *m, const char *s, const char 
             }
         }
         if (!here) return NULL;
+        // A step per item matched one after another (`....` over a long subject).
+        sluice_match_step(m, 1);
         s++;
         p = end;
     }
@@ -439,6 +445,9 @@ static void sluice_gsub_replace(sluice_match *m, luaL_Buffer *b, const char *s, 
     if (kind == LUA_TSTRING || kind == LUA_TNUMBER) {
         size_t lr;
         const char *r = lua_tolstring(L, 3, &lr);
+        // A long replacement (`%1` repeated) at every match: its bytes are the work, a step
+        // per 16 (a period per 16 KiB, as the bulk functions are charged).
+        sluice_match_step(m, (long long)(lr >> 4));
         for (size_t i = 0; i < lr; i++) {
             if (r[i] != '%') {
                 luaL_addchar(b, r[i]);

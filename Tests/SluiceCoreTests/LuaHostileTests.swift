@@ -131,6 +131,30 @@ import Testing
         #expect(result.microseconds < 500_000, "\(result.microseconds) µs")
     }
 
+    /// Work inside one library call that no VM instruction counts: each is charged as it goes
+    /// (or reads the clock), so the call stops at a budget within its wall-clock limit rather
+    /// than seconds later. The default order of `table.sort` on long strings of NULs (Lua
+    /// compares them piece by piece), `concat` and `unpack` through a chain of 1,990
+    /// `__index` tables, a pattern walking one item per subject byte, a long `gsub`
+    /// replacement at every match, `string.packsize` of a long format.
+    @Test(arguments: [
+        "local s = string.rep('\\0', 3 << 20) local t = {} for i = 1, 200 do t[i] = s end table.sort(t)",
+        "local t = setmetatable({}, {__index = rawlen}) for i = 1, 1990 do t = setmetatable({}, {__index = t}) end "
+            + "table.concat(t, '', 1, 1e6)",
+        "local t = setmetatable({}, {__index = rawlen}) for i = 1, 1990 do t = setmetatable({}, {__index = t}) end "
+            + "table.unpack(t, 1, 3e5)",
+        "string.find(string.rep('a', (1 << 21) - 1), string.rep('.', 1 << 21))",
+        "string.gsub(string.rep('b', 1000), '(a*)', string.rep('%1', 1 << 20))",
+        "local f = string.rep('i', 3 << 20) for i = 1, 1e9 do string.packsize(f) end",
+    ])
+    func uncountedLibraryWorkIsCharged(_ body: String) throws {
+        var limits = LuaLimits.default
+        limits.wall = .milliseconds(300)
+        let (result, _) = try LuaTest.onRequest("return { on_request = function(req)\n\(body)\nend }", limits: limits)
+        #expect(result.outcome.limitKind == .instructions || result.outcome.limitKind == .wall, "\(result.outcome)")
+        #expect(result.microseconds < 600_000, "\(result.microseconds) µs")
+    }
+
     /// What Swift copies out of a script's values — `ctx.vars`, `json.encode`'s text, header
     /// edits, a `req:respond`'s fields, a log line — is bounded, however often one long string
     /// or one table is named: small in the state's memory is not small as copies.
