@@ -143,6 +143,61 @@ static int sluice_lua_tunpack(lua_State *L) {
     return (int)n;
 }
 
+/// The text `load` compiles, handed to the parser 1 KiB at a time.
+typedef struct {
+    lua_State *L;
+    const char *text;
+    size_t left;
+} sluice_lua_load_text;
+
+/// `lua_load`'s reader: the next piece of the text, after a read of the wall clock. The
+/// parser's work is not linear in the text (a name is looked up among every local of every
+/// enclosing function), so a large chunk made to be slow to compile is stopped between
+/// pieces: on a stop the text ends early (a syntax error for `load`), and the stop is raised at
+/// the script's next instruction.
+static const char *sluice_lua_load_piece(lua_State *L, void *ud, size_t *size) {
+    (void)L;
+    sluice_lua_load_text *t = (sluice_lua_load_text *)ud;
+    sluice_lua_meter *m = sluice_lua_meter_of(t->L);
+    if (t->left == 0 || !sluice_lua_tick(m, 0)) {
+        if (m->stopped != SLUICE_LUA_RUNNING) sluice_lua_stop_soon(m);
+        *size = 0;
+        return NULL;
+    }
+    size_t n = t->left < 1024 ? t->left : 1024;
+    const char *piece = t->text;
+    t->text += n;
+    t->left -= n;
+    *size = n;
+    return piece;
+}
+
+/// `load(chunk [, chunkname [, mode [, env]]])` of a text chunk, as liblua's, charged by its
+/// length and compiled in pieces (`sluice_lua_load_piece`). A function as the chunk (a reader)
+/// is refused: each piece it returns would be compiled unseen.
+static int sluice_lua_load_chunk(lua_State *L) {
+    if (lua_type(L, 1) != LUA_TSTRING)
+        return luaL_error(L, "load: the chunk must be a string (a reader function is not run in a script)");
+    size_t length;
+    const char *text = lua_tolstring(L, 1, &length);
+    const char *name = luaL_optstring(L, 2, text);
+    const char *mode = luaL_optstring(L, 3, "bt");
+    int env = !lua_isnone(L, 4) ? 4 : 0;
+    sluice_lua_charge(L, (long long)(length >> 14));
+    sluice_lua_load_text t = {L, text, length};
+    int status = lua_load(L, sluice_lua_load_piece, &t, name, mode);
+    if (status == LUA_OK) {
+        if (env != 0) {
+            lua_pushvalue(L, env);
+            if (!lua_setupvalue(L, -2, 1)) lua_pop(L, 1);
+        }
+        return 1;
+    }
+    luaL_pushfail(L);
+    lua_insert(L, -2);
+    return 2;
+}
+
 /// Runs, in this call's frame, the liblua function a wrapper made by `sluice_lua_wrap` holds
 /// (upvalue 1): its argument errors name it as the script called it.
 static inline int sluice_lua_run_wrapped(lua_State *L) {
@@ -306,9 +361,11 @@ static inline void sluice_lua_meter_loops(lua_State *L, const char *library) {
         for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
         sluice_lua_wrap(L, "char", sluice_lua_bulk_buffered);
     } else if (strcmp(library, "_G") == 0) {
-        static const char *const bulk[] = {"load", "tonumber", "tostring", NULL};
+        static const char *const bulk[] = {"tonumber", "tostring", NULL};
         for (int i = 0; bulk[i]; i++) sluice_lua_wrap(L, bulk[i], sluice_lua_bulk);
         sluice_lua_wrap(L, "xpcall", sluice_lua_xpcall);
+        lua_pushcfunction(L, sluice_lua_load_chunk);
+        lua_setfield(L, -2, "load");
     }
 }
 

@@ -136,7 +136,8 @@ import Testing
     /// than seconds later. The default order of `table.sort` on long strings of NULs (Lua
     /// compares them piece by piece), `concat` and `unpack` through a chain of 1,990
     /// `__index` tables, a pattern walking one item per subject byte, a long `gsub`
-    /// replacement at every match, `string.packsize` of a long format.
+    /// replacement at every match, `string.packsize` of a long format, `load` of a chunk made
+    /// to be slow to compile.
     @Test(arguments: [
         "local s = string.rep('\\0', 3 << 20) local t = {} for i = 1, 200 do t[i] = s end table.sort(t)",
         "local t = setmetatable({}, {__index = rawlen}) for i = 1, 1990 do t = setmetatable({}, {__index = t}) end "
@@ -146,6 +147,10 @@ import Testing
         "string.find(string.rep('a', (1 << 21) - 1), string.rep('.', 1 << 21))",
         "string.gsub(string.rep('b', 1000), '(a*)', string.rep('%1', 1 << 20))",
         "local f = string.rep('i', 3 << 20) for i = 1, 1e9 do string.packsize(f) end",
+        // A chunk slow to compile: each global name is looked up among 150 × 199 locals.
+        "local parts, names = {}, {} for i = 1, 199 do names[i] = 'a' .. i end "
+            + "for d = 1, 150 do parts[d] = 'local function f' .. d .. '() local ' .. table.concat(names, ',') end "
+            + "load(table.concat(parts, ' ') .. ' ' .. string.rep('x=x ', 1e5) .. string.rep(' end', 150))",
     ])
     func uncountedLibraryWorkIsCharged(_ body: String) throws {
         var limits = LuaLimits.default
