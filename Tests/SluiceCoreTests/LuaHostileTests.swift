@@ -157,7 +157,8 @@ import Testing
         limits.wall = .milliseconds(300)
         let (result, _) = try LuaTest.onRequest("return { on_request = function(req)\n\(body)\nend }", limits: limits)
         #expect(result.outcome.limitKind == .instructions || result.outcome.limitKind == .wall, "\(result.outcome)")
-        #expect(result.microseconds < 600_000, "\(result.microseconds) µs")
+        // Seconds each before; the bound leaves room for a loaded machine.
+        #expect(result.microseconds < 1_500_000, "\(result.microseconds) µs")
     }
 
     /// What Swift copies out of a script's values — `ctx.vars`, `json.encode`'s text, header
@@ -211,7 +212,7 @@ import Testing
         #expect(floatsExchange.onRequest(&floatsRequest).outcome == .ok)
         let walked = ContinuousClock.now
         #expect(floatsExchange.vars()["truncated"] == .bool(true))
-        #expect(ContinuousClock.now - walked < .milliseconds(200))
+        #expect(ContinuousClock.now - walked < .seconds(1))
 
         // A sequence's keys are charged once, not by its scan and again: 3,000 numbers (16
         // bytes each) fit in the budget whole.

@@ -142,7 +142,7 @@ def test_a_scripts_method_is_the_method_sent_on_every_try_too(sluice_factory, re
     assert arrived(recorder)["method"] == "POST"
 
 
-@pytest.mark.parametrize("sent,made", [("HEAD", "GET"), ("GET", "HEAD"), ("GET", "CONNECT")])
+@pytest.mark.parametrize("sent,made", [("HEAD", "GET"), ("GET", "HEAD"), ("GET", "head"), ("GET", "CONNECT")])
 def test_a_method_cannot_change_to_or_from_head(sluice_factory, recorder, tmp_path, sent, made):
     """The client frames the answer by the method it sent: a GET made HEAD would wait for a
     body that never comes, a HEAD made GET would read the body as its next response. Such an

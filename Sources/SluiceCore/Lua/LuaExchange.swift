@@ -199,9 +199,12 @@ public final class LuaExchange {
     /// returning `lua_resume`'s status) as the state's current call.
     @inline(__always)
     private func running(_ slot: LuaCallSlot, _ result: inout LuaCallResult, _ body: (inout LuaCallResult) -> Int32) {
+        // The previous value comes back after (nil but for a call run inside another's, which
+        // nothing does today): a message answers only in the running call.
+        let outer = state.current
         state.current = slot
         let status = body(&result)
-        state.current = nil
+        state.current = outer
         if slot.bodyRefused, case .error(let message) = result.outcome { result.outcome = .limit(.body, message) }
         slot.lastStatus = status
     }

@@ -197,7 +197,11 @@ enum LuaMessageAPI {
             // whatever its Content-Length says, any other's has one. A request made a HEAD (or
             // no longer one) would be answered with a body the client does not read, or without
             // one it waits for; CONNECT would ask the origin for a tunnel.
-            if (method == "HEAD") != (slot.request.method == "HEAD") || method == "CONNECT" {
+            let upper = method.uppercased()
+            let head = upper == "HEAD"
+            // Any case of either name is refused as the name itself (methods are
+            // case-sensitive, but an origin may read `head` as `HEAD`).
+            if head != (slot.request.method == "HEAD") || (head && method != "HEAD") || upper == "CONNECT" {
                 return Lua.fail(
                     L,
                     "req.method cannot change \(slot.request.method) to \(Lua.printable(value)) (not to or from HEAD, nor to CONNECT)"

@@ -160,21 +160,27 @@ enum ResponseEncoder {
         var kind: ResponseField
     }
 
-    /// Splits a field line at its colon: the name, and the value trimmed. Throws for a line
-    /// without a colon, with an invalid name, or with whitespace between the name and the colon
-    /// (RFC 9112 §5.1). That one is refused, not mended as §5.1 lets a proxy: libcurl does not
-    /// take `Content-Length : 5` for a length and reads the body to the close, so a head
-    /// mended to `Content-Length: 5` would frame for the client what libcurl did not, and the
-    /// bytes after the fifth would reach the client as a second response.
+    /// Splits a field line at its colon: the name without trailing whitespace, the value
+    /// trimmed. Throws for a line without a colon or with an invalid name. Whitespace between
+    /// the name and the colon is removed, as RFC 9112 §5.1 asks of a proxy — but refused before
+    /// `Content-Length` and `Transfer-Encoding`: libcurl does not take `Content-Length : 5` for a
+    /// length and reads the body to the close, so a head mended to `Content-Length: 5` would
+    /// frame for the client what libcurl did not, and the bytes after the fifth would reach the
+    /// client as a second response.
     private static func split(_ buf: UnsafeBufferPointer<UInt8>, _ start: Int, _ end: Int) throws(InvalidResponse) -> FieldLine {
         var colon = start
         while colon < end, buf[colon] != 0x3A { colon += 1 }
         guard colon < end else { throw InvalidResponse(reason: "header line without a colon") }
-        let nameEnd = colon
-        if nameEnd > start, buf[nameEnd - 1] == 0x20 || buf[nameEnd - 1] == 0x09 {
-            throw InvalidResponse(reason: "whitespace between a header field name and the colon")
-        }
+        var nameEnd = colon
+        while nameEnd > start, buf[nameEnd - 1] == 0x20 || buf[nameEnd - 1] == 0x09 { nameEnd -= 1 }
         guard nameEnd > start else { throw InvalidResponse(reason: "invalid header field name") }
+        if nameEnd < colon {
+            switch ResponseField(UnsafeBufferPointer(rebasing: buf[start..<nameEnd])) {
+            case .contentLength, .transferEncoding:
+                throw InvalidResponse(reason: "whitespace between a header field name and the colon")
+            default: break
+            }
+        }
         for i in start..<nameEnd where !ASCII.isTokenChar(buf[i]) {
             throw InvalidResponse(reason: "invalid header field name")
         }
@@ -231,9 +237,10 @@ enum ResponseEncoder {
     ///
     /// The upstream's head is checked as strictly as a request (RFC 9112 §5, §6.3): differing
     /// or malformed `Content-Length`s and invalid field names are refused (no response
-    /// smuggling through Sluice), and so is whitespace before a colon (`split`); CR, LF or NUL
-    /// inside a value become SP (RFC 9110 §5.5), so an upstream cannot inject fields. A
-    /// `Connection` option naming `Content-Length` does not drop it.
+    /// smuggling through Sluice), and so is whitespace before the colon of `Content-Length` or
+    /// `Transfer-Encoding` (before any other, it is removed: `split`); CR, LF or NUL inside a
+    /// value become SP (RFC 9110 §5.5), so an upstream cannot inject fields. A `Connection`
+    /// option naming `Content-Length` does not drop it.
     static func forwardedHead(
         _ head: ResponseHeadCollector, isHeadRequest: Bool, clientMinorVersion: Int,
         keepAlive: Bool, viaLine: [UInt8], extraLines: [UInt8] = [],
