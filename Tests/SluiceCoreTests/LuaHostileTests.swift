@@ -165,77 +165,55 @@ import Testing
     /// edits, a `req:respond`'s fields, a log line — is bounded, however often one long string
     /// or one table is named: small in the state's memory is not small as copies.
     @Test func swiftCopiesOfAScriptsValuesAreBounded() throws {
-        let bigVars = try LuaTest.load(
-            "return { on_request = function(req, ctx) local s = string.rep('v', 1 << 20) "
-                + "local t = {} for i = 1, 2000 do t[i] = s end ctx.vars.big = t ctx.vars.small = 'kept' end }")
-        let exchange = bigVars.makeExchange()
-        var request = LuaTest.get()
-        #expect(exchange.onRequest(&request).outcome == .ok)
-        let vars = exchange.vars()
-        #expect(vars["truncated"] == .bool(true))
-        var size = 0
-        func measure(_ v: LuaValue) {
+        /// `ctx.vars` as the access log gets them after `on_request` ran `body` (which succeeds),
+        /// and how long reading them took.
+        func vars(after body: String) throws -> (vars: [String: LuaValue], took: Duration) {
+            let state = try LuaTest.load("return { on_request = function(req, ctx) \(body) end }")
+            let exchange = state.makeExchange()
+            var request = LuaTest.get()
+            #expect(exchange.onRequest(&request).outcome == .ok, "\(body)")
+            let start = ContinuousClock.now
+            let vars = exchange.vars()
+            return (vars, ContinuousClock.now - start)
+        }
+        /// The bytes Swift holds for `v`: its strings and keys, 8 for anything else.
+        func size(_ v: LuaValue) -> Int {
             switch v {
-            case .string(let s): size += s.utf8.count
-            case .array(let items): items.forEach(measure)
-            case .table(let fields):
-                for (key, item) in fields {
-                    size += key.utf8.count
-                    measure(item)
-                }
-            default: size += 8
+            case .string(let s): s.utf8.count
+            case .array(let items): items.reduce(0) { $0 + size($1) }
+            case .table(let fields): fields.reduce(0) { $0 + $1.key.utf8.count + size($1.value) }
+            default: 8
             }
         }
-        vars.values.forEach(measure)
-        #expect(size <= LuaExchange.varsBudget)
 
-        // One long string as the key of many small tables: a key is copied as a value is.
-        let bigKeys = try LuaTest.load(
-            "return { on_request = function(req, ctx) local k = string.rep('k', 1 << 20) "
-                + "local t = {} for i = 1, 2000 do t[i] = { [k] = 1 } end ctx.vars.keys = t end }")
-        let keysExchange = bigKeys.makeExchange()
-        var keysRequest = LuaTest.get()
-        #expect(keysExchange.onRequest(&keysRequest).outcome == .ok)
-        let keyVars = keysExchange.vars()
-        #expect(keyVars["truncated"] == .bool(true))
-        size = 0
-        keyVars.values.forEach(measure)
-        #expect(size <= LuaExchange.varsBudget)
+        // One long string as the value of many fields, and as the key of many small tables.
+        for body in [
+            "local s = string.rep('v', 1 << 20) local t = {} for i = 1, 2000 do t[i] = s end ctx.vars.big = t ctx.vars.small = 'kept'",
+            "local k = string.rep('k', 1 << 20) local t = {} for i = 1, 2000 do t[i] = { [k] = 1 } end ctx.vars.keys = t",
+        ] {
+            let copied = try vars(after: body).vars
+            #expect(copied["truncated"] == .bool(true), "\(body)")
+            #expect(size(.table(copied)) <= LuaExchange.varsBudget, "\(body)")
+        }
 
         // Keys that are left out (not strings, not a sequence's) are charged as they are walked
-        // past: one table of 50,000 of them named 4,000 times is not 200 million steps.
-        let floats = try LuaTest.load(
-            "return { on_request = function(req, ctx) local f = {} for i = 1, 50000 do f[i + 0.5] = true end "
-                + "local t = {} for i = 1, 4000 do t[i] = f end ctx.vars.floats = t end }")
-        let floatsExchange = floats.makeExchange()
-        var floatsRequest = LuaTest.get()
-        #expect(floatsExchange.onRequest(&floatsRequest).outcome == .ok)
-        let walked = ContinuousClock.now
-        #expect(floatsExchange.vars()["truncated"] == .bool(true))
-        #expect(ContinuousClock.now - walked < .seconds(1))
+        // past: one table of 50,000 of them named 4,000 times is not 200 million steps. One
+        // table shared at every level, ten ways and fifteen deep (10^15 paths, a few hundred
+        // bytes of Lua): each value is converted once, and only within the budget.
+        for body in [
+            "local f = {} for i = 1, 50000 do f[i + 0.5] = true end local t = {} for i = 1, 4000 do t[i] = f end "
+                + "ctx.vars.floats = t",
+            "local t = {'x'} for d = 1, 15 do local n = {} for i = 1, 10 do n[i] = t end t = n end ctx.vars.deep = t",
+        ] {
+            let (copied, took) = try vars(after: body)
+            #expect(copied["truncated"] == .bool(true) && took < .seconds(1), "\(body): \(took)")
+        }
 
         // A sequence's keys are charged once, not by its scan and again: 3,000 numbers (16
         // bytes each) fit in the budget whole.
-        let numbers = try LuaTest.load(
-            "return { on_request = function(req, ctx) local t = {} for i = 1, 3000 do t[i] = i end ctx.vars.n = t end }")
-        let numbersExchange = numbers.makeExchange()
-        var numbersRequest = LuaTest.get()
-        #expect(numbersExchange.onRequest(&numbersRequest).outcome == .ok)
-        let numberVars = numbersExchange.vars()
-        #expect(numberVars["truncated"] == nil)
-        if case .array(let items) = numberVars["n"] { #expect(items.count == 3000) } else { Issue.record("\(numberVars)") }
-
-        // One table shared at every level, ten ways and fifteen deep: 10^15 paths, a few
-        // hundred bytes of Lua. Each value is converted once, and only within the budget.
-        let deep = try LuaTest.load(
-            "return { on_request = function(req, ctx) local t = {'x'} "
-                + "for d = 1, 15 do local n = {} for i = 1, 10 do n[i] = t end t = n end ctx.vars.deep = t end }")
-        let deepExchange = deep.makeExchange()
-        var deepRequest = LuaTest.get()
-        #expect(deepExchange.onRequest(&deepRequest).outcome == .ok)
-        let start = ContinuousClock.now
-        #expect(deepExchange.vars()["truncated"] == .bool(true))
-        #expect(ContinuousClock.now - start < .seconds(1))
+        let numbers = try vars(after: "local t = {} for i = 1, 3000 do t[i] = i end ctx.vars.n = t").vars
+        #expect(numbers["truncated"] == nil)
+        if case .array(let items) = numbers["n"] { #expect(items.count == 3000) } else { Issue.record("\(numbers)") }
 
         for body in [
             "local s = string.rep('v', 1 << 20) local t = {} for i = 1, 5000 do t[i] = s end sluice.json.encode(t)",
