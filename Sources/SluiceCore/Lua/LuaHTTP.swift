@@ -192,18 +192,15 @@ enum LuaHTTP {
                 guard let name = Lua.bytes(L, -2), !name.isEmpty, name.allSatisfy(Self.isTokenByte) else {
                     return Lua.fail(L, "sluice.http: header names must be strings of token characters")
                 }
-                guard lua_type(L, -1) == LUA_TSTRING || lua_type(L, -1) == LUA_TNUMBER else {
+                guard let value = Lua.text(L, -1) else {
                     return Lua.fail(L, "sluice.http: header '\(Lua.printable(name))' must be a string")
                 }
-                held += LuaMessageAPI.heldPerField + name.count + Int(lua_rawlen(L, -1))
+                held += LuaMessageAPI.heldPerField + name.count + value.count
                 guard Lua.fitsCall(L, held) else { return Lua.failMemory(L) }
-                guard let value = Lua.string(L, -1) else {
-                    return Lua.fail(L, "sluice.http: header '\(Lua.printable(name))' must be a string")
-                }
-                guard !value.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0 }) else {
+                guard !value.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0 }) else {
                     return Lua.fail(L, "sluice.http: header '\(Lua.printable(name))' holds CR, LF or NUL")
                 }
-                headers.append((Lua.makeString(name), value))
+                headers.append((Lua.makeString(name), Lua.makeString(value)))
                 sluice_lua_pop(L, 1)
             }
         default: return Lua.fail(L, "sluice.http: headers must be a table of name = value")

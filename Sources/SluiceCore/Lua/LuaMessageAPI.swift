@@ -622,7 +622,7 @@ enum LuaMessageAPI {
             _ = Lua.fail(L, "invalid header name '\(Lua.printable(bytes))'")
             return nil
         }
-        if bytes.count <= LuaHeaderNames.longestKept { state.headerNames.insert(Array(bytes), name) }
+        state.headerNames.insert(bytes, name)
         return name
     }
 

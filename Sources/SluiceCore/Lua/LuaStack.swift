@@ -286,8 +286,10 @@ struct LuaHeaderNames {
         return nil
     }
 
-    mutating func insert(_ key: [UInt8], _ name: HTTPField.Name) {
-        guard key.count <= Self.longestKept else { return }
+    /// Keeps `bytes` (copied, when not longer than `longestKept`) as naming `name`.
+    mutating func insert(_ bytes: UnsafeRawBufferPointer, _ name: HTTPField.Name) {
+        guard bytes.count <= Self.longestKept else { return }
+        let key = Array(bytes)
         if keys.count < Self.capacity {
             keys.append(key)
             names.append(name)

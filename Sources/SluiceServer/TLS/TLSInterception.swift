@@ -30,12 +30,16 @@ final class TLSInterception: @unchecked Sendable {
     }
 
     let ca: LocalCA
+    /// `ca`'s certificate as PEM, encoded once: what a `sluice.http` through an interception
+    /// trusts (`WorkerLuaHost`).
+    let caPEM: String
     private let context: OpaquePointer
     private let leafKey: OpaquePointer
     private let leaves = Mutex<[String: Leaf]>([:])
 
     init(ca: LocalCA) throws(ServerError) {
         self.ca = ca
+        caPEM = ca.certificatePEM
         guard let key = TLSObjects.generateKey() else {
             throw .startup("cannot generate the leaf key: \(TLSObjects.lastError())")
         }

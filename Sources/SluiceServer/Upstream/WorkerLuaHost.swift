@@ -49,7 +49,7 @@ final class WorkerLuaHost: LuaHost {
             headers.append((LuaSubrequest.depthHeader, LuaSubrequest.headerValue(depth: request.depth)))
         }
         // Intercepted, the TLS inside the tunnel is with this Sluice, under its own CA.
-        let interceptionCA = https && policy.intercept ? worker.interception.current?.ca.certificatePEM : nil
+        let interceptionCA = https && policy.intercept ? worker.interception.current?.caPEM : nil
         let fetch = SideFetch(
             session: worker.session, config: worker.config,
             policy: policy,
