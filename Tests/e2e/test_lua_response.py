@@ -47,6 +47,26 @@ def test_a_header_edit_reaches_the_client(sluice_factory, recorder, tmp_path):
     assert line["lua"]["hook"] == "on_response" and line["lua"]["vars"] == {"upstreams": 3}, line
 
 
+def test_an_edit_keeps_the_bytes_of_a_value_that_is_not_utf8(sluice_factory, recorder, tmp_path):
+    # An obs-text value (a Latin-1 filename) reaches the script as its bytes, and the client as
+    # the origin sent it when the script edits another field, not with U+FFFD in its place.
+    recorder.response = simple_response(200, b"hello", [("Content-Disposition", 'attachment; filename="caf\xe9.txt"')])
+    source = """return { on_response = function(res, ctx)
+      local v = res.headers:get("Content-Disposition")
+      ctx.vars.length = #v
+      ctx.vars.byte = string.byte(v, #v - 5)
+      res.headers:set("X-Edited", "1")
+    end }"""
+    proxy = sluice_factory(lua_policy({"source": source}, tmp_path))
+    r = get(proxy, recorder, "/latin1")
+    assert r.status_code == 200 and r.text == "hello", r.text
+    assert r.headers["X-Edited"] == "1"
+    # http.client reads header bytes as Latin-1: one byte 0xE9 is "é"; U+FFFD would be three.
+    assert r.headers["Content-Disposition"] == 'attachment; filename="caf\xe9.txt"', r.headers
+    line = access_log(tmp_path).wait_for(lambda e: e.get("url", "").endswith("/latin1"))[0]
+    assert line["lua"]["vars"] == {"length": 31, "byte": 0xE9}, line
+
+
 def test_res_retry_is_counted_by_the_retry_policy(sluice_factory, recorder, tmp_path):
     recorder.response = busy_then_ok(1)
     proxy = sluice_factory(lua_policy({"source": RETRY_BUSY}, tmp_path, policies={

@@ -112,8 +112,13 @@ struct ResponseHeadCollector {
         head.reason = reason
         head.isComplete = isComplete
         for field in replacement {
-            var line = field.name.rawName + ": " + field.value
-            line.withUTF8 { head.storage.append(UnsafeRawBufferPointer($0)) }
+            // The value's bytes, not `field.value`: a value that is not UTF-8 would come back
+            // with U+FFFD in place of each of its obs-text bytes.
+            var name = field.name.rawName
+            name.withUTF8 { head.storage.append(UnsafeRawBufferPointer($0)) }
+            let separator: StaticString = ": "
+            head.storage.append(UnsafeRawBufferPointer(start: separator.utf8Start, count: 2))
+            field.withUnsafeBytesOfValue { head.storage.append(UnsafeRawBufferPointer($0)) }
             head.looseEnds.append(head.storage.count)
         }
         return head

@@ -80,12 +80,15 @@ enum LuaResponseStage: ResponseStage {
     }
 
     /// The head as a script sees it: its status and field lines (a line without a valid
-    /// name, which the encoder refuses anyway, is left out).
+    /// name, which the encoder refuses anyway, is left out). Values keep their bytes: an
+    /// obs-text value (a Latin-1 filename) reaches the script, and the client when the script
+    /// edits another field, as the origin sent it (`HTTPField` stores what is not UTF-8 as
+    /// bytes; `replacingFields` writes them back).
     static func view(of head: ResponseHeadCollector) -> LuaResponseView {
         var fields = HTTPFields()
         head.forEachField { name, value in
             guard let name = HTTPField.Name(String(decoding: name, as: UTF8.self)) else { return }
-            fields.append(HTTPField(name: name, value: String(decoding: value, as: UTF8.self)))
+            fields.append(HTTPField(name: name, lenientValue: value))
         }
         return LuaResponseView(status: head.status, headers: fields)
     }
