@@ -239,21 +239,21 @@ def test_a_hundred_policies_running_one_script_share_one_state(sluice_factory, r
     hundred states and a hundred times the memory."""
     body = 'return { on_request = function(req, ctx) req.headers:set("X-Policy", ctx.config.name) end }'
 
-    def run(scripts: list[str], count: int = 100) -> tuple[float, float]:
+    def run(scripts: list[str], count: int = 100, same_config: bool = False) -> tuple[float, float]:
         paths = []
         for i, text in enumerate(scripts):
             path = tmp_path / f"tag{i}.lua"
             path.write_text(text)
             paths.append(path)
         policies = {f"p{i}.localhost": {"adapters": [{"lua": {"file": str(paths[i % len(paths)]),
-                                                             "config": {"name": f"p{i}"}}}]}
+                                                             "config": {"name": "p0" if same_config else f"p{i}"}}}]}
                     for i in range(count)}
         proxy, admin = metrics_proxy(sluice_factory, 1, policies=policies)
         with session_via(proxy.url) as s:
             for i in range(count):
                 r = s.get(f"http://p{i}.localhost:{recorder.port}/", timeout=10)
                 assert r.status_code == 200, (i, r.status_code, r.text)
-                assert arrived(recorder)["headers"].get("x-policy") == f"p{i}"
+                assert arrived(recorder)["headers"].get("x-policy") == ("p0" if same_config else f"p{i}")
         m = scrape(admin)
         return value(m, "sluice_lua_states"), value(m, "sluice_lua_memory_bytes")
 
@@ -261,10 +261,14 @@ def test_a_hundred_policies_running_one_script_share_one_state(sluice_factory, r
     single_states, single = run([body], count=1)
     assert single_states == 1 and 16 * 1024 < single < 256 * 1024, single
     shared_states, shared = run([body])
+    same_states, same = run([body], same_config=True)
     distinct_states, distinct = run([f"-- script {i}\n{body}" for i in range(100)])
-    print(f"one policy: {single:.0f} bytes; a hundred policies on one script: {shared:.0f}; "
-          f"on a hundred scripts: {distinct:.0f}")
-    assert shared_states == 1 and distinct_states == 100
+    print(f"one policy: {single:.0f} bytes; a hundred policies on one script: {shared:.0f} "
+          f"(with one config: {same:.0f}); on a hundred scripts: {distinct:.0f}")
+    assert shared_states == 1 and same_states == 1 and distinct_states == 100
+    # A hundred policies with one script and one `config`: one state, one `config` table, the
+    # memory of one policy (the gauge moves in steps of 16 KiB).
+    assert same == single, (same, single)
     # A hundred scripts: a hundred states. A hundred policies on one script: one state, with
     # their `config` tables and what the calls left for the collector (the count is the
     # allocator's, garbage included: Lua's collector lets the heap reach about twice what is

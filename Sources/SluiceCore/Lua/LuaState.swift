@@ -71,6 +71,10 @@ public final class LuaState {
     @exclusivity(unchecked) var headerNames = LuaHeaderNames()
     /// `ctx.config` tables already built, by the `LuaConfig` they came from.
     private var configs: [ObjectIdentifier: ConfigEntry] = [:]
+    /// The same tables by content: policies whose `config` is the same (each has its own
+    /// `LuaConfig`) share one frozen table, so a hundred policies running one script with one
+    /// `config` cost the state what one does. A table is released once no live config uses it.
+    private var configTables: [[String: LuaValue]: Int32] = [:]
     /// The config `pushConfig` served last, held with its table: one policy's exchanges find
     /// it without a dictionary lookup or a weak load.
     @exclusivity(unchecked) private var lastConfig: (config: LuaConfig, ref: Int32)?
@@ -393,19 +397,36 @@ public final class LuaState {
         if let entry = configs[key], entry.config === config {
             ref = entry.ref
         } else {
-            // Drop tables of configs that are gone (a reload retired their policies).
-            for (id, entry) in configs where entry.config == nil {
-                luaL_unref(L, Lua.registry, entry.ref)
-                configs[id] = nil
+            dropRetiredConfigs()
+            if let shared = configTables[config.values] {
+                ref = shared
+            } else {
+                lua_rawgeti(L, Lua.registry, lua_Integer(readonlyRef))
+                Lua.push(L, value: .table(config.values))
+                _ = sluice_lua_pcall(L, 1, 1)
+                ref = luaL_ref(L, Lua.registry)
+                configTables[config.values] = ref
             }
-            lua_rawgeti(L, Lua.registry, lua_Integer(readonlyRef))
-            Lua.push(L, value: .table(config.values))
-            _ = sluice_lua_pcall(L, 1, 1)
-            ref = luaL_ref(L, Lua.registry)
             configs[key] = ConfigEntry(config: config, ref: ref)
         }
         lastConfig = (config, ref)
         lua_rawgeti(co, Lua.registry, lua_Integer(ref))
+    }
+
+    /// Forgets the configs that are gone (a reload retired their policies), and releases each
+    /// table no live config uses any more.
+    private func dropRetiredConfigs() {
+        var released: [Int32] = []
+        for (id, entry) in configs where entry.config == nil {
+            released.append(entry.ref)
+            configs[id] = nil
+        }
+        guard !released.isEmpty else { return }
+        let used = Set(configs.values.map(\.ref))
+        for (values, ref) in configTables where released.contains(ref) && !used.contains(ref) {
+            luaL_unref(L, Lua.registry, ref)
+            configTables[values] = nil
+        }
     }
 
     /// A `ctx` table for an exchange, `{ config = <frozen config>, vars = {} }`: one an ended
