@@ -46,6 +46,45 @@ import Testing
         #expect(Self.issue(#"{ source: "return {}", file: x.lua }"#)?.message.contains("not both") == true)
     }
 
+    /// A whole `${NAME}` in `config` is the variable's value, as in a header adapter's value;
+    /// an unset one is an error at its line, and so is a plain `null` (Lua would see no key).
+    @Test func configTakesEnvironmentReferencesAndRefusesNull() throws {
+        setenv("SLUICE_TEST_LUA_TOKEN", "t-from-env", 1)
+        let policy = try Self.policy(
+            #"{ source: "return { on_request = function(req, ctx) req.headers:set('X-T', ctx.config.t .. ctx.config.list[1]) end }", config: { t: "${SLUICE_TEST_LUA_TOKEN}", list: ["${SLUICE_TEST_LUA_TOKEN}"] } }"#
+        )
+        var request = Self.request()
+        #expect(try policy.adapters[0].adapter.adaptInPlace(&request))
+        #expect(request.headerFields[HTTPField.Name("X-T")!] == "t-from-envt-from-env")
+        _ = LuaStateCache.takeLastCall()
+        let unset = try #require(Self.issue(#"{ source: "return {}", config: { t: "${SLUICE_TEST_LUA_UNSET}" } }"#))
+        #expect(unset.message.contains("environment variable SLUICE_TEST_LUA_UNSET is not set"))
+        #expect(unset.line == 4)
+        // Quoted, `null` is a string.
+        let quoted = try Self.policy(
+            #"{ source: "return { on_request = function(req, ctx) req.headers:set('X-N', ctx.config.n) end }", config: { n: "null" } }"#
+        )
+        request = Self.request()
+        #expect(try quoted.adapters[0].adapter.adaptInPlace(&request))
+        #expect(request.headerFields[HTTPField.Name("X-N")!] == "null")
+        _ = LuaStateCache.takeLastCall()
+        for plain in ["null", "~"] {
+            let issue = try #require(Self.issue(#"{ source: "return {}", config: { n: \#(plain) } }"#))
+            #expect(issue.message.contains("leave a key out rather than null"), "\(issue.message)")
+        }
+    }
+
+    /// A `file` that cannot be read is one error, at the file, not a second "needs file".
+    @Test func anUnreadableFileIsOneError() throws {
+        do {
+            _ = try Self.policy("{ file: /nonexistent/missing.lua }")
+            Issue.record("a missing file loaded")
+        } catch let error as ConfigError {
+            #expect(error.issues.count == 1, "\(error.issues)")
+            #expect(error.issues.first?.message.contains("is not a readable UTF-8 file") == true)
+        }
+    }
+
     @Test func aRelativeFileIsReadBesideTheConfiguration() throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("lua-kind-\(getpid())")
         try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)

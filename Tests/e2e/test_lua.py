@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from conftest import SLUICE_BIN
 from policy_support import AccessLog, monitors, sighup, stderr_len, stderr_since
 from support import HOST, session_via, wait_until
 from test_metric_values import metrics_proxy, settled
@@ -51,14 +52,22 @@ def access_log(tmp_path: Path) -> AccessLog:
 # ------------------------------------------------------------------------------------------
 
 def test_choose_token_by_header(sluice_factory, recorder, tmp_path):
+    # The tokens as the recipe's comment writes them: `${NAME}` references, read from the
+    # environment, never printed.
     proxy = sluice_factory(lua_policy({
         "file": str(EXAMPLES / "choose-token-by-header.lua"),
-        "config": {"header": "X-Tenant", "tokens": {"acme": "tok-acme", "globex": "tok-globex"}}}, tmp_path))
+        "config": {"header": "X-Tenant", "tokens": {"acme": "${ACME_TOKEN}", "globex": "${GLOBEX_TOKEN}"}}}, tmp_path),
+        env={"ACME_TOKEN": "tok-acme-7f3a", "GLOBEX_TOKEN": "tok-globex-9c1e"})
     r = get(proxy, recorder, "/t", {"X-Tenant": "globex"})
     assert r.status_code == 200, r.text
     h = arrived(recorder)["headers"]
-    assert h["authorization"] == "Bearer tok-globex"
+    assert h["authorization"] == "Bearer tok-globex-9c1e"
     assert "x-tenant" not in h
+    check = subprocess.run([SLUICE_BIN, "check", "--config", str(proxy.config_path), "--host", HOST],
+                           capture_output=True, text=True, timeout=30,
+                           env={"PATH": "/usr/bin:/bin", "ACME_TOKEN": "tok-acme-7f3a", "GLOBEX_TOKEN": "tok-globex-9c1e"})
+    assert check.returncode == 0 and "config keys header, tokens" in check.stdout, check.stdout + check.stderr
+    assert "tok-" not in check.stdout + check.stderr
     # An unknown tenant: fail_closed, nothing sent.
     n = len(recorder.requests())
     r = get(proxy, recorder, "/t", {"X-Tenant": "initech"})
@@ -66,6 +75,30 @@ def test_choose_token_by_header(sluice_factory, recorder, tmp_path):
     assert len(recorder.requests()) == n
     line = access_log(tmp_path).wait_for(lambda e: e.get("status") == 502)[0]
     assert "no token for tenant initech" in line["lua"]["error"], line
+    assert "tok-" not in (tmp_path / "access.log").read_text() + stderr_since(proxy, 0)
+
+
+def test_a_script_that_logs_a_secret_has_it_redacted(sluice_factory, recorder, tmp_path):
+    # `sluice.log` lines pass through the running configuration's redactor: a `${NAME}` of
+    # `config` and the bearer token an adapter set before the script are not printed, in the
+    # diagnostics log nor (through ctx.vars) in the access log.
+    source = """return { on_request = function(req, ctx)
+      sluice.log.info("key=" .. ctx.config.key .. " auth=" .. req.headers:get("Authorization"))
+      ctx.vars.key = ctx.config.key
+    end }"""
+    proxy = sluice_factory({
+        "policies": {HOST: {"adapters": [{"bearer": "bearer-secret-5d2e"},
+                                         {"lua": {"source": source, "config": {"key": "${LUA_SECRET_KEY}"}}}]}},
+        "monitors": monitors(access=tmp_path / "access.log")}, env={"LUA_SECRET_KEY": "cfg-secret-8b4f"})
+    offset = stderr_len(proxy)
+    assert get(proxy, recorder, "/s").status_code == 200
+    assert arrived(recorder)["headers"]["authorization"] == "Bearer bearer-secret-5d2e"
+    assert wait_until(lambda: "key=" in stderr_since(proxy, offset), 5), stderr_since(proxy, offset)
+    line = [x for x in stderr_since(proxy, offset).splitlines() if "key=" in x][0]
+    assert "key=<redacted> auth=Bearer <redacted>" in line, line
+    entry = access_log(tmp_path).wait_for(lambda e: e.get("url", "").endswith("/s"))[0]
+    assert entry["lua"]["vars"] == {"key": "<redacted>"}, entry
+    assert "secret-" not in (tmp_path / "access.log").read_text() + stderr_since(proxy, 0)
 
 
 def test_rewrite_path_by_config(sluice_factory, recorder, tmp_path):

@@ -5,7 +5,7 @@
 --
 --   - lua:
 --       file: choose-token-by-header.lua
---       config: { header: X-Tenant, tokens: { acme: ${ACME_TOKEN}, globex: ${GLOBEX_TOKEN} } }
+--       config: { header: X-Tenant, tokens: { acme: "${ACME_TOKEN}", globex: "${GLOBEX_TOKEN}" } }
 return {
   on_request = function(req, ctx)
     local name = ctx.config.header or "X-Tenant"

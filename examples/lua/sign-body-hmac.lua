@@ -5,7 +5,7 @@
 --   - lua:
 --       file: sign-body-hmac.lua
 --       read_body: true
---       config: { key: ${SIGNING_KEY} }
+--       config: { key: "${SIGNING_KEY}" }
 return {
   -- A signer signs each try (read_body implies it; the script says so for readers too).
   every_try = true,

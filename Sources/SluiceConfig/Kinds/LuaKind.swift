@@ -32,6 +32,8 @@ enum LuaKind: InterceptorKind {
         var limits = LuaLimits.default
         var allowHosts: [LuaAllowedHost] = []
         var allowNode: YAMLNode?
+        /// A `file` or `source` was given (a file that cannot be read has its own error).
+        var named = false
         let file = reader.file
         let known = [
             "file", "source", "config", "on_error", "every_try", "read_body", "read_response_body", "limits", "allow_hosts",
@@ -40,6 +42,7 @@ enum LuaKind: InterceptorKind {
             switch key {
             case "file":
                 guard script == nil else { return r.fail(value, "lua takes file or source, not both") }
+                named = true
                 guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "file must be a path") }
                 let resolved = Self.resolve(path, against: file)
                 guard let text = FileContents.text(atPath: resolved) else {
@@ -50,15 +53,15 @@ enum LuaKind: InterceptorKind {
                 scriptNode = value
             case "source":
                 guard script == nil else { return r.fail(value, "lua takes file or source, not both") }
+                named = true
                 guard let text = value.scalar?.string else { return r.fail(value, "source must be the script's text") }
                 script = LuaScript(name: "source.lua", source: text)
                 origin = "source"
                 scriptNode = value
             case "config":
-                guard case .mapping = value, case .table(let fields)? = Self.value(value, &r) else {
-                    return r.fail(value, "config must be a map")
-                }
-                config = fields
+                guard case .mapping = value else { return r.fail(value, "config must be a map") }
+                // A value Lua cannot hold has its own error, at its line.
+                if case .table(let fields)? = Self.value(value, &r) { config = fields }
             case "on_error":
                 guard let choice = value.scalar.flatMap({ LuaAdapter.OnError(rawValue: $0.string) }) else {
                     return r.fail(value, "on_error must be fail_closed or fail_open")
@@ -84,7 +87,7 @@ enum LuaKind: InterceptorKind {
             }
         }
         guard let script, let scriptNode else {
-            reader.fail(settings, "lua needs file or source")
+            if !named { reader.fail(settings, "lua needs file or source") }
             return nil
         }
         let hooks: LuaHooks
@@ -165,13 +168,24 @@ enum LuaKind: InterceptorKind {
         }
     }
 
-    /// A YAML value as `ctx.config` holds it; nil (with an error) for what Lua cannot hold.
+    /// A YAML value as `ctx.config` holds it; nil (with an error) for what Lua cannot hold. A
+    /// string that is a whole `${NAME}` is the environment variable's value, a secret (an unset
+    /// one is an error, and logs redact the value) — as in a header adapter's value; a plain
+    /// `null` (or `~`) is refused, since Lua would see the key as absent.
     static func value(_ node: YAMLNode, _ reader: inout NodeReader) -> LuaValue? {
         switch node {
         case .scalar(let scalar):
             if let b = scalar.bool { return .bool(b) }
             if let i = scalar.int { return .integer(i) }
             if let d = scalar.float { return .number(d) }
+            if scalar.style == .plain && NodeReader.nullWords.contains(scalar.string) {
+                reader.fail(
+                    node, "config values are strings, numbers, booleans, lists and maps: leave a key out rather than null")
+                return nil
+            }
+            if scalar.string.hasPrefix("${") && scalar.string.hasSuffix("}") {
+                return reader.secret(node, what: "config value").map { .string($0.value) }
+            }
             return .string(scalar.string)
         case .sequence(let items):
             var out: [LuaValue] = []

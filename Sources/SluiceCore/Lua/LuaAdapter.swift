@@ -1,5 +1,6 @@
 import HTTPTypes
 import Logging
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -420,8 +421,11 @@ extension LuaStateCache {
                 case .warn: .warning
                 case .error: .error
                 }
-            // One line each: a script's newlines cannot forge another log line.
-            let message = line.message.split(whereSeparator: \.isNewline).joined(separator: " ")
+            // One line each: a script's newlines cannot forge another log line. The running
+            // configuration's secrets (a `${NAME}` of `config`, a bearer token a script read
+            // from the request) are redacted, as in the access log.
+            let message = logRedactor.withLock { $0 }.scrub(
+                line.message.split(whereSeparator: \.isNewline).joined(separator: " "))
             scriptLog.log(level: level, "lua \(line.script):\(line.line) request \(line.requestID): \(message)")
         })
         pthread_setspecific(threadKey, Unmanaged.passRetained(cache).toOpaque())
@@ -429,6 +433,10 @@ extension LuaStateCache {
     }
 
     private static let scriptLog = Logger(label: "sluice.lua")
+
+    /// What redacts scripts' `sluice.log` lines: the running configuration's (`ProxyServer`
+    /// sets it at start and on each reload).
+    public static let logRedactor = Mutex(Redactor(secretValues: []))
 
     private static let threadKey: pthread_key_t = {
         var key = pthread_key_t()
