@@ -252,8 +252,8 @@ import Testing
         let source = "return { on_request = function(req, ctx) req.headers:set('x-policy', ctx.config.name) end }"
         var states: [LuaState] = []
         for i in 0..<100 {
-            // Same content under different file names: one state.
-            let state = try cache.state(for: LuaScript(name: "policy\(i).lua", source: source))
+            // The same file, a hundred policies each with its own config: one state.
+            let state = try cache.state(for: LuaScript(name: "policy.lua", source: source))
             let config = LuaConfig(["name": .string("p\(i)")])
             var request = LuaTest.get()
             #expect(state.makeExchange(config: config).onRequest(&request).outcome == .ok)
@@ -266,6 +266,23 @@ import Testing
         // A different script is a different state.
         _ = try cache.state(for: LuaScript(name: "other.lua", source: source + " "))
         #expect(cache.count == 2)
+    }
+
+    /// The same text in two files is two states: a state's chunk is named after its file, and
+    /// an error or a log line of one must not name the other.
+    @Test func theSameTextInTwoFilesIsNamedAfterEach() throws {
+        let cache = LuaStateCache()
+        let source = "return { on_request = function(req, ctx) error('boom') end }"
+        let a = try cache.state(for: LuaScript(name: "a.lua", source: source))
+        let b = try cache.state(for: LuaScript(name: "b.lua", source: source))
+        #expect(a !== b && cache.count == 2)
+        func message(_ state: LuaState) -> String? {
+            var request = LuaTest.get()
+            if case .error(let text) = state.makeExchange().onRequest(&request).outcome { return text }
+            return nil
+        }
+        #expect(message(b)?.hasPrefix("b.lua:1: boom") == true, "\(String(describing: message(b)))")
+        #expect(message(a)?.hasPrefix("a.lua:1: boom") == true, "\(String(describing: message(a)))")
     }
 
     @Test func aScriptWithoutAHookCostsNothing() throws {

@@ -1,5 +1,6 @@
-/// A worker's Lua states, one per (script content, memory cap): the 100 policies of a config
-/// that run the same script share one state and its memory. A state poisoned by a limit is
+/// A worker's Lua states, one per (script, memory cap) — a script is its name and its content:
+/// the 100 policies of a config that run the same script share one state and its memory. The
+/// same text in two files is two states, since a state's errors and log lines name its file. A state poisoned by a limit is
 /// replaced on its next lookup; exchanges that still hold the old one finish with it.
 ///
 /// Threading: one per worker, used on that worker's thread only. The fields every request
@@ -9,6 +10,7 @@
 public final class LuaStateCache {
     private struct Key: Hashable {
         var contentHash: String
+        var name: String
         var memory: Int
     }
     private var states: [Key: LuaState] = [:]
@@ -43,7 +45,7 @@ public final class LuaStateCache {
     /// limits only bound the script's top level when the state is built). Throws when the
     /// script does not load.
     public func state(for script: LuaScript, limits: LuaLimits = .default) throws(LuaLoadError) -> LuaState {
-        let key = Key(contentHash: script.contentHash, memory: limits.memory)
+        let key = Key(contentHash: script.contentHash, name: script.name, memory: limits.memory)
         if let last, last.key == key, !last.state.isPoisoned { return last.state }
         if let state = states[key], !state.isPoisoned {
             last = (key, state)
