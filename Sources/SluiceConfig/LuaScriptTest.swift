@@ -97,15 +97,28 @@ public enum LuaScriptTest {
             record("on_request", result)
             answered = result.respond
         }
-        var origin = answered == nil ? response : nil
+        // A failed `on_request` ends the exchange as the proxy ends it by default
+        // (`on_error: fail_closed`): a 502, nothing sent upstream, no `on_response`; `on_log`
+        // still runs.
+        let refused = records.last.map { $0.hook == "on_request" && $0.outcome != "ok" } ?? false
+        var origin = answered == nil && !refused ? response : nil
         if var edited = origin, state.hasOnResponse {
             let result = exchange.onResponse(&edited)
             record("on_response", result)
             if result.retry { out += "res:retry(): the retry policy would count this answer as a failed try\n" }
             origin = edited
         }
+        if let given = response, let after = origin, after.status != 204, after.status != 304,
+            isChunked(given.headers) || after.body != given.body
+        {
+            // A chunked body, or one the script replaced: re-framed as the proxy sends it.
+            origin = reframed(after)
+        }
         if state.hasOnLog { record("on_log", exchange.onLog()) }
-        if let answered {
+        if refused {
+            out +=
+                "--- answered by Sluice: 502 (on_request failed; with on_error: fail_closed, the default, nothing is sent upstream and on_response does not run; with fail_open the request goes on without the script's edits)\n"
+        } else if let answered {
             out += "--- answered by req:respond (nothing sent upstream)\n" + render(answered)
         } else {
             out += "--- request\n" + render(request)
@@ -233,14 +246,59 @@ public enum LuaScriptTest {
             body: body)
     }
 
-    /// `HTTP/1.1 STATUS REASON`.
+    /// `HTTP/1.1 STATUS REASON`. A chunked body (a `Transfer-Encoding` whose last coding is
+    /// `chunked`) is decoded, as the proxy gives it to `res:body()` and to `sluice.http`.
     static func parseResponse(_ text: String, file: String) throws(Failure) -> LuaResponseView {
         let (start, headers, body) = try parseMessage(text, file: file)
         let parts = start.split(separator: " ", maxSplits: 2)
         guard parts.count >= 2, parts[0].hasPrefix("HTTP/"), let status = Int(parts[1]), (100...999).contains(status) else {
             throw Failure(description: "\(file):1: not a status line (HTTP/1.1 STATUS REASON): \(start)")
         }
-        return LuaResponseView(status: status, headers: headers, body: body)
+        let decoded = isChunked(headers) ? try dechunked(body, file: file) : body
+        return LuaResponseView(status: status, headers: headers, body: decoded)
+    }
+
+    static func isChunked(_ headers: HTTPFields) -> Bool {
+        let codings = headers[values: .transferEncoding].flatMap { $0.split(separator: ",") }
+        return codings.last.map { $0.trimmingWhitespace().lowercased() == "chunked" } ?? false
+    }
+
+    /// The data of a chunked body: sizes in hex (extensions after `;` ignored), up to the last
+    /// chunk; trailer fields are dropped, as the proxy drops them.
+    static func dechunked(_ body: [UInt8], file: String) throws(Failure) -> [UInt8] {
+        var out: [UInt8] = []
+        var at = 0
+        while true {
+            guard let lf = body[at...].firstIndex(of: 0x0A) else {
+                throw Failure(description: "\(file): chunked body without its last chunk")
+            }
+            let line = String(decoding: body[at..<lf], as: UTF8.self)
+            let digits = line.split(separator: ";", maxSplits: 1).first.map { $0.trimmingWhitespace() } ?? ""
+            guard !digits.isEmpty, digits.count <= 15, let size = Int(digits, radix: 16) else {
+                throw Failure(description: "\(file): bad chunk size line: \(line)")
+            }
+            at = lf + 1
+            if size == 0 { return out }
+            guard at + size <= body.count else { throw Failure(description: "\(file): chunk shorter than its size \(digits)") }
+            out += body[at..<at + size]
+            at += size
+            // The chunk's CRLF (or LF).
+            if at < body.count, body[at] == 0x0D { at += 1 }
+            guard at < body.count, body[at] == 0x0A else {
+                throw Failure(description: "\(file): chunk of size \(digits) not followed by a line end")
+            }
+            at += 1
+        }
+    }
+
+    /// The response as the client gets a kept body: framed by `Content-Length`, its
+    /// `Transfer-Encoding` and old `Content-Length` left out (`ResponseEncoder.keptBodyAnswer`).
+    static func reframed(_ response: LuaResponseView) -> LuaResponseView {
+        var out = response
+        out.headers[fields: .transferEncoding] = []
+        out.headers[fields: .contentLength] = []
+        out.headers.append(HTTPField(name: .contentLength, value: String(response.body?.count ?? 0)))
+        return out
     }
 
     static func render(_ request: LuaRequestView) -> String {

@@ -110,14 +110,39 @@ def test_lua_test_fails_on_a_script_error_and_on_bad_files(sluice_bin, tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
     # (no --config: ctx.config is empty)
     assert "on_request: error: s.lua:4: attempt to index a nil value (field 'tokens')" in out.stdout, out.stdout
-    # The request is printed as it was: a failed call's edits are dropped.
-    assert "X-Tenant: nobody" in out.stdout.split("--- request\n")[1], out.stdout
+    # As fail_closed in the proxy: a 502, nothing sent upstream, no on_response; on_log runs.
+    assert "--- answered by Sluice: 502" in out.stdout and "--- request" not in out.stdout, out.stdout
+    (tmp_path / "res.http").write_text("HTTP/1.1 200 OK\nServer: origin/1\n\nhello\n")
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http", "--response",
+                   tmp_path / "res.http")
+    assert out.returncode == 1 and "on_response: " not in out.stdout.split("--- log")[0], out.stdout
+    assert "--- response" not in out.stdout and "on_log: ok" in out.stdout, out.stdout
     (tmp_path / "bad.http").write_text("not a request\n")
     out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "bad.http")
     assert out.returncode == 1 and "bad.http:1: not a request line" in out.stderr, out.stderr
     (tmp_path / "w.lua").write_text(WRITES_GLOBAL)
     out = lua_test(sluice_bin, tmp_path / "w.lua", "--request", tmp_path / "req.http")
     assert out.returncode == 1 and "w.lua:3: hook writes global 'counter'" in out.stderr, out.stderr
+
+
+def test_lua_test_decodes_a_chunked_response_and_reframes_it(sluice_bin, tmp_path):
+    # As the proxy: res:body() is the decoded body, and the client gets it framed by
+    # Content-Length (also after res:set_body).
+    (tmp_path / "s.lua").write_text('return { on_response = function(res, ctx) ctx.vars.seen = res:body(); '
+                                    'res:set_body(res:body():upper()) end }')
+    (tmp_path / "req.http").write_text("GET / HTTP/1.1\nHost: a.test\n\n")
+    (tmp_path / "res.http").write_bytes(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                        b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n")
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http", "--response",
+                   tmp_path / "res.http")
+    assert out.returncode == 0, out.stdout + out.stderr
+    response = out.stdout.split("--- response\n")[1].split("\n--- ")[0]
+    assert response == "HTTP/1.1 200\nContent-Length: 11\n\nHELLO WORLD", out.stdout
+    assert '"vars":{"seen":"hello world"}' in out.stdout, out.stdout
+    (tmp_path / "bad.http").write_bytes(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n")
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http", "--response",
+                   tmp_path / "bad.http")
+    assert out.returncode == 1 and "bad.http: bad chunk size line: zz" in out.stderr, out.stdout + out.stderr
 
 
 FETCHES_A_TOKEN = """
