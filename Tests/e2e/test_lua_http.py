@@ -126,6 +126,25 @@ def test_audit_summary_recipe_goes_through_the_audit_hosts_policy(sluice_factory
     assert lua_line(tmp_path, 200)["vars"] == {"audit": 200}
 
 
+def test_a_sub_request_carries_only_the_fields_the_script_wrote(sluice_factory, recorder, audit, tmp_path):
+    # libcurl's own `Accept: */*` and form `Content-Type` stay out; what the script sets goes.
+    sink = audit()
+    source = f"""return {{ on_request = function(req, ctx)
+      local a = sluice.http{{ method = "POST", url = "http://localhost:{sink.port}/a", headers = {{ ["X-S"] = "1" }},
+                             body = "hi" }}
+      local b = sluice.http{{ url = "http://localhost:{sink.port}/b", headers = {{ Accept = "text/plain" }} }}
+      ctx.vars.statuses = a.status .. "," .. b.status
+    end }}"""
+    proxy = sluice_factory(config(tmp_path, {"source": source, "allow_hosts": [f"localhost:{sink.port}"]}))
+    assert get(proxy, recorder, "/f").status_code == 200
+    first, second = sink.requests()
+    assert first["method"] == "POST" and first["body"] == b"hi" and first["headers"]["x-s"] == "1", first
+    assert "content-type" not in first["headers"] and "accept" not in first["headers"], first
+    assert "expect" not in first["headers"], first
+    assert second["headers"]["accept"] == "text/plain", second
+    assert lua_line(tmp_path, 200)["vars"] == {"statuses": "200,200"}
+
+
 def test_a_sub_request_is_retried_and_cached_by_its_hosts_policy(sluice_factory, recorder, audit, tmp_path):
     """A sub-request goes through the target host's whole pipeline, not only its adapters: that
     host's `retry` turns a 503 into a second try (the script sees its 200), and the cache

@@ -48,6 +48,14 @@ final class WorkerLuaHost: LuaHost {
         if !https || policy.intercept {
             headers.append((LuaSubrequest.depthHeader, LuaSubrequest.headerValue(depth: request.depth)))
         }
+        // libcurl adds fields the script did not write — `Accept: */*`, a form `Content-Type`
+        // on a body, `Expect: 100-continue` on a large one — unless told not to by a field
+        // with no value: the request carries the script's fields only (as `sluice lua test`
+        // prints them).
+        for name in ["Accept", "Content-Type", "Expect"]
+        where !headers.contains(where: { $0.0.lowercased() == name.lowercased() }) {
+            headers.append((name, ""))
+        }
         // Intercepted, the TLS inside the tunnel is with this Sluice, under its own CA.
         let interceptionCA = https && policy.intercept ? worker.interception.current?.caPEM : nil
         let fetch = SideFetch(
