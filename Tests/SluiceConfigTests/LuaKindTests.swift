@@ -74,6 +74,19 @@ import Testing
         }
     }
 
+    /// A `config` whose table does not fit under `limits.memory` beside the script would fail
+    /// every call: an error at `config`, not a 502 for every request.
+    @Test func aConfigOverTheMemoryLimitIsAnError() throws {
+        let items = (0..<6000).map { "item-number-\($0)" }.joined(separator: ", ")
+        let issue = try #require(
+            Self.issue(
+                #"{ source: "return { on_request = function() end }", limits: { memory: 256KiB }, config: { items: [\#(items)] } }"#
+            ))
+        #expect(issue.message.contains("over limits.memory (262144)"), "\(issue.message)")
+        _ = try Self.policy(
+            #"{ source: "return { on_request = function() end }", limits: { memory: 8MiB }, config: { items: [\#(items)] } }"#)
+    }
+
     /// A `file` that cannot be read is one error, at the file, not a second "needs file".
     @Test func anUnreadableFileIsOneError() throws {
         do {

@@ -32,6 +32,7 @@ enum LuaKind: InterceptorKind {
         var limits = LuaLimits.default
         var allowHosts: [LuaAllowedHost] = []
         var allowNode: YAMLNode?
+        var configNode: YAMLNode?
         /// A `file` or `source` was given (a file that cannot be read has its own error).
         var named = false
         let file = reader.file
@@ -59,6 +60,7 @@ enum LuaKind: InterceptorKind {
                 origin = "source"
                 scriptNode = value
             case "config":
+                configNode = value
                 guard case .mapping = value else { return r.fail(value, "config must be a map") }
                 // A value Lua cannot hold has its own error, at its line.
                 if case .table(let fields)? = Self.value(value, &r) { config = fields }
@@ -109,6 +111,16 @@ enum LuaKind: InterceptorKind {
             if readResponseBody && !state.hasOnResponse {
                 reader.fail(scriptNode, "read_response_body is for on_response, which \(script.name) does not define")
                 return nil
+            }
+            if let configNode, !config.isEmpty {
+                let used = state.memoryInUse(with: LuaConfig(config))
+                if used > limits.memory {
+                    reader.fail(
+                        configNode,
+                        "config needs \(used) bytes in the script's state, over limits.memory (\(limits.memory)): every call would fail; raise limits.memory or shorten config"
+                    )
+                    return nil
+                }
             }
         } catch {
             reader.fail(scriptNode, "lua script does not load: \(error.message)")

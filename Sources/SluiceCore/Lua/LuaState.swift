@@ -504,6 +504,15 @@ public final class LuaState {
     /// The state's heap now, in bytes.
     public var memoryInUse: Int { meter.pointee.used }
 
+    /// The state's heap once `config`'s frozen table is built in it, as the first call with
+    /// that config builds it: the configuration refuses a `config` that leaves no room under
+    /// `limits.memory` (every call would fail).
+    public func memoryInUse(with config: LuaConfig) -> Int {
+        pushConfig(config, onto: L)
+        sluice_lua_pop(L, 1)
+        return memoryInUse
+    }
+
     /// How many coroutines (call slots) the state has made: one while calls never overlap.
     public var slotCount: Int { slots.count }
 }
