@@ -207,6 +207,30 @@ def test_an_origins_429_holds_every_request_until_its_retry_after(sluice_factory
         origin.stop()
 
 
+def test_a_script_reading_the_body_keeps_the_wait_for_an_origins_429(sluice_factory, tmp_path):
+    """With a `lua` entry that reads the response body (`read_response_body`), the body is kept
+    before the decision: the origin's 429 is still waited out and sent again, never shown to
+    the client, and the script sees both answers."""
+    first = simple_response(429, b"slow down", [("Retry-After", "1")], reason="Too Many Requests")
+    origin = ArrivalOrigin(lambda req, n: first if n == 1 else simple_response(200, b"ok"))
+    script = ('return { on_response = function(res, ctx) ctx.vars.seen = (ctx.vars.seen or "") .. res.status .. ":" '
+              '.. res:body() .. ";" end }')
+    try:
+        log = tmp_path / "access.log"
+        proxy = limited(sluice_factory, tmp_path, {"learn": True, "max_wait": "5s"},
+                        adapters=[{"lua": {"source": script, "read_response_body": True}}])
+        r = get(proxy, f"http://{HOST}:{origin.port}/kept")
+        assert r.status_code == 200 and r.text == "ok", (r.status_code, r.text)
+        times = origin.times()
+        assert len(times) == 2 and times[1] - times[0] >= 0.9, times
+        [line] = access_lines(log, "/kept", 1)
+        assert line["rate_limit"]["decision"] == "waited" and line["attempts"] == 2, line
+        assert line["retries"][0]["reason"] == "rate_limit 429", line
+        assert line["lua"]["vars"] == {"seen": "429:slow down;200:ok;"}, line
+    finally:
+        origin.stop()
+
+
 def test_x_ratelimit_remaining_zero_holds_until_the_reset(sluice_factory, tmp_path):
     """A 200 with `X-RateLimit-Remaining: 0` and `X-RateLimit-Reset: 2` (seconds) is passed on,
     and the next request waits for the reset before it goes; `X-RateLimit-Remaining: 5` holds

@@ -57,6 +57,11 @@ final class Exchange {
     /// The members ranked above this instance for the URL were asked and none answered
     /// (`PeerHop`): the cache's lookup goes on locally, as the owner's would.
     var peersAsked = false
+    /// The head whose body is being kept for the scripts (`read_response_body`) carried a pause
+    /// the policy's `rate_limit.learn` waits for (`ResponseHeadContext.heldByOrigin`): the
+    /// body's run of the stages decides as the head's would have. (In the padding before
+    /// `target`, as the flags above.)
+    var keptHeldByOrigin = false
     /// Where the current (or last) try goes.
     var target: RequestTarget
     /// The current try's admission by its origin's circuit breaker (`health:`), until its

@@ -51,6 +51,7 @@ extension ExchangeDriver {
         guard let exchange, case .forwarding(let transfer) = phase else { return }
         phase = .idle
         var context = ResponseHeadContext(response: head, transfer: transfer, canResendBody: canResendBody(exchange))
+        context.heldByOrigin = exchange.keptHeldByOrigin
         let kept = KeptBody(.whole(body))
         context.kept = kept
         switch ResponseChain.runBody(&context, exchange, worker) {
@@ -72,6 +73,7 @@ extension ExchangeDriver {
     func collectionOverflowed(_ head: UpstreamResponseHead, on transfer: any UpstreamTransfer) {
         guard let exchange else { return transfer.forward(keepAlive: connection.keepsAliveAfterResponse) }
         var context = ResponseHeadContext(response: head, transfer: transfer, canResendBody: canResendBody(exchange))
+        context.heldByOrigin = exchange.keptHeldByOrigin
         context.kept = KeptBody(.overLimit)
         perform(ResponseChain.runBody(&context, exchange, worker), on: transfer, exchange)
     }

@@ -38,7 +38,9 @@ enum LuaResponseStage: ResponseStage {
         guard exchange.tryPolicy?.runsResponseScripts == true, let policy = exchange.tryPolicy else { return .proceed }
         let head = response.response.collected
         if response.kept == nil, let limit = policy.responseBodyLimit, hasBody(head.status, exchange) {
-            // The body first: the scripts, and the stages after them, run once it is kept.
+            // The body first: the scripts, and the stages after them, run once it is kept —
+            // with what the stages before them learnt of the head.
+            exchange.keptHeldByOrigin = response.heldByOrigin
             response.transfer.collect(limit: limit)
             return .handled
         }
