@@ -58,6 +58,19 @@ private func drain(_ output: OpaquePointer) -> String {
         #expect(head.value("content-length") == "3")
     }
 
+    /// libcurl hands a chunked body's trailer fields to the header callback after the final
+    /// head: they are not added to it (nor is the empty line after them a second head), but a
+    /// status line after a complete head (a parent's CONNECT answer, then the origin's) starts
+    /// the next head.
+    @Test func trailerFieldsAfterTheFinalHeadAreDropped() {
+        var (head, completed) = collect(["HTTP/1.1 200 OK", "Transfer-Encoding: chunked", "Trailer: X-T"])
+        #expect(completed && head.lineCount == 2)
+        for line in ["X-T: v\r\n", "\r\n"] { _ = Array(line.utf8).withUnsafeBytes { head.add($0) } }
+        #expect(head.lineCount == 2 && head.value("x-t") == nil && head.isComplete)
+        (head, completed) = collect(["HTTP/1.1 200 Connection established", "", "HTTP/1.1 204 No Content", "X-A: 1"])
+        #expect(completed && head.status == 204 && head.lineCount == 1 && head.value("x-a") == "1")
+    }
+
     @Test func interimHeadsAreDropped() {
         let (head, completed) = collect(["HTTP/1.1 100 Continue", "", "HTTP/1.1 201 Created", "X-A: 1"])
         #expect(completed && head.status == 201)

@@ -70,6 +70,26 @@ def test_a_chunked_body_is_read_decoded(sluice_factory, recorder, tmp_path, engi
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_trailer_fields_are_not_made_header_fields(sluice_factory, recorder, tmp_path, engine):
+    # A chunked body's trailer is dropped by both engines: the script's res.headers and the
+    # client's head are the head's fields only.
+    recorder.response = chunked(b"t" * 30).replace(b"Transfer-Encoding: chunked\r\n",
+                                                   b"Transfer-Encoding: chunked\r\nTrailer: X-T\r\n")
+    recorder.response = recorder.response[:-2] + b"X-T: v\r\n\r\n"
+    source = """return { on_response = function(res, ctx)
+      local names = {}
+      for name in res.headers:each() do names[#names + 1] = name:lower() end
+      ctx.vars.names = table.concat(names, ",")
+    end }"""
+    proxy = sluice_factory(body_policy({"source": source}, tmp_path, engine))
+    r = get(proxy, recorder, "/trailer")
+    assert r.status_code == 200 and r.content == b"t" * 30, r.content
+    assert "X-T" not in r.headers and r.headers["Content-Length"] == "30", r.headers
+    line = access_log(tmp_path).wait_for(lambda e: e.get("url", "").endswith("/trailer"))[0]
+    assert line["lua"]["vars"] == {"names": "content-type,transfer-encoding,trailer"}, line
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("framing", ["length", "chunked"])
 def test_a_body_over_the_limit_fails_the_call(sluice_factory, recorder, tmp_path, engine, framing):
     body = bytes(range(256)) * 400  # 100 KiB, over a 1 KiB limit

@@ -177,6 +177,10 @@ struct ResponseHeadCollector {
             parseStatusLine(UnsafeRawBufferPointer(rebasing: line[0..<end]))
             return false
         }
+        // A field line after the final head is a chunked body's trailer (libcurl passes them
+        // through the header callback too): dropped, as the native engine drops them — a head
+        // kept until its body is (`read_response_body`) would carry them to the client.
+        guard !isComplete else { return false }
         if line[0] == 0x20 || line[0] == 0x09, !looseEnds.isEmpty {
             // obs-fold: joined to the field it continues.
             var s = 0
