@@ -69,6 +69,24 @@ def test_a_chunked_body_is_read_decoded(sluice_factory, recorder, tmp_path, engi
     assert line["lua"]["vars"] == {"ok": True}, line
 
 
+def test_a_replaced_body_loses_the_origins_validators(sluice_factory, recorder, tmp_path):
+    # A replaced body's ETag is weak and the fields about the origin's bytes go; a body read
+    # and left alone keeps them.
+    fields = [("ETag", '"v1"'), ("Accept-Ranges", "bytes"), ("Content-MD5", "x"), ("Repr-Digest", "sha-256=:x:"),
+              ("Last-Modified", "Mon, 30 Nov 2026 00:00:00 GMT")]
+    recorder.response = simple_response(200, b"body", fields)
+    source = 'return { on_response = function(res) if res.status == 200 and res:body() == "body" and ' \
+             'res.headers:get("X-Keep") == nil then res:set_body("BODY") end end }'
+    proxy = sluice_factory(body_policy({"source": source}, tmp_path))
+    r = get(proxy, recorder, "/v")
+    assert r.status_code == 200 and r.content == b"BODY", r.content
+    assert r.headers["ETag"] == 'W/"v1"' and r.headers["Last-Modified"].startswith("Mon"), r.headers
+    assert not {"Accept-Ranges", "Content-MD5", "Repr-Digest"} & set(r.headers), r.headers
+    recorder.response = simple_response(200, b"body", fields + [("X-Keep", "1")])
+    r = get(proxy, recorder, "/k")
+    assert r.content == b"body" and r.headers["ETag"] == '"v1"' and r.headers["Accept-Ranges"] == "bytes", r.headers
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_trailer_fields_are_not_made_header_fields(sluice_factory, recorder, tmp_path, engine):
     # A chunked body's trailer is dropped by both engines: the script's res.headers and the

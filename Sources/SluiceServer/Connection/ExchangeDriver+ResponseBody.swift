@@ -85,7 +85,8 @@ extension ExchangeDriver {
         let keepAlive = connection.keepsAliveAfterResponse
         do {
             try ResponseEncoder.keptBodyAnswer(
-                context.response.collected, body: body, isHeadRequest: exchange.head.method == "HEAD",
+                context.response.collected, body: body, replacedBody: kept.replaced,
+                isHeadRequest: exchange.head.method == "HEAD",
                 clientMinorVersion: exchange.head.minorVersion, keepAlive: keepAlive, viaLine: worker.viaLine,
                 into: connection.clientOutput)
         } catch {

@@ -128,7 +128,12 @@ struct ResponseHeadCollector {
     /// the script's replacement: `ResponseEncoder.keptBodyAnswer`): the `Content-Length` and
     /// `Transfer-Encoding` lines left out, the new length last. Not validated, so the encoder
     /// checks every line again.
-    func reframed(length: Int) -> ResponseHeadCollector {
+    ///
+    /// `replacedBody`: the body is a script's, not the origin's (`res:set_body`): the fields that
+    /// describe the origin's bytes go — `Content-MD5`, `Content-Digest`, `Repr-Digest`, and
+    /// `Accept-Ranges` (a range of the origin's body would not match this one) — and a strong
+    /// `ETag` is made weak, so that no client resumes or checks this body against the origin's.
+    func reframed(length: Int, replacedBody: Bool = false) -> ResponseHeadCollector {
         var head = ResponseHeadCollector()
         head.status = status
         head.reason = reason
@@ -141,10 +146,27 @@ struct ResponseHeadCollector {
                 var nameEnd = start
                 while nameEnd < end, buf[nameEnd] != 0x3A { nameEnd += 1 }
                 while nameEnd > start, buf[nameEnd - 1] == 0x20 || buf[nameEnd - 1] == 0x09 { nameEnd -= 1 }
-                switch ResponseEncoder.ResponseField(UnsafeBufferPointer(rebasing: buf[start..<nameEnd])) {
+                let name = UnsafeBufferPointer(rebasing: buf[start..<nameEnd])
+                switch ResponseEncoder.ResponseField(name) {
                 case .contentLength, .transferEncoding: continue
-                default: head.storage.append(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(buf)[start..<end]))
+                default: break
                 }
+                if replacedBody {
+                    if Self.describesTheBytes(name) { continue }
+                    if ASCII.equalsIgnoringCase(name, "etag") {
+                        var v = nameEnd + 1
+                        while v < end, buf[v] == 0x20 || buf[v] == 0x09 { v += 1 }
+                        if v < end, buf[v] == 0x22 {
+                            // `"tag"` becomes `W/"tag"`.
+                            let weak: StaticString = "ETag: W/"
+                            head.storage.append(UnsafeRawBufferPointer(start: weak.utf8Start, count: weak.utf8CodeUnitCount))
+                            head.storage.append(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(buf)[v..<end]))
+                            head.looseEnds.append(head.storage.count)
+                            continue
+                        }
+                    }
+                }
+                head.storage.append(UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(buf)[start..<end]))
                 head.looseEnds.append(head.storage.count)
             }
         }
@@ -152,6 +174,12 @@ struct ResponseHeadCollector {
         last.withUTF8 { head.storage.append(UnsafeRawBufferPointer($0)) }
         head.looseEnds.append(head.storage.count)
         return head
+    }
+
+    /// The fields about the origin's body bytes that a replaced body drops (`reframed`).
+    private static func describesTheBytes(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
+        ASCII.equalsIgnoringCase(name, "content-md5") || ASCII.equalsIgnoringCase(name, "content-digest")
+            || ASCII.equalsIgnoringCase(name, "repr-digest") || ASCII.equalsIgnoringCase(name, "accept-ranges")
     }
 
     /// The empty line that ends a validated final head, with what the parser learnt of its

@@ -71,7 +71,10 @@ enum LuaResponseStage: ResponseStage {
             if kept == nil { response.transfer.replaceHead(edited) }
             response.response = UpstreamResponseHead(collected: edited)
         }
-        if kept != nil, let body = view?.body { response.kept?.content = .whole(body) }
+        if let kept, let body = view?.body, body != kept {
+            response.kept?.content = .whole(body)
+            response.kept?.replaced = true
+        }
         return .proceed
     }
 

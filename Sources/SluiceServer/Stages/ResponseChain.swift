@@ -150,6 +150,8 @@ final class KeptBody {
     }
 
     var content: Content
+    /// A script replaced the body (`res:set_body` with other bytes than the origin's).
+    var replaced = false
     /// A script's failed call refused a whole kept body (`fail_closed`): its try has ended,
     /// so the exchange fails it itself (`.handled`).
     var refusal: ProxyError?
