@@ -49,6 +49,11 @@ public enum LuaScriptTest {
         let source = try text(scriptPath)
         let script = LuaScript(name: FileContents.lastComponent(of: scriptPath), source: source)
         var request = try parseRequest(try text(requestPath), file: requestPath)
+        // As in the proxy, `Host` is not among `req.headers` (it follows the URL): kept aside,
+        // and printed first.
+        let hostName = HTTPField.Name("Host")!
+        let host = request.headers[fields: hostName]
+        request.headers[fields: hostName] = []
         let response = try responsePath.map { path throws(Failure) in try parseResponse(try text(path), file: path) }
         let config = try configPath.map { path throws(Failure) in try readConfig(path) } ?? .empty
 
@@ -121,7 +126,9 @@ public enum LuaScriptTest {
         } else if let answered {
             out += "--- answered by req:respond (nothing sent upstream)\n" + render(answered)
         } else {
-            out += "--- request\n" + render(request)
+            var printed = request
+            printed.headers.insert(contentsOf: host, at: 0)
+            out += "--- request\n" + render(printed)
         }
         if let origin { out += "--- response\n" + render(origin) }
         out += "--- log\n"

@@ -93,6 +93,7 @@ def test_lua_test_runs_every_hook_against_messages_in_files(sluice_bin, tmp_path
     request = text.split("--- request\n")[1].split("\n--- ")[0]
     assert request.startswith("GET /v1/items?page=2 HTTP/1.1\n"), text
     assert "Authorization: Bearer tok-acme\n" in request and "X-Tenant" not in request, text
+    assert request.split("\n")[1] == "Host: api.test", text  # kept aside, as the proxy keeps it
     response = text.split("--- response\n")[1].split("\n--- ")[0]
     assert response.startswith("HTTP/1.1 200\n") and "X-Seen-Status: 200\n" in response, text
     assert "Server:" not in response and response.endswith("\n\nhello"), text

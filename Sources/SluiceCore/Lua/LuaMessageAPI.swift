@@ -523,7 +523,22 @@ enum LuaMessageAPI {
         }
     }
 
+    /// Whether the name at index 2 is `Host` and `self` the request's headers: the request's
+    /// fields do not hold it — the encoder writes it from the URL's authority, which a script
+    /// does not change — so `set`, `add` and `remove` of it would be ignored; they fail instead.
+    private static func refusesHost(_ L: OpaquePointer?) -> Bool {
+        guard let name = Lua.bytes(L, 2), name.count == 4, name[0] | 0x20 == 0x68, name[1] | 0x20 == 0x6F,
+            name[2] | 0x20 == 0x73, name[3] | 0x20 == 0x74
+        else { return false }
+        return slot(L, LuaState.of(L), 1, .requestHeaders) != nil
+    }
+
+    private static func hostRefused(_ L: OpaquePointer?) -> Int32 {
+        Lua.fail(L, "req.headers: Host follows the request's URL; a script cannot set, add or remove it")
+    }
+
     private static let headerSet: Lua.Function = { L in
+        if refusesHost(L) { return hostRefused(L) }
         if let slot = lineSlot(L) {
             if lua_type(L, 3) <= LUA_TNIL { return removeFromLines(L, slot) }
             guard let name = lineName(L, 2) else { return Lua.failure }
@@ -545,6 +560,7 @@ enum LuaMessageAPI {
     }
 
     private static let headerAdd: Lua.Function = { L in
+        if refusesHost(L) { return hostRefused(L) }
         if let slot = lineSlot(L) {
             guard let name = lineName(L, 2) else { return Lua.failure }
             return editLines(L, slot, .add, name)
@@ -570,6 +586,7 @@ enum LuaMessageAPI {
     }
 
     private static let headerRemove: Lua.Function = { L in
+        if refusesHost(L) { return hostRefused(L) }
         if let slot = lineSlot(L) { return removeFromLines(L, slot) }
         guard let name = headerName(L, 2) else { return Lua.failure }
         return withHeaders(L) { fields, _ in
