@@ -135,7 +135,8 @@ import Testing
     /// (or reads the clock), so the call stops at a budget within its wall-clock limit rather
     /// than seconds later. The default order of `table.sort` on long strings of NULs (Lua
     /// compares them piece by piece), `concat` and `unpack` through a chain of 1,990
-    /// `__index` tables, a pattern walking one item per subject byte, a long `gsub`
+    /// `__index` tables, a pattern walking one item per subject byte, a long `[...]` set
+    /// tested at every subject byte, a long `gsub`
     /// replacement at every match, `string.packsize` of a long format, `load` of a chunk made
     /// to be slow to compile.
     @Test(arguments: [
@@ -145,6 +146,8 @@ import Testing
         "local t = setmetatable({}, {__index = rawlen}) for i = 1, 1990 do t = setmetatable({}, {__index = t}) end "
             + "table.unpack(t, 1, 3e5)",
         "string.find(string.rep('a', (1 << 21) - 1), string.rep('.', 1 << 21))",
+        // A long `[...]` set tested at every subject byte: 64 KiB of set for each of 1 MiB.
+        "string.find(string.rep('a', 1 << 20), '[' .. string.rep('b', 1 << 16) .. ']')",
         "string.gsub(string.rep('b', 1000), '(a*)', string.rep('%1', 1 << 20))",
         "local f = string.rep('i', 3 << 20) for i = 1, 1e9 do string.packsize(f) end",
         // A chunk slow to compile: each global name is looked up among 150 × 199 locals.
