@@ -46,7 +46,8 @@ import Testing
         #expect(!report.failed, "\(report.text)")
         #expect(
             report.text.contains(
-                "--- request\nGET /p HTTP/1.1\nHost: h\nX-Key: k1\n\n--- response\nHTTP/1.1 200\n\n/p\n--- log\n"),
+                "--- request\nGET /p HTTP/1.1\nHost: h\nX-Key: k1\n\n--- response\nHTTP/1.1 200\nContent-Length: 2\n\n/p\n--- log\n"
+            ),
             "\(report.text)")
         #expect(
             report.text.contains(#""hook":"on_log","outcome":"ok""#)

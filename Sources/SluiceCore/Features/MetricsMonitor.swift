@@ -46,7 +46,9 @@ public final class SluiceMetrics: Sendable {
         help: "Counters lua scripts keep with `sluice.metric(name):inc(n)`, by script and name (at most 64 names a script)")
     public static let luaStates = Metric(
         name: "sluice_lua_states", kind: .gauge, labels: [],
-        help: "Lua states alive in the process: one per script content per worker that ran it, read when /metrics is scraped")
+        help:
+            "Lua states alive in the process: one per script (file name and content) per worker that ran it, read when /metrics is scraped"
+    )
     public static let luaMemory = Metric(
         name: "sluice_lua_memory_bytes", kind: .gauge, labels: [],
         help:
