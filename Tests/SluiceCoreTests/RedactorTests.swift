@@ -13,6 +13,25 @@ import Testing
         #expect("\(Secret("v"))" == "<redacted>")
     }
 
+    /// A text cut to a length (a script's error, a log line) is redacted before the cut: a
+    /// secret the cut would split is replaced whole, wherever it sits around the cut.
+    @Test func aCutNeverShowsPartOfASecret() {
+        let r = Redactor(secretValues: ["hunter2supersecret", "x漢字🙂y"])
+        #expect(r.longestSecretBytes == 18)
+        for secret in ["hunter2supersecret", "x漢字🙂y"] {
+            for before in 0...40 {
+                let text = String(repeating: "a", count: before) + secret + " tail"
+                let cut = Array(text.utf8).withUnsafeBytes { r.redactedPrefix($0, 24) }
+                #expect(!cut.contains("hunter") && !cut.contains("漢"), "\(before): \(cut)")
+                #expect(cut.utf8.count <= 24 + "…".utf8.count, "\(cut)")
+            }
+        }
+        let short = Array("no secret here".utf8).withUnsafeBytes { r.redactedPrefix($0, 24) }
+        #expect(short == "no secret here")
+        let long = Array(String(repeating: "b", count: 30).utf8).withUnsafeBytes { r.redactedPrefix($0, 24) }
+        #expect(long == String(repeating: "b", count: 24) + "…")
+    }
+
     private func occurs(_ r: Redactor, _ line: String) -> Bool {
         Array(line.utf8).withUnsafeBufferPointer { r.occursSecret(in: $0) }
     }

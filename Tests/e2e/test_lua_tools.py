@@ -307,6 +307,34 @@ def test_a_hundred_policies_running_one_script_share_one_state(sluice_factory, r
 # The dashboard's host page: the last script errors
 # ------------------------------------------------------------------------------------------
 
+def test_a_scripts_error_shows_no_secret_anywhere(sluice_factory, recorder, tmp_path):
+    # A script's error naming a `${NAME}` of its config: redacted in the access log, the
+    # dashboard's host page and a sluice.log line -- also when the 8 KiB cut falls inside it.
+    source = """return { on_request = function(req, ctx)
+      local pad = string.rep("a", tonumber(req.headers:get("X-Pad")))
+      sluice.log.warn(pad .. ctx.config.secret .. " logged")
+      error(pad .. ctx.config.secret .. " failed", 0)
+    end }"""
+    proxy, admin = admin_proxy(sluice_factory, {
+        "monitors": [{"metrics": {}}, {"access_log": {"path": str(tmp_path / "access.log")}}],
+        "policies": {HOST: {"adapters": [{"lua": {"source": source, "config": {"secret": "${LUA_ERR_SECRET}"}}}]}}},
+        token_env={"ADMIN_TOKEN": "admin-token-1234", "LUA_ERR_SECRET": "hunter2supersecret"}, workers=1)
+    for pad in (3, 8 * 1024 - 5):
+        assert get(proxy, recorder, "/s", {"X-Pad": str(pad)}).status_code == 502
+    entries = access_log(tmp_path).wait_for(lambda e: e.get("status") == 502, n=2)
+    assert entries[0]["lua"]["error"] == "aaa<redacted> failed", entries[0]
+    assert all("hunter" not in e["lua"]["error"] for e in entries), [e["lua"]["error"][-40:] for e in entries]
+    def errors():
+        return admin.call("GET", "/dashboard/host?host=" + HOST, spec_path="/dashboard/host")[1]["script_errors"]
+    assert wait_until(lambda: len(errors()) == 2, 10), errors()
+    errors = errors()
+    assert errors[0]["error"].startswith("aaa<redacted> failed"), errors
+    assert "hunter" not in json.dumps(errors)
+    assert wait_until(lambda: stderr_since(proxy, 0).count(" logged") >= 1, 5)
+    text = stderr_since(proxy, 0)
+    assert "aaa<redacted> logged" in text and "hunter" not in text, text[-300:]
+
+
 def test_the_host_page_lists_the_last_script_errors(sluice_factory, recorder, tmp_path):
     source = 'return { on_request = function(req) if req.path ~= "/ok" then error("no " .. req.path) end end }'
     proxy, admin = admin_proxy(sluice_factory, {

@@ -12,6 +12,8 @@ public struct Redactor: Sendable {
 
     /// The secret values, longest first, each once.
     public let secretValues: [String]
+    /// The longest value's UTF-8 length: how far past a cut a secret can reach.
+    public let longestSecretBytes: Int
     public var queryParameters: Set<String>
     public var headers: Set<String>
     /// `secretValues` as UTF-8, one after another, made once here: the search of every log
@@ -47,6 +49,7 @@ public struct Redactor: Sendable {
             return Needle(start: bytes.count, count: utf8.count, probe: probe)
         }
         secretBytes = bytes
+        longestSecretBytes = needles.map(\.count).max() ?? 0
         self.queryParameters = queryParameters
         self.headers = headers
     }
@@ -92,6 +95,17 @@ public struct Redactor: Sendable {
             out = out.replacing(secret, with: Self.replacement)
         }
         return out
+    }
+
+    /// The first `limit` bytes of `bytes` as text (with "…" when cut), its secrets redacted
+    /// before the cut: a secret the cut would split is replaced whole, never shown in part.
+    public func redactedPrefix(_ bytes: UnsafeRawBufferPointer, _ limit: Int) -> String {
+        // A secret can straddle the cut by its length at most: the text up to the cut and
+        // that much past it is redacted, then cut.
+        let reach = min(bytes.count, limit + longestSecretBytes)
+        let text = scrub(String(decoding: UnsafeRawBufferPointer(rebasing: bytes[0..<reach]), as: UTF8.self))
+        guard bytes.count > limit || text.utf8.count > limit else { return text }
+        return String(decoding: text.utf8.prefix(limit), as: UTF8.self) + "…"
     }
 
     /// Whether any configured secret value occurs in `line` (false at once without secrets).

@@ -1,4 +1,5 @@
 import CLua
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -143,35 +144,33 @@ enum LuaModule {
     /// no `__tostring` runs) and hands the line to the state's sink.
     private static func log(_ L: OpaquePointer?, _ level: LuaLogLine.Level) -> Int32 {
         let state = LuaState.of(L)
-        var message = ""
+        let redactor = LuaStateCache.logRedactor.withLock { $0 }
+        // A log line, not a dump: what passes `maxLogMessage` bytes is cut (and the arguments
+        // after it are not read) — after the secrets are redacted, so that the cut never
+        // leaves part of one: the text is read as far as the longest secret reaches past it.
+        let reach = maxLogMessage + 1 + redactor.longestSecretBytes
+        var message: [UInt8] = []
         let top = lua_gettop(L)
         var i: Int32 = 1
-        // A log line, not a dump: what passes `maxLogMessage` bytes is cut (and the arguments
-        // after it are not read).
-        while i <= top && message.utf8.count <= maxLogMessage {
-            if i > 1 { message += " " }
+        while i <= top && message.count < reach {
+            if i > 1 { message.append(0x20) }
             switch lua_type(L, i) {
             case LUA_TSTRING, LUA_TNUMBER:
-                // Only what the line still has room for is copied (one byte more, to cut at).
-                if let text = Lua.text(L, i) {
-                    let room = maxLogMessage + 1 - message.utf8.count
-                    message += Lua.makeString(UnsafeRawBufferPointer(rebasing: text.prefix(max(0, room))))
-                }
-            case LUA_TBOOLEAN: message += lua_toboolean(L, i) != 0 ? "true" : "false"
-            default: message += Lua.typeName(L, i)
+                // Only what the line still has room for is copied.
+                if let text = Lua.text(L, i) { message += text.prefix(max(0, reach - message.count)) }
+            case LUA_TBOOLEAN: message += (lua_toboolean(L, i) != 0 ? "true" : "false").utf8
+            default: message += Lua.typeName(L, i).utf8
             }
             i += 1
         }
-        if message.utf8.count > maxLogMessage {
-            message = String(decoding: message.utf8.prefix(maxLogMessage), as: UTF8.self) + "…"
-        }
+        let text = message.withUnsafeBytes { redactor.redactedPrefix($0, maxLogMessage) }
         var info = lua_Debug()
         var line = 0
         if lua_getstack(L, 1, &info) != 0, lua_getinfo(L, "Sl", &info) != 0 { line = Int(max(0, info.currentline)) }
         state.log(
             LuaLogLine(
                 level: level, script: state.script.name, line: line, requestID: state.current?.requestID ?? 0,
-                message: message))
+                message: text))
         return 0
     }
 }

@@ -348,9 +348,12 @@ public final class LuaState {
 
     /// The error value on top of `co` as text, its first `LuaModule.maxLogMessage` bytes (it
     /// goes into the access log's line and the dashboard: `error(string.rep(...))` is not
-    /// copied whole); never calls a `__tostring`.
+    /// copied whole), the running configuration's secrets redacted before the cut; never
+    /// calls a `__tostring`.
     private func errorText(_ co: OpaquePointer) -> String {
-        if let text = Lua.text(co, -1) { return Lua.prefix(text, LuaModule.maxLogMessage) }
+        if let text = Lua.text(co, -1) {
+            return LuaStateCache.logRedactor.withLock { $0 }.redactedPrefix(text, LuaModule.maxLogMessage)
+        }
         return "\(script.name): (error object is a \(Lua.typeName(co, -1)) value)"
     }
 
