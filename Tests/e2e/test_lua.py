@@ -129,6 +129,23 @@ def test_sign_body_hmac(sluice_factory, recorder, tmp_path):
     assert got["headers"]["x-body-signature"] == expected
 
 
+def test_a_signer_listed_before_an_every_try_script_signs_what_the_script_sent(sluice_factory, recorder, tmp_path):
+    # Signers run after every other adapter whatever the list's order: the signature covers
+    # the body and the field the script set, not the client's.
+    source = """return { on_request = function(req, ctx)
+      req:set_body("NEW-" .. req:body()) req.headers:set("X-Late", "1") end }"""
+    proxy = sluice_factory(lua_policy({"source": source, "read_body": True}, tmp_path, policies={HOST: {"adapters": [
+        {"aws_sigv4": {"service": "s3", "region": "us-east-1",
+                       "credentials": {"access_key_id": "AKIDEXAMPLE", "secret_access_key": "secret-key-1"}}},
+        {"lua": {"source": source, "read_body": True}}]}}))
+    r = get(proxy, recorder, "/signed", {"Content-Type": "text/plain"}, method="POST", data=b"orig")
+    assert r.status_code == 200, r.text
+    got = arrived(recorder)
+    assert got["body"] == b"NEW-orig"
+    assert got["headers"]["x-amz-content-sha256"] == hashlib.sha256(b"NEW-orig").hexdigest(), got["headers"]
+    assert "x-late" in got["headers"]["authorization"].split("SignedHeaders=")[1].split(",")[0].split(";"), got
+
+
 # ------------------------------------------------------------------------------------------
 # Failures and limits
 # ------------------------------------------------------------------------------------------

@@ -124,8 +124,9 @@ public final class HostPolicy: Sendable {
     public let headerEditPlan: HeaderEditPlan?
     /// The adapters' names, in order, for `.requestAdapted`.
     public let adapterNames: [String]
-    /// The adapters that run on every try (`AdapterTiming.everyTry`: signers), in order; they
-    /// run after the others (`interceptor.adapters`), in the try stages.
+    /// The adapters that run on every try (`AdapterTiming.everyTry`: signers, and scripts with
+    /// `every_try` or `read_body`), the scripts first, each kind in its order; they run after
+    /// the others (`interceptor.adapters`), in the try stages.
     public let tryAdapters: [any RequestAdapter]
     /// The first adapter that reads the request body whole (`readsBody`), if any: the body is
     /// then read before the first try, up to `maxBody`.
@@ -191,7 +192,12 @@ public final class HostPolicy: Sendable {
             adapters.compactMap { $0.adapter as? any RequestRetrier }
             + (retryPolicy.map { [$0] } ?? [])
         let all = adapters.map(\.adapter)
-        tryAdapters = all.filter { $0.timing == .everyTry }
+        // Scripts before signers, whatever the list's order: a signer signs the request as it
+        // is sent, so a script that edits it on every try (its body, with `read_body`) must
+        // have run (docs/configuration.md, "Request signers").
+        tryAdapters =
+            all.filter { $0.timing == .everyTry && $0 is LuaAdapter }
+            + all.filter { $0.timing == .everyTry && !($0 is LuaAdapter) }
         bodyReader = tryAdapters.first { $0.readsBody }?.name
         scripts = all.compactMap { $0 as? LuaAdapter }
         runsScripts = !scripts.isEmpty
