@@ -229,6 +229,36 @@ import Testing
         #expect(try #require(second()).0.headers[HTTPField.Name("x-b")!] == "second")
     }
 
+    /// Another call stopped by a limit while one waits poisons the state for new calls only:
+    /// the waiting call resumes in it with its answer and ends well, its `ctx.vars` read.
+    @Test func aWaitingCallOutlivesAnotherCallsLimit() throws {
+        let host = FakeHost()
+        let state = try LuaTest.load(
+            """
+            return { on_request = function(req, ctx)
+              if req.path == '/loop' then while true do end end
+              local r = sluice.http{url = 'http://audit.test/'}
+              req.headers:set('x-b', r.body)
+              ctx.vars.answer = r.body
+            end }
+            """)
+        var outcome: (LuaRequestView, LuaCallResult)?
+        let exchange = state.makeExchange()
+        exchange.onRequest(LuaTest.get(), waitingWith: host, allowHosts: allow, depth: 0) { outcome = ($0, $1) }
+        var looping = LuaTest.get()
+        looping.path = "/loop"
+        let stopped = state.makeExchange().onRequest(&looping)
+        #expect(stopped.outcome.limitKind == .instructions && state.isPoisoned, "\(stopped.outcome)")
+        host.answer(200, "late")
+        let (request, result) = try #require(outcome)
+        #expect(result.outcome == .ok, "\(result.outcome)")
+        #expect(request.headers[HTTPField.Name("x-b")!] == "late")
+        #expect(exchange.vars() == ["answer": .string("late")])
+        // A new call on the poisoned state is refused (the cache builds a fresh state for it).
+        var next = LuaTest.get()
+        #expect(state.makeExchange().onRequest(&next).outcome != .ok)
+    }
+
     /// A `req` kept in a table of the script's top level while its call waits is not another
     /// call's to read or edit: only the running call's messages answer.
     @Test func aWaitingCallsRequestIsNotAnotherCallsToRead() throws {

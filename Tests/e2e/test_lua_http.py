@@ -240,6 +240,46 @@ def test_requests_are_served_while_a_script_waits(sluice_factory, recorder, audi
     assert headers_of(recorder, "/slow")["x-audit"] == "200"
 
 
+def test_a_call_waiting_across_a_reload_or_a_limit_ends_in_its_own_state(sluice_factory, recorder, audit, tmp_path):
+    # A call waits on a slow sub-request while (a) a reload replaces its script, (b) another
+    # request's runaway loop poisons its state: it ends well in its state, its on_log sees the
+    # ctx its on_request filled, and the worker keeps one state per script it runs.
+    from policy_support import sighup
+    from test_metric_values import scrape, value
+    slow = audit(delay=1.2)
+    script = tmp_path / "w.lua"
+    text = (f'return {{ on_request = function(req, ctx) if req.path == "/loop" then while true do end end '
+            f'ctx.vars.tag = req.path; local r = sluice.http{{url = "http://localhost:{slow.port}/"}}; '
+            f'req.headers:set("X-Audit", tostring(r.status)) end, '
+            f'on_log = function(ctx) ctx.vars.logged = ctx.vars.tag or "none" end }}')
+    script.write_text(text)
+    admin = pick_port()
+    cfg = config(tmp_path, {"file": str(script), "allow_hosts": ["localhost"], "limits": {"wall": "4s"}}, workers=1)
+    cfg["monitors"].append({"metrics": {}})
+    cfg["admin"] = {"listen": f"{HOST}:{admin}"}
+    proxy = sluice_factory(cfg)
+    log = AccessLog(tmp_path / "access.log")
+    for case in ("reload", "limit"):
+        result = {}
+        waiting = threading.Thread(target=lambda: result.update(r=get(proxy, recorder, f"/{case}")))
+        waiting.start()
+        assert wait_until(lambda: len(slow.requests()) >= (1 if case == "reload" else 2), 5)
+        if case == "reload":
+            script.write_text(text + "\n-- edited")
+            sighup(proxy)
+        else:
+            assert get(proxy, recorder, "/loop").status_code == 502
+        waiting.join(10)
+        assert result["r"].status_code == 200, result["r"].text
+        assert headers_of(recorder, f"/{case}")["x-audit"] == "200"
+        entry = log.wait_for(lambda e: e.get("url", "").endswith(f"/{case}"))[0]
+        assert entry["lua"]["vars"] == {"tag": f"/{case}", "logged": f"/{case}"}, entry
+    # One state: the edited script's, rebuilt after the limit (the retired and the poisoned
+    # ones went with their last calls).
+    assert get(proxy, recorder, "/after").status_code == 200
+    assert value(scrape(admin), "sluice_lua_states") == 1
+
+
 def headers_of(recorder, path: str) -> dict:
     """The header fields, by lower-case name, of the last request for `path` the origin got."""
     last = [r for r in recorder.requests() if r["target"].endswith(path)][-1]

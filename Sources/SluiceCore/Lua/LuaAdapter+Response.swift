@@ -35,8 +35,9 @@ extension LuaAdapter {
     ) -> ResponseAnswer {
         let cache = LuaStateCache.current
         let state: LuaState
+        let open = cache.openExchange(for: script, config: config, requestID: requestID)
         do throws(LuaLoadError) {
-            state = try cache.state(for: script, limits: limits)
+            if let open { state = open.state } else { state = try cache.state(for: script, limits: limits) }
         } catch {
             var result = LuaCallResult()
             result.outcome = .error(error.message)
@@ -50,7 +51,7 @@ extension LuaAdapter {
         }
         var response = before
         response.body = readResponseBody ? before.body ?? [] : nil
-        let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
+        let exchange = open ?? cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
         cache.keepOpen(exchange)
         var result = exchange.onResponse(&response, restoringOnFailure: onError == .failOpen)
         if result.succeeded, let refusal = refusal(response, before) {
@@ -83,8 +84,15 @@ extension LuaAdapter {
     /// the access log with the earlier hooks'.
     public func onLog(requestID: UInt64) {
         let cache = LuaStateCache.current
-        guard let state = try? cache.state(for: script, limits: limits), state.hasOnLog else { return }
-        let exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
+        let exchange: LuaExchange
+        if let open = cache.openExchange(for: script, config: config, requestID: requestID) {
+            // Its `ctx`, in the state its first hook ran in (retired or poisoned since).
+            guard open.state.hasOnLog else { return }
+            exchange = open
+        } else {
+            guard let state = try? cache.state(for: script, limits: limits), state.hasOnLog else { return }
+            exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
+        }
         let result = exchange.onLog()
         cache.lastCall = LuaCallRecord(
             script: script.name, hook: "on_log", result: result, vars: result.succeeded ? exchange.vars() : [:])

@@ -99,7 +99,10 @@ public final class LuaExchange {
             completion(result.succeeded ? edited : request, result)
         }
         wait.resume = { [self] results in
-            guard !state.isPoisoned else { return wait.settle(Self.poisoned(state), yielded: false) }
+            // Resumed even when another call's limit poisoned the state meanwhile: the stop
+            // ended that call only (Lua unwinds it as an error, leaving the state whole), and
+            // this one's coroutine was untouched. A poisoned state takes no new call; it goes
+            // once the calls that were waiting in it end.
             let co = slot.thread!
             wait.restore()
             let count = results(co)
@@ -115,7 +118,9 @@ public final class LuaExchange {
     /// for another try. `restoringOnFailure` as for `onRequest`.
     public func onResponse(_ response: inout LuaResponseView, restoringOnFailure: Bool = true) -> LuaCallResult {
         guard let hook = state.onResponseHook else { return LuaCallResult() }
-        guard !state.isPoisoned else { return Self.poisoned(state) }
+        // A poisoned state takes no new exchange (`LuaStateCache.state` builds another), but an
+        // exchange that began in it (its `ctx` is there) runs its later hooks in it.
+        guard !state.isPoisoned || contextRef != LUA_NOREF else { return Self.poisoned(state) }
         let slot = state.acquireSlot()
         slot.begin(.response, limits: limits, requestID: requestID)
         if restoringOnFailure { slot.response = response } else { swap(&slot.response, &response) }
@@ -133,7 +138,7 @@ public final class LuaExchange {
     /// `on_log(ctx)`, after the exchange; then read `vars()` for the access log.
     public func onLog() -> LuaCallResult {
         guard let hook = state.onLogHook else { return LuaCallResult() }
-        guard !state.isPoisoned else { return Self.poisoned(state) }
+        guard !state.isPoisoned || contextRef != LUA_NOREF else { return Self.poisoned(state) }
         let slot = state.acquireSlot()
         slot.begin(.log, limits: limits, requestID: requestID)
         var result = LuaCallResult()
@@ -151,7 +156,9 @@ public final class LuaExchange {
     /// them), for the access log's `lua` field, at most `varsBudget` bytes of it (with
     /// `"truncated": true` when there was more). Empty when no hook took `ctx`.
     public func vars() -> [String: LuaValue] {
-        guard contextRef != LUA_NOREF, !state.isPoisoned else { return [:] }
+        // Read from a poisoned state too (a call that waited in it ended well): the walk only
+        // reads tables, bounded by `varsBudget`.
+        guard contextRef != LUA_NOREF else { return [:] }
         let L = state.L
         lua_rawgeti(L, Lua.registry, lua_Integer(contextRef))
         Lua.push(L, "vars")

@@ -18,8 +18,9 @@ public final class LuaState {
     public let script: LuaScript
     /// The state's heap cap (`limits.memory` of the policy that made it).
     public let memoryLimit: Int
-    /// Set when a limit stopped a call: the heap or the stack may be anywhere, so the state
-    /// takes no more calls.
+    /// Set when a limit stopped a call: its heap may be at the cap and its script's own data
+    /// (upvalues) half made, so the state takes no new call; the calls waiting in it
+    /// (`sluice.http`) go on to their end, each under its own budgets.
     @exclusivity(unchecked) public internal(set) var isPoisoned = false
 
     let L: OpaquePointer

@@ -17,6 +17,16 @@ extension LuaStateCache {
             ?? state.makeExchange(config: config, limits: limits, requestID: requestID)
     }
 
+    /// The exchange kept open for `requestID` by `script` with `config`, whatever its state: a
+    /// state the cache no longer hands out (a reload retired its script, or another call's
+    /// limit poisoned it) still holds this exchange's `ctx`, and its later hooks run there.
+    public func openExchange(for script: LuaScript, config: LuaConfig, requestID: UInt64) -> LuaExchange? {
+        guard !open.isEmpty else { return nil }
+        return open[requestID]?.first {
+            $0.config === config && $0.state.script.contentHash == script.contentHash && $0.state.script.name == script.name
+        }
+    }
+
     /// The exchange kept open (`keepOpen`) for `requestID` on `state` with `config`, if any.
     private func openExchange(on state: LuaState, config: LuaConfig, requestID: UInt64) -> LuaExchange? {
         // Most exchanges keep none open: no key is hashed for them.

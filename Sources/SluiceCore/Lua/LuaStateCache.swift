@@ -14,6 +14,9 @@ public final class LuaStateCache {
         var memory: Int
     }
     private var states: [Key: LuaState] = [:]
+    /// The content hashes the worker's configuration runs, once a configuration took effect
+    /// (`retain(only:)`); nil before: every state is kept.
+    private var live: Set<String>?
     /// The last state looked up, by its key: a worker's requests mostly name one script, and
     /// hashing its content hash (64 characters) costs more than comparing it with the same
     /// string.
@@ -53,6 +56,11 @@ public final class LuaStateCache {
         }
         states[key] = nil
         let state = try LuaState.load(script, limits: limits, clock: clock, log: log)
+        if let live, !live.contains(script.contentHash) {
+            // A script a reload retired, for an exchange that began before it and kept no
+            // `ctx` open: a state for this call only, not kept (nothing would drop it).
+            return state
+        }
         states[key] = state
         last = (key, state)
         return state
@@ -63,6 +71,7 @@ public final class LuaStateCache {
 
     /// Drops the states no live policy uses (after a reload): `keep` is the scripts that remain.
     public func retain(only keep: Set<String>) {
+        live = keep
         states = states.filter { keep.contains($0.key.contentHash) }
         last = nil
         spare = nil
