@@ -195,6 +195,13 @@ static inline void sluice_lua_collect(lua_State *L) {
     sluice_lua_charge(L, 1);
 }
 
+/// A full collection between calls (no coroutine of the state running): what slots retired
+/// after a burst of waiting calls left (`LuaState.releaseSlot`). Scripts cannot set `__gc`
+/// (LuaSandbox), so no Lua code runs.
+static inline void sluice_lua_collect_between_calls(lua_State *L) {
+    lua_gc(L, LUA_GCCOLLECT);
+}
+
 /// Collects first when `bytes` more would pass the cap: for a C function about to fill a
 /// lauxlib buffer, whose allocations get no collection and retry (`sluice_lua_alloc`).
 static inline void sluice_lua_make_room(lua_State *L, size_t bytes) {

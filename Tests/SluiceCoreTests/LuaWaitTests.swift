@@ -229,6 +229,39 @@ import Testing
         #expect(try #require(second()).0.headers[HTTPField.Name("x-b")!] == "second")
     }
 
+    /// A burst of calls waiting at once makes a slot each; once they end, the state keeps a
+    /// few for its next calls and lets the rest go: its heap comes back near where it was,
+    /// instead of holding the burst's coroutines against `limits.memory` for good. A slot
+    /// made after the burst takes a retired one's index, and the calls still work.
+    @Test func aBurstOfWaitingCallsDoesNotStayInTheHeap() throws {
+        let host = FakeHost()
+        let state = try LuaTest.load(
+            "return { on_request = function(req) local r = sluice.http{url = 'http://audit.test/'}; req.headers:set('x-b', r.body) end }"
+        )
+        var done: [(LuaRequestView, LuaCallResult)] = []
+        func wait() {
+            state.makeExchange().onRequest(LuaTest.get(), waitingWith: host, allowHosts: allow, depth: 0) {
+                done.append(($0, $1))
+            }
+        }
+        wait()
+        host.answer(200, "one")
+        let baseline = state.memoryInUse
+        for _ in 0..<300 { wait() }
+        #expect(state.slotCount == 300 && host.pending.count == 300)
+        let peak = state.memoryInUse
+        while !host.pending.isEmpty { host.answer(200, "burst") }
+        #expect(done.count == 301 && done.allSatisfy { $0.1.outcome == .ok })
+        let after = state.memoryInUse
+        #expect(peak > baseline + 300 * 1024, "\(peak) \(baseline)")
+        #expect(after < baseline + 32 * 4 * 1024, "after \(after), baseline \(baseline), peak \(peak)")
+        // The next calls reuse kept slots, then retired indexes: the slots made stay 300.
+        for _ in 0..<40 { wait() }
+        #expect(state.slotCount == 300)
+        while !host.pending.isEmpty { host.answer(200, "again") }
+        #expect(done.count == 341 && done.suffix(40).allSatisfy { $0.0.headers[HTTPField.Name("x-b")!] == "again" })
+    }
+
     /// Another call stopped by a limit while one waits poisons the state for new calls only:
     /// the waiting call resumes in it with its answer and ends well, its `ctx.vars` read.
     @Test func aWaitingCallOutlivesAnotherCallsLimit() throws {

@@ -64,6 +64,9 @@ public final class LuaState {
     /// no call uses.
     @exclusivity(unchecked) var slots: [LuaCallSlot] = []
     @exclusivity(unchecked) private var idle: [LuaCallSlot] = []
+    /// Indexes of retired slots (`retire`), for the next slots made.
+    private var vacant: [Int32] = []
+    private var retiredSinceCollection = 0
     /// The slot whose coroutine is running (for `sluice.log`'s request id).
     @exclusivity(unchecked) var current: LuaCallSlot?
     /// The script's `sluice.metric` counters (`LuaMetricAPI`).
@@ -358,11 +361,21 @@ public final class LuaState {
         return "\(script.name): (error object is a \(Lua.typeName(co, -1)) value)"
     }
 
+    /// Idle slots a state keeps for its next calls; more, left by a burst of calls that waited
+    /// at once, are retired as their calls end (`retire`), so that a burst's coroutines and
+    /// messages do not stay in the heap, counted against `limits.memory`, for the state's life.
+    static let idleSlotsKept = 16
+
     /// A slot for one call, its coroutine ready and empty.
     func acquireSlot() -> LuaCallSlot {
         let slot: LuaCallSlot
         if let reused = idle.popLast() {
             slot = reused
+        } else if let index = vacant.popLast() {
+            // A retired slot's index: its old userdata (a script may keep one) name it, but
+            // their addresses are not the new slot's, so they answer nothing.
+            slot = LuaMessageAPI.makeSlot(self, index: index)
+            slots[Int(index)] = slot
         } else {
             slot = LuaMessageAPI.makeSlot(self, index: Int32(slots.count))
             slots.append(slot)
@@ -385,8 +398,32 @@ public final class LuaState {
             slot.threadRef = LUA_NOREF
         }
         slot.end()
-        idle.append(slot)
+        if idle.count < Self.idleSlotsKept {
+            idle.append(slot)
+        } else {
+            retire(slot)
+        }
         reportMemory()
+    }
+
+    /// Lets a slot's coroutine and messages go (their registry references); its index is
+    /// taken by the next slot made. Once a burst's worth were retired, and no call runs, a full
+    /// collection gives their memory back.
+    private func retire(_ slot: LuaCallSlot) {
+        if slot.thread != nil {
+            luaL_unref(L, Lua.registry, slot.threadRef)
+            slot.thread = nil
+            slot.threadRef = LUA_NOREF
+        }
+        luaL_unref(L, Lua.registry, slot.requestRef)
+        luaL_unref(L, Lua.registry, slot.responseRef)
+        vacant.append(slot.index)
+        retiredSinceCollection += 1
+        if retiredSinceCollection >= Self.idleSlotsKept, meter.pointee.running == nil {
+            retiredSinceCollection = 0
+            sluice_lua_collect_between_calls(L)
+            reportMemory(force: true)
+        }
     }
 
     /// Pushes onto `co` the frozen `ctx.config` table made from `config`, building it on
