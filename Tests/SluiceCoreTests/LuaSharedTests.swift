@@ -33,6 +33,24 @@ import Testing
         #expect(throws: LuaSharedMemory.Failure.full) { try table.incr("e", by: .integer(1), ttl: nil, now: 20).get() }
     }
 
+    /// A write the table has no room for leaves the key as it was (the old value is not lost
+    /// to the failed write); a key's own bytes count as room for its new value.
+    @Test func aWriteThatDoesNotFitKeepsTheOldValue() throws {
+        let table = LuaSharedMemory(maxEntries: 10, maxBytes: 100)
+        #expect(table.set("k", .string(String(repeating: "a", count: 60)), ttl: nil, now: 0))
+        #expect(table.set("other", .string(String(repeating: "b", count: 20)), ttl: nil, now: 0))
+        #expect(!table.set("k", .string(String(repeating: "c", count: 90)), ttl: nil, now: 0))
+        #expect(table.get("k", now: 0) == .string(String(repeating: "a", count: 60)))
+        // In place of its own 61 bytes, 71 fit (71 + 25 <= 100).
+        #expect(table.set("k", .string(String(repeating: "d", count: 70)), ttl: nil, now: 0))
+        let full = LuaSharedMemory(maxEntries: 2, maxBytes: 1 << 20)
+        #expect(full.set("n", .integer(5), ttl: nil, now: 0) && full.set("m", .integer(1), ttl: 50, now: 0))
+        #expect(throws: LuaSharedMemory.Failure.full) { try full.incr("x", by: .integer(1), ttl: nil, now: 10).get() }
+        #expect(try full.incr("n", by: .integer(1), ttl: nil, now: 10).get() == .integer(6))
+        // Once "m" may have expired, the sweep makes room.
+        #expect(try full.incr("x", by: .integer(1), ttl: nil, now: 50).get() == .integer(1))
+    }
+
     @Test func scriptsUseTheProcessTable() throws {
         let key = "lua-shared-test-\(UInt64.random(in: 0...UInt64.max))"
         #expect(try LuaTest.evaluate("sluice.shared.incr('\(key)', 2, 60)") == .integer(2))

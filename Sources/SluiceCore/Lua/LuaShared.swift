@@ -34,6 +34,10 @@ public final class LuaSharedMemory: Sendable {
     fileprivate struct Table {
         var entries: [String: Entry] = [:]
         var bytes = 0
+        /// No entry expires before this (it may be earlier than the earliest expiry left): a
+        /// full table is swept for expired keys only once one may have expired, not on every
+        /// write under the lock every worker's scripts wait on.
+        var nextExpiry = Int64.max
     }
 
     /// `100000` keys.
@@ -67,9 +71,11 @@ public final class LuaSharedMemory: Sendable {
     /// Keeps `value` (nil removes) for `ttl` microseconds (nil: no expiry); false when full.
     public func set(_ key: String, _ value: Value?, ttl: Int64?, now: Int64) -> Bool {
         table.withLock { t in
-            t.remove(key)
-            guard let value else { return true }
-            return t.insert(
+            guard let value else {
+                t.remove(key)
+                return true
+            }
+            return t.replace(
                 key, Entry(value: value, expiry: ttl.map { now + $0 }, bytes: Self.size(key, value)),
                 now: now, maxEntries: maxEntries, maxBytes: maxBytes)
         }
@@ -119,9 +125,8 @@ public final class LuaSharedMemory: Sendable {
             case (.number(let a), .number(let b)): sum = .number(a + b)
             default: return .failure(.notANumber)
             }
-            t.remove(key)
             guard
-                t.insert(
+                t.replace(
                     key, Entry(value: sum, expiry: expiry, bytes: Self.size(key, sum)), now: now,
                     maxEntries: maxEntries, maxBytes: maxBytes)
             else { return .failure(.full) }
@@ -143,16 +148,35 @@ extension LuaSharedMemory.Table {
         if let old = entries.removeValue(forKey: key) { bytes -= old.bytes }
     }
 
-    fileprivate mutating func insert(
+    /// Puts `entry` under `key` in place of what was there; false, the old entry kept, when the
+    /// table has no room for it even once the expired keys are gone.
+    fileprivate mutating func replace(
         _ key: String, _ entry: LuaSharedMemory.Entry, now: Int64, maxEntries: Int, maxBytes: Int
     ) -> Bool {
-        if entries.count >= maxEntries || bytes + entry.bytes > maxBytes {
-            for (k, e) in entries where e.expiry.map({ $0 <= now }) ?? false { remove(k) }
-            guard entries.count < maxEntries, bytes + entry.bytes <= maxBytes else { return false }
+        let old = entries[key]
+        func fits() -> Bool {
+            entries.count - (old == nil ? 0 : 1) < maxEntries && bytes - (old?.bytes ?? 0) + entry.bytes <= maxBytes
         }
+        if !fits() {
+            guard now >= nextExpiry else { return false }
+            sweep(now)
+            guard fits() else { return false }
+        }
+        remove(key)
         entries[key] = entry
         bytes += entry.bytes
+        if let expiry = entry.expiry, expiry < nextExpiry { nextExpiry = expiry }
         return true
+    }
+
+    /// Drops the expired keys, and learns when the next one expires.
+    private mutating func sweep(_ now: Int64) {
+        var next = Int64.max
+        for (k, e) in entries {
+            guard let expiry = e.expiry else { continue }
+            if expiry <= now { remove(k) } else if expiry < next { next = expiry }
+        }
+        nextExpiry = next
     }
 }
 
