@@ -93,6 +93,19 @@ def test_a_bad_path_with_fail_open_drops_every_edit(sluice_factory, recorder, tm
     assert arrived(recorder)["target"] == "/keep"
 
 
+@pytest.mark.parametrize("path", ["/\\xc3\\xbc", "/caf\\xe9", "/ok?q=\\xff"])
+def test_a_path_or_query_past_ascii_fails_the_call(sluice_factory, recorder, tmp_path, path):
+    # Raw, such bytes would reach the origin as each engine spells them (or as U+FFFD); the
+    # parser refuses them from a client, and a script is told to percent-encode them.
+    target, _, query = path.partition("?")
+    edit = f'req.path = "{target}"' + (f'; req.query = "{query}"' if query else "")
+    proxy = sluice_factory(lua_policy({"source": f"return {{ on_request = function(req) {edit} end }}"}, tmp_path))
+    assert get(proxy, recorder, "/x").status_code == 502
+    assert not recorder.requests()
+    line = access_log(tmp_path).wait_for(lambda e: e.get("status") == 502)[0]
+    assert "visible ASCII only" in line["lua"]["error"], line
+
+
 @pytest.mark.parametrize("declared,key,expected", [
     ("", False, "none"),  # once per exchange, in the list's order: before the `headers` entry
     ("every_try = true, ", False, "1"),  # the script asks to run on every try: after it

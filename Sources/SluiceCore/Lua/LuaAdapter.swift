@@ -253,7 +253,7 @@ public final class LuaAdapter: RequestAdapter {
         guard view.path.hasPrefix("/"), !view.path.utf8.contains(where: Self.isUnsafeInTarget),
             !(view.query?.utf8.contains(where: Self.isUnsafeInTarget) ?? false)
         else {
-            try failed("\(script.name): req.path must start with '/' and hold no space or control byte", requestID)
+            try failed("\(script.name): req.path must start with '/' and hold visible ASCII only", requestID)
             return nil
         }
         return target.origin + view.path + (view.query.map { "?" + $0 } ?? "")
@@ -328,9 +328,10 @@ public final class LuaAdapter: RequestAdapter {
         public var origin: String { String(decoding: url.utf8.prefix(pathStart), as: UTF8.self) }
     }
 
-    /// A byte that cannot appear in a request target: a control byte, a space, `#`.
+    /// A byte that cannot appear in a request target: a control byte, a space, `#`, or one past
+    /// ASCII (percent-encoded, it can).
     private static func isUnsafeInTarget(_ byte: UInt8) -> Bool {
-        byte <= 0x20 || byte == 0x7F || byte == UInt8(ascii: "#")
+        byte <= 0x20 || byte >= 0x7F || byte == UInt8(ascii: "#")
     }
 
     /// `fail_open`: returns, the request untouched; `fail_closed`: throws the 502.

@@ -210,12 +210,16 @@ enum LuaMessageAPI {
             slot.request.method = method
         case "path":
             guard value.first == UInt8(ascii: "/"), value.allSatisfy(isTargetByte), !value.contains(UInt8(ascii: "?")) else {
-                return Lua.fail(L, "req.path '\(Lua.printable(value))' must start with / and hold no space, control, ? or #")
+                return Lua.fail(
+                    L,
+                    "req.path '\(Lua.printable(value))' must start with / and hold visible ASCII only, no ? or # (percent-encode the rest)"
+                )
             }
             slot.request.path = Lua.makeString(value)
         case "query":
             guard value.allSatisfy(isTargetByte) else {
-                return Lua.fail(L, "req.query '\(Lua.printable(value))' holds a space, a control character or #")
+                return Lua.fail(
+                    L, "req.query '\(Lua.printable(value))' must hold visible ASCII only, no # (percent-encode the rest)")
             }
             slot.request.query = Lua.makeString(value)
         default:
@@ -688,8 +692,10 @@ enum LuaMessageAPI {
         }
     }
 
-    /// A byte that may stand in a request target: visible ASCII or above, but not `#`.
+    /// A byte that may stand in a request target as the request parser takes one from a
+    /// client: visible ASCII, not `#` (the rest is percent-encoded: raw, it would reach the
+    /// origin as one engine or the other spells it, or as U+FFFD).
     private static func isTargetByte(_ b: UInt8) -> Bool {
-        b > 0x20 && b != 0x7F && b != UInt8(ascii: "#")
+        b > 0x20 && b < 0x7F && b != UInt8(ascii: "#")
     }
 }
