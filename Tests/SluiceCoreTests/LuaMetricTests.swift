@@ -2,7 +2,7 @@ import Testing
 
 @testable import SluiceCore
 
-/// `sluice.metric(name):inc([n])` (`LuaMetricAPI`): counted into `sluice_lua_counter_total`,
+/// `sluice.metric(name):inc([n])` (`LuaMetricAPI`): counted into `sluice_lua_metric_total`,
 /// names checked at load when literal and at the call otherwise, at most 64 names a script.
 /// Each test names its script uniquely: the metrics registry is the process's.
 @Suite struct LuaMetricTests {
@@ -20,8 +20,8 @@ import Testing
             name: "metric-served.lua")
         for _ in 0..<2 { #expect(state.makeExchange().onLog().outcome == .ok) }
         let text = exposition()
-        #expect(text.contains(#"sluice_lua_counter_total{script="metric-served.lua",name="hits"} 6"#), "\(text)")
-        #expect(text.contains(#"sluice_lua_counter_total{script="metric-served.lua",name="bytes"} 80"#))
+        #expect(text.contains(#"sluice_lua_metric_total{script="metric-served.lua",name="hits"} 6"#), "\(text)")
+        #expect(text.contains(#"sluice_lua_metric_total{script="metric-served.lua",name="bytes"} 80"#))
     }
 
     @Test func aLiteralBadNameIsALoadError() {
@@ -54,8 +54,9 @@ import Testing
         #expect(try LuaTest.outcome("sluice.metric(string.rep('a', 128)):inc()").isOK)
         #expect(try LuaTest.outcome("sluice.metric(string.rep('a', 129))").message.contains("of at most 128 characters"))
         for (call, message) in [
-            ("sluice.metric('ok'):inc(-1)", "a non-negative integer expected"),
-            ("sluice.metric('ok'):inc(1.5)", "a non-negative integer expected"),
+            ("sluice.metric('ok'):inc(-1)", "an integer from 0 to 4294967296 expected"),
+            ("sluice.metric('ok'):inc(math.maxinteger)", "an integer from 0 to 4294967296 expected"),
+            ("sluice.metric('ok'):inc(1.5)", "an integer from 0 to 4294967296 expected"),
             ("sluice.metric('ok').inc({})", "bad argument #1 to 'inc'"),
             ("sluice.metric(42)", "bad argument #1 to 'metric'"),
             ("getmetatable(sluice.metric('ok')).__index = nil", "attempt to index a boolean value"),

@@ -352,7 +352,7 @@ def test_metrics_follow_traffic_and_match_the_docs(sluice_factory, httpbin, clos
                       # only once a download broke (test_resume.py)
                       "sluice_download_resumes_total",
                       # per script, once a lua hook ran (test_lua.py, test_lua_tools.py)
-                      "sluice_lua_calls_total", "sluice_lua_call_duration_seconds", "sluice_lua_counter_total",
+                      "sluice_lua_calls_total", "sluice_lua_call_duration_seconds", "sluice_lua_metric_total",
                       }, unseen  # (no cache_store here: test_cache.py has it)
     # a reload is counted by result
     status, _, _ = admin.call("POST", "/reload")

@@ -46,6 +46,18 @@ def test_respond_on_every_try_and_to_head(sluice_factory, recorder, tmp_path):
     assert not recorder.requests()
 
 
+def test_a_205_answer_has_no_content(sluice_factory, recorder, tmp_path):
+    # RFC 9110 §15.3.6: a 205 carries no content; the keep-alive connection stays in step.
+    source = 'return { on_request = function(req) if req.path == "/reset" then req:respond(205, {}, "hello") end end }'
+    proxy = sluice_factory(lua_policy({"source": source}, tmp_path))
+    from support import session_via, HOST
+    with session_via(proxy.url) as s:
+        r = s.get(f"http://{HOST}:{recorder.port}/reset", timeout=10)
+        assert r.status_code == 205 and r.content == b"" and r.headers["Content-Length"] == "0", r.headers
+        assert s.get(f"http://{HOST}:{recorder.port}/next", timeout=10).status_code == 200
+    assert [q["target"] for q in recorder.requests()][-1].endswith("/next")
+
+
 def test_respond_with_a_bad_field_is_refused(sluice_factory, recorder, tmp_path):
     cases = {
         "/crlf": 'req:respond(200, { ["X-A"] = "v\\r\\nX-Evil: 1" }, "x")',

@@ -211,13 +211,13 @@ def test_script_counters_and_call_durations(sluice_factory, recorder):
         assert get(proxy, recorder, path).status_code == 200
     def counted(name: str, n: int) -> bool:
         # (a label called `name` cannot go through settled()'s keywords)
-        return scrape(admin).get(("sluice_lua_counter_total", frozenset({("script", "source.lua"), ("name", name)}))) == n
+        return scrape(admin).get(("sluice_lua_metric_total", frozenset({("script", "source.lua"), ("name", name)}))) == n
     assert wait_until(lambda: counted("hits", 3) and counted("by_get", 6), 5), scrape(admin)
     settled(admin, "sluice_lua_call_duration_seconds_count", 3, script="source.lua", hook="on_request")
     # A name made at run time that is not a metric name: the call fails (502), nothing counted.
     assert get(proxy, recorder, "/bad").status_code == 502
     samples = settled(admin, "sluice_lua_calls_total", 1, script="source.lua", hook="on_request", outcome="error")
-    assert not [k for k in samples if k[0] == "sluice_lua_counter_total" and ("name", "Bad-/bad") in k[1]]
+    assert not [k for k in samples if k[0] == "sluice_lua_metric_total" and ("name", "Bad-/bad") in k[1]]
 
 
 def test_a_literal_metric_name_is_checked_at_load(sluice_bin, tmp_path):

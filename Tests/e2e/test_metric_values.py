@@ -365,7 +365,7 @@ def test_credential_refreshed(sluice_factory, token_server_factory, bearer_facto
 ELSEWHERE = {
     "sluice_lua_calls_total": ("test_lua.py", "def test_calls_are_counted"),
     "sluice_lua_call_duration_seconds": ("test_lua_tools.py", "def test_script_counters_and_call_durations"),
-    "sluice_lua_counter_total": ("test_lua_tools.py", "def test_script_counters_and_call_durations"),
+    "sluice_lua_metric_total": ("test_lua_tools.py", "def test_script_counters_and_call_durations"),
     "sluice_lua_states": ("test_lua_tools.py", "def test_states_stay_one_per_script_per_worker_across_reloads"),
     "sluice_lua_memory_bytes": ("test_lua_tools.py", "def test_a_hundred_policies_running_one_script_share_one_state"),
     "sluice_requests_queued_total": ("test_overload.py", "def test_"),

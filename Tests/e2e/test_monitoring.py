@@ -62,9 +62,15 @@ def test_dashboard_and_rules_name_only_documented_metrics():
     assert used and used <= documented, used - documented
 
 
+# A script on every request, so that the lua families (calls, durations, a script's own
+# counter) are in the scrape too.
+COUNTING = 'local seen = sluice.metric("seen") return { on_request = function(req) seen:inc() end }'
+
+
 def metrics_proxy(sluice_factory, nginx):
     admin = pick_port()
-    proxy = sluice_factory({"monitors": [{"metrics": {}}], "admin": {"listen": f"{HOST}:{admin}"}})
+    proxy = sluice_factory({"monitors": [{"metrics": {}}], "admin": {"listen": f"{HOST}:{admin}"},
+                            "policies": {"default": {"adapters": [{"lua": {"source": COUNTING}}]}}})
     with requests.Session() as s:
         for i in range(5):
             assert s.get(nginx.url(f"/1k?n={i}"), proxies={"http": proxy.url}, timeout=10).status_code == 200
@@ -74,6 +80,7 @@ def metrics_proxy(sluice_factory, nginx):
 def test_metrics_pass_promtool_check_metrics(sluice_factory, nginx):
     _, admin = metrics_proxy(sluice_factory, nginx)
     text = requests.get(f"http://{HOST}:{admin}/metrics", timeout=5).content
+    assert b'sluice_lua_metric_total{script="source.lua",name="seen"} 5' in text, text
     r = promtool("check", "metrics", stdin=text)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout.decode() + r.stderr.decode()
 

@@ -42,7 +42,7 @@ public final class SluiceMetrics: Sendable {
         name: "sluice_lua_call_duration_seconds", kind: .histogram, labels: ["script", "hook"],
         help: "Wall-clock time of lua scripts' hook calls (yields included), by script and hook")
     public static let luaScriptCounters = Metric(
-        name: "sluice_lua_counter_total", kind: .counter, labels: ["script", "name"],
+        name: "sluice_lua_metric_total", kind: .counter, labels: ["script", "name"],
         help: "Counters lua scripts keep with `sluice.metric(name):inc(n)`, by script and name (at most 64 names a script)")
     public static let luaStates = Metric(
         name: "sluice_lua_states", kind: .gauge, labels: [],

@@ -2,7 +2,7 @@ import CLua
 import CoreMetrics
 
 /// `sluice.metric(name)`: a Prometheus counter the script names, served as
-/// `sluice_lua_counter_total{script, name}` (docs/metrics.md); `m:inc()` adds 1, `m:inc(n)`
+/// `sluice_lua_metric_total{script, name}` (docs/metrics.md); `m:inc()` adds 1, `m:inc(n)`
 /// adds a non-negative integer `n`.
 ///
 /// Names are `[a-z_][a-z0-9_]*`. A literal name in the script (`sluice.metric("hits")`) is
@@ -77,8 +77,10 @@ enum LuaMetricAPI {
         }
         var by = 1
         if lua_type(L, 2) > LUA_TNIL {
-            guard sluice_lua_isinteger(L, 2) != 0, let n = Lua.integer(L, 2), n >= 0 else {
-                return Lua.fail(L, "bad argument #1 to 'inc' (a non-negative integer expected)")
+            // At most 2^32 a call: the counter is a 64-bit integer, and a few calls of
+            // `math.maxinteger` would wrap it negative (Prometheus would read a reset).
+            guard sluice_lua_isinteger(L, 2) != 0, let n = Lua.integer(L, 2), n >= 0, n <= 1 << 32 else {
+                return Lua.fail(L, "bad argument #1 to 'inc' (an integer from 0 to 4294967296 expected)")
             }
             by = n
         }

@@ -94,9 +94,10 @@ enum ResponseEncoder {
 
     /// A script's own answer (`req:respond`, `ProxyError.luaResponded`): its status, its
     /// fields (checked by the script's API: tokens, no CR, LF or NUL, no framing field) and
-    /// its body, framed by `Content-Length`; no body after a `HEAD` or with a `204` or `304`.
+    /// its body, framed by `Content-Length`; no body after a `HEAD` or with a `204` or `304`,
+    /// and none with a `205` (RFC 9110 §15.3.6: no content, `Content-Length: 0`).
     static func localAnswer(_ response: LuaResponseView, headRequest: Bool, close: Bool, into output: OpaquePointer) {
-        let body = response.body ?? []
+        let body = response.status == 205 ? [] : response.body ?? []
         let bodyless = response.status == 204 || response.status == 304
         var head = "HTTP/1.1 \(response.status) \(reasonPhrase(response.status))\r\n"
         for field in response.headers { head += field.name.rawName + ": " + field.value + "\r\n" }
