@@ -63,5 +63,17 @@ import Testing
             return
         }
         #expect(message == "sluice.shared: the key holds a string, not a number", "\(message)")
+        // Bytes come back as they were, and keys that differ in their bytes are two keys: a
+        // raw digest, a NUL, bytes that are not UTF-8, UTF-8 text.
+        let bytes = try LuaTest.evaluate(
+            """
+            (function()
+            sluice.shared.set('\(key)\\xff', 'A', 60) sluice.shared.set('\(key)\\xfe', 'B', 60)
+            local digest = sluice.sha256('x')
+            sluice.shared.set('\(key)d', digest .. '\\0\\1caf\\xe9 é', 60)
+            return sluice.shared.get('\(key)\\xff') .. sluice.shared.get('\(key)\\xfe') .. tostring(sluice.shared.get('\(key)d') == digest .. '\\0\\1caf\\xe9 é')
+            end)()
+            """)
+        #expect(bytes == .string("ABtrue"), "\(String(describing: bytes))")
     }
 }

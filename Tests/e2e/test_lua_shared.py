@@ -62,3 +62,33 @@ def test_with_a_fleet_the_count_is_the_fleets(sluice_factory, recorder, tmp_path
         assert 0 < ttl <= 60_000, ttl
     finally:
         redis.stop()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_over_a_fleet_bytes_come_back_and_big_sums_become_numbers(sluice_factory, recorder, tmp_path):
+    # Through Redis as in the process: a raw digest and bytes that are not UTF-8 come back as
+    # they were, two keys that differ in a byte stay two; an integer sum past 2^53 (the limit
+    # of Redis's Lua) is a number, and the key stays readable.
+    from test_fleet import Redis
+    redis = Redis(tmp_path).start()
+    source = r"""return { on_request = function(req, ctx)
+      local sh = sluice.shared
+      local d = sluice.sha256("x") .. "\0caf\xe9"
+      sh.set("b\xff", d) sh.set("b\xfe", "other")
+      ctx.vars.bytes = sh.get("b\xff") == d and sh.get("b\xfe") == "other"
+      sh.set("big", math.maxinteger)
+      local sum, err = sh.incr("big")
+      ctx.vars.big = math.type(sum) .. "," .. tostring(err) .. "," .. math.type(sh.get("big"))
+      sh.set("near", 9007199254740990)
+      ctx.vars.near = math.type(sh.incr("near", 1)) .. "," .. math.type(sh.incr("near", 1))
+    end }"""
+    try:
+        fleet = {"redis": f"127.0.0.1:{redis.port}", "timeout": "500ms", "heartbeat": "300ms"}
+        proxy = sluice_factory({"fleet": fleet, "policies": {HOST: {"adapters": [{"lua": {"source": source}}]}},
+                                "monitors": [{"access_log": {"path": str(tmp_path / "access.log")}}]})
+        with session_via(proxy.url) as s:
+            assert s.get(f"http://{HOST}:{recorder.port}/b", timeout=10).status_code == 200
+        line = AccessLog(tmp_path / "access.log").wait_for(lambda e: e.get("url", "").endswith("/b"))[0]
+        assert line["lua"]["vars"] == {"bytes": True, "big": "float,nil,float", "near": "integer,float"}, line
+    finally:
+        redis.stop()

@@ -203,7 +203,7 @@ enum LuaShared {
 
     private static let get: Lua.Function = { L in
         guard let key = Lua.bytes(L, 1) else { return Lua.badArgument(L, 1, "get", "string") }
-        return perform(L, .get(Lua.makeString(key)))
+        return perform(L, .get(stored(key)))
     }
 
     private static let set: Lua.Function = { L in
@@ -216,7 +216,7 @@ enum LuaShared {
             value = v
         }
         guard let ttl = Self.ttl(L, 3) else { return Lua.badArgument(L, 3, "set", "seconds > 0 or nil") }
-        return perform(L, .set(Lua.makeString(key), value, ttl: ttl))
+        return perform(L, .set(stored(key), value, ttl: ttl))
     }
 
     private static let incr: Lua.Function = { L in
@@ -229,7 +229,7 @@ enum LuaShared {
             by = v
         }
         guard let ttl = Self.ttl(L, 3) else { return Lua.badArgument(L, 3, "incr", "seconds > 0 or nil") }
-        return perform(L, .incr(Lua.makeString(key), by: by, ttl: ttl))
+        return perform(L, .incr(stored(key), by: by, ttl: ttl))
     }
 
     /// Runs `operation` on the fleet's store, waiting, when the call may wait and there is
@@ -273,7 +273,7 @@ enum LuaShared {
             }
             switch value {
             case nil: lua_pushnil(L)
-            case .string(let s)?: Lua.push(L, s)
+            case .string(let s)?: pushStored(s, onto: L)
             case .integer(let i)?: lua_pushinteger(L, lua_Integer(i))
             case .number(let d)?: lua_pushnumber(L, d)
             }
@@ -283,12 +283,35 @@ enum LuaShared {
 
     private static func value(_ L: OpaquePointer?, _ index: Int32) -> LuaSharedMemory.Value? {
         switch lua_type(L, index) {
-        case LUA_TSTRING: return Lua.bytes(L, index).map { .string(Lua.makeString($0)) }
+        case LUA_TSTRING: return Lua.bytes(L, index).map { .string(stored($0)) }
         case LUA_TNUMBER:
             if sluice_lua_isinteger(L, index) != 0 { return .integer(Int(sluice_lua_tointeger(L, index, nil))) }
             return .number(sluice_lua_tonumber(L, index, nil))
         default: return nil
         }
+    }
+
+    /// A Lua string (a key or a value) as the table keeps it: each byte one Unicode scalar
+    /// (ISO-8859-1), ASCII as it is. Any bytes — a raw digest, text that is not UTF-8 — then come
+    /// back as they were, two keys differ when their bytes do, and what the fleet's Redis holds
+    /// is valid UTF-8. (Text in UTF-8 is kept byte by byte too: `é` is two scalars.)
+    static func stored(_ bytes: UnsafeRawBufferPointer) -> String {
+        guard bytes.contains(where: { $0 >= 0x80 }) else { return Lua.makeString(bytes) }
+        var scalars = String.UnicodeScalarView()
+        for b in bytes { scalars.append(Unicode.Scalar(b)) }
+        return String(scalars)
+    }
+
+    /// Pushes a string `stored` made as the bytes it was made from. A scalar past U+00FF (a
+    /// value another writer put in the fleet's Redis) goes as its UTF-8.
+    private static func pushStored(_ s: String, onto L: OpaquePointer?) {
+        if s.utf8.allSatisfy({ $0 < 0x80 }) { return Lua.push(L, s) }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(s.utf8.count)
+        for scalar in s.unicodeScalars {
+            if scalar.value <= 0xFF { bytes.append(UInt8(scalar.value)) } else { bytes += String(scalar).utf8 }
+        }
+        Lua.push(L, bytes: bytes)
     }
 
     /// The TTL argument in microseconds: `.some(nil)` when absent, nil when invalid.

@@ -66,7 +66,8 @@ extension Fleet: LuaSharedStore {
         let rest = String(stored.dropFirst())
         switch stored.first {
         case "s": return .string(rest)
-        case "i": return Int(rest).map { .integer($0) }
+        // An integer past Int's range (written by another version) reads as a number.
+        case "i": return Int(rest).map { .integer($0) } ?? Double(rest).map { .number($0) }
         case "n": return Double(rest).map { .number($0) }
         default: return nil
         }
@@ -83,7 +84,8 @@ extension Fleet: LuaSharedStore {
 /// The Redis script behind `sluice.shared.incr` over the fleet (`FleetLuaShared`). KEYS[1]:
 /// the key; ARGV[1]: the amount; ARGV[2]: `i` when it is an integer; ARGV[3]: the window in
 /// ms for a key this call makes (empty: none). Answers the tagged sum, or an error for a key
-/// holding a string. A key that exists keeps its TTL.
+/// holding a string. A key that exists keeps its TTL. Integer sums are exact up to 2^53 (Redis's
+/// Lua has doubles only): past it the sum is kept and answered as a number.
 enum FleetLuaScripts {
     static let incr = RedisScript(
         """
@@ -96,6 +98,8 @@ enum FleetLuaScripts {
           if t == 'n' then int = false end
         end
         n = n + tonumber(ARGV[1])
+        -- Redis's Lua counts in doubles: exact integers end at 2^53, past which the sum is a number.
+        if int and (n >= 9007199254740992 or n <= -9007199254740992) then int = false end
         local stored
         if int then stored = 'i' .. string.format('%.0f', n) else stored = 'n' .. string.format('%.17g', n) end
         if v then
