@@ -26,6 +26,25 @@ import Testing
                 #expect(cut.utf8.count <= 24 + "…".utf8.count, "\(cut)")
             }
         }
+        // Several secrets: each `<redacted>` is shorter than its secret, and the text after it
+        // must not slide a cut-off secret into view.
+        let token = "tok_live_0123456789abcdefghijklmnopqrstu"
+        let several = Redactor(secretValues: [token])
+        for first in 0...30 {
+            for second in 60...130 {
+                var text = Array(repeating: UInt8(ascii: "a"), count: 200)
+                text.replaceSubrange(first..<first + token.utf8.count, with: Array(token.utf8))
+                if second >= first + token.utf8.count {
+                    text.replaceSubrange(
+                        second..<min(200, second + token.utf8.count), with: Array(token.utf8).prefix(200 - second))
+                }
+                let cut = text.withUnsafeBytes { several.redactedPrefix($0, 100) }
+                #expect(!cut.contains("tok_") && !cut.contains("0123456789a"), "\(first) \(second): \(cut)")
+            }
+        }
+        // A cut inside a multi-byte character steps back to its start.
+        let accents = Array(String(repeating: "é", count: 20).utf8).withUnsafeBytes { r.redactedPrefix($0, 25) }
+        #expect(accents == String(repeating: "é", count: 12) + "…", "\(accents)")
         let short = Array("no secret here".utf8).withUnsafeBytes { r.redactedPrefix($0, 24) }
         #expect(short == "no secret here")
         let long = Array(String(repeating: "b", count: 30).utf8).withUnsafeBytes { r.redactedPrefix($0, 24) }

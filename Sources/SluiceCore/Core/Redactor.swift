@@ -97,15 +97,45 @@ public struct Redactor: Sendable {
         return out
     }
 
-    /// The first `limit` bytes of `bytes` as text (with "…" when cut), its secrets redacted
-    /// before the cut: a secret the cut would split is replaced whole, never shown in part.
+    /// The first `limit` bytes of `bytes` as text (with "…" when cut), its secrets redacted:
+    /// the cut is placed in `bytes` itself, moved past any secret it would split, and what
+    /// lies before it is redacted — so no secret shows in part, however many others the text
+    /// holds (each `<redacted>` is not as long as its secret: a cut made in the redacted text
+    /// would let the bytes after it slide in). The text is then cut at `limit` bytes (at a
+    /// character's start): a cut in a `<redacted>` shows nothing.
     public func redactedPrefix(_ bytes: UnsafeRawBufferPointer, _ limit: Int) -> String {
-        // A secret can straddle the cut by its length at most: the text up to the cut and
-        // that much past it is redacted, then cut.
-        let reach = min(bytes.count, limit + longestSecretBytes)
-        let text = scrub(String(decoding: UnsafeRawBufferPointer(rebasing: bytes[0..<reach]), as: UTF8.self))
-        guard bytes.count > limit || text.utf8.count > limit else { return text }
-        return String(decoding: text.utf8.prefix(limit), as: UTF8.self) + "…"
+        var cut = min(bytes.count, limit)
+        if cut < bytes.count, !needles.isEmpty {
+            // Secrets that start before the cut and end past it push it to their end, until
+            // none does (a secret is found within `longestSecretBytes` of the cut).
+            secretBytes.withUnsafeBufferPointer { values in
+                var moved = true
+                while moved && cut < bytes.count {
+                    moved = false
+                    let from = max(0, cut - longestSecretBytes + 1)
+                    for needle in needles {
+                        let value = UnsafeRawBufferPointer(
+                            rebasing: UnsafeRawBufferPointer(values)[needle.start..<needle.start + needle.count])
+                        var s = from
+                        while s < cut, s + needle.count <= bytes.count {
+                            if s + needle.count > cut, memcmp(bytes.baseAddress! + s, value.baseAddress!, needle.count) == 0 {
+                                cut = s + needle.count
+                                moved = true
+                                break
+                            }
+                            s += 1
+                        }
+                    }
+                }
+            }
+        }
+        while cut > 0, cut < bytes.count, bytes[cut] & 0xC0 == 0x80 { cut -= 1 }  // at a character's start
+        let text = scrub(String(decoding: UnsafeRawBufferPointer(rebasing: bytes[0..<cut]), as: UTF8.self))
+        guard cut < bytes.count || text.utf8.count > limit else { return text }
+        let utf8 = Array(text.utf8)
+        var end = min(limit, utf8.count)
+        while end > 0, end < utf8.count, utf8[end] & 0xC0 == 0x80 { end -= 1 }  // a character's start
+        return String(decoding: utf8[0..<end], as: UTF8.self) + "…"
     }
 
     /// Whether any configured secret value occurs in `line` (false at once without secrets).

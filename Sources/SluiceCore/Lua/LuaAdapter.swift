@@ -1,6 +1,5 @@
 import HTTPTypes
 import Logging
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -153,7 +152,13 @@ public final class LuaAdapter: RequestAdapter {
     private func begin(_ request: ProxyRequest, _ cache: LuaStateCache) throws(AdaptationError) -> (LuaState, Target)? {
         let state: LuaState
         do throws(LuaLoadError) {
-            state = try cache.state(for: script, limits: limits)
+            // A later try of an exchange whose `ctx` is open runs where that `ctx` is, in the
+            // state its first hook ran in (a reload may have retired it, a limit poisoned it).
+            if let open = cache.openExchange(for: script, config: config, requestID: request.id) {
+                state = open.state
+            } else {
+                state = try cache.state(for: script, limits: limits)
+            }
         } catch {
             try failed(error.message, request.id)
             return nil
@@ -422,11 +427,9 @@ extension LuaStateCache {
                 case .warn: .warning
                 case .error: .error
                 }
-            // One line each: a script's newlines cannot forge another log line. The running
-            // configuration's secrets (a `${NAME}` of `config`, a bearer token a script read
-            // from the request) are redacted, as in the access log.
-            let message = logRedactor.withLock { $0 }.scrub(
-                line.message.split(whereSeparator: \.isNewline).joined(separator: " "))
+            // One line each: a script's newlines cannot forge another log line. (The message
+            // was redacted as it was made: `LuaModule`.)
+            let message = line.message.split(whereSeparator: \.isNewline).joined(separator: " ")
             scriptLog.log(level: level, "lua \(line.script):\(line.line) request \(line.requestID): \(message)")
         })
         pthread_setspecific(threadKey, Unmanaged.passRetained(cache).toOpaque())
@@ -434,10 +437,6 @@ extension LuaStateCache {
     }
 
     private static let scriptLog = Logger(label: "sluice.lua")
-
-    /// What redacts scripts' `sluice.log` lines: the running configuration's (`ProxyServer`
-    /// sets it at start and on each reload).
-    public static let logRedactor = Mutex(Redactor(secretValues: []))
 
     private static let threadKey: pthread_key_t = {
         var key = pthread_key_t()

@@ -1,5 +1,4 @@
 import CLua
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -144,7 +143,7 @@ enum LuaModule {
     /// no `__tostring` runs) and hands the line to the state's sink.
     private static func log(_ L: OpaquePointer?, _ level: LuaLogLine.Level) -> Int32 {
         let state = LuaState.of(L)
-        let redactor = LuaStateCache.logRedactor.withLock { $0 }
+        let redactor = LuaStateCache.current.redactor
         // A log line, not a dump: what passes `maxLogMessage` bytes is cut (and the arguments
         // after it are not read) — after the secrets are redacted, so that the cut never
         // leaves part of one: the text is read as far as the longest secret reaches past it.

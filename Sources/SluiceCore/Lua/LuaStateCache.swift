@@ -14,8 +14,8 @@ public final class LuaStateCache {
         var memory: Int
     }
     private var states: [Key: LuaState] = [:]
-    /// The content hashes the worker's configuration runs, once a configuration took effect
-    /// (`retain(only:)`); nil before: every state is kept.
+    /// The scripts the worker's configuration runs (`LuaScript.identity`), once a
+    /// configuration took effect (`retain(only:)`); nil before: every state is kept.
     private var live: Set<String>?
     /// The last state looked up, by its key: a worker's requests mostly name one script, and
     /// hashing its content hash (64 characters) costs more than comparing it with the same
@@ -38,6 +38,11 @@ public final class LuaStateCache {
     /// made, so a worker's requests share one allocation.
     @exclusivity(unchecked) public var spareLineEdits = LuaLineEdits()
 
+    /// What redacts the worker's scripts' errors and `sluice.log` lines: its configuration's
+    /// secrets (a `${NAME}` of a `config`, a bearer token a script read from the request). Set
+    /// by the worker when its pipeline takes effect; empty for a cache of no worker's.
+    public var redactor = Redactor()
+
     /// `log` receives every line the worker's scripts log (`sluice.log.*`).
     public init(clock: LuaClock = .system, log: @escaping (LuaLogLine) -> Void = { _ in }) {
         self.clock = clock
@@ -56,7 +61,7 @@ public final class LuaStateCache {
         }
         states[key] = nil
         let state = try LuaState.load(script, limits: limits, clock: clock, log: log)
-        if let live, !live.contains(script.contentHash) {
+        if let live, !live.contains(script.identity) {
             // A script a reload retired, for an exchange that began before it and kept no
             // `ctx` open: a state for this call only, not kept (nothing would drop it).
             return state
@@ -69,10 +74,11 @@ public final class LuaStateCache {
     /// How many states the cache holds.
     public var count: Int { states.count }
 
-    /// Drops the states no live policy uses (after a reload): `keep` is the scripts that remain.
+    /// Drops the states no live policy uses (after a reload): `keep` is the scripts that remain
+    /// (`LuaScript.identity`).
     public func retain(only keep: Set<String>) {
         live = keep
-        states = states.filter { keep.contains($0.key.contentHash) }
+        states = states.filter { keep.contains($0.value.script.identity) }
         last = nil
         spare = nil
     }

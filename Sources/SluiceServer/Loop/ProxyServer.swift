@@ -86,7 +86,6 @@ public final class ProxyServer: @unchecked Sendable {
         cacheStore = configuration.server.cacheStore.map(CacheStore.init)
         let hasRedis = configuration.server.fleet != nil
         fleetPeers = configuration.server.fleetCache.map { FleetPeers($0, redis: hasRedis) }
-        LuaStateCache.logRedactor.withLock { $0 = configuration.pipeline.redactor }
     }
 
     /// A server without policies or monitors.
@@ -285,7 +284,6 @@ public final class ProxyServer: @unchecked Sendable {
         health.reconcile { policies.match(host: $0.host).health }
         current.withLock { $0 = applied }
         Log.apply(new.server)
-        LuaStateCache.logRedactor.withLock { $0 = new.pipeline.redactor }
         for handle in stopHandles { Worker.requestReload(handle, new) }
         generation.add(1, ordering: .relaxed)
         return nil

@@ -424,6 +424,7 @@ final class Worker {
         pipeline = WorkerPipeline(configuration.pipeline, reload: true)
         // States of scripts no policy runs any more are dropped (exchanges in flight keep theirs).
         LuaStateCache.current.retain(only: pipeline.policies.scripts)
+        LuaStateCache.current.redactor = pipeline.redactor
         probes?.update()
         upstreamGate.reconfigure(configuration.server.limits, configuration.server.timeouts)
         if isDraining { return }
@@ -659,6 +660,7 @@ final class Worker {
     /// Runs the loop on the calling thread until it drains or is stopped, then closes what
     /// is left.
     func run() {
+        LuaStateCache.current.redactor = pipeline.redactor
         fleet?.start()
         event_base_dispatch(base)
         for connection in Array(connections.values) { connection.close() }
