@@ -281,7 +281,7 @@ public enum LuaScriptTest {
             }
             let line = String(decoding: body[at..<lf], as: UTF8.self)
             let digits = line.split(separator: ";", maxSplits: 1).first.map { $0.trimmingWhitespace() } ?? ""
-            guard !digits.isEmpty, digits.count <= 15, let size = Int(digits, radix: 16) else {
+            guard !digits.isEmpty, digits.count <= 15, digits.allSatisfy(\.isHexDigit), let size = Int(digits, radix: 16) else {
                 throw Failure(description: "\(file): bad chunk size line: \(line)")
             }
             at = lf + 1

@@ -68,7 +68,7 @@ import Testing
         #expect(try quoted.adapters[0].adapter.adaptInPlace(&request))
         #expect(request.headerFields[HTTPField.Name("X-N")!] == "null")
         _ = LuaStateCache.takeLastCall()
-        for plain in ["null", "~"] {
+        for plain in ["null", "~", ""] {
             let issue = try #require(Self.issue(#"{ source: "return {}", config: { n: \#(plain) } }"#))
             #expect(issue.message.contains("leave a key out rather than null"), "\(issue.message)")
         }

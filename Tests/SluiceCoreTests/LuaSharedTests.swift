@@ -49,6 +49,12 @@ import Testing
         #expect(try full.incr("n", by: .integer(1), ttl: nil, now: 10).get() == .integer(6))
         // Once "m" may have expired, the sweep makes room.
         #expect(try full.incr("x", by: .integer(1), ttl: nil, now: 50).get() == .integer(1))
+        // A key the sweep drops itself (it expired) is not counted as room twice.
+        let tight = LuaSharedMemory(maxEntries: 2, maxBytes: 30)
+        #expect(tight.set("a", .string(String(repeating: "a", count: 9)), ttl: 10, now: 0))
+        #expect(tight.set("b", .string(String(repeating: "b", count: 9)), ttl: nil, now: 0))
+        #expect(!tight.set("a", .string(String(repeating: "c", count: 25)), ttl: nil, now: 20))
+        #expect(tight.get("a", now: 20) == nil && tight.get("b", now: 20) == .string(String(repeating: "b", count: 9)))
     }
 
     @Test func scriptsUseTheProcessTable() throws {

@@ -35,7 +35,7 @@ import Testing
         let kept = try cache.state(for: new)
         #expect(cache.count == 2)
         #expect(try cache.state(for: old) === dropped)
-        cache.retain(only: [new.contentHash])
+        cache.retain(only: [new.identity])
         #expect(cache.count == 1)
         #expect(dropped == nil)
         #expect(try cache.state(for: new) === kept)
@@ -66,7 +66,7 @@ import Testing
             PolicyEntry(
                 name: "h.test", adapters: [LuaAdapter(script: b, origin: "source"), LuaAdapter(script: a, origin: "source")]),
         ])
-        #expect(table.scripts == [a.contentHash, b.contentHash])
+        #expect(table.scripts == [a.identity, b.identity])
         #expect(PolicyTable.empty.scripts.isEmpty)
     }
 }

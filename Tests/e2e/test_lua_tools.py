@@ -144,6 +144,10 @@ def test_lua_test_decodes_a_chunked_response_and_reframes_it(sluice_bin, tmp_pat
     out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http", "--response",
                    tmp_path / "bad.http")
     assert out.returncode == 1 and "bad.http: bad chunk size line: zz" in out.stderr, out.stdout + out.stderr
+    (tmp_path / "neg.http").write_bytes(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nhello\r\n0\r\n\r\n")
+    out = lua_test(sluice_bin, tmp_path / "s.lua", "--request", tmp_path / "req.http", "--response",
+                   tmp_path / "neg.http")
+    assert out.returncode == 1 and "neg.http: bad chunk size line: -1" in out.stderr, out.stdout + out.stderr
 
 
 FETCHES_A_TOKEN = """

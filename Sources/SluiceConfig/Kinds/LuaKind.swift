@@ -190,7 +190,7 @@ enum LuaKind: InterceptorKind {
             if let b = scalar.bool { return .bool(b) }
             if let i = scalar.int { return .integer(i) }
             if let d = scalar.float { return .number(d) }
-            if scalar.style == .plain && NodeReader.nullWords.contains(scalar.string) {
+            if scalar.style == .plain && (scalar.string.isEmpty || NodeReader.nullWords.contains(scalar.string)) {
                 reader.fail(
                     node, "config values are strings, numbers, booleans, lists and maps: leave a key out rather than null")
                 return nil

@@ -283,7 +283,7 @@ public final class PolicyTable: Sendable {
     private let named: [String: HostPolicy]
     /// Whether any policy's `health:` has a probe (the probe timer runs then).
     public let probes: Bool
-    /// The content hashes of every `lua` script the policies run: what each worker's
+    /// Every `lua` script the policies run (`LuaScript.identity`): what each worker's
     /// `LuaStateCache` keeps when this table takes effect (`retain(only:)`).
     public let scripts: Set<String>
     /// Unique to this table in the process (every load and reload builds a new one): what the
@@ -317,7 +317,7 @@ public final class PolicyTable: Sendable {
         names = all.map(\.name)
         named = Dictionary(all.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
         probes = all.contains { $0.health?.probe != nil }
-        scripts = Set(all.flatMap { $0.adapters.compactMap { ($0.adapter as? LuaAdapter)?.script.contentHash } })
+        scripts = Set(all.flatMap { $0.adapters.compactMap { ($0.adapter as? LuaAdapter)?.script.identity } })
         generation = Self.generations.add(1, ordering: .relaxed).newValue
     }
 

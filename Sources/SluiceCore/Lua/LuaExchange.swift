@@ -9,9 +9,10 @@ import CLua
 /// Edits reach the caller's view only when the call succeeds: a failed call leaves it as it
 /// was, so `fail_open` carries on with the message the script never touched.
 ///
-/// Threading: the state's thread (the exchange's worker). The exchange keeps its state alive;
-/// a state poisoned by a limit (in this exchange's call or another's) answers every later
-/// call with an error, and the cache hands the next exchange a fresh state.
+/// Threading: the state's thread (the exchange's worker). The exchange keeps its state alive.
+/// A state poisoned by a limit (in this exchange's call or another's) takes no new exchange
+/// (the cache hands the next one a fresh state), but an exchange that began in it — its `ctx`
+/// is there — runs its later hooks in it, and a call waiting in it goes on to its end.
 public final class LuaExchange {
     public let state: LuaState
     @exclusivity(unchecked) public private(set) var limits: LuaLimits
@@ -58,7 +59,7 @@ public final class LuaExchange {
     /// lending closure captures it, so it could not be moved.
     public func onRequest(_ request: inout LuaRequestView, restoringOnFailure: Bool, into result: inout LuaCallResult) {
         guard let hook = state.onRequestHook else { return }
-        guard !state.isPoisoned else {
+        guard !state.isPoisoned || contextRef != LUA_NOREF else {
             result = Self.poisoned(state)
             return
         }
@@ -85,7 +86,7 @@ public final class LuaExchange {
         completion: @escaping (LuaRequestView, LuaCallResult) -> Void
     ) {
         guard let hook = state.onRequestHook else { return completion(request, LuaCallResult()) }
-        guard !state.isPoisoned else { return completion(request, Self.poisoned(state)) }
+        guard !state.isPoisoned || contextRef != LUA_NOREF else { return completion(request, Self.poisoned(state)) }
         let slot = state.acquireSlot()
         slot.begin(.request, limits: limits, requestID: requestID)
         slot.request = request

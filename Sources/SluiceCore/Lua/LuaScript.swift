@@ -14,6 +14,10 @@ public struct LuaScript: Sendable, Hashable {
         self.source = source
         self.contentHash = Hex.lowercase(Crypto.sha256(Array(source.utf8)))
     }
+
+    /// What a worker keeps one state for (`LuaStateCache`): the content and the name its
+    /// errors and log lines carry.
+    public var identity: String { contentHash + " " + name }
 }
 
 /// Which hooks a script's table defines (`LuaState.hooks`), as the configuration found them

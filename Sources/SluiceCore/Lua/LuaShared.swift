@@ -153,9 +153,10 @@ extension LuaSharedMemory.Table {
     fileprivate mutating func replace(
         _ key: String, _ entry: LuaSharedMemory.Entry, now: Int64, maxEntries: Int, maxBytes: Int
     ) -> Bool {
-        let old = entries[key]
         func fits() -> Bool {
-            entries.count - (old == nil ? 0 : 1) < maxEntries && bytes - (old?.bytes ?? 0) + entry.bytes <= maxBytes
+            // Read again each time: the sweep may have dropped the key itself.
+            let old = entries[key]
+            return entries.count - (old == nil ? 0 : 1) < maxEntries && bytes - (old?.bytes ?? 0) + entry.bytes <= maxBytes
         }
         if !fits() {
             guard now >= nextExpiry else { return false }

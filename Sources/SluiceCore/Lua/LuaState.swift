@@ -1,8 +1,8 @@
 import CLua
 import Synchronization
 
-/// One Lua state: one script's content compiled once, run by every policy of one worker that
-/// uses that content (`LuaStateCache` keys states by content hash and memory cap). Each hook
+/// One Lua state: one script compiled once, run by every policy of one worker that uses it
+/// (`LuaStateCache` keys states by the script's name and content hash, and the memory cap). Each hook
 /// call runs as a coroutine of the state, so that a later `sluice.http` can yield it.
 ///
 /// The state is sandboxed (`LuaSandbox`), metered (`Sources/CLua/shim.h`: an allocator that
@@ -19,8 +19,9 @@ public final class LuaState {
     /// The state's heap cap (`limits.memory` of the policy that made it).
     public let memoryLimit: Int
     /// Set when a limit stopped a call: its heap may be at the cap and its script's own data
-    /// (upvalues) half made, so the state takes no new call; the calls waiting in it
-    /// (`sluice.http`) go on to their end, each under its own budgets.
+    /// (upvalues) half made, so the state takes no new exchange; the calls waiting in it
+    /// (`sluice.http`) go on to their end, each under its own budgets, and an exchange that
+    /// began in it runs its later hooks there (its `ctx` is there).
     @exclusivity(unchecked) public internal(set) var isPoisoned = false
 
     let L: OpaquePointer
@@ -101,8 +102,8 @@ public final class LuaState {
         return state
     }
 
-    /// States alive in the process, every worker's (`sluice_lua_states`): one per script
-    /// content per worker once old ones are dropped after a reload (`LuaStateCache.retain`).
+    /// States alive in the process, every worker's (`sluice_lua_states`): one per script per
+    /// worker once old ones are dropped after a reload (`LuaStateCache.retain`).
     public static var alive: Int { aliveCount.load(ordering: .relaxed) }
     private static let aliveCount = Atomic<Int>(0)
 
@@ -356,7 +357,7 @@ public final class LuaState {
     /// calls a `__tostring`.
     private func errorText(_ co: OpaquePointer) -> String {
         if let text = Lua.text(co, -1) {
-            return LuaStateCache.logRedactor.withLock { $0 }.redactedPrefix(text, LuaModule.maxLogMessage)
+            return LuaStateCache.current.redactor.redactedPrefix(text, LuaModule.maxLogMessage)
         }
         return "\(script.name): (error object is a \(Lua.typeName(co, -1)) value)"
     }
@@ -372,8 +373,10 @@ public final class LuaState {
         if let reused = idle.popLast() {
             slot = reused
         } else if let index = vacant.popLast() {
-            // A retired slot's index: its old userdata (a script may keep one) name it, but
-            // their addresses are not the new slot's, so they answer nothing.
+            // A retired slot's index: a userdata of the old slot a script kept names it, but
+            // its address is not the new slot's, so its methods answer nothing (its `req.path`
+            // reads the slot at that index while that slot's call runs: the running call's
+            // own request, as when an idle slot is reused).
             slot = LuaMessageAPI.makeSlot(self, index: index)
             slots[Int(index)] = slot
         } else {
@@ -398,18 +401,21 @@ public final class LuaState {
             slot.threadRef = LUA_NOREF
         }
         slot.end()
-        if idle.count < Self.idleSlotsKept {
-            idle.append(slot)
-        } else {
-            retire(slot)
+        // Idle slots are kept up to as many as the calls still running (or `idleSlotsKept`): a
+        // load that goes up and down reuses its slots rather than making and retiring them call
+        // after call, and once a burst is over, 16 stay.
+        idle.append(slot)
+        let running = slots.count - vacant.count - idle.count
+        while idle.count > max(Self.idleSlotsKept, running), let extra = idle.popLast() {
+            retire(extra, running: running)
         }
         reportMemory()
     }
 
     /// Lets a slot's coroutine and messages go (their registry references); its index is
-    /// taken by the next slot made. Once a burst's worth were retired, and no call runs, a full
-    /// collection gives their memory back.
-    private func retire(_ slot: LuaCallSlot) {
+    /// taken by the next slot made. Every 64 retired, or once no call runs, a full collection
+    /// (between calls) gives their memory back.
+    private func retire(_ slot: LuaCallSlot, running: Int) {
         if slot.thread != nil {
             luaL_unref(L, Lua.registry, slot.threadRef)
             slot.thread = nil
@@ -419,7 +425,7 @@ public final class LuaState {
         luaL_unref(L, Lua.registry, slot.responseRef)
         vacant.append(slot.index)
         retiredSinceCollection += 1
-        if retiredSinceCollection >= Self.idleSlotsKept, meter.pointee.running == nil {
+        if retiredSinceCollection >= 4 * Self.idleSlotsKept || running == 0, meter.pointee.running == nil {
             retiredSinceCollection = 0
             sluice_lua_collect_between_calls(L)
             reportMemory(force: true)
