@@ -177,8 +177,9 @@ import Testing
     }
 
     /// `read_response_body` needs `on_response` (a located error without it); its policy
-    /// keeps bodies up to the largest `limits.body` of its reading scripts, and bypasses the
-    /// shared cache; a policy without it keeps none.
+    /// keeps bodies up to the largest `limits.body` of its reading scripts; a policy without
+    /// it keeps none. A policy whose scripts see the request or the response bypasses the
+    /// shared cache; one whose scripts have `on_log` alone keeps it.
     @Test func readResponseBodyNeedsOnResponseAndBypassesTheCache() throws {
         let issue = try #require(
             Self.issue(#"{ source: "return { on_request = function(req) end }", read_response_body: true }"#))
@@ -190,7 +191,9 @@ import Testing
         #expect(policy.responseBodyLimit == 64 << 10)
         #expect(policy.cache == .doNotCache)
         let streaming = try Self.policy(#"{ source: "return { on_response = function(res) end }" }"#)
-        #expect(streaming.responseBodyLimit == nil && streaming.cache == .cache)
+        #expect(streaming.responseBodyLimit == nil && streaming.cache == .doNotCache)
+        #expect(try Self.policy(#"{ source: "return { on_request = function(req) end }" }"#).cache == .doNotCache)
+        #expect(try Self.policy(#"{ source: "return { on_log = function(ctx) end }" }"#).cache == .cache)
     }
 
     @Test func theScriptCanAskToRunOnEveryTry() throws {

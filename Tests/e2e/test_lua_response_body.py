@@ -218,3 +218,53 @@ def test_the_policy_bypasses_the_shared_cache(sluice_factory, recorder, tmp_path
         r = get(proxy, recorder, "/cached")
         assert r.content == b"FRESH!" and "Cache-Status" not in r.headers
     assert len(recorder.requests()) == 3, "every request went to the origin: nothing was stored"
+
+
+REFUSES_WITHOUT_KEY = 'return { on_request = function(req) if req.headers:get("X-Key") ~= "good" then ' \
+                      'req:respond(403, {}, "no key") end end }'
+
+
+def test_a_scripted_policy_never_answers_from_the_cache(sluice_factory, recorder, tmp_path):
+    # The cache answers before the adapters: a policy whose scripts see the request or the
+    # response bypasses it, so that a hit never skips a refusal, nor serves one client's
+    # rewrite or edits to another. A script with on_log alone leaves the cache as it is.
+    recorder.response = simple_response(200, b"secret page", [("Cache-Control", "public, max-age=600")])
+    cfg = {"policies": {HOST: {"adapters": [{"lua": {"source": REFUSES_WITHOUT_KEY}}]}},
+           "cache_store": {"memory": "4MiB"}}
+    proxy = sluice_factory(cfg)
+    assert get(proxy, recorder, "/g").status_code == 403
+    r = get(proxy, recorder, "/g", {"X-Key": "good"})
+    assert r.status_code == 200 and r.content == b"secret page"
+    r = get(proxy, recorder, "/g")
+    assert r.status_code == 403 and r.content == b"no key" and "Cache-Status" not in r.headers, r.headers
+    assert len(recorder.requests()) == 1
+    # on_log alone: stored and served as a hit.
+    logging = {"policies": {HOST: {"adapters": [{"lua": {"source": "return { on_log = function(ctx) end }"}}]}},
+               "cache_store": {"memory": "4MiB"}}
+    proxy = sluice_factory(logging, name="logonly")
+    n = len(recorder.requests())
+    for _ in range(2):
+        assert get(proxy, recorder, "/l").content == b"secret page"
+    assert len(recorder.requests()) == n + 1, "the second was a hit"
+
+
+def test_a_tunnel_runs_no_on_log(sluice_factory, recorder, tmp_path):
+    # A CONNECT Sluice does not intercept carries what no script sees: its end runs no hook.
+    import socket
+    from support import connect_through
+    source = "return { on_log = function(ctx) ctx.vars.logged = true end }"
+    proxy = sluice_factory({"policies": {HOST: {"adapters": [{"lua": {"source": source}}]}},
+                            "access": {"connect_ports": [recorder.port]},
+                            "monitors": [{"access_log": {"path": str(tmp_path / "access.log")}}]})
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        assert b" 200 " in connect_through(s, f"{HOST}:{recorder.port}")
+        s.sendall(f"GET /through HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data and (chunk := s.recv(65536)):
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200"), data[:100]
+    entry = access_log(tmp_path).wait_for(lambda e: e.get("outcome") == "tunnel")[0]
+    assert "lua" not in entry, entry
+    assert get(proxy, recorder, "/plain").status_code == 200
+    plain = access_log(tmp_path).wait_for(lambda e: e.get("url", "").endswith("/plain"))[0]
+    assert plain["lua"]["vars"] == {"logged": True}, plain

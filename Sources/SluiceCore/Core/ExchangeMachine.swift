@@ -509,7 +509,12 @@ public struct ExchangeMachine {
         if case .done = state { return }
         // Scripts with only `on_request`, which kept no `ctx` (most), leave nothing to run or
         // close here: the thread's cache is not even looked up.
-        if policy.runsLogScripts || policy.runsResponseScripts || keepsScriptContexts || summary.lua != nil {
+        // A tunnel (a CONNECT Sluice does not intercept, or the CONNECT of one it does) is no
+        // exchange a script saw: its `on_log` does not run for it (the requests an interception
+        // decrypts are exchanges of their own, each with its hooks).
+        if outcome != .tunnel,
+            policy.runsLogScripts || policy.runsResponseScripts || keepsScriptContexts || summary.lua != nil
+        {
             runScriptsAtEnd()
         }
         let reported = built.contains(.ended(outcome))

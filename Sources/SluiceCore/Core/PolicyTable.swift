@@ -115,8 +115,10 @@ public final class HostPolicy: Sendable {
     /// The protocol upgrades carried for the host and their idle timeout (`upgrades:`).
     public let upgrades: Upgrades
     /// What the shared cache does for the host (`cache:`), when a `cache_store` exists:
-    /// `doNotCache` whatever it says when a script reads response bodies (`responseBodyLimit`),
-    /// so that a stored response never reaches a client without the script that rewrites it.
+    /// `doNotCache` whatever it says when a script of the policy has `on_request` or
+    /// `on_response`, so that no stored response reaches a client without its scripts — a
+    /// refusal skipped, a rewrite by a request's header or edits made for another client served
+    /// from the store. (Scripts with `on_log` alone leave the cache as it is.)
     public let cache: CacheBehavior
     /// A `GET` whose upstream breaks mid-body is resumed (`resume:`, `Resume`). On by default.
     public let resume: Bool
@@ -204,7 +206,11 @@ public final class HostPolicy: Sendable {
         runsResponseScripts = scripts.contains { $0.hooks.contains(.onResponse) }
         runsLogScripts = scripts.contains { $0.hooks.contains(.onLog) }
         responseBodyLimit = scripts.filter(\.readResponseBody).map(\.limits.body).max()
-        self.cache = responseBodyLimit == nil ? cache : .doNotCache
+        // The shared cache answers before the adapters run and stores what one client got: a
+        // hit would skip a script's refusal, its rewrite by a request's header, its edits made
+        // for one client (`cache` below).
+        let scriptsSeeMessages = scripts.contains { !$0.hooks.isDisjoint(with: [.onRequest, .onResponse]) }
+        self.cache = scriptsSeeMessages ? .doNotCache : cache
         let once = all.filter { $0.timing != .everyTry }
         let editors = once.prefix { ($0 as? any HeaderEditingAdapter)?.headerEdits != nil }
         if !editors.isEmpty, editors.count < once.count, once[editors.count...].allSatisfy({ $0 is LuaAdapter }) {
