@@ -35,9 +35,9 @@ extension LuaAdapter {
     ) -> ResponseAnswer {
         let cache = LuaStateCache.current
         let state: LuaState
-        let open = cache.openExchange(for: script, config: config, requestID: requestID)
+        let open: LuaExchange?
         do throws(LuaLoadError) {
-            if let open { state = open.state } else { state = try cache.state(for: script, limits: limits) }
+            (state, open) = try cache.state(for: script, config: config, limits: limits, requestID: requestID)
         } catch {
             var result = LuaCallResult()
             result.outcome = .error(error.message)
@@ -51,7 +51,7 @@ extension LuaAdapter {
         }
         var response = before
         response.body = readResponseBody ? before.body ?? [] : nil
-        let exchange = open ?? cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
+        let exchange = open ?? state.makeExchange(config: config, limits: limits, requestID: requestID)
         cache.keepOpen(exchange)
         var result = exchange.onResponse(&response, restoringOnFailure: onError == .failOpen)
         if result.succeeded, let refusal = refusal(response, before) {
@@ -84,15 +84,11 @@ extension LuaAdapter {
     /// the access log with the earlier hooks'.
     public func onLog(requestID: UInt64) {
         let cache = LuaStateCache.current
-        let exchange: LuaExchange
-        if let open = cache.openExchange(for: script, config: config, requestID: requestID) {
-            // Its `ctx`, in the state its first hook ran in (retired or poisoned since).
-            guard open.state.hasOnLog else { return }
-            exchange = open
-        } else {
-            guard let state = try? cache.state(for: script, limits: limits), state.hasOnLog else { return }
-            exchange = cache.exchange(on: state, config: config, limits: limits, requestID: requestID)
-        }
+        // The exchange's `ctx`, in the state its first hook ran in (retired or poisoned since).
+        guard let (state, open) = try? cache.state(for: script, config: config, limits: limits, requestID: requestID),
+            state.hasOnLog
+        else { return }
+        let exchange = open ?? state.makeExchange(config: config, limits: limits, requestID: requestID)
         let result = exchange.onLog()
         cache.lastCall = LuaCallRecord(
             script: script.name, hook: "on_log", result: result, vars: result.succeeded ? exchange.vars() : [:])

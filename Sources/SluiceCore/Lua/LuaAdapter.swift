@@ -154,11 +154,7 @@ public final class LuaAdapter: RequestAdapter {
         do throws(LuaLoadError) {
             // A later try of an exchange whose `ctx` is open runs where that `ctx` is, in the
             // state its first hook ran in (a reload may have retired it, a limit poisoned it).
-            if let open = cache.openExchange(for: script, config: config, requestID: request.id) {
-                state = open.state
-            } else {
-                state = try cache.state(for: script, limits: limits)
-            }
+            state = try cache.state(for: script, config: config, limits: limits, requestID: request.id).state
         } catch {
             try failed(error.message, request.id)
             return nil

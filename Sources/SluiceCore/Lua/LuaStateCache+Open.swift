@@ -17,10 +17,20 @@ extension LuaStateCache {
             ?? state.makeExchange(config: config, limits: limits, requestID: requestID)
     }
 
-    /// The exchange kept open for `requestID` by `script` with `config`, whatever its state: a
-    /// state the cache no longer hands out (a reload retired its script, or another call's
-    /// limit poisoned it) still holds this exchange's `ctx`, and its later hooks run there.
-    public func openExchange(for script: LuaScript, config: LuaConfig, requestID: UInt64) -> LuaExchange? {
+    /// Where a hook of `script` with `config` for `requestID` runs: in the exchange kept open
+    /// for it, if any (`open`), whatever its state — a state the cache no longer hands out (a
+    /// reload retired its script, or another call's limit poisoned it) still holds that
+    /// exchange's `ctx` — else in the worker's state for the script, where no exchange of
+    /// this script and config is open (a new one is the caller's to make).
+    public func state(
+        for script: LuaScript, config: LuaConfig, limits: LuaLimits, requestID: UInt64
+    ) throws(LuaLoadError) -> (state: LuaState, open: LuaExchange?) {
+        if let open = openExchange(for: script, config: config, requestID: requestID) { return (open.state, open) }
+        return (try state(for: script, limits: limits), nil)
+    }
+
+    /// The exchange kept open for `requestID` by `script` with `config`, whatever its state.
+    private func openExchange(for script: LuaScript, config: LuaConfig, requestID: UInt64) -> LuaExchange? {
         guard !open.isEmpty else { return nil }
         return open[requestID]?.first {
             $0.config === config && $0.state.script.contentHash == script.contentHash && $0.state.script.name == script.name
