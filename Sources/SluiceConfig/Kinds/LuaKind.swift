@@ -33,8 +33,6 @@ enum LuaKind: InterceptorKind {
         var allowHosts: [LuaAllowedHost] = []
         var allowNode: YAMLNode?
         var configNode: YAMLNode?
-        /// A `file` or `source` was given (a file that cannot be read has its own error).
-        var named = false
         let file = reader.file
         let known = [
             "file", "source", "config", "on_error", "every_try", "read_body", "read_response_body", "limits", "allow_hosts",
@@ -43,7 +41,7 @@ enum LuaKind: InterceptorKind {
             switch key {
             case "file":
                 guard script == nil else { return r.fail(value, "lua takes file or source, not both") }
-                named = true
+                scriptNode = value
                 guard let path = value.scalar?.string, !path.isEmpty else { return r.fail(value, "file must be a path") }
                 let resolved = Self.resolve(path, against: file)
                 guard let text = FileContents.text(atPath: resolved) else {
@@ -51,14 +49,12 @@ enum LuaKind: InterceptorKind {
                 }
                 script = LuaScript(name: FileContents.lastComponent(of: resolved), source: text)
                 origin = "file \(resolved)"
-                scriptNode = value
             case "source":
                 guard script == nil else { return r.fail(value, "lua takes file or source, not both") }
-                named = true
+                scriptNode = value
                 guard let text = value.scalar?.string else { return r.fail(value, "source must be the script's text") }
                 script = LuaScript(name: "source.lua", source: text)
                 origin = "source"
-                scriptNode = value
             case "config":
                 configNode = value
                 guard case .mapping = value else { return r.fail(value, "config must be a map") }
@@ -89,7 +85,8 @@ enum LuaKind: InterceptorKind {
             }
         }
         guard let script, let scriptNode else {
-            if !named { reader.fail(settings, "lua needs file or source") }
+            // A `file` or `source` that was given but not usable has its own error.
+            if scriptNode == nil { reader.fail(settings, "lua needs file or source") }
             return nil
         }
         let hooks: LuaHooks
